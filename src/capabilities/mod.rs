@@ -1,0 +1,1 @@
+//! Capabilities: one concrete client per external thing.

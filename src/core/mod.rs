@@ -1,0 +1,7 @@
+//! Pure core: events, config, plan model, redaction, fingerprint, rendering, lint rules. No I/O, no async.
+pub mod fingerprint;
+pub mod lint;
+pub mod plan;
+pub mod redact;
+pub mod render;
+pub mod summary;

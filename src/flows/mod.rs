@@ -1,0 +1,6 @@
+//! Flows: orchestration of capabilities (commands, intake, queue, plan, apply).
+pub mod check_config;
+pub mod doctor;
+pub mod local_plan;
+pub mod report;
+pub mod serve;

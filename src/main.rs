@@ -1,0 +1,107 @@
+//! The `planbot` binary: a thin command-line front over the library's flows.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "planbot", version, about = "Review-before-apply for OpenTofu on GitLab")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Markdown,
+    Json,
+}
+
+impl From<Format> for planbot::flows::report::Format {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Markdown => planbot::flows::report::Format::Markdown,
+            Format::Json => planbot::flows::report::Format::Json,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the service (webhooks, plan queue, apply endpoint, run pages).
+    Serve {
+        #[arg(long, default_value = "/etc/planbot/planbot.toml")]
+        config: PathBuf,
+        /// Validate the config, print what the service would do, and exit.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Render a `show -json` plan document (`-` = stdin) as the MR note or the JSON summary.
+    Render {
+        plan_json: PathBuf,
+        #[arg(long, value_enum, default_value = "markdown")]
+        format: Format,
+        /// Secret key of the plan fingerprint (HMAC-SHA256).
+        #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
+        fingerprint_key: Option<String>,
+    },
+    /// Run init + plan + show in DIR with the real engine and print the same output.
+    Plan {
+        dir: PathBuf,
+        /// Engine binary: `tofu` (preferred), `terraform`, or a path.
+        #[arg(long)]
+        engine: Option<String>,
+        #[arg(long, value_enum, default_value = "markdown")]
+        format: Format,
+        #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
+        fingerprint_key: Option<String>,
+        /// Give up (SIGTERM, then kill after a grace period) after this long.
+        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
+    /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
+    Doctor {
+        #[arg(long, default_value = "/etc/planbot/planbot.toml")]
+        config: PathBuf,
+    },
+    /// Validate a repo config file (`.planbot.toml`) and print the roots it defines.
+    CheckConfig { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { config, check } => planbot::flows::serve::main(&config, check),
+        Command::Render {
+            plan_json,
+            format,
+            fingerprint_key,
+        } => planbot::flows::report::render_command(
+            &plan_json,
+            format.into(),
+            fingerprint_key.as_deref(),
+        ),
+        Command::Plan {
+            dir,
+            engine,
+            format,
+            fingerprint_key,
+            timeout,
+        } => planbot::flows::local_plan::plan_command(
+            &dir,
+            engine.as_deref(),
+            format.into(),
+            fingerprint_key.as_deref(),
+            timeout,
+        ),
+        Command::Doctor { config } => planbot::flows::doctor::main(&config),
+        Command::CheckConfig { file } => planbot::flows::check_config::main(&file),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("planbot: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
