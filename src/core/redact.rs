@@ -244,6 +244,11 @@ impl Scrubber {
         self.matcher.is_none()
     }
 
+    /// Whether `text` holds any known secret, in any of its forms.
+    pub fn is_match(&self, text: &str) -> bool {
+        self.matcher.as_ref().is_some_and(|m| m.is_match(text))
+    }
+
     pub fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
         match &self.matcher {
             Some(m) if m.is_match(text) => {
