@@ -351,7 +351,13 @@ fn commit_in_bare(
                 );
             }
             None => {
-                git(repo, &["update-index", "--force-remove", path], &env, None);
+                let line = format!("0 {}\t{path}\n", "0".repeat(40));
+                git(
+                    repo,
+                    &["update-index", "--index-info"],
+                    &env,
+                    Some(line.as_bytes()),
+                );
             }
         }
     }
