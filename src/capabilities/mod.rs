@@ -1,3 +1,4 @@
 //! Capabilities: one concrete client per external thing.
 pub mod engine;
 pub mod gitlab;
+pub mod workspace;
