@@ -70,6 +70,10 @@ pub struct ConfigModule {
     pub variables: BTreeMap<String, ConfigVariable>,
     #[serde(default)]
     pub outputs: BTreeMap<String, ConfigOutput>,
+    /// Resource blocks as written (`expressions`, `references`); read by the lint rules to
+    /// follow a reference when the value itself is only known after apply. Never rendered.
+    #[serde(default)]
+    pub resources: Vec<Value>,
     /// Child modules (their variables' sensitivity and defaults are read to collect secrets).
     #[serde(default)]
     pub module_calls: BTreeMap<String, ConfigModuleCall>,
