@@ -857,7 +857,7 @@ projects = ["infra/homelab", 42]
         };
         let c = Config::load(&text, &[], &read).unwrap();
         assert_eq!(c.gitlab.token.expose(), "glpat-from-file");
-        let both = format!("{text}").replace("[gitlab]", "[gitlab]\ntoken = \"x\"");
+        let both = text.replace("[gitlab]", "[gitlab]\ntoken = \"x\"");
         assert!(matches!(
             Config::load(&both, &[], &read),
             Err(ConfigError::Both { .. })
