@@ -1,8 +1,9 @@
 //! The shared state of a running service (`App`): config, store, queue, metrics, scrubber, locks.
 
+use crate::capabilities::gitlab::GitLab;
 use crate::capabilities::store::Store;
 use crate::core::config::Config;
-use crate::core::ids::ProjectId;
+use crate::core::ids::{ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
 use crate::flows::metrics::Metrics;
@@ -24,8 +25,10 @@ pub struct App {
     pub root_locks: RootLocks,
     /// What the webhook intake accepts.
     pub webhook: webhook::Expected,
-    /// HTTP client for GitLab readiness checks.
-    pub http: reqwest::Client,
+    /// The GitLab API client, acting as the bot.
+    pub gitlab: GitLab,
+    /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
+    bot_user: tokio::sync::OnceCell<UserId>,
 }
 
 impl App {
@@ -48,11 +51,8 @@ impl App {
                 .as_ref()
                 .and_then(|t| webhook::decode_signing_token(t.expose())),
         };
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(10))
-            .user_agent(concat!("planbot/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .context("building the HTTP client")?;
+        let gitlab = GitLab::new(&config.gitlab.url, config.gitlab.token.expose())
+            .context("gitlab.url / gitlab.token")?;
         Ok(App {
             store,
             queue: Queue::new(),
@@ -60,7 +60,8 @@ impl App {
             scrubber: secrets.scrubber(),
             root_locks: RootLocks::default(),
             webhook,
-            http,
+            gitlab,
+            bot_user: tokio::sync::OnceCell::new(),
             config,
         })
     }
@@ -83,20 +84,27 @@ impl App {
             .map(|u| format!("{u}/runs/{run}"))
     }
 
-    /// Whether GitLab answers with our token (`GET /api/v4/user`): for `/readyz`.
+    /// Whether GitLab answers with our token (`GET /user`): for `/readyz`. Also caches the bot user.
     pub async fn gitlab_reachable(&self) -> Result<()> {
-        let url = format!("{}/api/v4/user", self.config.gitlab.url);
-        let resp = self
-            .http
-            .get(&url)
-            .header("PRIVATE-TOKEN", self.config.gitlab.token.expose())
-            .send()
+        self.bot_user().await.map(|_| ())
+    }
+
+    /// The bot user's id (cached after the first successful `GET /user`).
+    pub async fn bot_user(&self) -> Result<UserId> {
+        let id = self
+            .bot_user
+            .get_or_try_init(|| async {
+                match self.gitlab.current_user().await {
+                    Ok(u) => Ok(u.id),
+                    Err(e) => {
+                        self.metrics.gitlab_error("current_user");
+                        Err(e)
+                    }
+                }
+            })
             .await
-            .context("GitLab did not answer")?;
-        if !resp.status().is_success() {
-            anyhow::bail!("GitLab answered {} to GET /api/v4/user", resp.status());
-        }
-        Ok(())
+            .context("GET /user")?;
+        Ok(*id)
     }
 }
 
