@@ -1,4 +1,6 @@
 //! Pure core: events, config, plan model, redaction, fingerprint, rendering, lint rules. No I/O, no async.
+pub mod config;
+pub mod events;
 pub mod fingerprint;
 pub mod ids;
 pub mod lint;
@@ -6,3 +8,4 @@ pub mod plan;
 pub mod redact;
 pub mod render;
 pub mod summary;
+pub mod webhook;
