@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "planbot", version, about = "Review-before-apply for OpenTofu on GitLab")]
+#[command(
+    name = "planbot",
+    version,
+    about = "Review-before-apply for OpenTofu on GitLab"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -17,7 +17,10 @@ impl Fingerprint {
     }
 
     pub fn from_hex(hex: &str) -> Option<Fingerprint> {
-        let ok = hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let ok = hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         ok.then(|| Fingerprint(hex.to_string()))
     }
 

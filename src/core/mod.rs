@@ -1,4 +1,5 @@
 //! Pure core: events, config, plan model, redaction, fingerprint, rendering, lint rules. No I/O, no async.
+pub mod apply;
 pub mod fingerprint;
 pub mod ids;
 pub mod lint;

@@ -320,9 +320,14 @@ impl Plan {
                     .to_string(),
             ));
         }
-        let looks_like_plan = ["resource_changes", "planned_values", "output_changes", "errored"]
-            .iter()
-            .any(|k| obj.contains_key(*k));
+        let looks_like_plan = [
+            "resource_changes",
+            "planned_values",
+            "output_changes",
+            "errored",
+        ]
+        .iter()
+        .any(|k| obj.contains_key(*k));
         if !looks_like_plan {
             return Err(PlanParseError::NotAPlan(
                 "it has none of \"resource_changes\", \"planned_values\", \"output_changes\" (is it a state file? run `show -json` on a plan file)"

@@ -147,9 +147,14 @@ impl Scrubber {
                 padded.extend_from_slice(s.as_bytes());
                 let enc = base64::engine::general_purpose::STANDARD_NO_PAD.encode(&padded);
                 // Drop the characters touched by the padding bytes and the trailing partial group.
-                let skip = if offset == 0 { 0 } else { (offset * 4).div_ceil(3) };
+                let skip = if offset == 0 {
+                    0
+                } else {
+                    (offset * 4).div_ceil(3)
+                };
                 let total_bits = padded.len() * 8;
-                let keep = (total_bits / 6).saturating_sub(if (padded.len() % 3) == 0 { 0 } else { 1 });
+                let keep =
+                    (total_bits / 6).saturating_sub(if (padded.len() % 3) == 0 { 0 } else { 1 });
                 if keep > skip && keep - skip >= 8 {
                     patterns.insert(enc[skip..keep].to_string());
                 }
@@ -205,7 +210,10 @@ mod tests {
         );
         let out = sc.scrub(&text);
         assert!(!out.contains("canary-secret-1234"), "{out}");
-        assert!(!out.contains(&STANDARD.encode("canary-secret-1234")), "{out}");
+        assert!(
+            !out.contains(&STANDARD.encode("canary-secret-1234")),
+            "{out}"
+        );
         for offset in 0..3 {
             let long = format!("{}canary-secret-1234 tail", "x".repeat(offset + 5));
             let enc = STANDARD.encode(&long);

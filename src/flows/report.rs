@@ -11,7 +11,11 @@ pub enum Format {
 }
 
 /// `planbot render PLAN_JSON`: exit 0 on success, 2 when the input is not a plan document.
-pub fn render_command(path: &Path, format: Format, fingerprint_key: Option<&str>) -> Result<ExitCode> {
+pub fn render_command(
+    path: &Path,
+    format: Format,
+    fingerprint_key: Option<&str>,
+) -> Result<ExitCode> {
     let _ = (path, format, fingerprint_key);
     anyhow::bail!("`planbot render` is not built yet (issue 2)")
 }
