@@ -1,1 +1,2 @@
 //! Capabilities: one concrete client per external thing.
+pub mod gitlab;

@@ -1,0 +1,1107 @@
+//! GitLab REST client (`/api/v4`): MRs, notes, commit statuses, members, branches, job tokens, with retries.
+//!
+//! One concrete struct, [`GitLab`], with an injectable base URL (tests point it at the fake GitLab).
+//! The bot token travels only in the `PRIVATE-TOKEN` header and is never part of an error or a log
+//! line; a CI job token travels only in the `JOB-TOKEN` header of [`GitLab::job_for_token`].
+//!
+//! Retries: 429 (honouring `Retry-After`), 5xx, timeouts and connection errors are retried with
+//! exponential backoff; every other 4xx is answered at once with a typed [`GitLabError`].
+//!
+//! The response types are tolerant: besides the identifying id, every field is optional or
+//! defaulted (also when GitLab sends `null`), and unknown fields are ignored.
+
+use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, UserId};
+use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+use std::time::Duration;
+use url::Url;
+
+/// Errors a caller can branch on. None of them ever contains a token.
+#[derive(Debug, thiserror::Error)]
+pub enum GitLabError {
+    /// 404: the project, MR, note, member... does not exist (or the bot cannot see it).
+    #[error("GitLab answered 404 Not Found")]
+    NotFound,
+    /// 401: the token is invalid, expired or revoked (for a job token: the job is not running).
+    #[error("GitLab answered 401 Unauthorized (token invalid, expired or revoked)")]
+    Unauthorized,
+    /// 403: the token is valid but lacks the role or scope for this call.
+    #[error("GitLab answered 403 Forbidden (the token lacks the role or scope)")]
+    Forbidden,
+    /// Any other non-success status (after retries for 429/5xx), with GitLab's message.
+    #[error("GitLab answered {code}: {message}")]
+    Status { code: u16, message: String },
+    /// No answer: connection refused, DNS, TLS, timeout (after retries).
+    #[error("GitLab unreachable: {0}")]
+    Transport(String),
+    /// An answer that is not the JSON we expect.
+    #[error("unexpected GitLab response: {0}")]
+    Decode(String),
+}
+
+/// How often and how patiently to retry 429/5xx/timeouts/connection errors.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Total attempts, the first included (1 = no retry).
+    pub max_attempts: u32,
+    /// Delay before the first retry; doubled each time.
+    pub base_delay: Duration,
+    /// Upper bound for one delay, also for a `Retry-After` asked by GitLab.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            base_delay: Duration::from_millis(250),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The GitLab API client.
+#[derive(Clone)]
+pub struct GitLab {
+    http: reqwest::Client,
+    base: Url,
+    api: Url,
+    token: String,
+    retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for GitLab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitLab")
+            .field("base", &self.base.as_str())
+            .field("token", &"[REDACTED]")
+            .finish()
+    }
+}
+
+/// Which credential a request carries.
+#[derive(Clone, Copy)]
+enum Auth<'a> {
+    Bot,
+    Job(&'a str),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response and request types
+// ---------------------------------------------------------------------------------------------
+
+/// `null` and absent both become the type's default.
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// A GitLab user (`GET /user`, note authors, MR authors, job users).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub id: UserId,
+    #[serde(default, deserialize_with = "null_default")]
+    pub username: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub name: String,
+}
+
+/// A project (`GET /projects/:id`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Project {
+    pub id: ProjectId,
+    #[serde(default, deserialize_with = "null_default")]
+    pub path_with_namespace: String,
+    /// `None` for an empty repository.
+    #[serde(default)]
+    pub default_branch: Option<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub http_url_to_repo: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub web_url: String,
+}
+
+/// A merge request (`GET /projects/:id/merge_requests/:iid` and lists).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeRequest {
+    pub iid: MrIid,
+    #[serde(default)]
+    pub project_id: Option<ProjectId>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub title: String,
+    /// `opened`, `closed`, `locked`, `merged`.
+    #[serde(default, deserialize_with = "null_default")]
+    pub state: String,
+    /// The head commit.
+    #[serde(default)]
+    pub sha: Option<CommitSha>,
+    #[serde(default)]
+    pub source_project_id: Option<ProjectId>,
+    #[serde(default)]
+    pub target_project_id: Option<ProjectId>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub source_branch: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub target_branch: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub draft: bool,
+    #[serde(default, deserialize_with = "null_default")]
+    pub web_url: String,
+    #[serde(default)]
+    pub author: Option<User>,
+    #[serde(default)]
+    pub merge_commit_sha: Option<CommitSha>,
+    #[serde(default)]
+    pub squash_commit_sha: Option<CommitSha>,
+    #[serde(default)]
+    pub merged_by: Option<User>,
+}
+
+impl MergeRequest {
+    /// The source lives in another project: its code is untrusted.
+    pub fn is_fork(&self) -> bool {
+        match (self.source_project_id, self.target_project_id) {
+            (Some(s), Some(t)) => s != t,
+            _ => false,
+        }
+    }
+
+    /// The commit that landed on the target branch when merged: the merge commit, else the
+    /// squash commit, else (fast-forward) the head.
+    pub fn landed_sha(&self) -> Option<&CommitSha> {
+        self.merge_commit_sha
+            .as_ref()
+            .or(self.squash_commit_sha.as_ref())
+            .or(self.sha.as_ref())
+    }
+}
+
+/// A note (comment) on an MR.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Note {
+    pub id: NoteId,
+    #[serde(default, deserialize_with = "null_default")]
+    pub body: String,
+    #[serde(default)]
+    pub author: Option<User>,
+    /// System notes ("added 1 commit") are written by GitLab itself.
+    #[serde(default, deserialize_with = "null_default")]
+    pub system: bool,
+}
+
+/// The state of a commit status (`planbot/plan`, `planbot/apply`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StatusState {
+    Pending,
+    Running,
+    Success,
+    Failed,
+    Canceled,
+}
+
+impl StatusState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusState::Pending => "pending",
+            StatusState::Running => "running",
+            StatusState::Success => "success",
+            StatusState::Failed => "failed",
+            StatusState::Canceled => "canceled",
+        }
+    }
+
+    /// Success, failed and canceled cannot be moved back on GitLab.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            StatusState::Success | StatusState::Failed | StatusState::Canceled
+        )
+    }
+}
+
+/// What [`GitLab::set_commit_status`] posts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitStatus {
+    pub state: StatusState,
+    pub name: String,
+    /// One line; cut to 255 characters before sending.
+    pub description: Option<String>,
+    pub target_url: Option<String>,
+    pub ref_: Option<String>,
+    pub pipeline_id: Option<u64>,
+}
+
+/// The longest description GitLab accepts.
+pub const STATUS_DESCRIPTION_MAX: usize = 255;
+
+/// A status as GitLab reports it (`POST /statuses/:sha` answer, `GET .../commits/:sha/statuses`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusRecord {
+    pub id: u64,
+    #[serde(default, deserialize_with = "null_default")]
+    pub name: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub sha: String,
+    /// `pending`, `running`, `success`, `failed`, `canceled`, ...
+    #[serde(default, deserialize_with = "null_default")]
+    pub status: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub target_url: Option<String>,
+    #[serde(rename = "ref", default)]
+    pub ref_: Option<String>,
+}
+
+/// A project role (`access_level`): 10 Guest, 20 Reporter, 30 Developer, 40 Maintainer, 50 Owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AccessLevel(pub u32);
+
+impl AccessLevel {
+    pub const GUEST: AccessLevel = AccessLevel(10);
+    pub const REPORTER: AccessLevel = AccessLevel(20);
+    pub const DEVELOPER: AccessLevel = AccessLevel(30);
+    pub const MAINTAINER: AccessLevel = AccessLevel(40);
+    pub const OWNER: AccessLevel = AccessLevel(50);
+
+    /// Developer or more: allowed to drive planbot by comment.
+    pub fn is_developer_or_more(self) -> bool {
+        self >= AccessLevel::DEVELOPER
+    }
+}
+
+#[derive(Deserialize)]
+struct Member {
+    #[serde(default)]
+    access_level: Option<AccessLevel>,
+}
+
+/// The commit a branch points at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchCommit {
+    pub id: CommitSha,
+}
+
+/// A branch (`GET /projects/:id/repository/branches/:branch`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Branch {
+    #[serde(default, deserialize_with = "null_default")]
+    pub name: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub protected: bool,
+    #[serde(default, deserialize_with = "null_default")]
+    pub default: bool,
+    pub commit: BranchCommit,
+}
+
+/// One entry of a protected branch's access lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchAccess {
+    #[serde(default)]
+    pub access_level: Option<AccessLevel>,
+    #[serde(default)]
+    pub access_level_description: Option<String>,
+}
+
+/// `GET /projects/:id/protected_branches/:name`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtectedBranch {
+    #[serde(default, deserialize_with = "null_default")]
+    pub name: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub push_access_levels: Vec<BranchAccess>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub merge_access_levels: Vec<BranchAccess>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub allow_force_push: bool,
+}
+
+/// The pipeline a job belongs to, as `GET /job` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPipeline {
+    pub id: u64,
+    pub project_id: ProjectId,
+    pub sha: CommitSha,
+    #[serde(rename = "ref", default, deserialize_with = "null_default")]
+    pub ref_: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub status: String,
+}
+
+/// A CI job seen through its own job token (`GET /api/v4/job`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    #[serde(default, deserialize_with = "null_default")]
+    pub name: String,
+    /// `running` while the job runs (the only time its token is valid).
+    #[serde(default, deserialize_with = "null_default")]
+    pub status: String,
+    #[serde(rename = "ref", default, deserialize_with = "null_default")]
+    pub ref_: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub tag: bool,
+    /// For a manual job: who clicked it.
+    #[serde(default)]
+    pub user: Option<User>,
+    pub pipeline: JobPipeline,
+    #[serde(default)]
+    pub web_url: Option<String>,
+}
+
+/// An issue planbot opened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Issue {
+    pub id: u64,
+    pub iid: u64,
+    #[serde(default, deserialize_with = "null_default")]
+    pub title: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub web_url: String,
+}
+
+/// A project webhook as `GET /projects/:id/hooks` shows it (the secret token is never shown).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hook {
+    pub id: u64,
+    #[serde(default, deserialize_with = "null_default")]
+    pub url: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub merge_requests_events: bool,
+    #[serde(default, deserialize_with = "null_default")]
+    pub note_events: bool,
+    #[serde(default, deserialize_with = "null_default")]
+    pub push_events: bool,
+    #[serde(default, deserialize_with = "null_default")]
+    pub enable_ssl_verification: bool,
+    /// `executable`, `temporarily_disabled`, `disabled` (newer GitLab).
+    #[serde(default)]
+    pub alert_status: Option<String>,
+    #[serde(default)]
+    pub disabled_until: Option<String>,
+}
+
+/// One approver entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approver {
+    pub user: User,
+}
+
+/// `GET /projects/:id/merge_requests/:iid/approvals`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approvals {
+    #[serde(default)]
+    pub approvals_required: Option<u32>,
+    #[serde(default)]
+    pub approvals_left: Option<u32>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub approved_by: Vec<Approver>,
+}
+
+impl Approvals {
+    /// Approvers other than the MR's author (self-approval is not a review).
+    pub fn approvers_except(&self, author: Option<UserId>) -> Vec<&User> {
+        self.approved_by
+            .iter()
+            .map(|a| &a.user)
+            .filter(|u| Some(u.id) != author)
+            .collect()
+    }
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    message: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+/// Cut a status description to GitLab's limit, on a character boundary, marking the cut.
+pub fn truncate_description(text: &str) -> String {
+    let one_line = text.lines().next().unwrap_or("").trim();
+    if one_line.chars().count() <= STATUS_DESCRIPTION_MAX {
+        return one_line.to_string();
+    }
+    let mut out: String = one_line.chars().take(STATUS_DESCRIPTION_MAX - 1).collect();
+    out.push('…');
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client
+// ---------------------------------------------------------------------------------------------
+
+impl GitLab {
+    /// A client for the GitLab at `base_url` (e.g. `https://gitlab.example.com`), acting as the
+    /// bot whose personal/project access token is `token`.
+    pub fn new(base_url: &str, token: &str) -> anyhow::Result<GitLab> {
+        let mut base = Url::parse(base_url.trim())
+            .map_err(|e| anyhow::anyhow!("GitLab URL {base_url:?} is not a URL: {e}"))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            anyhow::bail!("GitLab URL {base_url:?} must start with http:// or https://");
+        }
+        if !base.username().is_empty() || base.password().is_some() {
+            anyhow::bail!("GitLab URL must not contain credentials; give the token separately");
+        }
+        if !base.path().ends_with('/') {
+            let p = format!("{}/", base.path());
+            base.set_path(&p);
+        }
+        let api = base.join("api/v4/")?;
+        if token.trim().is_empty() {
+            anyhow::bail!("the GitLab token is empty");
+        }
+        HeaderValue::from_str(token).map_err(|_| {
+            anyhow::anyhow!("the GitLab token contains characters not allowed in a header")
+        })?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
+            .user_agent(concat!("planbot/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(GitLab {
+            http,
+            base,
+            api,
+            token: token.to_string(),
+            retry: RetryPolicy::default(),
+        })
+    }
+
+    /// Replace the retry policy (tests use short delays).
+    pub fn with_retry_policy(mut self, retry: RetryPolicy) -> GitLab {
+        self.retry = retry;
+        self
+    }
+
+    /// Replace the per-request timeout (default 60 s; connect timeout 10 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> anyhow::Result<GitLab> {
+        self.http = reqwest::Client::builder()
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .timeout(timeout)
+            .user_agent(concat!("planbot/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(self)
+    }
+
+    /// The instance's base URL, with a trailing slash.
+    pub fn base_url(&self) -> &Url {
+        &self.base
+    }
+
+    // ----- users, projects, members ------------------------------------------------------------
+
+    /// The bot user (`GET /user`): its own notes are ignored by name.
+    pub async fn current_user(&self) -> Result<User, GitLabError> {
+        self.get_json(&["user"], &[]).await
+    }
+
+    /// `GET /projects/:id` by numeric id or `group/project` path.
+    pub async fn project(&self, path_or_id: &str) -> Result<Project, GitLabError> {
+        self.get_json(&["projects", path_or_id], &[]).await
+    }
+
+    /// The role `user` has on the project, inherited ones included; `None` if not a member.
+    pub async fn member_access(
+        &self,
+        project: ProjectId,
+        user: UserId,
+    ) -> Result<Option<AccessLevel>, GitLabError> {
+        let p = project.to_string();
+        let u = user.to_string();
+        match self
+            .get_json::<Member>(&["projects", &p, "members", "all", &u], &[])
+            .await
+        {
+            Ok(m) => Ok(m.access_level),
+            Err(GitLabError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    // ----- merge requests ----------------------------------------------------------------------
+
+    pub async fn merge_request(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+    ) -> Result<MergeRequest, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        self.get_json(&["projects", &p, "merge_requests", &i], &[])
+            .await
+    }
+
+    /// Every open MR of the project (all pages), for reconciling after downtime.
+    pub async fn open_merge_requests(
+        &self,
+        project: ProjectId,
+    ) -> Result<Vec<MergeRequest>, GitLabError> {
+        let p = project.to_string();
+        self.get_all(&["projects", &p, "merge_requests"], &[("state", "opened")])
+            .await
+    }
+
+    /// The MRs that contain commit `sha` (for a merge commit: the MR merged as it).
+    pub async fn commit_merge_requests(
+        &self,
+        project: ProjectId,
+        sha: &CommitSha,
+    ) -> Result<Vec<MergeRequest>, GitLabError> {
+        let p = project.to_string();
+        self.get_all(
+            &[
+                "projects",
+                &p,
+                "repository",
+                "commits",
+                sha.as_str(),
+                "merge_requests",
+            ],
+            &[],
+        )
+        .await
+    }
+
+    pub async fn mr_approvals(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+    ) -> Result<Approvals, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        self.get_json(&["projects", &p, "merge_requests", &i, "approvals"], &[])
+            .await
+    }
+
+    // ----- notes -------------------------------------------------------------------------------
+
+    /// All notes of an MR, oldest first (every page).
+    pub async fn mr_notes(&self, project: ProjectId, iid: MrIid) -> Result<Vec<Note>, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        self.get_all(
+            &["projects", &p, "merge_requests", &i, "notes"],
+            &[("sort", "asc"), ("order_by", "created_at")],
+        )
+        .await
+    }
+
+    pub async fn create_mr_note(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+        body: &str,
+    ) -> Result<Note, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        let payload = serde_json::json!({ "body": body });
+        self.send_json(
+            Method::POST,
+            &["projects", &p, "merge_requests", &i, "notes"],
+            &payload,
+        )
+        .await
+    }
+
+    /// Edit a note in place; [`GitLabError::NotFound`] when it was deleted (re-create it then).
+    pub async fn edit_mr_note(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+        note: NoteId,
+        body: &str,
+    ) -> Result<Note, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        let n = note.to_string();
+        let payload = serde_json::json!({ "body": body });
+        self.send_json(
+            Method::PUT,
+            &["projects", &p, "merge_requests", &i, "notes", &n],
+            &payload,
+        )
+        .await
+    }
+
+    // ----- commit statuses ---------------------------------------------------------------------
+
+    /// Post a commit status. A 400 "Cannot transition status" (the status is already in that
+    /// final state, or final) counts as done.
+    pub async fn set_commit_status(
+        &self,
+        project: ProjectId,
+        sha: &CommitSha,
+        status: &CommitStatus,
+    ) -> Result<(), GitLabError> {
+        let p = project.to_string();
+        let mut payload = serde_json::json!({
+            "state": status.state.as_str(),
+            "name": status.name,
+        });
+        let obj = payload.as_object_mut().expect("object");
+        if let Some(d) = &status.description {
+            obj.insert("description".into(), truncate_description(d).into());
+        }
+        if let Some(u) = &status.target_url {
+            obj.insert("target_url".into(), u.clone().into());
+        }
+        if let Some(r) = &status.ref_ {
+            obj.insert("ref".into(), r.clone().into());
+        }
+        if let Some(id) = status.pipeline_id {
+            obj.insert("pipeline_id".into(), id.into());
+        }
+        match self
+            .send_json::<serde_json::Value>(
+                Method::POST,
+                &["projects", &p, "statuses", sha.as_str()],
+                &payload,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(GitLabError::Status { code: 400, message })
+                if message.contains("Cannot transition status") =>
+            {
+                tracing::debug!(sha = %sha, name = %status.name, "commit status already final; treated as done");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The statuses posted on a commit (all names).
+    pub async fn commit_statuses(
+        &self,
+        project: ProjectId,
+        sha: &CommitSha,
+    ) -> Result<Vec<StatusRecord>, GitLabError> {
+        let p = project.to_string();
+        self.get_all(
+            &[
+                "projects",
+                &p,
+                "repository",
+                "commits",
+                sha.as_str(),
+                "statuses",
+            ],
+            &[],
+        )
+        .await
+    }
+
+    // ----- branches ----------------------------------------------------------------------------
+
+    pub async fn branch(&self, project: ProjectId, name: &str) -> Result<Branch, GitLabError> {
+        let p = project.to_string();
+        self.get_json(&["projects", &p, "repository", "branches", name], &[])
+            .await
+    }
+
+    pub async fn protected_branch(
+        &self,
+        project: ProjectId,
+        name: &str,
+    ) -> Result<ProtectedBranch, GitLabError> {
+        let p = project.to_string();
+        self.get_json(&["projects", &p, "protected_branches", name], &[])
+            .await
+    }
+
+    // ----- jobs, issues, hooks -----------------------------------------------------------------
+
+    /// The job that owns `job_token` (`GET /job` with `JOB-TOKEN`, not the bot token).
+    /// [`GitLabError::Unauthorized`] when the token is invalid or the job no longer runs.
+    pub async fn job_for_token(&self, job_token: &str) -> Result<Job, GitLabError> {
+        if job_token.is_empty() || HeaderValue::from_str(job_token).is_err() {
+            return Err(GitLabError::Unauthorized);
+        }
+        let url = self.url(&["job"], &[]);
+        let (_, _, body) = self
+            .request(Method::GET, url, Auth::Job(job_token), None)
+            .await?;
+        decode(&body)
+    }
+
+    pub async fn create_issue(
+        &self,
+        project: ProjectId,
+        title: &str,
+        description: &str,
+    ) -> Result<Issue, GitLabError> {
+        let p = project.to_string();
+        let payload = serde_json::json!({ "title": title, "description": description });
+        self.send_json(Method::POST, &["projects", &p, "issues"], &payload)
+            .await
+    }
+
+    /// The project's webhooks (needs Maintainer; [`GitLabError::Forbidden`] otherwise).
+    pub async fn project_hooks(&self, project: ProjectId) -> Result<Vec<Hook>, GitLabError> {
+        let p = project.to_string();
+        self.get_all(&["projects", &p, "hooks"], &[]).await
+    }
+
+    // ----- plumbing ----------------------------------------------------------------------------
+
+    fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {
+        let mut url = self.api.clone();
+        {
+            let mut segs = url.path_segments_mut().expect("http URL has segments");
+            segs.pop_if_empty();
+            for s in segments {
+                segs.push(s);
+            }
+        }
+        if !query.is_empty() {
+            let mut q = url.query_pairs_mut();
+            for (k, v) in query {
+                q.append_pair(k, v);
+            }
+        }
+        url
+    }
+
+    async fn get_json<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<T, GitLabError> {
+        let url = self.url(segments, query);
+        let (_, _, body) = self.request(Method::GET, url, Auth::Bot, None).await?;
+        decode(&body)
+    }
+
+    async fn send_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        segments: &[&str],
+        payload: &serde_json::Value,
+    ) -> Result<T, GitLabError> {
+        let url = self.url(segments, &[]);
+        let (_, _, body) = self.request(method, url, Auth::Bot, Some(payload)).await?;
+        decode(&body)
+    }
+
+    /// Every page of a list endpoint (`per_page=100`, following `x-next-page`).
+    async fn get_all<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<Vec<T>, GitLabError> {
+        let mut out = Vec::new();
+        let mut page = "1".to_string();
+        // A hard stop so a misbehaving server cannot keep us paging forever.
+        for _ in 0..10_000 {
+            let mut q: Vec<(&str, &str)> = query.to_vec();
+            q.push(("per_page", "100"));
+            q.push(("page", &page));
+            let url = self.url(segments, &q);
+            let (_, headers, body) = self.request(Method::GET, url, Auth::Bot, None).await?;
+            let items: Vec<T> = decode(&body)?;
+            out.extend(items);
+            let next = headers
+                .get("x-next-page")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .unwrap_or("");
+            if next.is_empty() || next == page {
+                return Ok(out);
+            }
+            page = next.to_string();
+        }
+        Err(GitLabError::Decode(
+            "pagination did not end after 10000 pages".into(),
+        ))
+    }
+
+    /// One call with retries; returns the success answer's status, headers and body.
+    async fn request(
+        &self,
+        method: Method,
+        url: Url,
+        auth: Auth<'_>,
+        payload: Option<&serde_json::Value>,
+    ) -> Result<(StatusCode, HeaderMap, bytes::Bytes), GitLabError> {
+        let path = url.path().to_string();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let mut req = self.http.request(method.clone(), url.clone());
+            req = match auth {
+                Auth::Bot => req.header("PRIVATE-TOKEN", &self.token),
+                Auth::Job(t) => req.header("JOB-TOKEN", t),
+            };
+            if let Some(p) = payload {
+                req = req.json(p);
+            }
+            let outcome = match req.send().await {
+                Ok(resp) => {
+                    let status = resp.status();
+                    let headers = resp.headers().clone();
+                    match resp.bytes().await {
+                        Ok(body) => Ok((status, headers, body)),
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let last = attempt >= self.retry.max_attempts;
+            match outcome {
+                Ok((status, headers, body)) if status.is_success() => {
+                    tracing::debug!(method = %method, path = %path, status = status.as_u16(), "gitlab");
+                    return Ok((status, headers, body));
+                }
+                Ok((status, headers, body)) => {
+                    let retryable =
+                        status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
+                    if retryable && !last {
+                        let delay = self.delay(attempt, retry_after(&headers));
+                        tracing::warn!(method = %method, path = %path, status = status.as_u16(), attempt, delay_ms = delay.as_millis() as u64, "gitlab: retrying");
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                    tracing::debug!(method = %method, path = %path, status = status.as_u16(), "gitlab: error");
+                    return Err(self.status_error(status, &body));
+                }
+                Err(e) => {
+                    let retryable =
+                        e.is_timeout() || e.is_connect() || e.is_request() || e.is_body();
+                    let text = self.scrub(&e.without_url().to_string());
+                    if retryable && !last {
+                        let delay = self.delay(attempt, None);
+                        tracing::warn!(method = %method, path = %path, attempt, error = %text, "gitlab: retrying");
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                    return Err(GitLabError::Transport(format!("{method} {path}: {text}")));
+                }
+            }
+        }
+    }
+
+    fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(d) = retry_after {
+            return d.min(self.retry.max_delay);
+        }
+        let exp = self
+            .retry
+            .base_delay
+            .saturating_mul(1u32 << (attempt - 1).min(16));
+        // Up to 25 % jitter so many workers do not retry in lockstep.
+        let jitter = exp.mul_f64(rand::random::<f64>() * 0.25);
+        (exp + jitter).min(self.retry.max_delay)
+    }
+
+    fn status_error(&self, status: StatusCode, body: &[u8]) -> GitLabError {
+        match status {
+            StatusCode::NOT_FOUND => GitLabError::NotFound,
+            StatusCode::UNAUTHORIZED => GitLabError::Unauthorized,
+            StatusCode::FORBIDDEN => GitLabError::Forbidden,
+            _ => GitLabError::Status {
+                code: status.as_u16(),
+                message: self.scrub(&error_message(body)),
+            },
+        }
+    }
+
+    /// The bot token never appears in an error, even if a server echoed it.
+    fn scrub(&self, text: &str) -> String {
+        if self.token.is_empty() {
+            text.to_string()
+        } else {
+            text.replace(&self.token, "[REDACTED]")
+        }
+    }
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    v.parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// GitLab's error text (`{"message": ...}` or `{"error": ...}`), else the start of the body.
+fn error_message(body: &[u8]) -> String {
+    let text = if let Ok(e) = serde_json::from_slice::<ErrorBody>(body) {
+        match e.message.or(e.error) {
+            Some(serde_json::Value::String(s)) => s,
+            Some(other) => other.to_string(),
+            None => String::from_utf8_lossy(body).into_owned(),
+        }
+    } else {
+        String::from_utf8_lossy(body).into_owned()
+    };
+    let text = text.trim();
+    if text.chars().count() > 300 {
+        let mut s: String = text.chars().take(300).collect();
+        s.push('…');
+        s
+    } else {
+        text.to_string()
+    }
+}
+
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, GitLabError> {
+    serde_json::from_slice(body).map_err(|e| GitLabError::Decode(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(rel: &str) -> String {
+        let shared = std::env::var_os("PLANBOT_SHARED_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
+            });
+        let path = shared.join("fixtures/gitlab").join(rel);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
+    }
+
+    #[test]
+    fn branch_fixture_parses_protected_default_and_commit() {
+        let b: Branch = serde_json::from_str(&fixture("api/branch_single.json")).unwrap();
+        assert_eq!(b.name, "main");
+        assert!(b.protected);
+        assert!(b.default);
+        assert_eq!(
+            b.commit.id.as_str(),
+            "7b5c3cc8be40ee161ae89a06bba6229da1032a0c"
+        );
+    }
+
+    #[test]
+    fn job_token_fixture_parses_the_fields_the_apply_checks_use() {
+        let j: Job = serde_json::from_str(&fixture("api/get_job_via_job_token.json")).unwrap();
+        assert_eq!(j.id, JobId(8));
+        assert_eq!(j.name, "rubocop");
+        assert_eq!(j.status, "failed");
+        assert_eq!(j.ref_, "main");
+        assert!(!j.tag);
+        assert_eq!(j.user.as_ref().unwrap().username, "root");
+        assert_eq!(j.user.as_ref().unwrap().id, UserId(1));
+        assert_eq!(j.pipeline.id, 6);
+        assert_eq!(j.pipeline.project_id, ProjectId(1));
+        assert_eq!(j.pipeline.ref_, "main");
+        assert_eq!(
+            j.pipeline.sha.as_str(),
+            "0ff3ae198f8601a285adcf5c0fff204ee6fba5fd"
+        );
+    }
+
+    #[test]
+    fn approvals_fixture_counts_approvers_other_than_the_author() {
+        let a: Approvals =
+            serde_json::from_str(&fixture("api/merge_request_approvals.json")).unwrap();
+        assert_eq!(a.approvals_required, Some(2));
+        assert_eq!(a.approvals_left, Some(1));
+        assert_eq!(a.approved_by.len(), 1);
+        assert_eq!(a.approvers_except(None).len(), 1);
+        // The only approver (root, id 1) approving their own MR does not count.
+        assert!(a.approvers_except(Some(UserId(1))).is_empty());
+    }
+
+    #[test]
+    fn commit_status_fixture_parses_with_null_description_and_ref() {
+        let s: StatusRecord =
+            serde_json::from_str(&fixture("api/commit_status_create_response.json")).unwrap();
+        assert_eq!(s.id, 93);
+        assert_eq!(s.status, "success");
+        assert_eq!(s.name, "default");
+        assert_eq!(s.description, None);
+        assert_eq!(s.ref_, None);
+    }
+
+    #[test]
+    fn protected_branch_fixture_parses_access_levels() {
+        let p: ProtectedBranch =
+            serde_json::from_str(&fixture("api/protected_branch_single.json")).unwrap();
+        assert_eq!(p.name, "main");
+        assert_eq!(
+            p.push_access_levels[0].access_level,
+            Some(AccessLevel::MAINTAINER)
+        );
+        assert!(!p.allow_force_push);
+    }
+
+    #[test]
+    fn merge_request_tolerates_nulls_and_unknown_fields() {
+        let mr: MergeRequest = serde_json::from_value(serde_json::json!({
+            "iid": 16, "state": "opened", "title": null, "draft": null,
+            "sha": "e59094b8de0f2f91abbe4760a52d9137260252d8",
+            "source_project_id": 3, "target_project_id": 2,
+            "merge_commit_sha": null, "some_future_field": {"x": 1}
+        }))
+        .unwrap();
+        assert_eq!(mr.iid, MrIid(16));
+        assert_eq!(mr.title, "");
+        assert!(!mr.draft);
+        assert!(mr.is_fork());
+        assert_eq!(
+            mr.landed_sha().unwrap().as_str(),
+            "e59094b8de0f2f91abbe4760a52d9137260252d8"
+        );
+    }
+
+    #[test]
+    fn descriptions_are_cut_to_255_characters_on_a_char_boundary() {
+        let long = "é".repeat(400);
+        let cut = truncate_description(&long);
+        assert_eq!(cut.chars().count(), 255);
+        assert!(cut.ends_with('…'));
+        assert_eq!(truncate_description("2 to add\nsecond line"), "2 to add");
+    }
+
+    #[test]
+    fn error_messages_come_from_gitlab_json_and_never_carry_the_token() {
+        let gl = GitLab::new("http://127.0.0.1:9", "glpat-secret").unwrap();
+        let e = gl.status_error(
+            StatusCode::BAD_REQUEST,
+            br#"{"message":"bad thing glpat-secret"}"#,
+        );
+        let text = e.to_string();
+        assert!(text.contains("bad thing"), "{text}");
+        assert!(!text.contains("glpat-secret"), "{text}");
+        assert!(!format!("{gl:?}").contains("glpat-secret"));
+        assert!(matches!(
+            gl.status_error(StatusCode::NOT_FOUND, b"{}"),
+            GitLabError::NotFound
+        ));
+    }
+
+    #[test]
+    fn urls_encode_project_paths_and_branch_names_as_one_segment() {
+        let gl = GitLab::new("https://gitlab.example.com/sub", "t").unwrap();
+        let u = gl.url(
+            &[
+                "projects",
+                "infra/homelab",
+                "repository",
+                "branches",
+                "feature/x",
+            ],
+            &[("a", "b")],
+        );
+        assert_eq!(
+            u.as_str(),
+            "https://gitlab.example.com/sub/api/v4/projects/infra%2Fhomelab/repository/branches/feature%2Fx?a=b"
+        );
+    }
+
+    #[test]
+    fn new_rejects_urls_with_credentials_and_empty_tokens() {
+        assert!(GitLab::new("https://u:p@gitlab.example.com", "t").is_err());
+        assert!(GitLab::new("https://gitlab.example.com", "").is_err());
+        assert!(GitLab::new("ftp://gitlab.example.com", "t").is_err());
+    }
+}
