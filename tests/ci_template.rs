@@ -143,3 +143,43 @@ async fn the_job_fails_when_planbot_is_unreachable() {
     let (ok, _) = run_script("http://127.0.0.1:9", None).await;
     assert!(!ok);
 }
+
+/// `planbot apply-job`, the alternative to the curl script, behaves the same.
+async fn run_apply_job(url: &str, confirm: Option<&str>) -> (bool, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_planbot"));
+    cmd.arg("apply-job")
+        .env_clear()
+        .env("PLANBOT_URL", url)
+        .env("CI_JOB_TOKEN", "glcbt-test-job-token");
+    if let Some(c) = confirm {
+        cmd.env("PLANBOT_CONFIRM", c);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+    )
+}
+
+#[tokio::test]
+async fn planbot_apply_job_streams_the_log_and_exits_by_the_last_line() {
+    let (url, seen) = stand_in(
+        "terraform_data.vm: Creating...\nplanbot: apply succeeded\nplanbot: still working (1 s)\n",
+    )
+    .await;
+    let (ok, stdout) = run_apply_job(&url, Some("9c41e07a2b3d")).await;
+    assert!(ok, "{stdout}");
+    assert!(stdout.contains("terraform_data.vm: Creating..."));
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.token.as_deref(), Some("glcbt-test-job-token"));
+        assert_eq!(seen.body.as_deref(), Some(r#"{"confirm":"9c41e07a2b3d"}"#));
+    }
+
+    let (url, _) = stand_in("planbot: apply refused: the job is `success`, not `running`\n").await;
+    let (ok, stdout) = run_apply_job(&url, None).await;
+    assert!(!ok);
+    assert!(stdout.contains("apply refused"));
+}
