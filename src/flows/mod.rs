@@ -3,5 +3,6 @@ pub mod apply_job;
 pub mod check_config;
 pub mod doctor;
 pub mod local_plan;
+pub mod locks;
 pub mod report;
 pub mod serve;
