@@ -1,11 +1,14 @@
 //! The shared state of a running service (`App`): config, store, queue, metrics, scrubber, locks.
 
+use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::GitLab;
 use crate::capabilities::store::Store;
+use crate::capabilities::workspace::Workspace;
 use crate::core::config::Config;
 use crate::core::ids::{ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
+use crate::flows::credentials::{self, Use};
 use crate::flows::metrics::Metrics;
 use crate::flows::queue::Queue;
 use anyhow::{Context, Result};
@@ -27,6 +30,8 @@ pub struct App {
     pub webhook: webhook::Expected,
     /// The GitLab API client, acting as the bot.
     pub gitlab: GitLab,
+    /// Git mirrors and per-job checkouts (one per process: it serialises fetches per project).
+    pub workspace: Workspace,
     /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
     bot_user: tokio::sync::OnceCell<UserId>,
 }
@@ -53,7 +58,13 @@ impl App {
         };
         let gitlab = GitLab::new(&config.gitlab.url, config.gitlab.token.expose())
             .context("gitlab.url / gitlab.token")?;
+        let workspace = Workspace::new(
+            &config.data_dir.join("workspaces"),
+            config.gitlab.token.expose(),
+        )
+        .context("preparing the git workspace")?;
         Ok(App {
+            workspace,
             store,
             queue: Queue::new(),
             metrics: Metrics::new(),
@@ -69,6 +80,20 @@ impl App {
     /// `<data_dir>/tmp`: the private (0700) temp root for plan files; wiped at start-up.
     pub fn temp_root(&self) -> PathBuf {
         self.config.data_dir.join("tmp")
+    }
+
+    /// The engine runner for a plan (plan credentials) or an apply (apply credentials), see
+    /// [`crate::flows::credentials`].
+    pub fn engine(&self, use_: Use) -> Result<Engine> {
+        let engine = &self.config.engine;
+        Engine::builder(&engine.binary, self.temp_root())
+            .timeout(engine.timeout)
+            .grace(engine.grace)
+            .lock_timeout(engine.lock_timeout)
+            .env(credentials::engine_env(&self.config, use_))
+            .plugin_cache_dir(self.config.data_dir.join("plugin-cache"))
+            .build()
+            .with_context(|| format!("engine.binary = {:?}", engine.binary))
     }
 
     /// `<data_dir>/workspaces`: git mirrors and per-job worktrees.

@@ -2,6 +2,7 @@
 pub mod app;
 pub mod apply_job;
 pub mod check_config;
+pub mod credentials;
 pub mod doctor;
 pub mod intake;
 pub mod jobs;
