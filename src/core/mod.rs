@@ -6,3 +6,4 @@ pub mod plan;
 pub mod redact;
 pub mod render;
 pub mod summary;
+pub mod repo_config;
