@@ -296,11 +296,6 @@ async fn verify_and_apply(
         pipeline_id: Some(pipeline.id),
         log: log.clone(),
     };
-    ctx.status(
-        StatusState::Running,
-        "re-planning to compare with the review",
-    )
-    .await;
 
     // 1. Plan every root (each under its lock) and decide; nothing is applied unless every
     //    root with changes is the reviewed plan: a half-applied main helps nobody.
@@ -333,15 +328,18 @@ async fn verify_and_apply(
         app.store
             .finish_apply(apply_id, ApplyState::Refused, Some(refusal.to_string()))
             .await?;
-        ctx.status(
-            StatusState::Failed,
-            &format!("refused: {}", refusal.check()),
-        )
-        .await;
+        // Not `failed`: nothing was attempted, and a final status could not move to `success`
+        // when the job is retried with a confirm (GitLab keeps final statuses final).
+        ctx.status(StatusState::Pending, &format!("not applied: {refusal}"))
+            .await;
         return Ok(verdict);
     }
 
     // 2. Apply the plan files that were just reviewed-checked, in config order.
+    if decided.iter().any(|d| d.planned.is_some()) {
+        ctx.status(StatusState::Running, "applying the reviewed plan")
+            .await;
+    }
     let mut results = Vec::new();
     let mut failure = None;
     for d in decided.iter_mut() {
