@@ -1,3 +1,5 @@
 //! Capabilities: one concrete client per external thing.
+pub mod engine;
 pub mod gitlab;
+pub mod store;
 pub mod workspace;
