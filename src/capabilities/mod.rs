@@ -1,2 +1,3 @@
 //! Capabilities: one concrete client per external thing.
 pub mod gitlab;
+pub mod proxmox;

@@ -3,6 +3,7 @@ pub mod fingerprint;
 pub mod ids;
 pub mod lint;
 pub mod plan;
+pub mod preflight;
 pub mod redact;
 pub mod render;
 pub mod summary;

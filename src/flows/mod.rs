@@ -2,5 +2,6 @@
 pub mod check_config;
 pub mod doctor;
 pub mod local_plan;
+pub mod preflight;
 pub mod report;
 pub mod serve;
