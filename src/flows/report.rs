@@ -1,6 +1,13 @@
 //! `planbot render`, and the output shared with `planbot plan`: the note or the JSON report.
 
-use anyhow::Result;
+use crate::core::fingerprint::Fingerprint;
+use crate::core::lint::lint;
+use crate::core::plan::Plan;
+use crate::core::redact::Secrets;
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
+use crate::core::summary::PlanReport;
+use anyhow::{Context, Result};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -10,12 +17,115 @@ pub enum Format {
     Json,
 }
 
+/// The fingerprint key used when none is given (`--fingerprint-key` / `PLANBOT_FINGERPRINT_KEY`).
+/// It is public and fixed: such a fingerprint identifies a plan locally but proves nothing.
+pub const LOCAL_FINGERPRINT_KEY: &str = "planbot-local-fingerprint-key-not-secret";
+
+/// The root name shown when a plan is rendered on its own.
+pub const DEFAULT_ROOT: &str = ".";
+
+/// The note (markdown) or the JSON report (design §3) of one plan, scrubbed of every secret the
+/// plan reveals plus `extra_secrets`. Findings come from the lint rules.
+pub fn report(
+    plan: &Plan,
+    ctx: &NoteContext,
+    extra_secrets: &Secrets,
+    fingerprint_key: &[u8],
+    format: Format,
+) -> String {
+    report_root(
+        plan,
+        DEFAULT_ROOT,
+        ctx,
+        extra_secrets,
+        fingerprint_key,
+        format,
+    )
+}
+
+/// Like [`report`], naming the root (e.g. the directory `planbot plan` ran in).
+pub fn report_root(
+    plan: &Plan,
+    root: &str,
+    ctx: &NoteContext,
+    extra_secrets: &Secrets,
+    fingerprint_key: &[u8],
+    format: Format,
+) -> String {
+    let findings = lint(plan, &[]);
+    let fingerprint = Fingerprint::of(plan, fingerprint_key);
+    let mut secrets = Secrets::from_plan(plan);
+    secrets.extend(extra_secrets.iter().map(str::to_string));
+    let scrubber = secrets.scrubber();
+    match format {
+        Format::Markdown => {
+            let roots = [RootSection {
+                name: root.to_string(),
+                outcome: RootOutcome::Planned {
+                    plan,
+                    findings: &findings,
+                    fingerprint: &fingerprint,
+                },
+            }];
+            render_note(ctx, &roots, &scrubber)
+        }
+        Format::Json => {
+            let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);
+            let json = serde_json::to_string_pretty(&report).expect("the report serializes");
+            scrubber.scrub(&json).into_owned()
+        }
+    }
+}
+
 /// `planbot render PLAN_JSON`: exit 0 on success, 2 when the input is not a plan document.
 pub fn render_command(
     path: &Path,
     format: Format,
     fingerprint_key: Option<&str>,
 ) -> Result<ExitCode> {
-    let _ = (path, format, fingerprint_key);
-    anyhow::bail!("`planbot render` is not built yet (issue 2)")
+    let (name, bytes) = if path == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("cannot read the plan from stdin")?;
+        ("stdin".to_string(), buf)
+    } else {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        (path.display().to_string(), bytes)
+    };
+    let plan = match Plan::from_json(&bytes) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("planbot: {name} is {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    drop(bytes);
+    let key = match fingerprint_key {
+        Some(k) if !k.is_empty() => k.as_bytes(),
+        _ => {
+            eprintln!(
+                "planbot: warning: no --fingerprint-key (or PLANBOT_FINGERPRINT_KEY): the fingerprint uses planbot's fixed local key and is not keyed by a server secret"
+            );
+            LOCAL_FINGERPRINT_KEY.as_bytes()
+        }
+    };
+    let ctx = NoteContext {
+        engine: plan.engine_version().map(|v| format!("engine {v}")),
+        ..NoteContext::default()
+    };
+    let out = report(&plan, &ctx, &Secrets::new(), key, format);
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(out.as_bytes())
+        .and_then(|_| {
+            if out.ends_with('\n') {
+                Ok(())
+            } else {
+                stdout.write_all(b"\n")
+            }
+        })
+        .context("cannot write to stdout")?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -48,3 +48,5 @@ pub fn gitlab_fixture(rel: &str) -> String {
     let path = shared_dir().join("fixtures/gitlab").join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
+
+pub mod fake_gitlab;

@@ -219,16 +219,11 @@ impl VolumeId {
 pub fn config_of<'p>(plan: &'p Plan, rc: &ResourceChange) -> Option<&'p Value> {
     let cfg = plan.configuration.as_ref()?;
     let names = module_names(rc.module_address.as_deref());
-    let resources: &Vec<Value> = match names.split_first() {
-        None => &cfg.root_module.resources,
-        Some((first, rest)) => {
-            let mut m = cfg.root_module.module_calls.get(first)?.get("module")?;
-            for n in rest {
-                m = m.get("module_calls")?.get(n)?.get("module")?;
-            }
-            m.get("resources")?.as_array()?
-        }
-    };
+    let mut module = &cfg.root_module;
+    for n in &names {
+        module = &module.module_calls.get(n)?.module;
+    }
+    let resources = &module.resources;
     resources.iter().find(|r| {
         r.get("mode").and_then(Value::as_str).unwrap_or("managed") == "managed"
             && r.get("type").and_then(Value::as_str) == Some(rc.resource_type.as_str())

@@ -1,0 +1,777 @@
+//! Rendering the MR plan note (design §7) from the templates in `templates/`.
+//!
+//! Rust prepares view structs (diff bodies, escaping, budget decisions); every word the reader
+//! sees comes from `templates/note.md.j2` and `templates/note_phrases.j2`. The template
+//! environment is built once per process.
+
+mod budget;
+pub mod diff;
+pub mod markdown;
+
+use crate::core::fingerprint::Fingerprint;
+use crate::core::lint::{Finding, Severity};
+use crate::core::plan::{ActionKind, Plan, ResourceChange};
+use crate::core::redact::Scrubber;
+use crate::core::summary::Summary;
+use budget::{Unit, UnitState};
+use diff::{Differ, Node, Phrases};
+use minijinja::Environment;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Size budget for one note (GitLab's hard limit is 1,000,000 characters).
+pub const NOTE_BUDGET: usize = 500_000;
+
+/// The hidden marker by which planbot finds its own note again.
+pub const NOTE_MARKER: &str = "<!-- planbot:mr-note v1 -->";
+
+/// At most this many destructive changes and findings are listed one by one (they are always
+/// kept, so they must fit the budget themselves); the rest are counted.
+const MAX_LISTED: usize = 1000;
+
+/// What happened to one root in this run.
+pub enum RootOutcome<'a> {
+    /// Planned: the parsed plan, its lint/preflight findings and fingerprint.
+    Planned {
+        plan: &'a Plan,
+        findings: &'a [Finding],
+        fingerprint: &'a Fingerprint,
+    },
+    /// Not planned, with the reason in words ("no files changed").
+    Skipped { reason: String },
+    /// The engine failed before producing a plan: the (already redacted) error text.
+    Failed { error: String },
+}
+
+/// One root's section of the note.
+pub struct RootSection<'a> {
+    pub name: String,
+    pub outcome: RootOutcome<'a>,
+}
+
+/// Everything about the run that is not in the plan itself.
+#[derive(Debug, Clone, Default)]
+pub struct NoteContext {
+    /// The commit planned (full SHA; the note shows 8 characters).
+    pub sha: Option<String>,
+    pub draft: bool,
+    /// e.g. "OpenTofu 1.10.6" or "Terraform 1.11.4".
+    pub engine: Option<String>,
+    pub duration: Option<Duration>,
+    /// Link to the run page, when served.
+    pub run_url: Option<String>,
+    /// Lines shown above the headline (merged / applied banners), already in Markdown.
+    pub banners: Vec<String>,
+    /// Preflight state in words, e.g. "Proxmox preflight skipped: no endpoint configured".
+    pub preflight_note: Option<String>,
+    /// The engine's (already redacted) error output for roots whose plan is `errored`, by root
+    /// name: shown in a fenced block above the partial changes.
+    pub plan_errors: BTreeMap<String, String>,
+    /// Size budget in characters; 0 means [`NOTE_BUDGET`].
+    pub budget: usize,
+}
+
+/// Render the whole MR note; every text in it has passed through `scrubber`.
+pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scrubber) -> String {
+    let budget = if ctx.budget == 0 {
+        NOTE_BUDGET
+    } else {
+        ctx.budget
+    };
+    let mut view = build_view(ctx, roots);
+    let mut units = collect_units(&view);
+    let fixed = fixed_size(&mut view);
+    let mut target = budget;
+    let mut text = String::new();
+    // Sizes are estimated before rendering; if the result still overshoots, tighten and redo.
+    for _ in 0..4 {
+        let states = budget::plan(&units, fixed, target);
+        apply_states(&mut view, &states);
+        text = render_view(&view);
+        if text.len() <= budget {
+            break;
+        }
+        let over = text.len() - budget;
+        target = target.saturating_sub(over + over / 4 + 64);
+        units = collect_units(&view);
+    }
+    let body = scrubber.scrub(&text);
+    let mut out = String::with_capacity(NOTE_MARKER.len() + 1 + body.len());
+    out.push_str(NOTE_MARKER);
+    out.push('\n');
+    out.push_str(&body);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Templates
+
+struct Templates {
+    env: Environment<'static>,
+    phrases: Phrases,
+}
+
+fn templates() -> &'static Templates {
+    static T: OnceLock<Templates> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(true);
+        env.add_filter("html", |s: String| markdown::html_escape(&s));
+        env.add_filter("code", |s: String| markdown::code_span(&s));
+        env.add_filter("cell", |s: String| markdown::table_code(&s));
+        env.add_filter("celltext", |s: String| markdown::table_text(&s));
+        env.add_filter("text", |s: String| markdown::inline_text(&s));
+        env.add_template("note.md.j2", include_str!("../../../templates/note.md.j2"))
+            .expect("templates/note.md.j2 parses");
+        env.add_template(
+            "note_phrases.j2",
+            include_str!("../../../templates/note_phrases.j2"),
+        )
+        .expect("templates/note_phrases.j2 parses");
+        let phrases = {
+            let tmpl = env
+                .get_template("note_phrases.j2")
+                .expect("phrases template");
+            let captured = tmpl
+                .render_captured(minijinja::context! {})
+                .expect("phrases template evaluates");
+            let state = captured.state();
+            let get = |name: &str| {
+                state
+                    .lookup(name)
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_else(|| panic!("templates/note_phrases.j2 sets {name}"))
+            };
+            Phrases {
+                known_after_apply: get("known_after_apply"),
+                sensitive: get("sensitive"),
+                forces_replacement: get("forces_replacement"),
+                decoded_data_url: get("decoded_data_url"),
+                decoded_base64: get("decoded_base64"),
+                pretty_json: get("pretty_json"),
+                embedded_file: get("embedded_file"),
+                shown_below: get("shown_below"),
+            }
+        };
+        Templates { env, phrases }
+    })
+}
+
+fn render_view(view: &NoteView<'_>) -> String {
+    let t = templates();
+    t.env
+        .get_template("note.md.j2")
+        .and_then(|tmpl| tmpl.render(view))
+        .unwrap_or_else(|e| panic!("templates/note.md.j2 failed to render: {e:#}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views
+
+#[derive(Serialize)]
+struct NoteView<'a> {
+    banners: &'a [String],
+    colour: &'static str,
+    sha8: Option<String>,
+    draft: bool,
+    roots_total: usize,
+    roots_with_changes: usize,
+    multi_root: bool,
+    table: Vec<RowView>,
+    destructive: Vec<DestructiveView>,
+    destructive_more: usize,
+    findings: Vec<FindingView>,
+    findings_more: usize,
+    preflight_note: Option<String>,
+    details: Vec<DetailView>,
+    left_out: usize,
+    run_url: Option<&'a str>,
+    engine: Option<&'a str>,
+    engine_name: &'static str,
+    duration: Option<String>,
+    fingerprints: Vec<FingerprintView>,
+}
+
+#[derive(Serialize)]
+struct RowView {
+    name: String,
+    status: &'static str,
+    reason: String,
+    errored: bool,
+    add: usize,
+    change: usize,
+    destroy: usize,
+    import: usize,
+    moved: usize,
+}
+
+#[derive(Serialize)]
+struct DestructiveView {
+    root: String,
+    address: String,
+    deposed: Option<String>,
+    kind: ActionKind,
+    reason: Option<String>,
+    replace_paths: Vec<String>,
+    stateful: Option<&'static str>,
+    vm_id: Option<String>,
+    vm_name: Option<String>,
+    node: Option<String>,
+}
+
+#[derive(Serialize)]
+struct FindingView {
+    severity: Severity,
+    rule: &'static str,
+    address: String,
+    message: String,
+    fix: String,
+    fix_block: bool,
+    fence: String,
+}
+
+#[derive(Serialize)]
+struct FingerprintView {
+    root: String,
+    short: String,
+}
+
+#[derive(Serialize)]
+struct DetailView {
+    name: String,
+    status: &'static str,
+    reason: String,
+    errored: bool,
+    error: Option<String>,
+    fence: String,
+    no_changes: bool,
+    resources: Vec<ResourceView>,
+    outputs: Option<OutputsView>,
+    drift: Vec<ResourceView>,
+    drift_left_out: usize,
+}
+
+#[derive(Serialize, Clone)]
+struct ResourceView {
+    symbol: &'static str,
+    address: String,
+    kind: ActionKind,
+    reason: Option<String>,
+    replace_paths: Vec<String>,
+    previous_address: Option<String>,
+    /// `Some("")` when imported without a known id.
+    import_id: Option<String>,
+    deposed: Option<String>,
+    actions: String,
+    body: String,
+    fence: String,
+    unchanged: usize,
+    drift: bool,
+    state: UnitState,
+}
+
+#[derive(Serialize)]
+struct OutputsView {
+    count: usize,
+    body: String,
+    fence: String,
+    state: UnitState,
+}
+
+/// VMs, containers and disks hold data: destroying or replacing them loses it.
+fn stateful_kind(resource_type: &str) -> Option<&'static str> {
+    let t = resource_type;
+    if t.ends_with("_vm") || t.ends_with("_vm_qemu") || t.contains("virtual_machine") {
+        Some("vm")
+    } else if t.ends_with("_container") || t.ends_with("_lxc") {
+        Some("container")
+    } else if t.ends_with("_disk") || t.ends_with("_volume") {
+        Some("disk")
+    } else {
+        None
+    }
+}
+
+fn scalar_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// A non-sensitive top-level attribute of the object being destroyed (or else created).
+fn identity_attr(rc: &ResourceChange, names: &[&str]) -> Option<String> {
+    let c = &rc.change;
+    for (value, mask) in [
+        (&c.before, &c.before_sensitive),
+        (&c.after, &c.after_sensitive),
+    ] {
+        for name in names {
+            let sensitive = mask.get(name).is_some_and(crate::core::plan::mask_has_true)
+                || matches!(mask, Value::Bool(true));
+            if sensitive {
+                continue;
+            }
+            if let Some(s) = scalar_text(value.get(name)) {
+                return Some(s);
+            }
+        }
+    }
+    None
+}
+
+fn duration_text(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else {
+        let m = d.as_secs() / 60;
+        format!("{m} min {} s", d.as_secs() % 60)
+    }
+}
+
+fn fenced(text: &str) -> (String, String) {
+    let t = markdown::neutralise(text.trim_end()).into_owned();
+    let fence = markdown::fence_for(&t);
+    (t, fence)
+}
+
+fn resource_view(rc: &ResourceChange, drift: bool, phrases: &Phrases) -> ResourceView {
+    let kind = rc.kind();
+    let c = &rc.change;
+    let replace_paths: Vec<String> = c
+        .replace_paths
+        .iter()
+        .flatten()
+        .map(|p| diff::path_string(p))
+        .filter(|p| !p.is_empty())
+        .collect();
+    let body = match kind {
+        // A pure move/import/forget has nothing to diff.
+        ActionKind::NoOp | ActionKind::Forget | ActionKind::Read => diff::DiffBody::default(),
+        _ => Differ::new(phrases)
+            .with_replace_paths(&replace_paths)
+            .diff(
+                "",
+                Node::new(
+                    &c.before,
+                    &c.after,
+                    &c.after_unknown,
+                    &c.before_sensitive,
+                    &c.after_sensitive,
+                ),
+            ),
+    };
+    let text = markdown::neutralise(&body.text).into_owned();
+    let fence = markdown::fence_for(&text);
+    let import_id = c.importing.as_ref().filter(|v| !v.is_null()).map(|imp| {
+        imp.get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_default()
+    });
+    ResourceView {
+        symbol: match kind {
+            _ if drift => "~",
+            ActionKind::NoOp if rc.is_move() => "→",
+            ActionKind::NoOp if rc.is_import() => "←",
+            k => k.symbol(),
+        },
+        address: rc.address.clone(),
+        kind,
+        reason: rc.action_reason.clone(),
+        replace_paths,
+        previous_address: rc.previous_address.clone().filter(|p| *p != rc.address),
+        import_id,
+        deposed: rc.deposed.clone(),
+        actions: serde_json::to_string(&c.actions).unwrap_or_default(),
+        body: text,
+        fence,
+        unchanged: body.unchanged,
+        drift,
+        state: UnitState::Full,
+    }
+}
+
+fn outputs_view(plan: &Plan, phrases: &Phrases) -> Option<OutputsView> {
+    let mut body = String::new();
+    let mut count = 0;
+    let yes = Value::Bool(true);
+    for (name, oc) in &plan.output_changes {
+        if oc.kind() == ActionKind::NoOp {
+            continue;
+        }
+        count += 1;
+        let sensitive = oc.is_sensitive();
+        let mask = |m: &'_ Value| -> Value {
+            if sensitive {
+                yes.clone()
+            } else {
+                m.clone()
+            }
+        };
+        let (bs, as_) = (mask(&oc.before_sensitive), mask(&oc.after_sensitive));
+        let (before, after) = match oc.kind() {
+            ActionKind::Create => (Value::Null, oc.after.clone()),
+            ActionKind::Delete => (oc.before.clone(), Value::Null),
+            _ => (oc.before.clone(), oc.after.clone()),
+        };
+        let d = Differ::new(phrases).diff(
+            &markdown_safe_name(name),
+            Node::new(&before, &after, &oc.after_unknown, &bs, &as_),
+        );
+        body.push_str(&d.text);
+    }
+    if count == 0 {
+        return None;
+    }
+    let body = markdown::neutralise(&body).into_owned();
+    let fence = markdown::fence_for(&body);
+    Some(OutputsView {
+        count,
+        body,
+        fence,
+        state: UnitState::Full,
+    })
+}
+
+fn markdown_safe_name(name: &str) -> String {
+    name.to_string()
+}
+
+fn build_view<'a>(ctx: &'a NoteContext, roots: &[RootSection<'_>]) -> NoteView<'a> {
+    let phrases = &templates().phrases;
+    let multi_root = roots.len() > 1;
+    let mut red = false;
+    let mut yellow = false;
+    let mut table = Vec::new();
+    let mut destructive = Vec::new();
+    let mut findings: Vec<(String, &Finding)> = Vec::new();
+    let mut details = Vec::new();
+    let mut fingerprints = Vec::new();
+    let mut roots_with_changes = 0;
+
+    for root in roots {
+        let mut row = RowView {
+            name: root.name.clone(),
+            status: "planned",
+            reason: String::new(),
+            errored: false,
+            add: 0,
+            change: 0,
+            destroy: 0,
+            import: 0,
+            moved: 0,
+        };
+        let mut detail = DetailView {
+            name: root.name.clone(),
+            status: "planned",
+            reason: String::new(),
+            errored: false,
+            error: None,
+            fence: String::new(),
+            no_changes: false,
+            resources: Vec::new(),
+            outputs: None,
+            drift: Vec::new(),
+            drift_left_out: 0,
+        };
+        match &root.outcome {
+            RootOutcome::Skipped { reason } => {
+                row.status = "skipped";
+                row.reason = reason.clone();
+                detail.status = "skipped";
+                detail.reason = reason.clone();
+            }
+            RootOutcome::Failed { error } => {
+                red = true;
+                row.status = "failed";
+                detail.status = "failed";
+                let (e, f) = fenced(error);
+                detail.error = Some(e);
+                detail.fence = f;
+            }
+            RootOutcome::Planned {
+                plan,
+                findings: fs,
+                fingerprint,
+            } => {
+                let s = Summary::of(plan);
+                row.add = s.add;
+                row.change = s.change;
+                row.destroy = s.destroy;
+                row.import = s.import;
+                row.moved = s.moved;
+                row.errored = plan.errored;
+                detail.errored = plan.errored;
+                if plan.errored {
+                    red = true;
+                    if let Some(err) = ctx.plan_errors.get(&root.name) {
+                        let (e, f) = fenced(err);
+                        detail.error = Some(e);
+                        detail.fence = f;
+                    }
+                }
+                fingerprints.push(FingerprintView {
+                    root: root.name.clone(),
+                    short: fingerprint.short().to_string(),
+                });
+                for rc in plan.managed_changes().filter(|rc| rc.has_change()) {
+                    let kind = rc.kind();
+                    if !matches!(kind, ActionKind::Create | ActionKind::NoOp) {
+                        yellow = true;
+                    }
+                    if kind.is_destructive() {
+                        let stateful = stateful_kind(&rc.resource_type);
+                        if stateful.is_some() {
+                            red = true;
+                        }
+                        let v = resource_view_header(rc);
+                        destructive.push(DestructiveView {
+                            root: root.name.clone(),
+                            address: rc.address.clone(),
+                            deposed: rc.deposed.clone(),
+                            kind,
+                            reason: v.0,
+                            replace_paths: v.1,
+                            stateful,
+                            vm_id: stateful
+                                .filter(|k| *k != "disk")
+                                .and_then(|_| identity_attr(rc, &["vm_id", "vmid"])),
+                            vm_name: stateful
+                                .filter(|k| *k != "disk")
+                                .and_then(|_| identity_attr(rc, &["name", "hostname"])),
+                            node: stateful
+                                .and_then(|_| identity_attr(rc, &["node_name", "target_node"])),
+                        });
+                    }
+                    detail.resources.push(resource_view(rc, false, phrases));
+                }
+                detail.outputs = outputs_view(plan, phrases);
+                if detail.outputs.is_some() {
+                    yellow |= plan
+                        .output_changes
+                        .values()
+                        .any(|o| !matches!(o.kind(), ActionKind::NoOp | ActionKind::Create));
+                }
+                detail.drift = plan
+                    .resource_drift
+                    .iter()
+                    .filter(|rc| rc.is_managed() && rc.kind() != ActionKind::NoOp)
+                    .map(|rc| resource_view(rc, true, phrases))
+                    .collect();
+                let has_changes = !s.is_empty() || detail.outputs.is_some();
+                if has_changes {
+                    roots_with_changes += 1;
+                }
+                detail.no_changes = !has_changes && !plan.errored;
+                for f in fs.iter() {
+                    match f.severity {
+                        Severity::Error => red = true,
+                        Severity::Warning => yellow = true,
+                        Severity::Info => {}
+                    }
+                    findings.push((root.name.clone(), f));
+                }
+            }
+        }
+        table.push(row);
+        details.push(detail);
+    }
+
+    findings.sort_by_key(|(_, f)| f.severity);
+    let findings_more = findings.len().saturating_sub(MAX_LISTED);
+    let findings = findings
+        .into_iter()
+        .take(MAX_LISTED)
+        .map(|(_, f)| {
+            let fix = f.fix.trim_end();
+            let fix_block = fix.contains('\n');
+            let (fix, fence) = if fix_block {
+                fenced(fix)
+            } else {
+                (fix.to_string(), String::new())
+            };
+            FindingView {
+                severity: f.severity,
+                rule: f.rule,
+                address: f.address.clone(),
+                message: f.message.clone(),
+                fix,
+                fix_block,
+                fence,
+            }
+        })
+        .collect();
+    let destructive_more = destructive.len().saturating_sub(MAX_LISTED);
+    destructive.truncate(MAX_LISTED);
+
+    let engine_name = match ctx.engine.as_deref() {
+        Some(e) if e.to_ascii_lowercase().starts_with("terraform") => "Terraform",
+        _ => "OpenTofu",
+    };
+    NoteView {
+        banners: &ctx.banners,
+        colour: if red {
+            "red"
+        } else if yellow {
+            "yellow"
+        } else {
+            "green"
+        },
+        sha8: ctx.sha.as_deref().map(|s| s.chars().take(8).collect()),
+        draft: ctx.draft,
+        roots_total: roots.len(),
+        roots_with_changes,
+        multi_root,
+        table,
+        destructive,
+        destructive_more,
+        findings,
+        findings_more,
+        preflight_note: ctx.preflight_note.clone(),
+        details,
+        left_out: 0,
+        run_url: ctx.run_url.as_deref(),
+        engine: ctx.engine.as_deref(),
+        engine_name,
+        duration: ctx.duration.map(duration_text),
+        fingerprints,
+    }
+}
+
+fn resource_view_header(rc: &ResourceChange) -> (Option<String>, Vec<String>) {
+    let paths = rc
+        .change
+        .replace_paths
+        .iter()
+        .flatten()
+        .map(|p| diff::path_string(p))
+        .filter(|p| !p.is_empty())
+        .collect();
+    (rc.action_reason.clone(), paths)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budget glue: every resource, drift entry and output block is a unit that can be folded
+// (one summary line) or dropped (counted in "N resources left out").
+
+/// Estimated (full, folded) size of a resource section; `render_note` corrects any overshoot.
+fn resource_sizes(r: &ResourceView) -> (usize, usize) {
+    let addr = r.address.len() * 11 / 10;
+    let reason = if r.replace_paths.is_empty() {
+        r.reason.as_ref().map_or(0, |_| 60)
+    } else {
+        r.replace_paths.iter().map(|p| p.len() + 15).sum::<usize>() + 35
+    };
+    let summary = addr + reason + 50;
+    let mut extra = r
+        .previous_address
+        .as_ref()
+        .map_or(0, |p| p.len() + addr + 30);
+    extra += r.import_id.as_ref().map_or(0, |i| i.len() + 40);
+    extra += r.deposed.as_ref().map_or(0, |d| d.len() + 110);
+    extra += if r.kind == ActionKind::Unknown { 80 } else { 0 };
+    let mut diff = 0;
+    if !r.body.is_empty() || r.unchanged > 0 {
+        diff = r.body.len() + r.fence.len() * 2 + 12;
+    }
+    if r.unchanged > 0 {
+        diff += 35;
+    }
+    (summary + extra + diff + 14, addr + reason + 75)
+}
+
+fn collect_units(view: &NoteView<'_>) -> Vec<Unit> {
+    let mut units = Vec::new();
+    for (d, detail) in view.details.iter().enumerate() {
+        for (i, r) in detail.resources.iter().enumerate() {
+            let (full, folded) = resource_sizes(r);
+            units.push(Unit {
+                id: (d, 0, i),
+                full,
+                folded,
+                state: r.state,
+            });
+        }
+        if let Some(o) = &detail.outputs {
+            units.push(Unit {
+                id: (d, 1, 0),
+                full: o.body.len() + 200,
+                folded: 100,
+                state: o.state,
+            });
+        }
+        for (i, r) in detail.drift.iter().enumerate() {
+            let (full, folded) = resource_sizes(r);
+            units.push(Unit {
+                id: (d, 2, i),
+                full,
+                folded,
+                state: r.state,
+            });
+        }
+    }
+    units
+}
+
+/// Everything that is always kept (headline, table, destructive callout, findings, errors,
+/// footer), measured by rendering the note without any resource, output or drift section.
+fn fixed_size(view: &mut NoteView<'_>) -> usize {
+    let mut taken = Vec::with_capacity(view.details.len());
+    for d in &mut view.details {
+        taken.push((
+            std::mem::take(&mut d.resources),
+            d.outputs.take(),
+            std::mem::take(&mut d.drift),
+        ));
+    }
+    // Room for the "N resources left out" line.
+    let size = render_view(view).len() + 150;
+    for (d, (r, o, dr)) in view.details.iter_mut().zip(taken) {
+        d.resources = r;
+        d.outputs = o;
+        d.drift = dr;
+    }
+    size
+}
+
+fn apply_states(view: &mut NoteView<'_>, states: &[((usize, u8, usize), UnitState)]) {
+    let mut left_out = 0;
+    for &((d, part, i), state) in states {
+        let detail = &mut view.details[d];
+        match part {
+            0 => detail.resources[i].state = state,
+            1 => {
+                if let Some(o) = &mut detail.outputs {
+                    o.state = state;
+                }
+            }
+            _ => detail.drift[i].state = state,
+        }
+    }
+    for detail in &mut view.details {
+        let before = detail.resources.len();
+        detail.resources.retain(|r| r.state != UnitState::Dropped);
+        left_out += before - detail.resources.len();
+        let before = detail.drift.len();
+        detail.drift.retain(|r| r.state != UnitState::Dropped);
+        detail.drift_left_out += before - detail.drift.len();
+        if detail
+            .outputs
+            .as_ref()
+            .is_some_and(|o| o.state == UnitState::Dropped)
+        {
+            if let Some(o) = &mut detail.outputs {
+                o.state = UnitState::Folded;
+            }
+        }
+    }
+    view.left_out += left_out;
+}
