@@ -210,7 +210,11 @@ pub fn unknown_rule_ids(disabled: &[String]) -> Vec<String> {
 pub fn without_disabled(findings: Vec<Finding>, disabled: &[String]) -> Vec<Finding> {
     findings
         .into_iter()
-        .filter(|f| !disabled.iter().any(|d| d.trim().eq_ignore_ascii_case(f.rule)))
+        .filter(|f| {
+            !disabled
+                .iter()
+                .any(|d| d.trim().eq_ignore_ascii_case(f.rule))
+        })
         .collect()
 }
 
@@ -312,7 +316,11 @@ mod tests {
 
     #[test]
     fn disable_lists_are_checked_and_applied() {
-        let list = vec!["PVE012".to_string(), "pve104".to_string(), "PVE999".to_string()];
+        let list = vec![
+            "PVE012".to_string(),
+            "pve104".to_string(),
+            "PVE999".to_string(),
+        ];
         assert_eq!(unknown_rule_ids(&list), vec!["PVE999".to_string()]);
         let f = |rule| Finding {
             rule,
