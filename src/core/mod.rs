@@ -11,5 +11,6 @@ pub mod plan_digest;
 pub mod preflight;
 pub mod redact;
 pub mod render;
+pub mod repo_config;
 pub mod summary;
 pub mod webhook;

@@ -49,7 +49,12 @@ max_concurrent_plans = 2
 }
 
 pub fn config(data_dir: &Path, gitlab_url: &str, signing: bool) -> Config {
-    let text = config_text(data_dir, gitlab_url, signing, r#"["flightjs/flight-management", "gitlab-org/gitlab-test"]"#);
+    let text = config_text(
+        data_dir,
+        gitlab_url,
+        signing,
+        r#"["flightjs/flight-management", "gitlab-org/gitlab-test"]"#,
+    );
     Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
 }
 
@@ -70,7 +75,9 @@ pub struct TestService {
 
 impl TestService {
     pub async fn start(config: Config, options: Options) -> TestService {
-        let application = Application::build_with(config, options).await.expect("build");
+        let application = Application::build_with(config, options)
+            .await
+            .expect("build");
         let base = format!("http://127.0.0.1:{}", application.port());
         let app = application.app();
         let handle = tokio::spawn(application.run_until_stopped());
@@ -140,11 +147,20 @@ pub fn token_headers(event: &str, key: &str, token: &str) -> Vec<(&'static str, 
 }
 
 pub fn unix_now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
 }
 
 /// Headers of a GitLab delivery signed with the Standard Webhooks scheme at `timestamp`.
-pub fn signed_headers(event: &str, key: &str, body: &str, timestamp: i64, extra_sigs: &[&str]) -> Vec<(&'static str, String)> {
+pub fn signed_headers(
+    event: &str,
+    key: &str,
+    body: &str,
+    timestamp: i64,
+    extra_sigs: &[&str],
+) -> Vec<(&'static str, String)> {
     let k = webhook::decode_signing_token(SIGNING_TOKEN).unwrap();
     let good = webhook::sign(&k, key, timestamp, body.as_bytes());
     let mut sigs: Vec<String> = extra_sigs.iter().map(|s| s.to_string()).collect();
@@ -160,7 +176,8 @@ pub fn signed_headers(event: &str, key: &str, body: &str, timestamp: i64, extra_
 
 /// `merge_request_open.json` with another head commit (and, optionally, as an `update` push).
 pub fn mr_event(head: &str, action: &str) -> String {
-    let mut v: serde_json::Value = serde_json::from_str(&fixture("webhooks/merge_request_open.json")).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fixture("webhooks/merge_request_open.json")).unwrap();
     v["object_attributes"]["last_commit"]["id"] = head.into();
     v["object_attributes"]["action"] = action.into();
     if action == "update" {
