@@ -12,6 +12,7 @@ pub mod locks;
 pub mod metrics;
 pub mod pages;
 pub mod plan;
+pub mod preflight;
 pub mod queue;
 pub mod report;
 pub mod serve;
