@@ -10,5 +10,6 @@ pub mod plan;
 pub mod plan_digest;
 pub mod redact;
 pub mod render;
+pub mod repo_config;
 pub mod summary;
 pub mod webhook;

@@ -5,16 +5,15 @@ use crate::capabilities::gitlab::GitLab;
 use crate::capabilities::store::Store;
 use crate::capabilities::workspace::Workspace;
 use crate::core::config::Config;
-use crate::core::ids::{ProjectId, UserId};
+use crate::core::ids::UserId;
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
 use crate::flows::credentials::{self, Use};
+pub use crate::flows::locks::RootLocks;
 use crate::flows::metrics::Metrics;
 use crate::flows::queue::Queue;
 use anyhow::{Context, Result};
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 /// Everything the HTTP handlers, the workers and the flows share. Built once per process.
 pub struct App {
@@ -146,52 +145,4 @@ pub fn wipe_temp_root(dir: &std::path::Path) -> Result<()> {
             .with_context(|| format!("chmod 0700 {}", dir.display()))?;
     }
     Ok(())
-}
-
-type RootLockMap = HashMap<(ProjectId, String), Arc<tokio::sync::Mutex<()>>>;
-
-/// One async mutex per (project, root): hold the guard while planning or applying that root.
-#[derive(Default)]
-pub struct RootLocks {
-    locks: Mutex<RootLockMap>,
-}
-
-impl RootLocks {
-    /// Wait for exclusive use of `root` in `project`.
-    pub async fn lock(&self, project: ProjectId, root: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let m = {
-            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry((project, root.to_string())).or_default().clone()
-        };
-        m.lock_owned().await
-    }
-
-    /// Take the lock only if it is free right now.
-    pub fn try_lock(
-        &self,
-        project: ProjectId,
-        root: &str,
-    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        let m = {
-            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry((project, root.to_string())).or_default().clone()
-        };
-        m.try_lock_owned().ok()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn the_same_root_is_serialized_other_roots_are_not() {
-        let locks = RootLocks::default();
-        let g = locks.lock(ProjectId(1), "core").await;
-        assert!(locks.try_lock(ProjectId(1), "core").is_none());
-        assert!(locks.try_lock(ProjectId(1), "edge").is_some());
-        assert!(locks.try_lock(ProjectId(2), "core").is_some());
-        drop(g);
-        assert!(locks.try_lock(ProjectId(1), "core").is_some());
-    }
 }
