@@ -395,3 +395,259 @@ fn scan(dir: &std::path::Path) -> Scan {
     }
     out
 }
+
+fn with_workers() -> Options {
+    Options {
+        workers: true,
+        reconcile: false,
+    }
+}
+
+impl World {
+    /// Alice pushes `vms` on `branch`, opens an MR, and GitLab delivers the webhook.
+    async fn open_mr(&self, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
+        self.gitlab
+            .commit_files(&self.project, branch, &[("main.tf", &main_tf(vms))]);
+        let iid = self
+            .gitlab
+            .open_mr_by(&self.project, branch, "main", &self.alice);
+        let body = self
+            .gitlab
+            .mr_webhook(&self.project, iid)
+            .action("open")
+            .body();
+        let status = s
+            .deliver(
+                std::str::from_utf8(&body).unwrap(),
+                &service_support::token_headers(
+                    "Merge Request Hook",
+                    &format!("open-{iid}"),
+                    service_support::WEBHOOK_SECRET,
+                ),
+            )
+            .await;
+        assert_eq!(status, 200);
+        iid
+    }
+
+    /// Wait for the plan of the MR's head to be posted (its status final).
+    async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
+        let head = self.gitlab.mr_sha(&self.project, iid);
+        let (gitlab, project) = (&self.gitlab, &self.project);
+        s.eventually_for(
+            "the plan note and a final planbot/plan status",
+            60,
+            || async {
+                gitlab
+                    .status(project, &head, "planbot/plan")
+                    .is_some_and(|st| st.state == "success" || st.state == "failed")
+            },
+        )
+        .await;
+        let notes = self.gitlab.notes(&self.project, iid);
+        let note = notes
+            .iter()
+            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
+            .expect("a plan note");
+        note.body.clone()
+    }
+
+    fn notes_containing(&self, iid: u64, text: &str) -> Vec<String> {
+        self.gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .map(|n| n.body)
+            .filter(|b| b.contains(text))
+            .collect()
+    }
+
+    /// Someone changes the managed state behind OpenTofu's back (drift): the VM `vm` gets
+    /// `cores` in state, as a hand edit on the Proxmox UI would show up on refresh.
+    async fn drift(&self, vm: &str, cores: u64) {
+        let (state, _) = self.gitlab.terraform_state(&self.project, "core");
+        let mut state: serde_json::Value =
+            serde_json::from_slice(&state.expect("a state")).unwrap();
+        state["serial"] = (state["serial"].as_u64().unwrap() + 1).into();
+        for r in state["resources"].as_array_mut().unwrap() {
+            for i in r["instances"].as_array_mut().unwrap() {
+                if i["index_key"] == vm {
+                    i["attributes"]["input"]["value"]["cores"] = cores.into();
+                }
+            }
+        }
+        let url = format!(
+            "{}/api/v4/projects/{}/terraform/state/core",
+            self.gitlab.url(),
+            self.project.id
+        );
+        let r = reqwest::Client::new()
+            .post(url)
+            .basic_auth("alice", Some(&self.alice.token))
+            .json(&state)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_once_confirmed() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // Review: the MR adds a VM; the note shows the plan and its fingerprint.
+    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    // As GitLab shows it: HTML entities in <summary> render as the characters.
+    let shown = note.replace("&quot;", "\"");
+    assert!(shown.contains("+ terraform_data.vm[\"gitlab\"]"), "{note}");
+    assert!(!note.contains("apply-canary-password-7f3a"));
+
+    // Merge (fast-forward), then someone clicks the manual job on main.
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(31);
+    assert_eq!(job.sha, landed);
+    w.gitlab.register_job(job.clone());
+    let (status, log) = call_apply(&s, &job.token, "").await;
+    assert_eq!(status, 200);
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains(&format!("the plan is the one reviewed on !{iid}")),
+        "{log}"
+    );
+    assert!(!log.contains("apply-canary-password-7f3a"));
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"gitlab\"") && state.contains("\"blocky\""));
+    let result = w.notes_containing(iid, "planbot · applied");
+    assert_eq!(result.len(), 1, "one result note on the merged MR");
+    assert!(result[0].contains("by @alice"), "{}", result[0]);
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    // A second MR is reviewed; then the state drifts before its apply.
+    let iid2 = w
+        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
+        .await;
+    w.wait_for_plan(&s, iid2).await;
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    w.drift("blocky", 8).await;
+    let job = w.apply_job(32);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).contains("is not the plan reviewed on the merge request"),
+        "{log}"
+    );
+    let confirm = log
+        .lines()
+        .find_map(|l| l.split("PLANBOT_CONFIRM=").nth(1))
+        .map(|c| c.trim_end_matches('.').to_string())
+        .expect("the log says how to confirm");
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(!state.contains("\"backup\""), "nothing was applied");
+    // The MR learns what changed since review, attribute by attribute, and how to confirm.
+    let refused = w.notes_containing(iid2, "apply refused");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].contains("terraform_data.vm[\"blocky\"]"),
+        "{}",
+        refused[0]
+    );
+    assert!(refused[0].contains("input.cores = 2"), "{}", refused[0]);
+    assert!(
+        refused[0].contains(&format!("`PLANBOT_CONFIRM` set to `{confirm}`")),
+        "{}",
+        refused[0]
+    );
+    assert!(
+        !refused[0].contains(planbot::core::render::NOTE_MARKER),
+        "not taken for the plan note"
+    );
+
+    // Retry with the confirm: applied, drift repaired by the plan that was read.
+    let retry = w.apply_job(33);
+    w.gitlab.register_job(retry.clone());
+    let (_, log) = call_apply(&s, &retry.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"backup\""));
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed2, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    let leftovers = scan(&w.config.data_dir);
+    assert!(
+        leftovers.plan_files.is_empty(),
+        "{:?}",
+        leftovers.plan_files
+    );
+    assert!(
+        !leftovers.secret_seen,
+        "a secret was written to the data dir"
+    );
+    for n in w.gitlab.notes(&w.project, iid2) {
+        assert!(!n.body.contains("apply-canary-password-7f3a"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+    let (a, b) = (w.apply_job(41), w.apply_job(42));
+    w.gitlab.register_job(a.clone());
+    w.gitlab.register_job(b.clone());
+    let head = w.gitlab.branch_head(&w.project, "main").unwrap();
+    let fp_body = |fp: &str| format!(r#"{{"confirm":"{fp}"}}"#);
+    // Learn the fingerprint of main's plan (a direct push: it needs a confirm).
+    let probe = w.apply_job(40);
+    w.gitlab.register_job(probe.clone());
+    let (_, log) = call_apply(&s, &probe.token, "{}").await;
+    let fp = log
+        .lines()
+        .find_map(|l| l.split("fingerprint `").nth(1))
+        .map(|r| r.trim_end_matches('`').to_string())
+        .unwrap();
+
+    // Hold the root as another apply would, send both jobs, then let go.
+    let guard = s
+        .app
+        .root_locks
+        .lock(planbot::core::ids::ProjectId(w.project.id), "default")
+        .await;
+    let (ra, rb) = (fp_body(&fp), fp_body(&fp));
+    let fa = call_apply(&s, &a.token, &ra);
+    let fb = call_apply(&s, &b.token, &rb);
+    let release = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        drop(guard);
+    };
+    let ((_, la), (_, lb), ()) = tokio::join!(fa, fb, release);
+    for l in [&la, &lb] {
+        assert!(l.contains("waiting for it"), "{l}");
+        assert_eq!(last_line(l), "planbot: apply succeeded", "{l}");
+    }
+    // Exactly one applied the change; the other found nothing left to do.
+    let applied = [&la, &lb]
+        .iter()
+        .filter(|l| l.contains("Apply complete!"))
+        .count();
+    let nothing = [&la, &lb]
+        .iter()
+        .filter(|l| l.contains("no changes, nothing to apply"))
+        .count();
+    assert_eq!((applied, nothing), (1, 1), "{la}\n---\n{lb}");
+    assert_eq!(w.gitlab.branch_head(&w.project, "main").unwrap(), head);
+}
