@@ -57,7 +57,12 @@ struct Inner {
     path: PathBuf,
     writer: Mutex<mpsc::Sender<Op>>,
     reader: Arc<Mutex<Connection>>,
+    /// Dropped with the store: tells the checkpointer thread to stop.
+    _checkpointer: Mutex<mpsc::Sender<()>>,
 }
+
+/// How often the checkpointer copies the WAL back into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -175,16 +180,37 @@ impl Store {
         let reader =
             Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
         configure(&reader).context("configuring SQLite")?;
+        // Checkpoints (which fsync) run on their own thread and connection, not inside the
+        // writer's COMMIT: the webhook answer never waits for one.
+        writer.pragma_update(None, "wal_autocheckpoint", 0)?;
         let (tx, rx) = mpsc::channel::<Op>();
         std::thread::Builder::new()
             .name("planbot-store-writer".into())
             .spawn(move || writer_loop(writer, rx))
             .context("starting the store writer thread")?;
+        let checkpointer =
+            Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
+        configure(&checkpointer).context("configuring SQLite")?;
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("planbot-store-checkpoint".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    // PASSIVE never blocks the writer or the readers.
+                    let _ =
+                        checkpointer.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                }
+                let _ = checkpointer.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+            })
+            .context("starting the store checkpoint thread")?;
         Ok(Store {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 writer: Mutex::new(tx),
                 reader: Arc::new(Mutex::new(reader)),
+                _checkpointer: Mutex::new(stop_tx),
             }),
         })
     }

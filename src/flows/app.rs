@@ -25,12 +25,12 @@ pub struct App {
     pub scrubber: Scrubber,
     /// Plans and applies of the same (project, root) never run at the same time.
     pub root_locks: RootLocks,
+    /// Git mirrors and per-job checkouts under `data_dir` (the bot token authenticates git).
+    pub workspace: Workspace,
     /// What the webhook intake accepts.
     pub webhook: webhook::Expected,
     /// The GitLab API client, acting as the bot.
     pub gitlab: GitLab,
-    /// Git mirrors and per-job checkouts (one per process: it serialises fetches per project).
-    pub workspace: Workspace,
     /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
     bot_user: tokio::sync::OnceCell<UserId>,
 }
@@ -68,7 +68,7 @@ impl App {
             queue: Queue::new(),
             metrics: Metrics::new(),
             scrubber: secrets.scrubber(),
-            root_locks: RootLocks::default(),
+            root_locks: RootLocks::new(),
             webhook,
             gitlab,
             bot_user: tokio::sync::OnceCell::new(),

@@ -53,6 +53,9 @@ impl Application {
         let listen = config.listen;
         let app = App::new(config)?;
         wipe_temp_root(&app.temp_root())?;
+        app.workspace
+            .wipe_checkouts()
+            .context("removing checkouts left by the last run")?;
         let requeued = app.store.requeue_interrupted().await?;
         if requeued > 0 {
             tracing::warn!(
