@@ -62,14 +62,25 @@ fn config_for(
     project: &FakeProject,
     engine: &std::path::Path,
 ) -> Config {
+    let text = config_text_for(data_dir, gitlab, project, engine, "127.0.0.1:0");
+    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
+}
+
+fn config_text_for(
+    data_dir: &std::path::Path,
+    gitlab: &FakeGitLab,
+    project: &FakeProject,
+    engine: &std::path::Path,
+    listen: &str,
+) -> String {
     let state = format!(
         "{}/api/v4/projects/{}/terraform/state/core",
         gitlab.url(),
         project.id
     );
-    let text = format!(
+    format!(
         r#"
-listen = "127.0.0.1:0"
+listen = "{listen}"
 data_dir = "{data}"
 public_url = "http://planbot.test"
 fingerprint_key = "test-fingerprint-key-0123456789"
@@ -101,8 +112,7 @@ max_concurrent_plans = 2
         token = gitlab.bot_token(),
         secret = service_support::WEBHOOK_SECRET,
         engine = engine.display(),
-    );
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
+    )
 }
 
 fn world(engine: &std::path::Path) -> World {
@@ -650,4 +660,167 @@ async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
         .count();
     assert_eq!((applied, nothing), (1, 1), "{la}\n---\n{lb}");
     assert_eq!(w.gitlab.branch_head(&w.project, "main").unwrap(), head);
+}
+
+/// The infra root with a slow resource: its creation takes long enough to crash planbot in it.
+fn slow_tf() -> String {
+    format!(
+        r#"{}
+resource "terraform_data" "slow" {{
+  input = "takes a while"
+  provisioner "local-exec" {{
+    command = "sleep 15"
+  }}
+}}
+"#,
+        main_tf(&["blocky"])
+    )
+}
+
+/// Processes whose working directory lies under `dir` (the engine a killed planbot left).
+fn processes_under(dir: &std::path::Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(cwd) = std::fs::read_link(e.path().join("cwd")) {
+            if cwd.starts_with(dir) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let config_file = w.config.data_dir.with_extension("toml");
+    std::fs::write(
+        &config_file,
+        config_text_for(
+            &w.config.data_dir,
+            &w.gitlab,
+            &w.project,
+            &engine,
+            &format!("127.0.0.1:{port}"),
+        ),
+    )
+    .unwrap();
+    // planbot as its own process, so that it can really be killed.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--config"])
+        .arg(&config_file)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while http.get(format!("{base}/healthz")).send().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "planbot serve did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // An MR adds the slow resource; it is reviewed and merged; the apply job starts.
+    w.gitlab
+        .commit_files(&w.project, "slow", &[("main.tf", &slow_tf())]);
+    let iid = w.gitlab.open_mr_by(&w.project, "slow", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    let mut req = http.post(format!("{base}/webhooks/gitlab")).body(body);
+    for (k, v) in service_support::token_headers(
+        "Merge Request Hook",
+        "slow-1",
+        service_support::WEBHOOK_SECRET,
+    ) {
+        req = req.header(k, v);
+    }
+    assert_eq!(req.send().await.unwrap().status(), 200);
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !w
+        .gitlab
+        .status(&w.project, &head, "planbot/plan")
+        .is_some_and(|s| s.state == "success")
+    {
+        assert!(std::time::Instant::now() < deadline, "no plan");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(51);
+    w.gitlab.register_job(job.clone());
+    let mut resp = http
+        .post(format!("{base}/api/v1/apply"))
+        .header("JOB-TOKEN", &job.token)
+        .send()
+        .await
+        .unwrap();
+    let mut log = String::new();
+    while !log.contains("Provisioning with 'local-exec'") {
+        let chunk = resp.chunk().await.unwrap().expect("the log goes on");
+        log.push_str(&String::from_utf8_lossy(&chunk));
+    }
+
+    // Crash.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for pid in processes_under(&w.config.data_dir) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+
+    // Restarted: the apply is reported interrupted on the MR, its status and its run page.
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let (gitlab, project) = (&w.gitlab, &w.project);
+    s.eventually("the interrupted apply on the MR", || async {
+        gitlab
+            .notes(project, iid)
+            .iter()
+            .any(|n| n.body.contains("was interrupted"))
+    })
+    .await;
+    let status = w
+        .gitlab
+        .status(&w.project, &job.sha, "planbot/apply")
+        .unwrap();
+    assert_eq!(status.state, "failed");
+    assert!(status
+        .description
+        .unwrap_or_default()
+        .contains("not re-run"));
+    let record = s
+        .app
+        .store
+        .apply_for_job(planbot::core::ids::JobId(51))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.state,
+        planbot::capabilities::store::ApplyState::Interrupted
+    );
+    let runs = s.app.store.recent_runs(50).await.unwrap();
+    let applies: Vec<_> = runs
+        .iter()
+        .filter(|r| r.kind == planbot::capabilities::store::RunKind::Apply)
+        .collect();
+    assert_eq!(applies.len(), 1, "never re-run by itself");
+    assert_eq!(
+        applies[0].state,
+        planbot::capabilities::store::RunState::Interrupted
+    );
+    let (_, page) = s.get_text(&format!("/runs/{}", applies[0].id)).await;
+    assert!(page.contains("interrupted"), "{page}");
+    // A crash leaves no plan file: the temp root was wiped at start-up.
+    assert!(scan(&w.config.data_dir).plan_files.is_empty());
 }
