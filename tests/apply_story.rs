@@ -749,10 +749,10 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     assert_eq!(req.send().await.unwrap().status(), 200);
     let head = w.gitlab.mr_sha(&w.project, iid);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !w
+    while w
         .gitlab
         .status(&w.project, &head, "planbot/plan")
-        .is_some_and(|s| s.state == "success")
+        .is_none_or(|s| s.state != "success")
     {
         assert!(std::time::Instant::now() < deadline, "no plan");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
