@@ -755,7 +755,7 @@ impl Engine {
         capture: Capture,
         deadline: Instant,
         mut cancel: Option<CancelToken>,
-        on_line: &mut dyn FnMut(&str),
+        on_line: &mut (dyn FnMut(&str) + Send),
         scrubber: &Scrubber,
     ) -> Result<StepOutput, StepError> {
         if cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
@@ -1189,6 +1189,11 @@ impl PlannedRun {
         Fingerprint::of_with_lock(&self.plan, key, self.lock_file.as_deref())
     }
 
+    /// The (canonical) root directory that was planned; an apply runs there.
+    pub fn root_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The private directory holding the plan file (for tests and diagnostics).
     pub fn private_dir(&self) -> &Path {
         self.private.path()
@@ -1205,7 +1210,7 @@ impl PlannedRun {
     /// unbounded sender.
     pub async fn apply_streaming(
         self,
-        mut on_line: impl FnMut(&str),
+        mut on_line: impl FnMut(&str) + Send,
     ) -> Result<ApplyOutcome, EngineError> {
         let started = Instant::now();
         let inner = &self.engine.inner;

@@ -18,6 +18,7 @@
 use crate::core::events::{Job, PlanJob, Supersede};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
+use crate::core::plan_digest::PlanDigest;
 use anyhow::{anyhow, Context, Result};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
@@ -124,6 +125,14 @@ CREATE TABLE IF NOT EXISTS fingerprints (
     fingerprint TEXT NOT NULL,
     run_id      INTEGER,
     shown_at    INTEGER NOT NULL,
+    PRIMARY KEY (project_id, mr_iid, root, sha)
+);
+CREATE TABLE IF NOT EXISTS plan_digests (
+    project_id  INTEGER NOT NULL,
+    mr_iid      INTEGER NOT NULL,
+    root        TEXT NOT NULL,
+    sha         TEXT NOT NULL,
+    digest      TEXT NOT NULL,          -- core::plan_digest::PlanDigest as JSON: secret-free
     PRIMARY KEY (project_id, mr_iid, root, sha)
 );
 CREATE TABLE IF NOT EXISTS mr_notes (
@@ -612,6 +621,51 @@ impl Store {
             )
             .optional()?
             .flatten())
+        })
+        .await
+    }
+
+    // ----- plan digests ---------------------------------------------------------------------
+
+    /// Keep the secret-free digest of the plan shown for (root, sha), recorded with its
+    /// fingerprint, so a refused apply can show what changed since review.
+    pub async fn record_digest(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: &str,
+        sha: &CommitSha,
+        digest: &PlanDigest,
+    ) -> Result<()> {
+        let (root, sha, digest) = (root.to_string(), sha.0.clone(), digest.to_json());
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO plan_digests (project_id, mr_iid, root, sha, digest) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (project_id, mr_iid, root, sha) DO UPDATE SET digest = excluded.digest",
+                params![project.0 as i64, mr.0 as i64, root, sha, digest],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The digest recorded for (root, sha), if any.
+    pub async fn digest_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: &str,
+        sha: &CommitSha,
+    ) -> Result<Option<PlanDigest>> {
+        let (root, sha) = (root.to_string(), sha.0.clone());
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT digest FROM plan_digests WHERE project_id = ?1 AND mr_iid = ?2 AND root = ?3 AND sha = ?4",
+                params![project.0 as i64, mr.0 as i64, root, sha],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()?
+            .and_then(|text| PlanDigest::from_json(&text)))
         })
         .await
     }

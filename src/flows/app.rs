@@ -1,5 +1,6 @@
 //! The shared state of a running service (`App`): config, store, queue, metrics, scrubber, locks.
 
+use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::GitLab;
 use crate::capabilities::store::Store;
 use crate::capabilities::workspace::Workspace;
@@ -7,7 +8,8 @@ use crate::core::config::Config;
 use crate::core::ids::UserId;
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
-use crate::flows::locks::RootLocks;
+use crate::flows::credentials::{self, Use};
+pub use crate::flows::locks::RootLocks;
 use crate::flows::metrics::Metrics;
 use crate::flows::queue::Queue;
 use anyhow::{Context, Result};
@@ -53,16 +55,20 @@ impl App {
                 .as_ref()
                 .and_then(|t| webhook::decode_signing_token(t.expose())),
         };
-        let workspace = Workspace::new(&config.data_dir, config.gitlab.token.expose())?;
         let gitlab = GitLab::new(&config.gitlab.url, config.gitlab.token.expose())
             .context("gitlab.url / gitlab.token")?;
+        let workspace = Workspace::new(
+            &config.data_dir.join("workspaces"),
+            config.gitlab.token.expose(),
+        )
+        .context("preparing the git workspace")?;
         Ok(App {
+            workspace,
             store,
             queue: Queue::new(),
             metrics: Metrics::new(),
             scrubber: secrets.scrubber(),
             root_locks: RootLocks::new(),
-            workspace,
             webhook,
             gitlab,
             bot_user: tokio::sync::OnceCell::new(),
@@ -73,6 +79,25 @@ impl App {
     /// `<data_dir>/tmp`: the private (0700) temp root for plan files; wiped at start-up.
     pub fn temp_root(&self) -> PathBuf {
         self.config.data_dir.join("tmp")
+    }
+
+    /// The engine runner for a plan (plan credentials) or an apply (apply credentials), see
+    /// [`crate::flows::credentials`].
+    pub fn engine(&self, use_: Use) -> Result<Engine> {
+        let engine = &self.config.engine;
+        Engine::builder(&engine.binary, self.temp_root())
+            .timeout(engine.timeout)
+            .grace(engine.grace)
+            .lock_timeout(engine.lock_timeout)
+            .env(credentials::engine_env(&self.config, use_))
+            .plugin_cache_dir(self.config.data_dir.join("plugin-cache"))
+            .build()
+            .with_context(|| format!("engine.binary = {:?}", engine.binary))
+    }
+
+    /// `<data_dir>/workspaces`: git mirrors and per-job worktrees.
+    pub fn workspaces_dir(&self) -> PathBuf {
+        self.config.data_dir.join("workspaces")
     }
 
     /// The run page's absolute URL, when `public_url` is set.
