@@ -43,7 +43,15 @@ fn the_quickstart_plans_and_prints_the_note_and_the_json_report() {
         "{note}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(note.contains("4 to add"), "{note}");
+    assert!(
+        note.starts_with(planbot::core::render::NOTE_MARKER),
+        "{note}"
+    );
+    assert!(note.contains("| 4 | 0 | 0 | 0 | 0 |"), "4 to add: {note}");
+    for vm in ["backup", "blocky", "gitlab"] {
+        assert!(note.contains(&format!("+ input.name = \"{vm}\"")), "{note}");
+    }
+    assert!(note.contains("+ input = (sensitive value)"), "{note}");
     assert!(
         note.contains("Terraform 1.") || note.contains("OpenTofu 1."),
         "{note}"
@@ -65,6 +73,10 @@ fn the_quickstart_plans_and_prints_the_note_and_the_json_report() {
         .bytes()
         .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
     assert_eq!(report["resources"].as_array().unwrap().len(), 4);
+    assert!(
+        note.contains(&format!("fingerprint `{}`", &fp[..12])),
+        "the note shows the same fingerprint: {note}"
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("quickstart-not-a-real-secret"));
 
     // Same code, same state: same fingerprint; another key: another one.

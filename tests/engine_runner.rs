@@ -257,3 +257,62 @@ async fn an_unknown_binary_is_not_found() {
     assert!(matches!(err, EngineError::NotFound(_)), "{err}");
     assert!(err.to_string().contains("not on PATH"), "{err}");
 }
+
+#[tokio::test]
+async fn an_apply_that_runs_too_long_is_stopped_gracefully_by_the_real_engine() {
+    let bin = require_engine!();
+    let root = root_with(&[(
+        "main.tf",
+        r#"
+resource "terraform_data" "slow" {
+  input = "x"
+  provisioner "local-exec" {
+    command = "sleep 120"
+  }
+}
+"#,
+    )]);
+    let temp_root = tempfile::tempdir().unwrap();
+    let engine = Engine::builder(&bin, temp_root.path())
+        .timeout(Duration::from_secs(3))
+        .grace(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let run = engine
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut lines = Vec::new();
+    let err = run
+        .apply_streaming(|l| lines.push(l.to_string()))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    let EngineError::TimedOut { step, ref log, .. } = err else {
+        panic!("expected a timeout, got {err:?}");
+    };
+    assert_eq!(step, Step::Apply);
+    // One SIGTERM is a graceful stop: the engine says so and exits on its own, before the kill.
+    let streamed = lines.join("\n");
+    assert!(
+        streamed.contains("Gracefully shutting down") || streamed.contains("Interrupt received"),
+        "{streamed}"
+    );
+    assert!(log.contains("terraform_data.slow"), "{log}");
+    assert!(
+        took < Duration::from_secs(3 + 15),
+        "stopped within the grace: {took:?}"
+    );
+    // The state is written and unlocked: a new plan runs at once.
+    let again = Engine::builder(&bin, temp_root.path())
+        .lock_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+        .plan(root.path(), &PlanRequest::default())
+        .await;
+    assert!(again.is_ok(), "{:?}", again.err());
+    drop(again);
+    assert_eq!(fake::leftovers(temp_root.path()), Vec::<String>::new());
+}

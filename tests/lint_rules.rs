@@ -99,7 +99,7 @@ fn an_iso_typed_image_used_as_a_disk_is_an_error_by_reference_and_by_id() {
         fired(&findings),
         expect(&[
             ("PVE005", "proxmox_virtual_environment_vm.app"),
-            ("PVE005", "proxmox_vm.legacy"),
+            ("PVE005", "proxmox_virtual_environment_vm.legacy"),
         ])
     );
     let text = as_text(&findings);
@@ -196,7 +196,10 @@ fn a_destroyed_vm_warns_and_an_in_place_update_does_not() {
     let findings = lint::lint(&fixture("vm_destroyed_and_updated"), &[]);
     assert_eq!(
         fired(&findings),
-        expect(&[("PVE008", "proxmox_virtual_environment_vm.old_db")])
+        expect(&[
+            ("PVE008", "proxmox_virtual_environment_vm.old_db"),
+            ("PVE008", "proxmox_vm.scratch"),
+        ])
     );
     assert!(findings[0]
         .message

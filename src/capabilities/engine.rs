@@ -1189,6 +1189,11 @@ impl PlannedRun {
         Fingerprint::of_with_lock(&self.plan, key, self.lock_file.as_deref())
     }
 
+    /// The (canonical) root directory that was planned; an apply runs there.
+    pub fn root_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The private directory holding the plan file (for tests and diagnostics).
     pub fn private_dir(&self) -> &Path {
         self.private.path()

@@ -18,6 +18,7 @@
 use crate::core::events::{Job, PlanJob, Supersede};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
+use crate::core::plan_digest::PlanDigest;
 use anyhow::{anyhow, Context, Result};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
@@ -56,7 +57,12 @@ struct Inner {
     path: PathBuf,
     writer: Mutex<mpsc::Sender<Op>>,
     reader: Arc<Mutex<Connection>>,
+    /// Dropped with the store: tells the checkpointer thread to stop.
+    _checkpointer: Mutex<mpsc::Sender<()>>,
 }
+
+/// How often the checkpointer copies the WAL back into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -121,6 +127,14 @@ CREATE TABLE IF NOT EXISTS fingerprints (
     shown_at    INTEGER NOT NULL,
     PRIMARY KEY (project_id, mr_iid, root, sha)
 );
+CREATE TABLE IF NOT EXISTS plan_digests (
+    project_id  INTEGER NOT NULL,
+    mr_iid      INTEGER NOT NULL,
+    root        TEXT NOT NULL,
+    sha         TEXT NOT NULL,
+    digest      TEXT NOT NULL,          -- core::plan_digest::PlanDigest as JSON: secret-free
+    PRIMARY KEY (project_id, mr_iid, root, sha)
+);
 CREATE TABLE IF NOT EXISTS mr_notes (
     project_id  INTEGER NOT NULL,
     mr_iid      INTEGER NOT NULL,
@@ -166,16 +180,37 @@ impl Store {
         let reader =
             Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
         configure(&reader).context("configuring SQLite")?;
+        // Checkpoints (which fsync) run on their own thread and connection, not inside the
+        // writer's COMMIT: the webhook answer never waits for one.
+        writer.pragma_update(None, "wal_autocheckpoint", 0)?;
         let (tx, rx) = mpsc::channel::<Op>();
         std::thread::Builder::new()
             .name("planbot-store-writer".into())
             .spawn(move || writer_loop(writer, rx))
             .context("starting the store writer thread")?;
+        let checkpointer =
+            Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
+        configure(&checkpointer).context("configuring SQLite")?;
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("planbot-store-checkpoint".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    // PASSIVE never blocks the writer or the readers.
+                    let _ =
+                        checkpointer.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                }
+                let _ = checkpointer.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+            })
+            .context("starting the store checkpoint thread")?;
         Ok(Store {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 writer: Mutex::new(tx),
                 reader: Arc::new(Mutex::new(reader)),
+                _checkpointer: Mutex::new(stop_tx),
             }),
         })
     }
@@ -586,6 +621,51 @@ impl Store {
             )
             .optional()?
             .flatten())
+        })
+        .await
+    }
+
+    // ----- plan digests ---------------------------------------------------------------------
+
+    /// Keep the secret-free digest of the plan shown for (root, sha), recorded with its
+    /// fingerprint, so a refused apply can show what changed since review.
+    pub async fn record_digest(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: &str,
+        sha: &CommitSha,
+        digest: &PlanDigest,
+    ) -> Result<()> {
+        let (root, sha, digest) = (root.to_string(), sha.0.clone(), digest.to_json());
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO plan_digests (project_id, mr_iid, root, sha, digest) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (project_id, mr_iid, root, sha) DO UPDATE SET digest = excluded.digest",
+                params![project.0 as i64, mr.0 as i64, root, sha, digest],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The digest recorded for (root, sha), if any.
+    pub async fn digest_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: &str,
+        sha: &CommitSha,
+    ) -> Result<Option<PlanDigest>> {
+        let (root, sha) = (root.to_string(), sha.0.clone());
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT digest FROM plan_digests WHERE project_id = ?1 AND mr_iid = ?2 AND root = ?3 AND sha = ?4",
+                params![project.0 as i64, mr.0 as i64, root, sha],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()?
+            .and_then(|text| PlanDigest::from_json(&text)))
         })
         .await
     }

@@ -907,4 +907,37 @@ projects = ["infra/homelab", 42]
         .unwrap_err();
         assert!(e.to_string().contains("engine.timeout"), "{e}");
     }
+
+    #[test]
+    fn the_example_config_documents_every_key_and_loads() {
+        let example = include_str!("../../deploy/planbot.example.toml");
+        for (path, kind, secret) in KEYS {
+            let (section, key) = path.rsplit_once('.').unwrap_or(("", path));
+            if !section.is_empty() {
+                assert!(
+                    example.contains(&format!("[{section}]")),
+                    "section [{section}] missing"
+                );
+            }
+            let documented = example.lines().any(|l| {
+                let l = l.trim_start_matches('#').trim();
+                l.starts_with(&format!("{key} ="))
+                    || (*secret && *kind != Kind::Table && l.starts_with(&format!("{key}_file =")))
+            });
+            assert!(
+                documented,
+                "{path} is not documented in deploy/planbot.example.toml"
+            );
+        }
+        let read = |p: &str| Ok(format!("secret from {p} 0123456789\n"));
+        let c = Config::load(example, &[], &read).expect("the example loads");
+        assert_eq!(
+            c.gitlab.token.expose(),
+            "secret from /run/secrets/planbot-gitlab-token 0123456789"
+        );
+        assert_eq!(
+            c.proxmox.for_plan().endpoint.as_deref(),
+            Some("https://pve.example.com:8006")
+        );
+    }
 }

@@ -8,6 +8,7 @@ pub mod ids;
 pub mod lint;
 pub mod plan;
 pub mod plan_digest;
+pub mod preflight;
 pub mod redact;
 pub mod render;
 pub mod repo_config;

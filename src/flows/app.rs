@@ -1,17 +1,19 @@
 //! The shared state of a running service (`App`): config, store, queue, metrics, scrubber, locks.
 
+use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::GitLab;
 use crate::capabilities::store::Store;
+use crate::capabilities::workspace::Workspace;
 use crate::core::config::Config;
-use crate::core::ids::{ProjectId, UserId};
+use crate::core::ids::UserId;
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
+use crate::flows::credentials::{self, Use};
+pub use crate::flows::locks::RootLocks;
 use crate::flows::metrics::Metrics;
 use crate::flows::queue::Queue;
 use anyhow::{Context, Result};
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 /// Everything the HTTP handlers, the workers and the flows share. Built once per process.
 pub struct App {
@@ -23,6 +25,8 @@ pub struct App {
     pub scrubber: Scrubber,
     /// Plans and applies of the same (project, root) never run at the same time.
     pub root_locks: RootLocks,
+    /// Git mirrors and per-job checkouts under `data_dir` (the bot token authenticates git).
+    pub workspace: Workspace,
     /// What the webhook intake accepts.
     pub webhook: webhook::Expected,
     /// The GitLab API client, acting as the bot.
@@ -53,12 +57,18 @@ impl App {
         };
         let gitlab = GitLab::new(&config.gitlab.url, config.gitlab.token.expose())
             .context("gitlab.url / gitlab.token")?;
+        let workspace = Workspace::new(
+            &config.data_dir.join("workspaces"),
+            config.gitlab.token.expose(),
+        )
+        .context("preparing the git workspace")?;
         Ok(App {
+            workspace,
             store,
             queue: Queue::new(),
             metrics: Metrics::new(),
             scrubber: secrets.scrubber(),
-            root_locks: RootLocks::default(),
+            root_locks: RootLocks::new(),
             webhook,
             gitlab,
             bot_user: tokio::sync::OnceCell::new(),
@@ -69,6 +79,20 @@ impl App {
     /// `<data_dir>/tmp`: the private (0700) temp root for plan files; wiped at start-up.
     pub fn temp_root(&self) -> PathBuf {
         self.config.data_dir.join("tmp")
+    }
+
+    /// The engine runner for a plan (plan credentials) or an apply (apply credentials), see
+    /// [`crate::flows::credentials`].
+    pub fn engine(&self, use_: Use) -> Result<Engine> {
+        let engine = &self.config.engine;
+        Engine::builder(&engine.binary, self.temp_root())
+            .timeout(engine.timeout)
+            .grace(engine.grace)
+            .lock_timeout(engine.lock_timeout)
+            .env(credentials::engine_env(&self.config, use_))
+            .plugin_cache_dir(self.config.data_dir.join("plugin-cache"))
+            .build()
+            .with_context(|| format!("engine.binary = {:?}", engine.binary))
     }
 
     /// `<data_dir>/workspaces`: git mirrors and per-job worktrees.
@@ -121,52 +145,4 @@ pub fn wipe_temp_root(dir: &std::path::Path) -> Result<()> {
             .with_context(|| format!("chmod 0700 {}", dir.display()))?;
     }
     Ok(())
-}
-
-type RootLockMap = HashMap<(ProjectId, String), Arc<tokio::sync::Mutex<()>>>;
-
-/// One async mutex per (project, root): hold the guard while planning or applying that root.
-#[derive(Default)]
-pub struct RootLocks {
-    locks: Mutex<RootLockMap>,
-}
-
-impl RootLocks {
-    /// Wait for exclusive use of `root` in `project`.
-    pub async fn lock(&self, project: ProjectId, root: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let m = {
-            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry((project, root.to_string())).or_default().clone()
-        };
-        m.lock_owned().await
-    }
-
-    /// Take the lock only if it is free right now.
-    pub fn try_lock(
-        &self,
-        project: ProjectId,
-        root: &str,
-    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        let m = {
-            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            map.entry((project, root.to_string())).or_default().clone()
-        };
-        m.try_lock_owned().ok()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn the_same_root_is_serialized_other_roots_are_not() {
-        let locks = RootLocks::default();
-        let g = locks.lock(ProjectId(1), "core").await;
-        assert!(locks.try_lock(ProjectId(1), "core").is_none());
-        assert!(locks.try_lock(ProjectId(1), "edge").is_some());
-        assert!(locks.try_lock(ProjectId(2), "core").is_some());
-        drop(g);
-        assert!(locks.try_lock(ProjectId(1), "core").is_some());
-    }
 }

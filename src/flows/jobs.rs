@@ -7,7 +7,7 @@ use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::render::NOTE_MARKER;
 use crate::flows::app::App;
 use crate::flows::queue::{self, CancellationToken};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use minijinja::{context, Environment};
 use std::sync::OnceLock;
 
@@ -92,25 +92,14 @@ fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
     })
 }
 
-/// Where the workspace of an MR lives (removed when the MR closes).
-pub fn mr_workspace(app: &App, project: ProjectId, mr: MrIid) -> std::path::PathBuf {
-    app.workspaces_dir()
-        .join(project.to_string())
-        .join(format!("mr-{mr}"))
-}
-
-async fn closed(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
-    // Queued and running work was cancelled when this job was enqueued (same transaction).
-    let dir = mr_workspace(app, project, mr);
-    if dir.exists() {
-        tokio::fs::remove_dir_all(&dir)
-            .await
-            .with_context(|| format!("removing the workspace {}", dir.display()))?;
-    }
+async fn closed(_app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
+    // Queued and running work of the MR was cancelled when this job was enqueued (same
+    // transaction); a cancelled plan's checkout is removed when its job stops (checkouts are
+    // per job). The project's shared mirror stays for the other MRs.
     tracing::info!(
         project = project.0,
         mr = mr.0,
-        "merge request closed: queued work dropped, workspace removed"
+        "merge request closed: queued work dropped"
     );
     Ok(())
 }

@@ -6,19 +6,17 @@
 
 use crate::capabilities::engine::{self, CancelHandle, Engine, EngineError, PlanRequest};
 use crate::core::fingerprint::Fingerprint;
+use crate::core::lint::lint;
 use crate::core::plan::Plan;
 use crate::core::redact::Scrubber;
-use crate::core::render::NoteContext;
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;
-use crate::flows::report::Format;
+use crate::flows::report::{Format, LOCAL_FINGERPRINT_KEY};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// The fingerprint key used when none is given: a local plan's fingerprint is informational.
-pub const LOCAL_FINGERPRINT_KEY: &[u8] = b"planbot-local";
 
 /// How long the engine gets to stop after SIGTERM before its process group is killed.
 const GRACE: Duration = Duration::from_secs(20);
@@ -34,9 +32,15 @@ pub fn plan_command(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let key = fingerprint_key
-        .map(|k| k.as_bytes().to_vec())
-        .unwrap_or_else(|| LOCAL_FINGERPRINT_KEY.to_vec());
+    let key = match fingerprint_key {
+        Some(k) if !k.is_empty() => k.as_bytes().to_vec(),
+        _ => {
+            eprintln!(
+                "planbot: warning: no --fingerprint-key (or PLANBOT_FINGERPRINT_KEY): the fingerprint uses planbot's fixed local key and is not keyed by a server secret"
+            );
+            LOCAL_FINGERPRINT_KEY.as_bytes().to_vec()
+        }
+    };
     rt.block_on(run(dir, engine, format, &key, timeout))
 }
 
@@ -87,61 +91,80 @@ async fn run(
         duration: Some(started.elapsed()),
         ..NoteContext::default()
     };
+    let root = root_name(dir);
     let mut stdout = std::io::stdout().lock();
     match result {
         Ok(run) => {
             ctx.duration = Some(run.duration());
             let fingerprint = run.fingerprint(key);
-            let text = render_planned(run.plan(), &fingerprint, &ctx, run.scrubber(), format)?;
+            let text = render_planned(
+                run.plan(),
+                &root,
+                &fingerprint,
+                &ctx,
+                run.scrubber(),
+                format,
+            )?;
             writeln!(stdout, "{text}")?;
             Ok(ExitCode::SUCCESS)
         }
         Err(e @ EngineError::BadPlanJson { .. }) => {
-            let text = render_failed(&e, &ctx, &runner.secrets().scrubber(), format)?;
+            let text = render_failed(&e, &root, &ctx, &runner.secrets().scrubber(), format)?;
             writeln!(stdout, "{text}")?;
             Ok(ExitCode::from(2))
         }
         Err(e @ (EngineError::NotFound(_) | EngineError::InvalidRequest(_))) => Err(e.into()),
         Err(e) => {
-            let text = render_failed(&e, &ctx, &runner.secrets().scrubber(), format)?;
+            let text = render_failed(&e, &root, &ctx, &runner.secrets().scrubber(), format)?;
             writeln!(stdout, "{text}")?;
             Ok(ExitCode::from(1))
         }
     }
 }
 
-/// The note (or JSON report) of a successful plan.
+/// The root's name in the note: the directory's own name.
+fn root_name(dir: &Path) -> String {
+    std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| crate::flows::report::DEFAULT_ROOT.to_string())
+}
+
+/// The note (or JSON report) of a successful plan: the same renderer as the MR note. The
+/// fingerprint is the run's, bound to the provider lock file (as the service computes it).
 fn render_planned(
     plan: &Plan,
+    root: &str,
     fingerprint: &Fingerprint,
     ctx: &NoteContext,
     scrubber: &Scrubber,
     format: Format,
 ) -> Result<String> {
-    let findings = crate::core::lint::lint(plan, &[]);
+    let findings = lint(plan, &[]);
     match format {
         Format::Json => {
-            let report = PlanReport::new(plan, fingerprint.to_string(), findings);
+            let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);
             let value = serde_json::to_value(&report)?;
             Ok(serde_json::to_string_pretty(&scrubber.scrub_json(&value))?)
         }
         Format::Markdown => {
-            // Interim text until the shared note renderer lands on main.
-            let summary = crate::core::summary::Summary::of(plan);
-            let text = format!(
-                "### planbot plan: {}\n\nfingerprint `{}` · {}",
-                summary.one_line(),
-                fingerprint.short(),
-                ctx.engine.as_deref().unwrap_or("engine")
-            );
-            Ok(scrubber.scrub(&text).into_owned())
+            let roots = [RootSection {
+                name: root.to_string(),
+                outcome: RootOutcome::Planned {
+                    plan,
+                    findings: &findings,
+                    fingerprint,
+                },
+            }];
+            Ok(render_note(ctx, &roots, scrubber))
         }
     }
 }
 
-/// The note (or JSON object) of a run that produced no plan.
+/// The note (or JSON object) of a run that produced no plan, with the redacted error.
 fn render_failed(
     error: &EngineError,
+    root: &str,
     ctx: &NoteContext,
     scrubber: &Scrubber,
     format: Format,
@@ -153,6 +176,12 @@ fn render_failed(
             "error": report,
             "engine": ctx.engine,
         }))?),
-        Format::Markdown => Ok(format!("### planbot plan failed\n\n```\n{report}\n```\n")),
+        Format::Markdown => {
+            let roots = [RootSection {
+                name: root.to_string(),
+                outcome: RootOutcome::Failed { error: report },
+            }];
+            Ok(render_note(ctx, &roots, scrubber))
+        }
     }
 }

@@ -46,14 +46,22 @@ impl RootLocks {
         map.entry(key.clone()).or_default().clone()
     }
 
-    /// Wait until the root is free, then hold it.
-    pub async fn lock(&self, key: RootKey) -> RootGuard {
+    /// Wait until `root` of `project` is free, then hold it.
+    pub async fn lock(&self, project: ProjectId, root: &str) -> RootGuard {
+        let key = RootKey {
+            project,
+            root: root.to_string(),
+        };
         let guard = self.slot(&key).lock_owned().await;
         RootGuard { key, _guard: guard }
     }
 
-    /// Hold the root if it is free right now.
-    pub fn try_lock(&self, key: RootKey) -> Option<RootGuard> {
+    /// Hold `root` of `project` if it is free right now.
+    pub fn try_lock(&self, project: ProjectId, root: &str) -> Option<RootGuard> {
+        let key = RootKey {
+            project,
+            root: root.to_string(),
+        };
         let guard = self.slot(&key).try_lock_owned().ok()?;
         Some(RootGuard { key, _guard: guard })
     }
@@ -63,22 +71,16 @@ impl RootLocks {
 mod tests {
     use super::*;
 
-    fn key(root: &str) -> RootKey {
-        RootKey {
-            project: ProjectId(1),
-            root: root.into(),
-        }
-    }
-
     #[tokio::test]
     async fn one_holder_per_root_and_roots_are_independent() {
         let locks = RootLocks::new();
-        let core = locks.lock(key("core")).await;
-        assert!(locks.try_lock(key("core")).is_none());
-        assert!(locks.try_lock(key("dns")).is_some());
+        let core = locks.lock(ProjectId(1), "core").await;
+        assert!(locks.try_lock(ProjectId(1), "core").is_none());
+        assert!(locks.try_lock(ProjectId(1), "dns").is_some());
+        assert!(locks.try_lock(ProjectId(2), "core").is_some());
         let waiter = {
             let locks = locks.clone();
-            tokio::spawn(async move { locks.lock(key("core")).await.key().root.clone() })
+            tokio::spawn(async move { locks.lock(ProjectId(1), "core").await.key().root.clone() })
         };
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());

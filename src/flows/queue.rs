@@ -129,8 +129,21 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
         app.metrics.set_queue_depth(depth);
     }
     let started = Instant::now();
+    let job = dispatch(app, &claimed.job, &token).instrument(span);
+    tokio::pin!(job);
     let result = tokio::select! {
-        r = dispatch(app, &claimed.job, &token).instrument(span) => Some(r),
+        r = &mut job => Some(r),
+        _ = token.cancelled() => {
+            // Superseded or closed: the flow stops on its own (killing the engine, marking its
+            // status canceled); if it does not within the grace period, it is dropped.
+            match tokio::time::timeout(cancel_grace(app), &mut job).await {
+                Ok(r) => Some(r),
+                Err(_) => {
+                    tracing::warn!(job = id.0, "cancelled job did not stop in time; dropped");
+                    Some(Ok(()))
+                }
+            }
+        }
         _ = shutdown.cancelled() => {
             // Stopping: let the job be re-run by the next start (it stays `running` in the store).
             token.cancel();
@@ -162,6 +175,11 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
     if let Err(e) = app.store.finish_job(id, end).await {
         tracing::error!(job = id.0, error = %format!("{e:#}"), "cannot record the end of a job");
     }
+}
+
+/// How long a cancelled job may take to stop by itself: the engine's SIGTERM→SIGKILL grace plus a margin.
+fn cancel_grace(app: &App) -> Duration {
+    app.config.engine.grace + Duration::from_secs(2)
 }
 
 async fn dispatch(app: &Arc<App>, job: &Job, token: &CancellationToken) -> anyhow::Result<()> {

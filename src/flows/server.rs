@@ -53,6 +53,9 @@ impl Application {
         let listen = config.listen;
         let app = App::new(config)?;
         wipe_temp_root(&app.temp_root())?;
+        app.workspace
+            .wipe_checkouts()
+            .context("removing checkouts left by the last run")?;
         let requeued = app.store.requeue_interrupted().await?;
         if requeued > 0 {
             tracing::warn!(
@@ -60,7 +63,8 @@ impl Application {
                 "jobs interrupted by the last shutdown are queued again"
             );
         }
-        for a in app.store.mark_interrupted_applies().await? {
+        let interrupted = app.store.mark_interrupted_applies().await?;
+        for a in &interrupted {
             tracing::error!(
                 ci_job = a.ci_job.0,
                 project = a.project.0,
@@ -75,8 +79,15 @@ impl Application {
             .await
             .with_context(|| format!("binding {listen}"))?;
         let port = listener.local_addr()?.port();
+        let app = Arc::new(app);
+        for record in interrupted {
+            let app = app.clone();
+            tokio::spawn(
+                async move { crate::flows::apply::report_interrupted(&app, &record).await },
+            );
+        }
         Ok(Application {
-            app: Arc::new(app),
+            app,
             listener: Some(listener),
             port,
             options,
@@ -133,6 +144,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/webhooks/gitlab",
             post(intake::gitlab_webhook).layer(DefaultBodyLimit::max(intake::BODY_LIMIT)),
         )
+        .route("/api/v1/apply", post(crate::flows::apply::handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: finding the engine and the shared GitLab fixtures.
 #![allow(dead_code)]
 
+pub mod fake_proxmox;
+
 use std::path::PathBuf;
 
 /// The engine binary for tests: `PLANBOT_TEST_ENGINE`, else `tofu`, else `terraform` on PATH.

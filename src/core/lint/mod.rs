@@ -187,6 +187,37 @@ pub fn lint_with(plan: &Plan, disabled: &[String], facts: &Facts) -> Vec<Finding
     out
 }
 
+/// Whether `id` is a rule a root may disable (a lint rule or a preflight check).
+pub fn is_known_rule(id: &str) -> bool {
+    let id = id.trim();
+    RULES.iter().any(|r| r.id.eq_ignore_ascii_case(id))
+        || crate::core::preflight::CHECKS
+            .iter()
+            .any(|(c, _, _)| c.eq_ignore_ascii_case(id))
+}
+
+/// The entries of a `[lint] disable = [...]` list that name no rule (for `check-config`:
+/// a typo must not silently keep a rule on).
+pub fn unknown_rule_ids(disabled: &[String]) -> Vec<String> {
+    disabled
+        .iter()
+        .filter(|d| !is_known_rule(d))
+        .cloned()
+        .collect()
+}
+
+/// Drop the findings of disabled rules (for the preflight findings, which `lint` does not see).
+pub fn without_disabled(findings: Vec<Finding>, disabled: &[String]) -> Vec<Finding> {
+    findings
+        .into_iter()
+        .filter(|f| {
+            !disabled
+                .iter()
+                .any(|d| d.trim().eq_ignore_ascii_case(f.rule))
+        })
+        .collect()
+}
+
 /// Errors first, then warnings, then info; by rule id and address within.
 pub fn sort_findings(findings: &mut [Finding]) {
     findings
@@ -281,6 +312,25 @@ mod tests {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
         let expected: Vec<String> = (1..=14).map(|i| format!("PVE{i:03}")).collect();
         assert_eq!(ids, expected);
+    }
+
+    #[test]
+    fn disable_lists_are_checked_and_applied() {
+        let list = vec![
+            "PVE012".to_string(),
+            "pve104".to_string(),
+            "PVE999".to_string(),
+        ];
+        assert_eq!(unknown_rule_ids(&list), vec!["PVE999".to_string()]);
+        let f = |rule| Finding {
+            rule,
+            severity: Severity::Error,
+            address: String::new(),
+            message: String::new(),
+            fix: String::new(),
+        };
+        let kept = without_disabled(vec![f("PVE104"), f("PVE103")], &list);
+        assert_eq!(kept, vec![f("PVE103")]);
     }
 
     #[test]
