@@ -10,7 +10,7 @@
 use crate::capabilities::engine::{CancelHandle, Engine, EngineError, PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::{CommitStatus, GitLabError, MergeRequest, StatusState};
 use crate::capabilities::store::{NewRun, RunEnd, RunKind, RunState, ShownFingerprint};
-use crate::capabilities::workspace::Workspace;
+use crate::capabilities::workspace::{PlannedRef, Workspace};
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
@@ -28,6 +28,29 @@ use std::time::{Duration, Instant};
 
 /// The commit status planbot sets for plans.
 pub const STATUS_NAME: &str = "planbot/plan";
+
+fn texts() -> &'static minijinja::Environment<'static> {
+    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = minijinja::Environment::new();
+        env.add_template(
+            "plan_status",
+            include_str!("../../templates/plan_status.txt.j2"),
+        )
+        .expect("plan_status template parses");
+        env
+    })
+}
+
+/// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`).
+fn text(kind: &str, ctx: minijinja::Value) -> String {
+    let ctx = minijinja::context! { kind => kind, ..ctx };
+    texts()
+        .get_template("plan_status")
+        .and_then(|t| t.render(ctx))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_else(|e| format!("planbot: {kind} ({e})"))
+}
 
 /// One root's result, kept until the note is rendered.
 enum Outcome {
@@ -63,13 +86,13 @@ pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result
     app.metrics.plan_finished(started.elapsed(), outcome);
     if let Err(e) = &result {
         // Whatever broke, the MR must not keep a `running` status forever.
-        let text = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+        let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
         set_status(
             app,
             job.project,
             &job.head,
             StatusState::Failed,
-            &format!("planbot could not plan: {text}"),
+            &text("error", minijinja::context! { error => error }),
             None,
             None,
         )
@@ -137,7 +160,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         project,
         &head,
         StatusState::Pending,
-        "planbot: queued",
+        &text("queued", minijinja::context! {}),
         None,
         status_ref.clone(),
     )
@@ -164,7 +187,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         project,
         &head,
         StatusState::Running,
-        "planbot: planning",
+        &text("planning", minijinja::context! { roots => "" }),
         None,
         status_ref.clone(),
     )
@@ -199,7 +222,16 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         .with_context(|| format!("the target branch `{target}` does not exist"))?;
     let changed = ws.changed_files(project, &base, &head).await?;
 
-    let mut banners = vec![format!("Planned: {}.", commit.explanation)];
+    let mut banners = vec![text(
+        "commit_line",
+        minijinja::context! {
+            planned => if commit.planned == PlannedRef::Merge { "merge" } else { "head" },
+            sha => commit.sha.short(),
+            head => commit.head.short(),
+            target => &target,
+            reason => &commit.reason,
+        },
+    )];
     if changed.iter().any(|f| f == repo_config::FILE_NAME) {
         let proposed = ws
             .read_file_at(project, head.as_str(), repo_config::FILE_NAME)
@@ -323,7 +355,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
             project,
             &head,
             StatusState::Canceled,
-            "planbot: superseded by a newer commit",
+            &text("superseded", minijinja::context! {}),
             None,
             status_ref,
         )
@@ -395,7 +427,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
     // Runs and fingerprints: stored once the note that shows them is up.
     let mut failed = 0usize;
     let mut all_findings: Vec<Finding> = Vec::new();
-    let mut summaries: Vec<String> = Vec::new();
+    let mut summaries: Vec<minijinja::Value> = Vec::new();
     let mut planned_roots = 0usize;
     for r in results {
         match r.outcome {
@@ -428,7 +460,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                     .await?;
                 if errored {
                     failed += 1;
-                    summaries.push(format!("{}: plan errored", r.name));
+                    summaries.push(minijinja::context! { name => &r.name, state => "errored" });
                 } else {
                     app.store
                         .record_fingerprint(ShownFingerprint {
@@ -445,14 +477,14 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                     app.store
                         .record_digest(project, iid, &r.name, &commit.sha, &digest)
                         .await?;
-                    summaries.push(format!("{}: {summary}", r.name));
+                    summaries.push(minijinja::context! { name => &r.name, state => "planned", summary => summary });
                 }
                 all_findings.extend(findings);
                 drop(planned); // the plan file goes with it
             }
             Outcome::Failed { .. } => {
                 failed += 1;
-                summaries.push(format!("{}: failed", r.name));
+                summaries.push(minijinja::context! { name => &r.name, state => "failed" });
             }
             Outcome::Skipped { .. } => {}
         }
@@ -460,16 +492,22 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
     drop(checkout);
 
     let (state, description) = if failed > 0 {
-        (StatusState::Failed, summaries.join("; "))
+        (
+            StatusState::Failed,
+            text("result", minijinja::context! { roots => &summaries }),
+        )
     } else if let Some(lint_error) = lint::status_description(&all_findings) {
         (StatusState::Failed, lint_error)
     } else if planned_roots == 0 {
         (
             StatusState::Success,
-            "planbot: no root affected by this change".to_string(),
+            text("no_root", minijinja::context! {}),
         )
     } else {
-        (StatusState::Success, summaries.join("; "))
+        (
+            StatusState::Success,
+            text("result", minijinja::context! { roots => &summaries }),
+        )
     };
     set_status(
         app,
@@ -534,9 +572,13 @@ async fn invalid_config(
         job.project,
         &job.head,
         StatusState::Failed,
-        &format!(
-            "invalid {} on {default_branch}: {first}",
-            repo_config::FILE_NAME
+        &text(
+            "invalid_config",
+            minijinja::context! {
+                file => repo_config::FILE_NAME,
+                branch => default_branch,
+                problem => first,
+            },
         ),
         None,
         status_ref,
@@ -615,4 +657,53 @@ pub fn build_engine(app: &App) -> Result<Engine> {
         .home(app.config.data_dir.join("engine-home"))
         .build()
         .context("engine.binary")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minijinja::context;
+
+    #[test]
+    fn status_and_commit_texts_come_from_the_template() {
+        let all = [
+            text("queued", context! {}),
+            text("planning", context! { roots => "" }),
+            text("superseded", context! {}),
+            text("no_root", context! {}),
+            text(
+                "error",
+                context! { error => "fetching the repository: git fetch failed" },
+            ),
+            text(
+                "invalid_config",
+                context! { file => ".planbot.toml", branch => "main", problem => "line 3, column 1: key `roots[0].directory`: unknown key" },
+            ),
+            text(
+                "result",
+                context! { roots => vec![
+                    context! { name => "core", state => "planned", summary => "1 to add, 0 to change, 0 to destroy" },
+                    context! { name => "dns", state => "failed" },
+                    context! { name => "edge", state => "errored" },
+                ] },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "merge", sha => "5717fb1e", head => "e4cd905a", target => "main", reason => None::<String> },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => "the MR has conflicts, or GitLab has not computed its merge result yet" },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => None::<String> },
+            ),
+        ];
+        for t in &all {
+            assert!(!t.is_empty() && !t.contains('\n'), "one line each: {t:?}");
+            assert!(t.chars().count() <= 255 || t.starts_with('_'), "{t}");
+        }
+        insta::assert_snapshot!("plan_status_texts", all.join("\n"));
+    }
 }
