@@ -185,6 +185,11 @@ async fn jobs_that_may_not_apply_are_refused_each_with_its_own_reason() {
     let w = world(&engine);
     let s = TestService::start(w.config.clone(), no_workers()).await;
 
+    // planbot serves the CI template the infra repo includes.
+    let (status, yaml) = s.get_text("/ci/planbot.gitlab-ci.yml").await;
+    assert_eq!(status, 200);
+    assert!(yaml.contains("planbot-apply:") && yaml.contains("when: manual"));
+
     let other = w.gitlab.create_project("someone/else");
     let cases: Vec<(&str, FakeJob, &str)> = vec![
         (
