@@ -70,6 +70,19 @@ enum Command {
     },
     /// Validate a repo config file (`.planbot.toml`) and print the roots it defines.
     CheckConfig { file: PathBuf },
+    /// Client for the manual `planbot-apply` CI job: calls planbot with `CI_JOB_TOKEN`, streams
+    /// the log, exits 0 only when planbot reports `planbot: apply succeeded`.
+    ApplyJob {
+        /// planbot's public URL (default: `$PLANBOT_URL`).
+        #[arg(long)]
+        url: Option<String>,
+        /// Fingerprint prefix of a changed plan you read and accept (default: `$PLANBOT_CONFIRM`).
+        #[arg(long)]
+        confirm: Option<String>,
+        /// Apply only these roots.
+        #[arg(long = "root")]
+        roots: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -100,6 +113,11 @@ fn main() -> ExitCode {
         ),
         Command::Doctor { config } => planbot::flows::doctor::main(&config),
         Command::CheckConfig { file } => planbot::flows::check_config::main(&file),
+        Command::ApplyJob {
+            url,
+            confirm,
+            roots,
+        } => planbot::flows::apply_job::main(url, confirm, roots),
     };
     match result {
         Ok(code) => code,

@@ -1,2 +1,6 @@
 //! Capabilities: one concrete client per external thing.
+pub mod engine;
 pub mod gitlab;
+pub mod proxmox;
+pub mod store;
+pub mod workspace;

@@ -15,7 +15,7 @@
 //! type and every string and collection length-prefixed, so no two projections share an encoding.
 
 use crate::core::plan::{mask_has_true, Plan};
-use crate::core::redact::Secrets;
+use crate::core::redact::{Scrubber, Secrets};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -230,18 +230,15 @@ struct Hider<'k> {
     key: &'k [u8],
     /// Every secret string the plan reveals anywhere (masks, sensitive variables and outputs):
     /// masks are incomplete (a computed attribute copying a sensitive input is not marked), so a
-    /// plain string containing one of these is hidden too.
-    secrets: Vec<String>,
+    /// plain string containing one of these, in any encoded form, is hidden too.
+    secrets: Scrubber,
 }
 
 impl<'k> Hider<'k> {
     fn new(plan: &Plan, key: &'k [u8]) -> Hider<'k> {
         Hider {
             key,
-            secrets: Secrets::from_plan(plan)
-                .iter()
-                .map(str::to_string)
-                .collect(),
+            secrets: Secrets::from_plan(plan).scrubber(),
         }
     }
 
@@ -300,9 +297,7 @@ impl<'k> Hider<'k> {
                     .collect(),
             ),
             (_, Value::Array(v)) => Canon::List(v.iter().map(|sub| self.plain(sub)).collect()),
-            (_, Value::String(s)) if self.secrets.iter().any(|sec| s.contains(sec.as_str())) => {
-                self.hide(value)
-            }
+            (_, Value::String(s)) if self.secrets.is_match(s) => self.hide(value),
             (_, v) => self.raw(v),
         }
     }

@@ -1,8 +1,16 @@
 //! Pure core: events, config, plan model, redaction, fingerprint, rendering, lint rules. No I/O, no async.
+pub mod apply;
+pub mod apply_note;
+pub mod config;
+pub mod events;
 pub mod fingerprint;
 pub mod ids;
 pub mod lint;
 pub mod plan;
+pub mod plan_digest;
+pub mod preflight;
 pub mod redact;
 pub mod render;
+pub mod repo_config;
 pub mod summary;
+pub mod webhook;

@@ -42,6 +42,14 @@ pub struct Plan {
     /// Only the sensitivity flags of root variables are read from `configuration`.
     #[serde(default)]
     pub configuration: Option<Configuration>,
+    /// The state before the plan, in clear (masked only by `sensitive_values`). Never rendered;
+    /// read only to collect secrets (e.g. sensitive attributes of data sources).
+    #[serde(default)]
+    pub prior_state: Option<Value>,
+    /// The planned state, in clear (masked only by `sensitive_values`). Never rendered; read
+    /// only to collect secrets.
+    #[serde(default)]
+    pub planned_values: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -62,12 +70,28 @@ pub struct ConfigModule {
     pub variables: BTreeMap<String, ConfigVariable>,
     #[serde(default)]
     pub outputs: BTreeMap<String, ConfigOutput>,
+    /// Resource blocks as written (`expressions`, `references`); read by the lint rules to
+    /// follow a reference when the value itself is only known after apply. Never rendered.
+    #[serde(default)]
+    pub resources: Vec<Value>,
+    /// Child modules (their variables' sensitivity and defaults are read to collect secrets).
+    #[serde(default)]
+    pub module_calls: BTreeMap<String, ConfigModuleCall>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConfigModuleCall {
+    #[serde(default)]
+    pub module: ConfigModule,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ConfigVariable {
     #[serde(default)]
     pub sensitive: bool,
+    /// The declared default, in clear. Never rendered; read only to collect secrets.
+    #[serde(default)]
+    pub default: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,6 +1,13 @@
-//! Redaction: collect every secret a plan reveals and scrub them (and their base64 forms) from text.
+//! Redaction: collect every secret a plan reveals and scrub them (and their encoded forms) from text.
+//!
+//! Masks are honoured at every depth (objects, lists, sets, whole values), but masks are
+//! incomplete (a computed attribute copying a sensitive input is not marked once stored), so
+//! every text that leaves the process is also scrubbed of every known secret string, in each form
+//! it may take on the way: as is, JSON-escaped (also Go's HTML-safe `\u003c` escapes, which the
+//! engine's `show -json` uses), HTML-escaped, URL-encoded, and base64 (standard and URL-safe,
+//! padded or not, and inside a longer base64 text at any of the three byte alignments).
 
-use crate::core::plan::Plan;
+use crate::core::plan::{ConfigModule, Plan};
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 use serde_json::Value;
@@ -14,6 +21,14 @@ pub const REDACTED: &str = "(sensitive value)";
 /// otherwise blank out every such character in the note. They are still hidden by the masks.
 pub const MIN_SECRET_LEN: usize = 4;
 
+/// A base64 fragment shorter than this (a secret inside a longer base64 text) is not scrubbed:
+/// too many unrelated base64 texts would contain it by chance.
+const MIN_FRAGMENT_LEN: usize = 8;
+
+/// Lines of a multi-line secret at least this long are secrets on their own (a log may show
+/// them one per line, with other indentation).
+const MIN_LINE_LEN: usize = 8;
+
 /// The set of known secret strings.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
@@ -25,9 +40,23 @@ impl Secrets {
         Secrets::default()
     }
 
-    /// Add one secret string (and, at scrub time, its base64 forms).
+    /// Add one secret string (and, at scrub time, its encoded forms). A secret with surrounding
+    /// whitespace (a file read with `file()`) is also added trimmed, and the lines of a
+    /// multi-line secret (keys, certificates) are added one by one.
     pub fn add(&mut self, secret: impl Into<String>) {
         let s = secret.into();
+        if s.contains('\n') {
+            for line in s.lines() {
+                let line = line.trim();
+                if line.len() >= MIN_LINE_LEN {
+                    self.values.insert(line.to_string());
+                }
+            }
+        }
+        let trimmed = s.trim();
+        if trimmed.len() != s.len() && trimmed.len() >= MIN_SECRET_LEN {
+            self.values.insert(trimmed.to_string());
+        }
         if s.len() >= MIN_SECRET_LEN {
             self.values.insert(s);
         }
@@ -39,12 +68,21 @@ impl Secrets {
         }
     }
 
-    /// Every value of a sensitive variable, every value under a `true` mask in resource changes
-    /// and drift, and every sensitive output value.
+    /// Add every secret of `other`.
+    pub fn merge(&mut self, other: &Secrets) {
+        self.values.extend(other.values.iter().cloned());
+    }
+
+    /// Every value of a sensitive variable (and every default of a variable declared sensitive,
+    /// in the root and in child modules), every value under a `true` mask in resource changes,
+    /// drift, prior state and planned values, and every sensitive output value.
     pub fn from_plan(plan: &Plan) -> Secrets {
         let mut secrets = Secrets::new();
         for v in plan.sensitive_variable_values() {
             secrets.add_value_leaves(v);
+        }
+        if let Some(cfg) = &plan.configuration {
+            secrets.add_sensitive_defaults(&cfg.root_module);
         }
         for rc in plan.resource_changes.iter().chain(&plan.resource_drift) {
             secrets.add_masked(&rc.change.before, &rc.change.before_sensitive);
@@ -54,12 +92,69 @@ impl Secrets {
             if oc.is_sensitive() {
                 secrets.add_value_leaves(&oc.before);
                 secrets.add_value_leaves(&oc.after);
+            } else {
+                secrets.add_masked(&oc.before, &oc.before_sensitive);
+                secrets.add_masked(&oc.after, &oc.after_sensitive);
             }
+        }
+        if let Some(prior) = &plan.prior_state {
+            if let Some(values) = prior.get("values") {
+                secrets.add_state_values(values);
+            }
+        }
+        if let Some(planned) = &plan.planned_values {
+            secrets.add_state_values(planned);
         }
         secrets
     }
 
-    /// Add every leaf of `value` that `mask` marks sensitive.
+    fn add_sensitive_defaults(&mut self, module: &ConfigModule) {
+        for var in module.variables.values() {
+            if var.sensitive {
+                if let Some(default) = &var.default {
+                    self.add_value_leaves(default);
+                }
+            }
+        }
+        for call in module.module_calls.values() {
+            self.add_sensitive_defaults(&call.module);
+        }
+    }
+
+    /// A state values object (`{"outputs": {...}, "root_module": {...}}`): sensitive outputs
+    /// and every resource value under a `true` mask of its `sensitive_values`.
+    fn add_state_values(&mut self, values: &Value) {
+        if let Some(outputs) = values.get("outputs").and_then(Value::as_object) {
+            for out in outputs.values() {
+                if out.get("sensitive").and_then(Value::as_bool) == Some(true) {
+                    if let Some(v) = out.get("value") {
+                        self.add_value_leaves(v);
+                    }
+                }
+            }
+        }
+        if let Some(root) = values.get("root_module") {
+            self.add_state_module(root);
+        }
+    }
+
+    fn add_state_module(&mut self, module: &Value) {
+        if let Some(resources) = module.get("resources").and_then(Value::as_array) {
+            for r in resources {
+                if let (Some(v), Some(mask)) = (r.get("values"), r.get("sensitive_values")) {
+                    self.add_masked(v, mask);
+                }
+            }
+        }
+        if let Some(children) = module.get("child_modules").and_then(Value::as_array) {
+            for child in children {
+                self.add_state_module(child);
+            }
+        }
+    }
+
+    /// Add every leaf of `value` that `mask` marks sensitive. Objects are masked by key, lists
+    /// and sets (both JSON arrays) by position, `true` masks the whole value below it.
     fn add_masked(&mut self, value: &Value, mask: &Value) {
         match (mask, value) {
             (Value::Bool(true), v) => self.add_value_leaves(v),
@@ -75,25 +170,16 @@ impl Secrets {
                     self.add_masked(val, sub);
                 }
             }
+            // A mask whose shape does not fit the value but marks something: take it all.
+            (m, v) if crate::core::plan::mask_has_true(m) => self.add_value_leaves(v),
             _ => {}
         }
     }
 
-    /// Add every scalar inside `value`, and the whole value's JSON when it is composite.
+    /// Add every scalar inside `value` (object keys are not secrets; their values are).
     fn add_value_leaves(&mut self, value: &Value) {
         match value {
-            Value::String(s) => {
-                self.add(s.clone());
-                // Multi-line secrets (keys, certificates) leak line by line too.
-                if s.contains('\n') {
-                    for line in s.lines() {
-                        let line = line.trim();
-                        if line.len() >= 8 {
-                            self.add(line.to_string());
-                        }
-                    }
-                }
-            }
+            Value::String(s) => self.add(s.clone()),
             Value::Number(n) => self.add(n.to_string()),
             Value::Array(items) => items.iter().for_each(|v| self.add_value_leaves(v)),
             Value::Object(map) => map.values().for_each(|v| self.add_value_leaves(v)),
@@ -119,7 +205,7 @@ impl Secrets {
     }
 }
 
-/// Replaces every known secret (and its base64 encodings) in a text.
+/// Replaces every known secret (and its encoded forms) in a text.
 #[derive(Debug, Clone)]
 pub struct Scrubber {
     matcher: Option<AhoCorasick>,
@@ -129,44 +215,12 @@ impl Scrubber {
     pub fn new(secrets: &Secrets) -> Scrubber {
         let mut patterns: BTreeSet<String> = BTreeSet::new();
         for s in secrets.iter() {
-            patterns.insert(s.to_string());
-            for engine in [
-                &base64::engine::general_purpose::STANDARD,
-                &base64::engine::general_purpose::URL_SAFE,
-                &base64::engine::general_purpose::STANDARD_NO_PAD,
-            ] {
-                let encoded = engine.encode(s.as_bytes());
-                if encoded.len() >= MIN_SECRET_LEN {
-                    patterns.insert(encoded);
+            for form in text_forms(s) {
+                if form.len() >= MIN_SECRET_LEN {
+                    patterns.insert(form);
                 }
             }
-            // A base64 stream of a longer text that contains the secret at any of the three byte
-            // alignments: the stable inner part of each encoding.
-            for offset in 0..3usize {
-                let mut padded = vec![0u8; offset];
-                padded.extend_from_slice(s.as_bytes());
-                let enc = base64::engine::general_purpose::STANDARD_NO_PAD.encode(&padded);
-                // Drop the characters touched by the padding bytes and the trailing partial group.
-                let skip = if offset == 0 {
-                    0
-                } else {
-                    (offset * 4).div_ceil(3)
-                };
-                let total_bits = padded.len() * 8;
-                let keep =
-                    (total_bits / 6).saturating_sub(if (padded.len() % 3) == 0 { 0 } else { 1 });
-                if keep > skip && keep - skip >= 8 {
-                    patterns.insert(enc[skip..keep].to_string());
-                }
-            }
-        }
-        // JSON-escaped forms (a secret with quotes or newlines inside a JSON text).
-        for s in secrets.iter() {
-            let escaped = serde_json::to_string(s).unwrap_or_default();
-            let inner = escaped.trim_matches('"');
-            if inner != s {
-                patterns.insert(inner.to_string());
-            }
+            base64_forms(s.as_bytes(), &mut patterns);
         }
         if patterns.is_empty() {
             return Scrubber { matcher: None };
@@ -174,13 +228,25 @@ impl Scrubber {
         let matcher = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
             .build(patterns.iter())
-            .ok();
-        Scrubber { matcher }
+            .expect("secret patterns are plain strings");
+        Scrubber {
+            matcher: Some(matcher),
+        }
     }
 
     /// A scrubber that knows no secrets (for outputs with nothing to hide).
     pub fn none() -> Scrubber {
         Scrubber { matcher: None }
+    }
+
+    /// Whether this scrubber knows no secret at all.
+    pub fn is_empty(&self) -> bool {
+        self.matcher.is_none()
+    }
+
+    /// Whether `text` holds any known secret, in any of its forms.
+    pub fn is_match(&self, text: &str) -> bool {
+        self.matcher.as_ref().is_some_and(|m| m.is_match(text))
     }
 
     pub fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
@@ -191,18 +257,137 @@ impl Scrubber {
             _ => Cow::Borrowed(text),
         }
     }
+
+    /// Scrub raw process output (invalid UTF-8 is replaced first).
+    pub fn scrub_bytes(&self, bytes: &[u8]) -> String {
+        let text = String::from_utf8_lossy(bytes);
+        self.scrub(&text).into_owned()
+    }
+
+    /// Scrub every string (and object key) inside a JSON value, so the result stays valid JSON
+    /// whatever the secret contains.
+    pub fn scrub_json(&self, value: &Value) -> Value {
+        match value {
+            Value::String(s) => Value::String(self.scrub(s).into_owned()),
+            Value::Array(items) => Value::Array(items.iter().map(|v| self.scrub_json(v)).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| (self.scrub(k).into_owned(), self.scrub_json(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+}
+
+/// The textual forms a secret can take in JSON, HTML, URLs and logs.
+fn text_forms(s: &str) -> Vec<String> {
+    let mut forms = vec![s.to_string()];
+    // JSON string escapes (serde_json style: `\"`, `\\`, `\n`, `\u001b`).
+    if let Ok(json) = serde_json::to_string(s) {
+        let inner = json[1..json.len() - 1].to_string();
+        // Go's encoding/json (the engine's `show -json`) also escapes `<`, `>`, `&`, U+2028/9.
+        let go = inner
+            .replace('<', "\\u003c")
+            .replace('>', "\\u003e")
+            .replace('&', "\\u0026")
+            .replace('\u{2028}', "\\u2028")
+            .replace('\u{2029}', "\\u2029");
+        forms.push(inner);
+        forms.push(go);
+    }
+    // HTML escapes (a renderer may escape a value shown in HTML or Markdown).
+    let html = s
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;");
+    forms.push(html.replace('\'', "&#39;"));
+    forms.push(html.replace('\'', "&#x27;"));
+    // URL encodings: form-style (space = `+`) and RFC 3986 percent-encoding, both hex cases.
+    forms.push(url::form_urlencoded::byte_serialize(s.as_bytes()).collect());
+    let pct = percent_encode(s);
+    forms.push(pct.to_ascii_lowercase_hex());
+    forms.push(pct);
+    forms.dedup();
+    forms
+}
+
+/// RFC 3986 percent-encoding of everything but the unreserved characters (upper-case hex).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+trait LowerHex {
+    fn to_ascii_lowercase_hex(&self) -> String;
+}
+
+impl LowerHex for String {
+    /// `%2F` → `%2f`, leaving the other characters as they are.
+    fn to_ascii_lowercase_hex(&self) -> String {
+        let mut out = String::with_capacity(self.len());
+        let mut chars = self.chars();
+        while let Some(c) = chars.next() {
+            out.push(c);
+            if c == '%' {
+                for h in chars.by_ref().take(2) {
+                    out.push(h.to_ascii_lowercase());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Base64 encodings of `bytes`: whole (padded and not, standard and URL-safe alphabets), and
+/// the stable inner part of its encoding when it sits inside a longer text at each of the three
+/// byte alignments.
+fn base64_forms(bytes: &[u8], patterns: &mut BTreeSet<String>) {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    for engine in [&STANDARD, &URL_SAFE] {
+        let encoded = engine.encode(bytes);
+        if encoded.len() >= MIN_SECRET_LEN {
+            patterns.insert(encoded);
+        }
+    }
+    for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
+        for offset in 0..3usize {
+            let mut padded = vec![0u8; offset];
+            padded.extend_from_slice(bytes);
+            let enc = engine.encode(&padded);
+            // Character i covers bits [6i, 6i+6): it depends only on the secret when those bits
+            // start at or after the `offset` foreign bytes and end within the secret.
+            let first = (offset * 8).div_ceil(6);
+            let end = (padded.len() * 8) / 6;
+            if end >= first + MIN_FRAGMENT_LEN {
+                patterns.insert(enc[first..end].to_string());
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use base64::engine::general_purpose::STANDARD;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+
+    fn scrubber(secrets: &[&str]) -> Scrubber {
+        let mut s = Secrets::new();
+        s.extend(secrets.iter().copied());
+        s.scrubber()
+    }
 
     #[test]
     fn scrubs_plain_and_base64_forms() {
-        let mut s = Secrets::new();
-        s.add("canary-secret-1234");
-        let sc = s.scrubber();
+        let sc = scrubber(&["canary-secret-1234"]);
         let text = format!(
             "a canary-secret-1234 b {} c {}",
             STANDARD.encode("canary-secret-1234"),
@@ -214,12 +399,52 @@ mod tests {
             !out.contains(&STANDARD.encode("canary-secret-1234")),
             "{out}"
         );
-        for offset in 0..3 {
-            let long = format!("{}canary-secret-1234 tail", "x".repeat(offset + 5));
-            let enc = STANDARD.encode(&long);
-            let out = sc.scrub(&enc);
-            assert!(out.contains(REDACTED), "offset {offset}: {out}");
+        for offset in 0..6 {
+            for tail in ["", "t", "tail"] {
+                let long = format!("{}canary-secret-1234{tail}", "x".repeat(offset));
+                for enc in [STANDARD.encode(&long), URL_SAFE_NO_PAD.encode(&long)] {
+                    let out = sc.scrub(&enc);
+                    assert!(
+                        out.contains(REDACTED),
+                        "offset {offset} tail {tail:?}: {out}"
+                    );
+                }
+            }
         }
+    }
+
+    #[test]
+    fn scrubs_escaped_and_encoded_forms() {
+        let secret = "p<a>&ss \"w\"/rd+ü\n";
+        let sc = scrubber(&[secret]);
+        let go_json = r#"{"v":"p\u003ca\u003e\u0026ss \"w\"/rd+ü\n"}"#;
+        let serde = serde_json::to_string(&serde_json::json!({ "v": secret })).unwrap();
+        let html = "p&lt;a&gt;&amp;ss &quot;w&quot;/rd+ü\n";
+        let form: String = url::form_urlencoded::byte_serialize(secret.as_bytes()).collect();
+        let pct = percent_encode(secret);
+        for text in [
+            go_json.to_string(),
+            serde,
+            html.to_string(),
+            form,
+            pct.clone(),
+        ] {
+            let out = sc.scrub(&text);
+            assert!(out.contains(REDACTED), "{text} -> {out}");
+            assert!(!out.contains("ss"), "{text} -> {out}");
+        }
+        assert!(sc.scrub(&pct.to_ascii_lowercase_hex()).contains(REDACTED));
+    }
+
+    #[test]
+    fn multi_line_and_padded_secrets_are_scrubbed_line_by_line_and_trimmed() {
+        let key = "-----BEGIN KEY-----\nMIIEvAIBADANBgkqhkiG9w0B\nAQEFAASC\n-----END KEY-----\n";
+        let sc = scrubber(&[key, "  padded-token  "]);
+        let log = "line: MIIEvAIBADANBgkqhkiG9w0B\n    AQEFAASC\nthe token is padded-token.";
+        let out = sc.scrub(log);
+        assert!(!out.contains("MIIEvAIBADANBgkqhkiG9w0B"), "{out}");
+        assert!(!out.contains("AQEFAASC"), "{out}");
+        assert!(!out.contains("padded-token"), "{out}");
     }
 
     #[test]
@@ -227,13 +452,72 @@ mod tests {
         let plan = Plan::from_json(
             br#"{"format_version":"1.2","resource_changes":[{"address":"x.y","mode":"managed",
               "change":{"actions":["create"],
-                "after":{"a":"plain-value","b":{"c":"deep-secret"},"l":["l0-open","l1-secret"],"w":{"k":"whole-secret"}},
-                "after_sensitive":{"b":{"c":true},"l":[false,true],"w":true}}}]}"#,
+                "before":{"old":"old-secret"},"before_sensitive":{"old":true},
+                "after":{"a":"plain-value","b":{"c":"deep-secret"},"l":["l0-open","l1-secret"],"w":{"k":"whole-secret","n":12345},
+                  "set":[{"p":"set-open"},{"p":"set-secret"}],"nested":[[{"q":"nested-secret"}]]},
+                "after_sensitive":{"b":{"c":true},"l":[false,true],"w":true,"set":[{},{"p":true}],"nested":[[{"q":true}]]}}}],
+              "resource_drift":[{"address":"x.y","mode":"managed","change":{"actions":["update"],
+                "after":{"d":"drift-secret"},"after_sensitive":{"d":true}}}],
+              "output_changes":{"o":{"actions":["create"],"after":{"k":"output-secret"},"after_sensitive":true},
+                                "p":{"actions":["create"],"after":"public-output","after_sensitive":false}}}"#,
         )
         .unwrap();
         let secrets = Secrets::from_plan(&plan);
         let got: Vec<&str> = secrets.iter().collect();
-        assert_eq!(got, vec!["deep-secret", "l1-secret", "whole-secret"]);
+        assert_eq!(
+            got,
+            vec![
+                "12345",
+                "deep-secret",
+                "drift-secret",
+                "l1-secret",
+                "nested-secret",
+                "old-secret",
+                "output-secret",
+                "set-secret",
+                "whole-secret"
+            ]
+        );
+    }
+
+    #[test]
+    fn collects_sensitive_variables_defaults_and_state_values() {
+        let plan = Plan::from_json(
+            br#"{"format_version":"1.2","resource_changes":[],
+              "variables":{"pw":{"value":"given-value"},"name":{"value":"web-open"}},
+              "configuration":{"root_module":{"variables":{"pw":{"sensitive":true,"default":"default-secret"},"name":{"default":"web-open"}},
+                "module_calls":{"m":{"module":{"variables":{"token":{"sensitive":true,"default":"module-default-secret"}}}}}}},
+              "prior_state":{"values":{"outputs":{"o":{"sensitive":true,"value":"prior-output-secret"}},
+                "root_module":{"resources":[{"address":"data.x.y","values":{"key":"data-source-secret","id":"open-id"},"sensitive_values":{"key":true}}],
+                  "child_modules":[{"resources":[{"values":{"k":["child-open","child-secret"]},"sensitive_values":{"k":[false,true]}}]}]}}},
+              "planned_values":{"root_module":{"resources":[{"values":{"z":"planned-secret"},"sensitive_values":{"z":true}}]}}}"#,
+        )
+        .unwrap();
+        let secrets = Secrets::from_plan(&plan);
+        let got: Vec<&str> = secrets.iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                "child-secret",
+                "data-source-secret",
+                "default-secret",
+                "given-value",
+                "module-default-secret",
+                "planned-secret",
+                "prior-output-secret"
+            ]
+        );
+    }
+
+    #[test]
+    fn scrub_json_keeps_json_valid_whatever_the_secret_holds() {
+        let sc = scrubber(&["tricky\\\"secret"]);
+        let v = serde_json::json!({"a": ["x tricky\\\"secret y"], "tricky\\\"secret": 1});
+        let out = serde_json::to_string(&sc.scrub_json(&v)).unwrap();
+        assert_eq!(
+            out,
+            r#"{"a":["x (sensitive value) y"],"(sensitive value)":1}"#
+        );
     }
 
     #[test]
@@ -242,5 +526,7 @@ mod tests {
         s.add("1");
         s.add("yes");
         assert!(s.is_empty());
+        assert!(s.scrubber().is_empty());
+        assert_eq!(Scrubber::none().scrub("a yes 1"), "a yes 1");
     }
 }

@@ -1,10 +1,626 @@
 //! `planbot doctor`: checks GitLab, the webhook, the engine and the Proxmox token, and prints fixes.
+//!
+//! Every check prints one line `OK`/`FAIL`/`SKIP`/`INFO` and, when something is to be done, the
+//! fix (texts in `templates/doctor.j2`). Exit code 1 when any check failed. Only read-only calls.
 
+use crate::capabilities::engine::Engine;
+use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError};
+use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig};
+use crate::core::config::Config;
+use crate::core::redact::Secrets;
 use anyhow::Result;
+use minijinja::Environment;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::OnceLock;
+use std::time::Duration;
 
+/// The result of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Status {
+    Ok,
+    Fail,
+    /// Could not be checked (not configured, or not visible to the token): not a failure.
+    Skip,
+    /// Facts worth knowing (storages, a hint): not a failure.
+    Info,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Fail => "FAIL",
+            Status::Skip => "SKIP",
+            Status::Info => "INFO",
+        }
+    }
+}
+
+/// One printed line (and its fix).
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub section: String,
+    pub status: Status,
+    pub line: String,
+    pub fix: Option<String>,
+}
+
+fn templates() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_template("doctor.j2", include_str!("../../templates/doctor.j2"))
+            .expect("templates/doctor.j2 parses");
+        env
+    })
+}
+
+fn render(name: &str, d: &Value) -> Option<String> {
+    let tmpl = templates().get_template("doctor.j2").ok()?;
+    let captured = tmpl.render_captured(()).ok()?;
+    let state = captured.state();
+    state.lookup(name)?;
+    state
+        .call_macro(name, &[minijinja::Value::from_serialize(d)])
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Collects check lines section by section.
+#[derive(Default)]
+struct Report {
+    section: String,
+    checks: Vec<Check>,
+}
+
+impl Report {
+    fn section(&mut self, name: &str) {
+        self.section = name.to_string();
+    }
+
+    fn add(&mut self, status: Status, id: &str, d: Value) {
+        let line = render(id, &d).unwrap_or_else(|| id.to_string());
+        let fix = if matches!(status, Status::Ok) {
+            None
+        } else {
+            render(&format!("{id}_fix"), &d).filter(|f| !f.is_empty())
+        };
+        self.checks.push(Check {
+            section: self.section.clone(),
+            status,
+            line,
+            fix,
+        });
+    }
+}
+
+/// Print the checks as the terminal shows them.
+pub fn format_report(config_path: &str, checks: &[Check]) -> String {
+    let mut out = render("header", &json!({"config": config_path})).unwrap_or_default();
+    out.push('\n');
+    let mut section = "";
+    for c in checks {
+        if c.section != section {
+            section = &c.section;
+            out.push('\n');
+            out.push_str(section);
+            out.push('\n');
+        }
+        out.push_str(&format!("  {:<5} {}\n", c.status.label(), c.line));
+        if let Some(fix) = &c.fix {
+            let mut lines = fix.lines();
+            if let Some(first) = lines.next() {
+                out.push_str(&format!("        fix: {first}\n"));
+            }
+            for l in lines {
+                out.push_str(&format!("             {l}\n"));
+            }
+        }
+    }
+    let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
+    let skipped = checks.iter().filter(|c| c.status == Status::Skip).count();
+    out.push('\n');
+    out.push_str(
+        &render("summary", &json!({"failed": failed, "skipped": skipped})).unwrap_or_default(),
+    );
+    out.push('\n');
+    out
+}
+
+/// `planbot doctor --config FILE`.
 pub fn main(config: &Path) -> Result<ExitCode> {
-    let _ = config;
-    anyhow::bail!("`planbot doctor` is not built yet (issue 5)")
+    let cfg = crate::flows::serve::load_config(config)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let checks = runtime.block_on(run_checks(&cfg));
+    let mut secrets = Secrets::new();
+    secrets.extend(cfg.secrets());
+    let text = format_report(&config.display().to_string(), &checks);
+    print!("{}", secrets.scrubber().scrub(&text));
+    Ok(if checks.iter().any(|c| c.status == Status::Fail) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Run every check of `config`.
+pub async fn run_checks(config: &Config) -> Vec<Check> {
+    let mut r = Report::default();
+    gitlab_checks(config, &mut r).await;
+    engine_checks(config, &mut r).await;
+    proxmox_checks(config, &mut r).await;
+    r.checks
+}
+
+fn level_name(level: AccessLevel) -> String {
+    match level.0 {
+        10 => "Guest".into(),
+        20 => "Reporter".into(),
+        30 => "Developer".into(),
+        40 => "Maintainer".into(),
+        50 => "Owner".into(),
+        n => format!("access level {n}"),
+    }
+}
+
+async fn gitlab_checks(config: &Config, r: &mut Report) {
+    r.section("GitLab");
+    let url = config.gitlab.url.clone();
+    let client = match GitLab::new(&url, config.gitlab.token.expose()) {
+        Ok(c) => c.with_retry_policy(crate::capabilities::gitlab::RetryPolicy {
+            max_attempts: 1,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        }),
+        Err(e) => {
+            r.add(
+                Status::Fail,
+                "gitlab_unreachable",
+                json!({"url": url, "error": e.to_string()}),
+            );
+            return;
+        }
+    };
+    let client = match client.with_timeout(Duration::from_secs(15)) {
+        Ok(c) => c,
+        Err(e) => {
+            r.add(
+                Status::Fail,
+                "gitlab_unreachable",
+                json!({"url": url, "error": e.to_string()}),
+            );
+            return;
+        }
+    };
+    let user = match client.current_user().await {
+        Ok(u) => {
+            r.add(Status::Ok, "gitlab_reachable", json!({"url": url}));
+            r.add(
+                Status::Ok,
+                "gitlab_token",
+                json!({"username": u.username, "id": u.id.0}),
+            );
+            u
+        }
+        Err(GitLabError::Transport(e)) => {
+            r.add(
+                Status::Fail,
+                "gitlab_unreachable",
+                json!({"url": url, "error": e}),
+            );
+            return;
+        }
+        Err(e) => {
+            r.add(Status::Ok, "gitlab_reachable", json!({"url": url}));
+            r.add(
+                Status::Fail,
+                "gitlab_token_bad",
+                json!({"error": e.to_string()}),
+            );
+            return;
+        }
+    };
+    let hook_url = config
+        .public_url
+        .as_ref()
+        .map(|u| format!("{}/webhooks/gitlab", u.trim_end_matches('/')));
+    if hook_url.is_none() {
+        r.add(Status::Skip, "no_public_url", json!({}));
+    }
+    for project_ref in allowed_projects(config) {
+        let base = json!({"project": project_ref, "username": user.username});
+        let project = match client.project(&project_ref).await {
+            Ok(p) => p,
+            Err(e) => {
+                let mut d = base.clone();
+                d["error"] = e.to_string().into();
+                r.add(Status::Fail, "project_missing", d);
+                continue;
+            }
+        };
+        let name = if project.path_with_namespace.is_empty() {
+            project_ref.clone()
+        } else {
+            project.path_with_namespace.clone()
+        };
+        let mut d = json!({"project": name, "username": user.username});
+        match client.member_access(project.id, user.id).await {
+            Ok(Some(level)) if level.is_developer_or_more() => {
+                d["level"] = level_name(level).into();
+                r.add(Status::Ok, "project_access", d.clone());
+            }
+            Ok(level) => {
+                d["level"] = level.map_or("not a member".into(), level_name).into();
+                r.add(Status::Fail, "project_access_low", d.clone());
+            }
+            Err(e) => {
+                d["error"] = e.to_string().into();
+                r.add(Status::Fail, "project_missing", d.clone());
+                continue;
+            }
+        }
+        let Some(hook_url) = &hook_url else { continue };
+        d["url"] = hook_url.as_str().into();
+        match client.project_hooks(project.id).await {
+            Ok(hooks) => {
+                let same = |u: &str| u.trim_end_matches('/') == hook_url.trim_end_matches('/');
+                match hooks.iter().find(|h| same(&h.url)) {
+                    None => {
+                        d["others"] = json!(hooks.iter().map(|h| &h.url).collect::<Vec<_>>());
+                        r.add(Status::Fail, "hook_missing", d);
+                    }
+                    Some(h) => {
+                        let mut missing = Vec::new();
+                        if !h.merge_requests_events {
+                            missing.push("\"Merge request events\"");
+                        }
+                        if !h.note_events {
+                            missing.push("\"Comments\"");
+                        }
+                        let disabled = h
+                            .alert_status
+                            .as_deref()
+                            .filter(|s| *s == "disabled" || *s == "temporarily_disabled");
+                        if let Some(status) = disabled {
+                            d["status"] = status.replace('_', " ").into();
+                            r.add(Status::Fail, "hook_disabled", d);
+                        } else if !missing.is_empty() {
+                            d["missing"] = json!(missing);
+                            r.add(Status::Fail, "hook_events", d);
+                        } else {
+                            r.add(Status::Ok, "hook_ok", d);
+                        }
+                    }
+                }
+            }
+            Err(GitLabError::Forbidden) => r.add(Status::Skip, "hook_unreadable", d),
+            Err(e) => {
+                d["error"] = e.to_string().into();
+                r.add(Status::Skip, "hook_unreadable", d);
+            }
+        }
+    }
+}
+
+/// The allowlist as strings (`group/project` or a numeric id).
+fn allowed_projects(config: &Config) -> Vec<String> {
+    config
+        .gitlab
+        .projects
+        .0
+        .iter()
+        .map(|p| p.to_string())
+        .collect()
+}
+
+async fn engine_checks(config: &Config, r: &mut Report) {
+    r.section("Engine");
+    let temp = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => {
+            r.add(
+                Status::Fail,
+                "engine_broken",
+                json!({"path": config.engine.binary, "error": e.to_string()}),
+            );
+            return;
+        }
+    };
+    let engine = match Engine::builder(&config.engine.binary, temp.path()).build() {
+        Ok(e) => e,
+        Err(e) => {
+            r.add(
+                Status::Fail,
+                "engine_missing",
+                json!({"error": e.to_string()}),
+            );
+            return;
+        }
+    };
+    let path = engine.binary().display().to_string();
+    match engine.version().await {
+        Ok(v) => r.add(
+            Status::Ok,
+            "engine_ok",
+            json!({"version": v.to_string(), "path": path}),
+        ),
+        Err(e) => r.add(
+            Status::Fail,
+            "engine_broken",
+            json!({"path": path, "error": e.to_string()}),
+        ),
+    }
+}
+
+/// What a plan's refresh reads.
+const READ_PRIVS: &[&str] = &["Sys.Audit", "VM.Audit", "Datastore.Audit"];
+/// What a typical apply (VMs with imported disks and cloud-init) needs on `/vms`.
+const VM_PRIVS: &[&str] = &[
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Config.CDROM",
+    "VM.Config.CPU",
+    "VM.Config.Cloudinit",
+    "VM.Config.Disk",
+    "VM.Config.HWType",
+    "VM.Config.Memory",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.PowerMgmt",
+];
+
+async fn proxmox_checks(config: &Config, r: &mut Report) {
+    let plan = crate::flows::preflight::endpoint_from_config(
+        &config.proxmox.for_plan(),
+        &config.engine.env,
+    );
+    let apply = crate::flows::preflight::endpoint_from_config(
+        &config.proxmox.for_apply(),
+        &config.engine.env,
+    );
+    let same = match (&plan, &apply) {
+        (Some(p), Some(a)) => p.url == a.url && p.api_token == a.api_token,
+        _ => false,
+    };
+    match (plan, apply) {
+        (None, None) => {
+            r.section("Proxmox");
+            r.add(Status::Skip, "pve_none", json!({}));
+        }
+        (Some(p), Some(_)) if same => {
+            r.section("Proxmox (plan and apply)");
+            proxmox_endpoint(p, true, true, r).await;
+        }
+        (p, a) => {
+            if let Some(p) = p {
+                r.section("Proxmox (plan)");
+                proxmox_endpoint(p, true, false, r).await;
+            }
+            if let Some(a) = a {
+                r.section("Proxmox (apply)");
+                proxmox_endpoint(a, false, true, r).await;
+            }
+        }
+    }
+}
+
+fn has(perms: &BTreeMap<String, BTreeSet<String>>, path: &str, p: &str) -> bool {
+    perms.get(path).is_some_and(|s| s.contains(p))
+}
+
+async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, r: &mut Report) {
+    let url = ep.url.clone();
+    let token_id = ep.api_token.id().to_string();
+    let client = match Proxmox::new(ep) {
+        Ok(c) => c,
+        Err(e) => {
+            r.add(Status::Fail, "pve_config", json!({"error": e.to_string()}));
+            return;
+        }
+    };
+    let base_url = client.base_url().to_string();
+    let version = match client.version().await {
+        Ok(v) => v,
+        Err(ProxmoxError::Unauthorized { status, .. }) => {
+            let user = token_id.split('!').next().unwrap_or_default();
+            r.add(
+                Status::Fail,
+                "pve_unauthorized",
+                json!({"token": token_id, "status": status, "user": user}),
+            );
+            return;
+        }
+        Err(e) => {
+            let error = e.to_string();
+            let tls = error.contains("certificate") || error.contains("UnknownIssuer");
+            r.add(
+                Status::Fail,
+                "pve_unreachable",
+                json!({"url": url, "error": error, "tls": tls}),
+            );
+            return;
+        }
+    };
+    let old = version.major_minor().is_some_and(|v| v < (8, 4));
+    r.add(
+        Status::Ok,
+        "pve_reachable",
+        json!({"url": base_url, "version": version.version, "old": old}),
+    );
+
+    let nodes = client.nodes().await.unwrap_or_default();
+    let node_list: Vec<Value> = nodes
+        .iter()
+        .map(|n| json!({"name": n.node, "status": n.status.clone().unwrap_or_else(|| "unknown".into())}))
+        .collect();
+    let offline: Vec<&str> = nodes
+        .iter()
+        .filter(|n| !n.is_online())
+        .map(|n| n.node.as_str())
+        .collect();
+    if offline.is_empty() {
+        r.add(Status::Ok, "pve_nodes", json!({"nodes": node_list}));
+    } else {
+        r.add(
+            Status::Fail,
+            "pve_nodes_offline",
+            json!({"nodes": node_list, "offline": offline}),
+        );
+    }
+
+    let storages: Vec<StorageConfig> = client.storage().await.unwrap_or_default();
+    let mut paths: BTreeSet<String> = ["/".to_string(), "/vms".to_string()].into();
+    for n in &nodes {
+        paths.insert(format!("/nodes/{}", n.node));
+    }
+    for s in &storages {
+        paths.insert(format!("/storage/{}", s.storage));
+    }
+    let mut perms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for p in &paths {
+        if let Ok(set) = client.privileges_on(p).await {
+            perms.insert(p.clone(), set);
+        }
+    }
+
+    // Reading: what every plan's refresh needs.
+    let read_missing: Vec<String> = READ_PRIVS
+        .iter()
+        .filter(|p| !has(&perms, "/", p))
+        .map(|p| format!("{p} on /"))
+        .collect();
+    let vm_missing: Vec<&str> = VM_PRIVS
+        .iter()
+        .copied()
+        .filter(|p| !has(&perms, "/vms", p))
+        .collect();
+    let template_storages: Vec<&StorageConfig> = storages
+        .iter()
+        .filter(|s| !s.disable && s.content.iter().any(|c| c == "import" || c == "iso"))
+        .collect();
+    let no_template: Vec<&str> = template_storages
+        .iter()
+        .filter(|s| {
+            !has(
+                &perms,
+                &format!("/storage/{}", s.storage),
+                "Datastore.AllocateTemplate",
+            )
+        })
+        .map(|s| s.storage.as_str())
+        .collect();
+    let root_download = has(&perms, "/", "Sys.Audit") && has(&perms, "/", "Sys.Modify");
+    let nodes_without_net: Vec<&str> = nodes
+        .iter()
+        .filter(|n| !has(&perms, &format!("/nodes/{}", n.node), "Sys.AccessNetwork"))
+        .map(|n| n.node.as_str())
+        .collect();
+    let download_blocked = !root_download && !nodes_without_net.is_empty();
+    let can_write = VM_PRIVS
+        .iter()
+        .any(|p| *p != "VM.Audit" && has(&perms, "/vms", p))
+        || has(&perms, "/", "Sys.Modify")
+        || template_storages.len() > no_template.len();
+
+    if read_missing.is_empty() {
+        r.add(
+            Status::Ok,
+            "pve_read_ok",
+            json!({"token": token_id, "read_only": for_plan && !for_apply && !can_write}),
+        );
+    } else {
+        r.add(
+            Status::Fail,
+            "pve_read_missing",
+            json!({"token": token_id, "missing": read_missing}),
+        );
+    }
+    if for_plan && !for_apply && can_write {
+        let mut extra: Vec<String> = VM_PRIVS
+            .iter()
+            .filter(|p| **p != "VM.Audit" && has(&perms, "/vms", p))
+            .map(|p| p.to_string())
+            .take(3)
+            .collect();
+        if has(&perms, "/", "Sys.Modify") {
+            extra.push("Sys.Modify".into());
+        }
+        r.add(
+            Status::Info,
+            "pve_plan_can_write",
+            json!({"token": token_id, "extra": extra}),
+        );
+    }
+    if for_apply {
+        let mut missing = Vec::new();
+        let mut grants = Vec::new();
+        if !vm_missing.is_empty() {
+            missing.push(format!("{} on /vms", vm_missing.join(", ")));
+            grants.push(json!({"role": "PlanbotVMs", "privs": VM_PRIVS, "path": "/vms"}));
+        }
+        for s in &no_template {
+            missing.push(format!("Datastore.AllocateTemplate on /storage/{s}"));
+            grants.push(json!({"role": "PlanbotTemplates",
+                "privs": ["Datastore.AllocateTemplate", "Datastore.AllocateSpace", "Datastore.Audit"],
+                "path": format!("/storage/{s}")}));
+        }
+        if download_blocked {
+            missing.push(format!(
+                "Sys.Audit + Sys.Modify on / (or Sys.AccessNetwork on {})",
+                nodes_without_net
+                    .iter()
+                    .map(|n| format!("/nodes/{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            grants.push(json!({"role": "PlanbotDownload", "privs": ["Sys.Audit", "Sys.Modify"], "path": "/"}));
+        }
+        if missing.is_empty() {
+            r.add(Status::Ok, "pve_write_ok", json!({"token": token_id}));
+        } else {
+            r.add(
+                Status::Fail,
+                "pve_write_missing",
+                json!({"token": token_id, "missing": missing, "grants": grants}),
+            );
+        }
+    }
+
+    for s in &storages {
+        r.add(
+            Status::Info,
+            "pve_storage",
+            json!({"id": s.storage, "type": s.storage_type, "content": s.content,
+                   "nodes": s.nodes, "shared": s.shared, "disabled": s.disable}),
+        );
+    }
+    for (content, id) in [("import", "pve_no_import"), ("snippets", "pve_no_snippets")] {
+        let usable: Vec<&StorageConfig> = storages
+            .iter()
+            .filter(|s| !s.disable && s.is_file_based())
+            .collect();
+        if !storages.is_empty()
+            && !usable
+                .iter()
+                .any(|s| s.content.iter().any(|c| c == content))
+        {
+            if let Some(first) = usable.first() {
+                let mut new_list = first.content.clone();
+                new_list.push(content.to_string());
+                r.add(
+                    Status::Info,
+                    id,
+                    json!({"storage": first.storage, "new_list": new_list}),
+                );
+            }
+        }
+    }
 }

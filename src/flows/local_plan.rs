@@ -1,10 +1,25 @@
 //! `planbot plan DIR`: init + plan + show with the real engine, printed as the note or JSON.
+//!
+//! Exit codes: 0 planned, 1 the engine failed (the note says why, redacted), 2 the engine's
+//! output was not a plan. The binary plan file lives in a private temp dir that is deleted
+//! before this returns, also on error, timeout and Ctrl-C.
 
-use crate::flows::report::Format;
-use anyhow::Result;
-use std::path::Path;
+use crate::capabilities::engine::{self, CancelHandle, Engine, EngineError, PlanRequest};
+use crate::core::fingerprint::Fingerprint;
+use crate::core::lint::lint;
+use crate::core::plan::Plan;
+use crate::core::redact::Scrubber;
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
+use crate::core::summary::PlanReport;
+use crate::flows::report::{Format, LOCAL_FINGERPRINT_KEY};
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// How long the engine gets to stop after SIGTERM before its process group is killed.
+const GRACE: Duration = Duration::from_secs(20);
 
 pub fn plan_command(
     dir: &Path,
@@ -13,6 +28,160 @@ pub fn plan_command(
     fingerprint_key: Option<&str>,
     timeout: Duration,
 ) -> Result<ExitCode> {
-    let _ = (dir, engine, format, fingerprint_key, timeout);
-    anyhow::bail!("`planbot plan` is not built yet (issue 2)")
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let key = match fingerprint_key {
+        Some(k) if !k.is_empty() => k.as_bytes().to_vec(),
+        _ => {
+            eprintln!(
+                "planbot: warning: no --fingerprint-key (or PLANBOT_FINGERPRINT_KEY): the fingerprint uses planbot's fixed local key and is not keyed by a server secret"
+            );
+            LOCAL_FINGERPRINT_KEY.as_bytes().to_vec()
+        }
+    };
+    rt.block_on(run(dir, engine, format, &key, timeout))
+}
+
+async fn run(
+    dir: &Path,
+    engine: Option<&str>,
+    format: Format,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<ExitCode> {
+    if !dir.is_dir() {
+        anyhow::bail!("{} is not a directory", dir.display());
+    }
+    let binary = match engine {
+        Some(b) => PathBuf::from(b),
+        None => engine::default_binary()?,
+    };
+    // A private temp root of our own (0700, unique), removed with everything in it at the end.
+    let temp_root = tempfile::Builder::new()
+        .prefix("planbot-")
+        .tempdir()
+        .context("creating a private temp dir")?;
+    let runner = Engine::builder(binary, temp_root.path())
+        .timeout(timeout)
+        .grace(GRACE.min(timeout))
+        .build()?;
+    let version = runner.version().await?;
+
+    // Ctrl-C: the engine runs in its own process group and does not see the terminal's SIGINT;
+    // forward it as the same graceful stop a timeout gets.
+    let (cancel, token) = CancelHandle::new();
+    let ctrl_c = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("planbot: interrupted, stopping the engine gracefully…");
+            cancel.cancel();
+        }
+    });
+    let req = PlanRequest {
+        cancel: Some(token),
+        ..PlanRequest::default()
+    };
+    let started = std::time::Instant::now();
+    let result = runner.plan(dir, &req).await;
+    ctrl_c.abort();
+
+    let mut ctx = NoteContext {
+        engine: Some(version.to_string()),
+        duration: Some(started.elapsed()),
+        ..NoteContext::default()
+    };
+    let root = root_name(dir);
+    let mut stdout = std::io::stdout().lock();
+    match result {
+        Ok(run) => {
+            ctx.duration = Some(run.duration());
+            let fingerprint = run.fingerprint(key);
+            let text = render_planned(
+                run.plan(),
+                &root,
+                &fingerprint,
+                &ctx,
+                run.scrubber(),
+                format,
+            )?;
+            writeln!(stdout, "{text}")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e @ EngineError::BadPlanJson { .. }) => {
+            let text = render_failed(&e, &root, &ctx, &runner.secrets().scrubber(), format)?;
+            writeln!(stdout, "{text}")?;
+            Ok(ExitCode::from(2))
+        }
+        Err(e @ (EngineError::NotFound(_) | EngineError::InvalidRequest(_))) => Err(e.into()),
+        Err(e) => {
+            let text = render_failed(&e, &root, &ctx, &runner.secrets().scrubber(), format)?;
+            writeln!(stdout, "{text}")?;
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// The root's name in the note: the directory's own name.
+fn root_name(dir: &Path) -> String {
+    std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| crate::flows::report::DEFAULT_ROOT.to_string())
+}
+
+/// The note (or JSON report) of a successful plan: the same renderer as the MR note. The
+/// fingerprint is the run's, bound to the provider lock file (as the service computes it).
+fn render_planned(
+    plan: &Plan,
+    root: &str,
+    fingerprint: &Fingerprint,
+    ctx: &NoteContext,
+    scrubber: &Scrubber,
+    format: Format,
+) -> Result<String> {
+    let findings = lint(plan, &[]);
+    match format {
+        Format::Json => {
+            let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);
+            let value = serde_json::to_value(&report)?;
+            Ok(serde_json::to_string_pretty(&scrubber.scrub_json(&value))?)
+        }
+        Format::Markdown => {
+            let roots = [RootSection {
+                name: root.to_string(),
+                outcome: RootOutcome::Planned {
+                    plan,
+                    findings: &findings,
+                    fingerprint,
+                },
+            }];
+            Ok(render_note(ctx, &roots, scrubber))
+        }
+    }
+}
+
+/// The note (or JSON object) of a run that produced no plan, with the redacted error.
+fn render_failed(
+    error: &EngineError,
+    root: &str,
+    ctx: &NoteContext,
+    scrubber: &Scrubber,
+    format: Format,
+) -> Result<String> {
+    let report = scrubber.scrub(&error.report(60)).into_owned();
+    match format {
+        Format::Json => Ok(serde_json::to_string_pretty(&serde_json::json!({
+            "errored": true,
+            "error": report,
+            "engine": ctx.engine,
+        }))?),
+        Format::Markdown => {
+            let roots = [RootSection {
+                name: root.to_string(),
+                outcome: RootOutcome::Failed { error: report },
+            }];
+            Ok(render_note(ctx, &roots, scrubber))
+        }
+    }
 }

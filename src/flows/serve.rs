@@ -1,10 +1,111 @@
-//! `planbot serve`: builds the application (store, queue, workers, HTTP) and runs it.
+//! `planbot serve`: loads the config, then builds the application (store, queue, workers, HTTP) and runs it.
 
-use anyhow::Result;
+use crate::core::config::Config;
+use crate::flows::server::Application;
+use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::ExitCode;
 
+/// Read the config file, apply `PLANBOT_*` overrides from the process environment, read `*_file` secrets.
+pub fn load_config(path: &Path) -> Result<Config> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    let env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("PLANBOT_"))
+        .collect();
+    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
+    Config::load(&text, &env, &read).with_context(|| format!("in {}", path.display()))
+}
+
+/// What `--check` prints: the effective config (secrets as `(set)`) and what the service would do.
+pub fn check_report(config: &Config) -> String {
+    let mut out = String::from("planbot: the config is valid.\n\n");
+    out.push_str(&config.describe());
+    out.push_str("\nplanbot serve would:\n");
+    out.push_str(&format!(
+        "- listen on http://{} (POST /webhooks/gitlab, /healthz, /readyz, /metrics, /runs)\n",
+        config.listen
+    ));
+    let auth = match (&config.gitlab.signing_token, &config.gitlab.webhook_secret) {
+        (Some(_), _) => {
+            "require a valid webhook-signature (Standard Webhooks, ±5 minutes) on every delivery"
+        }
+        (None, Some(_)) => {
+            "require X-Gitlab-Token to equal gitlab.webhook_secret on every delivery"
+        }
+        (None, None) => "accept nothing (no webhook credential configured)",
+    };
+    out.push_str(&format!("- {auth}\n"));
+    let projects: Vec<String> = config
+        .gitlab
+        .projects
+        .0
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    out.push_str(&format!(
+        "- plan merge requests of {} via {} (other projects are ignored)\n",
+        projects.join(", "),
+        config.gitlab.url
+    ));
+    out.push_str(&format!(
+        "- keep its SQLite store at {} and run at most {} plan(s) at a time with `{}` (timeout {})\n",
+        config.data_dir.join("planbot.db").display(),
+        config.plan.max_concurrent_plans,
+        config.engine.binary,
+        humantime::format_duration(config.engine.timeout)
+    ));
+    out.push_str(&format!(
+        "- accept applies only from the CI job named `{}` on a protected default branch\n",
+        config.apply.job_name
+    ));
+    match config.proxmox.for_plan().endpoint {
+        Some(e) => out.push_str(&format!("- run the Proxmox preflight against {e}\n")),
+        None => out.push_str("- skip the Proxmox preflight (no [proxmox] endpoint)\n"),
+    }
+    out
+}
+
 pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
-    let _ = (config, check);
-    anyhow::bail!("`planbot serve` is not built yet (issue 3)")
+    let cfg = load_config(config)?;
+    if check {
+        print!("{}", check_report(&cfg));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let app = Application::build(cfg).await?;
+        let stop = app.stopper();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("stopping: finishing in-flight requests");
+            stop.cancel();
+        });
+        app.run_until_stopped().await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }

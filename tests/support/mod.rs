@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: finding the engine and the shared GitLab fixtures.
 #![allow(dead_code)]
 
+pub mod fake_proxmox;
+
 use std::path::PathBuf;
 
 /// The engine binary for tests: `PLANBOT_TEST_ENGINE`, else `tofu`, else `terraform` on PATH.
@@ -46,3 +48,5 @@ pub fn gitlab_fixture(rel: &str) -> String {
     let path = shared_dir().join("fixtures/gitlab").join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
+
+pub mod fake_gitlab;

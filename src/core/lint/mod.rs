@@ -1,6 +1,20 @@
 //! Proxmox lint rules over the plan model: one function per rule, collected in one table.
+//!
+//! Rules are pure: they read `change.after` (never `variables` or `configuration` values) and
+//! stay silent when what they need is only known after apply. Every text a user reads comes
+//! from `templates/lint.j2` (one `<ID>_message` and one `<ID>_fix` macro per rule).
 
+mod download;
+pub mod model;
+mod refactor;
+mod snippets;
+mod vm;
+
+use crate::core::plan::{Plan, ResourceChange};
+use minijinja::Environment;
 use serde::Serialize;
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 /// How bad a finding is. Errors fail the commit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -9,6 +23,16 @@ pub enum Severity {
     Error,
     Warning,
     Info,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+            Severity::Info => "info",
+        }
+    }
 }
 
 /// One rule firing on one resource (or on the whole plan when `address` is empty).
@@ -22,9 +46,310 @@ pub struct Finding {
     pub fix: String,
 }
 
+/// Facts about the Proxmox cluster that sharpen some rules when the API is reachable
+/// (lint without them is still correct, only less precise).
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// Storage ids marked `shared` (a snippet there is visible from every node).
+    pub shared_storages: BTreeSet<String>,
+}
+
+/// What a rule sees: the plan and the optional cluster facts.
+pub struct LintInput<'a> {
+    pub plan: &'a Plan,
+    pub facts: &'a Facts,
+}
+
+impl<'a> LintInput<'a> {
+    /// The bpg resources of one kind (both name families), deposed objects left out.
+    pub fn changes(&self, kind: model::Kind) -> impl Iterator<Item = &'a ResourceChange> + 'a {
+        self.plan
+            .managed_changes()
+            .filter(move |rc| rc.deposed.is_none() && model::Kind::of(rc) == Some(kind))
+    }
+}
+
+/// One lint rule: a stable id, its severity, and the check.
+pub struct Rule {
+    pub id: &'static str,
+    pub severity: Severity,
+    pub title: &'static str,
+    pub check: fn(&LintInput) -> Vec<Finding>,
+}
+
+/// Every plan rule, in catalogue order (`proxmox-rules.md`).
+pub const RULES: &[Rule] = &[
+    Rule {
+        id: "PVE001",
+        severity: Severity::Error,
+        title: "import download with a name Proxmox refuses",
+        check: download::pve001,
+    },
+    Rule {
+        id: "PVE002",
+        severity: Severity::Error,
+        title: "iso/vztmpl download with the wrong extension",
+        check: download::pve002,
+    },
+    Rule {
+        id: "PVE003",
+        severity: Severity::Error,
+        title: "decompression is only supported for iso downloads",
+        check: download::pve003,
+    },
+    Rule {
+        id: "PVE004",
+        severity: Severity::Error,
+        title: "checksum without checksum_algorithm (or the reverse)",
+        check: download::pve004,
+    },
+    Rule {
+        id: "PVE005",
+        severity: Severity::Error,
+        title: "VM disk imported from an iso volume",
+        check: vm::pve005,
+    },
+    Rule {
+        id: "PVE006",
+        severity: Severity::Warning,
+        title: "floating download URL without checksum",
+        check: download::pve006,
+    },
+    Rule {
+        id: "PVE007",
+        severity: Severity::Warning,
+        title: "floating download URL with overwrite",
+        check: download::pve007,
+    },
+    Rule {
+        id: "PVE008",
+        severity: Severity::Warning,
+        title: "VM replaced or destroyed",
+        check: vm::pve008,
+    },
+    Rule {
+        id: "PVE009",
+        severity: Severity::Warning,
+        title: "downloaded image replaced",
+        check: download::pve009,
+    },
+    Rule {
+        id: "PVE010",
+        severity: Severity::Info,
+        title: "destroy + create where a moved block would do",
+        check: refactor::pve010,
+    },
+    Rule {
+        id: "PVE011",
+        severity: Severity::Warning,
+        title: "cloud-init file that is not a snippet on the VM's node",
+        check: vm::pve011,
+    },
+    Rule {
+        id: "PVE012",
+        severity: Severity::Warning,
+        title: "Ignition spec newer than 3.5.0 in a snippet",
+        check: snippets::pve012,
+    },
+    Rule {
+        id: "PVE013",
+        severity: Severity::Info,
+        title: "needs Sys.Modify on / (privileged container, VM startup)",
+        check: vm::pve013,
+    },
+    Rule {
+        id: "PVE014",
+        severity: Severity::Info,
+        title: "imported disk without an explicit size",
+        check: vm::pve014,
+    },
+];
+
+/// The rule with this id (plan rules only).
+pub fn rule(id: &str) -> Option<&'static Rule> {
+    RULES.iter().find(|r| r.id == id)
+}
+
 /// Run every rule not in `disabled` over `plan`; findings sorted errors first.
-/// (The rule table lands with issue 5; until then no rule fires.)
-pub fn lint(plan: &crate::core::plan::Plan, disabled: &[String]) -> Vec<Finding> {
-    let _ = (plan, disabled);
-    Vec::new()
+pub fn lint(plan: &Plan, disabled: &[String]) -> Vec<Finding> {
+    lint_with(plan, disabled, &Facts::default())
+}
+
+/// [`lint`] with facts from the Proxmox API.
+pub fn lint_with(plan: &Plan, disabled: &[String], facts: &Facts) -> Vec<Finding> {
+    let input = LintInput { plan, facts };
+    let mut out: Vec<Finding> = RULES
+        .iter()
+        .filter(|r| !disabled.iter().any(|d| d.trim().eq_ignore_ascii_case(r.id)))
+        .flat_map(|r| (r.check)(&input))
+        .collect();
+    sort_findings(&mut out);
+    out
+}
+
+/// Whether `id` is a rule a root may disable (a lint rule or a preflight check).
+pub fn is_known_rule(id: &str) -> bool {
+    let id = id.trim();
+    RULES.iter().any(|r| r.id.eq_ignore_ascii_case(id))
+        || crate::core::preflight::CHECKS
+            .iter()
+            .any(|(c, _, _)| c.eq_ignore_ascii_case(id))
+}
+
+/// The entries of a `[lint] disable = [...]` list that name no rule (for `check-config`:
+/// a typo must not silently keep a rule on).
+pub fn unknown_rule_ids(disabled: &[String]) -> Vec<String> {
+    disabled
+        .iter()
+        .filter(|d| !is_known_rule(d))
+        .cloned()
+        .collect()
+}
+
+/// Drop the findings of disabled rules (for the preflight findings, which `lint` does not see).
+pub fn without_disabled(findings: Vec<Finding>, disabled: &[String]) -> Vec<Finding> {
+    findings
+        .into_iter()
+        .filter(|f| {
+            !disabled
+                .iter()
+                .any(|d| d.trim().eq_ignore_ascii_case(f.rule))
+        })
+        .collect()
+}
+
+/// Errors first, then warnings, then info; by rule id and address within.
+pub fn sort_findings(findings: &mut [Finding]) {
+    findings
+        .sort_by(|a, b| (a.severity, a.rule, &a.address).cmp(&(b.severity, b.rule, &b.address)));
+}
+
+/// Whether any finding is an error (the commit status is then `failed`).
+pub fn has_errors(findings: &[Finding]) -> bool {
+    findings.iter().any(|f| f.severity == Severity::Error)
+}
+
+/// The commit status description when there are error findings: one line naming the first
+/// error (`PVE001 proxmox_download_file.talos: …`) and how many more there are.
+pub fn status_description(findings: &[Finding]) -> Option<String> {
+    let errors: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .collect();
+    let first = errors.first()?;
+    let text = render_macro(
+        "status",
+        &serde_json::json!({
+            "rule": first.rule,
+            "address": first.address,
+            "message": first.message.lines().next().unwrap_or_default(),
+            "more": errors.len() - 1,
+        }),
+    );
+    Some(text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+fn templates() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_template("lint.j2", include_str!("../../../templates/lint.j2"))
+            .expect("templates/lint.j2 parses");
+        env
+    })
+}
+
+/// Call one macro of `templates/lint.j2` with `details` as its argument.
+pub(crate) fn render_macro(name: &str, details: &serde_json::Value) -> String {
+    let env = templates();
+    let tmpl = env.get_template("lint.j2").expect("lint.j2 is registered");
+    let captured = tmpl
+        .render_captured(())
+        .expect("lint.j2 evaluates without a context");
+    captured
+        .state()
+        .call_macro(name, &[minijinja::Value::from_serialize(details)])
+        .unwrap_or_else(|e| panic!("lint.j2 macro {name}: {e}"))
+        .trim()
+        .to_string()
+}
+
+/// Build a finding for `rule` on `rc`: message and fix rendered from the rule's macros with
+/// `details` (which also gets `address`).
+pub(crate) fn finding(rule_id: &'static str, address: &str, details: serde_json::Value) -> Finding {
+    let severity = rule(rule_id).map_or(Severity::Info, |r| r.severity);
+    finding_with(rule_id, severity, address, details)
+}
+
+/// [`finding`] with an explicit severity (the preflight checks have their own table).
+pub(crate) fn finding_with(
+    rule_id: &'static str,
+    severity: Severity,
+    address: &str,
+    details: serde_json::Value,
+) -> Finding {
+    let mut d = details;
+    if let Some(obj) = d.as_object_mut() {
+        obj.insert("address".into(), address.into());
+    }
+    Finding {
+        rule: rule_id,
+        severity,
+        address: address.to_string(),
+        message: render_macro(&format!("{rule_id}_message"), &d),
+        fix: render_macro(&format!("{rule_id}_fix"), &d),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rule_ids_are_unique_and_in_catalogue_order() {
+        let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
+        let expected: Vec<String> = (1..=14).map(|i| format!("PVE{i:03}")).collect();
+        assert_eq!(ids, expected);
+    }
+
+    #[test]
+    fn disable_lists_are_checked_and_applied() {
+        let list = vec![
+            "PVE012".to_string(),
+            "pve104".to_string(),
+            "PVE999".to_string(),
+        ];
+        assert_eq!(unknown_rule_ids(&list), vec!["PVE999".to_string()]);
+        let f = |rule| Finding {
+            rule,
+            severity: Severity::Error,
+            address: String::new(),
+            message: String::new(),
+            fix: String::new(),
+        };
+        let kept = without_disabled(vec![f("PVE104"), f("PVE103")], &list);
+        assert_eq!(kept, vec![f("PVE103")]);
+    }
+
+    #[test]
+    fn errors_decide_the_status() {
+        let f = |rule, severity| Finding {
+            rule,
+            severity,
+            address: "proxmox_download_file.talos".into(),
+            message: "bad name\nsecond line".into(),
+            fix: String::new(),
+        };
+        assert!(!has_errors(&[f("PVE006", Severity::Warning)]));
+        assert_eq!(status_description(&[f("PVE006", Severity::Warning)]), None);
+        let all = [
+            f("PVE001", Severity::Error),
+            f("PVE003", Severity::Error),
+            f("PVE006", Severity::Warning),
+        ];
+        assert!(has_errors(&all));
+        insta::assert_snapshot!(status_description(&all).unwrap());
+    }
 }

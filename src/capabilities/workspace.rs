@@ -1,0 +1,596 @@
+//! Git workspace: one bare mirror per project, fetched incrementally, and a fresh detached
+//! worktree per job at an exact commit (removed when the job's [`Checkout`] is dropped).
+//!
+//! The GitLab token reaches git ONLY through the environment (`GIT_CONFIG_COUNT` /
+//! `GIT_CONFIG_KEY_0=http.extraHeader` / `GIT_CONFIG_VALUE_0=Authorization: Basic ...`): never in
+//! argv, a URL, or the mirror's config. Every git process gets an explicit environment (no
+//! inherited `GIT_*`, no user or system gitconfig, no prompts) and a timeout.
+
+use crate::core::ids::{CommitSha, MrIid, ProjectId};
+use anyhow::{anyhow, bail, Context, Result};
+use base64::Engine as _;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One git process as the workspace started it (for audits and tests): argv and env names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub argv: Vec<String>,
+    /// Names of the environment variables given (values are not kept: one is the token).
+    pub env: Vec<String>,
+}
+
+/// Which commit of an MR is planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlannedRef {
+    /// GitLab's `refs/merge-requests/IID/merge`: what would land.
+    Merge,
+    /// The MR's head commit.
+    Head,
+}
+
+/// The commit chosen for an MR, and why, in words for the note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MrCommit {
+    /// The commit to check out and plan.
+    pub sha: CommitSha,
+    /// The MR's head commit.
+    pub head: CommitSha,
+    pub planned: PlannedRef,
+    /// e.g. "GitLab's merge result 1a2b3c4d of head 5e6f7a8b into main" or
+    /// "head 5e6f7a8b (no merge result: the MR has conflicts or GitLab has not computed it yet)".
+    pub explanation: String,
+}
+
+/// The git capability. Cheap to clone; clones share the per-project locks.
+#[derive(Clone)]
+pub struct Workspace {
+    data_dir: PathBuf,
+    git: PathBuf,
+    token: String,
+    user: String,
+    timeout: Duration,
+    locks: Arc<Mutex<HashMap<ProjectId, Arc<tokio::sync::Mutex<()>>>>>,
+    log: Arc<Mutex<Vec<Invocation>>>,
+}
+
+impl std::fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workspace")
+            .field("data_dir", &self.data_dir)
+            .field("git", &self.git)
+            .field("token", &"[REDACTED]")
+            .finish()
+    }
+}
+
+/// A job's private checkout at one commit; the directory is removed on drop.
+#[derive(Debug)]
+pub struct Checkout {
+    dir: Option<tempfile::TempDir>,
+    path: PathBuf,
+    sha: CommitSha,
+}
+
+impl Checkout {
+    /// The root of the checked-out tree.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn sha(&self) -> &CommitSha {
+        &self.sha
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            let path = dir.path().to_path_buf();
+            if let Err(e) = dir.close() {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a job checkout");
+            }
+        }
+        // The mirror's worktree record is pruned at the next fetch (`git worktree prune`).
+    }
+}
+
+struct Output {
+    stdout: Vec<u8>,
+    stderr: String,
+    success: bool,
+    code: Option<i32>,
+}
+
+impl Workspace {
+    /// Mirrors live in `<data_dir>/repos/<project_id>.git`, checkouts in `<data_dir>/work/`.
+    /// `token` is the bot's GitLab token, sent to git as `Authorization: Basic oauth2:<token>`.
+    pub fn new(data_dir: &Path, token: &str) -> Result<Workspace> {
+        for sub in ["repos", "work", "git-home"] {
+            let dir = data_dir.join(sub);
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            restrict(&dir)?;
+        }
+        Ok(Workspace {
+            data_dir: data_dir.to_path_buf(),
+            git: PathBuf::from("git"),
+            token: token.to_string(),
+            user: "oauth2".to_string(),
+            timeout: Duration::from_secs(600),
+            locks: Arc::default(),
+            log: Arc::default(),
+        })
+    }
+
+    /// Use another git binary (default: `git` on PATH).
+    pub fn with_git_binary(mut self, git: &Path) -> Workspace {
+        self.git = git.to_path_buf();
+        self
+    }
+
+    /// Per git process (default 10 minutes); the process is killed after it.
+    pub fn with_timeout(mut self, timeout: Duration) -> Workspace {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The Basic-auth user name for the token (default `oauth2`).
+    pub fn with_auth_user(mut self, user: &str) -> Workspace {
+        self.user = user.to_string();
+        self
+    }
+
+    /// The bare mirror of a project.
+    pub fn mirror_path(&self, project: ProjectId) -> PathBuf {
+        self.data_dir.join("repos").join(format!("{project}.git"))
+    }
+
+    /// Every git process started so far (argv and env names), oldest first.
+    pub fn invocations(&self) -> Vec<Invocation> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Remove leftover checkouts (after a crash): call at start-up.
+    pub fn wipe_checkouts(&self) -> Result<()> {
+        let work = self.data_dir.join("work");
+        for entry in
+            std::fs::read_dir(&work).with_context(|| format!("reading {}", work.display()))?
+        {
+            let p = entry?.path();
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
+            } else {
+                std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn project_lock(&self, project: ProjectId) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(project)
+            .or_default()
+            .clone()
+    }
+
+    /// Create the mirror if needed and fetch `refs/heads/*` and `refs/merge-requests/*` from
+    /// `clone_url` (the API's `http_url_to_repo`). Incremental after the first time.
+    pub async fn sync(&self, project: ProjectId, clone_url: &str) -> Result<()> {
+        let url = url::Url::parse(clone_url).with_context(|| format!("clone URL {clone_url:?}"))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            bail!("the clone URL must not carry credentials");
+        }
+        let lock = self.project_lock(project);
+        let _guard = lock.lock().await;
+        let mirror = self.mirror_path(project);
+        if !mirror.join("HEAD").exists() {
+            let tmp = mirror.with_extension("git.tmp");
+            let _ = std::fs::remove_dir_all(&tmp);
+            let out = self
+                .run(
+                    None,
+                    &[os("init"), os("--quiet"), os("--bare"), tmp.clone().into()],
+                    false,
+                )
+                .await?;
+            check(&out, "git init --bare")?;
+            std::fs::rename(&tmp, &mirror)
+                .with_context(|| format!("moving the new mirror to {}", mirror.display()))?;
+        }
+        // Forget worktrees of finished jobs whose directories are gone.
+        let _ = self
+            .run(Some(&mirror), &[os("worktree"), os("prune")], false)
+            .await;
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("fetch"),
+                    os("--quiet"),
+                    os("--prune"),
+                    os("--no-tags"),
+                    os("--no-write-fetch-head"),
+                    os(url.as_str()),
+                    os("+refs/heads/*:refs/heads/*"),
+                    os("+refs/merge-requests/*:refs/merge-requests/*"),
+                ],
+                true,
+            )
+            .await?;
+        check(&out, "git fetch").with_context(|| format!("fetching project {project}"))
+    }
+
+    /// Where `branch` points in the mirror (after [`Workspace::sync`]).
+    pub async fn branch_head(&self, project: ProjectId, branch: &str) -> Result<Option<CommitSha>> {
+        self.rev_parse(project, &format!("refs/heads/{branch}"))
+            .await
+    }
+
+    /// The commit `rev` names in the mirror, if any.
+    pub async fn rev_parse(&self, project: ProjectId, rev: &str) -> Result<Option<CommitSha>> {
+        let mirror = self.existing_mirror(project)?;
+        let spec = format!("{rev}^{{commit}}");
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("rev-parse"),
+                    os("--verify"),
+                    os("--quiet"),
+                    os("--end-of-options"),
+                    os(&spec),
+                ],
+                false,
+            )
+            .await?;
+        if !out.success {
+            return Ok(None);
+        }
+        let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok(Some(CommitSha(sha)))
+    }
+
+    /// Choose the commit to plan for an MR whose head is `head`. With `prefer_merge`, GitLab's
+    /// `refs/merge-requests/IID/merge` is used when it exists and its second parent is `head`
+    /// (it was computed for this head); otherwise the head, saying why.
+    pub async fn mr_commit(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+        head: &CommitSha,
+        target_branch: &str,
+        prefer_merge: bool,
+    ) -> Result<MrCommit> {
+        let mirror = self.existing_mirror(project)?;
+        if self.rev_parse(project, head.as_str()).await?.is_none() {
+            bail!(
+                "commit {} of merge request !{iid} is not in the mirror after fetching (was the branch force-pushed?)",
+                head.short()
+            );
+        }
+        let head_only = |why: &str| MrCommit {
+            sha: head.clone(),
+            head: head.clone(),
+            planned: PlannedRef::Head,
+            explanation: if why.is_empty() {
+                format!("head {}", head.short())
+            } else {
+                format!("head {} ({why})", head.short())
+            },
+        };
+        if !prefer_merge {
+            return Ok(head_only(""));
+        }
+        let merge_ref = format!("refs/merge-requests/{iid}/merge");
+        let Some(merge) = self.rev_parse(project, &merge_ref).await? else {
+            return Ok(head_only(
+                "no merge result: the MR has conflicts or GitLab has not computed it yet",
+            ));
+        };
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("rev-list"),
+                    os("--parents"),
+                    os("-n"),
+                    os("1"),
+                    os(merge.as_str()),
+                ],
+                false,
+            )
+            .await?;
+        check(&out, "git rev-list --parents")?;
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let ids: Vec<&str> = line.split_whitespace().collect();
+        if ids.len() == 3 && ids[2] == head.as_str() {
+            Ok(MrCommit {
+                explanation: format!(
+                    "GitLab's merge result {} of head {} into {target_branch}",
+                    merge.short(),
+                    head.short()
+                ),
+                sha: merge,
+                head: head.clone(),
+                planned: PlannedRef::Merge,
+            })
+        } else {
+            Ok(head_only(
+                "the merge result GitLab computed is for an older head; planned the head instead",
+            ))
+        }
+    }
+
+    /// A fresh private checkout of exactly `sha` (detached worktree), removed when dropped.
+    pub async fn checkout(&self, project: ProjectId, sha: &CommitSha) -> Result<Checkout> {
+        if !is_full_sha(sha.as_str()) {
+            bail!(
+                "refusing to check out {:?}: not a full commit SHA",
+                sha.as_str()
+            );
+        }
+        let mirror = self.existing_mirror(project)?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("p{project}-{}-", sha.short()))
+            .tempdir_in(self.data_dir.join("work"))
+            .context("creating the job checkout directory")?;
+        restrict(dir.path())?;
+        let path = dir.path().join("src");
+        let lock = self.project_lock(project);
+        let _guard = lock.lock().await;
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("worktree"),
+                    os("add"),
+                    os("--quiet"),
+                    os("--detach"),
+                    path.clone().into(),
+                    os(sha.as_str()),
+                ],
+                false,
+            )
+            .await?;
+        check(&out, "git worktree add").with_context(|| format!("checking out {}", sha.short()))?;
+        Ok(Checkout {
+            dir: Some(dir),
+            path,
+            sha: sha.clone(),
+        })
+    }
+
+    /// Files changed on `head` since it forked from `base` (the target branch's commit):
+    /// `git diff --name-only` against their merge base, renames as delete + add.
+    pub async fn changed_files(
+        &self,
+        project: ProjectId,
+        base: &CommitSha,
+        head: &CommitSha,
+    ) -> Result<Vec<String>> {
+        let mirror = self.existing_mirror(project)?;
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("merge-base"),
+                    os("--end-of-options"),
+                    os(base.as_str()),
+                    os(head.as_str()),
+                ],
+                false,
+            )
+            .await?;
+        check(&out, "git merge-base").with_context(|| {
+            format!(
+                "finding the merge base of {} and {}",
+                base.short(),
+                head.short()
+            )
+        })?;
+        let merge_base = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("diff"),
+                    os("--name-only"),
+                    os("-z"),
+                    os("--no-renames"),
+                    os("--no-ext-diff"),
+                    os("--no-textconv"),
+                    os(&merge_base),
+                    os(head.as_str()),
+                    os("--"),
+                ],
+                false,
+            )
+            .await?;
+        check(&out, "git diff --name-only")?;
+        Ok(out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect())
+    }
+
+    /// The content of `path` at `rev` (e.g. `.planbot.toml` on the default branch), `None` when
+    /// the file does not exist there.
+    pub async fn read_file_at(
+        &self,
+        project: ProjectId,
+        rev: &str,
+        path: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let mirror = self.existing_mirror(project)?;
+        let spec = format!("{rev}:{}", path.trim_start_matches("./"));
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("rev-parse"),
+                    os("--verify"),
+                    os("--quiet"),
+                    os("--end-of-options"),
+                    os(&spec),
+                ],
+                false,
+            )
+            .await?;
+        if !out.success {
+            return Ok(None);
+        }
+        let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let out = self
+            .run(
+                Some(&mirror),
+                &[os("cat-file"), os("blob"), os(&oid)],
+                false,
+            )
+            .await?;
+        check(&out, "git cat-file").with_context(|| format!("reading {path} at {rev}"))?;
+        Ok(Some(out.stdout))
+    }
+
+    fn existing_mirror(&self, project: ProjectId) -> Result<PathBuf> {
+        let mirror = self.mirror_path(project);
+        if !mirror.join("HEAD").exists() {
+            bail!("no mirror of project {project} yet: sync it first");
+        }
+        Ok(mirror)
+    }
+
+    /// Run git with an explicit environment; `auth` adds the token header (network calls only).
+    async fn run(&self, cwd: Option<&Path>, args: &[OsString], auth: bool) -> Result<Output> {
+        let mut cmd = tokio::process::Command::new(&self.git);
+        let mut env: Vec<(String, OsString)> = vec![
+            (
+                "PATH".into(),
+                std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
+            ),
+            ("HOME".into(), self.data_dir.join("git-home").into()),
+            ("GIT_TERMINAL_PROMPT".into(), "0".into()),
+            ("GIT_CONFIG_NOSYSTEM".into(), "1".into()),
+            ("GIT_CONFIG_GLOBAL".into(), "/dev/null".into()),
+            ("GIT_ASKPASS".into(), "/bin/false".into()),
+            ("SSH_ASKPASS".into(), "/bin/false".into()),
+            ("GIT_HTTP_LOW_SPEED_LIMIT".into(), "1000".into()),
+            ("GIT_HTTP_LOW_SPEED_TIME".into(), "60".into()),
+            ("LC_ALL".into(), "C".into()),
+        ];
+        if auth {
+            let basic = base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", self.user, self.token));
+            env.push(("GIT_CONFIG_COUNT".into(), "1".into()));
+            env.push(("GIT_CONFIG_KEY_0".into(), "http.extraHeader".into()));
+            env.push((
+                "GIT_CONFIG_VALUE_0".into(),
+                format!("Authorization: Basic {basic}").into(),
+            ));
+        }
+        cmd.env_clear();
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        } else {
+            cmd.current_dir(&self.data_dir);
+        }
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        {
+            let mut argv = vec![self.git.to_string_lossy().into_owned()];
+            argv.extend(args.iter().map(|a| a.to_string_lossy().into_owned()));
+            self.log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Invocation {
+                    argv,
+                    env: env.iter().map(|(k, _)| k.clone()).collect(),
+                });
+        }
+        let what = args
+            .first()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} {what}", self.git.display()))?;
+        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
+            Ok(r) => r.with_context(|| format!("running git {what}"))?,
+            Err(_) => bail!(
+                "git {what} timed out after {}",
+                humantime::format_duration(self.timeout)
+            ),
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        Ok(Output {
+            stdout: out.stdout,
+            stderr: self.scrub(&stderr),
+            success: out.status.success(),
+            code: out.status.code(),
+        })
+    }
+
+    fn scrub(&self, text: &str) -> String {
+        let basic = base64::engine::general_purpose::STANDARD
+            .encode(format!("{}:{}", self.user, self.token));
+        let mut s = text.to_string();
+        for secret in [self.token.as_str(), basic.as_str()] {
+            if !secret.is_empty() {
+                s = s.replace(secret, "[REDACTED]");
+            }
+        }
+        s
+    }
+}
+
+fn os(s: &str) -> OsString {
+    OsString::from(s)
+}
+
+fn check(out: &Output, what: &str) -> Result<()> {
+    if out.success {
+        return Ok(());
+    }
+    let msg = out.stderr.trim();
+    let msg = if msg.chars().count() > 1000 {
+        let cut: String = msg.chars().take(1000).collect();
+        format!("{cut}…")
+    } else {
+        msg.to_string()
+    };
+    Err(anyhow!(
+        "{what} failed (exit {}): {msg}",
+        out.code
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "signal".into())
+    ))
+}
+
+fn is_full_sha(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+#[cfg(unix)]
+fn restrict(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("chmod 0700 {}", dir.display()))
+}
+
+#[cfg(not(unix))]
+fn restrict(_dir: &Path) -> Result<()> {
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! The MR notes of the apply half: "plan changed since review" refusals and apply results.
+
+use crate::core::plan_digest::PlanDelta;
+use crate::core::redact::Scrubber;
+use minijinja::{context, Environment};
+use serde::Serialize;
+use std::sync::OnceLock;
+
+fn env() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        env.add_template(
+            "plan_changed",
+            include_str!("../../templates/apply/plan_changed.md.j2"),
+        )
+        .expect("templates/apply/plan_changed.md.j2 parses");
+        env.add_template(
+            "result_note",
+            include_str!("../../templates/apply/result_note.md.j2"),
+        )
+        .expect("templates/apply/result_note.md.j2 parses");
+        env
+    })
+}
+
+/// A code fence longer than any backtick run in `texts` (at least three).
+fn fence_for(texts: &[&str]) -> String {
+    let longest = texts
+        .iter()
+        .flat_map(|t| t.split(|c| c != '`'))
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    "`".repeat((longest + 1).max(3))
+}
+
+/// What the plan-changed note needs.
+pub struct PlanChangedNote<'a> {
+    pub root: &'a str,
+    pub sha: &'a str,
+    pub job_name: &'a str,
+    pub user: Option<&'a str>,
+    pub reviewed_short: &'a str,
+    pub fresh_short: &'a str,
+    pub delta: &'a PlanDelta,
+    /// The fresh plan rendered as a plan note (already scrubbed).
+    pub new_plan: &'a str,
+}
+
+pub fn render_plan_changed(note: &PlanChangedNote<'_>, scrubber: &Scrubber) -> String {
+    let delta_text = serde_json::to_string(note.delta).unwrap_or_default();
+    let fence = fence_for(&[&delta_text]);
+    let out = env()
+        .get_template("plan_changed")
+        .and_then(|t| {
+            t.render(context! {
+                root => note.root,
+                sha => &note.sha[..note.sha.len().min(8)],
+                job_name => note.job_name,
+                user => note.user,
+                reviewed => note.reviewed_short,
+                fresh_short => note.fresh_short,
+                delta => note.delta,
+                new_plan => note.new_plan,
+                fence => fence,
+            })
+        })
+        .unwrap_or_else(|e| format!("planbot: could not render the refusal note: {e}"));
+    scrubber.scrub(&out).into_owned()
+}
+
+/// How an apply ended, for the result note.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApplyOutcome {
+    Applied,
+    Nothing,
+    Failed,
+    Interrupted,
+}
+
+/// One root's line in the result note.
+#[derive(Debug, Clone, Serialize)]
+pub struct RootResult {
+    pub name: String,
+    pub text: String,
+}
+
+pub struct ResultNote<'a> {
+    pub outcome: ApplyOutcome,
+    pub sha: &'a str,
+    pub branch: &'a str,
+    pub user: Option<&'a str>,
+    pub summary: &'a str,
+    pub roots: &'a [RootResult],
+    pub error: Option<&'a str>,
+    pub log_excerpt: Option<&'a str>,
+    pub job_name: &'a str,
+    pub job_id: u64,
+    pub run_id: Option<u64>,
+    pub run_url: Option<&'a str>,
+}
+
+pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
+    let fence = fence_for(&[note.error.unwrap_or(""), note.log_excerpt.unwrap_or("")]);
+    let out = env()
+        .get_template("result_note")
+        .and_then(|t| {
+            t.render(context! {
+                outcome => note.outcome,
+                sha => &note.sha[..note.sha.len().min(8)],
+                branch => note.branch,
+                user => note.user,
+                summary => note.summary,
+                roots => note.roots,
+                error => note.error,
+                log_excerpt => note.log_excerpt,
+                job_name => note.job_name,
+                job_id => note.job_id,
+                run_id => note.run_id,
+                run_url => note.run_url,
+                fence => fence,
+            })
+        })
+        .unwrap_or_else(|e| format!("planbot: could not render the apply result: {e}"));
+    scrubber.scrub(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::plan::Plan;
+    use crate::core::plan_digest::{delta, PlanDigest};
+    use crate::core::redact::Secrets;
+
+    fn digest(cores: u32, pw: &str) -> PlanDigest {
+        let plan = Plan::from_json(
+            format!(
+                r#"{{"format_version":"1.2","resource_changes":[
+                {{"address":"terraform_data.vm[\"blocky\"]","mode":"managed","change":{{"actions":["update"],
+                  "after":{{"input":{{"cores":{cores},"pw":"{pw}"}}}},"after_sensitive":{{"input":{{"pw":true}}}}}}}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        PlanDigest::of(&plan, b"key")
+    }
+
+    #[test]
+    fn the_plan_changed_note_shows_the_difference_and_how_to_confirm() {
+        let d = delta(&digest(2, "pw-one-1234"), &digest(4, "pw-two-5678"));
+        let mut secrets = Secrets::new();
+        secrets.add("pw-two-5678");
+        let note = render_plan_changed(
+            &PlanChangedNote {
+                root: "core",
+                sha: "3f9a2c1e00000000000000000000000000000000",
+                job_name: "planbot-apply",
+                user: Some("alice"),
+                reviewed_short: "111111111111",
+                fresh_short: "222222222222",
+                delta: &d,
+                new_plan: "### 🟡 planbot · plan for `3f9a2c1e` (the fresh plan)",
+            },
+            &secrets.scrubber(),
+        );
+        assert!(!note.contains("pw-two-5678"));
+        insta::assert_snapshot!(note);
+    }
+
+    #[test]
+    fn result_notes_read_well() {
+        let roots = vec![RootResult {
+            name: "core".into(),
+            text: "2 added, 1 changed".into(),
+        }];
+        let base = ResultNote {
+            outcome: ApplyOutcome::Applied,
+            sha: "3f9a2c1e00000000000000000000000000000000",
+            branch: "main",
+            user: Some("alice"),
+            summary: "2 added, 1 changed",
+            roots: &roots,
+            error: None,
+            log_excerpt: Some("Apply complete! Resources: 2 added, 1 changed, 0 destroyed."),
+            job_name: "planbot-apply",
+            job_id: 8,
+            run_id: Some(121),
+            run_url: Some("https://planbot.example.com/runs/121"),
+        };
+        let s = Scrubber::none();
+        let applied = render_result(&base, &s);
+        let failed = render_result(
+            &ResultNote {
+                outcome: ApplyOutcome::Failed,
+                error: Some("Error: HTTP 400 (filename: invalid filename or wrong extension) ```"),
+                ..base
+            },
+            &s,
+        );
+        let interrupted = render_result(
+            &ResultNote {
+                outcome: ApplyOutcome::Interrupted,
+                log_excerpt: None,
+                ..base
+            },
+            &s,
+        );
+        assert!(
+            failed.contains("````text"),
+            "a longer fence around backticks: {failed}"
+        );
+        insta::assert_snapshot!("applied", applied);
+        insta::assert_snapshot!("failed", failed);
+        insta::assert_snapshot!("interrupted", interrupted);
+    }
+}

@@ -1,0 +1,943 @@
+//! Service configuration (design §4): TOML + `PLANBOT_<SECTION>_<KEY>` env overrides + `<key>_file` secrets.
+//!
+//! Pure: the caller hands in the file text, the environment and a file reader, so tests can
+//! drive every path without touching the process environment.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use toml::Value;
+
+/// A secret string: never printed (`Debug`/`Display` show `(set)`).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+    /// The secret itself, for the few places that must use it (HTTP auth, HMAC keys, child env).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(set)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(set)")
+    }
+}
+
+/// One entry of `gitlab.projects`: a numeric id or a `group/project` path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProjectRef {
+    Id(u64),
+    Path(String),
+}
+
+impl fmt::Display for ProjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProjectRef::Id(id) => write!(f, "{id}"),
+            ProjectRef::Path(p) => f.write_str(p),
+        }
+    }
+}
+
+/// The allowlist of projects; everything else is ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allowlist(pub Vec<ProjectRef>);
+
+impl Allowlist {
+    /// Whether a project (known by id and/or path) is on the list. Paths compare case-insensitively.
+    pub fn allows(&self, id: Option<u64>, path: Option<&str>) -> bool {
+        self.0.iter().any(|p| match p {
+            ProjectRef::Id(want) => id == Some(*want),
+            ProjectRef::Path(want) => path.is_some_and(|p| p.eq_ignore_ascii_case(want)),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Base URL of planbot itself, for links to run pages (no trailing slash).
+    pub public_url: Option<String>,
+    /// Server secret keying the plan fingerprint (design §9).
+    pub fingerprint_key: Secret,
+    pub gitlab: GitlabConfig,
+    pub engine: EngineConfig,
+    pub apply: ApplyConfig,
+    pub plan: PlanConfig,
+    pub proxmox: ProxmoxConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct GitlabConfig {
+    pub url: String,
+    pub token: Secret,
+    pub webhook_secret: Option<Secret>,
+    pub signing_token: Option<Secret>,
+    pub projects: Allowlist,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub binary: String,
+    pub timeout: Duration,
+    pub lock_timeout: Duration,
+    /// Time between SIGTERM and SIGKILL when the engine must stop.
+    pub grace: Duration,
+    /// Secrets handed to the engine; every value is scrubbed from all output.
+    pub env: BTreeMap<String, Secret>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApplyConfig {
+    pub job_name: String,
+    pub open_issue_on_failure: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlanConfig {
+    pub max_concurrent_plans: usize,
+}
+
+/// One Proxmox API endpoint and its token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxmoxEndpoint {
+    pub endpoint: Option<String>,
+    pub api_token: Option<Secret>,
+    pub insecure: bool,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// `[proxmox]` is the default; `[proxmox.plan]` / `[proxmox.apply]` override it per use
+/// (a read-only token for plans, a privileged one for applies).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxmoxConfig {
+    pub default: ProxmoxEndpoint,
+    pub plan: Option<ProxmoxEndpoint>,
+    pub apply: Option<ProxmoxEndpoint>,
+}
+
+impl ProxmoxConfig {
+    /// The endpoint for plans: `[proxmox.plan]` keys, falling back to `[proxmox]`.
+    pub fn for_plan(&self) -> ProxmoxEndpoint {
+        merge_endpoint(&self.default, self.plan.as_ref())
+    }
+    /// The endpoint for applies: `[proxmox.apply]` keys, falling back to `[proxmox]`.
+    pub fn for_apply(&self) -> ProxmoxEndpoint {
+        merge_endpoint(&self.default, self.apply.as_ref())
+    }
+}
+
+fn merge_endpoint(base: &ProxmoxEndpoint, over: Option<&ProxmoxEndpoint>) -> ProxmoxEndpoint {
+    let Some(o) = over else {
+        return base.clone();
+    };
+    ProxmoxEndpoint {
+        endpoint: o.endpoint.clone().or_else(|| base.endpoint.clone()),
+        api_token: o.api_token.clone().or_else(|| base.api_token.clone()),
+        insecure: o.insecure || base.insecure,
+        ca_file: o.ca_file.clone().or_else(|| base.ca_file.clone()),
+    }
+}
+
+/// Why a config was rejected; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config is not valid TOML: {0}")]
+    Syntax(String),
+    #[error("unknown config key `{key}`{hint}")]
+    UnknownKey { key: String, hint: String },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+    #[error("config key `{key}` is required: {hint}")]
+    Missing { key: String, hint: String },
+    #[error("config key `{key}` is given both directly and as `{key}_file`; keep one")]
+    Both { key: String },
+    #[error("config key `{key}_file`: cannot read {path}: {message}")]
+    SecretFile {
+        key: String,
+        path: String,
+        message: String,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Str,
+    Int,
+    Bool,
+    StrOrIntList,
+    Table,
+}
+
+/// Every key planbot knows: (dotted path, kind, secret?). `engine.env` is a free-form table.
+const KEYS: &[(&str, Kind, bool)] = &[
+    ("listen", Kind::Str, false),
+    ("data_dir", Kind::Str, false),
+    ("public_url", Kind::Str, false),
+    ("fingerprint_key", Kind::Str, true),
+    ("gitlab.url", Kind::Str, false),
+    ("gitlab.token", Kind::Str, true),
+    ("gitlab.webhook_secret", Kind::Str, true),
+    ("gitlab.signing_token", Kind::Str, true),
+    ("gitlab.projects", Kind::StrOrIntList, false),
+    ("engine.binary", Kind::Str, false),
+    ("engine.timeout", Kind::Str, false),
+    ("engine.lock_timeout", Kind::Str, false),
+    ("engine.grace", Kind::Str, false),
+    ("engine.env", Kind::Table, true),
+    ("apply.job_name", Kind::Str, false),
+    ("apply.open_issue_on_failure", Kind::Bool, false),
+    ("plan.max_concurrent_plans", Kind::Int, false),
+    ("proxmox.endpoint", Kind::Str, false),
+    ("proxmox.api_token", Kind::Str, true),
+    ("proxmox.insecure", Kind::Bool, false),
+    ("proxmox.ca_file", Kind::Str, false),
+    ("proxmox.plan.endpoint", Kind::Str, false),
+    ("proxmox.plan.api_token", Kind::Str, true),
+    ("proxmox.plan.insecure", Kind::Bool, false),
+    ("proxmox.plan.ca_file", Kind::Str, false),
+    ("proxmox.apply.endpoint", Kind::Str, false),
+    ("proxmox.apply.api_token", Kind::Str, true),
+    ("proxmox.apply.insecure", Kind::Bool, false),
+    ("proxmox.apply.ca_file", Kind::Str, false),
+];
+
+const SECTIONS: &[&str] = &[
+    "gitlab",
+    "engine",
+    "apply",
+    "plan",
+    "proxmox",
+    "proxmox.plan",
+    "proxmox.apply",
+];
+
+fn key_info(path: &str) -> Option<(Kind, bool)> {
+    KEYS.iter()
+        .find(|(k, _, _)| *k == path)
+        .map(|(_, kind, secret)| (*kind, *secret))
+}
+
+/// The environment variable that overrides `path`: `gitlab.webhook_secret` → `PLANBOT_GITLAB_WEBHOOK_SECRET`.
+pub fn env_name(path: &str) -> String {
+    format!("PLANBOT_{}", path.replace('.', "_").to_ascii_uppercase())
+}
+
+impl Config {
+    /// Parse `text` (the TOML file), apply `PLANBOT_*` overrides from `env`, read `*_file`
+    /// secrets with `read_file`, and validate.
+    pub fn load(
+        text: &str,
+        env: &[(String, String)],
+        read_file: &dyn Fn(&str) -> Result<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let root: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax(e.message().to_string()))?;
+        let mut flat: BTreeMap<String, Value> = BTreeMap::new();
+        flatten("", root, &mut flat)?;
+        apply_env(env, &mut flat)?;
+        resolve_files(&mut flat, read_file)?;
+        build(flat)
+    }
+
+    /// The config as `--check` prints it: every key, secrets shown as `(set)`.
+    pub fn describe(&self) -> String {
+        let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "(not set)".into());
+        let sec = |o: &Option<Secret>| if o.is_some() { "(set)" } else { "(not set)" }.to_string();
+        let mut out = String::new();
+        let mut line = |k: &str, v: String| out.push_str(&format!("{k} = {v}\n"));
+        line("listen", self.listen.to_string());
+        line("data_dir", self.data_dir.display().to_string());
+        line("public_url", opt(&self.public_url));
+        line("fingerprint_key", "(set)".into());
+        line("gitlab.url", self.gitlab.url.clone());
+        line("gitlab.token", "(set)".into());
+        line("gitlab.webhook_secret", sec(&self.gitlab.webhook_secret));
+        line("gitlab.signing_token", sec(&self.gitlab.signing_token));
+        let projects: Vec<String> = self
+            .gitlab
+            .projects
+            .0
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        line("gitlab.projects", format!("{projects:?}"));
+        line("engine.binary", self.engine.binary.clone());
+        line(
+            "engine.timeout",
+            humantime::format_duration(self.engine.timeout).to_string(),
+        );
+        line(
+            "engine.lock_timeout",
+            humantime::format_duration(self.engine.lock_timeout).to_string(),
+        );
+        line(
+            "engine.grace",
+            humantime::format_duration(self.engine.grace).to_string(),
+        );
+        let env: Vec<String> = self
+            .engine
+            .env
+            .keys()
+            .map(|k| format!("{k} = (set)"))
+            .collect();
+        line("engine.env", format!("{{ {} }}", env.join(", ")));
+        line("apply.job_name", self.apply.job_name.clone());
+        line(
+            "apply.open_issue_on_failure",
+            self.apply.open_issue_on_failure.to_string(),
+        );
+        line(
+            "plan.max_concurrent_plans",
+            self.plan.max_concurrent_plans.to_string(),
+        );
+        for (name, ep) in [
+            ("proxmox.plan", self.proxmox.for_plan()),
+            ("proxmox.apply", self.proxmox.for_apply()),
+        ] {
+            line(&format!("{name}.endpoint"), opt(&ep.endpoint));
+            line(&format!("{name}.api_token"), sec(&ep.api_token));
+            line(&format!("{name}.insecure"), ep.insecure.to_string());
+            line(
+                &format!("{name}.ca_file"),
+                ep.ca_file
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "(not set)".into()),
+            );
+        }
+        out
+    }
+
+    /// Every secret the config holds, for the scrubber (design §8).
+    pub fn secrets(&self) -> Vec<String> {
+        let mut s = vec![
+            self.fingerprint_key.expose().to_string(),
+            self.gitlab.token.expose().to_string(),
+        ];
+        for o in [&self.gitlab.webhook_secret, &self.gitlab.signing_token]
+            .into_iter()
+            .flatten()
+        {
+            s.push(o.expose().to_string());
+        }
+        s.extend(self.engine.env.values().map(|v| v.expose().to_string()));
+        let pve = [
+            Some(&self.proxmox.default),
+            self.proxmox.plan.as_ref(),
+            self.proxmox.apply.as_ref(),
+        ];
+        for ep in pve.into_iter().flatten() {
+            if let Some(t) = &ep.api_token {
+                s.push(t.expose().to_string());
+                // `PVEAPIToken=user@realm!id=uuid`: the uuid alone is the secret part too.
+                if let Some((_, uuid)) = t.expose().rsplit_once('=') {
+                    s.push(uuid.to_string());
+                }
+            }
+        }
+        s
+    }
+}
+
+fn flatten(
+    prefix: &str,
+    table: toml::Table,
+    out: &mut BTreeMap<String, Value>,
+) -> Result<(), ConfigError> {
+    for (k, v) in table {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        if path == "engine.env" || path == "engine.env_file" {
+            out.insert(path, v);
+            continue;
+        }
+        match v {
+            Value::Table(t) if SECTIONS.contains(&path.as_str()) => flatten(&path, t, out)?,
+            v => {
+                let known = key_info(&path).is_some()
+                    || path
+                        .strip_suffix("_file")
+                        .and_then(key_info)
+                        .is_some_and(|(_, secret)| secret);
+                if !known {
+                    return Err(unknown(&path));
+                }
+                out.insert(path, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unknown(path: &str) -> ConfigError {
+    let section = path.rsplit_once('.').map(|(s, _)| s).unwrap_or("");
+    let known: Vec<&str> = KEYS
+        .iter()
+        .map(|(k, _, _)| *k)
+        .filter(|k| k.rsplit_once('.').map(|(s, _)| s).unwrap_or("") == section)
+        .collect();
+    let hint = if known.is_empty() {
+        String::new()
+    } else {
+        format!(" (known keys here: {})", known.join(", "))
+    };
+    ConfigError::UnknownKey {
+        key: path.to_string(),
+        hint,
+    }
+}
+
+fn apply_env(
+    env: &[(String, String)],
+    flat: &mut BTreeMap<String, Value>,
+) -> Result<(), ConfigError> {
+    for (name, value) in env {
+        let Some(_) = name.strip_prefix("PLANBOT_") else {
+            continue;
+        };
+        for (path, kind, secret) in KEYS {
+            if *kind == Kind::Table {
+                // PLANBOT_ENGINE_ENV_<NAME>=value sets engine.env.NAME.
+                if let Some(var) = name.strip_prefix("PLANBOT_ENGINE_ENV_") {
+                    let mut t = match flat.remove("engine.env") {
+                        Some(Value::Table(t)) => t,
+                        _ => toml::Table::new(),
+                    };
+                    t.insert(var.to_string(), Value::String(value.clone()));
+                    flat.insert("engine.env".into(), Value::Table(t));
+                }
+                continue;
+            }
+            if *name == env_name(path) {
+                flat.remove(&format!("{path}_file"));
+                flat.insert(path.to_string(), env_value(path, *kind, value)?);
+            } else if *secret && *name == format!("{}_FILE", env_name(path)) {
+                flat.remove(*path);
+                flat.insert(format!("{path}_file"), Value::String(value.clone()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn env_value(path: &str, kind: Kind, value: &str) -> Result<Value, ConfigError> {
+    let invalid = |m: &str| ConfigError::Invalid {
+        key: format!("{path} (from {})", env_name(path)),
+        message: m.to_string(),
+    };
+    Ok(match kind {
+        Kind::Str | Kind::Table => Value::String(value.to_string()),
+        Kind::Int => Value::Integer(
+            value
+                .trim()
+                .parse()
+                .map_err(|_| invalid("expected a whole number"))?,
+        ),
+        Kind::Bool => Value::Boolean(match value.trim() {
+            "true" | "1" | "yes" => true,
+            "false" | "0" | "no" | "" => false,
+            _ => return Err(invalid("expected true or false")),
+        }),
+        Kind::StrOrIntList => {
+            let v = value.trim();
+            if v.starts_with('[') {
+                let t: toml::Table = format!("x = {v}")
+                    .parse()
+                    .map_err(|_| invalid("expected a TOML array or a comma-separated list"))?;
+                t["x"].clone()
+            } else {
+                Value::Array(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(|s| match s.parse::<i64>() {
+                            Ok(n) => Value::Integer(n),
+                            Err(_) => Value::String(s.to_string()),
+                        })
+                        .collect(),
+                )
+            }
+        }
+    })
+}
+
+fn resolve_files(
+    flat: &mut BTreeMap<String, Value>,
+    read_file: &dyn Fn(&str) -> Result<String, String>,
+) -> Result<(), ConfigError> {
+    let file_keys: Vec<String> = flat
+        .keys()
+        .filter(|k| k.ends_with("_file"))
+        .cloned()
+        .collect();
+    for fk in file_keys {
+        if key_info(&fk).is_some() {
+            continue; // a plain key that happens to end in `_file` (proxmox.ca_file)
+        }
+        let key = fk.trim_end_matches("_file").to_string();
+        if flat.contains_key(&key) {
+            return Err(ConfigError::Both { key });
+        }
+        let Some(Value::String(path)) = flat.remove(&fk) else {
+            return Err(ConfigError::Invalid {
+                key: fk,
+                message: "expected a file path (string)".into(),
+            });
+        };
+        let text = read_file(&path).map_err(|message| ConfigError::SecretFile {
+            key: key.clone(),
+            path: path.clone(),
+            message,
+        })?;
+        let text = text.trim_end_matches(['\n', '\r']).to_string();
+        if key == "engine.env" {
+            // engine.env_file: a file of NAME=value lines.
+            let mut t = toml::Table::new();
+            for l in text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            {
+                let (k, v) = l.split_once('=').ok_or_else(|| ConfigError::Invalid {
+                    key: "engine.env_file".into(),
+                    message: "expected NAME=value lines".into(),
+                })?;
+                t.insert(k.trim().to_string(), Value::String(v.to_string()));
+            }
+            flat.insert(key, Value::Table(t));
+        } else {
+            flat.insert(key, Value::String(text));
+        }
+    }
+    Ok(())
+}
+
+fn take_str(flat: &mut BTreeMap<String, Value>, key: &str) -> Result<Option<String>, ConfigError> {
+    match flat.remove(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ConfigError::Invalid {
+            key: key.into(),
+            message: format!("expected a string, found {}", other.type_str()),
+        }),
+    }
+}
+
+fn take_bool(flat: &mut BTreeMap<String, Value>, key: &str) -> Result<Option<bool>, ConfigError> {
+    match flat.remove(key) {
+        None => Ok(None),
+        Some(Value::Boolean(b)) => Ok(Some(b)),
+        Some(other) => Err(ConfigError::Invalid {
+            key: key.into(),
+            message: format!("expected true or false, found {}", other.type_str()),
+        }),
+    }
+}
+
+fn take_duration(
+    flat: &mut BTreeMap<String, Value>,
+    key: &str,
+    default: &str,
+) -> Result<Duration, ConfigError> {
+    let s = take_str(flat, key)?.unwrap_or_else(|| default.to_string());
+    humantime::parse_duration(&s).map_err(|e| ConfigError::Invalid {
+        key: key.into(),
+        message: format!("{e} (write e.g. \"30m\", \"90s\")"),
+    })
+}
+
+fn take_endpoint(
+    flat: &mut BTreeMap<String, Value>,
+    prefix: &str,
+) -> Result<Option<ProxmoxEndpoint>, ConfigError> {
+    let k = |name: &str| {
+        if prefix.is_empty() {
+            format!("proxmox.{name}")
+        } else {
+            format!("proxmox.{prefix}.{name}")
+        }
+    };
+    let endpoint = take_str(flat, &k("endpoint"))?;
+    let api_token = take_str(flat, &k("api_token"))?.map(Secret);
+    let insecure = take_bool(flat, &k("insecure"))?;
+    let ca_file = take_str(flat, &k("ca_file"))?.map(PathBuf::from);
+    if endpoint.is_none() && api_token.is_none() && insecure.is_none() && ca_file.is_none() {
+        return Ok(None);
+    }
+    if let Some(e) = &endpoint {
+        if !(e.starts_with("https://") || e.starts_with("http://")) {
+            return Err(ConfigError::Invalid {
+                key: k("endpoint"),
+                message: "expected a URL like https://pve.example.com:8006".into(),
+            });
+        }
+    }
+    Ok(Some(ProxmoxEndpoint {
+        endpoint,
+        api_token,
+        insecure: insecure.unwrap_or(false),
+        ca_file,
+    }))
+}
+
+fn build(mut flat: BTreeMap<String, Value>) -> Result<Config, ConfigError> {
+    let listen_s = take_str(&mut flat, "listen")?.unwrap_or_else(|| "0.0.0.0:8080".into());
+    let listen: SocketAddr = listen_s.parse().map_err(|_| ConfigError::Invalid {
+        key: "listen".into(),
+        message: format!("`{listen_s}` is not an address like 0.0.0.0:8080"),
+    })?;
+    let data_dir = PathBuf::from(
+        take_str(&mut flat, "data_dir")?.unwrap_or_else(|| "/var/lib/planbot".into()),
+    );
+    let public_url =
+        take_str(&mut flat, "public_url")?.map(|u| u.trim_end_matches('/').to_string());
+    let fingerprint_key = take_str(&mut flat, "fingerprint_key")?.ok_or_else(|| ConfigError::Missing {
+        key: "fingerprint_key".into(),
+        hint: "a long random server secret, e.g. `openssl rand -hex 32` (keep it stable: reviewed plans are matched by it)".into(),
+    })?;
+    if fingerprint_key.len() < 16 {
+        return Err(ConfigError::Invalid {
+            key: "fingerprint_key".into(),
+            message: "too short: use at least 16 random characters (`openssl rand -hex 32`)".into(),
+        });
+    }
+
+    let url = take_str(&mut flat, "gitlab.url")?.ok_or_else(|| ConfigError::Missing {
+        key: "gitlab.url".into(),
+        hint: "the GitLab base URL, e.g. https://gitlab.example.com".into(),
+    })?;
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return Err(ConfigError::Invalid {
+            key: "gitlab.url".into(),
+            message: "expected a URL like https://gitlab.example.com".into(),
+        });
+    }
+    let token = take_str(&mut flat, "gitlab.token")?.ok_or_else(|| ConfigError::Missing {
+        key: "gitlab.token".into(),
+        hint: "a token with api scope (or set PLANBOT_GITLAB_TOKEN / gitlab.token_file)".into(),
+    })?;
+    let webhook_secret = take_str(&mut flat, "gitlab.webhook_secret")?.map(Secret);
+    let signing_token = take_str(&mut flat, "gitlab.signing_token")?;
+    if let Some(t) = &signing_token {
+        if crate::core::webhook::decode_signing_token(t).is_none() {
+            return Err(ConfigError::Invalid {
+                key: "gitlab.signing_token".into(),
+                message: "expected `whsec_` followed by base64 (as GitLab shows it)".into(),
+            });
+        }
+    }
+    if webhook_secret.is_none() && signing_token.is_none() {
+        return Err(ConfigError::Missing {
+            key: "gitlab.webhook_secret".into(),
+            hint: "set the webhook's secret token (and/or gitlab.signing_token); unauthenticated webhooks are not accepted".into(),
+        });
+    }
+    let projects = match flat.remove("gitlab.projects") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::Integer(n) if n > 0 => Ok(ProjectRef::Id(n as u64)),
+                Value::String(s) if s.trim().parse::<u64>().is_ok() => {
+                    Ok(ProjectRef::Id(s.trim().parse().unwrap_or(0)))
+                }
+                Value::String(s) if !s.trim().is_empty() => {
+                    Ok(ProjectRef::Path(s.trim().trim_matches('/').to_string()))
+                }
+                other => Err(ConfigError::Invalid {
+                    key: "gitlab.projects".into(),
+                    message: format!("`{other}` is neither a project path nor a numeric id"),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                key: "gitlab.projects".into(),
+                message: format!("expected a list, found {}", other.type_str()),
+            })
+        }
+    };
+    if projects.is_empty() {
+        return Err(ConfigError::Missing {
+            key: "gitlab.projects".into(),
+            hint: "list the projects planbot serves, e.g. [\"infra/homelab\"]; every other project is ignored".into(),
+        });
+    }
+
+    let binary = take_str(&mut flat, "engine.binary")?.unwrap_or_else(|| "tofu".into());
+    let timeout = take_duration(&mut flat, "engine.timeout", "30m")?;
+    let lock_timeout = take_duration(&mut flat, "engine.lock_timeout", "5m")?;
+    let grace = take_duration(&mut flat, "engine.grace", "30s")?;
+    let env = match flat.remove("engine.env") {
+        None => BTreeMap::new(),
+        Some(Value::Table(t)) => t
+            .into_iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k, Secret(s))),
+                other => Err(ConfigError::Invalid {
+                    key: format!("engine.env.{k}"),
+                    message: format!("expected a string, found {}", other.type_str()),
+                }),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                key: "engine.env".into(),
+                message: format!("expected a table, found {}", other.type_str()),
+            })
+        }
+    };
+    for k in env.keys() {
+        let forbidden =
+            k.starts_with("TF_CLI_ARGS") || k.starts_with("TF_LOG") || k == "PATH" || k == "HOME";
+        if forbidden || k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(ConfigError::Invalid {
+                key: format!("engine.env.{k}"),
+                message: "not allowed: planbot sets PATH/HOME itself and never passes TF_CLI_ARGS*/TF_LOG*".into(),
+            });
+        }
+    }
+
+    let job_name = take_str(&mut flat, "apply.job_name")?.unwrap_or_else(|| "planbot-apply".into());
+    let open_issue_on_failure =
+        take_bool(&mut flat, "apply.open_issue_on_failure")?.unwrap_or(false);
+    let max_concurrent_plans = match flat.remove("plan.max_concurrent_plans") {
+        None => 2,
+        Some(Value::Integer(n)) if (1..=64).contains(&n) => n as usize,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                key: "plan.max_concurrent_plans".into(),
+                message: format!("expected a number from 1 to 64, found `{other}`"),
+            })
+        }
+    };
+    let proxmox = ProxmoxConfig {
+        default: take_endpoint(&mut flat, "")?.unwrap_or_default(),
+        plan: take_endpoint(&mut flat, "plan")?,
+        apply: take_endpoint(&mut flat, "apply")?,
+    };
+    if let Some(k) = flat.keys().next() {
+        return Err(unknown(k));
+    }
+    Ok(Config {
+        listen,
+        data_dir,
+        public_url,
+        fingerprint_key: Secret(fingerprint_key),
+        gitlab: GitlabConfig {
+            url: url.trim_end_matches('/').to_string(),
+            token: Secret(token),
+            webhook_secret,
+            signing_token: signing_token.map(Secret),
+            projects: Allowlist(projects),
+        },
+        engine: EngineConfig {
+            binary,
+            timeout,
+            lock_timeout,
+            grace,
+            env,
+        },
+        apply: ApplyConfig {
+            job_name,
+            open_issue_on_failure,
+        },
+        plan: PlanConfig {
+            max_concurrent_plans,
+        },
+        proxmox,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token = "glpat-secret-token"
+webhook_secret = "hook-secret"
+projects = ["infra/homelab", 42]
+"#;
+
+    fn no_files(_: &str) -> Result<String, String> {
+        Err("no such file".into())
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::load(MINIMAL, &[], &no_files).unwrap();
+        assert_eq!(c.listen.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.gitlab.url, "https://gitlab.example.com");
+        assert_eq!(c.engine.binary, "tofu");
+        assert_eq!(c.engine.timeout, Duration::from_secs(1800));
+        assert_eq!(c.apply.job_name, "planbot-apply");
+        assert!(!c.apply.open_issue_on_failure);
+        assert!(c.gitlab.projects.allows(Some(42), None));
+        assert!(c.gitlab.projects.allows(Some(7), Some("Infra/Homelab")));
+        assert!(!c.gitlab.projects.allows(Some(7), Some("infra/other")));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let text = format!("{MINIMAL}\n[engine]\nbinray = \"tofu\"\n");
+        let e = Config::load(&text, &[], &no_files).unwrap_err();
+        assert!(e.to_string().contains("`engine.binray`"), "{e}");
+        assert!(e.to_string().contains("engine.binary"), "{e}");
+        let e = Config::load(&format!("colour = 1\n{MINIMAL}"), &[], &no_files).unwrap_err();
+        assert!(e.to_string().contains("`colour`"), "{e}");
+        let e = Config::load(
+            &format!("{MINIMAL}\n[gitlb]\nurl = \"x\"\n"),
+            &[],
+            &no_files,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`gitlb`"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_win_and_lists_parse() {
+        let env = vec![
+            ("PLANBOT_GITLAB_TOKEN".to_string(), "from-env".to_string()),
+            (
+                "PLANBOT_PLAN_MAX_CONCURRENT_PLANS".to_string(),
+                "4".to_string(),
+            ),
+            ("PLANBOT_GITLAB_PROJECTS".to_string(), "a/b, 9".to_string()),
+            (
+                "PLANBOT_ENGINE_ENV_TF_VAR_pve_token".to_string(),
+                "pve-secret".to_string(),
+            ),
+            ("PLANBOT_UNRELATED".to_string(), "x".to_string()),
+        ];
+        let c = Config::load(MINIMAL, &env, &no_files).unwrap();
+        assert_eq!(c.gitlab.token.expose(), "from-env");
+        assert_eq!(c.plan.max_concurrent_plans, 4);
+        assert!(c.gitlab.projects.allows(Some(9), None));
+        assert!(c.gitlab.projects.allows(None, Some("a/b")));
+        assert!(!c.gitlab.projects.allows(Some(42), None));
+        assert_eq!(c.engine.env["TF_VAR_pve_token"].expose(), "pve-secret");
+    }
+
+    #[test]
+    fn secret_files_are_read_and_trimmed() {
+        let text = MINIMAL.replace(
+            "token = \"glpat-secret-token\"",
+            "token_file = \"/run/secrets/gl\"",
+        );
+        let read = |p: &str| {
+            if p == "/run/secrets/gl" {
+                Ok("glpat-from-file\n".to_string())
+            } else {
+                Err("nope".to_string())
+            }
+        };
+        let c = Config::load(&text, &[], &read).unwrap();
+        assert_eq!(c.gitlab.token.expose(), "glpat-from-file");
+        let both = text.replace("[gitlab]", "[gitlab]\ntoken = \"x\"");
+        assert!(matches!(
+            Config::load(&both, &[], &read),
+            Err(ConfigError::Both { .. })
+        ));
+        let missing = MINIMAL.replace("token = \"glpat-secret-token\"", "token_file = \"/nope\"");
+        let e = Config::load(&missing, &[], &read).unwrap_err();
+        assert!(e.to_string().contains("gitlab.token_file"), "{e}");
+        // `_file` only exists for secrets.
+        let e = Config::load(&format!("listen_file = \"/x\"\n{MINIMAL}"), &[], &read).unwrap_err();
+        assert!(e.to_string().contains("`listen_file`"), "{e}");
+    }
+
+    #[test]
+    fn describe_never_prints_secrets() {
+        let text = format!(
+            "{MINIMAL}\n[engine]\nenv = {{ TF_VAR_x = \"engine-secret-value\" }}\n[proxmox]\nendpoint = \"https://pve:8006\"\napi_token = \"PVEAPIToken=a@pve!t=uuid-secret\"\n"
+        );
+        let c = Config::load(&text, &[], &no_files).unwrap();
+        let d = c.describe();
+        for s in [
+            "glpat-secret-token",
+            "hook-secret",
+            "engine-secret-value",
+            "uuid-secret",
+            "0123456789abcdef0123",
+        ] {
+            assert!(!d.contains(s), "{s} leaked in:\n{d}");
+        }
+        assert!(d.contains("gitlab.token = (set)"));
+        assert!(d.contains("proxmox.plan.endpoint = https://pve:8006"));
+        assert!(!format!("{c:?}").contains("glpat-secret-token"));
+        assert!(c.secrets().contains(&"uuid-secret".to_string()));
+    }
+
+    #[test]
+    fn missing_credentials_are_explained() {
+        let text = MINIMAL.replace("webhook_secret = \"hook-secret\"\n", "");
+        let e = Config::load(&text, &[], &no_files).unwrap_err();
+        assert!(e.to_string().contains("gitlab.webhook_secret"), "{e}");
+        let e = Config::load(&MINIMAL.replace("fingerprint_key", "#"), &[], &no_files).unwrap_err();
+        assert!(e.to_string().contains("fingerprint_key"), "{e}");
+        let e = Config::load(
+            &format!("{MINIMAL}\n[engine]\ntimeout = \"soon\"\n"),
+            &[],
+            &no_files,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("engine.timeout"), "{e}");
+    }
+
+    #[test]
+    fn the_example_config_documents_every_key_and_loads() {
+        let example = include_str!("../../deploy/planbot.example.toml");
+        for (path, kind, secret) in KEYS {
+            let (section, key) = path.rsplit_once('.').unwrap_or(("", path));
+            if !section.is_empty() {
+                assert!(
+                    example.contains(&format!("[{section}]")),
+                    "section [{section}] missing"
+                );
+            }
+            let documented = example.lines().any(|l| {
+                let l = l.trim_start_matches('#').trim();
+                l.starts_with(&format!("{key} ="))
+                    || (*secret && *kind != Kind::Table && l.starts_with(&format!("{key}_file =")))
+            });
+            assert!(
+                documented,
+                "{path} is not documented in deploy/planbot.example.toml"
+            );
+        }
+        let read = |p: &str| Ok(format!("secret from {p} 0123456789\n"));
+        let c = Config::load(example, &[], &read).expect("the example loads");
+        assert_eq!(
+            c.gitlab.token.expose(),
+            "secret from /run/secrets/planbot-gitlab-token 0123456789"
+        );
+        assert_eq!(
+            c.proxmox.for_plan().endpoint.as_deref(),
+            Some("https://pve.example.com:8006")
+        );
+    }
+}

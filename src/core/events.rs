@@ -1,0 +1,833 @@
+//! GitLab webhook payloads (tolerant: every field optional) and the pure events → jobs decision (design §1).
+
+use crate::core::config::Allowlist;
+use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, UserId};
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------------------------------------
+// Payloads: only what planbot reads; unknown fields are ignored, missing ones are `None`.
+// Timestamps are kept as strings (GitLab mixes formats; one doc example is not even RFC 3339).
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct User {
+    pub id: Option<u64>,
+    pub username: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Project {
+    pub id: Option<u64>,
+    pub path_with_namespace: Option<String>,
+    pub default_branch: Option<String>,
+    pub web_url: Option<String>,
+    pub git_http_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Commit {
+    pub id: Option<serde_json::Value>,
+    pub timestamp: Option<String>,
+}
+
+impl Commit {
+    /// The commit SHA, when `id` is a 40-hex string (it is a number in some job payloads).
+    pub fn sha(&self) -> Option<CommitSha> {
+        match &self.id {
+            Some(serde_json::Value::String(s)) if is_sha(s) => {
+                Some(CommitSha(s.to_ascii_lowercase()))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn is_sha(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct MrAttributes {
+    pub id: Option<u64>,
+    pub iid: Option<u64>,
+    pub action: Option<String>,
+    pub state: Option<String>,
+    pub draft: Option<bool>,
+    pub work_in_progress: Option<bool>,
+    pub source_project_id: Option<u64>,
+    pub target_project_id: Option<u64>,
+    pub source_branch: Option<String>,
+    pub target_branch: Option<String>,
+    pub last_commit: Option<Commit>,
+    pub oldrev: Option<String>,
+    pub merge_commit_sha: Option<String>,
+    pub system: Option<bool>,
+    pub url: Option<String>,
+    pub title: Option<String>,
+}
+
+/// One `changes` entry: `{previous, current}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Change {
+    pub previous: serde_json::Value,
+    pub current: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct MrChanges {
+    pub draft: Option<Change>,
+    pub target_branch: Option<Change>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct MergeRequestHook {
+    pub object_kind: Option<String>,
+    pub user: Option<User>,
+    pub project: Option<Project>,
+    pub object_attributes: Option<MrAttributes>,
+    pub changes: Option<MrChanges>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct NoteAttributes {
+    pub id: Option<u64>,
+    pub note: Option<String>,
+    pub noteable_type: Option<String>,
+    pub author_id: Option<u64>,
+    pub system: Option<bool>,
+    pub action: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct NoteHook {
+    pub object_kind: Option<String>,
+    pub user: Option<User>,
+    pub project_id: Option<u64>,
+    pub project: Option<Project>,
+    pub object_attributes: Option<NoteAttributes>,
+    pub merge_request: Option<MrAttributes>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs: what the queue runs. Serialized as JSON into the store.
+// ---------------------------------------------------------------------------------------------
+
+/// Why a plan was asked for (shown on run pages, and lets the plan flow narrow its work).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanReason {
+    Opened,
+    Reopened,
+    NewCommits,
+    TargetBranchChanged,
+    MarkedReady,
+    /// `planbot plan` on the MR, by this user (access already checked by the command job).
+    Command,
+    /// Another MR was merged into the target branch: this plan may be stale.
+    SiblingMerged {
+        merged: MrIid,
+    },
+    /// Start-up reconciliation: the head had no plan (a webhook was lost).
+    Reconcile,
+}
+
+/// Plan one MR at one head commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanJob {
+    pub project: ProjectId,
+    pub project_path: Option<String>,
+    pub mr: MrIid,
+    pub head: CommitSha,
+    pub target_branch: Option<String>,
+    pub source_project: Option<ProjectId>,
+    /// From a fork: untrusted code; only planned on a maintainer's command, with plan credentials.
+    pub fork: bool,
+    pub draft: bool,
+    pub reason: PlanReason,
+    pub requested_by: Option<UserId>,
+}
+
+/// A comment command planbot understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    Plan,
+    Help,
+}
+
+/// Everything the queue runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Job {
+    Plan(PlanJob),
+    /// The MR was merged: banner on its note, then re-plan the other open MRs of the project.
+    MarkMerged {
+        project: ProjectId,
+        mr: MrIid,
+        merge_commit: Option<CommitSha>,
+        target_branch: Option<String>,
+    },
+    /// The MR was closed: queued work is already dropped; remove the workspace.
+    Closed {
+        project: ProjectId,
+        mr: MrIid,
+    },
+    /// `planbot plan` / `planbot help` in a note; the job checks Developer+ access and ignores the bot's own notes.
+    Command {
+        project: ProjectId,
+        project_path: Option<String>,
+        mr: MrIid,
+        note: Option<NoteId>,
+        author: UserId,
+        command: Command,
+        /// The MR head at the time of the note, when the payload had it (the job re-reads the MR).
+        head: Option<CommitSha>,
+        fork: bool,
+    },
+    /// A fork MR was opened/updated: say once that a maintainer must run `planbot plan`.
+    ForkNotice {
+        project: ProjectId,
+        mr: MrIid,
+        head: Option<CommitSha>,
+    },
+    /// Start-up: plan every open MR of the allowed projects whose head has no plan.
+    Reconcile,
+}
+
+impl Job {
+    /// Short kind name, as stored and shown.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Job::Plan(_) => "plan",
+            Job::MarkMerged { .. } => "mark_merged",
+            Job::Closed { .. } => "closed",
+            Job::Command { .. } => "command",
+            Job::ForkNotice { .. } => "fork_notice",
+            Job::Reconcile => "reconcile",
+        }
+    }
+
+    /// The MR this job is about, if any.
+    pub fn mr(&self) -> Option<(ProjectId, MrIid)> {
+        match self {
+            Job::Plan(p) => Some((p.project, p.mr)),
+            Job::MarkMerged { project, mr, .. }
+            | Job::Closed { project, mr }
+            | Job::Command { project, mr, .. }
+            | Job::ForkNotice { project, mr, .. } => Some((*project, *mr)),
+            Job::Reconcile => None,
+        }
+    }
+
+    /// The commit this job is about, if any.
+    pub fn sha(&self) -> Option<&CommitSha> {
+        match self {
+            Job::Plan(p) => Some(&p.head),
+            Job::MarkMerged { merge_commit, .. } => merge_commit.as_ref(),
+            Job::Command { head, .. } | Job::ForkNotice { head, .. } => head.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// What enqueuing a job does to the other jobs of the same MR (applied by the store atomically).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Supersede {
+    /// Nothing.
+    None,
+    /// Cancel queued and running plans of this MR for any other head.
+    OtherHeads,
+    /// Cancel every queued or running job of this MR (close).
+    All,
+}
+
+impl Job {
+    pub fn supersedes(&self) -> Supersede {
+        match self {
+            Job::Plan(_) | Job::MarkMerged { .. } => Supersede::OtherHeads,
+            Job::Closed { .. } => Supersede::All,
+            _ => Supersede::None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision.
+// ---------------------------------------------------------------------------------------------
+
+/// The outcome of one delivery, recorded with it and counted in metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub jobs: Vec<Job>,
+    /// `enqueued`, or why nothing was done (`ignored: <reason>`), or `unparseable: <error>`.
+    pub outcome: String,
+    /// The project and MR, when the payload named them (stored with the delivery).
+    pub project: Option<ProjectId>,
+    pub mr: Option<MrIid>,
+}
+
+impl Decision {
+    fn ignored(why: impl Into<String>) -> Decision {
+        Decision {
+            jobs: Vec::new(),
+            outcome: format!("ignored: {}", why.into()),
+            project: None,
+            mr: None,
+        }
+    }
+
+    /// Whether the body could not be understood (logged at warn).
+    pub fn is_unparseable(&self) -> bool {
+        self.outcome.starts_with("unparseable")
+    }
+}
+
+/// The short metrics label of `X-Gitlab-Event` (`Merge Request Hook` → `merge_request`).
+pub fn event_label(event: Option<&str>) -> &'static str {
+    match event.map(str::trim) {
+        Some("Merge Request Hook") => "merge_request",
+        Some("Note Hook") => "note",
+        Some("Push Hook") => "push",
+        Some("Job Hook") => "job",
+        Some("Pipeline Hook") => "pipeline",
+        Some("System Hook") => "system",
+        None => "none",
+        _ => "other",
+    }
+}
+
+/// Decide what to do about one authentic delivery: `event` is `X-Gitlab-Event`, `body` the raw JSON.
+pub fn decide(event: Option<&str>, body: &[u8], allow: &Allowlist) -> Decision {
+    match event_label(event) {
+        "merge_request" => match serde_json::from_slice::<MergeRequestHook>(body) {
+            Ok(hook) => decide_mr(&hook, allow),
+            Err(e) => unparseable(e),
+        },
+        "note" => match serde_json::from_slice::<NoteHook>(body) {
+            Ok(hook) => decide_note(&hook, allow),
+            Err(e) => unparseable(e),
+        },
+        "none" => Decision::ignored("no X-Gitlab-Event header"),
+        _ => {
+            // Still must be JSON to count as a well-formed delivery.
+            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => Decision::ignored(format!(
+                    "event `{}` is not used",
+                    event.unwrap_or_default().trim()
+                )),
+                Err(e) => unparseable(e),
+            }
+        }
+    }
+}
+
+fn unparseable(e: serde_json::Error) -> Decision {
+    Decision {
+        jobs: Vec::new(),
+        outcome: format!("unparseable: {e}"),
+        project: None,
+        mr: None,
+    }
+}
+
+fn decide_mr(hook: &MergeRequestHook, allow: &Allowlist) -> Decision {
+    let Some(attrs) = &hook.object_attributes else {
+        return Decision::ignored("merge request event without object_attributes");
+    };
+    let project = hook.project.as_ref();
+    let project_id = project.and_then(|p| p.id).or(attrs.target_project_id);
+    let project_path = project.and_then(|p| p.path_with_namespace.clone());
+    let Some(project_id) = project_id else {
+        return Decision::ignored("merge request event without a project");
+    };
+    if !allow.allows(Some(project_id), project_path.as_deref()) {
+        return Decision::ignored(format!(
+            "project {} is not in gitlab.projects",
+            project_path
+                .clone()
+                .unwrap_or_else(|| project_id.to_string())
+        ));
+    }
+    let Some(iid) = attrs.iid else {
+        return Decision::ignored("merge request event without an iid");
+    };
+    let (project, mr) = (ProjectId(project_id), MrIid(iid));
+    let mut d = classify_mr(hook, attrs, project, project_path, mr);
+    d.project = Some(project);
+    d.mr = Some(mr);
+    d
+}
+
+fn classify_mr(
+    hook: &MergeRequestHook,
+    attrs: &MrAttributes,
+    project: ProjectId,
+    project_path: Option<String>,
+    mr: MrIid,
+) -> Decision {
+    let action = attrs.action.as_deref().unwrap_or("");
+    let changes = hook.changes.clone().unwrap_or_default();
+    let reason = match action {
+        "open" => Some(PlanReason::Opened),
+        "reopen" => Some(PlanReason::Reopened),
+        "update" if attrs.oldrev.as_deref().is_some_and(|s| !s.is_empty()) => {
+            Some(PlanReason::NewCommits)
+        }
+        "update" if changes.target_branch.is_some() => Some(PlanReason::TargetBranchChanged),
+        "update"
+            if changes.draft.as_ref().is_some_and(|c| {
+                c.current == serde_json::Value::Bool(false)
+                    && c.previous == serde_json::Value::Bool(true)
+            }) =>
+        {
+            Some(PlanReason::MarkedReady)
+        }
+        "update" => {
+            return Decision::ignored("update without new commits, target branch or ready change")
+        }
+        "merge" => {
+            return enqueued(vec![Job::MarkMerged {
+                project,
+                mr,
+                merge_commit: attrs
+                    .merge_commit_sha
+                    .as_deref()
+                    .filter(|s| is_sha(s))
+                    .map(|s| CommitSha(s.to_ascii_lowercase())),
+                target_branch: attrs.target_branch.clone(),
+            }])
+        }
+        "close" => return enqueued(vec![Job::Closed { project, mr }]),
+        "" => return Decision::ignored("merge request event without an action"),
+        other => return Decision::ignored(format!("action `{other}` needs no plan")),
+    };
+    let reason = reason.expect("every other arm returned");
+    let Some(head) = attrs.last_commit.as_ref().and_then(Commit::sha) else {
+        return Decision::ignored("merge request event without last_commit.id");
+    };
+    let fork = is_fork(attrs);
+    if fork {
+        return enqueued(vec![Job::ForkNotice {
+            project,
+            mr,
+            head: Some(head),
+        }]);
+    }
+    enqueued(vec![Job::Plan(PlanJob {
+        project,
+        project_path,
+        mr,
+        head,
+        target_branch: attrs.target_branch.clone(),
+        source_project: attrs.source_project_id.map(ProjectId),
+        fork: false,
+        draft: attrs.draft.or(attrs.work_in_progress).unwrap_or(false),
+        reason,
+        requested_by: None,
+    })])
+}
+
+fn is_fork(attrs: &MrAttributes) -> bool {
+    matches!((attrs.source_project_id, attrs.target_project_id), (Some(s), Some(t)) if s != t)
+}
+
+fn enqueued(jobs: Vec<Job>) -> Decision {
+    Decision {
+        jobs,
+        outcome: "enqueued".into(),
+        project: None,
+        mr: None,
+    }
+}
+
+/// Parse a comment: the first non-empty line must be `planbot <command>` (case-insensitive).
+pub fn parse_command(note: &str) -> Option<Command> {
+    let line = note.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let mut words = line.split_whitespace();
+    let first = words.next()?.trim_start_matches('/');
+    if !first.eq_ignore_ascii_case("planbot") && !first.eq_ignore_ascii_case("@planbot") {
+        return None;
+    }
+    let cmd = words.next()?;
+    if words.next().is_some() {
+        return None;
+    }
+    match cmd.to_ascii_lowercase().as_str() {
+        "plan" => Some(Command::Plan),
+        "help" => Some(Command::Help),
+        _ => None,
+    }
+}
+
+fn decide_note(hook: &NoteHook, allow: &Allowlist) -> Decision {
+    let Some(note) = &hook.object_attributes else {
+        return Decision::ignored("note event without object_attributes");
+    };
+    if note.noteable_type.as_deref() != Some("MergeRequest") {
+        return Decision::ignored("note is not on a merge request");
+    }
+    if note.system == Some(true) {
+        return Decision::ignored("system note");
+    }
+    let project_id = hook.project.as_ref().and_then(|p| p.id).or(hook.project_id);
+    let project_path = hook
+        .project
+        .as_ref()
+        .and_then(|p| p.path_with_namespace.clone());
+    let Some(project_id) = project_id else {
+        return Decision::ignored("note event without a project");
+    };
+    if !allow.allows(Some(project_id), project_path.as_deref()) {
+        return Decision::ignored(format!(
+            "project {} is not in gitlab.projects",
+            project_path.unwrap_or_else(|| project_id.to_string())
+        ));
+    }
+    let Some(command) = note.note.as_deref().and_then(parse_command) else {
+        return Decision::ignored("note is not a planbot command");
+    };
+    let Some(mr_attrs) = &hook.merge_request else {
+        return Decision::ignored("command note without merge_request");
+    };
+    let Some(iid) = mr_attrs.iid else {
+        return Decision::ignored("command note without merge_request.iid");
+    };
+    let Some(author) = note.author_id.or(hook.user.as_ref().and_then(|u| u.id)) else {
+        return Decision::ignored("command note without an author");
+    };
+    let mut d = enqueued(vec![Job::Command {
+        project: ProjectId(project_id),
+        project_path,
+        mr: MrIid(iid),
+        note: note.id.map(NoteId),
+        author: UserId(author),
+        command,
+        head: mr_attrs.last_commit.as_ref().and_then(Commit::sha),
+        fork: is_fork(mr_attrs),
+    }]);
+    d.project = Some(ProjectId(project_id));
+    d.mr = Some(MrIid(iid));
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::ProjectRef;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let dir = std::env::var("PLANBOT_SHARED_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| {
+                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
+            });
+        std::fs::read(dir.join("fixtures/gitlab/webhooks").join(name)).expect("fixture")
+    }
+
+    fn allow_all_fixture_projects() -> Allowlist {
+        Allowlist(vec![
+            ProjectRef::Path("flightjs/flight-management".into()),
+            ProjectRef::Path("gitlabhq/gitlab-test".into()),
+            ProjectRef::Id(5),
+        ])
+    }
+
+    const MR: Option<&str> = Some("Merge Request Hook");
+
+    fn plan_job(d: &Decision) -> &PlanJob {
+        match d.jobs.as_slice() {
+            [Job::Plan(p)] => p,
+            other => panic!("expected one plan job, got {other:?} ({})", d.outcome),
+        }
+    }
+
+    #[test]
+    fn opened_mr_is_planned_at_its_last_commit() {
+        let d = decide(
+            MR,
+            &fixture("merge_request_open.json"),
+            &allow_all_fixture_projects(),
+        );
+        let p = plan_job(&d);
+        assert_eq!(p.project, ProjectId(2));
+        assert_eq!(p.mr, MrIid(16));
+        assert_eq!(p.head.as_str(), "e59094b8de0f2f91abbe4760a52d9137260252d8");
+        assert_eq!(p.reason, PlanReason::Opened);
+        assert_eq!(
+            p.project_path.as_deref(),
+            Some("flightjs/flight-management")
+        );
+        assert!(!p.fork && !p.draft);
+        assert_eq!(d.outcome, "enqueued");
+    }
+
+    #[test]
+    fn v18_open_with_a_draft_change_is_planned() {
+        let d = decide(
+            MR,
+            &fixture("merge_request_open_v18.json"),
+            &allow_all_fixture_projects(),
+        );
+        let p = plan_job(&d);
+        assert_eq!(p.mr, MrIid(1));
+        assert_eq!(p.head.as_str(), "da1560886d4f094c3e6c9ef40349f7d38b5d27d7");
+        assert_eq!(p.target_branch.as_deref(), Some("master"));
+        // `action` is `open`, so the reason is the open (the draft flag went to false as well).
+        assert_eq!(p.reason, PlanReason::Opened);
+    }
+
+    #[test]
+    fn draft_to_ready_update_is_planned_but_a_label_change_is_not() {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request_open_v18.json")).unwrap();
+        v["object_attributes"]["action"] = "update".into();
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        assert_eq!(plan_job(&d).reason, PlanReason::MarkedReady);
+
+        v["changes"].as_object_mut().unwrap().remove("draft");
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        assert!(d.jobs.is_empty(), "{d:?}");
+        assert!(
+            d.outcome.starts_with("ignored: update without"),
+            "{}",
+            d.outcome
+        );
+
+        v["changes"]["target_branch"] =
+            serde_json::json!({"previous": "master", "current": "release"});
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        assert_eq!(plan_job(&d).reason, PlanReason::TargetBranchChanged);
+    }
+
+    #[test]
+    fn partial_update_with_oldrev_lacks_the_project_and_is_ignored_not_failed() {
+        let d = decide(
+            MR,
+            &fixture("merge_request_update_oldrev.partial.json"),
+            &allow_all_fixture_projects(),
+        );
+        assert!(d.jobs.is_empty());
+        assert_eq!(d.outcome, "ignored: merge request event without a project");
+        assert!(!d.is_unparseable());
+    }
+
+    #[test]
+    fn update_with_oldrev_on_a_full_payload_plans_the_new_head() {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request_open.json")).unwrap();
+        let partial: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request_update_oldrev.partial.json")).unwrap();
+        v["object_attributes"]["action"] = partial["object_attributes"]["action"].clone();
+        v["object_attributes"]["oldrev"] = partial["object_attributes"]["oldrev"].clone();
+        v["object_attributes"]["last_commit"]["id"] =
+            "1111111111111111111111111111111111111111".into();
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        let p = plan_job(&d);
+        assert_eq!(p.reason, PlanReason::NewCommits);
+        assert_eq!(p.head.as_str(), "1111111111111111111111111111111111111111");
+    }
+
+    #[test]
+    fn partial_and_review_payloads_do_nothing() {
+        for f in [
+            "merge_request_unapproved_system.partial.json",
+            "merge_request_reviewers_state.partial.json",
+            "merge_request_review_rerequested.partial.json",
+            "merge_request_review_submitted.partial.json",
+        ] {
+            let d = decide(MR, &fixture(f), &allow_all_fixture_projects());
+            assert!(d.jobs.is_empty(), "{f}: {d:?}");
+            assert!(d.outcome.starts_with("ignored"), "{f}: {}", d.outcome);
+        }
+    }
+
+    #[test]
+    fn approvals_and_other_actions_do_nothing_even_on_full_payloads() {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request_open.json")).unwrap();
+        for action in ["approved", "unapproved", "approval", "unapproval"] {
+            v["object_attributes"]["action"] = action.into();
+            let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+            assert!(d.jobs.is_empty(), "{action}");
+            assert_eq!(
+                d.outcome,
+                format!("ignored: action `{action}` needs no plan")
+            );
+        }
+    }
+
+    #[test]
+    fn merge_and_close_make_their_jobs() {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request_open.json")).unwrap();
+        v["object_attributes"]["action"] = "merge".into();
+        v["object_attributes"]["merge_commit_sha"] =
+            "2222222222222222222222222222222222222222".into();
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        assert!(
+            matches!(
+                &d.jobs[..],
+                [Job::MarkMerged {
+                    mr: MrIid(16),
+                    merge_commit: Some(_),
+                    ..
+                }]
+            ),
+            "{d:?}"
+        );
+        v["object_attributes"]["action"] = "close".into();
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        assert_eq!(
+            d.jobs,
+            vec![Job::Closed {
+                project: ProjectId(2),
+                mr: MrIid(16)
+            }]
+        );
+        assert_eq!(d.jobs[0].supersedes(), Supersede::All);
+    }
+
+    #[test]
+    fn fork_mrs_get_a_notice_not_a_plan() {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request_open.json")).unwrap();
+        v["object_attributes"]["source_project_id"] = 99.into();
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        assert!(
+            matches!(
+                &d.jobs[..],
+                [Job::ForkNotice {
+                    mr: MrIid(16),
+                    head: Some(_),
+                    ..
+                }]
+            ),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn drafts_are_planned_too() {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fixture("merge_request_open.json")).unwrap();
+        v["object_attributes"]["draft"] = true.into();
+        let d = decide(MR, v.to_string().as_bytes(), &allow_all_fixture_projects());
+        assert!(plan_job(&d).draft);
+    }
+
+    #[test]
+    fn projects_outside_the_allowlist_are_ignored() {
+        let allow = Allowlist(vec![ProjectRef::Path("infra/homelab".into())]);
+        let d = decide(MR, &fixture("merge_request_open.json"), &allow);
+        assert!(d.jobs.is_empty());
+        assert_eq!(
+            d.outcome,
+            "ignored: project flightjs/flight-management is not in gitlab.projects"
+        );
+        let by_id = Allowlist(vec![ProjectRef::Id(2)]);
+        assert_eq!(
+            decide(MR, &fixture("merge_request_open.json"), &by_id)
+                .jobs
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn planbot_plan_note_makes_a_command_job() {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fixture("note_merge_request.json")).unwrap();
+        // As delivered, the note is an ordinary comment.
+        let d = decide(
+            Some("Note Hook"),
+            v.to_string().as_bytes(),
+            &allow_all_fixture_projects(),
+        );
+        assert_eq!(d.outcome, "ignored: note is not a planbot command");
+        v["object_attributes"]["note"] = "planbot plan\n".into();
+        let d = decide(
+            Some("Note Hook"),
+            v.to_string().as_bytes(),
+            &allow_all_fixture_projects(),
+        );
+        match &d.jobs[..] {
+            [Job::Command {
+                project,
+                mr,
+                author,
+                command,
+                head,
+                note,
+                fork,
+                ..
+            }] => {
+                assert_eq!(
+                    (*project, *mr, *author),
+                    (ProjectId(5), MrIid(1), UserId(1))
+                );
+                assert_eq!(*command, Command::Plan);
+                assert_eq!(*note, Some(NoteId(1244)));
+                // The doc's last_commit has a malformed timestamp; the SHA is still read.
+                assert_eq!(
+                    head.as_ref().unwrap().as_str(),
+                    "562e173be03b8ff2efb05345d12df18815438a4b"
+                );
+                assert!(!fork);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn commands_are_parsed_strictly() {
+        assert_eq!(parse_command("planbot plan"), Some(Command::Plan));
+        assert_eq!(
+            parse_command("  \n PlanBot HELP \nthanks"),
+            Some(Command::Help)
+        );
+        assert_eq!(parse_command("/planbot plan"), Some(Command::Plan));
+        assert_eq!(parse_command("planbot plan please now"), None);
+        assert_eq!(parse_command("I think planbot plan is broken"), None);
+        assert_eq!(parse_command("planbot apply"), None);
+        assert_eq!(parse_command(""), None);
+    }
+
+    #[test]
+    fn other_events_and_garbage() {
+        let allow = allow_all_fixture_projects();
+        let d = decide(Some("Push Hook"), &fixture("push.json"), &allow);
+        assert_eq!(d.outcome, "ignored: event `Push Hook` is not used");
+        for f in ["job.json", "pipeline.json"] {
+            assert!(decide(Some("Job Hook"), &fixture(f), &allow)
+                .jobs
+                .is_empty());
+        }
+        let d = decide(MR, b"{not json", &allow);
+        assert!(d.is_unparseable(), "{d:?}");
+        let d = decide(MR, br#"{"object_attributes": "a string"}"#, &allow);
+        assert!(d.is_unparseable(), "{d:?}");
+        assert!(decide(Some("Push Hook"), b"\xff", &allow).is_unparseable());
+    }
+
+    #[test]
+    fn jobs_round_trip_through_json() {
+        let d = decide(
+            MR,
+            &fixture("merge_request_open.json"),
+            &allow_all_fixture_projects(),
+        );
+        let s = serde_json::to_string(&d.jobs[0]).unwrap();
+        assert!(s.contains(r#""kind":"plan""#), "{s}");
+        assert_eq!(serde_json::from_str::<Job>(&s).unwrap(), d.jobs[0]);
+    }
+}

@@ -1,0 +1,286 @@
+//! Rules on `download_file` resources (PVE001–PVE004, PVE006, PVE007, PVE009).
+
+use super::model::{
+    after, before, download_name, is_floating_url, is_planned, normalise_file_name, referenced,
+    Attr, Kind,
+};
+use super::{finding, Finding, LintInput};
+use crate::core::plan::ResourceChange;
+use serde_json::{json, Value};
+
+/// Extensions Proxmox accepts for `import` content (case-sensitive).
+const IMPORT_EXT: &[&str] = &[".qcow2", ".raw", ".vmdk", ".ova"];
+const ISO_EXT: &[&str] = &[".iso", ".img"];
+const VZTMPL_EXT: &[&str] = &[".tar", ".tar.gz", ".tar.xz", ".tar.zst", ".tar.bz2"];
+const COMPRESSION_EXT: &[&str] = &[".xz", ".gz", ".zst", ".bz2", ".lzo"];
+
+fn planned_downloads<'a>(input: &'a LintInput) -> impl Iterator<Item = &'a ResourceChange> + 'a {
+    input
+        .changes(Kind::DownloadFile)
+        .filter(|rc| is_planned(rc))
+}
+
+/// What to name an import image: its real format's extension, no compression suffix.
+fn suggest_import_name(name: &str) -> String {
+    let mut stem = name.to_string();
+    while let Some(ext) = COMPRESSION_EXT.iter().find(|e| stem.ends_with(*e)) {
+        stem.truncate(stem.len() - ext.len());
+    }
+    let lower = stem.to_ascii_lowercase();
+    if let Some(ext) = IMPORT_EXT.iter().find(|e| lower.ends_with(*e)) {
+        return format!("{}{}", &stem[..stem.len() - ext.len()], ext);
+    }
+    for ext in [".img", ".iso"] {
+        if lower.ends_with(ext) {
+            return format!("{}.qcow2", &stem[..stem.len() - ext.len()]);
+        }
+    }
+    format!("{stem}.qcow2")
+}
+
+/// PVE001: `content_type = "import"` with a name that does not end in a disk image extension.
+pub fn pve001(input: &LintInput) -> Vec<Finding> {
+    planned_downloads(input)
+        .filter_map(|rc| {
+            if after(rc, "content_type").str()? != "import" {
+                return None;
+            }
+            let raw = download_name(input.plan, rc)?;
+            let name = normalise_file_name(&raw);
+            if IMPORT_EXT.iter().any(|e| name.ends_with(e)) {
+                return None;
+            }
+            Some(finding(
+                "PVE001",
+                &rc.address,
+                json!({
+                    "name": name,
+                    "from_url": after(rc, "file_name").str().is_none(),
+                    "suggested": suggest_import_name(&name),
+                    "flatcar": name.ends_with("_image.img"),
+                }),
+            ))
+        })
+        .collect()
+}
+
+/// PVE002: `iso` not ending in .iso/.img, `vztmpl` not ending in a tar archive extension.
+pub fn pve002(input: &LintInput) -> Vec<Finding> {
+    planned_downloads(input)
+        .filter_map(|rc| {
+            let content = after(rc, "content_type").str()?;
+            let name = normalise_file_name(&download_name(input.plan, rc)?);
+            let ok = match content {
+                "iso" => {
+                    let lower = name.to_ascii_lowercase();
+                    ISO_EXT.iter().any(|e| lower.ends_with(e))
+                }
+                "vztmpl" => VZTMPL_EXT.iter().any(|e| name.ends_with(e)),
+                _ => return None,
+            };
+            if ok {
+                return None;
+            }
+            let disk_image = IMPORT_EXT
+                .iter()
+                .any(|e| name.to_ascii_lowercase().ends_with(e));
+            Some(finding(
+                "PVE002",
+                &rc.address,
+                json!({
+                    "name": name,
+                    "content_type": content,
+                    "disk_image": disk_image,
+                    "iso_name": format!("{}.img", name.rsplit_once('.').map_or(name.as_str(), |(s, _)| s)),
+                }),
+            ))
+        })
+        .collect()
+}
+
+/// PVE003: `decompression_algorithm` with a content type other than `iso`.
+pub fn pve003(input: &LintInput) -> Vec<Finding> {
+    planned_downloads(input)
+        .filter_map(|rc| {
+            let algo = after(rc, "decompression_algorithm").str()?;
+            let content = after(rc, "content_type").str()?;
+            if content == "iso" {
+                return None;
+            }
+            let url = after(rc, "url").str().unwrap_or_default();
+            let suffix = format!(".{}", algo);
+            let known_suffix = COMPRESSION_EXT
+                .iter()
+                .find(|e| url.ends_with(*e))
+                .map(|s| s.to_string());
+            Some(finding(
+                "PVE003",
+                &rc.address,
+                json!({
+                    "algorithm": algo,
+                    "content_type": content,
+                    "url_suffix": known_suffix.unwrap_or(suffix),
+                }),
+            ))
+        })
+        .collect()
+}
+
+/// PVE004: exactly one of `checksum` / `checksum_algorithm`.
+pub fn pve004(input: &LintInput) -> Vec<Finding> {
+    planned_downloads(input)
+        .filter_map(|rc| {
+            let sum = after(rc, "checksum");
+            let algo = after(rc, "checksum_algorithm");
+            if sum.is_unknown() || algo.is_unknown() || sum.is_set() == algo.is_set() {
+                return None;
+            }
+            Some(finding(
+                "PVE004",
+                &rc.address,
+                json!({
+                    "missing": if sum.is_set() { "checksum_algorithm" } else { "checksum" },
+                    "present": if sum.is_set() { "checksum" } else { "checksum_algorithm" },
+                }),
+            ))
+        })
+        .collect()
+}
+
+fn floating_url(rc: &ResourceChange) -> Option<&str> {
+    after(rc, "url").str().filter(|u| is_floating_url(u))
+}
+
+/// PVE006: a floating URL and no checksum.
+pub fn pve006(input: &LintInput) -> Vec<Finding> {
+    planned_downloads(input)
+        .filter_map(|rc| {
+            let url = floating_url(rc)?;
+            if !after(rc, "checksum").is_unset() {
+                return None;
+            }
+            Some(finding("PVE006", &rc.address, json!({ "url": url })))
+        })
+        .collect()
+}
+
+/// PVE007: a floating URL with `overwrite` true (the provider's default).
+pub fn pve007(input: &LintInput) -> Vec<Finding> {
+    planned_downloads(input)
+        .filter_map(|rc| {
+            let url = floating_url(rc)?;
+            let overwrite = match after(rc, "overwrite") {
+                Attr::Absent => true,
+                a => a.bool()?,
+            };
+            if !overwrite {
+                return None;
+            }
+            Some(finding("PVE007", &rc.address, json!({ "url": url })))
+        })
+        .collect()
+}
+
+/// Attribute paths as a user writes them: `["url"]` → `url`, `["disk",0,"size"]` → `disk[0].size`.
+pub(crate) fn path_text(path: &[Value]) -> String {
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            Value::Number(n) => out.push_str(&format!("[{n}]")),
+            Value::String(s) if !out.is_empty() => {
+                out.push('.');
+                out.push_str(s);
+            }
+            Value::String(s) => out.push_str(s),
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    out
+}
+
+/// PVE009: a download_file is replaced; name the VMs that use it.
+pub fn pve009(input: &LintInput) -> Vec<Finding> {
+    input
+        .changes(Kind::DownloadFile)
+        .filter(|rc| rc.kind().is_replace())
+        .map(|rc| {
+            let old_id = before(rc, "id").and_then(Value::as_str);
+            let users: Vec<String> = input
+                .plan
+                .managed_changes()
+                .filter(|vm| Kind::of(vm).is_some_and(Kind::is_vm) && vm.deposed.is_none())
+                .filter(|vm| uses_file(input, vm, rc, old_id))
+                .map(|vm| vm.address.clone())
+                .collect();
+            let paths: Vec<String> = rc
+                .change
+                .replace_paths
+                .iter()
+                .flatten()
+                .map(|p| path_text(p))
+                .collect();
+            finding(
+                "PVE009",
+                &rc.address,
+                json!({
+                    "paths": paths,
+                    "users": users,
+                    "url": after(rc, "url").str(),
+                }),
+            )
+        })
+        .collect()
+}
+
+/// Whether `vm` uses the file `file` in a disk (by known id, or by reference in its config).
+fn uses_file(
+    input: &LintInput,
+    vm: &ResourceChange,
+    file: &ResourceChange,
+    old_id: Option<&str>,
+) -> bool {
+    let disks = super::model::block_len(vm, "disk").max(
+        vm.change
+            .before
+            .get("disk")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len),
+    );
+    (0..disks).any(|i| {
+        ["import_from", "file_id"].iter().any(|attr| {
+            let path = format!("disk.{i}.{attr}");
+            let by_id = old_id.is_some_and(|id| {
+                after(vm, &path).str() == Some(id)
+                    || before(vm, &path).and_then(Value::as_str) == Some(id)
+            });
+            by_id
+                || referenced(input.plan, vm, &path)
+                    .iter()
+                    .any(|r| r.address == file.address)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_the_real_format() {
+        assert_eq!(
+            suggest_import_name("flatcar_production_qemu_image.img"),
+            "flatcar_production_qemu_image.qcow2"
+        );
+        assert_eq!(suggest_import_name("metal-amd64.raw.xz"), "metal-amd64.raw");
+        assert_eq!(suggest_import_name("disk.QCOW2"), "disk.qcow2");
+        assert_eq!(suggest_import_name("noext"), "noext.qcow2");
+    }
+
+    #[test]
+    fn paths_read_like_hcl() {
+        assert_eq!(
+            path_text(&[json!("disk"), json!(0), json!("size")]),
+            "disk[0].size"
+        );
+    }
+}

@@ -1,0 +1,230 @@
+//! Rules on VMs and containers (PVE005, PVE008, PVE011, PVE013, PVE014).
+
+use super::download::path_text;
+use super::model::{
+    after, before, block_len, config_expr, config_of, is_created, is_planned, referenced, Attr,
+    Kind, VolumeId,
+};
+use super::{finding, Finding, LintInput};
+use crate::core::plan::{ActionKind, ResourceChange};
+use serde_json::{json, Value};
+
+fn vms<'a>(input: &'a LintInput) -> impl Iterator<Item = &'a ResourceChange> + 'a {
+    input
+        .plan
+        .managed_changes()
+        .filter(|rc| rc.deposed.is_none() && Kind::of(rc).is_some_and(Kind::is_vm))
+}
+
+/// The content type a file resource stores (`content_type`), if known.
+fn file_content(rc: &ResourceChange) -> Option<&str> {
+    after(rc, "content_type")
+        .str()
+        .or_else(|| before(rc, "content_type").and_then(Value::as_str))
+}
+
+/// PVE005: a disk imported from (or `file_id` pointing at) an `iso` volume.
+pub fn pve005(input: &LintInput) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for rc in vms(input).filter(|rc| is_created(rc)) {
+        for i in 0..block_len(rc, "disk") {
+            for attr in ["import_from", "file_id"] {
+                let path = format!("disk.{i}.{attr}");
+                let source = match after(rc, &path) {
+                    Attr::Known(Value::String(id)) => VolumeId::parse(id)
+                        .filter(|v| v.content == "iso")
+                        .map(|_| (format!("`{id}`"), None)),
+                    Attr::Unknown => referenced(input.plan, rc, &path)
+                        .into_iter()
+                        .find(|r| {
+                            Kind::of(r).is_some_and(Kind::is_file) && file_content(r) == Some("iso")
+                        })
+                        .map(|r| (format!("`{}`", r.address), Some(r.address.clone()))),
+                    _ => None,
+                };
+                if let Some((source, source_address)) = source {
+                    let interface = after(rc, &format!("disk.{i}.interface")).str();
+                    out.push(finding(
+                        "PVE005",
+                        &rc.address,
+                        json!({
+                            "attribute": format!("disk[{i}].{attr}"),
+                            "interface": interface,
+                            "source": source,
+                            "source_address": source_address,
+                        }),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// PVE008: a VM is replaced or destroyed; say why.
+pub fn pve008(input: &LintInput) -> Vec<Finding> {
+    vms(input)
+        .filter(|rc| rc.kind().is_destructive())
+        .map(|rc| {
+            let paths: Vec<String> = rc
+                .change
+                .replace_paths
+                .iter()
+                .flatten()
+                .map(|p| path_text(p))
+                .collect();
+            finding(
+                "PVE008",
+                &rc.address,
+                json!({
+                    "replaced": rc.kind().is_replace(),
+                    "reason": rc.action_reason,
+                    "paths": paths,
+                    "name": after(rc, "name").str().or_else(|| before(rc, "name").and_then(Value::as_str)),
+                }),
+            )
+        })
+        .collect()
+}
+
+const CLOUD_INIT_FILES: &[&str] = &[
+    "user_data_file_id",
+    "vendor_data_file_id",
+    "network_data_file_id",
+    "meta_data_file_id",
+];
+
+/// PVE011: cloud-init files that are not snippets, or snippets on another node.
+pub fn pve011(input: &LintInput) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for rc in vms(input).filter(|rc| is_planned(rc)) {
+        let vm_node = after(rc, "node_name").str();
+        for i in 0..block_len(rc, "initialization") {
+            for attr in CLOUD_INIT_FILES {
+                let path = format!("initialization.{i}.{attr}");
+                let files: Vec<&ResourceChange> = match after(rc, &path) {
+                    Attr::Known(Value::String(id)) if !id.is_empty() => {
+                        if let Some(v) = VolumeId::parse(id) {
+                            if v.content != "snippets" {
+                                out.push(finding(
+                                    "PVE011",
+                                    &rc.address,
+                                    json!({"attribute": attr, "source": id, "content_type": v.content, "vm_node": vm_node}),
+                                ));
+                                continue;
+                            }
+                        }
+                        input
+                            .plan
+                            .managed_changes()
+                            .filter(|f| {
+                                Kind::of(f).is_some_and(Kind::is_file)
+                                    && f.deposed.is_none()
+                                    && after(f, "id").str() == Some(id.as_str())
+                            })
+                            .collect()
+                    }
+                    Attr::Unknown => referenced(input.plan, rc, &path)
+                        .into_iter()
+                        .filter(|f| Kind::of(f).is_some_and(Kind::is_file))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                for f in files {
+                    if let Some(content) = file_content(f).filter(|c| *c != "snippets") {
+                        out.push(finding(
+                            "PVE011",
+                            &rc.address,
+                            json!({"attribute": attr, "source": f.address, "content_type": content, "vm_node": vm_node}),
+                        ));
+                        continue;
+                    }
+                    let file_node = after(f, "node_name").str();
+                    let storage = after(f, "datastore_id").str();
+                    let shared = storage.is_some_and(|s| input.facts.shared_storages.contains(s));
+                    if let (Some(vn), Some(fnode)) = (vm_node, file_node) {
+                        if vn != fnode && !shared {
+                            out.push(finding(
+                                "PVE011",
+                                &rc.address,
+                                json!({"attribute": attr, "source": f.address, "file_node": fnode, "vm_node": vn, "storage": storage}),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether an update leaves `path` as it was (then the rule has nothing new to say).
+fn unchanged(rc: &ResourceChange, path: &str) -> bool {
+    rc.kind() == ActionKind::Update
+        && before(rc, path)
+            == match after(rc, path) {
+                Attr::Known(v) => Some(v),
+                _ => None,
+            }
+}
+
+/// PVE013: privileged containers and VM `startup` blocks need `Sys.Modify` on `/`.
+pub fn pve013(input: &LintInput) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for rc in input.changes(Kind::Container).filter(|rc| is_planned(rc)) {
+        let privileged = match after(rc, "unprivileged") {
+            Attr::Absent => true,
+            a => a.bool() == Some(false),
+        };
+        if privileged && !unchanged(rc, "unprivileged") {
+            out.push(finding("PVE013", &rc.address, json!({"what": "container"})));
+        }
+    }
+    for rc in vms(input).filter(|rc| is_planned(rc)) {
+        if matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty())
+            && !unchanged(rc, "startup")
+        {
+            out.push(finding("PVE013", &rc.address, json!({"what": "startup"})));
+        }
+    }
+    out
+}
+
+/// The size the bpg provider gives a disk when `size` is not set.
+const DEFAULT_DISK_GB: i64 = 8;
+
+/// PVE014: a disk with `import_from` and no explicit `size`.
+pub fn pve014(input: &LintInput) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for rc in vms(input).filter(|rc| is_created(rc)) {
+        let configured_disks = config_expr(input.plan, rc, "disk").and_then(Value::as_array);
+        for i in 0..block_len(rc, "disk") {
+            if !after(rc, &format!("disk.{i}.import_from")).is_set() {
+                continue;
+            }
+            let size = after(rc, &format!("disk.{i}.size"));
+            let explicit = match configured_disks {
+                // The configuration says whether `size` was written.
+                Some(disks) if config_of(input.plan, rc).is_some() => {
+                    disks.get(i).and_then(|d| d.get("size")).is_some()
+                }
+                // Without it, the provider's default value is the tell.
+                _ => {
+                    !matches!(size, Attr::Absent)
+                        && size.bool().is_none()
+                        && !matches!(size, Attr::Known(v) if v.as_i64() == Some(DEFAULT_DISK_GB))
+                }
+            };
+            if explicit {
+                continue;
+            }
+            let interface = after(rc, &format!("disk.{i}.interface")).str();
+            out.push(finding(
+                "PVE014",
+                &rc.address,
+                json!({"disk": i, "interface": interface}),
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,547 @@
+//! Proxmox preflight PVE101–PVE107, the pure half: what a plan needs from the cluster
+//! ([`needs`]), and the findings once the facts have been fetched ([`evaluate`]).
+//!
+//! The fetching (read-only API calls) lives in `flows::preflight`.
+
+use crate::core::lint::model::{after, before, block_len, is_created, is_planned, Attr, Kind};
+use crate::core::lint::{finding_with, render_macro, sort_findings, Finding, Severity};
+use crate::core::plan::{ActionKind, Plan, ResourceChange};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A storage a resource uses, and for what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageNeed {
+    pub address: String,
+    pub storage: String,
+    pub node: Option<String>,
+    /// The content type it must allow (`import`, `iso`, `vztmpl`, `snippets`, `images`, `rootdir`).
+    pub content: Option<String>,
+    /// A file is stored (the storage must be directory based).
+    pub file: bool,
+}
+
+/// Everything the plan needs from the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// node → the resources that use it.
+    pub nodes: BTreeMap<String, Vec<String>>,
+    pub storages: Vec<StorageNeed>,
+    /// Downloads created: (address, storage, node).
+    pub downloads: Vec<(String, String, String)>,
+    /// Import downloads/files: (address, file name) — need Proxmox VE ≥ 8.4.
+    pub imports: Vec<(String, String)>,
+    /// Snippets created: (address, storage).
+    pub snippets: Vec<(String, String)>,
+    /// Guests created with a fixed id: (address, vmid).
+    pub vmids: Vec<(String, u64)>,
+    /// Privileged containers / VM startup blocks: (address, "container" | "startup").
+    pub sys_modify: Vec<(String, &'static str)>,
+}
+
+impl Needs {
+    pub fn is_empty(&self) -> bool {
+        *self == Needs::default()
+    }
+
+    /// The ACL paths whose effective privileges the checks read (one API call each).
+    pub fn permission_paths(&self) -> BTreeSet<String> {
+        let mut p = BTreeSet::new();
+        for (_, storage, node) in &self.downloads {
+            p.insert("/".to_string());
+            p.insert(format!("/nodes/{node}"));
+            p.insert(format!("/storage/{storage}"));
+        }
+        for (_, storage) in &self.snippets {
+            p.insert(format!("/storage/{storage}"));
+        }
+        for s in &self.storages {
+            p.insert(format!("/storage/{}", s.storage));
+        }
+        if !self.sys_modify.is_empty() {
+            p.insert("/".to_string());
+        }
+        p
+    }
+}
+
+fn known(rc: &ResourceChange, path: &str) -> Option<String> {
+    after(rc, path).str().map(str::to_string)
+}
+
+/// The fixed VM/CT id of a guest, if set and known.
+fn vmid(rc: &ResourceChange) -> Option<u64> {
+    if let Attr::Known(v) = after(rc, "vm_id") {
+        return v.as_u64().filter(|id| *id > 0);
+    }
+    // The framework `proxmox_vm` calls it `id`.
+    if rc.resource_type == "proxmox_vm" {
+        if let Attr::Known(v) = after(rc, "id") {
+            return v.as_u64();
+        }
+    }
+    None
+}
+
+/// Read what the plan needs from the cluster (only resources that are created or changed).
+pub fn needs(plan: &Plan) -> Needs {
+    let mut n = Needs::default();
+    for rc in plan.managed_changes().filter(|rc| rc.deposed.is_none()) {
+        let Some(kind) = Kind::of(rc) else { continue };
+        if !is_planned(rc) {
+            continue;
+        }
+        let node = known(rc, "node_name");
+        if let Some(node) = &node {
+            n.nodes
+                .entry(node.clone())
+                .or_default()
+                .push(rc.address.clone());
+        }
+        let mut storage = |storage: Option<String>, content: Option<&str>, file: bool| {
+            if let Some(s) = storage {
+                n.storages.push(StorageNeed {
+                    address: rc.address.clone(),
+                    storage: s,
+                    node: node.clone(),
+                    content: content.map(str::to_string),
+                    file,
+                });
+            }
+        };
+        match kind {
+            Kind::DownloadFile | Kind::File => {
+                let content = known(rc, "content_type");
+                storage(known(rc, "datastore_id"), content.as_deref(), true);
+                let created = is_created(rc);
+                let ds = known(rc, "datastore_id");
+                if content.as_deref() == Some("import") {
+                    let name = known(rc, "file_name")
+                        .or_else(|| known(rc, "source_raw.0.file_name"))
+                        .unwrap_or_default();
+                    n.imports.push((rc.address.clone(), name));
+                }
+                if let (true, Some(ds)) = (created, ds) {
+                    if kind == Kind::DownloadFile {
+                        if let Some(node) = &node {
+                            n.downloads.push((rc.address.clone(), ds, node.clone()));
+                        }
+                    } else if content.as_deref() == Some("snippets") {
+                        n.snippets.push((rc.address.clone(), ds));
+                    }
+                }
+            }
+            Kind::Vm | Kind::ClonedVm => {
+                for i in 0..block_len(rc, "disk") {
+                    storage(
+                        known(rc, &format!("disk.{i}.datastore_id")),
+                        Some("images"),
+                        false,
+                    );
+                }
+                for block in ["initialization", "efi_disk", "tpm_state"] {
+                    for i in 0..block_len(rc, block) {
+                        storage(
+                            known(rc, &format!("{block}.{i}.datastore_id")),
+                            Some("images"),
+                            false,
+                        );
+                    }
+                }
+                let startup =
+                    matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty());
+                let startup_changed = rc.kind() != ActionKind::Update
+                    || before(rc, "startup") != after_value(rc, "startup");
+                if startup && startup_changed {
+                    n.sys_modify.push((rc.address.clone(), "startup"));
+                }
+            }
+            Kind::Container => {
+                for i in 0..block_len(rc, "disk") {
+                    storage(
+                        known(rc, &format!("disk.{i}.datastore_id")),
+                        Some("rootdir"),
+                        false,
+                    );
+                }
+                let privileged = match after(rc, "unprivileged") {
+                    Attr::Absent => true,
+                    a => a.bool() == Some(false),
+                };
+                let changed = rc.kind() != ActionKind::Update
+                    || before(rc, "unprivileged") != after_value(rc, "unprivileged");
+                if privileged && changed {
+                    n.sys_modify.push((rc.address.clone(), "container"));
+                }
+            }
+        }
+        if kind != Kind::DownloadFile && kind != Kind::File && rc.kind() == ActionKind::Create {
+            if let Some(id) = vmid(rc) {
+                n.vmids.push((rc.address.clone(), id));
+            }
+        }
+    }
+    n
+}
+
+fn after_value<'a>(rc: &'a ResourceChange, path: &str) -> Option<&'a Value> {
+    match after(rc, path) {
+        Attr::Known(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// A node as `GET /nodes` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFact {
+    pub name: String,
+    pub online: bool,
+    pub status: String,
+}
+
+/// A storage as `GET /storage` (+ `GET /nodes/{n}/storage`) describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageFact {
+    pub id: String,
+    pub storage_type: String,
+    pub content: Vec<String>,
+    /// Limited to these nodes; empty = every node.
+    pub nodes: Vec<String>,
+    pub enabled: bool,
+    pub shared: bool,
+    pub file_based: bool,
+}
+
+/// What the API said, fetched by `flows::preflight`.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterFacts {
+    /// `user@realm!name` (never the secret).
+    pub token_id: String,
+    /// The release (`8.4.1`).
+    pub version: Option<String>,
+    pub nodes: Vec<NodeFact>,
+    pub storages: Vec<StorageFact>,
+    /// node → storage ids usable there (`GET /nodes/{n}/storage`), when fetched.
+    pub node_storages: BTreeMap<String, BTreeSet<String>>,
+    /// ACL path → the token's effective privileges on exactly that path.
+    pub privileges: BTreeMap<String, BTreeSet<String>>,
+    /// vmids the cluster already uses (of those asked about).
+    pub taken_vmids: BTreeSet<u64>,
+    /// A free id to suggest.
+    pub free_vmid: Option<u64>,
+}
+
+impl ClusterFacts {
+    fn has(&self, path: &str, privilege: &str) -> bool {
+        self.privileges
+            .get(path)
+            .is_some_and(|p| p.contains(privilege))
+    }
+
+    /// The storages marked shared, for the lint rules.
+    pub fn lint_facts(&self) -> crate::core::lint::Facts {
+        crate::core::lint::Facts {
+            shared_storages: self
+                .storages
+                .iter()
+                .filter(|s| s.shared)
+                .map(|s| s.id.clone())
+                .collect(),
+        }
+    }
+}
+
+/// The preflight checks with their severities.
+pub const CHECKS: &[(&str, Severity, &str)] = &[
+    (
+        "PVE101",
+        Severity::Error,
+        "API reachable, release supports import",
+    ),
+    ("PVE102", Severity::Error, "node exists and is online"),
+    (
+        "PVE103",
+        Severity::Error,
+        "storage exists, is enabled on the node and allows the content",
+    ),
+    ("PVE104", Severity::Error, "token may download files"),
+    ("PVE105", Severity::Error, "token may upload snippets"),
+    ("PVE106", Severity::Error, "fixed VM id is free"),
+    (
+        "PVE107",
+        Severity::Error,
+        "token has Sys.Modify on / where needed",
+    ),
+];
+
+fn check(id: &'static str, severity: Severity, address: &str, d: Value) -> Finding {
+    finding_with(id, severity, address, d)
+}
+
+fn version_at_least(version: &str, want: (u64, u64)) -> Option<bool> {
+    let mut p = version.split(['.', '-']);
+    let major: u64 = p.next()?.parse().ok()?;
+    let minor: u64 = p.next()?.parse().ok()?;
+    Some((major, minor) >= want)
+}
+
+/// The API could not be used at all: one PVE101 finding (a warning: the plan itself ran).
+pub fn unreachable(url: &str, error: &str) -> Finding {
+    check(
+        "PVE101",
+        Severity::Warning,
+        "",
+        json!({"url": url, "error": error}),
+    )
+}
+
+fn grant(role: &str, privs: &[&str], path: &str, token: &str) -> Value {
+    json!({"role": role, "privs": privs, "path": path, "token": token})
+}
+
+/// The findings of PVE101–PVE107 for `needs`, given what the API said.
+pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let token = facts.token_id.as_str();
+
+    // PVE101: the release must support `import` content.
+    if let Some(v) = &facts.version {
+        if version_at_least(v, (8, 4)) == Some(false) {
+            for (address, name) in &needs.imports {
+                out.push(check(
+                    "PVE101",
+                    Severity::Error,
+                    address,
+                    json!({"version": v, "name": name}),
+                ));
+            }
+        }
+    }
+
+    // PVE102: nodes.
+    let mut bad_nodes = BTreeSet::new();
+    for (node, users) in &needs.nodes {
+        let fact = facts.nodes.iter().find(|n| &n.name == node);
+        let d = match fact {
+            None => {
+                json!({"node": node, "known": facts.nodes.iter().map(|n| &n.name).collect::<Vec<_>>()})
+            }
+            Some(f) if !f.online => json!({"node": node, "offline": true, "status": f.status}),
+            Some(_) => continue,
+        };
+        bad_nodes.insert(node.clone());
+        let severity = if fact.is_some() {
+            Severity::Warning
+        } else {
+            Severity::Error
+        };
+        for address in users {
+            out.push(check("PVE102", severity, address, d.clone()));
+        }
+    }
+
+    // PVE103: storages.
+    let mut seen = BTreeSet::new();
+    for need in &needs.storages {
+        let key = (
+            need.address.clone(),
+            need.storage.clone(),
+            need.content.clone(),
+        );
+        if !seen.insert(key) {
+            continue;
+        }
+        let Some(s) = facts.storages.iter().find(|s| s.id == need.storage) else {
+            let path = format!("/storage/{}", need.storage);
+            let visible =
+                facts.has(&path, "Datastore.Audit") || facts.has(&path, "Datastore.AllocateSpace");
+            if !visible && facts.privileges.contains_key(&path) {
+                out.push(check(
+                    "PVE103",
+                    Severity::Error,
+                    &need.address,
+                    json!({"problem": "hidden", "storage": need.storage, "token": token}),
+                ));
+            } else {
+                out.push(check(
+                    "PVE103",
+                    Severity::Error,
+                    &need.address,
+                    json!({"problem": "missing", "storage": need.storage,
+                           "known": facts.storages.iter().map(|s| &s.id).collect::<Vec<_>>()}),
+                ));
+            }
+            continue;
+        };
+        let base = json!({"storage": s.id, "type": s.storage_type, "node": need.node});
+        let with = |problem: &str, extra: Value| {
+            let mut d = base.clone();
+            d["problem"] = problem.into();
+            if let (Some(o), Some(e)) = (d.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            d
+        };
+        if !s.enabled {
+            out.push(check(
+                "PVE103",
+                Severity::Error,
+                &need.address,
+                with("disabled", json!({})),
+            ));
+            continue;
+        }
+        if let Some(node) = need.node.as_ref().filter(|n| !bad_nodes.contains(*n)) {
+            let on_node = s.nodes.is_empty() || s.nodes.iter().any(|n| n == node);
+            let listed = facts
+                .node_storages
+                .get(node)
+                .is_none_or(|ids| ids.contains(&s.id));
+            if !on_node || !listed {
+                out.push(check(
+                    "PVE103",
+                    Severity::Error,
+                    &need.address,
+                    with("node", json!({"nodes": s.nodes})),
+                ));
+                continue;
+            }
+        }
+        if need.file && !s.file_based {
+            out.push(check(
+                "PVE103",
+                Severity::Error,
+                &need.address,
+                with("not_file", json!({})),
+            ));
+            continue;
+        }
+        if let Some(content) = &need.content {
+            if !s.content.iter().any(|c| c == content) {
+                let mut new_list = s.content.clone();
+                new_list.push(content.clone());
+                out.push(check(
+                    "PVE103",
+                    Severity::Error,
+                    &need.address,
+                    with("content", json!({"content": content, "new_list": new_list})),
+                ));
+            }
+        }
+    }
+
+    // PVE104: downloads.
+    for (address, storage, node) in &needs.downloads {
+        let sp = format!("/storage/{storage}");
+        let np = format!("/nodes/{node}");
+        let storage_ok = facts.has(&sp, "Datastore.AllocateTemplate");
+        let root_ok = facts.has("/", "Sys.Audit") && facts.has("/", "Sys.Modify");
+        let node_ok = facts.has(&np, "Sys.AccessNetwork");
+        if storage_ok && (root_ok || node_ok) {
+            continue;
+        }
+        let mut missing = Vec::new();
+        let mut grants = Vec::new();
+        if !storage_ok {
+            missing.push(format!("Datastore.AllocateTemplate on {sp}"));
+            grants.push(grant(
+                "PlanbotTemplates",
+                &["Datastore.AllocateTemplate", "Datastore.Audit"],
+                &sp,
+                token,
+            ));
+        }
+        if !(root_ok || node_ok) {
+            let mut root_missing: Vec<&str> = Vec::new();
+            for p in ["Sys.Audit", "Sys.Modify"] {
+                if !facts.has("/", p) {
+                    root_missing.push(p);
+                }
+            }
+            missing.push(format!(
+                "{} on / (or Sys.AccessNetwork on {np})",
+                root_missing.join(" + ")
+            ));
+            grants.push(grant(
+                "PlanbotDownload",
+                &["Sys.Audit", "Sys.Modify"],
+                "/",
+                token,
+            ));
+        }
+        out.push(check(
+            "PVE104",
+            Severity::Error,
+            address,
+            json!({"token": token, "storage": storage, "node": node, "missing": missing, "grants": grants}),
+        ));
+    }
+
+    // PVE105: snippets.
+    for (address, storage) in &needs.snippets {
+        let sp = format!("/storage/{storage}");
+        if facts.has(&sp, "Datastore.Allocate") {
+            continue;
+        }
+        let mut d = grant(
+            "PlanbotSnippets",
+            &["Datastore.Allocate", "Datastore.Audit"],
+            &sp,
+            token,
+        );
+        d["storage"] = storage.as_str().into();
+        out.push(check("PVE105", Severity::Error, address, d));
+    }
+
+    // PVE106: fixed VM ids.
+    for (address, id) in &needs.vmids {
+        if facts.taken_vmids.contains(id) {
+            out.push(check(
+                "PVE106",
+                Severity::Error,
+                address,
+                json!({"vmid": id, "free": facts.free_vmid}),
+            ));
+        }
+    }
+
+    // PVE107: Sys.Modify on /.
+    if !facts.has("/", "Sys.Modify") {
+        for (address, what) in &needs.sys_modify {
+            let mut d = grant("PlanbotSysModify", &["Sys.Modify"], "/", token);
+            d["what"] = (*what).into();
+            out.push(check("PVE107", Severity::Error, address, d));
+        }
+    }
+
+    sort_findings(&mut out);
+    out
+}
+
+/// The note's line when no endpoint is configured.
+pub fn skipped_note() -> String {
+    render_macro("preflight_skipped", &json!({}))
+}
+
+/// The note's line when the preflight ran (`checks` read-only calls, `findings` found).
+pub fn ran_note(url: &str, token_id: &str, findings: usize) -> String {
+    render_macro(
+        "preflight_ran",
+        &json!({"url": url, "token": token_id, "findings": findings}),
+    )
+}
+
+/// Why an apply is refused, naming the first error finding, or `None` when it may go ahead.
+pub fn apply_refusal(findings: &[Finding]) -> Option<String> {
+    let errors: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .collect();
+    let first = errors.first()?;
+    let text = render_macro(
+        "apply_refusal",
+        &json!({"rule": first.rule, "address": first.address, "message": first.message,
+                "fix": first.fix, "more": errors.len() - 1}),
+    );
+    Some(text)
+}

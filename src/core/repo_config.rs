@@ -1,0 +1,1041 @@
+//! The repo configuration `.planbot.toml` (design §5): roots, what triggers them, plan settings.
+//!
+//! Pure: parse + validate a text, decide which roots an MR's changed files affect, and render the
+//! texts (`planbot check-config` output, the MR note saying what is wrong) from `templates/`.
+//!
+//! ```toml
+//! [[roots]]
+//! name = "core"
+//! dir = "tofu/stacks/core"
+//! when_modified = ["*.tf", "*.tofu", "*.tfvars", "../../modules/**"]   # relative to dir
+//! var_files = ["terraform.tfvars"]
+//! workspace = "default"
+//! lint_disable = ["PVE003"]          # lint rules off for this root only
+//!
+//! [plan]
+//! checkout = "merge"                 # or "head"
+//! fork_mrs = "comment"               # or "never"
+//!
+//! [lint]
+//! disable = ["PVE010"]               # lint rules off for every root
+//! ```
+//!
+//! Absent file: one root named `default` at `.`, planned when any file changes. Unknown keys are
+//! errors, reported with their line and column.
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::ops::Range;
+use toml::Spanned;
+
+/// Where the file lives in the repository.
+pub const FILE_NAME: &str = ".planbot.toml";
+
+/// `when_modified` when a root does not say: anything under its directory.
+pub const DEFAULT_WHEN_MODIFIED: &[&str] = &["**"];
+
+/// Which commit of an MR is planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckoutMode {
+    /// GitLab's merge result (`refs/merge-requests/IID/merge`): what would land.
+    #[default]
+    Merge,
+    /// The MR's head commit.
+    Head,
+}
+
+impl CheckoutMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckoutMode::Merge => "merge",
+            CheckoutMode::Head => "head",
+        }
+    }
+}
+
+/// What happens to MRs from forks (their code is untrusted and never planned automatically).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForkMrs {
+    /// Ignored entirely.
+    Never,
+    /// A note says a maintainer can comment `planbot plan` to run it.
+    #[default]
+    Comment,
+}
+
+impl ForkMrs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForkMrs::Never => "never",
+            ForkMrs::Comment => "comment",
+        }
+    }
+}
+
+/// One root module planbot plans.
+#[derive(Debug, Clone)]
+pub struct Root {
+    pub name: String,
+    /// Repo-relative, normalised, `.` for the top.
+    pub dir: String,
+    /// The patterns as written (relative to `dir`).
+    pub when_modified: Vec<String>,
+    /// The same, resolved to repo-relative patterns (dir `tofu/stacks/core` + `../../modules/**`
+    /// → `tofu/modules/**`).
+    pub patterns: Vec<String>,
+    /// `-var-file` arguments, relative to `dir`.
+    pub var_files: Vec<String>,
+    pub workspace: String,
+    /// Lint rules off for this root (its own `lint_disable` plus the file's `[lint] disable`).
+    pub lint_disable: Vec<String>,
+    matcher: GlobSet,
+}
+
+impl PartialEq for Root {
+    fn eq(&self, other: &Root) -> bool {
+        self.name == other.name
+            && self.dir == other.dir
+            && self.patterns == other.patterns
+            && self.var_files == other.var_files
+            && self.workspace == other.workspace
+            && self.lint_disable == other.lint_disable
+    }
+}
+
+impl Root {
+    /// Does a change to this repo-relative path trigger the root?
+    pub fn is_triggered_by(&self, path: &str) -> bool {
+        self.matcher.is_match(path.trim_start_matches("./"))
+    }
+
+    /// Is lint rule `rule` switched off for this root?
+    pub fn lint_disabled(&self, rule: &str) -> bool {
+        self.lint_disable
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case(rule))
+    }
+}
+
+/// `[plan]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanSettings {
+    pub checkout: CheckoutMode,
+    pub fork_mrs: ForkMrs,
+}
+
+/// A valid repo configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RepoConfig {
+    pub roots: Vec<Root>,
+    pub plan: PlanSettings,
+    /// True when there was no `.planbot.toml` (the one-root default).
+    pub is_default: bool,
+}
+
+/// Whether one root is planned for a set of changed files, and why, in words.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RootDecision<'a> {
+    pub root: &'a Root,
+    pub affected: bool,
+    /// The changed files that triggered it (empty when skipped).
+    pub matched: Vec<String>,
+    /// "2 changed files match: `modules/vm/main.tf`, ..." or why it was skipped.
+    pub reason: String,
+}
+
+/// One thing wrong with a `.planbot.toml`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConfigProblem {
+    /// 1-based.
+    pub line: Option<usize>,
+    /// 1-based.
+    pub column: Option<usize>,
+    /// The key concerned, e.g. `when_modified` or `roots[1].dir`.
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "line {l}, column {c}: ")?,
+            (Some(l), None) => write!(f, "line {l}: ")?,
+            _ => {}
+        }
+        if let Some(k) = &self.key {
+            write!(f, "key `{k}`: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Everything wrong with a `.planbot.toml` (all problems at once, in file order).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct RepoConfigError {
+    pub problems: Vec<ConfigProblem>,
+}
+
+impl fmt::Display for RepoConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{FILE_NAME} is invalid: ")?;
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+// ----- the file's shape (serde) ------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    roots: Option<Spanned<Vec<RawRoot>>>,
+    #[serde(default)]
+    plan: Option<RawPlan>,
+    #[serde(default)]
+    lint: Option<RawLint>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoot {
+    name: Spanned<String>,
+    #[serde(default)]
+    dir: Option<Spanned<String>>,
+    #[serde(default)]
+    when_modified: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    var_files: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    workspace: Option<Spanned<String>>,
+    #[serde(default)]
+    lint_disable: Option<Vec<Spanned<String>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlan {
+    #[serde(default)]
+    checkout: Option<CheckoutMode>,
+    #[serde(default)]
+    fork_mrs: Option<ForkMrs>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLint {
+    #[serde(default)]
+    disable: Vec<Spanned<String>>,
+}
+
+// ----- parsing and validation --------------------------------------------------------------------
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, col)
+}
+
+struct Problems<'t> {
+    text: &'t str,
+    list: Vec<(usize, ConfigProblem)>,
+}
+
+impl Problems<'_> {
+    fn at(&mut self, span: Range<usize>, key: impl Into<String>, message: impl Into<String>) {
+        let (line, column) = line_col(self.text, span.start);
+        self.list.push((
+            span.start,
+            ConfigProblem {
+                line: Some(line),
+                column: Some(column),
+                key: Some(key.into()),
+                message: message.into(),
+            },
+        ));
+    }
+}
+
+/// The key a toml/serde message is about (`unknown field `x``, `missing field `name``).
+fn key_in_message(message: &str) -> Option<String> {
+    for lead in [
+        "unknown field `",
+        "missing field `",
+        "duplicate key `",
+        "duplicate field `",
+    ] {
+        if let Some(rest) = message.split(lead).nth(1) {
+            return rest.split('`').next().map(str::to_string);
+        }
+    }
+    None
+}
+
+/// The table header a byte offset sits under (`[[roots]]` number n, `[plan]`, ...), for keys.
+fn section_at(text: &str, offset: usize) -> Option<String> {
+    let mut section = None;
+    let mut root_index = 0usize;
+    let mut pos = 0usize;
+    for line in text.split_inclusive('\n') {
+        if pos > offset {
+            break;
+        }
+        let t = line.trim();
+        if t.starts_with("[[") {
+            let name = t
+                .trim_start_matches("[[")
+                .split("]]")
+                .next()
+                .unwrap_or("")
+                .trim();
+            if name == "roots" {
+                root_index += 1;
+                section = Some(format!("roots[{}]", root_index - 1));
+            } else {
+                section = Some(name.to_string());
+            }
+        } else if t.starts_with('[') {
+            let name = t
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim();
+            section = Some(name.to_string());
+        }
+        pos += line.len();
+    }
+    section
+}
+
+/// The `key` of a `key = value` line holding a byte offset.
+fn key_on_line(text: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(text.len());
+    let start = text[..offset].rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let line = text[start..].lines().next()?;
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    (!key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    .then(|| key.to_string())
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn valid_rule_id(s: &str) -> bool {
+    let letters = s.chars().take_while(|c| c.is_ascii_alphabetic()).count();
+    letters > 0 && letters < s.len() && s[letters..].chars().all(|c| c.is_ascii_digit())
+}
+
+/// Join `rel` onto the repo-relative `base` dir and resolve `.`/`..` lexically. `Err` when the
+/// result would leave the repository or `rel` is absolute.
+pub fn normalize_path(base: &str, rel: &str) -> Result<String, String> {
+    let drive = rel.len() > 1 && rel.as_bytes()[1] == b':';
+    if rel.starts_with('/') || rel.starts_with('\\') || drive {
+        return Err(format!("`{rel}` is absolute; paths are relative"));
+    }
+    if rel.contains('\\') {
+        return Err(format!("`{rel}` uses `\\`; use `/` as the separator"));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    let base_parts = base.split('/').filter(|p| !p.is_empty() && *p != ".");
+    for part in base_parts.chain(rel.split('/')) {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(format!("`{rel}` leaves the repository"));
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    if parts.is_empty() {
+        Ok(".".to_string())
+    } else {
+        Ok(parts.join("/"))
+    }
+}
+
+fn build_matcher(patterns: &[String]) -> Result<GlobSet, String> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        let glob = GlobBuilder::new(p)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+            .map_err(|e| e.kind().to_string())?;
+        b.add(glob);
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+impl RepoConfig {
+    /// No `.planbot.toml`: one root `default` at `.`, triggered by any change.
+    pub fn absent() -> RepoConfig {
+        let patterns: Vec<String> = DEFAULT_WHEN_MODIFIED
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        RepoConfig {
+            roots: vec![Root {
+                name: "default".into(),
+                dir: ".".into(),
+                when_modified: patterns.clone(),
+                matcher: build_matcher(&patterns).expect("default globs are valid"),
+                patterns,
+                var_files: Vec::new(),
+                workspace: "default".into(),
+                lint_disable: Vec::new(),
+            }],
+            plan: PlanSettings::default(),
+            is_default: true,
+        }
+    }
+
+    /// The configuration for a file's content, or [`RepoConfig::absent`] when there is none.
+    pub fn from_optional(text: Option<&str>) -> Result<RepoConfig, RepoConfigError> {
+        match text {
+            Some(t) => RepoConfig::parse(t),
+            None => Ok(RepoConfig::absent()),
+        }
+    }
+
+    /// Parse and validate a `.planbot.toml`. All problems are reported together.
+    pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {
+        let raw: RawFile = match toml::from_str(text) {
+            Ok(r) => r,
+            Err(e) => {
+                let (line, column) = match e.span() {
+                    Some(s) => {
+                        let (l, c) = line_col(text, s.start);
+                        (Some(l), Some(c))
+                    }
+                    None => (None, None),
+                };
+                let message = e.message().trim().to_string();
+                let key = key_in_message(&message)
+                    .or_else(|| e.span().and_then(|s| key_on_line(text, s.start)))
+                    .map(|k| match e.span().and_then(|s| section_at(text, s.start)) {
+                        Some(section) => format!("{section}.{k}"),
+                        None => k,
+                    });
+                return Err(RepoConfigError {
+                    problems: vec![ConfigProblem {
+                        line,
+                        column,
+                        key,
+                        message: humanize(&message),
+                    }],
+                });
+            }
+        };
+        let mut problems = Problems {
+            text,
+            list: Vec::new(),
+        };
+        let global_disable: Vec<String> = raw
+            .lint
+            .as_ref()
+            .map(|l| l.disable.iter().map(|r| r.get_ref().clone()).collect())
+            .unwrap_or_default();
+        if let Some(lint) = &raw.lint {
+            for r in &lint.disable {
+                if !valid_rule_id(r.get_ref()) {
+                    problems.at(
+                        r.span(),
+                        "lint.disable",
+                        format!("`{}` is not a rule id (like `PVE003`)", r.get_ref()),
+                    );
+                }
+            }
+        }
+        let plan = PlanSettings {
+            checkout: raw
+                .plan
+                .as_ref()
+                .and_then(|p| p.checkout)
+                .unwrap_or_default(),
+            fork_mrs: raw
+                .plan
+                .as_ref()
+                .and_then(|p| p.fork_mrs)
+                .unwrap_or_default(),
+        };
+
+        let mut roots = Vec::new();
+        let raw_roots = match raw.roots {
+            Some(r) => {
+                if r.get_ref().is_empty() {
+                    problems.at(
+                        r.span(),
+                        "roots",
+                        "no roots defined; remove the key to plan the repository's top directory",
+                    );
+                }
+                r.into_inner()
+            }
+            None => {
+                if problems.list.is_empty() {
+                    let mut cfg = RepoConfig::absent();
+                    cfg.is_default = false;
+                    cfg.plan = plan;
+                    cfg.roots[0].lint_disable = global_disable;
+                    return Ok(cfg);
+                }
+                Vec::new()
+            }
+        };
+        let mut dir_valid: Vec<bool> = Vec::new();
+        for (i, r) in raw_roots.into_iter().enumerate() {
+            let key = |k: &str| format!("roots[{i}].{k}");
+            let name = r.name.get_ref().trim().to_string();
+            if !valid_name(&name) {
+                problems.at(
+                    r.name.span(),
+                    key("name"),
+                    format!("`{}` is not a valid root name (letters, digits, `-`, `_`, `.`; at most 64)", r.name.get_ref()),
+                );
+            } else if roots.iter().any(|x: &Root| x.name == name) {
+                problems.at(
+                    r.name.span(),
+                    key("name"),
+                    format!("root name `{name}` is used twice; names must be unique"),
+                );
+            }
+            let mut dir_ok = true;
+            let dir = match &r.dir {
+                Some(d) => match normalize_path(".", d.get_ref()) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        problems.at(d.span(), key("dir"), e);
+                        dir_ok = false;
+                        ".".into()
+                    }
+                },
+                None => ".".into(),
+            };
+            let workspace = match &r.workspace {
+                Some(w) => {
+                    if !valid_name(w.get_ref()) {
+                        problems.at(
+                            w.span(),
+                            key("workspace"),
+                            format!("`{}` is not a valid workspace name", w.get_ref()),
+                        );
+                    }
+                    w.get_ref().clone()
+                }
+                None => "default".into(),
+            };
+            let clash = roots
+                .iter()
+                .zip(&dir_valid)
+                .find(|(x, ok): &(&Root, &bool)| {
+                    **ok && dir_ok && x.dir == dir && x.workspace == workspace
+                })
+                .map(|(x, _)| x);
+            if let Some(other) = clash {
+                let span = r
+                    .dir
+                    .as_ref()
+                    .map(|d| d.span())
+                    .unwrap_or_else(|| r.name.span());
+                problems.at(
+                    span,
+                    key("dir"),
+                    format!(
+                        "root `{}` already plans `{dir}` in workspace `{workspace}`",
+                        other.name
+                    ),
+                );
+            }
+            let (when_modified, spans): (Vec<String>, Vec<Range<usize>>) = match &r.when_modified {
+                Some(w) => {
+                    if w.get_ref().is_empty() {
+                        problems.at(
+                            w.span(),
+                            key("when_modified"),
+                            "empty list: the root would never be planned",
+                        );
+                    }
+                    w.get_ref()
+                        .iter()
+                        .map(|p| (p.get_ref().clone(), p.span()))
+                        .unzip()
+                }
+                None => (
+                    DEFAULT_WHEN_MODIFIED
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
+                    DEFAULT_WHEN_MODIFIED
+                        .iter()
+                        .map(|_| r.name.span())
+                        .collect(),
+                ),
+            };
+            let mut patterns = Vec::new();
+            for (p, span) in when_modified.iter().zip(spans) {
+                match normalize_path(&dir, p) {
+                    Ok(n) => match build_matcher(std::slice::from_ref(&n)) {
+                        Ok(_) => patterns.push(n),
+                        Err(e) => problems.at(
+                            span,
+                            key("when_modified"),
+                            format!("`{p}` is not a valid glob: {e}"),
+                        ),
+                    },
+                    Err(e) => problems.at(span, key("when_modified"), e),
+                }
+            }
+            let mut var_files = Vec::new();
+            for v in r.var_files.iter().flatten() {
+                if let Err(e) = normalize_path(&dir, v.get_ref()) {
+                    problems.at(v.span(), key("var_files"), e);
+                }
+                var_files.push(v.get_ref().clone());
+            }
+            let mut lint_disable = global_disable.clone();
+            for l in r.lint_disable.iter().flatten() {
+                if !valid_rule_id(l.get_ref()) {
+                    problems.at(
+                        l.span(),
+                        key("lint_disable"),
+                        format!("`{}` is not a rule id (like `PVE003`)", l.get_ref()),
+                    );
+                }
+                if !lint_disable.contains(l.get_ref()) {
+                    lint_disable.push(l.get_ref().clone());
+                }
+            }
+            dir_valid.push(dir_ok);
+            let matcher = build_matcher(&patterns).unwrap_or_else(|_| GlobSet::empty());
+            roots.push(Root {
+                name,
+                dir,
+                when_modified,
+                patterns,
+                var_files,
+                workspace,
+                lint_disable,
+                matcher,
+            });
+        }
+        if !problems.list.is_empty() {
+            let mut list = problems.list;
+            list.sort_by_key(|(offset, _)| *offset);
+            return Err(RepoConfigError {
+                problems: list.into_iter().map(|(_, p)| p).collect(),
+            });
+        }
+        Ok(RepoConfig {
+            roots,
+            plan,
+            is_default: false,
+        })
+    }
+
+    /// Each root, and whether the changed files (repo-relative) affect it.
+    pub fn roots_affected(&self, changed: &[String]) -> Vec<(&Root, bool)> {
+        self.decide(changed)
+            .into_iter()
+            .map(|d| (d.root, d.affected))
+            .collect()
+    }
+
+    /// Each root with the decision and its reason in words.
+    pub fn decide(&self, changed: &[String]) -> Vec<RootDecision<'_>> {
+        self.roots
+            .iter()
+            .map(|root| {
+                let matched: Vec<String> = changed
+                    .iter()
+                    .filter(|f| root.is_triggered_by(f))
+                    .cloned()
+                    .collect();
+                let reason = if matched.is_empty() {
+                    format!(
+                        "no changed file matches {}",
+                        root.patterns
+                            .iter()
+                            .map(|p| format!("`{p}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                } else {
+                    let shown: Vec<String> =
+                        matched.iter().take(3).map(|f| format!("`{f}`")).collect();
+                    let more = if matched.len() > 3 {
+                        format!(" and {} more", matched.len() - 3)
+                    } else {
+                        String::new()
+                    };
+                    let files = if matched.len() == 1 {
+                        "file matches"
+                    } else {
+                        "files match"
+                    };
+                    format!(
+                        "{} changed {files}: {}{more}",
+                        matched.len(),
+                        shown.join(", ")
+                    )
+                };
+                RootDecision {
+                    root,
+                    affected: !matched.is_empty(),
+                    matched,
+                    reason,
+                }
+            })
+            .collect()
+    }
+
+    /// A root by name.
+    pub fn root(&self, name: &str) -> Option<&Root> {
+        self.roots.iter().find(|r| r.name == name)
+    }
+}
+
+/// serde's wording, said the way an engineer would.
+fn humanize(message: &str) -> String {
+    let m = message
+        .replace("unknown field", "unknown key")
+        .replace("missing field", "missing key");
+    m.replace("unknown variant", "unknown value")
+}
+
+// ----- texts -----------------------------------------------------------------------------------
+
+const CHECK_CONFIG_TXT: &str = include_str!("../../templates/check_config.txt.j2");
+const CHECK_CONFIG_ERROR_TXT: &str = include_str!("../../templates/check_config_error.txt.j2");
+const REPO_CONFIG_ERROR_MD: &str = include_str!("../../templates/repo_config_error.md.j2");
+const REPO_CONFIG_PREVIEW_MD: &str = include_str!("../../templates/repo_config_preview.md.j2");
+
+fn env() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_keep_trailing_newline(true);
+    for (name, src) in [
+        ("check_config.txt", CHECK_CONFIG_TXT),
+        ("check_config_error.txt", CHECK_CONFIG_ERROR_TXT),
+        ("repo_config_error.md", REPO_CONFIG_ERROR_MD),
+        ("repo_config_preview.md", REPO_CONFIG_PREVIEW_MD),
+    ] {
+        env.add_template(name, src)
+            .expect("repo config templates parse");
+    }
+    env
+}
+
+#[derive(Serialize)]
+struct RootView<'a> {
+    name: &'a str,
+    dir: &'a str,
+    workspace: &'a str,
+    when_modified: &'a [String],
+    patterns: &'a [String],
+    var_files: &'a [String],
+    lint_disable: &'a [String],
+}
+
+fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
+    cfg.roots
+        .iter()
+        .map(|r| RootView {
+            name: &r.name,
+            dir: &r.dir,
+            workspace: &r.workspace,
+            when_modified: &r.when_modified,
+            patterns: &r.patterns,
+            var_files: &r.var_files,
+            lint_disable: &r.lint_disable,
+        })
+        .collect()
+}
+
+fn render(name: &str, ctx: minijinja::Value) -> String {
+    env()
+        .get_template(name)
+        .and_then(|t| t.render(ctx))
+        .unwrap_or_else(|e| format!("(template {name} failed: {e})\n"))
+}
+
+/// `planbot check-config FILE` output for a valid file.
+pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
+    render(
+        "check_config.txt",
+        minijinja::context! {
+            file => file,
+            roots => roots_view(cfg),
+            checkout => cfg.plan.checkout.as_str(),
+            fork_mrs => cfg.plan.fork_mrs.as_str(),
+        },
+    )
+}
+
+/// `planbot check-config FILE` output for an invalid file.
+pub fn render_check_config_error(file: &str, err: &RepoConfigError) -> String {
+    render(
+        "check_config_error.txt",
+        minijinja::context! {
+            file => file,
+            problems => err.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        },
+    )
+}
+
+/// The MR note text when the default branch's `.planbot.toml` is invalid (nothing is planned).
+pub fn render_error_note(branch: &str, err: &RepoConfigError) -> String {
+    render(
+        "repo_config_error.md",
+        minijinja::context! {
+            file => FILE_NAME,
+            branch => branch,
+            problems => err.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        },
+    )
+}
+
+/// The MR note section previewing a `.planbot.toml` the MR changes (valid or not).
+pub fn render_preview(result: &Result<RepoConfig, RepoConfigError>, branch: &str) -> String {
+    match result {
+        Ok(cfg) => render(
+            "repo_config_preview.md",
+            minijinja::context! {
+                file => FILE_NAME,
+                branch => branch,
+                valid => true,
+                roots => roots_view(cfg),
+                checkout => cfg.plan.checkout.as_str(),
+                fork_mrs => cfg.plan.fork_mrs.as_str(),
+            },
+        ),
+        Err(err) => render(
+            "repo_config_preview.md",
+            minijinja::context! {
+                file => FILE_NAME,
+                branch => branch,
+                valid => false,
+                problems => err.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            },
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"[[roots]]
+name = "core"
+dir = "tofu/stacks/core"
+when_modified = ["*.tf", "*.tofu", "*.tfvars", "../../modules/**"]
+var_files = ["terraform.tfvars"]
+workspace = "default"
+
+[[roots]]
+name = "dns"
+dir = "tofu/stacks/dns/"
+lint_disable = ["PVE003"]
+
+[plan]
+checkout = "merge"
+fork_mrs = "comment"
+
+[lint]
+disable = ["PVE010"]
+"#;
+
+    fn files(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_design_example_parses_with_paths_resolved_from_the_root_dir() {
+        let cfg = RepoConfig::parse(EXAMPLE).unwrap();
+        assert_eq!(cfg.roots.len(), 2);
+        let core = &cfg.roots[0];
+        assert_eq!(core.dir, "tofu/stacks/core");
+        assert_eq!(
+            core.patterns,
+            [
+                "tofu/stacks/core/*.tf",
+                "tofu/stacks/core/*.tofu",
+                "tofu/stacks/core/*.tfvars",
+                "tofu/modules/**"
+            ]
+        );
+        assert_eq!(core.var_files, ["terraform.tfvars"]);
+        assert_eq!(core.lint_disable, ["PVE010"]);
+        let dns = &cfg.roots[1];
+        assert_eq!(dns.dir, "tofu/stacks/dns");
+        assert_eq!(dns.patterns, ["tofu/stacks/dns/**"]);
+        assert_eq!(dns.lint_disable, ["PVE010", "PVE003"]);
+        assert!(dns.lint_disabled("pve003"));
+        assert!(!core.lint_disabled("PVE003"));
+        assert_eq!(cfg.plan.checkout, CheckoutMode::Merge);
+        assert_eq!(cfg.plan.fork_mrs, ForkMrs::Comment);
+    }
+
+    #[test]
+    fn changed_files_pick_the_roots_they_touch() {
+        let cfg = RepoConfig::parse(EXAMPLE).unwrap();
+        let d = cfg.decide(&files(&["tofu/modules/vm/disks/main.tf"]));
+        assert!(d[0].affected, "a module change re-plans core");
+        assert_eq!(
+            d[0].reason,
+            "1 changed file matches: `tofu/modules/vm/disks/main.tf`"
+        );
+        assert!(!d[1].affected);
+        assert_eq!(d[1].reason, "no changed file matches `tofu/stacks/dns/**`");
+
+        // `*.tf` is relative to the dir and does not cross directories.
+        let d = cfg.roots_affected(&files(&["tofu/stacks/core/sub/x.tf", "README.md"]));
+        assert!(!d[0].1);
+        let d = cfg.roots_affected(&files(&[
+            "tofu/stacks/core/main.tf",
+            "tofu/stacks/dns/a/b.yaml",
+        ]));
+        assert!(d[0].1 && d[1].1);
+        let many = files(&[
+            "tofu/modules/a",
+            "tofu/modules/b",
+            "tofu/modules/c",
+            "tofu/modules/d",
+            "tofu/modules/e",
+        ]);
+        assert_eq!(
+            cfg.decide(&many)[0].reason,
+            "5 changed files match: `tofu/modules/a`, `tofu/modules/b`, `tofu/modules/c` and 2 more"
+        );
+    }
+
+    #[test]
+    fn no_file_means_one_root_at_the_top_planned_on_any_change() {
+        let cfg = RepoConfig::from_optional(None).unwrap();
+        assert!(cfg.is_default);
+        assert_eq!(cfg.roots.len(), 1);
+        assert_eq!(cfg.roots[0].name, "default");
+        assert_eq!(cfg.roots[0].dir, ".");
+        assert!(cfg.roots_affected(&files(&["a/b/c.tf"]))[0].1);
+        assert!(!cfg.roots_affected(&[])[0].1);
+        // A file with only [plan] keeps the default root but its settings.
+        let cfg = RepoConfig::parse("[plan]\ncheckout = \"head\"\n").unwrap();
+        assert_eq!(cfg.roots[0].name, "default");
+        assert_eq!(cfg.plan.checkout, CheckoutMode::Head);
+        assert!(!cfg.is_default);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_line_and_name() {
+        let text = "[[roots]]\nname = \"core\"\ndirectory = \"x\"\n";
+        let err = RepoConfig::parse(text).unwrap_err();
+        let p = &err.problems[0];
+        assert_eq!(p.line, Some(3));
+        assert_eq!(p.key.as_deref(), Some("roots[0].directory"));
+        assert!(
+            p.message.starts_with("unknown key `directory`"),
+            "{}",
+            p.message
+        );
+
+        let err =
+            RepoConfig::parse("[plan]\ncheckout = \"merge\"\nforks = \"never\"\n").unwrap_err();
+        assert_eq!(err.problems[0].line, Some(3));
+        assert_eq!(err.problems[0].key.as_deref(), Some("plan.forks"));
+
+        let err = RepoConfig::parse("[plan]\ncheckout = \"rebase\"\n").unwrap_err();
+        assert_eq!(err.problems[0].line, Some(2));
+        assert_eq!(err.problems[0].key.as_deref(), Some("plan.checkout"));
+        assert!(
+            err.problems[0].message.contains("unknown value `rebase`"),
+            "{}",
+            err.problems[0].message
+        );
+
+        let err = RepoConfig::parse("[[roots]]\ndir = \"x\"\n").unwrap_err();
+        assert!(
+            err.problems[0].message.contains("missing key `name`"),
+            "{err}"
+        );
+
+        let err = RepoConfig::parse("[[roots]\nname = 1\n").unwrap_err();
+        assert_eq!(err.problems[0].line, Some(1));
+    }
+
+    #[test]
+    fn validation_reports_every_problem_with_its_line() {
+        let text = r#"[[roots]]
+name = "core"
+dir = "../outside"
+
+[[roots]]
+name = "core"
+dir = "/abs"
+when_modified = ["[", "../../../../x/**"]
+var_files = ["../../../../secrets.tfvars"]
+lint_disable = ["not a rule"]
+"#;
+        let err = RepoConfig::parse(text).unwrap_err();
+        let shown: Vec<String> = err.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "line 3, column 7: key `roots[0].dir`: `../outside` leaves the repository",
+                "line 6, column 8: key `roots[1].name`: root name `core` is used twice; names must be unique",
+                "line 7, column 7: key `roots[1].dir`: `/abs` is absolute; paths are relative",
+                "line 8, column 18: key `roots[1].when_modified`: `[` is not a valid glob: unclosed character class; missing ']'",
+                "line 8, column 23: key `roots[1].when_modified`: `../../../../x/**` leaves the repository",
+                "line 9, column 14: key `roots[1].var_files`: `../../../../secrets.tfvars` leaves the repository",
+                "line 10, column 17: key `roots[1].lint_disable`: `not a rule` is not a rule id (like `PVE003`)",
+            ]
+        );
+    }
+
+    #[test]
+    fn two_roots_on_the_same_dir_and_workspace_clash() {
+        let text = "[[roots]]\nname = \"a\"\ndir = \"x\"\n[[roots]]\nname = \"b\"\ndir = \"x/\"\n[[roots]]\nname = \"c\"\ndir = \"x\"\nworkspace = \"staging\"\n";
+        let err = RepoConfig::parse(text).unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert_eq!(
+            err.problems[0].to_string(),
+            "line 6, column 7: key `roots[1].dir`: root `a` already plans `x` in workspace `default`"
+        );
+    }
+
+    #[test]
+    fn paths_normalise_lexically_and_cannot_escape() {
+        assert_eq!(normalize_path("a/b", "../../m/**").unwrap(), "m/**");
+        assert_eq!(normalize_path(".", "./x/./y/").unwrap(), "x/y");
+        assert_eq!(normalize_path(".", "").unwrap(), ".");
+        assert!(normalize_path("a", "../../x").is_err());
+        assert!(normalize_path(".", "/etc").is_err());
+        assert!(normalize_path(".", "a\\b").is_err());
+    }
+}

@@ -1,0 +1,148 @@
+//! The shared state of a running service (`App`): config, store, queue, metrics, scrubber, locks.
+
+use crate::capabilities::engine::Engine;
+use crate::capabilities::gitlab::GitLab;
+use crate::capabilities::store::Store;
+use crate::capabilities::workspace::Workspace;
+use crate::core::config::Config;
+use crate::core::ids::UserId;
+use crate::core::redact::{Scrubber, Secrets};
+use crate::core::webhook;
+use crate::flows::credentials::{self, Use};
+pub use crate::flows::locks::RootLocks;
+use crate::flows::metrics::Metrics;
+use crate::flows::queue::Queue;
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+
+/// Everything the HTTP handlers, the workers and the flows share. Built once per process.
+pub struct App {
+    pub config: Config,
+    pub store: Store,
+    pub queue: Queue,
+    pub metrics: Metrics,
+    /// Scrubs every configured secret (tokens, engine env values, Proxmox tokens) from any text.
+    pub scrubber: Scrubber,
+    /// Plans and applies of the same (project, root) never run at the same time.
+    pub root_locks: RootLocks,
+    /// Git mirrors and per-job checkouts under `data_dir` (the bot token authenticates git).
+    pub workspace: Workspace,
+    /// What the webhook intake accepts.
+    pub webhook: webhook::Expected,
+    /// The GitLab API client, acting as the bot.
+    pub gitlab: GitLab,
+    /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
+    bot_user: tokio::sync::OnceCell<UserId>,
+}
+
+impl App {
+    /// Open the store (creating `data_dir`), prepare the private temp root, and assemble the state.
+    pub fn new(config: Config) -> Result<App> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
+        let store = Store::open(&config.data_dir.join("planbot.db"))?;
+        let mut secrets = Secrets::new();
+        secrets.extend(config.secrets());
+        let webhook = webhook::Expected {
+            webhook_secret: config
+                .gitlab
+                .webhook_secret
+                .as_ref()
+                .map(|s| s.expose().to_string()),
+            signing_key: config
+                .gitlab
+                .signing_token
+                .as_ref()
+                .and_then(|t| webhook::decode_signing_token(t.expose())),
+        };
+        let gitlab = GitLab::new(&config.gitlab.url, config.gitlab.token.expose())
+            .context("gitlab.url / gitlab.token")?;
+        let workspace = Workspace::new(
+            &config.data_dir.join("workspaces"),
+            config.gitlab.token.expose(),
+        )
+        .context("preparing the git workspace")?;
+        Ok(App {
+            workspace,
+            store,
+            queue: Queue::new(),
+            metrics: Metrics::new(),
+            scrubber: secrets.scrubber(),
+            root_locks: RootLocks::new(),
+            webhook,
+            gitlab,
+            bot_user: tokio::sync::OnceCell::new(),
+            config,
+        })
+    }
+
+    /// `<data_dir>/tmp`: the private (0700) temp root for plan files; wiped at start-up.
+    pub fn temp_root(&self) -> PathBuf {
+        self.config.data_dir.join("tmp")
+    }
+
+    /// The engine runner for a plan (plan credentials) or an apply (apply credentials), see
+    /// [`crate::flows::credentials`].
+    pub fn engine(&self, use_: Use) -> Result<Engine> {
+        let engine = &self.config.engine;
+        Engine::builder(&engine.binary, self.temp_root())
+            .timeout(engine.timeout)
+            .grace(engine.grace)
+            .lock_timeout(engine.lock_timeout)
+            .env(credentials::engine_env(&self.config, use_))
+            .plugin_cache_dir(self.config.data_dir.join("plugin-cache"))
+            .build()
+            .with_context(|| format!("engine.binary = {:?}", engine.binary))
+    }
+
+    /// `<data_dir>/workspaces`: git mirrors and per-job worktrees.
+    pub fn workspaces_dir(&self) -> PathBuf {
+        self.config.data_dir.join("workspaces")
+    }
+
+    /// The run page's absolute URL, when `public_url` is set.
+    pub fn run_url(&self, run: crate::core::ids::RunId) -> Option<String> {
+        self.config
+            .public_url
+            .as_ref()
+            .map(|u| format!("{u}/runs/{run}"))
+    }
+
+    /// Whether GitLab answers with our token (`GET /user`): for `/readyz`. Also caches the bot user.
+    pub async fn gitlab_reachable(&self) -> Result<()> {
+        self.bot_user().await.map(|_| ())
+    }
+
+    /// The bot user's id (cached after the first successful `GET /user`).
+    pub async fn bot_user(&self) -> Result<UserId> {
+        let id = self
+            .bot_user
+            .get_or_try_init(|| async {
+                match self.gitlab.current_user().await {
+                    Ok(u) => Ok(u.id),
+                    Err(e) => {
+                        self.metrics.gitlab_error("current_user");
+                        Err(e)
+                    }
+                }
+            })
+            .await
+            .context("GET /user")?;
+        Ok(*id)
+    }
+}
+
+/// Recreate the private temp root empty (plan files never outlive their job, also after a crash).
+pub fn wipe_temp_root(dir: &std::path::Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("chmod 0700 {}", dir.display()))?;
+    }
+    Ok(())
+}

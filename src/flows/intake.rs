@@ -1,0 +1,95 @@
+//! `POST /webhooks/gitlab`: verify, parse, record, enqueue — and answer within milliseconds.
+
+use crate::capabilities::store::NewDelivery;
+use crate::core::events;
+use crate::core::webhook::{self, Presented};
+use crate::flows::app::App;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+/// Webhook bodies are at most 25 MiB (GitLab's own limit).
+pub const BODY_LIMIT: usize = 25 * 1024 * 1024;
+
+/// Bodies above this are parsed on the blocking pool so the runtime stays responsive.
+const PARSE_INLINE_MAX: usize = 256 * 1024;
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+pub async fn gitlab_webhook(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    let event_header = header(&headers, "x-gitlab-event");
+    let event = events::event_label(event_header);
+    let presented = Presented {
+        gitlab_token: header(&headers, "x-gitlab-token"),
+        webhook_id: header(&headers, "webhook-id"),
+        webhook_timestamp: header(&headers, "webhook-timestamp"),
+        webhook_signature: header(&headers, "webhook-signature"),
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    if let Err(refusal) = webhook::verify(&presented, &body, &app.webhook, now) {
+        tracing::warn!(event, reason = %refusal, "webhook refused (401)");
+        app.metrics.delivery(event, "unauthorized");
+        return StatusCode::UNAUTHORIZED;
+    }
+    let decision = if body.len() <= PARSE_INLINE_MAX {
+        events::decide(event_header, &body, &app.config.gitlab.projects)
+    } else {
+        let (app2, body2, ev) = (app.clone(), body.clone(), event_header.map(str::to_string));
+        match tokio::task::spawn_blocking(move || {
+            events::decide(ev.as_deref(), &body2, &app2.config.gitlab.projects)
+        })
+        .await
+        {
+            Ok(d) => d,
+            Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
+        }
+    };
+    let key = header(&headers, "idempotency-key")
+        .or(presented.webhook_id)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("sha256:{}", hex::encode(Sha256::digest(&body))));
+    if decision.is_unparseable() {
+        tracing::warn!(event, key, outcome = %decision.outcome, "authentic webhook that planbot cannot parse (answered 200)");
+    } else if decision.jobs.is_empty() {
+        tracing::debug!(event, key, outcome = %decision.outcome, "webhook ignored");
+    }
+    let delivery = NewDelivery {
+        key,
+        event: event.to_string(),
+        outcome: decision.outcome.clone(),
+        project: decision.project,
+        mr: decision.mr,
+    };
+    match app.store.record_delivery(delivery, decision.jobs).await {
+        Ok(o) if o.duplicate => {
+            app.metrics.delivery(event, "duplicate");
+            StatusCode::OK
+        }
+        Ok(o) => {
+            app.queue.cancel(&o.cancel_running);
+            app.queue.jobs_added(o.enqueued.len());
+            app.metrics.delivery(
+                event,
+                crate::flows::metrics::delivery_outcome_label(&decision.outcome),
+            );
+            StatusCode::OK
+        }
+        Err(e) => {
+            // Not committed: say so (GitLab counts it as a failure, which it is).
+            tracing::error!(event, error = %format!("{e:#}"), "cannot record a webhook delivery");
+            app.metrics.delivery(event, "store_error");
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    }
+}

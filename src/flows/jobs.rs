@@ -1,0 +1,390 @@
+//! The queue's non-plan jobs: merged, closed, comment commands, fork notices, start-up reconciliation.
+
+use crate::capabilities::gitlab::{AccessLevel, GitLabError, MergeRequest};
+use crate::core::config::ProjectRef;
+use crate::core::events::{Command, Job, PlanJob, PlanReason};
+use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
+use crate::core::render::NOTE_MARKER;
+use crate::flows::app::App;
+use crate::flows::queue::{self, CancellationToken};
+use anyhow::Result;
+use minijinja::{context, Environment};
+use std::sync::OnceLock;
+
+/// Marks planbot's fork notice so it is posted once per MR.
+pub const FORK_NOTICE_MARKER: &str = "<!-- planbot:fork-notice -->";
+/// Marks the merged banner inside the plan note.
+pub const MERGED_BANNER_MARKER: &str = "<!-- planbot:merged -->";
+
+fn templates() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        for (name, src) in [
+            ("help", include_str!("../../templates/comments/help.md.j2")),
+            (
+                "fork_notice",
+                include_str!("../../templates/comments/fork_notice.md.j2"),
+            ),
+            (
+                "command_refused",
+                include_str!("../../templates/comments/command_refused.md.j2"),
+            ),
+            (
+                "merged_banner",
+                include_str!("../../templates/comments/merged_banner.md.j2"),
+            ),
+        ] {
+            env.add_template(name, src)
+                .expect("comment templates parse");
+        }
+        env
+    })
+}
+
+fn render(name: &str, ctx: minijinja::Value) -> Result<String> {
+    Ok(templates()
+        .get_template(name)?
+        .render(ctx)?
+        .trim_end()
+        .to_string()
+        + "\n")
+}
+
+/// Run one non-plan job.
+pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()> {
+    match job {
+        Job::Closed { project, mr } => closed(app, *project, *mr).await,
+        Job::MarkMerged {
+            project,
+            mr,
+            merge_commit,
+            target_branch,
+        } => {
+            mark_merged(
+                app,
+                *project,
+                *mr,
+                merge_commit.as_ref(),
+                target_branch.as_deref(),
+            )
+            .await
+        }
+        Job::Command {
+            project,
+            project_path,
+            mr,
+            author,
+            command,
+            ..
+        } => run_command(app, *project, project_path.clone(), *mr, *author, *command).await,
+        Job::ForkNotice { project, mr, .. } => fork_notice(app, *project, *mr).await,
+        Job::Reconcile => reconcile(app, cancel).await,
+        Job::Plan(_) => unreachable!("plan jobs go to flows::plan"),
+    }
+}
+
+fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
+    r.map_err(|e| {
+        app.metrics.gitlab_error(op);
+        anyhow::Error::new(e).context(op.to_string())
+    })
+}
+
+async fn closed(_app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
+    // Queued and running work of the MR was cancelled when this job was enqueued (same
+    // transaction); a cancelled plan's checkout is removed when its job stops (checkouts are
+    // per job). The project's shared mirror stays for the other MRs.
+    tracing::info!(
+        project = project.0,
+        mr = mr.0,
+        "merge request closed: queued work dropped"
+    );
+    Ok(())
+}
+
+/// Put the merged banner on the plan note, then re-plan the other open MRs of the same target
+/// branch (their plans were made against a base that just changed).
+async fn mark_merged(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+    merge_commit: Option<&CommitSha>,
+    target_branch: Option<&str>,
+) -> Result<()> {
+    let target = target_branch.unwrap_or("main");
+    let banner = format!(
+        "{MERGED_BANNER_MARKER}\n{}",
+        render(
+            "merged_banner",
+            context! {
+                target_branch => target,
+                job_name => &app.config.apply.job_name,
+                merge_commit => merge_commit.map(|s| s.short().to_string()),
+            },
+        )?
+    );
+    if let Some((note_id, body)) = find_note(app, project, mr, NOTE_MARKER).await? {
+        if !body.contains(MERGED_BANNER_MARKER) {
+            let new_body = match body.split_once(NOTE_MARKER) {
+                Some((before, after)) => format!("{before}{NOTE_MARKER}\n{banner}{after}"),
+                None => format!("{banner}\n{body}"),
+            };
+            gl(
+                app,
+                "edit_mr_note",
+                app.gitlab
+                    .edit_mr_note(project, mr, note_id, &new_body)
+                    .await,
+            )?;
+        }
+    }
+    let open = gl(
+        app,
+        "open_merge_requests",
+        app.gitlab.open_merge_requests(project).await,
+    )?;
+    for other in open {
+        if other.iid == mr || other.target_branch != target || other.is_fork() {
+            continue;
+        }
+        if let Some(job) = plan_job_for(
+            project,
+            None,
+            &other,
+            PlanReason::SiblingMerged { merged: mr },
+            None,
+        ) {
+            queue::enqueue(app, Job::Plan(job)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The plan note (or another planbot note) by its marker: the cached id first, else a search.
+async fn find_note(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+    marker: &str,
+) -> Result<Option<(crate::core::ids::NoteId, String)>> {
+    let notes = gl(app, "mr_notes", app.gitlab.mr_notes(project, mr).await)?;
+    let cached = if marker == NOTE_MARKER {
+        app.store.mr_note(project, mr).await?
+    } else {
+        None
+    };
+    let found = notes
+        .iter()
+        .find(|n| Some(n.id) == cached)
+        .or_else(|| notes.iter().find(|n| !n.system && n.body.contains(marker)));
+    Ok(found.map(|n| (n.id, n.body.clone())))
+}
+
+fn plan_job_for(
+    project: ProjectId,
+    project_path: Option<String>,
+    mr: &MergeRequest,
+    reason: PlanReason,
+    requested_by: Option<UserId>,
+) -> Option<PlanJob> {
+    Some(PlanJob {
+        project,
+        project_path,
+        mr: mr.iid,
+        head: mr.sha.clone()?,
+        target_branch: Some(mr.target_branch.clone()).filter(|b| !b.is_empty()),
+        source_project: mr.source_project_id,
+        fork: mr.is_fork(),
+        draft: mr.draft,
+        reason,
+        requested_by,
+    })
+}
+
+async fn run_command(
+    app: &App,
+    project: ProjectId,
+    project_path: Option<String>,
+    mr: MrIid,
+    author: UserId,
+    command: Command,
+) -> Result<()> {
+    if author == app.bot_user().await? {
+        return Ok(()); // our own note
+    }
+    let mr_info = gl(
+        app,
+        "merge_request",
+        app.gitlab.merge_request(project, mr).await,
+    )?;
+    let access = gl(
+        app,
+        "member_access",
+        app.gitlab.member_access(project, author).await,
+    )?;
+    let needed = if mr_info.is_fork() && command == Command::Plan {
+        AccessLevel::MAINTAINER
+    } else {
+        AccessLevel::DEVELOPER
+    };
+    let cmd_name = match command {
+        Command::Plan => "plan",
+        Command::Help => "help",
+    };
+    if access.is_none_or(|a| a < needed) {
+        tracing::info!(
+            project = project.0,
+            mr = mr.0,
+            user = author.0,
+            "comment command refused: not enough access"
+        );
+        let body = render(
+            "command_refused",
+            context! {
+                command => cmd_name,
+                reason => if needed == AccessLevel::MAINTAINER { "fork" } else { "developer" },
+                username => Option::<String>::None,
+            },
+        )?;
+        gl(
+            app,
+            "create_mr_note",
+            app.gitlab.create_mr_note(project, mr, &body).await,
+        )?;
+        return Ok(());
+    }
+    match command {
+        Command::Help => {
+            let body = render(
+                "help",
+                context! {
+                    engine => &app.config.engine.binary,
+                    job_name => &app.config.apply.job_name,
+                    target_branch => &mr_info.target_branch,
+                    public_url => &app.config.public_url,
+                },
+            )?;
+            gl(
+                app,
+                "create_mr_note",
+                app.gitlab.create_mr_note(project, mr, &body).await,
+            )?;
+        }
+        Command::Plan => {
+            if mr_info.state != "opened" {
+                tracing::info!(project = project.0, mr = mr.0, state = %mr_info.state, "`planbot plan` on an MR that is not open: ignored");
+                return Ok(());
+            }
+            let Some(job) = plan_job_for(
+                project,
+                project_path,
+                &mr_info,
+                PlanReason::Command,
+                Some(author),
+            ) else {
+                anyhow::bail!("merge request !{mr} has no head commit yet");
+            };
+            queue::enqueue(app, Job::Plan(job)).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn fork_notice(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
+    if find_note(app, project, mr, FORK_NOTICE_MARKER)
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let body = render("fork_notice", context! {})?;
+    gl(
+        app,
+        "create_mr_note",
+        app.gitlab.create_mr_note(project, mr, &body).await,
+    )?;
+    Ok(())
+}
+
+/// Start-up: GitLab does not re-deliver webhooks lost while planbot was down, so plan every
+/// open (non-fork) MR of the allowed projects whose head has no plan yet.
+async fn reconcile(app: &App, cancel: &CancellationToken) -> Result<()> {
+    let mut failures = Vec::new();
+    for p in &app.config.gitlab.projects.0 {
+        if cancel.is_cancelled() {
+            return Ok(());
+        }
+        let key = match p {
+            ProjectRef::Id(id) => id.to_string(),
+            ProjectRef::Path(path) => path.clone(),
+        };
+        let project = match app.gitlab.project(&key).await {
+            Ok(pr) => pr,
+            Err(e) => {
+                app.metrics.gitlab_error("project");
+                failures.push(format!("{key}: {e}"));
+                continue;
+            }
+        };
+        let open = match app.gitlab.open_merge_requests(project.id).await {
+            Ok(o) => o,
+            Err(e) => {
+                app.metrics.gitlab_error("open_merge_requests");
+                failures.push(format!("{key}: {e}"));
+                continue;
+            }
+        };
+        for mr in open {
+            if mr.is_fork() {
+                continue;
+            }
+            let Some(sha) = mr.sha.clone() else { continue };
+            if app.store.head_has_plan(project.id, mr.iid, sha).await? {
+                continue;
+            }
+            let path = Some(project.path_with_namespace.clone()).filter(|p| !p.is_empty());
+            if let Some(job) = plan_job_for(project.id, path, &mr, PlanReason::Reconcile, None) {
+                tracing::info!(project = %key, mr = mr.iid.0, "reconcile: open MR without a plan for its head");
+                queue::enqueue(app, Job::Plan(job)).await?;
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("reconcile could not read: {}", failures.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comment_templates_render() {
+        let help = render(
+            "help",
+            context! { engine => "tofu", job_name => "planbot-apply", target_branch => "main", public_url => "https://planbot.example.com" },
+        )
+        .unwrap();
+        insta::assert_snapshot!("help_note", help);
+        let refused = render(
+            "command_refused",
+            context! { command => "plan", reason => "fork", username => "sjones" },
+        )
+        .unwrap();
+        insta::assert_snapshot!("command_refused_fork", refused);
+        let banner = render(
+            "merged_banner",
+            context! { target_branch => "main", job_name => "planbot-apply", merge_commit => "2222abcd" },
+        )
+        .unwrap();
+        insta::assert_snapshot!("merged_banner", banner);
+        insta::assert_snapshot!("fork_notice", render("fork_notice", context! {}).unwrap());
+        assert!(render("fork_notice", context! {})
+            .unwrap()
+            .starts_with(FORK_NOTICE_MARKER));
+    }
+}

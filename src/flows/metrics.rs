@@ -1,0 +1,175 @@
+//! Prometheus metrics (`GET /metrics`): deliveries by event and outcome, queue depth, plan durations, GitLab API errors.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    event: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: String,
+}
+
+/// All of planbot's metrics, registered once.
+pub struct Metrics {
+    registry: Registry,
+    deliveries: Family<DeliveryLabels, Counter>,
+    queue_depth: Gauge,
+    running_jobs: Gauge,
+    plan_duration: Family<OutcomeLabels, Histogram>,
+    gitlab_errors: Family<OperationLabels, Counter>,
+}
+
+/// The `outcome` label of a delivery: `accepted`, `duplicate`, `ignored`, `unparseable`, `unauthorized`, `store_error`.
+pub fn delivery_outcome_label(outcome: &str) -> &'static str {
+    if outcome == "enqueued" {
+        "accepted"
+    } else if outcome.starts_with("ignored") {
+        "ignored"
+    } else if outcome.starts_with("unparseable") {
+        "unparseable"
+    } else {
+        "other"
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("planbot");
+        let deliveries = Family::<DeliveryLabels, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Webhook deliveries received, by X-Gitlab-Event and outcome",
+            deliveries.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register(
+            "queue_depth",
+            "Jobs waiting in the queue",
+            queue_depth.clone(),
+        );
+        let running_jobs = Gauge::default();
+        registry.register(
+            "running_jobs",
+            "Jobs being run by the workers",
+            running_jobs.clone(),
+        );
+        let plan_duration = Family::<OutcomeLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.5, 2.0, 13))
+        });
+        registry.register(
+            "plan_duration_seconds",
+            "Wall time of plan jobs (all roots of one MR head), by outcome",
+            plan_duration.clone(),
+        );
+        let gitlab_errors = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "gitlab_api_errors",
+            "Failed GitLab API calls (after retries), by operation",
+            gitlab_errors.clone(),
+        );
+        Metrics {
+            registry,
+            deliveries,
+            queue_depth,
+            running_jobs,
+            plan_duration,
+            gitlab_errors,
+        }
+    }
+
+    pub fn delivery(&self, event: &str, outcome: &str) {
+        self.deliveries
+            .get_or_create(&DeliveryLabels {
+                event: event.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_queue_depth(&self, n: u64) {
+        self.queue_depth.set(n as i64);
+    }
+
+    pub fn job_started(&self) {
+        self.running_jobs.inc();
+    }
+
+    pub fn job_finished(&self) {
+        self.running_jobs.dec();
+    }
+
+    /// One plan job took `d`; `outcome` is `succeeded`, `failed` or `canceled`.
+    pub fn plan_finished(&self, d: Duration, outcome: &str) {
+        self.plan_duration
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .observe(d.as_secs_f64());
+    }
+
+    /// A GitLab API call failed (count it where the error is handled).
+    pub fn gitlab_error(&self, operation: &str) {
+        self.gitlab_errors
+            .get_or_create(&OperationLabels {
+                operation: operation.to_string(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus/OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_show_up_in_the_text_format() {
+        let m = Metrics::new();
+        m.delivery("merge_request", "accepted");
+        m.delivery("merge_request", "accepted");
+        m.delivery("note", "unauthorized");
+        m.set_queue_depth(3);
+        m.plan_finished(Duration::from_secs(3), "succeeded");
+        m.gitlab_error("create_mr_note");
+        let text = m.encode();
+        assert!(
+            text.contains(
+                r#"planbot_webhook_deliveries_total{event="merge_request",outcome="accepted"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"planbot_webhook_deliveries_total{event="note",outcome="unauthorized"} 1"#
+        ));
+        assert!(text.contains("planbot_queue_depth 3"));
+        assert!(text.contains(r#"planbot_plan_duration_seconds_count{outcome="succeeded"} 1"#));
+        assert!(text.contains(r#"planbot_gitlab_api_errors_total{operation="create_mr_note"} 1"#));
+    }
+}

@@ -1,0 +1,242 @@
+//! Proxmox preflight, the fetching half: read-only API calls for what the plan needs, then the
+//! pure evaluation in `core::preflight`. Runs in the plan flow and again just before apply.
+
+use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
+use crate::core::lint::Finding;
+use crate::core::plan::Plan;
+use crate::core::preflight::{self, ClusterFacts, Needs, NodeFact, StorageFact};
+use anyhow::Result;
+use std::collections::BTreeSet;
+
+/// The preflight's findings for `plan` (PVE101–PVE107). Only GET requests are made; an API
+/// that cannot be used at all gives one PVE101 finding rather than an error.
+pub async fn preflight(client: &Proxmox, plan: &Plan) -> Result<Vec<Finding>> {
+    Ok(run(client, plan).await.0)
+}
+
+/// [`preflight`] plus the facts it fetched (the plan flow passes `facts.lint_facts()` to the
+/// lint rules so that a snippet on shared storage is not reported).
+pub async fn run(client: &Proxmox, plan: &Plan) -> (Vec<Finding>, ClusterFacts) {
+    let needs = preflight::needs(plan);
+    match gather(client, &needs).await {
+        Ok(facts) => (preflight::evaluate(&needs, &facts), facts),
+        Err(e) => (
+            vec![preflight::unreachable(
+                client.base_url().as_str(),
+                &e.to_string(),
+            )],
+            ClusterFacts {
+                token_id: client.token_id().to_string(),
+                ..ClusterFacts::default()
+            },
+        ),
+    }
+}
+
+/// Fetch what `needs` asks about: version, nodes, storages (cluster-wide and per node),
+/// one `/access/permissions?path=` per needed path, and whether fixed VM ids are taken.
+pub async fn gather(client: &Proxmox, needs: &Needs) -> Result<ClusterFacts, ProxmoxError> {
+    let mut facts = ClusterFacts {
+        token_id: client.token_id().to_string(),
+        ..ClusterFacts::default()
+    };
+    facts.version = Some(client.version().await?.version);
+    if needs.is_empty() {
+        return Ok(facts);
+    }
+    facts.nodes = client
+        .nodes()
+        .await?
+        .into_iter()
+        .map(|n| NodeFact {
+            online: n.is_online(),
+            status: n.status.clone().unwrap_or_else(|| "unknown".into()),
+            name: n.node,
+        })
+        .collect();
+    if !needs.storages.is_empty() {
+        facts.storages = client
+            .storage()
+            .await?
+            .into_iter()
+            .map(|s| StorageFact {
+                file_based: s.is_file_based(),
+                id: s.storage,
+                storage_type: s.storage_type,
+                content: s.content,
+                nodes: s.nodes,
+                enabled: !s.disable,
+                shared: s.shared,
+            })
+            .collect();
+        let nodes: BTreeSet<&String> = needs
+            .storages
+            .iter()
+            .filter_map(|s| s.node.as_ref())
+            .filter(|n| facts.nodes.iter().any(|f| &f.name == *n && f.online))
+            .collect();
+        for node in nodes {
+            let ids = client
+                .node_storage(node)
+                .await?
+                .into_iter()
+                .filter(|s| s.enabled)
+                .map(|s| s.storage)
+                .collect();
+            facts.node_storages.insert(node.clone(), ids);
+        }
+    }
+    for path in needs.permission_paths() {
+        let privs = client.privileges_on(&path).await?;
+        facts.privileges.insert(path, privs);
+    }
+    for (_, id) in &needs.vmids {
+        if !client.next_id(*id).await? {
+            facts.taken_vmids.insert(*id);
+        }
+    }
+    if !facts.taken_vmids.is_empty() {
+        facts.free_vmid = client.free_id().await.ok();
+    }
+    Ok(facts)
+}
+
+/// The Proxmox endpoint for one use (plan or apply): the service config's
+/// `[proxmox.plan]`/`[proxmox.apply]` over `[proxmox]` (pass `config.proxmox.for_plan()`), key
+/// by key falling back to the provider's variables in `engine.env`, then in the process
+/// environment (`PROXMOX_VE_ENDPOINT` / `PROXMOX_VE_API_TOKEN`, else `PM_VE_*`).
+/// `None` when no endpoint and token can be found: the preflight is then skipped.
+pub fn endpoint_from_config(
+    configured: &crate::core::config::ProxmoxEndpoint,
+    engine_env: &std::collections::BTreeMap<String, crate::core::config::Secret>,
+) -> Option<ProxmoxEndpoint> {
+    let lookup = |k: &str| {
+        engine_env
+            .get(k)
+            .map(|s| s.expose().to_string())
+            .or_else(|| std::env::var(k).ok())
+            .filter(|v| !v.is_empty())
+    };
+    let from_env = ProxmoxEndpoint::from_lookup(lookup);
+    let url = configured
+        .endpoint
+        .clone()
+        .or_else(|| from_env.as_ref().map(|e| e.url.clone()))?;
+    let token = configured
+        .api_token
+        .as_ref()
+        .map(|s| s.expose().to_string())
+        .or_else(|| from_env.as_ref().map(|e| e.api_token.expose().to_string()))?;
+    let mut ep = ProxmoxEndpoint::new(url, token);
+    ep.insecure = configured.insecure
+        || (configured.endpoint.is_none() && from_env.as_ref().is_some_and(|e| e.insecure));
+    ep.ca_file = configured.ca_file.clone();
+    Some(ep)
+}
+
+/// What the plan flow puts in the note: the findings (to merge with the lint findings), the
+/// preflight line for `NoteContext::preflight_note`, and facts that sharpen the lint rules.
+#[derive(Debug, Clone, Default)]
+pub struct PlanPreflight {
+    pub findings: Vec<Finding>,
+    pub note: String,
+    pub lint_facts: crate::core::lint::Facts,
+}
+
+/// The plan flow's preflight: skipped (and said so) without an endpoint.
+pub async fn for_plan(endpoint: Option<ProxmoxEndpoint>, plan: &Plan) -> PlanPreflight {
+    let Some(ep) = endpoint else {
+        return PlanPreflight {
+            note: preflight::skipped_note(),
+            ..PlanPreflight::default()
+        };
+    };
+    let url = ep.url.clone();
+    let client = match Proxmox::new(ep) {
+        Ok(c) => c,
+        Err(e) => {
+            return PlanPreflight {
+                findings: vec![preflight::unreachable(&url, &e.to_string())],
+                note: preflight::ran_note(&url, "", 1),
+                ..PlanPreflight::default()
+            }
+        }
+    };
+    let (findings, facts) = run(&client, plan).await;
+    PlanPreflight {
+        note: preflight::ran_note(&url, client.token_id(), findings.len()),
+        lint_facts: facts.lint_facts(),
+        findings,
+    }
+}
+
+/// The apply flow's preflight, just before apply: `Err(why)` refuses the apply, naming the
+/// first error finding and its fix. Without an endpoint the apply goes ahead (nothing to check).
+pub async fn before_apply(
+    endpoint: Option<ProxmoxEndpoint>,
+    plan: &Plan,
+) -> std::result::Result<Vec<Finding>, String> {
+    let Some(ep) = endpoint else {
+        return Ok(Vec::new());
+    };
+    let url = ep.url.clone();
+    let client = Proxmox::new(ep).map_err(|e| {
+        preflight::apply_refusal(&[{
+            let mut f = preflight::unreachable(&url, &e.to_string());
+            f.severity = crate::core::lint::Severity::Error;
+            f
+        }])
+        .unwrap_or_default()
+    })?;
+    let findings = preflight(&client, plan).await.unwrap_or_default();
+    match preflight::apply_refusal(&findings) {
+        Some(why) => Err(why),
+        None => Ok(findings),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::{ProxmoxConfig, ProxmoxEndpoint as Configured, Secret};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn plan_and_apply_credentials_come_from_the_config_then_engine_env() {
+        let cfg = ProxmoxConfig {
+            default: Configured {
+                endpoint: Some("https://pve01:8006/".into()),
+                api_token: Some(Secret::new("tofu@pve!apply=aaa")),
+                insecure: false,
+                ca_file: None,
+            },
+            plan: Some(Configured {
+                api_token: Some(Secret::new("tofu@pve!plan=bbb")),
+                ..Configured::default()
+            }),
+            apply: None,
+        };
+        let none = BTreeMap::new();
+        let plan = endpoint_from_config(&cfg.for_plan(), &none).unwrap();
+        let apply = endpoint_from_config(&cfg.for_apply(), &none).unwrap();
+        assert_eq!(plan.url, "https://pve01:8006/");
+        assert_eq!(plan.api_token.id(), "tofu@pve!plan");
+        assert_eq!(apply.api_token.id(), "tofu@pve!apply");
+
+        // Nothing in [proxmox]: the provider's variables in engine.env.
+        let env = BTreeMap::from([
+            (
+                "PROXMOX_VE_ENDPOINT".to_string(),
+                Secret::new("https://pve02:8006/"),
+            ),
+            (
+                "PROXMOX_VE_API_TOKEN".to_string(),
+                Secret::new("root@pam!tofu=ccc"),
+            ),
+        ]);
+        let ep = endpoint_from_config(&Configured::default(), &env).unwrap();
+        assert_eq!(ep.url, "https://pve02:8006/");
+        assert_eq!(ep.api_token.id(), "root@pam!tofu");
+        assert!(!ep.insecure);
+    }
+}

@@ -1,0 +1,200 @@
+//! The durable job queue's workers: a bounded pool that claims jobs from the store, runs them, and honours cancellation.
+//!
+//! Jobs live in SQLite (see `capabilities::store`); this module only wakes workers, keeps the
+//! cancellation token of every running job, and dispatches a claimed job to its flow:
+//! `Job::Plan` → [`crate::flows::plan::run`], the others → [`crate::flows::jobs`].
+
+use crate::capabilities::store::{ClaimedJob, JobEnd, QueueJobId};
+use crate::core::events::Job;
+use crate::flows::app::App;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+pub use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// How long an idle worker sleeps before looking at the store again without being woken.
+const IDLE_POLL: Duration = Duration::from_secs(2);
+
+/// Wakes workers and cancels running jobs.
+#[derive(Default)]
+pub struct Queue {
+    wake: Notify,
+    running: Mutex<HashMap<QueueJobId, CancellationToken>>,
+}
+
+impl Queue {
+    pub fn new() -> Queue {
+        Queue::default()
+    }
+
+    /// New jobs are in the store: wake up to `n` idle workers.
+    pub fn jobs_added(&self, n: usize) {
+        for _ in 0..n {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Fire the tokens of these running jobs (superseded or closed). Unknown ids are ignored:
+    /// a worker that claims a job re-checks its state after registering the token.
+    pub fn cancel(&self, ids: &[QueueJobId]) {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            if let Some(t) = running.get(id) {
+                tracing::info!(job = id.0, "cancelling superseded job");
+                t.cancel();
+            }
+        }
+    }
+
+    /// How many jobs are running right now.
+    pub fn running(&self) -> usize {
+        self.running.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    fn register(&self, id: QueueJobId) -> CancellationToken {
+        let t = CancellationToken::new();
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, t.clone());
+        t
+    }
+
+    fn unregister(&self, id: QueueJobId) {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+}
+
+/// Start `n` workers; they stop when `shutdown` fires (running jobs are cancelled and stay
+/// `running` in the store, so the next start re-runs them).
+pub fn spawn_workers(app: Arc<App>, n: usize, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            let app = app.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { worker(app, i, shutdown).await })
+        })
+        .collect()
+}
+
+async fn worker(app: Arc<App>, index: usize, shutdown: CancellationToken) {
+    tracing::debug!(worker = index, "worker started");
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let claimed = match app.store.claim_next().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "cannot claim a job from the store");
+                None
+            }
+        };
+        match claimed {
+            Some(job) => run_claimed(&app, job, &shutdown).await,
+            None => {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = app.queue.wake.notified() => {}
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &CancellationToken) {
+    let id = claimed.id;
+    let token = app.queue.register(id);
+    // Superseded between the claim and the registration: the store already says canceled.
+    if let Ok(Some(row)) = app.store.job(id).await {
+        if row.state == "canceled" {
+            token.cancel();
+        }
+    }
+    let span = tracing::info_span!(
+        "job",
+        id = id.0,
+        kind = claimed.job.kind(),
+        attempt = claimed.attempts
+    );
+    app.metrics.job_started();
+    if let Ok(depth) = app.store.queue_depth().await {
+        app.metrics.set_queue_depth(depth);
+    }
+    let started = Instant::now();
+    let job = dispatch(app, &claimed.job, &token).instrument(span);
+    tokio::pin!(job);
+    let result = tokio::select! {
+        r = &mut job => Some(r),
+        _ = token.cancelled() => {
+            // Superseded or closed: the flow stops on its own (killing the engine, marking its
+            // status canceled); if it does not within the grace period, it is dropped.
+            match tokio::time::timeout(cancel_grace(app), &mut job).await {
+                Ok(r) => Some(r),
+                Err(_) => {
+                    tracing::warn!(job = id.0, "cancelled job did not stop in time; dropped");
+                    Some(Ok(()))
+                }
+            }
+        }
+        _ = shutdown.cancelled() => {
+            // Stopping: let the job be re-run by the next start (it stays `running` in the store).
+            token.cancel();
+            None
+        }
+    };
+    app.metrics.job_finished();
+    app.queue.unregister(id);
+    let Some(result) = result else {
+        return;
+    };
+    let end = match result {
+        _ if token.is_cancelled() => JobEnd::Canceled("superseded or closed while running".into()),
+        Ok(()) => JobEnd::Done,
+        Err(e) => {
+            let msg = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+            tracing::warn!(job = id.0, kind = claimed.job.kind(), error = %msg, "job failed");
+            JobEnd::Failed(msg)
+        }
+    };
+    if matches!(claimed.job, Job::Plan(_)) {
+        let outcome = match &end {
+            JobEnd::Done => "succeeded",
+            JobEnd::Failed(_) => "failed",
+            JobEnd::Canceled(_) => "canceled",
+        };
+        app.metrics.plan_finished(started.elapsed(), outcome);
+    }
+    if let Err(e) = app.store.finish_job(id, end).await {
+        tracing::error!(job = id.0, error = %format!("{e:#}"), "cannot record the end of a job");
+    }
+}
+
+/// How long a cancelled job may take to stop by itself: the engine's SIGTERM→SIGKILL grace plus a margin.
+fn cancel_grace(app: &App) -> Duration {
+    app.config.engine.grace + Duration::from_secs(2)
+}
+
+async fn dispatch(app: &Arc<App>, job: &Job, token: &CancellationToken) -> anyhow::Result<()> {
+    match job {
+        Job::Plan(p) => crate::flows::plan::run(app, p, token).await,
+        other => crate::flows::jobs::run(app, other, token).await,
+    }
+}
+
+/// Enqueue a job from inside the service (commands, reconcile, re-plans) and wake a worker.
+pub async fn enqueue(app: &App, job: Job) -> anyhow::Result<Option<QueueJobId>> {
+    let e = app.store.enqueue(job).await?;
+    app.queue.cancel(&e.cancel_running);
+    if e.id.is_some() {
+        app.queue.jobs_added(1);
+    }
+    Ok(e.id)
+}

@@ -1,0 +1,191 @@
+//! The HTTP application: routes, start-up recovery, workers; `Application::build(config)` then `run_until_stopped()`.
+
+use crate::core::config::Config;
+use crate::core::events::Job;
+use crate::flows::app::{wipe_temp_root, App};
+use crate::flows::queue::{self, CancellationToken};
+use crate::flows::{intake, pages};
+use anyhow::{Context, Result};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// Knobs for tests; `Options::default()` is what `planbot serve` uses.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Start the job workers (tests turn them off to look at the queue as it is).
+    pub workers: bool,
+    /// Enqueue the start-up reconciliation job (open MRs whose head has no plan).
+    pub reconcile: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            workers: true,
+            reconcile: true,
+        }
+    }
+}
+
+/// A built service: the listener is bound, the store open and recovered.
+pub struct Application {
+    app: Arc<App>,
+    listener: Option<TcpListener>,
+    port: u16,
+    options: Options,
+    shutdown: CancellationToken,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Application {
+    pub async fn build(config: Config) -> Result<Application> {
+        Application::build_with(config, Options::default()).await
+    }
+
+    /// Open the store, recover from a previous crash, and bind `config.listen`.
+    pub async fn build_with(config: Config, options: Options) -> Result<Application> {
+        let listen = config.listen;
+        let app = App::new(config)?;
+        wipe_temp_root(&app.temp_root())?;
+        app.workspace
+            .wipe_checkouts()
+            .context("removing checkouts left by the last run")?;
+        let requeued = app.store.requeue_interrupted().await?;
+        if requeued > 0 {
+            tracing::warn!(
+                requeued,
+                "jobs interrupted by the last shutdown are queued again"
+            );
+        }
+        let interrupted = app.store.mark_interrupted_applies().await?;
+        for a in &interrupted {
+            tracing::error!(
+                ci_job = a.ci_job.0,
+                project = a.project.0,
+                sha = %a.sha,
+                "an apply was interrupted by the last shutdown; it is NOT re-run: check the state and retry the job"
+            );
+        }
+        if options.reconcile {
+            queue::enqueue(&app, Job::Reconcile).await?;
+        }
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let port = listener.local_addr()?.port();
+        let app = Arc::new(app);
+        for record in interrupted {
+            let app = app.clone();
+            tokio::spawn(
+                async move { crate::flows::apply::report_interrupted(&app, &record).await },
+            );
+        }
+        Ok(Application {
+            app,
+            listener: Some(listener),
+            port,
+            options,
+            shutdown: CancellationToken::new(),
+            workers: Vec::new(),
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The shared state (tests read the store through it).
+    pub fn app(&self) -> Arc<App> {
+        self.app.clone()
+    }
+
+    /// A token that stops the service gracefully when cancelled.
+    pub fn stopper(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Serve HTTP and run the workers until the stopper fires (or the future is dropped).
+    pub async fn run_until_stopped(mut self) -> Result<()> {
+        if self.options.workers {
+            let n = self.app.config.plan.max_concurrent_plans;
+            self.workers = queue::spawn_workers(self.app.clone(), n, self.shutdown.clone());
+        }
+        let listener = self.listener.take().context("already running")?;
+        let router = router(self.app.clone());
+        let stop = self.shutdown.clone();
+        tracing::info!(port = self.port, "planbot is serving");
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+            .context("HTTP server")?;
+        Ok(())
+    }
+}
+
+impl Drop for Application {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        for w in &self.workers {
+            w.abort();
+        }
+    }
+}
+
+/// Every route of the service.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(
+            "/webhooks/gitlab",
+            post(intake::gitlab_webhook).layer(DefaultBodyLimit::max(intake::BODY_LIMIT)),
+        )
+        .route("/api/v1/apply", post(crate::flows::apply::handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/runs", get(pages::runs))
+        .route("/runs/{id}", get(pages::run))
+        .with_state(app)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    let store = app.store.ping().await;
+    let gitlab = app.gitlab_reachable().await;
+    if gitlab.is_err() {
+        app.metrics.gitlab_error("readyz");
+    }
+    let line = |name: &str, r: &Result<()>| match r {
+        Ok(()) => format!("{name}: ok\n"),
+        Err(e) => format!("{name}: {}\n", app.scrubber.scrub(&format!("{e:#}"))),
+    };
+    let body = format!("{}{}", line("store", &store), line("gitlab", &gitlab));
+    let status = if store.is_ok() && gitlab.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body).into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    if let Ok(depth) = app.store.queue_depth().await {
+        app.metrics.set_queue_depth(depth);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,269 @@
+//! `planbot doctor` run as a user runs it: the real binary, a config file pointing at the fake
+//! GitLab and the fake Proxmox, the real engine. Each line says OK or FAIL with the fix, and
+//! the exit code is 1 when anything failed.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+use support::fake_gitlab::FakeGitLab;
+use support::fake_proxmox::{Cluster, FakeProxmox};
+
+const PVE_TOKEN: &str = "tofu@pve!planbot";
+const PVE_SECRET: &str = "d9a4c2b0-5e8f-4a71-93c6-1f2e3d4c5b6a";
+const PLAN_TOKEN: &str = "tofu@pve!plan-ro";
+const PLAN_SECRET: &str = "0e7b5a9c-2d4f-4b8a-a1c3-9f8e7d6c5b4a";
+
+async fn doctor(config: &Path) -> Output {
+    let config = config.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+            .arg("doctor")
+            .arg("--config")
+            .arg(&config)
+            .env_remove("PROXMOX_VE_ENDPOINT")
+            .env_remove("PROXMOX_VE_API_TOKEN")
+            .env_remove("PM_VE_ENDPOINT")
+            .env_remove("PM_VE_API_TOKEN")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn write_config(
+    dir: &Path,
+    gitlab: &FakeGitLab,
+    engine: &str,
+    proxmox: &str,
+) -> std::path::PathBuf {
+    let path = dir.join("planbot.toml");
+    let text = format!(
+        r#"data_dir = "{data}"
+public_url = "https://planbot.example.com"
+fingerprint_key = "a-long-random-server-secret-0123456789"
+
+[gitlab]
+url = "{gitlab}"
+token = "{token}"
+webhook_secret = "hook-secret-5f3a"
+projects = ["infra/homelab", "infra/lab"]
+
+[engine]
+binary = "{engine}"
+
+{proxmox}
+"#,
+        data = dir.join("data").display(),
+        gitlab = gitlab.url(),
+        token = gitlab.bot_token(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn everything_in_order_exits_0_and_says_so() {
+    let engine = require_engine!();
+    let gitlab = FakeGitLab::start();
+    let homelab = gitlab.create_project("infra/homelab");
+    let lab = gitlab.create_project("infra/lab");
+    gitlab.add_member(&homelab, gitlab.bot(), 40);
+    gitlab.add_member(&lab, gitlab.bot(), 40);
+    for p in [&homelab, &lab] {
+        gitlab.add_hook(p, "https://planbot.example.com/webhooks/gitlab", true, true);
+    }
+    let mut cluster = Cluster::homelab()
+        .role("PlanbotDownload", &["Sys.Audit", "Sys.Modify"])
+        .token(
+            PVE_TOKEN,
+            PVE_SECRET,
+            &[("/", "PVEAdmin"), ("/", "PlanbotDownload")],
+        )
+        .token(PLAN_TOKEN, PLAN_SECRET, &[("/", "PVEAuditor")]);
+    cluster.storages[0]
+        .content
+        .extend(["import".to_string(), "snippets".to_string()]);
+    let pve = FakeProxmox::start(cluster).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        &engine.display().to_string(),
+        &format!(
+            "[proxmox]\nendpoint = \"{}\"\napi_token = \"{PVE_TOKEN}={PVE_SECRET}\"\n\n[proxmox.plan]\napi_token = \"{PLAN_TOKEN}={PLAN_SECRET}\"\n",
+            pve.url
+        ),
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("OK    GitLab token belongs to @planbot-bot"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("OK    infra/homelab: @planbot-bot is Maintainer"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("OK    infra/lab: webhook → https://planbot.example.com/webhooks/gitlab"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Engine\n  OK    "), "{stdout}");
+    assert!(
+        stdout.contains("Proxmox (plan)\n  OK    reachable at"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(&format!("token {PLAN_TOKEN} can read what a plan refreshes (Sys.Audit, VM.Audit, Datastore.Audit), and nothing more")), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "OK    token {PVE_TOKEN} can create VMs and disks and download images on every node"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("INFO  storage local (dir): iso, vztmpl, backup, import, snippets"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("All checks passed."), "{stdout}");
+    for secret in [
+        PVE_SECRET,
+        PLAN_SECRET,
+        gitlab.bot_token(),
+        "hook-secret-5f3a",
+    ] {
+        assert!(
+            !stdout.contains(secret) && !stderr.contains(secret),
+            "secret leaked:\n{stdout}"
+        );
+    }
+    // Proxmox saw only reads.
+    assert!(pve.requests().iter().all(|(m, _)| m == "GET"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_problem_is_a_fail_line_with_its_fix_and_exit_1() {
+    let gitlab = FakeGitLab::start();
+    let homelab = gitlab.create_project("infra/homelab");
+    let lab = gitlab.create_project("infra/lab");
+    gitlab.add_member(&homelab, gitlab.bot(), 20); // Reporter: too low, cannot read hooks
+    gitlab.add_member(&lab, gitlab.bot(), 40);
+    gitlab.add_hook(
+        &lab,
+        "https://planbot.example.com/webhooks/gitlab",
+        true,
+        false,
+    );
+    let mut cluster = Cluster::homelab().token(
+        PVE_TOKEN,
+        PVE_SECRET,
+        &[("/", "PVEAdmin"), ("/", "PVESysAdmin")],
+    );
+    cluster.storages.retain(|s| s.id != "nfs-images");
+    let pve = FakeProxmox::start(cluster).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        "/nonexistent/tofu",
+        &format!(
+            "[proxmox]\nendpoint = \"{}\"\napi_token = \"{PVE_TOKEN}={PVE_SECRET}\"\n",
+            pve.url
+        ),
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(
+            "FAIL  infra/homelab: @planbot-bot is Reporter, planbot needs Developer or more"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "fix: In infra/homelab → Manage → Members, give @planbot-bot the Developer role."
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("FAIL  infra/lab: the webhook → https://planbot.example.com/webhooks/gitlab misses \"Comments\""), "{stdout}");
+    assert!(
+        stdout
+            .contains("FAIL  engine binary not found: /nonexistent/tofu is not an executable file"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Proxmox (plan and apply)"), "{stdout}");
+    assert!(stdout.contains(&format!("FAIL  token {PVE_TOKEN} lacks what a typical apply needs: Sys.Audit + Sys.Modify on / (or Sys.AccessNetwork on /nodes/pve01, /nodes/pve02)")), "{stdout}");
+    assert!(
+        stdout.contains("pveum role add PlanbotDownload --privs 'Sys.Audit,Sys.Modify'"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "pveum acl modify / --tokens '{PVE_TOKEN}' --roles PlanbotDownload"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("INFO  no enabled directory storage allows content type \"import\""),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fix: pvesm set local --content iso,vztmpl,backup,import"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(PVE_SECRET));
+    let stdout = stdout
+        .replace(gitlab.url(), "http://GITLAB")
+        .replace(&pve.url, "http://PVE/");
+    let stdout = stdout.replace(&config.display().to_string(), "planbot.toml");
+    insta::assert_snapshot!(stdout);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_proxmox_token_and_no_proxmox_at_all() {
+    let gitlab = FakeGitLab::start();
+    let pve =
+        FakeProxmox::start(Cluster::homelab().token(PVE_TOKEN, "other", &[("/", "PVEAdmin")]))
+            .await;
+    pve.with(|c| c.unauthorized_delay = std::time::Duration::from_millis(50));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        "terraform",
+        &format!(
+            "[proxmox]\nendpoint = \"{}\"\napi_token = \"{PVE_TOKEN}={PVE_SECRET}\"\n",
+            pve.url
+        ),
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  the token {PVE_TOKEN} is refused (401 invalid token value!)"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fix: Check the token id and secret (pveum user token list tofu@pve)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("FAIL  infra/homelab: the bot cannot see this project"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(PVE_SECRET));
+
+    let config = write_config(dir.path(), &gitlab, "terraform", "");
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("SKIP  no Proxmox endpoint configured: the preflight is skipped"),
+        "{stdout}"
+    );
+}

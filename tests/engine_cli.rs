@@ -1,0 +1,236 @@
+//! `planbot plan DIR` as a user runs it: the quickstart plans, a broken root exits 1 with the
+//! redacted error, a non-plan exits 2, a hanging engine is stopped, and no file is left behind.
+
+#[path = "fixtures/engine/fake.rs"]
+mod fake;
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn planbot_plan(dir: &Path, tmpdir: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .arg("plan")
+        .arg(dir)
+        .args(extra)
+        .env("TMPDIR", tmpdir)
+        .output()
+        .expect("run planbot")
+}
+
+fn quickstart_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart");
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn the_quickstart_plans_and_prints_the_note_and_the_json_report() {
+    let engine = require_engine!();
+    let root = quickstart_copy();
+    let tmp = tempfile::tempdir().unwrap();
+    let engine_arg = engine.to_str().unwrap();
+
+    let out = planbot_plan(root.path(), tmp.path(), &["--engine", engine_arg]);
+    let note = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{note}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        note.starts_with(planbot::core::render::NOTE_MARKER),
+        "{note}"
+    );
+    assert!(note.contains("| 4 | 0 | 0 | 0 | 0 |"), "4 to add: {note}");
+    for vm in ["backup", "blocky", "gitlab"] {
+        assert!(note.contains(&format!("+ input.name = \"{vm}\"")), "{note}");
+    }
+    assert!(note.contains("+ input = (sensitive value)"), "{note}");
+    assert!(
+        note.contains("Terraform 1.") || note.contains("OpenTofu 1."),
+        "{note}"
+    );
+    assert!(!note.contains("quickstart-not-a-real-secret"), "{note}");
+
+    let out = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &["--engine", engine_arg, "--format", "json"],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(report["summary"]["add"], 4);
+    assert_eq!(report["errored"], false);
+    let fp = report["fingerprint"].as_str().unwrap();
+    assert_eq!(fp.len(), 64);
+    assert!(fp
+        .bytes()
+        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert_eq!(report["resources"].as_array().unwrap().len(), 4);
+    assert!(
+        note.contains(&format!("fingerprint `{}`", &fp[..12])),
+        "the note shows the same fingerprint: {note}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("quickstart-not-a-real-secret"));
+
+    // Same code, same state: same fingerprint; another key: another one.
+    let again = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &["--engine", engine_arg, "--format", "json"],
+    );
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["fingerprint"], report["fingerprint"]);
+    let keyed = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &[
+            "--engine",
+            engine_arg,
+            "--format",
+            "json",
+            "--fingerprint-key",
+            "another",
+        ],
+    );
+    let keyed: serde_json::Value = serde_json::from_slice(&keyed.stdout).unwrap();
+    assert_ne!(keyed["fingerprint"], report["fingerprint"]);
+
+    assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_broken_root_exits_1_with_the_redacted_error_in_the_note() {
+    let engine = require_engine!();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        r#"
+variable "root_password" {
+  type      = string
+  sensitive = true
+  default   = "cli-canary-broken-root-81d"
+}
+resource "terraform_data" "vm" {
+  input = "x"
+  lifecycle {
+    precondition {
+      condition     = length(var.root_password) > 64
+      error_message = "root_password ${nonsensitive(var.root_password)} is too short"
+    }
+  }
+}
+"#,
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for format in ["markdown", "json"] {
+        let out = planbot_plan(
+            root.path(),
+            tmp.path(),
+            &["--engine", engine.to_str().unwrap(), "--format", format],
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(text.contains("Resource precondition failed"), "{text}");
+        assert!(
+            text.contains("root_password (sensitive value) is too short"),
+            "{text}"
+        );
+        assert!(!text.contains("cli-canary-broken-root-81d"), "{text}");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("cli-canary-broken-root-81d"));
+    }
+    assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn output_that_is_not_a_plan_exits_2() {
+    let bin_dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        r#"case "$1" in
+  plan) {};;
+  show) echo 'this is not json';;
+esac"#,
+        fake::WRITE_PLAN_FILE
+    );
+    let bin = fake::fake_engine(
+        bin_dir.path(),
+        "terraform",
+        fake::TERRAFORM_VERSION_JSON,
+        &body,
+    );
+    let root = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &["--engine", bin.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not a plan"));
+    assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_hanging_engine_is_stopped_after_the_timeout_and_nothing_is_left() {
+    let bin_dir = tempfile::tempdir().unwrap();
+    let pid_file = bin_dir.path().join("pids");
+    let body = format!(
+        r#"if [ "$1" = plan ]; then
+  {write}
+  trap '' TERM
+  sleep 300 &
+  echo $$ $! > {pids}
+  wait
+fi"#,
+        write = fake::WRITE_PLAN_FILE,
+        pids = pid_file.display()
+    );
+    let bin = fake::fake_engine(
+        bin_dir.path(),
+        "terraform",
+        fake::TERRAFORM_VERSION_JSON,
+        &body,
+    );
+    let root = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &["--engine", bin.to_str().unwrap(), "--timeout", "1s"],
+    );
+    let took = started.elapsed();
+    let note = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{note}");
+    assert!(note.contains("`plan` timed out after 1s"), "{note}");
+    // 1 s timeout + 1 s grace (the CLI's grace is capped by the timeout) + slack.
+    assert!(took < Duration::from_secs(7), "{took:?}");
+    let pids = std::fs::read_to_string(&pid_file).unwrap();
+    for pid in pids.split_whitespace() {
+        assert!(
+            fake::process_gone(pid.parse().unwrap()),
+            "process {pid} survived"
+        );
+    }
+    assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_missing_engine_is_a_clear_error() {
+    let root = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = planbot_plan(root.path(), tmp.path(), &["--engine", "/nonexistent/tofu"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/nonexistent/tofu is not an executable file"),
+        "{err}"
+    );
+}

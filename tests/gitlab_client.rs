@@ -1,0 +1,614 @@
+//! The GitLab client against the fake GitLab: retries, typed errors, pagination, job tokens,
+//! statuses, members, and the GitLab-managed Terraform state API with locking.
+
+mod support;
+
+use planbot::capabilities::gitlab::{
+    AccessLevel, CommitStatus, GitLab, GitLabError, RetryPolicy, StatusState,
+};
+use planbot::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, UserId};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, DEVELOPER, MAINTAINER};
+
+const NOTES: &str = "POST /api/v4/projects/{id}/merge_requests/{iid}/notes";
+const LIST_NOTES: &str = "GET /api/v4/projects/{id}/merge_requests/{iid}/notes";
+const EDIT_NOTE: &str = "PUT /api/v4/projects/{id}/merge_requests/{iid}/notes/{note_id}";
+
+fn client(fake: &FakeGitLab) -> GitLab {
+    GitLab::new(fake.url(), fake.bot_token())
+        .unwrap()
+        .with_retry_policy(RetryPolicy {
+            max_attempts: 4,
+            base_delay: Duration::from_millis(5),
+            max_delay: Duration::from_secs(3),
+        })
+}
+
+fn setup() -> (FakeGitLab, FakeProject, u64) {
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "feature/vm", &[("main.tf", "# vm\n")]);
+    let iid = fake.open_mr(&project, "feature/vm", "main");
+    (fake, project, iid)
+}
+
+fn pid(p: &FakeProject) -> ProjectId {
+    ProjectId(p.id)
+}
+
+#[tokio::test]
+async fn a_note_is_posted_once_when_gitlab_answers_500_twice_then_ok() {
+    let (fake, project, iid) = setup();
+    fake.fail_next(NOTES, 2, 500);
+    let note = client(&fake)
+        .create_mr_note(pid(&project), MrIid(iid), "plan: 1 to add")
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(fake.calls(NOTES), 3, "two failures then one success");
+    let notes = fake.notes(&project, iid);
+    assert_eq!(notes.len(), 1, "exactly one note on the MR");
+    assert_eq!(notes[0].body, "plan: 1 to add");
+    assert_eq!(notes[0].id, note.id.0);
+    assert_eq!(notes[0].author_id, fake.bot().id);
+    assert_eq!(note.author.unwrap().username, "planbot-bot");
+}
+
+#[tokio::test]
+async fn a_gitlab_that_keeps_failing_gives_a_status_error_after_the_last_attempt() {
+    let (fake, project, iid) = setup();
+    fake.fail_next(NOTES, 100, 503);
+    let err = client(&fake)
+        .create_mr_note(pid(&project), MrIid(iid), "x")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GitLabError::Status { code: 503, .. }),
+        "{err:?}"
+    );
+    assert_eq!(fake.calls(NOTES), 4, "max_attempts calls, then give up");
+    assert!(fake.notes(&project, iid).is_empty());
+}
+
+#[tokio::test]
+async fn a_rate_limit_is_retried_after_the_time_gitlab_asks_for() {
+    let (fake, project, iid) = setup();
+    fake.rate_limit_next(NOTES, 1, 1);
+    let started = Instant::now();
+    client(&fake)
+        .create_mr_note(pid(&project), MrIid(iid), "after the rate limit")
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(950),
+        "waited {:?}, Retry-After asked for 1 s (base delay is 5 ms)",
+        started.elapsed()
+    );
+    assert_eq!(fake.calls(NOTES), 2);
+    assert_eq!(fake.notes(&project, iid).len(), 1);
+}
+
+#[tokio::test]
+async fn other_client_errors_are_not_retried() {
+    let (fake, project, iid) = setup();
+    fake.fail_next(NOTES, 1, 422);
+    let err = client(&fake)
+        .create_mr_note(pid(&project), MrIid(iid), "x")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GitLabError::Status { code: 422, .. }),
+        "{err:?}"
+    );
+    assert_eq!(fake.calls(NOTES), 1);
+}
+
+#[tokio::test]
+async fn editing_a_note_a_user_deleted_says_not_found_so_the_caller_can_recreate_it() {
+    let (fake, project, iid) = setup();
+    let gl = client(&fake);
+    let note = gl
+        .create_mr_note(pid(&project), MrIid(iid), "first plan")
+        .await
+        .unwrap();
+    let edited = gl
+        .edit_mr_note(pid(&project), MrIid(iid), note.id, "second plan")
+        .await
+        .unwrap();
+    assert_eq!(edited.body, "second plan");
+    assert_eq!(fake.notes(&project, iid)[0].edits, 1);
+
+    fake.delete_note(&project, iid, note.id.0);
+    let err = gl
+        .edit_mr_note(pid(&project), MrIid(iid), note.id, "third plan")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GitLabError::NotFound), "{err:?}");
+    assert_eq!(fake.calls(EDIT_NOTE), 2, "the 404 was not retried");
+}
+
+#[tokio::test]
+async fn editing_someone_elses_note_is_forbidden() {
+    let (fake, project, iid) = setup();
+    let alice = fake.create_user("alice");
+    fake.add_member(&project, &alice, DEVELOPER);
+    let note = fake.add_note(&project, iid, &alice, "looks good");
+    let err = client(&fake)
+        .edit_mr_note(pid(&project), MrIid(iid), NoteId(note), "hijacked")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GitLabError::Forbidden), "{err:?}");
+    assert_eq!(fake.notes(&project, iid)[0].body, "looks good");
+}
+
+#[tokio::test]
+async fn all_150_notes_are_read_oldest_first_over_two_pages() {
+    let (fake, project, iid) = setup();
+    let alice = fake.create_user("alice");
+    for i in 0..150 {
+        fake.add_note(&project, iid, &alice, &format!("comment {i}"));
+    }
+    let notes = client(&fake)
+        .mr_notes(pid(&project), MrIid(iid))
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 150);
+    assert_eq!(notes[0].body, "comment 0");
+    assert_eq!(notes[149].body, "comment 149");
+    assert_eq!(notes[10].author.as_ref().unwrap().username, "alice");
+    assert_eq!(fake.calls(LIST_NOTES), 2, "per_page=100: two pages");
+}
+
+#[tokio::test]
+async fn a_running_jobs_token_identifies_the_job_and_a_finished_one_is_unauthorized() {
+    let (fake, project, _) = setup();
+    let carol = fake.create_user("carol");
+    let main = fake.branch_head(&project, "main").unwrap();
+    fake.register_job(FakeJob {
+        token: "job-token-123".into(),
+        id: 4242,
+        name: "planbot-apply".into(),
+        status: "running".into(),
+        ref_: "main".into(),
+        tag: false,
+        user: Some(carol.clone()),
+        pipeline_id: 77,
+        project_id: project.id,
+        sha: main.clone(),
+    });
+    let gl = client(&fake);
+    let job = gl.job_for_token("job-token-123").await.unwrap();
+    assert_eq!(job.id, JobId(4242));
+    assert_eq!(job.name, "planbot-apply");
+    assert_eq!(job.status, "running");
+    assert_eq!(job.ref_, "main");
+    assert!(!job.tag);
+    assert_eq!(job.user.unwrap().id, UserId(carol.id));
+    assert_eq!(job.pipeline.id, 77);
+    assert_eq!(job.pipeline.project_id, pid(&project));
+    assert_eq!(job.pipeline.sha, CommitSha(main));
+
+    assert!(matches!(
+        gl.job_for_token("not-a-token").await,
+        Err(GitLabError::Unauthorized)
+    ));
+    fake.set_job_status("job-token-123", "success");
+    assert!(matches!(
+        gl.job_for_token("job-token-123").await,
+        Err(GitLabError::Unauthorized)
+    ));
+}
+
+#[tokio::test]
+async fn the_job_lookup_does_not_use_the_bot_token() {
+    let (fake, _, _) = setup();
+    // The bot's own token is not a job token: GET /job must answer 401 for it.
+    let err = client(&fake)
+        .job_for_token(fake.bot_token())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GitLabError::Unauthorized));
+}
+
+#[tokio::test]
+async fn commit_statuses_move_forward_and_a_repeated_final_state_counts_as_done() {
+    let (fake, project, iid) = setup();
+    let sha = CommitSha(fake.mr_sha(&project, iid));
+    let gl = client(&fake);
+    let status = |state, description: &str| CommitStatus {
+        state,
+        name: "planbot/plan".into(),
+        description: Some(description.into()),
+        target_url: Some("https://planbot.example.com/runs/1".into()),
+        ref_: Some("feature/vm".into()),
+        pipeline_id: None,
+    };
+    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Pending, "queued"))
+        .await
+        .unwrap();
+    gl.set_commit_status(
+        pid(&project),
+        &sha,
+        &status(StatusState::Running, "planning"),
+    )
+    .await
+    .unwrap();
+    let long = "x".repeat(400);
+    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Success, &long))
+        .await
+        .unwrap();
+    // GitLab answers 400 "Cannot transition status" for this; the client treats it as done.
+    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Success, "again"))
+        .await
+        .unwrap();
+    let history = fake.statuses(&project, sha.as_str());
+    let states: Vec<&str> = history.iter().map(|s| s.state.as_str()).collect();
+    assert_eq!(states, ["pending", "running", "success"]);
+    assert_eq!(
+        history[2].description.as_ref().unwrap().chars().count(),
+        255
+    );
+    assert_eq!(history[0].ref_.as_deref(), Some("feature/vm"));
+    assert_eq!(
+        history[0].target_url.as_deref(),
+        Some("https://planbot.example.com/runs/1")
+    );
+
+    let listed = gl.commit_statuses(pid(&project), &sha).await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert_eq!(listed[2].status, "success");
+
+    // A final state cannot go back to running: also answered as done, nothing recorded.
+    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Running, "again"))
+        .await
+        .unwrap();
+    assert_eq!(fake.statuses(&project, sha.as_str()).len(), 3);
+}
+
+#[tokio::test]
+async fn member_roles_are_read_and_a_non_member_has_none() {
+    let (fake, project, _) = setup();
+    let alice = fake.create_user("alice");
+    let mallory = fake.create_user("mallory");
+    fake.add_member(&project, &alice, MAINTAINER);
+    let gl = client(&fake);
+    let level = gl
+        .member_access(pid(&project), UserId(alice.id))
+        .await
+        .unwrap();
+    assert_eq!(level, Some(AccessLevel::MAINTAINER));
+    assert!(level.unwrap().is_developer_or_more());
+    assert_eq!(
+        gl.member_access(pid(&project), UserId(mallory.id))
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn projects_branches_and_merge_requests_read_as_gitlab_returns_them() {
+    let (fake, project, iid) = setup();
+    let gl = client(&fake);
+    let me = gl.current_user().await.unwrap();
+    assert_eq!(me.username, "planbot-bot");
+
+    let p = gl.project("infra/homelab").await.unwrap();
+    assert_eq!(p.id, pid(&project));
+    assert_eq!(p.default_branch.as_deref(), Some("main"));
+    assert_eq!(p.http_url_to_repo, fake.clone_url(&project));
+    assert_eq!(gl.project(&project.id.to_string()).await.unwrap().id, p.id);
+    assert!(matches!(
+        gl.project("infra/other").await,
+        Err(GitLabError::NotFound)
+    ));
+
+    let main = gl.branch(p.id, "main").await.unwrap();
+    assert!(main.protected && main.default);
+    assert_eq!(
+        main.commit.id.as_str(),
+        fake.branch_head(&project, "main").unwrap()
+    );
+    let feature = gl.branch(p.id, "feature/vm").await.unwrap();
+    assert!(!feature.protected && !feature.default);
+
+    let mr = gl.merge_request(p.id, MrIid(iid)).await.unwrap();
+    assert_eq!(mr.state, "opened");
+    assert_eq!(mr.source_branch, "feature/vm");
+    assert_eq!(
+        mr.sha.as_ref().unwrap().as_str(),
+        fake.mr_sha(&project, iid)
+    );
+    assert!(!mr.is_fork());
+    assert_eq!(gl.open_merge_requests(p.id).await.unwrap().len(), 1);
+
+    let landed = fake.merge_mr(&project, iid, None);
+    let merged = gl
+        .commit_merge_requests(p.id, &CommitSha(landed.clone()))
+        .await
+        .unwrap();
+    assert_eq!(merged.len(), 1);
+    assert_eq!(merged[0].state, "merged");
+    assert_eq!(
+        merged[0].merge_commit_sha.as_ref().unwrap().as_str(),
+        landed
+    );
+    assert!(gl.open_merge_requests(p.id).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn issues_are_created_and_hooks_need_maintainer() {
+    let (fake, project, _) = setup();
+    let gl = client(&fake);
+    let issue = gl
+        .create_issue(pid(&project), "planbot: apply interrupted", "details")
+        .await
+        .unwrap();
+    assert_eq!(issue.iid, 1);
+    assert_eq!(fake.issues(&project)[0].title, "planbot: apply interrupted");
+
+    fake.add_hook(
+        &project,
+        "https://planbot.example.com/webhooks/gitlab",
+        true,
+        true,
+    );
+    assert!(matches!(
+        gl.project_hooks(pid(&project)).await,
+        Err(GitLabError::Forbidden)
+    ));
+    fake.add_member(&project, &fake.bot().clone(), MAINTAINER);
+    let hooks = gl.project_hooks(pid(&project)).await.unwrap();
+    assert_eq!(hooks.len(), 1);
+    assert!(hooks[0].merge_requests_events && hooks[0].note_events);
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_unauthorized_and_never_shown_in_the_error() {
+    let (fake, _, _) = setup();
+    let gl = GitLab::new(fake.url(), "glpat-wrong-secret-token").unwrap();
+    let err = gl.current_user().await.unwrap_err();
+    assert!(matches!(err, GitLabError::Unauthorized));
+    assert!(!format!("{err} {err:?}").contains("glpat-wrong-secret-token"));
+}
+
+#[tokio::test]
+async fn an_unreachable_gitlab_is_a_transport_error_after_retries() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let gl = GitLab::new(&url, "glpat-secret")
+        .unwrap()
+        .with_retry_policy(RetryPolicy {
+            max_attempts: 2,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(10),
+        });
+    let err = gl.current_user().await.unwrap_err();
+    assert!(matches!(err, GitLabError::Transport(_)), "{err:?}");
+    assert!(!err.to_string().contains("glpat-secret"));
+}
+
+// ----- the GitLab-managed Terraform state API -------------------------------------------------
+
+fn basic(user: &str, token: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{token}"))
+    )
+}
+
+#[tokio::test]
+async fn terraform_state_round_trips_and_a_held_lock_conflicts() {
+    let (fake, project, _) = setup();
+    let http = reqwest::Client::new();
+    let state_url = format!(
+        "{}/api/v4/projects/{}/terraform/state/core",
+        fake.url(),
+        project.id
+    );
+    let lock_url = format!("{state_url}/lock");
+    let auth = basic("planbot-bot", fake.bot_token());
+    let lock_method = reqwest::Method::from_bytes(b"LOCK").unwrap();
+    let unlock_method = reqwest::Method::from_bytes(b"UNLOCK").unwrap();
+
+    // No credentials: 401.
+    let r = http.get(&state_url).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    // No state yet: 204, which the http backend reads as "empty".
+    let r = http
+        .get(&state_url)
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+
+    let lock_a = json!({"ID": "lock-a", "Operation": "OperationTypeApply", "Who": "planbot@host"});
+    let r = http
+        .request(lock_method.clone(), &lock_url)
+        .header("authorization", &auth)
+        .json(&lock_a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // A second locker is told who holds it.
+    let r = http
+        .request(lock_method.clone(), &lock_url)
+        .header("authorization", &auth)
+        .json(&json!({"ID": "lock-b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let held: Value = r.json().await.unwrap();
+    assert_eq!(held["ID"], "lock-a");
+    assert_eq!(held["Who"], "planbot@host");
+
+    // Writing without the lock's ID conflicts; with it, it is stored.
+    let state = json!({"version": 4, "serial": 1, "lineage": "l-1", "resources": []});
+    let r = http
+        .post(&state_url)
+        .header("authorization", &auth)
+        .json(&state)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let r = http
+        .post(format!("{state_url}?ID=lock-a"))
+        .header("authorization", &auth)
+        .json(&state)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (stored, lock) = fake.terraform_state(&project, "core");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&stored.unwrap()).unwrap(),
+        state
+    );
+    assert_eq!(lock.unwrap()["ID"], "lock-a");
+
+    // Unlocking with another ID conflicts; with the right one it frees the state.
+    let r = http
+        .request(unlock_method.clone(), &lock_url)
+        .header("authorization", &auth)
+        .json(&json!({"ID": "lock-b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let r = http
+        .request(unlock_method, &lock_url)
+        .header("authorization", &auth)
+        .json(&lock_a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(fake.terraform_state(&project, "core").1.is_none());
+
+    // POST/DELETE on /lock work too (GitLab's documented lock_method/unlock_method).
+    let r = http
+        .post(&lock_url)
+        .header("authorization", &auth)
+        .json(&json!({"ID": "lock-c"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .delete(&lock_url)
+        .header("authorization", &auth)
+        .json(&json!({"ID": "lock-c"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let r = http
+        .get(&state_url)
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), state);
+    let r = http
+        .delete(&state_url)
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(fake.terraform_state(&project, "core").0.is_none());
+}
+
+/// The real engine keeps its state in the fake's Terraform state API through the built-in
+/// `http` backend, with locking, exactly as an infra repo root would on GitLab.
+#[tokio::test]
+async fn the_engine_keeps_state_in_the_fake_gitlab_and_waits_for_a_held_lock() {
+    let engine = require_engine!();
+    let (fake, project, _) = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!(
+        "{}/api/v4/projects/{}/terraform/state/core",
+        fake.url(),
+        project.id
+    );
+    std::fs::write(
+        dir.path().join("main.tf"),
+        format!(
+            r#"terraform {{
+  backend "http" {{
+    address        = "{address}"
+    lock_address   = "{address}/lock"
+    unlock_address = "{address}/lock"
+    lock_method    = "POST"
+    unlock_method  = "DELETE"
+    retry_wait_min = 1
+  }}
+}}
+resource "terraform_data" "vm" {{
+  input = "blocky"
+}}
+"#
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&engine)
+            .args(args)
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", dir.path())
+            .env("TF_IN_AUTOMATION", "1")
+            .env("TF_INPUT", "0")
+            .env("TF_HTTP_USERNAME", "planbot-bot")
+            .env("TF_HTTP_PASSWORD", fake.bot_token())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, log) = run(&["init", "-input=false", "-no-color"]);
+    assert!(ok, "init failed:\n{log}");
+    let (ok, log) = run(&["apply", "-auto-approve", "-input=false", "-no-color"]);
+    assert!(ok, "apply failed:\n{log}");
+
+    let (stored, lock) = fake.terraform_state(&project, "core");
+    let state: Value = serde_json::from_slice(&stored.expect("state stored in GitLab")).unwrap();
+    assert_eq!(state["resources"][0]["type"], "terraform_data");
+    assert_eq!(state["resources"][0]["name"], "vm");
+    assert!(lock.is_none(), "the engine unlocked after apply");
+
+    // Someone else holds the lock: the engine gives up after its lock timeout and says why.
+    let r = reqwest::Client::new()
+        .post(format!("{address}/lock"))
+        .header("authorization", basic("x", fake.bot_token()))
+        .json(
+            &json!({"ID": "other-apply", "Who": "alice@laptop", "Operation": "OperationTypeApply"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (ok, log) = run(&["plan", "-input=false", "-no-color", "-lock-timeout=2s"]);
+    assert!(!ok, "plan must fail while the state is locked:\n{log}");
+    assert!(log.contains("lock"), "{log}");
+    assert!(
+        log.contains("already locked: ID=other-apply"),
+        "the holder is named:\n{log}"
+    );
+}

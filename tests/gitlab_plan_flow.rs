@@ -1,0 +1,361 @@
+//! The plan flow end to end against the fake GitLab and the real engine: an MR push gets one
+//! plan note (edited in place, re-created when deleted), commit statuses, stored fingerprints;
+//! only the roots the change touches are planned; the config comes from the default branch.
+
+mod support;
+
+use planbot::core::config::Config;
+use planbot::core::events::{PlanJob, PlanReason};
+use planbot::core::ids::{CommitSha, MrIid, ProjectId};
+use planbot::core::render::NOTE_MARKER;
+use planbot::flows::app::App;
+use planbot::flows::queue::CancellationToken;
+use support::fake_gitlab::{FakeGitLab, FakeProject};
+
+const CANARY: &str = "canary-secret-7f3a9c";
+
+const REPO_CONFIG: &str = r#"[[roots]]
+name = "core"
+dir = "tofu/stacks/core"
+when_modified = ["*.tf", "../../modules/**"]
+
+[[roots]]
+name = "dns"
+dir = "tofu/stacks/dns"
+
+[plan]
+checkout = "merge"
+"#;
+
+fn tf(name: &str, input: &str) -> String {
+    format!(
+        r#"variable "token" {{
+  type      = string
+  sensitive = true
+  default   = "unset"
+}}
+resource "terraform_data" "{name}" {{
+  input = "{input}"
+}}
+"#
+    )
+}
+
+struct World {
+    fake: FakeGitLab,
+    project: FakeProject,
+    app: App,
+    _data: tempfile::TempDir,
+}
+
+fn world(engine: &std::path::Path) -> World {
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(
+        &project,
+        "main",
+        &[
+            (".planbot.toml", REPO_CONFIG),
+            ("tofu/stacks/core/main.tf", &tf("vm", "blocky")),
+            ("tofu/stacks/dns/main.tf", &tf("zone", "home.arpa")),
+        ],
+    );
+    let data = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "{}"
+public_url = "http://planbot.test"
+fingerprint_key = "test-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{}"
+token = "{}"
+webhook_secret = "whatever-secret-value"
+projects = ["infra/homelab"]
+
+[engine]
+binary = "{}"
+timeout = "5m"
+env = {{ TF_VAR_token = "{CANARY}" }}
+"#,
+        data.path().display(),
+        fake.url(),
+        fake.bot_token(),
+        engine.display()
+    );
+    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
+    let app = App::new(config).expect("app");
+    planbot::flows::app::wipe_temp_root(&app.temp_root()).unwrap();
+    World {
+        fake,
+        project,
+        app,
+        _data: data,
+    }
+}
+
+impl World {
+    fn job(&self, iid: u64) -> PlanJob {
+        PlanJob {
+            project: ProjectId(self.project.id),
+            project_path: Some(self.project.path.clone()),
+            mr: MrIid(iid),
+            head: CommitSha(self.fake.mr_sha(&self.project, iid)),
+            target_branch: Some("main".into()),
+            source_project: Some(ProjectId(self.project.id)),
+            fork: false,
+            draft: false,
+            reason: PlanReason::NewCommits,
+            requested_by: None,
+        }
+    }
+
+    async fn plan(&self, iid: u64) {
+        planbot::flows::plan::run(&self.app, &self.job(iid), &CancellationToken::new())
+            .await
+            .expect("plan flow");
+    }
+
+    fn states(&self, sha: &str) -> Vec<String> {
+        self.fake
+            .statuses(&self.project, sha)
+            .into_iter()
+            .filter(|s| s.name == "planbot/plan")
+            .map(|s| s.state)
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/vm",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "blocky-v2"))],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/vm", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    w.plan(iid).await;
+
+    let notes = w.fake.notes(&w.project, iid);
+    assert_eq!(notes.len(), 1, "exactly one note");
+    let note = &notes[0];
+    assert_eq!(note.author_id, w.fake.bot().id);
+    assert!(note.body.starts_with(NOTE_MARKER), "{}", note.body);
+    assert!(note.body.contains("core"), "{}", note.body);
+    assert!(
+        note.body.contains("dns"),
+        "the skipped root is listed: {}",
+        note.body
+    );
+    assert!(note.body.contains("blocky-v2"), "{}", note.body);
+    assert!(
+        note.body.contains("GitLab's merge result"),
+        "says which commit: {}",
+        note.body
+    );
+    assert!(!note.body.contains(CANARY), "a secret leaked into the note");
+
+    assert_eq!(w.states(&head), ["pending", "running", "success"]);
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert!(last
+        .target_url
+        .as_deref()
+        .unwrap()
+        .starts_with("http://planbot.test/runs/"));
+    assert!(
+        last.description.as_deref().unwrap().contains("core"),
+        "{last:?}"
+    );
+    assert_eq!(last.ref_.as_deref(), Some("feature/vm"));
+
+    let fp = w
+        .app
+        .store
+        .last_shown_fingerprint(ProjectId(w.project.id), MrIid(iid), "core")
+        .await
+        .unwrap()
+        .expect("fingerprint stored for core");
+    assert!(
+        note.body.contains(fp.fingerprint.short()),
+        "the note shows the fingerprint"
+    );
+    // The planned commit is GitLab's merge result, not the head.
+    assert_eq!(
+        fp.sha.as_str(),
+        w.fake
+            .ref_sha(&w.project, &format!("refs/merge-requests/{iid}/merge"))
+            .unwrap()
+    );
+    assert!(w
+        .app
+        .store
+        .last_shown_fingerprint(ProjectId(w.project.id), MrIid(iid), "dns")
+        .await
+        .unwrap()
+        .is_none());
+
+    // A new push: the same note is edited, not a second one posted.
+    w.fake.push(
+        &w.project,
+        "feature/vm",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "blocky-v3"))],
+    );
+    w.plan(iid).await;
+    let notes = w.fake.notes(&w.project, iid);
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0].id, note.id);
+    assert_eq!(notes[0].edits, 1);
+    assert!(notes[0].body.contains("blocky-v3"));
+
+    // Someone deletes the note: the next plan posts it again.
+    w.fake.delete_note(&w.project, iid, note.id);
+    w.plan(iid).await;
+    let notes = w.fake.notes(&w.project, iid);
+    assert_eq!(notes.len(), 1);
+    assert_ne!(notes[0].id, note.id);
+    assert!(notes[0].body.starts_with(NOTE_MARKER));
+
+    // Nothing of the job is left on disk.
+    let work = w.app.workspaces_dir().join("work");
+    assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(w.app.temp_root()).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_note_id_is_found_again_by_its_marker() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/dns",
+        &[("tofu/stacks/dns/main.tf", &tf("zone", "lan"))],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/dns", "main");
+    // A note posted earlier by the bot (e.g. before the database was lost).
+    let old = w.fake.add_note(
+        &w.project,
+        iid,
+        &w.fake.bot().clone(),
+        &format!("{NOTE_MARKER}\nold plan"),
+    );
+    w.plan(iid).await;
+    let notes = w.fake.notes(&w.project, iid);
+    assert_eq!(
+        notes.len(),
+        1,
+        "edited the old note instead of posting another"
+    );
+    assert_eq!(notes[0].id, old);
+    assert!(notes[0].body.contains("dns"));
+    assert!(!notes[0].body.contains("old plan"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_config_on_main_gets_a_note_saying_what_is_wrong_and_nothing_is_planned() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "main",
+        &[(
+            ".planbot.toml",
+            "[[roots]]\nname = \"core\"\ndirectory = \"x\"\n",
+        )],
+    );
+    w.fake.commit_files(
+        &w.project,
+        "feature/x",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "x"))],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/x", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    w.plan(iid).await;
+    let notes = w.fake.notes(&w.project, iid);
+    assert_eq!(notes.len(), 1);
+    let body = &notes[0].body;
+    assert!(body.starts_with(NOTE_MARKER));
+    assert!(
+        body.contains("`.planbot.toml` on `main` is invalid"),
+        "{body}"
+    );
+    assert!(body.contains("line 3"), "{body}");
+    assert!(body.contains("roots[0].directory"), "{body}");
+    assert_eq!(w.states(&head), ["pending", "running", "failed"]);
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert!(last
+        .description
+        .unwrap()
+        .contains("invalid .planbot.toml on main"));
+    let runs = w
+        .app
+        .store
+        .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
+        .await
+        .unwrap();
+    assert!(runs.is_empty(), "nothing was planned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/cfg",
+        &[(
+            ".planbot.toml",
+            "[[roots]]\nname = \"everything\"\ndir = \".\"\n",
+        )],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/cfg", "main");
+    w.plan(iid).await;
+    let body = &w.fake.notes(&w.project, iid)[0].body;
+    assert!(body.contains("changed in this MR: preview"), "{body}");
+    assert!(body.contains("`everything`"), "{body}");
+    // Main's config still rules: neither root is touched by a .planbot.toml change.
+    let runs = w
+        .app
+        .store
+        .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
+        .await
+        .unwrap();
+    assert!(runs.is_empty(), "{runs:?}");
+    let head = w.fake.mr_sha(&w.project, iid);
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(last.state, "success");
+    assert_eq!(
+        last.description.as_deref(),
+        Some("planbot: no root affected by this change")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_error_fails_the_root_and_the_status_with_the_secret_scrubbed() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let broken = format!(
+        "{}\nresource \"terraform_data\" \"bad\" {{\n  input = nonexistent_function(var.token)\n}}\n",
+        tf("vm", "x")
+    );
+    w.fake.commit_files(
+        &w.project,
+        "feature/broken",
+        &[("tofu/stacks/core/main.tf", &broken)],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/broken", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    w.plan(iid).await;
+    let body = &w.fake.notes(&w.project, iid)[0].body;
+    assert!(
+        body.contains("nonexistent_function"),
+        "the engine's error is shown: {body}"
+    );
+    assert!(!body.contains(CANARY));
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(last.state, "failed");
+    assert!(last.description.unwrap().contains("core: failed"));
+}

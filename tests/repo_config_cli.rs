@@ -1,0 +1,94 @@
+//! `planbot check-config FILE` through the real binary: a valid file lists its roots, an invalid
+//! one names the line and key and exits 1; plus the MR-note texts for a broken or changed config.
+
+use planbot::core::repo_config::{render_error_note, render_preview, RepoConfig};
+use std::process::Command;
+
+fn check_config(content: &str) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(".planbot.toml"), content).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["check-config", ".planbot.toml"])
+        .current_dir(dir.path())
+        .env_clear()
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+const DESIGN_EXAMPLE: &str = r#"[[roots]]
+name = "core"
+dir = "tofu/stacks/core"
+when_modified = ["*.tf", "*.tofu", "*.tfvars", "../../modules/**"]   # relative to dir
+var_files = ["terraform.tfvars"]
+workspace = "default"
+
+[[roots]]
+name = "dns"
+dir = "tofu/stacks/dns"
+lint_disable = ["PVE003"]
+
+[plan]
+checkout = "merge"
+fork_mrs = "comment"
+"#;
+
+#[test]
+fn a_valid_file_prints_its_roots_and_exits_0() {
+    let (code, stdout, stderr) = check_config(DESIGN_EXAMPLE);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    insta::assert_snapshot!("check_config_valid", stdout);
+}
+
+#[test]
+fn an_unknown_key_is_named_with_its_line_and_exits_1() {
+    let (code, stdout, stderr) = check_config(
+        "[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/core\"\nwhen_modifed = [\"*.tf\"]\n",
+    );
+    assert_eq!(code, 1);
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("line 4"), "{stderr}");
+    assert!(stderr.contains("`roots[0].when_modifed`"), "{stderr}");
+    insta::assert_snapshot!("check_config_unknown_key", stderr);
+}
+
+#[test]
+fn every_validation_problem_is_listed_at_once() {
+    let (code, _, stderr) = check_config(
+        "[[roots]]\nname = \"core\"\ndir = \"../elsewhere\"\n\n[[roots]]\nname = \"core\"\nwhen_modified = [\"{a,b\"]\n",
+    );
+    assert_eq!(code, 1);
+    insta::assert_snapshot!("check_config_validation", stderr);
+}
+
+#[test]
+fn a_missing_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["check-config", "nope.toml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot read nope.toml"), "{stderr}");
+}
+
+#[test]
+fn the_mr_note_says_what_is_wrong_with_the_default_branchs_config() {
+    let err = RepoConfig::parse("[plan]\ncheckout = \"rebase\"\n").unwrap_err();
+    insta::assert_snapshot!("repo_config_error_note", render_error_note("main", &err));
+}
+
+#[test]
+fn an_mr_that_changes_the_config_gets_a_preview_valid_or_not() {
+    let ok = RepoConfig::parse(DESIGN_EXAMPLE);
+    insta::assert_snapshot!("repo_config_preview_valid", render_preview(&ok, "main"));
+    let bad = RepoConfig::parse("[[roots]]\nname = \"a b\"\n");
+    insta::assert_snapshot!("repo_config_preview_invalid", render_preview(&bad, "main"));
+}

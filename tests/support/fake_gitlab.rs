@@ -1,0 +1,2261 @@
+//! A fake GitLab for tests: an in-process axum server on 127.0.0.1:0 that keeps state, speaks
+//! GitLab's JSON shapes, serves REAL bare git repositories through `git http-backend`, and
+//! implements the GitLab-managed Terraform state API (with locking).
+//!
+//! The server runs on its own thread and runtime, so every helper here is a plain (blocking)
+//! function usable from any kind of test, and a blocking `git clone` against it cannot deadlock.
+//!
+//! Story helpers: [`FakeGitLab::create_project`], [`FakeGitLab::commit_files`] (real commits in
+//! the bare repo; updates the MR refs of MRs from that branch), [`FakeGitLab::open_mr`],
+//! [`FakeGitLab::merge_mr`], [`FakeGitLab::notes`], [`FakeGitLab::statuses`],
+//! [`FakeGitLab::register_job`], [`FakeGitLab::mr_webhook`], [`FakeGitLab::note_webhook`].
+//! Faults: [`FakeGitLab::fail_next`] answers a route with an error N times; [`FakeGitLab::calls`]
+//! counts calls per route. Routes are named `"METHOD /api/v4/path/{param}"` as registered below,
+//! e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
+
+// Handlers answer errors as ready `Response`s; their size does not matter in a test fake.
+#![allow(clippy::result_large_err)]
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path as FsPath, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::io::AsyncWriteExt;
+
+/// GitLab's access levels.
+pub const GUEST: u32 = 10;
+pub const REPORTER: u32 = 20;
+pub const DEVELOPER: u32 = 30;
+pub const MAINTAINER: u32 = 40;
+pub const OWNER: u32 = 50;
+
+/// A user of the fake instance, with its personal access token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeUser {
+    pub id: u64,
+    pub username: String,
+    pub name: String,
+    pub token: String,
+}
+
+/// A project of the fake instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeProject {
+    pub id: u64,
+    pub path: String,
+}
+
+/// A note as the fake stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeNote {
+    pub id: u64,
+    pub body: String,
+    pub author_id: u64,
+    pub system: bool,
+    /// How many times it was edited through the API.
+    pub edits: u32,
+}
+
+/// One commit status posted (the fake keeps the whole history, oldest first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeStatus {
+    pub id: u64,
+    pub sha: String,
+    pub name: String,
+    pub state: String,
+    pub description: Option<String>,
+    pub target_url: Option<String>,
+    pub ref_: Option<String>,
+    pub pipeline_id: Option<u64>,
+}
+
+/// A CI job whose token tests hand to planbot (`GET /api/v4/job`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeJob {
+    pub token: String,
+    pub id: u64,
+    pub name: String,
+    /// `running` while valid; any other status makes the token answer 401, as on GitLab.
+    pub status: String,
+    pub ref_: String,
+    pub tag: bool,
+    /// Who started (clicked) the job.
+    pub user: Option<FakeUser>,
+    pub pipeline_id: u64,
+    pub project_id: u64,
+    pub sha: String,
+}
+
+/// An issue opened through the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeIssue {
+    pub iid: u64,
+    pub title: String,
+    pub description: String,
+    pub author_id: u64,
+}
+
+/// One request the git HTTP endpoint saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitRequest {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    /// The Basic-auth user name, when the Authorization header was valid.
+    pub auth_user: Option<String>,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone)]
+struct FMr {
+    id: u64,
+    iid: u64,
+    title: String,
+    state: String,
+    source_project: u64,
+    source_branch: String,
+    target_branch: String,
+    author: u64,
+    draft: bool,
+    sha: String,
+    /// Every head this MR ever had (for `commits/:sha/merge_requests`).
+    shas: Vec<String>,
+    merge_commit_sha: Option<String>,
+    merged_by: Option<u64>,
+    notes: Vec<FakeNote>,
+    approved_by: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct TfState {
+    data: Option<Vec<u8>>,
+    lock: Option<Value>,
+    serial_posts: u32,
+}
+
+#[derive(Debug)]
+struct FProject {
+    id: u64,
+    path: String,
+    default_branch: String,
+    members: BTreeMap<u64, u32>,
+    protected: BTreeSet<String>,
+    mrs: BTreeMap<u64, FMr>,
+    statuses: Vec<FakeStatus>,
+    issues: Vec<FakeIssue>,
+    hooks: Vec<Value>,
+    tf: BTreeMap<String, TfState>,
+}
+
+#[derive(Debug, Default)]
+struct Faults {
+    remaining: u32,
+    status: u16,
+    retry_after: Option<u64>,
+}
+
+#[derive(Debug)]
+struct StateInner {
+    base_url: String,
+    git_root: PathBuf,
+    next_id: u64,
+    users: BTreeMap<u64, FakeUser>,
+    projects: BTreeMap<u64, FProject>,
+    jobs: HashMap<String, FakeJob>,
+    faults: HashMap<String, Faults>,
+    calls: HashMap<String, u32>,
+    git_requests: Vec<GitRequest>,
+}
+
+impl StateInner {
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn user_by_token(&self, token: &str) -> Option<&FakeUser> {
+        self.users.values().find(|u| u.token == token)
+    }
+
+    fn project_ref(&self, key: &str) -> Option<u64> {
+        if let Ok(id) = key.parse::<u64>() {
+            return self.projects.contains_key(&id).then_some(id);
+        }
+        self.projects.values().find(|p| p.path == key).map(|p| p.id)
+    }
+
+    fn repo(&self, project: u64) -> PathBuf {
+        let p = &self.projects[&project];
+        self.git_root.join(format!("{}.git", p.path))
+    }
+}
+
+type Shared = Arc<Mutex<StateInner>>;
+
+/// The fake instance. Dropping it stops the server and deletes the repositories.
+pub struct FakeGitLab {
+    url: String,
+    state: Shared,
+    bot: FakeUser,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for FakeGitLab {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// git plumbing (blocking; used by the helpers)
+// ---------------------------------------------------------------------------------------------
+
+fn git_env(cmd: &mut std::process::Command) {
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::temp_dir())
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_AUTHOR_NAME", "Fake Dev")
+        .env("GIT_AUTHOR_EMAIL", "dev@fake.gitlab")
+        .env("GIT_COMMITTER_NAME", "Fake GitLab")
+        .env("GIT_COMMITTER_EMAIL", "gitlab@fake.gitlab");
+}
+
+/// Run git in `repo`; panics with git's stderr on failure (test helpers).
+fn git(
+    repo: &FsPath,
+    args: &[&str],
+    extra_env: &[(&str, &FsPath)],
+    stdin: Option<&[u8]>,
+) -> String {
+    try_git(repo, args, extra_env, stdin)
+        .unwrap_or_else(|e| panic!("fake gitlab: git {args:?} in {}: {e}", repo.display()))
+}
+
+fn try_git(
+    repo: &FsPath,
+    args: &[&str],
+    extra_env: &[(&str, &FsPath)],
+    stdin: Option<&[u8]>,
+) -> Result<String, String> {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new("git");
+    git_env(&mut cmd);
+    cmd.arg("-C").arg(repo).args(args);
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input)
+            .map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "exit {:?}: {}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    }
+}
+
+fn rev_parse(repo: &FsPath, rev: &str) -> Option<String> {
+    try_git(
+        repo,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{rev}^{{commit}}"),
+        ],
+        &[],
+        None,
+    )
+    .ok()
+    .filter(|s| !s.is_empty())
+}
+
+fn is_ancestor(repo: &FsPath, a: &str, b: &str) -> bool {
+    try_git(repo, &["merge-base", "--is-ancestor", a, b], &[], None).is_ok()
+}
+
+/// One real commit on `branch` of the bare repo, changing `files` (content `None` = delete).
+fn commit_in_bare(
+    repo: &FsPath,
+    branch: &str,
+    base_if_new: Option<&str>,
+    files: &[(&str, Option<&str>)],
+    message: &str,
+) -> String {
+    let index_dir = tempfile::tempdir().expect("tempdir");
+    let index = index_dir.path().join("index");
+    let env = [("GIT_INDEX_FILE", index.as_path())];
+    let parent = rev_parse(repo, &format!("refs/heads/{branch}"))
+        .or_else(|| base_if_new.and_then(|b| rev_parse(repo, b)));
+    match &parent {
+        Some(p) => git(repo, &["read-tree", p], &env, None),
+        None => git(repo, &["read-tree", "--empty"], &env, None),
+    };
+    for (path, content) in files {
+        match content {
+            Some(c) => {
+                let oid = git(
+                    repo,
+                    &["hash-object", "-w", "--stdin"],
+                    &[],
+                    Some(c.as_bytes()),
+                );
+                git(
+                    repo,
+                    &[
+                        "update-index",
+                        "--add",
+                        "--cacheinfo",
+                        &format!("100644,{oid},{path}"),
+                    ],
+                    &env,
+                    None,
+                );
+            }
+            None => {
+                let line = format!("0 {}\t{path}\n", "0".repeat(40));
+                git(
+                    repo,
+                    &["update-index", "--index-info"],
+                    &env,
+                    Some(line.as_bytes()),
+                );
+            }
+        }
+    }
+    let tree = git(repo, &["write-tree"], &env, None);
+    let mut args = vec!["commit-tree", tree.as_str(), "-m", message];
+    if let Some(p) = &parent {
+        args.push("-p");
+        args.push(p);
+    }
+    let sha = git(repo, &args, &[], None);
+    git(
+        repo,
+        &["update-ref", &format!("refs/heads/{branch}"), &sha],
+        &[],
+        None,
+    );
+    sha
+}
+
+/// Recompute `refs/merge-requests/IID/{head,merge}` in the target repo for one MR.
+fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr) {
+    let head_ref = format!("refs/merge-requests/{}/head", mr.iid);
+    let merge_ref = format!("refs/merge-requests/{}/merge", mr.iid);
+    if source_repo != target_repo {
+        git(
+            target_repo,
+            &[
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                &source_repo.to_string_lossy(),
+                &format!("+refs/heads/{}:{}", mr.source_branch, head_ref),
+            ],
+            &[],
+            None,
+        );
+    } else {
+        let sha = rev_parse(target_repo, &format!("refs/heads/{}", mr.source_branch))
+            .expect("source branch exists");
+        git(target_repo, &["update-ref", &head_ref, &sha], &[], None);
+    }
+    let head = rev_parse(target_repo, &head_ref).expect("head ref");
+    if mr.sha != head {
+        mr.sha = head.clone();
+        if !mr.shas.contains(&head) {
+            mr.shas.push(head.clone());
+        }
+    }
+    let target = match rev_parse(target_repo, &format!("refs/heads/{}", mr.target_branch)) {
+        Some(t) => t,
+        None => return,
+    };
+    match try_git(
+        target_repo,
+        &[
+            "merge-tree",
+            "--write-tree",
+            "--no-messages",
+            &target,
+            &head,
+        ],
+        &[],
+        None,
+    ) {
+        Ok(out) => {
+            let tree = out.lines().next().unwrap_or("").to_string();
+            let msg = format!(
+                "Merge branch '{}' into '{}'\n\nSee merge request !{}",
+                mr.source_branch, mr.target_branch, mr.iid
+            );
+            let commit = git(
+                target_repo,
+                &["commit-tree", &tree, "-p", &target, "-p", &head, "-m", &msg],
+                &[],
+                None,
+            );
+            git(target_repo, &["update-ref", &merge_ref, &commit], &[], None);
+        }
+        Err(_) => {
+            // Conflicts: GitLab has no merge ref then.
+            let _ = try_git(target_repo, &["update-ref", "-d", &merge_ref], &[], None);
+        }
+    }
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The public helpers
+// ---------------------------------------------------------------------------------------------
+
+impl FakeGitLab {
+    /// Start the fake with one bot user (`planbot-bot`) whose token [`FakeGitLab::bot_token`] is.
+    pub fn start() -> FakeGitLab {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let git_root = dir.path().join("git");
+        std::fs::create_dir_all(&git_root).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let url = format!("http://{addr}");
+        let state: Shared = Arc::new(Mutex::new(StateInner {
+            base_url: url.clone(),
+            git_root,
+            next_id: 100,
+            users: BTreeMap::new(),
+            projects: BTreeMap::new(),
+            jobs: HashMap::new(),
+            faults: HashMap::new(),
+            calls: HashMap::new(),
+            git_requests: Vec::new(),
+        }));
+        let app = router(state.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = rx.await;
+                    })
+                    .await
+                    .unwrap();
+            });
+        });
+        let mut fake = FakeGitLab {
+            url,
+            state,
+            bot: FakeUser {
+                id: 0,
+                username: String::new(),
+                name: String::new(),
+                token: String::new(),
+            },
+            shutdown: Some(tx),
+            thread: Some(thread),
+            _dir: dir,
+        };
+        fake.bot = fake.create_user("planbot-bot");
+        fake
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StateInner> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The instance URL (`http://127.0.0.1:PORT`), what `GitLab::new` takes.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn bot(&self) -> &FakeUser {
+        &self.bot
+    }
+
+    pub fn bot_token(&self) -> &str {
+        &self.bot.token
+    }
+
+    /// A new user with a personal access token `glpat-fake-<username>-<id>`.
+    pub fn create_user(&self, username: &str) -> FakeUser {
+        let mut s = self.lock();
+        let id = s.id();
+        let user = FakeUser {
+            id,
+            username: username.to_string(),
+            name: format!("{username} (fake)"),
+            token: format!("glpat-fake-{username}-{id}"),
+        };
+        s.users.insert(id, user.clone());
+        user
+    }
+
+    /// A project with a bare repo whose `main` has one commit (a README); the bot is Developer.
+    pub fn create_project(&self, path: &str) -> FakeProject {
+        let (id, repo, bot) = {
+            let mut s = self.lock();
+            let id = s.id();
+            let repo = s.git_root.join(format!("{path}.git"));
+            s.projects.insert(
+                id,
+                FProject {
+                    id,
+                    path: path.to_string(),
+                    default_branch: "main".into(),
+                    members: BTreeMap::new(),
+                    protected: ["main".to_string()].into_iter().collect(),
+                    mrs: BTreeMap::new(),
+                    statuses: Vec::new(),
+                    issues: Vec::new(),
+                    hooks: Vec::new(),
+                    tf: BTreeMap::new(),
+                },
+            );
+            (id, repo, self.bot.id)
+        };
+        std::fs::create_dir_all(&repo).unwrap();
+        git(
+            &repo,
+            &["init", "--quiet", "--bare", "--initial-branch=main"],
+            &[],
+            None,
+        );
+        commit_in_bare(
+            &repo,
+            "main",
+            None,
+            &[("README.md", Some(&format!("# {path}\n")))],
+            "Initial commit",
+        );
+        let project = FakeProject {
+            id,
+            path: path.to_string(),
+        };
+        if bot != 0 {
+            self.add_member(&project, &self.bot.clone(), DEVELOPER);
+        }
+        project
+    }
+
+    /// A fork of `of` at `path` (same history, its own bare repo); the bot is not a member.
+    pub fn fork_project(&self, of: &FakeProject, path: &str) -> FakeProject {
+        let (id, src, dst) = {
+            let mut s = self.lock();
+            let id = s.id();
+            let src = s.repo(of.id);
+            let dst = s.git_root.join(format!("{path}.git"));
+            s.projects.insert(
+                id,
+                FProject {
+                    id,
+                    path: path.to_string(),
+                    default_branch: "main".into(),
+                    members: BTreeMap::new(),
+                    protected: BTreeSet::new(),
+                    mrs: BTreeMap::new(),
+                    statuses: Vec::new(),
+                    issues: Vec::new(),
+                    hooks: Vec::new(),
+                    tf: BTreeMap::new(),
+                },
+            );
+            (id, src, dst)
+        };
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        git(
+            src.parent().unwrap(),
+            &[
+                "clone",
+                "--quiet",
+                "--bare",
+                &src.to_string_lossy(),
+                &dst.to_string_lossy(),
+            ],
+            &[],
+            None,
+        );
+        FakeProject {
+            id,
+            path: path.to_string(),
+        }
+    }
+
+    pub fn add_member(&self, project: &FakeProject, user: &FakeUser, level: u32) {
+        self.lock()
+            .projects
+            .get_mut(&project.id)
+            .expect("project")
+            .members
+            .insert(user.id, level);
+    }
+
+    pub fn remove_member(&self, project: &FakeProject, user: &FakeUser) {
+        self.lock()
+            .projects
+            .get_mut(&project.id)
+            .expect("project")
+            .members
+            .remove(&user.id);
+    }
+
+    pub fn protect_branch(&self, project: &FakeProject, branch: &str, protected: bool) {
+        let mut s = self.lock();
+        let p = s.projects.get_mut(&project.id).expect("project");
+        if protected {
+            p.protected.insert(branch.to_string());
+        } else {
+            p.protected.remove(branch);
+        }
+    }
+
+    /// The bare repository on disk (for assertions such as "the token is not in its config").
+    pub fn repo_path(&self, project: &FakeProject) -> PathBuf {
+        self.lock().repo(project.id)
+    }
+
+    /// The clone URL (`http_url_to_repo`).
+    pub fn clone_url(&self, project: &FakeProject) -> String {
+        format!("{}/{}.git", self.url, project.path)
+    }
+
+    /// Where `branch` points, if it exists.
+    pub fn branch_head(&self, project: &FakeProject, branch: &str) -> Option<String> {
+        rev_parse(&self.repo_path(project), &format!("refs/heads/{branch}"))
+    }
+
+    /// Any ref (`refs/merge-requests/3/merge`...).
+    pub fn ref_sha(&self, project: &FakeProject, r: &str) -> Option<String> {
+        rev_parse(&self.repo_path(project), r)
+    }
+
+    /// A real commit on `branch` (created from the default branch if new) writing `files`;
+    /// then, like a push, refreshes the refs and head of every open MR from or into that branch.
+    pub fn commit_files(
+        &self,
+        project: &FakeProject,
+        branch: &str,
+        files: &[(&str, &str)],
+    ) -> String {
+        let changes: Vec<(&str, Option<&str>)> =
+            files.iter().map(|(p, c)| (*p, Some(*c))).collect();
+        self.commit_changes(
+            project,
+            branch,
+            &changes,
+            &format!("Change {} file(s)", files.len()),
+        )
+    }
+
+    /// Same as [`FakeGitLab::commit_files`] (reads better in a story: "the author pushes").
+    pub fn push(&self, project: &FakeProject, branch: &str, files: &[(&str, &str)]) -> String {
+        self.commit_files(project, branch, files)
+    }
+
+    /// A commit with explicit changes (`None` deletes the file) and message.
+    pub fn commit_changes(
+        &self,
+        project: &FakeProject,
+        branch: &str,
+        changes: &[(&str, Option<&str>)],
+        message: &str,
+    ) -> String {
+        let repo = self.repo_path(project);
+        let default = self.lock().projects[&project.id].default_branch.clone();
+        let sha = commit_in_bare(
+            &repo,
+            branch,
+            Some(&format!("refs/heads/{default}")),
+            changes,
+            message,
+        );
+        self.refresh_after_push(project.id, branch);
+        sha
+    }
+
+    fn refresh_after_push(&self, project: u64, branch: &str) {
+        let mut s = self.lock();
+        let mut todo = Vec::new();
+        for p in s.projects.values() {
+            for mr in p.mrs.values() {
+                if mr.state != "opened" {
+                    continue;
+                }
+                let from = mr.source_project == project && mr.source_branch == branch;
+                let into = p.id == project && mr.target_branch == branch;
+                if from || into {
+                    todo.push((p.id, mr.iid));
+                }
+            }
+        }
+        for (pid, iid) in todo {
+            let target_repo = s.repo(pid);
+            let src_pid = s.projects[&pid].mrs[&iid].source_project;
+            let source_repo = s.repo(src_pid);
+            let mr = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid).unwrap();
+            refresh_mr_refs(&target_repo, &source_repo, mr);
+        }
+    }
+
+    /// Open an MR from `source_branch` into `target_branch` of the same project, authored by a
+    /// fresh Developer user `dev` (created once). Returns the iid.
+    pub fn open_mr(&self, project: &FakeProject, source_branch: &str, target_branch: &str) -> u64 {
+        let dev = self
+            .user_named("dev")
+            .unwrap_or_else(|| self.create_user("dev"));
+        if self.member_level(project, &dev).is_none() {
+            self.add_member(project, &dev, DEVELOPER);
+        }
+        self.open_mr_by(project, source_branch, target_branch, &dev)
+    }
+
+    pub fn user_named(&self, username: &str) -> Option<FakeUser> {
+        self.lock()
+            .users
+            .values()
+            .find(|u| u.username == username)
+            .cloned()
+    }
+
+    fn member_level(&self, project: &FakeProject, user: &FakeUser) -> Option<u32> {
+        self.lock().projects[&project.id]
+            .members
+            .get(&user.id)
+            .copied()
+    }
+
+    pub fn open_mr_by(
+        &self,
+        project: &FakeProject,
+        source_branch: &str,
+        target_branch: &str,
+        author: &FakeUser,
+    ) -> u64 {
+        self.open_mr_from(project, source_branch, project, target_branch, author)
+    }
+
+    /// An MR from `source_project` (a fork, or the same project) into `target_project`.
+    pub fn open_mr_from(
+        &self,
+        source_project: &FakeProject,
+        source_branch: &str,
+        target_project: &FakeProject,
+        target_branch: &str,
+        author: &FakeUser,
+    ) -> u64 {
+        let mut s = self.lock();
+        let id = s.id();
+        let target_repo = s.repo(target_project.id);
+        let source_repo = s.repo(source_project.id);
+        let p = s.projects.get_mut(&target_project.id).expect("project");
+        let iid = p.mrs.keys().max().copied().unwrap_or(0) + 1;
+        let mut mr = FMr {
+            id,
+            iid,
+            title: format!("Change from {source_branch}"),
+            state: "opened".into(),
+            source_project: source_project.id,
+            source_branch: source_branch.into(),
+            target_branch: target_branch.into(),
+            author: author.id,
+            draft: false,
+            sha: String::new(),
+            shas: Vec::new(),
+            merge_commit_sha: None,
+            merged_by: None,
+            notes: Vec::new(),
+            approved_by: Vec::new(),
+        };
+        refresh_mr_refs(&target_repo, &source_repo, &mut mr);
+        p.mrs.insert(iid, mr);
+        iid
+    }
+
+    pub fn set_draft(&self, project: &FakeProject, iid: u64, draft: bool) {
+        self.with_mr(project, iid, |mr| mr.draft = draft);
+    }
+
+    pub fn set_target_branch(&self, project: &FakeProject, iid: u64, target: &str) {
+        self.with_mr(project, iid, |mr| mr.target_branch = target.to_string());
+        self.refresh_after_push(project.id, target);
+    }
+
+    fn with_mr<R>(&self, project: &FakeProject, iid: u64, f: impl FnOnce(&mut FMr) -> R) -> R {
+        let mut s = self.lock();
+        let mr = s
+            .projects
+            .get_mut(&project.id)
+            .expect("project")
+            .mrs
+            .get_mut(&iid)
+            .expect("mr");
+        f(mr)
+    }
+
+    /// The MR's head commit.
+    pub fn mr_sha(&self, project: &FakeProject, iid: u64) -> String {
+        self.with_mr(project, iid, |mr| mr.sha.clone())
+    }
+
+    /// The MR as `GET /merge_requests/:iid` shows it.
+    pub fn mr_json(&self, project: &FakeProject, iid: u64) -> Value {
+        let s = self.lock();
+        mr_json(&s, project.id, &s.projects[&project.id].mrs[&iid])
+    }
+
+    /// Merge: fast-forward the target when possible, else land GitLab's merge commit
+    /// (`refs/merge-requests/IID/merge`). Sets `merged`, `merge_commit_sha`, `merged_by`, and
+    /// refreshes the merge refs of the other open MRs into that branch. Returns the landed SHA.
+    pub fn merge_mr(&self, project: &FakeProject, iid: u64, by: Option<&FakeUser>) -> String {
+        let repo = self.repo_path(project);
+        let (target_branch, head) = self.with_mr(project, iid, |mr| {
+            (mr.target_branch.clone(), mr.sha.clone())
+        });
+        let target = rev_parse(&repo, &format!("refs/heads/{target_branch}")).expect("target");
+        let landed = if is_ancestor(&repo, &target, &head) {
+            head.clone()
+        } else {
+            rev_parse(&repo, &format!("refs/merge-requests/{iid}/merge"))
+                .expect("MR has conflicts: no merge ref")
+        };
+        git(
+            &repo,
+            &[
+                "update-ref",
+                &format!("refs/heads/{target_branch}"),
+                &landed,
+                &target,
+            ],
+            &[],
+            None,
+        );
+        let by_id = by.map(|u| u.id);
+        self.with_mr(project, iid, |mr| {
+            mr.state = "merged".into();
+            mr.merge_commit_sha = Some(landed.clone());
+            mr.merged_by = by_id.or(Some(mr.author));
+            if !mr.shas.contains(&landed) {
+                mr.shas.push(landed.clone());
+            }
+        });
+        self.refresh_after_push(project.id, &target_branch);
+        landed
+    }
+
+    pub fn close_mr(&self, project: &FakeProject, iid: u64) {
+        self.with_mr(project, iid, |mr| mr.state = "closed".into());
+    }
+
+    pub fn reopen_mr(&self, project: &FakeProject, iid: u64) {
+        self.with_mr(project, iid, |mr| mr.state = "opened".into());
+        let branch = self.with_mr(project, iid, |mr| mr.source_branch.clone());
+        let src = self.with_mr(project, iid, |mr| mr.source_project);
+        self.refresh_after_push(src, &branch);
+    }
+
+    /// The MR's notes, oldest first.
+    pub fn notes(&self, project: &FakeProject, iid: u64) -> Vec<FakeNote> {
+        self.with_mr(project, iid, |mr| mr.notes.clone())
+    }
+
+    /// A note written by `user` (a human comment, or the bot's).
+    pub fn add_note(&self, project: &FakeProject, iid: u64, user: &FakeUser, body: &str) -> u64 {
+        let id = self.lock().id();
+        self.with_mr(project, iid, |mr| {
+            mr.notes.push(FakeNote {
+                id,
+                body: body.to_string(),
+                author_id: user.id,
+                system: false,
+                edits: 0,
+            })
+        });
+        id
+    }
+
+    /// A user deletes a note in the UI.
+    pub fn delete_note(&self, project: &FakeProject, iid: u64, note_id: u64) {
+        self.with_mr(project, iid, |mr| mr.notes.retain(|n| n.id != note_id));
+    }
+
+    pub fn approve(&self, project: &FakeProject, iid: u64, user: &FakeUser) {
+        self.with_mr(project, iid, |mr| {
+            if !mr.approved_by.contains(&user.id) {
+                mr.approved_by.push(user.id)
+            }
+        });
+    }
+
+    /// Every status posted on `sha`, oldest first.
+    pub fn statuses(&self, project: &FakeProject, sha: &str) -> Vec<FakeStatus> {
+        self.lock().projects[&project.id]
+            .statuses
+            .iter()
+            .filter(|s| s.sha == sha)
+            .cloned()
+            .collect()
+    }
+
+    /// The current state of status `name` on `sha`.
+    pub fn status(&self, project: &FakeProject, sha: &str, name: &str) -> Option<FakeStatus> {
+        self.statuses(project, sha)
+            .into_iter()
+            .rev()
+            .find(|s| s.name == name)
+    }
+
+    pub fn register_job(&self, job: FakeJob) {
+        self.lock().jobs.insert(job.token.clone(), job);
+    }
+
+    pub fn set_job_status(&self, token: &str, status: &str) {
+        if let Some(j) = self.lock().jobs.get_mut(token) {
+            j.status = status.to_string();
+        }
+    }
+
+    pub fn issues(&self, project: &FakeProject) -> Vec<FakeIssue> {
+        self.lock().projects[&project.id].issues.clone()
+    }
+
+    /// A project webhook as `GET /hooks` lists it.
+    pub fn add_hook(
+        &self,
+        project: &FakeProject,
+        url: &str,
+        merge_requests_events: bool,
+        note_events: bool,
+    ) {
+        let mut s = self.lock();
+        let id = s.id();
+        s.projects.get_mut(&project.id).unwrap().hooks.push(json!({
+            "id": id, "url": url, "project_id": project.id,
+            "push_events": false, "merge_requests_events": merge_requests_events,
+            "note_events": note_events, "job_events": false, "pipeline_events": false,
+            "enable_ssl_verification": true, "alert_status": "executable",
+            "disabled_until": null, "created_at": now()
+        }));
+    }
+
+    /// The stored Terraform state `name` of the project, and its lock info.
+    pub fn terraform_state(
+        &self,
+        project: &FakeProject,
+        name: &str,
+    ) -> (Option<Vec<u8>>, Option<Value>) {
+        let s = self.lock();
+        match s.projects[&project.id].tf.get(name) {
+            Some(t) => (t.data.clone(), t.lock.clone()),
+            None => (None, None),
+        }
+    }
+
+    /// Answer the next `times` calls of `route` (e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`)
+    /// with `status` and a JSON error, then behave normally.
+    pub fn fail_next(&self, route: &str, times: u32, status: u16) {
+        self.lock().faults.insert(
+            route.to_string(),
+            Faults {
+                remaining: times,
+                status,
+                retry_after: None,
+            },
+        );
+    }
+
+    /// Like [`FakeGitLab::fail_next`] with 429 and a `Retry-After: secs` header.
+    pub fn rate_limit_next(&self, route: &str, times: u32, retry_after_secs: u64) {
+        self.lock().faults.insert(
+            route.to_string(),
+            Faults {
+                remaining: times,
+                status: 429,
+                retry_after: Some(retry_after_secs),
+            },
+        );
+    }
+
+    /// How many calls `route` received (failed ones included).
+    pub fn calls(&self, route: &str) -> u32 {
+        self.lock().calls.get(route).copied().unwrap_or(0)
+    }
+
+    /// All calls per route so far.
+    pub fn all_calls(&self) -> BTreeMap<String, u32> {
+        self.lock()
+            .calls
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// Requests the git HTTP endpoint saw.
+    pub fn git_requests(&self) -> Vec<GitRequest> {
+        self.lock().git_requests.clone()
+    }
+
+    /// A `Merge Request Hook` payload built from `webhooks/merge_request_open.json` as is, with
+    /// the story's fields set from the MR's current state (action `open`).
+    pub fn mr_webhook(&self, project: &FakeProject, iid: u64) -> MrWebhook {
+        let mut v: Value =
+            serde_json::from_str(&super::gitlab_fixture("webhooks/merge_request_open.json"))
+                .expect("fixture parses");
+        let s = self.lock();
+        let p = &s.projects[&project.id];
+        let mr = &p.mrs[&iid];
+        let author = &s.users[&mr.author];
+        let target_json = hook_project_json(&s, p.id);
+        let source_json = hook_project_json(&s, mr.source_project);
+        v["user"]["id"] = json!(author.id);
+        v["user"]["username"] = json!(author.username);
+        v["user"]["name"] = json!(author.name);
+        merge_into(&mut v["project"], &target_json);
+        let oa = &mut v["object_attributes"];
+        oa["id"] = json!(mr.id);
+        oa["iid"] = json!(mr.iid);
+        oa["title"] = json!(mr.title);
+        oa["author_id"] = json!(mr.author);
+        oa["source_branch"] = json!(mr.source_branch);
+        oa["target_branch"] = json!(mr.target_branch);
+        oa["source_project_id"] = json!(mr.source_project);
+        oa["target_project_id"] = json!(p.id);
+        oa["target_branch_protected"] = json!(p.protected.contains(&mr.target_branch));
+        oa["state"] = json!(mr.state);
+        oa["draft"] = json!(mr.draft);
+        oa["merge_commit_sha"] = json!(mr.merge_commit_sha);
+        oa["last_commit"]["id"] = json!(mr.sha);
+        oa["last_commit"]["url"] = json!(format!("{}/{}/-/commit/{}", s.base_url, p.path, mr.sha));
+        oa["url"] = json!(format!(
+            "{}/{}/-/merge_requests/{}",
+            s.base_url, p.path, mr.iid
+        ));
+        merge_into(&mut oa["source"], &source_json);
+        merge_into(&mut oa["target"], &target_json);
+        oa["action"] = json!(match mr.state.as_str() {
+            "merged" => "merge",
+            "closed" => "close",
+            _ => "open",
+        });
+        MrWebhook { v }
+    }
+
+    /// A `Note Hook` payload from `webhooks/note_merge_request.json` as is: `user` writes `body`
+    /// on the MR (the note is also added to the MR, as GitLab would have it).
+    pub fn note_webhook(
+        &self,
+        project: &FakeProject,
+        iid: u64,
+        user: &FakeUser,
+        body: &str,
+    ) -> Value {
+        let note_id = self.add_note(project, iid, user, body);
+        let mut v: Value =
+            serde_json::from_str(&super::gitlab_fixture("webhooks/note_merge_request.json"))
+                .expect("fixture parses");
+        let s = self.lock();
+        let p = &s.projects[&project.id];
+        let mr = &p.mrs[&iid];
+        let target_json = hook_project_json(&s, p.id);
+        let source_json = hook_project_json(&s, mr.source_project);
+        v["user"]["id"] = json!(user.id);
+        v["user"]["username"] = json!(user.username);
+        v["user"]["name"] = json!(user.name);
+        v["project_id"] = json!(p.id);
+        merge_into(&mut v["project"], &target_json);
+        let oa = &mut v["object_attributes"];
+        oa["id"] = json!(note_id);
+        oa["note"] = json!(body);
+        oa["author_id"] = json!(user.id);
+        oa["project_id"] = json!(p.id);
+        oa["noteable_id"] = json!(mr.id);
+        oa["url"] = json!(format!(
+            "{}/{}/-/merge_requests/{}#note_{note_id}",
+            s.base_url, p.path, mr.iid
+        ));
+        let m = &mut v["merge_request"];
+        m["id"] = json!(mr.id);
+        m["iid"] = json!(mr.iid);
+        m["title"] = json!(mr.title);
+        m["author_id"] = json!(mr.author);
+        m["source_branch"] = json!(mr.source_branch);
+        m["target_branch"] = json!(mr.target_branch);
+        m["source_project_id"] = json!(mr.source_project);
+        m["target_project_id"] = json!(p.id);
+        m["state"] = json!(mr.state);
+        m["draft"] = json!(mr.draft);
+        m["work_in_progress"] = json!(mr.draft);
+        m["last_commit"]["id"] = json!(mr.sha);
+        merge_into(&mut m["source"], &source_json);
+        merge_into(&mut m["target"], &target_json);
+        v
+    }
+}
+
+/// Builder for a Merge Request Hook payload; see [`FakeGitLab::mr_webhook`].
+pub struct MrWebhook {
+    v: Value,
+}
+
+impl MrWebhook {
+    /// `open`, `reopen`, `update`, `close`, `merge`, `approved`, ...
+    pub fn action(mut self, action: &str) -> MrWebhook {
+        self.v["object_attributes"]["action"] = json!(action);
+        self
+    }
+
+    /// `update` with new commits: `oldrev` is the previous head.
+    pub fn oldrev(mut self, sha: &str) -> MrWebhook {
+        self.v["object_attributes"]["action"] = json!("update");
+        self.v["object_attributes"]["oldrev"] = json!(sha);
+        self
+    }
+
+    /// Replace the `changes` object (e.g. `{"draft": {"previous": true, "current": false}}`).
+    pub fn changes(mut self, changes: Value) -> MrWebhook {
+        self.v["changes"] = changes;
+        self
+    }
+
+    /// Who triggered the event.
+    pub fn by(mut self, user: &FakeUser) -> MrWebhook {
+        self.v["user"]["id"] = json!(user.id);
+        self.v["user"]["username"] = json!(user.username);
+        self.v["user"]["name"] = json!(user.name);
+        self
+    }
+
+    /// Set any field by JSON pointer (`/object_attributes/draft`).
+    pub fn set(mut self, pointer: &str, value: Value) -> MrWebhook {
+        *self
+            .v
+            .pointer_mut(pointer)
+            .unwrap_or_else(|| panic!("no {pointer} in payload")) = value;
+        self
+    }
+
+    pub fn build(self) -> Value {
+        self.v
+    }
+
+    pub fn body(self) -> Vec<u8> {
+        serde_json::to_vec(&self.v).unwrap()
+    }
+}
+
+fn merge_into(dst: &mut Value, src: &Value) {
+    if let (Some(d), Some(s)) = (dst.as_object_mut(), src.as_object()) {
+        for (k, v) in s {
+            d.insert(k.clone(), v.clone());
+        }
+    } else {
+        *dst = src.clone();
+    }
+}
+
+fn hook_project_json(s: &StateInner, pid: u64) -> Value {
+    let p = &s.projects[&pid];
+    let web = format!("{}/{}", s.base_url, p.path);
+    json!({
+        "id": p.id,
+        "name": p.path.rsplit('/').next().unwrap_or(&p.path),
+        "web_url": web,
+        "git_http_url": format!("{web}.git"),
+        "git_ssh_url": format!("ssh://git@fake.gitlab/{}.git", p.path),
+        "namespace": p.path.split('/').next().unwrap_or(""),
+        "path_with_namespace": p.path,
+        "default_branch": p.default_branch,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON shapes
+// ---------------------------------------------------------------------------------------------
+
+fn user_json(u: &FakeUser) -> Value {
+    json!({
+        "id": u.id, "username": u.username, "name": u.name, "state": "active",
+        "locked": false, "avatar_url": null, "web_url": format!("http://fake.gitlab/{}", u.username)
+    })
+}
+
+fn user_by_id(s: &StateInner, id: u64) -> Value {
+    s.users.get(&id).map(user_json).unwrap_or(Value::Null)
+}
+
+fn project_json(s: &StateInner, p: &FProject) -> Value {
+    let web = format!("{}/{}", s.base_url, p.path);
+    json!({
+        "id": p.id,
+        "name": p.path.rsplit('/').next().unwrap_or(&p.path),
+        "path": p.path.rsplit('/').next().unwrap_or(&p.path),
+        "path_with_namespace": p.path,
+        "default_branch": p.default_branch,
+        "visibility": "private",
+        "http_url_to_repo": format!("{web}.git"),
+        "ssh_url_to_repo": format!("ssh://git@fake.gitlab/{}.git", p.path),
+        "web_url": web,
+        "created_at": "2026-01-01T00:00:00.000Z",
+        "archived": false,
+    })
+}
+
+fn mr_json(s: &StateInner, pid: u64, mr: &FMr) -> Value {
+    let p = &s.projects[&pid];
+    let repo = s.repo(pid);
+    let base = rev_parse(&repo, &format!("refs/heads/{}", mr.target_branch))
+        .and_then(|t| try_git(&repo, &["merge-base", &t, &mr.sha], &[], None).ok());
+    json!({
+        "id": mr.id,
+        "iid": mr.iid,
+        "project_id": pid,
+        "title": mr.title,
+        "description": "",
+        "state": mr.state,
+        "draft": mr.draft,
+        "work_in_progress": mr.draft,
+        "sha": mr.sha,
+        "source_project_id": mr.source_project,
+        "target_project_id": pid,
+        "source_branch": mr.source_branch,
+        "target_branch": mr.target_branch,
+        "author": user_by_id(s, mr.author),
+        "merge_commit_sha": mr.merge_commit_sha,
+        "squash_commit_sha": null,
+        "merged_by": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
+        "merge_user": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
+        "detailed_merge_status": if mr.state == "opened" { "mergeable" } else { "not_open" },
+        "diff_refs": {"base_sha": base, "head_sha": mr.sha, "start_sha": base},
+        "web_url": format!("{}/{}/-/merge_requests/{}", s.base_url, p.path, mr.iid),
+        "references": {"short": format!("!{}", mr.iid), "full": format!("{}!{}", p.path, mr.iid)},
+        "created_at": "2026-01-01T00:00:00.000Z",
+    })
+}
+
+fn note_json(s: &StateInner, mr: &FMr, n: &FakeNote) -> Value {
+    json!({
+        "id": n.id,
+        "type": null,
+        "body": n.body,
+        "attachment": null,
+        "author": user_by_id(s, n.author_id),
+        "created_at": "2026-01-01T00:00:00.000Z",
+        "updated_at": "2026-01-01T00:00:00.000Z",
+        "system": n.system,
+        "noteable_id": mr.id,
+        "noteable_type": "MergeRequest",
+        "noteable_iid": mr.iid,
+        "resolvable": false,
+        "confidential": false,
+        "internal": false,
+    })
+}
+
+fn status_json(s: &StateInner, st: &FakeStatus, author: u64) -> Value {
+    json!({
+        "id": st.id, "sha": st.sha, "ref": st.ref_, "status": st.state, "name": st.name,
+        "target_url": st.target_url, "description": st.description,
+        "created_at": now(), "started_at": null, "finished_at": null,
+        "allow_failure": false, "coverage": null, "pipeline_id": st.pipeline_id,
+        "author": user_by_id(s, author),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server
+// ---------------------------------------------------------------------------------------------
+
+fn err(code: StatusCode, message: &str) -> Response {
+    (code, Json(json!({ "message": message }))).into_response()
+}
+
+fn router(state: Shared) -> Router {
+    let api = Router::new()
+        .route("/api/v4/user", get(get_user))
+        .route("/api/v4/job", get(get_job))
+        .route("/api/v4/projects/{id}", get(get_project))
+        .route(
+            "/api/v4/projects/{id}/members/all/{user_id}",
+            get(get_member),
+        )
+        .route("/api/v4/projects/{id}/merge_requests", get(list_mrs))
+        .route("/api/v4/projects/{id}/merge_requests/{iid}", get(get_mr))
+        .route(
+            "/api/v4/projects/{id}/merge_requests/{iid}/notes",
+            get(list_notes).post(create_note),
+        )
+        .route(
+            "/api/v4/projects/{id}/merge_requests/{iid}/notes/{note_id}",
+            axum::routing::put(edit_note).get(get_note),
+        )
+        .route(
+            "/api/v4/projects/{id}/merge_requests/{iid}/approvals",
+            get(get_approvals),
+        )
+        .route("/api/v4/projects/{id}/statuses/{sha}", post(post_status))
+        .route(
+            "/api/v4/projects/{id}/repository/commits/{sha}/statuses",
+            get(list_statuses),
+        )
+        .route(
+            "/api/v4/projects/{id}/repository/commits/{sha}/merge_requests",
+            get(commit_mrs),
+        )
+        .route(
+            "/api/v4/projects/{id}/repository/branches/{branch}",
+            get(get_branch),
+        )
+        .route(
+            "/api/v4/projects/{id}/protected_branches/{branch}",
+            get(get_protected_branch),
+        )
+        .route("/api/v4/projects/{id}/issues", post(create_issue))
+        .route("/api/v4/projects/{id}/hooks", get(list_hooks))
+        .route(
+            "/api/v4/projects/{id}/terraform/state/{name}",
+            any(tf_state),
+        )
+        .route(
+            "/api/v4/projects/{id}/terraform/state/{name}/lock",
+            any(tf_lock),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_and_fault,
+        ));
+    api.fallback(git_http)
+        .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+        .with_state(state)
+}
+
+async fn count_and_fault(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_default();
+    let key = format!("{} {}", req.method(), route);
+    let fault = {
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        *s.calls.entry(key.clone()).or_default() += 1;
+        match s.faults.get_mut(&key) {
+            Some(f) if f.remaining > 0 => {
+                f.remaining -= 1;
+                Some((f.status, f.retry_after))
+            }
+            _ => None,
+        }
+    };
+    if let Some((code, retry_after)) = fault {
+        let mut resp = err(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            &format!("{code} injected by the fake GitLab"),
+        );
+        if let Some(secs) = retry_after {
+            resp.headers_mut().insert(
+                "retry-after",
+                HeaderValue::from_str(&secs.to_string()).unwrap(),
+            );
+        }
+        return resp;
+    }
+    next.run(req).await
+}
+
+/// The user behind `PRIVATE-TOKEN` or `Authorization: Bearer`.
+fn api_user(s: &StateInner, headers: &HeaderMap) -> Result<FakeUser, Response> {
+    let token = headers
+        .get("private-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_string)
+        });
+    match token.and_then(|t| s.user_by_token(&t).cloned()) {
+        Some(u) => Ok(u),
+        None => Err(err(StatusCode::UNAUTHORIZED, "401 Unauthorized")),
+    }
+}
+
+/// The project, visible only to its members (like a private project).
+fn visible_project(s: &StateInner, key: &str, user: &FakeUser) -> Result<u64, Response> {
+    match s.project_ref(key) {
+        Some(pid) if s.projects[&pid].members.contains_key(&user.id) => Ok(pid),
+        _ => Err(err(StatusCode::NOT_FOUND, "404 Project Not Found")),
+    }
+}
+
+fn level(s: &StateInner, pid: u64, user: &FakeUser) -> u32 {
+    s.projects[&pid].members.get(&user.id).copied().unwrap_or(0)
+}
+
+macro_rules! lock {
+    ($state:expr) => {
+        $state.lock().unwrap_or_else(|e| e.into_inner())
+    };
+}
+
+macro_rules! tryr {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(r) => return r,
+        }
+    };
+}
+
+async fn get_user(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    Json(user_json(&u)).into_response()
+}
+
+async fn get_job(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let s = lock!(state);
+    let token = headers.get("job-token").and_then(|v| v.to_str().ok());
+    let job = match token.and_then(|t| s.jobs.get(t)) {
+        Some(j) if j.status == "running" => j.clone(),
+        _ => return err(StatusCode::UNAUTHORIZED, "401 Unauthorized"),
+    };
+    let mut v: Value =
+        serde_json::from_str(&super::gitlab_fixture("api/get_job_via_job_token.json")).unwrap();
+    v["id"] = json!(job.id);
+    v["name"] = json!(job.name);
+    v["status"] = json!(job.status);
+    v["ref"] = json!(job.ref_);
+    v["tag"] = json!(job.tag);
+    v["stage"] = json!("deploy");
+    v["finished_at"] = Value::Null;
+    v["failure_reason"] = Value::Null;
+    v["commit"]["id"] = json!(job.sha);
+    v["pipeline"] = json!({
+        "id": job.pipeline_id, "project_id": job.project_id, "ref": job.ref_,
+        "sha": job.sha, "status": "running"
+    });
+    v["user"] = match &job.user {
+        Some(u) => user_json(u),
+        None => Value::Null,
+    };
+    v["web_url"] = json!(format!("{}/-/jobs/{}", s.base_url, job.id));
+    Json(v).into_response()
+}
+
+async fn get_project(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    Json(project_json(&s, &s.projects[&pid])).into_response()
+}
+
+async fn get_member(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, user_id)): Path<(String, u64)>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    match (
+        s.projects[&pid].members.get(&user_id),
+        s.users.get(&user_id),
+    ) {
+        (Some(level), Some(member)) => {
+            let mut v = user_json(member);
+            v["access_level"] = json!(level);
+            Json(v).into_response()
+        }
+        _ => err(StatusCode::NOT_FOUND, "404 Not found"),
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+struct PageQuery {
+    page: Option<usize>,
+    per_page: Option<usize>,
+    sort: Option<String>,
+    state: Option<String>,
+}
+
+/// GitLab's offset pagination: `page`, `per_page` (default 20, max 100) and the `x-*` headers.
+fn paginate(items: Vec<Value>, q: &PageQuery) -> Response {
+    let per_page = q.per_page.unwrap_or(20).clamp(1, 100);
+    let page = q.page.unwrap_or(1).max(1);
+    let total = items.len();
+    let pages = total.div_ceil(per_page).max(1);
+    let slice: Vec<Value> = items
+        .into_iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .collect();
+    let mut resp = Json(Value::Array(slice)).into_response();
+    let h = resp.headers_mut();
+    let next = if page < pages {
+        (page + 1).to_string()
+    } else {
+        String::new()
+    };
+    let prev = if page > 1 {
+        (page - 1).to_string()
+    } else {
+        String::new()
+    };
+    for (k, v) in [
+        ("x-page", page.to_string()),
+        ("x-per-page", per_page.to_string()),
+        ("x-total", total.to_string()),
+        ("x-total-pages", pages.to_string()),
+        ("x-next-page", next),
+        ("x-prev-page", prev),
+    ] {
+        h.insert(k, HeaderValue::from_str(&v).unwrap());
+    }
+    resp
+}
+
+async fn list_mrs(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let want = q.state.clone().unwrap_or_else(|| "all".into());
+    let items: Vec<Value> = s.projects[&pid]
+        .mrs
+        .values()
+        .rev()
+        .filter(|m| want == "all" || m.state == want)
+        .map(|m| mr_json(&s, pid, m))
+        .collect();
+    paginate(items, &q)
+}
+
+async fn get_mr(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid)): Path<(String, u64)>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    match s.projects[&pid].mrs.get(&iid) {
+        Some(mr) => Json(mr_json(&s, pid, mr)).into_response(),
+        None => err(StatusCode::NOT_FOUND, "404 Not found"),
+    }
+}
+
+async fn list_notes(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid)): Path<(String, u64)>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    let mut items: Vec<Value> = mr.notes.iter().map(|n| note_json(&s, mr, n)).collect();
+    // GitLab's default order is newest first.
+    if q.sort.as_deref() != Some("asc") {
+        items.reverse();
+    }
+    paginate(items, &q)
+}
+
+#[derive(serde::Deserialize)]
+struct NoteBody {
+    body: Option<String>,
+}
+
+const NOTE_LIMIT: usize = 1_000_000;
+
+async fn create_note(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid)): Path<(String, u64)>,
+    Json(b): Json<NoteBody>,
+) -> Response {
+    let mut s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let body = b.body.unwrap_or_default();
+    if body.trim().is_empty() {
+        return err(StatusCode::BAD_REQUEST, "400 Bad request - body is missing");
+    }
+    if body.chars().count() > NOTE_LIMIT {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"message": {"note": ["is too long (maximum is 1000000 characters)"]}})),
+        )
+            .into_response();
+    }
+    let note_id = s.id();
+    let Some(mr) = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    let note = FakeNote {
+        id: note_id,
+        body,
+        author_id: u.id,
+        system: false,
+        edits: 0,
+    };
+    mr.notes.push(note.clone());
+    let mr = mr.clone();
+    (StatusCode::CREATED, Json(note_json(&s, &mr, &note))).into_response()
+}
+
+async fn get_note(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid, note_id)): Path<(String, u64, u64)>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    match mr.notes.iter().find(|n| n.id == note_id) {
+        Some(n) => Json(note_json(&s, mr, n)).into_response(),
+        None => err(StatusCode::NOT_FOUND, "404 Note Not Found"),
+    }
+}
+
+async fn edit_note(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid, note_id)): Path<(String, u64, u64)>,
+    Json(b): Json<NoteBody>,
+) -> Response {
+    let mut s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let body = b.body.unwrap_or_default();
+    if body.chars().count() > NOTE_LIMIT {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"message": {"note": ["is too long (maximum is 1000000 characters)"]}})),
+        )
+            .into_response();
+    }
+    let Some(mr) = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    let Some(n) = mr.notes.iter_mut().find(|n| n.id == note_id) else {
+        return err(StatusCode::NOT_FOUND, "404 Note Not Found");
+    };
+    if n.author_id != u.id {
+        return err(StatusCode::FORBIDDEN, "403 Forbidden");
+    }
+    n.body = body;
+    n.edits += 1;
+    let n = n.clone();
+    let mr = mr.clone();
+    Json(note_json(&s, &mr, &n)).into_response()
+}
+
+async fn get_approvals(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid)): Path<(String, u64)>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    let mut v: Value =
+        serde_json::from_str(&super::gitlab_fixture("api/merge_request_approvals.json")).unwrap();
+    v["id"] = json!(mr.id);
+    v["iid"] = json!(mr.iid);
+    v["project_id"] = json!(pid);
+    v["title"] = json!(mr.title);
+    v["state"] = json!(mr.state);
+    v["approvals_required"] = json!(0);
+    v["approvals_left"] = json!(0);
+    v["approved_by"] = Value::Array(
+        mr.approved_by
+            .iter()
+            .map(|u| json!({ "user": user_by_id(&s, *u) }))
+            .collect(),
+    );
+    Json(v).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct StatusBody {
+    state: String,
+    name: Option<String>,
+    context: Option<String>,
+    description: Option<String>,
+    target_url: Option<String>,
+    #[serde(rename = "ref")]
+    ref_: Option<String>,
+    pipeline_id: Option<u64>,
+}
+
+async fn post_status(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, sha)): Path<(String, String)>,
+    Json(b): Json<StatusBody>,
+) -> Response {
+    let mut s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    if level(&s, pid, &u) < DEVELOPER {
+        return err(StatusCode::FORBIDDEN, "403 Forbidden");
+    }
+    if !["pending", "running", "success", "failed", "canceled"].contains(&b.state.as_str()) {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "400 Bad request - state does not have a valid value",
+        );
+    }
+    if rev_parse(&s.repo(pid), &sha).is_none() {
+        return err(StatusCode::NOT_FOUND, "404 Commit Not Found");
+    }
+    if b.description
+        .as_deref()
+        .is_some_and(|d| d.chars().count() > 255)
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"message": {"description": ["is too long (maximum is 255 characters)"]}})),
+        )
+            .into_response();
+    }
+    let name = b.name.or(b.context).unwrap_or_else(|| "default".into());
+    let current = s.projects[&pid]
+        .statuses
+        .iter()
+        .rev()
+        .find(|x| x.sha == sha && x.name == name)
+        .map(|x| x.state.clone());
+    if let Some(cur) = current {
+        let is_final = matches!(cur.as_str(), "success" | "failed" | "canceled");
+        if is_final || cur == b.state {
+            let event = match b.state.as_str() {
+                "pending" => "enqueue",
+                "running" => "run",
+                "success" => "success",
+                "failed" => "drop",
+                _ => "cancel",
+            };
+            return err(
+                StatusCode::BAD_REQUEST,
+                &format!("Cannot transition status via :{event} from :{cur} (Reason(s): Status cannot transition via \"{event}\".)"),
+            );
+        }
+    }
+    let status_id = s.id();
+    let st = FakeStatus {
+        id: status_id,
+        sha,
+        name,
+        state: b.state,
+        description: b.description,
+        target_url: b.target_url,
+        ref_: b.ref_,
+        pipeline_id: b.pipeline_id,
+    };
+    s.projects.get_mut(&pid).unwrap().statuses.push(st.clone());
+    (StatusCode::CREATED, Json(status_json(&s, &st, u.id))).into_response()
+}
+
+async fn list_statuses(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, sha)): Path<(String, String)>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let items: Vec<Value> = s.projects[&pid]
+        .statuses
+        .iter()
+        .filter(|x| x.sha == sha)
+        .map(|x| status_json(&s, x, u.id))
+        .collect();
+    paginate(items, &q)
+}
+
+async fn commit_mrs(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, sha)): Path<(String, String)>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let items: Vec<Value> = s.projects[&pid]
+        .mrs
+        .values()
+        .filter(|m| m.shas.contains(&sha) || m.merge_commit_sha.as_deref() == Some(sha.as_str()))
+        .map(|m| mr_json(&s, pid, m))
+        .collect();
+    paginate(items, &q)
+}
+
+async fn get_branch(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, branch)): Path<(String, String)>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let p = &s.projects[&pid];
+    let Some(sha) = rev_parse(&s.repo(pid), &format!("refs/heads/{branch}")) else {
+        return err(StatusCode::NOT_FOUND, "404 Branch Not Found");
+    };
+    let mut v: Value =
+        serde_json::from_str(&super::gitlab_fixture("api/branch_single.json")).unwrap();
+    v["name"] = json!(branch);
+    v["protected"] = json!(p.protected.contains(&branch));
+    v["default"] = json!(p.default_branch == branch);
+    v["web_url"] = json!(format!("{}/{}/-/tree/{branch}", s.base_url, p.path));
+    v["commit"]["id"] = json!(sha);
+    v["commit"]["short_id"] = json!(&sha[..8]);
+    v["commit"]["parent_ids"] = json!([]);
+    Json(v).into_response()
+}
+
+async fn get_protected_branch(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, branch)): Path<(String, String)>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    if !s.projects[&pid].protected.contains(&branch) {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    }
+    let mut v: Value =
+        serde_json::from_str(&super::gitlab_fixture("api/protected_branch_single.json")).unwrap();
+    v["name"] = json!(branch);
+    Json(v).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct IssueBody {
+    title: Option<String>,
+    description: Option<String>,
+}
+
+async fn create_issue(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Json(b): Json<IssueBody>,
+) -> Response {
+    let mut s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let Some(title) = b.title.filter(|t| !t.trim().is_empty()) else {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "400 Bad request - title is missing",
+        );
+    };
+    let issue_id = s.id();
+    let base = s.base_url.clone();
+    let p = s.projects.get_mut(&pid).unwrap();
+    let iid = p.issues.len() as u64 + 1;
+    let issue = FakeIssue {
+        iid,
+        title: title.clone(),
+        description: b.description.unwrap_or_default(),
+        author_id: u.id,
+    };
+    p.issues.push(issue.clone());
+    let web = format!("{base}/{}/-/issues/{iid}", p.path);
+    (
+        StatusCode::CREATED,
+        Json(json!({
+            "id": issue_id, "iid": iid, "project_id": pid, "title": title,
+            "description": issue.description, "state": "opened", "web_url": web,
+            "author": user_json(&u),
+        })),
+    )
+        .into_response()
+}
+
+async fn list_hooks(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    if level(&s, pid, &u) < MAINTAINER {
+        return err(StatusCode::FORBIDDEN, "403 Forbidden");
+    }
+    paginate(s.projects[&pid].hooks.clone(), &q)
+}
+
+// ----- Terraform state (GitLab-managed, used by the engine's `http` backend) ------------------
+
+/// Basic auth with any user name and a user's token (or `gitlab-ci-token` + a running job token).
+fn basic_user(s: &StateInner, headers: &HeaderMap) -> Option<(String, Option<FakeUser>)> {
+    let value = headers.get("authorization")?.to_str().ok()?;
+    let encoded = value.strip_prefix("Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (user, pass) = decoded.split_once(':')?;
+    if let Some(u) = s.user_by_token(pass) {
+        return Some((user.to_string(), Some(u.clone())));
+    }
+    if user == "gitlab-ci-token" && s.jobs.get(pass).is_some_and(|j| j.status == "running") {
+        return Some((user.to_string(), None));
+    }
+    None
+}
+
+fn tf_auth(s: &StateInner, headers: &HeaderMap, id: &str) -> Result<u64, Response> {
+    let Some((_, user)) = basic_user(s, headers) else {
+        return Err(err(StatusCode::UNAUTHORIZED, "401 Unauthorized"));
+    };
+    let pid = s
+        .project_ref(id)
+        .ok_or_else(|| err(StatusCode::NOT_FOUND, "404 Project Not Found"))?;
+    if let Some(u) = user {
+        if level(s, pid, &u) < DEVELOPER {
+            return Err(err(StatusCode::FORBIDDEN, "403 Forbidden"));
+        }
+    }
+    Ok(pid)
+}
+
+#[derive(serde::Deserialize, Default)]
+struct TfQuery {
+    #[serde(rename = "ID")]
+    id: Option<String>,
+}
+
+async fn tf_state(
+    State(state): State<Shared>,
+    method: Method,
+    headers: HeaderMap,
+    Path((id, name)): Path<(String, String)>,
+    Query(q): Query<TfQuery>,
+    body: Bytes,
+) -> Response {
+    let mut s = lock!(state);
+    let pid = tryr!(tf_auth(&s, &headers, &id));
+    let tf = s
+        .projects
+        .get_mut(&pid)
+        .unwrap()
+        .tf
+        .entry(name)
+        .or_default();
+    match method.as_str() {
+        "GET" => match &tf.data {
+            Some(d) => (
+                StatusCode::OK,
+                [("content-type", "application/json")],
+                d.clone(),
+            )
+                .into_response(),
+            None => StatusCode::NO_CONTENT.into_response(),
+        },
+        "POST" => {
+            if let Some(lock) = &tf.lock {
+                let held = lock.get("ID").and_then(Value::as_str).unwrap_or("");
+                if q.id.as_deref() != Some(held) {
+                    return (StatusCode::CONFLICT, Json(lock.clone())).into_response();
+                }
+            }
+            if serde_json::from_slice::<Value>(&body).is_err() {
+                return err(
+                    StatusCode::BAD_REQUEST,
+                    "400 Bad request - state is not JSON",
+                );
+            }
+            tf.data = Some(body.to_vec());
+            tf.serial_posts += 1;
+            StatusCode::OK.into_response()
+        }
+        "DELETE" => {
+            if tf.lock.is_some() {
+                return (StatusCode::CONFLICT, Json(tf.lock.clone().unwrap())).into_response();
+            }
+            tf.data = None;
+            StatusCode::OK.into_response()
+        }
+        _ => err(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed"),
+    }
+}
+
+async fn tf_lock(
+    State(state): State<Shared>,
+    method: Method,
+    headers: HeaderMap,
+    Path((id, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let mut s = lock!(state);
+    let pid = tryr!(tf_auth(&s, &headers, &id));
+    let tf = s
+        .projects
+        .get_mut(&pid)
+        .unwrap()
+        .tf
+        .entry(name)
+        .or_default();
+    let info: Option<Value> = serde_json::from_slice(&body).ok();
+    match method.as_str() {
+        "LOCK" | "POST" => {
+            let Some(info) = info.filter(|i| i.get("ID").and_then(Value::as_str).is_some()) else {
+                return err(
+                    StatusCode::BAD_REQUEST,
+                    "400 Bad request - lock info without ID",
+                );
+            };
+            if let Some(held) = &tf.lock {
+                return (StatusCode::CONFLICT, Json(held.clone())).into_response();
+            }
+            tf.lock = Some(info);
+            StatusCode::OK.into_response()
+        }
+        "UNLOCK" | "DELETE" => {
+            let Some(held) = tf.lock.clone() else {
+                return StatusCode::OK.into_response();
+            };
+            let want = info
+                .as_ref()
+                .and_then(|i| i.get("ID"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let held_id = held.get("ID").and_then(Value::as_str).map(str::to_string);
+            // No ID in the body = force-unlock, as GitLab allows for Maintainers and the owner.
+            if want.is_some() && want != held_id {
+                return (StatusCode::CONFLICT, Json(held)).into_response();
+            }
+            tf.lock = None;
+            StatusCode::OK.into_response()
+        }
+        _ => err(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed"),
+    }
+}
+
+// ----- git over HTTP (smart protocol through `git http-backend`) ------------------------------
+
+async fn git_http(State(state): State<Shared>, req: Request) -> Response {
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let headers = req.headers().clone();
+    let (git_root, auth_user, allowed) = {
+        let s = lock!(state);
+        let auth = basic_user(&s, &headers);
+        let project_path = path
+            .split_once(".git/")
+            .map(|(p, _)| p.trim_start_matches('/').to_string());
+        let pid = project_path.as_deref().and_then(|p| s.project_ref(p));
+        let allowed = match (&auth, pid) {
+            (Some((_, Some(u))), Some(pid)) => level(&s, pid, u) >= REPORTER,
+            (Some((_, None)), Some(_)) => true,
+            _ => false,
+        };
+        (s.git_root.clone(), auth.map(|(u, _)| u), allowed)
+    };
+    let record = |status: u16| {
+        lock!(state).git_requests.push(GitRequest {
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            auth_user: auth_user.clone(),
+            status,
+        });
+    };
+    if !path.contains(".git/") {
+        record(404);
+        return err(StatusCode::NOT_FOUND, "404 Not Found");
+    }
+    if !allowed {
+        record(401);
+        let mut r = (StatusCode::UNAUTHORIZED, "HTTP Basic: Access denied\n").into_response();
+        r.headers_mut().insert(
+            "www-authenticate",
+            HeaderValue::from_static("Basic realm=\"Fake GitLab\""),
+        );
+        return r;
+    }
+    // Fetch only: pushes go through the test helpers.
+    if path.ends_with("/git-receive-pack") || query.contains("service=git-receive-pack") {
+        record(403);
+        return err(StatusCode::FORBIDDEN, "pushes are not served by the fake");
+    }
+    let body = match axum::body::to_bytes(req.into_body(), 64 * 1024 * 1024).await {
+        Ok(b) => b,
+        Err(_) => {
+            record(400);
+            return err(StatusCode::BAD_REQUEST, "body too large");
+        }
+    };
+    let h = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("http-backend")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("GIT_PROJECT_ROOT", &git_root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("PATH_INFO", &path)
+        .env("QUERY_STRING", &query)
+        .env("REQUEST_METHOD", &method)
+        .env("CONTENT_TYPE", h("content-type"))
+        .env("CONTENT_LENGTH", body.len().to_string())
+        .env("HTTP_CONTENT_ENCODING", h("content-encoding"))
+        .env("HTTP_GIT_PROTOCOL", h("git-protocol"))
+        .env("REMOTE_USER", auth_user.clone().unwrap_or_default())
+        .env("REMOTE_ADDR", "127.0.0.1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            record(500);
+            return err(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("git http-backend: {e}"),
+            );
+        }
+    };
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = tokio::spawn(async move {
+        let _ = stdin.write_all(&body).await;
+        let _ = stdin.shutdown().await;
+    });
+    let out = match child.wait_with_output().await {
+        Ok(o) => o,
+        Err(e) => {
+            record(500);
+            return err(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("git http-backend: {e}"),
+            );
+        }
+    };
+    let _ = writer.await;
+    let raw = out.stdout;
+    let (head_end, sep) = match find(&raw, b"\r\n\r\n") {
+        Some(i) => (i, 4),
+        None => match find(&raw, b"\n\n") {
+            Some(i) => (i, 2),
+            None => {
+                record(500);
+                return err(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "bad CGI answer from git http-backend",
+                );
+            }
+        },
+    };
+    let head = String::from_utf8_lossy(&raw[..head_end]).to_string();
+    let mut status = StatusCode::OK;
+    let mut builder = Response::builder();
+    for line in head.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let (k, v) = (k.trim(), v.trim());
+        if k.eq_ignore_ascii_case("status") {
+            let code = v
+                .split_whitespace()
+                .next()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(500);
+            status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        } else {
+            builder = builder.header(k, v);
+        }
+    }
+    record(status.as_u16());
+    builder
+        .status(status)
+        .body(Body::from(raw[head_end + sep..].to_vec()))
+        .unwrap()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
