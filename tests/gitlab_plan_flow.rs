@@ -183,13 +183,23 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
         note.body.contains(fp.fingerprint.short()),
         "the note shows the fingerprint"
     );
-    // The planned commit is GitLab's merge result, not the head.
-    assert_eq!(
-        fp.sha.as_str(),
-        w.fake
-            .ref_sha(&w.project, &format!("refs/merge-requests/{iid}/merge"))
-            .unwrap()
-    );
+    // Stored for the MR head (what webhooks and the apply look up); the note names the planned
+    // merge result.
+    assert_eq!(fp.sha.as_str(), head);
+    let merge = w
+        .fake
+        .ref_sha(&w.project, &format!("refs/merge-requests/{iid}/merge"))
+        .unwrap();
+    assert!(note.body.contains(&merge[..8]), "{}", note.body);
+    let runs = w
+        .app
+        .store
+        .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1, "one run: the core root");
+    assert_eq!(runs[0].root, "core");
+    assert_eq!(runs[0].sha.as_str(), head);
     assert!(w
         .app
         .store

@@ -77,7 +77,8 @@ struct RootResult {
 /// fires: a newer head superseded this one, or the MR was closed.
 pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<()> {
     let started = Instant::now();
-    let result = plan(app, job, cancel).await;
+    let mut runs: Vec<RunId> = Vec::new();
+    let result = plan(app, job, cancel, &mut runs).await;
     let outcome = match &result {
         Ok(o) => *o,
         Err(_) => "error",
@@ -86,6 +87,24 @@ pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result
     if let Err(e) = &result {
         // Whatever broke, the MR must not keep a `running` status forever.
         let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+        if runs.is_empty() {
+            // Before any root ran: one failed run for the MR head, so the run pages show why.
+            let run = app
+                .store
+                .start_run(NewRun {
+                    job: None,
+                    kind: RunKind::Plan,
+                    project: job.project,
+                    project_path: job.project_path.clone(),
+                    mr: Some(job.mr),
+                    root: ".".into(),
+                    sha: job.head.clone(),
+                })
+                .await;
+            if let Ok(run) = run {
+                let _ = finish(app, run, RunState::Failed, &error, "", None).await;
+            }
+        }
         set_status(
             app,
             job.project,
@@ -131,7 +150,12 @@ async fn set_status(
 }
 
 /// The whole flow; returns the outcome label for the metrics.
-async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'static str> {
+async fn plan(
+    app: &App,
+    job: &PlanJob,
+    cancel: &CancellationToken,
+    runs: &mut Vec<RunId>,
+) -> Result<&'static str> {
     let started = Instant::now();
     let project = job.project;
     let iid = job.mr;
@@ -287,9 +311,10 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                     .or_else(|| Some(info.path_with_namespace.clone())),
                 mr: Some(iid),
                 root: root.name.clone(),
-                sha: commit.sha.clone(),
+                sha: head.clone(),
             })
             .await?;
+        runs.push(run);
         let dir: PathBuf = if root.dir == "." {
             checkout.path().to_path_buf()
         } else {
@@ -466,7 +491,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                             project,
                             mr: iid,
                             root: r.name.clone(),
-                            sha: commit.sha.clone(),
+                            sha: head.clone(),
                             fingerprint,
                             run: Some(run),
                         })
