@@ -369,3 +369,42 @@ async fn an_engine_error_fails_the_root_and_the_status_with_the_secret_scrubbed(
     assert_eq!(last.state, "failed");
     assert!(last.description.unwrap().contains("core: failed"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/a",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "a"))],
+    );
+    w.fake.commit_files(
+        &w.project,
+        "feature/b",
+        &[("tofu/stacks/dns/main.tf", &tf("zone", "b"))],
+    );
+    let a = w.fake.open_mr(&w.project, "feature/a", "main");
+    let b = w.fake.open_mr(&w.project, "feature/b", "main");
+    let (ja, jb) = (w.job(a), w.job(b));
+    let none = CancellationToken::new();
+    let (ra, rb) = tokio::join!(
+        planbot::flows::plan::run(&w.app, &ja, &none),
+        planbot::flows::plan::run(&w.app, &jb, &none)
+    );
+    ra.expect("MR a planned");
+    rb.expect("MR b planned");
+    for (iid, text) in [(a, "\"a\""), (b, "\"b\"")] {
+        let notes = w.fake.notes(&w.project, iid);
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].body.contains(text), "{}", notes[0].body);
+        let head = w.fake.mr_sha(&w.project, iid);
+        assert_eq!(
+            w.fake
+                .status(&w.project, &head, "planbot/plan")
+                .unwrap()
+                .state,
+            "success"
+        );
+    }
+}

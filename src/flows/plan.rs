@@ -22,6 +22,7 @@ use crate::core::summary::Summary;
 use crate::flows::app::App;
 use crate::flows::queue::CancellationToken;
 use anyhow::{Context, Result};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -201,7 +202,7 @@ async fn plan(
         .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
         .unwrap_or_else(|| default_branch.clone());
 
-    let ws = Workspace::new(&app.workspaces_dir(), app.config.gitlab.token.expose())?;
+    let ws = workspace(app)?;
     ws.sync(project, &info.http_url_to_repo)
         .await
         .context("fetching the repository")?;
@@ -651,6 +652,24 @@ pub async fn upsert_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -
     };
     app.store.set_mr_note(project, mr, id).await?;
     Ok(id)
+}
+
+/// The git workspace of this process: one per data dir, so that concurrent jobs of the same
+/// project share its per-project lock (fetches and worktree adds on one mirror never overlap).
+pub fn workspace(app: &App) -> Result<Workspace> {
+    static SHARED: std::sync::OnceLock<std::sync::Mutex<HashMap<PathBuf, Workspace>>> =
+        std::sync::OnceLock::new();
+    let dir = app.workspaces_dir();
+    let mut map = SHARED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(ws) = map.get(&dir) {
+        return Ok(ws.clone());
+    }
+    let ws = Workspace::new(&dir, app.config.gitlab.token.expose())?;
+    map.insert(dir, ws.clone());
+    Ok(ws)
 }
 
 /// The engine runner from `[engine]`, with its private temp root and plugin cache.
