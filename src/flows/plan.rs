@@ -15,6 +15,7 @@ use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
 use crate::core::lint::{self, Finding};
+use crate::core::plan_digest::PlanDigest;
 use crate::core::redact::Scrubber;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
@@ -496,6 +497,11 @@ async fn plan(
                             fingerprint,
                             run: Some(run),
                         })
+                        .await?;
+                    // The secret-free digest, so a refused apply can show what changed.
+                    let digest = PlanDigest::of(planned.plan(), &key);
+                    app.store
+                        .record_digest(project, iid, &r.name, &commit.sha, &digest)
                         .await?;
                     summaries.push(minijinja::context! { name => &r.name, state => "planned", summary => summary });
                 }
