@@ -501,7 +501,7 @@ async fn plan(
                     // The secret-free digest, so a refused apply can show what changed.
                     let digest = PlanDigest::of(planned.plan(), &key);
                     app.store
-                        .record_digest(project, iid, &r.name, &commit.sha, &digest)
+                        .record_digest(project, iid, &r.name, &head, &digest)
                         .await?;
                     summaries.push(minijinja::context! { name => &r.name, state => "planned", summary => summary });
                 }
