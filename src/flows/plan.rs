@@ -23,6 +23,7 @@ use crate::core::summary::Summary;
 use crate::flows::app::App;
 use crate::flows::queue::CancellationToken;
 use anyhow::{Context, Result};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -78,7 +79,8 @@ struct RootResult {
 /// fires: a newer head superseded this one, or the MR was closed.
 pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<()> {
     let started = Instant::now();
-    let result = plan(app, job, cancel).await;
+    let mut runs: Vec<RunId> = Vec::new();
+    let result = plan(app, job, cancel, &mut runs).await;
     let outcome = match &result {
         Ok(o) => *o,
         Err(_) => "error",
@@ -87,6 +89,24 @@ pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result
     if let Err(e) = &result {
         // Whatever broke, the MR must not keep a `running` status forever.
         let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+        if runs.is_empty() {
+            // Before any root ran: one failed run for the MR head, so the run pages show why.
+            let run = app
+                .store
+                .start_run(NewRun {
+                    job: None,
+                    kind: RunKind::Plan,
+                    project: job.project,
+                    project_path: job.project_path.clone(),
+                    mr: Some(job.mr),
+                    root: ".".into(),
+                    sha: job.head.clone(),
+                })
+                .await;
+            if let Ok(run) = run {
+                let _ = finish(app, run, RunState::Failed, &error, "", None).await;
+            }
+        }
         set_status(
             app,
             job.project,
@@ -132,7 +152,12 @@ async fn set_status(
 }
 
 /// The whole flow; returns the outcome label for the metrics.
-async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'static str> {
+async fn plan(
+    app: &App,
+    job: &PlanJob,
+    cancel: &CancellationToken,
+    runs: &mut Vec<RunId>,
+) -> Result<&'static str> {
     let started = Instant::now();
     let project = job.project;
     let iid = job.mr;
@@ -178,7 +203,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
         .unwrap_or_else(|| default_branch.clone());
 
-    let ws = Workspace::new(&app.workspaces_dir(), app.config.gitlab.token.expose())?;
+    let ws = workspace(app)?;
     ws.sync(project, &info.http_url_to_repo)
         .await
         .context("fetching the repository")?;
@@ -288,9 +313,10 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                     .or_else(|| Some(info.path_with_namespace.clone())),
                 mr: Some(iid),
                 root: root.name.clone(),
-                sha: commit.sha.clone(),
+                sha: head.clone(),
             })
             .await?;
+        runs.push(run);
         let dir: PathBuf = if root.dir == "." {
             checkout.path().to_path_buf()
         } else {
@@ -467,7 +493,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                             project,
                             mr: iid,
                             root: r.name.clone(),
-                            sha: commit.sha.clone(),
+                            sha: head.clone(),
                             fingerprint,
                             run: Some(run),
                         })
@@ -475,7 +501,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                     // The secret-free digest, so a refused apply can show what changed.
                     let digest = PlanDigest::of(planned.plan(), &key);
                     app.store
-                        .record_digest(project, iid, &r.name, &commit.sha, &digest)
+                        .record_digest(project, iid, &r.name, &head, &digest)
                         .await?;
                     summaries.push(minijinja::context! { name => &r.name, state => "planned", summary => summary });
                 }
@@ -632,6 +658,24 @@ pub async fn upsert_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -
     };
     app.store.set_mr_note(project, mr, id).await?;
     Ok(id)
+}
+
+/// The git workspace of this process: one per data dir, so that concurrent jobs of the same
+/// project share its per-project lock (fetches and worktree adds on one mirror never overlap).
+pub fn workspace(app: &App) -> Result<Workspace> {
+    static SHARED: std::sync::OnceLock<std::sync::Mutex<HashMap<PathBuf, Workspace>>> =
+        std::sync::OnceLock::new();
+    let dir = app.workspaces_dir();
+    let mut map = SHARED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(ws) = map.get(&dir) {
+        return Ok(ws.clone());
+    }
+    let ws = Workspace::new(&dir, app.config.gitlab.token.expose())?;
+    map.insert(dir, ws.clone());
+    Ok(ws)
 }
 
 /// The engine runner from `[engine]`, with its private temp root and plugin cache.
