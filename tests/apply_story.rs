@@ -301,11 +301,7 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         log.contains("+ terraform_data.vm[\"blocky\"] (created)"),
         "the job log shows the plan: {log}"
     );
-    let fingerprint = log
-        .lines()
-        .find_map(|l| l.split("fingerprint `").nth(1))
-        .map(|rest| rest.trim_end_matches('`').to_string())
-        .expect("the log names the fingerprint");
+    let fingerprint = fingerprint_in(&log);
     assert_eq!(
         w.gitlab.terraform_state(&w.project, "core").0,
         None,
@@ -355,7 +351,12 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
     assert!(log.contains("no changes, nothing to apply"), "{log}");
 
     // No plan file and no secret is left in the data dir.
-    let leftovers = scan(&w.config.data_dir);
+    assert_nothing_left(&w.config.data_dir);
+}
+
+/// No plan file and no secret is left anywhere in the data dir.
+fn assert_nothing_left(dir: &std::path::Path) {
+    let leftovers = scan(dir);
     assert!(
         leftovers.plan_files.is_empty(),
         "{:?}",
@@ -365,6 +366,14 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         !leftovers.secret_seen,
         "a secret was written to the data dir"
     );
+}
+
+/// The fingerprint the job log names (`... · fingerprint `abc123...``).
+fn fingerprint_in(log: &str) -> String {
+    log.lines()
+        .find_map(|l| l.split("fingerprint `").nth(1))
+        .map(|rest| rest.trim_end_matches('`').to_string())
+        .expect("the log names the fingerprint")
 }
 
 struct Scan {
@@ -601,16 +610,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
         "success"
     );
 
-    let leftovers = scan(&w.config.data_dir);
-    assert!(
-        leftovers.plan_files.is_empty(),
-        "{:?}",
-        leftovers.plan_files
-    );
-    assert!(
-        !leftovers.secret_seen,
-        "a secret was written to the data dir"
-    );
+    assert_nothing_left(&w.config.data_dir);
     for n in w.gitlab.notes(&w.project, iid2) {
         assert!(!n.body.contains("apply-canary-password-7f3a"));
     }
@@ -630,11 +630,7 @@ async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
     let probe = w.apply_job(40);
     w.gitlab.register_job(probe.clone());
     let (_, log) = call_apply(&s, &probe.token, "{}").await;
-    let fp = log
-        .lines()
-        .find_map(|l| l.split("fingerprint `").nth(1))
-        .map(|r| r.trim_end_matches('`').to_string())
-        .unwrap();
+    let fp = fingerprint_in(&log);
 
     // Hold the root as another apply would, send both jobs, then let go.
     let guard = s
