@@ -176,6 +176,9 @@ fn main() {
     let t = Instant::now();
     let _ = Fingerprint::of(&plan, b"bench-key");
     let fingerprint = t.elapsed();
+    let t = Instant::now();
+    let _ = planbot::core::lint::lint(&plan, &[]);
+    let lint = t.elapsed();
     reset_peak();
     let t = Instant::now();
     let _ = render_command_path(&json);
@@ -186,13 +189,14 @@ fn main() {
     let _ = writeln!(
         err,
         "render bench: {big} resources, plan JSON {json_kib} KiB, note {note_len} chars\n\
-         render bench: one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}; whole `planbot render` path {}\n\
+         render bench: one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}, lint {}; whole `planbot render` path {}\n\
          render bench: RSS before parsing (JSON included) {rss_before} KiB; peak RSS while parsing {peak_parse} KiB ({:.1}x the JSON), \
          while rendering the note {peak_render} KiB ({:.1}x), whole path {peak_all} KiB ({:.1}x)",
         ms(parse),
         ms(secrets),
         ms(note),
         ms(fingerprint),
+        ms(lint),
         ms(once),
         x(peak_parse),
         x(peak_render),
