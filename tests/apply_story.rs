@@ -185,6 +185,11 @@ async fn jobs_that_may_not_apply_are_refused_each_with_its_own_reason() {
     let w = world(&engine);
     let s = TestService::start(w.config.clone(), no_workers()).await;
 
+    // planbot serves the CI template the infra repo includes.
+    let (status, yaml) = s.get_text("/ci/planbot.gitlab-ci.yml").await;
+    assert_eq!(status, 200);
+    assert!(yaml.contains("planbot-apply:") && yaml.contains("when: manual"));
+
     let other = w.gitlab.create_project("someone/else");
     let cases: Vec<(&str, FakeJob, &str)> = vec![
         (
@@ -749,10 +754,10 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     assert_eq!(req.send().await.unwrap().status(), 200);
     let head = w.gitlab.mr_sha(&w.project, iid);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !w
+    while w
         .gitlab
         .status(&w.project, &head, "planbot/plan")
-        .is_some_and(|s| s.state == "success")
+        .is_none_or(|s| s.state != "success")
     {
         assert!(std::time::Instant::now() < deadline, "no plan");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
