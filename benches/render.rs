@@ -3,7 +3,8 @@
 //! `cargo bench --bench render` prints, before criterion's timings, the JSON size, the time of
 //! each step of one `planbot render` run and its peak RSS (VmHWM from /proc/self/status, reset
 //! just before), then times `render_note` on 10,000 resources (note over budget: summaries
-//! only), on 1,000 resources (every diff computed), and the whole `planbot render` path.
+//! only) and on 1,000 resources (every diff computed); the whole `planbot render` path is timed
+//! once (its lint and fingerprint steps dominate it).
 //! Under `cargo test --all-targets` (no `--bench`) it runs once on small plans, to stay fast.
 
 use criterion::{black_box, Criterion};
@@ -176,6 +177,9 @@ fn main() {
     let t = Instant::now();
     let _ = Fingerprint::of(&plan, b"bench-key");
     let fingerprint = t.elapsed();
+    let t = Instant::now();
+    let _ = planbot::core::lint::lint(&plan, &[]);
+    let lint = t.elapsed();
     reset_peak();
     let t = Instant::now();
     let _ = render_command_path(&json);
@@ -186,13 +190,14 @@ fn main() {
     let _ = writeln!(
         err,
         "render bench: {big} resources, plan JSON {json_kib} KiB, note {note_len} chars\n\
-         render bench: one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}; whole `planbot render` path {}\n\
+         render bench: one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}, lint {}; whole `planbot render` path {}\n\
          render bench: RSS before parsing (JSON included) {rss_before} KiB; peak RSS while parsing {peak_parse} KiB ({:.1}x the JSON), \
          while rendering the note {peak_render} KiB ({:.1}x), whole path {peak_all} KiB ({:.1}x)",
         ms(parse),
         ms(secrets),
         ms(note),
         ms(fingerprint),
+        ms(lint),
         ms(once),
         x(peak_parse),
         x(peak_render),
@@ -212,12 +217,5 @@ fn main() {
         &format!("render_note {small} resources (every diff computed)"),
         |b| b.iter(|| black_box(render(&small_plan, &fp, &small_scrubber))),
     );
-    let mut g = c.benchmark_group("planbot render");
-    g.sample_size(10);
-    g.bench_function(
-        format!("parse + lint + fingerprint + secrets + render_note {big} resources"),
-        |b| b.iter(|| black_box(render_command_path(black_box(&json)))),
-    );
-    g.finish();
     c.final_summary();
 }
