@@ -10,7 +10,6 @@
 use crate::capabilities::engine::{CancelHandle, Engine, EngineError, PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::{CommitStatus, GitLabError, MergeRequest, StatusState};
 use crate::capabilities::store::{NewRun, RunEnd, RunKind, RunState, ShownFingerprint};
-use crate::capabilities::workspace::Workspace;
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
@@ -154,7 +153,8 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
         .unwrap_or_else(|| default_branch.clone());
 
-    let ws = Workspace::new(&app.workspaces_dir(), app.config.gitlab.token.expose())?;
+    // The shared workspace: its per-project lock keeps concurrent plans from racing on the mirror.
+    let ws = &app.workspace;
     ws.sync(project, &info.http_url_to_repo)
         .await
         .context("fetching the repository")?;
