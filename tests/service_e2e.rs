@@ -337,3 +337,117 @@ where
     }
     panic!("timed out waiting for: {what}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_mr_is_not_planned_until_a_maintainer_asks() {
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", MAIN_TF)]);
+    let fork = fake.fork_project(&project, "outsider/homelab");
+    let outsider = fake.create_user("outsider");
+    fake.commit_files(
+        &fork,
+        "evil",
+        &[("main.tf", &MAIN_TF.replace("blocky", "blocky-fork"))],
+    );
+    let iid = fake.open_mr_from(&fork, "evil", &project, "main", &outsider);
+    let developer = fake.create_user("dev");
+    fake.add_member(&project, &developer, 30);
+    let maintainer = fake.create_user("maint");
+    fake.add_member(&project, &maintainer, 40);
+    let data = tempfile::tempdir().unwrap();
+    let workers = Options {
+        workers: true,
+        reconcile: false,
+    };
+    let s = TestService::start(service_config(data.path(), &fake, &engine), workers).await;
+
+    let mut hook: serde_json::Value =
+        serde_json::from_str(&mr_hook(&fake, &project, iid, "open")).unwrap();
+    hook["object_attributes"]["source_project_id"] = fork.id.into();
+    for key in ["fork-open-1", "fork-open-2"] {
+        // Opened, then a push: the notice is posted once.
+        assert_eq!(
+            s.deliver(
+                &hook.to_string(),
+                &token_headers("Merge Request Hook", key, WEBHOOK_SECRET)
+            )
+            .await,
+            200
+        );
+    }
+    let store = s.app.store.clone();
+    let notices = || {
+        fake.notes(&project, iid)
+            .into_iter()
+            .filter(|n| n.body.contains("comes from a fork"))
+            .count()
+    };
+    wait_for_async("both fork notice jobs", || {
+        let store = store.clone();
+        async move {
+            store
+                .recent_jobs(10)
+                .await
+                .unwrap()
+                .iter()
+                .filter(|j| j.kind == "fork_notice" && j.state == "done")
+                .count()
+                == 2
+        }
+    })
+    .await;
+    assert_eq!(notices(), 1);
+    assert!(
+        plan_note(&fake, &project, iid).is_none(),
+        "a fork MR is never planned by itself"
+    );
+
+    // A Developer is not enough for fork code.
+    let h = note_hook(&fake, &project, iid, &developer, "planbot plan");
+    assert_eq!(
+        s.deliver(
+            &h,
+            &token_headers("Note Hook", "fork-note-1", WEBHOOK_SECRET)
+        )
+        .await,
+        200
+    );
+    wait_for("the refusal", || {
+        fake.notes(&project, iid)
+            .iter()
+            .any(|n| n.body.contains("only a Maintainer"))
+    })
+    .await;
+
+    // A Maintainer's command plans it.
+    let h = note_hook(&fake, &project, iid, &maintainer, "planbot plan");
+    let mut v: serde_json::Value = serde_json::from_str(&h).unwrap();
+    v["merge_request"]["source_project_id"] = fork.id.into();
+    assert_eq!(
+        s.deliver(
+            &v.to_string(),
+            &token_headers("Note Hook", "fork-note-2", WEBHOOK_SECRET)
+        )
+        .await,
+        200
+    );
+    wait_for("the plan note of the fork MR", || {
+        plan_note(&fake, &project, iid).is_some()
+    })
+    .await;
+    let plans: Vec<_> = store
+        .recent_jobs(20)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|j| match j.job {
+            Some(planbot::core::events::Job::Plan(p)) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(plans.len(), 1);
+    assert!(plans[0].fork);
+    assert_eq!(plans[0].requested_by.map(|u| u.0), Some(maintainer.id));
+}
