@@ -5,6 +5,7 @@
 #
 #   scripts/bench-webhooks.sh [DURATION=20s] [CONNECTIONS=32] [THREADS=1]
 #
+# PLANBOT_BIN=path skips the build and benchmarks that binary.
 # Needs: wrk (`apt-get install -y wrk`), python3 (to read the SQLite file), curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,8 +15,12 @@ connections="${2:-32}"
 threads="${3:-1}"
 command -v wrk >/dev/null || { echo "bench: wrk is not installed (apt-get install -y wrk)" >&2; exit 2; }
 
-cargo build --release --quiet --bin planbot
-bin="${CARGO_TARGET_DIR:-target}/release/planbot"
+if [ -n "${PLANBOT_BIN:-}" ]; then
+  bin="$PLANBOT_BIN"            # an already built release binary
+else
+  cargo build --release --quiet --bin planbot
+  bin="${CARGO_TARGET_DIR:-target}/release/planbot"
+fi
 
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -5,9 +5,10 @@ use crate::core::config::ProjectRef;
 use crate::core::events::{Command, Job, PlanJob, PlanReason};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::render::NOTE_MARKER;
+use crate::core::repo_config::{self, ForkMrs, RepoConfig};
 use crate::flows::app::App;
 use crate::flows::queue::{self, CancellationToken};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use minijinja::{context, Environment};
 use std::sync::OnceLock;
 
@@ -277,6 +278,14 @@ async fn run_command(
                 tracing::info!(project = project.0, mr = mr.0, state = %mr_info.state, "`planbot plan` on an MR that is not open: ignored");
                 return Ok(());
             }
+            if mr_info.is_fork() && fork_policy(app, project).await? == ForkMrs::Never {
+                tracing::info!(
+                    project = project.0,
+                    mr = mr.0,
+                    "`planbot plan` on a fork MR with fork_mrs = \"never\": ignored"
+                );
+                return Ok(());
+            }
             let Some(job) = plan_job_for(
                 project,
                 project_path,
@@ -292,7 +301,48 @@ async fn run_command(
     Ok(())
 }
 
+/// `[plan] fork_mrs` of the repo config on the DEFAULT branch (never the MR's own copy).
+/// An unreadable or invalid config counts as `never`: no untrusted code runs on a doubt.
+async fn fork_policy(app: &App, project: ProjectId) -> Result<ForkMrs> {
+    let info = gl(
+        app,
+        "project",
+        app.gitlab.project(&project.to_string()).await,
+    )?;
+    let Some(default_branch) = info.default_branch.clone() else {
+        return Ok(ForkMrs::Never);
+    };
+    app.workspace
+        .sync(project, &info.http_url_to_repo)
+        .await
+        .context("fetching the repository")?;
+    let text = app
+        .workspace
+        .read_file_at(
+            project,
+            &format!("refs/heads/{default_branch}"),
+            repo_config::FILE_NAME,
+        )
+        .await?
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
+    Ok(match RepoConfig::from_optional(text.as_deref()) {
+        Ok(cfg) => cfg.plan.fork_mrs,
+        Err(e) => {
+            tracing::warn!(project = project.0, error = %e, "invalid repo config: fork MRs are not planned");
+            ForkMrs::Never
+        }
+    })
+}
+
 async fn fork_notice(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
+    // Two deliveries of the same fork MR may run on two workers: one notice, not two.
+    let _one_at_a_time = app
+        .root_locks
+        .lock(project, &format!("\0fork-notice !{mr}"))
+        .await;
+    if fork_policy(app, project).await? == ForkMrs::Never {
+        return Ok(()); // `fork_mrs = "never"`: fork MRs are ignored entirely
+    }
     if find_note(app, project, mr, FORK_NOTICE_MARKER)
         .await?
         .is_some()
