@@ -1,12 +1,10 @@
 //! Rules on `download_file` resources (PVE001–PVE004, PVE006, PVE007, PVE009).
 
-use super::model::{
-    after, before, download_name, is_floating_url, is_planned, normalise_file_name, referenced,
-    Attr, Kind,
-};
+use super::model::{after, before, is_floating_url, is_planned, normalise_file_name, Attr, Kind};
 use super::{finding, Finding, LintInput};
 use crate::core::plan::ResourceChange;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 
 /// Extensions Proxmox accepts for `import` content (case-sensitive).
 const IMPORT_EXT: &[&str] = &[".qcow2", ".raw", ".vmdk", ".ova"];
@@ -45,7 +43,7 @@ pub fn pve001(input: &LintInput) -> Vec<Finding> {
             if after(rc, "content_type").str()? != "import" {
                 return None;
             }
-            let raw = download_name(input.plan, rc)?;
+            let raw = input.index.download_name(rc)?;
             let name = normalise_file_name(&raw);
             if IMPORT_EXT.iter().any(|e| name.ends_with(e)) {
                 return None;
@@ -69,7 +67,7 @@ pub fn pve002(input: &LintInput) -> Vec<Finding> {
     planned_downloads(input)
         .filter_map(|rc| {
             let content = after(rc, "content_type").str()?;
-            let name = normalise_file_name(&download_name(input.plan, rc)?);
+            let name = normalise_file_name(&input.index.download_name(rc)?);
             let ok = match content {
                 "iso" => {
                     let lower = name.to_ascii_lowercase();
@@ -200,16 +198,21 @@ pub(crate) fn path_text(path: &[Value]) -> String {
 
 /// PVE009: a download_file is replaced; name the VMs that use it.
 pub fn pve009(input: &LintInput) -> Vec<Finding> {
-    input
+    let replaced: Vec<&ResourceChange> = input
         .changes(Kind::DownloadFile)
         .filter(|rc| rc.kind().is_replace())
+        .collect();
+    if replaced.is_empty() {
+        return Vec::new();
+    }
+    let uses = FileUses::of(input);
+    replaced
+        .into_iter()
         .map(|rc| {
             let old_id = before(rc, "id").and_then(Value::as_str);
-            let users: Vec<String> = input
-                .plan
-                .managed_changes()
-                .filter(|vm| Kind::of(vm).is_some_and(Kind::is_vm) && vm.deposed.is_none())
-                .filter(|vm| uses_file(input, vm, rc, old_id))
+            let users: Vec<String> = uses
+                .users(old_id, &rc.address)
+                .into_iter()
                 .map(|vm| vm.address.clone())
                 .collect();
             let paths: Vec<String> = rc
@@ -232,33 +235,74 @@ pub fn pve009(input: &LintInput) -> Vec<Finding> {
         .collect()
 }
 
-/// Whether `vm` uses the file `file` in a disk (by known id, or by reference in its config).
-fn uses_file(
-    input: &LintInput,
-    vm: &ResourceChange,
-    file: &ResourceChange,
-    old_id: Option<&str>,
-) -> bool {
-    let disks = super::model::block_len(vm, "disk").max(
-        vm.change
-            .before
-            .get("disk")
-            .and_then(Value::as_array)
-            .map_or(0, Vec::len),
-    );
-    (0..disks).any(|i| {
-        ["import_from", "file_id"].iter().any(|attr| {
-            let path = format!("disk.{i}.{attr}");
-            let by_id = old_id.is_some_and(|id| {
-                after(vm, &path).str() == Some(id)
-                    || before(vm, &path).and_then(Value::as_str) == Some(id)
-            });
-            by_id
-                || referenced(input.plan, vm, &path)
-                    .iter()
-                    .any(|r| r.address == file.address)
-        })
-    })
+/// Which VMs use which file in a disk (`import_from` / `file_id`), by the file's known id or
+/// by a reference in the VM's configuration; the VMs' positions in plan order.
+struct FileUses<'p> {
+    vms: Vec<&'p ResourceChange>,
+    by_id: HashMap<&'p str, Vec<usize>>,
+    by_reference: HashMap<&'p str, Vec<usize>>,
+}
+
+impl<'p> FileUses<'p> {
+    fn of(input: &LintInput<'p>) -> FileUses<'p> {
+        let vms: Vec<&ResourceChange> = input
+            .index
+            .live()
+            .iter()
+            .copied()
+            .filter(|vm| Kind::of(vm).is_some_and(Kind::is_vm))
+            .collect();
+        let mut by_id: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut by_reference: HashMap<&str, Vec<usize>> = HashMap::new();
+        let add = |map: &mut HashMap<&'p str, Vec<usize>>, key: &'p str, n: usize| {
+            let list = map.entry(key).or_default();
+            if list.last() != Some(&n) {
+                list.push(n);
+            }
+        };
+        for (n, vm) in vms.iter().enumerate() {
+            let disks = super::model::block_len(vm, "disk").max(
+                vm.change
+                    .before
+                    .get("disk")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len),
+            );
+            for i in 0..disks {
+                for attr in ["import_from", "file_id"] {
+                    let path = format!("disk.{i}.{attr}");
+                    if let Some(id) = after(vm, &path).str() {
+                        add(&mut by_id, id, n);
+                    }
+                    if let Some(id) = before(vm, &path).and_then(Value::as_str) {
+                        add(&mut by_id, id, n);
+                    }
+                    for r in input.index.referenced(vm, &path) {
+                        add(&mut by_reference, r.address.as_str(), n);
+                    }
+                }
+            }
+        }
+        FileUses {
+            vms,
+            by_id,
+            by_reference,
+        }
+    }
+
+    /// The VMs (in plan order) that use the file at `address` whose id was `old_id`.
+    fn users(&self, old_id: Option<&str>, address: &str) -> Vec<&'p ResourceChange> {
+        let mut found: Vec<usize> = old_id
+            .and_then(|id| self.by_id.get(id))
+            .into_iter()
+            .chain(self.by_reference.get(address))
+            .flatten()
+            .copied()
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found.into_iter().map(|n| self.vms[n]).collect()
+    }
 }
 
 #[cfg(test)]

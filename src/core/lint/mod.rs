@@ -54,18 +54,26 @@ pub struct Facts {
     pub shared_storages: BTreeSet<String>,
 }
 
-/// What a rule sees: the plan and the optional cluster facts.
+/// What a rule sees: the plan, the optional cluster facts, and the plan's lookups
+/// ([`model::Index`], built once per lint call).
 pub struct LintInput<'a> {
     pub plan: &'a Plan,
     pub facts: &'a Facts,
+    pub index: model::Index<'a>,
 }
 
 impl<'a> LintInput<'a> {
+    pub fn new(plan: &'a Plan, facts: &'a Facts) -> LintInput<'a> {
+        LintInput {
+            plan,
+            facts,
+            index: model::Index::new(plan),
+        }
+    }
+
     /// The bpg resources of one kind (both name families), deposed objects left out.
-    pub fn changes(&self, kind: model::Kind) -> impl Iterator<Item = &'a ResourceChange> + 'a {
-        self.plan
-            .managed_changes()
-            .filter(move |rc| rc.deposed.is_none() && model::Kind::of(rc) == Some(kind))
+    pub fn changes(&self, kind: model::Kind) -> impl Iterator<Item = &'a ResourceChange> + '_ {
+        self.index.of_kind(kind).iter().copied()
     }
 }
 
@@ -177,7 +185,7 @@ pub fn lint(plan: &Plan, disabled: &[String]) -> Vec<Finding> {
 
 /// [`lint`] with facts from the Proxmox API.
 pub fn lint_with(plan: &Plan, disabled: &[String], facts: &Facts) -> Vec<Finding> {
-    let input = LintInput { plan, facts };
+    let input = LintInput::new(plan, facts);
     let mut out: Vec<Finding> = RULES
         .iter()
         .filter(|r| !disabled.iter().any(|d| d.trim().eq_ignore_ascii_case(r.id)))

@@ -3,10 +3,11 @@
 
 use crate::core::plan::{ActionKind, Plan, ResourceChange};
 use serde_json::Value;
+use std::collections::HashMap;
 
 /// The bpg/proxmox resources the rules know, whatever the name family
 /// (`proxmox_virtual_environment_vm` or `proxmox_vm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     DownloadFile,
     File,
@@ -214,21 +215,165 @@ impl VolumeId {
     }
 }
 
-/// The `resources[]` entry of the plan's `configuration` that declared this change, if the
-/// plan carries its configuration.
-pub fn config_of<'p>(plan: &'p Plan, rc: &ResourceChange) -> Option<&'p Value> {
+/// What the rules look up by key, built once per lint call so that no rule scans every
+/// resource change (or every configured resource) for every resource.
+pub struct Index<'p> {
+    /// The managed changes, deposed objects left out, in plan order.
+    live: Vec<&'p ResourceChange>,
+    /// `live` by bpg kind, in plan order.
+    by_kind: HashMap<Kind, Vec<&'p ResourceChange>>,
+    /// `live` by (module address, type, name), in plan order: what a reference can name.
+    by_name: HashMap<(Option<&'p str>, &'p str, &'p str), Vec<&'p ResourceChange>>,
+    /// bpg file resources (download_file and file) by their known `id`, in plan order.
+    files_by_id: HashMap<&'p str, Vec<&'p ResourceChange>>,
+    /// Per module address of a change: the first managed `resources[]` entry of that module's
+    /// configuration for each (type, name); `None` when the plan has no configuration for it.
+    config: HashMap<Option<&'p str>, Option<HashMap<(&'p str, &'p str), &'p Value>>>,
+}
+
+impl<'p> Index<'p> {
+    pub fn new(plan: &'p Plan) -> Index<'p> {
+        let live: Vec<&ResourceChange> = plan
+            .managed_changes()
+            .filter(|rc| rc.deposed.is_none())
+            .collect();
+        let mut by_kind: HashMap<Kind, Vec<&ResourceChange>> = HashMap::new();
+        let mut by_name: HashMap<_, Vec<&ResourceChange>> = HashMap::new();
+        let mut files_by_id: HashMap<&str, Vec<&ResourceChange>> = HashMap::new();
+        let mut config = HashMap::new();
+        for &rc in &live {
+            let kind = Kind::of(rc);
+            if let Some(k) = kind {
+                by_kind.entry(k).or_default().push(rc);
+            }
+            by_name
+                .entry((
+                    rc.module_address.as_deref(),
+                    rc.resource_type.as_str(),
+                    rc.name.as_str(),
+                ))
+                .or_default()
+                .push(rc);
+            if kind.is_some_and(Kind::is_file) {
+                if let Some(id) = after(rc, "id").str() {
+                    files_by_id.entry(id).or_default().push(rc);
+                }
+            }
+        }
+        for rc in plan.managed_changes() {
+            let module = rc.module_address.as_deref();
+            config
+                .entry(module)
+                .or_insert_with(|| module_config(plan, module));
+        }
+        Index {
+            live,
+            by_kind,
+            by_name,
+            files_by_id,
+            config,
+        }
+    }
+
+    /// The managed changes, deposed objects left out, in plan order.
+    pub fn live(&self) -> &[&'p ResourceChange] {
+        &self.live
+    }
+
+    /// The bpg resources of one kind, deposed objects left out, in plan order.
+    pub fn of_kind(&self, kind: Kind) -> &[&'p ResourceChange] {
+        self.by_kind.get(&kind).map_or(&[], Vec::as_slice)
+    }
+
+    /// The bpg file resources (deposed left out) whose known `id` is `id`, in plan order.
+    pub fn files_with_id(&self, id: &str) -> &[&'p ResourceChange] {
+        self.files_by_id.get(id).map_or(&[], Vec::as_slice)
+    }
+
+    /// The `resources[]` entry of the plan's `configuration` that declared this change, if the
+    /// plan carries its configuration.
+    pub fn config_of(&self, rc: &ResourceChange) -> Option<&'p Value> {
+        let module = self.config.get(&rc.module_address.as_deref())?.as_ref()?;
+        module
+            .get(&(rc.resource_type.as_str(), rc.name.as_str()))
+            .copied()
+    }
+
+    /// The expression object of a configured attribute, `path` as in [`after`]
+    /// (e.g. `disk.0.import_from`).
+    pub fn config_expr(&self, rc: &ResourceChange, path: &str) -> Option<&'p Value> {
+        let mut cur = self.config_of(rc)?.get("expressions")?;
+        for seg in path.split('.') {
+            cur = step(cur, seg)?;
+        }
+        Some(cur)
+    }
+
+    /// The resources in the plan that a configured attribute refers to (same module), e.g.
+    /// `disk.0.import_from = proxmox_download_file.img.id` → the change(s) of that resource.
+    pub fn referenced(&self, rc: &ResourceChange, path: &str) -> Vec<&'p ResourceChange> {
+        let Some(expr) = self.config_expr(rc, path) else {
+            return Vec::new();
+        };
+        let Some(refs) = expr.get("references").and_then(Value::as_array) else {
+            return Vec::new();
+        };
+        let mut out: Vec<&ResourceChange> = Vec::new();
+        for r in refs.iter().filter_map(Value::as_str) {
+            let Some((rtype, rname, index)) = split_reference(r) else {
+                continue;
+            };
+            let key = (rc.module_address.as_deref(), rtype, rname);
+            let suffix = index.as_ref().map(|i| format!("{rtype}.{rname}{i}"));
+            for &cand in self.by_name.get(&key).map_or(&[][..], Vec::as_slice) {
+                if suffix.as_ref().is_none_or(|s| cand.address.ends_with(s))
+                    && !out.iter().any(|o| o.address == cand.address)
+                {
+                    out.push(cand);
+                }
+            }
+        }
+        out
+    }
+
+    /// The file name a download_file will get: `file_name`, else the URL's last segment.
+    /// `None` when it cannot be known at plan time.
+    pub fn download_name(&self, rc: &ResourceChange) -> Option<String> {
+        match after(rc, "file_name") {
+            Attr::Known(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            // Written in the configuration but only known after apply: not the URL's name.
+            Attr::Unknown if self.config_expr(rc, "file_name").is_some() => None,
+            // Not set, or computed by the provider: it is derived from the URL.
+            _ => url_file_name(after(rc, "url").str()?),
+        }
+    }
+}
+
+/// The first managed `resources[]` entry for each (type, name) in the configuration of the
+/// module at `module_address`; `None` when the plan carries no configuration for it.
+fn module_config<'p>(
+    plan: &'p Plan,
+    module_address: Option<&str>,
+) -> Option<HashMap<(&'p str, &'p str), &'p Value>> {
     let cfg = plan.configuration.as_ref()?;
-    let names = module_names(rc.module_address.as_deref());
     let mut module = &cfg.root_module;
-    for n in &names {
+    for n in &module_names(module_address) {
         module = &module.module_calls.get(n)?.module;
     }
-    let resources = &module.resources;
-    resources.iter().find(|r| {
-        r.get("mode").and_then(Value::as_str).unwrap_or("managed") == "managed"
-            && r.get("type").and_then(Value::as_str) == Some(rc.resource_type.as_str())
-            && r.get("name").and_then(Value::as_str) == Some(rc.name.as_str())
-    })
+    let mut out = HashMap::new();
+    for r in &module.resources {
+        if r.get("mode").and_then(Value::as_str).unwrap_or("managed") != "managed" {
+            continue;
+        }
+        let (Some(t), Some(n)) = (
+            r.get("type").and_then(Value::as_str),
+            r.get("name").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        out.entry((t, n)).or_insert(r);
+    }
+    Some(out)
 }
 
 /// `module.a["x"].module.b` → `["a", "b"]`.
@@ -250,47 +395,6 @@ fn module_names(module_address: Option<&str>) -> Vec<String> {
             }
         } else if let Some(r2) = rest.strip_prefix('.') {
             rest = r2;
-        }
-    }
-    out
-}
-
-/// The expression object of a configured attribute, `path` as in [`after`]
-/// (e.g. `disk.0.import_from`).
-pub fn config_expr<'p>(plan: &'p Plan, rc: &ResourceChange, path: &str) -> Option<&'p Value> {
-    let mut cur = config_of(plan, rc)?.get("expressions")?;
-    for seg in path.split('.') {
-        cur = step(cur, seg)?;
-    }
-    Some(cur)
-}
-
-/// The resources in the plan that a configured attribute refers to (same module), e.g.
-/// `disk.0.import_from = proxmox_download_file.img.id` → the change(s) of that resource.
-pub fn referenced<'p>(plan: &'p Plan, rc: &ResourceChange, path: &str) -> Vec<&'p ResourceChange> {
-    let Some(expr) = config_expr(plan, rc, path) else {
-        return Vec::new();
-    };
-    let Some(refs) = expr.get("references").and_then(Value::as_array) else {
-        return Vec::new();
-    };
-    let mut out: Vec<&ResourceChange> = Vec::new();
-    for r in refs.iter().filter_map(Value::as_str) {
-        let Some((rtype, rname, index)) = split_reference(r) else {
-            continue;
-        };
-        for cand in plan.managed_changes() {
-            if cand.resource_type == rtype
-                && cand.name == rname
-                && cand.module_address == rc.module_address
-                && cand.deposed.is_none()
-                && index
-                    .as_ref()
-                    .is_none_or(|i| cand.address.ends_with(&format!("{rtype}.{rname}{i}")))
-                && !out.iter().any(|o| o.address == cand.address)
-            {
-                out.push(cand);
-            }
         }
     }
     out
@@ -363,18 +467,6 @@ pub fn url_file_name(u: &str) -> Option<String> {
     let parsed = url::Url::parse(u).ok()?;
     let last = parsed.path_segments()?.rev().find(|s| !s.is_empty())?;
     Some(last.to_string())
-}
-
-/// The file name a download_file will get: `file_name`, else the URL's last segment. `None`
-/// when it cannot be known at plan time.
-pub fn download_name(plan: &Plan, rc: &ResourceChange) -> Option<String> {
-    match after(rc, "file_name") {
-        Attr::Known(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-        // Written in the configuration but only known after apply: not the URL's name.
-        Attr::Unknown if config_expr(plan, rc, "file_name").is_some() => None,
-        // Not set, or computed by the provider: it is derived from the URL.
-        _ => url_file_name(after(rc, "url").str()?),
-    }
 }
 
 /// A URL that can point at a different file tomorrow (`/latest/`, `/current/`, `latest`).

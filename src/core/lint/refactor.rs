@@ -4,49 +4,138 @@ use super::model::{before, local_address, without_index};
 use super::{finding, Finding, LintInput};
 use crate::core::plan::{ActionKind, ResourceChange};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 
-/// How alike the destroyed object and the created one are: equal top-level values.
-fn likeness(old: &ResourceChange, new: &ResourceChange) -> usize {
-    let (Some(b), Some(a)) = (old.change.before.as_object(), new.change.after.as_object()) else {
-        return 0;
-    };
-    b.iter()
-        .filter(|(k, v)| !v.is_null() && a.get(*k) == Some(v))
-        .count()
+/// The creates that could stand in for a destroy: same type, same module, same address but
+/// for the instance key. Each destroy (in plan order) takes the create most like it, where
+/// likeness is the number of non-null top-level values of the destroyed object's `before`
+/// equal in the create's `after`; on a tie, the first create in plan order.
+///
+/// Likeness is counted through buckets (top-level key, value) → creates, so a destroy only
+/// visits the creates that share a value with it, and skips the buckets that hold every
+/// create still free (they add the same to all and cannot change the choice).
+struct Group<'p> {
+    /// The creates of the group in plan order, and whether each is still free.
+    creates: Vec<&'p ResourceChange>,
+    free: Vec<bool>,
+    free_count: usize,
+    /// The first position that may still be free.
+    first_free: usize,
+    buckets: HashMap<(&'p str, &'p Value), usize>,
+    /// Per bucket: its creates, and how many of them are still free.
+    members: Vec<(Vec<usize>, usize)>,
+    /// Per create: the buckets it is in.
+    create_buckets: Vec<Vec<usize>>,
+    /// Scratch: likeness per create for the destroy at hand.
+    score: Vec<u32>,
+}
+
+impl<'p> Group<'p> {
+    fn new(creates: Vec<&'p ResourceChange>) -> Group<'p> {
+        let mut buckets = HashMap::new();
+        let mut members: Vec<(Vec<usize>, usize)> = Vec::new();
+        let mut create_buckets = Vec::with_capacity(creates.len());
+        for (n, new) in creates.iter().enumerate() {
+            let mut mine = Vec::new();
+            for (k, v) in new.change.after.as_object().into_iter().flatten() {
+                if v.is_null() {
+                    continue;
+                }
+                let b = *buckets.entry((k.as_str(), v)).or_insert_with(|| {
+                    members.push((Vec::new(), 0));
+                    members.len() - 1
+                });
+                members[b].0.push(n);
+                members[b].1 += 1;
+                mine.push(b);
+            }
+            create_buckets.push(mine);
+        }
+        let len = creates.len();
+        Group {
+            creates,
+            free: vec![true; len],
+            free_count: len,
+            first_free: 0,
+            buckets,
+            members,
+            create_buckets,
+            score: vec![0; len],
+        }
+    }
+
+    /// Take the free create most like `old` (never one at `old`'s own address).
+    fn take_best(&mut self, old: &ResourceChange) -> Option<&'p ResourceChange> {
+        let mut touched: Vec<usize> = Vec::new();
+        for (k, v) in old.change.before.as_object().into_iter().flatten() {
+            if v.is_null() {
+                continue;
+            }
+            let Some(&b) = self.buckets.get(&(k.as_str(), v)) else {
+                continue;
+            };
+            let (list, free_in_bucket) = &self.members[b];
+            if *free_in_bucket == self.free_count {
+                continue;
+            }
+            for &n in list {
+                if self.free[n] {
+                    if self.score[n] == 0 {
+                        touched.push(n);
+                    }
+                    self.score[n] += 1;
+                }
+            }
+        }
+        let eligible = |n: usize| self.creates[n].address != old.address;
+        // Highest likeness, then first in plan order; a create that shares no counted value
+        // scores below every touched one.
+        let best_touched = touched
+            .iter()
+            .copied()
+            .filter(|&n| eligible(n))
+            .max_by(|&a, &b| self.score[a].cmp(&self.score[b]).then(b.cmp(&a)));
+        let best = best_touched.or_else(|| {
+            (self.first_free..self.creates.len()).find(|&n| self.free[n] && eligible(n))
+        });
+        for n in touched {
+            self.score[n] = 0;
+        }
+        let n = best?;
+        self.free[n] = false;
+        self.free_count -= 1;
+        for &b in &self.create_buckets[n] {
+            self.members[b].1 -= 1;
+        }
+        while self.first_free < self.free.len() && !self.free[self.first_free] {
+            self.first_free += 1;
+        }
+        Some(self.creates[n])
+    }
 }
 
 pub fn pve010(input: &LintInput) -> Vec<Finding> {
-    let changes: Vec<&ResourceChange> = input
-        .plan
-        .managed_changes()
-        .filter(|rc| rc.deposed.is_none())
-        .collect();
-    let deleted: Vec<&ResourceChange> = changes
-        .iter()
-        .copied()
-        .filter(|rc| rc.kind() == ActionKind::Delete)
-        .collect();
-    let mut created: Vec<&ResourceChange> = changes
-        .iter()
-        .copied()
-        .filter(|rc| rc.kind() == ActionKind::Create && !rc.is_import())
-        .collect();
+    let changes = input.index.live();
+    let mut groups: HashMap<(&str, Option<&str>, &str), Group> = HashMap::new();
+    {
+        let mut creates: HashMap<(&str, Option<&str>, &str), Vec<&ResourceChange>> = HashMap::new();
+        for &rc in changes {
+            if rc.kind() == ActionKind::Create && !rc.is_import() {
+                creates.entry(group_key(rc)).or_default().push(rc);
+            }
+        }
+        for (key, list) in creates {
+            groups.insert(key, Group::new(list));
+        }
+    }
     let mut out = Vec::new();
-    for old in deleted {
-        let base = without_index(&old.address);
-        let best = created
-            .iter()
-            .enumerate()
-            .filter(|(_, new)| {
-                new.resource_type == old.resource_type
-                    && new.module_address == old.module_address
-                    && new.address != old.address
-                    && without_index(&new.address) == base
-            })
-            .max_by(|(ia, a), (ib, b)| likeness(old, a).cmp(&likeness(old, b)).then(ib.cmp(ia)))
-            .map(|(i, _)| i);
-        let Some(i) = best else { continue };
-        let new = created.remove(i);
+    for &old in changes.iter().filter(|rc| rc.kind() == ActionKind::Delete) {
+        let Some(group) = groups.get_mut(&group_key(old)) else {
+            continue;
+        };
+        let Some(new) = group.take_best(old) else {
+            continue;
+        };
         let size = before(old, "size").and_then(Value::as_u64);
         out.push(finding(
             "PVE010",
@@ -60,4 +149,13 @@ pub fn pve010(input: &LintInput) -> Vec<Finding> {
         ));
     }
     out
+}
+
+/// (type, module, address without its instance key): the creates a destroy may pair with.
+fn group_key(rc: &ResourceChange) -> (&str, Option<&str>, &str) {
+    (
+        rc.resource_type.as_str(),
+        rc.module_address.as_deref(),
+        without_index(&rc.address),
+    )
 }

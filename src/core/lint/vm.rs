@@ -1,19 +1,18 @@
 //! Rules on VMs and containers (PVE005, PVE008, PVE011, PVE013, PVE014).
 
 use super::download::path_text;
-use super::model::{
-    after, before, block_len, config_expr, config_of, is_created, is_planned, referenced, Attr,
-    Kind, VolumeId,
-};
+use super::model::{after, before, block_len, is_created, is_planned, Attr, Kind, VolumeId};
 use super::{finding, Finding, LintInput};
 use crate::core::plan::{ActionKind, ResourceChange};
 use serde_json::{json, Value};
 
 fn vms<'a>(input: &'a LintInput) -> impl Iterator<Item = &'a ResourceChange> + 'a {
     input
-        .plan
-        .managed_changes()
-        .filter(|rc| rc.deposed.is_none() && Kind::of(rc).is_some_and(Kind::is_vm))
+        .index
+        .live()
+        .iter()
+        .copied()
+        .filter(|rc| Kind::of(rc).is_some_and(Kind::is_vm))
 }
 
 /// The content type a file resource stores (`content_type`), if known.
@@ -34,7 +33,9 @@ pub fn pve005(input: &LintInput) -> Vec<Finding> {
                     Attr::Known(Value::String(id)) => VolumeId::parse(id)
                         .filter(|v| v.content == "iso")
                         .map(|_| (format!("`{id}`"), None)),
-                    Attr::Unknown => referenced(input.plan, rc, &path)
+                    Attr::Unknown => input
+                        .index
+                        .referenced(rc, &path)
                         .into_iter()
                         .find(|r| {
                             Kind::of(r).is_some_and(Kind::is_file) && file_content(r) == Some("iso")
@@ -114,17 +115,11 @@ pub fn pve011(input: &LintInput) -> Vec<Finding> {
                                 continue;
                             }
                         }
-                        input
-                            .plan
-                            .managed_changes()
-                            .filter(|f| {
-                                Kind::of(f).is_some_and(Kind::is_file)
-                                    && f.deposed.is_none()
-                                    && after(f, "id").str() == Some(id.as_str())
-                            })
-                            .collect()
+                        input.index.files_with_id(id).to_vec()
                     }
-                    Attr::Unknown => referenced(input.plan, rc, &path)
+                    Attr::Unknown => input
+                        .index
+                        .referenced(rc, &path)
                         .into_iter()
                         .filter(|f| Kind::of(f).is_some_and(Kind::is_file))
                         .collect(),
@@ -197,7 +192,10 @@ const DEFAULT_DISK_GB: i64 = 8;
 pub fn pve014(input: &LintInput) -> Vec<Finding> {
     let mut out = Vec::new();
     for rc in vms(input).filter(|rc| is_created(rc)) {
-        let configured_disks = config_expr(input.plan, rc, "disk").and_then(Value::as_array);
+        let configured_disks = input
+            .index
+            .config_expr(rc, "disk")
+            .and_then(Value::as_array);
         for i in 0..block_len(rc, "disk") {
             if !after(rc, &format!("disk.{i}.import_from")).is_set() {
                 continue;
@@ -205,7 +203,7 @@ pub fn pve014(input: &LintInput) -> Vec<Finding> {
             let size = after(rc, &format!("disk.{i}.size"));
             let explicit = match configured_disks {
                 // The configuration says whether `size` was written.
-                Some(disks) if config_of(input.plan, rc).is_some() => {
+                Some(disks) if input.index.config_of(rc).is_some() => {
                     disks.get(i).and_then(|d| d.get("size")).is_some()
                 }
                 // Without it, the provider's default value is the tell.
