@@ -3,8 +3,9 @@
 //! `cargo bench --bench render` prints, before criterion's timings, the JSON size, the time of
 //! each step of one `planbot render` run and its peak RSS (VmHWM from /proc/self/status, reset
 //! just before), then times `render_note` on 10,000 resources (note over budget: summaries
-//! only) and on 1,000 resources (every diff computed); the whole `planbot render` path is timed
-//! once (its lint and fingerprint steps dominate it).
+//! only) and on 1,000 resources (every diff computed), and `lint` on 10,000 resources
+//! (`cargo bench --bench render -- lint` for that one alone); the whole `planbot render` path
+//! is timed once.
 //! Under `cargo test --all-targets` (no `--bench`) it runs once on small plans, to stay fast.
 
 use criterion::{black_box, Criterion};
@@ -217,5 +218,8 @@ fn main() {
         &format!("render_note {small} resources (every diff computed)"),
         |b| b.iter(|| black_box(render(&small_plan, &fp, &small_scrubber))),
     );
+    c.bench_function(&format!("lint {big} resources"), |b| {
+        b.iter(|| black_box(planbot::core::lint::lint(&plan, &[])))
+    });
     c.final_summary();
 }

@@ -269,19 +269,34 @@ fn templates() -> &'static Environment<'static> {
     })
 }
 
-/// Call one macro of `templates/lint.j2` with `details` as its argument.
-pub(crate) fn render_macro(name: &str, details: &serde_json::Value) -> String {
-    let env = templates();
-    let tmpl = env.get_template("lint.j2").expect("lint.j2 is registered");
-    let captured = tmpl
+/// `templates/lint.j2`, looked up once.
+fn lint_template() -> &'static minijinja::Template<'static, 'static> {
+    static TMPL: OnceLock<minijinja::Template<'static, 'static>> = OnceLock::new();
+    TMPL.get_or_init(|| {
+        templates()
+            .get_template("lint.j2")
+            .expect("lint.j2 is registered")
+    })
+}
+
+thread_local! {
+    /// `lint.j2` evaluated once per thread (it only defines macros): every finding calls its
+    /// macros on this state instead of evaluating the template again.
+    static LINT_STATE: minijinja::Captured<'static> = lint_template()
         .render_captured(())
         .expect("lint.j2 evaluates without a context");
-    captured
-        .state()
-        .call_macro(name, &[minijinja::Value::from_serialize(details)])
-        .unwrap_or_else(|e| panic!("lint.j2 macro {name}: {e}"))
-        .trim()
-        .to_string()
+}
+
+/// Call one macro of `templates/lint.j2` with `details` as its argument.
+pub(crate) fn render_macro(name: &str, details: &serde_json::Value) -> String {
+    LINT_STATE.with(|captured| {
+        captured
+            .state()
+            .call_macro(name, &[minijinja::Value::from_serialize(details)])
+            .unwrap_or_else(|e| panic!("lint.j2 macro {name}: {e}"))
+            .trim()
+            .to_string()
+    })
 }
 
 /// Build a finding for `rule` on `rc`: message and fix rendered from the rule's macros with
