@@ -21,11 +21,14 @@ struct Group<'p> {
     free_count: usize,
     /// The first position that may still be free.
     first_free: usize,
-    buckets: HashMap<(&'p str, &'p Value), usize>,
-    /// Per bucket: its creates, and how many of them are still free.
-    members: Vec<(Vec<usize>, usize)>,
+    /// (key, hash of the value) → the buckets with that key and a value of that hash.
+    buckets: HashMap<(&'p str, u64), Vec<usize>>,
+    /// Per bucket: its value, its creates, and how many of them are still free.
+    members: Vec<(&'p Value, Vec<usize>, usize)>,
     /// Per create: the buckets it is in.
     create_buckets: Vec<Vec<usize>>,
+    /// The positions of the creates at each address.
+    by_address: HashMap<&'p str, Vec<usize>>,
     /// Scratch: likeness per create for the destroy at hand.
     score: Vec<u32>,
 }
@@ -33,7 +36,7 @@ struct Group<'p> {
 impl<'p> Group<'p> {
     fn new(creates: Vec<&'p ResourceChange>) -> Group<'p> {
         let mut buckets = HashMap::new();
-        let mut members: Vec<(Vec<usize>, usize)> = Vec::new();
+        let mut members: Vec<(&Value, Vec<usize>, usize)> = Vec::new();
         let mut create_buckets = Vec::with_capacity(creates.len());
         for (n, new) in creates.iter().enumerate() {
             let mut mine = Vec::new();
@@ -41,18 +44,29 @@ impl<'p> Group<'p> {
                 if v.is_null() {
                     continue;
                 }
-                let b = *buckets.entry((k.as_str(), v)).or_insert_with(|| {
-                    members.push((Vec::new(), 0));
-                    members.len() - 1
-                });
-                members[b].0.push(n);
-                members[b].1 += 1;
+                let same_hash: &mut Vec<usize> =
+                    buckets.entry((k.as_str(), value_hash(v))).or_default();
+                let b = match same_hash.iter().find(|&&b| members[b].0 == v) {
+                    Some(&b) => b,
+                    None => {
+                        members.push((v, Vec::new(), 0));
+                        same_hash.push(members.len() - 1);
+                        members.len() - 1
+                    }
+                };
+                members[b].1.push(n);
+                members[b].2 += 1;
                 mine.push(b);
             }
             create_buckets.push(mine);
         }
         let len = creates.len();
+        let mut by_address: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (n, new) in creates.iter().enumerate() {
+            by_address.entry(new.address.as_str()).or_default().push(n);
+        }
         Group {
+            by_address,
             creates,
             free: vec![true; len],
             free_count: len,
@@ -71,10 +85,14 @@ impl<'p> Group<'p> {
             if v.is_null() {
                 continue;
             }
-            let Some(&b) = self.buckets.get(&(k.as_str(), v)) else {
+            let Some(b) = self
+                .buckets
+                .get(&(k.as_str(), value_hash(v)))
+                .and_then(|same| same.iter().copied().find(|&b| self.members[b].0 == v))
+            else {
                 continue;
             };
-            let (list, free_in_bucket) = &self.members[b];
+            let (_, list, free_in_bucket) = &self.members[b];
             if *free_in_bucket == self.free_count {
                 continue;
             }
@@ -87,7 +105,10 @@ impl<'p> Group<'p> {
                 }
             }
         }
-        let eligible = |n: usize| self.creates[n].address != old.address;
+        // A create at the destroy's own address never pairs with it (compared only for the
+        // creates that share the address, which is almost never any).
+        let same_address = self.by_address.get(old.address.as_str());
+        let eligible = |n: usize| same_address.is_none_or(|same| !same.contains(&n));
         // Highest likeness, then first in plan order; a create that shares no counted value
         // scores below every touched one.
         let best_touched = touched
@@ -105,12 +126,39 @@ impl<'p> Group<'p> {
         self.free[n] = false;
         self.free_count -= 1;
         for &b in &self.create_buckets[n] {
-            self.members[b].1 -= 1;
+            self.members[b].2 -= 1;
         }
         while self.first_free < self.free.len() && !self.free[self.first_free] {
             self.first_free += 1;
         }
         Some(self.creates[n])
+    }
+}
+
+/// A hash of a JSON value that agrees with `==` (object entries combined in any order), and
+/// allocates nothing.
+fn value_hash(v: &Value) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let leaf = |tag: u8, f: &dyn Fn(&mut DefaultHasher)| {
+        let mut h = DefaultHasher::new();
+        tag.hash(&mut h);
+        f(&mut h);
+        h.finish()
+    };
+    match v {
+        Value::Null => 1,
+        Value::Bool(b) => 2 + u64::from(*b),
+        Value::Number(n) => leaf(4, &|h| n.hash(h)),
+        Value::String(s) => leaf(5, &|h| s.hash(h)),
+        Value::Array(items) => items
+            .iter()
+            .fold(leaf(6, &|h| items.len().hash(h)), |acc, x| {
+                acc.rotate_left(5) ^ value_hash(x).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            }),
+        Value::Object(m) => m.iter().fold(leaf(7, &|h| m.len().hash(h)), |acc, (k, x)| {
+            let entry = leaf(8, &|h| k.hash(h)) ^ value_hash(x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            acc.wrapping_add(entry.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
+        }),
     }
 }
 
