@@ -289,10 +289,14 @@ thread_local! {
 
 /// Call one macro of `templates/lint.j2` with `details` as its argument.
 pub(crate) fn render_macro(name: &str, details: &serde_json::Value) -> String {
+    call_macro(name, &minijinja::Value::from_serialize(details))
+}
+
+fn call_macro(name: &str, arg: &minijinja::Value) -> String {
     LINT_STATE.with(|captured| {
         captured
             .state()
-            .call_macro(name, &[minijinja::Value::from_serialize(details)])
+            .call_macro(name, std::slice::from_ref(arg))
             .unwrap_or_else(|e| panic!("lint.j2 macro {name}: {e}"))
             .trim()
             .to_string()
@@ -317,12 +321,13 @@ pub(crate) fn finding_with(
     if let Some(obj) = d.as_object_mut() {
         obj.insert("address".into(), address.into());
     }
+    let arg = minijinja::Value::from_serialize(&d);
     Finding {
         rule: rule_id,
         severity,
         address: address.to_string(),
-        message: render_macro(&format!("{rule_id}_message"), &d),
-        fix: render_macro(&format!("{rule_id}_fix"), &d),
+        message: call_macro(&format!("{rule_id}_message"), &arg),
+        fix: call_macro(&format!("{rule_id}_fix"), &arg),
     }
 }
 
