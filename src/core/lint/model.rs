@@ -215,6 +215,9 @@ impl VolumeId {
     }
 }
 
+/// A module's configured resources: (type, name) → its first managed `resources[]` entry.
+type ModuleConfig<'p> = HashMap<(&'p str, &'p str), &'p Value>;
+
 /// What the rules look up by key, built once per lint call so that no rule scans every
 /// resource change (or every configured resource) for every resource.
 pub struct Index<'p> {
@@ -228,7 +231,7 @@ pub struct Index<'p> {
     files_by_id: HashMap<&'p str, Vec<&'p ResourceChange>>,
     /// Per module address of a change: the first managed `resources[]` entry of that module's
     /// configuration for each (type, name); `None` when the plan has no configuration for it.
-    config: HashMap<Option<&'p str>, Option<HashMap<(&'p str, &'p str), &'p Value>>>,
+    config: HashMap<Option<&'p str>, Option<ModuleConfig<'p>>>,
 }
 
 impl<'p> Index<'p> {
@@ -351,10 +354,7 @@ impl<'p> Index<'p> {
 
 /// The first managed `resources[]` entry for each (type, name) in the configuration of the
 /// module at `module_address`; `None` when the plan carries no configuration for it.
-fn module_config<'p>(
-    plan: &'p Plan,
-    module_address: Option<&str>,
-) -> Option<HashMap<(&'p str, &'p str), &'p Value>> {
+fn module_config<'p>(plan: &'p Plan, module_address: Option<&str>) -> Option<ModuleConfig<'p>> {
     let cfg = plan.configuration.as_ref()?;
     let mut module = &cfg.root_module;
     for n in &module_names(module_address) {
