@@ -1,1 +1,221 @@
-fn main() {}
+//! Render benchmark: a generated 10,000-resource plan through `planbot render`'s code path.
+//!
+//! `cargo bench --bench render` prints, before criterion's timings, the JSON size, the time of
+//! each step of one `planbot render` run and its peak RSS (VmHWM from /proc/self/status, reset
+//! just before), then times `render_note` on 10,000 resources (note over budget: summaries
+//! only) and on 1,000 resources (every diff computed); the whole `planbot render` path is timed
+//! once (its lint and fingerprint steps dominate it).
+//! Under `cargo test --all-targets` (no `--bench`) it runs once on small plans, to stay fast.
+
+use criterion::{black_box, Criterion};
+use planbot::core::fingerprint::Fingerprint;
+use planbot::core::plan::Plan;
+use planbot::core::redact::{Scrubber, Secrets};
+use planbot::core::render::{render_note, NoteContext, RootOutcome, RootSection};
+use planbot::flows::report::{report, Format};
+use serde_json::json;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+/// A `show -json` document with `n` resource changes in the documented shape: ~10 attributes
+/// each, some nested, a multi-line cloud-init on every fourth, a sensitive password, and a mix
+/// of 40% create, 30% update, 20% replace, 10% delete. Written resource by resource.
+fn synth_plan(n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * 2500);
+    out.extend_from_slice(
+        br#"{"format_version":"1.2","terraform_version":"1.10.6","resource_changes":["#,
+    );
+    for i in 0..n {
+        if i > 0 {
+            out.push(b',');
+        }
+        let cloud_init = |extra: &str| {
+            format!(
+                "#cloud-config\nhostname: vm-{i}\nusers:\n  - name: ops\n    groups: [sudo]\npackages:\n  - qemu-guest-agent\n  - curl{extra}\nruncmd:\n  - systemctl enable --now qemu-guest-agent\n"
+            )
+        };
+        let vm = |cores: u32, store: &str, extra: &str| {
+            let mut v = json!({
+                "vm_id": 1000 + i, "name": format!("vm-{i}"), "node_name": format!("pve0{}", i % 3),
+                "cores": cores, "started": true, "tags": ["prod", "web"],
+                "description": format!("Managed by planbot bench, VM number {i}"),
+                "memory": [{"dedicated": 2048, "floating": 0}],
+                "disk": [{"datastore_id": store, "interface": "scsi0", "size": 8, "iothread": true}],
+                "network_device": [{"bridge": "vmbr0", "model": "virtio", "vlan_id": 10 + i % 5}],
+                "initialization": [{"user_account": [{"username": "ops", "password": format!("pw-{i}-secret")}],
+                                    "dns": [{"servers": ["9.9.9.9", "1.1.1.1"]}]}],
+            });
+            if i % 4 == 0 {
+                v["initialization"][0]["user_data"] = json!(cloud_init(extra));
+            }
+            v
+        };
+        let sens = json!({"initialization": [{"user_account": [{"password": true}]}]});
+        let (actions, before, after, reason, replace_paths) = match i % 10 {
+            0..=3 => (
+                json!(["create"]),
+                json!(null),
+                vm(2, "local-lvm", ""),
+                None,
+                None,
+            ),
+            4..=6 => (
+                json!(["update"]),
+                vm(2, "local-lvm", ""),
+                vm(4, "local-lvm", "\n  - docker.io"),
+                None,
+                None,
+            ),
+            7 | 8 => (
+                json!(["delete", "create"]),
+                vm(2, "local-lvm", ""),
+                vm(2, "ceph", ""),
+                Some("replace_because_cannot_update"),
+                Some(json!([["disk", 0, "datastore_id"]])),
+            ),
+            _ => (
+                json!(["delete"]),
+                vm(2, "local-lvm", ""),
+                json!(null),
+                Some("delete_because_count_index"),
+                None,
+            ),
+        };
+        let mut before = before;
+        if before.is_object() {
+            before["id"] = json!(format!("{}", 1000 + i));
+        }
+        let rc = json!({
+            "address": format!("proxmox_virtual_environment_vm.fleet[{i}]"),
+            "mode": "managed", "type": "proxmox_virtual_environment_vm", "name": "fleet", "index": i,
+            "provider_name": "registry.opentofu.org/bpg/proxmox",
+            "action_reason": reason,
+            "change": {
+                "actions": actions, "before": before, "after": after,
+                "after_unknown": if after.is_null() { json!(false) } else { json!({"id": true, "ipv4_addresses": true}) },
+                "before_sensitive": if i % 10 < 4 { json!(false) } else { sens.clone() },
+                "after_sensitive": if i % 10 == 9 { json!(false) } else { sens },
+                "replace_paths": replace_paths,
+            }
+        });
+        serde_json::to_writer(&mut out, &rc).unwrap();
+    }
+    out.extend_from_slice(br#"],"errored":false}"#);
+    out
+}
+
+fn status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn ctx() -> NoteContext {
+    NoteContext {
+        sha: Some("3f9a2c1e5b7d9f0a1c3e5b7d9f0a1c3e5b7d9f0a".into()),
+        engine: Some("OpenTofu 1.10.6".into()),
+        run_url: Some("https://planbot.example.com/runs/1".into()),
+        ..NoteContext::default()
+    }
+}
+
+fn render(plan: &Plan, fp: &Fingerprint, scrubber: &Scrubber) -> String {
+    let roots = [RootSection {
+        name: "fleet".into(),
+        outcome: RootOutcome::Planned {
+            plan,
+            findings: &[],
+            fingerprint: fp,
+        },
+    }];
+    render_note(&ctx(), &roots, scrubber)
+}
+
+/// What `planbot render plan.json` does after reading the file: parse, lint, fingerprint,
+/// collect the secrets, render and scrub.
+fn render_command_path(json: &[u8]) -> String {
+    let plan = Plan::from_json(json).expect("the synthetic plan parses");
+    report(
+        &plan,
+        &ctx(),
+        &Secrets::new(),
+        b"bench-key",
+        Format::Markdown,
+    )
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let benching = std::env::args().any(|a| a == "--bench");
+    let (big, small) = if benching { (10_000, 1_000) } else { (200, 50) };
+    let fp = Fingerprint::from_hex(&"ab".repeat(32)).unwrap();
+    let json = synth_plan(big);
+    let json_kib = json.len() as u64 / 1024;
+
+    // Peak memory, measured from here (the JSON is already in memory): parse, then render_note,
+    // then the whole `planbot render` path (lint, fingerprint, secrets, render, scrub).
+    let reset_peak = || {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    };
+    let rss_before = status_kib("VmRSS:").unwrap_or(0);
+    reset_peak();
+    let t = Instant::now();
+    let plan = Plan::from_json(&json).unwrap();
+    let parse = t.elapsed();
+    let peak_parse = status_kib("VmHWM:").unwrap_or(0);
+    let t = Instant::now();
+    let scrubber = Secrets::from_plan(&plan).scrubber();
+    let secrets = t.elapsed();
+    reset_peak();
+    let t = Instant::now();
+    let note_len = render(&plan, &fp, &scrubber).len();
+    let note = t.elapsed();
+    let peak_render = status_kib("VmHWM:").unwrap_or(0);
+    let t = Instant::now();
+    let _ = Fingerprint::of(&plan, b"bench-key");
+    let fingerprint = t.elapsed();
+    let t = Instant::now();
+    let _ = planbot::core::lint::lint(&plan, &[]);
+    let lint = t.elapsed();
+    reset_peak();
+    let t = Instant::now();
+    let _ = render_command_path(&json);
+    let once = t.elapsed();
+    let peak_all = status_kib("VmHWM:").unwrap_or(0);
+    let x = |kib: u64| kib as f64 / json_kib.max(1) as f64;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(
+        err,
+        "render bench: {big} resources, plan JSON {json_kib} KiB, note {note_len} chars\n\
+         render bench: one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}, lint {}; whole `planbot render` path {}\n\
+         render bench: RSS before parsing (JSON included) {rss_before} KiB; peak RSS while parsing {peak_parse} KiB ({:.1}x the JSON), \
+         while rendering the note {peak_render} KiB ({:.1}x), whole path {peak_all} KiB ({:.1}x)",
+        ms(parse),
+        ms(secrets),
+        ms(note),
+        ms(fingerprint),
+        ms(lint),
+        ms(once),
+        x(peak_parse),
+        x(peak_render),
+        x(peak_all),
+    );
+    drop(err);
+
+    let small_json = synth_plan(small);
+    let small_plan = Plan::from_json(&small_json).unwrap();
+    let small_scrubber = Secrets::from_plan(&small_plan).scrubber();
+
+    let mut c = Criterion::default().configure_from_args();
+    c.bench_function(&format!("render_note {big} resources"), |b| {
+        b.iter(|| black_box(render(&plan, &fp, &scrubber)))
+    });
+    c.bench_function(
+        &format!("render_note {small} resources (every diff computed)"),
+        |b| b.iter(|| black_box(render(&small_plan, &fp, &small_scrubber))),
+    );
+    c.final_summary();
+}

@@ -62,14 +62,25 @@ fn config_for(
     project: &FakeProject,
     engine: &std::path::Path,
 ) -> Config {
+    let text = config_text_for(data_dir, gitlab, project, engine, "127.0.0.1:0");
+    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
+}
+
+fn config_text_for(
+    data_dir: &std::path::Path,
+    gitlab: &FakeGitLab,
+    project: &FakeProject,
+    engine: &std::path::Path,
+    listen: &str,
+) -> String {
     let state = format!(
         "{}/api/v4/projects/{}/terraform/state/core",
         gitlab.url(),
         project.id
     );
-    let text = format!(
+    format!(
         r#"
-listen = "127.0.0.1:0"
+listen = "{listen}"
 data_dir = "{data}"
 public_url = "http://planbot.test"
 fingerprint_key = "test-fingerprint-key-0123456789"
@@ -101,8 +112,7 @@ max_concurrent_plans = 2
         token = gitlab.bot_token(),
         secret = service_support::WEBHOOK_SECRET,
         engine = engine.display(),
-    );
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
+    )
 }
 
 fn world(engine: &std::path::Path) -> World {
@@ -174,6 +184,11 @@ async fn jobs_that_may_not_apply_are_refused_each_with_its_own_reason() {
     let engine = require_engine!();
     let w = world(&engine);
     let s = TestService::start(w.config.clone(), no_workers()).await;
+
+    // planbot serves the CI template the infra repo includes.
+    let (status, yaml) = s.get_text("/ci/planbot.gitlab-ci.yml").await;
+    assert_eq!(status, 200);
+    assert!(yaml.contains("planbot-apply:") && yaml.contains("when: manual"));
 
     let other = w.gitlab.create_project("someone/else");
     let cases: Vec<(&str, FakeJob, &str)> = vec![
@@ -286,11 +301,7 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         log.contains("+ terraform_data.vm[\"blocky\"] (created)"),
         "the job log shows the plan: {log}"
     );
-    let fingerprint = log
-        .lines()
-        .find_map(|l| l.split("fingerprint `").nth(1))
-        .map(|rest| rest.trim_end_matches('`').to_string())
-        .expect("the log names the fingerprint");
+    let fingerprint = fingerprint_in(&log);
     assert_eq!(
         w.gitlab.terraform_state(&w.project, "core").0,
         None,
@@ -340,7 +351,12 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
     assert!(log.contains("no changes, nothing to apply"), "{log}");
 
     // No plan file and no secret is left in the data dir.
-    let leftovers = scan(&w.config.data_dir);
+    assert_nothing_left(&w.config.data_dir);
+}
+
+/// No plan file and no secret is left anywhere in the data dir.
+fn assert_nothing_left(dir: &std::path::Path) {
+    let leftovers = scan(dir);
     assert!(
         leftovers.plan_files.is_empty(),
         "{:?}",
@@ -350,6 +366,14 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         !leftovers.secret_seen,
         "a secret was written to the data dir"
     );
+}
+
+/// The fingerprint the job log names (`... · fingerprint `abc123...``).
+fn fingerprint_in(log: &str) -> String {
+    log.lines()
+        .find_map(|l| l.split("fingerprint `").nth(1))
+        .map(|rest| rest.trim_end_matches('`').to_string())
+        .expect("the log names the fingerprint")
 }
 
 struct Scan {
@@ -394,4 +418,410 @@ fn scan(dir: &std::path::Path) -> Scan {
         }
     }
     out
+}
+
+fn with_workers() -> Options {
+    Options {
+        workers: true,
+        reconcile: false,
+    }
+}
+
+impl World {
+    /// Alice pushes `vms` on `branch`, opens an MR, and GitLab delivers the webhook.
+    async fn open_mr(&self, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
+        self.gitlab
+            .commit_files(&self.project, branch, &[("main.tf", &main_tf(vms))]);
+        let iid = self
+            .gitlab
+            .open_mr_by(&self.project, branch, "main", &self.alice);
+        let body = self
+            .gitlab
+            .mr_webhook(&self.project, iid)
+            .action("open")
+            .body();
+        let status = s
+            .deliver(
+                std::str::from_utf8(&body).unwrap(),
+                &service_support::token_headers(
+                    "Merge Request Hook",
+                    &format!("open-{iid}"),
+                    service_support::WEBHOOK_SECRET,
+                ),
+            )
+            .await;
+        assert_eq!(status, 200);
+        iid
+    }
+
+    /// Wait for the plan of the MR's head to be posted (its status final).
+    async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
+        let head = self.gitlab.mr_sha(&self.project, iid);
+        let (gitlab, project) = (&self.gitlab, &self.project);
+        s.eventually_for(
+            "the plan note and a final planbot/plan status",
+            60,
+            || async {
+                gitlab
+                    .status(project, &head, "planbot/plan")
+                    .is_some_and(|st| st.state == "success" || st.state == "failed")
+            },
+        )
+        .await;
+        let notes = self.gitlab.notes(&self.project, iid);
+        let note = notes
+            .iter()
+            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
+            .expect("a plan note");
+        note.body.clone()
+    }
+
+    fn notes_containing(&self, iid: u64, text: &str) -> Vec<String> {
+        self.gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .map(|n| n.body)
+            .filter(|b| b.contains(text))
+            .collect()
+    }
+
+    /// Someone changes the managed state behind OpenTofu's back (drift): the VM `vm` gets
+    /// `cores` in state, as a hand edit on the Proxmox UI would show up on refresh.
+    async fn drift(&self, vm: &str, cores: u64) {
+        let (state, _) = self.gitlab.terraform_state(&self.project, "core");
+        let mut state: serde_json::Value =
+            serde_json::from_slice(&state.expect("a state")).unwrap();
+        state["serial"] = (state["serial"].as_u64().unwrap() + 1).into();
+        for r in state["resources"].as_array_mut().unwrap() {
+            for i in r["instances"].as_array_mut().unwrap() {
+                if i["index_key"] == vm {
+                    i["attributes"]["input"]["value"]["cores"] = cores.into();
+                }
+            }
+        }
+        let url = format!(
+            "{}/api/v4/projects/{}/terraform/state/core",
+            self.gitlab.url(),
+            self.project.id
+        );
+        let r = reqwest::Client::new()
+            .post(url)
+            .basic_auth("alice", Some(&self.alice.token))
+            .json(&state)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_once_confirmed() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // Review: the MR adds a VM; the note shows the plan and its fingerprint.
+    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    // As GitLab shows it: HTML entities in <summary> render as the characters.
+    let shown = note.replace("&quot;", "\"");
+    assert!(shown.contains("+ terraform_data.vm[\"gitlab\"]"), "{note}");
+    assert!(!note.contains("apply-canary-password-7f3a"));
+
+    // Merge (fast-forward), then someone clicks the manual job on main.
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(31);
+    assert_eq!(job.sha, landed);
+    w.gitlab.register_job(job.clone());
+    let (status, log) = call_apply(&s, &job.token, "").await;
+    assert_eq!(status, 200);
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains(&format!("the plan is the one reviewed on !{iid}")),
+        "{log}"
+    );
+    assert!(!log.contains("apply-canary-password-7f3a"));
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"gitlab\"") && state.contains("\"blocky\""));
+    let result = w.notes_containing(iid, "planbot · applied");
+    assert_eq!(result.len(), 1, "one result note on the merged MR");
+    assert!(result[0].contains("by @alice"), "{}", result[0]);
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    // A second MR is reviewed; then the state drifts before its apply.
+    let iid2 = w
+        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
+        .await;
+    w.wait_for_plan(&s, iid2).await;
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    w.drift("blocky", 8).await;
+    let job = w.apply_job(32);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).contains("is not the plan reviewed on the merge request"),
+        "{log}"
+    );
+    let confirm = log
+        .lines()
+        .find_map(|l| l.split("PLANBOT_CONFIRM=").nth(1))
+        .map(|c| c.trim_end_matches('.').to_string())
+        .expect("the log says how to confirm");
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(!state.contains("\"backup\""), "nothing was applied");
+    // The MR learns what changed since review, attribute by attribute, and how to confirm.
+    let refused = w.notes_containing(iid2, "apply refused");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].contains("terraform_data.vm[\"blocky\"]"),
+        "{}",
+        refused[0]
+    );
+    assert!(refused[0].contains("input.cores = 2"), "{}", refused[0]);
+    assert!(
+        refused[0].contains(&format!("`PLANBOT_CONFIRM` set to `{confirm}`")),
+        "{}",
+        refused[0]
+    );
+    assert!(
+        !refused[0].contains(planbot::core::render::NOTE_MARKER),
+        "not taken for the plan note"
+    );
+
+    // Retry with the confirm: applied, drift repaired by the plan that was read.
+    let retry = w.apply_job(33);
+    w.gitlab.register_job(retry.clone());
+    let (_, log) = call_apply(&s, &retry.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"backup\""));
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed2, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    assert_nothing_left(&w.config.data_dir);
+    for n in w.gitlab.notes(&w.project, iid2) {
+        assert!(!n.body.contains("apply-canary-password-7f3a"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+    let (a, b) = (w.apply_job(41), w.apply_job(42));
+    w.gitlab.register_job(a.clone());
+    w.gitlab.register_job(b.clone());
+    let head = w.gitlab.branch_head(&w.project, "main").unwrap();
+    let fp_body = |fp: &str| format!(r#"{{"confirm":"{fp}"}}"#);
+    // Learn the fingerprint of main's plan (a direct push: it needs a confirm).
+    let probe = w.apply_job(40);
+    w.gitlab.register_job(probe.clone());
+    let (_, log) = call_apply(&s, &probe.token, "{}").await;
+    let fp = fingerprint_in(&log);
+
+    // Hold the root as another apply would, send both jobs, then let go.
+    let guard = s
+        .app
+        .root_locks
+        .lock(planbot::core::ids::ProjectId(w.project.id), "default")
+        .await;
+    let (ra, rb) = (fp_body(&fp), fp_body(&fp));
+    let fa = call_apply(&s, &a.token, &ra);
+    let fb = call_apply(&s, &b.token, &rb);
+    let release = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        drop(guard);
+    };
+    let ((_, la), (_, lb), ()) = tokio::join!(fa, fb, release);
+    for l in [&la, &lb] {
+        assert!(l.contains("waiting for it"), "{l}");
+        assert_eq!(last_line(l), "planbot: apply succeeded", "{l}");
+    }
+    // Exactly one applied the change; the other found nothing left to do.
+    let applied = [&la, &lb]
+        .iter()
+        .filter(|l| l.contains("Apply complete!"))
+        .count();
+    let nothing = [&la, &lb]
+        .iter()
+        .filter(|l| l.contains("no changes, nothing to apply"))
+        .count();
+    assert_eq!((applied, nothing), (1, 1), "{la}\n---\n{lb}");
+    assert_eq!(w.gitlab.branch_head(&w.project, "main").unwrap(), head);
+}
+
+/// The infra root with a slow resource: its creation takes long enough to crash planbot in it.
+fn slow_tf() -> String {
+    format!(
+        r#"{}
+resource "terraform_data" "slow" {{
+  input = "takes a while"
+  provisioner "local-exec" {{
+    command = "sleep 15"
+  }}
+}}
+"#,
+        main_tf(&["blocky"])
+    )
+}
+
+/// Processes whose working directory lies under `dir` (the engine a killed planbot left).
+fn processes_under(dir: &std::path::Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(cwd) = std::fs::read_link(e.path().join("cwd")) {
+            if cwd.starts_with(dir) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let config_file = w.config.data_dir.with_extension("toml");
+    std::fs::write(
+        &config_file,
+        config_text_for(
+            &w.config.data_dir,
+            &w.gitlab,
+            &w.project,
+            &engine,
+            &format!("127.0.0.1:{port}"),
+        ),
+    )
+    .unwrap();
+    // planbot as its own process, so that it can really be killed.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--config"])
+        .arg(&config_file)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while http.get(format!("{base}/healthz")).send().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "planbot serve did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // An MR adds the slow resource; it is reviewed and merged; the apply job starts.
+    w.gitlab
+        .commit_files(&w.project, "slow", &[("main.tf", &slow_tf())]);
+    let iid = w.gitlab.open_mr_by(&w.project, "slow", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    let mut req = http.post(format!("{base}/webhooks/gitlab")).body(body);
+    for (k, v) in service_support::token_headers(
+        "Merge Request Hook",
+        "slow-1",
+        service_support::WEBHOOK_SECRET,
+    ) {
+        req = req.header(k, v);
+    }
+    assert_eq!(req.send().await.unwrap().status(), 200);
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while w
+        .gitlab
+        .status(&w.project, &head, "planbot/plan")
+        .is_none_or(|s| s.state != "success")
+    {
+        assert!(std::time::Instant::now() < deadline, "no plan");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(51);
+    w.gitlab.register_job(job.clone());
+    let mut resp = http
+        .post(format!("{base}/api/v1/apply"))
+        .header("JOB-TOKEN", &job.token)
+        .send()
+        .await
+        .unwrap();
+    let mut log = String::new();
+    while !log.contains("Provisioning with 'local-exec'") {
+        let chunk = resp.chunk().await.unwrap().expect("the log goes on");
+        log.push_str(&String::from_utf8_lossy(&chunk));
+    }
+
+    // Crash.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for pid in processes_under(&w.config.data_dir) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+
+    // Restarted: the apply is reported interrupted on the MR, its status and its run page.
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let (gitlab, project) = (&w.gitlab, &w.project);
+    s.eventually("the interrupted apply on the MR", || async {
+        gitlab
+            .notes(project, iid)
+            .iter()
+            .any(|n| n.body.contains("was interrupted"))
+    })
+    .await;
+    let status = w
+        .gitlab
+        .status(&w.project, &job.sha, "planbot/apply")
+        .unwrap();
+    assert_eq!(status.state, "failed");
+    assert!(status
+        .description
+        .unwrap_or_default()
+        .contains("not re-run"));
+    let record = s
+        .app
+        .store
+        .apply_for_job(planbot::core::ids::JobId(51))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.state,
+        planbot::capabilities::store::ApplyState::Interrupted
+    );
+    let runs = s.app.store.recent_runs(50).await.unwrap();
+    let applies: Vec<_> = runs
+        .iter()
+        .filter(|r| r.kind == planbot::capabilities::store::RunKind::Apply)
+        .collect();
+    assert_eq!(applies.len(), 1, "never re-run by itself");
+    assert_eq!(
+        applies[0].state,
+        planbot::capabilities::store::RunState::Interrupted
+    );
+    let (_, page) = s.get_text(&format!("/runs/{}", applies[0].id)).await;
+    assert!(page.contains("interrupted"), "{page}");
+    // A crash leaves no plan file: the temp root was wiped at start-up.
+    assert!(scan(&w.config.data_dir).plan_files.is_empty());
 }

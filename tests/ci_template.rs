@@ -62,6 +62,17 @@ async fn stand_in(log: &'static str) -> (String, Arc<Mutex<Seen>>) {
     (url, seen)
 }
 
+/// Run a job command off the runtime (the stand-in serves on it): did it pass, and its stdout.
+async fn run_job_command(mut cmd: Command) -> (bool, String) {
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+    )
+}
+
 /// Run the job's script the way a runner would: `sh -c` with the CI variables set.
 async fn run_script(url: &str, confirm: Option<&str>) -> (bool, String) {
     let script = job()["script"][0].as_str().unwrap().to_string();
@@ -77,13 +88,7 @@ async fn run_script(url: &str, confirm: Option<&str>) -> (bool, String) {
     if let Some(c) = confirm {
         cmd.env("PLANBOT_CONFIRM", c);
     }
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-    )
+    run_job_command(cmd).await
 }
 
 #[tokio::test]
@@ -154,13 +159,7 @@ async fn run_apply_job(url: &str, confirm: Option<&str>) -> (bool, String) {
     if let Some(c) = confirm {
         cmd.env("PLANBOT_CONFIRM", c);
     }
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-    )
+    run_job_command(cmd).await
 }
 
 #[tokio::test]

@@ -183,13 +183,23 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
         note.body.contains(fp.fingerprint.short()),
         "the note shows the fingerprint"
     );
-    // The planned commit is GitLab's merge result, not the head.
-    assert_eq!(
-        fp.sha.as_str(),
-        w.fake
-            .ref_sha(&w.project, &format!("refs/merge-requests/{iid}/merge"))
-            .unwrap()
-    );
+    // Stored for the MR head (what webhooks and the apply look up); the note names the planned
+    // merge result.
+    assert_eq!(fp.sha.as_str(), head);
+    let merge = w
+        .fake
+        .ref_sha(&w.project, &format!("refs/merge-requests/{iid}/merge"))
+        .unwrap();
+    assert!(note.body.contains(&merge[..8]), "{}", note.body);
+    let runs = w
+        .app
+        .store
+        .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1, "one run: the core root");
+    assert_eq!(runs[0].root, "core");
+    assert_eq!(runs[0].sha.as_str(), head);
     assert!(w
         .app
         .store
@@ -358,4 +368,43 @@ async fn an_engine_error_fails_the_root_and_the_status_with_the_secret_scrubbed(
     let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(last.state, "failed");
     assert!(last.description.unwrap().contains("core: failed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/a",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "a"))],
+    );
+    w.fake.commit_files(
+        &w.project,
+        "feature/b",
+        &[("tofu/stacks/dns/main.tf", &tf("zone", "b"))],
+    );
+    let a = w.fake.open_mr(&w.project, "feature/a", "main");
+    let b = w.fake.open_mr(&w.project, "feature/b", "main");
+    let (ja, jb) = (w.job(a), w.job(b));
+    let none = CancellationToken::new();
+    let (ra, rb) = tokio::join!(
+        planbot::flows::plan::run(&w.app, &ja, &none),
+        planbot::flows::plan::run(&w.app, &jb, &none)
+    );
+    ra.expect("MR a planned");
+    rb.expect("MR b planned");
+    for (iid, text) in [(a, "\"a\""), (b, "\"b\"")] {
+        let notes = w.fake.notes(&w.project, iid);
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].body.contains(text), "{}", notes[0].body);
+        let head = w.fake.mr_sha(&w.project, iid);
+        assert_eq!(
+            w.fake
+                .status(&w.project, &head, "planbot/plan")
+                .unwrap()
+                .state,
+            "success"
+        );
+    }
 }

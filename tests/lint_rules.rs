@@ -320,3 +320,27 @@ fn the_status_line_names_the_first_error() {
     assert!(d.ends_with("(+1 more error)"), "{d}");
     assert!(!d.contains('\n'));
 }
+
+#[test]
+fn inside_a_module_references_resolve_and_the_moved_block_is_local() {
+    let findings = lint::lint(&fixture("module_nested"), &[]);
+    assert_eq!(
+        fired(&findings),
+        expect(&[
+            (
+                "PVE005",
+                "module.stack[\"prod\"].proxmox_virtual_environment_vm.app"
+            ),
+            (
+                "PVE010",
+                "module.stack[\"prod\"].proxmox_virtual_environment_download_file.base[\"pve01\"]"
+            ),
+        ])
+    );
+    let moved = findings.iter().find(|f| f.rule == "PVE010").unwrap();
+    assert!(
+        moved.fix.contains("# inside the module's own .tf files (the module called as `module.stack[\"prod\"]`):\nmoved {\n  from = proxmox_virtual_environment_download_file.base\n  to   = proxmox_virtual_environment_download_file.base[\"pve01\"]\n}"),
+        "{}",
+        moved.fix
+    );
+}

@@ -425,3 +425,35 @@ async fn a_plan_without_proxmox_resources_only_asks_for_the_version() {
     assert_eq!(findings, vec![]);
     assert_eq!(fake.requests().len(), 1);
 }
+
+#[tokio::test]
+async fn the_plan_flow_helper_says_when_it_skipped_and_the_apply_helper_refuses() {
+    let plan = fixture("seed_debian_qcow2_import");
+    let skipped = planbot::flows::preflight::for_plan(None, &plan).await;
+    assert!(skipped.findings.is_empty());
+    assert!(skipped
+        .note
+        .starts_with("Proxmox preflight skipped: no Proxmox endpoint configured"));
+    assert!(planbot::flows::preflight::before_apply(None, &plan)
+        .await
+        .is_ok());
+
+    let fake = FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "PVEAdmin")])).await;
+    let ep = || ProxmoxEndpoint::new(&fake.url, format!("{TOKEN}={SECRET}"));
+    let ran = planbot::flows::preflight::for_plan(Some(ep()), &plan).await;
+    assert_eq!(rules(&ran.findings), vec![("PVE104", DEBIAN)]);
+    assert!(
+        ran.note.contains(&format!("as `{TOKEN}`: 1 finding")),
+        "{}",
+        ran.note
+    );
+    assert!(ran.lint_facts.shared_storages.contains("nfs-images"));
+    let refused = planbot::flows::preflight::before_apply(Some(ep()), &plan)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.starts_with(&format!("Proxmox preflight PVE104 on {DEBIAN}")),
+        "{refused}"
+    );
+    assert!(!refused.contains(SECRET));
+}

@@ -42,8 +42,10 @@ pub struct MrCommit {
     pub head: CommitSha,
     pub planned: PlannedRef,
     /// e.g. "GitLab's merge result 1a2b3c4d of head 5e6f7a8b into main" or
-    /// "head 5e6f7a8b (no merge result: the MR has conflicts or GitLab has not computed it yet)".
+    /// "head 5e6f7a8b (the MR has conflicts, or GitLab has not computed its merge result yet)".
     pub explanation: String,
+    /// Why the merge result was not planned, when it was preferred but not used.
+    pub reason: Option<String>,
 }
 
 /// The git capability. Cheap to clone; clones share the per-project locks.
@@ -278,6 +280,7 @@ impl Workspace {
             sha: head.clone(),
             head: head.clone(),
             planned: PlannedRef::Head,
+            reason: Some(why.to_string()).filter(|w| !w.is_empty()),
             explanation: if why.is_empty() {
                 format!("head {}", head.short())
             } else {
@@ -290,7 +293,7 @@ impl Workspace {
         let merge_ref = format!("refs/merge-requests/{iid}/merge");
         let Some(merge) = self.rev_parse(project, &merge_ref).await? else {
             return Ok(head_only(
-                "no merge result: the MR has conflicts or GitLab has not computed it yet",
+                "the MR has conflicts, or GitLab has not computed its merge result yet",
             ));
         };
         let out = self
@@ -319,10 +322,11 @@ impl Workspace {
                 sha: merge,
                 head: head.clone(),
                 planned: PlannedRef::Merge,
+                reason: None,
             })
         } else {
             Ok(head_only(
-                "the merge result GitLab computed is for an older head; planned the head instead",
+                "GitLab's merge result is still the one for an older head",
             ))
         }
     }

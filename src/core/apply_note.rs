@@ -2,6 +2,7 @@
 
 use crate::core::plan_digest::PlanDelta;
 use crate::core::redact::Scrubber;
+use crate::core::render::markdown::fence_for;
 use minijinja::{context, Environment};
 use serde::Serialize;
 use std::sync::OnceLock;
@@ -24,17 +25,6 @@ fn env() -> &'static Environment<'static> {
     })
 }
 
-/// A code fence longer than any backtick run in `texts` (at least three).
-fn fence_for(texts: &[&str]) -> String {
-    let longest = texts
-        .iter()
-        .flat_map(|t| t.split(|c| c != '`'))
-        .map(str::len)
-        .max()
-        .unwrap_or(0);
-    "`".repeat((longest + 1).max(3))
-}
-
 /// What the plan-changed note needs.
 pub struct PlanChangedNote<'a> {
     pub root: &'a str,
@@ -50,7 +40,7 @@ pub struct PlanChangedNote<'a> {
 
 pub fn render_plan_changed(note: &PlanChangedNote<'_>, scrubber: &Scrubber) -> String {
     let delta_text = serde_json::to_string(note.delta).unwrap_or_default();
-    let fence = fence_for(&[&delta_text]);
+    let fence = fence_for(&delta_text);
     let out = env()
         .get_template("plan_changed")
         .and_then(|t| {
@@ -103,7 +93,11 @@ pub struct ResultNote<'a> {
 }
 
 pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
-    let fence = fence_for(&[note.error.unwrap_or(""), note.log_excerpt.unwrap_or("")]);
+    let fence = fence_for(&format!(
+        "{}\n{}",
+        note.error.unwrap_or(""),
+        note.log_excerpt.unwrap_or("")
+    ));
     let out = env()
         .get_template("result_note")
         .and_then(|t| {

@@ -328,10 +328,37 @@ impl ResourceChange {
 
 impl Plan {
     /// Parse a `show -json` document. Anything that is not a plan is an error, never a panic.
+    ///
+    /// The document is checked with a first pass that builds nothing, then deserialized straight
+    /// into `Plan`: the parts planbot does not read (`planned_values`, `prior_state`, most of
+    /// `configuration`) are skipped, never held in memory.
     pub fn from_json(bytes: &[u8]) -> Result<Plan, PlanParseError> {
-        let value: Value =
-            serde_json::from_slice(bytes).map_err(|e| PlanParseError::NotJson(e.to_string()))?;
-        Plan::from_value(value)
+        use serde::de::IgnoredAny;
+        #[derive(Deserialize)]
+        struct Probe {
+            format_version: Option<IgnoredAny>,
+            resource_changes: Option<IgnoredAny>,
+            planned_values: Option<IgnoredAny>,
+            output_changes: Option<IgnoredAny>,
+            errored: Option<IgnoredAny>,
+        }
+        match serde_json::from_slice::<Probe>(bytes) {
+            Ok(p)
+                if p.format_version.is_some()
+                    && (p.resource_changes.is_some()
+                        || p.planned_values.is_some()
+                        || p.output_changes.is_some()
+                        || p.errored.is_some()) =>
+            {
+                serde_json::from_slice(bytes).map_err(|e| PlanParseError::NotAPlan(e.to_string()))
+            }
+            // Not a plan after all: the tree-building path words the reason.
+            _ => {
+                let value: Value = serde_json::from_slice(bytes)
+                    .map_err(|e| PlanParseError::NotJson(e.to_string()))?;
+                Plan::from_value(value)
+            }
+        }
     }
 
     pub fn from_value(value: Value) -> Result<Plan, PlanParseError> {

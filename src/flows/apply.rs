@@ -31,6 +31,9 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+/// The CI template with the manual `planbot-apply` job (served at `/ci/planbot.gitlab-ci.yml`).
+pub const CI_TEMPLATE: &str = include_str!("../../templates/gitlab-ci/planbot.gitlab-ci.yml");
+
 /// The commit status the apply sets on the merged commit.
 pub const APPLY_STATUS: &str = "planbot/apply";
 
@@ -630,6 +633,15 @@ impl ApplyCtx {
             refusal: None,
             error: None,
         };
+        let decision = match decision {
+            Parity::Apply { .. } => {
+                match self.preflight_refusal(&root.name, planned.plan()).await {
+                    Some(refusal) => Parity::Refuse(refusal),
+                    None => decision,
+                }
+            }
+            other => other,
+        };
         match decision {
             Parity::NothingToApply => {}
             Parity::Apply { confirmed } => {
@@ -651,7 +663,8 @@ impl ApplyCtx {
             }
             Parity::Refuse(refusal) => {
                 self.print_plan(&planned, root);
-                if let (Some(mr), Some(reviewed)) = (&self.mr, &reviewed) {
+                let changed = matches!(refusal, ApplyRefusal::PlanChanged { .. });
+                if let (true, Some(mr), Some(reviewed)) = (changed, &self.mr, &reviewed) {
                     self.post_plan_changed(mr.iid, root, &planned, &fingerprint, reviewed)
                         .await;
                 }
@@ -659,6 +672,29 @@ impl ApplyCtx {
             }
         }
         Ok(decided)
+    }
+
+    /// The Proxmox preflight with the apply credentials, just before applying: an error
+    /// finding refuses the apply (no endpoint configured: nothing to check).
+    async fn preflight_refusal(&self, root: &str, plan: &Plan) -> Option<ApplyRefusal> {
+        let config = &self.app.config;
+        let endpoint = crate::flows::preflight::endpoint_from_config(
+            &config.proxmox.for_apply(),
+            &config.engine.env,
+        );
+        match crate::flows::preflight::before_apply(endpoint, plan).await {
+            Ok(findings) => {
+                for f in findings {
+                    self.log
+                        .line(format!("planbot: {} {}: {}", f.rule, f.address, f.message));
+                }
+                None
+            }
+            Err(why) => Some(ApplyRefusal::PreflightFailed {
+                root: root.to_string(),
+                finding: why,
+            }),
+        }
     }
 
     /// Show the fresh plan in the job log (for a direct push, this is the only review).

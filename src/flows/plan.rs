@@ -10,10 +10,12 @@
 use crate::capabilities::engine::{CancelHandle, Engine, EngineError, PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::{CommitStatus, GitLabError, MergeRequest, StatusState};
 use crate::capabilities::store::{NewRun, RunEnd, RunKind, RunState, ShownFingerprint};
+use crate::capabilities::workspace::{PlannedRef, Workspace};
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
 use crate::core::lint::{self, Finding};
+use crate::core::plan_digest::PlanDigest;
 use crate::core::redact::Scrubber;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
@@ -26,6 +28,29 @@ use std::time::{Duration, Instant};
 
 /// The commit status planbot sets for plans.
 pub const STATUS_NAME: &str = "planbot/plan";
+
+fn texts() -> &'static minijinja::Environment<'static> {
+    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = minijinja::Environment::new();
+        env.add_template(
+            "plan_status",
+            include_str!("../../templates/plan_status.txt.j2"),
+        )
+        .expect("plan_status template parses");
+        env
+    })
+}
+
+/// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`).
+fn text(kind: &str, ctx: minijinja::Value) -> String {
+    let ctx = minijinja::context! { kind => kind, ..ctx };
+    texts()
+        .get_template("plan_status")
+        .and_then(|t| t.render(ctx))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_else(|e| format!("planbot: {kind} ({e})"))
+}
 
 /// One root's result, kept until the note is rendered.
 enum Outcome {
@@ -53,7 +78,8 @@ struct RootResult {
 /// fires: a newer head superseded this one, or the MR was closed.
 pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<()> {
     let started = Instant::now();
-    let result = plan(app, job, cancel).await;
+    let mut runs: Vec<RunId> = Vec::new();
+    let result = plan(app, job, cancel, &mut runs).await;
     let outcome = match &result {
         Ok(o) => *o,
         Err(_) => "error",
@@ -61,13 +87,31 @@ pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result
     app.metrics.plan_finished(started.elapsed(), outcome);
     if let Err(e) = &result {
         // Whatever broke, the MR must not keep a `running` status forever.
-        let text = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+        let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+        if runs.is_empty() {
+            // Before any root ran: one failed run for the MR head, so the run pages show why.
+            let run = app
+                .store
+                .start_run(NewRun {
+                    job: None,
+                    kind: RunKind::Plan,
+                    project: job.project,
+                    project_path: job.project_path.clone(),
+                    mr: Some(job.mr),
+                    root: ".".into(),
+                    sha: job.head.clone(),
+                })
+                .await;
+            if let Ok(run) = run {
+                let _ = finish(app, run, RunState::Failed, &error, "", None).await;
+            }
+        }
         set_status(
             app,
             job.project,
             &job.head,
             StatusState::Failed,
-            &format!("planbot could not plan: {text}"),
+            &text("error", minijinja::context! { error => error }),
             None,
             None,
         )
@@ -107,7 +151,12 @@ async fn set_status(
 }
 
 /// The whole flow; returns the outcome label for the metrics.
-async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'static str> {
+async fn plan(
+    app: &App,
+    job: &PlanJob,
+    cancel: &CancellationToken,
+    runs: &mut Vec<RunId>,
+) -> Result<&'static str> {
     let started = Instant::now();
     let project = job.project;
     let iid = job.mr;
@@ -135,7 +184,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         project,
         &head,
         StatusState::Pending,
-        "planbot: queued",
+        &text("queued", minijinja::context! {}),
         None,
         status_ref.clone(),
     )
@@ -153,8 +202,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
         .unwrap_or_else(|| default_branch.clone());
 
-    // The shared workspace: its per-project lock keeps concurrent plans from racing on the mirror.
-    let ws = &app.workspace;
+    let ws = workspace(app)?;
     ws.sync(project, &info.http_url_to_repo)
         .await
         .context("fetching the repository")?;
@@ -163,7 +211,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         project,
         &head,
         StatusState::Running,
-        "planbot: planning",
+        &text("planning", minijinja::context! { roots => "" }),
         None,
         status_ref.clone(),
     )
@@ -198,7 +246,16 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
         .with_context(|| format!("the target branch `{target}` does not exist"))?;
     let changed = ws.changed_files(project, &base, &head).await?;
 
-    let mut banners = vec![format!("Planned: {}.", commit.explanation)];
+    let mut banners = vec![text(
+        "commit_line",
+        minijinja::context! {
+            planned => if commit.planned == PlannedRef::Merge { "merge" } else { "head" },
+            sha => commit.sha.short(),
+            head => commit.head.short(),
+            target => &target,
+            reason => &commit.reason,
+        },
+    )];
     if changed.iter().any(|f| f == repo_config::FILE_NAME) {
         let proposed = ws
             .read_file_at(project, head.as_str(), repo_config::FILE_NAME)
@@ -255,9 +312,10 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                     .or_else(|| Some(info.path_with_namespace.clone())),
                 mr: Some(iid),
                 root: root.name.clone(),
-                sha: commit.sha.clone(),
+                sha: head.clone(),
             })
             .await?;
+        runs.push(run);
         let dir: PathBuf = if root.dir == "." {
             checkout.path().to_path_buf()
         } else {
@@ -322,7 +380,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
             project,
             &head,
             StatusState::Canceled,
-            "planbot: superseded by a newer commit",
+            &text("superseded", minijinja::context! {}),
             None,
             status_ref,
         )
@@ -394,7 +452,7 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
     // Runs and fingerprints: stored once the note that shows them is up.
     let mut failed = 0usize;
     let mut all_findings: Vec<Finding> = Vec::new();
-    let mut summaries: Vec<String> = Vec::new();
+    let mut summaries: Vec<minijinja::Value> = Vec::new();
     let mut planned_roots = 0usize;
     for r in results {
         match r.outcome {
@@ -427,26 +485,31 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
                     .await?;
                 if errored {
                     failed += 1;
-                    summaries.push(format!("{}: plan errored", r.name));
+                    summaries.push(minijinja::context! { name => &r.name, state => "errored" });
                 } else {
                     app.store
                         .record_fingerprint(ShownFingerprint {
                             project,
                             mr: iid,
                             root: r.name.clone(),
-                            sha: commit.sha.clone(),
+                            sha: head.clone(),
                             fingerprint,
                             run: Some(run),
                         })
                         .await?;
-                    summaries.push(format!("{}: {summary}", r.name));
+                    // The secret-free digest, so a refused apply can show what changed.
+                    let digest = PlanDigest::of(planned.plan(), &key);
+                    app.store
+                        .record_digest(project, iid, &r.name, &head, &digest)
+                        .await?;
+                    summaries.push(minijinja::context! { name => &r.name, state => "planned", summary => summary });
                 }
                 all_findings.extend(findings);
                 drop(planned); // the plan file goes with it
             }
             Outcome::Failed { .. } => {
                 failed += 1;
-                summaries.push(format!("{}: failed", r.name));
+                summaries.push(minijinja::context! { name => &r.name, state => "failed" });
             }
             Outcome::Skipped { .. } => {}
         }
@@ -454,16 +517,22 @@ async fn plan(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<&'
     drop(checkout);
 
     let (state, description) = if failed > 0 {
-        (StatusState::Failed, summaries.join("; "))
+        (
+            StatusState::Failed,
+            text("result", minijinja::context! { roots => &summaries }),
+        )
     } else if let Some(lint_error) = lint::status_description(&all_findings) {
         (StatusState::Failed, lint_error)
     } else if planned_roots == 0 {
         (
             StatusState::Success,
-            "planbot: no root affected by this change".to_string(),
+            text("no_root", minijinja::context! {}),
         )
     } else {
-        (StatusState::Success, summaries.join("; "))
+        (
+            StatusState::Success,
+            text("result", minijinja::context! { roots => &summaries }),
+        )
     };
     set_status(
         app,
@@ -528,9 +597,13 @@ async fn invalid_config(
         job.project,
         &job.head,
         StatusState::Failed,
-        &format!(
-            "invalid {} on {default_branch}: {first}",
-            repo_config::FILE_NAME
+        &text(
+            "invalid_config",
+            minijinja::context! {
+                file => repo_config::FILE_NAME,
+                branch => default_branch,
+                problem => first,
+            },
         ),
         None,
         status_ref,
@@ -586,6 +659,13 @@ pub async fn upsert_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -
     Ok(id)
 }
 
+/// The git workspace of this process: `App::workspace`, the one instance that the plan flow,
+/// the apply flow and the service's jobs share, so that concurrent jobs of the same project
+/// share its per-project lock (fetches and worktree adds on one mirror never overlap).
+pub fn workspace(app: &App) -> Result<Workspace> {
+    Ok(app.workspace.clone())
+}
+
 /// The engine runner from `[engine]`, with its private temp root and plugin cache.
 pub fn build_engine(app: &App) -> Result<Engine> {
     let env = app
@@ -609,4 +689,53 @@ pub fn build_engine(app: &App) -> Result<Engine> {
         .home(app.config.data_dir.join("engine-home"))
         .build()
         .context("engine.binary")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minijinja::context;
+
+    #[test]
+    fn status_and_commit_texts_come_from_the_template() {
+        let all = [
+            text("queued", context! {}),
+            text("planning", context! { roots => "" }),
+            text("superseded", context! {}),
+            text("no_root", context! {}),
+            text(
+                "error",
+                context! { error => "fetching the repository: git fetch failed" },
+            ),
+            text(
+                "invalid_config",
+                context! { file => ".planbot.toml", branch => "main", problem => "line 3, column 1: key `roots[0].directory`: unknown key" },
+            ),
+            text(
+                "result",
+                context! { roots => vec![
+                    context! { name => "core", state => "planned", summary => "1 to add, 0 to change, 0 to destroy" },
+                    context! { name => "dns", state => "failed" },
+                    context! { name => "edge", state => "errored" },
+                ] },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "merge", sha => "5717fb1e", head => "e4cd905a", target => "main", reason => None::<String> },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => "the MR has conflicts, or GitLab has not computed its merge result yet" },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => None::<String> },
+            ),
+        ];
+        for t in &all {
+            assert!(!t.is_empty() && !t.contains('\n'), "one line each: {t:?}");
+            assert!(t.chars().count() <= 255 || t.starts_with('_'), "{t}");
+        }
+        insta::assert_snapshot!("plan_status_texts", all.join("\n"));
+    }
 }

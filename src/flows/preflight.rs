@@ -194,3 +194,49 @@ pub async fn before_apply(
         None => Ok(findings),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::{ProxmoxConfig, ProxmoxEndpoint as Configured, Secret};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn plan_and_apply_credentials_come_from_the_config_then_engine_env() {
+        let cfg = ProxmoxConfig {
+            default: Configured {
+                endpoint: Some("https://pve01:8006/".into()),
+                api_token: Some(Secret::new("tofu@pve!apply=aaa")),
+                insecure: false,
+                ca_file: None,
+            },
+            plan: Some(Configured {
+                api_token: Some(Secret::new("tofu@pve!plan=bbb")),
+                ..Configured::default()
+            }),
+            apply: None,
+        };
+        let none = BTreeMap::new();
+        let plan = endpoint_from_config(&cfg.for_plan(), &none).unwrap();
+        let apply = endpoint_from_config(&cfg.for_apply(), &none).unwrap();
+        assert_eq!(plan.url, "https://pve01:8006/");
+        assert_eq!(plan.api_token.id(), "tofu@pve!plan");
+        assert_eq!(apply.api_token.id(), "tofu@pve!apply");
+
+        // Nothing in [proxmox]: the provider's variables in engine.env.
+        let env = BTreeMap::from([
+            (
+                "PROXMOX_VE_ENDPOINT".to_string(),
+                Secret::new("https://pve02:8006/"),
+            ),
+            (
+                "PROXMOX_VE_API_TOKEN".to_string(),
+                Secret::new("root@pam!tofu=ccc"),
+            ),
+        ]);
+        let ep = endpoint_from_config(&Configured::default(), &env).unwrap();
+        assert_eq!(ep.url, "https://pve02:8006/");
+        assert_eq!(ep.api_token.id(), "root@pam!tofu");
+        assert!(!ep.insecure);
+    }
+}

@@ -145,12 +145,22 @@ pub fn router(app: Arc<App>) -> Router {
             post(intake::gitlab_webhook).layer(DefaultBodyLimit::max(intake::BODY_LIMIT)),
         )
         .route("/api/v1/apply", post(crate::flows::apply::handler))
+        .route("/ci/planbot.gitlab-ci.yml", get(ci_template))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/runs", get(pages::runs))
         .route("/runs/{id}", get(pages::run))
         .with_state(app)
+}
+
+/// The CI template infra repos include (`include: remote:`), served as planbot ships it.
+async fn ci_template() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/yaml; charset=utf-8")],
+        crate::flows::apply::CI_TEMPLATE,
+    )
+        .into_response()
 }
 
 async fn healthz() -> &'static str {

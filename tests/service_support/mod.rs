@@ -119,12 +119,21 @@ impl TestService {
     }
 
     /// Wait until `f` holds (polling the store), or panic after 10 s.
-    pub async fn eventually<F, Fut>(&self, what: &str, mut f: F)
+    pub async fn eventually<F, Fut>(&self, what: &str, f: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        self.eventually_for(what, 10, f).await
+    }
+
+    /// Like [`TestService::eventually`], with a deadline of `secs` (real engine runs).
+    pub async fn eventually_for<F, Fut>(&self, what: &str, secs: u64, mut f: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         while tokio::time::Instant::now() < deadline {
             if f().await {
                 return;

@@ -45,7 +45,7 @@ pub fn pve001(input: &LintInput) -> Vec<Finding> {
             if after(rc, "content_type").str()? != "import" {
                 return None;
             }
-            let raw = download_name(rc)?;
+            let raw = download_name(input.plan, rc)?;
             let name = normalise_file_name(&raw);
             if IMPORT_EXT.iter().any(|e| name.ends_with(e)) {
                 return None;
@@ -69,7 +69,7 @@ pub fn pve002(input: &LintInput) -> Vec<Finding> {
     planned_downloads(input)
         .filter_map(|rc| {
             let content = after(rc, "content_type").str()?;
-            let name = normalise_file_name(&download_name(rc)?);
+            let name = normalise_file_name(&download_name(input.plan, rc)?);
             let ok = match content {
                 "iso" => {
                     let lower = name.to_ascii_lowercase();

@@ -367,9 +367,11 @@ pub fn url_file_name(u: &str) -> Option<String> {
 
 /// The file name a download_file will get: `file_name`, else the URL's last segment. `None`
 /// when it cannot be known at plan time.
-pub fn download_name(rc: &ResourceChange) -> Option<String> {
+pub fn download_name(plan: &Plan, rc: &ResourceChange) -> Option<String> {
     match after(rc, "file_name") {
         Attr::Known(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        // Written in the configuration but only known after apply: not the URL's name.
+        Attr::Unknown if config_expr(plan, rc, "file_name").is_some() => None,
         // Not set, or computed by the provider: it is derived from the URL.
         _ => url_file_name(after(rc, "url").str()?),
     }

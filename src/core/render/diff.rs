@@ -117,7 +117,7 @@ impl<'p> Differ<'p> {
         self.out
     }
 
-    fn walk(&mut self, n: Node<'_>) {
+    fn walk<'a>(&mut self, n: Node<'a>) {
         let before = present(n.before);
         let after = present(n.after);
         if is_true(n.before_sensitive) || is_true(n.after_sensitive) {
@@ -160,6 +160,53 @@ impl<'p> Differ<'p> {
             && is_obj(after)
             && (nonempty(before) || nonempty(after) || unknown_obj.is_some_and(|m| !m.is_empty()))
         {
+            static EMPTY: std::sync::LazyLock<serde_json::Map<String, Value>> =
+                std::sync::LazyLock::new(serde_json::Map::new);
+            let obj = |v: Option<&'a Value>| v.and_then(Value::as_object).unwrap_or(&EMPTY);
+            let (bm, am, um) = (obj(before), obj(after), obj(n.unknown));
+            let sorted = |m: &serde_json::Map<String, Value>| {
+                m.keys().zip(m.keys().skip(1)).all(|(a, b)| a < b)
+            };
+            if sorted(bm) && sorted(am) && sorted(um) {
+                // The engine writes object keys sorted: merge the three maps in one pass
+                // instead of looking every key up in each.
+                let (mut bi, mut ai, mut ui) = (
+                    bm.iter().peekable(),
+                    am.iter().peekable(),
+                    um.iter().peekable(),
+                );
+                loop {
+                    let k = [bi.peek(), ai.peek(), ui.peek()]
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, _)| k.as_str())
+                        .min();
+                    let Some(k) = k else { break };
+                    let take =
+                        |it: &mut std::iter::Peekable<serde_json::map::Iter<'a>>| match it.peek() {
+                            Some((key, _)) if key.as_str() == k => it.next().map(|(_, v)| v),
+                            _ => None,
+                        };
+                    let child = Node {
+                        before: take(&mut bi),
+                        after: take(&mut ai),
+                        unknown: take(&mut ui),
+                        before_sensitive: n
+                            .before_sensitive
+                            .and_then(Value::as_object)
+                            .and_then(|m| m.get(k)),
+                        after_sensitive: n
+                            .after_sensitive
+                            .and_then(Value::as_object)
+                            .and_then(|m| m.get(k)),
+                    };
+                    let len = self.path.len();
+                    push_key(&mut self.path, k);
+                    self.walk(child);
+                    self.path.truncate(len);
+                }
+                return;
+            }
             let mut keys: Vec<&str> = Vec::new();
             for v in [before, after, n.unknown] {
                 if let Some(Value::Object(m)) = v {

@@ -81,12 +81,25 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
     } else {
         ctx.budget
     };
-    let mut view = build_view(ctx, roots);
-    let mut units = collect_units(&view);
+    let (mut view, pending) = build_view(ctx, roots);
     let fixed = fixed_size(&mut view);
-    let mut target = budget;
+    // Aim a little below the budget: sizes are estimates.
+    let mut target = budget - budget / 50;
+    let units = collect_units(&view);
+    let all_folded: usize = units.iter().map(|u| u.folded).sum();
+    if fixed + all_folded <= target {
+        // Some diffs can be shown: compute them all, then decide which to fold.
+        fill_bodies(&mut view, &pending, &templates().phrases);
+    } else {
+        // Even one summary line per resource is too much: no diff can be shown, so none is
+        // computed; the budget then drops the largest summaries.
+        for (id, _) in &pending {
+            set_state(&mut view, *id, UnitState::Folded);
+        }
+    }
+    let mut units = collect_units(&view);
     let mut text = String::new();
-    // Sizes are estimated before rendering; if the result still overshoots, tighten and redo.
+    // If the estimate still overshoots, tighten and redo.
     for _ in 0..4 {
         let states = budget::plan(&units, fixed, target);
         apply_states(&mut view, &states);
@@ -342,7 +355,9 @@ fn fenced(text: &str) -> (String, String) {
     (t, fence)
 }
 
-fn resource_view(rc: &ResourceChange, drift: bool, phrases: &Phrases) -> ResourceView {
+/// The summary of one resource; its diff body is filled in later by [`fill_bodies`], only when
+/// the note has room for diffs at all.
+fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
     let kind = rc.kind();
     let c = &rc.change;
     let replace_paths: Vec<String> = c
@@ -352,24 +367,6 @@ fn resource_view(rc: &ResourceChange, drift: bool, phrases: &Phrases) -> Resourc
         .map(|p| diff::path_string(p))
         .filter(|p| !p.is_empty())
         .collect();
-    let body = match kind {
-        // A pure move/import/forget has nothing to diff.
-        ActionKind::NoOp | ActionKind::Forget | ActionKind::Read => diff::DiffBody::default(),
-        _ => Differ::new(phrases)
-            .with_replace_paths(&replace_paths)
-            .diff(
-                "",
-                Node::new(
-                    &c.before,
-                    &c.after,
-                    &c.after_unknown,
-                    &c.before_sensitive,
-                    &c.after_sensitive,
-                ),
-            ),
-    };
-    let text = markdown::neutralise(&body.text).into_owned();
-    let fence = markdown::fence_for(&text);
     let import_id = c.importing.as_ref().filter(|v| !v.is_null()).map(|imp| {
         imp.get("id")
             .and_then(Value::as_str)
@@ -391,11 +388,62 @@ fn resource_view(rc: &ResourceChange, drift: bool, phrases: &Phrases) -> Resourc
         import_id,
         deposed: rc.deposed.clone(),
         actions: serde_json::to_string(&c.actions).unwrap_or_default(),
-        body: text,
-        fence,
-        unchanged: body.unchanged,
+        body: String::new(),
+        fence: String::new(),
+        unchanged: 0,
         drift,
         state: UnitState::Full,
+    }
+}
+
+/// The ```diff body of one resource: only changed attributes, through the masks.
+fn fill_body(r: &mut ResourceView, rc: &ResourceChange, phrases: &Phrases) {
+    let c = &rc.change;
+    let body = match r.kind {
+        // A pure move/import/forget has nothing to diff.
+        ActionKind::NoOp | ActionKind::Forget | ActionKind::Read => return,
+        _ => Differ::new(phrases)
+            .with_replace_paths(&r.replace_paths)
+            .diff(
+                "",
+                Node::new(
+                    &c.before,
+                    &c.after,
+                    &c.after_unknown,
+                    &c.before_sensitive,
+                    &c.after_sensitive,
+                ),
+            ),
+    };
+    r.body = markdown::neutralise(&body.text).into_owned();
+    r.fence = markdown::fence_for(&r.body);
+    r.unchanged = body.unchanged;
+}
+
+type UnitId = (usize, u8, usize);
+
+fn fill_bodies(view: &mut NoteView<'_>, pending: &[(UnitId, &ResourceChange)], phrases: &Phrases) {
+    for &((d, part, i), rc) in pending {
+        let detail = &mut view.details[d];
+        let r = if part == 0 {
+            &mut detail.resources[i]
+        } else {
+            &mut detail.drift[i]
+        };
+        fill_body(r, rc, phrases);
+    }
+}
+
+fn set_state(view: &mut NoteView<'_>, (d, part, i): UnitId, state: UnitState) {
+    let detail = &mut view.details[d];
+    match part {
+        0 => detail.resources[i].state = state,
+        1 => {
+            if let Some(o) = &mut detail.outputs {
+                o.state = state;
+            }
+        }
+        _ => detail.drift[i].state = state,
     }
 }
 
@@ -445,7 +493,11 @@ fn markdown_safe_name(name: &str) -> String {
     name.to_string()
 }
 
-fn build_view<'a>(ctx: &'a NoteContext, roots: &[RootSection<'_>]) -> NoteView<'a> {
+fn build_view<'a, 'r>(
+    ctx: &'a NoteContext,
+    roots: &'r [RootSection<'r>],
+) -> (NoteView<'a>, Vec<(UnitId, &'r ResourceChange)>) {
+    let mut pending = Vec::new();
     let phrases = &templates().phrases;
     let multi_root = roots.len() > 1;
     let mut red = false;
@@ -457,7 +509,7 @@ fn build_view<'a>(ctx: &'a NoteContext, roots: &[RootSection<'_>]) -> NoteView<'
     let mut fingerprints = Vec::new();
     let mut roots_with_changes = 0;
 
-    for root in roots {
+    for (d, root) in roots.iter().enumerate() {
         let mut row = RowView {
             name: root.name.clone(),
             status: "planned",
@@ -551,7 +603,8 @@ fn build_view<'a>(ctx: &'a NoteContext, roots: &[RootSection<'_>]) -> NoteView<'
                                 .and_then(|_| identity_attr(rc, &["node_name", "target_node"])),
                         });
                     }
-                    detail.resources.push(resource_view(rc, false, phrases));
+                    pending.push(((d, 0, detail.resources.len()), rc));
+                    detail.resources.push(resource_view(rc, false));
                 }
                 detail.outputs = outputs_view(plan, phrases);
                 if detail.outputs.is_some() {
@@ -560,12 +613,14 @@ fn build_view<'a>(ctx: &'a NoteContext, roots: &[RootSection<'_>]) -> NoteView<'
                         .values()
                         .any(|o| !matches!(o.kind(), ActionKind::NoOp | ActionKind::Create));
                 }
-                detail.drift = plan
+                for rc in plan
                     .resource_drift
                     .iter()
                     .filter(|rc| rc.is_managed() && rc.kind() != ActionKind::NoOp)
-                    .map(|rc| resource_view(rc, true, phrases))
-                    .collect();
+                {
+                    pending.push(((d, 2, detail.drift.len()), rc));
+                    detail.drift.push(resource_view(rc, true));
+                }
                 let has_changes = !s.is_empty() || detail.outputs.is_some();
                 if has_changes {
                     roots_with_changes += 1;
@@ -616,7 +671,7 @@ fn build_view<'a>(ctx: &'a NoteContext, roots: &[RootSection<'_>]) -> NoteView<'
         Some(e) if e.to_ascii_lowercase().starts_with("terraform") => "Terraform",
         _ => "OpenTofu",
     };
-    NoteView {
+    let view = NoteView {
         banners: &ctx.banners,
         colour: if red {
             "red"
@@ -643,7 +698,8 @@ fn build_view<'a>(ctx: &'a NoteContext, roots: &[RootSection<'_>]) -> NoteView<'
         engine_name,
         duration: ctx.duration.map(duration_text),
         fingerprints,
-    }
+    };
+    (view, pending)
 }
 
 fn resource_view_header(rc: &ResourceChange) -> (Option<String>, Vec<String>) {
@@ -742,19 +798,10 @@ fn fixed_size(view: &mut NoteView<'_>) -> usize {
     size
 }
 
-fn apply_states(view: &mut NoteView<'_>, states: &[((usize, u8, usize), UnitState)]) {
+fn apply_states(view: &mut NoteView<'_>, states: &[(UnitId, UnitState)]) {
     let mut left_out = 0;
-    for &((d, part, i), state) in states {
-        let detail = &mut view.details[d];
-        match part {
-            0 => detail.resources[i].state = state,
-            1 => {
-                if let Some(o) = &mut detail.outputs {
-                    o.state = state;
-                }
-            }
-            _ => detail.drift[i].state = state,
-        }
+    for &(id, state) in states {
+        set_state(view, id, state);
     }
     for detail in &mut view.details {
         let before = detail.resources.len();
