@@ -14,6 +14,7 @@ use crate::flows::metrics::Metrics;
 use crate::flows::queue::Queue;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Everything the HTTP handlers, the workers and the flows share. Built once per process.
 pub struct App {
@@ -96,10 +97,12 @@ impl App {
         let engine = &self.config.engine;
         Engine::builder(&engine.binary, self.temp_root())
             .timeout(engine.timeout)
-            .grace(engine.grace)
+            // A grace longer than the timeout itself makes no sense; zero would skip SIGTERM.
+            .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
             .lock_timeout(engine.lock_timeout)
             .env(credentials::engine_env(&self.config, use_))
             .plugin_cache_dir(self.config.data_dir.join("plugin-cache"))
+            .home(self.config.data_dir.join("engine-home"))
             .build()
             .with_context(|| format!("engine.binary = {:?}", engine.binary))
     }

@@ -7,10 +7,10 @@
 //! lint, a stored run; ONE note upserted by its marker; fingerprints stored once the note is up;
 //! final status success/failed with a one-line description and the run page as target.
 
-use crate::capabilities::engine::{CancelHandle, Engine, EngineError, PlanRequest, PlannedRun};
+use crate::capabilities::engine::{CancelHandle, EngineError, PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::{CommitStatus, GitLabError, MergeRequest, StatusState};
 use crate::capabilities::store::{NewRun, RunEnd, RunKind, RunState, ShownFingerprint};
-use crate::capabilities::workspace::{PlannedRef, Workspace};
+use crate::capabilities::workspace::PlannedRef;
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
@@ -21,10 +21,11 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
 use crate::core::summary::Summary;
 use crate::flows::app::App;
+use crate::flows::credentials::Use;
 use crate::flows::queue::CancellationToken;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The commit status planbot sets for plans.
 pub const STATUS_NAME: &str = "planbot/plan";
@@ -202,7 +203,8 @@ async fn plan(
         .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
         .unwrap_or_else(|| default_branch.clone());
 
-    let ws = workspace(app)?;
+    // The shared workspace: its per-project lock keeps concurrent plans from racing on the mirror.
+    let ws = &app.workspace;
     ws.sync(project, &info.http_url_to_repo)
         .await
         .context("fetching the repository")?;
@@ -269,7 +271,7 @@ async fn plan(
     }
 
     let checkout = ws.checkout(project, &commit.sha).await?;
-    let engine = build_engine(app)?;
+    let engine = app.engine(Use::Plan)?;
     let version = engine.version().await.ok().map(|v| v.to_string());
 
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
@@ -285,6 +287,13 @@ async fn plan(
 
     let key = app.config.fingerprint_key.expose().as_bytes().to_vec();
     let mut results: Vec<RootResult> = Vec::new();
+    // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
+    // so, when no endpoint is configured.
+    let mut preflight_notes: Vec<String> = Vec::new();
+    let pve = crate::flows::preflight::endpoint_from_config(
+        &app.config.proxmox.for_plan(),
+        &app.config.engine.env,
+    );
     for decision in cfg.decide(&changed) {
         let root = decision.root;
         if !decision.affected {
@@ -339,8 +348,14 @@ async fn plan(
         } else {
             match engine.plan(&dir, &req).await {
                 Ok(planned) => {
-                    let mut findings = lint::lint(planned.plan(), &root.lint_disable);
+                    let pf = crate::flows::preflight::for_plan(pve.clone(), planned.plan()).await;
+                    let mut findings =
+                        lint::lint_with(planned.plan(), &root.lint_disable, &pf.lint_facts);
+                    findings.extend(lint::without_disabled(pf.findings, &root.lint_disable));
                     lint::sort_findings(&mut findings);
+                    if !preflight_notes.contains(&pf.note) {
+                        preflight_notes.push(pf.note);
+                    }
                     let fingerprint = planned.fingerprint(&key);
                     Outcome::Planned {
                         run,
@@ -409,7 +424,7 @@ async fn plan(
         duration: Some(started.elapsed()),
         run_url: run_url.clone(),
         banners,
-        preflight_note: None,
+        preflight_note: Some(preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         ..NoteContext::default()
     };
     for r in &results {
@@ -657,38 +672,6 @@ pub async fn upsert_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -
     };
     app.store.set_mr_note(project, mr, id).await?;
     Ok(id)
-}
-
-/// The git workspace of this process: `App::workspace`, the one instance that the plan flow,
-/// the apply flow and the service's jobs share, so that concurrent jobs of the same project
-/// share its per-project lock (fetches and worktree adds on one mirror never overlap).
-pub fn workspace(app: &App) -> Result<Workspace> {
-    Ok(app.workspace.clone())
-}
-
-/// The engine runner from `[engine]`, with its private temp root and plugin cache.
-pub fn build_engine(app: &App) -> Result<Engine> {
-    let env = app
-        .config
-        .engine
-        .env
-        .iter()
-        .map(|(k, v)| (k.clone(), v.expose().to_string()))
-        .collect();
-    let grace = app.config.engine.grace.min(app.config.engine.timeout);
-    Engine::builder(&app.config.engine.binary, app.temp_root())
-        .timeout(app.config.engine.timeout)
-        .grace(if grace.is_zero() {
-            Duration::from_secs(1)
-        } else {
-            grace
-        })
-        .lock_timeout(app.config.engine.lock_timeout)
-        .env(env)
-        .plugin_cache_dir(app.config.data_dir.join("plugin-cache"))
-        .home(app.config.data_dir.join("engine-home"))
-        .build()
-        .context("engine.binary")
 }
 
 #[cfg(test)]
