@@ -783,11 +783,15 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     // Restarted: the apply is reported interrupted on the MR, its status and its run page.
     let s = TestService::start(w.config.clone(), with_workers()).await;
     let (gitlab, project) = (&w.gitlab, &w.project);
-    s.eventually("the interrupted apply on the MR", || async {
+    // The note is posted first, then the status: wait for both.
+    s.eventually("the interrupted apply on the MR and its status", || async {
         gitlab
             .notes(project, iid)
             .iter()
             .any(|n| n.body.contains("was interrupted"))
+            && gitlab
+                .status(project, &job.sha, "planbot/apply")
+                .is_some_and(|st| st.state == "failed")
     })
     .await;
     let status = w

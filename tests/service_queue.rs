@@ -130,19 +130,21 @@ async fn closing_an_mr_cancels_its_running_job_and_frees_the_worker() {
     )
     .await;
     let store = s.app.store.clone();
+    let app = s.app.clone();
+    // Claimed in the store first, then registered with its cancellation token: wait for both.
     s.eventually("the command job to be running", || {
-        let store = store.clone();
+        let (store, app) = (store.clone(), app.clone());
         async move {
-            store
-                .recent_jobs(10)
-                .await
-                .unwrap()
-                .iter()
-                .any(|j| j.kind == "command" && j.state == "running")
+            app.queue.running() == 1
+                && store
+                    .recent_jobs(10)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .any(|j| j.kind == "command" && j.state == "running")
         }
     })
     .await;
-    assert_eq!(s.app.queue.running(), 1);
 
     // Close MR !1 of project 5 (the note's MR).
     let mut close: serde_json::Value =

@@ -1,7 +1,7 @@
 //! The shared state of a running service (`App`): config, store, queue, metrics, scrubber, locks.
 
 use crate::capabilities::engine::Engine;
-use crate::capabilities::gitlab::GitLab;
+use crate::capabilities::gitlab::{GitLab, RetryPolicy};
 use crate::capabilities::store::Store;
 use crate::capabilities::workspace::Workspace;
 use crate::core::config::Config;
@@ -32,6 +32,8 @@ pub struct App {
     pub webhook: webhook::Expected,
     /// The GitLab API client, acting as the bot.
     pub gitlab: GitLab,
+    /// The same client without retries and with a short timeout: probes answer fast.
+    gitlab_probe: GitLab,
     /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
     bot_user: tokio::sync::OnceCell<UserId>,
 }
@@ -71,6 +73,13 @@ impl App {
             scrubber: secrets.scrubber(),
             root_locks: RootLocks::new(),
             webhook,
+            gitlab_probe: gitlab
+                .clone()
+                .with_retry_policy(RetryPolicy {
+                    max_attempts: 1,
+                    ..RetryPolicy::default()
+                })
+                .with_timeout(std::time::Duration::from_secs(5))?,
             gitlab,
             bot_user: tokio::sync::OnceCell::new(),
             config,
@@ -111,9 +120,18 @@ impl App {
             .map(|u| format!("{u}/runs/{run}"))
     }
 
-    /// Whether GitLab answers with our token (`GET /user`): for `/readyz`. Also caches the bot user.
+    /// Whether GitLab answers with our token (`GET /user`, asked every time): for `/readyz`.
     pub async fn gitlab_reachable(&self) -> Result<()> {
-        self.bot_user().await.map(|_| ())
+        match self.gitlab_probe.current_user().await {
+            Ok(u) => {
+                let _ = self.bot_user.set(u.id);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.gitlab_error("current_user");
+                Err(anyhow::Error::new(e).context("GET /user"))
+            }
+        }
     }
 
     /// The bot user's id (cached after the first successful `GET /user`).
@@ -121,7 +139,7 @@ impl App {
         let id = self
             .bot_user
             .get_or_try_init(|| async {
-                match self.gitlab.current_user().await {
+                match self.gitlab_probe.current_user().await {
                     Ok(u) => Ok(u.id),
                     Err(e) => {
                         self.metrics.gitlab_error("current_user");

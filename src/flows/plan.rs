@@ -287,6 +287,13 @@ async fn plan(
 
     let key = app.config.fingerprint_key.expose().as_bytes().to_vec();
     let mut results: Vec<RootResult> = Vec::new();
+    // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
+    // so, when no endpoint is configured.
+    let mut preflight_notes: Vec<String> = Vec::new();
+    let pve = crate::flows::preflight::endpoint_from_config(
+        &app.config.proxmox.for_plan(),
+        &app.config.engine.env,
+    );
     for decision in cfg.decide(&changed) {
         let root = decision.root;
         if !decision.affected {
@@ -341,8 +348,14 @@ async fn plan(
         } else {
             match engine.plan(&dir, &req).await {
                 Ok(planned) => {
-                    let mut findings = lint::lint(planned.plan(), &root.lint_disable);
+                    let pf = crate::flows::preflight::for_plan(pve.clone(), planned.plan()).await;
+                    let mut findings =
+                        lint::lint_with(planned.plan(), &root.lint_disable, &pf.lint_facts);
+                    findings.extend(lint::without_disabled(pf.findings, &root.lint_disable));
                     lint::sort_findings(&mut findings);
+                    if !preflight_notes.contains(&pf.note) {
+                        preflight_notes.push(pf.note);
+                    }
                     let fingerprint = planned.fingerprint(&key);
                     Outcome::Planned {
                         run,
@@ -411,7 +424,7 @@ async fn plan(
         duration: Some(started.elapsed()),
         run_url: run_url.clone(),
         banners,
-        preflight_note: None,
+        preflight_note: Some(preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         ..NoteContext::default()
     };
     for r in &results {

@@ -170,9 +170,6 @@ async fn healthz() -> &'static str {
 async fn readyz(State(app): State<Arc<App>>) -> Response {
     let store = app.store.ping().await;
     let gitlab = app.gitlab_reachable().await;
-    if gitlab.is_err() {
-        app.metrics.gitlab_error("readyz");
-    }
     let line = |name: &str, r: &Result<()>| match r {
         Ok(()) => format!("{name}: ok\n"),
         Err(e) => format!("{name}: {}\n", app.scrubber.scrub(&format!("{e:#}"))),
