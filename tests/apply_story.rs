@@ -678,22 +678,6 @@ resource "terraform_data" "slow" {{
     )
 }
 
-/// Processes whose working directory lies under `dir` (the engine a killed planbot left).
-fn processes_under(dir: &std::path::Path) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if let Ok(cwd) = std::fs::read_link(e.path().join("cwd")) {
-            if cwd.starts_with(dir) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() {
     let engine = require_engine!();
@@ -776,7 +760,7 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     // Crash.
     child.kill().unwrap();
     child.wait().unwrap();
-    for pid in processes_under(&w.config.data_dir) {
+    for pid in support::processes_under(&w.config.data_dir) {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 

@@ -57,20 +57,6 @@ timeout = "5m"
     )
 }
 
-/// Processes whose working directory lies under `dir` (the engine a killed planbot left).
-fn processes_under(dir: &std::path::Path) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if std::fs::read_link(e.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
     let real = require_engine!();
@@ -142,7 +128,7 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    for pid in processes_under(data.path()) {
+    for pid in support::processes_under(data.path()) {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     assert!(fake

@@ -50,3 +50,18 @@ pub fn gitlab_fixture(rel: &str) -> String {
 }
 
 pub mod fake_gitlab;
+
+/// Processes whose working directory lies under `dir`: the engine a SIGKILLed planbot left
+/// behind, which a crash test must stop itself (nothing else would).
+pub fn processes_under(dir: &std::path::Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if std::fs::read_link(e.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
