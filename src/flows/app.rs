@@ -153,17 +153,16 @@ impl App {
     }
 }
 
-/// Recreate the private temp root empty (plan files never outlive their job, also after a crash).
+/// At start-up: delete every run directory a crash left in the private (0700) temp root, so no
+/// plan file outlives its job; the engine runner owns what a run directory is.
 pub fn wipe_temp_root(dir: &std::path::Path) -> Result<()> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("chmod 0700 {}", dir.display()))?;
+    let removed = crate::capabilities::engine::wipe_temp_root(dir)
+        .with_context(|| format!("wiping the private temp root {}", dir.display()))?;
+    if removed > 0 {
+        tracing::warn!(
+            removed,
+            "removed run directories (plan files) left by a crash"
+        );
     }
     Ok(())
 }
