@@ -1,11 +1,12 @@
 //! Render benchmark: a generated 10,000-resource plan through `planbot render`'s code path.
 //!
-//! `cargo bench --bench render` prints, before criterion's timings, the JSON size, the time of
-//! each step of one `planbot render` run and its peak RSS (VmHWM from /proc/self/status, reset
-//! just before), then times `render_note` on 10,000 resources (note over budget: summaries
-//! only) and on 1,000 resources (every diff computed), and `lint` on 10,000 resources
-//! (`cargo bench --bench render -- lint` for that one alone); the whole `planbot render` path
-//! is timed once.
+//! `cargo bench --bench render` first runs the `planbot render` binary on the generated plan
+//! written to a file, as a user would, and prints its wall time and peak RSS (the child's
+//! `ru_maxrss`); then, in this process, the time of each step of one `planbot render` run and the
+//! peak RSS of parsing, rendering and the whole path (VmHWM from /proc/self/status, reset just
+//! before, the JSON already in memory); then criterion times `render_note` on 10,000 resources
+//! (note over budget: summaries only) and on 1,000 resources (every diff computed), and `lint`
+//! on 10,000 resources (`cargo bench --bench render -- lint` for that one alone).
 //! Under `cargo test --all-targets` (no `--bench`) it runs once on small plans, to stay fast.
 
 use criterion::{black_box, Criterion};
@@ -149,19 +150,52 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// Run the `planbot render` binary on `path`: (wall time, peak RSS in KiB).
+fn run_binary(path: &std::path::Path) -> (Duration, u64) {
+    let t = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .arg("render")
+        .arg(path)
+        .env("PLANBOT_FINGERPRINT_KEY", "bench-key")
+        .output()
+        .expect("the planbot binary runs");
+    let wall = t.elapsed();
+    assert!(out.status.success(), "planbot render failed: {:?}", out);
+    // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_CHILDREN covers the
+    // one child waited for so far (this must be the first child of the process).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    (wall, usage.ru_maxrss as u64)
+}
+
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     let (big, small) = if benching { (10_000, 1_000) } else { (200, 50) };
     let fp = Fingerprint::from_hex(&"ab".repeat(32)).unwrap();
     let json = synth_plan(big);
     let json_kib = json.len() as u64 / 1024;
+    let x = |kib: u64| kib as f64 / json_kib.max(1) as f64;
 
-    // Peak memory, measured from here (the JSON is already in memory): parse, then render_note,
-    // then the whole `planbot render` path (lint, fingerprint, secrets, render, scrub).
+    // The binary, as a user runs it on a file.
+    let file = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(file.path(), &json).expect("the plan is written");
+    if let Ok(keep) = std::env::var("PLANBOT_BENCH_KEEP_PLAN") {
+        let _ = std::fs::copy(file.path(), keep);
+    }
+    let (bin_wall, bin_rss) = run_binary(file.path());
+
+    // Peak memory, measured from here (the JSON is already in memory): the whole `planbot
+    // render` path (parse, lint, fingerprint, secrets, render, scrub), then parse, then
+    // render_note with the plan parsed.
     let reset_peak = || {
         let _ = std::fs::write("/proc/self/clear_refs", "5");
     };
     let rss_before = status_kib("VmRSS:").unwrap_or(0);
+    reset_peak();
+    let t = Instant::now();
+    let _ = render_command_path(&json);
+    let once = t.elapsed();
+    let peak_all = status_kib("VmHWM:").unwrap_or(0);
     reset_peak();
     let t = Instant::now();
     let plan = Plan::from_json(&json).unwrap();
@@ -176,33 +210,30 @@ fn main() {
     let note = t.elapsed();
     let peak_render = status_kib("VmHWM:").unwrap_or(0);
     let t = Instant::now();
-    let _ = Fingerprint::of(&plan, b"bench-key");
+    let _ = Fingerprint::of_with_secrets(&plan, b"bench-key", None, &scrubber);
     let fingerprint = t.elapsed();
     let t = Instant::now();
     let _ = planbot::core::lint::lint(&plan, &[]);
     let lint = t.elapsed();
-    reset_peak();
-    let t = Instant::now();
-    let _ = render_command_path(&json);
-    let once = t.elapsed();
-    let peak_all = status_kib("VmHWM:").unwrap_or(0);
-    let x = |kib: u64| kib as f64 / json_kib.max(1) as f64;
     let mut err = std::io::stderr().lock();
     let _ = writeln!(
         err,
         "render bench: {big} resources, plan JSON {json_kib} KiB, note {note_len} chars\n\
-         render bench: one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}, lint {}; whole `planbot render` path {}\n\
-         render bench: RSS before parsing (JSON included) {rss_before} KiB; peak RSS while parsing {peak_parse} KiB ({:.1}x the JSON), \
-         while rendering the note {peak_render} KiB ({:.1}x), whole path {peak_all} KiB ({:.1}x)",
+         render bench: the binary, `planbot render FILE`: {}, peak RSS {bin_rss} KiB ({:.1}x the JSON)\n\
+         render bench: in process, one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}, lint {}; whole `planbot render` path {}\n\
+         render bench: in process, RSS before (JSON included) {rss_before} KiB; peak RSS of the whole path {peak_all} KiB ({:.1}x the JSON), \
+         while parsing {peak_parse} KiB ({:.1}x), while rendering the note {peak_render} KiB ({:.1}x)",
+        ms(bin_wall),
+        x(bin_rss),
         ms(parse),
         ms(secrets),
         ms(note),
         ms(fingerprint),
         ms(lint),
         ms(once),
+        x(peak_all),
         x(peak_parse),
         x(peak_render),
-        x(peak_all),
     );
     drop(err);
 

@@ -463,6 +463,31 @@ fn a_huge_plan_stays_under_the_budget_and_keeps_what_a_reviewer_needs() {
 }
 
 #[test]
+fn thousands_of_destroyed_vms_with_their_findings_still_fit_the_budget() {
+    // 3,000 destroyed VMs: 3,000 destructive changes and 3,000 PVE008 findings, whose lists
+    // alone would be larger than the budget.
+    let plan = huge_plan(0, 0, 3000);
+    let findings = planbot::core::lint::lint(&plan, &[]);
+    assert_eq!(findings.len(), 3000);
+    let note = note_with(&plan, &findings, &ctx());
+    assert!(note.len() <= NOTE_BUDGET, "{} chars", note.len());
+    // The first ones are listed, the rest counted, and nothing is silently lost.
+    let listed = note
+        .matches("> - `proxmox_virtual_environment_vm.old[")
+        .count();
+    let more: usize = note
+        .split("> - … and ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of the destructive changes not listed"));
+    assert!(listed >= 20, "{listed}");
+    assert_eq!(listed + more, 3000);
+    assert!(note.contains("> - `proxmox_virtual_environment_vm.old[0]`"));
+    assert!(note.contains("more findings — see the [run page]"));
+}
+
+#[test]
 fn over_budget_the_largest_diffs_fold_first_then_sections_drop() {
     let plan = fixture("proxmox");
     // Enough room for everything but the two largest diffs.

@@ -14,7 +14,7 @@
 //! The projection is encoded canonically: object keys sorted by bytes, every item tagged with its
 //! type and every string and collection length-prefixed, so no two projections share an encoding.
 
-use crate::core::plan::{mask_has_true, Plan};
+use crate::core::plan::{mask_has_true, Plan, ResourceChange};
 use crate::core::redact::{Scrubber, Secrets};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -45,11 +45,25 @@ impl Fingerprint {
     /// part of the projection): the same plan with other provider pins is another fingerprint.
     /// `None` (no lock file) is distinct from every lock file.
     pub fn of_with_lock(plan: &Plan, key: &[u8], lock_file: Option<&[u8]>) -> Fingerprint {
-        let projection = projection(plan, key, lock_file);
+        let secrets = Secrets::from_plan(plan).scrubber();
+        Fingerprint::of_with_secrets(plan, key, lock_file, &secrets)
+    }
+
+    /// [`Fingerprint::of_with_lock`] for a caller that already built the scrubber of the plan's
+    /// own secrets (`Secrets::from_plan(plan).scrubber()`, nothing added: any other secret would
+    /// make another fingerprint of the same plan).
+    pub fn of_with_secrets(
+        plan: &Plan,
+        key: &[u8],
+        lock_file: Option<&[u8]>,
+        plan_secrets: &Scrubber,
+    ) -> Fingerprint {
         let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
         mac.update(DOMAIN.as_bytes());
         mac.update(b"\0");
-        mac.update(projection.as_bytes());
+        encode_projection(plan, key, lock_file, plan_secrets, &mut |part| {
+            mac.update(part.as_bytes())
+        });
         Fingerprint(hex::encode(mac.finalize().into_bytes()))
     }
 
@@ -92,46 +106,96 @@ impl fmt::Display for Fingerprint {
 /// The canonical projection the fingerprint is computed over, as text (for tests and debugging;
 /// it holds no secret: sensitive values appear only as `h64:<hmac>`).
 pub fn projection(plan: &Plan, key: &[u8], lock_file: Option<&[u8]>) -> String {
-    let hider = Hider::new(plan, key);
-    let mut changes: Vec<(&str, &str, Canon)> = plan
+    let secrets = Secrets::from_plan(plan).scrubber();
+    let mut out = String::new();
+    encode_projection(plan, key, lock_file, &secrets, &mut |part| {
+        out.push_str(part)
+    });
+    out
+}
+
+/// Encode the projection piece by piece into `out`, one resource change at a time (their values
+/// parsed, projected, encoded and dropped in turn): the same bytes as encoding the projection
+/// as one map `{errored, lock_file_sha256, output_changes, resource_changes}` in key order.
+fn encode_projection(
+    plan: &Plan,
+    key: &[u8],
+    lock_file: Option<&[u8]>,
+    secrets: &Scrubber,
+    out: &mut dyn FnMut(&str),
+) {
+    let hider = Hider { key, secrets };
+    let mut buf = String::new();
+    let put_key = |buf: &mut String, k: &str| {
+        use std::fmt::Write as _;
+        let _ = write!(buf, "s{}:{k}", k.len());
+    };
+    buf.push_str("m4{");
+    put_key(&mut buf, "errored");
+    Canon::Bool(plan.errored).encode(&mut buf);
+    put_key(&mut buf, "lock_file_sha256");
+    lock_file
+        .map_or(Canon::Null, |b| Canon::Str(hex::encode(Sha256::digest(b))))
+        .encode(&mut buf);
+    put_key(&mut buf, "output_changes");
+    output_projection(plan, &hider).encode(&mut buf);
+    put_key(&mut buf, "resource_changes");
+
+    let mut changes: Vec<&ResourceChange> = plan
         .managed_changes()
         .filter(|rc| rc.has_change())
-        .map(|rc| {
-            let c = &rc.change;
-            let mut m = BTreeMap::new();
-            m.insert("address", Canon::Str(rc.address.clone()));
-            m.insert("deposed", opt_str(rc.deposed.as_deref()));
-            m.insert(
-                "actions",
-                Canon::List(c.actions.iter().cloned().map(Canon::Str).collect()),
-            );
-            m.insert("previous_address", opt_str(rc.previous_address.as_deref()));
-            m.insert(
-                "importing",
-                c.importing.as_ref().map_or(Canon::Null, |v| hider.plain(v)),
-            );
-            m.insert(
-                "replace_paths",
-                c.replace_paths.as_ref().map_or(Canon::Null, |paths| {
-                    Canon::List(
-                        paths
-                            .iter()
-                            .map(|p| Canon::List(p.iter().map(|v| hider.plain(v)).collect()))
-                            .collect(),
-                    )
-                }),
-            );
-            m.insert("after", hider.masked(&c.after, &c.after_sensitive));
-            m.insert("after_unknown", hider.plain(&c.after_unknown));
-            (
-                rc.address.as_str(),
-                rc.deposed.as_deref().unwrap_or(""),
-                Canon::map(m),
-            )
-        })
         .collect();
-    changes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    changes.sort_by(|a, b| {
+        (a.address.as_str(), a.deposed.as_deref().unwrap_or(""))
+            .cmp(&(b.address.as_str(), b.deposed.as_deref().unwrap_or("")))
+    });
+    {
+        use std::fmt::Write as _;
+        let _ = write!(buf, "l{}[", changes.len());
+    }
+    for rc in changes {
+        change_projection(rc, &hider).encode(&mut buf);
+        out(&buf);
+        buf.clear();
+    }
+    buf.push_str("]}");
+    out(&buf);
+}
 
+/// One resource change as projected: what applying it would do, sensitive values hidden.
+fn change_projection(rc: &ResourceChange, hider: &Hider) -> Canon {
+    let c = &rc.change;
+    let v = c.after_values();
+    let mut m = BTreeMap::new();
+    m.insert("address", Canon::Str(rc.address.clone()));
+    m.insert("deposed", opt_str(rc.deposed.as_deref()));
+    m.insert(
+        "actions",
+        Canon::List(c.actions.iter().cloned().map(Canon::Str).collect()),
+    );
+    m.insert("previous_address", opt_str(rc.previous_address.as_deref()));
+    m.insert(
+        "importing",
+        c.importing.as_ref().map_or(Canon::Null, |v| hider.plain(v)),
+    );
+    m.insert(
+        "replace_paths",
+        c.replace_paths.as_ref().map_or(Canon::Null, |paths| {
+            Canon::List(
+                paths
+                    .iter()
+                    .map(|p| Canon::List(p.iter().map(|v| hider.plain(v)).collect()))
+                    .collect(),
+            )
+        }),
+    );
+    m.insert("after", hider.masked(&v.after, &v.after_sensitive));
+    m.insert("after_unknown", hider.plain(&v.after_unknown));
+    Canon::map(m)
+}
+
+/// The root output changes that are not no-ops, as projected.
+fn output_projection(plan: &Plan, hider: &Hider) -> Canon {
     let outputs: BTreeMap<String, Canon> = plan
         .output_changes
         .iter()
@@ -152,21 +216,7 @@ pub fn projection(plan: &Plan, key: &[u8], lock_file: Option<&[u8]>) -> String {
             (name.clone(), Canon::map(m))
         })
         .collect();
-
-    let mut root = BTreeMap::new();
-    root.insert(
-        "resource_changes",
-        Canon::List(changes.into_iter().map(|(_, _, c)| c).collect()),
-    );
-    root.insert("output_changes", Canon::Map(outputs.into_iter().collect()));
-    root.insert("errored", Canon::Bool(plan.errored));
-    root.insert(
-        "lock_file_sha256",
-        lock_file.map_or(Canon::Null, |b| Canon::Str(hex::encode(Sha256::digest(b)))),
-    );
-    let mut out = String::new();
-    Canon::map(root).encode(&mut out);
-    out
+    Canon::Map(outputs)
 }
 
 fn opt_str(s: Option<&str>) -> Canon {
@@ -231,17 +281,10 @@ struct Hider<'k> {
     /// Every secret string the plan reveals anywhere (masks, sensitive variables and outputs):
     /// masks are incomplete (a computed attribute copying a sensitive input is not marked), so a
     /// plain string containing one of these, in any encoded form, is hidden too.
-    secrets: Scrubber,
+    secrets: &'k Scrubber,
 }
 
 impl<'k> Hider<'k> {
-    fn new(plan: &Plan, key: &'k [u8]) -> Hider<'k> {
-        Hider {
-            key,
-            secrets: Secrets::from_plan(plan).scrubber(),
-        }
-    }
-
     fn hide(&self, value: &Value) -> Canon {
         let mut plain = String::new();
         self.raw(value).encode(&mut plain);

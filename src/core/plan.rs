@@ -4,10 +4,19 @@
 //! and reasons are kept as text. Only the parts planbot renders or fingerprints are typed;
 //! `variables` and `configuration` are kept just enough to find sensitive variable values
 //! (they are never rendered).
+//!
+//! Memory: a plan is mostly its changes' `before`/`after` values. A value tree costs about 14
+//! times its JSON text, so the model keeps each change's values as the JSON text the engine wrote
+//! ([`RawValue`]) and parses them one resource at a time ([`Change::values`]) where they are
+//! read. `prior_state` and `planned_values` (a second and third copy of every value) are read
+//! while parsing, one resource at a time, only for the secrets they reveal.
 
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::fmt;
 
 /// Why a document could not be read as a plan. Callers show this as one line (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -18,38 +27,88 @@ pub enum PlanParseError {
     NotAPlan(String),
 }
 
+fn no_format_version() -> PlanParseError {
+    PlanParseError::NotAPlan(
+        "it has no \"format_version\" (expected the output of `tofu show -json PLANFILE`)"
+            .to_string(),
+    )
+}
+
+/// A `show -json` document as read: [`Plan`], with the fields that tell a plan from another
+/// document (a state file has `format_version` and `values`) kept optional.
+#[derive(Deserialize)]
+#[serde(expecting = "a plan document (a JSON object)")]
+struct PlanWire {
+    format_version: Option<String>,
+    #[serde(default)]
+    terraform_version: Option<String>,
+    resource_changes: Option<Vec<ResourceChange>>,
+    #[serde(default)]
+    resource_drift: Vec<ResourceChange>,
+    output_changes: Option<BTreeMap<String, OutputChange>>,
+    errored: Option<bool>,
+    #[serde(default)]
+    applyable: Option<bool>,
+    #[serde(default)]
+    variables: BTreeMap<String, VariableValue>,
+    #[serde(default)]
+    configuration: Option<Configuration>,
+    #[serde(default)]
+    prior_state: PriorStateSecrets,
+    planned_values: Option<StateSecrets>,
+}
+
+impl PlanWire {
+    fn into_plan(self) -> Result<Plan, PlanParseError> {
+        let Some(format_version) = self.format_version else {
+            return Err(no_format_version());
+        };
+        if self.resource_changes.is_none()
+            && self.planned_values.is_none()
+            && self.output_changes.is_none()
+            && self.errored.is_none()
+        {
+            return Err(PlanParseError::NotAPlan(
+                "it has none of \"resource_changes\", \"planned_values\", \"output_changes\" (is it a state file? run `show -json` on a plan file)"
+                    .to_string(),
+            ));
+        }
+        Ok(Plan {
+            format_version,
+            terraform_version: self.terraform_version,
+            resource_changes: self.resource_changes.unwrap_or_default(),
+            resource_drift: self.resource_drift,
+            output_changes: self.output_changes.unwrap_or_default(),
+            errored: self.errored.unwrap_or_default(),
+            applyable: self.applyable,
+            variables: self.variables,
+            configuration: self.configuration,
+            prior_state_secrets: self.prior_state,
+            planned_values_secrets: self.planned_values.unwrap_or_default(),
+        })
+    }
+}
+
 /// A parsed `show -json` plan.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Plan {
-    #[serde(default)]
     pub format_version: String,
-    #[serde(default)]
     pub terraform_version: Option<String>,
-    #[serde(default)]
     pub resource_changes: Vec<ResourceChange>,
-    #[serde(default)]
     pub resource_drift: Vec<ResourceChange>,
-    #[serde(default)]
     pub output_changes: BTreeMap<String, OutputChange>,
-    #[serde(default)]
     pub errored: bool,
     /// Terraform only; OpenTofu has no such field.
-    #[serde(default)]
     pub applyable: Option<bool>,
     /// Input variable values, in clear. Never rendered; read only to collect secrets.
-    #[serde(default)]
     pub variables: BTreeMap<String, VariableValue>,
     /// Only the sensitivity flags of root variables are read from `configuration`.
-    #[serde(default)]
     pub configuration: Option<Configuration>,
-    /// The state before the plan, in clear (masked only by `sensitive_values`). Never rendered;
-    /// read only to collect secrets (e.g. sensitive attributes of data sources).
-    #[serde(default)]
-    pub prior_state: Option<Value>,
-    /// The planned state, in clear (masked only by `sensitive_values`). Never rendered; read
-    /// only to collect secrets.
-    #[serde(default)]
-    pub planned_values: Option<Value>,
+    /// The secrets of the state before the plan (e.g. sensitive attributes of data sources):
+    /// `prior_state.values` is read while parsing, never kept.
+    pub prior_state_secrets: PriorStateSecrets,
+    /// The secrets of the planned state: `planned_values` is read while parsing, never kept.
+    pub planned_values_secrets: StateSecrets,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -136,9 +195,10 @@ pub struct ResourceChange {
     pub resource_type: String,
     #[serde(default)]
     pub name: String,
-    /// Number (count) or string (for_each), absent for single resources.
+    /// Number (count) or string (for_each), absent for single resources (boxed: most plans have
+    /// thousands of changes, and a `Value` inline is ten times the size of a pointer).
     #[serde(default)]
-    pub index: Option<Value>,
+    pub index: Option<Box<Value>>,
     #[serde(default)]
     pub provider_name: Option<String>,
     #[serde(default)]
@@ -149,28 +209,79 @@ pub struct ResourceChange {
     pub change: Change,
 }
 
-/// A planned change: before/after values with their unknown and sensitivity masks.
+/// A planned change: its actions, and its before/after values with their unknown and
+/// sensitivity masks as the JSON text of the plan (parsed on demand by [`Change::values`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Change {
     #[serde(default)]
     pub actions: Vec<String>,
     #[serde(default)]
-    pub before: Value,
+    before: Option<Box<RawValue>>,
     #[serde(default)]
-    pub after: Value,
+    after: Option<Box<RawValue>>,
     #[serde(default)]
-    pub after_unknown: Value,
+    after_unknown: Option<Box<RawValue>>,
     #[serde(default)]
-    pub before_sensitive: Value,
+    before_sensitive: Option<Box<RawValue>>,
     #[serde(default)]
-    pub after_sensitive: Value,
+    after_sensitive: Option<Box<RawValue>>,
     #[serde(default)]
     pub replace_paths: Option<Vec<Vec<Value>>>,
-    /// Non-null when this change also imports the resource.
+    /// Non-null when this change also imports the resource (boxed, as `index`).
     #[serde(default)]
-    pub importing: Option<Value>,
+    pub importing: Option<Box<Value>>,
     #[serde(default)]
     pub generated_config: Option<String>,
+}
+
+/// One change's values, parsed: what [`Change::values`] returns. Absent fields are `null`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChangeValues {
+    pub before: Value,
+    pub after: Value,
+    pub after_unknown: Value,
+    pub before_sensitive: Value,
+    pub after_sensitive: Value,
+}
+
+fn parse_raw(raw: &Option<Box<RawValue>>) -> Value {
+    // The text was valid JSON when the plan was parsed, so this cannot fail.
+    raw.as_deref()
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+        .unwrap_or(Value::Null)
+}
+
+impl Change {
+    /// Parse this change's before/after values and masks (a few microseconds per resource; the
+    /// caller drops them when done with the resource).
+    pub fn values(&self) -> ChangeValues {
+        ChangeValues {
+            before: parse_raw(&self.before),
+            after: parse_raw(&self.after),
+            after_unknown: parse_raw(&self.after_unknown),
+            before_sensitive: parse_raw(&self.before_sensitive),
+            after_sensitive: parse_raw(&self.after_sensitive),
+        }
+    }
+
+    /// The sensitivity masks alone (`before_sensitive`, `after_sensitive`): small, and enough
+    /// to know whether a change has a sensitive value at all.
+    pub fn masks(&self) -> (Value, Value) {
+        (
+            parse_raw(&self.before_sensitive),
+            parse_raw(&self.after_sensitive),
+        )
+    }
+
+    /// Only `after` and its masks (for readers that do not need `before`).
+    pub fn after_values(&self) -> ChangeValues {
+        ChangeValues {
+            after: parse_raw(&self.after),
+            after_unknown: parse_raw(&self.after_unknown),
+            after_sensitive: parse_raw(&self.after_sensitive),
+            ..ChangeValues::default()
+        }
+    }
 }
 
 /// A root output change. Sensitivity is one bool and a sensitive value is in clear in `after`.
@@ -209,6 +320,255 @@ pub fn mask_has_true(mask: &Value) -> bool {
         Value::Array(items) => items.iter().any(mask_has_true),
         Value::Object(map) => map.values().any(mask_has_true),
         _ => false,
+    }
+}
+
+/// Call `leaf` on every string and number inside `value` (object keys are not values).
+pub fn for_each_leaf(value: &Value, leaf: &mut dyn FnMut(String)) {
+    match value {
+        Value::String(s) => leaf(s.clone()),
+        Value::Number(n) => leaf(n.to_string()),
+        Value::Array(items) => items.iter().for_each(|v| for_each_leaf(v, leaf)),
+        Value::Object(map) => map.values().for_each(|v| for_each_leaf(v, leaf)),
+        Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// Call `leaf` on every string and number of `value` that `mask` marks sensitive. Objects are
+/// masked by key, lists and sets (both JSON arrays) by position, `true` masks the whole value
+/// below it; a mask whose shape does not fit the value but marks something takes it all.
+pub fn for_each_masked_leaf(value: &Value, mask: &Value, leaf: &mut dyn FnMut(String)) {
+    match (mask, value) {
+        (Value::Bool(true), v) => for_each_leaf(v, leaf),
+        (Value::Object(m), Value::Object(v)) => {
+            for (k, sub) in m {
+                if let Some(val) = v.get(k) {
+                    for_each_masked_leaf(val, sub, leaf);
+                }
+            }
+        }
+        (Value::Array(m), Value::Array(v)) => {
+            for (sub, val) in m.iter().zip(v) {
+                for_each_masked_leaf(val, sub, leaf);
+            }
+        }
+        (m, v) if mask_has_true(m) => for_each_leaf(v, leaf),
+        _ => {}
+    }
+}
+
+/// The sensitive values of a state values object (`{"outputs": {...}, "root_module": {...}}`,
+/// as in `planned_values` and `prior_state.values`): sensitive outputs, and every resource value
+/// under a `true` mask of its `sensitive_values`. Collected while the plan is parsed, one
+/// resource at a time; the state itself is never kept. Anything of another shape is skipped.
+#[derive(Debug, Clone, Default)]
+pub struct StateSecrets(pub Vec<String>);
+
+/// The sensitive values of `prior_state` (its `values` object, see [`StateSecrets`]).
+#[derive(Debug, Clone, Default)]
+pub struct PriorStateSecrets(pub Vec<String>);
+
+/// A type read from a JSON object by a streaming visitor; any other JSON is skipped as empty.
+trait FromObject: Default {
+    fn from_object<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+}
+
+struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+/// Visitor methods that skip a scalar of the wrong type as the empty value.
+macro_rules! skip_as_default {
+    ($ret:ty; $($name:ident: $t:ty),*) => {
+        fn visit_unit<E: serde::de::Error>(self) -> Result<$ret, E> {
+            Ok(<$ret>::default())
+        }
+        $(fn $name<E: serde::de::Error>(self, _: $t) -> Result<$ret, E> {
+            Ok(<$ret>::default())
+        })*
+    };
+}
+
+impl<'de, T: FromObject> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::from_object(map)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(T::default())
+    }
+    skip_as_default!(T; visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
+}
+
+fn object<'de, D: Deserializer<'de>, T: FromObject>(d: D) -> Result<T, D::Error> {
+    d.deserialize_any(ObjectVisitor(std::marker::PhantomData))
+}
+
+/// A list whose items are read one by one into `T` (anything but a list is skipped as empty).
+#[derive(Default)]
+struct Items<T>(Vec<T>);
+
+impl<'de, T: FromObject> Deserialize<'de> for Items<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ItemsVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: FromObject> Visitor<'de> for ItemsVisitor<T> {
+            type Value = Items<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items<T>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<Wrapped<T>>()? {
+                    out.push(item.0);
+                }
+                Ok(Items(out))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Items<T>, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Items(Vec::new()))
+            }
+            skip_as_default!(Items<T>; visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
+        }
+        d.deserialize_any(ItemsVisitor(std::marker::PhantomData))
+    }
+}
+
+/// `T` read with [`object`] (so that it can be a `Deserialize` item of a list or map).
+struct Wrapped<T>(T);
+
+impl<'de, T: FromObject> Deserialize<'de> for Wrapped<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        object(d).map(Wrapped)
+    }
+}
+
+/// One resource of a state module: only its sensitive values are kept.
+#[derive(Default)]
+struct StateResource(Vec<String>);
+
+impl FromObject for StateResource {
+    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let (mut values, mut mask) = (Value::Null, Value::Null);
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "values" => values = map.next_value()?,
+                "sensitive_values" => mask = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for_each_masked_leaf(&values, &mask, &mut |s| out.push(s));
+        Ok(StateResource(out))
+    }
+}
+
+/// A state module (`root_module` or a `child_modules` entry): its resources' sensitive values.
+#[derive(Default)]
+struct StateModule(Vec<String>);
+
+impl FromObject for StateModule {
+    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut out = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "resources" => {
+                    let items: Items<StateResource> = map.next_value()?;
+                    out.extend(items.0.into_iter().flat_map(|r| r.0));
+                }
+                "child_modules" => {
+                    let items: Items<StateModule> = map.next_value()?;
+                    out.extend(items.0.into_iter().flat_map(|m| m.0));
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(StateModule(out))
+    }
+}
+
+/// A state output: its value when it is sensitive.
+#[derive(Default)]
+struct StateOutput(Vec<String>);
+
+impl FromObject for StateOutput {
+    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let (mut value, mut sensitive) = (Value::Null, Value::Null);
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "value" => value = map.next_value()?,
+                "sensitive" => sensitive = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if sensitive == Value::Bool(true) {
+            for_each_leaf(&value, &mut |s| out.push(s));
+        }
+        Ok(StateOutput(out))
+    }
+}
+
+/// The `outputs` object of a state: the sensitive outputs' values.
+#[derive(Default)]
+struct StateOutputs(Vec<String>);
+
+impl FromObject for StateOutputs {
+    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut out = Vec::new();
+        while let Some((_, o)) = map.next_entry::<IgnoredAny, Wrapped<StateOutput>>()? {
+            out.extend(o.0 .0);
+        }
+        Ok(StateOutputs(out))
+    }
+}
+
+impl FromObject for StateSecrets {
+    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut out = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "outputs" => out.extend(map.next_value::<Wrapped<StateOutputs>>()?.0 .0),
+                "root_module" => out.extend(map.next_value::<Wrapped<StateModule>>()?.0 .0),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(StateSecrets(out))
+    }
+}
+
+impl FromObject for PriorStateSecrets {
+    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut out = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "values" {
+                out.extend(map.next_value::<Wrapped<StateSecrets>>()?.0 .0);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(PriorStateSecrets(out))
+    }
+}
+
+impl<'de> Deserialize<'de> for StateSecrets {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        object(d)
+    }
+}
+
+impl<'de> Deserialize<'de> for PriorStateSecrets {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        object(d)
     }
 }
 
@@ -329,31 +689,14 @@ impl ResourceChange {
 impl Plan {
     /// Parse a `show -json` document. Anything that is not a plan is an error, never a panic.
     ///
-    /// The document is checked with a first pass that builds nothing, then deserialized straight
-    /// into `Plan`: the parts planbot does not read (`planned_values`, `prior_state`, most of
-    /// `configuration`) are skipped, never held in memory.
+    /// One pass deserializes straight into the plan: the parts planbot does not read (most of
+    /// `configuration`) are skipped, the changes' values kept as text, `planned_values` and
+    /// `prior_state` read for their secrets only; nothing of them is held in memory. A document
+    /// that fails is read once more as a tree, only to say why it is not a plan.
     pub fn from_json(bytes: &[u8]) -> Result<Plan, PlanParseError> {
-        use serde::de::IgnoredAny;
-        #[derive(Deserialize)]
-        struct Probe {
-            format_version: Option<IgnoredAny>,
-            resource_changes: Option<IgnoredAny>,
-            planned_values: Option<IgnoredAny>,
-            output_changes: Option<IgnoredAny>,
-            errored: Option<IgnoredAny>,
-        }
-        match serde_json::from_slice::<Probe>(bytes) {
-            Ok(p)
-                if p.format_version.is_some()
-                    && (p.resource_changes.is_some()
-                        || p.planned_values.is_some()
-                        || p.output_changes.is_some()
-                        || p.errored.is_some()) =>
-            {
-                serde_json::from_slice(bytes).map_err(|e| PlanParseError::NotAPlan(e.to_string()))
-            }
-            // Not a plan after all: the tree-building path words the reason.
-            _ => {
+        match serde_json::from_slice::<PlanWire>(bytes) {
+            Ok(wire) => wire.into_plan(),
+            Err(_) => {
                 let value: Value = serde_json::from_slice(bytes)
                     .map_err(|e| PlanParseError::NotJson(e.to_string()))?;
                 Plan::from_value(value)
@@ -361,31 +704,34 @@ impl Plan {
         }
     }
 
+    /// [`Plan::from_json`] from a reader (a file, stdin), so that the document itself is never
+    /// held in memory, only the plan read from it.
+    pub fn from_json_reader<R: std::io::Read>(reader: R) -> Result<Plan, PlanParseError> {
+        use serde_json::error::Category;
+        match serde_json::from_reader::<_, PlanWire>(reader) {
+            Ok(wire) => wire.into_plan(),
+            Err(e) => Err(match e.classify() {
+                Category::Data => PlanParseError::NotAPlan(e.to_string()),
+                Category::Io | Category::Syntax | Category::Eof => {
+                    PlanParseError::NotJson(e.to_string())
+                }
+            }),
+        }
+    }
+
+    /// Read a plan from a parsed document (said why it is not a plan, if it is not one).
     pub fn from_value(value: Value) -> Result<Plan, PlanParseError> {
         let obj = value.as_object().ok_or_else(|| {
             PlanParseError::NotAPlan("the document is not a JSON object".to_string())
         })?;
         if !obj.contains_key("format_version") {
-            return Err(PlanParseError::NotAPlan(
-                "it has no \"format_version\" (expected the output of `tofu show -json PLANFILE`)"
-                    .to_string(),
-            ));
+            return Err(no_format_version());
         }
-        let looks_like_plan = [
-            "resource_changes",
-            "planned_values",
-            "output_changes",
-            "errored",
-        ]
-        .iter()
-        .any(|k| obj.contains_key(*k));
-        if !looks_like_plan {
-            return Err(PlanParseError::NotAPlan(
-                "it has none of \"resource_changes\", \"planned_values\", \"output_changes\" (is it a state file? run `show -json` on a plan file)"
-                    .to_string(),
-            ));
+        // The values of changes are kept as JSON text, which only a text parser gives.
+        match serde_json::from_str::<PlanWire>(&value.to_string()) {
+            Ok(wire) => wire.into_plan(),
+            Err(e) => Err(PlanParseError::NotAPlan(e.to_string())),
         }
-        serde_json::from_value(value).map_err(|e| PlanParseError::NotAPlan(e.to_string()))
     }
 
     /// Managed resource changes, the ones summaries and notes are about.

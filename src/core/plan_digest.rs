@@ -46,11 +46,12 @@ impl PlanDigest {
         let mut resources = BTreeMap::new();
         for rc in plan.managed_changes().filter(|rc| rc.has_change()) {
             let mut attributes = BTreeMap::new();
+            let v = rc.change.after_values();
             flatten(
                 "",
-                &rc.change.after,
-                &rc.change.after_unknown,
-                &rc.change.after_sensitive,
+                &v.after,
+                &v.after_unknown,
+                &v.after_sensitive,
                 &hasher,
                 &mut attributes,
             );

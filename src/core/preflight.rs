@@ -3,9 +3,9 @@
 //!
 //! The fetching (read-only API calls) lives in `flows::preflight`.
 
-use crate::core::lint::model::{after, before, block_len, is_created, is_planned, Attr, Kind};
+use crate::core::lint::model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
 use crate::core::lint::{finding_with, render_macro, sort_findings, Finding, Severity};
-use crate::core::plan::{ActionKind, Plan, ResourceChange};
+use crate::core::plan::{ActionKind, Plan};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -65,12 +65,12 @@ impl Needs {
     }
 }
 
-fn known(rc: &ResourceChange, path: &str) -> Option<String> {
+fn known(rc: &Res, path: &str) -> Option<String> {
     after(rc, path).str().map(str::to_string)
 }
 
 /// The fixed VM/CT id of a guest, if set and known.
-fn vmid(rc: &ResourceChange) -> Option<u64> {
+fn vmid(rc: &Res) -> Option<u64> {
     if let Attr::Known(v) = after(rc, "vm_id") {
         return v.as_u64().filter(|id| *id > 0);
     }
@@ -91,6 +91,8 @@ pub fn needs(plan: &Plan) -> Needs {
         if !is_planned(rc) {
             continue;
         }
+        // One resource's values at a time.
+        let rc = &Res::parse(rc);
         let node = known(rc, "node_name");
         if let Some(node) = &node {
             n.nodes
@@ -184,7 +186,7 @@ pub fn needs(plan: &Plan) -> Needs {
     n
 }
 
-fn after_value<'a>(rc: &'a ResourceChange, path: &str) -> Option<&'a Value> {
+fn after_value<'a>(rc: &'a Res, path: &str) -> Option<&'a Value> {
     match after(rc, path) {
         Attr::Known(v) => Some(v),
         _ => None,

@@ -7,7 +7,7 @@
 //! engine's `show -json` uses), HTML-escaped, URL-encoded, and base64 (standard and URL-safe,
 //! padded or not, and inside a longer base64 text at any of the three byte alignments).
 
-use crate::core::plan::{ConfigModule, Plan};
+use crate::core::plan::{for_each_leaf, for_each_masked_leaf, mask_has_true, ConfigModule, Plan};
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 use serde_json::Value;
@@ -85,8 +85,15 @@ impl Secrets {
             secrets.add_sensitive_defaults(&cfg.root_module);
         }
         for rc in plan.resource_changes.iter().chain(&plan.resource_drift) {
-            secrets.add_masked(&rc.change.before, &rc.change.before_sensitive);
-            secrets.add_masked(&rc.change.after, &rc.change.after_sensitive);
+            // One resource's values at a time; most resources have no sensitive value at all,
+            // and then only their (small) masks are parsed.
+            let c = &rc.change;
+            let (before_mask, after_mask) = c.masks();
+            if mask_has_true(&before_mask) || mask_has_true(&after_mask) {
+                let v = c.values();
+                secrets.add_masked(&v.before, &before_mask);
+                secrets.add_masked(&v.after, &after_mask);
+            }
         }
         for oc in plan.output_changes.values() {
             if oc.is_sensitive() {
@@ -97,14 +104,8 @@ impl Secrets {
                 secrets.add_masked(&oc.after, &oc.after_sensitive);
             }
         }
-        if let Some(prior) = &plan.prior_state {
-            if let Some(values) = prior.get("values") {
-                secrets.add_state_values(values);
-            }
-        }
-        if let Some(planned) = &plan.planned_values {
-            secrets.add_state_values(planned);
-        }
+        secrets.extend(plan.prior_state_secrets.0.iter().cloned());
+        secrets.extend(plan.planned_values_secrets.0.iter().cloned());
         secrets
     }
 
@@ -121,70 +122,14 @@ impl Secrets {
         }
     }
 
-    /// A state values object (`{"outputs": {...}, "root_module": {...}}`): sensitive outputs
-    /// and every resource value under a `true` mask of its `sensitive_values`.
-    fn add_state_values(&mut self, values: &Value) {
-        if let Some(outputs) = values.get("outputs").and_then(Value::as_object) {
-            for out in outputs.values() {
-                if out.get("sensitive").and_then(Value::as_bool) == Some(true) {
-                    if let Some(v) = out.get("value") {
-                        self.add_value_leaves(v);
-                    }
-                }
-            }
-        }
-        if let Some(root) = values.get("root_module") {
-            self.add_state_module(root);
-        }
-    }
-
-    fn add_state_module(&mut self, module: &Value) {
-        if let Some(resources) = module.get("resources").and_then(Value::as_array) {
-            for r in resources {
-                if let (Some(v), Some(mask)) = (r.get("values"), r.get("sensitive_values")) {
-                    self.add_masked(v, mask);
-                }
-            }
-        }
-        if let Some(children) = module.get("child_modules").and_then(Value::as_array) {
-            for child in children {
-                self.add_state_module(child);
-            }
-        }
-    }
-
-    /// Add every leaf of `value` that `mask` marks sensitive. Objects are masked by key, lists
-    /// and sets (both JSON arrays) by position, `true` masks the whole value below it.
+    /// Add every leaf of `value` that `mask` marks sensitive.
     fn add_masked(&mut self, value: &Value, mask: &Value) {
-        match (mask, value) {
-            (Value::Bool(true), v) => self.add_value_leaves(v),
-            (Value::Object(m), Value::Object(v)) => {
-                for (k, sub) in m {
-                    if let Some(val) = v.get(k) {
-                        self.add_masked(val, sub);
-                    }
-                }
-            }
-            (Value::Array(m), Value::Array(v)) => {
-                for (sub, val) in m.iter().zip(v) {
-                    self.add_masked(val, sub);
-                }
-            }
-            // A mask whose shape does not fit the value but marks something: take it all.
-            (m, v) if crate::core::plan::mask_has_true(m) => self.add_value_leaves(v),
-            _ => {}
-        }
+        for_each_masked_leaf(value, mask, &mut |s| self.add(s));
     }
 
     /// Add every scalar inside `value` (object keys are not secrets; their values are).
     fn add_value_leaves(&mut self, value: &Value) {
-        match value {
-            Value::String(s) => self.add(s.clone()),
-            Value::Number(n) => self.add(n.to_string()),
-            Value::Array(items) => items.iter().for_each(|v| self.add_value_leaves(v)),
-            Value::Object(map) => map.values().for_each(|v| self.add_value_leaves(v)),
-            Value::Bool(_) | Value::Null => {}
-        }
+        for_each_leaf(value, &mut |s| self.add(s));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -205,57 +150,109 @@ impl Secrets {
     }
 }
 
+/// Pattern bytes per automaton. Building an automaton holds about forty bytes per pattern byte
+/// until it is compacted (to about six): a plan with thousands of secrets (a password per VM)
+/// gets several automata, so that building them never holds much more than the result.
+const CHUNK_BYTES: usize = 64 * 1024;
+
 /// Replaces every known secret (and its encoded forms) in a text.
+///
+/// Every occurrence of every pattern is found, overlapping ones included, and each run of
+/// overlapping occurrences is replaced as one: no part of a secret that overlaps another is
+/// left in clear.
 #[derive(Debug, Clone)]
 pub struct Scrubber {
-    matcher: Option<AhoCorasick>,
+    matchers: Vec<AhoCorasick>,
 }
 
 impl Scrubber {
     pub fn new(secrets: &Secrets) -> Scrubber {
-        let mut patterns: BTreeSet<String> = BTreeSet::new();
+        let build = |chunk: &mut Vec<String>| {
+            chunk.sort_unstable();
+            chunk.dedup();
+            let matcher = AhoCorasick::builder()
+                .match_kind(MatchKind::Standard)
+                .build(chunk.iter())
+                .expect("secret patterns are plain strings");
+            chunk.clear();
+            matcher
+        };
+        // The forms of a few secrets at a time: the patterns of one automaton are all that is
+        // held besides the automata already built.
+        let mut matchers = Vec::new();
+        let mut chunk: Vec<String> = Vec::new();
+        let mut bytes = 0;
+        let mut forms = BTreeSet::new();
         for s in secrets.iter() {
             for form in text_forms(s) {
                 if form.len() >= MIN_SECRET_LEN {
-                    patterns.insert(form);
+                    forms.insert(form);
                 }
             }
-            base64_forms(s.as_bytes(), &mut patterns);
+            base64_forms(s.as_bytes(), &mut forms);
+            for form in std::mem::take(&mut forms) {
+                bytes += form.len();
+                chunk.push(form);
+            }
+            if bytes >= CHUNK_BYTES {
+                matchers.push(build(&mut chunk));
+                bytes = 0;
+            }
         }
-        if patterns.is_empty() {
-            return Scrubber { matcher: None };
+        if !chunk.is_empty() {
+            matchers.push(build(&mut chunk));
         }
-        let matcher = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(patterns.iter())
-            .expect("secret patterns are plain strings");
-        Scrubber {
-            matcher: Some(matcher),
-        }
+        Scrubber { matchers }
     }
 
     /// A scrubber that knows no secrets (for outputs with nothing to hide).
     pub fn none() -> Scrubber {
-        Scrubber { matcher: None }
+        Scrubber {
+            matchers: Vec::new(),
+        }
     }
 
     /// Whether this scrubber knows no secret at all.
     pub fn is_empty(&self) -> bool {
-        self.matcher.is_none()
+        self.matchers.is_empty()
     }
 
     /// Whether `text` holds any known secret, in any of its forms.
     pub fn is_match(&self, text: &str) -> bool {
-        self.matcher.as_ref().is_some_and(|m| m.is_match(text))
+        self.matchers.iter().any(|m| m.is_match(text))
     }
 
     pub fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        match &self.matcher {
-            Some(m) if m.is_match(text) => {
-                Cow::Owned(m.replace_all(text, &vec![REDACTED; m.patterns_len()]))
-            }
-            _ => Cow::Borrowed(text),
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for m in &self.matchers {
+            spans.extend(
+                m.find_overlapping_iter(text)
+                    .map(|found| (found.start(), found.end())),
+            );
         }
+        if spans.is_empty() {
+            return Cow::Borrowed(text);
+        }
+        spans.sort_unstable();
+        let mut out = String::with_capacity(text.len());
+        let mut copied = 0;
+        let mut spans = spans.into_iter().peekable();
+        while let Some((start, mut end)) = spans.next() {
+            // Join every occurrence that overlaps this run.
+            while let Some(&(next_start, next_end)) = spans.peek() {
+                if next_start >= end {
+                    break;
+                }
+                end = end.max(next_end);
+                spans.next();
+            }
+            // Patterns and text are UTF-8, so occurrences start and end on char boundaries.
+            out.push_str(&text[copied..start]);
+            out.push_str(REDACTED);
+            copied = end;
+        }
+        out.push_str(&text[copied..]);
+        Cow::Owned(out)
     }
 
     /// Scrub raw process output (invalid UTF-8 is replaced first).

@@ -7,7 +7,7 @@ use crate::core::redact::Secrets;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;
 use anyhow::{Context, Result};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -53,10 +53,18 @@ pub fn report_root(
     format: Format,
 ) -> String {
     let findings = lint(plan, &[]);
-    let fingerprint = Fingerprint::of(plan, fingerprint_key);
+    // The plan's own secrets are collected (and their matcher built) once, for the
+    // fingerprint and for scrubbing; the set itself is not needed after that.
     let mut secrets = Secrets::from_plan(plan);
-    secrets.extend(extra_secrets.iter().map(str::to_string));
-    let scrubber = secrets.scrubber();
+    let plan_scrubber = secrets.scrubber();
+    let fingerprint = Fingerprint::of_with_secrets(plan, fingerprint_key, None, &plan_scrubber);
+    let scrubber = if extra_secrets.is_empty() {
+        plan_scrubber
+    } else {
+        secrets.merge(extra_secrets);
+        secrets.scrubber()
+    };
+    drop(secrets);
     match format {
         Format::Markdown => {
             let roots = [RootSection {
@@ -83,25 +91,27 @@ pub fn render_command(
     format: Format,
     fingerprint_key: Option<&str>,
 ) -> Result<ExitCode> {
-    let (name, bytes) = if path == Path::new("-") {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .context("cannot read the plan from stdin")?;
-        ("stdin".to_string(), buf)
+    // Read straight from the file (or stdin) into the plan: the document itself is never held in
+    // memory, which keeps the peak memory of a big plan low.
+    let (name, parsed) = if path == Path::new("-") {
+        let stdin = std::io::stdin().lock();
+        (
+            "stdin".to_string(),
+            Plan::from_json_reader(std::io::BufReader::new(stdin)),
+        )
     } else {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        (path.display().to_string(), bytes)
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let reader = std::io::BufReader::with_capacity(1 << 16, file);
+        (path.display().to_string(), Plan::from_json_reader(reader))
     };
-    let plan = match Plan::from_json(&bytes) {
+    let plan = match parsed {
         Ok(plan) => plan,
         Err(e) => {
             eprintln!("planbot: {name} is {e}");
             return Ok(ExitCode::from(2));
         }
     };
-    drop(bytes);
     let key = match fingerprint_key {
         Some(k) if !k.is_empty() => k.as_bytes(),
         _ => {

@@ -1,6 +1,9 @@
 //! Rules on `download_file` resources (PVE001–PVE004, PVE006, PVE007, PVE009).
 
-use super::model::{after, before, is_floating_url, is_planned, normalise_file_name, Attr, Kind};
+use super::model::{
+    after, before, block_len, is_floating_url, is_planned, normalise_file_name, Attr, Index, Kind,
+    Res,
+};
 use super::{finding, Finding, LintInput};
 use crate::core::plan::ResourceChange;
 use serde_json::{json, Value};
@@ -12,9 +15,10 @@ const ISO_EXT: &[&str] = &[".iso", ".img"];
 const VZTMPL_EXT: &[&str] = &[".tar", ".tar.gz", ".tar.xz", ".tar.zst", ".tar.bz2"];
 const COMPRESSION_EXT: &[&str] = &[".xz", ".gz", ".zst", ".bz2", ".lzo"];
 
-fn planned_downloads<'a>(input: &'a LintInput) -> impl Iterator<Item = &'a ResourceChange> + 'a {
+fn planned_downloads<'a>(input: &'a LintInput) -> impl Iterator<Item = &'a Res<'a>> + 'a {
     input
-        .changes(Kind::DownloadFile)
+        .index
+        .files(Kind::DownloadFile)
         .filter(|rc| is_planned(rc))
 }
 
@@ -145,7 +149,7 @@ pub fn pve004(input: &LintInput) -> Vec<Finding> {
         .collect()
 }
 
-fn floating_url(rc: &ResourceChange) -> Option<&str> {
+fn floating_url<'a>(rc: &'a Res) -> Option<&'a str> {
     after(rc, "url").str().filter(|u| is_floating_url(u))
 }
 
@@ -198,14 +202,12 @@ pub(crate) fn path_text(path: &[Value]) -> String {
 
 /// PVE009: a download_file is replaced; name the VMs that use it.
 pub fn pve009(input: &LintInput) -> Vec<Finding> {
-    let replaced: Vec<&ResourceChange> = input
-        .changes(Kind::DownloadFile)
+    let replaced: Vec<&Res> = input
+        .index
+        .files(Kind::DownloadFile)
         .filter(|rc| rc.kind().is_replace())
         .collect();
-    if replaced.is_empty() {
-        return Vec::new();
-    }
-    let uses = FileUses::of(input);
+    let uses = &input.file_uses;
     replaced
         .into_iter()
         .map(|rc| {
@@ -236,57 +238,49 @@ pub fn pve009(input: &LintInput) -> Vec<Finding> {
 }
 
 /// Which VMs use which file in a disk (`import_from` / `file_id`), by the file's known id or
-/// by a reference in the VM's configuration; the VMs' positions in plan order.
-struct FileUses<'p> {
+/// by a reference in the VM's configuration; the VMs' positions in plan order. Gathered by the
+/// lint pass, one VM at a time.
+#[derive(Default)]
+pub struct FileUses<'p> {
     vms: Vec<&'p ResourceChange>,
-    by_id: HashMap<&'p str, Vec<usize>>,
+    by_id: HashMap<String, Vec<usize>>,
     by_reference: HashMap<&'p str, Vec<usize>>,
 }
 
 impl<'p> FileUses<'p> {
-    fn of(input: &LintInput<'p>) -> FileUses<'p> {
-        let vms: Vec<&ResourceChange> = input
-            .index
-            .live()
-            .iter()
-            .copied()
-            .filter(|vm| Kind::of(vm).is_some_and(Kind::is_vm))
-            .collect();
-        let mut by_id: HashMap<&str, Vec<usize>> = HashMap::new();
-        let mut by_reference: HashMap<&str, Vec<usize>> = HashMap::new();
-        let add = |map: &mut HashMap<&'p str, Vec<usize>>, key: &'p str, n: usize| {
+    /// Note the files `vm` uses (anything but a VM is ignored).
+    pub fn add(&mut self, index: &Index<'p>, vm: &Res<'p>) {
+        if !Kind::of(vm).is_some_and(Kind::is_vm) {
+            return;
+        }
+        let n = self.vms.len();
+        self.vms.push(vm.rc);
+        fn note<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Vec<usize>>, key: K, n: usize) {
             let list = map.entry(key).or_default();
             if list.last() != Some(&n) {
                 list.push(n);
             }
-        };
-        for (n, vm) in vms.iter().enumerate() {
-            let disks = super::model::block_len(vm, "disk").max(
-                vm.change
-                    .before
-                    .get("disk")
-                    .and_then(Value::as_array)
-                    .map_or(0, Vec::len),
-            );
-            for i in 0..disks {
-                for attr in ["import_from", "file_id"] {
-                    let path = format!("disk.{i}.{attr}");
-                    if let Some(id) = after(vm, &path).str() {
-                        add(&mut by_id, id, n);
-                    }
-                    if let Some(id) = before(vm, &path).and_then(Value::as_str) {
-                        add(&mut by_id, id, n);
-                    }
-                    for r in input.index.referenced(vm, &path) {
-                        add(&mut by_reference, r.address.as_str(), n);
-                    }
+        }
+        let disks = block_len(vm, "disk").max(
+            vm.values
+                .before
+                .get("disk")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len),
+        );
+        for i in 0..disks {
+            for attr in ["import_from", "file_id"] {
+                let path = format!("disk.{i}.{attr}");
+                if let Some(id) = after(vm, &path).str() {
+                    note(&mut self.by_id, id.to_string(), n);
+                }
+                if let Some(id) = before(vm, &path).and_then(Value::as_str) {
+                    note(&mut self.by_id, id.to_string(), n);
+                }
+                for r in index.referenced_files(vm.rc, &path) {
+                    note(&mut self.by_reference, r.rc.address.as_str(), n);
                 }
             }
-        }
-        FileUses {
-            vms,
-            by_id,
-            by_reference,
         }
     }
 

@@ -10,7 +10,7 @@ mod refactor;
 mod snippets;
 mod vm;
 
-use crate::core::plan::{Plan, ResourceChange};
+use crate::core::plan::Plan;
 use minijinja::Environment;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -54,27 +54,81 @@ pub struct Facts {
     pub shared_storages: BTreeSet<String>,
 }
 
-/// What a rule sees: the plan, the optional cluster facts, and the plan's lookups
-/// ([`model::Index`], built once per lint call).
+/// What a rule sees: the plan, the optional cluster facts, the plan's lookups
+/// ([`model::Index`], built once per lint call), and what the one pass over the plan's VMs and
+/// destroys/creates gathered for the rules that relate resources to each other.
 pub struct LintInput<'a> {
     pub plan: &'a Plan,
     pub facts: &'a Facts,
     pub index: model::Index<'a>,
+    /// Which VMs use which file (for PVE009).
+    pub file_uses: download::FileUses<'a>,
+    /// The destroys and creates a `moved` block could join (for PVE010).
+    pub moves: refactor::Candidates<'a>,
 }
 
 impl<'a> LintInput<'a> {
     pub fn new(plan: &'a Plan, facts: &'a Facts) -> LintInput<'a> {
-        LintInput {
+        LintInput::scan(plan, facts, &[]).0
+    }
+
+    /// Build the input in one pass over the plan: each VM and container, and each destroy or
+    /// create PVE010 may pair, has its values parsed once, is shown to the `each` rules,
+    /// gathered from, and dropped, so the plan's value trees are never all in memory at once.
+    fn scan(
+        plan: &'a Plan,
+        facts: &'a Facts,
+        each: &[fn(&LintInput, &model::Res) -> Vec<Finding>],
+    ) -> (LintInput<'a>, Vec<Finding>) {
+        let mut input = LintInput {
             plan,
             facts,
             index: model::Index::new(plan),
+            file_uses: download::FileUses::default(),
+            moves: refactor::Candidates::default(),
+        };
+        let mut file_uses = download::FileUses::default();
+        let mut moves = refactor::Candidates::default();
+        let pairable = refactor::pairable_groups(input.index.live());
+        let mut findings = Vec::new();
+        for &rc in input.index.live() {
+            let kind = model::Kind::of(rc);
+            let machine = kind.is_some_and(|k| k.is_vm() || k == model::Kind::Container);
+            let pairs = refactor::is_candidate(rc, &pairable);
+            if !machine && !pairs {
+                continue;
+            }
+            let parsed;
+            let res = match input.index.file(rc) {
+                Some(file) => file,
+                None => {
+                    parsed = model::Res::parse(rc);
+                    &parsed
+                }
+            };
+            if machine {
+                for check in each {
+                    findings.extend(check(&input, res));
+                }
+                file_uses.add(&input.index, res);
+            }
+            if pairs {
+                moves.add(res);
+            }
         }
+        input.file_uses = file_uses;
+        input.moves = moves;
+        (input, findings)
     }
+}
 
-    /// The bpg resources of one kind (both name families), deposed objects left out.
-    pub fn changes(&self, kind: model::Kind) -> impl Iterator<Item = &'a ResourceChange> + '_ {
-        self.index.of_kind(kind).iter().copied()
-    }
+/// How a rule runs.
+pub enum Check {
+    /// Once, over the whole plan (the file resources kept by the index, and what the pass over
+    /// the plan gathered).
+    Plan(fn(&LintInput) -> Vec<Finding>),
+    /// On each VM and container, while its values are parsed.
+    Each(fn(&LintInput, &model::Res) -> Vec<Finding>),
 }
 
 /// One lint rule: a stable id, its severity, and the check.
@@ -82,7 +136,7 @@ pub struct Rule {
     pub id: &'static str,
     pub severity: Severity,
     pub title: &'static str,
-    pub check: fn(&LintInput) -> Vec<Finding>,
+    pub check: Check,
 }
 
 /// Every plan rule, in catalogue order (`proxmox-rules.md`).
@@ -91,85 +145,85 @@ pub const RULES: &[Rule] = &[
         id: "PVE001",
         severity: Severity::Error,
         title: "import download with a name Proxmox refuses",
-        check: download::pve001,
+        check: Check::Plan(download::pve001),
     },
     Rule {
         id: "PVE002",
         severity: Severity::Error,
         title: "iso/vztmpl download with the wrong extension",
-        check: download::pve002,
+        check: Check::Plan(download::pve002),
     },
     Rule {
         id: "PVE003",
         severity: Severity::Error,
         title: "decompression is only supported for iso downloads",
-        check: download::pve003,
+        check: Check::Plan(download::pve003),
     },
     Rule {
         id: "PVE004",
         severity: Severity::Error,
         title: "checksum without checksum_algorithm (or the reverse)",
-        check: download::pve004,
+        check: Check::Plan(download::pve004),
     },
     Rule {
         id: "PVE005",
         severity: Severity::Error,
         title: "VM disk imported from an iso volume",
-        check: vm::pve005,
+        check: Check::Each(vm::pve005),
     },
     Rule {
         id: "PVE006",
         severity: Severity::Warning,
         title: "floating download URL without checksum",
-        check: download::pve006,
+        check: Check::Plan(download::pve006),
     },
     Rule {
         id: "PVE007",
         severity: Severity::Warning,
         title: "floating download URL with overwrite",
-        check: download::pve007,
+        check: Check::Plan(download::pve007),
     },
     Rule {
         id: "PVE008",
         severity: Severity::Warning,
         title: "VM replaced or destroyed",
-        check: vm::pve008,
+        check: Check::Each(vm::pve008),
     },
     Rule {
         id: "PVE009",
         severity: Severity::Warning,
         title: "downloaded image replaced",
-        check: download::pve009,
+        check: Check::Plan(download::pve009),
     },
     Rule {
         id: "PVE010",
         severity: Severity::Info,
         title: "destroy + create where a moved block would do",
-        check: refactor::pve010,
+        check: Check::Plan(refactor::pve010),
     },
     Rule {
         id: "PVE011",
         severity: Severity::Warning,
         title: "cloud-init file that is not a snippet on the VM's node",
-        check: vm::pve011,
+        check: Check::Each(vm::pve011),
     },
     Rule {
         id: "PVE012",
         severity: Severity::Warning,
         title: "Ignition spec newer than 3.5.0 in a snippet",
-        check: snippets::pve012,
+        check: Check::Plan(snippets::pve012),
     },
     Rule {
         id: "PVE013",
         severity: Severity::Info,
         title: "needs Sys.Modify on / (privileged container, VM startup)",
-        check: vm::pve013,
+        check: Check::Each(vm::pve013),
     },
     Rule {
         id: "PVE014",
         severity: Severity::Info,
         title: "imported disk without an explicit size",
-        check: vm::pve014,
+        check: Check::Each(vm::pve014),
     },
 ];
 
@@ -185,12 +239,23 @@ pub fn lint(plan: &Plan, disabled: &[String]) -> Vec<Finding> {
 
 /// [`lint`] with facts from the Proxmox API.
 pub fn lint_with(plan: &Plan, disabled: &[String], facts: &Facts) -> Vec<Finding> {
-    let input = LintInput::new(plan, facts);
-    let mut out: Vec<Finding> = RULES
+    let enabled: Vec<&Rule> = RULES
         .iter()
         .filter(|r| !disabled.iter().any(|d| d.trim().eq_ignore_ascii_case(r.id)))
-        .flat_map(|r| (r.check)(&input))
         .collect();
+    let each: Vec<_> = enabled
+        .iter()
+        .filter_map(|r| match r.check {
+            Check::Each(f) => Some(f),
+            Check::Plan(_) => None,
+        })
+        .collect();
+    let (input, mut out) = LintInput::scan(plan, facts, &each);
+    for r in &enabled {
+        if let Check::Plan(f) = r.check {
+            out.extend(f(&input));
+        }
+    }
     sort_findings(&mut out);
     out
 }

@@ -1,9 +1,34 @@
 //! The plan as the lint rules see it: bpg resource kinds, known/unknown attribute access,
 //! Proxmox volume ids, and references followed through the plan's `configuration`.
 
-use crate::core::plan::{ActionKind, Plan, ResourceChange};
+use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
 use serde_json::Value;
 use std::collections::HashMap;
+use std::ops::Deref;
+
+/// A resource change with its values parsed: what the rules read. Built one resource at a time
+/// (and dropped after it) for VMs and containers; kept for the plan's file resources, which other
+/// resources refer to.
+pub struct Res<'p> {
+    pub rc: &'p ResourceChange,
+    pub values: ChangeValues,
+}
+
+impl<'p> Res<'p> {
+    pub fn parse(rc: &'p ResourceChange) -> Res<'p> {
+        Res {
+            rc,
+            values: rc.change.values(),
+        }
+    }
+}
+
+impl Deref for Res<'_> {
+    type Target = ResourceChange;
+    fn deref(&self) -> &ResourceChange {
+        self.rc
+    }
+}
 
 /// The bpg/proxmox resources the rules know, whatever the name family
 /// (`proxmox_virtual_environment_vm` or `proxmox_vm`).
@@ -132,11 +157,11 @@ pub fn unknown_at(mask: &Value, path: &str) -> bool {
 }
 
 /// `change.after` at `path`, honouring `after_unknown`.
-pub fn after<'a>(rc: &'a ResourceChange, path: &str) -> Attr<'a> {
-    if unknown_at(&rc.change.after_unknown, path) {
+pub fn after<'a>(rc: &'a Res, path: &str) -> Attr<'a> {
+    if unknown_at(&rc.values.after_unknown, path) {
         return Attr::Unknown;
     }
-    let mut cur = &rc.change.after;
+    let mut cur = &rc.values.after;
     for seg in path.split('.') {
         match step(cur, seg) {
             Some(next) => cur = next,
@@ -151,8 +176,8 @@ pub fn after<'a>(rc: &'a ResourceChange, path: &str) -> Attr<'a> {
 }
 
 /// `change.before` at `path` (state values are always known).
-pub fn before<'a>(rc: &'a ResourceChange, path: &str) -> Option<&'a Value> {
-    let mut cur = &rc.change.before;
+pub fn before<'a>(rc: &'a Res, path: &str) -> Option<&'a Value> {
+    let mut cur = &rc.values.before;
     for seg in path.split('.') {
         cur = step(cur, seg)?;
     }
@@ -160,12 +185,12 @@ pub fn before<'a>(rc: &'a ResourceChange, path: &str) -> Option<&'a Value> {
 }
 
 /// The number of elements of a list (block) attribute in `after`, known or not.
-pub fn block_len(rc: &ResourceChange, path: &str) -> usize {
+pub fn block_len(rc: &Res, path: &str) -> usize {
     let known = match after(rc, path) {
         Attr::Known(Value::Array(a)) => a.len(),
         _ => 0,
     };
-    let mut mask = &rc.change.after_unknown;
+    let mut mask = &rc.values.after_unknown;
     for seg in path.split('.') {
         match step(mask, seg) {
             Some(m) => mask = m,
@@ -223,12 +248,15 @@ type ModuleConfig<'p> = HashMap<(&'p str, &'p str), &'p Value>;
 pub struct Index<'p> {
     /// The managed changes, deposed objects left out, in plan order.
     live: Vec<&'p ResourceChange>,
-    /// `live` by bpg kind, in plan order.
-    by_kind: HashMap<Kind, Vec<&'p ResourceChange>>,
     /// `live` by (module address, type, name), in plan order: what a reference can name.
     by_name: HashMap<(Option<&'p str>, &'p str, &'p str), Vec<&'p ResourceChange>>,
-    /// bpg file resources (download_file and file) by their known `id`, in plan order.
-    files_by_id: HashMap<&'p str, Vec<&'p ResourceChange>>,
+    /// The bpg file resources (download_file and file) of `live`, with their values, in plan
+    /// order: VMs refer to them, so they are parsed once and kept (a plan has few of them).
+    files: Vec<Res<'p>>,
+    /// Position in `files` by address (unique once deposed objects are left out).
+    file_at: HashMap<&'p str, usize>,
+    /// Positions in `files` by the file's known `id`, in plan order.
+    files_by_id: HashMap<String, Vec<usize>>,
     /// Per module address of a change: the first managed `resources[]` entry of that module's
     /// configuration for each (type, name); `None` when the plan has no configuration for it.
     config: HashMap<Option<&'p str>, Option<ModuleConfig<'p>>>,
@@ -240,15 +268,12 @@ impl<'p> Index<'p> {
             .managed_changes()
             .filter(|rc| rc.deposed.is_none())
             .collect();
-        let mut by_kind: HashMap<Kind, Vec<&ResourceChange>> = HashMap::new();
         let mut by_name: HashMap<_, Vec<&ResourceChange>> = HashMap::new();
-        let mut files_by_id: HashMap<&str, Vec<&ResourceChange>> = HashMap::new();
+        let mut files = Vec::new();
+        let mut file_at = HashMap::new();
+        let mut files_by_id: HashMap<String, Vec<usize>> = HashMap::new();
         let mut config = HashMap::new();
         for &rc in &live {
-            let kind = Kind::of(rc);
-            if let Some(k) = kind {
-                by_kind.entry(k).or_default().push(rc);
-            }
             by_name
                 .entry((
                     rc.module_address.as_deref(),
@@ -257,10 +282,16 @@ impl<'p> Index<'p> {
                 ))
                 .or_default()
                 .push(rc);
-            if kind.is_some_and(Kind::is_file) {
-                if let Some(id) = after(rc, "id").str() {
-                    files_by_id.entry(id).or_default().push(rc);
+            if Kind::of(rc).is_some_and(Kind::is_file) {
+                let file = Res::parse(rc);
+                if let Some(id) = after(&file, "id").str() {
+                    files_by_id
+                        .entry(id.to_string())
+                        .or_default()
+                        .push(files.len());
                 }
+                file_at.insert(rc.address.as_str(), files.len());
+                files.push(file);
             }
         }
         for rc in plan.managed_changes() {
@@ -271,8 +302,9 @@ impl<'p> Index<'p> {
         }
         Index {
             live,
-            by_kind,
             by_name,
+            files,
+            file_at,
             files_by_id,
             config,
         }
@@ -283,14 +315,25 @@ impl<'p> Index<'p> {
         &self.live
     }
 
-    /// The bpg resources of one kind, deposed objects left out, in plan order.
-    pub fn of_kind(&self, kind: Kind) -> &[&'p ResourceChange] {
-        self.by_kind.get(&kind).map_or(&[], Vec::as_slice)
+    /// The bpg file resources of one kind (`DownloadFile` or `File`), deposed objects left out,
+    /// with their values, in plan order.
+    pub fn files(&self, kind: Kind) -> impl Iterator<Item = &Res<'p>> + '_ {
+        self.files.iter().filter(move |f| Kind::of(f) == Some(kind))
+    }
+
+    /// The kept file resource at this change's address, if it is one.
+    pub fn file(&self, rc: &ResourceChange) -> Option<&Res<'p>> {
+        self.file_at
+            .get(rc.address.as_str())
+            .map(|&n| &self.files[n])
+            .filter(|f| std::ptr::eq(f.rc, rc))
     }
 
     /// The bpg file resources (deposed left out) whose known `id` is `id`, in plan order.
-    pub fn files_with_id(&self, id: &str) -> &[&'p ResourceChange] {
-        self.files_by_id.get(id).map_or(&[], Vec::as_slice)
+    pub fn files_with_id(&self, id: &str) -> Vec<&Res<'p>> {
+        self.files_by_id.get(id).map_or(Vec::new(), |ns| {
+            ns.iter().map(|&n| &self.files[n]).collect()
+        })
     }
 
     /// The `resources[]` entry of the plan's `configuration` that declared this change, if the
@@ -312,16 +355,16 @@ impl<'p> Index<'p> {
         Some(cur)
     }
 
-    /// The resources in the plan that a configured attribute refers to (same module), e.g.
-    /// `disk.0.import_from = proxmox_download_file.img.id` → the change(s) of that resource.
-    pub fn referenced(&self, rc: &ResourceChange, path: &str) -> Vec<&'p ResourceChange> {
+    /// The bpg file resources in the plan that a configured attribute refers to (same module),
+    /// e.g. `disk.0.import_from = proxmox_download_file.img.id` → that download's change.
+    pub fn referenced_files(&self, rc: &ResourceChange, path: &str) -> Vec<&Res<'p>> {
         let Some(expr) = self.config_expr(rc, path) else {
             return Vec::new();
         };
         let Some(refs) = expr.get("references").and_then(Value::as_array) else {
             return Vec::new();
         };
-        let mut out: Vec<&ResourceChange> = Vec::new();
+        let mut out: Vec<&Res> = Vec::new();
         for r in refs.iter().filter_map(Value::as_str) {
             let Some((rtype, rname, index)) = split_reference(r) else {
                 continue;
@@ -332,7 +375,9 @@ impl<'p> Index<'p> {
                 if suffix.as_ref().is_none_or(|s| cand.address.ends_with(s))
                     && !out.iter().any(|o| o.address == cand.address)
                 {
-                    out.push(cand);
+                    if let Some(file) = self.file(cand) {
+                        out.push(file);
+                    }
                 }
             }
         }
@@ -341,7 +386,7 @@ impl<'p> Index<'p> {
 
     /// The file name a download_file will get: `file_name`, else the URL's last segment.
     /// `None` when it cannot be known at plan time.
-    pub fn download_name(&self, rc: &ResourceChange) -> Option<String> {
+    pub fn download_name(&self, rc: &Res) -> Option<String> {
         match after(rc, "file_name") {
             Attr::Known(Value::String(s)) if !s.is_empty() => Some(s.clone()),
             // Written in the configuration but only known after apply: not the URL's name.

@@ -1,10 +1,82 @@
 //! PVE010: a destroy + create that only renames an instance key, where a `moved` block would do.
 
-use super::model::{before, local_address, without_index};
+use super::model::{before, local_address, without_index, Res};
 use super::{finding, Finding, LintInput};
 use crate::core::plan::{ActionKind, ResourceChange};
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+/// (type, module, address without its instance key): the creates a destroy may pair with.
+type GroupKey<'p> = (&'p str, Option<&'p str>, &'p str);
+
+/// One non-null top-level value of an object: (hash of its key, hash of its value).
+type Entry = (u64, u64);
+
+/// A destroy or a create as PVE010 sees it: its change and its non-null top-level values (of
+/// `before` for a destroy, of `after` for a create), as hashes, so that the values themselves
+/// need not be kept once the lint pass has moved on.
+pub struct Candidate<'p> {
+    rc: &'p ResourceChange,
+    entries: Vec<Entry>,
+    /// A destroyed object's `size` (shown in the finding).
+    size: Option<u64>,
+}
+
+/// The destroys and creates of the groups that have both, in plan order.
+#[derive(Default)]
+pub struct Candidates<'p> {
+    deletes: Vec<Candidate<'p>>,
+    creates: Vec<Candidate<'p>>,
+}
+
+fn is_create(rc: &ResourceChange) -> bool {
+    rc.kind() == ActionKind::Create && !rc.is_import()
+}
+
+/// The groups (see [`GroupKey`]) that have at least one destroy and one create: only their
+/// members need their values read.
+pub fn pairable_groups<'p>(live: &[&'p ResourceChange]) -> HashSet<GroupKey<'p>> {
+    let mut deletes = HashSet::new();
+    let mut creates = HashSet::new();
+    for &rc in live {
+        if rc.kind() == ActionKind::Delete {
+            deletes.insert(group_key(rc));
+        } else if is_create(rc) {
+            creates.insert(group_key(rc));
+        }
+    }
+    deletes.intersection(&creates).copied().collect()
+}
+
+/// Whether PVE010 needs this change's values.
+pub fn is_candidate(rc: &ResourceChange, pairable: &HashSet<GroupKey>) -> bool {
+    (rc.kind() == ActionKind::Delete || is_create(rc)) && pairable.contains(&group_key(rc))
+}
+
+impl<'p> Candidates<'p> {
+    /// Note a destroy or create (anything else is ignored).
+    pub fn add(&mut self, res: &Res<'p>) {
+        let (list, object) = if res.kind() == ActionKind::Delete {
+            (&mut self.deletes, &res.values.before)
+        } else if is_create(res) {
+            (&mut self.creates, &res.values.after)
+        } else {
+            return;
+        };
+        let entries = object
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (str_hash(k), value_hash(v)))
+            .collect();
+        list.push(Candidate {
+            rc: res.rc,
+            entries,
+            size: before(res, "size").and_then(Value::as_u64),
+        });
+    }
+}
 
 /// The creates that could stand in for a destroy: same type, same module, same address but
 /// for the instance key. Each destroy (in plan order) takes the create most like it, where
@@ -13,57 +85,73 @@ use std::collections::HashMap;
 ///
 /// Likeness is counted through buckets (top-level key, value) → creates, so a destroy only
 /// visits the creates that share a value with it, and skips the buckets that hold every
-/// create still free (they add the same to all and cannot change the choice).
-struct Group<'p> {
+/// create still free (they add the same to all and cannot change the choice). Buckets and
+/// their members are kept in flat arrays (most buckets hold one create: a VM's own name).
+struct Group<'c, 'p> {
     /// The creates of the group in plan order, and whether each is still free.
-    creates: Vec<&'p ResourceChange>,
+    creates: Vec<&'c Candidate<'p>>,
     free: Vec<bool>,
     free_count: usize,
     /// The first position that may still be free.
     first_free: usize,
-    /// (key, hash of the value) → the buckets with that key and a value of that hash.
-    buckets: HashMap<(&'p str, u64), Vec<usize>>,
-    /// Per bucket: its value, its creates, and how many of them are still free.
-    members: Vec<(&'p Value, Vec<usize>, usize)>,
-    /// Per create: the buckets it is in.
-    create_buckets: Vec<Vec<usize>>,
+    /// (key, value) → its bucket.
+    buckets: HashMap<Entry, u32>,
+    /// The creates of bucket `b` are `members[member_start[b]..member_start[b + 1]]`.
+    member_start: Vec<u32>,
+    members: Vec<u32>,
+    /// Per bucket: how many of its creates are still free.
+    free_in_bucket: Vec<u32>,
+    /// The buckets of create `n` are `create_buckets[bucket_start[n]..bucket_start[n + 1]]`.
+    bucket_start: Vec<u32>,
+    create_buckets: Vec<u32>,
     /// The positions of the creates at each address.
     by_address: HashMap<&'p str, Vec<usize>>,
     /// Scratch: likeness per create for the destroy at hand.
     score: Vec<u32>,
 }
 
-impl<'p> Group<'p> {
-    fn new(creates: Vec<&'p ResourceChange>) -> Group<'p> {
-        let mut buckets = HashMap::new();
-        let mut members: Vec<(&Value, Vec<usize>, usize)> = Vec::new();
-        let mut create_buckets = Vec::with_capacity(creates.len());
-        for (n, new) in creates.iter().enumerate() {
-            let mut mine = Vec::new();
-            for (k, v) in new.change.after.as_object().into_iter().flatten() {
-                if v.is_null() {
-                    continue;
+impl<'c, 'p> Group<'c, 'p> {
+    fn new(creates: Vec<&'c Candidate<'p>>) -> Group<'c, 'p> {
+        let mut buckets: HashMap<Entry, u32> = HashMap::new();
+        let mut bucket_start = Vec::with_capacity(creates.len() + 1);
+        let mut create_buckets = Vec::new();
+        let mut sizes: Vec<u32> = Vec::new();
+        for new in &creates {
+            bucket_start.push(create_buckets.len() as u32);
+            for entry in &new.entries {
+                let next = buckets.len() as u32;
+                let b = *buckets.entry(*entry).or_insert(next);
+                if b == next {
+                    sizes.push(0);
                 }
-                let same_hash: &mut Vec<usize> =
-                    buckets.entry((k.as_str(), value_hash(v))).or_default();
-                let b = match same_hash.iter().find(|&&b| members[b].0 == v) {
-                    Some(&b) => b,
-                    None => {
-                        members.push((v, Vec::new(), 0));
-                        same_hash.push(members.len() - 1);
-                        members.len() - 1
-                    }
-                };
-                members[b].1.push(n);
-                members[b].2 += 1;
-                mine.push(b);
+                // A key appears once per object, so a create joins a bucket at most once.
+                sizes[b as usize] += 1;
+                create_buckets.push(b);
             }
-            create_buckets.push(mine);
+        }
+        bucket_start.push(create_buckets.len() as u32);
+        let mut member_start = Vec::with_capacity(sizes.len() + 1);
+        let mut total = 0;
+        for &size in &sizes {
+            member_start.push(total);
+            total += size;
+        }
+        member_start.push(total);
+        let mut members = vec![0; total as usize];
+        let mut fill = member_start.clone();
+        for n in 0..creates.len() {
+            for &b in &create_buckets[bucket_start[n] as usize..bucket_start[n + 1] as usize] {
+                members[fill[b as usize] as usize] = n as u32;
+                fill[b as usize] += 1;
+            }
         }
         let len = creates.len();
         let mut by_address: HashMap<&str, Vec<usize>> = HashMap::new();
         for (n, new) in creates.iter().enumerate() {
-            by_address.entry(new.address.as_str()).or_default().push(n);
+            by_address
+                .entry(new.rc.address.as_str())
+                .or_default()
+                .push(n);
         }
         Group {
             by_address,
@@ -72,31 +160,30 @@ impl<'p> Group<'p> {
             free_count: len,
             first_free: 0,
             buckets,
+            member_start,
             members,
+            free_in_bucket: sizes,
+            bucket_start,
             create_buckets,
             score: vec![0; len],
         }
     }
 
     /// Take the free create most like `old` (never one at `old`'s own address).
-    fn take_best(&mut self, old: &ResourceChange) -> Option<&'p ResourceChange> {
+    fn take_best(&mut self, old: &Candidate) -> Option<&'c Candidate<'p>> {
         let mut touched: Vec<usize> = Vec::new();
-        for (k, v) in old.change.before.as_object().into_iter().flatten() {
-            if v.is_null() {
-                continue;
-            }
-            let Some(b) = self
-                .buckets
-                .get(&(k.as_str(), value_hash(v)))
-                .and_then(|same| same.iter().copied().find(|&b| self.members[b].0 == v))
-            else {
+        for entry in &old.entries {
+            let Some(&b) = self.buckets.get(entry) else {
                 continue;
             };
-            let (_, list, free_in_bucket) = &self.members[b];
-            if *free_in_bucket == self.free_count {
+            let b = b as usize;
+            if self.free_in_bucket[b] as usize == self.free_count {
                 continue;
             }
+            let list =
+                &self.members[self.member_start[b] as usize..self.member_start[b + 1] as usize];
             for &n in list {
+                let n = n as usize;
                 if self.free[n] {
                     if self.score[n] == 0 {
                         touched.push(n);
@@ -107,7 +194,7 @@ impl<'p> Group<'p> {
         }
         // A create at the destroy's own address never pairs with it (compared only for the
         // creates that share the address, which is almost never any).
-        let same_address = self.by_address.get(old.address.as_str());
+        let same_address = self.by_address.get(old.rc.address.as_str());
         let eligible = |n: usize| same_address.is_none_or(|same| !same.contains(&n));
         // Highest likeness, then first in plan order; a create that shares no counted value
         // scores below every touched one.
@@ -125,8 +212,10 @@ impl<'p> Group<'p> {
         let n = best?;
         self.free[n] = false;
         self.free_count -= 1;
-        for &b in &self.create_buckets[n] {
-            self.members[b].2 -= 1;
+        for &b in
+            &self.create_buckets[self.bucket_start[n] as usize..self.bucket_start[n + 1] as usize]
+        {
+            self.free_in_bucket[b as usize] -= 1;
         }
         while self.first_free < self.free.len() && !self.free[self.first_free] {
             self.first_free += 1;
@@ -135,8 +224,16 @@ impl<'p> Group<'p> {
     }
 }
 
+fn str_hash(s: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
 /// A hash of a JSON value that agrees with `==` (object entries combined in any order), and
-/// allocates nothing.
+/// allocates nothing. Two values are taken as equal when their hashes are (for a hint, a chance
+/// of about one in 2^64 per pair is no concern).
 fn value_hash(v: &Value) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let leaf = |tag: u8, f: &dyn Fn(&mut DefaultHasher)| {
@@ -163,36 +260,33 @@ fn value_hash(v: &Value) -> u64 {
 }
 
 pub fn pve010(input: &LintInput) -> Vec<Finding> {
-    let changes = input.index.live();
-    let mut groups: HashMap<(&str, Option<&str>, &str), Group> = HashMap::new();
+    let moves = &input.moves;
+    let mut groups: HashMap<GroupKey, Group> = HashMap::new();
     {
-        let mut creates: HashMap<(&str, Option<&str>, &str), Vec<&ResourceChange>> = HashMap::new();
-        for &rc in changes {
-            if rc.kind() == ActionKind::Create && !rc.is_import() {
-                creates.entry(group_key(rc)).or_default().push(rc);
-            }
+        let mut creates: HashMap<GroupKey, Vec<&Candidate>> = HashMap::new();
+        for c in &moves.creates {
+            creates.entry(group_key(c.rc)).or_default().push(c);
         }
         for (key, list) in creates {
             groups.insert(key, Group::new(list));
         }
     }
     let mut out = Vec::new();
-    for &old in changes.iter().filter(|rc| rc.kind() == ActionKind::Delete) {
-        let Some(group) = groups.get_mut(&group_key(old)) else {
+    for old in &moves.deletes {
+        let Some(group) = groups.get_mut(&group_key(old.rc)) else {
             continue;
         };
         let Some(new) = group.take_best(old) else {
             continue;
         };
-        let size = before(old, "size").and_then(Value::as_u64);
         out.push(finding(
             "PVE010",
-            &new.address,
+            &new.rc.address,
             json!({
-                "from": local_address(old),
-                "to": local_address(new),
-                "module": old.module_address,
-                "size_gb": size.map(|s| format!("{:.1}", s as f64 / 1e9)),
+                "from": local_address(old.rc),
+                "to": local_address(new.rc),
+                "module": old.rc.module_address,
+                "size_gb": old.size.map(|s| format!("{:.1}", s as f64 / 1e9)),
             }),
         ));
     }
@@ -200,7 +294,7 @@ pub fn pve010(input: &LintInput) -> Vec<Finding> {
 }
 
 /// (type, module, address without its instance key): the creates a destroy may pair with.
-fn group_key(rc: &ResourceChange) -> (&str, Option<&str>, &str) {
+fn group_key(rc: &ResourceChange) -> GroupKey<'_> {
     (
         rc.resource_type.as_str(),
         rc.module_address.as_deref(),
@@ -218,8 +312,8 @@ mod tests {
     /// bucketed pairing must agree with.
     fn reference_pairs(input: &LintInput) -> Vec<(String, String)> {
         let likeness = |old: &ResourceChange, new: &ResourceChange| -> usize {
-            let (Some(b), Some(a)) = (old.change.before.as_object(), new.change.after.as_object())
-            else {
+            let (before, after) = (old.change.values().before, new.change.values().after);
+            let (Some(b), Some(a)) = (before.as_object(), after.as_object()) else {
                 return 0;
             };
             b.iter()

@@ -42,7 +42,8 @@ fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
 /// PVE012: a snippet whose Ignition `ignition.version` is newer than 3.5.0.
 pub fn pve012(input: &LintInput) -> Vec<Finding> {
     input
-        .changes(Kind::File)
+        .index
+        .files(Kind::File)
         .filter(|rc| is_planned(rc))
         .filter_map(|rc| {
             if after(rc, "content_type").str()? != "snippets" {

@@ -1,31 +1,32 @@
 //! Rules on VMs and containers (PVE005, PVE008, PVE011, PVE013, PVE014).
+//!
+//! Each rule looks at one VM or container at a time (`Check::Each`): the lint pass parses its
+//! values, shows it to every such rule, and drops it.
 
 use super::download::path_text;
-use super::model::{after, before, block_len, is_created, is_planned, Attr, Kind, VolumeId};
+use super::model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res, VolumeId};
 use super::{finding, Finding, LintInput};
-use crate::core::plan::{ActionKind, ResourceChange};
+use crate::core::plan::ActionKind;
 use serde_json::{json, Value};
 
-fn vms<'a>(input: &'a LintInput) -> impl Iterator<Item = &'a ResourceChange> + 'a {
-    input
-        .index
-        .live()
-        .iter()
-        .copied()
-        .filter(|rc| Kind::of(rc).is_some_and(Kind::is_vm))
+fn is_vm(rc: &Res) -> bool {
+    Kind::of(rc).is_some_and(Kind::is_vm)
 }
 
 /// The content type a file resource stores (`content_type`), if known.
-fn file_content(rc: &ResourceChange) -> Option<&str> {
+fn file_content<'a>(rc: &'a Res) -> Option<&'a str> {
     after(rc, "content_type")
         .str()
         .or_else(|| before(rc, "content_type").and_then(Value::as_str))
 }
 
 /// PVE005: a disk imported from (or `file_id` pointing at) an `iso` volume.
-pub fn pve005(input: &LintInput) -> Vec<Finding> {
+pub fn pve005(input: &LintInput, rc: &Res) -> Vec<Finding> {
     let mut out = Vec::new();
-    for rc in vms(input).filter(|rc| is_created(rc)) {
+    if !is_vm(rc) || !is_created(rc) {
+        return out;
+    }
+    {
         for i in 0..block_len(rc, "disk") {
             for attr in ["import_from", "file_id"] {
                 let path = format!("disk.{i}.{attr}");
@@ -35,11 +36,9 @@ pub fn pve005(input: &LintInput) -> Vec<Finding> {
                         .map(|_| (format!("`{id}`"), None)),
                     Attr::Unknown => input
                         .index
-                        .referenced(rc, &path)
+                        .referenced_files(rc, &path)
                         .into_iter()
-                        .find(|r| {
-                            Kind::of(r).is_some_and(Kind::is_file) && file_content(r) == Some("iso")
-                        })
+                        .find(|r| file_content(r) == Some("iso"))
                         .map(|r| (format!("`{}`", r.address), Some(r.address.clone()))),
                     _ => None,
                 };
@@ -63,9 +62,9 @@ pub fn pve005(input: &LintInput) -> Vec<Finding> {
 }
 
 /// PVE008: a VM is replaced or destroyed; say why.
-pub fn pve008(input: &LintInput) -> Vec<Finding> {
-    vms(input)
-        .filter(|rc| rc.kind().is_destructive())
+pub fn pve008(_: &LintInput, rc: &Res) -> Vec<Finding> {
+    std::iter::once(rc)
+        .filter(|rc| is_vm(rc) && rc.kind().is_destructive())
         .map(|rc| {
             let paths: Vec<String> = rc
                 .change
@@ -96,14 +95,17 @@ const CLOUD_INIT_FILES: &[&str] = &[
 ];
 
 /// PVE011: cloud-init files that are not snippets, or snippets on another node.
-pub fn pve011(input: &LintInput) -> Vec<Finding> {
+pub fn pve011(input: &LintInput, rc: &Res) -> Vec<Finding> {
     let mut out = Vec::new();
-    for rc in vms(input).filter(|rc| is_planned(rc)) {
+    if !is_vm(rc) || !is_planned(rc) {
+        return out;
+    }
+    {
         let vm_node = after(rc, "node_name").str();
         for i in 0..block_len(rc, "initialization") {
             for attr in CLOUD_INIT_FILES {
                 let path = format!("initialization.{i}.{attr}");
-                let files: Vec<&ResourceChange> = match after(rc, &path) {
+                let files: Vec<&Res> = match after(rc, &path) {
                     Attr::Known(Value::String(id)) if !id.is_empty() => {
                         if let Some(v) = VolumeId::parse(id) {
                             if v.content != "snippets" {
@@ -115,14 +117,9 @@ pub fn pve011(input: &LintInput) -> Vec<Finding> {
                                 continue;
                             }
                         }
-                        input.index.files_with_id(id).to_vec()
+                        input.index.files_with_id(id)
                     }
-                    Attr::Unknown => input
-                        .index
-                        .referenced(rc, &path)
-                        .into_iter()
-                        .filter(|f| Kind::of(f).is_some_and(Kind::is_file))
-                        .collect(),
+                    Attr::Unknown => input.index.referenced_files(rc, &path),
                     _ => Vec::new(),
                 };
                 for f in files {
@@ -154,7 +151,7 @@ pub fn pve011(input: &LintInput) -> Vec<Finding> {
 }
 
 /// Whether an update leaves `path` as it was (then the rule has nothing new to say).
-fn unchanged(rc: &ResourceChange, path: &str) -> bool {
+fn unchanged(rc: &Res, path: &str) -> bool {
     rc.kind() == ActionKind::Update
         && before(rc, path)
             == match after(rc, path) {
@@ -164,9 +161,12 @@ fn unchanged(rc: &ResourceChange, path: &str) -> bool {
 }
 
 /// PVE013: privileged containers and VM `startup` blocks need `Sys.Modify` on `/`.
-pub fn pve013(input: &LintInput) -> Vec<Finding> {
+pub fn pve013(_: &LintInput, rc: &Res) -> Vec<Finding> {
     let mut out = Vec::new();
-    for rc in input.changes(Kind::Container).filter(|rc| is_planned(rc)) {
+    if !is_planned(rc) {
+        return out;
+    }
+    if Kind::of(rc) == Some(Kind::Container) {
         let privileged = match after(rc, "unprivileged") {
             Attr::Absent => true,
             a => a.bool() == Some(false),
@@ -174,13 +174,11 @@ pub fn pve013(input: &LintInput) -> Vec<Finding> {
         if privileged && !unchanged(rc, "unprivileged") {
             out.push(finding("PVE013", &rc.address, json!({"what": "container"})));
         }
-    }
-    for rc in vms(input).filter(|rc| is_planned(rc)) {
-        if matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty())
-            && !unchanged(rc, "startup")
-        {
-            out.push(finding("PVE013", &rc.address, json!({"what": "startup"})));
-        }
+    } else if is_vm(rc)
+        && matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty())
+        && !unchanged(rc, "startup")
+    {
+        out.push(finding("PVE013", &rc.address, json!({"what": "startup"})));
     }
     out
 }
@@ -189,9 +187,12 @@ pub fn pve013(input: &LintInput) -> Vec<Finding> {
 const DEFAULT_DISK_GB: i64 = 8;
 
 /// PVE014: a disk with `import_from` and no explicit `size`.
-pub fn pve014(input: &LintInput) -> Vec<Finding> {
+pub fn pve014(input: &LintInput, rc: &Res) -> Vec<Finding> {
     let mut out = Vec::new();
-    for rc in vms(input).filter(|rc| is_created(rc)) {
+    if !is_vm(rc) || !is_created(rc) {
+        return out;
+    }
+    {
         let configured_disks = input
             .index
             .config_expr(rc, "disk")

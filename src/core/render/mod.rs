@@ -10,7 +10,7 @@ pub mod markdown;
 
 use crate::core::fingerprint::Fingerprint;
 use crate::core::lint::{Finding, Severity};
-use crate::core::plan::{ActionKind, Plan, ResourceChange};
+use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
 use budget::{Unit, UnitState};
@@ -31,6 +31,9 @@ pub const NOTE_MARKER: &str = "<!-- planbot:mr-note v1 -->";
 /// At most this many destructive changes and findings are listed one by one (they are always
 /// kept, so they must fit the budget themselves); the rest are counted.
 const MAX_LISTED: usize = 1000;
+
+/// However tight the budget, at least this many destructive changes and findings are listed.
+const MIN_LISTED: usize = 20;
 
 /// What happened to one root in this run.
 pub enum RootOutcome<'a> {
@@ -82,7 +85,26 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
         ctx.budget
     };
     let (mut view, pending) = build_view(ctx, roots);
-    let fixed = fixed_size(&mut view);
+    let mut fixed = fixed_size(&mut view);
+    // The destructive changes and findings are kept whole up to MAX_LISTED each; when those lists
+    // alone take more than half the budget (thousands of destroyed VMs, each with its finding),
+    // list fewer of the longer one (findings are sorted errors first) and count the rest.
+    while fixed > budget / 2 {
+        let (d, f) = (view.destructive.len(), view.findings.len());
+        if d.max(f) <= MIN_LISTED {
+            break;
+        }
+        if d >= f {
+            let keep = (d / 2).max(MIN_LISTED);
+            view.destructive_more += d - keep;
+            view.destructive.truncate(keep);
+        } else {
+            let keep = (f / 2).max(MIN_LISTED);
+            view.findings_more += f - keep;
+            view.findings.truncate(keep);
+        }
+        fixed = fixed_size(&mut view);
+    }
     // Aim a little below the budget: sizes are estimates.
     let mut target = budget - budget / 50;
     let units = collect_units(&view);
@@ -269,21 +291,32 @@ struct DetailView {
     drift_left_out: usize,
 }
 
+/// One resource's section. Absent and empty fields are not passed to the template (it reads
+/// them as undefined, which tests false and prints nothing): a note lists thousands of these.
 #[derive(Serialize, Clone)]
 struct ResourceView {
     symbol: &'static str,
     address: String,
     kind: ActionKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     replace_paths: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     previous_address: Option<String>,
     /// `Some("")` when imported without a known id.
     import_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     deposed: Option<String>,
+    /// The action list as JSON, only for actions planbot does not know (else empty).
+    #[serde(skip_serializing_if = "String::is_empty")]
     actions: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     body: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     fence: String,
     unchanged: usize,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     drift: bool,
     state: UnitState,
 }
@@ -319,8 +352,7 @@ fn scalar_text(v: Option<&Value>) -> Option<String> {
 }
 
 /// A non-sensitive top-level attribute of the object being destroyed (or else created).
-fn identity_attr(rc: &ResourceChange, names: &[&str]) -> Option<String> {
-    let c = &rc.change;
+fn identity_attr(c: &ChangeValues, names: &[&str]) -> Option<String> {
     for (value, mask) in [
         (&c.before, &c.before_sensitive),
         (&c.after, &c.after_sensitive),
@@ -387,7 +419,11 @@ fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
         previous_address: rc.previous_address.clone().filter(|p| *p != rc.address),
         import_id,
         deposed: rc.deposed.clone(),
-        actions: serde_json::to_string(&c.actions).unwrap_or_default(),
+        actions: if kind == ActionKind::Unknown {
+            serde_json::to_string(&c.actions).unwrap_or_default()
+        } else {
+            String::new()
+        },
         body: String::new(),
         fence: String::new(),
         unchanged: 0,
@@ -398,22 +434,25 @@ fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
 
 /// The ```diff body of one resource: only changed attributes, through the masks.
 fn fill_body(r: &mut ResourceView, rc: &ResourceChange, phrases: &Phrases) {
-    let c = &rc.change;
     let body = match r.kind {
         // A pure move/import/forget has nothing to diff.
         ActionKind::NoOp | ActionKind::Forget | ActionKind::Read => return,
-        _ => Differ::new(phrases)
-            .with_replace_paths(&r.replace_paths)
-            .diff(
-                "",
-                Node::new(
-                    &c.before,
-                    &c.after,
-                    &c.after_unknown,
-                    &c.before_sensitive,
-                    &c.after_sensitive,
-                ),
-            ),
+        _ => {
+            // This resource's values only, dropped when its diff is written.
+            let c = rc.change.values();
+            Differ::new(phrases)
+                .with_replace_paths(&r.replace_paths)
+                .diff(
+                    "",
+                    Node::new(
+                        &c.before,
+                        &c.after,
+                        &c.after_unknown,
+                        &c.before_sensitive,
+                        &c.after_sensitive,
+                    ),
+                )
+        }
     };
     r.body = markdown::neutralise(&body.text).into_owned();
     r.fence = markdown::fence_for(&r.body);
@@ -585,6 +624,9 @@ fn build_view<'a, 'r>(
                             red = true;
                         }
                         let v = resource_view_header(rc);
+                        let values = stateful.map(|_| rc.change.values());
+                        let identity =
+                            |names: &[&str]| values.as_ref().and_then(|c| identity_attr(c, names));
                         destructive.push(DestructiveView {
                             root: root.name.clone(),
                             address: rc.address.clone(),
@@ -595,12 +637,11 @@ fn build_view<'a, 'r>(
                             stateful,
                             vm_id: stateful
                                 .filter(|k| *k != "disk")
-                                .and_then(|_| identity_attr(rc, &["vm_id", "vmid"])),
+                                .and_then(|_| identity(&["vm_id", "vmid"])),
                             vm_name: stateful
                                 .filter(|k| *k != "disk")
-                                .and_then(|_| identity_attr(rc, &["name", "hostname"])),
-                            node: stateful
-                                .and_then(|_| identity_attr(rc, &["node_name", "target_node"])),
+                                .and_then(|_| identity(&["name", "hostname"])),
+                            node: stateful.and_then(|_| identity(&["node_name", "target_node"])),
                         });
                     }
                     pending.push(((d, 0, detail.resources.len()), rc));
