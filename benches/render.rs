@@ -2,7 +2,7 @@
 //!
 //! `cargo bench --bench render` first runs the `planbot render` binary on the generated plan
 //! written to a file, as a user would, and prints its wall time and peak RSS (the child's
-//! `ru_maxrss`); then, in this process, the time of each step of one `planbot render` run and the
+//! `ru_maxrss`), and how much of that the binary takes on an empty plan; then, in this process, the time of each step of one `planbot render` run and the
 //! peak RSS of parsing, rendering and the whole path (VmHWM from /proc/self/status, reset just
 //! before, the JSON already in memory); then criterion times `render_note` on 10,000 resources
 //! (note over budget: summaries only) and on 1,000 resources (every diff computed), and `lint`
@@ -150,7 +150,9 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// Run the `planbot render` binary on `path`: (wall time, peak RSS in KiB).
+/// Run the `planbot render` binary on `path`: (wall time, the peak RSS of every child run so
+/// far in KiB). Children must be run smallest first: `ru_maxrss` of RUSAGE_CHILDREN is the
+/// largest peak among them.
 fn run_binary(path: &std::path::Path) -> (Duration, u64) {
     let t = Instant::now();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
@@ -161,8 +163,7 @@ fn run_binary(path: &std::path::Path) -> (Duration, u64) {
         .expect("the planbot binary runs");
     let wall = t.elapsed();
     assert!(out.status.success(), "planbot render failed: {:?}", out);
-    // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_CHILDREN covers the
-    // one child waited for so far (this must be the first child of the process).
+    // SAFETY: getrusage only writes into the zeroed struct passed to it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
     (wall, usage.ru_maxrss as u64)
@@ -176,13 +177,22 @@ fn main() {
     let json_kib = json.len() as u64 / 1024;
     let x = |kib: u64| kib as f64 / json_kib.max(1) as f64;
 
-    // The binary, as a user runs it on a file.
+    // The binary, as a user runs it on a file: first on an empty plan (the peak RSS of the
+    // binary itself: its code pages, mapped from the executable), then on the big one.
+    let empty = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(
+        empty.path(),
+        br#"{"format_version":"1.2","resource_changes":[]}"#,
+    )
+    .expect("the empty plan is written");
+    let (_, bin_base) = run_binary(empty.path());
     let file = tempfile::NamedTempFile::new().expect("a temp file");
     std::fs::write(file.path(), &json).expect("the plan is written");
     if let Ok(keep) = std::env::var("PLANBOT_BENCH_KEEP_PLAN") {
         let _ = std::fs::copy(file.path(), keep);
     }
     let (bin_wall, bin_rss) = run_binary(file.path());
+    let bin_plan = bin_rss.saturating_sub(bin_base);
 
     // Peak memory, measured from here (the JSON is already in memory): the whole `planbot
     // render` path (parse, lint, fingerprint, secrets, render, scrub), then parse, then
@@ -219,12 +229,13 @@ fn main() {
     let _ = writeln!(
         err,
         "render bench: {big} resources, plan JSON {json_kib} KiB, note {note_len} chars\n\
-         render bench: the binary, `planbot render FILE`: {}, peak RSS {bin_rss} KiB ({:.1}x the JSON)\n\
+         render bench: the binary, `planbot render FILE`: {}, peak RSS {bin_rss} KiB ({:.1}x the JSON), of which {bin_base} KiB is the binary itself (its peak on an empty plan) and {bin_plan} KiB the plan ({:.1}x the JSON)\n\
          render bench: in process, one run each: parse {}, secrets + scrubber {}, render_note {}, Fingerprint::of {}, lint {}; whole `planbot render` path {}\n\
          render bench: in process, RSS before (JSON included) {rss_before} KiB; peak RSS of the whole path {peak_all} KiB ({:.1}x the JSON), \
          while parsing {peak_parse} KiB ({:.1}x), while rendering the note {peak_render} KiB ({:.1}x)",
         ms(bin_wall),
         x(bin_rss),
+        x(bin_plan),
         ms(parse),
         ms(secrets),
         ms(note),

@@ -17,7 +17,8 @@ type Entry = (u64, u64);
 /// need not be kept once the lint pass has moved on.
 pub struct Candidate<'p> {
     rc: &'p ResourceChange,
-    entries: Vec<Entry>,
+    /// Its entries: `Candidates::entries[entries.0..entries.1]`.
+    entries: (u32, u32),
     /// A destroyed object's `size` (shown in the finding).
     size: Option<u64>,
 }
@@ -27,6 +28,15 @@ pub struct Candidate<'p> {
 pub struct Candidates<'p> {
     deletes: Vec<Candidate<'p>>,
     creates: Vec<Candidate<'p>>,
+    /// The entries of every candidate, one after the other (one allocation, not one each:
+    /// they outlive the values they come from, which are freed around them).
+    entries: Vec<Entry>,
+}
+
+impl Candidates<'_> {
+    fn entries_of(&self, c: &Candidate) -> &[Entry] {
+        &self.entries[c.entries.0 as usize..c.entries.1 as usize]
+    }
 }
 
 fn is_create(rc: &ResourceChange) -> bool {
@@ -63,16 +73,18 @@ impl<'p> Candidates<'p> {
         } else {
             return;
         };
-        let entries = object
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| (str_hash(k), value_hash(v)))
-            .collect();
+        let start = self.entries.len() as u32;
+        self.entries.extend(
+            object
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (str_hash(k), value_hash(v))),
+        );
         list.push(Candidate {
             rc: res.rc,
-            entries,
+            entries: (start, self.entries.len() as u32),
             size: before(res, "size").and_then(Value::as_u64),
         });
     }
@@ -111,14 +123,14 @@ struct Group<'c, 'p> {
 }
 
 impl<'c, 'p> Group<'c, 'p> {
-    fn new(creates: Vec<&'c Candidate<'p>>) -> Group<'c, 'p> {
+    fn new(creates: Vec<&'c Candidate<'p>>, all: &Candidates) -> Group<'c, 'p> {
         let mut buckets: HashMap<Entry, u32> = HashMap::new();
         let mut bucket_start = Vec::with_capacity(creates.len() + 1);
         let mut create_buckets = Vec::new();
         let mut sizes: Vec<u32> = Vec::new();
         for new in &creates {
             bucket_start.push(create_buckets.len() as u32);
-            for entry in &new.entries {
+            for entry in all.entries_of(new) {
                 let next = buckets.len() as u32;
                 let b = *buckets.entry(*entry).or_insert(next);
                 if b == next {
@@ -170,9 +182,9 @@ impl<'c, 'p> Group<'c, 'p> {
     }
 
     /// Take the free create most like `old` (never one at `old`'s own address).
-    fn take_best(&mut self, old: &Candidate) -> Option<&'c Candidate<'p>> {
+    fn take_best(&mut self, old: &Candidate, all: &Candidates) -> Option<&'c Candidate<'p>> {
         let mut touched: Vec<usize> = Vec::new();
-        for entry in &old.entries {
+        for entry in all.entries_of(old) {
             let Some(&b) = self.buckets.get(entry) else {
                 continue;
             };
@@ -268,7 +280,7 @@ pub fn pve010(input: &LintInput) -> Vec<Finding> {
             creates.entry(group_key(c.rc)).or_default().push(c);
         }
         for (key, list) in creates {
-            groups.insert(key, Group::new(list));
+            groups.insert(key, Group::new(list, moves));
         }
     }
     let mut out = Vec::new();
@@ -276,7 +288,7 @@ pub fn pve010(input: &LintInput) -> Vec<Finding> {
         let Some(group) = groups.get_mut(&group_key(old.rc)) else {
             continue;
         };
-        let Some(new) = group.take_best(old) else {
+        let Some(new) = group.take_best(old, moves) else {
             continue;
         };
         out.push(finding(

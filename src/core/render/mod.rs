@@ -19,7 +19,7 @@ use minijinja::Environment;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Size budget for one note (GitLab's hard limit is 1,000,000 characters).
@@ -125,7 +125,7 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
     for _ in 0..4 {
         let states = budget::plan(&units, fixed, target);
         apply_states(&mut view, &states);
-        text = render_view(&view);
+        text = render_view(&mut view);
         if text.len() <= budget {
             break;
         }
@@ -197,12 +197,50 @@ fn templates() -> &'static Templates {
     })
 }
 
-fn render_view(view: &NoteView<'_>) -> String {
+fn render_view(view: &mut NoteView<'_>) -> String {
+    // Each root's resource and drift sections are lent to the template as sequences whose items
+    // become template values one at a time, as the template reaches them: converting thousands
+    // of sections up front would take several times the memory of the note itself.
+    let mut lent = Vec::with_capacity(view.details.len());
+    for d in &mut view.details {
+        let resources = Arc::new(std::mem::take(&mut d.resources));
+        let drift = Arc::new(std::mem::take(&mut d.drift));
+        d.resources_seq = minijinja::Value::from_object(Sections(Arc::clone(&resources)));
+        d.drift_seq = minijinja::Value::from_object(Sections(Arc::clone(&drift)));
+        lent.push((resources, drift));
+    }
     let t = templates();
-    t.env
+    let text = t
+        .env
         .get_template("note.md.j2")
-        .and_then(|tmpl| tmpl.render(view))
-        .unwrap_or_else(|e| panic!("templates/note.md.j2 failed to render: {e:#}"))
+        .and_then(|tmpl| tmpl.render(&*view))
+        .unwrap_or_else(|e| panic!("templates/note.md.j2 failed to render: {e:#}"));
+    for (d, (resources, drift)) in view.details.iter_mut().zip(lent) {
+        d.resources_seq = minijinja::Value::UNDEFINED;
+        d.drift_seq = minijinja::Value::UNDEFINED;
+        d.resources = Arc::try_unwrap(resources).unwrap_or_else(|shared| (*shared).clone());
+        d.drift = Arc::try_unwrap(drift).unwrap_or_else(|shared| (*shared).clone());
+    }
+    text
+}
+
+/// A list of resource sections as a template sequence (see [`render_view`]).
+#[derive(Debug)]
+struct Sections(Arc<Vec<ResourceView>>);
+
+impl minijinja::value::Object for Sections {
+    fn repr(self: &Arc<Self>) -> minijinja::value::ObjectRepr {
+        minijinja::value::ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let section = self.0.get(key.as_usize()?)?;
+        Some(minijinja::Value::from_serialize(section))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        minijinja::value::Enumerator::Seq(self.0.len())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -285,15 +323,23 @@ struct DetailView {
     error: Option<String>,
     fence: String,
     no_changes: bool,
+    /// Given to the template as `resources_seq` (see [`render_view`]).
+    #[serde(skip)]
     resources: Vec<ResourceView>,
+    #[serde(rename = "resources")]
+    resources_seq: minijinja::Value,
     outputs: Option<OutputsView>,
+    /// Given to the template as `drift_seq`.
+    #[serde(skip)]
     drift: Vec<ResourceView>,
+    #[serde(rename = "drift")]
+    drift_seq: minijinja::Value,
     drift_left_out: usize,
 }
 
 /// One resource's section. Absent and empty fields are not passed to the template (it reads
 /// them as undefined, which tests false and prints nothing): a note lists thousands of these.
-#[derive(Serialize, Clone)]
+#[derive(Serialize, Clone, Debug)]
 struct ResourceView {
     symbol: &'static str,
     address: String,
@@ -569,8 +615,10 @@ fn build_view<'a, 'r>(
             fence: String::new(),
             no_changes: false,
             resources: Vec::new(),
+            resources_seq: minijinja::Value::UNDEFINED,
             outputs: None,
             drift: Vec::new(),
+            drift_seq: minijinja::Value::UNDEFINED,
             drift_left_out: 0,
         };
         match &root.outcome {
