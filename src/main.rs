@@ -62,6 +62,12 @@ enum Command {
         /// Give up (SIGTERM, then kill after a grace period) after this long.
         #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
+        /// A variable file for the engine's `plan` (`-var-file`); repeatable, later files win.
+        #[arg(long = "var-file", value_name = "FILE")]
+        var_files: Vec<PathBuf>,
+        /// A variable (`-var NAME=VALUE`); repeatable; wins over every `--var-file`.
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+        vars: Vec<(String, String)>,
     },
     /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
     Doctor {
@@ -85,6 +91,19 @@ enum Command {
     },
 }
 
+/// `NAME=VALUE` of `--var` (the value may hold `=`; the name is checked before the engine runs).
+fn parse_var(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if planbot::capabilities::engine::is_variable_name(name) => {
+            Ok((name.to_string(), value.to_string()))
+        }
+        Some((name, _)) => Err(format!(
+            "{name:?} is not a variable name (letters, digits, `-` and `_`, starting with a letter or `_`)"
+        )),
+        None => Err("expected NAME=VALUE".to_string()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -104,12 +123,15 @@ fn main() -> ExitCode {
             format,
             fingerprint_key,
             timeout,
+            var_files,
+            vars,
         } => planbot::flows::local_plan::plan_command(
             &dir,
             engine.as_deref(),
             format.into(),
             fingerprint_key.as_deref(),
             timeout,
+            planbot::flows::local_plan::Variables { var_files, vars },
         ),
         Command::Doctor { config } => planbot::flows::doctor::main(&config),
         Command::CheckConfig { file } => planbot::flows::check_config::main(&file),
