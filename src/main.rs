@@ -30,6 +30,23 @@ impl From<Format> for planbot::flows::report::Format {
     }
 }
 
+/// `--engine-name` of `planbot render`.
+#[derive(Clone, Copy, ValueEnum)]
+enum EngineName {
+    #[value(alias = "opentofu")]
+    Tofu,
+    Terraform,
+}
+
+impl From<EngineName> for planbot::core::engine_kind::EngineKind {
+    fn from(e: EngineName) -> Self {
+        match e {
+            EngineName::Tofu => planbot::core::engine_kind::EngineKind::OpenTofu,
+            EngineName::Terraform => planbot::core::engine_kind::EngineKind::Terraform,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the service (webhooks, plan queue, apply endpoint, run pages).
@@ -48,6 +65,10 @@ enum Command {
         /// Secret key of the plan fingerprint (HMAC-SHA256).
         #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
         fingerprint_key: Option<String>,
+        /// The engine that wrote the plan, for the footer (default: told from the document when
+        /// it says so clearly, else only the version is shown).
+        #[arg(long, value_enum)]
+        engine_name: Option<EngineName>,
     },
     /// Run init + plan + show in DIR with the real engine and print the same output.
     Plan {
@@ -112,10 +133,12 @@ fn main() -> ExitCode {
             plan_json,
             format,
             fingerprint_key,
+            engine_name,
         } => planbot::flows::report::render_command(
             &plan_json,
             format.into(),
             fingerprint_key.as_deref(),
+            engine_name.map(Into::into),
         ),
         Command::Plan {
             dir,

@@ -39,27 +39,8 @@ const LOG_TAIL_BYTES: usize = 512 * 1024;
 /// After the engine process exits, its output pipes get this long to drain.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(5);
 
-/// Which engine a binary is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EngineKind {
-    OpenTofu,
-    Terraform,
-}
-
-impl EngineKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::OpenTofu => "OpenTofu",
-            EngineKind::Terraform => "Terraform",
-        }
-    }
-}
-
-impl fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Which engine a binary is (defined in core, where a plan document's engine is told apart too).
+pub use crate::core::engine_kind::EngineKind;
 
 /// The engine's name and version, e.g. "Terraform 1.11.4" (its `Display`).
 #[derive(Debug, Clone, PartialEq, Eq)]
