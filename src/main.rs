@@ -30,6 +30,23 @@ impl From<Format> for planbot::flows::report::Format {
     }
 }
 
+/// `--engine-name` of `planbot render`.
+#[derive(Clone, Copy, ValueEnum)]
+enum EngineName {
+    #[value(alias = "opentofu")]
+    Tofu,
+    Terraform,
+}
+
+impl From<EngineName> for planbot::core::engine_kind::EngineKind {
+    fn from(e: EngineName) -> Self {
+        match e {
+            EngineName::Tofu => planbot::core::engine_kind::EngineKind::OpenTofu,
+            EngineName::Terraform => planbot::core::engine_kind::EngineKind::Terraform,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the service (webhooks, plan queue, apply endpoint, run pages).
@@ -48,6 +65,10 @@ enum Command {
         /// Secret key of the plan fingerprint (HMAC-SHA256).
         #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
         fingerprint_key: Option<String>,
+        /// The engine that wrote the plan, for the footer (default: told from the document when
+        /// it says so clearly, else only the version is shown).
+        #[arg(long, value_enum)]
+        engine_name: Option<EngineName>,
     },
     /// Run init + plan + show in DIR with the real engine and print the same output.
     Plan {
@@ -62,6 +83,12 @@ enum Command {
         /// Give up (SIGTERM, then kill after a grace period) after this long.
         #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
+        /// A variable file for the engine's `plan` (`-var-file`); repeatable, later files win.
+        #[arg(long = "var-file", value_name = "FILE")]
+        var_files: Vec<PathBuf>,
+        /// A variable (`-var NAME=VALUE`); repeatable; wins over every `--var-file`.
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+        vars: Vec<(String, String)>,
     },
     /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
     Doctor {
@@ -85,6 +112,19 @@ enum Command {
     },
 }
 
+/// `NAME=VALUE` of `--var` (the value may hold `=`; the name is checked before the engine runs).
+fn parse_var(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if planbot::capabilities::engine::is_variable_name(name) => {
+            Ok((name.to_string(), value.to_string()))
+        }
+        Some((name, _)) => Err(format!(
+            "{name:?} is not a variable name (letters, digits, `-` and `_`, starting with a letter or `_`)"
+        )),
+        None => Err("expected NAME=VALUE".to_string()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -93,10 +133,12 @@ fn main() -> ExitCode {
             plan_json,
             format,
             fingerprint_key,
+            engine_name,
         } => planbot::flows::report::render_command(
             &plan_json,
             format.into(),
             fingerprint_key.as_deref(),
+            engine_name.map(Into::into),
         ),
         Command::Plan {
             dir,
@@ -104,12 +146,15 @@ fn main() -> ExitCode {
             format,
             fingerprint_key,
             timeout,
+            var_files,
+            vars,
         } => planbot::flows::local_plan::plan_command(
             &dir,
             engine.as_deref(),
             format.into(),
             fingerprint_key.as_deref(),
             timeout,
+            planbot::flows::local_plan::Variables { var_files, vars },
         ),
         Command::Doctor { config } => planbot::flows::doctor::main(&config),
         Command::CheckConfig { file } => planbot::flows::check_config::main(&file),

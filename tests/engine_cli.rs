@@ -1,5 +1,6 @@
-//! `planbot plan DIR` as a user runs it: the quickstart plans, a broken root exits 1 with the
-//! redacted error, a non-plan exits 2, a hanging engine is stopped, and no file is left behind.
+//! `planbot plan DIR` as a user runs it: the quickstart plans, var files and `--var` change what
+//! is planned, a broken root or a missing var file exits 1 with a clear redacted error, a
+//! non-plan exits 2, a hanging engine is stopped, and no file is left behind.
 
 #[path = "fixtures/engine/fake.rs"]
 mod fake;
@@ -102,6 +103,124 @@ fn the_quickstart_plans_and_prints_the_note_and_the_json_report() {
     let keyed: serde_json::Value = serde_json::from_slice(&keyed.stdout).unwrap();
     assert_ne!(keyed["fingerprint"], report["fingerprint"]);
 
+    assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_var_file_and_a_var_change_what_the_note_shows_and_a_sensitive_value_stays_hidden() {
+    let engine = require_engine!();
+    let root = quickstart_copy();
+    let tmp = tempfile::tempdir().unwrap();
+    // The var file lives outside the root, beside where the user runs planbot; it is named
+    // relative to that directory, as a user types it.
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(
+        cwd.path().join("prod.tfvars"),
+        r#"
+vms = {
+  web  = { node = "pve03", cores = 2, memory = 4096 }
+  mail = { node = "pve03", cores = 1, memory = 1024 }
+}
+root_password = "cli-canary-var-file-5e2"
+"#,
+    )
+    .unwrap();
+    let plan = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_planbot"))
+            .arg("plan")
+            .arg(root.path())
+            .args(["--engine", engine.to_str().unwrap()])
+            .args(extra)
+            .current_dir(cwd.path())
+            .env("TMPDIR", tmp.path())
+            .output()
+            .expect("run planbot")
+    };
+
+    let out = plan(&["--var-file", "prod.tfvars"]);
+    let note = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{note}\n{stderr}");
+    assert!(
+        note.contains("| 3 | 0 | 0 | 0 | 0 |"),
+        "2 VMs + the password: {note}"
+    );
+    assert!(note.contains("+ input.name = \"web\""), "{note}");
+    assert!(note.contains("+ input.node_name = \"pve03\""), "{note}");
+    assert!(
+        !note.contains("\"blocky\""),
+        "the default map is replaced: {note}"
+    );
+    assert!(note.contains("+ input = (sensitive value)"), "{note}");
+    for text in [&note, &stderr] {
+        assert!(!text.contains("cli-canary-var-file-5e2"), "{text}");
+    }
+
+    // `--var` wins over the var file, and JSON output lists what would be created.
+    let out = plan(&[
+        "--var-file",
+        "prod.tfvars",
+        "--var",
+        r#"vms={ mx = { node = "pve04", cores = 1, memory = 512 } }"#,
+        "--format",
+        "json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let addresses: Vec<&str> = report["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        addresses,
+        ["terraform_data.root_password", "terraform_data.vm[\"mx\"]"]
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("cli-canary-var-file-5e2"));
+    assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_missing_var_file_exits_1_naming_it_before_the_engine_runs() {
+    let engine = require_engine!();
+    let root = quickstart_copy();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &[
+            "--engine",
+            engine.to_str().unwrap(),
+            "--var-file",
+            "/nonexistent/prod.tfvars",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("planbot: --var-file /nonexistent/prod.tfvars: cannot read it: No such file or directory"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "no note for bad input");
+    assert!(
+        !root.path().join(".terraform").exists(),
+        "the engine did not even init"
+    );
+
+    // A bad `--var` is refused by the argument parser, with what is expected.
+    let out = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &["--engine", engine.to_str().unwrap(), "--var", "vms"],
+    );
+    assert_eq!(out.status.code(), Some(2), "clap's usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected NAME=VALUE"));
     assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
 }
 

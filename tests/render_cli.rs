@@ -1,5 +1,7 @@
 //! `planbot render` through the real binary: JSON and Markdown output, stdin, the fingerprint
-//! key, and bad input answered with exit code 2 and one clear line.
+//! key, the engine named in the footer, and bad input answered with exit code 2 and one line.
+
+mod support;
 
 use planbot::core::fingerprint::Fingerprint;
 use planbot::core::plan::Plan;
@@ -161,4 +163,118 @@ fn a_missing_file_is_one_line_too() {
         stderr.contains("cannot read /nonexistent/plan.json"),
         "{stderr}"
     );
+}
+
+/// The footer line of a note.
+fn footer(note: &str) -> String {
+    note.lines()
+        .find(|l| l.starts_with("<sub>fingerprint"))
+        .unwrap_or_else(|| panic!("no footer in:\n{note}"))
+        .to_string()
+}
+
+#[test]
+fn the_footer_names_the_engine_that_wrote_a_real_plan() {
+    let engine = require_engine!();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("main.tf"),
+        "resource \"terraform_data\" \"vm\" {\n  input = \"blocky\"\n}\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(&engine)
+            .args(args)
+            .current_dir(dir.path())
+            .env("TF_IN_AUTOMATION", "1")
+            .env_remove("TF_CLI_ARGS")
+            .env_remove("TF_LOG")
+            .output()
+            .expect("engine runs");
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        out.stdout
+    };
+    let version = planbot::capabilities::engine::EngineVersion::from_version_json(
+        &run(&["version", "-json"]),
+        &engine,
+    )
+    .expect("version -json");
+    run(&["init", "-input=false", "-no-color"]);
+    run(&["plan", "-input=false", "-no-color", "-out=plan.bin"]);
+    let json = run(&["show", "-json", "plan.bin"]);
+    let out = planbot(&["render", "-", "--fingerprint-key", "k"], Some(&json));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Terraform (≥ 1.8) writes `applyable`/`complete`; OpenTofu (≥ 1.8) has neither beside its
+    // `timestamp`. Either way the footer says which one, as `planbot plan` would.
+    assert!(
+        footer(&text(&out.stdout)).contains(&format!(" · {version} · ")),
+        "{version}: {}",
+        footer(&text(&out.stdout))
+    );
+}
+
+#[test]
+fn an_opentofu_plan_says_opentofu_and_unsure_stays_neutral() {
+    // OpenTofu's shape: providers from its registry, no `applyable`/`complete`.
+    let drift = fixture_path("drift");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&drift).unwrap()).unwrap();
+    assert!(json.get("applyable").is_none());
+    let out = planbot(&["render", &drift, "--fingerprint-key", "k"], None);
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6 · "));
+
+    // Terraform's own output, reshaped as OpenTofu writes it (no `applyable`/`complete`, a
+    // `timestamp`): OpenTofu, also with only built-in providers.
+    let mut tf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture_path("changes")).unwrap()).unwrap();
+    let out = planbot(
+        &["render", "-", "--fingerprint-key", "k"],
+        Some(tf.to_string().as_bytes()),
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4 · "));
+    let obj = tf.as_object_mut().unwrap();
+    obj.remove("applyable");
+    obj.remove("complete");
+    assert!(obj.contains_key("timestamp"));
+    let tofu_shaped = tf.to_string();
+    let out = planbot(
+        &["render", "-", "--fingerprint-key", "k"],
+        Some(tofu_shaped.as_bytes()),
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.11.4 · "));
+
+    // `--engine-name` wins over what the document seems to say.
+    let out = planbot(
+        &[
+            "render",
+            "-",
+            "--fingerprint-key",
+            "k",
+            "--engine-name",
+            "terraform",
+        ],
+        Some(tofu_shaped.as_bytes()),
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4 · "));
+
+    // Evidence both ways (hand-made: Terraform's fields and OpenTofu's registry): neutral.
+    let mixed = fixture_path("bpg/seed_talos_raw_xz_decompress");
+    let out = planbot(&["render", &mixed, "--fingerprint-key", "k"], None);
+    let f = footer(&text(&out.stdout));
+    assert!(f.contains(" · engine 1.10.6 · "), "{f}");
+    let out = planbot(
+        &[
+            "render",
+            &mixed,
+            "--fingerprint-key",
+            "k",
+            "--engine-name",
+            "tofu",
+        ],
+        None,
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6 · "));
+
+    let out = planbot(&["render", &mixed, "--engine-name", "pulumi"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("possible values: tofu, terraform"));
 }

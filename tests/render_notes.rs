@@ -342,6 +342,54 @@ fn hostile_root_names_findings_and_errors_are_escaped_too() {
     assert!(note.contains("| <code>x&#124;y`&lt;b&gt;</code> |"));
 }
 
+/// The code spans GitLab's Markdown parser (comrak) finds in `note`, as a reader sees them.
+fn code_spans_as_gitlab_shows_them(note: &str) -> Vec<String> {
+    let mut options = comrak::Options::default();
+    options.extension.table = true;
+    options.extension.autolink = true;
+    options.extension.strikethrough = true;
+    let arena = comrak::Arena::new();
+    let root = comrak::parse_document(&arena, note, &options);
+    root.descendants()
+        .filter_map(|n| match &n.data.borrow().value {
+            comrak::nodes::NodeValue::Code(c) => Some(c.literal.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_findings_message_with_quotes_reads_with_its_real_characters() {
+    // Real lint findings: the messages quote HCL (`content_type = "import"`) in code spans,
+    // where GitLab shows `&quot;` verbatim.
+    let plan = fixture("bpg/seed_talos_raw_xz_decompress");
+    let findings = planbot::core::lint::lint(&plan, &[]);
+    assert_eq!(findings.len(), 2);
+    let note = note_with(&plan, &findings, &ctx());
+    assert!(
+        note.contains("(named after the URL) with `content_type = \"import\"`, but Proxmox"),
+        "{note}"
+    );
+    assert!(
+        note.contains("sets `decompression_algorithm = \"zst\"` with"),
+        "{note}"
+    );
+    let spans = code_spans_as_gitlab_shows_them(&note);
+    for shown in [
+        "content_type = \"import\"",
+        "decompression_algorithm = \"zst\"",
+    ] {
+        assert!(spans.iter().any(|s| s == shown), "{shown} in {spans:?}");
+    }
+    for s in &spans {
+        assert!(
+            !s.contains("&quot;") && !s.contains("&#39;") && !s.contains("&amp;"),
+            "an entity shown verbatim: {s}"
+        );
+    }
+    insta::assert_snapshot!(note);
+}
+
 #[test]
 fn findings_come_errors_first_each_with_its_fix() {
     let plan = fixture("proxmox");

@@ -39,27 +39,8 @@ const LOG_TAIL_BYTES: usize = 512 * 1024;
 /// After the engine process exits, its output pipes get this long to drain.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(5);
 
-/// Which engine a binary is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EngineKind {
-    OpenTofu,
-    Terraform,
-}
-
-impl EngineKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::OpenTofu => "OpenTofu",
-            EngineKind::Terraform => "Terraform",
-        }
-    }
-}
-
-impl fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Which engine a binary is (defined in core, where a plan document's engine is told apart too).
+pub use crate::core::engine_kind::EngineKind;
 
 /// The engine's name and version, e.g. "Terraform 1.11.4" (its `Display`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +191,14 @@ impl CancelToken {
 pub struct PlanRequest {
     /// `-var-file=` arguments, relative to the root directory (no absolute paths, no `..`).
     pub var_files: Vec<PathBuf>,
+    /// `-var-file=` arguments the local operator chose on the command line (`planbot plan
+    /// --var-file`): absolute paths, anywhere. Never from a repository. Passed after
+    /// `var_files`, so they win.
+    pub operator_var_files: Vec<PathBuf>,
+    /// `-var=NAME=VALUE` arguments (`planbot plan --var`), passed last, so they win. Their
+    /// values are secret only as the engine marks them (a sensitive variable is scrubbed via
+    /// the plan JSON), like the values of a var file.
+    pub vars: Vec<(String, String)>,
     /// Selected with `TF_WORKSPACE` (letters, digits, `-`, `_`).
     pub workspace: Option<String>,
     /// Extra environment for this run only (secrets: scrubbed from all output).
@@ -673,10 +662,13 @@ impl Engine {
         let mut out_arg = OsString::from("-out=");
         out_arg.push(&plan_file);
         args.push(out_arg);
-        for vf in &req.var_files {
+        for vf in req.var_files.iter().chain(&req.operator_var_files) {
             let mut a = OsString::from("-var-file=");
             a.push(vf);
             args.push(a);
+        }
+        for (name, value) in &req.vars {
+            args.push(format!("-var={name}={value}").into());
         }
         let show_args: Vec<OsString> =
             vec!["show".into(), "-json".into(), plan_file.clone().into()];
@@ -896,6 +888,20 @@ fn validate_request(req: &PlanRequest) -> Result<(), EngineError> {
             )));
         }
     }
+    for vf in &req.operator_var_files {
+        if !vf.is_absolute() {
+            return Err(EngineError::InvalidRequest(format!(
+                "operator var file {vf:?} must be an absolute path"
+            )));
+        }
+    }
+    for (name, _) in &req.vars {
+        if !is_variable_name(name) {
+            return Err(EngineError::InvalidRequest(format!(
+                "variable name {name:?}: use letters, digits, `-` and `_`, starting with a letter or `_`"
+            )));
+        }
+    }
     if let Some(ws) = &req.workspace {
         let ok = !ws.is_empty()
             && ws.len() <= 90
@@ -916,6 +922,15 @@ fn validate_request(req: &PlanRequest) -> Result<(), EngineError> {
         }
     }
     Ok(())
+}
+
+/// An HCL identifier as a variable name: a letter or `_`, then letters, digits, `-`, `_`.
+pub fn is_variable_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// How a step ended without success, its raw log kept until the secrets are known.
@@ -1348,6 +1363,31 @@ mod tests {
             ..Default::default()
         };
         assert!(validate_request(&bad_ws).is_err());
+    }
+
+    #[test]
+    fn command_line_vars_need_a_variable_name_and_operator_var_files_an_absolute_path() {
+        for bad in ["", "1vm", "vms=x", "a b", "-x", "name;rm"] {
+            let req = PlanRequest {
+                vars: vec![(bad.to_string(), "v".to_string())],
+                ..Default::default()
+            };
+            assert!(validate_request(&req).is_err(), "{bad:?}");
+        }
+        let ok = PlanRequest {
+            vars: vec![
+                ("vm_count".to_string(), "a=b; $(x)".to_string()),
+                ("_x-1".to_string(), String::new()),
+            ],
+            operator_var_files: vec![PathBuf::from("/home/me/prod.tfvars")],
+            ..Default::default()
+        };
+        assert!(validate_request(&ok).is_ok());
+        let relative = PlanRequest {
+            operator_var_files: vec![PathBuf::from("prod.tfvars")],
+            ..Default::default()
+        };
+        assert!(validate_request(&relative).is_err());
     }
 
     #[test]

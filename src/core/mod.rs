@@ -2,6 +2,7 @@
 pub mod apply;
 pub mod apply_note;
 pub mod config;
+pub mod engine_kind;
 pub mod events;
 pub mod fingerprint;
 pub mod ids;

@@ -50,6 +50,10 @@ struct PlanWire {
     #[serde(default)]
     applyable: Option<bool>,
     #[serde(default)]
+    complete: Option<bool>,
+    #[serde(default)]
+    timestamp: Option<String>,
+    #[serde(default)]
     variables: BTreeMap<String, VariableValue>,
     #[serde(default)]
     configuration: Option<Configuration>,
@@ -81,6 +85,8 @@ impl PlanWire {
             output_changes: self.output_changes.unwrap_or_default(),
             errored: self.errored.unwrap_or_default(),
             applyable: self.applyable,
+            complete: self.complete,
+            timestamp: self.timestamp,
             variables: self.variables,
             configuration: self.configuration,
             prior_state_secrets: self.prior_state,
@@ -98,8 +104,12 @@ pub struct Plan {
     pub resource_drift: Vec<ResourceChange>,
     pub output_changes: BTreeMap<String, OutputChange>,
     pub errored: bool,
-    /// Terraform only; OpenTofu has no such field.
+    /// Terraform only (1.8 and later); OpenTofu has no such field.
     pub applyable: Option<bool>,
+    /// Terraform only, like `applyable`.
+    pub complete: Option<bool>,
+    /// When the plan was made (both engines write it; read only to tell them apart).
+    pub timestamp: Option<String>,
     /// Input variable values, in clear. Never rendered; read only to collect secrets.
     pub variables: BTreeMap<String, VariableValue>,
     /// Only the sensitivity flags of root variables are read from `configuration`.
@@ -121,6 +131,16 @@ pub struct VariableValue {
 pub struct Configuration {
     #[serde(default)]
     pub root_module: ConfigModule,
+    /// The providers by configuration key; only their full names are read (to tell the
+    /// engines apart).
+    #[serde(default)]
+    pub provider_config: BTreeMap<String, ConfigProvider>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConfigProvider {
+    #[serde(default)]
+    pub full_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

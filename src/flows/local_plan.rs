@@ -1,7 +1,7 @@
 //! `planbot plan DIR`: init + plan + show with the real engine, printed as the note or JSON.
 //!
-//! Exit codes: 0 planned, 1 the engine failed (the note says why, redacted), 2 the engine's
-//! output was not a plan. The binary plan file lives in a private temp dir that is deleted
+//! Exit codes: 0 planned, 1 the engine failed (the note says why, redacted) or a `--var-file`
+//! is missing (said on stderr, before the engine runs), 2 the engine's output was not a plan. The binary plan file lives in a private temp dir that is deleted
 //! before this returns, also on error, timeout and Ctrl-C.
 
 use crate::capabilities::engine::{self, CancelHandle, Engine, EngineError, PlanRequest};
@@ -21,12 +21,39 @@ use std::time::Duration;
 /// How long the engine gets to stop after SIGTERM before its process group is killed.
 const GRACE: Duration = Duration::from_secs(20);
 
+/// Variables given on the command line: `--var-file FILE` (relative to the current directory,
+/// like any path argument) and `--var NAME=VALUE`, passed to the engine's `plan` in that order.
+#[derive(Debug, Clone, Default)]
+pub struct Variables {
+    pub var_files: Vec<PathBuf>,
+    pub vars: Vec<(String, String)>,
+}
+
+/// Each var file as an absolute path, checked before anything runs: a missing or unreadable
+/// file is a clear error naming it (its content is never quoted).
+fn resolve_var_files(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    files
+        .iter()
+        .map(|f| {
+            let path = std::fs::canonicalize(f)
+                .with_context(|| format!("--var-file {}: cannot read it", f.display()))?;
+            if !path.is_file() {
+                anyhow::bail!("--var-file {}: not a file", f.display());
+            }
+            std::fs::File::open(&path)
+                .with_context(|| format!("--var-file {}: cannot read it", f.display()))?;
+            Ok(path)
+        })
+        .collect()
+}
+
 pub fn plan_command(
     dir: &Path,
     engine: Option<&str>,
     format: Format,
     fingerprint_key: Option<&str>,
     timeout: Duration,
+    variables: Variables,
 ) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -41,7 +68,7 @@ pub fn plan_command(
             LOCAL_FINGERPRINT_KEY.as_bytes().to_vec()
         }
     };
-    rt.block_on(run(dir, engine, format, &key, timeout))
+    rt.block_on(run(dir, engine, format, &key, timeout, variables))
 }
 
 async fn run(
@@ -50,10 +77,12 @@ async fn run(
     format: Format,
     key: &[u8],
     timeout: Duration,
+    variables: Variables,
 ) -> Result<ExitCode> {
     if !dir.is_dir() {
         anyhow::bail!("{} is not a directory", dir.display());
     }
+    let operator_var_files = resolve_var_files(&variables.var_files)?;
     let binary = match engine {
         Some(b) => PathBuf::from(b),
         None => engine::default_binary()?,
@@ -79,6 +108,8 @@ async fn run(
         }
     });
     let req = PlanRequest {
+        operator_var_files,
+        vars: variables.vars,
         cancel: Some(token),
         ..PlanRequest::default()
     };

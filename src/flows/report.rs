@@ -1,5 +1,6 @@
 //! `planbot render`, and the output shared with `planbot plan`: the note or the JSON report.
 
+use crate::core::engine_kind::{self, EngineKind};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::lint::lint;
 use crate::core::plan::Plan;
@@ -86,10 +87,13 @@ pub fn report_root(
 }
 
 /// `planbot render PLAN_JSON`: exit 0 on success, 2 when the input is not a plan document.
+/// The footer names the engine given (`--engine-name`), else the one the document shows
+/// ([`engine_kind::detect_plan`]), else only its version.
 pub fn render_command(
     path: &Path,
     format: Format,
     fingerprint_key: Option<&str>,
+    engine_name: Option<EngineKind>,
 ) -> Result<ExitCode> {
     // Read straight from the file (or stdin) into the plan: the document itself is never held in
     // memory, which keeps the peak memory of a big plan low.
@@ -112,6 +116,7 @@ pub fn render_command(
             return Ok(ExitCode::from(2));
         }
     };
+    let engine = engine_name.or_else(|| engine_kind::detect_plan(&plan));
     let key = match fingerprint_key {
         Some(k) if !k.is_empty() => k.as_bytes(),
         _ => {
@@ -122,7 +127,7 @@ pub fn render_command(
         }
     };
     let ctx = NoteContext {
-        engine: plan.engine_version().map(|v| format!("engine {v}")),
+        engine: engine_kind::footer_text(engine, plan.engine_version()),
         ..NoteContext::default()
     };
     let out = report(&plan, &ctx, &Secrets::new(), key, format);

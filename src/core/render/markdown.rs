@@ -92,9 +92,112 @@ pub fn table_code(text: &str) -> String {
     format!("<code>{}</code>", html_escape(text).replace('|', "&#124;"))
 }
 
-/// Plain text inside a Markdown paragraph or list item: no HTML, no line breaks.
+/// Text inside a Markdown paragraph or list item, which may hold code spans (a finding's
+/// message: ``downloads `x.img` with `content_type = "iso"` ``). No HTML, no line breaks.
+///
+/// Code spans are found exactly as CommonMark (and so GitLab) finds them: a backtick string
+/// opens one (unless backslash-escaped) and the next backtick string of the same length closes
+/// it; an unclosed one is literal. Inside a code span characters are shown as they are —
+/// GitLab shows `&quot;` there verbatim, so nothing is escaped; only `<!--`/`-->` and tag
+/// openers get an invisible break (see [`push_code`]). Outside code spans the text is
+/// HTML-escaped as before (GitLab shows those entities as the characters), so no tag, comment,
+/// autolink or entity can form there. Line breaks (`\n`, `\r`) become spaces.
 pub fn inline_text(text: &str) -> String {
-    html_escape(text)
+    let text = text.replace(['\n', '\r'], " ");
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\\' if b.get(i + 1).is_some_and(u8::is_ascii_punctuation) => {
+                // A backslash escape: the next character is literal (never an opener).
+                match b[i + 1] {
+                    // `\&lt;` would show `&lt;`: the entity alone shows the `<` meant.
+                    c @ (b'&' | b'<' | b'>' | b'"' | b'\'') => push_prose(&mut out, c as char),
+                    c => {
+                        out.push('\\');
+                        out.push(c as char);
+                    }
+                }
+                i += 2;
+            }
+            b'`' => {
+                let n = backtick_run_at(b, i);
+                match closing_run(b, i + n, n) {
+                    Some(close) => {
+                        out.push_str(&text[i..i + n]);
+                        push_code(&mut out, &text[i + n..close]);
+                        out.push_str(&text[close..close + n]);
+                        i = close + n;
+                    }
+                    None => {
+                        out.push_str(&text[i..i + n]);
+                        i += n;
+                    }
+                }
+            }
+            _ => {
+                let c = text[i..].chars().next().expect("inside the text");
+                push_prose(&mut out, c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+/// The content of a code span, as it is but for `<!--`/`-->` (the marker) and a `<` that could
+/// open a tag or an autolink (before a letter, `/`, `!` or `?`: a zero-width space goes
+/// between). So even where a parser ended the span elsewhere than CommonMark says (GitLab's
+/// extensions: a bare URL's autolink runs through backticks, `$…$` math), no HTML can form.
+fn push_code(out: &mut String, code: &str) {
+    let code = neutralise(code);
+    let mut chars = code.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '<'
+            && chars
+                .peek()
+                .is_some_and(|n| n.is_ascii_alphabetic() || matches!(n, '/' | '!' | '?'))
+        {
+            out.push(ZWSP);
+        }
+    }
+}
+
+/// One character of prose (outside code spans), escaped as [`html_escape`] does (GitLab shows
+/// the entities there as the characters; the scrubber knows this form of every secret).
+fn push_prose(out: &mut String, c: char) {
+    match c {
+        '&' => out.push_str("&amp;"),
+        '<' => out.push_str("&lt;"),
+        '>' => out.push_str("&gt;"),
+        '"' => out.push_str("&quot;"),
+        '\'' => out.push_str("&#39;"),
+        c => out.push(c),
+    }
+}
+
+/// The length of the backtick string starting at `at`.
+fn backtick_run_at(b: &[u8], at: usize) -> usize {
+    b[at..].iter().take_while(|c| **c == b'`').count()
+}
+
+/// Where the first backtick string of exactly `n` backticks at or after `from` starts.
+fn closing_run(b: &[u8], from: usize, n: usize) -> Option<usize> {
+    let mut j = from;
+    while j < b.len() {
+        if b[j] == b'`' {
+            let m = backtick_run_at(b, j);
+            if m == n {
+                return Some(j);
+            }
+            j += m;
+        } else {
+            j += 1;
+        }
+    }
+    None
 }
 
 /// Plain text inside a GFM table cell.
@@ -121,5 +224,142 @@ mod tests {
         assert_eq!(code_span("a`b"), "``a`b``");
         assert_eq!(code_span("`x`"), "`` `x` ``");
         assert_eq!(table_code("a|b<c>"), "<code>a&#124;b&lt;c&gt;</code>");
+    }
+
+    #[test]
+    fn inline_text_keeps_code_spans_as_they_are_and_escapes_the_prose() {
+        // Inside a code span GitLab shows entities verbatim: the characters stay.
+        assert_eq!(
+            inline_text(r#"sets `content_type = "iso"` & `a<b>'c'&amp;` for <b>"x"</b>"#),
+            "sets `content_type = \"iso\"` &amp; `a<\u{200B}b>'c'&amp;` for &lt;b&gt;&quot;x&quot;&lt;/b&gt;"
+        );
+        // A longer delimiter holds a single backtick; an unclosed opener is literal.
+        assert_eq!(
+            inline_text("``a`<b>`` `<i>"),
+            "``a`<\u{200B}b>`` `&lt;i&gt;"
+        );
+        assert_eq!(inline_text("`a < b, c<1>`"), "`a < b, c<1>`");
+        // An escaped backtick opens nothing (CommonMark), so what follows is prose.
+        assert_eq!(
+            inline_text(r"\`<img src=x>` \<b\>"),
+            r"\`&lt;img src=x&gt;` &lt;b&gt;"
+        );
+        // Inside code spans backslashes are literal: `a\` closes at the next backtick.
+        assert_eq!(inline_text(r"`a\`<b>`"), r"`a\`&lt;b&gt;`");
+        // Where GitLab's extensions end a span elsewhere (a bare URL's autolink runs through a
+        // backtick; `$…$` math), its content still forms no tag.
+        for t in ["http://x.y`</details>`", "$a `x$ <img src=x>`"] {
+            let out = inline_text(t);
+            assert_eq!(as_gitlab_reads(&out).0, 0, "{out}");
+        }
+        // Comments cannot open, in code spans or out; lines cannot break.
+        let t = inline_text("`<!-- planbot:mr-note v1 -->` <!-- x -->\r\n\n- item");
+        assert!(!t.contains("<!--") && !t.contains("-->"), "{t}");
+        assert!(!t.contains('\n') && !t.contains('\r'), "{t}");
+        assert_eq!(inline_text("ünïcode `ä`"), "ünïcode `ä`");
+    }
+
+    /// How GitLab's Markdown parser (comrak, with GitLab's extensions) reads `md` inside a list
+    /// item: how many raw HTML nodes it finds, and what a reader sees (text, and each code
+    /// span's content between `⟦⟧`).
+    fn as_gitlab_reads(md: &str) -> (usize, String) {
+        use comrak::nodes::NodeValue;
+        let mut options = comrak::Options::default();
+        options.extension.strikethrough = true;
+        options.extension.table = true;
+        options.extension.autolink = true;
+        options.extension.tasklist = true;
+        options.extension.footnotes = true;
+        options.extension.math_dollars = true;
+        options.extension.math_code = true;
+        let arena = comrak::Arena::new();
+        let doc = format!("- ❌ **PVE001**: {md}\n");
+        let root = comrak::parse_document(&arena, &doc, &options);
+        let (mut html, mut seen) = (0, String::new());
+        for node in root.descendants() {
+            match &node.data.borrow().value {
+                NodeValue::HtmlInline(_) | NodeValue::HtmlBlock(_) => html += 1,
+                NodeValue::Text(t) => seen.push_str(t),
+                NodeValue::Code(c) => seen.push_str(&format!("⟦{}⟧", c.literal)),
+                NodeValue::Math(m) => seen.push_str(&format!("⟦{}⟧", m.literal)),
+                _ => {}
+            }
+        }
+        (html, seen.replace(ZWSP, ""))
+    }
+
+    #[test]
+    fn gitlab_reads_a_findings_message_with_its_real_characters() {
+        let message = r#"`proxmox_virtual_environment_download_file.talos["v1.9"]` downloads `talos.raw.xz` with `content_type = "iso"` & <no> `'&amp;'`"#;
+        let (html, seen) = as_gitlab_reads(&inline_text(message));
+        assert_eq!(html, 0);
+        assert_eq!(
+            seen,
+            r#"❌ PVE001: ⟦proxmox_virtual_environment_download_file.talos["v1.9"]⟧ downloads ⟦talos.raw.xz⟧ with ⟦content_type = "iso"⟧ & <no> ⟦'&amp;'⟧"#
+        );
+        // What the old escaping showed: entities, verbatim, inside the code spans.
+        let (_, old) = as_gitlab_reads(&html_escape(message));
+        assert!(old.contains(r#"⟦content_type = &quot;iso&quot;⟧"#), "{old}");
+    }
+
+    #[test]
+    fn no_input_makes_gitlab_see_html_and_code_spans_are_the_ones_commonmark_finds() {
+        // Pieces of Markdown that open, close or escape something.
+        const PIECES: &[&str] = &[
+            "`",
+            "`",
+            "``",
+            "\\",
+            "<b>",
+            "</b>",
+            "<!--",
+            "-->",
+            "<http://x.y>",
+            "&quot;",
+            "&",
+            "\"",
+            "'",
+            " ",
+            "\n",
+            "\r",
+            "x",
+            "$",
+            "[",
+            "](",
+            ")",
+            "*",
+            "_",
+            "!",
+            "|",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 12) as usize;
+            let t: String = (0..len)
+                .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+                .collect();
+            let out = inline_text(&t);
+            let (html, seen) = as_gitlab_reads(&out);
+            assert_eq!(html, 0, "HTML in {out:?} (from {t:?})");
+            assert!(!out.contains("<!--") && !out.contains("-->"), "{out:?}");
+            assert!(!out.contains(['\n', '\r']), "{out:?}");
+            // Where the raw text is plain Markdown (no HTML, entity, escape or line break),
+            // the reader sees exactly what the raw text would show: same spans, same characters.
+            // (Not `$…$` math, GitLab's extension: its content is literal like a code span's, so
+            // an escaped quote in it would show as an entity. Cosmetic, and no message has it.)
+            // Nor `<http://…>`, an autolink raw and text once escaped.
+            if !t.contains(['&', '\\', '\n', '\r', '$']) && !t.contains("<http") {
+                let (raw_html, raw_seen) = as_gitlab_reads(&t);
+                if raw_html == 0 {
+                    assert_eq!(seen, raw_seen, "{t:?} became {out:?}");
+                }
+            }
+        }
     }
 }
