@@ -542,21 +542,26 @@ impl<'de, T: FromObject> Deserialize<'de> for Wrapped<T> {
 struct StateResource(Vec<String>);
 
 impl FromObject for StateResource {
-    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
-        let (mut values, mut mask) = (Value::Null, Value::Null);
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "values" => values = map.next_value()?,
-                "sensitive_values" => mask = map.next_value()?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
+    fn from_object<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        let [values, mask] = two_fields(map, ["values", "sensitive_values"])?;
         let mut out = Vec::new();
         for_each_masked_leaf(&values, &mask, &mut |s| out.push(s));
         Ok(StateResource(out))
     }
+}
+
+/// The values of two keys of an object (null when absent); every other key is skipped.
+fn two_fields<'de, A: MapAccess<'de>>(mut map: A, keys: [&str; 2]) -> Result<[Value; 2], A::Error> {
+    let mut out = [Value::Null, Value::Null];
+    while let Some(key) = map.next_key::<String>()? {
+        match keys.iter().position(|k| *k == key) {
+            Some(n) => out[n] = map.next_value()?,
+            None => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A state module (`root_module` or a `child_modules` entry): its resources' sensitive values.
@@ -590,17 +595,8 @@ impl FromObject for StateModule {
 struct StateOutput(Vec<String>);
 
 impl FromObject for StateOutput {
-    fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
-        let (mut value, mut sensitive) = (Value::Null, Value::Null);
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "value" => value = map.next_value()?,
-                "sensitive" => sensitive = map.next_value()?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
+    fn from_object<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        let [value, sensitive] = two_fields(map, ["value", "sensitive"])?;
         let mut out = Vec::new();
         if sensitive == Value::Bool(true) {
             for_each_leaf(&value, &mut |s| out.push(s));

@@ -69,7 +69,7 @@ pub struct LintInput<'a> {
 
 impl<'a> LintInput<'a> {
     pub fn new(plan: &'a Plan, facts: &'a Facts) -> LintInput<'a> {
-        LintInput::scan(plan, facts, &[]).0
+        LintInput::scan(plan, facts, &[], Gather::ALL).0
     }
 
     /// Build the input in one pass over the plan: each VM and container, and each destroy or
@@ -79,6 +79,7 @@ impl<'a> LintInput<'a> {
         plan: &'a Plan,
         facts: &'a Facts,
         each: &[fn(&LintInput, &model::Res) -> Vec<Finding>],
+        gather: Gather,
     ) -> (LintInput<'a>, Vec<Finding>) {
         let mut input = LintInput {
             plan,
@@ -89,11 +90,16 @@ impl<'a> LintInput<'a> {
         };
         let mut file_uses = download::FileUses::default();
         let mut moves = refactor::Candidates::default();
-        let pairable = refactor::pairable_groups(input.index.live());
+        let pairable = if gather.moves {
+            refactor::pairable_groups(input.index.live())
+        } else {
+            Default::default()
+        };
         let mut findings = Vec::new();
         for &rc in input.index.live() {
             let kind = model::Kind::of(rc);
-            let machine = kind.is_some_and(|k| k.is_vm() || k == model::Kind::Container);
+            let machine = (!each.is_empty() || gather.file_uses)
+                && kind.is_some_and(|k| k.is_vm() || k == model::Kind::Container);
             let pairs = refactor::is_candidate(rc, &pairable);
             if !machine && !pairs {
                 continue;
@@ -110,7 +116,9 @@ impl<'a> LintInput<'a> {
                 for check in each {
                     findings.extend(check(&input, res));
                 }
-                file_uses.add(&input.index, res);
+                if gather.file_uses {
+                    file_uses.add(&input.index, res);
+                }
             }
             if pairs {
                 moves.add(res);
@@ -120,6 +128,23 @@ impl<'a> LintInput<'a> {
         input.moves = moves;
         (input, findings)
     }
+}
+
+/// What the lint pass gathers for the rules that relate resources to each other (only what an
+/// enabled rule reads).
+#[derive(Clone, Copy)]
+struct Gather {
+    /// Which VMs use which file (PVE009).
+    file_uses: bool,
+    /// Destroys and creates a `moved` block could join (PVE010).
+    moves: bool,
+}
+
+impl Gather {
+    const ALL: Gather = Gather {
+        file_uses: true,
+        moves: true,
+    };
 }
 
 /// How a rule runs.
@@ -250,7 +275,12 @@ pub fn lint_with(plan: &Plan, disabled: &[String], facts: &Facts) -> Vec<Finding
             Check::Plan(_) => None,
         })
         .collect();
-    let (input, mut out) = LintInput::scan(plan, facts, &each);
+    let runs = |id: &str| enabled.iter().any(|r| r.id == id);
+    let gather = Gather {
+        file_uses: runs("PVE009"),
+        moves: runs("PVE010"),
+    };
+    let (input, mut out) = LintInput::scan(plan, facts, &each, gather);
     for r in &enabled {
         if let Check::Plan(f) = r.check {
             out.extend(f(&input));

@@ -63,13 +63,8 @@ pub fn html_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
             '\n' => out.push(' '),
-            c => out.push(c),
+            c => push_prose(&mut out, c),
         }
     }
     out
