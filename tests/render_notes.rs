@@ -511,6 +511,56 @@ fn a_huge_plan_stays_under_the_budget_and_keeps_what_a_reviewer_needs() {
 }
 
 #[test]
+fn when_only_some_diffs_fit_the_smallest_are_shown_and_every_larger_one_folds() {
+    // 3,000 updates whose diffs differ in size (a multi-line string of 1 to 30 lines): their
+    // summary lines fit the budget, their diffs do not all fit.
+    let mut changes = Vec::new();
+    let lines_of = |i: usize| 1 + (i * 7) % 30;
+    for i in 0..3000 {
+        let text = |v: &str| -> String {
+            (0..lines_of(i))
+                .map(|l| format!("line {l} of vm-{i}: {v}\n"))
+                .collect()
+        };
+        changes.push(json!({
+            "address": format!("terraform_data.vm[{i}]"), "mode": "managed", "type": "terraform_data", "name": "vm",
+            "change": {"actions": ["update"],
+                "before": {"input": {"user_data": text("old")}}, "after": {"input": {"user_data": text("new")}},
+                "after_unknown": {}, "before_sensitive": {}, "after_sensitive": {}}
+        }));
+    }
+    let plan =
+        Plan::from_value(json!({"format_version": "1.2", "resource_changes": changes})).unwrap();
+    let note = note_with(&plan, &[], &ctx());
+    assert!(note.len() <= NOTE_BUDGET, "{} chars", note.len());
+    assert!(!note.contains("resources left out**"), "every summary fits");
+    let folded_marker =
+        "</code> — updated in place · <em>diff left out to keep this note short</em>";
+    let (mut largest_shown, mut smallest_folded, mut shown) = (0, usize::MAX, 0);
+    for i in 0..3000 {
+        let address = format!("terraform_data.vm[{i}]");
+        if note.contains(&format!("<code>~ {address}{folded_marker}")) {
+            smallest_folded = smallest_folded.min(lines_of(i));
+        } else {
+            assert!(
+                note.contains(&format!("line 0 of vm-{i}: new")),
+                "{address} is neither shown nor folded"
+            );
+            largest_shown = largest_shown.max(lines_of(i));
+            shown += 1;
+        }
+    }
+    assert!(
+        shown > 100 && smallest_folded != usize::MAX,
+        "{shown} shown"
+    );
+    assert!(
+        largest_shown <= smallest_folded,
+        "a diff of {largest_shown} lines is shown while one of {smallest_folded} lines is folded"
+    );
+}
+
+#[test]
 fn thousands_of_destroyed_vms_with_their_findings_still_fit_the_budget() {
     // 3,000 destroyed VMs: 3,000 destructive changes and 3,000 PVE008 findings, whose lists
     // alone would be larger than the budget.

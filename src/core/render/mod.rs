@@ -110,8 +110,10 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
     let units = collect_units(&view);
     let all_folded: usize = units.iter().map(|u| u.folded).sum();
     if fixed + all_folded <= target {
-        // Some diffs can be shown: compute them all, then decide which to fold.
-        fill_bodies(&mut view, &pending, &templates().phrases);
+        // Some diffs can be shown: compute them one by one, keeping at most what the room left
+        // by the summaries can hold (the largest fold first), then decide which else to fold.
+        let room = target - fixed - all_folded;
+        fill_bodies(&mut view, &pending, &templates().phrases, room);
     } else {
         // Even one summary line per resource is too much: no diff can be shown, so none is
         // computed; the budget then drops the largest summaries.
@@ -507,15 +509,48 @@ fn fill_body(r: &mut ResourceView, rc: &ResourceChange, phrases: &Phrases) {
 
 type UnitId = (usize, u8, usize);
 
-fn fill_bodies(view: &mut NoteView<'_>, pending: &[(UnitId, &ResourceChange)], phrases: &Phrases) {
-    for &((d, part, i), rc) in pending {
-        let detail = &mut view.details[d];
-        let r = if part == 0 {
-            &mut detail.resources[i]
-        } else {
-            &mut detail.drift[i]
-        };
+/// Compute the diff bodies of the `pending` sections, holding no more of them than `room`
+/// characters beyond their summary lines: whenever the bodies kept exceed it, the largest is
+/// folded and its text freed. This keeps what the budget's fold-largest-first would keep (a
+/// section folded here is larger than the ones kept and would not fit beside them either), and
+/// memory stays near the note's size however many resources the plan has.
+fn fill_bodies(
+    view: &mut NoteView<'_>,
+    pending: &[(UnitId, &ResourceChange)],
+    phrases: &Phrases,
+    room: usize,
+) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    // (full size, earliest first among equals: the order the budget folds in; extra size, which).
+    let mut kept: BinaryHeap<(usize, Reverse<usize>, usize, UnitId)> = BinaryHeap::new();
+    let mut held = 0;
+    for (n, &(id, rc)) in pending.iter().enumerate() {
+        let r = resource_at(view, id);
         fill_body(r, rc, phrases);
+        let (full, folded) = resource_sizes(r);
+        let extra = full.saturating_sub(folded);
+        kept.push((full, Reverse(n), extra, id));
+        held += extra;
+        while held > room {
+            let Some((_, _, extra, largest)) = kept.pop() else {
+                break;
+            };
+            held -= extra;
+            let r = resource_at(view, largest);
+            r.state = UnitState::Folded;
+            r.body = String::new();
+            r.fence = String::new();
+        }
+    }
+}
+
+fn resource_at<'v>(view: &'v mut NoteView<'_>, (d, part, i): UnitId) -> &'v mut ResourceView {
+    let detail = &mut view.details[d];
+    if part == 0 {
+        &mut detail.resources[i]
+    } else {
+        &mut detail.drift[i]
     }
 }
 
