@@ -20,8 +20,8 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
 use std::fmt;
+use std::fmt::Write as _;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -126,20 +126,17 @@ fn encode_projection(
 ) {
     let hider = Hider { key, secrets };
     let mut buf = String::new();
-    let put_key = |buf: &mut String, k: &str| {
-        use std::fmt::Write as _;
-        let _ = write!(buf, "s{}:{k}", k.len());
-    };
     buf.push_str("m4{");
-    put_key(&mut buf, "errored");
-    Canon::Bool(plan.errored).encode(&mut buf);
-    put_key(&mut buf, "lock_file_sha256");
-    lock_file
-        .map_or(Canon::Null, |b| Canon::Str(hex::encode(Sha256::digest(b))))
-        .encode(&mut buf);
-    put_key(&mut buf, "output_changes");
-    output_projection(plan, &hider).encode(&mut buf);
-    put_key(&mut buf, "resource_changes");
+    put_str(&mut buf, "errored");
+    buf.push(if plan.errored { 't' } else { 'f' });
+    put_str(&mut buf, "lock_file_sha256");
+    match lock_file {
+        Some(b) => put_str(&mut buf, &hex::encode(Sha256::digest(b))),
+        None => buf.push('n'),
+    }
+    put_str(&mut buf, "output_changes");
+    encode_outputs(plan, &hider, &mut buf);
+    put_str(&mut buf, "resource_changes");
 
     let mut changes: Vec<&ResourceChange> = plan
         .managed_changes()
@@ -149,12 +146,9 @@ fn encode_projection(
         (a.address.as_str(), a.deposed.as_deref().unwrap_or(""))
             .cmp(&(b.address.as_str(), b.deposed.as_deref().unwrap_or("")))
     });
-    {
-        use std::fmt::Write as _;
-        let _ = write!(buf, "l{}[", changes.len());
-    }
+    let _ = write!(buf, "l{}[", changes.len());
     for rc in changes {
-        change_projection(rc, &hider).encode(&mut buf);
+        encode_change(rc, &hider, &mut buf);
         out(&buf);
         buf.clear();
     }
@@ -162,117 +156,104 @@ fn encode_projection(
     out(&buf);
 }
 
-/// One resource change as projected: what applying it would do, sensitive values hidden.
-fn change_projection(rc: &ResourceChange, hider: &Hider) -> Canon {
+/// One resource change as projected (what applying it would do, sensitive values hidden),
+/// encoded straight into `out`: the map `{actions, address, after, after_unknown, deposed,
+/// importing, previous_address, replace_paths}`, keys in byte order. Its values are parsed
+/// once and walked once; nothing of them is copied.
+fn encode_change(rc: &ResourceChange, hider: &Hider, out: &mut String) {
     let c = &rc.change;
     let v = c.after_values();
-    let mut m = BTreeMap::new();
-    m.insert("address", Canon::Str(rc.address.clone()));
-    m.insert("deposed", opt_str(rc.deposed.as_deref()));
-    m.insert(
-        "actions",
-        Canon::List(c.actions.iter().cloned().map(Canon::Str).collect()),
-    );
-    m.insert("previous_address", opt_str(rc.previous_address.as_deref()));
-    m.insert(
-        "importing",
-        c.importing.as_ref().map_or(Canon::Null, |v| hider.plain(v)),
-    );
-    m.insert(
-        "replace_paths",
-        c.replace_paths.as_ref().map_or(Canon::Null, |paths| {
-            Canon::List(
-                paths
-                    .iter()
-                    .map(|p| Canon::List(p.iter().map(|v| hider.plain(v)).collect()))
-                    .collect(),
-            )
-        }),
-    );
-    m.insert("after", hider.masked(&v.after, &v.after_sensitive));
-    m.insert("after_unknown", hider.plain(&v.after_unknown));
-    Canon::map(m)
-}
-
-/// The root output changes that are not no-ops, as projected.
-fn output_projection(plan: &Plan, hider: &Hider) -> Canon {
-    let outputs: BTreeMap<String, Canon> = plan
-        .output_changes
-        .iter()
-        .filter(|(_, oc)| oc.kind() != crate::core::plan::ActionKind::NoOp)
-        .map(|(name, oc)| {
-            let mut m = BTreeMap::new();
-            m.insert(
-                "actions",
-                Canon::List(oc.actions.iter().cloned().map(Canon::Str).collect()),
-            );
-            let after = if oc.is_sensitive() {
-                hider.hide(&oc.after)
-            } else {
-                hider.masked(&oc.after, &oc.after_sensitive)
-            };
-            m.insert("after", after);
-            m.insert("after_unknown", hider.plain(&oc.after_unknown));
-            (name.clone(), Canon::map(m))
-        })
-        .collect();
-    Canon::Map(outputs)
-}
-
-fn opt_str(s: Option<&str>) -> Canon {
-    s.map_or(Canon::Null, |s| Canon::Str(s.to_string()))
-}
-
-/// A projected value. `Hidden` stands in for a sensitive value (its keyed HMAC).
-enum Canon {
-    Null,
-    Bool(bool),
-    Num(String),
-    Str(String),
-    Hidden(String),
-    List(Vec<Canon>),
-    Map(BTreeMap<String, Canon>),
-}
-
-impl Canon {
-    fn map(m: BTreeMap<&str, Canon>) -> Canon {
-        Canon::Map(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    let null = Value::Null;
+    out.push_str("m8{");
+    put_str(out, "actions");
+    let _ = write!(out, "l{}[", c.actions.len());
+    for a in &c.actions {
+        put_str(out, a);
     }
-
-    /// Tagged, length-prefixed encoding: `n`, `t`, `f`, `i<len>:<digits>`, `s<len>:<bytes>`,
-    /// `h64:<hex>`, `l<count>[...]`, `m<count>{<s-key><value>...}` with keys in byte order.
-    fn encode(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        match self {
-            Canon::Null => out.push('n'),
-            Canon::Bool(true) => out.push('t'),
-            Canon::Bool(false) => out.push('f'),
-            Canon::Num(n) => {
-                let _ = write!(out, "i{}:{n}", n.len());
-            }
-            Canon::Str(s) => {
-                let _ = write!(out, "s{}:{s}", s.len());
-            }
-            Canon::Hidden(h) => {
-                let _ = write!(out, "h{}:{h}", h.len());
-            }
-            Canon::List(items) => {
-                let _ = write!(out, "l{}[", items.len());
-                for i in items {
-                    i.encode(out);
+    out.push(']');
+    put_str(out, "address");
+    put_str(out, &rc.address);
+    put_str(out, "after");
+    hider.write_masked(out, &v.after, &v.after_sensitive);
+    put_str(out, "after_unknown");
+    hider.write_plain(out, &v.after_unknown);
+    put_str(out, "deposed");
+    put_opt_str(out, rc.deposed.as_deref());
+    put_str(out, "importing");
+    hider.write_plain(out, c.importing.as_deref().unwrap_or(&null));
+    put_str(out, "previous_address");
+    put_opt_str(out, rc.previous_address.as_deref());
+    put_str(out, "replace_paths");
+    match &c.replace_paths {
+        None => out.push('n'),
+        Some(paths) => {
+            let _ = write!(out, "l{}[", paths.len());
+            for path in paths {
+                let _ = write!(out, "l{}[", path.len());
+                for step in path {
+                    hider.write_plain(out, step);
                 }
                 out.push(']');
             }
-            Canon::Map(m) => {
-                let _ = write!(out, "m{}{{", m.len());
-                for (k, v) in m {
-                    let _ = write!(out, "s{}:{k}", k.len());
-                    v.encode(out);
-                }
-                out.push('}');
-            }
+            out.push(']');
         }
     }
+    out.push('}');
+}
+
+/// `s<len>:<bytes>`.
+fn put_str(out: &mut String, s: &str) {
+    let _ = write!(out, "s{}:", s.len());
+    out.push_str(s);
+}
+
+fn put_opt_str(out: &mut String, s: Option<&str>) {
+    match s {
+        Some(s) => put_str(out, s),
+        None => out.push('n'),
+    }
+}
+
+/// The entries of an object in byte order of their keys (the canonical order).
+fn sorted_entries(map: &serde_json::Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+    // Engines write keys sorted already; then this is one pass.
+    if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
+    entries
+}
+
+/// The root output changes that are not no-ops, as projected: a map by name of
+/// `{actions, after, after_unknown}`, a sensitive output's `after` hidden whole.
+fn encode_outputs(plan: &Plan, hider: &Hider, out: &mut String) {
+    let outputs: Vec<_> = plan
+        .output_changes
+        .iter()
+        .filter(|(_, oc)| oc.kind() != crate::core::plan::ActionKind::NoOp)
+        .collect();
+    let _ = write!(out, "m{}{{", outputs.len());
+    // By name, in byte order (the map is ordered by name already).
+    for (name, oc) in outputs {
+        put_str(out, name);
+        out.push_str("m3{");
+        put_str(out, "actions");
+        let _ = write!(out, "l{}[", oc.actions.len());
+        for a in &oc.actions {
+            put_str(out, a);
+        }
+        out.push(']');
+        put_str(out, "after");
+        if oc.is_sensitive() {
+            hider.write_hidden(out, &oc.after);
+        } else {
+            hider.write_masked(out, &oc.after, &oc.after_sensitive);
+        }
+        put_str(out, "after_unknown");
+        hider.write_plain(out, &oc.after_unknown);
+        out.push('}');
+    }
+    out.push('}');
 }
 
 /// Projects values, replacing sensitive ones by their HMAC.
@@ -285,63 +266,93 @@ struct Hider<'k> {
 }
 
 impl<'k> Hider<'k> {
-    fn hide(&self, value: &Value) -> Canon {
-        let mut plain = String::new();
-        self.raw(value).encode(&mut plain);
-        let mut mac = HmacSha256::new_from_slice(self.key).expect("HMAC takes keys of any length");
-        mac.update(SECRET_DOMAIN.as_bytes());
-        mac.update(b"\0");
-        mac.update(plain.as_bytes());
-        Canon::Hidden(hex::encode(mac.finalize().into_bytes()))
-    }
-
-    /// The value as is (only used as input of an HMAC).
-    fn raw(&self, value: &Value) -> Canon {
-        match value {
-            Value::Null => Canon::Null,
-            Value::Bool(b) => Canon::Bool(*b),
-            Value::Number(n) => Canon::Num(n.to_string()),
-            Value::String(s) => Canon::Str(s.clone()),
-            Value::Array(items) => Canon::List(items.iter().map(|v| self.raw(v)).collect()),
-            Value::Object(m) => {
-                Canon::Map(m.iter().map(|(k, v)| (k.clone(), self.raw(v))).collect())
+    /// `value` projected through `mask`: a value under a `true` mask (or under a mask whose
+    /// shape does not fit it but marks something) is hidden whole; plain strings that contain a
+    /// known secret are hidden too.
+    fn write_masked(&self, out: &mut String, value: &Value, mask: &Value) {
+        match (mask, value) {
+            (Value::Bool(true), v) => self.write_hidden(out, v),
+            (Value::Object(mask), Value::Object(v)) => {
+                let _ = write!(out, "m{}{{", v.len());
+                for (k, sub) in sorted_entries(v) {
+                    put_str(out, k);
+                    self.write_masked(out, sub, mask.get(k).unwrap_or(&Value::Bool(false)));
+                }
+                out.push('}');
             }
+            (Value::Array(mask), Value::Array(v)) => {
+                let _ = write!(out, "l{}[", v.len());
+                for (i, sub) in v.iter().enumerate() {
+                    self.write_masked(out, sub, mask.get(i).unwrap_or(&Value::Bool(false)));
+                }
+                out.push(']');
+            }
+            (m, v) if mask_has_true(m) => self.write_hidden(out, v),
+            (_, v) => self.write_plain(out, v),
         }
     }
 
     /// A value with no mask: strings containing a known secret are still hidden.
-    fn plain(&self, value: &Value) -> Canon {
-        self.masked(value, &Value::Bool(false))
+    fn write_plain(&self, out: &mut String, value: &Value) {
+        match value {
+            Value::Object(v) => {
+                let _ = write!(out, "m{}{{", v.len());
+                for (k, sub) in sorted_entries(v) {
+                    put_str(out, k);
+                    self.write_plain(out, sub);
+                }
+                out.push('}');
+            }
+            Value::Array(v) => {
+                let _ = write!(out, "l{}[", v.len());
+                for sub in v {
+                    self.write_plain(out, sub);
+                }
+                out.push(']');
+            }
+            Value::String(s) if self.secrets.is_match(s) => self.write_hidden(out, value),
+            v => write_raw(out, v),
+        }
     }
 
-    fn masked(&self, value: &Value, mask: &Value) -> Canon {
-        match (mask, value) {
-            (Value::Bool(true), v) => self.hide(v),
-            (Value::Object(mask), Value::Object(v)) => Canon::Map(
-                v.iter()
-                    .map(|(k, sub)| {
-                        let m = mask.get(k).unwrap_or(&Value::Bool(false));
-                        (k.clone(), self.masked(sub, m))
-                    })
-                    .collect(),
-            ),
-            (Value::Array(mask), Value::Array(v)) => Canon::List(
-                v.iter()
-                    .enumerate()
-                    .map(|(i, sub)| self.masked(sub, mask.get(i).unwrap_or(&Value::Bool(false))))
-                    .collect(),
-            ),
-            // A mask whose shape does not fit the value: hide the whole value if it marks
-            // anything at all.
-            (m, v) if mask_has_true(m) => self.hide(v),
-            (_, Value::Object(v)) => Canon::Map(
-                v.iter()
-                    .map(|(k, sub)| (k.clone(), self.plain(sub)))
-                    .collect(),
-            ),
-            (_, Value::Array(v)) => Canon::List(v.iter().map(|sub| self.plain(sub)).collect()),
-            (_, Value::String(s)) if self.secrets.is_match(s) => self.hide(value),
-            (_, v) => self.raw(v),
+    /// `h64:<hmac>` of the value's raw encoding.
+    fn write_hidden(&self, out: &mut String, value: &Value) {
+        let mut plain = String::new();
+        write_raw(&mut plain, value);
+        let mut mac = HmacSha256::new_from_slice(self.key).expect("HMAC takes keys of any length");
+        mac.update(SECRET_DOMAIN.as_bytes());
+        mac.update(b"\0");
+        mac.update(plain.as_bytes());
+        out.push_str("h64:");
+        out.push_str(&hex::encode(mac.finalize().into_bytes()));
+    }
+}
+
+/// The value as is, encoded (only used as input of an HMAC, or where nothing is sensitive).
+fn write_raw(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push('n'),
+        Value::Bool(true) => out.push('t'),
+        Value::Bool(false) => out.push('f'),
+        Value::Number(n) => {
+            let n = n.to_string();
+            let _ = write!(out, "i{}:{n}", n.len());
+        }
+        Value::String(s) => put_str(out, s),
+        Value::Array(items) => {
+            let _ = write!(out, "l{}[", items.len());
+            for i in items {
+                write_raw(out, i);
+            }
+            out.push(']');
+        }
+        Value::Object(m) => {
+            let _ = write!(out, "m{}{{", m.len());
+            for (k, v) in sorted_entries(m) {
+                put_str(out, k);
+                write_raw(out, v);
+            }
+            out.push('}');
         }
     }
 }
@@ -434,6 +445,25 @@ mod tests {
             r#"{"format_version":"1.2","resource_changes":[{"address":"a","mode":"managed","change":{"actions":["create"],"after":{"k":1}}}]}"#,
         );
         assert_ne!(Fingerprint::of(&n, b"k"), Fingerprint::of(&s, b"k"));
+    }
+
+    #[test]
+    fn the_encoding_is_stable_across_planbot_versions() {
+        // Fingerprints are stored when a plan is reviewed and compared at apply time, maybe by a
+        // newer planbot: the same plan must keep its fingerprint. This value was computed by the
+        // projection of planbot 0.1 (its Canon tree); any change to the encoding must bump DOMAIN.
+        let with_outputs = BASE.replace(
+            r#""same":{"actions":["no-op"],"after":"x"}"#,
+            r#""same":{"actions":["no-op"],"after":"x"},
+               "token":{"actions":["update"],"before":"a","after":"hidden-token","after_sensitive":true},
+               "conn":{"actions":["create"],"after":{"host":"pve","pw":"p4ss-word","list":[1,2.5,null,true]},"after_sensitive":{"pw":true},"after_unknown":{"id":true}}"#,
+        );
+        let p = plan(&with_outputs);
+        assert_eq!(p.output_changes.len(), 4);
+        assert_eq!(
+            Fingerprint::of_with_lock(&p, b"k", Some(b"lock")).as_hex(),
+            "d6b39ce63bf1ca80a10164cb16bd191e9ac5aa6b5bd66e0bdaca63e2c5478d0e"
+        );
     }
 
     #[test]
