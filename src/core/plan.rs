@@ -11,7 +11,7 @@
 //! read. `prior_state` and `planned_values` (a second and third copy of every value) are read
 //! while parsing, one resource at a time, only for the secrets they reveal.
 
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -282,23 +282,34 @@ impl PackedValues {
     /// Parse the values at these positions (0..5 as in [`VALUE_FIELDS`]); the others are null.
     fn parse(&self, wanted: [bool; 5]) -> [Value; 5] {
         let mut out: [Value; 5] = Default::default();
+        self.with_texts(|texts| {
+            for (n, value) in out.iter_mut().enumerate() {
+                if wanted[n] && !texts[n].is_empty() {
+                    *value = serde_json::from_slice(texts[n]).unwrap_or(Value::Null);
+                }
+            }
+        });
+        out
+    }
+
+    /// Call `read` with the JSON texts of the five values (empty for an absent one).
+    fn with_texts(&self, read: impl FnOnce([&[u8]; 5])) {
         let total = self.ends[4] as usize;
         if total == 0 {
-            return out;
+            return;
         }
         // The text was valid JSON when the plan was parsed and is only read back here.
         let Ok(bytes) = lz4_flex::block::decompress(&self.compressed, total) else {
-            return out;
+            return;
         };
+        let mut texts: [&[u8]; 5] = [&[]; 5];
         let mut start = 0;
-        for (n, value) in out.iter_mut().enumerate() {
+        for (n, text) in texts.iter_mut().enumerate() {
             let end = self.ends[n] as usize;
-            if wanted[n] && end > start {
-                *value = serde_json::from_slice(&bytes[start..end]).unwrap_or(Value::Null);
-            }
-            start = end;
+            *text = bytes.get(start..end).unwrap_or_default();
+            start = end.max(start);
         }
-        out
+        read(texts);
     }
 }
 
@@ -356,12 +367,29 @@ impl Change {
         }
     }
 
-    /// The sensitivity masks alone (`before_sensitive`, `after_sensitive`): small, and enough
-    /// to know whether a change has a sensitive value at all.
-    pub fn masks(&self) -> (Value, Value) {
-        let [_, _, _, before_sensitive, after_sensitive] =
-            self.values.parse([false, false, false, true, true]);
-        (before_sensitive, after_sensitive)
+    /// Call `leaf` on every string and number of `before` and `after` that their masks mark
+    /// sensitive (as [`for_each_masked_leaf`]), reading the values' JSON text once: only what
+    /// lies under a mask that marks something is parsed, the rest is skipped.
+    pub fn for_each_sensitive_leaf(&self, leaf: &mut dyn FnMut(String)) {
+        self.values
+            .with_texts(|[before, after, _, before_sensitive, after_sensitive]| {
+                for (text, mask) in [(before, before_sensitive), (after, after_sensitive)] {
+                    if text.is_empty() || mask.is_empty() {
+                        continue;
+                    }
+                    let mask: Value = serde_json::from_slice(mask).unwrap_or(Value::Null);
+                    if !mask_has_true(&mask) {
+                        continue;
+                    }
+                    let mut de = serde_json::Deserializer::from_slice(text);
+                    // The text was valid JSON when the plan was parsed.
+                    let _ = MaskedLeaves {
+                        mask: &mask,
+                        leaf: &mut *leaf,
+                    }
+                    .deserialize(&mut de);
+                }
+            });
     }
 
     /// Only `after` and its masks (for readers that do not need `before`).
@@ -447,6 +475,152 @@ pub fn for_each_masked_leaf(value: &Value, mask: &Value, leaf: &mut dyn FnMut(St
         }
         (m, v) if mask_has_true(m) => for_each_leaf(v, leaf),
         _ => {}
+    }
+}
+
+/// [`for_each_masked_leaf`] on a value still in JSON text: parses only what `mask` marks (a
+/// mask that marks nothing below it skips the value unparsed).
+struct MaskedLeaves<'m, 'f> {
+    mask: &'m Value,
+    leaf: &'f mut dyn FnMut(String),
+}
+
+impl<'de> DeserializeSeed<'de> for MaskedLeaves<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        match self.mask {
+            Value::Bool(true) => d.deserialize_any(AllLeaves(self.leaf)),
+            m if mask_has_true(m) => d.deserialize_any(self),
+            _ => IgnoredAny::deserialize(d).map(|_| ()),
+        }
+    }
+}
+
+/// A value under a mask that is an object or a list and marks something below it.
+impl<'de> Visitor<'de> for MaskedLeaves<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Value::Object(mask) = self.mask else {
+            // A mask of another shape that marks something takes the whole value.
+            return AllLeaves(self.leaf).visit_map(map);
+        };
+        while let Some(key) = map.next_key::<String>()? {
+            match mask.get(&key) {
+                Some(sub) => map.next_value_seed(MaskedLeaves {
+                    mask: sub,
+                    leaf: &mut *self.leaf,
+                })?,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Value::Array(mask) = self.mask else {
+            return AllLeaves(self.leaf).visit_seq(seq);
+        };
+        let mut masks = mask.iter();
+        loop {
+            let more = match masks.next() {
+                Some(sub) => seq
+                    .next_element_seed(MaskedLeaves {
+                        mask: sub,
+                        leaf: &mut *self.leaf,
+                    })?
+                    .is_some(),
+                None => seq.next_element::<IgnoredAny>()?.is_some(),
+            };
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    // A scalar under such a mask: taken whole, as a mismatched shape.
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        AllLeaves(self.leaf).visit_str(v)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        AllLeaves(self.leaf).visit_u64(v)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        AllLeaves(self.leaf).visit_i64(v)
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        AllLeaves(self.leaf).visit_f64(v)
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// [`for_each_leaf`] on a value still in JSON text.
+struct AllLeaves<'f>(&'f mut dyn FnMut(String));
+
+impl<'de> DeserializeSeed<'de> for AllLeaves<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AllLeaves<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Object keys are not values.
+        while map.next_key::<IgnoredAny>()?.is_some() {
+            map.next_value_seed(AllLeaves(&mut *self.0))?;
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(AllLeaves(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        (self.0)(v.to_string());
+        Ok(())
+    }
+    // Numbers as `serde_json::Number` prints them (what `for_each_leaf` gives).
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        (self.0)(serde_json::Number::from(v).to_string());
+        Ok(())
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        (self.0)(serde_json::Number::from(v).to_string());
+        Ok(())
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        if let Some(n) = serde_json::Number::from_f64(v) {
+            (self.0)(n.to_string());
+        }
+        Ok(())
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
     }
 }
 
@@ -851,6 +1025,53 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sensitive_leaves_read_from_the_text_are_those_the_masks_mark_in_the_parsed_values() {
+        // Masks of every shape against values of every shape, fitting or not.
+        let cases = [
+            (
+                json!({"a": "x", "b": {"c": "deep", "d": 7}}),
+                json!({"b": {"c": true}}),
+            ),
+            (
+                json!({"l": ["l0", "l1", "l2"], "n": 2.5}),
+                json!({"l": [false, true], "n": true}),
+            ),
+            (
+                json!({"w": {"k": "whole", "n": [1, -2, 1e100, null, true]}}),
+                json!({"w": true}),
+            ),
+            (
+                json!({"s": [{"p": "open"}, {"p": "set"}]}),
+                json!({"s": [{}, {"p": true}]}),
+            ),
+            (json!({"o": {"k": "v"}}), json!({"o": [true]})),
+            (json!({"o": ["a", "b"]}), json!({"o": {"x": true}})),
+            (json!({"o": "scalar"}), json!({"o": {"x": true}})),
+            (json!({"o": "scalar"}), json!({"o": {"x": false}})),
+            (json!("top"), json!(true)),
+            (json!({"k": "v"}), json!(false)),
+            (json!({"k": "v"}), json!({})),
+        ];
+        for (value, mask) in cases {
+            let mut want = Vec::new();
+            for_each_masked_leaf(&value, &mask, &mut |s| want.push(s));
+            let plan = Plan::from_value(json!({"format_version": "1.2", "resource_changes": [
+                {"address": "x.y", "mode": "managed", "change": {"actions": ["update"],
+                  "before": value, "after": value, "before_sensitive": mask, "after_sensitive": mask}}]}))
+            .unwrap();
+            let mut got = Vec::new();
+            plan.resource_changes[0]
+                .change
+                .for_each_sensitive_leaf(&mut |s| got.push(s));
+            want.extend(want.clone());
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "value {value} mask {mask}");
+        }
+    }
 
     #[test]
     fn classifies_every_documented_action_list() {

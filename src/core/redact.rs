@@ -7,7 +7,7 @@
 //! engine's `show -json` uses), HTML-escaped, URL-encoded, and base64 (standard and URL-safe,
 //! padded or not, and inside a longer base64 text at any of the three byte alignments).
 
-use crate::core::plan::{for_each_leaf, for_each_masked_leaf, mask_has_true, ConfigModule, Plan};
+use crate::core::plan::{for_each_leaf, for_each_masked_leaf, ConfigModule, Plan};
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 use serde_json::Value;
@@ -86,14 +86,8 @@ impl Secrets {
         }
         for rc in plan.resource_changes.iter().chain(&plan.resource_drift) {
             // One resource's values at a time; most resources have no sensitive value at all,
-            // and then only their (small) masks are parsed.
-            let c = &rc.change;
-            let (before_mask, after_mask) = c.masks();
-            if mask_has_true(&before_mask) || mask_has_true(&after_mask) {
-                let v = c.values();
-                secrets.add_masked(&v.before, &before_mask);
-                secrets.add_masked(&v.after, &after_mask);
-            }
+            // and then only their (small) masks are parsed, else only what the masks mark.
+            rc.change.for_each_sensitive_leaf(&mut |s| secrets.add(s));
         }
         for oc in plan.output_changes.values() {
             if oc.is_sensitive() {
