@@ -77,11 +77,16 @@ impl PlanWire {
                     .to_string(),
             ));
         }
+        // The lists grew by doubling while they were read: give back the unused half.
+        let mut resource_changes = self.resource_changes.unwrap_or_default();
+        resource_changes.shrink_to_fit();
+        let mut resource_drift = self.resource_drift;
+        resource_drift.shrink_to_fit();
         Ok(Plan {
             format_version,
             terraform_version: self.terraform_version,
-            resource_changes: self.resource_changes.unwrap_or_default(),
-            resource_drift: self.resource_drift,
+            resource_changes,
+            resource_drift,
             output_changes: self.output_changes.unwrap_or_default(),
             errored: self.errored.unwrap_or_default(),
             applyable: self.applyable,

@@ -18,6 +18,7 @@ use diff::{Differ, Node, Phrases};
 use minijinja::Environment;
 use serde::Serialize;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -135,11 +136,13 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
         target = target.saturating_sub(over + over / 4 + 64);
         units = collect_units(&view);
     }
-    let body = scrubber.scrub(&text);
-    let mut out = String::with_capacity(NOTE_MARKER.len() + 1 + body.len());
-    out.push_str(NOTE_MARKER);
-    out.push('\n');
-    out.push_str(&body);
+    // The text itself when it holds no secret (no copy of a note that may be 500 KB).
+    let mut out = match scrubber.scrub(&text) {
+        Cow::Borrowed(_) => text,
+        Cow::Owned(scrubbed) => scrubbed,
+    };
+    out.insert(0, '\n');
+    out.insert_str(0, NOTE_MARKER);
     out
 }
 
@@ -696,6 +699,9 @@ fn build_view<'a, 'r>(
                     root: root.name.clone(),
                     short: fingerprint.short().to_string(),
                 });
+                // Sized once: these lists are the largest part of a big note's view.
+                let count = plan.managed_changes().filter(|rc| rc.has_change()).count();
+                detail.resources.reserve_exact(count);
                 for rc in plan.managed_changes().filter(|rc| rc.has_change()) {
                     let kind = rc.kind();
                     if !matches!(kind, ActionKind::Create | ActionKind::NoOp) {
