@@ -24,6 +24,7 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::{RepoConfig, Root};
 use crate::core::summary::Summary;
 use crate::flows::app::App;
+use crate::flows::cpu::cpu_bound;
 use crate::flows::credentials::Use;
 use crate::flows::locks::RootGuard;
 use anyhow::{Context, Result};
@@ -587,7 +588,7 @@ impl ApplyCtx {
             }
         };
         let key_bytes = self.app.config.fingerprint_key.expose().as_bytes();
-        let fingerprint = planned.fingerprint(key_bytes);
+        let fingerprint = cpu_bound(|| planned.fingerprint(key_bytes));
         let plan = planned.plan();
         let summary = Summary::of(plan);
         let has_changes = plan_has_changes(plan);
@@ -724,7 +725,7 @@ impl ApplyCtx {
         reviewed: &crate::capabilities::store::ShownFingerprint,
     ) {
         let key = self.app.config.fingerprint_key.expose().as_bytes();
-        let fresh_digest = PlanDigest::of(planned.plan(), key);
+        let fresh_digest = cpu_bound(|| PlanDigest::of(planned.plan(), key));
         let reviewed_digest = self
             .app
             .store
@@ -736,23 +737,25 @@ impl ApplyCtx {
             .map(|r| delta(&r, &fresh_digest))
             .unwrap_or_default();
         let scrubber = planned.scrubber();
-        let findings = crate::core::lint::lint(planned.plan(), &root.lint_disable);
-        let new_plan = render_note(
-            &NoteContext {
-                sha: Some(self.sha.0.clone()),
-                engine: Some(planned.version().to_string()),
-                ..NoteContext::default()
-            },
-            &[RootSection {
-                name: root.name.clone(),
-                outcome: RootOutcome::Planned {
-                    plan: planned.plan(),
-                    findings: &findings,
-                    fingerprint: fresh,
+        let findings = cpu_bound(|| crate::core::lint::lint(planned.plan(), &root.lint_disable));
+        let new_plan = cpu_bound(|| {
+            render_note(
+                &NoteContext {
+                    sha: Some(self.sha.0.clone()),
+                    engine: Some(planned.version().to_string()),
+                    ..NoteContext::default()
                 },
-            }],
-            scrubber,
-        )
+                &[RootSection {
+                    name: root.name.clone(),
+                    outcome: RootOutcome::Planned {
+                        plan: planned.plan(),
+                        findings: &findings,
+                        fingerprint: fresh,
+                    },
+                }],
+                scrubber,
+            )
+        })
         .replace(NOTE_MARKER, "");
         let body = render_plan_changed(
             &PlanChangedNote {

@@ -3,6 +3,7 @@ pub mod app;
 pub mod apply;
 pub mod apply_job;
 pub mod check_config;
+pub mod cpu;
 pub mod credentials;
 pub mod doctor;
 pub mod intake;

@@ -21,6 +21,7 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
 use crate::core::summary::Summary;
 use crate::flows::app::App;
+use crate::flows::cpu::cpu_bound;
 use crate::flows::credentials::Use;
 use crate::flows::queue::CancellationToken;
 use anyhow::{Context, Result};
@@ -349,14 +350,17 @@ async fn plan(
             match engine.plan(&dir, &req).await {
                 Ok(planned) => {
                     let pf = crate::flows::preflight::for_plan(pve.clone(), planned.plan()).await;
-                    let mut findings =
-                        lint::lint_with(planned.plan(), &root.lint_disable, &pf.lint_facts);
+                    let (mut findings, fingerprint) = cpu_bound(|| {
+                        (
+                            lint::lint_with(planned.plan(), &root.lint_disable, &pf.lint_facts),
+                            planned.fingerprint(&key),
+                        )
+                    });
                     findings.extend(lint::without_disabled(pf.findings, &root.lint_disable));
                     lint::sort_findings(&mut findings);
                     if !preflight_notes.contains(&pf.note) {
                         preflight_notes.push(pf.note);
                     }
-                    let fingerprint = planned.fingerprint(&key);
                     Outcome::Planned {
                         run,
                         planned: Box::new(planned),
@@ -411,7 +415,7 @@ async fn plan(
             secrets.extend(planned.secrets().iter().map(str::to_string));
         }
     }
-    let scrubber: Scrubber = secrets.scrubber();
+    let scrubber: Scrubber = cpu_bound(|| secrets.scrubber());
     let first_run = results.iter().find_map(|r| match &r.outcome {
         Outcome::Planned { run, .. } | Outcome::Failed { run, .. } => Some(*run),
         Outcome::Skipped { .. } => None,
@@ -459,7 +463,7 @@ async fn plan(
             },
         })
         .collect();
-    let body = render_note(&ctx, &sections, &scrubber);
+    let body = cpu_bound(|| render_note(&ctx, &sections, &scrubber));
     drop(sections);
 
     upsert_note(app, project, iid, &body).await?;
