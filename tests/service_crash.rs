@@ -160,15 +160,8 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
         .collect();
     assert_eq!(notes.len(), 1, "exactly one plan note");
     assert!(notes[0].body.contains("blocky-v2"), "{}", notes[0].body);
-    // The status is the flow's last word; the worker records the job's end just after it.
-    let store = s.app.store.clone();
-    s.eventually_for("the plan job to be recorded done", 30, || async {
-        store
-            .recent_jobs(10)
-            .await
-            .unwrap()
-            .iter()
-            .all(|j| j.state != "queued" && j.state != "running")
+    s.eventually_for("the plan job to be recorded done", 30, || {
+        s.jobs_all_ended()
     })
     .await;
     let jobs = s.app.store.recent_jobs(10).await.unwrap();

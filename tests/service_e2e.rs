@@ -222,17 +222,8 @@ async fn a_webhook_accepted_before_a_restart_is_planned_after_it_and_the_mr_gets
                 .any(|st| st.name == "planbot/plan" && st.state == "success")
         })
         .await;
-    // The status is the flow's last word; the worker records the job's end just after it.
-    let store = s.app.store.clone();
     story
-        .wait_for_async("the plan job to be recorded done", || async {
-            store
-                .recent_jobs(10)
-                .await
-                .unwrap()
-                .iter()
-                .all(|j| j.state != "queued" && j.state != "running")
-        })
+        .wait_for_async("the plan job to be recorded done", || s.jobs_all_ended())
         .await;
     let jobs = s.app.store.recent_jobs(10).await.unwrap();
     assert_eq!(jobs.len(), 1);

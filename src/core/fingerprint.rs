@@ -166,11 +166,7 @@ fn encode_change(rc: &ResourceChange, hider: &Hider, out: &mut String) {
     let null = Value::Null;
     out.push_str("m8{");
     put_str(out, "actions");
-    let _ = write!(out, "l{}[", c.actions.len());
-    for a in &c.actions {
-        put_str(out, a);
-    }
-    out.push(']');
+    put_str_list(out, &c.actions);
     put_str(out, "address");
     put_str(out, &rc.address);
     put_str(out, "after");
@@ -207,6 +203,15 @@ fn put_str(out: &mut String, s: &str) {
     out.push_str(s);
 }
 
+/// `l<count>[` then each string, `]`.
+fn put_str_list(out: &mut String, items: &[String]) {
+    let _ = write!(out, "l{}[", items.len());
+    for s in items {
+        put_str(out, s);
+    }
+    out.push(']');
+}
+
 fn put_opt_str(out: &mut String, s: Option<&str>) {
     match s {
         Some(s) => put_str(out, s),
@@ -238,11 +243,7 @@ fn encode_outputs(plan: &Plan, hider: &Hider, out: &mut String) {
         put_str(out, name);
         out.push_str("m3{");
         put_str(out, "actions");
-        let _ = write!(out, "l{}[", oc.actions.len());
-        for a in &oc.actions {
-            put_str(out, a);
-        }
-        out.push(']');
+        put_str_list(out, &oc.actions);
         put_str(out, "after");
         if oc.is_sensitive() {
             hider.write_hidden(out, &oc.after);

@@ -127,6 +127,18 @@ impl TestService {
         self.eventually_for(what, 10, f).await
     }
 
+    /// Whether no job is queued or running any more (the worker records a job's end just after
+    /// the flow's last word, its commit status).
+    pub async fn jobs_all_ended(&self) -> bool {
+        self.app
+            .store
+            .recent_jobs(50)
+            .await
+            .unwrap()
+            .iter()
+            .all(|j| j.state != "queued" && j.state != "running")
+    }
+
     /// Like [`TestService::eventually`], with a deadline of `secs` (real engine runs).
     pub async fn eventually_for<F, Fut>(&self, what: &str, secs: u64, mut f: F)
     where
