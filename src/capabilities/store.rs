@@ -543,6 +543,55 @@ impl Store {
         .await
     }
 
+    /// The projects that have runs, with their last known path (for the run pages' filter).
+    pub async fn run_projects(&self) -> Result<Vec<(ProjectId, Option<String>)>> {
+        self.read(move |c| {
+            let mut st = c.prepare(
+                "SELECT project_id, MAX(project_path) FROM runs GROUP BY project_id ORDER BY 2",
+            )?;
+            let rows = st
+                .query_map([], |r| {
+                    Ok((ProjectId(r.get::<_, i64>(0)? as u64), r.get(1)?))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    /// One page of runs, newest first: only of `q.projects`, optionally one MR and one state,
+    /// older than `q.before`; at most `q.limit`.
+    pub async fn runs_page(&self, q: RunQuery) -> Result<Vec<RunRecord>> {
+        self.read(move |c| {
+            if q.projects.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ids: Vec<String> = q.projects.iter().map(|p| p.0.to_string()).collect();
+            let mut sql = format!("{RUN_SELECT} WHERE project_id IN ({})", ids.join(","));
+            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            if let Some(mr) = q.mr {
+                args.push((mr.0 as i64).into());
+                sql.push_str(&format!(" AND mr_iid = ?{}", args.len()));
+            }
+            if let Some(state) = q.state {
+                args.push(state.as_str().to_string().into());
+                sql.push_str(&format!(" AND state = ?{}", args.len()));
+            }
+            if let Some(before) = q.before {
+                args.push((before.0 as i64).into());
+                sql.push_str(&format!(" AND id < ?{}", args.len()));
+            }
+            args.push(i64::from(q.limit).into());
+            sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
+            let mut st = c.prepare(&sql)?;
+            let rows = st
+                .query_map(rusqlite::params_from_iter(args), run_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
     /// Runs of one MR, newest first.
     pub async fn runs_for_mr(&self, project: ProjectId, mr: MrIid) -> Result<Vec<RunRecord>> {
         self.read(move |c| {
@@ -1064,6 +1113,16 @@ pub struct RunEnd {
     /// The rendered note (markdown) this run produced.
     pub note_markdown: Option<String>,
     pub fingerprint: Option<Fingerprint>,
+}
+
+/// What [`Store::runs_page`] lists.
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    pub projects: Vec<ProjectId>,
+    pub mr: Option<MrIid>,
+    pub state: Option<RunState>,
+    pub before: Option<RunId>,
+    pub limit: u32,
 }
 
 /// A run as stored.

@@ -82,6 +82,66 @@ pub struct Config {
     pub plan: PlanConfig,
     pub proxmox: ProxmoxConfig,
     pub sandbox: SandboxConfig,
+    /// `[pages]` and `[gitlab.oauth]`: who may read `/runs`.
+    pub pages: PagesConfig,
+    /// `[metrics]`: who may read `/metrics`.
+    pub metrics: MetricsConfig,
+}
+
+/// `pages.auth`: who may read the run pages (`/runs`, `/runs/{id}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PagesAuth {
+    /// Sign in with GitLab; a user sees the runs of projects they can see (Reporter or more).
+    /// The default when `[gitlab.oauth]` is configured.
+    Gitlab,
+    /// Only clients on the loopback interface (the planbot host itself), and never a request
+    /// relayed by a proxy. The default without `[gitlab.oauth]`.
+    Loopback,
+    /// Anyone who can reach planbot (private networks only; `serve --check` and doctor warn).
+    None,
+}
+
+impl PagesAuth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PagesAuth::Gitlab => "gitlab",
+            PagesAuth::Loopback => "loopback",
+            PagesAuth::None => "none",
+        }
+    }
+}
+
+/// `[gitlab.oauth]`: planbot registered as a GitLab application (scope `read_user`).
+#[derive(Debug, Clone)]
+pub struct OAuthConfig {
+    pub client_id: String,
+    pub client_secret: Secret,
+}
+
+/// `[pages]`.
+#[derive(Debug, Clone)]
+pub struct PagesConfig {
+    pub auth: PagesAuth,
+    pub oauth: Option<OAuthConfig>,
+    /// How long a sign-in lasts (`pages.session_lifetime`, default 8 h).
+    pub session_lifetime: Duration,
+}
+
+impl Default for PagesConfig {
+    fn default() -> Self {
+        PagesConfig {
+            auth: PagesAuth::Loopback,
+            oauth: None,
+            session_lifetime: Duration::from_secs(8 * 3600),
+        }
+    }
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsConfig {
+    /// When set, `/metrics` answers only `Authorization: Bearer <token>`.
+    pub token: Option<Secret>,
 }
 
 /// `[sandbox]`: how engine processes are confined (see `capabilities::sandbox`).
@@ -263,6 +323,11 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("proxmox.apply.api_token", Kind::Str, true),
     ("proxmox.apply.insecure", Kind::Bool, false),
     ("proxmox.apply.ca_file", Kind::Str, false),
+    ("gitlab.oauth.client_id", Kind::Str, false),
+    ("gitlab.oauth.client_secret", Kind::Str, true),
+    ("pages.auth", Kind::Str, false),
+    ("pages.session_lifetime", Kind::Str, false),
+    ("metrics.token", Kind::Str, true),
 ];
 
 const SECTIONS: &[&str] = &[
@@ -276,6 +341,9 @@ const SECTIONS: &[&str] = &[
     "engine.plan",
     "engine.apply",
     "sandbox",
+    "gitlab.oauth",
+    "pages",
+    "metrics",
 ];
 
 /// The free-form tables of engine environment variables.
@@ -401,6 +469,20 @@ impl Config {
                     .unwrap_or_else(|| "(not set)".into()),
             );
         }
+        line("pages.auth", self.pages.auth.as_str().into());
+        line(
+            "pages.session_lifetime",
+            humantime::format_duration(self.pages.session_lifetime).to_string(),
+        );
+        line(
+            "gitlab.oauth.client_id",
+            opt(&self.pages.oauth.as_ref().map(|o| o.client_id.clone())),
+        );
+        line(
+            "gitlab.oauth.client_secret",
+            sec(&self.pages.oauth.as_ref().map(|o| o.client_secret.clone())),
+        );
+        line("metrics.token", sec(&self.metrics.token));
         out
     }
 
@@ -437,8 +519,94 @@ impl Config {
                 }
             }
         }
+        if let Some(o) = &self.pages.oauth {
+            s.push(o.client_secret.expose().to_string());
+        }
+        if let Some(t) = &self.metrics.token {
+            s.push(t.expose().to_string());
+        }
         s
     }
+}
+
+/// `[pages]`, `[gitlab.oauth]` and `[metrics]`.
+fn take_pages(
+    flat: &mut BTreeMap<String, Value>,
+    public_url: Option<&str>,
+) -> Result<(PagesConfig, MetricsConfig), ConfigError> {
+    let client_id = take_str(flat, "gitlab.oauth.client_id")?;
+    let client_secret = take_str(flat, "gitlab.oauth.client_secret")?;
+    let oauth = match (client_id, client_secret) {
+        (None, None) => None,
+        (Some(id), Some(secret)) if !id.trim().is_empty() && !secret.is_empty() => {
+            Some(OAuthConfig {
+                client_id: id.trim().to_string(),
+                client_secret: Secret(secret),
+            })
+        }
+        _ => {
+            return Err(ConfigError::Missing {
+                key: "gitlab.oauth.client_id".into(),
+                hint: "[gitlab.oauth] needs both client_id and client_secret (or client_secret_file): the Application ID and Secret GitLab shows for the application".into(),
+            })
+        }
+    };
+    let auth = match take_str(flat, "pages.auth")?.as_deref() {
+        None if oauth.is_some() => PagesAuth::Gitlab,
+        None | Some("loopback") => PagesAuth::Loopback,
+        Some("gitlab") => PagesAuth::Gitlab,
+        Some("none") => PagesAuth::None,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                key: "pages.auth".into(),
+                message: format!("`{other}`: expected \"gitlab\", \"loopback\" or \"none\""),
+            })
+        }
+    };
+    if auth == PagesAuth::Gitlab {
+        if oauth.is_none() {
+            return Err(ConfigError::Missing {
+                key: "gitlab.oauth.client_id".into(),
+                hint: "pages.auth = \"gitlab\" signs users in with GitLab: register planbot as a GitLab application and set [gitlab.oauth] client_id and client_secret_file".into(),
+            });
+        }
+        if public_url.is_none() {
+            return Err(ConfigError::Missing {
+                key: "public_url".into(),
+                hint: "signing in with GitLab needs planbot's own address: GitLab sends users back to <public_url>/auth/callback".into(),
+            });
+        }
+    }
+    let session_lifetime = take_duration(flat, "pages.session_lifetime", "8h")?;
+    if session_lifetime < Duration::from_secs(60)
+        || session_lifetime > Duration::from_secs(30 * 86400)
+    {
+        return Err(ConfigError::Invalid {
+            key: "pages.session_lifetime".into(),
+            message: "expected a duration from 1m to 30d, e.g. \"8h\"".into(),
+        });
+    }
+    let token = take_str(flat, "metrics.token")?;
+    if let Some(t) = &token {
+        if t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::Invalid {
+                key: "metrics.token".into(),
+                message:
+                    "use at least 16 printable characters without spaces (`openssl rand -hex 32`)"
+                        .into(),
+            });
+        }
+    }
+    Ok((
+        PagesConfig {
+            auth,
+            oauth,
+            session_lifetime,
+        },
+        MetricsConfig {
+            token: token.map(Secret),
+        },
+    ))
 }
 
 fn flatten(
@@ -790,6 +958,7 @@ fn build(mut flat: BTreeMap<String, Value>) -> Result<Config, ConfigError> {
         }
     }
     let sandbox = take_sandbox(&mut flat)?;
+    let (pages, metrics) = take_pages(&mut flat, public_url.as_deref())?;
 
     let job_name = take_str(&mut flat, "apply.job_name")?.unwrap_or_else(|| "planbot-apply".into());
     let open_issue_on_failure =
@@ -843,6 +1012,8 @@ fn build(mut flat: BTreeMap<String, Value>) -> Result<Config, ConfigError> {
         },
         proxmox,
         sandbox,
+        pages,
+        metrics,
     })
 }
 

@@ -7,6 +7,7 @@ pub mod events;
 pub mod fingerprint;
 pub mod ids;
 pub mod lint;
+pub mod note_html;
 pub mod plan;
 pub mod plan_digest;
 pub mod preflight;

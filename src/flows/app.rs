@@ -36,6 +36,8 @@ pub struct App {
     gitlab_probe: GitLab,
     /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
     bot_user: tokio::sync::OnceCell<UserId>,
+    /// Who may read the run pages: GitLab sign-in, sessions, membership cache.
+    pub signin: crate::flows::signin::SignIn,
 }
 
 impl App {
@@ -82,6 +84,8 @@ impl App {
                 .with_timeout(std::time::Duration::from_secs(5))?,
             gitlab,
             bot_user: tokio::sync::OnceCell::new(),
+            signin: crate::flows::signin::SignIn::new(&config)
+                .context("[gitlab.oauth] / public_url")?,
             config,
         })
     }
@@ -131,12 +135,23 @@ impl App {
         self.config.data_dir.join("workspaces")
     }
 
-    /// The run page's absolute URL, when `public_url` is set.
+    /// The run page's absolute URL, when `public_url` is set and the page can be opened by the
+    /// note's readers (not with the loopback-only default: see [`App::run_hint`]).
     pub fn run_url(&self, run: crate::core::ids::RunId) -> Option<String> {
+        if !crate::flows::pages::links_are_readable(self.config.pages.auth) {
+            return None;
+        }
         self.config
             .public_url
             .as_ref()
             .map(|u| format!("{u}/runs/{run}"))
+    }
+
+    /// Where a run's page can be read when it cannot be linked (loopback-only pages): the
+    /// address on the planbot host itself, e.g. `http://localhost:8080/runs/12`.
+    pub fn run_hint(&self, run: crate::core::ids::RunId) -> Option<String> {
+        (!crate::flows::pages::links_are_readable(self.config.pages.auth))
+            .then(|| format!("http://localhost:{}/runs/{run}", self.config.listen.port()))
     }
 
     /// Whether GitLab answers with our token (`GET /user`, asked every time): for `/readyz`.

@@ -1,18 +1,40 @@
 //! Server-rendered pages: `GET /runs` and `GET /runs/{id}` (minijinja, HTML-escaped, no JavaScript).
+//!
+//! Who may read them is decided by [`crate::flows::signin::gate`] in front of these handlers; a
+//! signed-in user sees only runs of projects they can see in GitLab, and a run of any other
+//! project answers exactly like a run that does not exist (404). The plan note is rendered from
+//! Markdown and sanitised ([`crate::core::note_html`]); every other value is escaped by minijinja.
 
-use crate::capabilities::store::RunRecord;
-use crate::core::ids::RunId;
+use crate::capabilities::store::{RunQuery, RunRecord, RunState};
+use crate::core::config::PagesAuth;
+use crate::core::ids::{MrIid, ProjectId, RunId};
 use crate::flows::app::App;
-use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use crate::flows::signin::Viewer;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
+use axum::Extension;
 use minijinja::{context, Environment};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-/// How many runs `/runs` lists.
-const RECENT: u32 = 200;
+/// How many runs one page of `/runs` lists.
+pub const PER_PAGE: u32 = 50;
+
+/// The pages' stylesheet, served at `/assets/pages.css` (the CSP allows no inline style).
+pub const STYLESHEET: &str = include_str!("../../templates/pages/pages.css");
+
+/// The states a run can be in, in the order the filter lists them.
+const STATES: [RunState; 6] = [
+    RunState::Running,
+    RunState::Succeeded,
+    RunState::Failed,
+    RunState::Canceled,
+    RunState::Refused,
+    RunState::Interrupted,
+];
 
 fn env() -> &'static Environment<'static> {
     static ENV: OnceLock<Environment<'static>> = OnceLock::new();
@@ -29,6 +51,10 @@ fn env() -> &'static Environment<'static> {
             (
                 "not_found.html",
                 include_str!("../../templates/pages/not_found.html"),
+            ),
+            (
+                "message.html",
+                include_str!("../../templates/pages/message.html"),
             ),
         ] {
             env.add_template(name, src).expect("page templates parse");
@@ -52,8 +78,14 @@ struct RunView {
     duration: String,
     summary: Option<String>,
     fingerprint: Option<String>,
-    note_markdown: Option<String>,
+    /// The note as sanitised HTML (rendered with `|safe`).
+    note_html: Option<String>,
     log: String,
+    log_lines: usize,
+    /// Links back to GitLab, when the project's path is known.
+    mr_url: Option<String>,
+    commit_url: Option<String>,
+    project_url: Option<String>,
 }
 
 fn utc(ms: i64) -> String {
@@ -75,7 +107,17 @@ fn duration(ms: Option<i64>) -> String {
     }
 }
 
-fn view(r: &RunRecord) -> RunView {
+/// Where pages link to: the GitLab instance (`gitlab.url`), for links back to MRs and commits.
+#[derive(Clone, Copy)]
+pub struct Links<'a> {
+    pub gitlab: &'a str,
+}
+
+fn view(r: &RunRecord, links: Links<'_>, with_note: bool) -> RunView {
+    let project_url = r
+        .project_path
+        .as_ref()
+        .map(|p| format!("{}/{}", links.gitlab.trim_end_matches('/'), p));
     RunView {
         id: r.id.0,
         kind: r.kind.as_str(),
@@ -92,72 +134,353 @@ fn view(r: &RunRecord) -> RunView {
         duration: duration(r.duration_ms()),
         summary: r.summary.clone(),
         fingerprint: r.fingerprint.clone(),
-        note_markdown: r.note_markdown.clone(),
-        log: r.log.clone(),
+        note_html: if with_note {
+            r.note_markdown
+                .as_deref()
+                .map(crate::core::note_html::note_to_html)
+        } else {
+            None
+        },
+        log: if with_note {
+            r.log.clone()
+        } else {
+            String::new()
+        },
+        log_lines: r.log.lines().count(),
+        mr_url: project_url
+            .as_ref()
+            .zip(r.mr)
+            .map(|(p, mr)| format!("{p}/-/merge_requests/{mr}")),
+        commit_url: project_url
+            .as_ref()
+            .map(|p| format!("{p}/-/commit/{}", r.sha)),
+        project_url,
     }
 }
 
-/// The `/runs` page for these runs (newest first).
-pub fn render_runs(runs: &[RunRecord]) -> String {
-    let views: Vec<RunView> = runs.iter().map(view).collect();
+/// What the list is filtered by (`/runs?project=…&mr=…&state=…&before=…`).
+#[derive(Debug, Default, Deserialize, Serialize, Clone)]
+pub struct RunsQuery {
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub mr: Option<String>,
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub before: Option<String>,
+}
+
+impl RunsQuery {
+    fn nonempty(v: &Option<String>) -> Option<&str> {
+        v.as_deref().map(str::trim).filter(|s| !s.is_empty())
+    }
+    /// The query string of these filters, with `before` replaced.
+    fn href(&self, before: Option<u64>) -> String {
+        let mut s = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("project", &self.project),
+            ("mr", &self.mr),
+            ("state", &self.state),
+        ] {
+            if let Some(v) = Self::nonempty(v) {
+                s.append_pair(k, v);
+            }
+        }
+        if let Some(b) = before {
+            s.append_pair("before", &b.to_string());
+        }
+        let q = s.finish();
+        if q.is_empty() {
+            "/runs".into()
+        } else {
+            format!("/runs?{q}")
+        }
+    }
+}
+
+/// Everything `/runs` shows.
+pub struct RunsPage<'a> {
+    pub runs: &'a [RunRecord],
+    /// The projects the viewer may filter by: (id, path).
+    pub projects: &'a [(ProjectId, Option<String>)],
+    pub query: &'a RunsQuery,
+    /// The id to continue from ("Older runs"), when there are more.
+    pub older: Option<u64>,
+    pub user: Option<&'a str>,
+    pub links: Links<'a>,
+}
+
+/// The `/runs` page.
+pub fn render_runs_page(page: &RunsPage<'_>) -> String {
+    let views: Vec<RunView> = page
+        .runs
+        .iter()
+        .map(|r| view(r, page.links, false))
+        .collect();
+    let projects: Vec<String> = page
+        .projects
+        .iter()
+        .map(|(id, path)| path.clone().unwrap_or_else(|| id.to_string()))
+        .collect();
+    let filtered = [&page.query.project, &page.query.mr, &page.query.state]
+        .iter()
+        .any(|v| RunsQuery::nonempty(v).is_some());
     env()
         .get_template("runs.html")
-        .and_then(|t| t.render(context! { runs => views }))
+        .and_then(|t| {
+            t.render(context! {
+                runs => views,
+                projects => projects,
+                states => STATES.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                q => page.query,
+                filtered => filtered,
+                paged => RunsQuery::nonempty(&page.query.before).is_some(),
+                older => page.older.map(|b| page.query.href(Some(b))),
+                newest => page.query.href(None),
+                user => page.user,
+            })
+        })
         .unwrap_or_else(|e| format!("template error: {e}"))
+}
+
+/// The `/runs` page for these runs (newest first), unfiltered.
+pub fn render_runs(runs: &[RunRecord]) -> String {
+    render_runs_page(&RunsPage {
+        runs,
+        projects: &[],
+        query: &RunsQuery::default(),
+        older: None,
+        user: None,
+        links: Links {
+            gitlab: "https://gitlab.example.com",
+        },
+    })
 }
 
 /// The `/runs/{id}` page.
-pub fn render_run(run: &RunRecord) -> String {
+pub fn render_run_page(run: &RunRecord, links: Links<'_>, user: Option<&str>) -> String {
     env()
         .get_template("run.html")
-        .and_then(|t| t.render(context! { r => view(run) }))
+        .and_then(|t| t.render(context! { r => view(run, links, true), user => user }))
         .unwrap_or_else(|e| format!("template error: {e}"))
 }
 
-fn not_found(what: &str) -> Response {
+/// The `/runs/{id}` page (links to an example GitLab).
+pub fn render_run(run: &RunRecord) -> String {
+    render_run_page(
+        run,
+        Links {
+            gitlab: "https://gitlab.example.com",
+        },
+        None,
+    )
+}
+
+fn not_found(what: &str, user: Option<&str>) -> Response {
     let body = env()
         .get_template("not_found.html")
-        .and_then(|t| t.render(context! { what => what }))
+        .and_then(|t| t.render(context! { what => what, user => user }))
         .unwrap_or_else(|e| format!("template error: {e}"));
     (StatusCode::NOT_FOUND, Html(body)).into_response()
 }
 
-fn html(body: String) -> Response {
+/// A short page (`templates/pages/message.html`, one `kind` each): sign-in refused, signed out…
+pub fn message(app: &App, status: StatusCode, kind: &str, ctx: minijinja::Value) -> Response {
+    let body = env()
+        .get_template("message.html")
+        .and_then(|t| {
+            t.render(context! {
+                kind => kind,
+                listen => app.config.listen.to_string(),
+                port => app.config.listen.port(),
+                ..ctx
+            })
+        })
+        .unwrap_or_else(|e| format!("template error: {e}"));
+    (status, Html(body)).into_response()
+}
+
+/// The answer to a remote client when the pages are for the planbot host only.
+pub fn loopback_only(app: &App) -> Response {
+    message(app, StatusCode::FORBIDDEN, "loopback_only", context! {})
+}
+
+/// Middleware for every page and sign-in route: a strict Content-Security-Policy (no script at
+/// all, styles only from `/assets/`), no sniffing, no referrer to other sites, no framing, and
+/// no caching of private pages.
+pub async fn security_headers(req: Request, next: Next) -> Response {
+    let mut r = next.run(req).await;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    r
+}
+
+/// `GET /assets/pages.css`.
+pub async fn stylesheet() -> Response {
     (
         [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                "default-src 'none'; style-src 'unsafe-inline'",
-            ),
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=3600"),
         ],
-        body,
+        STYLESHEET,
     )
         .into_response()
 }
 
-pub async fn runs(State(app): State<Arc<App>>) -> Response {
-    match app.store.recent_runs(RECENT).await {
-        Ok(runs) => html(render_runs(&runs)),
-        Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "cannot read runs");
-            StatusCode::SERVICE_UNAVAILABLE.into_response()
-        }
+fn html(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
+}
+
+fn user_of(viewer: &Viewer) -> Option<&str> {
+    match viewer {
+        Viewer::User(s) => Some(s.username.as_str()),
+        Viewer::Anyone => None,
     }
 }
 
-pub async fn run(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    let Ok(id) = id.parse::<u64>() else {
-        return not_found(&format!("Run {id}"));
+fn unavailable(e: anyhow::Error, what: &str) -> Response {
+    tracing::error!(error = %format!("{e:#}"), "cannot read {what}");
+    StatusCode::SERVICE_UNAVAILABLE.into_response()
+}
+
+/// The projects with runs that this viewer can see.
+async fn visible_projects(
+    app: &App,
+    viewer: &Viewer,
+) -> anyhow::Result<Vec<(ProjectId, Option<String>)>> {
+    let all = app.store.run_projects().await?;
+    let Viewer::User(s) = viewer else {
+        return Ok(all);
     };
-    match app.store.run(RunId(id)).await {
-        Ok(Some(r)) => html(render_run(&r)),
-        Ok(None) => not_found(&format!("Run #{id}")),
-        Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "cannot read a run");
-            StatusCode::SERVICE_UNAVAILABLE.into_response()
+    let mut out = Vec::new();
+    for (id, path) in all {
+        if app.signin.can_see(app, id, s.user_id).await {
+            out.push((id, path));
         }
     }
+    Ok(out)
+}
+
+pub async fn runs(
+    State(app): State<Arc<App>>,
+    Extension(viewer): Extension<Viewer>,
+    Query(q): Query<RunsQuery>,
+) -> Response {
+    let projects = match visible_projects(&app, &viewer).await {
+        Ok(p) => p,
+        Err(e) => return unavailable(e, "runs"),
+    };
+    let selected: Vec<ProjectId> = match RunsQuery::nonempty(&q.project) {
+        None => projects.iter().map(|(id, _)| *id).collect(),
+        Some(want) => projects
+            .iter()
+            .filter(|(id, path)| {
+                id.to_string() == want
+                    || path
+                        .as_deref()
+                        .is_some_and(|p| p.eq_ignore_ascii_case(want))
+            })
+            .map(|(id, _)| *id)
+            .collect(),
+    };
+    let parse_u64 = |v: &Option<String>| {
+        RunsQuery::nonempty(v).map(|s| s.trim_start_matches('!').parse::<u64>().ok())
+    };
+    let mr = parse_u64(&q.mr);
+    let before = parse_u64(&q.before);
+    let state =
+        RunsQuery::nonempty(&q.state).map(|s| STATES.into_iter().find(|st| st.as_str() == s));
+    // A filter that names nothing real lists nothing (rather than everything).
+    let impossible =
+        matches!(mr, Some(None)) || matches!(before, Some(None)) || matches!(state, Some(None));
+    let mut runs = if impossible {
+        Vec::new()
+    } else {
+        match app
+            .store
+            .runs_page(RunQuery {
+                projects: selected,
+                mr: mr.flatten().map(MrIid),
+                state: state.flatten(),
+                before: before.flatten().map(RunId),
+                limit: PER_PAGE + 1,
+            })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return unavailable(e, "runs"),
+        }
+    };
+    let older = if runs.len() > PER_PAGE as usize {
+        runs.truncate(PER_PAGE as usize);
+        runs.last().map(|r| r.id.0)
+    } else {
+        None
+    };
+    html(render_runs_page(&RunsPage {
+        runs: &runs,
+        projects: &projects,
+        query: &q,
+        older,
+        user: user_of(&viewer),
+        links: Links {
+            gitlab: &app.config.gitlab.url,
+        },
+    }))
+}
+
+pub async fn run(
+    State(app): State<Arc<App>>,
+    Extension(viewer): Extension<Viewer>,
+    Path(id): Path<String>,
+) -> Response {
+    let user = user_of(&viewer);
+    let Ok(id) = id.parse::<u64>() else {
+        return not_found(&format!("Run {id}"), user);
+    };
+    let what = format!("Run #{id}");
+    match app.store.run(RunId(id)).await {
+        Ok(Some(r)) => {
+            if let Viewer::User(s) = &viewer {
+                // Not 403: a run of a project the user cannot see does not exist for them.
+                if !app.signin.can_see(&app, r.project, s.user_id).await {
+                    return not_found(&what, user);
+                }
+            }
+            html(render_run_page(
+                &r,
+                Links {
+                    gitlab: &app.config.gitlab.url,
+                },
+                user,
+            ))
+        }
+        Ok(None) => not_found(&what, user),
+        Err(e) => unavailable(e, "a run"),
+    }
+}
+
+/// Whether run-page links can go into notes and statuses (someone other than the planbot host
+/// can open them).
+pub fn links_are_readable(auth: PagesAuth) -> bool {
+    auth != PagesAuth::Loopback
 }
 
 #[cfg(test)]
@@ -206,11 +529,28 @@ mod tests {
             1,
             RunState::Failed,
             "Error: <script>alert(1)</script> in resource \"x\"",
-            Some("<!-- planbot:mr-note v1 -->\n### Plan <b>x</b>"),
+            Some("<!-- planbot:mr-note v1 -->\n### Plan <b>x</b>\n\n| a | b |\n|---|---|\n| <script>alert(2)</script> | [x](javascript:alert(3)) |\n"),
         );
         let page = render_run(&r);
         assert!(!page.contains("<script>"), "{page}");
+        assert!(!page.contains("javascript:"), "{page}");
         assert!(page.contains("&lt;script&gt;"));
+        assert!(page.contains("<table>"), "the note is rendered: {page}");
         insta::assert_snapshot!(page);
+    }
+
+    #[test]
+    fn pagination_keeps_the_filters() {
+        let q = RunsQuery {
+            project: Some("infra/homelab".into()),
+            mr: Some("".into()),
+            state: Some("failed".into()),
+            before: Some("90".into()),
+        };
+        assert_eq!(
+            q.href(Some(40)),
+            "/runs?project=infra%2Fhomelab&state=failed&before=40"
+        );
+        assert_eq!(RunsQuery::default().href(None), "/runs");
     }
 }

@@ -4,7 +4,7 @@ use crate::core::config::Config;
 use crate::core::events::Job;
 use crate::flows::app::{wipe_temp_root, App};
 use crate::flows::queue::{self, CancellationToken};
-use crate::flows::{intake, pages};
+use crate::flows::{intake, pages, signin};
 use anyhow::{Context, Result};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -120,7 +120,9 @@ impl Application {
         let router = router(self.app.clone());
         let stop = self.shutdown.clone();
         tracing::info!(port = self.port, "planbot is serving");
-        axum::serve(listener, router)
+        // The peer address decides the loopback-only run pages (`pages.auth = "loopback"`).
+        let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, service)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
             .context("HTTP server")?;
@@ -149,9 +151,24 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(page_routes(app.clone()))
+        .with_state(app)
+}
+
+/// The run pages (behind [`signin::gate`]), GitLab sign-in and the pages' stylesheet, all with
+/// the pages' security headers.
+fn page_routes(app: Arc<App>) -> Router<Arc<App>> {
+    let gated = Router::new()
         .route("/runs", get(pages::runs))
         .route("/runs/{id}", get(pages::run))
-        .with_state(app)
+        .route_layer(axum::middleware::from_fn_with_state(app, signin::gate));
+    Router::new()
+        .merge(gated)
+        .route("/auth/login", get(signin::login))
+        .route(signin::CALLBACK_PATH, get(signin::callback))
+        .route("/auth/logout", post(signin::logout))
+        .route("/assets/pages.css", get(pages::stylesheet))
+        .layer(axum::middleware::from_fn(pages::security_headers))
 }
 
 /// The CI template infra repos include (`include: remote:`), served as planbot ships it.
@@ -183,7 +200,29 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     (status, body).into_response()
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
+/// Whether the request carries `Authorization: Bearer <metrics.token>` (compared in constant time).
+fn metrics_authorized(app: &App, headers: &axum::http::HeaderMap) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(want) = &app.config.metrics.token else {
+        return true;
+    };
+    headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.strip_prefix("Bearer "))
+        .any(|got| bool::from(got.trim().as_bytes().ct_eq(want.expose().as_bytes())))
+}
+
+async fn metrics(State(app): State<Arc<App>>, headers: axum::http::HeaderMap) -> Response {
+    if !metrics_authorized(&app, &headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer realm=\"planbot metrics\"")],
+            "metrics need Authorization: Bearer <[metrics] token>\n",
+        )
+            .into_response();
+    }
     if let Ok(depth) = app.store.queue_depth().await {
         app.metrics.set_queue_depth(depth);
     }
