@@ -903,7 +903,10 @@ impl ApplyCtx {
                     .map(|m| format!(" (merge request !{m})"))
                     .unwrap_or_default(),
                 scrubbed_error.as_deref().unwrap_or(""),
-                run_url.as_deref().unwrap_or("(no public_url configured)")
+                run_url
+                    .clone()
+                    .or_else(|| run_id.and_then(|r| self.app.run_hint(r)))
+                    .unwrap_or_else(|| "(no public_url configured)".into())
             );
             let description = self.app.scrubber.scrub(&description).into_owned();
             if let Err(e) = self

@@ -160,7 +160,30 @@ pub async fn run_checks(config: &Config) -> Vec<Check> {
     gitlab_checks(config, &mut r).await;
     engine_checks(config, &mut r).await;
     proxmox_checks(config, &mut r).await;
+    pages_checks(config, &mut r);
     r.checks
+}
+
+/// Who can read the run pages and `/metrics` (no network calls).
+fn pages_checks(config: &Config, r: &mut Report) {
+    use crate::core::config::PagesAuth;
+    r.section("Run pages");
+    match config.pages.auth {
+        PagesAuth::Gitlab => r.add(
+            Status::Ok,
+            "pages_gitlab",
+            json!({"callback": format!("{}{}", config.public_url.as_deref().unwrap_or(""), crate::flows::signin::CALLBACK_PATH)}),
+        ),
+        PagesAuth::Loopback => r.add(
+            Status::Info,
+            "pages_loopback",
+            json!({"port": config.listen.port()}),
+        ),
+        PagesAuth::None => r.add(Status::Warn, "pages_open", json!({})),
+    }
+    if config.metrics.token.is_none() {
+        r.add(Status::Info, "metrics_open", json!({}));
+    }
 }
 
 fn level_name(level: AccessLevel) -> String {

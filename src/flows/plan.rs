@@ -429,6 +429,7 @@ async fn plan(
         engine: version,
         duration: Some(started.elapsed()),
         run_url: run_url.clone(),
+        run_hint: first_run.and_then(|r| app.run_hint(r)),
         banners,
         preflight_note: Some(preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         ..NoteContext::default()

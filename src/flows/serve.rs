@@ -64,11 +64,32 @@ pub fn check_report(config: &Config) -> String {
         "- accept applies only from the CI job named `{}` on a protected default branch\n",
         config.apply.job_name
     ));
+    out.push_str(&format!("- {}\n", pages_line(config)));
     match config.proxmox.for_plan().endpoint {
         Some(e) => out.push_str(&format!("- run the Proxmox preflight against {e}\n")),
         None => out.push_str("- skip the Proxmox preflight (no [proxmox] endpoint)\n"),
     }
     out
+}
+
+/// What `--check` says about who may read the run pages (a warning for `auth = "none"`).
+fn pages_line(config: &Config) -> String {
+    use crate::core::config::PagesAuth;
+    let pages = match config.pages.auth {
+        PagesAuth::Gitlab => format!(
+            "serve /runs to users signed in with GitLab ({}{}), each seeing only the runs of projects where they are Reporter or more",
+            config.public_url.as_deref().unwrap_or(""),
+            crate::flows::signin::CALLBACK_PATH
+        ),
+        PagesAuth::Loopback => "serve /runs only to this host (loopback, no proxy); plan notes say where the log is instead of linking it (set [gitlab.oauth] for sign-in)".into(),
+        PagesAuth::None => "WARNING: serve /runs to ANYONE who can reach it ([pages] auth = \"none\"): every plan of every project can be read without signing in".into(),
+    };
+    let metrics = if config.metrics.token.is_some() {
+        "/metrics requires the [metrics] bearer token"
+    } else {
+        "/metrics answers without a token"
+    };
+    format!("{pages}; {metrics}")
 }
 
 pub fn main(config: &Path, check: bool) -> Result<ExitCode> {

@@ -290,9 +290,10 @@ pub async fn gate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> 
                     .path_and_query()
                     .map(|p| p.as_str().to_string())
                     .unwrap_or_else(|| "/runs".into());
-                let target = url::form_urlencoded::Serializer::new(String::from("/auth/login?"))
+                let query = url::form_urlencoded::Serializer::new(String::new())
                     .append_pair("next", &safe_next(Some(&next)))
                     .finish();
+                let target = format!("/auth/login?{query}");
                 let mut r = Redirect::to(&target).into_response();
                 if req.headers().contains_key(header::COOKIE) {
                     // A forged or expired session: drop it.

@@ -67,6 +67,9 @@ pub struct NoteContext {
     pub duration: Option<Duration>,
     /// Link to the run page, when served.
     pub run_url: Option<String>,
+    /// Where the run page can be read when it cannot be linked (run pages on the planbot host
+    /// only), e.g. `http://localhost:8080/runs/12`.
+    pub run_hint: Option<String>,
     /// Lines shown above the headline (merged / applied banners), already in Markdown.
     pub banners: Vec<String>,
     /// Preflight state in words, e.g. "Proxmox preflight skipped: no endpoint configured".
@@ -269,6 +272,7 @@ struct NoteView<'a> {
     details: Vec<DetailView>,
     left_out: usize,
     run_url: Option<&'a str>,
+    run_hint: Option<&'a str>,
     engine: Option<&'a str>,
     engine_name: &'static str,
     duration: Option<String>,
@@ -824,6 +828,7 @@ fn build_view<'a, 'r>(
         details,
         left_out: 0,
         run_url: ctx.run_url.as_deref(),
+        run_hint: ctx.run_hint.as_deref(),
         engine: ctx.engine.as_deref(),
         engine_name,
         duration: ctx.duration.map(duration_text),
