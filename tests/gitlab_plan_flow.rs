@@ -165,7 +165,8 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
     // nowhere and the note says where the log can be read.
     assert_eq!(last.target_url, None, "{last:?}");
     assert!(
-        note.body.contains("log on the planbot host: `http://localhost:"),
+        note.body
+            .contains("log on the planbot host: `http://localhost:"),
         "{}",
         note.body
     );

@@ -1432,6 +1432,7 @@ fn router(state: Shared) -> Router {
         )
         .route("/oauth/authorize", get(oauth_authorize))
         .route("/oauth/token", post(oauth_token))
+        .route("/-/fake/sign_in_as/{session}", get(fake_sign_in_as))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             count_and_fault,
@@ -2397,6 +2398,16 @@ impl FakeGitLab {
         cookie
     }
 
+    /// A URL that signs a real browser in to the fake GitLab as `user` (sets `_gitlab_session`,
+    /// the stand-in for typing a password on `/users/sign_in`) and then sends it to `return_to`.
+    pub fn browser_sign_in_url(&self, user: &FakeUser, return_to: &str) -> String {
+        let session = self.browser_session(user);
+        let q = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("return_to", return_to)
+            .finish();
+        format!("{}/-/fake/sign_in_as/{session}?{q}", self.url)
+    }
+
     /// How many OAuth access tokens were issued.
     pub fn oauth_tokens_issued(&self) -> usize {
         self.lock().oauth.tokens.len()
@@ -2617,4 +2628,30 @@ async fn oauth_token(State(state): State<Shared>, headers: HeaderMap, body: Byte
         "created_at": 1_764_680_000
     }))
     .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct SignInAsQuery {
+    return_to: String,
+}
+
+/// Test-only: a browser "signs in" to the fake GitLab with a session made by
+/// [`FakeGitLab::browser_sign_in_url`].
+async fn fake_sign_in_as(
+    State(state): State<Shared>,
+    Path(session): Path<String>,
+    Query(q): Query<SignInAsQuery>,
+) -> Response {
+    if !lock!(state).oauth.browser_sessions.contains_key(&session) {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    }
+    Response::builder()
+        .status(StatusCode::FOUND)
+        .header(
+            "set-cookie",
+            format!("_gitlab_session={session}; Path=/; HttpOnly"),
+        )
+        .header("location", q.return_to)
+        .body(Body::empty())
+        .unwrap()
 }
