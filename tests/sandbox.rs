@@ -460,3 +460,106 @@ async fn without_landlock_a_required_sandbox_refuses_before_anything_runs() {
         .await
         .expect("plans without a sandbox when not required");
 }
+
+#[tokio::test]
+async fn a_terraformrc_committed_in_the_repository_is_never_read() {
+    // A root that ships a CLI config pointing the engine at a "mirror" in the repository,
+    // holding the hostile provider: planbot's own CLI config is the only one the engine reads.
+    let bin = support::engine();
+    let files = planbot_files();
+    let temp_root = tempfile::tempdir().unwrap();
+    let caches = tempfile::tempdir().unwrap();
+    let apply_cache = caches.path().join("main");
+    std::fs::create_dir_all(&apply_cache).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let report = root.path().join("report.txt");
+    commit_hostile_provider(root.path(), &report, &files, &apply_cache);
+    std::fs::rename(
+        root.path().join("terraform.d/plugins"),
+        root.path().join("mirror"),
+    )
+    .unwrap();
+    let rc = format!(
+        "provider_installation {{\n  filesystem_mirror {{\n    path = \"{}/mirror\"\n  }}\n}}\n",
+        root.path().display()
+    );
+    for name in [".terraformrc", "terraform.rc", ".tofurc", "tofu.rc"] {
+        std::fs::write(root.path().join(name), &rc).unwrap();
+    }
+    let eng = engine(
+        &bin,
+        temp_root.path(),
+        owned(),
+        Some(&caches.path().join("mr")),
+    );
+    assert!(eng
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .is_err());
+    assert!(
+        !report.exists(),
+        "the repository's CLI config was read and its provider ran: {}",
+        std::fs::read_to_string(&report).unwrap_or_default()
+    );
+}
+
+/// `planbot plan` on `root` with `args`: (exit code, stdout).
+fn planbot_plan(root: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .arg("plan")
+        .arg(root)
+        .args(["--engine", support::engine().to_str().unwrap()])
+        .args(args)
+        .env("PLANBOT_FINGERPRINT_KEY", "local-test-key-0123456789")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn planbot_plan_reads_the_users_files_but_not_proc_unless_told_to_run_unsandboxed() {
+    landlock();
+    // A file of the user's outside the root (as `~/.ssh/id_ed25519.pub` in an Ignition config).
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("id_ed25519.pub"),
+        "ssh-ed25519 AAAA user@host",
+    )
+    .unwrap();
+    // A process with a token in its environment (as the shell that started planbot).
+    let mut shell = std::process::Command::new("/bin/sleep")
+        .arg("60")
+        .env("GITLAB_TOKEN", CANARY)
+        .spawn()
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        format!(
+            "output \"key\" {{\n  value = file(\"{}/id_ed25519.pub\")\n}}\n\
+             output \"env\" {{\n  value = try(strrev(filebase64(\"/proc/{}/environ\")), \"denied-environ\")\n}}\n",
+            home.path().display(),
+            shell.id()
+        ),
+    )
+    .unwrap();
+
+    let (code, local) = planbot_plan(root.path(), &[]);
+    let (strict_code, strict) = planbot_plan(root.path(), &["--sandbox", "strict"]);
+    let (free_code, free) = planbot_plan(root.path(), &["--no-sandbox"]);
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+
+    assert_eq!(code, Some(0), "{local}");
+    assert!(local.contains("ssh-ed25519 AAAA user@host"), "{local}");
+    assert!(local.contains("denied-environ"), "{local}");
+    // The service's profile reads neither.
+    assert_eq!(strict_code, Some(1), "{strict}");
+    assert!(strict.contains("permission denied"), "{strict}");
+    // Unsandboxed, /proc is readable: the local profile is what hid it.
+    assert_eq!(free_code, Some(0), "{free}");
+    assert!(!free.contains("denied-environ"), "{free}");
+}
