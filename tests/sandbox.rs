@@ -206,6 +206,17 @@ async fn a_sandboxed_child_connects_only_to_allowed_ports() {
         "could not connect to the allowed port: {}",
         ok.stderr
     );
+
+    // No TCP server inside: binding any port is refused (perl, as every Debian has it).
+    let bind = r#"exec /usr/bin/perl -MSocket -e 'socket(S, PF_INET, SOCK_STREAM, 0) or die; bind(S, pack_sockaddr_in(0, inet_aton("127.0.0.1"))) or die "bind: $!\n"'"#;
+    assert!(bash(bind, None).await.ok, "unsandboxed bind");
+    let denied = bash(bind, Some(&policy)).await;
+    assert!(!denied.ok, "bound a port inside the sandbox");
+    assert!(
+        denied.stderr.contains("bind: Permission denied"),
+        "{}",
+        denied.stderr
+    );
 }
 
 // ---- the real engine ----------------------------------------------------------------------
