@@ -356,7 +356,7 @@ async fn a_provider_committed_under_terraform_d_plugins_is_never_installed() {
         root,
         report,
         mr_cache,
-        apply_cache,
+        ..
     } = hostile_root();
 
     let eng = engine(&bin, temp_root.path(), owned(), Some(&mr_cache));
