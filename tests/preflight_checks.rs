@@ -463,7 +463,10 @@ async fn the_plan_flow_helper_says_when_it_skipped_and_the_apply_helper_refuses(
 async fn plan_and_apply(
     fake: &FakeProxmox,
     plan: &Plan,
-) -> (planbot::flows::preflight::PlanPreflight, Result<Vec<Finding>, String>) {
+) -> (
+    planbot::flows::preflight::PlanPreflight,
+    Result<Vec<Finding>, String>,
+) {
     let ep = || {
         let mut ep = ProxmoxEndpoint::new(&fake.url, format!("{TOKEN}={SECRET}"));
         ep.timeout = Duration::from_millis(500);
@@ -476,8 +479,8 @@ async fn plan_and_apply(
 
 #[tokio::test]
 async fn a_5xx_on_a_read_the_checks_need_refuses_the_apply_and_the_note_says_so() {
-    let fake = FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")]))
-        .await;
+    let fake =
+        FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")])).await;
     let plan = fixture("seed_debian_qcow2_import");
     // All is well first: the apply may go ahead.
     let (planned, applied) = plan_and_apply(&fake, &plan).await;
@@ -488,14 +491,19 @@ async fn a_5xx_on_a_read_the_checks_need_refuses_the_apply_and_the_note_says_so(
     fake.with(|c| {
         c.faults.insert(
             "/storage".into(),
-            Fault::Status(500, "cfs-lock 'file-storage_cfg' error: got lock timeout".into()),
+            Fault::Status(
+                500,
+                "cfs-lock 'file-storage_cfg' error: got lock timeout".into(),
+            ),
         )
     });
     let (planned, applied) = plan_and_apply(&fake, &plan).await;
     assert_eq!(rules(&planned.findings), vec![("PVE101", "")]);
     assert_eq!(planned.findings[0].severity, Severity::Error);
     assert!(
-        planned.note.contains(&format!("as `{TOKEN}` could not run: "))
+        planned
+            .note
+            .contains(&format!("as `{TOKEN}` could not run: "))
             && planned.note.contains("got lock timeout")
             && planned.note.contains("The apply is refused until it runs."),
         "{}",
@@ -512,8 +520,8 @@ async fn a_5xx_on_a_read_the_checks_need_refuses_the_apply_and_the_note_says_so(
 
 #[tokio::test]
 async fn a_permission_read_that_times_out_refuses_the_apply() {
-    let fake = FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")]))
-        .await;
+    let fake =
+        FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")])).await;
     fake.with(|c| c.faults.insert("/access/permissions".into(), Fault::Hang));
     let plan = fixture("seed_debian_qcow2_import");
     let (planned, applied) = plan_and_apply(&fake, &plan).await;
@@ -526,16 +534,22 @@ async fn a_permission_read_that_times_out_refuses_the_apply() {
 
 #[tokio::test]
 async fn an_offline_node_the_plan_uses_refuses_the_apply() {
-    let fake = FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")]))
-        .await;
+    let fake =
+        FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")])).await;
     fake.with(|c| c.nodes.insert("pve01".into(), "offline".into()));
     let plan = fixture("seed_debian_qcow2_import");
     let (planned, applied) = plan_and_apply(&fake, &plan).await;
     assert_eq!(
         rules(&planned.findings),
-        vec![("PVE102", DEBIAN), ("PVE102", "proxmox_virtual_environment_vm.web")]
+        vec![
+            ("PVE102", DEBIAN),
+            ("PVE102", "proxmox_virtual_environment_vm.web")
+        ]
     );
-    assert!(planned.findings.iter().all(|f| f.severity == Severity::Error));
+    assert!(planned
+        .findings
+        .iter()
+        .all(|f| f.severity == Severity::Error));
     assert!(
         planned.findings[0]
             .message
@@ -544,7 +558,10 @@ async fn an_offline_node_the_plan_uses_refuses_the_apply() {
         planned.findings[0].message
     );
     let why = applied.unwrap_err();
-    assert!(why.starts_with(&format!("Proxmox preflight PVE102 on {DEBIAN}")), "{why}");
+    assert!(
+        why.starts_with(&format!("Proxmox preflight PVE102 on {DEBIAN}")),
+        "{why}"
+    );
     // The node's storages were not asked for (the call would fail: 595 from the proxy).
     assert!(!fake
         .requests()
@@ -589,9 +606,16 @@ async fn seed_pveadmin_and_pvesysadmin_lack_sys_modify_and_the_pasted_fix_works(
     .await;
     let plan = fixture("seed_debian_qcow2_import");
     let findings = preflight(&client(&fake), &plan).await.unwrap();
-    assert_eq!(rules(&findings), vec![("PVE104", DEBIAN)], "{}", text(&findings));
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
     assert!(
-        findings[0].message.contains("lacks `Sys.Modify on / (or Sys.AccessNetwork on /nodes/pve01)`"),
+        findings[0]
+            .message
+            .contains("lacks `Sys.Modify on / (or Sys.AccessNetwork on /nodes/pve01)`"),
         "{}",
         findings[0].message
     );
@@ -603,15 +627,21 @@ async fn seed_pveadmin_and_pvesysadmin_lack_sys_modify_and_the_pasted_fix_works(
 #[tokio::test]
 async fn a_privilege_separated_token_gets_only_what_its_user_also_has() {
     // The token's own ACL says Administrator, its user only PVEAdmin: no Sys.Modify.
-    let fake = FakeProxmox::start(
-        with_import()
-            .user(USER, &[("/", "PVEAdmin")])
-            .token_only(TOKEN, SECRET, true, &[("/", "Administrator")]),
-    )
+    let fake = FakeProxmox::start(with_import().user(USER, &[("/", "PVEAdmin")]).token_only(
+        TOKEN,
+        SECRET,
+        true,
+        &[("/", "Administrator")],
+    ))
     .await;
     let plan = fixture("seed_debian_qcow2_import");
     let findings = preflight(&client(&fake), &plan).await.unwrap();
-    assert_eq!(rules(&findings), vec![("PVE104", DEBIAN)], "{}", text(&findings));
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
 
     // Granting the token alone (the fix without its --users line) changes nothing.
     let token_only: String = findings[0]
@@ -648,7 +678,12 @@ async fn a_token_without_privilege_separation_has_exactly_its_users_privileges()
         *c = c.clone().user(USER, &[("/", "PVEAdmin")]);
     });
     let findings = preflight(&client(&fake), &plan).await.unwrap();
-    assert_eq!(rules(&findings), vec![("PVE104", DEBIAN)], "{}", text(&findings));
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
     // The fix's token ACL would be ignored for this token, its user ACL is what counts.
     paste_fixes(&fake, &findings);
     assert_eq!(preflight(&client(&fake), &plan).await.unwrap(), vec![]);
@@ -659,7 +694,11 @@ async fn propagate_0_and_no_access_are_honoured() {
     let fake = FakeProxmox::start(
         with_import()
             .role("PlanbotDownload", &["Sys.Audit", "Sys.Modify"])
-            .token(TOKEN, SECRET, &[("/", "PVEAdmin"), ("/", "PlanbotDownload")]),
+            .token(
+                TOKEN,
+                SECRET,
+                &[("/", "PVEAdmin"), ("/", "PlanbotDownload")],
+            ),
     )
     .await;
     let plan = fixture("seed_debian_qcow2_import");
@@ -680,12 +719,18 @@ async fn propagate_0_and_no_access_are_honoured() {
         text(&findings)
     );
     assert!(
-        findings[0].message.contains("which the token `tofu@pve!plan` cannot see"),
+        findings[0]
+            .message
+            .contains("which the token `tofu@pve!plan` cannot see"),
         "{}",
         findings[0].message
     );
     // The root grant (PlanbotDownload) still propagates: only the storage is asked for.
-    assert!(!findings[2].fix.contains("PlanbotDownload"), "{}", findings[2].fix);
+    assert!(
+        !findings[2].fix.contains("PlanbotDownload"),
+        "{}",
+        findings[2].fix
+    );
     paste_fixes(&fake, &findings);
     assert_eq!(preflight(&client(&fake), &plan).await.unwrap(), vec![]);
 
@@ -714,7 +759,11 @@ async fn every_pasteable_fix_of_the_guests_plan_clears_its_finding() {
     // Fixes that are commands (pvesm/pveum), pasted as printed.
     let pasteable: Vec<Finding> = findings
         .iter()
-        .filter(|f| f.fix.lines().any(|l| l.starts_with("pveum ") || l.starts_with("pvesm ")))
+        .filter(|f| {
+            f.fix
+                .lines()
+                .any(|l| l.starts_with("pveum ") || l.starts_with("pvesm "))
+        })
         .cloned()
         .collect();
     assert_eq!(

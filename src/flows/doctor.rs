@@ -537,7 +537,12 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
     if for_apply {
         let mut missing = Vec::new();
         let mut grants = Vec::new();
-        let grant = |need: &pve_access::Need, path: &str| json!({"role": need.role, "privs": need.grants, "path": path});
+        // Each role is created once (`pveum role add` fails for an existing role).
+        let mut roles_added = BTreeSet::new();
+        let mut grant = |need: &pve_access::Need, path: &str| {
+            json!({"role": need.role, "privs": need.grants, "path": path,
+                   "add_role": roles_added.insert(need.role)})
+        };
         if !vm_missing.is_empty() {
             missing.push(format!("{} on /vms", vm_missing.join(", ")));
             grants.push(grant(&pve_access::VMS, "/vms"));
