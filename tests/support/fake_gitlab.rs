@@ -1959,7 +1959,13 @@ fn branches_containing(repo: &FsPath, sha: &str) -> Vec<String> {
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(repo)
-        .args(["for-each-ref", "--format=%(refname:short)", "--contains", sha, "refs/heads/"])
+        .args([
+            "for-each-ref",
+            "--format=%(refname:short)",
+            "--contains",
+            sha,
+            "refs/heads/",
+        ])
         .output();
     match out {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
