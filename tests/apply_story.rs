@@ -307,6 +307,19 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         None,
         "nothing applied"
     );
+    let refused = w
+        .gitlab
+        .status(&w.project, &job.sha, "planbot/apply")
+        .expect("a planbot/apply status");
+    assert_eq!(refused.state, "failed");
+    assert!(
+        refused
+            .description
+            .as_deref()
+            .is_some_and(|d| d.starts_with("not applied: ")),
+        "{refused:?}"
+    );
+    assert_eq!(refused.ref_.as_deref(), Some("main"));
 
     // The same job again: one job id applies (or tries) once.
     let (_, log) = call_apply(&s, &job.token, "{}").await;
@@ -342,6 +355,21 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         .status(&w.project, &retry.sha, "planbot/apply")
         .expect("a planbot/apply status");
     assert_eq!(status.state, "success");
+    // The refusal's status stays as it was; the retry's is a new one, and the one shown.
+    let rows: Vec<(String, Option<String>)> = w
+        .gitlab
+        .status_rows(&w.project, &retry.sha)
+        .into_iter()
+        .filter(|r| r.name == "planbot/apply")
+        .map(|r| (r.state, r.ref_))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("failed".to_string(), Some("main".to_string())),
+            ("success".to_string(), Some("main".to_string()))
+        ]
+    );
 
     // Applying again: the plan is now empty and needs no review.
     let again = w.apply_job(23);
@@ -719,9 +747,12 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     }
 
     // An MR adds the slow resource; it is reviewed and merged; the apply job starts.
+    // (Named to sort before `main`: a status without `ref` would land on this branch.)
     w.gitlab
-        .commit_files(&w.project, "slow", &[("main.tf", &slow_tf())]);
-    let iid = w.gitlab.open_mr_by(&w.project, "slow", "main", &w.alice);
+        .commit_files(&w.project, "add-slow", &[("main.tf", &slow_tf())]);
+    let iid = w
+        .gitlab
+        .open_mr_by(&w.project, "add-slow", "main", &w.alice);
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     let mut req = http.post(format!("{base}/webhooks/gitlab")).body(body);
     for (k, v) in service_support::token_headers(
@@ -787,6 +818,15 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
         .description
         .unwrap_or_default()
         .contains("not re-run"));
+    // The apply's own `running` status moved to `failed`: nothing is left running.
+    let rows: Vec<(String, Option<String>)> = w
+        .gitlab
+        .status_rows(&w.project, &job.sha)
+        .into_iter()
+        .filter(|r| r.name == "planbot/apply")
+        .map(|r| (r.state, r.ref_))
+        .collect();
+    assert_eq!(rows, [("failed".to_string(), Some("main".to_string()))]);
     let record = s
         .app
         .store
