@@ -557,7 +557,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     assert!(shown.contains("+ terraform_data.vm[\"gitlab\"]"), "{note}");
     assert!(!note.contains("apply-canary-password-7f3a"));
 
-    // Merge (fast-forward), then someone clicks the manual job on main.
+    // Merge (a merge commit, GitLab's default), then someone clicks the manual job on main.
     let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
     let job = w.apply_job(31);
     assert_eq!(job.sha, landed);
@@ -747,7 +747,9 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     }
 
     // An MR adds the slow resource; it is reviewed and merged; the apply job starts.
-    // (Named to sort before `main`: a status without `ref` would land on this branch.)
+    // Fast-forward merges, and a branch named to sort before `main`: the landed commit is on
+    // both, and a status without `ref` would land on this branch.
+    w.gitlab.set_merge_method(&w.project, "ff");
     w.gitlab
         .commit_files(&w.project, "add-slow", &[("main.tf", &slow_tf())]);
     let iid = w

@@ -155,6 +155,9 @@ struct FMr {
     /// Every head this MR ever had (for `commits/:sha/merge_requests`).
     shas: Vec<String>,
     merge_commit_sha: Option<String>,
+    /// Squash on merge (the MR's "Squash commits" box).
+    squash: bool,
+    squash_commit_sha: Option<String>,
     merged_by: Option<u64>,
     notes: Vec<FakeNote>,
     approved_by: Vec<u64>,
@@ -172,6 +175,8 @@ struct FProject {
     id: u64,
     path: String,
     default_branch: String,
+    /// `merge` (GitLab's default), `rebase_merge` (semi-linear) or `ff`.
+    merge_method: String,
     members: BTreeMap<u64, u32>,
     protected: BTreeSet<String>,
     mrs: BTreeMap<u64, FMr>,
@@ -580,6 +585,7 @@ impl FakeGitLab {
                     id,
                     path: path.to_string(),
                     default_branch: "main".into(),
+                    merge_method: "merge".into(),
                     members: BTreeMap::new(),
                     protected: ["main".to_string()].into_iter().collect(),
                     mrs: BTreeMap::new(),
@@ -629,6 +635,7 @@ impl FakeGitLab {
                     id,
                     path: path.to_string(),
                     default_branch: "main".into(),
+                    merge_method: "merge".into(),
                     members: BTreeMap::new(),
                     protected: BTreeSet::new(),
                     mrs: BTreeMap::new(),
@@ -841,6 +848,8 @@ impl FakeGitLab {
             sha: String::new(),
             shas: Vec::new(),
             merge_commit_sha: None,
+            squash: false,
+            squash_commit_sha: None,
             merged_by: None,
             notes: Vec::new(),
             approved_by: Vec::new(),
@@ -882,20 +891,106 @@ impl FakeGitLab {
         mr_json(&s, project.id, &s.projects[&project.id].mrs[&iid])
     }
 
-    /// Merge: fast-forward the target when possible, else land GitLab's merge commit
-    /// (`refs/merge-requests/IID/merge`). Sets `merged`, `merge_commit_sha`, `merged_by`, and
-    /// refreshes the merge refs of the other open MRs into that branch. Returns the landed SHA.
+    /// The project's merge method (Settings → Merge requests), as GitLab names it in the
+    /// projects API: `merge` (the default: always a merge commit), `rebase_merge` (a merge
+    /// commit, only when the source is rebased on the target) or `ff` (fast-forward only).
+    /// <https://docs.gitlab.com/user/project/merge_requests/methods/>
+    pub fn set_merge_method(&self, project: &FakeProject, method: &str) {
+        assert!(["merge", "rebase_merge", "ff"].contains(&method), "{method}");
+        self.lock()
+            .projects
+            .get_mut(&project.id)
+            .unwrap()
+            .merge_method = method.to_string();
+    }
+
+    /// Tick "Squash commits when merge request is accepted" on the MR.
+    /// <https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>
+    pub fn set_squash(&self, project: &FakeProject, iid: u64, squash: bool) {
+        self.with_mr(project, iid, |mr| mr.squash = squash);
+    }
+
+    /// Merge as GitLab does for the project's merge method (panics when GitLab would refuse;
+    /// see [`FakeGitLab::try_merge_mr`]). Returns the SHA that landed on the target branch.
     pub fn merge_mr(&self, project: &FakeProject, iid: u64, by: Option<&FakeUser>) -> String {
+        self.try_merge_mr(project, iid, by)
+            .unwrap_or_else(|e| panic!("GitLab refuses the merge: {e}"))
+    }
+
+    /// Merge per <https://docs.gitlab.com/user/project/merge_requests/methods/>:
+    /// - `merge`: a merge commit of the target and the head (also when a fast-forward would
+    ///   do); `rebase_merge`: the same, but only when the head contains the target; `ff`: the
+    ///   target moves to the head, only when the head contains the target;
+    /// - with squash, the MR's commits first become one squash commit on their merge base
+    ///   (<https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>), which is
+    ///   then merged (or fast-forwarded) the same way.
+    ///
+    /// Sets `merged`, `merge_commit_sha` (none for a fast-forward), `squash_commit_sha`,
+    /// `merged_by`, and refreshes the merge refs of the other open MRs into that branch.
+    /// `Err` is GitLab's reason to refuse (conflicts, a rebase needed).
+    pub fn try_merge_mr(
+        &self,
+        project: &FakeProject,
+        iid: u64,
+        by: Option<&FakeUser>,
+    ) -> Result<String, String> {
         let repo = self.repo_path(project);
-        let (target_branch, head) = self.with_mr(project, iid, |mr| {
-            (mr.target_branch.clone(), mr.sha.clone())
+        let method = self.lock().projects[&project.id].merge_method.clone();
+        let (target_branch, source_branch, head, squash, title) = self.with_mr(project, iid, |mr| {
+            (
+                mr.target_branch.clone(),
+                mr.source_branch.clone(),
+                mr.sha.clone(),
+                mr.squash,
+                mr.title.clone(),
+            )
         });
         let target = rev_parse(&repo, &format!("refs/heads/{target_branch}")).expect("target");
-        let landed = if is_ancestor(&repo, &target, &head) {
-            head.clone()
+        let rebased = is_ancestor(&repo, &target, &head);
+        if method != "merge" && !rebased {
+            return Err("the source branch is behind the target: rebase needed".into());
+        }
+        // The squash commit: the head's tree on the merge base, one commit.
+        let squashed = if squash {
+            let base = git(&repo, &["merge-base", &target, &head], &[], None);
+            let tree = git(&repo, &["rev-parse", &format!("{head}^{{tree}}")], &[], None);
+            Some(git(
+                &repo,
+                &["commit-tree", &tree, "-p", &base, "-m", &title],
+                &[],
+                None,
+            ))
         } else {
-            rev_parse(&repo, &format!("refs/merge-requests/{iid}/merge"))
-                .expect("MR has conflicts: no merge ref")
+            None
+        };
+        let tip = squashed.clone().unwrap_or_else(|| head.clone());
+        let (landed, merge_commit) = if method == "ff" {
+            (tip.clone(), None)
+        } else {
+            let out = try_git(
+                &repo,
+                &[
+                    "merge-tree",
+                    "--write-tree",
+                    "--no-messages",
+                    &target,
+                    &tip,
+                ],
+                &[],
+                None,
+            )
+            .map_err(|_| "merge conflicts".to_string())?;
+            let tree = out.lines().next().unwrap_or("").to_string();
+            let msg = format!(
+                "Merge branch '{source_branch}' into '{target_branch}'\n\n{title}\n\nSee merge request !{iid}"
+            );
+            let commit = git(
+                &repo,
+                &["commit-tree", &tree, "-p", &target, "-p", &tip, "-m", &msg],
+                &[],
+                None,
+            );
+            (commit.clone(), Some(commit))
         };
         git(
             &repo,
@@ -911,14 +1006,12 @@ impl FakeGitLab {
         let by_id = by.map(|u| u.id);
         self.with_mr(project, iid, |mr| {
             mr.state = "merged".into();
-            mr.merge_commit_sha = Some(landed.clone());
+            mr.merge_commit_sha = merge_commit.clone();
+            mr.squash_commit_sha = squashed.clone();
             mr.merged_by = by_id.or(Some(mr.author));
-            if !mr.shas.contains(&landed) {
-                mr.shas.push(landed.clone());
-            }
         });
         self.refresh_after_push(project.id, &target_branch);
-        landed
+        Ok(landed)
     }
 
     pub fn close_mr(&self, project: &FakeProject, iid: u64) {
@@ -1330,7 +1423,8 @@ fn mr_json(s: &StateInner, pid: u64, mr: &FMr) -> Value {
         "target_branch": mr.target_branch,
         "author": user_by_id(s, mr.author),
         "merge_commit_sha": mr.merge_commit_sha,
-        "squash_commit_sha": null,
+        "squash_commit_sha": mr.squash_commit_sha,
+        "squash": mr.squash,
         "merged_by": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
         "merge_user": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
         "detailed_merge_status": if mr.state == "opened" { "mergeable" } else { "not_open" },
@@ -2036,7 +2130,11 @@ async fn commit_mrs(
     let items: Vec<Value> = s.projects[&pid]
         .mrs
         .values()
-        .filter(|m| m.shas.contains(&sha) || m.merge_commit_sha.as_deref() == Some(sha.as_str()))
+        .filter(|m| {
+            m.shas.contains(&sha)
+                || m.merge_commit_sha.as_deref() == Some(sha.as_str())
+                || m.squash_commit_sha.as_deref() == Some(sha.as_str())
+        })
         .map(|m| mr_json(&s, pid, m))
         .collect();
     paginate(items, &q)
