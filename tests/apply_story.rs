@@ -855,3 +855,112 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     // A crash leaves no plan file: the temp root was wiped at start-up.
     assert!(scan(&w.config.data_dir).plan_files.is_empty());
 }
+
+/// The whole story for one merge method: the reviewed plan is found from the landed commit
+/// and applied (parity holds); then `main` moves after a review, and the apply is refused.
+async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool) {
+    let w = world(engine);
+    w.gitlab.set_merge_method(&w.project, method);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let what = format!("{method}{}", if squash { " + squash" } else { "" });
+
+    // Reviewed, merged, applied.
+    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    w.wait_for_plan(&s, iid).await;
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    w.gitlab.set_squash(&w.project, iid, squash);
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let mr = w.gitlab.mr_json(&w.project, iid);
+    match (method, squash) {
+        ("ff", false) => assert_eq!(landed, head, "{what}"),
+        ("ff", true) => assert_eq!(mr["squash_commit_sha"], landed.as_str(), "{what}"),
+        _ => {
+            assert_eq!(mr["merge_commit_sha"], landed.as_str(), "{what}");
+            assert_ne!(landed, head, "{what}");
+        }
+    }
+    let job = w.apply_job(31);
+    assert_eq!(job.sha, landed);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{what}: {log}");
+    assert!(
+        log.contains(&format!(
+            "commit `{}` is merge request !{iid}",
+            &landed[..8]
+        )),
+        "{what}: {log}"
+    );
+    assert!(
+        log.contains(&format!("the plan is the one reviewed on !{iid}")),
+        "{what}: {log}"
+    );
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"gitlab\""), "{what}");
+
+    // A second MR is reviewed; then `main` moves: a new resource lands beside it unreviewed.
+    let iid2 = w
+        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
+        .await;
+    w.wait_for_plan(&s, iid2).await;
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[(
+            "extra.tf",
+            "resource \"terraform_data\" \"unreviewed\" {}\n",
+        )],
+    );
+    w.gitlab.set_squash(&w.project, iid2, squash);
+    if method != "merge" {
+        // GitLab refuses until the branch is rebased; the rebased head is not re-reviewed.
+        let err = w.gitlab.try_merge_mr(&w.project, iid2, Some(&w.alice));
+        assert!(err.is_err(), "{what}: {err:?}");
+        w.gitlab.rebase_mr(&w.project, iid2);
+    }
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    let job = w.apply_job(32);
+    assert_eq!(job.sha, landed2);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        log.contains(&format!(
+            "commit `{}` is merge request !{iid2}",
+            &landed2[..8]
+        )),
+        "{what}: {log}"
+    );
+    assert!(
+        last_line(&log).contains("is not the plan reviewed on the merge request"),
+        "{what}: {log}"
+    );
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(
+        !state.contains("unreviewed") && !state.contains("\"backup\""),
+        "{what}: nothing applied"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_commit_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "merge", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_merge_commit_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "merge", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_forward_the_reviewed_plan_is_applied_and_a_rebased_unreviewed_head_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "ff", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_fast_forward_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "ff", true).await;
+}

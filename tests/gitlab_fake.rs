@@ -137,7 +137,10 @@ fn merge_request_refs_are_written_like_gitlabs() {
 /// Parents of a commit.
 fn parents(repo: &Path, c: &str) -> Vec<String> {
     let (_, line) = git(repo, &["rev-list", "--parents", "-n", "1", c], None);
-    line.split_whitespace().skip(1).map(str::to_string).collect()
+    line.split_whitespace()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
@@ -186,7 +189,10 @@ fn each_merge_method_lands_what_gitlab_lands() {
     let iid = fake.open_mr(&project, "d", "main");
     assert_eq!(parents(&repo, &fresh), [main2.clone()]);
     assert_eq!(fake.merge_mr(&project, iid, None), fresh);
-    assert_eq!(fake.mr_json(&project, iid)["merge_commit_sha"], serde_json::Value::Null);
+    assert_eq!(
+        fake.mr_json(&project, iid)["merge_commit_sha"],
+        serde_json::Value::Null
+    );
 
     // `ff` with squash: the squash commit is what lands.
     let e1 = fake.commit_files(&project, "e", &[("e.tf", "# e1\n")]);

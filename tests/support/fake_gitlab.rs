@@ -896,7 +896,10 @@ impl FakeGitLab {
     /// commit, only when the source is rebased on the target) or `ff` (fast-forward only).
     /// <https://docs.gitlab.com/user/project/merge_requests/methods/>
     pub fn set_merge_method(&self, project: &FakeProject, method: &str) {
-        assert!(["merge", "rebase_merge", "ff"].contains(&method), "{method}");
+        assert!(
+            ["merge", "rebase_merge", "ff"].contains(&method),
+            "{method}"
+        );
         self.lock()
             .projects
             .get_mut(&project.id)
@@ -908,6 +911,54 @@ impl FakeGitLab {
     /// <https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>
     pub fn set_squash(&self, project: &FakeProject, iid: u64, squash: bool) {
         self.with_mr(project, iid, |mr| mr.squash = squash);
+    }
+
+    /// "Rebase" on the MR (<https://docs.gitlab.com/api/merge_requests/#rebase-a-merge-request>):
+    /// the source branch is put on top of the target. The fake replays the branch as one
+    /// commit with the merged tree (the content a real rebase gives without conflicts).
+    /// Returns the new head; MR refs are refreshed as after a push.
+    pub fn rebase_mr(&self, project: &FakeProject, iid: u64) -> String {
+        let repo = self.repo_path(project);
+        let (target_branch, source_branch, head) = self.with_mr(project, iid, |mr| {
+            (
+                mr.target_branch.clone(),
+                mr.source_branch.clone(),
+                mr.sha.clone(),
+            )
+        });
+        let target = rev_parse(&repo, &format!("refs/heads/{target_branch}")).expect("target");
+        let out = try_git(
+            &repo,
+            &[
+                "merge-tree",
+                "--write-tree",
+                "--no-messages",
+                &target,
+                &head,
+            ],
+            &[],
+            None,
+        )
+        .expect("rebase without conflicts");
+        let tree = out.lines().next().unwrap_or("").to_string();
+        let commit = git(
+            &repo,
+            &["commit-tree", &tree, "-p", &target, "-m", "rebased"],
+            &[],
+            None,
+        );
+        git(
+            &repo,
+            &[
+                "update-ref",
+                &format!("refs/heads/{source_branch}"),
+                &commit,
+            ],
+            &[],
+            None,
+        );
+        self.refresh_after_push(project.id, &source_branch);
+        commit
     }
 
     /// Merge as GitLab does for the project's merge method (panics when GitLab would refuse;
@@ -936,15 +987,16 @@ impl FakeGitLab {
     ) -> Result<String, String> {
         let repo = self.repo_path(project);
         let method = self.lock().projects[&project.id].merge_method.clone();
-        let (target_branch, source_branch, head, squash, title) = self.with_mr(project, iid, |mr| {
-            (
-                mr.target_branch.clone(),
-                mr.source_branch.clone(),
-                mr.sha.clone(),
-                mr.squash,
-                mr.title.clone(),
-            )
-        });
+        let (target_branch, source_branch, head, squash, title) =
+            self.with_mr(project, iid, |mr| {
+                (
+                    mr.target_branch.clone(),
+                    mr.source_branch.clone(),
+                    mr.sha.clone(),
+                    mr.squash,
+                    mr.title.clone(),
+                )
+            });
         let target = rev_parse(&repo, &format!("refs/heads/{target_branch}")).expect("target");
         let rebased = is_ancestor(&repo, &target, &head);
         if method != "merge" && !rebased {
@@ -953,7 +1005,12 @@ impl FakeGitLab {
         // The squash commit: the head's tree on the merge base, one commit.
         let squashed = if squash {
             let base = git(&repo, &["merge-base", &target, &head], &[], None);
-            let tree = git(&repo, &["rev-parse", &format!("{head}^{{tree}}")], &[], None);
+            let tree = git(
+                &repo,
+                &["rev-parse", &format!("{head}^{{tree}}")],
+                &[],
+                None,
+            );
             Some(git(
                 &repo,
                 &["commit-tree", &tree, "-p", &base, "-m", &title],
@@ -969,13 +1026,7 @@ impl FakeGitLab {
         } else {
             let out = try_git(
                 &repo,
-                &[
-                    "merge-tree",
-                    "--write-tree",
-                    "--no-messages",
-                    &target,
-                    &tip,
-                ],
+                &["merge-tree", "--write-tree", "--no-messages", &target, &tip],
                 &[],
                 None,
             )
