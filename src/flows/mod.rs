@@ -16,5 +16,6 @@ pub mod plan;
 pub mod preflight;
 pub mod queue;
 pub mod report;
+pub mod sandbox;
 pub mod serve;
 pub mod server;
