@@ -10,6 +10,7 @@ use planbot::core::config::Config;
 use planbot::flows::server::Options;
 use service_support::TestService;
 use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser};
+use support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 
 const INFRA: &str = "infra/homelab";
 
@@ -54,16 +55,6 @@ struct World {
     alice: FakeUser,
     _data: tempfile::TempDir,
     config: Config,
-}
-
-fn config_for(
-    data_dir: &std::path::Path,
-    gitlab: &FakeGitLab,
-    project: &FakeProject,
-    engine: &std::path::Path,
-) -> Config {
-    let text = config_text_for(data_dir, gitlab, project, engine, "127.0.0.1:0");
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
 }
 
 fn config_text_for(
@@ -121,13 +112,21 @@ connect_ports = [443, {gitlab_port}]
 }
 
 fn world(engine: &std::path::Path) -> World {
+    world_with(engine, "")
+}
+
+/// [`world`] with more service config (e.g. `[proxmox]`) appended.
+fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
     let gitlab = FakeGitLab::start();
     let project = gitlab.create_project(INFRA);
     let alice = gitlab.create_user("alice");
     gitlab.add_member(&project, &alice, 40);
     gitlab.commit_files(&project, "main", &[("main.tf", &main_tf(&["blocky"]))]);
     let data = tempfile::tempdir().unwrap();
-    let config = config_for(data.path(), &gitlab, &project, engine);
+    let text =
+        config_text_for(data.path(), &gitlab, &project, engine, "127.0.0.1:0") + extra_config;
+    let config =
+        Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid");
     World {
         gitlab,
         project,
@@ -968,4 +967,157 @@ async fn fast_forward_the_reviewed_plan_is_applied_and_a_rebased_unreviewed_head
 async fn squash_and_fast_forward_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
     let engine = require_engine!();
     merge_method_story(&engine, "ff", true).await;
+}
+
+// ---- With `[proxmox]` configured: the preflight inside the flows, and the credential split. ----
+
+const PLAN_TOKEN: &str = "tofu@pve!plan";
+const PLAN_SECRET: &str = "3c1d5e7f-0a2b-4c6d-8e9f-a1b2c3d4e5f6";
+const APPLY_TOKEN: &str = "tofu@pve!apply";
+const APPLY_SECRET: &str = "9f8e7d6c-5b4a-4321-9876-fedcba012345";
+
+/// A resource whose creation calls the Proxmox API with whatever token the engine was given
+/// (the fake records which), as the provider would.
+const PROBE_TF: &str = r#"
+resource "terraform_data" "pve_probe" {
+  input = "probe"
+  provisioner "local-exec" {
+    command = "curl -s -o /dev/null -H \"Authorization: PVEAPIToken=$PROXMOX_VE_API_TOKEN\" \"$PROXMOX_VE_ENDPOINT/api2/json/engine-probe\" || true"
+  }
+}
+"#;
+
+fn proxmox_config(pve: &FakeProxmox) -> String {
+    format!(
+        "\n[proxmox]\nendpoint = \"{}\"\napi_token = \"{APPLY_TOKEN}={APPLY_SECRET}\"\n\n\
+         [proxmox.plan]\napi_token = \"{PLAN_TOKEN}={PLAN_SECRET}\"\n",
+        pve.url.trim_end_matches('/')
+    )
+}
+
+/// Which tokens the fake Proxmox saw on paths that start with `prefix`.
+fn tokens_seen(pve: &FakeProxmox, prefix: &str) -> std::collections::BTreeSet<String> {
+    pve.with(|c| {
+        c.seen_tokens
+            .iter()
+            .filter(|(_, p)| p.starts_with(prefix))
+            .map(|(t, _)| t.clone())
+            .collect()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_proxmox_the_preflight_runs_in_both_flows_fails_closed_and_each_uses_its_token() {
+    let engine = require_engine!();
+    let pve = FakeProxmox::start(
+        Cluster::homelab()
+            .token(PLAN_TOKEN, PLAN_SECRET, &[("/", "PVEAuditor")])
+            .token_only(APPLY_TOKEN, APPLY_SECRET, true, &[("/", "PVEAdmin")]),
+    )
+    .await;
+    let w = world_with(&engine, &proxmox_config(&pve));
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // An MR plan: the preflight ran with the plan token, and said so in the note.
+    w.gitlab
+        .commit_files(&w.project, "add-probe", &[("probe.tf", PROBE_TF)]);
+    let iid = w.open_mr(&s, "add-probe", &["blocky", "gitlab"]).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    assert!(
+        note.contains(&format!("as `{PLAN_TOKEN}`: all checks passed.")),
+        "{note}"
+    );
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &head, "planbot/plan")
+            .unwrap()
+            .state,
+        "success"
+    );
+    assert_eq!(
+        tokens_seen(&pve, "/api2/json/"),
+        [PLAN_TOKEN.to_string()].into(),
+        "the plan flow used only the plan token"
+    );
+
+    // Merged; then the Proxmox API breaks: the apply is refused, with the reason.
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    pve.with(|c| {
+        c.faults.insert(
+            "/version".into(),
+            Fault::Status(500, "proxy loop detected".into()),
+        )
+    });
+    let job = w.apply_job(61);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).starts_with("planbot: apply refused:")
+            && log.contains("The Proxmox preflight could not run")
+            && log.contains("500 proxy loop detected"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(APPLY_SECRET) && !log.contains(PLAN_SECRET),
+        "{log}"
+    );
+    let state = w.gitlab.terraform_state(&w.project, "core").0;
+    assert!(
+        state.is_none_or(|s| !String::from_utf8_lossy(&s).contains("gitlab")),
+        "nothing applied"
+    );
+    let status = w
+        .gitlab
+        .status(&w.project, &landed, "planbot/apply")
+        .unwrap();
+    assert_eq!(status.state, "failed");
+    assert!(tokens_seen(&pve, "/api2/json/engine-probe").is_empty());
+
+    // Proxmox is back: a new job applies; the engine got the apply token and only that.
+    pve.with(|c| c.faults.clear());
+    let job = w.apply_job(62);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert_eq!(
+        tokens_seen(&pve, "/api2/json/engine-probe"),
+        [APPLY_TOKEN.to_string()].into(),
+        "what the apply's engine process sent to Proxmox"
+    );
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    // A plan while Proxmox is unreachable: the note says the preflight could not run, and the
+    // plan fails its status.
+    pve.with(|c| {
+        c.faults.insert(
+            "/version".into(),
+            Fault::Status(503, "Service Unavailable".into()),
+        )
+    });
+    let iid2 = w
+        .open_mr(&s, "add-backup", &["blocky", "gitlab", "backup"])
+        .await;
+    let note = w.wait_for_plan(&s, iid2).await;
+    let head2 = w.gitlab.mr_sha(&w.project, iid2);
+    assert!(
+        note.contains(&format!("as `{PLAN_TOKEN}` could not run: "))
+            && note.contains("The apply is refused until it runs."),
+        "{note}"
+    );
+    assert!(note.contains("PVE101"), "{note}");
+    let st = w.gitlab.status(&w.project, &head2, "planbot/plan").unwrap();
+    assert_eq!(st.state, "failed", "{st:?}");
+    assert!(
+        st.description
+            .as_deref()
+            .is_some_and(|d| d.contains("PVE101")),
+        "{st:?}"
+    );
 }
