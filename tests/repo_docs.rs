@@ -106,6 +106,8 @@ fn markdown_files() -> Vec<PathBuf> {
 }
 
 /// Headings (level, text) and the start lines of fenced blocks left open, as comrak reads `text`.
+/// A block that swallows a fence line (```` ```sh ````) also counts as open: a missing fence
+/// further up pairs every later fence with the wrong partner.
 fn markdown_outline(text: &str) -> (Vec<(u8, String)>, Vec<usize>) {
     use comrak::nodes::NodeValue;
     let arena = comrak::Arena::new();
@@ -116,7 +118,11 @@ fn markdown_outline(text: &str) -> (Vec<(u8, String)>, Vec<usize>) {
         let data = node.data();
         match &data.value {
             NodeValue::Heading(h) => headings.push((h.level, node.collect_text())),
-            NodeValue::CodeBlock(c) if c.fenced && !c.closed => {
+            NodeValue::CodeBlock(c)
+                if c.fenced
+                    && (!c.closed
+                        || c.literal.lines().any(|l| l.trim_start().starts_with("```"))) =>
+            {
                 open_fences.push(data.sourcepos.start.line)
             }
             _ => {}
