@@ -39,8 +39,8 @@ projects = ["flightjs/flight-management"]
 max_concurrent_plans = 1
 TOML
 
-fixture="${PLANBOT_SHARED_DIR:-../shared}/fixtures/gitlab/webhooks/merge_request_open.json"
-[ -f "$fixture" ] || { echo "bench: fixture $fixture not found (set PLANBOT_SHARED_DIR)" >&2; exit 2; }
+fixture="tests/fixtures/gitlab/webhooks/merge_request_open.json"
+[ -f "$fixture" ] || { echo "bench: fixture $fixture not found (run from the repository root)" >&2; exit 2; }
 
 RUST_LOG=error "$bin" serve --config "$work/planbot.toml" >"$work/serve.log" 2>&1 &
 pid=$!

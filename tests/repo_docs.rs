@@ -158,3 +158,57 @@ fn every_fenced_block_is_closed_so_the_sections_after_it_render() {
         );
     }
 }
+
+#[test]
+fn no_test_or_source_reads_outside_the_repository() {
+    // A clone with nothing beside it must pass: fixtures live in tests/fixtures/.
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches", "scripts", ".ci"] {
+        text_files(&repo().join(dir), &mut files);
+    }
+    files.push(repo().join(".ci/run"));
+    let needle = ["..", "/shared"].concat();
+    let env_needle = ["PLANBOT_", "SHARED_DIR"].concat();
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| !f.starts_with(repo().join("tests/fixtures")))
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            text.contains(&needle) || text.contains(&env_needle)
+        })
+        .map(|f| f.strip_prefix(repo()).unwrap().display().to_string())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "these files read outside the repository: {offenders:?}"
+    );
+}
+
+#[test]
+fn ci_refuses_to_run_without_an_engine() {
+    // With no engine on PATH and CI set, .ci/run must fail before the tests and say why.
+    let dir = tempfile::tempdir().unwrap();
+    // A PATH with the shell tools .ci/run uses and no engine.
+    for tool in ["dirname", "head"] {
+        let real = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{tool} not in /usr/bin or /bin"));
+        std::os::unix::fs::symlink(real, dir.path().join(tool)).unwrap();
+    }
+    let out = std::process::Command::new("/bin/bash")
+        .arg(repo().join(".ci/run"))
+        .env_clear()
+        .env("PATH", dir.path())
+        .env("CI", "true")
+        .env("HOME", dir.path())
+        .output()
+        .expect("bash runs .ci/run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains("no tofu or terraform on PATH"),
+        "stderr: {stderr}"
+    );
+}

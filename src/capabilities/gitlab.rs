@@ -959,12 +959,9 @@ mod tests {
     use super::*;
 
     fn fixture(rel: &str) -> String {
-        let shared = std::env::var_os("PLANBOT_SHARED_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
-            });
-        let path = shared.join("fixtures/gitlab").join(rel);
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/gitlab")
+            .join(rel);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
     }
 

@@ -526,12 +526,10 @@ mod tests {
     use crate::core::config::ProjectRef;
 
     fn fixture(name: &str) -> Vec<u8> {
-        let dir = std::env::var("PLANBOT_SHARED_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|_| {
-                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
-            });
-        std::fs::read(dir.join("fixtures/gitlab/webhooks").join(name)).expect("fixture")
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/gitlab/webhooks")
+            .join(name);
+        std::fs::read(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
     }
 
     fn allow_all_fixture_projects() -> Allowlist {

@@ -14,10 +14,9 @@ pub const WEBHOOK_SECRET: &str = "hook-secret-for-tests";
 pub const SIGNING_TOKEN: &str = "whsec_dGVzdC1zaWduaW5nLWtleS0zMi1ieXRlcy1sb25nISE=";
 
 pub fn fixture(rel: &str) -> String {
-    let dir = std::env::var_os("PLANBOT_SHARED_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    let path = dir.join("fixtures/gitlab").join(rel);
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gitlab")
+        .join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
 

@@ -6,46 +6,48 @@ pub mod fake_proxmox;
 use std::path::PathBuf;
 
 /// The engine binary for tests: `PLANBOT_TEST_ENGINE`, else `tofu`, else `terraform` on PATH.
-/// `None` (and a loud message on stderr) when there is none: the caller returns early, skipped.
-pub fn engine() -> Option<PathBuf> {
+///
+/// Without one the calling test **fails** (it never passes without running): install OpenTofu
+/// or Terraform, or point `PLANBOT_TEST_ENGINE` at one.
+pub fn engine() -> PathBuf {
     if let Some(p) = std::env::var_os("PLANBOT_TEST_ENGINE") {
-        return Some(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "PLANBOT_TEST_ENGINE={} is not a file: this engine test cannot run",
+            p.display()
+        );
+        return p;
     }
-    let path = std::env::var_os("PATH")?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
     for name in ["tofu", "terraform"] {
         for dir in std::env::split_paths(&path) {
             let candidate = dir.join(name);
             if candidate.is_file() {
-                return Some(candidate);
+                return candidate;
             }
         }
     }
-    eprintln!("\n!!! SKIPPED: no tofu or terraform found (set PLANBOT_TEST_ENGINE): engine tests did not run !!!\n");
-    None
+    panic!(
+        "no tofu or terraform on PATH and PLANBOT_TEST_ENGINE is not set: this engine test \
+         cannot run (install OpenTofu or Terraform, or set PLANBOT_TEST_ENGINE)"
+    );
 }
 
-/// Skip the current test (return early) when no engine is installed.
+/// The engine binary of an engine test; the test fails when there is none (see [`engine`]).
 #[macro_export]
 macro_rules! require_engine {
     () => {
-        match $crate::support::engine() {
-            Some(e) => e,
-            None => return,
-        }
+        $crate::support::engine()
     };
 }
 
-/// `../shared/` beside the repository (CI lays it there), or `PLANBOT_SHARED_DIR`.
-pub fn shared_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os("PLANBOT_SHARED_DIR") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
-}
-
-/// A GitLab fixture file, e.g. `gitlab_fixture("webhooks/merge_request_open.json")`.
+/// A GitLab fixture file from `tests/fixtures/gitlab/` (copied from GitLab's docs, see its
+/// README), e.g. `gitlab_fixture("webhooks/merge_request_open.json")`.
 pub fn gitlab_fixture(rel: &str) -> String {
-    let path = shared_dir().join("fixtures/gitlab").join(rel);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gitlab")
+        .join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
 
