@@ -253,7 +253,7 @@ impl Config {
         let mut flat: BTreeMap<String, Value> = BTreeMap::new();
         flatten("", root, &mut flat)?;
         apply_env(env, &mut flat)?;
-        resolve_files(&mut flat, read_file)?;
+        resolve_files(&mut flat, env, read_file)?;
         build(flat)
     }
 
@@ -482,8 +482,38 @@ fn env_value(path: &str, kind: Kind, value: &str) -> Result<Value, ConfigError> 
     })
 }
 
+/// The directory systemd's `LoadCredential=` fills (and any other secret mount may name).
+pub const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
+
+/// Where a `<key>_file` path points: an absolute path as is; a relative one is a file name in
+/// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`), and an error when that is not set.
+fn secret_file_path(
+    key: &str,
+    path: &str,
+    env: &[(String, String)],
+) -> Result<String, ConfigError> {
+    if path.starts_with('/') {
+        return Ok(path.to_string());
+    }
+    let dir = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == CREDENTIALS_DIRECTORY)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty());
+    match dir {
+        Some(dir) => Ok(format!("{}/{path}", dir.trim_end_matches('/'))),
+        None => Err(ConfigError::SecretFile {
+            key: key.to_string(),
+            path: path.to_string(),
+            message: "a relative path names a file in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=), which is not set; write an absolute path".into(),
+        }),
+    }
+}
+
 fn resolve_files(
     flat: &mut BTreeMap<String, Value>,
+    env: &[(String, String)],
     read_file: &dyn Fn(&str) -> Result<String, String>,
 ) -> Result<(), ConfigError> {
     let file_keys: Vec<String> = flat
@@ -505,6 +535,7 @@ fn resolve_files(
                 message: "expected a file path (string)".into(),
             });
         };
+        let path = secret_file_path(&key, &path, env)?;
         let text = read_file(&path).map_err(|message| ConfigError::SecretFile {
             key: key.clone(),
             path: path.clone(),
@@ -868,6 +899,43 @@ projects = ["infra/homelab", 42]
         // `_file` only exists for secrets.
         let e = Config::load(&format!("listen_file = \"/x\"\n{MINIMAL}"), &[], &read).unwrap_err();
         assert!(e.to_string().contains("`listen_file`"), "{e}");
+    }
+
+    #[test]
+    fn a_relative_secret_file_is_a_name_in_the_credentials_directory() {
+        let text = MINIMAL.replace(
+            "token = \"glpat-secret-token\"",
+            "token_file = \"gitlab-token\"",
+        );
+        let read = |p: &str| {
+            if p == "/run/credentials/planbot.service/gitlab-token" {
+                Ok("glpat-from-credential\n".to_string())
+            } else {
+                Err(format!("no file {p}"))
+            }
+        };
+        let env = vec![(
+            "CREDENTIALS_DIRECTORY".to_string(),
+            "/run/credentials/planbot.service/".to_string(),
+        )];
+        let c = Config::load(&text, &env, &read).unwrap();
+        assert_eq!(c.gitlab.token.expose(), "glpat-from-credential");
+        // The same name from the environment variable form.
+        let env2 = [
+            env.clone(),
+            vec![(
+                "PLANBOT_GITLAB_TOKEN_FILE".to_string(),
+                "gitlab-token".to_string(),
+            )],
+        ]
+        .concat();
+        let c = Config::load(MINIMAL, &env2, &read).unwrap();
+        assert_eq!(c.gitlab.token.expose(), "glpat-from-credential");
+        // Without the directory, a relative path is an error that says what it means.
+        let e = Config::load(&text, &[], &read).unwrap_err().to_string();
+        assert!(e.contains("gitlab.token_file"), "{e}");
+        assert!(e.contains("CREDENTIALS_DIRECTORY"), "{e}");
+        assert!(e.contains("absolute path"), "{e}");
     }
 
     #[test]

@@ -11,7 +11,9 @@ pub fn load_config(path: &Path) -> Result<Config> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the config file {}", path.display()))?;
     let env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("PLANBOT_"))
+        .filter(|(k, _)| {
+            k.starts_with("PLANBOT_") || k == crate::core::config::CREDENTIALS_DIRECTORY
+        })
         .collect();
     let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
     Config::load(&text, &env, &read).with_context(|| format!("in {}", path.display()))

@@ -1,0 +1,237 @@
+//! The deploy artifacts, checked with the tools that judge them: systemd-analyze, hadolint,
+//! kubernetes-validate; and the project's own `.gitlab-ci.yml`.
+//!
+//! A missing tool is a failure, not a skip: `.ci/run` installs every one of them.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+}
+
+/// The external tool `name` from `PATH`; fails the test (with how to install it) when missing.
+fn tool(name: &str, install: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("`{name}` is not installed, so this artifact cannot be checked: {install} (.ci/run does)")
+        })
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// systemd
+
+const UNIT: &str = "deploy/systemd/planbot.service";
+const SYSTEMD_INSTALL: &str = "apt-get install -y systemd";
+
+fn systemd_analyze() -> PathBuf {
+    tool("systemd-analyze", SYSTEMD_INSTALL)
+}
+
+/// Values of every uncommented `Key=` line of the unit, in order.
+fn unit_values(unit: &str, key: &str) -> Vec<String> {
+    unit.lines()
+        .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+        .map(|v| v.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn the_systemd_unit_passes_systemd_analyze_verify() {
+    let unit = read(UNIT);
+    let exec = "ExecStart=/usr/local/bin/planbot serve --config /etc/planbot/planbot.toml";
+    assert!(
+        unit.lines().any(|l| l == exec),
+        "{UNIT}: expected the line `{exec}`"
+    );
+    // `verify` also checks that ExecStart's binary exists: point it at the one just built.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("planbot.service");
+    std::fs::write(
+        &copy,
+        unit.replace("/usr/local/bin/planbot", env!("CARGO_BIN_EXE_planbot")),
+    )
+    .unwrap();
+    let out = run(Command::new(systemd_analyze()).arg("verify").arg(&copy));
+    let stderr = text(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify {UNIT}: {}\n{stderr}{}",
+        out.status,
+        text(&out.stdout)
+    );
+}
+
+/// The overall exposure `systemd-analyze security` gives the unit (0 = locked down, 10 = open).
+fn exposure(unit_file: &Path) -> (f64, String) {
+    let out = run(Command::new(systemd_analyze())
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(unit_file));
+    let stdout = text(&out.stdout);
+    let score = stdout
+        .lines()
+        .find_map(|l| {
+            l.split("Overall exposure level for planbot.service:")
+                .nth(1)
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no overall exposure in the output of systemd-analyze security ({}):\n{stdout}\n{}",
+                out.status,
+                text(&out.stderr)
+            )
+        });
+    (score, stdout)
+}
+
+#[test]
+fn the_systemd_unit_is_hardened_to_an_exposure_of_at_most_2() {
+    let (score, report) = exposure(&repo().join(UNIT));
+    println!("systemd-analyze security {UNIT}: overall exposure {score}");
+    assert!(
+        score <= 2.0,
+        "overall exposure {score} > 2.0; what systemd-analyze counts against it:\n{}",
+        report
+            .lines()
+            .filter(|l| l.starts_with('✗'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let unit = read(UNIT);
+    for (key, want) in [
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("CapabilityBoundingSet", ""),
+        ("StateDirectory", "planbot"),
+    ] {
+        assert_eq!(
+            unit_values(&unit, key),
+            vec![want.to_string()],
+            "{UNIT}: {key}"
+        );
+    }
+}
+
+/// The system calls of a `systemd-analyze syscall-filter` group (recursively), or the name itself.
+fn expand_syscalls(item: &str, out: &mut BTreeSet<String>) {
+    if !item.starts_with('@') {
+        out.insert(item.to_string());
+        return;
+    }
+    let listing = run(Command::new(systemd_analyze()).args(["syscall-filter", "--no-pager", item]));
+    assert!(listing.status.success(), "unknown syscall group {item}");
+    for line in text(&listing.stdout).lines().skip(1) {
+        let name = line.trim();
+        if name.is_empty() || name.starts_with('#') {
+            continue;
+        }
+        if name.starts_with('@') {
+            expand_syscalls(name, out);
+        } else {
+            out.insert(name.to_string());
+        }
+    }
+}
+
+#[test]
+fn the_systemd_unit_lets_planbot_put_engine_runs_under_landlock() {
+    // Landlock needs its three system calls and no_new_privs (which NoNewPrivileges=yes sets).
+    let unit = read(UNIT);
+    let (mut allowed, mut denied) = (BTreeSet::new(), BTreeSet::new());
+    for value in unit_values(&unit, "SystemCallFilter") {
+        let (deny, list) = match value.strip_prefix('~') {
+            Some(rest) => (true, rest),
+            None => (false, value.as_str()),
+        };
+        for item in list.split_whitespace() {
+            expand_syscalls(item, if deny { &mut denied } else { &mut allowed });
+        }
+    }
+    assert!(
+        !allowed.is_empty(),
+        "{UNIT}: no SystemCallFilter allow list"
+    );
+    for call in [
+        "landlock_create_ruleset",
+        "landlock_add_rule",
+        "landlock_restrict_self",
+        "prctl",
+        "execve",
+    ] {
+        assert!(
+            allowed.contains(call) && !denied.contains(call),
+            "{UNIT}: the system call filter does not allow {call}"
+        );
+    }
+}
+
+#[test]
+fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
+    let unit = read(UNIT);
+    let names: Vec<String> = unit_values(&unit, "LoadCredential")
+        .iter()
+        .map(|v| v.split(':').next().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"gitlab-token".to_string()), "{names:?}");
+    let creds = tempfile::tempdir().unwrap();
+    for (i, name) in names.iter().enumerate() {
+        std::fs::write(
+            creds.path().join(name),
+            format!("{name}-value-{i}-0123456789abcdef\n"),
+        )
+        .unwrap();
+    }
+    let data = tempfile::tempdir().unwrap();
+    let check = |creds: &Path| {
+        run(Command::new(env!("CARGO_BIN_EXE_planbot"))
+            .args(["serve", "--check", "--config"])
+            .arg(repo().join("deploy/systemd/planbot.toml"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("CREDENTIALS_DIRECTORY", creds)
+            // The unit's StateDirectory=, here a directory the test may write.
+            .env("PLANBOT_DATA_DIR", data.path()))
+    };
+    let out = check(creds.path());
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "deploy/systemd/planbot.toml with the unit's credentials:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("gitlab.token = (set)"), "{stdout}");
+    assert!(
+        !stdout.contains("gitlab-token-value"),
+        "a secret printed:\n{stdout}"
+    );
+    // A credential the unit does not load is named in the error.
+    std::fs::remove_file(creds.path().join("webhook-secret")).unwrap();
+    let out = check(creds.path());
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("gitlab.webhook_secret_file") && stderr.contains("webhook-secret"),
+        "{stderr}"
+    );
+}
