@@ -349,3 +349,236 @@ fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes
+
+const K8S: &str = "deploy/kubernetes";
+const K8S_INSTALL: &str = "pip install kubernetes-validate";
+/// The oldest Kubernetes release the manifests are checked against.
+const K8S_VERSION: &str = "1.30.0";
+
+fn yaml(rel: &str) -> serde_yaml::Value {
+    serde_yaml::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The resource files kustomization.yaml applies, as repository paths.
+fn k8s_resources() -> Vec<String> {
+    let kustomization = yaml(&format!("{K8S}/kustomization.yaml"));
+    let listed: Vec<String> = kustomization["resources"]
+        .as_sequence()
+        .expect("kustomization.yaml lists resources")
+        .iter()
+        .map(|r| format!("{K8S}/{}", r.as_str().unwrap()))
+        .collect();
+    let mut on_disk: Vec<String> = std::fs::read_dir(repo().join(K8S))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .map(|n| format!("{K8S}/{n}"))
+        .collect();
+    on_disk.sort();
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted, on_disk,
+        "kustomization.yaml must list every manifest of {K8S}"
+    );
+    listed
+}
+
+#[test]
+fn the_kubernetes_manifests_pass_kubernetes_validate_strictly() {
+    let validate = tool("kubernetes-validate", K8S_INSTALL);
+    let files = k8s_resources();
+    let out = run(Command::new(validate)
+        .args(["--strict", "--kubernetes-version", K8S_VERSION])
+        .args(files.iter().map(|f| repo().join(f))));
+    let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubernetes-validate ({}):\n{report}",
+        out.status
+    );
+    for f in &files {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.contains(f.as_str()) && l.contains("passed")),
+            "{f} was not validated:\n{report}"
+        );
+    }
+}
+
+fn find_kind(kind: &str) -> serde_yaml::Value {
+    k8s_resources()
+        .iter()
+        .map(|f| yaml(f))
+        .find(|v| v["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {K8S}"))
+}
+
+#[test]
+fn the_statefulset_runs_one_locked_down_pod_with_its_store_on_a_volume() {
+    let sts = find_kind("StatefulSet");
+    let spec = &sts["spec"];
+    // SQLite on one volume: a second replica would be a second, diverging queue.
+    assert_eq!(spec["replicas"].as_u64(), Some(1));
+    let pod = &spec["template"]["spec"];
+    let labels = &spec["template"]["metadata"]["labels"];
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+
+    // Non-root, as the image's uid; no privilege escalation (also what Landlock needs);
+    // read-only root filesystem; no capabilities.
+    let uid = pod["securityContext"]["runAsUser"].as_u64().unwrap();
+    let docker_user = read("Dockerfile")
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER ").map(str::to_string))
+        .unwrap();
+    assert_eq!(
+        docker_user.split(':').next().unwrap(),
+        uid.to_string(),
+        "the pod's runAsUser is not the image's USER"
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"].as_str(),
+        Some("RuntimeDefault")
+    );
+    let containers = pod["containers"].as_sequence().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(sc["capabilities"]["drop"][0].as_str(), Some("ALL"));
+
+    // Probes on the endpoints planbot serves, on the port the config listens on.
+    let port = &c["ports"][0];
+    let port_name = port["name"].as_str().unwrap();
+    let config = find_kind("ConfigMap");
+    let toml_text = config["data"]["planbot.toml"].as_str().unwrap();
+    let listen: toml::Table = toml_text.parse().unwrap();
+    let listen_port = listen["listen"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap();
+    assert_eq!(
+        port["containerPort"].as_u64().unwrap().to_string(),
+        listen_port
+    );
+    for (probe, path) in [
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ] {
+        assert_eq!(c[probe]["httpGet"]["path"].as_str(), Some(path), "{probe}");
+        assert_eq!(
+            c[probe]["httpGet"]["port"].as_str(),
+            Some(port_name),
+            "{probe}"
+        );
+    }
+
+    // Where things are mounted: the data volume at data_dir, the Secret at CREDENTIALS_DIRECTORY.
+    let mount = |name: &str| -> String {
+        c["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .and_then(|m| m["mountPath"].as_str())
+            .unwrap_or_else(|| panic!("no volumeMount {name}"))
+            .to_string()
+    };
+    let claim = spec["volumeClaimTemplates"][0]["metadata"]["name"]
+        .as_str()
+        .expect("a volumeClaimTemplate");
+    assert_eq!(mount(claim), listen["data_dir"].as_str().unwrap());
+    let env_value = |name: &str| {
+        c["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_string)
+    };
+    let secret_volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == "planbot-credentials")
+        .expect("the Secret is mounted");
+    assert_eq!(
+        env_value("CREDENTIALS_DIRECTORY"),
+        Some(mount(secret_volume["name"].as_str().unwrap()))
+    );
+    assert_eq!(mount("config"), "/etc/planbot");
+
+    // The Service and the NetworkPolicy select this pod and use its port.
+    let service = find_kind("Service");
+    for (k, v) in service["spec"]["selector"].as_mapping().unwrap() {
+        assert_eq!(&labels[k.as_str().unwrap()], v, "Service selector");
+    }
+    assert_eq!(
+        service["spec"]["ports"][0]["targetPort"].as_str(),
+        Some(port_name)
+    );
+    assert_eq!(spec["serviceName"], service["metadata"]["name"]);
+    let policy = find_kind("NetworkPolicy");
+    for (k, v) in policy["spec"]["podSelector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+    {
+        assert_eq!(&labels[k.as_str().unwrap()], v, "NetworkPolicy podSelector");
+    }
+    assert_eq!(
+        policy["spec"]["ingress"][0]["ports"][0]["port"].as_str(),
+        Some(port_name)
+    );
+}
+
+#[test]
+fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
+    let config = find_kind("ConfigMap");
+    let secret = find_kind("Secret");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("planbot.toml"),
+        config["data"]["planbot.toml"].as_str().unwrap(),
+    )
+    .unwrap();
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    let keys: Vec<String> = secret["stringData"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        std::fs::write(creds.join(k), format!("test-secret-{i}-0123456789abcdef")).unwrap();
+    }
+    let data = dir.path().join("data");
+    let out = run(Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--check", "--config"])
+        .arg(dir.path().join("planbot.toml"))
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .env("PLANBOT_DATA_DIR", &data));
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the ConfigMap's planbot.toml with the Secret's keys {keys:?}:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !stdout.contains("test-secret-"),
+        "a secret printed:\n{stdout}"
+    );
+}
