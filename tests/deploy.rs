@@ -582,3 +582,170 @@ fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
         "a secret printed:\n{stdout}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The project's own pipeline
+
+const CI_INSTALL: &str = "pip install check-jsonschema";
+
+#[test]
+fn the_pipeline_passes_gitlabs_ci_schema() {
+    let checker = tool("check-jsonschema", CI_INSTALL);
+    let out = run(Command::new(checker)
+        .args(["--builtin-schema", "vendor.gitlab-ci", "--no-cache"])
+        .arg(repo().join(".gitlab-ci.yml")));
+    assert!(
+        out.status.success(),
+        "check-jsonschema .gitlab-ci.yml ({}):\n{}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// A job's script lines (`before_script` and `script`) as one text.
+fn script(job: &serde_yaml::Value) -> String {
+    ["before_script", "script"]
+        .iter()
+        .filter_map(|k| job[*k].as_sequence())
+        .flatten()
+        .filter_map(|l| l.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The default of `ARG name=` in the Dockerfile.
+fn dockerfile_arg(name: &str) -> String {
+    read("Dockerfile")
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("ARG {name}=")))
+        .unwrap_or_else(|| panic!("Dockerfile: no ARG {name}="))
+        .to_string()
+}
+
+#[test]
+fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binary() {
+    let ci = yaml(".gitlab-ci.yml");
+    let stages: Vec<&str> = ci["stages"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    let jobs: Vec<(&str, &serde_yaml::Value)> = ci
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.as_str().unwrap(), v))
+        .filter(|(k, v)| !k.starts_with('.') && v.get("script").is_some())
+        .collect();
+    let job = |name: &str| -> &serde_yaml::Value {
+        jobs.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!(".gitlab-ci.yml has no job `{name}`"))
+    };
+    for (name, v) in &jobs {
+        let stage = v["stage"].as_str().unwrap_or("test");
+        assert!(
+            stages.contains(&stage),
+            "{name}: stage {stage} is not in {stages:?}"
+        );
+        for need in v["needs"].as_sequence().into_iter().flatten() {
+            let need = need.as_str().unwrap();
+            assert!(
+                jobs.iter().any(|(k, _)| *k == need),
+                "{name} needs a missing job {need}"
+            );
+        }
+    }
+
+    let fmt = script(job("fmt"));
+    assert!(
+        fmt.contains("cargo fmt") && fmt.contains("--check"),
+        "{fmt}"
+    );
+    let clippy = script(job("clippy"));
+    assert!(
+        clippy.contains("cargo clippy")
+            && clippy.contains("--all-targets")
+            && clippy.contains("-D warnings"),
+        "{clippy}"
+    );
+    // The README's test command, through .ci/run (tests/repo_docs.rs checks .ci/run runs it).
+    let test = script(job("test"));
+    assert!(
+        test.lines().any(|l| l.trim().ends_with(".ci/run")),
+        "the test job does not run .ci/run:\n{test}"
+    );
+
+    // The image from the Dockerfile, with the same pinned engine the tests use.
+    let image = script(job("container-image"));
+    assert!(
+        image.contains("buildah build") && image.contains("--file Dockerfile"),
+        "{image}"
+    );
+    let vars = &ci["variables"];
+    for arg in ["TOFU_VERSION", "TOFU_SHA256"] {
+        assert!(
+            image.contains(&format!("--build-arg {arg}=")),
+            "{arg} not passed:\n{image}"
+        );
+        assert_eq!(
+            vars[arg].as_str(),
+            Some(dockerfile_arg(arg).as_str()),
+            "the pipeline's {arg} differs from the Dockerfile's"
+        );
+        assert!(
+            test.contains(&format!("${{{arg}}}")),
+            "the test job does not use {arg}"
+        );
+    }
+    let rust_image = vars["RUST_IMAGE"].as_str().unwrap();
+    assert!(
+        rust_image.ends_with(&format!(
+            ":{}-{}",
+            dockerfile_arg("RUST_VERSION"),
+            dockerfile_arg("DEBIAN_RELEASE")
+        )),
+        "the pipeline's {rust_image} is not the Dockerfile's Rust"
+    );
+
+    // On tags: a static (musl) binary, uploaded, and linked from the release.
+    let binary = job("static-binary");
+    let build = script(binary);
+    assert!(build.contains("--target x86_64-unknown-linux-musl") && build.contains("--locked"));
+    assert!(
+        build.contains("INTERP"),
+        "the static binary is not checked to be static"
+    );
+    let release = job("release");
+    assert!(release["needs"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|n| n == "static-binary"));
+    let links = release["release"]["assets"]["links"].as_sequence().unwrap();
+    for link in links {
+        let url = link["url"].as_str().unwrap();
+        let file = url
+            .strip_prefix("${PACKAGE_URL}/")
+            .expect("links point into PACKAGE_URL");
+        assert!(
+            binary["artifacts"]["paths"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|p| p == file)
+                && build.contains("${PACKAGE_URL}/$f"),
+            "the release links {file}, which static-binary does not upload"
+        );
+    }
+    for tagged in ["static-binary", "release"] {
+        assert_eq!(
+            job(tagged)["rules"][0]["if"].as_str(),
+            Some("$CI_COMMIT_TAG"),
+            "{tagged} must run on tags only"
+        );
+    }
+}
