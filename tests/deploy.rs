@@ -3,6 +3,8 @@
 //!
 //! A missing tool is a failure, not a skip: `.ci/run` installs every one of them.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -33,6 +35,47 @@ fn run(cmd: &mut Command) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `planbot serve --check` of a shipped config, as the service would run it: secrets in
+/// `creds` (`$CREDENTIALS_DIRECTORY`), a writable data_dir, the test engine, and `env`.
+fn serve_check(config: &Path, creds: &Path, env: &[(&str, &str)]) -> Output {
+    let data = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_planbot"));
+    cmd.args(["serve", "--check", "--config"])
+        .arg(config)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("CREDENTIALS_DIRECTORY", creds)
+        .env("PLANBOT_DATA_DIR", data.path())
+        .env("PLANBOT_ENGINE_BINARY", support::engine());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+/// The addresses an operator puts in place of the shipped `example.com` ones.
+const OWN_ADDRESSES: &[(&str, &str)] = &[
+    ("PLANBOT_GITLAB_URL", "https://gitlab.corp.test"),
+    ("PLANBOT_PUBLIC_URL", "https://planbot.corp.test"),
+];
+
+/// As shipped, a config's only problems are the example's placeholder addresses.
+fn assert_only_the_example_addresses_stop_it(out: &Output) {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(": 2 problems in the configuration"),
+        "{stderr}"
+    );
+    for key in ["gitlab.url", "public_url"] {
+        assert!(
+            stderr.contains(&format!("config key `{key}`: `"))
+                && stderr.contains("is the example's placeholder"),
+            "{key}: {stderr}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -202,17 +245,9 @@ fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
         )
         .unwrap();
     }
-    let data = tempfile::tempdir().unwrap();
-    let check = |creds: &Path| {
-        run(Command::new(env!("CARGO_BIN_EXE_planbot"))
-            .args(["serve", "--check", "--config"])
-            .arg(repo().join("deploy/systemd/planbot.toml"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("CREDENTIALS_DIRECTORY", creds)
-            // The unit's StateDirectory=, here a directory the test may write.
-            .env("PLANBOT_DATA_DIR", data.path()))
-    };
+    let config = repo().join("deploy/systemd/planbot.toml");
+    let check = |creds: &Path| serve_check(&config, creds, OWN_ADDRESSES);
+    assert_only_the_example_addresses_stop_it(&serve_check(&config, creds.path(), &[]));
     let out = check(creds.path());
     let stdout = text(&out.stdout);
     assert!(
@@ -563,14 +598,9 @@ fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
     for (i, k) in keys.iter().enumerate() {
         std::fs::write(creds.join(k), format!("test-secret-{i}-0123456789abcdef")).unwrap();
     }
-    let data = dir.path().join("data");
-    let out = run(Command::new(env!("CARGO_BIN_EXE_planbot"))
-        .args(["serve", "--check", "--config"])
-        .arg(dir.path().join("planbot.toml"))
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("CREDENTIALS_DIRECTORY", &creds)
-        .env("PLANBOT_DATA_DIR", &data));
+    let config = dir.path().join("planbot.toml");
+    assert_only_the_example_addresses_stop_it(&serve_check(&config, &creds, &[]));
+    let out = serve_check(&config, &creds, OWN_ADDRESSES);
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -581,6 +611,29 @@ fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
         !stdout.contains("test-secret-"),
         "a secret printed:\n{stdout}"
     );
+
+    // The Secret as shipped holds placeholders: planbot names each and does not start.
+    for (k, v) in secret["stringData"].as_mapping().unwrap() {
+        std::fs::write(creds.join(k.as_str().unwrap()), v.as_str().unwrap()).unwrap();
+    }
+    let out = serve_check(&config, &creds, OWN_ADDRESSES);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for (key, name) in [
+        ("fingerprint_key", "fingerprint-key"),
+        ("gitlab.token", "gitlab-token"),
+        ("gitlab.webhook_secret", "webhook-secret"),
+    ] {
+        assert!(
+            stderr.contains(&format!(
+                "config key `{key}`: is still the example's placeholder `change-me`"
+            )) && stderr.contains(&format!(
+                "from secret file {}/{name} (named in",
+                creds.display()
+            )),
+            "{key}: {stderr}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

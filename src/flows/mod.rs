@@ -18,3 +18,4 @@ pub mod queue;
 pub mod report;
 pub mod serve;
 pub mod server;
+pub mod service_check;
