@@ -16,6 +16,12 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum SandboxArg {
+    Local,
+    Strict,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum Format {
     Markdown,
     Json,
@@ -89,6 +95,18 @@ enum Command {
         /// A variable (`-var NAME=VALUE`); repeatable; wins over every `--var-file`.
         #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
         vars: Vec<(String, String)>,
+        /// The engine's sandbox: `local` (read anything but /proc, write only the root, the
+        /// run's temp dir and plugin cache) or `strict` (the service's profile).
+        #[arg(
+            long,
+            value_enum,
+            default_value = "local",
+            conflicts_with = "no_sandbox"
+        )]
+        sandbox: SandboxArg,
+        /// Run the engine without a sandbox.
+        #[arg(long)]
+        no_sandbox: bool,
     },
     /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
     Doctor {
@@ -148,6 +166,8 @@ fn main() -> ExitCode {
             timeout,
             var_files,
             vars,
+            sandbox,
+            no_sandbox,
         } => planbot::flows::local_plan::plan_command(
             &dir,
             engine.as_deref(),
@@ -155,6 +175,15 @@ fn main() -> ExitCode {
             fingerprint_key.as_deref(),
             timeout,
             planbot::flows::local_plan::Variables { var_files, vars },
+            match (no_sandbox, sandbox) {
+                (true, _) => None,
+                (false, SandboxArg::Local) => {
+                    Some(planbot::capabilities::engine::SandboxProfile::Local)
+                }
+                (false, SandboxArg::Strict) => {
+                    Some(planbot::capabilities::engine::SandboxProfile::Strict)
+                }
+            },
         ),
         Command::Doctor { config } => planbot::flows::doctor::main(&config),
         Command::CheckConfig { file } => planbot::flows::check_config::main(&file),

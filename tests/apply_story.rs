@@ -106,7 +106,12 @@ TF_HTTP_PASSWORD = "{token}"
 
 [plan]
 max_concurrent_plans = 2
+
+# The engine's sandbox lets it reach the state backend (the fake GitLab) and nothing else.
+[sandbox]
+connect_ports = [443, {gitlab_port}]
 "#,
+        gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap(),
         data = data_dir.display(),
         url = gitlab.url(),
         token = gitlab.bot_token(),

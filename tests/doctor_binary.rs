@@ -216,9 +216,11 @@ async fn every_problem_is_a_fail_line_with_its_fix_and_exit_1() {
         "{stdout}"
     );
     assert!(!stdout.contains(PVE_SECRET));
+    let pve_port = url::Url::parse(&pve.url).unwrap().port().unwrap();
     let stdout = stdout
         .replace(gitlab.url(), "http://GITLAB")
-        .replace(&pve.url, "http://PVE/");
+        .replace(&pve.url, "http://PVE/")
+        .replace(&format!("443, {pve_port})"), "443, PVE_PORT)");
     let stdout = stdout.replace(&config.display().to_string(), "planbot.toml");
     insta::assert_snapshot!(stdout);
 }

@@ -299,7 +299,9 @@ esac"#,
 #[test]
 fn a_hanging_engine_is_stopped_after_the_timeout_and_nothing_is_left() {
     let bin_dir = tempfile::tempdir().unwrap();
-    let pid_file = bin_dir.path().join("pids");
+    let root = tempfile::tempdir().unwrap();
+    // In the root: the one place the (local) sandbox lets the engine write.
+    let pid_file = root.path().join("pids");
     let body = format!(
         r#"if [ "$1" = plan ]; then
   {write}
@@ -317,7 +319,6 @@ fi"#,
         fake::TERRAFORM_VERSION_JSON,
         &body,
     );
-    let root = tempfile::tempdir().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let out = planbot_plan(

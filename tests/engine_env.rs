@@ -34,14 +34,16 @@ fn dumped_keys(path: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-fn env_dumping_engine(dir: &Path) -> std::path::PathBuf {
+/// A stand-in engine in `dir` that dumps its environment into `dumps` (the root it plans: the
+/// one place a sandboxed engine may write).
+fn env_dumping_engine(dir: &Path, dumps: &Path) -> std::path::PathBuf {
     let body = format!(
         r#"env > {dir}/env-$1
 case "$1" in
   plan) {write};;
   show) echo '{plan}';;
 esac"#,
-        dir = dir.display(),
+        dir = dumps.display(),
         write = fake::WRITE_PLAN_FILE,
         plan = fake::PLAN_JSON
     );
@@ -58,8 +60,8 @@ fn the_parent_environment_does_not_reach_the_engine() {
 
     // 1. A stand-in engine dumps exactly what it got.
     let bin_dir = tempfile::tempdir().unwrap();
-    let bin = env_dumping_engine(bin_dir.path());
     let root = tempfile::tempdir().unwrap();
+    let bin = env_dumping_engine(bin_dir.path(), root.path());
     let temp_root = tempfile::tempdir().unwrap();
     let engine = Engine::builder(&bin, temp_root.path())
         .env(
@@ -78,6 +80,7 @@ fn the_parent_environment_does_not_reach_the_engine() {
     };
     rt.block_on(engine.plan(root.path(), &req)).unwrap();
     let expected: BTreeSet<String> = [
+        "CHECKPOINT_DISABLE",
         "HOME",
         "PATH",
         "TF_INPUT",
@@ -85,13 +88,14 @@ fn the_parent_environment_does_not_reach_the_engine() {
         "TF_PLUGIN_CACHE_DIR",
         "TF_VAR_pve_token",
         "TF_WORKSPACE",
+        "TMPDIR",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     for step in ["init", "plan", "show"] {
         assert_eq!(
-            dumped_keys(&bin_dir.path().join(format!("env-{step}"))),
+            dumped_keys(&root.path().join(format!("env-{step}"))),
             expected,
             "environment of `{step}`"
         );
@@ -99,7 +103,7 @@ fn the_parent_environment_does_not_reach_the_engine() {
 
     // 2. `planbot plan` started from that poisoned environment: same.
     let cli_dir = tempfile::tempdir().unwrap();
-    let cli_bin = env_dumping_engine(cli_dir.path());
+    let cli_bin = env_dumping_engine(cli_dir.path(), root.path());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
         .args(["plan", "--format", "json", "--engine"])
         .arg(&cli_bin)
@@ -111,11 +115,18 @@ fn the_parent_environment_does_not_reach_the_engine() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let keys = dumped_keys(&cli_dir.path().join("env-plan"));
-    let expected_cli: BTreeSet<String> = ["HOME", "PATH", "TF_INPUT", "TF_IN_AUTOMATION"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let keys = dumped_keys(&root.path().join("env-plan"));
+    let expected_cli: BTreeSet<String> = [
+        "CHECKPOINT_DISABLE",
+        "HOME",
+        "PATH",
+        "TF_INPUT",
+        "TF_IN_AUTOMATION",
+        "TMPDIR",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     assert_eq!(keys, expected_cli);
 
     // 3. The real engine: the plan is the code's own, with no trace logging.

@@ -39,7 +39,8 @@ fn read_pids(path: &std::path::Path) -> Vec<u32> {
 #[tokio::test]
 async fn a_hanging_engine_that_ignores_sigterm_is_killed_with_its_children_after_the_grace() {
     let s = setup();
-    let pids = s.bin_dir.path().join("pids");
+    // Sandboxed (the default): the pid file goes where a job may write, its root.
+    let pids = s.root.path().join("pids");
     let body = format!(
         r#"if [ "$1" = init ]; then
   trap '' TERM
@@ -104,6 +105,7 @@ fi"#,
     );
     let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
     let engine = Engine::builder(&bin, s.temp_root.path())
+        .sandbox(fake::unsandboxed())
         .timeout(Duration::from_millis(800))
         .grace(Duration::from_secs(20))
         .build()
@@ -148,6 +150,7 @@ async fn cancelling_a_run_stops_the_engine_the_same_way() {
 fi"#;
     let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, body);
     let engine = Engine::builder(&bin, s.temp_root.path())
+        .sandbox(fake::unsandboxed())
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();
@@ -193,6 +196,7 @@ esac"#,
     let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
     let cache = s.bin_dir.path().join("plugin-cache");
     let engine = Engine::builder(&bin, s.temp_root.path())
+        .sandbox(fake::unsandboxed())
         .plugin_cache_dir(&cache)
         .build()
         .unwrap();
@@ -225,7 +229,10 @@ esac"#,
         dumps = dumps.display()
     );
     let bin = fake_engine(s.bin_dir.path(), "tofu", TOFU_VERSION_JSON, &body);
-    let engine = Engine::builder(&bin, s.temp_root.path()).build().unwrap();
+    let engine = Engine::builder(&bin, s.temp_root.path())
+        .sandbox(fake::unsandboxed())
+        .build()
+        .unwrap();
 
     let run = engine
         .plan(s.root.path(), &PlanRequest::default())
@@ -296,6 +303,7 @@ esac"#,
     );
     let tf = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
     let run = Engine::builder(&tf, s.temp_root.path())
+        .sandbox(fake::unsandboxed())
         .build()
         .unwrap()
         .plan(s.root.path(), &PlanRequest::default())
@@ -310,6 +318,7 @@ esac"#,
     let tofu = fake_engine(s.bin_dir.path(), "tofu", TOFU_VERSION_JSON, &body);
     let own = "key_provider \"pbkdf2\" \"ops\" { passphrase = \"operator-managed-passphrase\" }";
     let run = Engine::builder(&tofu, s.temp_root.path())
+        .sandbox(fake::unsandboxed())
         .env([("TF_ENCRYPTION".to_string(), own.to_string())].into())
         .build()
         .unwrap()
@@ -334,6 +343,7 @@ esac"#
     );
     let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
     let err = Engine::builder(&bin, s.temp_root.path())
+        .sandbox(fake::unsandboxed())
         .build()
         .unwrap()
         .plan(s.root.path(), &PlanRequest::default())

@@ -83,7 +83,7 @@ async fn plans_the_quickstart_in_a_private_dir_and_leaves_no_file_behind() {
         std::fs::metadata(&private).unwrap().permissions().mode() & 0o777,
         0o700
     );
-    assert!(private.join("plan").is_file());
+    assert!(private.join("out/plan").is_file());
     assert!(run.duration() > Duration::ZERO);
 
     drop(run);

@@ -155,12 +155,16 @@ async fn the_token_reaches_git_only_through_the_auth_header() {
         .iter()
         .find(|i| i.argv.get(1).map(String::as_str) == Some("fetch"))
         .unwrap();
-    assert!(fetch.env.contains(&"GIT_CONFIG_VALUE_0".to_string()));
+    assert!(fetch.config.contains(&"http.extraHeader".to_string()));
     let local = invs
         .iter()
         .find(|i| i.argv.get(1).map(String::as_str) == Some("init"))
         .unwrap();
-    assert!(!local.env.contains(&"GIT_CONFIG_VALUE_0".to_string()));
+    assert!(!local.config.contains(&"http.extraHeader".to_string()));
+    // Every git command runs hook-free.
+    assert!(invs
+        .iter()
+        .all(|i| i.config.contains(&"core.hooksPath".to_string())));
     // An explicit environment: nothing inherited (no GIT_DIR, GIT_SSH_COMMAND, ...).
     let allowed = [
         "PATH",
@@ -174,13 +178,14 @@ async fn the_token_reaches_git_only_through_the_auth_header() {
         "GIT_HTTP_LOW_SPEED_TIME",
         "LC_ALL",
         "GIT_CONFIG_COUNT",
-        "GIT_CONFIG_KEY_0",
-        "GIT_CONFIG_VALUE_0",
     ];
     for inv in &invs {
         for k in &inv.env {
+            let numbered = ["GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"]
+                .iter()
+                .any(|p| k.strip_prefix(p).is_some_and(|n| n.parse::<u8>().is_ok()));
             assert!(
-                allowed.contains(&k.as_str()),
+                allowed.contains(&k.as_str()) || numbered,
                 "unexpected env {k} for {:?}",
                 inv.argv
             );
@@ -465,4 +470,46 @@ async fn leftover_checkouts_are_wiped_at_start_up_and_the_mirror_prunes_them() {
         .checkout(s.pid(), &CommitSha("main".into()))
         .await
         .is_err());
+}
+
+#[tokio::test]
+async fn a_hook_planted_in_the_mirror_never_runs() {
+    let s = story();
+    let head = s.fake.commit_files(
+        &s.project,
+        "feature/hook",
+        &[("tofu/stacks/core/vm.tf", "# v1\n")],
+    );
+    s.sync().await;
+    // What a provider that escaped once would do: plant hooks in the bare mirror.
+    let marker = s.data.path().join("hook-ran");
+    let hooks = s.ws.mirror_path(s.pid()).join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    for hook in [
+        "post-checkout",
+        "reference-transaction",
+        "pre-auto-gc",
+        "post-index-change",
+    ] {
+        let path = hooks.join(hook);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\necho {hook} >> '{}'\n", marker.display()),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    s.sync().await;
+    let checkout =
+        s.ws.checkout(s.pid(), &CommitSha(head.clone()))
+            .await
+            .unwrap();
+    assert!(checkout.path().join("tofu/stacks/core/vm.tf").exists());
+    drop(checkout);
+    assert!(
+        !marker.exists(),
+        "a planted hook ran: {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
 }

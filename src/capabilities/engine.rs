@@ -12,9 +12,18 @@
 //!   (a graceful stop: state persisted, lock released), then after a grace period SIGKILL of the
 //!   whole group.
 //! - `init` is serialised per plugin cache dir (Terraform's cache is not concurrency-safe).
+//! - Every process (version, init, plan, show, apply, and what they start) runs under a
+//!   Landlock sandbox ([`SandboxMode`], [`crate::capabilities::sandbox`]): it may write only the
+//!   run's worktree, its private directory (home, temp, plan file) and the plugin cache. A run
+//!   that must be sandboxed on a kernel without Landlock is refused before anything starts.
+//! - With [`CliConfig::Owned`] (the service) each run gets its own `HOME` and a CLI config written
+//!   by planbot (`TF_CLI_CONFIG_FILE`, an explicit `provider_installation`), so neither a
+//!   repository's implied local mirror (`terraform.d/plugins`) nor a `.terraformrc` is used.
 //! - Every text that comes out (logs, errors, streamed apply lines) is scrubbed of the configured
 //!   env values, the per-call secrets, the plan-encryption key and the plan's own secrets.
 
+pub use crate::capabilities::sandbox::Profile as SandboxProfile;
+use crate::capabilities::sandbox::{Policy, Support};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::{Plan, PlanParseError};
 use crate::core::redact::{Scrubber, Secrets};
@@ -122,6 +131,12 @@ pub enum EngineError {
     InvalidRequest(String),
     #[error("could not run the engine: {0}")]
     Io(String),
+    /// A sandbox is required and cannot be had; nothing was run.
+    #[error("{0}")]
+    SandboxRefused(String),
+    /// The sandbox could not be applied to a process; it was not started.
+    #[error("could not confine the engine in its sandbox: {0}")]
+    Sandbox(String),
 }
 
 impl EngineError {
@@ -205,6 +220,10 @@ pub struct PlanRequest {
     pub extra_env: BTreeMap<String, String>,
     /// Further secret strings to scrub from all output (tokens the caller knows).
     pub extra_secrets: Vec<String>,
+    /// The checkout the root lives in: the sandbox lets the engine write there, and a root
+    /// directory or var file that resolves outside it (a symbolic link) is refused. `None`:
+    /// the root directory itself.
+    pub worktree: Option<PathBuf>,
     /// Stops the run (SIGTERM, grace, SIGKILL) when cancelled.
     pub cancel: Option<CancelToken>,
 }
@@ -218,6 +237,124 @@ pub enum PlanEncryption {
     Configured,
     /// Terraform has no plan encryption: the 0700 directory is the only protection.
     Unsupported,
+}
+
+/// How engine processes are confined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxMode {
+    /// Every process under Landlock with this profile.
+    Landlock {
+        profile: SandboxProfile,
+        /// The kernel's Landlock ABI version.
+        abi: i32,
+        /// Further paths the engine may read (`[sandbox] read_paths`, a provider mirror).
+        extra_read: Vec<PathBuf>,
+        /// TCP ports it may connect to (strict profile only).
+        connect_ports: Vec<u16>,
+    },
+    /// No sandbox (`planbot plan --no-sandbox`, or `[sandbox] required = false` where the
+    /// kernel offers none). The reason is shown wherever a plan is.
+    Off { reason: String },
+    /// A sandbox is required and unavailable: every run is refused with this text.
+    Refused { reason: String },
+}
+
+impl SandboxMode {
+    /// The strict profile where the kernel offers Landlock; else refused (`required`) with
+    /// `refusal`, or off with the kernel's reason.
+    pub fn strict(support: Support, required: bool, refusal: impl FnOnce(&str) -> String) -> Self {
+        Self::with_profile(SandboxProfile::Strict, support, required, refusal)
+    }
+
+    /// `profile` where the kernel offers Landlock, else refused or off as for [`Self::strict`].
+    pub fn with_profile(
+        profile: SandboxProfile,
+        support: Support,
+        required: bool,
+        refusal: impl FnOnce(&str) -> String,
+    ) -> Self {
+        match support {
+            Support::Landlock { abi } => SandboxMode::Landlock {
+                profile,
+                abi,
+                extra_read: Vec::new(),
+                connect_ports: vec![443],
+            },
+            Support::Unavailable { reason } if required => SandboxMode::Refused {
+                reason: refusal(reason),
+            },
+            Support::Unavailable { reason } => SandboxMode::Off {
+                reason: reason.to_string(),
+            },
+        }
+    }
+
+    /// The kernel support this mode runs with (what `doctor` and `--check` describe).
+    pub fn describe(&self) -> String {
+        match self {
+            SandboxMode::Landlock {
+                profile,
+                abi,
+                connect_ports,
+                ..
+            } => {
+                let mut text = Support::Landlock { abi: *abi }.describe();
+                if *profile == SandboxProfile::Strict && *abi >= 4 {
+                    let ports: Vec<String> = connect_ports.iter().map(u16::to_string).collect();
+                    text.push_str(&format!(" (TCP ports allowed: {})", ports.join(", ")));
+                }
+                text
+            }
+            SandboxMode::Off { reason } => format!("no sandbox: {reason}"),
+            SandboxMode::Refused { reason } => reason.clone(),
+        }
+    }
+}
+
+/// Where the engine's CLI configuration (provider installation, credentials) comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CliConfig {
+    /// The user's own (`~/.terraformrc`, `~/.tofurc`): local runs of the user's own code.
+    #[default]
+    User,
+    /// Written by planbot for each run, with a private `HOME`: only the installation method
+    /// below, never a repository's `terraform.d/plugins` or a committed `.terraformrc`.
+    Owned {
+        provider_mirror: Option<ProviderMirror>,
+    },
+}
+
+/// The operator's provider mirror (`engine.provider_mirror`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderMirror {
+    /// `network_mirror { url = ... }` (an `https://` URL).
+    Network(String),
+    /// `filesystem_mirror { path = ... }` (an absolute directory, readable in the sandbox).
+    Filesystem(PathBuf),
+}
+
+/// The CLI configuration file of an owned run: providers come from the registry (`direct`) or
+/// the operator's mirror, and from nowhere else.
+pub fn cli_config_text(mirror: Option<&ProviderMirror>) -> String {
+    let method = match mirror {
+        None => "  direct {}\n".to_string(),
+        Some(ProviderMirror::Network(url)) => {
+            format!("  network_mirror {{\n    url = {}\n  }}\n", hcl_string(url))
+        }
+        Some(ProviderMirror::Filesystem(dir)) => format!(
+            "  filesystem_mirror {{\n    path = {}\n  }}\n",
+            hcl_string(&dir.to_string_lossy())
+        ),
+    };
+    format!("# Written by planbot for this run only.\nprovider_installation {{\n{method}}}\n")
+}
+
+/// A quoted HCL string (JSON string escaping is valid HCL, and `${`/`%{` are escaped).
+fn hcl_string(s: &str) -> String {
+    serde_json::to_string(s)
+        .unwrap_or_default()
+        .replace("${", "$${")
+        .replace("%{", "%%{")
 }
 
 /// Settings of the engine runner. Cheap to clone (shared inside).
@@ -237,6 +374,8 @@ struct Inner {
     temp_root: PathBuf,
     path: OsString,
     home: OsString,
+    sandbox: SandboxMode,
+    cli_config: CliConfig,
     version: tokio::sync::OnceCell<EngineVersion>,
 }
 
@@ -252,9 +391,24 @@ pub struct EngineBuilder {
     plugin_cache_dir: Option<PathBuf>,
     path: Option<OsString>,
     home: Option<OsString>,
+    sandbox: SandboxMode,
+    cli_config: CliConfig,
 }
 
 impl EngineBuilder {
+    /// How engine processes are confined. Default: the strict profile, required (every run
+    /// refused on a kernel without Landlock).
+    pub fn sandbox(mut self, mode: SandboxMode) -> Self {
+        self.sandbox = mode;
+        self
+    }
+
+    /// Where the engine's CLI configuration comes from. Default: the user's own.
+    pub fn cli_config(mut self, config: CliConfig) -> Self {
+        self.cli_config = config;
+        self
+    }
+
     /// Whole-run timeout (init + plan + show; an apply gets its own). Default 30 minutes.
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = d;
@@ -330,6 +484,8 @@ impl EngineBuilder {
                     .home
                     .or_else(|| std::env::var_os("HOME"))
                     .unwrap_or_else(|| OsString::from("/")),
+                sandbox: self.sandbox,
+                cli_config: self.cli_config,
                 version: tokio::sync::OnceCell::new(),
             }),
         })
@@ -476,7 +632,16 @@ impl Engine {
             plugin_cache_dir: None,
             path: None,
             home: None,
+            sandbox: SandboxMode::strict(Support::probe(), true, |reason| {
+                format!("refusing to run the engine without a sandbox: {reason}")
+            }),
+            cli_config: CliConfig::User,
         }
+    }
+
+    /// How this runner confines the engine.
+    pub fn sandbox(&self) -> &SandboxMode {
+        &self.inner.sandbox
     }
 
     pub fn binary(&self) -> &Path {
@@ -499,9 +664,12 @@ impl Engine {
         self.inner
             .version
             .get_or_try_init(|| async {
-                let env = self.child_env(&BTreeMap::new(), None, None);
+                self.refuse_unsandboxed()?;
+                let mut env = self.child_env(&BTreeMap::new(), None, None);
+                env.insert("CHECKPOINT_DISABLE".into(), "1".into());
                 let deadline = Instant::now() + Duration::from_secs(60).min(self.inner.timeout);
                 let scrubber = self.secrets().scrubber();
+                let confinement = self.confinement(None);
                 let out = self
                     .run_step(
                         Step::Version,
@@ -513,6 +681,7 @@ impl Engine {
                         None,
                         &mut |_| {},
                         &scrubber,
+                        confinement.as_ref(),
                     )
                     .await
                     .map_err(|e| e.into_engine_error(&RawLog::default(), &scrubber))?;
@@ -530,6 +699,55 @@ impl Engine {
             })
             .await
             .cloned()
+    }
+
+    /// `Err` when a sandbox is required and the kernel offers none: nothing may run.
+    fn refuse_unsandboxed(&self) -> Result<(), EngineError> {
+        match &self.inner.sandbox {
+            SandboxMode::Refused { reason } => Err(EngineError::SandboxRefused(reason.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// The sandbox of one run: the profile's base, the engine binary, the operator's extra
+    /// read paths, and `run`'s own directories (worktree, private dirs, plugin cache). `None`
+    /// when runs are not sandboxed.
+    fn confinement(&self, run: Option<(&Path, &RunDirs)>) -> Option<Confinement> {
+        let SandboxMode::Landlock {
+            profile,
+            abi,
+            extra_read,
+            connect_ports,
+        } = &self.inner.sandbox
+        else {
+            return None;
+        };
+        let mut policy = Policy::base(*profile);
+        policy.allow_exec(&self.inner.binary);
+        for p in extra_read {
+            policy.allow_read(p);
+        }
+        for port in connect_ports {
+            policy.allow_port(*port);
+        }
+        if let Some((worktree, dirs)) = run {
+            policy.allow_write(worktree);
+            policy.allow_write(&dirs.out);
+            policy.allow_write(&dirs.tmp);
+            if let Some(home) = &dirs.home {
+                policy.allow_write(home);
+            }
+            if let Some(file) = &dirs.cli_config_file {
+                policy.allow_read(file);
+            }
+            if let Some(cache) = &self.inner.plugin_cache_dir {
+                policy.allow_write(cache);
+            }
+        }
+        Some(Confinement {
+            policy,
+            support: Support::Landlock { abi: *abi },
+        })
     }
 
     /// The whole child environment (pure; see the module docs for what is in it and why).
@@ -569,10 +787,18 @@ impl Engine {
     pub async fn plan(&self, dir: &Path, req: &PlanRequest) -> Result<PlannedRun, EngineError> {
         let started = Instant::now();
         let deadline = started + self.inner.timeout;
+        self.refuse_unsandboxed()?;
         validate_request(req)?;
         let dir = std::fs::canonicalize(dir).map_err(|e| {
             EngineError::InvalidRequest(format!("root directory {}: {e}", dir.display()))
         })?;
+        let worktree = match &req.worktree {
+            Some(w) => std::fs::canonicalize(w).map_err(|e| {
+                EngineError::InvalidRequest(format!("worktree {}: {e}", w.display()))
+            })?,
+            None => dir.clone(),
+        };
+        contained(&dir, &worktree, &req.var_files)?;
 
         let mut secrets = self.secrets();
         secrets.extend(req.extra_env.values().cloned());
@@ -593,7 +819,7 @@ impl Engine {
         } else {
             (PlanEncryption::Unsupported, None)
         };
-        let env = self.child_env(
+        let mut env = self.child_env(
             &req.extra_env,
             req.workspace.as_deref(),
             enc_text.as_deref(),
@@ -609,7 +835,11 @@ impl Engine {
             .map_err(|e| EngineError::Io(format!("private run dir: {e}")))?;
         ensure_private_dir(private.path())
             .map_err(|e| EngineError::Io(format!("private run dir: {e}")))?;
-        let plan_file = private.path().join("plan");
+        let dirs = RunDirs::create(private.path(), &self.inner.cli_config)
+            .map_err(|e| EngineError::Io(format!("private run dir: {e}")))?;
+        dirs.set_env(&mut env);
+        let confinement = self.confinement(Some((&worktree, &dirs)));
+        let plan_file = dirs.out.join("plan");
 
         let mut log = RawLog::default();
         let env_scrubber = secrets.scrubber();
@@ -618,6 +848,7 @@ impl Engine {
             let dir = &dir;
             let cancel = req.cancel.clone();
             let scrubber = &env_scrubber;
+            let confinement = confinement.as_ref();
             async move {
                 self.run_step(
                     step,
@@ -629,6 +860,7 @@ impl Engine {
                     cancel,
                     &mut |_| {},
                     scrubber,
+                    confinement,
                 )
                 .await
             }
@@ -721,6 +953,7 @@ impl Engine {
             engine: self.clone(),
             dir,
             env,
+            confinement,
             cancel: req.cancel.clone(),
             log: log.render(&scrubber),
             plan,
@@ -749,6 +982,7 @@ impl Engine {
         mut cancel: Option<CancelToken>,
         on_line: &mut (dyn FnMut(&str) + Send),
         scrubber: &Scrubber,
+        confinement: Option<&Confinement>,
     ) -> Result<StepOutput, StepError> {
         if cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
             return Err(StepError::Stopped {
@@ -767,10 +1001,21 @@ impl Engine {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        if let Some(c) = confinement {
+            c.policy
+                .prepare(c.support)
+                .map_err(|e| StepError::Other(EngineError::Sandbox(e.to_string())))?
+                .install(&mut cmd);
+        }
         let mut child = cmd.spawn().map_err(|e| {
             StepError::Other(match e.kind() {
                 std::io::ErrorKind::NotFound => {
                     EngineError::NotFound(format!("{}: {e}", self.inner.binary.display()))
+                }
+                _ if confinement.is_some() && e.raw_os_error() == Some(libc::EPERM) => {
+                    EngineError::Sandbox(format!(
+                        "the kernel refused the Landlock ruleset for `{step}` ({e})"
+                    ))
                 }
                 _ => EngineError::Io(format!("{} {step}: {e}", self.inner.binary.display())),
             })
@@ -873,6 +1118,79 @@ impl Engine {
         };
         Err(StepError::Stopped { step, how, log })
     }
+}
+
+/// The sandbox of one run, ready to be applied to each of its processes.
+#[derive(Debug, Clone)]
+struct Confinement {
+    policy: Policy,
+    support: Support,
+}
+
+/// The directories of one run inside its private (0700) directory: the plan file's, the
+/// temp dir (`TMPDIR`: providers' plugin sockets), and with an owned CLI config a private
+/// `HOME` and the config file itself (read-only in the sandbox).
+struct RunDirs {
+    out: PathBuf,
+    tmp: PathBuf,
+    home: Option<PathBuf>,
+    cli_config_file: Option<PathBuf>,
+}
+
+impl RunDirs {
+    fn create(private: &Path, cli: &CliConfig) -> std::io::Result<RunDirs> {
+        let sub = |name: &str| -> std::io::Result<PathBuf> {
+            let d = private.join(name);
+            ensure_private_dir(&d)?;
+            Ok(d)
+        };
+        let (home, cli_config_file) = match cli {
+            CliConfig::User => (None, None),
+            CliConfig::Owned { provider_mirror } => {
+                let file = private.join("cli.tfrc");
+                std::fs::write(&file, cli_config_text(provider_mirror.as_ref()))?;
+                (Some(sub("home")?), Some(file))
+            }
+        };
+        Ok(RunDirs {
+            out: sub("out")?,
+            tmp: sub("tmp")?,
+            home,
+            cli_config_file,
+        })
+    }
+
+    fn set_env(&self, env: &mut BTreeMap<String, OsString>) {
+        env.insert("TMPDIR".into(), self.tmp.clone().into());
+        env.insert("CHECKPOINT_DISABLE".into(), "1".into());
+        if let Some(home) = &self.home {
+            env.insert("HOME".into(), home.clone().into());
+        }
+        if let Some(file) = &self.cli_config_file {
+            env.insert("TF_CLI_CONFIG_FILE".into(), file.clone().into());
+        }
+    }
+}
+
+/// Refuse a root directory or var file that resolves (through a symbolic link) outside the
+/// worktree: the engine would run in, or read, a directory the repository does not own.
+fn contained(dir: &Path, worktree: &Path, var_files: &[PathBuf]) -> Result<(), EngineError> {
+    if !dir.starts_with(worktree) {
+        return Err(EngineError::InvalidRequest(
+            "the root directory resolves outside the repository checkout (through a symbolic link): refused".into(),
+        ));
+    }
+    for vf in var_files {
+        if let Ok(real) = std::fs::canonicalize(dir.join(vf)) {
+            if !real.starts_with(worktree) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "var file {:?} resolves outside the repository checkout (through a symbolic link): refused",
+                    vf
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn validate_request(req: &PlanRequest) -> Result<(), EngineError> {
@@ -1121,6 +1439,7 @@ pub struct PlannedRun {
     engine: Engine,
     dir: PathBuf,
     env: BTreeMap<String, OsString>,
+    confinement: Option<Confinement>,
     cancel: Option<CancelToken>,
     log: String,
     plan: Plan,
@@ -1248,6 +1567,7 @@ impl PlannedRun {
                 self.cancel.clone(),
                 &mut on_line,
                 &self.scrubber,
+                self.confinement.as_ref(),
             )
             .await;
         let out = result.map_err(|e| e.into_engine_error(&RawLog::default(), &self.scrubber))?;

@@ -2,5 +2,6 @@
 pub mod engine;
 pub mod gitlab;
 pub mod proxmox;
+pub mod sandbox;
 pub mod store;
 pub mod workspace;

@@ -22,6 +22,8 @@ pub struct Invocation {
     pub argv: Vec<String>,
     /// Names of the environment variables given (values are not kept: one is the token).
     pub env: Vec<String>,
+    /// The git config keys given through the environment (`GIT_CONFIG_KEY_n`).
+    pub config: Vec<String>,
 }
 
 /// Which commit of an MR is planned.
@@ -489,15 +491,24 @@ impl Workspace {
             ("GIT_HTTP_LOW_SPEED_TIME".into(), "60".into()),
             ("LC_ALL".into(), "C".into()),
         ];
+        // Hook-free, and nothing a repository controls runs: no hooks (a hook planted in a
+        // mirror never runs), no fsmonitor command, no submodules, no `ext::` transport.
+        let mut config: Vec<(&str, String)> = vec![
+            ("core.hooksPath", "/dev/null".into()),
+            ("core.fsmonitor", "false".into()),
+            ("submodule.recurse", "false".into()),
+            ("protocol.ext.allow", "never".into()),
+        ];
         if auth {
             let basic = base64::engine::general_purpose::STANDARD
                 .encode(format!("{}:{}", self.user, self.token));
-            env.push(("GIT_CONFIG_COUNT".into(), "1".into()));
-            env.push(("GIT_CONFIG_KEY_0".into(), "http.extraHeader".into()));
-            env.push((
-                "GIT_CONFIG_VALUE_0".into(),
-                format!("Authorization: Basic {basic}").into(),
-            ));
+            config.push(("http.extraHeader", format!("Authorization: Basic {basic}")));
+        }
+        env.push(("GIT_CONFIG_COUNT".into(), config.len().to_string().into()));
+        let config_keys: Vec<String> = config.iter().map(|(k, _)| k.to_string()).collect();
+        for (i, (key, value)) in config.into_iter().enumerate() {
+            env.push((format!("GIT_CONFIG_KEY_{i}"), key.into()));
+            env.push((format!("GIT_CONFIG_VALUE_{i}"), value.into()));
         }
         cmd.env_clear();
         for (k, v) in &env {
@@ -522,6 +533,7 @@ impl Workspace {
                 .push(Invocation {
                     argv,
                     env: env.iter().map(|(k, _)| k.clone()).collect(),
+                    config: config_keys,
                 });
         }
         let what = args

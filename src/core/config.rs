@@ -81,6 +81,39 @@ pub struct Config {
     pub apply: ApplyConfig,
     pub plan: PlanConfig,
     pub proxmox: ProxmoxConfig,
+    pub sandbox: SandboxConfig,
+}
+
+/// `[sandbox]`: how engine processes are confined (see `capabilities::sandbox`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Refuse to run the engine where the kernel offers no Landlock (default `true`).
+    pub required: bool,
+    /// `auto` (use Landlock when the kernel has it) or `off` (act as if it had none).
+    pub landlock: LandlockSetting,
+    /// TCP ports the engine may connect to, besides those of the Proxmox endpoints and the
+    /// provider mirror (default `[443]`).
+    pub connect_ports: Vec<u16>,
+    /// Further paths the engine may read (a CA bundle elsewhere, a provider mirror).
+    pub read_paths: Vec<PathBuf>,
+}
+
+/// `sandbox.landlock`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LandlockSetting {
+    Auto,
+    Off,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            required: true,
+            landlock: LandlockSetting::Auto,
+            connect_ports: vec![443],
+            read_paths: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -101,6 +134,13 @@ pub struct EngineConfig {
     pub grace: Duration,
     /// Secrets handed to the engine; every value is scrubbed from all output.
     pub env: BTreeMap<String, Secret>,
+    /// `[engine.plan] env`: added to `env` for MR plans (untrusted code: read-only credentials).
+    pub plan_env: BTreeMap<String, Secret>,
+    /// `[engine.apply] env`: added to `env` for plans and applies on the default branch.
+    pub apply_env: BTreeMap<String, Secret>,
+    /// `engine.provider_mirror`: an `https://` network mirror or an absolute directory
+    /// (filesystem mirror) to install providers from instead of their registries.
+    pub provider_mirror: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -294,6 +334,13 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("engine.lock_timeout", Kind::Str, false),
     ("engine.grace", Kind::Str, false),
     ("engine.env", Kind::Table, true),
+    ("engine.provider_mirror", Kind::Str, false),
+    ("engine.plan.env", Kind::Table, true),
+    ("engine.apply.env", Kind::Table, true),
+    ("sandbox.required", Kind::Bool, false),
+    ("sandbox.landlock", Kind::Str, false),
+    ("sandbox.connect_ports", Kind::StrOrIntList, false),
+    ("sandbox.read_paths", Kind::StrOrIntList, false),
     ("apply.job_name", Kind::Str, false),
     ("apply.open_issue_on_failure", Kind::Bool, false),
     ("plan.max_concurrent_plans", Kind::Int, false),
@@ -319,7 +366,13 @@ const SECTIONS: &[&str] = &[
     "proxmox",
     "proxmox.plan",
     "proxmox.apply",
+    "engine.plan",
+    "engine.apply",
+    "sandbox",
 ];
+
+/// The free-form tables of engine environment variables.
+const ENV_TABLES: &[&str] = &["engine.env", "engine.plan.env", "engine.apply.env"];
 
 fn key_info(path: &str) -> Option<(Kind, bool)> {
     KEYS.iter()
@@ -386,11 +439,13 @@ impl Config {
                 )
             })
             .collect();
-        if let Some(Value::Table(t)) = flat.get("engine.env") {
-            for k in t.keys() {
-                let key = format!("engine.env.{k}");
-                let line = line_of(text, &key).or_else(|| line_of(text, "engine.env"));
-                origins.insert(key, Origin::File { line });
+        for table in ENV_TABLES {
+            if let Some(Value::Table(t)) = flat.get(*table) {
+                for k in t.keys() {
+                    let key = format!("{table}.{k}");
+                    let line = line_of(text, &key).or_else(|| line_of(text, table));
+                    origins.insert(key, Origin::File { line });
+                }
             }
         }
         apply_env(env, &mut flat, &mut origins, &mut errors);
@@ -462,6 +517,31 @@ impl Config {
             .map(|k| format!("{k} = (set)"))
             .collect();
         line("engine.env", format!("{{ {} }}", env.join(", ")));
+        for (name, table) in [
+            ("engine.plan.env", &self.engine.plan_env),
+            ("engine.apply.env", &self.engine.apply_env),
+        ] {
+            let keys: Vec<String> = table.keys().map(|k| format!("{k} = (set)")).collect();
+            line(name, format!("{{ {} }}", keys.join(", ")));
+        }
+        line("engine.provider_mirror", opt(&self.engine.provider_mirror));
+        line("sandbox.required", self.sandbox.required.to_string());
+        line(
+            "sandbox.landlock",
+            match self.sandbox.landlock {
+                LandlockSetting::Auto => "auto",
+                LandlockSetting::Off => "off",
+            }
+            .into(),
+        );
+        line(
+            "sandbox.connect_ports",
+            format!("{:?}", self.sandbox.connect_ports),
+        );
+        line(
+            "sandbox.read_paths",
+            format!("{:?}", self.sandbox.read_paths),
+        );
         line("apply.job_name", self.apply.job_name.clone());
         line(
             "apply.open_issue_on_failure",
@@ -501,7 +581,13 @@ impl Config {
         {
             s.push(o.expose().to_string());
         }
-        s.extend(self.engine.env.values().map(|v| v.expose().to_string()));
+        for table in [
+            &self.engine.env,
+            &self.engine.plan_env,
+            &self.engine.apply_env,
+        ] {
+            s.extend(table.values().map(|v| v.expose().to_string()));
+        }
         let pve = [
             Some(&self.proxmox.default),
             self.proxmox.plan.as_ref(),
@@ -532,7 +618,10 @@ fn flatten(
         } else {
             format!("{prefix}.{k}")
         };
-        if path == "engine.env" || path == "engine.env_file" {
+        if ENV_TABLES
+            .iter()
+            .any(|t| path == *t || path.strip_suffix("_file") == Some(t))
+        {
             out.insert(path, v);
             continue;
         }
@@ -638,15 +727,16 @@ fn apply_env(
         };
         for (path, kind, secret) in KEYS {
             if *kind == Kind::Table {
-                // PLANBOT_ENGINE_ENV_<NAME>=value sets engine.env.NAME.
-                if let Some(var) = name.strip_prefix("PLANBOT_ENGINE_ENV_") {
-                    let mut t = match flat.remove("engine.env") {
+                // PLANBOT_ENGINE_ENV_<NAME>=value sets engine.env.NAME (likewise
+                // PLANBOT_ENGINE_PLAN_ENV_<NAME>, PLANBOT_ENGINE_APPLY_ENV_<NAME>).
+                if let Some(var) = name.strip_prefix(&format!("{}_", env_name(path))) {
+                    let mut t = match flat.remove(*path) {
                         Some(Value::Table(t)) => t,
                         _ => toml::Table::new(),
                     };
                     t.insert(var.to_string(), Value::String(value.clone()));
-                    flat.insert("engine.env".into(), Value::Table(t));
-                    origins.insert(format!("engine.env.{var}"), Origin::Env(name.clone()));
+                    flat.insert(path.to_string(), Value::Table(t));
+                    origins.insert(format!("{path}.{var}"), Origin::Env(name.clone()));
                 }
                 continue;
             }
@@ -765,7 +855,7 @@ fn resolve_files(
             continue;
         }
         // On a problem the key gets a stand-in value, so it is not also reported as missing.
-        let stand_in = if key == "engine.env" {
+        let stand_in = if ENV_TABLES.contains(&key.as_str()) {
             Value::Table(toml::Table::new())
         } else {
             Value::String(FALLBACK_SECRET.into())
@@ -803,7 +893,7 @@ fn resolve_files(
             via: Box::new(via),
         };
         let text = text.trim_end_matches(['\n', '\r']).to_string();
-        if key == "engine.env" {
+        if ENV_TABLES.contains(&key.as_str()) {
             // engine.env_file: a file of NAME=value lines.
             let mut t = toml::Table::new();
             for l in text
@@ -814,7 +904,7 @@ fn resolve_files(
                 let Some((k, v)) = l.split_once('=') else {
                     errors.push((
                         ConfigError::Invalid {
-                            key: "engine.env_file".into(),
+                            key: format!("{key}_file"),
                             message: "expected NAME=value lines".into(),
                         },
                         Some(origin.clone()),
@@ -822,7 +912,7 @@ fn resolve_files(
                     continue;
                 };
                 let k = k.trim().to_string();
-                origins.insert(format!("engine.env.{k}"), origin.clone());
+                origins.insert(format!("{key}.{k}"), origin.clone());
                 t.insert(k, Value::String(v.to_string()));
             }
             flat.insert(key.clone(), Value::Table(t));
@@ -854,7 +944,7 @@ fn check_values(
         }
         let is_pve_token = key.starts_with("proxmox.") && key.ends_with(".api_token")
             || key == "proxmox.api_token"
-            || key == "engine.env.PROXMOX_VE_API_TOKEN";
+            || key.ends_with(".env.PROXMOX_VE_API_TOKEN");
         if is_pve_token {
             return pve_token_problem(value);
         }
@@ -874,10 +964,10 @@ fn check_values(
                     errors.push((ConfigError::Invalid { key, message }, None));
                 }
             }
-            Some(Value::Table(t)) if key == "engine.env" => {
+            Some(Value::Table(t)) if ENV_TABLES.contains(&key.as_str()) => {
                 for (name, v) in t.iter_mut() {
                     let Value::String(text) = v else { continue };
-                    let full = format!("engine.env.{name}");
+                    let full = format!("{key}.{name}");
                     if let Some(message) = check(&full, text, true) {
                         *text = FALLBACK_SECRET.into();
                         errors.push((ConfigError::Invalid { key: full, message }, None));
@@ -1136,39 +1226,27 @@ fn build(
         take_duration(&mut flat, "engine.grace", "30s"),
         Duration::from_secs(30),
     );
-    let env: BTreeMap<String, Secret> = match flat.remove("engine.env") {
-        None => BTreeMap::new(),
-        Some(Value::Table(t)) => soft(
-            p,
-            t.into_iter()
-                .map(|(k, v)| match v {
-                    Value::String(s) => Ok((k, Secret(s))),
-                    other => Err(ConfigError::Invalid {
-                        key: format!("engine.env.{k}"),
-                        message: format!("expected a string, found {}", other.type_str()),
-                    }),
-                })
-                .collect::<Result<_, _>>(),
-            BTreeMap::new(),
-        ),
-        Some(other) => {
+    let env = soft(p, take_env_table(&mut flat, "engine.env"), BTreeMap::new());
+    let plan_env = soft(
+        p,
+        take_env_table(&mut flat, "engine.plan.env"),
+        BTreeMap::new(),
+    );
+    let apply_env = soft(
+        p,
+        take_env_table(&mut flat, "engine.apply.env"),
+        BTreeMap::new(),
+    );
+    let provider_mirror = soft(p, take_str(&mut flat, "engine.provider_mirror"), None);
+    if let Some(m) = &provider_mirror {
+        if !(m.starts_with("https://") || m.starts_with('/')) {
             p.push(ConfigError::Invalid {
-                key: "engine.env".into(),
-                message: format!("expected a table, found {}", other.type_str()),
-            });
-            BTreeMap::new()
-        }
-    };
-    for k in env.keys() {
-        let forbidden =
-            k.starts_with("TF_CLI_ARGS") || k.starts_with("TF_LOG") || k == "PATH" || k == "HOME";
-        if forbidden || k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            p.push(ConfigError::Invalid {
-                key: format!("engine.env.{k}"),
-                message: "not allowed: planbot sets PATH/HOME itself and never passes TF_CLI_ARGS*/TF_LOG*".into(),
+                key: "engine.provider_mirror".into(),
+                message: "expected an https:// URL (network mirror) or an absolute directory (filesystem mirror)".into(),
             });
         }
     }
+    let sandbox = soft(p, take_sandbox(&mut flat), SandboxConfig::default());
 
     let job_name = soft(p, take_str(&mut flat, "apply.job_name"), None)
         .unwrap_or_else(|| "planbot-apply".into());
@@ -1212,6 +1290,9 @@ fn build(
             lock_timeout,
             grace,
             env,
+            plan_env,
+            apply_env,
+            provider_mirror,
         },
         apply: ApplyConfig {
             job_name,
@@ -1221,7 +1302,97 @@ fn build(
             max_concurrent_plans,
         },
         proxmox,
+        sandbox,
     })
+}
+
+/// One table of engine environment variables (`engine.env`, `engine.plan.env`, …).
+fn take_env_table(
+    flat: &mut BTreeMap<String, Value>,
+    path: &str,
+) -> Result<BTreeMap<String, Secret>, ConfigError> {
+    let env: BTreeMap<String, Secret> = match flat.remove(path) {
+        None => BTreeMap::new(),
+        Some(Value::Table(t)) => t
+            .into_iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k, Secret(s))),
+                other => Err(ConfigError::Invalid {
+                    key: format!("{path}.{k}"),
+                    message: format!("expected a string, found {}", other.type_str()),
+                }),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                key: path.into(),
+                message: format!("expected a table, found {}", other.type_str()),
+            })
+        }
+    };
+    for k in env.keys() {
+        let forbidden = k.starts_with("TF_CLI_ARGS")
+            || k.starts_with("TF_LOG")
+            || ["PATH", "HOME", "TMPDIR", "TF_CLI_CONFIG_FILE"].contains(&k.as_str());
+        if forbidden || k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(ConfigError::Invalid {
+                key: format!("{path}.{k}"),
+                message: "not allowed: planbot sets PATH/HOME/TMPDIR/TF_CLI_CONFIG_FILE itself and never passes TF_CLI_ARGS*/TF_LOG*".into(),
+            });
+        }
+    }
+    Ok(env)
+}
+
+/// `[sandbox]`.
+fn take_sandbox(flat: &mut BTreeMap<String, Value>) -> Result<SandboxConfig, ConfigError> {
+    let mut c = SandboxConfig::default();
+    if let Some(required) = take_bool(flat, "sandbox.required")? {
+        c.required = required;
+    }
+    c.landlock = match take_str(flat, "sandbox.landlock")?.as_deref() {
+        None | Some("auto") => LandlockSetting::Auto,
+        Some("off") => LandlockSetting::Off,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                key: "sandbox.landlock".into(),
+                message: format!("`{other}`: expected \"auto\" or \"off\""),
+            })
+        }
+    };
+    let list = |flat: &mut BTreeMap<String, Value>, key: &str| match flat.remove(key) {
+        None => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(items)),
+        Some(other) => Err(ConfigError::Invalid {
+            key: key.into(),
+            message: format!("expected a list, found {}", other.type_str()),
+        }),
+    };
+    if let Some(items) = list(flat, "sandbox.connect_ports")? {
+        c.connect_ports = items
+            .into_iter()
+            .map(|v| match v {
+                Value::Integer(n) if (1..=65535).contains(&n) => Ok(n as u16),
+                other => Err(ConfigError::Invalid {
+                    key: "sandbox.connect_ports".into(),
+                    message: format!("`{other}` is not a TCP port (1 to 65535)"),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(items) = list(flat, "sandbox.read_paths")? {
+        c.read_paths = items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(p) if p.starts_with('/') => Ok(PathBuf::from(p)),
+                other => Err(ConfigError::Invalid {
+                    key: "sandbox.read_paths".into(),
+                    message: format!("`{other}` is not an absolute path"),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    Ok(c)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The shared state of a running service (`App`): config, store, queue, metrics, scrubber, locks.
 
-use crate::capabilities::engine::Engine;
+use crate::capabilities::engine::{CliConfig, Engine, ProviderMirror};
 use crate::capabilities::gitlab::{GitLab, RetryPolicy};
 use crate::capabilities::store::Store;
 use crate::capabilities::workspace::Workspace;
@@ -101,10 +101,29 @@ impl App {
             .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
             .lock_timeout(engine.lock_timeout)
             .env(credentials::engine_env(&self.config, use_))
-            .plugin_cache_dir(self.config.data_dir.join("plugin-cache"))
-            .home(self.config.data_dir.join("engine-home"))
+            .plugin_cache_dir(self.plugin_cache_dir(use_))
+            .cli_config(CliConfig::Owned {
+                provider_mirror: engine.provider_mirror.as_ref().map(|m| {
+                    if m.starts_with('/') {
+                        ProviderMirror::Filesystem(m.into())
+                    } else {
+                        ProviderMirror::Network(m.clone())
+                    }
+                }),
+            })
+            .sandbox(crate::flows::sandbox::service_mode(&self.config, use_))
             .build()
             .with_context(|| format!("engine.binary = {:?}", engine.binary))
+    }
+
+    /// The plugin cache of a trust level: MR plans (untrusted code) and the default branch's
+    /// plans and applies never share one, so an MR can never put a provider where an apply
+    /// installs from.
+    pub fn plugin_cache_dir(&self, use_: Use) -> PathBuf {
+        self.config.data_dir.join("plugin-cache").join(match use_ {
+            Use::Plan => "mr",
+            Use::Apply => "main",
+        })
     }
 
     /// `<data_dir>/workspaces`: git mirrors and per-job worktrees.

@@ -571,6 +571,7 @@ impl ApplyCtx {
             var_files: root.var_files.iter().map(Into::into).collect(),
             workspace: Some(root.workspace.clone()).filter(|w| !w.is_empty() && w != "default"),
             extra_secrets: self.app.config.secrets(),
+            worktree: Some(checkout.to_path_buf()),
             ..PlanRequest::default()
         };
         let planned = match engine.plan(&checkout.join(&root.dir), &request).await {

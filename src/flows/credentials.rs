@@ -1,6 +1,7 @@
 //! Which credentials the engine gets: plans of MR code never see the apply credentials.
 //!
-//! `engine.env` is handed to every run (state backend password, encryption passphrase). The
+//! `engine.env` is handed to every run (state backend password, encryption passphrase), plus
+//! `[engine.plan] env` for MR plans or `[engine.apply] env` for the default branch's runs. The
 //! Proxmox endpoint and token come from `[proxmox.plan]` for plans and `[proxmox.apply]` for
 //! applies (each falling back to `[proxmox]`), as the provider's `PROXMOX_VE_ENDPOINT` /
 //! `PROXMOX_VE_API_TOKEN` (and `PROXMOX_VE_INSECURE`): a read-only token can plan every MR
@@ -26,10 +27,16 @@ pub fn proxmox_for(config: &Config, use_: Use) -> ProxmoxEndpoint {
 
 /// The engine environment for `use_`: `engine.env` plus the matching Proxmox credentials.
 pub fn engine_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
+    let per_use = match use_ {
+        Use::Plan => &config.engine.plan_env,
+        Use::Apply => &config.engine.apply_env,
+    };
+    // `[engine] env` is the default for both; `[engine.plan]`/`[engine.apply]` win per key.
     let mut env: BTreeMap<String, String> = config
         .engine
         .env
         .iter()
+        .chain(per_use)
         .map(|(k, v)| (k.clone(), v.expose().to_string()))
         .collect();
     let pve = proxmox_for(config, use_);

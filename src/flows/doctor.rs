@@ -3,7 +3,7 @@
 //! Every check prints one line `OK`/`FAIL`/`SKIP`/`INFO` and, when something is to be done, the
 //! fix (texts in `templates/doctor.j2`). Exit code 1 when any check failed. Only read-only calls.
 
-use crate::capabilities::engine::Engine;
+use crate::capabilities::engine::{Engine, SandboxMode};
 use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError};
 use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig};
 use crate::core::config::{env_name, Config, ConfigError, Origin, Problem};
@@ -27,6 +27,8 @@ pub enum Status {
     Skip,
     /// Facts worth knowing (storages, a hint): not a failure.
     Info,
+    /// Works, but less safely than it should (no sandbox by the operator's choice).
+    Warn,
 }
 
 impl Status {
@@ -36,6 +38,7 @@ impl Status {
             Status::Fail => "FAIL",
             Status::Skip => "SKIP",
             Status::Info => "INFO",
+            Status::Warn => "WARN",
         }
     }
 }
@@ -404,7 +407,23 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             return;
         }
     };
-    let engine = match Engine::builder(&config.engine.binary, temp.path()).build() {
+    let mode = crate::flows::sandbox::service_mode(config, crate::flows::credentials::Use::Plan);
+    match &mode {
+        SandboxMode::Landlock { .. } => {
+            r.add(Status::Ok, "sandbox_ok", json!({"level": mode.describe()}))
+        }
+        SandboxMode::Off { reason } => {
+            r.add(Status::Warn, "sandbox_off", json!({"reason": reason}))
+        }
+        SandboxMode::Refused { reason } => {
+            r.add(Status::Fail, "sandbox_refused", json!({"reason": reason}));
+            return;
+        }
+    }
+    let engine = match Engine::builder(&config.engine.binary, temp.path())
+        .sandbox(mode)
+        .build()
+    {
         Ok(e) => e,
         Err(e) => {
             r.add(

@@ -4,7 +4,10 @@
 //! is missing (said on stderr, before the engine runs), 2 the engine's output was not a plan. The binary plan file lives in a private temp dir that is deleted
 //! before this returns, also on error, timeout and Ctrl-C.
 
-use crate::capabilities::engine::{self, CancelHandle, Engine, EngineError, PlanRequest};
+use crate::capabilities::engine::{
+    self, CancelHandle, CliConfig, Engine, EngineError, PlanRequest, SandboxMode, SandboxProfile,
+};
+use crate::capabilities::sandbox::Support;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::lint::lint;
 use crate::core::plan::Plan;
@@ -54,6 +57,7 @@ pub fn plan_command(
     fingerprint_key: Option<&str>,
     timeout: Duration,
     variables: Variables,
+    sandbox: Option<SandboxProfile>,
 ) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -68,7 +72,7 @@ pub fn plan_command(
             LOCAL_FINGERPRINT_KEY.as_bytes().to_vec()
         }
     };
-    rt.block_on(run(dir, engine, format, &key, timeout, variables))
+    rt.block_on(run(dir, engine, format, &key, timeout, variables, sandbox))
 }
 
 async fn run(
@@ -78,6 +82,7 @@ async fn run(
     key: &[u8],
     timeout: Duration,
     variables: Variables,
+    sandbox: Option<SandboxProfile>,
 ) -> Result<ExitCode> {
     if !dir.is_dir() {
         anyhow::bail!("{} is not a directory", dir.display());
@@ -92,9 +97,25 @@ async fn run(
         .prefix("planbot-")
         .tempdir()
         .context("creating a private temp dir")?;
+    let mode = match sandbox {
+        None => SandboxMode::Off {
+            reason: "--no-sandbox".into(),
+        },
+        Some(profile) => SandboxMode::with_profile(profile, Support::probe(), true, |reason| {
+            crate::flows::sandbox::text("refused_local", minijinja::context! { reason => reason })
+        }),
+    };
     let runner = Engine::builder(binary, temp_root.path())
         .timeout(timeout)
         .grace(GRACE.min(timeout))
+        .sandbox(mode)
+        // The strict profile is the service's: a private HOME and planbot's own CLI config.
+        .cli_config(match sandbox {
+            Some(SandboxProfile::Strict) => CliConfig::Owned {
+                provider_mirror: None,
+            },
+            _ => CliConfig::User,
+        })
         .build()?;
     let version = runner.version().await?;
 

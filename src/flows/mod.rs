@@ -16,6 +16,7 @@ pub mod plan;
 pub mod preflight;
 pub mod queue;
 pub mod report;
+pub mod sandbox;
 pub mod serve;
 pub mod server;
 pub mod service_check;

@@ -274,6 +274,7 @@ async fn plan(
     let checkout = ws.checkout(project, &commit.sha).await?;
     let engine = app.engine(Use::Plan)?;
     let version = engine.version().await.ok().map(|v| v.to_string());
+    banners.extend(crate::flows::sandbox::note_banner(engine.sandbox()));
 
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
     let (handle, token) = CancelHandle::new();
@@ -336,6 +337,7 @@ async fn plan(
             workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
             extra_secrets: app.config.secrets(),
             cancel: Some(token.clone()),
+            worktree: Some(checkout.path().to_path_buf()),
             ..PlanRequest::default()
         };
         let outcome = if !dir.is_dir() {

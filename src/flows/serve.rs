@@ -82,6 +82,11 @@ pub fn check_report(config: &Config) -> String {
         humantime::format_duration(config.engine.timeout)
     ));
     out.push_str(&format!(
+        "- run every engine process sandboxed: {}\n",
+        crate::flows::sandbox::service_mode(config, crate::flows::credentials::Use::Plan)
+            .describe()
+    ));
+    out.push_str(&format!(
         "- accept applies only from the CI job named `{}` on a protected default branch\n",
         config.apply.job_name
     ));

@@ -377,6 +377,44 @@ fn commit_in_bare(
     sha
 }
 
+/// A commit on `branch` (which must exist) applying raw `git update-index --index-info` lines.
+fn commit_in_bare_with_index_lines(repo: &FsPath, branch: &str, lines: &[String]) -> String {
+    let index_dir = tempfile::tempdir().expect("tempdir");
+    let index = index_dir.path().join("index");
+    let env = [("GIT_INDEX_FILE", index.as_path())];
+    let parent = rev_parse(repo, &format!("refs/heads/{branch}")).expect("branch exists");
+    git(repo, &["read-tree", &parent], &env, None);
+    for line in lines {
+        git(
+            repo,
+            &["update-index", "--index-info"],
+            &env,
+            Some(line.as_bytes()),
+        );
+    }
+    let tree = git(repo, &["write-tree"], &env, None);
+    let sha = git(
+        repo,
+        &[
+            "commit-tree",
+            tree.as_str(),
+            "-m",
+            "Change modes",
+            "-p",
+            &parent,
+        ],
+        &[],
+        None,
+    );
+    git(
+        repo,
+        &["update-ref", &format!("refs/heads/{branch}"), &sha],
+        &[],
+        None,
+    );
+    sha
+}
+
 /// Recompute `refs/merge-requests/IID/{head,merge}` in the target repo for one MR.
 fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr) {
     let head_ref = format!("refs/merge-requests/{}/head", mr.iid);
@@ -692,6 +730,30 @@ impl FakeGitLab {
             &changes,
             &format!("Change {} file(s)", files.len()),
         )
+    }
+
+    /// A commit of one entry with an explicit git mode: `"120000"` makes `path` a symbolic
+    /// link to `content`, `"100755"` an executable file (what an author can push).
+    pub fn commit_with_mode(
+        &self,
+        project: &FakeProject,
+        branch: &str,
+        path: &str,
+        mode: &str,
+        content: &str,
+    ) -> String {
+        let repo = self.repo_path(project);
+        let oid = git(
+            &repo,
+            &["hash-object", "-w", "--stdin"],
+            &[],
+            Some(content.as_bytes()),
+        );
+        // Stage the entry through the index-info form, which takes any mode.
+        let line = format!("{mode} {oid}\t{path}\n");
+        let sha = commit_in_bare_with_index_lines(&repo, branch, &[line]);
+        self.refresh_after_push(project.id, branch);
+        sha
     }
 
     /// Same as [`FakeGitLab::commit_files`] (reads better in a story: "the author pushes").

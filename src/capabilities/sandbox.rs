@@ -1,0 +1,283 @@
+//! The Landlock sandbox around every engine process: what it may read, write, run and reach.
+//!
+//! The engine runs hostile code (an MR's HCL, a provider binary committed to the repository,
+//! an `external` program). Landlock, the kernel's unprivileged access-control LSM, lets a
+//! process restrict itself and everything it starts; planbot applies a ruleset in the engine's
+//! child process between `fork` and `exec` ([`PreparedSandbox::install`]), so `init`, `plan`,
+//! `show`, `apply` and every provider they start stay inside it. Nothing outside the allow-list
+//! exists for them: not `data_dir` (store, mirrors, other jobs), not the config file or secret
+//! files, and not `/proc` (Landlock's ptrace rule hides `/proc/<pid>/mem` of planbot, but not
+//! `/proc/<pid>/environ`, so `/proc` is simply not in the list).
+
+use landlock::{
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use std::path::{Path, PathBuf};
+
+/// Which rules a run gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// The service's: read the system, write only this job's own directories, connect only to
+    /// allowed TCP ports.
+    Strict,
+    /// `planbot plan` on the user's own code: read anything but `/proc`, write only the root,
+    /// the run's private directory and the plugin cache; any network.
+    Local,
+}
+
+/// What the kernel offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// Landlock with this ABI version (1 = Linux 5.13 …).
+    Landlock { abi: i32 },
+    /// No Landlock: not built, not enabled at boot (`lsm=`), or switched off by
+    /// `[sandbox] landlock = "off"`.
+    Unavailable { reason: &'static str },
+}
+
+impl Support {
+    /// Ask the kernel (`landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`).
+    pub fn probe() -> Support {
+        // SAFETY: the version query takes no pointer the kernel writes to.
+        let v = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<libc::c_void>(),
+                0usize,
+                1u32, // LANDLOCK_CREATE_RULESET_VERSION
+            )
+        };
+        if v >= 1 {
+            return Support::Landlock { abi: v as i32 };
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EOPNOTSUPP) => Support::Unavailable {
+                reason: "Landlock is built into this kernel but not enabled (add `landlock` to the `lsm=` boot parameter)",
+            },
+            _ => Support::Unavailable {
+                reason: "this kernel has no Landlock (it needs Linux 5.13 or later built with CONFIG_SECURITY_LANDLOCK)",
+            },
+        }
+    }
+
+    /// The ABI version, when there is Landlock.
+    pub fn abi(&self) -> Option<i32> {
+        match self {
+            Support::Landlock { abi } => Some(*abi),
+            Support::Unavailable { .. } => None,
+        }
+    }
+
+    /// What is enforced at this level, in words (`planbot doctor`, `serve --check`, notes).
+    pub fn describe(&self) -> String {
+        match self {
+            Support::Landlock { abi } => {
+                let mut parts = vec!["filesystem allow-list"];
+                if *abi >= 4 {
+                    parts.push("TCP connect allow-list, no TCP bind");
+                }
+                if *abi >= 6 {
+                    parts.push("no signals or abstract sockets outside the sandbox");
+                }
+                format!("Landlock ABI {abi}: {}", parts.join("; "))
+            }
+            Support::Unavailable { reason } => format!("no sandbox: {reason}"),
+        }
+    }
+}
+
+/// The allow-list of one run. Paths that do not exist are left out.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Read and execute (directories: everything beneath).
+    pub read_exec: Vec<PathBuf>,
+    /// Read only.
+    pub read: Vec<PathBuf>,
+    /// Read, write, create, remove and execute.
+    pub write: Vec<PathBuf>,
+    /// TCP ports it may connect to; `None`: any (no network rule).
+    pub connect_ports: Option<Vec<u16>>,
+}
+
+/// The system directories every engine run may read and execute.
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// The `/etc` files a Go program (the engine, a provider) reads: TLS roots, name resolution,
+/// users, time zone. Found by running `init` + `plan` under the sandbox (`tests/sandbox.rs`).
+const ETC_FILES: &[&str] = &[
+    "/etc/ssl/certs",
+    "/etc/ca-certificates",
+    "/etc/pki/tls/certs",
+    "/etc/pki/ca-trust/extracted",
+    "/etc/ssl/cert.pem",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/mime.types",
+];
+
+/// Devices: `/dev/null` is written, the random sources read. No terminal.
+const DEVICES_READ: &[&str] = &["/dev/urandom", "/dev/random", "/dev/zero"];
+
+impl Policy {
+    /// The base allow-list of `profile`: system directories, the needed `/etc` files and
+    /// devices (strict), or every top-level directory but `/proc` (local). The caller adds the
+    /// run's own directories with [`Policy::allow_write`].
+    pub fn base(profile: Profile) -> Policy {
+        let mut p = Policy::default();
+        match profile {
+            Profile::Strict => {
+                p.read_exec.extend(SYSTEM_DIRS.iter().map(PathBuf::from));
+                for f in ETC_FILES {
+                    p.allow_read(f);
+                }
+                p.read.extend(DEVICES_READ.iter().map(PathBuf::from));
+                p.connect_ports = Some(Vec::new());
+            }
+            Profile::Local => {
+                for entry in std::fs::read_dir("/").into_iter().flatten().flatten() {
+                    if entry.file_name() != "proc" {
+                        p.read_exec.push(entry.path());
+                    }
+                }
+            }
+        }
+        p.write.push(PathBuf::from("/dev/null"));
+        p
+    }
+
+    /// Allow reading `path` and, when it is a symbolic link, what it points to (Landlock
+    /// checks the file that is finally opened: `/etc/localtime` → `/usr/share/zoneinfo/…`,
+    /// `/etc/resolv.conf` → `/run/systemd/resolve/…`).
+    pub fn allow_read(&mut self, path: impl AsRef<Path>) {
+        let path = path.as_ref();
+        if let Ok(real) = std::fs::canonicalize(path) {
+            if real != path {
+                self.read.push(real);
+            }
+        }
+        self.read.push(path.to_path_buf());
+    }
+
+    /// Allow everything beneath `path` (the run's worktree, home, temp dir, plugin cache).
+    pub fn allow_write(&mut self, path: impl Into<PathBuf>) {
+        self.write.push(path.into());
+    }
+
+    /// Allow reading and executing `path` (the engine binary when it lives outside `/usr`).
+    pub fn allow_exec(&mut self, path: impl AsRef<Path>) {
+        let path = path.as_ref();
+        if let Ok(real) = std::fs::canonicalize(path) {
+            if real != path {
+                self.read_exec.push(real);
+            }
+        }
+        self.read_exec.push(path.to_path_buf());
+    }
+
+    /// Allow TCP connections to `port` (strict profile; the local one allows any).
+    pub fn allow_port(&mut self, port: u16) {
+        if let Some(ports) = &mut self.connect_ports {
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+    }
+
+    /// Build the kernel ruleset for this policy (in the parent: it opens the allowed paths).
+    pub fn prepare(&self, support: Support) -> Result<PreparedSandbox, SandboxError> {
+        let Some(abi_version) = support.abi() else {
+            return Err(SandboxError::Unavailable(support.describe()));
+        };
+        let abi = ABI::from(abi_version);
+        let failed = |e: landlock::RulesetError| SandboxError::Ruleset(e.to_string());
+        let mut ruleset = Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(abi))
+            .map_err(failed)?;
+        if self.connect_ports.is_some() && abi_version >= 4 {
+            ruleset = ruleset
+                .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+                .map_err(failed)?;
+        }
+        if abi_version >= 6 {
+            ruleset = ruleset
+                .scope(Scope::AbstractUnixSocket | Scope::Signal)
+                .map_err(failed)?;
+        }
+        let mut created = ruleset.create().map_err(failed)?;
+        created = created
+            .add_rules(path_beneath_rules(
+                &self.read_exec,
+                AccessFs::from_read(abi),
+            ))
+            .map_err(failed)?
+            .add_rules(path_beneath_rules(
+                &self.read,
+                AccessFs::ReadFile | AccessFs::ReadDir,
+            ))
+            .map_err(failed)?
+            .add_rules(path_beneath_rules(&self.write, AccessFs::from_all(abi)))
+            .map_err(failed)?;
+        if let (Some(ports), true) = (&self.connect_ports, abi_version >= 4) {
+            for port in ports {
+                created = created
+                    .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                    .map_err(failed)?;
+            }
+        }
+        Ok(PreparedSandbox {
+            ruleset: Some(created),
+        })
+    }
+}
+
+/// Why a sandbox could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SandboxError {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("building the Landlock ruleset failed: {0}")]
+    Ruleset(String),
+}
+
+/// A ruleset ready to be applied to one child process.
+pub struct PreparedSandbox {
+    ruleset: Option<RulesetCreated>,
+}
+
+impl PreparedSandbox {
+    /// Apply the ruleset in `cmd`'s child between `fork` and `exec`. The child fails to start
+    /// (`EPERM`) rather than run unconfined if the kernel refuses the ruleset.
+    pub fn install(self, cmd: &mut tokio::process::Command) {
+        let mut ruleset = self.ruleset;
+        let confine = move || -> std::io::Result<()> {
+            // Only async-signal-safe work here (we are between fork and exec): two syscalls
+            // (prctl NO_NEW_PRIVS, landlock_restrict_self), no allocation on success or error.
+            let denied = std::io::Error::from_raw_os_error(libc::EPERM);
+            let Some(r) = ruleset.take() else {
+                return Err(denied);
+            };
+            match r.restrict_self() {
+                Ok(status) if status.ruleset != RulesetStatus::NotEnforced => Ok(()),
+                _ => Err(denied),
+            }
+        };
+        // SAFETY: `confine` only makes syscalls and moves values it owns; it does not allocate
+        // or take locks, so it is sound to run in the forked child of a multi-threaded process.
+        unsafe {
+            cmd.pre_exec(confine);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Which sandbox the service's engine runs get: the strict Landlock profile from `[sandbox]`,
+//! the TCP ports the engine may reach, and what happens on a kernel without Landlock.
+
+use crate::capabilities::engine::{SandboxMode, SandboxProfile};
+use crate::capabilities::sandbox::Support;
+use crate::core::config::{Config, LandlockSetting};
+use crate::flows::credentials::{self, Use};
+
+fn texts() -> &'static minijinja::Environment<'static> {
+    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = minijinja::Environment::new();
+        env.add_template("sandbox", include_str!("../../templates/sandbox.txt.j2"))
+            .expect("sandbox template parses");
+        env
+    })
+}
+
+/// One text of `templates/sandbox.txt.j2`.
+pub fn text(kind: &str, ctx: minijinja::Value) -> String {
+    let ctx = minijinja::context! { kind => kind, ..ctx };
+    texts()
+        .get_template("sandbox")
+        .and_then(|t| t.render(ctx))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_else(|e| format!("planbot: sandbox {kind} ({e})"))
+}
+
+/// What the kernel offers, as `[sandbox] landlock` lets planbot see it.
+pub fn support(config: &Config) -> Support {
+    match config.sandbox.landlock {
+        LandlockSetting::Auto => Support::probe(),
+        LandlockSetting::Off => Support::Unavailable {
+            reason: FORCED_OFF.get_or_init(|| text("forced_off", minijinja::context! {})),
+        },
+    }
+}
+
+static FORCED_OFF: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The sandbox of the service's engine runs for `use_`: the strict profile, reading
+/// `[sandbox] read_paths` (and a filesystem provider mirror), connecting to
+/// `[sandbox] connect_ports`, the Proxmox endpoint's port and the provider mirror's.
+pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
+    let mode = SandboxMode::with_profile(
+        SandboxProfile::Strict,
+        support(config),
+        config.sandbox.required,
+        |reason| text("refused_service", minijinja::context! { reason => reason }),
+    );
+    let SandboxMode::Landlock { profile, abi, .. } = mode else {
+        return mode;
+    };
+    let mut extra_read = config.sandbox.read_paths.clone();
+    let mut connect_ports = config.sandbox.connect_ports.clone();
+    if let Some(m) = &config.engine.provider_mirror {
+        if m.starts_with('/') {
+            extra_read.push(m.into());
+        } else if let Some(port) = url_port(m) {
+            connect_ports.push(port);
+        }
+    }
+    let env = credentials::engine_env(config, use_);
+    for key in ["PROXMOX_VE_ENDPOINT", "PM_VE_ENDPOINT"] {
+        if let Some(port) = env.get(key).and_then(|u| url_port(u)) {
+            connect_ports.push(port);
+        }
+    }
+    connect_ports.sort_unstable();
+    connect_ports.dedup();
+    SandboxMode::Landlock {
+        profile,
+        abi,
+        extra_read,
+        connect_ports,
+    }
+}
+
+/// The TCP port of an http(s) URL (its scheme's default when none is written).
+fn url_port(u: &str) -> Option<u16> {
+    url::Url::parse(u).ok()?.port_or_known_default()
+}
+
+/// The banner of a note planned without a sandbox, or `None`.
+pub fn note_banner(mode: &SandboxMode) -> Option<String> {
+    match mode {
+        SandboxMode::Off { reason } => {
+            Some(text("banner_off", minijinja::context! { reason => reason }))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        let text = format!(
+            r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token = "glpat-secret-token"
+webhook_secret = "hook-secret"
+projects = ["infra/homelab"]
+{extra}
+"#
+        );
+        Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
+    }
+
+    #[test]
+    fn the_engine_may_reach_443_the_proxmox_port_and_the_mirror_port() {
+        let c = config(
+            r#"
+[engine]
+provider_mirror = "https://mirror.example.com:8443/providers/"
+[proxmox]
+endpoint = "https://pve01.example.com:8006/"
+[proxmox.apply]
+endpoint = "https://pve-apply.example.com:9006/"
+[sandbox]
+connect_ports = [443, 5432]
+"#,
+        );
+        if Support::probe().abi().is_none() {
+            panic!("this test needs a kernel with Landlock");
+        }
+        let SandboxMode::Landlock { connect_ports, .. } = service_mode(&c, Use::Plan) else {
+            panic!("expected Landlock");
+        };
+        assert_eq!(connect_ports, vec![443, 5432, 8006, 8443]);
+        let SandboxMode::Landlock { connect_ports, .. } = service_mode(&c, Use::Apply) else {
+            panic!("expected Landlock");
+        };
+        assert_eq!(connect_ports, vec![443, 5432, 8443, 9006]);
+    }
+
+    #[test]
+    fn without_landlock_the_service_refuses_unless_told_otherwise() {
+        let refused = service_mode(&config("[sandbox]\nlandlock = \"off\""), Use::Plan);
+        let SandboxMode::Refused { reason } = &refused else {
+            panic!("expected a refusal, got {refused:?}");
+        };
+        assert!(reason.contains("[sandbox] required = false"), "{reason}");
+        assert!(reason.contains("landlock = \"off\""), "{reason}");
+        assert_eq!(note_banner(&refused), None);
+
+        let off = service_mode(
+            &config("[sandbox]\nlandlock = \"off\"\nrequired = false"),
+            Use::Plan,
+        );
+        assert!(matches!(off, SandboxMode::Off { .. }), "{off:?}");
+        let banner = note_banner(&off).unwrap();
+        assert!(banner.contains("Planned without a sandbox"), "{banner}");
+    }
+}
