@@ -82,6 +82,24 @@ pub struct Config {
     pub plan: PlanConfig,
     pub proxmox: ProxmoxConfig,
     pub sandbox: SandboxConfig,
+    /// `log_format` / `log_level`: how `serve` logs.
+    pub log: LogConfig,
+}
+
+/// How `planbot serve` writes its log (on stderr).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// `log_level` (a `RUST_LOG`-style filter, e.g. `info` or `warn,planbot=debug`); `RUST_LOG`
+    /// wins when set. `None`: `info`.
+    pub level: Option<String>,
+}
+
+/// `log_format`: `text` (colours only on a terminal) or `json` (one object per line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// `[sandbox]`: how engine processes are confined (see `capabilities::sandbox`).
@@ -323,6 +341,8 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("listen", Kind::Str, false),
     ("data_dir", Kind::Str, false),
     ("public_url", Kind::Str, false),
+    ("log_format", Kind::Str, false),
+    ("log_level", Kind::Str, false),
     ("fingerprint_key", Kind::Str, true),
     ("gitlab.url", Kind::Str, false),
     ("gitlab.token", Kind::Str, true),
@@ -484,6 +504,21 @@ impl Config {
         line("listen", self.listen.to_string());
         line("data_dir", self.data_dir.display().to_string());
         line("public_url", opt(&self.public_url));
+        line(
+            "log_format",
+            match self.log.format {
+                LogFormat::Text => "text",
+                LogFormat::Json => "json",
+            }
+            .into(),
+        );
+        line(
+            "log_level",
+            self.log
+                .level
+                .clone()
+                .unwrap_or_else(|| "(not set: info, or RUST_LOG)".into()),
+        );
         line("fingerprint_key", "(set)".into());
         line("gitlab.url", self.gitlab.url.clone());
         line("gitlab.token", "(set)".into());
@@ -1272,7 +1307,31 @@ fn build(
     for k in flat.keys().filter(|k| key_info(k).is_none()) {
         p.push(unknown(k));
     }
+    let log_format = match soft(p, take_str(&mut flat, "log_format"), None).as_deref() {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => {
+            p.push(ConfigError::Invalid {
+                key: "log_format".into(),
+                message: format!("expected \"text\" or \"json\", found `{other}`"),
+            });
+            LogFormat::Text
+        }
+    };
+    let log_level = soft(p, take_str(&mut flat, "log_level"), None);
+    if let Some(level) = &log_level {
+        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(level) {
+            p.push(ConfigError::Invalid {
+                key: "log_level".into(),
+                message: format!("{e} (write e.g. \"info\", \"warn\" or \"info,planbot=debug\")"),
+            });
+        }
+    }
     Ok(Config {
+        log: LogConfig {
+            format: log_format,
+            level: log_level,
+        },
         listen,
         data_dir,
         public_url,
@@ -1623,6 +1682,35 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
             e.contains("engine.env.PROXMOX_VE_API_TOKEN") && e.contains("no `=secret`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn log_format_and_level_are_checked() {
+        let c = Config::load(
+            &format!("log_format = \"json\"\nlog_level = \"warn,planbot=debug\"\n{MINIMAL}"),
+            &[],
+            &no_files,
+        )
+        .unwrap();
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.log.level.as_deref(), Some("warn,planbot=debug"));
+        let env = vec![("PLANBOT_LOG_FORMAT".to_string(), "json".to_string())];
+        assert_eq!(
+            Config::load(MINIMAL, &env, &no_files).unwrap().log.format,
+            LogFormat::Json
+        );
+        assert_eq!(
+            Config::load(MINIMAL, &[], &no_files).unwrap().log.format,
+            LogFormat::Text
+        );
+        let problems = Config::load_all(
+            &format!("log_format = \"xml\"\nlog_level = \"planbot=loud\"\n{MINIMAL}"),
+            &[],
+            &no_files,
+        )
+        .problems;
+        let keys: Vec<_> = problems.iter().filter_map(|p| p.error.key()).collect();
+        assert_eq!(keys, ["log_format", "log_level"], "{problems:?}");
     }
 
     #[test]

@@ -133,12 +133,7 @@ pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
         return self::check(config);
     }
     let cfg = load_config(config)?;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    init_logging(&cfg.log);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -154,6 +149,32 @@ pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
         app.run_until_stopped().await
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The service's log on stderr: `RUST_LOG` when set, else `log_level`, else `info`; plain text
+/// (ANSI colours only when stderr is a terminal) or, with `log_format = "json"`, one JSON object
+/// per line for a log shipper.
+pub fn init_logging(log: &crate::core::config::LogConfig) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::builder()
+            .parse(log.level.as_deref().unwrap_or("info"))
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match log.format {
+        crate::core::config::LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+        crate::core::config::LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
 }
 
 async fn shutdown_signal() {
