@@ -6,13 +6,14 @@
 use crate::capabilities::engine::{Engine, SandboxMode};
 use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError};
 use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig};
-use crate::core::config::Config;
+use crate::core::config::{env_name, Config, ConfigError, Origin, Problem};
+use crate::core::pve_access::{self, Privileges};
 use crate::core::redact::Secrets;
 use anyhow::Result;
 use minijinja::Environment;
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::OnceLock;
@@ -138,7 +139,15 @@ pub fn format_report(config_path: &str, checks: &[Check]) -> String {
 
 /// `planbot doctor --config FILE`.
 pub fn main(config: &Path) -> Result<ExitCode> {
-    let cfg = crate::flows::serve::load_config(config)?;
+    let file = config.display().to_string();
+    let cfg = match crate::flows::serve::load_all(config)?.into_result() {
+        Ok(cfg) => cfg,
+        Err(problems) => {
+            // Nothing else can be checked with a config planbot would not start with.
+            print!("{}", format_report(&file, &config_checks(&file, &problems)));
+            return Ok(ExitCode::from(1));
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -152,6 +161,58 @@ pub fn main(config: &Path) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// One FAIL line per config problem, with the fix for its kind and where to make it.
+pub fn config_checks(file: &str, problems: &[Problem]) -> Vec<Check> {
+    let mut r = Report::default();
+    r.section("Config");
+    for p in problems {
+        let key = p.error.key().unwrap_or_default();
+        let kind = match &p.error {
+            ConfigError::Syntax(_) => "syntax",
+            ConfigError::UnknownKey { .. } => "unknown",
+            ConfigError::Missing { .. } => "missing",
+            ConfigError::Both { .. } => "both",
+            ConfigError::SecretFile { .. } => "secret_file",
+            ConfigError::Invalid { message, .. } if message == "is empty" => "empty",
+            ConfigError::Invalid { message, .. } if message.contains("placeholder") => {
+                "placeholder"
+            }
+            ConfigError::Invalid { .. }
+                if key.ends_with("api_token") || key.ends_with("PROXMOX_VE_API_TOKEN") =>
+            {
+                "pve_token"
+            }
+            ConfigError::Invalid { .. } => "other",
+        };
+        // Where the value is to be fixed: the secret file itself, the variable, or the file line.
+        let place = match &p.origin {
+            Some(Origin::SecretFile { path, .. }) => path.clone(),
+            Some(o) => o.describe(file),
+            None => file.to_string(),
+        };
+        let whence = match &p.origin {
+            Some(o) => o.describe(file),
+            None if kind == "missing" => "not set".to_string(),
+            None => file.to_string(),
+        };
+        let secret_env = if key.starts_with("engine.env.") {
+            format!(
+                "PLANBOT_ENGINE_ENV_{}",
+                key.trim_start_matches("engine.env.")
+            )
+        } else {
+            env_name(key)
+        };
+        r.add(
+            Status::Fail,
+            "config_problem",
+            json!({"error": p.error.to_string(), "whence": whence, "place": place,
+                   "key": key, "env": secret_env, "kind": kind, "file": file}),
+        );
+    }
+    r.checks
 }
 
 /// Run every check of `config`.
@@ -200,6 +261,16 @@ fn level_name(level: AccessLevel) -> String {
 async fn gitlab_checks(config: &Config, r: &mut Report) {
     r.section("GitLab");
     let url = config.gitlab.url.clone();
+    // A token GitLab could never accept is the token's fault, not the URL's.
+    let token = config.gitlab.token.expose();
+    if token.trim().is_empty() || reqwest::header::HeaderValue::from_str(token).is_err() {
+        r.add(
+            Status::Fail,
+            "gitlab_token_unusable",
+            json!({"empty": token.trim().is_empty()}),
+        );
+        return;
+    }
     let client = match GitLab::new(&url, config.gitlab.token.expose()) {
         Ok(c) => c.with_retry_policy(crate::capabilities::gitlab::RetryPolicy {
             max_attempts: 1,
@@ -402,23 +473,6 @@ async fn engine_checks(config: &Config, r: &mut Report) {
     }
 }
 
-/// What a plan's refresh reads.
-const READ_PRIVS: &[&str] = &["Sys.Audit", "VM.Audit", "Datastore.Audit"];
-/// What a typical apply (VMs with imported disks and cloud-init) needs on `/vms`.
-const VM_PRIVS: &[&str] = &[
-    "VM.Allocate",
-    "VM.Audit",
-    "VM.Config.CDROM",
-    "VM.Config.CPU",
-    "VM.Config.Cloudinit",
-    "VM.Config.Disk",
-    "VM.Config.HWType",
-    "VM.Config.Memory",
-    "VM.Config.Network",
-    "VM.Config.Options",
-    "VM.PowerMgmt",
-];
-
 async fn proxmox_checks(config: &Config, r: &mut Report) {
     let plan = crate::flows::preflight::endpoint_from_config(
         &config.proxmox.for_plan(),
@@ -452,10 +506,6 @@ async fn proxmox_checks(config: &Config, r: &mut Report) {
             }
         }
     }
-}
-
-fn has(perms: &BTreeMap<String, BTreeSet<String>>, path: &str, p: &str) -> bool {
-    perms.get(path).is_some_and(|s| s.contains(p))
 }
 
 async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, r: &mut Report) {
@@ -526,50 +576,43 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
     for s in &storages {
         paths.insert(format!("/storage/{}", s.storage));
     }
-    let mut perms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut perms = Privileges::default();
     for p in &paths {
         if let Ok(set) = client.privileges_on(p).await {
             perms.insert(p.clone(), set);
         }
     }
+    let has = |path: &str, p: &str| perms.has(path, p);
+    let user = crate::core::preflight::token_user(&token_id).to_string();
 
     // Reading: what every plan's refresh needs.
-    let read_missing: Vec<String> = READ_PRIVS
+    let read_missing: Vec<String> = pve_access::READ
+        .missing(&perms, "/")
         .iter()
-        .filter(|p| !has(&perms, "/", p))
         .map(|p| format!("{p} on /"))
         .collect();
-    let vm_missing: Vec<&str> = VM_PRIVS
-        .iter()
-        .copied()
-        .filter(|p| !has(&perms, "/vms", p))
-        .collect();
+    let vm_missing: Vec<&str> = pve_access::VMS.missing(&perms, "/vms");
     let template_storages: Vec<&StorageConfig> = storages
         .iter()
         .filter(|s| !s.disable && s.content.iter().any(|c| c == "import" || c == "iso"))
         .collect();
     let no_template: Vec<&str> = template_storages
         .iter()
-        .filter(|s| {
-            !has(
-                &perms,
-                &format!("/storage/{}", s.storage),
-                "Datastore.AllocateTemplate",
-            )
-        })
+        .filter(|s| !pve_access::DOWNLOAD_STORAGE.met(&perms, &format!("/storage/{}", s.storage)))
         .map(|s| s.storage.as_str())
         .collect();
-    let root_download = has(&perms, "/", "Sys.Audit") && has(&perms, "/", "Sys.Modify");
+    let root_download = pve_access::DOWNLOAD_ROOT.met(&perms, "/");
     let nodes_without_net: Vec<&str> = nodes
         .iter()
-        .filter(|n| !has(&perms, &format!("/nodes/{}", n.node), "Sys.AccessNetwork"))
+        .filter(|n| !pve_access::DOWNLOAD_NODE.met(&perms, &format!("/nodes/{}", n.node)))
         .map(|n| n.node.as_str())
         .collect();
     let download_blocked = !root_download && !nodes_without_net.is_empty();
-    let can_write = VM_PRIVS
+    let can_write = pve_access::VMS
+        .requires
         .iter()
-        .any(|p| *p != "VM.Audit" && has(&perms, "/vms", p))
-        || has(&perms, "/", "Sys.Modify")
+        .any(|p| *p != "VM.Audit" && has("/vms", p))
+        || has("/", "Sys.Modify")
         || template_storages.len() > no_template.len();
 
     if read_missing.is_empty() {
@@ -582,17 +625,19 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
         r.add(
             Status::Fail,
             "pve_read_missing",
-            json!({"token": token_id, "missing": read_missing}),
+            json!({"token": token_id, "user": user, "role": pve_access::READ.role,
+                   "missing": read_missing}),
         );
     }
     if for_plan && !for_apply && can_write {
-        let mut extra: Vec<String> = VM_PRIVS
+        let mut extra: Vec<String> = pve_access::VMS
+            .requires
             .iter()
-            .filter(|p| **p != "VM.Audit" && has(&perms, "/vms", p))
+            .filter(|p| **p != "VM.Audit" && has("/vms", p))
             .map(|p| p.to_string())
             .take(3)
             .collect();
-        if has(&perms, "/", "Sys.Modify") {
+        if has("/", "Sys.Modify") {
             extra.push("Sys.Modify".into());
         }
         r.add(
@@ -604,26 +649,36 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
     if for_apply {
         let mut missing = Vec::new();
         let mut grants = Vec::new();
+        // Each role is created once (`pveum role add` fails for an existing role).
+        let mut roles_added = BTreeSet::new();
+        let mut grant = |need: &pve_access::Need, path: &str| {
+            json!({"role": need.role, "privs": need.grants, "path": path,
+                   "add_role": roles_added.insert(need.role)})
+        };
         if !vm_missing.is_empty() {
             missing.push(format!("{} on /vms", vm_missing.join(", ")));
-            grants.push(json!({"role": "PlanbotVMs", "privs": VM_PRIVS, "path": "/vms"}));
+            grants.push(grant(&pve_access::VMS, "/vms"));
         }
         for s in &no_template {
-            missing.push(format!("Datastore.AllocateTemplate on /storage/{s}"));
-            grants.push(json!({"role": "PlanbotTemplates",
-                "privs": ["Datastore.AllocateTemplate", "Datastore.AllocateSpace", "Datastore.Audit"],
-                "path": format!("/storage/{s}")}));
+            let path = format!("/storage/{s}");
+            missing.push(format!(
+                "{} on {path}",
+                pve_access::DOWNLOAD_STORAGE.requires.join(" + ")
+            ));
+            grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &path));
         }
         if download_blocked {
             missing.push(format!(
-                "Sys.Audit + Sys.Modify on / (or Sys.AccessNetwork on {})",
+                "{} on / (or {} on {})",
+                pve_access::DOWNLOAD_ROOT.requires.join(" + "),
+                pve_access::DOWNLOAD_NODE.requires.join(" + "),
                 nodes_without_net
                     .iter()
                     .map(|n| format!("/nodes/{n}"))
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
-            grants.push(json!({"role": "PlanbotDownload", "privs": ["Sys.Audit", "Sys.Modify"], "path": "/"}));
+            grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/"));
         }
         if missing.is_empty() {
             r.add(Status::Ok, "pve_write_ok", json!({"token": token_id}));
@@ -631,7 +686,7 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
             r.add(
                 Status::Fail,
                 "pve_write_missing",
-                json!({"token": token_id, "missing": missing, "grants": grants}),
+                json!({"token": token_id, "user": user, "missing": missing, "grants": grants}),
             );
         }
     }

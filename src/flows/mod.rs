@@ -19,4 +19,5 @@ pub mod report;
 pub mod sandbox;
 pub mod serve;
 pub mod server;
+pub mod service_check;
 pub mod signin;
