@@ -1927,6 +1927,56 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
     }
 
     #[test]
+    fn run_pages_fail_closed_and_sign_in_needs_oauth_and_public_url() {
+        let c = Config::load(MINIMAL, &[], &no_files).unwrap();
+        assert_eq!(
+            c.pages.auth,
+            PagesAuth::Loopback,
+            "no [gitlab.oauth]: loopback only"
+        );
+        let oauth = format!(
+            "public_url = \"https://planbot.example.com\"\n{MINIMAL}\n[gitlab.oauth]\nclient_id = \"app-id\"\nclient_secret = \"oauth-secret-value\"\n"
+        );
+        let c = Config::load(&oauth, &[], &no_files).unwrap();
+        assert_eq!(
+            c.pages.auth,
+            PagesAuth::Gitlab,
+            "sign-in is the default with oauth"
+        );
+        assert!(c.secrets().contains(&"oauth-secret-value".to_string()));
+        assert!(!c.describe().contains("oauth-secret-value"));
+        assert!(c.describe().contains("gitlab.oauth.client_secret = (set)"));
+        let e = Config::load(
+            &format!("{MINIMAL}\n[pages]\nauth = \"gitlab\"\n"),
+            &[],
+            &no_files,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("gitlab.oauth.client_id"), "{e}");
+        let e = Config::load(
+            &oauth.replace("public_url = \"https://planbot.example.com\"\n", ""),
+            &[],
+            &no_files,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`public_url`"), "{e}");
+        let e = Config::load(
+            &format!("{MINIMAL}\n[pages]\nauth = \"open\"\n"),
+            &[],
+            &no_files,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("pages.auth"), "{e}");
+        let c = Config::load(
+            &format!("{MINIMAL}\n[pages]\nauth = \"none\"\n"),
+            &[],
+            &no_files,
+        )
+        .unwrap();
+        assert_eq!(c.pages.auth, PagesAuth::None);
+    }
+
+    #[test]
     fn the_example_config_documents_every_key_and_loads() {
         let example = include_str!("../../deploy/planbot.example.toml");
         for (path, kind, secret) in KEYS {
