@@ -14,8 +14,87 @@ pub fn note_to_html(markdown: &str) -> String {
     // The note carries raw HTML GitLab allows (<details>, <summary>, <sub>, <code>); it is let
     // through here and everything unsafe is removed by the sanitiser below.
     options.render.r#unsafe = true;
-    let html = comrak::markdown_to_html(markdown, &options);
+    let mut plugins = comrak::options::Plugins::default();
+    plugins.render.codefence_syntax_highlighter = Some(&DiffLines);
+    let html = comrak::markdown_to_html_with_plugins(markdown, &options, &plugins);
     sanitize(&html)
+}
+
+/// Colours the lines of ```diff blocks the way GitLab does: `+` added, `-` removed, `~` changed
+/// (planbot's diffs), everything else as context. Other blocks are only escaped.
+struct DiffLines;
+
+fn escape(out: &mut dyn std::fmt::Write, text: &str) -> std::fmt::Result {
+    for c in text.chars() {
+        match c {
+            '&' => out.write_str("&amp;")?,
+            '<' => out.write_str("&lt;")?,
+            '>' => out.write_str("&gt;")?,
+            '"' => out.write_str("&quot;")?,
+            c => out.write_char(c)?,
+        }
+    }
+    Ok(())
+}
+
+fn open_tag(
+    out: &mut dyn std::fmt::Write,
+    tag: &str,
+    attributes: std::collections::HashMap<&'static str, std::borrow::Cow<'_, str>>,
+) -> std::fmt::Result {
+    write!(out, "<{tag}")?;
+    let mut attributes: Vec<_> = attributes.into_iter().collect();
+    attributes.sort();
+    for (k, v) in attributes {
+        write!(out, " {k}=\"")?;
+        escape(out, &v)?;
+        out.write_str("\"")?;
+    }
+    out.write_str(">")
+}
+
+impl comrak::adapters::SyntaxHighlighterAdapter for DiffLines {
+    fn write_highlighted(
+        &self,
+        out: &mut dyn std::fmt::Write,
+        lang: Option<&str>,
+        code: &str,
+    ) -> std::fmt::Result {
+        if lang != Some("diff") {
+            return escape(out, code);
+        }
+        for line in code.split_inclusive('\n') {
+            let class = match line.chars().next() {
+                Some('+') => "diff-add",
+                Some('-') => "diff-del",
+                Some('~') => "diff-chg",
+                _ => {
+                    escape(out, line)?;
+                    continue;
+                }
+            };
+            write!(out, "<span class=\"{class}\">")?;
+            escape(out, line)?;
+            out.write_str("</span>")?;
+        }
+        Ok(())
+    }
+
+    fn write_pre_tag(
+        &self,
+        out: &mut dyn std::fmt::Write,
+        attributes: std::collections::HashMap<&'static str, std::borrow::Cow<'_, str>>,
+    ) -> std::fmt::Result {
+        open_tag(out, "pre", attributes)
+    }
+
+    fn write_code_tag(
+        &self,
+        out: &mut dyn std::fmt::Write,
+        attributes: std::collections::HashMap<&'static str, std::borrow::Cow<'_, str>>,
+    ) -> std::fmt::Result {
+        open_tag(out, "code", attributes)
+    }
 }
 
 /// ammonia's conservative defaults (no script, style, event handlers, forms, or `javascript:`
@@ -26,9 +105,8 @@ pub fn sanitize(html: &str) -> String {
         .url_schemes(schemes)
         .link_rel(Some("noopener noreferrer nofollow"))
         .rm_tags(["img"])
-        .add_tag_attributes("code", ["class"])
         .add_tag_attributes("pre", ["lang"])
-        .allowed_classes(Default::default())
+        .add_allowed_classes("span", ["diff-add", "diff-del", "diff-chg"])
         .clean(html)
         .to_string()
 }
@@ -52,12 +130,23 @@ mod tests {
             "{html}"
         );
         assert!(!html.contains("|---|"), "{html}");
+        assert!(
+            html.contains(
+                "<span class=\"diff-add\">+ a\n</span><span class=\"diff-del\">- b\n</span>"
+            ),
+            "{html}"
+        );
     }
 
     #[test]
     fn hostile_values_are_inert() {
         let md = "<script>alert(1)</script>\n\n[x](javascript:alert(2)) <img src=x onerror=alert(3)> <a href=\"javascript:alert(4)\" onclick=\"alert(5)\">y</a> <iframe src=\"https://evil.example\"></iframe> <style>body{}</style> <form action=\"https://evil.example\"><input></form>\n";
         let html = note_to_html(md);
+        let fenced = note_to_html(
+            "```diff\n+ <script>x</script>\n```\n<span class=\"diff-add\" onclick=\"y\">z</span>\n",
+        );
+        assert!(!fenced.contains("<script"), "{fenced}");
+        assert!(!fenced.contains("onclick"), "{fenced}");
         for bad in [
             "<script",
             "javascript:",
