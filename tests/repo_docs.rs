@@ -151,6 +151,8 @@ fn every_fenced_block_is_closed_so_the_sections_after_it_render() {
         "Apply from main",
         "planbot doctor",
         "Endpoints",
+        "Install",
+        "Operate",
     ] {
         assert!(
             headings.iter().any(|(level, t)| *level == 2 && t == want),
@@ -210,5 +212,48 @@ fn ci_refuses_to_run_without_an_engine() {
     assert!(
         stderr.contains("no tofu or terraform on PATH"),
         "stderr: {stderr}"
+    );
+}
+
+#[test]
+fn every_repository_file_the_readme_names_exists() {
+    let readme = read("README.md");
+    let prefixes = [
+        "deploy/",
+        "tests/",
+        "src/",
+        "templates/",
+        "examples/",
+        "scripts/",
+        "benches/",
+        ".ci/",
+    ];
+    let top = ["Dockerfile", ".gitlab-ci.yml", ".dockerignore", "LICENSE"];
+    let mut named = std::collections::BTreeSet::new();
+    for word in readme.split(|c: char| c.is_whitespace() || "`()\"',;[]".contains(c)) {
+        let word = word.trim_end_matches(['.', ':']);
+        // `src/NAME/after/` and the like are patterns, not files.
+        if word.contains("NAME") || word.contains('*') || word.contains('<') {
+            continue;
+        }
+        if prefixes.iter().any(|p| word.starts_with(p)) || top.contains(&word) {
+            named.insert(word.to_string());
+        }
+    }
+    for want in [
+        "Dockerfile",
+        "deploy/systemd/planbot.service",
+        "deploy/kubernetes",
+        ".gitlab-ci.yml",
+    ] {
+        assert!(
+            named.iter().any(|n| n.trim_end_matches('/') == want),
+            "the README no longer shows how to use {want}"
+        );
+    }
+    let missing: Vec<&String> = named.iter().filter(|n| !repo().join(n).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "the README names files that do not exist: {missing:?}"
     );
 }
