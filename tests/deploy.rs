@@ -198,7 +198,7 @@ fn expand_syscalls(item: &str, out: &mut BTreeSet<String>) {
 }
 
 #[test]
-fn the_systemd_unit_lets_planbot_put_engine_runs_under_landlock() {
+fn the_systemd_unit_lets_planbot_run_engines_under_landlock() {
     // Landlock needs its three system calls and no_new_privs (which NoNewPrivileges=yes sets).
     let unit = read(UNIT);
     let (mut allowed, mut denied) = (BTreeSet::new(), BTreeSet::new());
@@ -215,12 +215,18 @@ fn the_systemd_unit_lets_planbot_put_engine_runs_under_landlock() {
         !allowed.is_empty(),
         "{UNIT}: no SystemCallFilter allow list"
     );
+    // Landlock's calls, and what planbot does to run and stop an engine process group.
     for call in [
         "landlock_create_ruleset",
         "landlock_add_rule",
         "landlock_restrict_self",
         "prctl",
         "execve",
+        "clone3",
+        "setpgid",
+        "kill",
+        "pidfd_open",
+        "prlimit64",
     ] {
         assert!(
             allowed.contains(call) && !denied.contains(call),
