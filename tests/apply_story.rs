@@ -10,6 +10,7 @@ use planbot::core::config::Config;
 use planbot::flows::server::Options;
 use service_support::TestService;
 use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser};
+use support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 
 const INFRA: &str = "infra/homelab";
 
@@ -54,16 +55,6 @@ struct World {
     alice: FakeUser,
     _data: tempfile::TempDir,
     config: Config,
-}
-
-fn config_for(
-    data_dir: &std::path::Path,
-    gitlab: &FakeGitLab,
-    project: &FakeProject,
-    engine: &std::path::Path,
-) -> Config {
-    let text = config_text_for(data_dir, gitlab, project, engine, "127.0.0.1:0");
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
 }
 
 fn config_text_for(
@@ -121,13 +112,21 @@ connect_ports = [443, {gitlab_port}]
 }
 
 fn world(engine: &std::path::Path) -> World {
+    world_with(engine, "")
+}
+
+/// [`world`] with more service config (e.g. `[proxmox]`) appended.
+fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
     let gitlab = FakeGitLab::start();
     let project = gitlab.create_project(INFRA);
     let alice = gitlab.create_user("alice");
     gitlab.add_member(&project, &alice, 40);
     gitlab.commit_files(&project, "main", &[("main.tf", &main_tf(&["blocky"]))]);
     let data = tempfile::tempdir().unwrap();
-    let config = config_for(data.path(), &gitlab, &project, engine);
+    let text =
+        config_text_for(data.path(), &gitlab, &project, engine, "127.0.0.1:0") + extra_config;
+    let config =
+        Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid");
     World {
         gitlab,
         project,
@@ -312,6 +311,19 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         None,
         "nothing applied"
     );
+    let refused = w
+        .gitlab
+        .status(&w.project, &job.sha, "planbot/apply")
+        .expect("a planbot/apply status");
+    assert_eq!(refused.state, "failed");
+    assert!(
+        refused
+            .description
+            .as_deref()
+            .is_some_and(|d| d.starts_with("not applied: ")),
+        "{refused:?}"
+    );
+    assert_eq!(refused.ref_.as_deref(), Some("main"));
 
     // The same job again: one job id applies (or tries) once.
     let (_, log) = call_apply(&s, &job.token, "{}").await;
@@ -347,6 +359,21 @@ async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once
         .status(&w.project, &retry.sha, "planbot/apply")
         .expect("a planbot/apply status");
     assert_eq!(status.state, "success");
+    // The refusal's status stays as it was; the retry's is a new one, and the one shown.
+    let rows: Vec<(String, Option<String>)> = w
+        .gitlab
+        .status_rows(&w.project, &retry.sha)
+        .into_iter()
+        .filter(|r| r.name == "planbot/apply")
+        .map(|r| (r.state, r.ref_))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("failed".to_string(), Some("main".to_string())),
+            ("success".to_string(), Some("main".to_string()))
+        ]
+    );
 
     // Applying again: the plan is now empty and needs no review.
     let again = w.apply_job(23);
@@ -534,7 +561,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     assert!(shown.contains("+ terraform_data.vm[\"gitlab\"]"), "{note}");
     assert!(!note.contains("apply-canary-password-7f3a"));
 
-    // Merge (fast-forward), then someone clicks the manual job on main.
+    // Merge (a merge commit, GitLab's default), then someone clicks the manual job on main.
     let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
     let job = w.apply_job(31);
     assert_eq!(job.sha, landed);
@@ -724,9 +751,14 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     }
 
     // An MR adds the slow resource; it is reviewed and merged; the apply job starts.
+    // Fast-forward merges, and a branch named to sort before `main`: the landed commit is on
+    // both, and a status without `ref` would land on this branch.
+    w.gitlab.set_merge_method(&w.project, "ff");
     w.gitlab
-        .commit_files(&w.project, "slow", &[("main.tf", &slow_tf())]);
-    let iid = w.gitlab.open_mr_by(&w.project, "slow", "main", &w.alice);
+        .commit_files(&w.project, "add-slow", &[("main.tf", &slow_tf())]);
+    let iid = w
+        .gitlab
+        .open_mr_by(&w.project, "add-slow", "main", &w.alice);
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     let mut req = http.post(format!("{base}/webhooks/gitlab")).body(body);
     for (k, v) in service_support::token_headers(
@@ -792,6 +824,15 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
         .description
         .unwrap_or_default()
         .contains("not re-run"));
+    // The apply's own `running` status moved to `failed`: nothing is left running.
+    let rows: Vec<(String, Option<String>)> = w
+        .gitlab
+        .status_rows(&w.project, &job.sha)
+        .into_iter()
+        .filter(|r| r.name == "planbot/apply")
+        .map(|r| (r.state, r.ref_))
+        .collect();
+    assert_eq!(rows, [("failed".to_string(), Some("main".to_string()))]);
     let record = s
         .app
         .store
@@ -817,4 +858,266 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     assert!(page.contains("interrupted"), "{page}");
     // A crash leaves no plan file: the temp root was wiped at start-up.
     assert!(scan(&w.config.data_dir).plan_files.is_empty());
+}
+
+/// The whole story for one merge method: the reviewed plan is found from the landed commit
+/// and applied (parity holds); then `main` moves after a review, and the apply is refused.
+async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool) {
+    let w = world(engine);
+    w.gitlab.set_merge_method(&w.project, method);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let what = format!("{method}{}", if squash { " + squash" } else { "" });
+
+    // Reviewed, merged, applied.
+    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    w.wait_for_plan(&s, iid).await;
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    w.gitlab.set_squash(&w.project, iid, squash);
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let mr = w.gitlab.mr_json(&w.project, iid);
+    match (method, squash) {
+        ("ff", false) => assert_eq!(landed, head, "{what}"),
+        ("ff", true) => assert_eq!(mr["squash_commit_sha"], landed.as_str(), "{what}"),
+        _ => {
+            assert_eq!(mr["merge_commit_sha"], landed.as_str(), "{what}");
+            assert_ne!(landed, head, "{what}");
+        }
+    }
+    let job = w.apply_job(31);
+    assert_eq!(job.sha, landed);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{what}: {log}");
+    assert!(
+        log.contains(&format!(
+            "commit `{}` is merge request !{iid}",
+            &landed[..8]
+        )),
+        "{what}: {log}"
+    );
+    assert!(
+        log.contains(&format!("the plan is the one reviewed on !{iid}")),
+        "{what}: {log}"
+    );
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"gitlab\""), "{what}");
+
+    // A second MR is reviewed; then `main` moves: a new resource lands beside it unreviewed.
+    let iid2 = w
+        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
+        .await;
+    w.wait_for_plan(&s, iid2).await;
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[(
+            "extra.tf",
+            "resource \"terraform_data\" \"unreviewed\" {}\n",
+        )],
+    );
+    w.gitlab.set_squash(&w.project, iid2, squash);
+    if method != "merge" {
+        // GitLab refuses until the branch is rebased; the rebased head is not re-reviewed.
+        let err = w.gitlab.try_merge_mr(&w.project, iid2, Some(&w.alice));
+        assert!(err.is_err(), "{what}: {err:?}");
+        w.gitlab.rebase_mr(&w.project, iid2);
+    }
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    let job = w.apply_job(32);
+    assert_eq!(job.sha, landed2);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        log.contains(&format!(
+            "commit `{}` is merge request !{iid2}",
+            &landed2[..8]
+        )),
+        "{what}: {log}"
+    );
+    assert!(
+        last_line(&log).contains("is not the plan reviewed on the merge request"),
+        "{what}: {log}"
+    );
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(
+        !state.contains("unreviewed") && !state.contains("\"backup\""),
+        "{what}: nothing applied"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_commit_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "merge", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_merge_commit_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "merge", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_forward_the_reviewed_plan_is_applied_and_a_rebased_unreviewed_head_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "ff", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_fast_forward_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "ff", true).await;
+}
+
+// ---- With `[proxmox]` configured: the preflight inside the flows, and the credential split. ----
+
+const PLAN_TOKEN: &str = "tofu@pve!plan";
+const PLAN_SECRET: &str = "3c1d5e7f-0a2b-4c6d-8e9f-a1b2c3d4e5f6";
+const APPLY_TOKEN: &str = "tofu@pve!apply";
+const APPLY_SECRET: &str = "9f8e7d6c-5b4a-4321-9876-fedcba012345";
+
+/// A resource whose creation calls the Proxmox API with whatever token the engine was given
+/// (the fake records which), as the provider would.
+const PROBE_TF: &str = r#"
+resource "terraform_data" "pve_probe" {
+  input = "probe"
+  provisioner "local-exec" {
+    command = "curl -s -o /dev/null -H \"Authorization: PVEAPIToken=$PROXMOX_VE_API_TOKEN\" \"$PROXMOX_VE_ENDPOINT/api2/json/engine-probe\" || true"
+  }
+}
+"#;
+
+fn proxmox_config(pve: &FakeProxmox) -> String {
+    format!(
+        "\n[proxmox]\nendpoint = \"{}\"\napi_token = \"{APPLY_TOKEN}={APPLY_SECRET}\"\n\n\
+         [proxmox.plan]\napi_token = \"{PLAN_TOKEN}={PLAN_SECRET}\"\n",
+        pve.url.trim_end_matches('/')
+    )
+}
+
+/// Which tokens the fake Proxmox saw on paths that start with `prefix`.
+fn tokens_seen(pve: &FakeProxmox, prefix: &str) -> std::collections::BTreeSet<String> {
+    pve.with(|c| {
+        c.seen_tokens
+            .iter()
+            .filter(|(_, p)| p.starts_with(prefix))
+            .map(|(t, _)| t.clone())
+            .collect()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_proxmox_the_preflight_runs_in_both_flows_fails_closed_and_each_uses_its_token() {
+    let engine = require_engine!();
+    let pve = FakeProxmox::start(
+        Cluster::homelab()
+            .token(PLAN_TOKEN, PLAN_SECRET, &[("/", "PVEAuditor")])
+            .token_only(APPLY_TOKEN, APPLY_SECRET, true, &[("/", "PVEAdmin")]),
+    )
+    .await;
+    let w = world_with(&engine, &proxmox_config(&pve));
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // An MR plan: the preflight ran with the plan token, and said so in the note.
+    w.gitlab
+        .commit_files(&w.project, "add-probe", &[("probe.tf", PROBE_TF)]);
+    let iid = w.open_mr(&s, "add-probe", &["blocky", "gitlab"]).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    assert!(
+        note.contains(&format!("as `{PLAN_TOKEN}`: all checks passed.")),
+        "{note}"
+    );
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &head, "planbot/plan")
+            .unwrap()
+            .state,
+        "success"
+    );
+    assert_eq!(
+        tokens_seen(&pve, "/api2/json/"),
+        [PLAN_TOKEN.to_string()].into(),
+        "the plan flow used only the plan token"
+    );
+
+    // Merged; then the Proxmox API breaks: the apply is refused, with the reason.
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    pve.with(|c| {
+        c.faults.insert(
+            "/version".into(),
+            Fault::Status(500, "proxy loop detected".into()),
+        )
+    });
+    let job = w.apply_job(61);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).starts_with("planbot: apply refused:")
+            && log.contains("The Proxmox preflight could not run")
+            && log.contains("500 proxy loop detected"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(APPLY_SECRET) && !log.contains(PLAN_SECRET),
+        "{log}"
+    );
+    let state = w.gitlab.terraform_state(&w.project, "core").0;
+    assert!(
+        state.is_none_or(|s| !String::from_utf8_lossy(&s).contains("gitlab")),
+        "nothing applied"
+    );
+    let status = w
+        .gitlab
+        .status(&w.project, &landed, "planbot/apply")
+        .unwrap();
+    assert_eq!(status.state, "failed");
+    assert!(tokens_seen(&pve, "/api2/json/engine-probe").is_empty());
+
+    // Proxmox is back: a new job applies; the engine got the apply token and only that.
+    pve.with(|c| c.faults.clear());
+    let job = w.apply_job(62);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert_eq!(
+        tokens_seen(&pve, "/api2/json/engine-probe"),
+        [APPLY_TOKEN.to_string()].into(),
+        "what the apply's engine process sent to Proxmox"
+    );
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    // A plan while Proxmox is unreachable: the note says the preflight could not run, and the
+    // plan fails its status.
+    pve.with(|c| {
+        c.faults.insert(
+            "/version".into(),
+            Fault::Status(503, "Service Unavailable".into()),
+        )
+    });
+    let iid2 = w
+        .open_mr(&s, "add-backup", &["blocky", "gitlab", "backup"])
+        .await;
+    let note = w.wait_for_plan(&s, iid2).await;
+    let head2 = w.gitlab.mr_sha(&w.project, iid2);
+    assert!(
+        note.contains(&format!("as `{PLAN_TOKEN}` could not run: "))
+            && note.contains("The apply is refused until it runs."),
+        "{note}"
+    );
+    assert!(note.contains("PVE101"), "{note}");
+    let st = w.gitlab.status(&w.project, &head2, "planbot/plan").unwrap();
+    assert_eq!(st.state, "failed", "{st:?}");
+    assert!(
+        st.description
+            .as_deref()
+            .is_some_and(|d| d.contains("PVE101")),
+        "{st:?}"
+    );
 }

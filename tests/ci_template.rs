@@ -63,18 +63,37 @@ async fn stand_in(log: &'static str) -> (String, Arc<Mutex<Seen>>) {
 }
 
 /// Run a job command off the runtime (the stand-in serves on it): did it pass, and its stdout.
-async fn run_job_command(mut cmd: Command) -> (bool, String) {
+async fn run_job_command(cmd: Command) -> (bool, String) {
+    let (ok, stdout, _) = run_job_command_err(cmd).await;
+    (ok, stdout)
+}
+
+/// [`run_job_command`] with stderr too.
+async fn run_job_command_err(mut cmd: Command) -> (bool, String, String) {
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
     )
 }
 
 /// Run the job's script the way a runner would: `sh -c` with the CI variables set.
 async fn run_script(url: &str, confirm: Option<&str>) -> (bool, String) {
+    let (ok, stdout, _) = run_script_err(url, confirm).await;
+    (ok, stdout)
+}
+
+/// [`run_script`] with stderr too. The script needs `curl`: without it the test fails here
+/// (a job that fails for want of curl proves nothing about the script).
+async fn run_script_err(url: &str, confirm: Option<&str>) -> (bool, String, String) {
+    let curl = Command::new("curl").arg("--version").output();
+    assert!(
+        curl.is_ok_and(|o| o.status.success()),
+        "these tests run the job script, which needs curl on PATH"
+    );
     let script = job()["script"][0].as_str().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new("sh");
@@ -88,7 +107,7 @@ async fn run_script(url: &str, confirm: Option<&str>) -> (bool, String) {
     if let Some(c) = confirm {
         cmd.env("PLANBOT_CONFIRM", c);
     }
-    run_job_command(cmd).await
+    run_job_command_err(cmd).await
 }
 
 #[tokio::test]
@@ -121,9 +140,15 @@ async fn the_job_fails_on_a_refusal() {
 
 #[tokio::test]
 async fn the_job_fails_when_the_stream_is_cut() {
-    let (url, _) = stand_in("planbot: verifying job 8\nplanbot: still working (30 s)\n").await;
-    let (ok, _) = run_script(&url, None).await;
+    let (url, seen) = stand_in("planbot: verifying job 8\nplanbot: still working (30 s)\n").await;
+    let (ok, stdout) = run_script(&url, None).await;
     assert!(!ok);
+    // It did reach planbot and print the log: it failed on the missing success line.
+    assert!(stdout.contains("planbot: verifying job 8"), "{stdout}");
+    assert_eq!(
+        seen.lock().unwrap().token.as_deref(),
+        Some("glcbt-test-job-token")
+    );
 }
 
 #[tokio::test]
@@ -145,8 +170,11 @@ async fn a_confirm_value_reaches_planbot_and_a_bad_one_never_leaves_the_job() {
 
 #[tokio::test]
 async fn the_job_fails_when_planbot_is_unreachable() {
-    let (ok, _) = run_script("http://127.0.0.1:9", None).await;
+    let (ok, stdout, stderr) = run_script_err("http://127.0.0.1:9", None).await;
     assert!(!ok);
+    // curl itself said why (exit 7: could not connect), and no success line was printed.
+    assert!(stderr.contains("curl: (7)"), "{stderr}");
+    assert!(!stdout.contains("apply succeeded"), "{stdout}");
 }
 
 /// `planbot apply-job`, the alternative to the curl script, behaves the same.

@@ -269,3 +269,84 @@ async fn a_wrong_proxmox_token_and_no_proxmox_at_all() {
         "{stdout}"
     );
 }
+
+/// The `pveum`/`pvesm` lines of doctor's fixes, as a user would copy them from the terminal.
+fn pasteable(stdout: &str) -> String {
+    stdout
+        .lines()
+        .map(|l| l.trim().trim_start_matches("fix: "))
+        .filter(|l| l.starts_with("pveum ") || l.starts_with("pvesm "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctors_pasted_fixes_make_the_apply_token_ok_and_agree_with_the_preflight() {
+    let engine = require_engine!();
+    let gitlab = FakeGitLab::start();
+    let mut cluster = Cluster::homelab().token(
+        PVE_TOKEN,
+        PVE_SECRET,
+        &[("/", "PVEAuditor"), ("/storage/local", "PVEDatastoreUser")],
+    );
+    cluster.storages[0].content.push("import".into());
+    let pve = FakeProxmox::start(cluster).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        &engine.display().to_string(),
+        &format!(
+            "[proxmox]\nendpoint = \"{}\"\napi_token = \"{PVE_TOKEN}={PVE_SECRET}\"\n",
+            pve.url
+        ),
+    );
+    let ok_line = format!(
+        "OK    token {PVE_TOKEN} can create VMs and disks and download images on every node"
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  token {PVE_TOKEN} lacks what a typical apply needs"
+        )),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(&ok_line), "{stdout}");
+    let fix = pasteable(&stdout);
+
+    // The preflight asks for the same role to download to `local` (one definition).
+    let plan = planbot::core::plan::Plan::from_json(
+        &std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/plans/bpg/seed_debian_qcow2_import.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let ep = planbot::capabilities::proxmox::ProxmoxEndpoint::new(
+        &pve.url,
+        format!("{PVE_TOKEN}={PVE_SECRET}"),
+    );
+    let findings = planbot::flows::preflight::preflight(
+        &planbot::capabilities::proxmox::Proxmox::new(ep).unwrap(),
+        &plan,
+    )
+    .await
+    .unwrap();
+    let templates =
+        "pveum role add PlanbotTemplates --privs 'Datastore.AllocateTemplate,Datastore.Audit'";
+    assert!(fix.contains(templates), "{fix}");
+    assert!(
+        findings.iter().any(|f| f.fix.contains(templates)),
+        "{findings:#?}"
+    );
+
+    pve.with(|c| c.paste(&fix)).unwrap();
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        stdout.contains(&ok_line),
+        "after pasting:\n{fix}\n\n{stdout}"
+    );
+}

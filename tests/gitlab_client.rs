@@ -55,6 +55,58 @@ async fn a_note_is_posted_once_when_gitlab_answers_500_twice_then_ok() {
 }
 
 #[tokio::test]
+async fn a_note_gitlab_stored_before_answering_502_is_not_posted_again() {
+    let (fake, project, iid) = setup();
+    // A human's identical comment earlier does not count as the bot's note.
+    let alice = fake.create_user("alice");
+    fake.add_note(&project, iid, &alice, "plan: 1 to add");
+    fake.fail_next_after_write(NOTES, 2, 502);
+    let note = client(&fake)
+        .create_mr_note(pid(&project), MrIid(iid), "plan: 1 to add")
+        .await
+        .expect("the stored note is the answer");
+    let bots: Vec<_> = fake
+        .notes(&project, iid)
+        .into_iter()
+        .filter(|n| n.author_id == fake.bot().id)
+        .collect();
+    assert_eq!(bots.len(), 1, "exactly one bot note: {bots:?}");
+    assert_eq!(bots[0].id, note.id.0);
+    assert_eq!(
+        fake.calls(NOTES),
+        1,
+        "found after the first 502, not posted again"
+    );
+}
+
+#[tokio::test]
+async fn an_issue_gitlab_stored_before_timing_out_is_not_opened_again() {
+    let (fake, project, _) = setup();
+    const ISSUES: &str = "POST /api/v4/projects/{id}/issues";
+    let gl = client(&fake);
+    // The same issue opened before this post (an earlier failure) is not this post.
+    gl.create_issue(pid(&project), "apply failed", "details")
+        .await
+        .unwrap();
+    fake.fail_next_after_write(ISSUES, 1, 504);
+    let issue = gl
+        .create_issue(pid(&project), "apply failed", "details")
+        .await
+        .unwrap();
+    let issues = fake.issues(&project);
+    assert_eq!(issues.len(), 2, "{issues:?}");
+    assert_eq!(issue.iid, 2);
+    assert_eq!(fake.calls(ISSUES), 2);
+
+    // Failed before the write, with an identical issue the newest: posted again, once.
+    fake.fail_next(ISSUES, 1, 503);
+    gl.create_issue(pid(&project), "apply failed", "details")
+        .await
+        .unwrap();
+    assert_eq!(fake.issues(&project).len(), 3);
+}
+
+#[tokio::test]
 async fn a_gitlab_that_keeps_failing_gives_a_status_error_after_the_last_attempt() {
     let (fake, project, iid) = setup();
     fake.fail_next(NOTES, 100, 503);
@@ -211,7 +263,9 @@ async fn the_job_lookup_does_not_use_the_bot_token() {
 }
 
 #[tokio::test]
-async fn commit_statuses_move_forward_and_a_repeated_final_state_counts_as_done() {
+async fn a_status_moves_forward_in_place_and_a_final_one_is_followed_by_a_new_one() {
+    // GitLab updates a pending/running status of the same name, ref and user, and creates a
+    // new status after a final one (docs: "Set the pipeline status of a commit").
     let (fake, project, iid) = setup();
     let sha = CommitSha(fake.mr_sha(&project, iid));
     let gl = client(&fake);
@@ -223,46 +277,104 @@ async fn commit_statuses_move_forward_and_a_repeated_final_state_counts_as_done(
         ref_: Some("feature/vm".into()),
         pipeline_id: None,
     };
-    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Pending, "queued"))
-        .await
-        .unwrap();
-    gl.set_commit_status(
-        pid(&project),
-        &sha,
-        &status(StatusState::Running, "planning"),
-    )
-    .await
-    .unwrap();
-    let long = "x".repeat(400);
-    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Success, &long))
-        .await
-        .unwrap();
-    // GitLab answers 400 "Cannot transition status" for this; the client treats it as done.
-    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Success, "again"))
-        .await
-        .unwrap();
-    let history = fake.statuses(&project, sha.as_str());
-    let states: Vec<&str> = history.iter().map(|s| s.state.as_str()).collect();
-    assert_eq!(states, ["pending", "running", "success"]);
+    let post = |state, d: &'static str| {
+        let gl = gl.clone();
+        let sha = sha.clone();
+        let st = status(state, d);
+        let p = pid(&project);
+        async move { gl.set_commit_status(p, &sha, &st).await }
+    };
+    post(StatusState::Pending, "queued").await.unwrap();
+    post(StatusState::Running, "planning").await.unwrap();
+    // The same state again: GitLab answers 400 "Cannot transition status"; done for the client.
+    post(StatusState::Running, "planning").await.unwrap();
+    let long: &'static str = "x".repeat(400).leak();
+    post(StatusState::Success, long).await.unwrap();
+    let rows = fake.status_rows(&project, sha.as_str());
+    assert_eq!(rows.len(), 1, "one status, moved forward: {rows:?}");
+    assert_eq!(rows[0].state, "success");
+    assert_eq!(rows[0].description.as_ref().unwrap().chars().count(), 255);
+    assert_eq!(rows[0].ref_.as_deref(), Some("feature/vm"));
     assert_eq!(
-        history[2].description.as_ref().unwrap().chars().count(),
-        255
-    );
-    assert_eq!(history[0].ref_.as_deref(), Some("feature/vm"));
-    assert_eq!(
-        history[0].target_url.as_deref(),
+        rows[0].target_url.as_deref(),
         Some("https://planbot.example.com/runs/1")
     );
+    let states: Vec<String> = fake
+        .statuses(&project, sha.as_str())
+        .into_iter()
+        .map(|s| s.state)
+        .collect();
+    assert_eq!(states, ["pending", "running", "success"]);
 
+    // After a final state, a retry shows the truth: a new status, running then failed.
+    post(StatusState::Running, "again").await.unwrap();
+    post(StatusState::Failed, "broke").await.unwrap();
+    let rows = fake.status_rows(&project, sha.as_str());
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        fake.status(&project, sha.as_str(), "planbot/plan")
+            .unwrap()
+            .state,
+        "failed"
+    );
+
+    // The list shows the latest status per name and ref.
     let listed = gl.commit_statuses(pid(&project), &sha).await.unwrap();
-    assert_eq!(listed.len(), 3);
-    assert_eq!(listed[2].status, "success");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].status, "failed");
+}
 
-    // A final state cannot go back to running: also answered as done, nothing recorded.
-    gl.set_commit_status(pid(&project), &sha, &status(StatusState::Running, "again"))
+#[tokio::test]
+async fn a_status_without_ref_needs_a_branch_holding_the_commit() {
+    let (fake, project, iid) = setup();
+    let sha = CommitSha(fake.mr_sha(&project, iid));
+    let gl = client(&fake);
+    let mut status = CommitStatus {
+        state: StatusState::Success,
+        name: "planbot/apply".into(),
+        description: None,
+        target_url: None,
+        ref_: None,
+        pipeline_id: None,
+    };
+    // On a branch: GitLab picks that branch.
+    gl.set_commit_status(pid(&project), &sha, &status)
         .await
         .unwrap();
-    assert_eq!(fake.statuses(&project, sha.as_str()).len(), 3);
+    let row = fake
+        .status(&project, sha.as_str(), "planbot/apply")
+        .unwrap();
+    assert_eq!(row.ref_.as_deref(), Some("feature/vm"));
+
+    // A commit on no branch (only an MR ref holds it): 404 without a ref.
+    let repo = fake.repo_path(&project);
+    let orphan = String::from_utf8(
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args([
+                "commit-tree",
+                "-m",
+                "detached",
+                &format!("{}^{{tree}}", sha.as_str()),
+            ])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let orphan = CommitSha(orphan);
+    let err = gl
+        .set_commit_status(pid(&project), &orphan, &status)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GitLabError::NotFound), "{err:?}");
+    status.ref_ = Some("main".into());
+    gl.set_commit_status(pid(&project), &orphan, &status)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -122,23 +122,95 @@ fn merge_request_refs_are_written_like_gitlabs() {
         .unwrap();
     assert_ne!(merge2, merge);
 
-    // Merging lands the merge commit on main and marks the MR merged.
+    // Merging lands a merge commit with the merge ref's tree on main, marks the MR merged.
     let landed = fake.merge_mr(&project, iid, None);
-    assert_eq!(landed, merge2);
+    let tree = |c: &str| git(&repo, &["rev-parse", &format!("{c}^{{tree}}")], None).1;
+    assert_eq!(tree(&landed), tree(&merge2));
+    let (_, parents) = git(&repo, &["rev-list", "--parents", "-n", "1", &landed], None);
+    assert_eq!(parents, format!("{landed} {main} {head2}"));
     assert_eq!(fake.branch_head(&project, "main").unwrap(), landed);
     let mr = fake.mr_json(&project, iid);
     assert_eq!(mr["state"], "merged");
     assert_eq!(mr["merge_commit_sha"], landed.as_str());
 }
 
+/// Parents of a commit.
+fn parents(repo: &Path, c: &str) -> Vec<String> {
+    let (_, line) = git(repo, &["rev-list", "--parents", "-n", "1", c], None);
+    line.split_whitespace()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
-fn a_branch_ahead_of_main_is_merged_fast_forward() {
+fn each_merge_method_lands_what_gitlab_lands() {
+    // https://docs.gitlab.com/user/project/merge_requests/methods/
     let fake = FakeGitLab::start();
     let project = fake.create_project("infra/homelab");
-    let head = fake.commit_files(&project, "feature/a", &[("a.tf", "# a\n")]);
-    let iid = fake.open_mr(&project, "feature/a", "main");
-    assert_eq!(fake.merge_mr(&project, iid, None), head);
-    assert_eq!(fake.branch_head(&project, "main").unwrap(), head);
+    let repo = fake.repo_path(&project);
+
+    // `merge` (the default): a merge commit even when a fast-forward would do.
+    let main0 = fake.branch_head(&project, "main").unwrap();
+    fake.commit_files(&project, "a", &[("a.tf", "# a1\n")]);
+    let head = fake.push(&project, "a", &[("a.tf", "# a2\n")]);
+    let iid = fake.open_mr(&project, "a", "main");
+    let landed = fake.merge_mr(&project, iid, None);
+    assert_eq!(parents(&repo, &landed), [main0.clone(), head.clone()]);
+    let mr = fake.mr_json(&project, iid);
+    assert_eq!(mr["merge_commit_sha"], landed.as_str());
+    assert_eq!(mr["squash_commit_sha"], serde_json::Value::Null);
+
+    // `merge` with squash: one squash commit on the merge base, then the merge commit.
+    let main1 = landed;
+    fake.commit_files(&project, "b", &[("b.tf", "# b1\n")]);
+    let head = fake.push(&project, "b", &[("b.tf", "# b2\n")]);
+    let iid = fake.open_mr(&project, "b", "main");
+    fake.set_squash(&project, iid, true);
+    let landed = fake.merge_mr(&project, iid, None);
+    let mr = fake.mr_json(&project, iid);
+    let squash = mr["squash_commit_sha"].as_str().unwrap().to_string();
+    assert_eq!(parents(&repo, &squash), [main1.clone()]);
+    assert_eq!(parents(&repo, &landed), [main1.clone(), squash.clone()]);
+    assert_eq!(mr["merge_commit_sha"], landed.as_str());
+    assert_ne!(squash, head);
+
+    // `ff`: refused while the branch is behind; the target moves to the head once rebased.
+    fake.set_merge_method(&project, "ff");
+    let behind = fake.commit_files(&project, "c", &[("c.tf", "# c\n")]);
+    let iid = fake.open_mr(&project, "c", "main");
+    assert!(is_ancestor(&repo, &landed, &behind));
+    fake.commit_files(&project, "main", &[("README.md", "moved\n")]);
+    let err = fake.try_merge_mr(&project, iid, None).unwrap_err();
+    assert!(err.contains("rebase needed"), "{err}");
+    assert_eq!(fake.mr_json(&project, iid)["state"], "opened");
+    let main2 = fake.branch_head(&project, "main").unwrap();
+    let fresh = fake.commit_files(&project, "d", &[("d.tf", "# d\n")]);
+    let iid = fake.open_mr(&project, "d", "main");
+    assert_eq!(parents(&repo, &fresh), [main2.clone()]);
+    assert_eq!(fake.merge_mr(&project, iid, None), fresh);
+    assert_eq!(
+        fake.mr_json(&project, iid)["merge_commit_sha"],
+        serde_json::Value::Null
+    );
+
+    // `ff` with squash: the squash commit is what lands.
+    let e1 = fake.commit_files(&project, "e", &[("e.tf", "# e1\n")]);
+    fake.push(&project, "e", &[("e.tf", "# e2\n")]);
+    let iid = fake.open_mr(&project, "e", "main");
+    fake.set_squash(&project, iid, true);
+    let landed = fake.merge_mr(&project, iid, None);
+    assert_eq!(parents(&repo, &landed), [fresh.clone()]);
+    assert_ne!(landed, e1);
+    assert_eq!(
+        fake.mr_json(&project, iid)["squash_commit_sha"],
+        landed.as_str()
+    );
+    assert_eq!(fake.branch_head(&project, "main").unwrap(), landed);
+}
+
+fn is_ancestor(repo: &Path, a: &str, b: &str) -> bool {
+    git(repo, &["merge-base", "--is-ancestor", a, b], None).0
 }
 
 #[test]

@@ -4,13 +4,13 @@
 mod support;
 
 use planbot::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
-use planbot::core::lint::Finding;
+use planbot::core::lint::{Finding, Severity};
 use planbot::core::plan::Plan;
 use planbot::core::preflight;
 use planbot::flows::preflight::preflight;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
-use support::fake_proxmox::{Cluster, FakeProxmox};
+use std::time::Duration;
+use support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 
 const TOKEN: &str = "tofu@pve!plan";
 const SECRET: &str = "6f1c1e0a-7a52-4d1e-9c55-0d5b3f2e9a41";
@@ -364,12 +364,11 @@ async fn a_wrong_token_is_a_slow_401_reported_without_the_secret() {
     let mut cluster = Cluster::homelab().token(TOKEN, "the-right-secret", &[("/", "PVEAdmin")]);
     cluster.unauthorized_delay = Duration::from_millis(300);
     let fake = FakeProxmox::start(cluster).await;
-    let started = Instant::now();
     let findings = preflight(&client(&fake), &fixture("seed_debian_qcow2_import"))
         .await
         .unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(rules(&findings), vec![("PVE101", "")]);
+    assert_eq!(findings[0].severity, Severity::Error);
     let t = text(&findings);
     assert!(
         t.contains("refused the token tofu@pve!plan (401 invalid token value!)"),
@@ -456,4 +455,339 @@ async fn the_plan_flow_helper_says_when_it_skipped_and_the_apply_helper_refuses(
         "{refused}"
     );
     assert!(!refused.contains(SECRET));
+}
+
+// ---- Fail closed: a preflight that cannot read what it needs refuses the apply. ----
+
+/// The plan flow's note line and findings, and the apply's answer, for `plan` against `fake`.
+async fn plan_and_apply(
+    fake: &FakeProxmox,
+    plan: &Plan,
+) -> (
+    planbot::flows::preflight::PlanPreflight,
+    Result<Vec<Finding>, String>,
+) {
+    let ep = || {
+        let mut ep = ProxmoxEndpoint::new(&fake.url, format!("{TOKEN}={SECRET}"));
+        ep.timeout = Duration::from_millis(500);
+        ep
+    };
+    let planned = planbot::flows::preflight::for_plan(Some(ep()), plan).await;
+    let applied = planbot::flows::preflight::before_apply(Some(ep()), plan).await;
+    (planned, applied)
+}
+
+#[tokio::test]
+async fn a_5xx_on_a_read_the_checks_need_refuses_the_apply_and_the_note_says_so() {
+    let fake =
+        FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")])).await;
+    let plan = fixture("seed_debian_qcow2_import");
+    // All is well first: the apply may go ahead.
+    let (planned, applied) = plan_and_apply(&fake, &plan).await;
+    assert_eq!(planned.findings, vec![], "{}", text(&planned.findings));
+    assert!(applied.is_ok());
+
+    // pmxcfs hiccup: the storage configuration cannot be read.
+    fake.with(|c| {
+        c.faults.insert(
+            "/storage".into(),
+            Fault::Status(
+                500,
+                "cfs-lock 'file-storage_cfg' error: got lock timeout".into(),
+            ),
+        )
+    });
+    let (planned, applied) = plan_and_apply(&fake, &plan).await;
+    assert_eq!(rules(&planned.findings), vec![("PVE101", "")]);
+    assert_eq!(planned.findings[0].severity, Severity::Error);
+    assert!(
+        planned
+            .note
+            .contains(&format!("as `{TOKEN}` could not run: "))
+            && planned.note.contains("got lock timeout")
+            && planned.note.contains("The apply is refused until it runs."),
+        "{}",
+        planned.note
+    );
+    let why = applied.unwrap_err();
+    assert!(
+        why.starts_with("Proxmox preflight PVE101: The Proxmox preflight could not run: ")
+            && why.contains("500 cfs-lock 'file-storage_cfg' error: got lock timeout"),
+        "{why}"
+    );
+    assert!(!why.contains(SECRET) && !planned.note.contains(SECRET));
+}
+
+#[tokio::test]
+async fn a_permission_read_that_times_out_refuses_the_apply() {
+    let fake =
+        FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")])).await;
+    fake.with(|c| c.faults.insert("/access/permissions".into(), Fault::Hang));
+    let plan = fixture("seed_debian_qcow2_import");
+    let (planned, applied) = plan_and_apply(&fake, &plan).await;
+    assert_eq!(rules(&planned.findings), vec![("PVE101", "")]);
+    assert!(planned.note.contains("could not run: "), "{}", planned.note);
+    assert!(planned.note.contains("timed out"), "{}", planned.note);
+    let why = applied.unwrap_err();
+    assert!(why.contains("timed out"), "{why}");
+}
+
+#[tokio::test]
+async fn an_offline_node_the_plan_uses_refuses_the_apply() {
+    let fake =
+        FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "Administrator")])).await;
+    fake.with(|c| c.nodes.insert("pve01".into(), "offline".into()));
+    let plan = fixture("seed_debian_qcow2_import");
+    let (planned, applied) = plan_and_apply(&fake, &plan).await;
+    assert_eq!(
+        rules(&planned.findings),
+        vec![
+            ("PVE102", DEBIAN),
+            ("PVE102", "proxmox_virtual_environment_vm.web")
+        ]
+    );
+    assert!(planned
+        .findings
+        .iter()
+        .all(|f| f.severity == Severity::Error));
+    assert!(
+        planned.findings[0]
+            .message
+            .contains("runs on node `pve01`, which is offline"),
+        "{}",
+        planned.findings[0].message
+    );
+    let why = applied.unwrap_err();
+    assert!(
+        why.starts_with(&format!("Proxmox preflight PVE102 on {DEBIAN}")),
+        "{why}"
+    );
+    // The node's storages were not asked for (the call would fail: 595 from the proxy).
+    assert!(!fake
+        .requests()
+        .iter()
+        .any(|(_, p)| p.contains("/nodes/pve01/storage")));
+    let err = client(&fake).node_storage("pve01").await.unwrap_err();
+    assert!(err.to_string().contains("595"), "{err}");
+
+    // Another node offline is none of this plan's business.
+    fake.with(|c| {
+        c.nodes.insert("pve01".into(), "online".into());
+        c.nodes.insert("pve02".into(), "offline".into());
+    });
+    let (planned, applied) = plan_and_apply(&fake, &plan).await;
+    assert_eq!(planned.findings, vec![], "{}", text(&planned.findings));
+    assert!(applied.is_ok());
+}
+
+// ---- PVE's permission model: what the token really has, and fixes pasted as printed. ----
+
+const USER: &str = "tofu@pve";
+
+/// Paste every fix of `findings` into the cluster as a user would on a node (the same fix
+/// block once).
+fn paste_fixes(fake: &FakeProxmox, findings: &[Finding]) {
+    let mut pasted = std::collections::BTreeSet::new();
+    for f in findings.iter().filter(|f| pasted.insert(f.fix.clone())) {
+        fake.with(|c| c.paste(&f.fix))
+            .unwrap_or_else(|e| panic!("the fix of {} does not run: {e}\n{}", f.rule, f.fix));
+    }
+}
+
+#[tokio::test]
+async fn seed_pveadmin_and_pvesysadmin_lack_sys_modify_and_the_pasted_fix_works() {
+    // The seed case: user and privilege-separated token both hold PVEAdmin + PVESysAdmin on /.
+    let grants = [("/", "PVEAdmin"), ("/", "PVESysAdmin")];
+    let fake = FakeProxmox::start(
+        with_import()
+            .user(USER, &grants)
+            .token_only(TOKEN, SECRET, true, &grants),
+    )
+    .await;
+    let plan = fixture("seed_debian_qcow2_import");
+    let findings = preflight(&client(&fake), &plan).await.unwrap();
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
+    assert!(
+        findings[0]
+            .message
+            .contains("lacks `Sys.Modify on / (or Sys.AccessNetwork on /nodes/pve01)`"),
+        "{}",
+        findings[0].message
+    );
+    paste_fixes(&fake, &findings);
+    let after = preflight(&client(&fake), &plan).await.unwrap();
+    assert_eq!(after, vec![], "after pasting:\n{}", text(&after));
+}
+
+#[tokio::test]
+async fn a_privilege_separated_token_gets_only_what_its_user_also_has() {
+    // The token's own ACL says Administrator, its user only PVEAdmin: no Sys.Modify.
+    let fake = FakeProxmox::start(with_import().user(USER, &[("/", "PVEAdmin")]).token_only(
+        TOKEN,
+        SECRET,
+        true,
+        &[("/", "Administrator")],
+    ))
+    .await;
+    let plan = fixture("seed_debian_qcow2_import");
+    let findings = preflight(&client(&fake), &plan).await.unwrap();
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
+
+    // Granting the token alone (the fix without its --users line) changes nothing.
+    let token_only: String = findings[0]
+        .fix
+        .lines()
+        .filter(|l| !l.contains("--users"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    fake.with(|c| c.paste(&token_only)).unwrap();
+    let still = preflight(&client(&fake), &plan).await.unwrap();
+    assert_eq!(rules(&still), vec![("PVE104", DEBIAN)]);
+
+    // The whole fix does it.
+    fake.with(|c| c.acls.retain(|a| a.role != "PlanbotDownload"));
+    fake.with(|c| c.roles.remove("PlanbotDownload"));
+    paste_fixes(&fake, &findings);
+    assert_eq!(preflight(&client(&fake), &plan).await.unwrap(), vec![]);
+}
+
+#[tokio::test]
+async fn a_token_without_privilege_separation_has_exactly_its_users_privileges() {
+    // No ACL on the token at all; the user holds Administrator through a group.
+    let fake = FakeProxmox::start(
+        with_import()
+            .group("automation", &[USER], &[("/", "Administrator")])
+            .token_only(TOKEN, SECRET, false, &[]),
+    )
+    .await;
+    let plan = fixture("seed_debian_qcow2_import");
+    assert_eq!(preflight(&client(&fake), &plan).await.unwrap(), vec![]);
+
+    // The user's own ACL on / replaces its groups' ACLs there: PVEAdmin only.
+    fake.with(|c| {
+        *c = c.clone().user(USER, &[("/", "PVEAdmin")]);
+    });
+    let findings = preflight(&client(&fake), &plan).await.unwrap();
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
+    // The fix's token ACL would be ignored for this token, its user ACL is what counts.
+    paste_fixes(&fake, &findings);
+    assert_eq!(preflight(&client(&fake), &plan).await.unwrap(), vec![]);
+}
+
+#[tokio::test]
+async fn propagate_0_and_no_access_are_honoured() {
+    let fake = FakeProxmox::start(
+        with_import()
+            .role("PlanbotDownload", &["Sys.Audit", "Sys.Modify"])
+            .token(
+                TOKEN,
+                SECRET,
+                &[("/", "PVEAdmin"), ("/", "PlanbotDownload")],
+            ),
+    )
+    .await;
+    let plan = fixture("seed_debian_qcow2_import");
+    assert_eq!(preflight(&client(&fake), &plan).await.unwrap(), vec![]);
+
+    // PVEAdmin on / no longer propagates: /storage/local has nothing.
+    fake.with(|c| {
+        for a in c.acls.iter_mut().filter(|a| a.role == "PVEAdmin") {
+            a.propagate = false;
+        }
+    });
+    let findings = preflight(&client(&fake), &plan).await.unwrap();
+    let web = "proxmox_virtual_environment_vm.web";
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE103", DEBIAN), ("PVE103", web), ("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
+    assert!(
+        findings[0]
+            .message
+            .contains("which the token `tofu@pve!plan` cannot see"),
+        "{}",
+        findings[0].message
+    );
+    // The root grant (PlanbotDownload) still propagates: only the storage is asked for.
+    assert!(
+        !findings[2].fix.contains("PlanbotDownload"),
+        "{}",
+        findings[2].fix
+    );
+    paste_fixes(&fake, &findings);
+    assert_eq!(preflight(&client(&fake), &plan).await.unwrap(), vec![]);
+
+    // NoAccess on the storage cancels every other role there, for the user and so the token.
+    fake.with(|c| c.pveum("pveum acl modify /storage/local --users 'tofu@pve' --roles NoAccess"))
+        .unwrap();
+    let findings = preflight(&client(&fake), &plan).await.unwrap();
+    assert_eq!(
+        rules(&findings),
+        vec![("PVE103", DEBIAN), ("PVE104", DEBIAN)],
+        "{}",
+        text(&findings)
+    );
+}
+
+#[tokio::test]
+async fn every_pasteable_fix_of_the_guests_plan_clears_its_finding() {
+    let fake = FakeProxmox::start(Cluster::homelab().token(
+        TOKEN,
+        SECRET,
+        &[("/", "PVEAdmin"), ("/storage/local", "PVEDatastoreUser")],
+    ))
+    .await;
+    let plan = fixture("preflight_guests");
+    let findings = preflight(&client(&fake), &plan).await.unwrap();
+    // Fixes that are commands (pvesm/pveum), pasted as printed.
+    let pasteable: Vec<Finding> = findings
+        .iter()
+        .filter(|f| {
+            f.fix
+                .lines()
+                .any(|l| l.starts_with("pveum ") || l.starts_with("pvesm "))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        rules(&pasteable),
+        vec![
+            ("PVE103", "proxmox_virtual_environment_file.dns_user_data"),
+            ("PVE105", "proxmox_virtual_environment_file.dns_user_data"),
+            ("PVE107", "proxmox_virtual_environment_container.mqtt"),
+            ("PVE107", "proxmox_virtual_environment_vm.ordered"),
+        ],
+        "{}",
+        text(&findings)
+    );
+    // The two PVE107 fixes are one block, pasted once.
+    paste_fixes(&fake, &pasteable);
+    let after = preflight(&client(&fake), &plan).await.unwrap();
+    assert_eq!(
+        rules(&after),
+        vec![
+            ("PVE102", "proxmox_virtual_environment_vm.ghost"),
+            ("PVE103", "proxmox_virtual_environment_vm.ghost"),
+            ("PVE106", "proxmox_virtual_environment_vm.dns"),
+        ],
+        "{}",
+        text(&after)
+    );
 }

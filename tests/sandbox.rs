@@ -206,6 +206,17 @@ async fn a_sandboxed_child_connects_only_to_allowed_ports() {
         "could not connect to the allowed port: {}",
         ok.stderr
     );
+
+    // No TCP server inside: binding any port is refused (perl, as every Debian has it).
+    let bind = r#"exec /usr/bin/perl -MSocket -e 'socket(S, PF_INET, SOCK_STREAM, 0) or die; bind(S, pack_sockaddr_in(0, inet_aton("127.0.0.1"))) or die "bind: $!\n"'"#;
+    assert!(bash(bind, None).await.ok, "unsandboxed bind");
+    let denied = bash(bind, Some(&policy)).await;
+    assert!(!denied.ok, "bound a port inside the sandbox");
+    assert!(
+        denied.stderr.contains("bind: Permission denied"),
+        "{}",
+        denied.stderr
+    );
 }
 
 // ---- the real engine ----------------------------------------------------------------------
@@ -305,17 +316,48 @@ fn commit_hostile_provider(root: &Path, report: &Path, files: &PlanbotFiles, app
     .unwrap();
 }
 
-#[tokio::test]
-async fn a_provider_committed_under_terraform_d_plugins_is_never_installed() {
-    let bin = support::engine();
+/// A root with a committed hostile provider, and the directories around its job.
+struct HostileRoot {
+    files: PlanbotFiles,
+    temp_root: tempfile::TempDir,
+    _caches: tempfile::TempDir,
+    root: tempfile::TempDir,
+    report: PathBuf,
+    mr_cache: PathBuf,
+    apply_cache: PathBuf,
+}
+
+fn hostile_root() -> HostileRoot {
     let files = planbot_files();
-    let temp_root = tempfile::tempdir().unwrap();
     let caches = tempfile::tempdir().unwrap();
     let (mr_cache, apply_cache) = (caches.path().join("mr"), caches.path().join("main"));
     std::fs::create_dir_all(&apply_cache).unwrap();
     let root = tempfile::tempdir().unwrap();
     let report = root.path().join("report.txt");
     commit_hostile_provider(root.path(), &report, &files, &apply_cache);
+    HostileRoot {
+        files,
+        temp_root: tempfile::tempdir().unwrap(),
+        _caches: caches,
+        root,
+        report,
+        mr_cache,
+        apply_cache,
+    }
+}
+
+#[tokio::test]
+async fn a_provider_committed_under_terraform_d_plugins_is_never_installed() {
+    let bin = support::engine();
+    let HostileRoot {
+        files: _files,
+        temp_root,
+        _caches,
+        root,
+        report,
+        mr_cache,
+        ..
+    } = hostile_root();
 
     let eng = engine(&bin, temp_root.path(), owned(), Some(&mr_cache));
     let err = match eng.plan(root.path(), &PlanRequest::default()).await {
@@ -337,14 +379,15 @@ async fn a_committed_provider_that_runs_anyway_stays_inside_the_sandbox() {
     // Even with the user's own CLI config (where Terraform does use the implied local mirror),
     // the provider runs confined: it runs, but steals and plants nothing.
     let bin = support::engine();
-    let files = planbot_files();
-    let temp_root = tempfile::tempdir().unwrap();
-    let caches = tempfile::tempdir().unwrap();
-    let (mr_cache, apply_cache) = (caches.path().join("mr"), caches.path().join("main"));
-    std::fs::create_dir_all(&apply_cache).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let report = root.path().join("report.txt");
-    commit_hostile_provider(root.path(), &report, &files, &apply_cache);
+    let HostileRoot {
+        files: _files,
+        temp_root,
+        _caches,
+        root,
+        report,
+        mr_cache,
+        apply_cache,
+    } = hostile_root();
 
     let eng = engine(&bin, temp_root.path(), CliConfig::User, Some(&mr_cache));
     let result = eng.plan(root.path(), &PlanRequest::default()).await;
@@ -459,4 +502,103 @@ async fn without_landlock_a_required_sandbox_refuses_before_anything_runs() {
     eng.plan(root.path(), &PlanRequest::default())
         .await
         .expect("plans without a sandbox when not required");
+}
+
+#[tokio::test]
+async fn a_terraformrc_committed_in_the_repository_is_never_read() {
+    // A root that ships a CLI config pointing the engine at a "mirror" in the repository,
+    // holding the hostile provider: planbot's own CLI config is the only one the engine reads.
+    let bin = support::engine();
+    let HostileRoot {
+        files: _files,
+        temp_root,
+        _caches,
+        root,
+        report,
+        mr_cache,
+        ..
+    } = hostile_root();
+    std::fs::rename(
+        root.path().join("terraform.d/plugins"),
+        root.path().join("mirror"),
+    )
+    .unwrap();
+    let rc = format!(
+        "provider_installation {{\n  filesystem_mirror {{\n    path = \"{}/mirror\"\n  }}\n}}\n",
+        root.path().display()
+    );
+    for name in [".terraformrc", "terraform.rc", ".tofurc", "tofu.rc"] {
+        std::fs::write(root.path().join(name), &rc).unwrap();
+    }
+    let eng = engine(&bin, temp_root.path(), owned(), Some(&mr_cache));
+    assert!(eng
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .is_err());
+    assert!(
+        !report.exists(),
+        "the repository's CLI config was read and its provider ran: {}",
+        std::fs::read_to_string(&report).unwrap_or_default()
+    );
+}
+
+/// `planbot plan` on `root` with `args`: (exit code, stdout).
+fn planbot_plan(root: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .arg("plan")
+        .arg(root)
+        .args(["--engine", support::engine().to_str().unwrap()])
+        .args(args)
+        .env("PLANBOT_FINGERPRINT_KEY", "local-test-key-0123456789")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn planbot_plan_reads_the_users_files_but_not_proc_unless_told_to_run_unsandboxed() {
+    landlock();
+    // A file of the user's outside the root (as `~/.ssh/id_ed25519.pub` in an Ignition config).
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("id_ed25519.pub"),
+        "ssh-ed25519 AAAA user@host",
+    )
+    .unwrap();
+    // A process with a token in its environment (as the shell that started planbot).
+    let mut shell = std::process::Command::new("/bin/sleep")
+        .arg("60")
+        .env("GITLAB_TOKEN", CANARY)
+        .spawn()
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        format!(
+            "output \"key\" {{\n  value = file(\"{}/id_ed25519.pub\")\n}}\n\
+             output \"env\" {{\n  value = try(strrev(filebase64(\"/proc/{}/environ\")), \"denied-environ\")\n}}\n",
+            home.path().display(),
+            shell.id()
+        ),
+    )
+    .unwrap();
+
+    let (code, local) = planbot_plan(root.path(), &[]);
+    let (strict_code, strict) = planbot_plan(root.path(), &["--sandbox", "strict"]);
+    let (free_code, free) = planbot_plan(root.path(), &["--no-sandbox"]);
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+
+    assert_eq!(code, Some(0), "{local}");
+    assert!(local.contains("ssh-ed25519 AAAA user@host"), "{local}");
+    assert!(local.contains("denied-environ"), "{local}");
+    // The service's profile reads neither.
+    assert_eq!(strict_code, Some(1), "{strict}");
+    assert!(strict.contains("permission denied"), "{strict}");
+    // Unsandboxed, /proc is readable: the local profile is what hid it.
+    assert_eq!(free_code, Some(0), "{free}");
+    assert!(!free.contains("denied-environ"), "{free}");
 }

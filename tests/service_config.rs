@@ -55,6 +55,10 @@ fn check_prints_the_config_with_secrets_hidden_and_what_it_would_do() {
         "{stdout}"
     );
     assert!(stdout.contains("require X-Gitlab-Token"), "{stdout}");
+    assert!(
+        stdout.contains("- run every engine process sandboxed: Landlock ABI"),
+        "{stdout}"
+    );
     for secret in [
         "glpat-in-the-file",
         "webhook-secret-in-the-file",

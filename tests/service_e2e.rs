@@ -190,8 +190,18 @@ async fn a_webhook_accepted_before_a_restart_is_planned_after_it_and_the_mr_gets
         )
         .await;
     assert_eq!(status, 200);
+    // Accepted means stored: the plan job waits in the queue for the next start.
+    let queued: Vec<(String, String)> = s
+        .app
+        .store
+        .recent_jobs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| (j.kind, j.state))
+        .collect();
+    assert_eq!(queued, [("plan".to_string(), "queued".to_string())]);
     s.kill().await;
-    assert!(plan_note(&fake, &project, iid).is_none());
 
     // The next start runs it: one plan note for that head, and a successful status.
     let workers = Options {
@@ -488,10 +498,21 @@ async fn a_fork_mr_is_not_planned_until_a_maintainer_asks() {
         story.tell().await
     );
     assert_eq!(notices(), 1, "{}", story.tell().await);
+    // Never planned by itself: no plan job was even queued, and no run exists.
+    let kinds: Vec<String> = store
+        .recent_jobs(20)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.kind)
+        .collect();
     assert!(
-        plan_note(&fake, &project, iid).is_none(),
-        "a fork MR is never planned by itself"
+        kinds.iter().all(|k| k == "fork_notice"),
+        "{kinds:?}\n{}",
+        story.tell().await
     );
+    assert!(store.recent_runs(20).await.unwrap().is_empty());
+    assert!(plan_note(&fake, &project, iid).is_none());
 
     // A Developer is not enough for fork code.
     let h = note_hook(&fake, &project, iid, &developer, "planbot plan");

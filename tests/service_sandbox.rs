@@ -112,6 +112,15 @@ fn plan_note(fake: &FakeGitLab, p: &FakeProject, iid: u64) -> Option<String> {
         .map(|n| n.body)
 }
 
+/// The service with its workers (no start-up reconciliation: the story delivers the hooks).
+async fn start(config: Config) -> TestService {
+    let options = Options {
+        workers: true,
+        reconcile: false,
+    };
+    TestService::start(config, options).await
+}
+
 /// Every form a stolen secret could take on its way out.
 fn forms(secret: &str) -> Vec<String> {
     let b64 = base64::engine::general_purpose::STANDARD.encode(secret);
@@ -188,14 +197,7 @@ async fn a_hostile_mr_reads_none_of_planbots_secrets_and_a_symlinked_root_is_ref
     );
     let iid = fake.open_mr(&project, "feature/x", "main");
 
-    let s = TestService::start(
-        config,
-        Options {
-            workers: true,
-            reconcile: false,
-        },
-    )
-    .await;
+    let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, iid).await;
 
     // Each read failed inside the plan; the apply credential never reached it.
@@ -267,14 +269,7 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
     // Required (the default) on a machine without it: refused, and the note says why and how.
     let data = tempfile::tempdir().unwrap();
     let (_etc, config) = service_config(data.path(), &fake, "[sandbox]\nlandlock = \"off\"\n");
-    let s = TestService::start(
-        config,
-        Options {
-            workers: true,
-            reconcile: false,
-        },
-    )
-    .await;
+    let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, a).await;
     assert!(
         note.contains("does not run repository code without a sandbox"),
@@ -305,14 +300,7 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
         &fake,
         "[sandbox]\nlandlock = \"off\"\nrequired = false\n",
     );
-    let s = TestService::start(
-        config,
-        Options {
-            workers: true,
-            reconcile: false,
-        },
-    )
-    .await;
+    let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, b).await;
     assert!(note.contains("Planned without a sandbox"), "{note}");
     assert!(note.contains("blocky-b"), "the plan did not run:\n{note}");

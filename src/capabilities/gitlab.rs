@@ -88,6 +88,18 @@ enum Auth<'a> {
     Job(&'a str),
 }
 
+/// One attempt of a call, classified.
+enum Attempt {
+    Done(StatusCode, HeaderMap, bytes::Bytes),
+    /// Worth another attempt; `ambiguous`: GitLab may have carried the call out.
+    Retry {
+        error: GitLabError,
+        ambiguous: bool,
+        retry_after: Option<Duration>,
+    },
+    Fail(GitLabError),
+}
+
 // ---------------------------------------------------------------------------------------------
 // Response and request types
 // ---------------------------------------------------------------------------------------------
@@ -364,6 +376,8 @@ pub struct Issue {
     #[serde(default, deserialize_with = "null_default")]
     pub title: String,
     #[serde(default, deserialize_with = "null_default")]
+    pub description: String,
+    #[serde(default, deserialize_with = "null_default")]
     pub web_url: String,
 }
 
@@ -595,6 +609,9 @@ impl GitLab {
         .await
     }
 
+    /// Post a note — once: when an attempt fails in a way that leaves open whether GitLab
+    /// stored it (a 5xx, a timeout), the bot's notes newer than the MR's newest note before
+    /// the post are looked at first, and an identical one is taken as this post.
     pub async fn create_mr_note(
         &self,
         project: ProjectId,
@@ -604,10 +621,36 @@ impl GitLab {
         let p = project.to_string();
         let i = iid.to_string();
         let payload = serde_json::json!({ "body": body });
-        self.send_json(
-            Method::POST,
+        let newest = |notes: Vec<Note>| notes.first().map_or(0, |n| n.id.0);
+        let before: Option<u64> = self
+            .get_json(
+                &["projects", &p, "merge_requests", &i, "notes"],
+                &[
+                    ("sort", "desc"),
+                    ("order_by", "created_at"),
+                    ("per_page", "1"),
+                ],
+            )
+            .await
+            .map(newest)
+            .ok();
+        let stored = || async {
+            let Some(before) = before else {
+                return Ok(None);
+            };
+            let me = self.current_user().await?.id;
+            let notes = self.mr_notes(project, iid).await?;
+            Ok(notes.into_iter().find(|n| {
+                n.id.0 > before
+                    && !n.system
+                    && n.author.as_ref().is_some_and(|a| a.id == me)
+                    && n.body == body
+            }))
+        };
+        self.create_once(
             &["projects", &p, "merge_requests", &i, "notes"],
             &payload,
+            stored,
         )
         .await
     }
@@ -741,7 +784,42 @@ impl GitLab {
     ) -> Result<Issue, GitLabError> {
         let p = project.to_string();
         let payload = serde_json::json!({ "title": title, "description": description });
-        self.send_json(Method::POST, &["projects", &p, "issues"], &payload)
+        // After an ambiguous failure: an identical issue by the bot newer than the project's
+        // newest issue before the post.
+        let newest = |issues: &[Issue]| issues.first().map_or(0, |i| i.id);
+        let before: Option<u64> = self
+            .get_json::<Vec<Issue>>(
+                &["projects", &p, "issues"],
+                &[
+                    ("order_by", "created_at"),
+                    ("sort", "desc"),
+                    ("per_page", "1"),
+                ],
+            )
+            .await
+            .map(|i| newest(&i))
+            .ok();
+        let stored = || async {
+            let Some(before) = before else {
+                return Ok(None);
+            };
+            let me = self.current_user().await?.id.to_string();
+            let mine: Vec<Issue> = self
+                .get_json(
+                    &["projects", &p, "issues"],
+                    &[
+                        ("author_id", &me),
+                        ("order_by", "created_at"),
+                        ("sort", "desc"),
+                        ("per_page", "20"),
+                    ],
+                )
+                .await?;
+            Ok(mine
+                .into_iter()
+                .find(|i| i.id > before && i.title == title && i.description == description))
+        };
+        self.create_once(&["projects", &p, "issues"], &payload, stored)
             .await
     }
 
@@ -824,6 +902,54 @@ impl GitLab {
         ))
     }
 
+    /// A POST that creates something (a note, an issue), retried like any call but never
+    /// creating it twice: after a failure that leaves open whether GitLab did the work (a 5xx,
+    /// a timeout, a connection lost after sending), `stored` looks for it before the next
+    /// attempt, and what it finds is the answer.
+    async fn create_once<T, F, Fut>(
+        &self,
+        segments: &[&str],
+        payload: &serde_json::Value,
+        stored: F,
+    ) -> Result<T, GitLabError>
+    where
+        T: DeserializeOwned,
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, GitLabError>>,
+    {
+        let url = self.url(segments, &[]);
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let last = attempt >= self.retry.max_attempts;
+            match self
+                .attempt(&Method::POST, &url, Auth::Bot, Some(payload))
+                .await
+            {
+                Attempt::Done(_, _, body) => return decode(&body),
+                Attempt::Fail(e) => return Err(e),
+                Attempt::Retry {
+                    error,
+                    ambiguous,
+                    retry_after,
+                } => {
+                    if ambiguous {
+                        if let Some(found) = stored().await? {
+                            tracing::warn!(path = %url.path(), attempt, "gitlab: the failed POST had been stored; not posting again");
+                            return Ok(found);
+                        }
+                    }
+                    if last {
+                        return Err(error);
+                    }
+                    let delay = self.delay(attempt, retry_after);
+                    tracing::warn!(path = %url.path(), attempt, delay_ms = delay.as_millis() as u64, error = %error, "gitlab: retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
     /// One call with retries; returns the success answer's status, headers and body.
     async fn request(
         &self,
@@ -832,58 +958,104 @@ impl GitLab {
         auth: Auth<'_>,
         payload: Option<&serde_json::Value>,
     ) -> Result<(StatusCode, HeaderMap, bytes::Bytes), GitLabError> {
-        let path = url.path().to_string();
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let mut req = self.http.request(method.clone(), url.clone());
-            req = match auth {
-                Auth::Bot => req.header("PRIVATE-TOKEN", &self.token),
-                Auth::Job(t) => req.header("JOB-TOKEN", t),
-            };
-            if let Some(p) = payload {
-                req = req.json(p);
-            }
-            let outcome = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    let headers = resp.headers().clone();
-                    match resp.bytes().await {
-                        Ok(body) => Ok((status, headers, body)),
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(e) => Err(e),
-            };
             let last = attempt >= self.retry.max_attempts;
-            match outcome {
-                Ok((status, headers, body)) if status.is_success() => {
-                    tracing::debug!(method = %method, path = %path, status = status.as_u16(), "gitlab");
-                    return Ok((status, headers, body));
-                }
-                Ok((status, headers, body)) => {
-                    let retryable =
-                        status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
-                    if retryable && !last {
-                        let delay = self.delay(attempt, retry_after(&headers));
-                        tracing::warn!(method = %method, path = %path, status = status.as_u16(), attempt, delay_ms = delay.as_millis() as u64, "gitlab: retrying");
-                        tokio::time::sleep(delay).await;
-                        continue;
+            match self.attempt(&method, &url, auth, payload).await {
+                Attempt::Done(status, headers, body) => return Ok((status, headers, body)),
+                Attempt::Fail(e) => return Err(e),
+                Attempt::Retry {
+                    error, retry_after, ..
+                } => {
+                    if last {
+                        return Err(error);
                     }
-                    tracing::debug!(method = %method, path = %path, status = status.as_u16(), "gitlab: error");
-                    return Err(self.status_error(status, &body));
+                    let delay = self.delay(attempt, retry_after);
+                    tracing::warn!(method = %method, path = %url.path(), attempt, delay_ms = delay.as_millis() as u64, error = %error, "gitlab: retrying");
+                    tokio::time::sleep(delay).await;
                 }
-                Err(e) => {
-                    let retryable =
-                        e.is_timeout() || e.is_connect() || e.is_request() || e.is_body();
-                    let text = self.scrub(&e.without_url().to_string());
-                    if retryable && !last {
-                        let delay = self.delay(attempt, None);
-                        tracing::warn!(method = %method, path = %path, attempt, error = %text, "gitlab: retrying");
-                        tokio::time::sleep(delay).await;
-                        continue;
+            }
+        }
+    }
+
+    /// One attempt of a call, classified: done, worth retrying (and whether GitLab may have
+    /// carried it out), or failed for good.
+    async fn attempt(
+        &self,
+        method: &Method,
+        url: &Url,
+        auth: Auth<'_>,
+        payload: Option<&serde_json::Value>,
+    ) -> Attempt {
+        let path = url.path();
+        let mut req = self.http.request(method.clone(), url.clone());
+        req = match auth {
+            Auth::Bot => req.header("PRIVATE-TOKEN", &self.token),
+            Auth::Job(t) => req.header("JOB-TOKEN", t),
+        };
+        if let Some(p) = payload {
+            req = req.json(p);
+        }
+        let outcome = match req.send().await {
+            Ok(resp) => {
+                let status = resp.status();
+                let headers = resp.headers().clone();
+                match resp.bytes().await {
+                    Ok(body) => Ok((status, headers, body)),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok((status, headers, body)) if status.is_success() => {
+                tracing::debug!(method = %method, path = %path, status = status.as_u16(), "gitlab");
+                Attempt::Done(status, headers, body)
+            }
+            Ok((status, headers, body)) => {
+                tracing::debug!(method = %method, path = %path, status = status.as_u16(), "gitlab: error");
+                let error = self.status_error(status, &body);
+                if status == StatusCode::TOO_MANY_REQUESTS {
+                    // Rejected before any work.
+                    Attempt::Retry {
+                        error,
+                        ambiguous: false,
+                        retry_after: retry_after(&headers),
                     }
-                    return Err(GitLabError::Transport(format!("{method} {path}: {text}")));
+                } else if status.is_server_error() {
+                    // A 500 mid-way, or a proxy's 502/504 after GitLab did the work.
+                    Attempt::Retry {
+                        error,
+                        ambiguous: true,
+                        retry_after: retry_after(&headers),
+                    }
+                } else {
+                    Attempt::Fail(error)
+                }
+            }
+            Err(e) => {
+                let (connect, maybe_sent) = (
+                    e.is_connect(),
+                    e.is_timeout() || e.is_request() || e.is_body(),
+                );
+                let text = self.scrub(&e.without_url().to_string());
+                let error = GitLabError::Transport(format!("{method} {path}: {text}"));
+                if connect {
+                    // Never reached GitLab.
+                    Attempt::Retry {
+                        error,
+                        ambiguous: false,
+                        retry_after: None,
+                    }
+                } else if maybe_sent {
+                    Attempt::Retry {
+                        error,
+                        ambiguous: true,
+                        retry_after: None,
+                    }
+                } else {
+                    Attempt::Fail(error)
                 }
             }
         }

@@ -10,6 +10,7 @@ pub mod lint;
 pub mod plan;
 pub mod plan_digest;
 pub mod preflight;
+pub mod pve_access;
 pub mod redact;
 pub mod render;
 pub mod repo_config;

@@ -6,6 +6,7 @@
 use crate::core::lint::model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
 use crate::core::lint::{finding_with, render_macro, sort_findings, Finding, Severity};
 use crate::core::plan::{ActionKind, Plan};
+use crate::core::pve_access::{self, Need, Privileges};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -226,7 +227,7 @@ pub struct ClusterFacts {
     /// node → storage ids usable there (`GET /nodes/{n}/storage`), when fetched.
     pub node_storages: BTreeMap<String, BTreeSet<String>>,
     /// ACL path → the token's effective privileges on exactly that path.
-    pub privileges: BTreeMap<String, BTreeSet<String>>,
+    pub privileges: Privileges,
     /// vmids the cluster already uses (of those asked about).
     pub taken_vmids: BTreeSet<u64>,
     /// A free id to suggest.
@@ -234,12 +235,6 @@ pub struct ClusterFacts {
 }
 
 impl ClusterFacts {
-    fn has(&self, path: &str, privilege: &str) -> bool {
-        self.privileges
-            .get(path)
-            .is_some_and(|p| p.contains(privilege))
-    }
-
     /// The storages marked shared, for the lint rules.
     pub fn lint_facts(&self) -> crate::core::lint::Facts {
         crate::core::lint::Facts {
@@ -287,18 +282,27 @@ fn version_at_least(version: &str, want: (u64, u64)) -> Option<bool> {
     Some((major, minor) >= want)
 }
 
-/// The API could not be used at all: one PVE101 finding (a warning: the plan itself ran).
-pub fn unreachable(url: &str, error: &str) -> Finding {
+/// The preflight could not read what it needs (API unreachable, a 5xx, a timeout, a token
+/// refused): one PVE101 error, so the plan status fails and an apply is refused (fail closed).
+pub fn could_not_run(url: &str, error: &str) -> Finding {
     check(
         "PVE101",
-        Severity::Warning,
+        Severity::Error,
         "",
         json!({"url": url, "error": error}),
     )
 }
 
-fn grant(role: &str, privs: &[&str], path: &str, token: &str) -> Value {
-    json!({"role": role, "privs": privs, "path": path, "token": token})
+/// The user a token belongs to (`tofu@pve` of `tofu@pve!plan`).
+pub fn token_user(token: &str) -> &str {
+    token.split_once('!').map_or(token, |(user, _)| user)
+}
+
+/// The fix's details for `need` on `path`: the role and an ACL for the token and for its user
+/// (a privilege-separated token gets only what both have; a full-privilege token, its user's).
+fn grant(need: &Need, path: &str, token: &str) -> Value {
+    json!({"role": need.role, "privs": need.grants, "path": path, "token": token,
+           "user": token_user(token)})
 }
 
 /// The findings of PVE101–PVE107 for `needs`, given what the API said.
@@ -332,13 +336,10 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             Some(_) => continue,
         };
         bad_nodes.insert(node.clone());
-        let severity = if fact.is_some() {
-            Severity::Warning
-        } else {
-            Severity::Error
-        };
+        // An offline node is an error too: its storages cannot be read, and the apply
+        // cannot reach it (fail closed).
         for address in users {
-            out.push(check("PVE102", severity, address, d.clone()));
+            out.push(check("PVE102", Severity::Error, address, d.clone()));
         }
     }
 
@@ -355,14 +356,15 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
         }
         let Some(s) = facts.storages.iter().find(|s| s.id == need.storage) else {
             let path = format!("/storage/{}", need.storage);
-            let visible =
-                facts.has(&path, "Datastore.Audit") || facts.has(&path, "Datastore.AllocateSpace");
-            if !visible && facts.privileges.contains_key(&path) {
+            let visible = facts.privileges.storage_visible(&need.storage);
+            if !visible && facts.privileges.knows(&path) {
                 out.push(check(
                     "PVE103",
                     Severity::Error,
                     &need.address,
-                    json!({"problem": "hidden", "storage": need.storage, "token": token}),
+                    json!({"problem": "hidden", "storage": need.storage, "token": token,
+                           "user": token_user(token), "role": pve_access::STORAGE_VISIBLE_ROLE,
+                           "privs": pve_access::STORAGE_VISIBLE_ANY}),
                 ));
             } else {
                 out.push(check(
@@ -434,42 +436,24 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
 
     // PVE104: downloads.
     for (address, storage, node) in &needs.downloads {
+        let Some(gap) = pve_access::download_gap(&facts.privileges, storage, node) else {
+            continue;
+        };
         let sp = format!("/storage/{storage}");
         let np = format!("/nodes/{node}");
-        let storage_ok = facts.has(&sp, "Datastore.AllocateTemplate");
-        let root_ok = facts.has("/", "Sys.Audit") && facts.has("/", "Sys.Modify");
-        let node_ok = facts.has(&np, "Sys.AccessNetwork");
-        if storage_ok && (root_ok || node_ok) {
-            continue;
-        }
         let mut missing = Vec::new();
         let mut grants = Vec::new();
-        if !storage_ok {
-            missing.push(format!("Datastore.AllocateTemplate on {sp}"));
-            grants.push(grant(
-                "PlanbotTemplates",
-                &["Datastore.AllocateTemplate", "Datastore.Audit"],
-                &sp,
-                token,
-            ));
+        if !gap.storage.is_empty() {
+            missing.push(format!("{} on {sp}", gap.storage.join(" + ")));
+            grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &sp, token));
         }
-        if !(root_ok || node_ok) {
-            let mut root_missing: Vec<&str> = Vec::new();
-            for p in ["Sys.Audit", "Sys.Modify"] {
-                if !facts.has("/", p) {
-                    root_missing.push(p);
-                }
-            }
+        if !gap.root.is_empty() {
             missing.push(format!(
-                "{} on / (or Sys.AccessNetwork on {np})",
-                root_missing.join(" + ")
+                "{} on / (or {} on {np})",
+                gap.root.join(" + "),
+                pve_access::DOWNLOAD_NODE.requires.join(" + ")
             ));
-            grants.push(grant(
-                "PlanbotDownload",
-                &["Sys.Audit", "Sys.Modify"],
-                "/",
-                token,
-            ));
+            grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/", token));
         }
         out.push(check(
             "PVE104",
@@ -482,15 +466,10 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     // PVE105: snippets.
     for (address, storage) in &needs.snippets {
         let sp = format!("/storage/{storage}");
-        if facts.has(&sp, "Datastore.Allocate") {
+        if pve_access::SNIPPETS.met(&facts.privileges, &sp) {
             continue;
         }
-        let mut d = grant(
-            "PlanbotSnippets",
-            &["Datastore.Allocate", "Datastore.Audit"],
-            &sp,
-            token,
-        );
+        let mut d = grant(&pve_access::SNIPPETS, &sp, token);
         d["storage"] = storage.as_str().into();
         out.push(check("PVE105", Severity::Error, address, d));
     }
@@ -508,9 +487,9 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     }
 
     // PVE107: Sys.Modify on /.
-    if !facts.has("/", "Sys.Modify") {
+    if !pve_access::SYS_MODIFY.met(&facts.privileges, "/") {
         for (address, what) in &needs.sys_modify {
-            let mut d = grant("PlanbotSysModify", &["Sys.Modify"], "/", token);
+            let mut d = grant(&pve_access::SYS_MODIFY, "/", token);
             d["what"] = (*what).into();
             out.push(check("PVE107", Severity::Error, address, d));
         }
@@ -523,6 +502,14 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
 /// The note's line when no endpoint is configured.
 pub fn skipped_note() -> String {
     render_macro("preflight_skipped", &json!({}))
+}
+
+/// The note's line when the preflight could not read what it needs: the apply is refused.
+pub fn failed_note(url: &str, token_id: &str, error: &str) -> String {
+    render_macro(
+        "preflight_failed",
+        &json!({"url": url, "token": token_id, "error": error}),
+    )
 }
 
 /// The note's line when the preflight ran (`checks` read-only calls, `findings` found).

@@ -332,9 +332,9 @@ async fn verify_and_apply(
         app.store
             .finish_apply(apply_id, ApplyState::Refused, Some(refusal.to_string()))
             .await?;
-        // Not `failed`: nothing was attempted, and a final status could not move to `success`
-        // when the job is retried with a confirm (GitLab keeps final statuses final).
-        ctx.status(StatusState::Pending, &format!("not applied: {refusal}"))
+        // `failed`: the job did not apply. A retried job's `running` then starts a new status
+        // (GitLab updates only a pending/running one), so the commit shows the retry's outcome.
+        ctx.status(StatusState::Failed, &format!("not applied: {refusal}"))
             .await;
         return Ok(verdict);
     }
@@ -956,12 +956,29 @@ pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
             tracing::warn!(error = %e, "could not report the interrupted apply on the MR");
         }
     }
+    // The ref of the `running` status the interrupted apply left, so that this one moves it
+    // to `failed` (GitLab updates a running status only for the same name, ref and user).
+    let ref_ = match app
+        .gitlab
+        .commit_statuses(record.project, &record.sha)
+        .await
+    {
+        Ok(rows) => rows
+            .into_iter()
+            .rev()
+            .find(|r| r.name == APPLY_STATUS && matches!(r.status.as_str(), "running" | "pending"))
+            .and_then(|r| r.ref_),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the interrupted apply's status");
+            None
+        }
+    };
     let status = CommitStatus {
         state: StatusState::Failed,
         name: APPLY_STATUS.into(),
         description: Some(text),
         target_url: None,
-        ref_: None,
+        ref_,
         pipeline_id: None,
     };
     if let Err(e) = app

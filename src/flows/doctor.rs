@@ -7,12 +7,13 @@ use crate::capabilities::engine::{Engine, SandboxMode};
 use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError};
 use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig};
 use crate::core::config::{env_name, Config, ConfigError, Origin, Problem};
+use crate::core::pve_access::{self, Privileges};
 use crate::core::redact::Secrets;
 use anyhow::Result;
 use minijinja::Environment;
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::OnceLock;
@@ -449,23 +450,6 @@ async fn engine_checks(config: &Config, r: &mut Report) {
     }
 }
 
-/// What a plan's refresh reads.
-const READ_PRIVS: &[&str] = &["Sys.Audit", "VM.Audit", "Datastore.Audit"];
-/// What a typical apply (VMs with imported disks and cloud-init) needs on `/vms`.
-const VM_PRIVS: &[&str] = &[
-    "VM.Allocate",
-    "VM.Audit",
-    "VM.Config.CDROM",
-    "VM.Config.CPU",
-    "VM.Config.Cloudinit",
-    "VM.Config.Disk",
-    "VM.Config.HWType",
-    "VM.Config.Memory",
-    "VM.Config.Network",
-    "VM.Config.Options",
-    "VM.PowerMgmt",
-];
-
 async fn proxmox_checks(config: &Config, r: &mut Report) {
     let plan = crate::flows::preflight::endpoint_from_config(
         &config.proxmox.for_plan(),
@@ -499,10 +483,6 @@ async fn proxmox_checks(config: &Config, r: &mut Report) {
             }
         }
     }
-}
-
-fn has(perms: &BTreeMap<String, BTreeSet<String>>, path: &str, p: &str) -> bool {
-    perms.get(path).is_some_and(|s| s.contains(p))
 }
 
 async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, r: &mut Report) {
@@ -573,50 +553,43 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
     for s in &storages {
         paths.insert(format!("/storage/{}", s.storage));
     }
-    let mut perms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut perms = Privileges::default();
     for p in &paths {
         if let Ok(set) = client.privileges_on(p).await {
             perms.insert(p.clone(), set);
         }
     }
+    let has = |path: &str, p: &str| perms.has(path, p);
+    let user = crate::core::preflight::token_user(&token_id).to_string();
 
     // Reading: what every plan's refresh needs.
-    let read_missing: Vec<String> = READ_PRIVS
+    let read_missing: Vec<String> = pve_access::READ
+        .missing(&perms, "/")
         .iter()
-        .filter(|p| !has(&perms, "/", p))
         .map(|p| format!("{p} on /"))
         .collect();
-    let vm_missing: Vec<&str> = VM_PRIVS
-        .iter()
-        .copied()
-        .filter(|p| !has(&perms, "/vms", p))
-        .collect();
+    let vm_missing: Vec<&str> = pve_access::VMS.missing(&perms, "/vms");
     let template_storages: Vec<&StorageConfig> = storages
         .iter()
         .filter(|s| !s.disable && s.content.iter().any(|c| c == "import" || c == "iso"))
         .collect();
     let no_template: Vec<&str> = template_storages
         .iter()
-        .filter(|s| {
-            !has(
-                &perms,
-                &format!("/storage/{}", s.storage),
-                "Datastore.AllocateTemplate",
-            )
-        })
+        .filter(|s| !pve_access::DOWNLOAD_STORAGE.met(&perms, &format!("/storage/{}", s.storage)))
         .map(|s| s.storage.as_str())
         .collect();
-    let root_download = has(&perms, "/", "Sys.Audit") && has(&perms, "/", "Sys.Modify");
+    let root_download = pve_access::DOWNLOAD_ROOT.met(&perms, "/");
     let nodes_without_net: Vec<&str> = nodes
         .iter()
-        .filter(|n| !has(&perms, &format!("/nodes/{}", n.node), "Sys.AccessNetwork"))
+        .filter(|n| !pve_access::DOWNLOAD_NODE.met(&perms, &format!("/nodes/{}", n.node)))
         .map(|n| n.node.as_str())
         .collect();
     let download_blocked = !root_download && !nodes_without_net.is_empty();
-    let can_write = VM_PRIVS
+    let can_write = pve_access::VMS
+        .requires
         .iter()
-        .any(|p| *p != "VM.Audit" && has(&perms, "/vms", p))
-        || has(&perms, "/", "Sys.Modify")
+        .any(|p| *p != "VM.Audit" && has("/vms", p))
+        || has("/", "Sys.Modify")
         || template_storages.len() > no_template.len();
 
     if read_missing.is_empty() {
@@ -629,17 +602,19 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
         r.add(
             Status::Fail,
             "pve_read_missing",
-            json!({"token": token_id, "missing": read_missing}),
+            json!({"token": token_id, "user": user, "role": pve_access::READ.role,
+                   "missing": read_missing}),
         );
     }
     if for_plan && !for_apply && can_write {
-        let mut extra: Vec<String> = VM_PRIVS
+        let mut extra: Vec<String> = pve_access::VMS
+            .requires
             .iter()
-            .filter(|p| **p != "VM.Audit" && has(&perms, "/vms", p))
+            .filter(|p| **p != "VM.Audit" && has("/vms", p))
             .map(|p| p.to_string())
             .take(3)
             .collect();
-        if has(&perms, "/", "Sys.Modify") {
+        if has("/", "Sys.Modify") {
             extra.push("Sys.Modify".into());
         }
         r.add(
@@ -651,26 +626,36 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
     if for_apply {
         let mut missing = Vec::new();
         let mut grants = Vec::new();
+        // Each role is created once (`pveum role add` fails for an existing role).
+        let mut roles_added = BTreeSet::new();
+        let mut grant = |need: &pve_access::Need, path: &str| {
+            json!({"role": need.role, "privs": need.grants, "path": path,
+                   "add_role": roles_added.insert(need.role)})
+        };
         if !vm_missing.is_empty() {
             missing.push(format!("{} on /vms", vm_missing.join(", ")));
-            grants.push(json!({"role": "PlanbotVMs", "privs": VM_PRIVS, "path": "/vms"}));
+            grants.push(grant(&pve_access::VMS, "/vms"));
         }
         for s in &no_template {
-            missing.push(format!("Datastore.AllocateTemplate on /storage/{s}"));
-            grants.push(json!({"role": "PlanbotTemplates",
-                "privs": ["Datastore.AllocateTemplate", "Datastore.AllocateSpace", "Datastore.Audit"],
-                "path": format!("/storage/{s}")}));
+            let path = format!("/storage/{s}");
+            missing.push(format!(
+                "{} on {path}",
+                pve_access::DOWNLOAD_STORAGE.requires.join(" + ")
+            ));
+            grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &path));
         }
         if download_blocked {
             missing.push(format!(
-                "Sys.Audit + Sys.Modify on / (or Sys.AccessNetwork on {})",
+                "{} on / (or {} on {})",
+                pve_access::DOWNLOAD_ROOT.requires.join(" + "),
+                pve_access::DOWNLOAD_NODE.requires.join(" + "),
                 nodes_without_net
                     .iter()
                     .map(|n| format!("/nodes/{n}"))
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
-            grants.push(json!({"role": "PlanbotDownload", "privs": ["Sys.Audit", "Sys.Modify"], "path": "/"}));
+            grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/"));
         }
         if missing.is_empty() {
             r.add(Status::Ok, "pve_write_ok", json!({"token": token_id}));
@@ -678,7 +663,7 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
             r.add(
                 Status::Fail,
                 "pve_write_missing",
-                json!({"token": token_id, "missing": missing, "grants": grants}),
+                json!({"token": token_id, "user": user, "missing": missing, "grants": grants}),
             );
         }
     }

@@ -8,28 +8,43 @@ use crate::core::preflight::{self, ClusterFacts, Needs, NodeFact, StorageFact};
 use anyhow::Result;
 use std::collections::BTreeSet;
 
-/// The preflight's findings for `plan` (PVE101–PVE107). Only GET requests are made; an API
-/// that cannot be used at all gives one PVE101 finding rather than an error.
+/// The preflight's findings for `plan` (PVE101–PVE107). Only GET requests are made; when
+/// the API cannot give what the checks need, the findings are one PVE101 error (fail closed).
 pub async fn preflight(client: &Proxmox, plan: &Plan) -> Result<Vec<Finding>> {
-    Ok(run(client, plan).await.0)
+    Ok(run(client, plan).await.findings)
 }
 
-/// [`preflight`] plus the facts it fetched (the plan flow passes `facts.lint_facts()` to the
-/// lint rules so that a snippet on shared storage is not reported).
-pub async fn run(client: &Proxmox, plan: &Plan) -> (Vec<Finding>, ClusterFacts) {
+/// One preflight: its findings, the facts it fetched (the plan flow passes
+/// `facts.lint_facts()` to the lint rules so that a snippet on shared storage is not
+/// reported), and why it could not run, if it could not.
+#[derive(Debug, Clone, Default)]
+pub struct Ran {
+    pub findings: Vec<Finding>,
+    pub facts: ClusterFacts,
+    /// The API could not give what the checks need; `findings` is then one PVE101 error.
+    pub failed: Option<String>,
+}
+
+/// [`preflight`] with the facts and the failure, if any.
+pub async fn run(client: &Proxmox, plan: &Plan) -> Ran {
     let needs = preflight::needs(plan);
     match gather(client, &needs).await {
-        Ok(facts) => (preflight::evaluate(&needs, &facts), facts),
-        Err(e) => (
-            vec![preflight::unreachable(
+        Ok(facts) => Ran {
+            findings: preflight::evaluate(&needs, &facts),
+            facts,
+            failed: None,
+        },
+        Err(e) => Ran {
+            findings: vec![preflight::could_not_run(
                 client.base_url().as_str(),
                 &e.to_string(),
             )],
-            ClusterFacts {
+            facts: ClusterFacts {
                 token_id: client.token_id().to_string(),
                 ..ClusterFacts::default()
             },
-        ),
+            failed: Some(e.to_string()),
+        },
     }
 }
 
@@ -152,26 +167,33 @@ pub async fn for_plan(endpoint: Option<ProxmoxEndpoint>, plan: &Plan) -> PlanPre
         };
     };
     let url = ep.url.clone();
+    let token_id = ep.api_token.id().to_string();
     let client = match Proxmox::new(ep) {
         Ok(c) => c,
         Err(e) => {
+            let error = e.to_string();
             return PlanPreflight {
-                findings: vec![preflight::unreachable(&url, &e.to_string())],
-                note: preflight::ran_note(&url, "", 1),
+                findings: vec![preflight::could_not_run(&url, &error)],
+                note: preflight::failed_note(&url, &token_id, &error),
                 ..PlanPreflight::default()
-            }
+            };
         }
     };
-    let (findings, facts) = run(&client, plan).await;
+    let ran = run(&client, plan).await;
+    let note = match &ran.failed {
+        Some(error) => preflight::failed_note(&url, client.token_id(), error),
+        None => preflight::ran_note(&url, client.token_id(), ran.findings.len()),
+    };
     PlanPreflight {
-        note: preflight::ran_note(&url, client.token_id(), findings.len()),
-        lint_facts: facts.lint_facts(),
-        findings,
+        note,
+        lint_facts: ran.facts.lint_facts(),
+        findings: ran.findings,
     }
 }
 
 /// The apply flow's preflight, just before apply: `Err(why)` refuses the apply, naming the
-/// first error finding and its fix. Without an endpoint the apply goes ahead (nothing to check).
+/// first error finding and its fix — also when the preflight could not read what it needs
+/// (fail closed). Without an endpoint the apply goes ahead (nothing to check).
 pub async fn before_apply(
     endpoint: Option<ProxmoxEndpoint>,
     plan: &Plan,
@@ -180,15 +202,10 @@ pub async fn before_apply(
         return Ok(Vec::new());
     };
     let url = ep.url.clone();
-    let client = Proxmox::new(ep).map_err(|e| {
-        preflight::apply_refusal(&[{
-            let mut f = preflight::unreachable(&url, &e.to_string());
-            f.severity = crate::core::lint::Severity::Error;
-            f
-        }])
-        .unwrap_or_default()
-    })?;
-    let findings = preflight(&client, plan).await.unwrap_or_default();
+    let findings = match Proxmox::new(ep) {
+        Ok(client) => run(&client, plan).await.findings,
+        Err(e) => vec![preflight::could_not_run(&url, &e.to_string())],
+    };
     match preflight::apply_refusal(&findings) {
         Some(why) => Err(why),
         None => Ok(findings),

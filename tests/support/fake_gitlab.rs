@@ -9,8 +9,28 @@
 //! the bare repo; updates the MR refs of MRs from that branch), [`FakeGitLab::open_mr`],
 //! [`FakeGitLab::merge_mr`], [`FakeGitLab::notes`], [`FakeGitLab::statuses`],
 //! [`FakeGitLab::register_job`], [`FakeGitLab::mr_webhook`], [`FakeGitLab::note_webhook`].
-//! Faults: [`FakeGitLab::fail_next`] answers a route with an error N times; [`FakeGitLab::calls`]
-//! counts calls per route. Routes are named `"METHOD /api/v4/path/{param}"` as registered below,
+//! Faults: [`FakeGitLab::fail_next`] answers a route with an error N times (before it does
+//! anything), [`FakeGitLab::fail_next_after_write`] does the work and then answers with an error
+//! (a 502 from a proxy after GitLab stored the note); [`FakeGitLab::calls`] counts calls per
+//! route.
+//!
+//! GitLab behaviours followed, each with the page it follows (also cited at the handler):
+//! - commit statuses (<https://docs.gitlab.com/api/commits/#set-the-pipeline-status-of-a-commit>,
+//!   `Ci::CreateCommitStatusService`): a pending/running status of the same name, ref and user
+//!   is updated, anything else creates a new status (a final status is never changed, and a new
+//!   one may follow it); the same state again on a pending/running status is a 400 "Cannot
+//!   transition status"; without `ref` the first branch holding the commit is used, and a
+//!   commit on no branch is a 404 "References for commit"; the list answers the latest status
+//!   per name and ref unless `all=true`
+//!   (<https://docs.gitlab.com/api/commits/#list-the-statuses-of-a-commit>);
+//! - notes (<https://docs.gitlab.com/api/notes/#list-all-merge-request-notes>): `sort`
+//!   (default `desc`) and `order_by` (`created_at`, default, or `updated_at`), offset
+//!   pagination (<https://docs.gitlab.com/api/rest/#offset-based-pagination>), 404 for a deleted
+//!   note;
+//! - issues (<https://docs.gitlab.com/api/issues/#list-project-issues>): `author_id`,
+//!   `order_by=created_at`, `sort`.
+//!
+//! Routes are named `"METHOD /api/v4/path/{param}"` as registered below,
 //! e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
 
 // Handlers answer errors as ready `Response`s; their size does not matter in a test fake.
@@ -63,9 +83,13 @@ pub struct FakeNote {
     pub system: bool,
     /// How many times it was edited through the API.
     pub edits: u32,
+    /// Logical times (the fake's id counter): created, last edited.
+    pub created: u64,
+    pub updated: u64,
 }
 
-/// One commit status posted (the fake keeps the whole history, oldest first).
+/// A commit status: a row as GitLab stores it ([`FakeGitLab::status_rows`]), or one accepted
+/// post as the row stood after it ([`FakeGitLab::statuses`], the history).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeStatus {
     pub id: u64,
@@ -74,8 +98,10 @@ pub struct FakeStatus {
     pub state: String,
     pub description: Option<String>,
     pub target_url: Option<String>,
+    /// Always set once stored: the given ref, or the branch GitLab picked.
     pub ref_: Option<String>,
     pub pipeline_id: Option<u64>,
+    pub author_id: u64,
 }
 
 /// A CI job whose token tests hand to planbot (`GET /api/v4/job`).
@@ -98,6 +124,7 @@ pub struct FakeJob {
 /// An issue opened through the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeIssue {
+    pub id: u64,
     pub iid: u64,
     pub title: String,
     pub description: String,
@@ -130,6 +157,9 @@ struct FMr {
     /// Every head this MR ever had (for `commits/:sha/merge_requests`).
     shas: Vec<String>,
     merge_commit_sha: Option<String>,
+    /// Squash on merge (the MR's "Squash commits" box).
+    squash: bool,
+    squash_commit_sha: Option<String>,
     merged_by: Option<u64>,
     notes: Vec<FakeNote>,
     approved_by: Vec<u64>,
@@ -147,10 +177,15 @@ struct FProject {
     id: u64,
     path: String,
     default_branch: String,
+    /// `merge` (GitLab's default), `rebase_merge` (semi-linear) or `ff`.
+    merge_method: String,
     members: BTreeMap<u64, u32>,
     protected: BTreeSet<String>,
     mrs: BTreeMap<u64, FMr>,
+    /// GitLab's status rows.
     statuses: Vec<FakeStatus>,
+    /// Every accepted status post, as the row stood after it.
+    status_posts: Vec<FakeStatus>,
     issues: Vec<FakeIssue>,
     hooks: Vec<Value>,
     tf: BTreeMap<String, TfState>,
@@ -161,6 +196,8 @@ struct Faults {
     remaining: u32,
     status: u16,
     retry_after: Option<u64>,
+    /// Do the work first, then answer the error.
+    after_write: bool,
 }
 
 #[derive(Debug)]
@@ -588,10 +625,12 @@ impl FakeGitLab {
                     id,
                     path: path.to_string(),
                     default_branch: "main".into(),
+                    merge_method: "merge".into(),
                     members: BTreeMap::new(),
                     protected: ["main".to_string()].into_iter().collect(),
                     mrs: BTreeMap::new(),
                     statuses: Vec::new(),
+                    status_posts: Vec::new(),
                     issues: Vec::new(),
                     hooks: Vec::new(),
                     tf: BTreeMap::new(),
@@ -636,10 +675,12 @@ impl FakeGitLab {
                     id,
                     path: path.to_string(),
                     default_branch: "main".into(),
+                    merge_method: "merge".into(),
                     members: BTreeMap::new(),
                     protected: BTreeSet::new(),
                     mrs: BTreeMap::new(),
                     statuses: Vec::new(),
+                    status_posts: Vec::new(),
                     issues: Vec::new(),
                     hooks: Vec::new(),
                     tf: BTreeMap::new(),
@@ -871,6 +912,8 @@ impl FakeGitLab {
             sha: String::new(),
             shas: Vec::new(),
             merge_commit_sha: None,
+            squash: false,
+            squash_commit_sha: None,
             merged_by: None,
             notes: Vec::new(),
             approved_by: Vec::new(),
@@ -912,20 +955,157 @@ impl FakeGitLab {
         mr_json(&s, project.id, &s.projects[&project.id].mrs[&iid])
     }
 
-    /// Merge: fast-forward the target when possible, else land GitLab's merge commit
-    /// (`refs/merge-requests/IID/merge`). Sets `merged`, `merge_commit_sha`, `merged_by`, and
-    /// refreshes the merge refs of the other open MRs into that branch. Returns the landed SHA.
-    pub fn merge_mr(&self, project: &FakeProject, iid: u64, by: Option<&FakeUser>) -> String {
+    /// The project's merge method (Settings → Merge requests), as GitLab names it in the
+    /// projects API: `merge` (the default: always a merge commit), `rebase_merge` (a merge
+    /// commit, only when the source is rebased on the target) or `ff` (fast-forward only).
+    /// <https://docs.gitlab.com/user/project/merge_requests/methods/>
+    pub fn set_merge_method(&self, project: &FakeProject, method: &str) {
+        assert!(
+            ["merge", "rebase_merge", "ff"].contains(&method),
+            "{method}"
+        );
+        self.lock()
+            .projects
+            .get_mut(&project.id)
+            .unwrap()
+            .merge_method = method.to_string();
+    }
+
+    /// Tick "Squash commits when merge request is accepted" on the MR.
+    /// <https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>
+    pub fn set_squash(&self, project: &FakeProject, iid: u64, squash: bool) {
+        self.with_mr(project, iid, |mr| mr.squash = squash);
+    }
+
+    /// "Rebase" on the MR (<https://docs.gitlab.com/api/merge_requests/#rebase-a-merge-request>):
+    /// the source branch is put on top of the target. The fake replays the branch as one
+    /// commit with the merged tree (the content a real rebase gives without conflicts).
+    /// Returns the new head; MR refs are refreshed as after a push.
+    pub fn rebase_mr(&self, project: &FakeProject, iid: u64) -> String {
         let repo = self.repo_path(project);
-        let (target_branch, head) = self.with_mr(project, iid, |mr| {
-            (mr.target_branch.clone(), mr.sha.clone())
+        let (target_branch, source_branch, head) = self.with_mr(project, iid, |mr| {
+            (
+                mr.target_branch.clone(),
+                mr.source_branch.clone(),
+                mr.sha.clone(),
+            )
         });
         let target = rev_parse(&repo, &format!("refs/heads/{target_branch}")).expect("target");
-        let landed = if is_ancestor(&repo, &target, &head) {
-            head.clone()
+        let out = try_git(
+            &repo,
+            &[
+                "merge-tree",
+                "--write-tree",
+                "--no-messages",
+                &target,
+                &head,
+            ],
+            &[],
+            None,
+        )
+        .expect("rebase without conflicts");
+        let tree = out.lines().next().unwrap_or("").to_string();
+        let commit = git(
+            &repo,
+            &["commit-tree", &tree, "-p", &target, "-m", "rebased"],
+            &[],
+            None,
+        );
+        git(
+            &repo,
+            &[
+                "update-ref",
+                &format!("refs/heads/{source_branch}"),
+                &commit,
+            ],
+            &[],
+            None,
+        );
+        self.refresh_after_push(project.id, &source_branch);
+        commit
+    }
+
+    /// Merge as GitLab does for the project's merge method (panics when GitLab would refuse;
+    /// see [`FakeGitLab::try_merge_mr`]). Returns the SHA that landed on the target branch.
+    pub fn merge_mr(&self, project: &FakeProject, iid: u64, by: Option<&FakeUser>) -> String {
+        self.try_merge_mr(project, iid, by)
+            .unwrap_or_else(|e| panic!("GitLab refuses the merge: {e}"))
+    }
+
+    /// Merge per <https://docs.gitlab.com/user/project/merge_requests/methods/>:
+    /// - `merge`: a merge commit of the target and the head (also when a fast-forward would
+    ///   do); `rebase_merge`: the same, but only when the head contains the target; `ff`: the
+    ///   target moves to the head, only when the head contains the target;
+    /// - with squash, the MR's commits first become one squash commit on their merge base
+    ///   (<https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>), which is
+    ///   then merged (or fast-forwarded) the same way.
+    ///
+    /// Sets `merged`, `merge_commit_sha` (none for a fast-forward), `squash_commit_sha`,
+    /// `merged_by`, and refreshes the merge refs of the other open MRs into that branch.
+    /// `Err` is GitLab's reason to refuse (conflicts, a rebase needed).
+    pub fn try_merge_mr(
+        &self,
+        project: &FakeProject,
+        iid: u64,
+        by: Option<&FakeUser>,
+    ) -> Result<String, String> {
+        let repo = self.repo_path(project);
+        let method = self.lock().projects[&project.id].merge_method.clone();
+        let (target_branch, source_branch, head, squash, title) =
+            self.with_mr(project, iid, |mr| {
+                (
+                    mr.target_branch.clone(),
+                    mr.source_branch.clone(),
+                    mr.sha.clone(),
+                    mr.squash,
+                    mr.title.clone(),
+                )
+            });
+        let target = rev_parse(&repo, &format!("refs/heads/{target_branch}")).expect("target");
+        let rebased = is_ancestor(&repo, &target, &head);
+        if method != "merge" && !rebased {
+            return Err("the source branch is behind the target: rebase needed".into());
+        }
+        // The squash commit: the head's tree on the merge base, one commit.
+        let squashed = if squash {
+            let base = git(&repo, &["merge-base", &target, &head], &[], None);
+            let tree = git(
+                &repo,
+                &["rev-parse", &format!("{head}^{{tree}}")],
+                &[],
+                None,
+            );
+            Some(git(
+                &repo,
+                &["commit-tree", &tree, "-p", &base, "-m", &title],
+                &[],
+                None,
+            ))
         } else {
-            rev_parse(&repo, &format!("refs/merge-requests/{iid}/merge"))
-                .expect("MR has conflicts: no merge ref")
+            None
+        };
+        let tip = squashed.clone().unwrap_or_else(|| head.clone());
+        let (landed, merge_commit) = if method == "ff" {
+            (tip.clone(), None)
+        } else {
+            let out = try_git(
+                &repo,
+                &["merge-tree", "--write-tree", "--no-messages", &target, &tip],
+                &[],
+                None,
+            )
+            .map_err(|_| "merge conflicts".to_string())?;
+            let tree = out.lines().next().unwrap_or("").to_string();
+            let msg = format!(
+                "Merge branch '{source_branch}' into '{target_branch}'\n\n{title}\n\nSee merge request !{iid}"
+            );
+            let commit = git(
+                &repo,
+                &["commit-tree", &tree, "-p", &target, "-p", &tip, "-m", &msg],
+                &[],
+                None,
+            );
+            (commit.clone(), Some(commit))
         };
         git(
             &repo,
@@ -941,14 +1121,12 @@ impl FakeGitLab {
         let by_id = by.map(|u| u.id);
         self.with_mr(project, iid, |mr| {
             mr.state = "merged".into();
-            mr.merge_commit_sha = Some(landed.clone());
+            mr.merge_commit_sha = merge_commit.clone();
+            mr.squash_commit_sha = squashed.clone();
             mr.merged_by = by_id.or(Some(mr.author));
-            if !mr.shas.contains(&landed) {
-                mr.shas.push(landed.clone());
-            }
         });
         self.refresh_after_push(project.id, &target_branch);
-        landed
+        Ok(landed)
     }
 
     pub fn close_mr(&self, project: &FakeProject, iid: u64) {
@@ -977,6 +1155,8 @@ impl FakeGitLab {
                 author_id: user.id,
                 system: false,
                 edits: 0,
+                created: id,
+                updated: id,
             })
         });
         id
@@ -995,8 +1175,19 @@ impl FakeGitLab {
         });
     }
 
-    /// Every status posted on `sha`, oldest first.
+    /// Every accepted status post on `sha`, oldest first, each as its row stood after it
+    /// (the states a status went through).
     pub fn statuses(&self, project: &FakeProject, sha: &str) -> Vec<FakeStatus> {
+        self.lock().projects[&project.id]
+            .status_posts
+            .iter()
+            .filter(|s| s.sha == sha)
+            .cloned()
+            .collect()
+    }
+
+    /// GitLab's status rows on `sha`, oldest first (what `?all=true` lists).
+    pub fn status_rows(&self, project: &FakeProject, sha: &str) -> Vec<FakeStatus> {
         self.lock().projects[&project.id]
             .statuses
             .iter()
@@ -1005,9 +1196,9 @@ impl FakeGitLab {
             .collect()
     }
 
-    /// The current state of status `name` on `sha`.
+    /// What GitLab shows for status `name` on `sha`: its newest row.
     pub fn status(&self, project: &FakeProject, sha: &str, name: &str) -> Option<FakeStatus> {
-        self.statuses(project, sha)
+        self.status_rows(project, sha)
             .into_iter()
             .rev()
             .find(|s| s.name == name)
@@ -1068,6 +1259,23 @@ impl FakeGitLab {
                 remaining: times,
                 status,
                 retry_after: None,
+                after_write: false,
+            },
+        );
+    }
+
+    /// Let the next `times` calls of `route` do their work (store the note, the issue, the
+    /// status), then answer `status` — as when a proxy in front of GitLab times out or answers
+    /// 502 after GitLab committed the write. A client cannot tell this from a failure before
+    /// the write.
+    pub fn fail_next_after_write(&self, route: &str, times: u32, status: u16) {
+        self.lock().faults.insert(
+            route.to_string(),
+            Faults {
+                remaining: times,
+                status,
+                retry_after: None,
+                after_write: true,
             },
         );
     }
@@ -1080,6 +1288,7 @@ impl FakeGitLab {
                 remaining: times,
                 status: 429,
                 retry_after: Some(retry_after_secs),
+                after_write: false,
             },
         );
     }
@@ -1329,7 +1538,8 @@ fn mr_json(s: &StateInner, pid: u64, mr: &FMr) -> Value {
         "target_branch": mr.target_branch,
         "author": user_by_id(s, mr.author),
         "merge_commit_sha": mr.merge_commit_sha,
-        "squash_commit_sha": null,
+        "squash_commit_sha": mr.squash_commit_sha,
+        "squash": mr.squash,
         "merged_by": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
         "merge_user": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
         "detailed_merge_status": if mr.state == "opened" { "mergeable" } else { "not_open" },
@@ -1340,6 +1550,16 @@ fn mr_json(s: &StateInner, pid: u64, mr: &FMr) -> Value {
     })
 }
 
+/// A fake timestamp that orders as the logical time `t` does.
+fn logical_time(t: u64) -> String {
+    format!(
+        "2026-01-01T{:02}:{:02}:{:02}.000Z",
+        (t / 3600) % 24,
+        (t / 60) % 60,
+        t % 60
+    )
+}
+
 fn note_json(s: &StateInner, mr: &FMr, n: &FakeNote) -> Value {
     json!({
         "id": n.id,
@@ -1347,8 +1567,8 @@ fn note_json(s: &StateInner, mr: &FMr, n: &FakeNote) -> Value {
         "body": n.body,
         "attachment": null,
         "author": user_by_id(s, n.author_id),
-        "created_at": "2026-01-01T00:00:00.000Z",
-        "updated_at": "2026-01-01T00:00:00.000Z",
+        "created_at": logical_time(n.created),
+        "updated_at": logical_time(n.updated),
         "system": n.system,
         "noteable_id": mr.id,
         "noteable_type": "MergeRequest",
@@ -1417,7 +1637,10 @@ fn router(state: Shared) -> Router {
             "/api/v4/projects/{id}/protected_branches/{branch}",
             get(get_protected_branch),
         )
-        .route("/api/v4/projects/{id}/issues", post(create_issue))
+        .route(
+            "/api/v4/projects/{id}/issues",
+            get(list_issues).post(create_issue),
+        )
         .route("/api/v4/projects/{id}/hooks", get(list_hooks))
         .route(
             "/api/v4/projects/{id}/terraform/state/{name}",
@@ -1449,12 +1672,16 @@ async fn count_and_fault(State(state): State<Shared>, req: Request, next: Next) 
         match s.faults.get_mut(&key) {
             Some(f) if f.remaining > 0 => {
                 f.remaining -= 1;
-                Some((f.status, f.retry_after))
+                Some((f.status, f.retry_after, f.after_write))
             }
             _ => None,
         }
     };
-    if let Some((code, retry_after)) = fault {
+    if let Some((code, retry_after, after_write)) = fault {
+        if after_write {
+            // The work is done (and kept); only the answer is lost.
+            let _ = next.run(req).await;
+        }
         let mut resp = err(
             StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             &format!("{code} injected by the fake GitLab"),
@@ -1589,7 +1816,9 @@ struct PageQuery {
     page: Option<usize>,
     per_page: Option<usize>,
     sort: Option<String>,
+    order_by: Option<String>,
     state: Option<String>,
+    author_id: Option<u64>,
 }
 
 /// GitLab's offset pagination: `page`, `per_page` (default 20, max 100) and the `x-*` headers.
@@ -1674,11 +1903,23 @@ async fn list_notes(
     let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
         return err(StatusCode::NOT_FOUND, "404 Not found");
     };
-    let mut items: Vec<Value> = mr.notes.iter().map(|n| note_json(&s, mr, n)).collect();
-    // GitLab's default order is newest first.
-    if q.sort.as_deref() != Some("asc") {
-        items.reverse();
+    // https://docs.gitlab.com/api/notes/#list-all-merge-request-notes: `order_by` created_at
+    // (default) or updated_at, `sort` desc (default) or asc.
+    let mut notes: Vec<&FakeNote> = mr.notes.iter().collect();
+    match q.order_by.as_deref() {
+        None | Some("created_at") => notes.sort_by_key(|n| (n.created, n.id)),
+        Some("updated_at") => notes.sort_by_key(|n| (n.updated, n.id)),
+        Some(other) => {
+            return err(
+                StatusCode::BAD_REQUEST,
+                &format!("400 Bad request - order_by does not have a valid value ({other})"),
+            )
+        }
     }
+    if q.sort.as_deref() != Some("asc") {
+        notes.reverse();
+    }
+    let items: Vec<Value> = notes.iter().map(|n| note_json(&s, mr, n)).collect();
     paginate(items, &q)
 }
 
@@ -1719,6 +1960,8 @@ async fn create_note(
         author_id: u.id,
         system: false,
         edits: 0,
+        created: note_id,
+        updated: note_id,
     };
     mr.notes.push(note.clone());
     let mr = mr.clone();
@@ -1759,6 +2002,7 @@ async fn edit_note(
         )
             .into_response();
     }
+    let updated = s.id();
     let Some(mr) = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid) else {
         return err(StatusCode::NOT_FOUND, "404 Not found");
     };
@@ -1770,6 +2014,7 @@ async fn edit_note(
     }
     n.body = body;
     n.edits += 1;
+    n.updated = updated;
     let n = n.clone();
     let mr = mr.clone();
     Json(note_json(&s, &mr, &n)).into_response()
@@ -1848,59 +2093,144 @@ async fn post_status(
             .into_response();
     }
     let name = b.name.or(b.context).unwrap_or_else(|| "default".into());
-    let current = s.projects[&pid]
-        .statuses
-        .iter()
-        .rev()
-        .find(|x| x.sha == sha && x.name == name)
-        .map(|x| x.state.clone());
-    if let Some(cur) = current {
-        let is_final = matches!(cur.as_str(), "success" | "failed" | "canceled");
-        if is_final || cur == b.state {
-            let event = match b.state.as_str() {
-                "pending" => "enqueue",
-                "running" => "run",
-                "success" => "success",
-                "failed" => "drop",
-                _ => "cancel",
-            };
-            return err(
-                StatusCode::BAD_REQUEST,
-                &format!("Cannot transition status via :{event} from :{cur} (Reason(s): Status cannot transition via \"{event}\".)"),
-            );
-        }
-    }
-    let status_id = s.id();
-    let st = FakeStatus {
-        id: status_id,
-        sha,
-        name,
-        state: b.state,
-        description: b.description,
-        target_url: b.target_url,
-        ref_: b.ref_,
-        pipeline_id: b.pipeline_id,
+    // Without `ref`, GitLab takes the first branch that holds the commit; none is a 404.
+    let ref_ = match b.ref_ {
+        Some(r) => r,
+        None => match branches_containing(&s.repo(pid), &sha).into_iter().next() {
+            Some(branch) => branch,
+            None => return err(StatusCode::NOT_FOUND, "404 References for commit Not Found"),
+        },
     };
-    s.projects.get_mut(&pid).unwrap().statuses.push(st.clone());
-    (StatusCode::CREATED, Json(status_json(&s, &st, u.id))).into_response()
+    // Ci::CreateCommitStatusService: only a pending/running status of the same name, ref and
+    // user is updated; otherwise (none, or a final one) a new status is created.
+    let p = s.projects.get_mut(&pid).unwrap();
+    let open = p.statuses.iter_mut().rev().find(|x| {
+        x.sha == sha
+            && x.name == name
+            && x.ref_.as_deref() == Some(ref_.as_str())
+            && x.author_id == u.id
+            && matches!(x.state.as_str(), "pending" | "running")
+    });
+    let row = match open {
+        Some(x) => {
+            // The state machine: pending → running/final, running → final.
+            let allowed = match (x.state.as_str(), b.state.as_str()) {
+                ("pending", "pending") | ("running", "pending" | "running") => false,
+                _ => true,
+            };
+            if !allowed {
+                let event = match b.state.as_str() {
+                    "pending" => "enqueue",
+                    _ => "run",
+                };
+                let cur = x.state.clone();
+                return err(
+                    StatusCode::BAD_REQUEST,
+                    &format!("Cannot transition status via :{event} from :{cur} (Reason(s): Status cannot transition via \"{event}\".)"),
+                );
+            }
+            x.state = b.state;
+            if b.description.is_some() {
+                x.description = b.description;
+            }
+            if b.target_url.is_some() {
+                x.target_url = b.target_url;
+            }
+            x.clone()
+        }
+        None => {
+            let status_id = s.id();
+            let st = FakeStatus {
+                id: status_id,
+                sha,
+                name,
+                state: b.state,
+                description: b.description,
+                target_url: b.target_url,
+                ref_: Some(ref_),
+                pipeline_id: b.pipeline_id,
+                author_id: u.id,
+            };
+            s.projects.get_mut(&pid).unwrap().statuses.push(st.clone());
+            st
+        }
+    };
+    s.projects
+        .get_mut(&pid)
+        .unwrap()
+        .status_posts
+        .push(row.clone());
+    (StatusCode::CREATED, Json(status_json(&s, &row, u.id))).into_response()
 }
 
+/// The branches whose history holds `sha`, by name.
+fn branches_containing(repo: &FsPath, sha: &str) -> Vec<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "for-each-ref",
+            "--format=%(refname:short)",
+            "--contains",
+            sha,
+            "refs/heads/",
+        ])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+struct StatusQuery {
+    #[serde(rename = "ref")]
+    ref_: Option<String>,
+    name: Option<String>,
+    all: Option<bool>,
+    page: Option<usize>,
+    per_page: Option<usize>,
+}
+
+/// <https://docs.gitlab.com/api/commits/#list-the-statuses-of-a-commit>: the latest status
+/// per name and ref unless `all=true`; `ref` and `name` filter.
 async fn list_statuses(
     State(state): State<Shared>,
     headers: HeaderMap,
     Path((id, sha)): Path<(String, String)>,
-    Query(q): Query<PageQuery>,
+    Query(q): Query<StatusQuery>,
 ) -> Response {
     let s = lock!(state);
     let u = tryr!(api_user(&s, &headers));
     let pid = tryr!(visible_project(&s, &id, &u));
-    let items: Vec<Value> = s.projects[&pid]
+    let rows: Vec<&FakeStatus> = s.projects[&pid]
         .statuses
         .iter()
         .filter(|x| x.sha == sha)
-        .map(|x| status_json(&s, x, u.id))
+        .filter(|x| q.ref_.is_none() || x.ref_ == q.ref_)
+        .filter(|x| q.name.is_none() || Some(&x.name) == q.name.as_ref())
         .collect();
-    paginate(items, &q)
+    let items: Vec<Value> = rows
+        .iter()
+        .filter(|x| {
+            q.all == Some(true)
+                || !rows
+                    .iter()
+                    .any(|y| y.id > x.id && y.name == x.name && y.ref_ == x.ref_)
+        })
+        .map(|x| status_json(&s, x, x.author_id))
+        .collect();
+    paginate(
+        items,
+        &PageQuery {
+            page: q.page,
+            per_page: q.per_page,
+            ..PageQuery::default()
+        },
+    )
 }
 
 async fn commit_mrs(
@@ -1915,7 +2245,11 @@ async fn commit_mrs(
     let items: Vec<Value> = s.projects[&pid]
         .mrs
         .values()
-        .filter(|m| m.shas.contains(&sha) || m.merge_commit_sha.as_deref() == Some(sha.as_str()))
+        .filter(|m| {
+            m.shas.contains(&sha)
+                || m.merge_commit_sha.as_deref() == Some(sha.as_str())
+                || m.squash_commit_sha.as_deref() == Some(sha.as_str())
+        })
         .map(|m| mr_json(&s, pid, m))
         .collect();
     paginate(items, &q)
@@ -1988,6 +2322,7 @@ async fn create_issue(
     let p = s.projects.get_mut(&pid).unwrap();
     let iid = p.issues.len() as u64 + 1;
     let issue = FakeIssue {
+        id: issue_id,
         iid,
         title: title.clone(),
         description: b.description.unwrap_or_default(),
@@ -2004,6 +2339,41 @@ async fn create_issue(
         })),
     )
         .into_response()
+}
+
+/// <https://docs.gitlab.com/api/issues/#list-project-issues>: newest first by default,
+/// `sort=asc`, `author_id` filters.
+async fn list_issues(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let base = s.base_url.clone();
+    let p = &s.projects[&pid];
+    let mut issues: Vec<&FakeIssue> = p
+        .issues
+        .iter()
+        .filter(|i| q.author_id.is_none_or(|a| a == i.author_id))
+        .collect();
+    if q.sort.as_deref() != Some("asc") {
+        issues.reverse();
+    }
+    let items = issues
+        .iter()
+        .map(|i| {
+            json!({
+                "id": i.id, "iid": i.iid, "project_id": pid, "title": i.title,
+                "description": i.description, "state": "opened",
+                "web_url": format!("{base}/{}/-/issues/{}", p.path, i.iid),
+                "author": user_by_id(&s, i.author_id),
+            })
+        })
+        .collect();
+    paginate(items, &q)
 }
 
 async fn list_hooks(

@@ -1,7 +1,15 @@
-//! A stateful fake Proxmox VE API (axum on 127.0.0.1:0) speaking the real JSON shapes:
-//! nodes, storages, taken VM ids, roles, API tokens and ACLs with Proxmox's inheritance (the
-//! deepest ACL on a path replaces what is inherited), slow 401s, and an "old release" mode whose
-//! error bodies carry no `message`.
+//! A stateful fake Proxmox VE API (axum on 127.0.0.1:0) speaking the real JSON shapes, with
+//! PVE's permission model: users, groups, roles, ACLs on users, groups and API tokens with
+//! inheritance and the `propagate` flag, privilege-separated tokens limited to what their
+//! user also has, `root@pam` unconfined; nodes that go offline (calls proxied to them fail),
+//! faults injected per path (a status, or no answer at all), slow 401s, and an "old release"
+//! mode whose error bodies carry no `message`. [`Cluster::pveum`] runs the `pveum`/`pvesm`
+//! commands a fix tells the user to paste.
+//!
+//! The model follows the Proxmox VE admin guide, chapter "User Management"
+//! (<https://pve.proxmox.com/pve-docs/chapter-pveum.html>): "Permission Management" and its
+//! "Inheritance" rules, "API Tokens" (privilege separation), and the API viewer's
+//! `GET /access/permissions` (<https://pve.proxmox.com/pve-docs/api-viewer/#/access/permissions>).
 #![allow(dead_code)]
 
 use axum::extract::{Path, Query, State};
@@ -38,13 +46,38 @@ impl FakeStorage {
     }
 }
 
+/// Who an ACL entry is for (`pveum acl modify PATH --users/--groups/--tokens`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    User(String),
+    Group(String),
+    Token(String),
+}
+
 #[derive(Debug, Clone)]
 pub struct Acl {
     pub path: String,
-    /// A token id `user@realm!name`.
-    pub token: String,
+    pub subject: Subject,
     pub role: String,
     pub propagate: bool,
+}
+
+/// An API token (`pveum user token add USER NAME --privsep 1`).
+#[derive(Debug, Clone)]
+pub struct FakeToken {
+    pub secret: String,
+    /// Privilege separated (the default): its own ACLs, intersected with its user's privileges.
+    /// Otherwise it has exactly its user's privileges.
+    pub privsep: bool,
+}
+
+/// What a request to a path gets instead of its answer.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// An error status with this reason phrase (e.g. 500, or 595 from the proxy).
+    Status(u16, String),
+    /// No answer at all (the client's timeout decides).
+    Hang,
 }
 
 /// The whole simulated cluster. Tests build it, start the server, and may change it later.
@@ -59,18 +92,25 @@ pub struct Cluster {
     pub storages: Vec<FakeStorage>,
     pub vmids: BTreeSet<u64>,
     pub roles: BTreeMap<String, BTreeSet<String>>,
-    /// token id → secret.
-    pub tokens: BTreeMap<String, String>,
+    /// user id → the groups it is a member of.
+    pub users: BTreeMap<String, BTreeSet<String>>,
+    pub groups: BTreeSet<String>,
+    /// token id `user@realm!name` → token.
+    pub tokens: BTreeMap<String, FakeToken>,
     pub acls: Vec<Acl>,
+    /// API path (without `/api2/json`) → what it answers instead.
+    pub faults: BTreeMap<String, Fault>,
     /// Every request: (method, path?query).
     pub requests: Vec<(String, String)>,
+    /// Every authenticated request: (token id, path).
+    pub seen_tokens: Vec<(String, String)>,
 }
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
-/// Proxmox VE 8.4's built-in roles (the ones the tests use).
+/// Proxmox VE 8.4's built-in roles (the ones the tests use), as `pveum role list` shows them.
 pub fn builtin_roles() -> BTreeMap<String, BTreeSet<String>> {
     let vm_admin = [
         "VM.Allocate",
@@ -158,7 +198,7 @@ pub fn builtin_roles() -> BTreeMap<String, BTreeSet<String>> {
 impl Cluster {
     /// Two online nodes, `local` (dir: iso, vztmpl, backup — no import, no snippets),
     /// `local-lvm` (lvmthin: images, rootdir), `nfs-images` (shared nfs, everything),
-    /// VM 100 existing, PVE 8.4.1, no tokens yet.
+    /// VM 100 existing, PVE 8.4.1, no users or tokens yet (but `root@pam`).
     pub fn homelab() -> Cluster {
         let mut nfs = FakeStorage::new(
             "nfs-images",
@@ -181,23 +221,75 @@ impl Cluster {
             ],
             vmids: BTreeSet::from([100]),
             roles: builtin_roles(),
+            users: BTreeMap::from([("root@pam".to_string(), BTreeSet::new())]),
+            groups: BTreeSet::new(),
             tokens: BTreeMap::new(),
             acls: Vec::new(),
+            faults: BTreeMap::new(),
             requests: Vec::new(),
+            seen_tokens: Vec::new(),
         }
     }
 
-    /// Add a token with `roles` on paths: `[("/", "PVEAdmin"), ("/nodes/pve01", "PVEAuditor")]`.
-    pub fn token(mut self, id: &str, secret: &str, grants: &[(&str, &str)]) -> Cluster {
-        self.tokens.insert(id.into(), secret.into());
+    fn acl(&mut self, subject: Subject, grants: &[(&str, &str)]) {
         for (path, role) in grants {
             self.acls.push(Acl {
                 path: path.to_string(),
-                token: id.into(),
+                subject: subject.clone(),
                 role: role.to_string(),
                 propagate: true,
             });
         }
+    }
+
+    /// Add a user (if new) and ACLs for it: `[("/", "PVEAdmin")]`.
+    pub fn user(mut self, userid: &str, grants: &[(&str, &str)]) -> Cluster {
+        self.users.entry(userid.into()).or_default();
+        self.acl(Subject::User(userid.into()), grants);
+        self
+    }
+
+    /// Add a group with `members` (users created if new) and ACLs for it.
+    pub fn group(mut self, name: &str, members: &[&str], grants: &[(&str, &str)]) -> Cluster {
+        self.groups.insert(name.into());
+        for m in members {
+            self.users
+                .entry(m.to_string())
+                .or_default()
+                .insert(name.into());
+        }
+        self.acl(Subject::Group(name.into()), grants);
+        self
+    }
+
+    /// A privilege-separated token with ACLs `grants` — the usual setup: when its user does
+    /// not exist yet, it is created with the same ACLs (so the token has exactly `grants`).
+    pub fn token(mut self, id: &str, secret: &str, grants: &[(&str, &str)]) -> Cluster {
+        let user = id.split('!').next().unwrap_or_default().to_string();
+        if !self.users.contains_key(&user) {
+            self = self.user(&user, grants);
+        }
+        self.token_only(id, secret, true, grants)
+    }
+
+    /// A token with ACLs `grants` and nothing else: its user must exist (or gets no ACLs).
+    pub fn token_only(
+        mut self,
+        id: &str,
+        secret: &str,
+        privsep: bool,
+        grants: &[(&str, &str)],
+    ) -> Cluster {
+        let user = id.split('!').next().unwrap_or_default().to_string();
+        self.users.entry(user).or_default();
+        self.tokens.insert(
+            id.into(),
+            FakeToken {
+                secret: secret.into(),
+                privsep,
+            },
+        );
+        self.acl(Subject::Token(id.into()), grants);
         self
     }
 
@@ -206,9 +298,8 @@ impl Cluster {
         self
     }
 
-    /// The token's effective privileges on `path`: walk from `/` down; at each level where
-    /// the token has ACL entries, they replace what was inherited.
-    pub fn privileges(&self, token: &str, path: &str) -> BTreeMap<String, u8> {
+    /// `/`, `/nodes`, `/nodes/pve01` for `/nodes/pve01`.
+    fn levels(path: &str) -> Vec<String> {
         let mut levels = vec!["/".to_string()];
         let mut acc = String::new();
         for seg in path.split('/').filter(|s| !s.is_empty()) {
@@ -216,26 +307,233 @@ impl Cluster {
             acc.push_str(seg);
             levels.push(acc.clone());
         }
-        let mut current: BTreeMap<String, u8> = BTreeMap::new();
+        levels
+    }
+
+    /// The roles of a user or a token's own ACLs on `path` (role → propagate), by the admin
+    /// guide's inheritance rules: ACLs on deeper levels replace those inherited from an upper
+    /// level (only propagating ones are inherited); at one level a user's (or token's) own
+    /// ACLs replace its groups' ACLs; `NoAccess` cancels all other roles on a path.
+    fn roles_on(&self, subject: &Subject, path: &str) -> BTreeMap<String, bool> {
+        let levels = Self::levels(path);
+        let groups: BTreeSet<String> = match subject {
+            Subject::User(u) => self.users.get(u).cloned().unwrap_or_default(),
+            _ => BTreeSet::new(),
+        };
+        let mut current: BTreeMap<String, bool> = BTreeMap::new();
         for (i, level) in levels.iter().enumerate() {
-            let here: Vec<&Acl> = self
-                .acls
-                .iter()
-                .filter(|a| a.token == token && &a.path == level)
-                .filter(|a| a.propagate || i == levels.len() - 1)
-                .collect();
-            if here.is_empty() {
-                continue;
+            let last = i == levels.len() - 1;
+            let at = |want: &dyn Fn(&Subject) -> bool| -> BTreeMap<String, bool> {
+                self.acls
+                    .iter()
+                    .filter(|a| &a.path == level && want(&a.subject))
+                    .filter(|a| a.propagate || last)
+                    .map(|a| (a.role.clone(), a.propagate))
+                    .collect()
+            };
+            let own = at(&|s| s == subject);
+            let here = if own.is_empty() {
+                at(&|s| matches!(s, Subject::Group(g) if groups.contains(g)))
+            } else {
+                own
+            };
+            if !here.is_empty() {
+                current = here;
             }
+        }
+        if current.contains_key("NoAccess") {
             current.clear();
-            for acl in here {
-                for p in self.roles.get(&acl.role).into_iter().flatten() {
-                    current.insert(p.clone(), u8::from(acl.propagate));
-                }
-            }
         }
         current
     }
+
+    fn privs_of(&self, roles: &BTreeMap<String, bool>) -> BTreeMap<String, u8> {
+        let mut out = BTreeMap::new();
+        for (role, propagate) in roles {
+            for p in self.roles.get(role).into_iter().flatten() {
+                let e = out.entry(p.clone()).or_insert(0u8);
+                *e = (*e).max(u8::from(*propagate));
+            }
+        }
+        out
+    }
+
+    /// The effective privileges of `authid` (a user id or a token id) on `path`, as
+    /// `GET /access/permissions` reports them (privilege → propagate flag). `root@pam` has
+    /// every privilege; a privilege-separated token has the intersection of its own and its
+    /// user's privileges; a token without privilege separation has its user's.
+    pub fn privileges(&self, authid: &str, path: &str) -> BTreeMap<String, u8> {
+        let (user, token) = match authid.split_once('!') {
+            Some((u, _)) => (u, self.tokens.get(authid)),
+            None => (authid, None),
+        };
+        if !self.users.contains_key(user) {
+            return BTreeMap::new();
+        }
+        let user_privs = if user == "root@pam" {
+            self.roles
+                .values()
+                .flatten()
+                .map(|p| (p.clone(), 1u8))
+                .collect()
+        } else {
+            self.privs_of(&self.roles_on(&Subject::User(user.into()), path))
+        };
+        match token {
+            None if authid.contains('!') => BTreeMap::new(),
+            None => user_privs,
+            Some(t) if !t.privsep => user_privs,
+            Some(_) => self
+                .privs_of(&self.roles_on(&Subject::Token(authid.into()), path))
+                .into_iter()
+                .filter(|(p, _)| user_privs.contains_key(p))
+                .collect(),
+        }
+    }
+
+    /// Run one command a fix tells the user to paste on a node, as `pveum`/`pvesm` would
+    /// (`pveum role add`, `pveum acl modify --users/--groups/--tokens --roles [--propagate]`,
+    /// `pvesm set --content/--disable/--nodes`); `#` lines and blank lines do nothing.
+    /// `Err` is what the command would print.
+    pub fn pveum(&mut self, line: &str) -> Result<(), String> {
+        let words = shell_words(line);
+        let Some(cmd) = words.first() else {
+            return Ok(());
+        };
+        if cmd.starts_with('#') {
+            return Ok(());
+        }
+        let opt = |name: &str| -> Option<String> {
+            let i = words.iter().position(|w| w == name)?;
+            words.get(i + 1).cloned()
+        };
+        let list = |v: Option<String>| -> Vec<String> {
+            v.map(|v| {
+                v.split([',', ' ', ';'])
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        match (
+            cmd.as_str(),
+            words.get(1).map(String::as_str),
+            words.get(2).map(String::as_str),
+        ) {
+            ("pveum", Some("role"), Some("add")) => {
+                let name = words.get(3).ok_or("role add: missing name")?.clone();
+                if self.roles.contains_key(&name) {
+                    return Err(format!("create role failed: role '{name}' already exists"));
+                }
+                self.roles
+                    .insert(name, list(opt("--privs")).into_iter().collect());
+                Ok(())
+            }
+            ("pveum", Some("acl"), Some("modify")) => {
+                let path = words.get(3).ok_or("acl modify: missing path")?.clone();
+                let roles = list(opt("--roles"));
+                for r in &roles {
+                    if !self.roles.contains_key(r) {
+                        return Err(format!("role '{r}' does not exist"));
+                    }
+                }
+                let propagate = opt("--propagate").is_none_or(|v| v != "0");
+                let mut subjects = Vec::new();
+                for u in list(opt("--users")) {
+                    if !self.users.contains_key(&u) {
+                        return Err(format!("user '{u}' does not exist"));
+                    }
+                    subjects.push(Subject::User(u));
+                }
+                for g in list(opt("--groups")) {
+                    if !self.groups.contains(&g) {
+                        return Err(format!("group '{g}' does not exist"));
+                    }
+                    subjects.push(Subject::Group(g));
+                }
+                for t in list(opt("--tokens")) {
+                    if !self.tokens.contains_key(&t) {
+                        return Err(format!("no such token '{t}'"));
+                    }
+                    subjects.push(Subject::Token(t));
+                }
+                for subject in subjects {
+                    for role in &roles {
+                        self.acls.retain(|a| {
+                            !(a.path == path && a.subject == subject && &a.role == role)
+                        });
+                        self.acls.push(Acl {
+                            path: path.clone(),
+                            subject: subject.clone(),
+                            role: role.clone(),
+                            propagate,
+                        });
+                    }
+                }
+                Ok(())
+            }
+            ("pvesm", Some("set"), Some(id)) => {
+                let id = id.to_string();
+                let st = self
+                    .storages
+                    .iter_mut()
+                    .find(|s| s.id == id)
+                    .ok_or(format!("storage '{id}' does not exist"))?;
+                if let Some(c) = opt("--content") {
+                    st.content = list(Some(c));
+                }
+                if let Some(d) = opt("--disable") {
+                    st.disabled = d != "0";
+                }
+                if let Some(n) = opt("--nodes") {
+                    st.nodes = list(Some(n));
+                }
+                Ok(())
+            }
+            _ => Err(format!("not a command the fake knows: {line}")),
+        }
+    }
+
+    /// Run every line of a fix (see [`Cluster::pveum`]).
+    pub fn paste(&mut self, fix: &str) -> Result<(), String> {
+        for line in fix.lines() {
+            self.pveum(line)?;
+        }
+        Ok(())
+    }
+}
+
+/// Split a command line as a POSIX shell would for the quoting fixes use ('…' and "…").
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    for c in line.trim().chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    words
 }
 
 type Shared = Arc<Mutex<Cluster>>;
@@ -325,12 +623,34 @@ async fn auth(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("PVEAPIToken="))
             .and_then(|v| v.split_once('='))
-            .filter(|(id, secret)| c.tokens.get(*id).is_some_and(|s| s == secret))
+            .filter(|(id, secret)| c.tokens.get(*id).is_some_and(|t| t.secret == *secret))
             .map(|(id, _)| id.to_string());
+        if let Some(t) = &presented {
+            c.seen_tokens.push((t.clone(), uri.path().to_string()));
+        }
         (presented, c.unauthorized_delay)
     };
     match token {
-        Some(t) => Ok(t),
+        Some(t) => {
+            let fault = {
+                let c = state.lock().unwrap();
+                let path = uri.path().trim_start_matches("/api2/json");
+                c.faults.get(path).cloned()
+            };
+            match fault {
+                None => Ok(t),
+                Some(Fault::Hang) => std::future::pending().await,
+                Some(Fault::Status(code, reason)) => {
+                    let c = state.lock().unwrap();
+                    Err(pve_error(
+                        &c,
+                        StatusCode::from_u16(code).unwrap(),
+                        &reason,
+                        None,
+                    ))
+                }
+            }
+        }
         None => {
             tokio::time::sleep(delay).await;
             let c = state.lock().unwrap();
@@ -420,6 +740,15 @@ async fn node_storage(
 ) -> Response {
     let token = authed!(s, m, u, h);
     let c = s.lock().unwrap();
+    // A call for an offline node is proxied to it and fails there (pveproxy's 595).
+    if c.nodes.get(&node).is_some_and(|st| st != "online") {
+        return pve_error(
+            &c,
+            StatusCode::from_u16(595).unwrap(),
+            &format!("Connection error 595: No route to host ({node})"),
+            None,
+        );
+    }
     if !c.nodes.contains_key(&node) {
         return pve_error(
             &c,
@@ -458,12 +787,7 @@ async fn permissions(
             data.insert(p.clone(), json!(c.privileges(&token, p)));
         }
         None => {
-            let mut paths: BTreeSet<String> = c
-                .acls
-                .iter()
-                .filter(|a| a.token == token)
-                .map(|a| a.path.clone())
-                .collect();
+            let mut paths: BTreeSet<String> = c.acls.iter().map(|a| a.path.clone()).collect();
             paths.insert("/".into());
             for p in paths {
                 data.insert(p.clone(), json!(c.privileges(&token, &p)));
