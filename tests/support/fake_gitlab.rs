@@ -28,9 +28,7 @@
 //!   pagination (<https://docs.gitlab.com/api/rest/#offset-based-pagination>), 404 for a deleted
 //!   note;
 //! - issues (<https://docs.gitlab.com/api/issues/#list-project-issues>): `author_id`,
-//!   `order_by=created_at`, `sort`.
-//!
-//! Routes are named `"METHOD /api/v4/path/{param}"` as registered below,
+//!   `order_by=created_at`, `sort`. Routes are named `"METHOD /api/v4/path/{param}"` as registered below,
 //! e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
 
 // Handlers answer errors as ready `Response`s; their size does not matter in a test fake.
