@@ -394,6 +394,41 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("proxmox.apply.ssh_agent_socket", Kind::Str, false),
 ];
 
+/// One setting as the reference lists it, straight from the table the parser uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    /// Dotted key, e.g. `gitlab.token`.
+    pub key: &'static str,
+    /// The variable that overrides it (`PLANBOT_ENGINE_ENV_<NAME>` for a table).
+    pub env: String,
+    /// `string`, `integer`, `true/false`, `list`, or `table`.
+    pub kind: &'static str,
+    /// A secret: never printed, and can be given as `<key>_file` / `<env>_FILE`.
+    pub secret: bool,
+}
+
+/// Every setting planbot knows, in the parser's order.
+pub fn settings() -> Vec<Setting> {
+    KEYS.iter()
+        .map(|(key, kind, secret)| Setting {
+            key,
+            env: if *kind == Kind::Table {
+                format!("{}_<NAME>", env_name(key))
+            } else {
+                env_name(key)
+            },
+            kind: match kind {
+                Kind::Str => "string",
+                Kind::Int => "integer",
+                Kind::Bool => "true/false",
+                Kind::StrOrIntList => "list",
+                Kind::Table => "table",
+            },
+            secret: *secret,
+        })
+        .collect()
+}
+
 const SECTIONS: &[&str] = &[
     "gitlab",
     "engine",
