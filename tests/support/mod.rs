@@ -67,3 +67,60 @@ pub fn processes_under(dir: &std::path::Path) -> Vec<i32> {
     }
     pids
 }
+
+/// `planbot serve --config FILE` as its own process (so a test can SIGKILL it), its config
+/// listening on port 0; returns the child and the port planbot says it bound ("planbot is
+/// serving" in its log) — no port is guessed and rebound.
+pub fn spawn_serve(config_file: &std::path::Path) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--config"])
+        .arg(config_file)
+        .env("RUST_LOG", "warn,planbot::flows::server=info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = String::new();
+    let port = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("planbot serve ended before it said it serves:\n{seen}");
+        };
+        // Without colours, but strip escapes anyway: `... planbot is serving port=40123`.
+        let plain: String = strip_ansi(&line);
+        if plain.contains("planbot is serving") {
+            let port = plain
+                .split("port=")
+                .nth(1)
+                .and_then(|p| p.split_whitespace().next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no port in {plain:?}"));
+            break port;
+        }
+        seen.push_str(&plain);
+        seen.push('\n');
+    };
+    // Keep reading its log so that it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, port)
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
