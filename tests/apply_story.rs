@@ -702,7 +702,18 @@ async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
         .filter(|l| l.contains("no changes, nothing to apply"))
         .count();
     assert_eq!((applied, nothing), (1, 1), "{la}\n---\n{lb}");
-    assert_eq!(w.gitlab.branch_head(&w.project, "main").unwrap(), head);
+    // Both jobs are recorded as succeeded applies of main's head.
+    for job in [&a, &b] {
+        let r = s
+            .app
+            .store
+            .apply_for_job(planbot::core::ids::JobId(job.id))
+            .await
+            .unwrap()
+            .expect("an apply record");
+        assert_eq!(r.state, planbot::capabilities::store::ApplyState::Succeeded);
+        assert_eq!(r.sha.as_str(), head);
+    }
 }
 
 /// The infra root with a slow resource: its creation takes long enough to crash planbot in it.
