@@ -157,6 +157,9 @@ struct FMr {
     merge_commit_sha: Option<String>,
     /// Squash on merge (the MR's "Squash commits" box).
     squash: bool,
+    /// The merge ref is not yet computed for the current head (GitLab's mergeability check
+    /// runs in the background).
+    merge_ref_pending: bool,
     squash_commit_sha: Option<String>,
     merged_by: Option<u64>,
     notes: Vec<FakeNote>,
@@ -208,6 +211,9 @@ struct StateInner {
     jobs: HashMap<String, FakeJob>,
     faults: HashMap<String, Faults>,
     calls: HashMap<String, u32>,
+    /// Merge refs are computed only by [`FakeGitLab::compute_merge_refs`], as GitLab's
+    /// background mergeability check does.
+    async_merge_refs: bool,
     git_requests: Vec<GitRequest>,
 }
 
@@ -450,8 +456,9 @@ fn commit_in_bare_with_index_lines(repo: &FsPath, branch: &str, lines: &[String]
     sha
 }
 
-/// Recompute `refs/merge-requests/IID/{head,merge}` in the target repo for one MR.
-fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr) {
+/// Recompute `refs/merge-requests/IID/{head,merge}` in the target repo for one MR; without
+/// `compute_merge`, only the head (the merge ref is left as it was, marked pending).
+fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr, compute_merge: bool) {
     let head_ref = format!("refs/merge-requests/{}/head", mr.iid);
     let merge_ref = format!("refs/merge-requests/{}/merge", mr.iid);
     if source_repo != target_repo {
@@ -479,6 +486,11 @@ fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr) {
             mr.shas.push(head.clone());
         }
     }
+    if !compute_merge {
+        mr.merge_ref_pending = true;
+        return;
+    }
+    mr.merge_ref_pending = false;
     let target = match rev_parse(target_repo, &format!("refs/heads/{}", mr.target_branch)) {
         Some(t) => t,
         None => return,
@@ -543,6 +555,7 @@ impl FakeGitLab {
             jobs: HashMap::new(),
             faults: HashMap::new(),
             calls: HashMap::new(),
+            async_merge_refs: false,
             git_requests: Vec::new(),
         }));
         let app = router(state.clone());
@@ -840,8 +853,9 @@ impl FakeGitLab {
             let target_repo = s.repo(pid);
             let src_pid = s.projects[&pid].mrs[&iid].source_project;
             let source_repo = s.repo(src_pid);
+            let compute = !s.async_merge_refs;
             let mr = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid).unwrap();
-            refresh_mr_refs(&target_repo, &source_repo, mr);
+            refresh_mr_refs(&target_repo, &source_repo, mr, compute);
         }
     }
 
@@ -893,6 +907,7 @@ impl FakeGitLab {
     ) -> u64 {
         let mut s = self.lock();
         let id = s.id();
+        let compute = !s.async_merge_refs;
         let target_repo = s.repo(target_project.id);
         let source_repo = s.repo(source_project.id);
         let p = s.projects.get_mut(&target_project.id).expect("project");
@@ -911,12 +926,13 @@ impl FakeGitLab {
             shas: Vec::new(),
             merge_commit_sha: None,
             squash: false,
+            merge_ref_pending: false,
             squash_commit_sha: None,
             merged_by: None,
             notes: Vec::new(),
             approved_by: Vec::new(),
         };
-        refresh_mr_refs(&target_repo, &source_repo, &mut mr);
+        refresh_mr_refs(&target_repo, &source_repo, &mut mr, compute);
         p.mrs.insert(iid, mr);
         iid
     }
@@ -951,6 +967,30 @@ impl FakeGitLab {
     pub fn mr_json(&self, project: &FakeProject, iid: u64) -> Value {
         let s = self.lock();
         mr_json(&s, project.id, &s.projects[&project.id].mrs[&iid])
+    }
+
+    /// Compute merge refs in the background, as GitLab does: after a push the MR's head ref
+    /// moves at once, but `refs/merge-requests/IID/merge` stays as it was (and
+    /// `detailed_merge_status` is `checking`) until [`FakeGitLab::compute_merge_refs`].
+    /// <https://docs.gitlab.com/api/merge_requests/#merge-status>
+    pub fn set_async_merge_refs(&self, on: bool) {
+        self.lock().async_merge_refs = on;
+    }
+
+    /// GitLab's mergeability check catches up: every pending merge ref is computed.
+    pub fn compute_merge_refs(&self) {
+        let mut s = self.lock();
+        let mut todo = Vec::new();
+        for p in s.projects.values() {
+            for mr in p.mrs.values().filter(|m| m.merge_ref_pending) {
+                todo.push((p.id, mr.iid, mr.source_project));
+            }
+        }
+        for (pid, iid, src) in todo {
+            let (target_repo, source_repo) = (s.repo(pid), s.repo(src));
+            let mr = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid).unwrap();
+            refresh_mr_refs(&target_repo, &source_repo, mr, true);
+        }
     }
 
     /// The project's merge method (Settings → Merge requests), as GitLab names it in the
@@ -1540,7 +1580,11 @@ fn mr_json(s: &StateInner, pid: u64, mr: &FMr) -> Value {
         "squash": mr.squash,
         "merged_by": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
         "merge_user": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
-        "detailed_merge_status": if mr.state == "opened" { "mergeable" } else { "not_open" },
+        "detailed_merge_status": match (mr.state.as_str(), mr.merge_ref_pending) {
+            ("opened", true) => "checking",
+            ("opened", false) => "mergeable",
+            _ => "not_open",
+        },
         "diff_refs": {"base_sha": base, "head_sha": mr.sha, "start_sha": base},
         "web_url": format!("{}/{}/-/merge_requests/{}", s.base_url, p.path, mr.iid),
         "references": {"short": format!("!{}", mr.iid), "full": format!("{}!{}", p.path, mr.iid)},
