@@ -203,9 +203,14 @@ async fn all_notes_are_read_in_creation_order_across_pages_even_after_edits() {
     want.push(first);
     assert_eq!(got, want);
     assert_eq!(fake.calls(LIST_NOTES) - calls, 3, "three pages of 100");
-    gl.edit_mr_note(pid(&project), MrIid(iid), NoteId(bot_id), "bot note, edited")
-        .await
-        .unwrap();
+    gl.edit_mr_note(
+        pid(&project),
+        MrIid(iid),
+        NoteId(bot_id),
+        "bot note, edited",
+    )
+    .await
+    .unwrap();
     let again: Vec<u64> = gl
         .mr_notes(pid(&project), MrIid(iid))
         .await

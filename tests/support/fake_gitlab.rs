@@ -12,7 +12,8 @@
 //! Faults: [`FakeGitLab::fail_next`] answers a route with an error N times (before it does
 //! anything), [`FakeGitLab::fail_next_after_write`] does the work and then answers with an error
 //! (a 502 from a proxy after GitLab stored the note); [`FakeGitLab::calls`] counts calls per
-//! route.
+//! route. Routes are named `"METHOD /api/v4/path/{param}"` as registered below, e.g.
+//! `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
 //!
 //! GitLab behaviours followed, each with the page it follows (also cited at the handler):
 //! - commit statuses (<https://docs.gitlab.com/api/commits/#set-the-pipeline-status-of-a-commit>,
@@ -28,8 +29,14 @@
 //!   pagination (<https://docs.gitlab.com/api/rest/#offset-based-pagination>), 404 for a deleted
 //!   note;
 //! - issues (<https://docs.gitlab.com/api/issues/#list-project-issues>): `author_id`,
-//!   `order_by=created_at`, `sort`. Routes are named `"METHOD /api/v4/path/{param}"` as registered below,
-//! e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
+//!   `order_by=created_at`, `sort`;
+//! - merge methods (<https://docs.gitlab.com/user/project/merge_requests/methods/>): a merge
+//!   commit by default, semi-linear and fast-forward only on a rebased branch, squash
+//!   (<https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>), with
+//!   `merge_commit_sha`/`squash_commit_sha` set as GitLab sets them; rebase
+//!   (<https://docs.gitlab.com/api/merge_requests/#rebase-a-merge-request>);
+//! - merge refs computed in the background when asked
+//!   (<https://docs.gitlab.com/api/merge_requests/#merge-status>: `checking` until done).
 
 // Handlers answer errors as ready `Response`s; their size does not matter in a test fake.
 #![allow(clippy::result_large_err)]
@@ -2156,10 +2163,10 @@ async fn post_status(
     let row = match open {
         Some(x) => {
             // The state machine: pending → running/final, running → final.
-            let allowed = match (x.state.as_str(), b.state.as_str()) {
-                ("pending", "pending") | ("running", "pending" | "running") => false,
-                _ => true,
-            };
+            let allowed = !matches!(
+                (x.state.as_str(), b.state.as_str()),
+                ("pending", "pending") | ("running", "pending" | "running")
+            );
             if !allowed {
                 let event = match b.state.as_str() {
                     "pending" => "enqueue",
