@@ -88,6 +88,77 @@ fn no_file_keeps_merge_conflict_markers() {
     );
 }
 
+/// Every Markdown file a reader opens: the README and what sits under `docs/` and `deploy/`.
+fn markdown_files() -> Vec<PathBuf> {
+    let mut files = vec![repo().join("README.md")];
+    for dir in ["docs", "deploy"] {
+        let dir = repo().join(dir);
+        if dir.is_dir() {
+            let mut all = Vec::new();
+            text_files(&dir, &mut all);
+            files.extend(
+                all.into_iter()
+                    .filter(|p| p.extension().is_some_and(|e| e == "md")),
+            );
+        }
+    }
+    files
+}
+
+/// Headings (level, text) and the start lines of fenced blocks left open, as comrak reads `text`.
+/// A block that swallows a fence line (```` ```sh ````) also counts as open: a missing fence
+/// further up pairs every later fence with the wrong partner.
+fn markdown_outline(text: &str) -> (Vec<(u8, String)>, Vec<usize>) {
+    use comrak::nodes::NodeValue;
+    let arena = comrak::Arena::new();
+    let root = comrak::parse_document(&arena, text, &comrak::Options::default());
+    let mut headings = Vec::new();
+    let mut open_fences = Vec::new();
+    for node in root.descendants() {
+        let data = node.data();
+        match &data.value {
+            NodeValue::Heading(h) => headings.push((h.level, node.collect_text())),
+            NodeValue::CodeBlock(c)
+                if c.fenced
+                    && (!c.closed
+                        || c.literal.lines().any(|l| l.trim_start().starts_with("```"))) =>
+            {
+                open_fences.push(data.sourcepos.start.line)
+            }
+            _ => {}
+        }
+    }
+    (headings, open_fences)
+}
+
+#[test]
+fn every_fenced_block_is_closed_so_the_sections_after_it_render() {
+    for file in markdown_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let (_, open) = markdown_outline(&text);
+        assert!(
+            open.is_empty(),
+            "{}: the fenced block opened on line(s) {open:?} is never closed: everything after it renders as code",
+            file.display()
+        );
+    }
+    // The README's sections a reader navigates by are headings, not text inside a code block.
+    let (headings, _) = markdown_outline(&read("README.md"));
+    for want in [
+        "Quick start",
+        "Connect a GitLab project",
+        "Run the service",
+        "Apply from main",
+        "planbot doctor",
+        "Endpoints",
+    ] {
+        assert!(
+            headings.iter().any(|(level, t)| *level == 2 && t == want),
+            "README.md: `## {want}` is not a heading as comrak reads it; headings: {headings:?}"
+        );
+    }
+}
+
 #[test]
 fn no_test_or_source_reads_outside_the_repository() {
     // A clone with nothing beside it must pass: fixtures live in tests/fixtures/.

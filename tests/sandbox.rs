@@ -206,6 +206,17 @@ async fn a_sandboxed_child_connects_only_to_allowed_ports() {
         "could not connect to the allowed port: {}",
         ok.stderr
     );
+
+    // No TCP server inside: binding any port is refused (perl, as every Debian has it).
+    let bind = r#"exec /usr/bin/perl -MSocket -e 'socket(S, PF_INET, SOCK_STREAM, 0) or die; bind(S, pack_sockaddr_in(0, inet_aton("127.0.0.1"))) or die "bind: $!\n"'"#;
+    assert!(bash(bind, None).await.ok, "unsandboxed bind");
+    let denied = bash(bind, Some(&policy)).await;
+    assert!(!denied.ok, "bound a port inside the sandbox");
+    assert!(
+        denied.stderr.contains("bind: Permission denied"),
+        "{}",
+        denied.stderr
+    );
 }
 
 // ---- the real engine ----------------------------------------------------------------------
@@ -305,17 +316,48 @@ fn commit_hostile_provider(root: &Path, report: &Path, files: &PlanbotFiles, app
     .unwrap();
 }
 
-#[tokio::test]
-async fn a_provider_committed_under_terraform_d_plugins_is_never_installed() {
-    let bin = support::engine();
+/// A root with a committed hostile provider, and the directories around its job.
+struct HostileRoot {
+    files: PlanbotFiles,
+    temp_root: tempfile::TempDir,
+    _caches: tempfile::TempDir,
+    root: tempfile::TempDir,
+    report: PathBuf,
+    mr_cache: PathBuf,
+    apply_cache: PathBuf,
+}
+
+fn hostile_root() -> HostileRoot {
     let files = planbot_files();
-    let temp_root = tempfile::tempdir().unwrap();
     let caches = tempfile::tempdir().unwrap();
     let (mr_cache, apply_cache) = (caches.path().join("mr"), caches.path().join("main"));
     std::fs::create_dir_all(&apply_cache).unwrap();
     let root = tempfile::tempdir().unwrap();
     let report = root.path().join("report.txt");
     commit_hostile_provider(root.path(), &report, &files, &apply_cache);
+    HostileRoot {
+        files,
+        temp_root: tempfile::tempdir().unwrap(),
+        _caches: caches,
+        root,
+        report,
+        mr_cache,
+        apply_cache,
+    }
+}
+
+#[tokio::test]
+async fn a_provider_committed_under_terraform_d_plugins_is_never_installed() {
+    let bin = support::engine();
+    let HostileRoot {
+        files: _files,
+        temp_root,
+        _caches,
+        root,
+        report,
+        mr_cache,
+        ..
+    } = hostile_root();
 
     let eng = engine(&bin, temp_root.path(), owned(), Some(&mr_cache));
     let err = match eng.plan(root.path(), &PlanRequest::default()).await {
@@ -337,14 +379,15 @@ async fn a_committed_provider_that_runs_anyway_stays_inside_the_sandbox() {
     // Even with the user's own CLI config (where Terraform does use the implied local mirror),
     // the provider runs confined: it runs, but steals and plants nothing.
     let bin = support::engine();
-    let files = planbot_files();
-    let temp_root = tempfile::tempdir().unwrap();
-    let caches = tempfile::tempdir().unwrap();
-    let (mr_cache, apply_cache) = (caches.path().join("mr"), caches.path().join("main"));
-    std::fs::create_dir_all(&apply_cache).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let report = root.path().join("report.txt");
-    commit_hostile_provider(root.path(), &report, &files, &apply_cache);
+    let HostileRoot {
+        files: _files,
+        temp_root,
+        _caches,
+        root,
+        report,
+        mr_cache,
+        apply_cache,
+    } = hostile_root();
 
     let eng = engine(&bin, temp_root.path(), CliConfig::User, Some(&mr_cache));
     let result = eng.plan(root.path(), &PlanRequest::default()).await;
@@ -466,14 +509,15 @@ async fn a_terraformrc_committed_in_the_repository_is_never_read() {
     // A root that ships a CLI config pointing the engine at a "mirror" in the repository,
     // holding the hostile provider: planbot's own CLI config is the only one the engine reads.
     let bin = support::engine();
-    let files = planbot_files();
-    let temp_root = tempfile::tempdir().unwrap();
-    let caches = tempfile::tempdir().unwrap();
-    let apply_cache = caches.path().join("main");
-    std::fs::create_dir_all(&apply_cache).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let report = root.path().join("report.txt");
-    commit_hostile_provider(root.path(), &report, &files, &apply_cache);
+    let HostileRoot {
+        files: _files,
+        temp_root,
+        _caches,
+        root,
+        report,
+        mr_cache,
+        ..
+    } = hostile_root();
     std::fs::rename(
         root.path().join("terraform.d/plugins"),
         root.path().join("mirror"),
@@ -486,12 +530,7 @@ async fn a_terraformrc_committed_in_the_repository_is_never_read() {
     for name in [".terraformrc", "terraform.rc", ".tofurc", "tofu.rc"] {
         std::fs::write(root.path().join(name), &rc).unwrap();
     }
-    let eng = engine(
-        &bin,
-        temp_root.path(),
-        owned(),
-        Some(&caches.path().join("mr")),
-    );
+    let eng = engine(&bin, temp_root.path(), owned(), Some(&mr_cache));
     assert!(eng
         .plan(root.path(), &PlanRequest::default())
         .await

@@ -90,14 +90,14 @@ fn hostile_hcl(paths: &[(&str, String)]) -> String {
 }
 
 /// The documented Merge Request Hook payload, pointed at the fake's project and MR.
-fn mr_hook(fake: &FakeGitLab, p: &FakeProject, iid: u64) -> String {
+fn mr_hook(fake: &FakeGitLab, p: &FakeProject, iid: u64, action: &str) -> String {
     let mut v: serde_json::Value =
         serde_json::from_str(&fixture("webhooks/merge_request_open.json")).unwrap();
     v["project"]["id"] = p.id.into();
     v["project"]["path_with_namespace"] = p.path.clone().into();
     let a = &mut v["object_attributes"];
     a["iid"] = iid.into();
-    a["action"] = "open".into();
+    a["action"] = action.into();
     a["source_project_id"] = p.id.into();
     a["target_project_id"] = p.id.into();
     a["target_branch"] = "main".into();
@@ -110,6 +110,15 @@ fn plan_note(fake: &FakeGitLab, p: &FakeProject, iid: u64) -> Option<String> {
         .into_iter()
         .find(|n| n.body.contains(NOTE_MARKER))
         .map(|n| n.body)
+}
+
+/// The service with its workers (no start-up reconciliation: the story delivers the hooks).
+async fn start(config: Config) -> TestService {
+    let options = Options {
+        workers: true,
+        reconcile: false,
+    };
+    TestService::start(config, options).await
 }
 
 /// Every form a stolen secret could take on its way out.
@@ -130,7 +139,7 @@ async fn plan_mr(s: &TestService, fake: &FakeGitLab, project: &FakeProject, iid:
     let head = fake.mr_sha(project, iid);
     let status = s
         .deliver(
-            &mr_hook(fake, project, iid),
+            &mr_hook(fake, project, iid, "open"),
             &token_headers("Merge Request Hook", &format!("open-{iid}"), WEBHOOK_SECRET),
         )
         .await;
@@ -188,14 +197,7 @@ async fn a_hostile_mr_reads_none_of_planbots_secrets_and_a_symlinked_root_is_ref
     );
     let iid = fake.open_mr(&project, "feature/x", "main");
 
-    let s = TestService::start(
-        config,
-        Options {
-            workers: true,
-            reconcile: false,
-        },
-    )
-    .await;
+    let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, iid).await;
 
     // Each read failed inside the plan; the apply credential never reached it.
@@ -242,13 +244,33 @@ async fn a_hostile_mr_reads_none_of_planbots_secrets_and_a_symlinked_root_is_ref
             }
         }
     }
-    // Nothing was written outside the job: no plugin in the apply's cache, nothing new in
-    // data_dir but planbot's own.
-    let apply_cache = data.path().join("plugin-cache/main");
+    // The MR's plugin cache is its own: no other MR's plan and no apply reads it, and it is
+    // gone when the MR is closed.
+    let caches = data.path().join("plugin-cache");
+    let own = caches.join(format!("mr/p{}-mr{iid}", project.id));
+    assert!(own.is_dir(), "the MR's plan used its own cache");
+    let listed: Vec<String> = std::fs::read_dir(caches.join("mr"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(listed, vec![format!("p{}-mr{iid}", project.id)]);
     assert!(
-        std::fs::read_dir(&apply_cache).map_or(true, |mut d| d.next().is_none()),
-        "an MR plan wrote into the apply's plugin cache"
+        !caches.join("main").exists(),
+        "an MR plan touched the apply's cache"
     );
+    fake.close_mr(&project, iid);
+    let status = s
+        .deliver(
+            &mr_hook(&fake, &project, iid, "close"),
+            &token_headers("Merge Request Hook", "close", WEBHOOK_SECRET),
+        )
+        .await;
+    assert_eq!(status, 200);
+    s.eventually_for("the closed MR's plugin cache to go", 60, || {
+        let gone = !own.exists();
+        async move { gone }
+    })
+    .await;
     drop(etc);
 }
 
@@ -267,14 +289,7 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
     // Required (the default) on a machine without it: refused, and the note says why and how.
     let data = tempfile::tempdir().unwrap();
     let (_etc, config) = service_config(data.path(), &fake, "[sandbox]\nlandlock = \"off\"\n");
-    let s = TestService::start(
-        config,
-        Options {
-            workers: true,
-            reconcile: false,
-        },
-    )
-    .await;
+    let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, a).await;
     assert!(
         note.contains("does not run repository code without a sandbox"),
@@ -305,14 +320,7 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
         &fake,
         "[sandbox]\nlandlock = \"off\"\nrequired = false\n",
     );
-    let s = TestService::start(
-        config,
-        Options {
-            workers: true,
-            reconcile: false,
-        },
-    )
-    .await;
+    let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, b).await;
     assert!(note.contains("Planned without a sandbox"), "{note}");
     assert!(note.contains("blocky-b"), "the plan did not run:\n{note}");

@@ -82,6 +82,24 @@ pub struct Config {
     pub plan: PlanConfig,
     pub proxmox: ProxmoxConfig,
     pub sandbox: SandboxConfig,
+    /// `log_format` / `log_level`: how `serve` logs.
+    pub log: LogConfig,
+}
+
+/// How `planbot serve` writes its log (on stderr).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// `log_level` (a `RUST_LOG`-style filter, e.g. `info` or `warn,planbot=debug`); `RUST_LOG`
+    /// wins when set. `None`: `info`.
+    pub level: Option<String>,
+}
+
+/// `log_format`: `text` (colours only on a terminal) or `json` (one object per line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// `[sandbox]`: how engine processes are confined (see `capabilities::sandbox`).
@@ -216,6 +234,99 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// The dotted key the error is about (`None` for a syntax error).
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Syntax(_) => None,
+            ConfigError::UnknownKey { key, .. }
+            | ConfigError::Invalid { key, .. }
+            | ConfigError::Missing { key, .. }
+            | ConfigError::Both { key }
+            | ConfigError::SecretFile { key, .. } => Some(key),
+        }
+    }
+}
+
+/// Where a config value came from, so an error can send the reader to the right place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The config file, at this line when it could be found.
+    File { line: Option<usize> },
+    /// A `PLANBOT_*` environment variable.
+    Env(String),
+    /// A secret file, named by a `<key>_file` setting (or `PLANBOT_..._FILE`) that came from `via`.
+    SecretFile { path: String, via: Box<Origin> },
+}
+
+impl Origin {
+    /// `planbot.toml, line 7` / `environment variable PLANBOT_GITLAB_TOKEN` / `secret file ... (named in ...)`.
+    pub fn describe(&self, file: &str) -> String {
+        match self {
+            Origin::File { line: Some(n) } => format!("{file}, line {n}"),
+            Origin::File { line: None } => file.to_string(),
+            Origin::Env(var) => format!("environment variable {var}"),
+            Origin::SecretFile { path, via } => {
+                format!("secret file {path} (named in {})", via.describe(file))
+            }
+        }
+    }
+}
+
+/// One problem of a config and where the offending value came from (`None`: not set at all,
+/// or a default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub error: ConfigError,
+    pub origin: Option<Origin>,
+}
+
+impl Problem {
+    /// The problem and, on a second line, where to fix it.
+    pub fn describe(&self, file: &str) -> String {
+        let whence = match (&self.origin, &self.error) {
+            (Some(o), _) => format!("from {}", o.describe(file)),
+            (None, ConfigError::Missing { .. }) => {
+                format!("not set in {file} nor in the environment")
+            }
+            (None, ConfigError::Syntax(_)) => format!("in {file}"),
+            (None, _) => "the default value".to_string(),
+        };
+        format!(
+            "{}
+    {whence}",
+            self.error
+        )
+    }
+}
+
+/// What [`Config::load_all`] found: every problem, and the config built with fallbacks in place
+/// of the bad values (for checks that do not depend on them; never to run with).
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Option<Config>,
+    pub problems: Vec<Problem>,
+    origins: BTreeMap<String, Origin>,
+}
+
+impl Loaded {
+    /// Where `key` came from (`None`: not set, the default applies).
+    pub fn origin(&self, key: &str) -> Option<&Origin> {
+        self.origins.get(key)
+    }
+
+    /// The config when there was no problem.
+    pub fn into_result(self) -> Result<Config, Vec<Problem>> {
+        match self.config {
+            Some(c) if self.problems.is_empty() => Ok(c),
+            _ => Err(self.problems),
+        }
+    }
+}
+
+/// The literal placeholder the example config and manifests ship: never a real value.
+pub const PLACEHOLDER: &str = "change-me";
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Str,
@@ -230,6 +341,8 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("listen", Kind::Str, false),
     ("data_dir", Kind::Str, false),
     ("public_url", Kind::Str, false),
+    ("log_format", Kind::Str, false),
+    ("log_level", Kind::Str, false),
     ("fingerprint_key", Kind::Str, true),
     ("gitlab.url", Kind::Str, false),
     ("gitlab.token", Kind::Str, true),
@@ -295,19 +408,91 @@ pub fn env_name(path: &str) -> String {
 impl Config {
     /// Parse `text` (the TOML file), apply `PLANBOT_*` overrides from `env`, read `*_file`
     /// secrets with `read_file`, and validate.
+    /// The first problem only; see [`Config::load_all`] for every one and where it came from.
     pub fn load(
         text: &str,
         env: &[(String, String)],
         read_file: &dyn Fn(&str) -> Result<String, String>,
     ) -> Result<Config, ConfigError> {
-        let root: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| ConfigError::Syntax(e.message().to_string()))?;
+        Config::load_all(text, env, read_file)
+            .into_result()
+            .map_err(|mut problems| problems.remove(0).error)
+    }
+
+    /// Like [`Config::load`], but goes on after a problem: every problem, each with where its
+    /// value came from (file line, environment variable, secret file).
+    pub fn load_all(
+        text: &str,
+        env: &[(String, String)],
+        read_file: &dyn Fn(&str) -> Result<String, String>,
+    ) -> Loaded {
+        let root: toml::Table = match text.parse() {
+            Ok(root) => root,
+            Err(e) => {
+                let e: toml::de::Error = e;
+                let line = e
+                    .span()
+                    .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+                return Loaded {
+                    config: None,
+                    problems: vec![Problem {
+                        error: ConfigError::Syntax(e.message().to_string()),
+                        origin: Some(Origin::File { line }),
+                    }],
+                    origins: BTreeMap::new(),
+                };
+            }
+        };
+        let mut errors: Vec<(ConfigError, Option<Origin>)> = Vec::new();
         let mut flat: BTreeMap<String, Value> = BTreeMap::new();
-        flatten("", root, &mut flat)?;
-        apply_env(env, &mut flat)?;
-        resolve_files(&mut flat, read_file)?;
-        build(flat)
+        let mut unknown_keys = Vec::new();
+        flatten("", root, &mut flat, &mut unknown_keys);
+        errors.extend(unknown_keys.into_iter().map(|e| (e, None)));
+        let mut origins: BTreeMap<String, Origin> = flat
+            .keys()
+            .map(|k| {
+                (
+                    k.clone(),
+                    Origin::File {
+                        line: line_of(text, k),
+                    },
+                )
+            })
+            .collect();
+        for table in ENV_TABLES {
+            if let Some(Value::Table(t)) = flat.get(*table) {
+                for k in t.keys() {
+                    let key = format!("{table}.{k}");
+                    let line = line_of(text, &key).or_else(|| line_of(text, table));
+                    origins.insert(key, Origin::File { line });
+                }
+            }
+        }
+        apply_env(env, &mut flat, &mut origins, &mut errors);
+        resolve_files(&mut flat, env, read_file, &mut origins, &mut errors);
+        check_values(&mut flat, &mut errors);
+        let mut soft = Vec::new();
+        let config = match build(flat, &mut soft) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                soft.push(e);
+                None
+            }
+        };
+        errors.extend(soft.into_iter().map(|e| (e, None)));
+        let mut problems: Vec<Problem> = Vec::new();
+        for (error, origin) in errors {
+            let origin = origin.or_else(|| origin_of(&origins, &error));
+            let problem = Problem { error, origin };
+            if !problems.contains(&problem) {
+                problems.push(problem);
+            }
+        }
+        Loaded {
+            config,
+            problems,
+            origins,
+        }
     }
 
     /// The config as `--check` prints it: every key, secrets shown as `(set)`.
@@ -319,6 +504,21 @@ impl Config {
         line("listen", self.listen.to_string());
         line("data_dir", self.data_dir.display().to_string());
         line("public_url", opt(&self.public_url));
+        line(
+            "log_format",
+            match self.log.format {
+                LogFormat::Text => "text",
+                LogFormat::Json => "json",
+            }
+            .into(),
+        );
+        line(
+            "log_level",
+            self.log
+                .level
+                .clone()
+                .unwrap_or_else(|| "(not set: info, or RUST_LOG)".into()),
+        );
         line("fingerprint_key", "(set)".into());
         line("gitlab.url", self.gitlab.url.clone());
         line("gitlab.token", "(set)".into());
@@ -431,7 +631,7 @@ impl Config {
         for ep in pve.into_iter().flatten() {
             if let Some(t) = &ep.api_token {
                 s.push(t.expose().to_string());
-                // `PVEAPIToken=user@realm!id=uuid`: the uuid alone is the secret part too.
+                // `user@realm!id=uuid`: the uuid alone is the secret part too.
                 if let Some((_, uuid)) = t.expose().rsplit_once('=') {
                     s.push(uuid.to_string());
                 }
@@ -445,7 +645,8 @@ fn flatten(
     prefix: &str,
     table: toml::Table,
     out: &mut BTreeMap<String, Value>,
-) -> Result<(), ConfigError> {
+    unknown_keys: &mut Vec<ConfigError>,
+) {
     for (k, v) in table {
         let path = if prefix.is_empty() {
             k.clone()
@@ -460,7 +661,9 @@ fn flatten(
             continue;
         }
         match v {
-            Value::Table(t) if SECTIONS.contains(&path.as_str()) => flatten(&path, t, out)?,
+            Value::Table(t) if SECTIONS.contains(&path.as_str()) => {
+                flatten(&path, t, out, unknown_keys)
+            }
             v => {
                 let known = key_info(&path).is_some()
                     || path
@@ -468,13 +671,65 @@ fn flatten(
                         .and_then(key_info)
                         .is_some_and(|(_, secret)| secret);
                 if !known {
-                    return Err(unknown(&path));
+                    unknown_keys.push(unknown(&path));
+                    continue;
                 }
                 out.insert(path, v);
             }
         }
     }
-    Ok(())
+}
+
+/// The line (1-based) of `key` in the TOML text: its `name =` line under the `[section]`
+/// header, or an inline `{ name = ... }` of its parent. `None` when written some other way.
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    let (section, name) = key.rsplit_once('.').unwrap_or(("", key));
+    let mut current = String::new();
+    let is_assignment = |l: &str, name: &str| {
+        l.strip_prefix(name)
+            .is_some_and(|rest| rest.trim_start().starts_with('='))
+            || l.strip_prefix(&format!("\"{name}\""))
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+    };
+    for (n, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if let Some(header) = l.strip_prefix('[').and_then(|h| h.split(']').next()) {
+            current = header.trim().trim_matches('[').to_string();
+            continue;
+        }
+        if current == section && is_assignment(l, name) {
+            return Some(n + 1);
+        }
+        // `env = { NAME = ... }` on one line.
+        if let Some((parent_section, parent)) = section.rsplit_once('.').or(Some(("", section))) {
+            if current == parent_section
+                && is_assignment(l, parent)
+                && l.contains(&format!("{name} ="))
+            {
+                return Some(n + 1);
+            }
+        }
+    }
+    None
+}
+
+/// Where the value an error is about came from: its key, or the nearest enclosing one
+/// (`engine.env.NAME` → `engine.env`), or the `_file` key that named it.
+fn origin_of(origins: &BTreeMap<String, Origin>, error: &ConfigError) -> Option<Origin> {
+    let key = error.key()?;
+    if matches!(
+        error,
+        ConfigError::Missing { .. } | ConfigError::UnknownKey { .. }
+    ) {
+        return None;
+    }
+    let mut k = key;
+    loop {
+        if let Some(o) = origins.get(k).or_else(|| origins.get(&format!("{k}_file"))) {
+            return Some(o.clone());
+        }
+        k = k.rsplit_once('.')?.0;
+    }
 }
 
 fn unknown(path: &str) -> ConfigError {
@@ -498,7 +753,9 @@ fn unknown(path: &str) -> ConfigError {
 fn apply_env(
     env: &[(String, String)],
     flat: &mut BTreeMap<String, Value>,
-) -> Result<(), ConfigError> {
+    origins: &mut BTreeMap<String, Origin>,
+    errors: &mut Vec<(ConfigError, Option<Origin>)>,
+) {
     for (name, value) in env {
         let Some(_) = name.strip_prefix("PLANBOT_") else {
             continue;
@@ -514,24 +771,34 @@ fn apply_env(
                     };
                     t.insert(var.to_string(), Value::String(value.clone()));
                     flat.insert(path.to_string(), Value::Table(t));
+                    origins.insert(format!("{path}.{var}"), Origin::Env(name.clone()));
                 }
                 continue;
             }
             if *name == env_name(path) {
                 flat.remove(&format!("{path}_file"));
-                flat.insert(path.to_string(), env_value(path, *kind, value)?);
+                origins.insert(path.to_string(), Origin::Env(name.clone()));
+                match env_value(path, *kind, value) {
+                    Ok(v) => {
+                        flat.insert(path.to_string(), v);
+                    }
+                    Err(e) => {
+                        flat.remove(*path);
+                        errors.push((e, Some(Origin::Env(name.clone()))));
+                    }
+                }
             } else if *secret && *name == format!("{}_FILE", env_name(path)) {
                 flat.remove(*path);
                 flat.insert(format!("{path}_file"), Value::String(value.clone()));
+                origins.insert(format!("{path}_file"), Origin::Env(name.clone()));
             }
         }
     }
-    Ok(())
 }
 
 fn env_value(path: &str, kind: Kind, value: &str) -> Result<Value, ConfigError> {
     let invalid = |m: &str| ConfigError::Invalid {
-        key: format!("{path} (from {})", env_name(path)),
+        key: path.to_string(),
         message: m.to_string(),
     };
     Ok(match kind {
@@ -570,10 +837,42 @@ fn env_value(path: &str, kind: Kind, value: &str) -> Result<Value, ConfigError> 
     })
 }
 
+/// The directory systemd's `LoadCredential=` fills (and any other secret mount may name).
+pub const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
+
+/// Where a `<key>_file` path points: an absolute path as is; a relative one is a file name in
+/// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`), and an error when that is not set.
+fn secret_file_path(
+    key: &str,
+    path: &str,
+    env: &[(String, String)],
+) -> Result<String, ConfigError> {
+    if path.starts_with('/') {
+        return Ok(path.to_string());
+    }
+    let dir = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == CREDENTIALS_DIRECTORY)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty());
+    match dir {
+        Some(dir) => Ok(format!("{}/{path}", dir.trim_end_matches('/'))),
+        None => Err(ConfigError::SecretFile {
+            key: key.to_string(),
+            path: path.to_string(),
+            message: "a relative path names a file in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=), which is not set; write an absolute path".into(),
+        }),
+    }
+}
+
 fn resolve_files(
     flat: &mut BTreeMap<String, Value>,
+    env: &[(String, String)],
     read_file: &dyn Fn(&str) -> Result<String, String>,
-) -> Result<(), ConfigError> {
+    origins: &mut BTreeMap<String, Origin>,
+    errors: &mut Vec<(ConfigError, Option<Origin>)>,
+) {
     let file_keys: Vec<String> = flat
         .keys()
         .filter(|k| k.ends_with("_file"))
@@ -584,20 +883,50 @@ fn resolve_files(
             continue; // a plain key that happens to end in `_file` (proxmox.ca_file)
         }
         let key = fk.trim_end_matches("_file").to_string();
+        let via = origins.remove(&fk).unwrap_or(Origin::File { line: None });
         if flat.contains_key(&key) {
-            return Err(ConfigError::Both { key });
+            flat.remove(&fk);
+            errors.push((ConfigError::Both { key }, Some(via)));
+            continue;
         }
-        let Some(Value::String(path)) = flat.remove(&fk) else {
-            return Err(ConfigError::Invalid {
-                key: fk,
-                message: "expected a file path (string)".into(),
-            });
+        // On a problem the key gets a stand-in value, so it is not also reported as missing.
+        let stand_in = if ENV_TABLES.contains(&key.as_str()) {
+            Value::Table(toml::Table::new())
+        } else {
+            Value::String(FALLBACK_SECRET.into())
         };
-        let text = read_file(&path).map_err(|message| ConfigError::SecretFile {
-            key: key.clone(),
-            path: path.clone(),
-            message,
-        })?;
+        let Some(Value::String(path)) = flat.remove(&fk) else {
+            errors.push((
+                ConfigError::Invalid {
+                    key: fk,
+                    message: "expected a file path (string)".into(),
+                },
+                Some(via),
+            ));
+            flat.insert(key, stand_in);
+            continue;
+        };
+        let read = secret_file_path(&key, &path, env).and_then(|path| {
+            read_file(&path)
+                .map(|text| (text, path.clone()))
+                .map_err(|message| ConfigError::SecretFile {
+                    key: key.clone(),
+                    path,
+                    message,
+                })
+        });
+        let (text, path) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                errors.push((e, Some(via)));
+                flat.insert(key, stand_in);
+                continue;
+            }
+        };
+        let origin = Origin::SecretFile {
+            path,
+            via: Box::new(via),
+        };
         let text = text.trim_end_matches(['\n', '\r']).to_string();
         if ENV_TABLES.contains(&key.as_str()) {
             // engine.env_file: a file of NAME=value lines.
@@ -607,18 +936,122 @@ fn resolve_files(
                 .map(str::trim)
                 .filter(|l| !l.is_empty() && !l.starts_with('#'))
             {
-                let (k, v) = l.split_once('=').ok_or_else(|| ConfigError::Invalid {
-                    key: format!("{key}_file"),
-                    message: "expected NAME=value lines".into(),
-                })?;
-                t.insert(k.trim().to_string(), Value::String(v.to_string()));
+                let Some((k, v)) = l.split_once('=') else {
+                    errors.push((
+                        ConfigError::Invalid {
+                            key: format!("{key}_file"),
+                            message: "expected NAME=value lines".into(),
+                        },
+                        Some(origin.clone()),
+                    ));
+                    continue;
+                };
+                let k = k.trim().to_string();
+                origins.insert(format!("{key}.{k}"), origin.clone());
+                t.insert(k, Value::String(v.to_string()));
             }
-            flat.insert(key, Value::Table(t));
+            flat.insert(key.clone(), Value::Table(t));
         } else {
-            flat.insert(key, Value::String(text));
+            flat.insert(key.clone(), Value::String(text));
+        }
+        origins.insert(key, origin);
+    }
+}
+
+/// A stand-in for a bad secret while the remaining keys are checked (never used to run).
+const FALLBACK_SECRET: &str = "planbot-fallback-secret-0123456789";
+
+/// Checks of values that parse but cannot work: empty secrets, the example's placeholder, and
+/// Proxmox API tokens not of the form `user@realm!tokenid=secret`. A bad value is reported and
+/// replaced by a stand-in, so it is not also reported as missing.
+fn check_values(
+    flat: &mut BTreeMap<String, Value>,
+    errors: &mut Vec<(ConfigError, Option<Origin>)>,
+) {
+    let check = |key: &str, value: &str, secret: bool| -> Option<String> {
+        if secret && value.trim().is_empty() {
+            return Some("is empty".into());
+        }
+        if value.trim().eq_ignore_ascii_case(PLACEHOLDER) {
+            return Some(format!(
+                "is still the example's placeholder `{PLACEHOLDER}`: put the real value here"
+            ));
+        }
+        let is_pve_token = key.starts_with("proxmox.") && key.ends_with(".api_token")
+            || key == "proxmox.api_token"
+            || key.ends_with(".env.PROXMOX_VE_API_TOKEN");
+        if is_pve_token {
+            return pve_token_problem(value);
+        }
+        None
+    };
+    let keys: Vec<String> = flat.keys().cloned().collect();
+    for key in keys {
+        match flat.get_mut(&key) {
+            Some(Value::String(v)) => {
+                let secret = key_info(&key).is_some_and(|(_, secret)| secret);
+                if let Some(message) = check(&key, v, secret) {
+                    *v = if key.ends_with("api_token") {
+                        "planbot@pve!fallback=fallback".into()
+                    } else {
+                        FALLBACK_SECRET.into()
+                    };
+                    errors.push((ConfigError::Invalid { key, message }, None));
+                }
+            }
+            Some(Value::Table(t)) if ENV_TABLES.contains(&key.as_str()) => {
+                for (name, v) in t.iter_mut() {
+                    let Value::String(text) = v else { continue };
+                    let full = format!("{key}.{name}");
+                    if let Some(message) = check(&full, text, true) {
+                        *text = FALLBACK_SECRET.into();
+                        errors.push((ConfigError::Invalid { key: full, message }, None));
+                    }
+                }
+            }
+            _ => {}
         }
     }
-    Ok(())
+}
+
+/// Why `value` is not a Proxmox API token `user@realm!tokenid=secret` (never quoting the secret).
+pub fn pve_token_problem(value: &str) -> Option<String> {
+    const FORM: &str =
+        "write it as user@realm!tokenid=secret, e.g. planbot@pve!plan=<the UUID pveum printed>";
+    let value = value.trim();
+    if value.starts_with("PVEAPIToken") {
+        return Some(format!(
+            "starts with `PVEAPIToken=`, which is the HTTP header's prefix, not part of the token: {FORM}"
+        ));
+    }
+    let Some((id, secret)) = value.split_once('=') else {
+        return Some(format!("has no `=secret` part: {FORM}"));
+    };
+    let Some((user, token_name)) = id.split_once('!') else {
+        return Some(format!("has no `!tokenid` part: {FORM}"));
+    };
+    let Some((name, realm)) = user.rsplit_once('@') else {
+        return Some(format!("the user has no `@realm`: {FORM}"));
+    };
+    let word = |w: &str| {
+        w.starts_with(|c: char| c.is_ascii_alphabetic())
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    };
+    if name.is_empty() || name.contains(char::is_whitespace) || !word(realm) {
+        return Some(format!("the user `user@realm` is malformed: {FORM}"));
+    }
+    if !word(token_name) {
+        return Some(format!(
+            "the token id `{token_name}` is malformed (a letter, then letters, digits, `.`, `-`, `_`): {FORM}"
+        ));
+    }
+    if secret.is_empty() || secret.contains(char::is_whitespace) {
+        return Some(format!(
+            "the secret after `=` is empty or has spaces: {FORM}"
+        ));
+    }
+    None
 }
 
 fn take_str(flat: &mut BTreeMap<String, Value>, key: &str) -> Result<Option<String>, ConfigError> {
@@ -689,130 +1122,216 @@ fn take_endpoint(
     }))
 }
 
-fn build(mut flat: BTreeMap<String, Value>) -> Result<Config, ConfigError> {
-    let listen_s = take_str(&mut flat, "listen")?.unwrap_or_else(|| "0.0.0.0:8080".into());
-    let listen: SocketAddr = listen_s.parse().map_err(|_| ConfigError::Invalid {
-        key: "listen".into(),
-        message: format!("`{listen_s}` is not an address like 0.0.0.0:8080"),
-    })?;
+/// `Ok(v)`, or `fallback` with the error kept in `problems` (so the other keys are still checked).
+fn soft<T>(problems: &mut Vec<ConfigError>, r: Result<T, ConfigError>, fallback: T) -> T {
+    r.unwrap_or_else(|e| {
+        problems.push(e);
+        fallback
+    })
+}
+
+/// The config from the flattened keys. Problems of single keys go to `problems` and the key gets
+/// a fallback, so every one is reported; an `Err` stops at once.
+fn build(
+    mut flat: BTreeMap<String, Value>,
+    problems: &mut Vec<ConfigError>,
+) -> Result<Config, ConfigError> {
+    let p = problems;
+    let default_listen = SocketAddr::from(([0, 0, 0, 0], 8080));
+    let listen_s = soft(p, take_str(&mut flat, "listen"), None);
+    let listen: SocketAddr = match listen_s {
+        None => default_listen,
+        Some(l) => soft(
+            p,
+            l.parse().map_err(|_| ConfigError::Invalid {
+                key: "listen".into(),
+                message: format!("`{l}` is not an address like 0.0.0.0:8080"),
+            }),
+            default_listen,
+        ),
+    };
     let data_dir = PathBuf::from(
-        take_str(&mut flat, "data_dir")?.unwrap_or_else(|| "/var/lib/planbot".into()),
+        soft(p, take_str(&mut flat, "data_dir"), None).unwrap_or_else(|| "/var/lib/planbot".into()),
     );
-    let public_url =
-        take_str(&mut flat, "public_url")?.map(|u| u.trim_end_matches('/').to_string());
-    let fingerprint_key = take_str(&mut flat, "fingerprint_key")?.ok_or_else(|| ConfigError::Missing {
+    let public_url = soft(p, take_str(&mut flat, "public_url"), None)
+        .map(|u| u.trim_end_matches('/').to_string());
+    let fingerprint_key = soft(p, take_str(&mut flat, "fingerprint_key"), None);
+    let fingerprint_key = soft(p, fingerprint_key.ok_or_else(|| ConfigError::Missing {
         key: "fingerprint_key".into(),
         hint: "a long random server secret, e.g. `openssl rand -hex 32` (keep it stable: reviewed plans are matched by it)".into(),
-    })?;
+    }), FALLBACK_SECRET.into());
     if fingerprint_key.len() < 16 {
-        return Err(ConfigError::Invalid {
+        p.push(ConfigError::Invalid {
             key: "fingerprint_key".into(),
             message: "too short: use at least 16 random characters (`openssl rand -hex 32`)".into(),
         });
     }
 
-    let url = take_str(&mut flat, "gitlab.url")?.ok_or_else(|| ConfigError::Missing {
-        key: "gitlab.url".into(),
-        hint: "the GitLab base URL, e.g. https://gitlab.example.com".into(),
-    })?;
+    let url = soft(p, take_str(&mut flat, "gitlab.url"), None);
+    let url = soft(
+        p,
+        url.ok_or_else(|| ConfigError::Missing {
+            key: "gitlab.url".into(),
+            hint: "the GitLab base URL, e.g. https://gitlab.example.com".into(),
+        }),
+        "https://gitlab.invalid".into(),
+    );
     if !(url.starts_with("https://") || url.starts_with("http://")) {
-        return Err(ConfigError::Invalid {
+        p.push(ConfigError::Invalid {
             key: "gitlab.url".into(),
             message: "expected a URL like https://gitlab.example.com".into(),
         });
     }
-    let token = take_str(&mut flat, "gitlab.token")?.ok_or_else(|| ConfigError::Missing {
-        key: "gitlab.token".into(),
-        hint: "a token with api scope (or set PLANBOT_GITLAB_TOKEN / gitlab.token_file)".into(),
-    })?;
-    let webhook_secret = take_str(&mut flat, "gitlab.webhook_secret")?.map(Secret);
-    let signing_token = take_str(&mut flat, "gitlab.signing_token")?;
+    let token = soft(p, take_str(&mut flat, "gitlab.token"), None);
+    let token = soft(
+        p,
+        token.ok_or_else(|| ConfigError::Missing {
+            key: "gitlab.token".into(),
+            hint: "a token with api scope (or set PLANBOT_GITLAB_TOKEN / gitlab.token_file)".into(),
+        }),
+        FALLBACK_SECRET.into(),
+    );
+    let webhook_secret = soft(p, take_str(&mut flat, "gitlab.webhook_secret"), None).map(Secret);
+    let signing_token = soft(p, take_str(&mut flat, "gitlab.signing_token"), None);
     if let Some(t) = &signing_token {
         if crate::core::webhook::decode_signing_token(t).is_none() {
-            return Err(ConfigError::Invalid {
+            p.push(ConfigError::Invalid {
                 key: "gitlab.signing_token".into(),
                 message: "expected `whsec_` followed by base64 (as GitLab shows it)".into(),
             });
         }
     }
     if webhook_secret.is_none() && signing_token.is_none() {
-        return Err(ConfigError::Missing {
+        p.push(ConfigError::Missing {
             key: "gitlab.webhook_secret".into(),
             hint: "set the webhook's secret token (and/or gitlab.signing_token); unauthenticated webhooks are not accepted".into(),
         });
     }
     let projects = match flat.remove("gitlab.projects") {
         None => Vec::new(),
-        Some(Value::Array(items)) => items
-            .into_iter()
-            .map(|v| match v {
-                Value::Integer(n) if n > 0 => Ok(ProjectRef::Id(n as u64)),
-                Value::String(s) if s.trim().parse::<u64>().is_ok() => {
-                    Ok(ProjectRef::Id(s.trim().parse().unwrap_or(0)))
-                }
-                Value::String(s) if !s.trim().is_empty() => {
-                    Ok(ProjectRef::Path(s.trim().trim_matches('/').to_string()))
-                }
-                other => Err(ConfigError::Invalid {
-                    key: "gitlab.projects".into(),
-                    message: format!("`{other}` is neither a project path nor a numeric id"),
-                }),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(items)) => soft(
+            p,
+            items
+                .into_iter()
+                .map(|v| match v {
+                    Value::Integer(n) if n > 0 => Ok(ProjectRef::Id(n as u64)),
+                    Value::String(s) if s.trim().parse::<u64>().is_ok() => {
+                        Ok(ProjectRef::Id(s.trim().parse().unwrap_or(0)))
+                    }
+                    Value::String(s) if !s.trim().is_empty() => {
+                        Ok(ProjectRef::Path(s.trim().trim_matches('/').to_string()))
+                    }
+                    other => Err(ConfigError::Invalid {
+                        key: "gitlab.projects".into(),
+                        message: format!("`{other}` is neither a project path nor a numeric id"),
+                    }),
+                })
+                .collect::<Result<Vec<_>, _>>(),
+            vec![ProjectRef::Id(0)],
+        ),
         Some(other) => {
-            return Err(ConfigError::Invalid {
+            p.push(ConfigError::Invalid {
                 key: "gitlab.projects".into(),
                 message: format!("expected a list, found {}", other.type_str()),
-            })
+            });
+            vec![ProjectRef::Id(0)]
         }
     };
     if projects.is_empty() {
-        return Err(ConfigError::Missing {
+        p.push(ConfigError::Missing {
             key: "gitlab.projects".into(),
             hint: "list the projects planbot serves, e.g. [\"infra/homelab\"]; every other project is ignored".into(),
         });
     }
 
-    let binary = take_str(&mut flat, "engine.binary")?.unwrap_or_else(|| "tofu".into());
-    let timeout = take_duration(&mut flat, "engine.timeout", "30m")?;
-    let lock_timeout = take_duration(&mut flat, "engine.lock_timeout", "5m")?;
-    let grace = take_duration(&mut flat, "engine.grace", "30s")?;
-    let env = take_env_table(&mut flat, "engine.env")?;
-    let plan_env = take_env_table(&mut flat, "engine.plan.env")?;
-    let apply_env = take_env_table(&mut flat, "engine.apply.env")?;
-    let provider_mirror = take_str(&mut flat, "engine.provider_mirror")?;
+    let binary =
+        soft(p, take_str(&mut flat, "engine.binary"), None).unwrap_or_else(|| "tofu".into());
+    let timeout = soft(
+        p,
+        take_duration(&mut flat, "engine.timeout", "30m"),
+        Duration::from_secs(1800),
+    );
+    let lock_timeout = soft(
+        p,
+        take_duration(&mut flat, "engine.lock_timeout", "5m"),
+        Duration::from_secs(300),
+    );
+    let grace = soft(
+        p,
+        take_duration(&mut flat, "engine.grace", "30s"),
+        Duration::from_secs(30),
+    );
+    let env = soft(p, take_env_table(&mut flat, "engine.env"), BTreeMap::new());
+    let plan_env = soft(
+        p,
+        take_env_table(&mut flat, "engine.plan.env"),
+        BTreeMap::new(),
+    );
+    let apply_env = soft(
+        p,
+        take_env_table(&mut flat, "engine.apply.env"),
+        BTreeMap::new(),
+    );
+    let provider_mirror = soft(p, take_str(&mut flat, "engine.provider_mirror"), None);
     if let Some(m) = &provider_mirror {
         if !(m.starts_with("https://") || m.starts_with('/')) {
-            return Err(ConfigError::Invalid {
+            p.push(ConfigError::Invalid {
                 key: "engine.provider_mirror".into(),
                 message: "expected an https:// URL (network mirror) or an absolute directory (filesystem mirror)".into(),
             });
         }
     }
-    let sandbox = take_sandbox(&mut flat)?;
+    let sandbox = soft(p, take_sandbox(&mut flat), SandboxConfig::default());
 
-    let job_name = take_str(&mut flat, "apply.job_name")?.unwrap_or_else(|| "planbot-apply".into());
+    let job_name = soft(p, take_str(&mut flat, "apply.job_name"), None)
+        .unwrap_or_else(|| "planbot-apply".into());
     let open_issue_on_failure =
-        take_bool(&mut flat, "apply.open_issue_on_failure")?.unwrap_or(false);
+        soft(p, take_bool(&mut flat, "apply.open_issue_on_failure"), None).unwrap_or(false);
     let max_concurrent_plans = match flat.remove("plan.max_concurrent_plans") {
         None => 2,
         Some(Value::Integer(n)) if (1..=64).contains(&n) => n as usize,
         Some(other) => {
-            return Err(ConfigError::Invalid {
+            p.push(ConfigError::Invalid {
                 key: "plan.max_concurrent_plans".into(),
                 message: format!("expected a number from 1 to 64, found `{other}`"),
-            })
+            });
+            2
         }
     };
     let proxmox = ProxmoxConfig {
-        default: take_endpoint(&mut flat, "")?.unwrap_or_default(),
-        plan: take_endpoint(&mut flat, "plan")?,
-        apply: take_endpoint(&mut flat, "apply")?,
+        default: soft(p, take_endpoint(&mut flat, ""), None).unwrap_or_default(),
+        plan: soft(p, take_endpoint(&mut flat, "plan"), None),
+        apply: soft(p, take_endpoint(&mut flat, "apply"), None),
     };
-    if let Some(k) = flat.keys().next() {
-        return Err(unknown(k));
+    // Known keys are left only when their section stopped early (already reported).
+    for k in flat.keys().filter(|k| key_info(k).is_none()) {
+        p.push(unknown(k));
+    }
+    let log_format = match soft(p, take_str(&mut flat, "log_format"), None).as_deref() {
+        None | Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => {
+            p.push(ConfigError::Invalid {
+                key: "log_format".into(),
+                message: format!("expected \"text\" or \"json\", found `{other}`"),
+            });
+            LogFormat::Text
+        }
+    };
+    let log_level = soft(p, take_str(&mut flat, "log_level"), None);
+    if let Some(level) = &log_level {
+        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(level) {
+            p.push(ConfigError::Invalid {
+                key: "log_level".into(),
+                message: format!("{e} (write e.g. \"info\", \"warn\" or \"info,planbot=debug\")"),
+            });
+        }
     }
     Ok(Config {
+        log: LogConfig {
+            format: log_format,
+            level: log_level,
+        },
         listen,
         data_dir,
         public_url,
@@ -1036,9 +1555,168 @@ projects = ["infra/homelab", 42]
     }
 
     #[test]
+    fn a_relative_secret_file_is_a_name_in_the_credentials_directory() {
+        let text = MINIMAL.replace(
+            "token = \"glpat-secret-token\"",
+            "token_file = \"gitlab-token\"",
+        );
+        let read = |p: &str| {
+            if p == "/run/credentials/planbot.service/gitlab-token" {
+                Ok("glpat-from-credential\n".to_string())
+            } else {
+                Err(format!("no file {p}"))
+            }
+        };
+        let env = vec![(
+            "CREDENTIALS_DIRECTORY".to_string(),
+            "/run/credentials/planbot.service/".to_string(),
+        )];
+        let c = Config::load(&text, &env, &read).unwrap();
+        assert_eq!(c.gitlab.token.expose(), "glpat-from-credential");
+        // The same name from the environment variable form.
+        let env2 = [
+            env.clone(),
+            vec![(
+                "PLANBOT_GITLAB_TOKEN_FILE".to_string(),
+                "gitlab-token".to_string(),
+            )],
+        ]
+        .concat();
+        let c = Config::load(MINIMAL, &env2, &read).unwrap();
+        assert_eq!(c.gitlab.token.expose(), "glpat-from-credential");
+        // Without the directory, a relative path is an error that says what it means.
+        let e = Config::load(&text, &[], &read).unwrap_err().to_string();
+        assert!(e.contains("gitlab.token_file"), "{e}");
+        assert!(e.contains("CREDENTIALS_DIRECTORY"), "{e}");
+        assert!(e.contains("absolute path"), "{e}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_where_it_came_from() {
+        let text = r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token_file = "/run/secrets/gl"
+webhook_secret = "change-me"
+projects = ["infra/homelab"]
+[engine]
+timeout = "soon"
+[proxmox]
+endpoint = "https://pve:8006"
+api_token = "PVEAPIToken=a@pve!t=uuid-secret"
+"#;
+        let read = |p: &str| match p {
+            "/run/secrets/gl" => Ok("\n".to_string()),
+            _ => Err("no such file".to_string()),
+        };
+        let env = vec![
+            (
+                "PLANBOT_PLAN_MAX_CONCURRENT_PLANS".to_string(),
+                "many".to_string(),
+            ),
+            ("PLANBOT_ENGINE_ENV_TF_VAR_x".to_string(), "".to_string()),
+        ];
+        let loaded = Config::load_all(text, &env, &read);
+        let shown: Vec<String> = loaded
+            .problems
+            .iter()
+            .map(|p| p.describe("planbot.toml"))
+            .collect();
+        let expect = [
+            "config key `plan.max_concurrent_plans`: expected a whole number\n    from environment variable PLANBOT_PLAN_MAX_CONCURRENT_PLANS",
+            "config key `engine.env.TF_VAR_x`: is empty\n    from environment variable PLANBOT_ENGINE_ENV_TF_VAR_x",
+            "config key `gitlab.token`: is empty\n    from secret file /run/secrets/gl (named in planbot.toml, line 5)",
+            "config key `gitlab.webhook_secret`: is still the example's placeholder `change-me`: put the real value here\n    from planbot.toml, line 6",
+            "config key `proxmox.api_token`: starts with `PVEAPIToken=`, which is the HTTP header's prefix, not part of the token: write it as user@realm!tokenid=secret, e.g. planbot@pve!plan=<the UUID pveum printed>\n    from planbot.toml, line 12",
+            "config key `engine.timeout`: expected number at 0 (write e.g. \"30m\", \"90s\")\n    from planbot.toml, line 9",
+        ];
+        for e in &expect {
+            let head = e.lines().next().unwrap();
+            let got = shown
+                .iter()
+                .find(|s| s.starts_with(&head[..30.min(head.len())]));
+            assert_eq!(
+                got.map(String::as_str),
+                Some(*e),
+                "all:\n{}",
+                shown.join("\n")
+            );
+        }
+        assert_eq!(shown.len(), expect.len(), "all:\n{}", shown.join("\n"));
+        for s in &shown {
+            assert!(!s.contains("uuid-secret"), "a secret in {s}");
+        }
+        assert!(loaded.into_result().is_err());
+    }
+
+    #[test]
+    fn proxmox_tokens_must_be_user_at_realm_bang_id_equals_secret() {
+        assert_eq!(
+            pve_token_problem("planbot@pve!plan=a1b2c3d4-0000-1111-2222-333344445555"),
+            None
+        );
+        assert_eq!(pve_token_problem("root@pam!tofu_01=x"), None);
+        for bad in [
+            "PVEAPIToken=planbot@pve!plan=uuid",
+            "planbot@pve!plan",
+            "planbot@pve=uuid",
+            "planbot!plan=uuid",
+            "planbot@pve!=uuid",
+            "planbot@pve!plan=",
+            "planbot@pve!1plan=uuid",
+            "a1b2c3d4-0000-1111-2222-333344445555",
+        ] {
+            let problem = pve_token_problem(bad);
+            assert!(problem.is_some(), "{bad} accepted");
+            assert!(
+                !problem.unwrap().contains("uuid"),
+                "the secret is quoted for {bad}"
+            );
+        }
+        // Also the provider's own variable in engine.env.
+        let text =
+            format!("{MINIMAL}\n[engine]\nenv = {{ PROXMOX_VE_API_TOKEN = \"uuid-only\" }}\n");
+        let e = Config::load(&text, &[], &no_files).unwrap_err().to_string();
+        assert!(
+            e.contains("engine.env.PROXMOX_VE_API_TOKEN") && e.contains("no `=secret`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn log_format_and_level_are_checked() {
+        let c = Config::load(
+            &format!("log_format = \"json\"\nlog_level = \"warn,planbot=debug\"\n{MINIMAL}"),
+            &[],
+            &no_files,
+        )
+        .unwrap();
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.log.level.as_deref(), Some("warn,planbot=debug"));
+        let env = vec![("PLANBOT_LOG_FORMAT".to_string(), "json".to_string())];
+        assert_eq!(
+            Config::load(MINIMAL, &env, &no_files).unwrap().log.format,
+            LogFormat::Json
+        );
+        assert_eq!(
+            Config::load(MINIMAL, &[], &no_files).unwrap().log.format,
+            LogFormat::Text
+        );
+        let problems = Config::load_all(
+            &format!("log_format = \"xml\"\nlog_level = \"planbot=loud\"\n{MINIMAL}"),
+            &[],
+            &no_files,
+        )
+        .problems;
+        let keys: Vec<_> = problems.iter().filter_map(|p| p.error.key()).collect();
+        assert_eq!(keys, ["log_format", "log_level"], "{problems:?}");
+    }
+
+    #[test]
     fn describe_never_prints_secrets() {
         let text = format!(
-            "{MINIMAL}\n[engine]\nenv = {{ TF_VAR_x = \"engine-secret-value\" }}\n[proxmox]\nendpoint = \"https://pve:8006\"\napi_token = \"PVEAPIToken=a@pve!t=uuid-secret\"\n"
+            "{MINIMAL}\n[engine]\nenv = {{ TF_VAR_x = \"engine-secret-value\" }}\n[proxmox]\nendpoint = \"https://pve:8006\"\napi_token = \"a@pve!t=uuid-secret\"\n"
         );
         let c = Config::load(&text, &[], &no_files).unwrap();
         let d = c.describe();
@@ -1094,8 +1772,26 @@ projects = ["infra/homelab", 42]
                 "{path} is not documented in deploy/planbot.example.toml"
             );
         }
-        let read = |p: &str| Ok(format!("secret from {p} 0123456789\n"));
-        let c = Config::load(example, &[], &read).expect("the example loads");
+        let read = |p: &str| {
+            Ok(if p.contains("pve-token") {
+                "planbot@pve!plan=0123-4567\n".to_string()
+            } else {
+                format!("secret from {p} 0123456789\n")
+            })
+        };
+        // As shipped, its placeholder stops it, named with its line.
+        let problems = Config::load_all(example, &[], &read).problems;
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let line = example
+            .lines()
+            .position(|l| l.starts_with("env = { TF_VAR_encryption_passphrase = \"change-me\""))
+            .unwrap();
+        assert_eq!(
+            problems[0].describe("planbot.toml"),
+            format!("config key `engine.env.TF_VAR_encryption_passphrase`: is still the example's placeholder `change-me`: put the real value here\n    from planbot.toml, line {}", line + 1)
+        );
+        let example = example.replace("\"change-me\"", "\"a-real-passphrase\"");
+        let c = Config::load(&example, &[], &read).expect("the example loads");
         assert_eq!(
             c.gitlab.token.expose(),
             "secret from /run/secrets/planbot-gitlab-token 0123456789"

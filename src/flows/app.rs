@@ -5,7 +5,7 @@ use crate::capabilities::gitlab::{GitLab, RetryPolicy};
 use crate::capabilities::store::Store;
 use crate::capabilities::workspace::Workspace;
 use crate::core::config::Config;
-use crate::core::ids::UserId;
+use crate::core::ids::{MrIid, ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
 use crate::flows::credentials::{self, Use};
@@ -15,6 +15,24 @@ use crate::flows::queue::Queue;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Whose code an engine run executes, which decides its credentials and plugin cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// An MR's plan: untrusted code, plan credentials, the MR's own plugin cache.
+    MergeRequest { project: ProjectId, mr: MrIid },
+    /// Plans and applies on the protected default branch: reviewed code, apply credentials.
+    DefaultBranch,
+}
+
+impl Trust {
+    fn credentials(self) -> Use {
+        match self {
+            Trust::MergeRequest { .. } => Use::Plan,
+            Trust::DefaultBranch => Use::Apply,
+        }
+    }
+}
 
 /// Everything the HTTP handlers, the workers and the flows share. Built once per process.
 pub struct App {
@@ -91,9 +109,10 @@ impl App {
         self.config.data_dir.join("tmp")
     }
 
-    /// The engine runner for a plan (plan credentials) or an apply (apply credentials), see
-    /// [`crate::flows::credentials`].
-    pub fn engine(&self, use_: Use) -> Result<Engine> {
+    /// The engine runner for a plan of an MR (plan credentials) or the default branch's runs
+    /// (apply credentials), see [`crate::flows::credentials`].
+    pub fn engine(&self, trust: Trust) -> Result<Engine> {
+        let use_ = trust.credentials();
         let engine = &self.config.engine;
         Engine::builder(&engine.binary, self.temp_root())
             .timeout(engine.timeout)
@@ -101,7 +120,7 @@ impl App {
             .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
             .lock_timeout(engine.lock_timeout)
             .env(credentials::engine_env(&self.config, use_))
-            .plugin_cache_dir(self.plugin_cache_dir(use_))
+            .plugin_cache_dir(self.plugin_cache_dir(trust))
             .cli_config(CliConfig::Owned {
                 provider_mirror: engine.provider_mirror.as_ref().map(|m| {
                     if m.starts_with('/') {
@@ -116,14 +135,30 @@ impl App {
             .with_context(|| format!("engine.binary = {:?}", engine.binary))
     }
 
-    /// The plugin cache of a trust level: MR plans (untrusted code) and the default branch's
-    /// plans and applies never share one, so an MR can never put a provider where an apply
-    /// installs from.
-    pub fn plugin_cache_dir(&self, use_: Use) -> PathBuf {
-        self.config.data_dir.join("plugin-cache").join(match use_ {
-            Use::Plan => "mr",
-            Use::Apply => "main",
-        })
+    /// The plugin cache of a trust level: each MR has its own (untrusted code: what one MR's
+    /// plan puts there reaches no other MR's plan), and the default branch's plans and applies
+    /// share one that no MR can write, so an MR can never put a provider where an apply
+    /// installs from. An MR's cache is removed when it is merged or closed.
+    pub fn plugin_cache_dir(&self, trust: Trust) -> PathBuf {
+        let caches = self.config.data_dir.join("plugin-cache");
+        match trust {
+            Trust::MergeRequest { project, mr } => {
+                caches.join("mr").join(format!("p{}-mr{}", project.0, mr.0))
+            }
+            Trust::DefaultBranch => caches.join("main"),
+        }
+    }
+
+    /// Remove an MR's plugin cache (it is merged or closed: no plan of it will run again).
+    pub fn drop_mr_plugin_cache(&self, project: ProjectId, mr: MrIid) {
+        let dir = self.plugin_cache_dir(Trust::MergeRequest { project, mr });
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => tracing::info!(project = project.0, mr = mr.0, "MR plugin cache removed"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "removing an MR plugin cache")
+            }
+        }
     }
 
     /// `<data_dir>/workspaces`: git mirrors and per-job worktrees.

@@ -24,8 +24,8 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::{RepoConfig, Root};
 use crate::core::summary::Summary;
 use crate::flows::app::App;
+use crate::flows::app::Trust;
 use crate::flows::cpu::cpu_bound;
-use crate::flows::credentials::Use;
 use crate::flows::locks::RootGuard;
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -566,7 +566,10 @@ impl ApplyCtx {
             "planbot: root `{}`: planning `{}`",
             root.name, root.dir
         ));
-        let engine = self.app.engine(Use::Apply).map_err(|e| format!("{e:#}"))?;
+        let engine = self
+            .app
+            .engine(Trust::DefaultBranch)
+            .map_err(|e| format!("{e:#}"))?;
         let request = PlanRequest {
             var_files: root.var_files.iter().map(Into::into).collect(),
             workspace: Some(root.workspace.clone()).filter(|w| !w.is_empty() && w != "default"),

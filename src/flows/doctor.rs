@@ -6,7 +6,7 @@
 use crate::capabilities::engine::{Engine, SandboxMode};
 use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError};
 use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig};
-use crate::core::config::Config;
+use crate::core::config::{env_name, Config, ConfigError, Origin, Problem};
 use crate::core::pve_access::{self, Privileges};
 use crate::core::redact::Secrets;
 use anyhow::Result;
@@ -139,7 +139,15 @@ pub fn format_report(config_path: &str, checks: &[Check]) -> String {
 
 /// `planbot doctor --config FILE`.
 pub fn main(config: &Path) -> Result<ExitCode> {
-    let cfg = crate::flows::serve::load_config(config)?;
+    let file = config.display().to_string();
+    let cfg = match crate::flows::serve::load_all(config)?.into_result() {
+        Ok(cfg) => cfg,
+        Err(problems) => {
+            // Nothing else can be checked with a config planbot would not start with.
+            print!("{}", format_report(&file, &config_checks(&file, &problems)));
+            return Ok(ExitCode::from(1));
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -153,6 +161,58 @@ pub fn main(config: &Path) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// One FAIL line per config problem, with the fix for its kind and where to make it.
+pub fn config_checks(file: &str, problems: &[Problem]) -> Vec<Check> {
+    let mut r = Report::default();
+    r.section("Config");
+    for p in problems {
+        let key = p.error.key().unwrap_or_default();
+        let kind = match &p.error {
+            ConfigError::Syntax(_) => "syntax",
+            ConfigError::UnknownKey { .. } => "unknown",
+            ConfigError::Missing { .. } => "missing",
+            ConfigError::Both { .. } => "both",
+            ConfigError::SecretFile { .. } => "secret_file",
+            ConfigError::Invalid { message, .. } if message == "is empty" => "empty",
+            ConfigError::Invalid { message, .. } if message.contains("placeholder") => {
+                "placeholder"
+            }
+            ConfigError::Invalid { .. }
+                if key.ends_with("api_token") || key.ends_with("PROXMOX_VE_API_TOKEN") =>
+            {
+                "pve_token"
+            }
+            ConfigError::Invalid { .. } => "other",
+        };
+        // Where the value is to be fixed: the secret file itself, the variable, or the file line.
+        let place = match &p.origin {
+            Some(Origin::SecretFile { path, .. }) => path.clone(),
+            Some(o) => o.describe(file),
+            None => file.to_string(),
+        };
+        let whence = match &p.origin {
+            Some(o) => o.describe(file),
+            None if kind == "missing" => "not set".to_string(),
+            None => file.to_string(),
+        };
+        let secret_env = if key.starts_with("engine.env.") {
+            format!(
+                "PLANBOT_ENGINE_ENV_{}",
+                key.trim_start_matches("engine.env.")
+            )
+        } else {
+            env_name(key)
+        };
+        r.add(
+            Status::Fail,
+            "config_problem",
+            json!({"error": p.error.to_string(), "whence": whence, "place": place,
+                   "key": key, "env": secret_env, "kind": kind, "file": file}),
+        );
+    }
+    r.checks
 }
 
 /// Run every check of `config`.
@@ -178,6 +238,16 @@ fn level_name(level: AccessLevel) -> String {
 async fn gitlab_checks(config: &Config, r: &mut Report) {
     r.section("GitLab");
     let url = config.gitlab.url.clone();
+    // A token GitLab could never accept is the token's fault, not the URL's.
+    let token = config.gitlab.token.expose();
+    if token.trim().is_empty() || reqwest::header::HeaderValue::from_str(token).is_err() {
+        r.add(
+            Status::Fail,
+            "gitlab_token_unusable",
+            json!({"empty": token.trim().is_empty()}),
+        );
+        return;
+    }
     let client = match GitLab::new(&url, config.gitlab.token.expose()) {
         Ok(c) => c.with_retry_policy(crate::capabilities::gitlab::RetryPolicy {
             max_attempts: 1,

@@ -93,10 +93,12 @@ fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
     })
 }
 
-async fn closed(_app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
+async fn closed(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
     // Queued and running work of the MR was cancelled when this job was enqueued (same
     // transaction); a cancelled plan's checkout is removed when its job stops (checkouts are
-    // per job). The project's shared mirror stays for the other MRs.
+    // per job). The project's shared mirror stays for the other MRs; the MR's own plugin
+    // cache goes.
+    app.drop_mr_plugin_cache(project, mr);
     tracing::info!(
         project = project.0,
         mr = mr.0,
@@ -114,6 +116,7 @@ async fn mark_merged(
     merge_commit: Option<&CommitSha>,
     target_branch: Option<&str>,
 ) -> Result<()> {
+    app.drop_mr_plugin_cache(project, mr);
     let target = target_branch.unwrap_or("main");
     let banner = format!(
         "{MERGED_BANNER_MARKER}\n{}",

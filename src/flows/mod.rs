@@ -19,3 +19,4 @@ pub mod report;
 pub mod sandbox;
 pub mod serve;
 pub mod server;
+pub mod service_check;

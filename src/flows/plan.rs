@@ -21,8 +21,8 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
 use crate::core::summary::Summary;
 use crate::flows::app::App;
+use crate::flows::app::Trust;
 use crate::flows::cpu::cpu_bound;
-use crate::flows::credentials::Use;
 use crate::flows::queue::CancellationToken;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -272,7 +272,10 @@ async fn plan(
     }
 
     let checkout = ws.checkout(project, &commit.sha).await?;
-    let engine = app.engine(Use::Plan)?;
+    let engine = app.engine(Trust::MergeRequest {
+        project,
+        mr: job.mr,
+    })?;
     let version = engine.version().await.ok().map(|v| v.to_string());
     banners.extend(crate::flows::sandbox::note_banner(engine.sandbox()));
 

@@ -1,20 +1,46 @@
 //! `planbot serve`: loads the config, then builds the application (store, queue, workers, HTTP) and runs it.
 
-use crate::core::config::Config;
+use crate::core::config::{Config, Loaded, Problem};
 use crate::flows::server::Application;
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::ExitCode;
 
-/// Read the config file, apply `PLANBOT_*` overrides from the process environment, read `*_file` secrets.
+/// Read the config file, apply `PLANBOT_*` overrides from the process environment, read `*_file`
+/// secrets. An error lists every problem with where its value came from.
 pub fn load_config(path: &Path) -> Result<Config> {
+    load_all(path)?.into_result().map_err(|problems| {
+        anyhow::anyhow!(format_problems(&path.display().to_string(), &problems))
+    })
+}
+
+/// Every problem, one after the other, each with where to fix it.
+pub fn format_problems(file: &str, problems: &[Problem]) -> String {
+    let n = problems.len();
+    let mut out = format!(
+        "{file}: {n} problem{} in the configuration\n",
+        if n == 1 { "" } else { "s" }
+    );
+    for p in problems {
+        out.push('\n');
+        for line in p.describe(file).lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    out
+}
+
+/// The config with every problem found, as [`Config::load_all`] gives it.
+pub fn load_all(path: &Path) -> Result<Loaded> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the config file {}", path.display()))?;
     let env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("PLANBOT_"))
+        .filter(|(k, _)| {
+            k.starts_with("PLANBOT_") || k == crate::core::config::CREDENTIALS_DIRECTORY
+        })
         .collect();
     let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
-    Config::load(&text, &env, &read).with_context(|| format!("in {}", path.display()))
+    Ok(Config::load_all(&text, &env, &read))
 }
 
 /// What `--check` prints: the effective config (secrets as `(set)`) and what the service would do.
@@ -71,18 +97,43 @@ pub fn check_report(config: &Config) -> String {
     out
 }
 
-pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
-    let cfg = load_config(config)?;
-    if check {
-        print!("{}", check_report(&cfg));
-        return Ok(ExitCode::SUCCESS);
+/// `serve --check`: the config's problems and the host's (engine, data_dir, placeholders), all
+/// at once on stderr with exit 1; else the report on stdout.
+fn check(path: &Path) -> Result<ExitCode> {
+    let loaded = load_all(path)?;
+    let file = path.display().to_string();
+    let mut problems = loaded.problems.clone();
+    let mut engine = None;
+    if let Some(cfg) = &loaded.config {
+        let host = crate::flows::service_check::check_host(&loaded, cfg);
+        problems.extend(host.problems);
+        engine = host.engine;
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    match loaded.config {
+        Some(cfg) if problems.is_empty() => {
+            let mut report = check_report(&cfg);
+            if let Some(engine) = engine {
+                report.push_str(&format!("- run the engine {engine}\n"));
+            }
+            print!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            eprint!(
+                "planbot: {}\nplanbot serve would not start. Fix these and run `planbot serve --config {file} --check` again.\n",
+                format_problems(&file, &problems)
+            );
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
+    if check {
+        return self::check(config);
+    }
+    let cfg = load_config(config)?;
+    init_logging(&cfg.log);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,6 +149,32 @@ pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
         app.run_until_stopped().await
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The service's log on stderr: `RUST_LOG` when set, else `log_level`, else `info`; plain text
+/// (ANSI colours only when stderr is a terminal) or, with `log_format = "json"`, one JSON object
+/// per line for a log shipper.
+pub fn init_logging(log: &crate::core::config::LogConfig) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::builder()
+            .parse(log.level.as_deref().unwrap_or("info"))
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match log.format {
+        crate::core::config::LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+        crate::core::config::LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
 }
 
 async fn shutdown_signal() {
