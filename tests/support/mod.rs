@@ -78,16 +78,29 @@ pub fn spawn_serve(config_file: &std::path::Path) -> (std::process::Child, u16) 
         .arg(config_file)
         .env("RUST_LOG", "warn,planbot::flows::server=info")
         .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    // The service logs on stderr; a reader thread hands its lines over, so the wait for the
+    // announcement is bounded, and keeps reading so that planbot never blocks on a full pipe.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
     let mut seen = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let port = loop {
-        let Some(Ok(line)) = lines.next() else {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
             let _ = child.kill();
-            panic!("planbot serve ended before it said it serves:\n{seen}");
+            panic!("planbot serve did not say it serves within 60 s:\n{seen}");
         };
         // Without colours, but strip escapes anyway: `... planbot is serving port=40123`.
         let plain: String = strip_ansi(&line);
@@ -103,8 +116,8 @@ pub fn spawn_serve(config_file: &std::path::Path) -> (std::process::Child, u16) 
         seen.push_str(&plain);
         seen.push('\n');
     };
-    // Keep reading its log so that it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+    // The rest of the log is drained by the reader thread (the receiver is simply dropped).
+    drop(rx);
     (child, port)
 }
 
