@@ -23,8 +23,12 @@ enum SandboxArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Format {
+    /// The note in Markdown, as posted on the merge request.
     Markdown,
+    /// The JSON summary.
     Json,
+    /// The note as plain aligned text, for a terminal.
+    Text,
 }
 
 impl From<Format> for planbot::flows::report::Format {
@@ -32,6 +36,7 @@ impl From<Format> for planbot::flows::report::Format {
         match f {
             Format::Markdown => planbot::flows::report::Format::Markdown,
             Format::Json => planbot::flows::report::Format::Json,
+            Format::Text => planbot::flows::report::Format::Text,
         }
     }
 }
@@ -82,8 +87,9 @@ enum Command {
         /// Engine binary: `tofu` (preferred), `terraform`, or a path.
         #[arg(long)]
         engine: Option<String>,
-        #[arg(long, value_enum, default_value = "markdown")]
-        format: Format,
+        /// Default: `text` on a terminal, `markdown` when piped.
+        #[arg(long, value_enum)]
+        format: Option<Format>,
         #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
         fingerprint_key: Option<String>,
         /// Give up (SIGTERM, then kill after a grace period) after this long.
@@ -171,7 +177,13 @@ fn main() -> ExitCode {
         } => planbot::flows::local_plan::plan_command(
             &dir,
             engine.as_deref(),
-            format.into(),
+            format.map(Into::into).unwrap_or_else(|| {
+                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                    planbot::flows::report::Format::Text
+                } else {
+                    planbot::flows::report::Format::Markdown
+                }
+            }),
             fingerprint_key.as_deref(),
             timeout,
             planbot::flows::local_plan::Variables { var_files, vars },

@@ -192,7 +192,16 @@ async fn jobs_that_may_not_apply_are_refused_each_with_its_own_reason() {
     // planbot serves the CI template the infra repo includes.
     let (status, yaml) = s.get_text("/ci/planbot.gitlab-ci.yml").await;
     assert_eq!(status, 200);
-    assert!(yaml.contains("planbot-apply:") && yaml.contains("when: manual"));
+    // The CI/CD component, its inputs defaulting to this planbot's URL and apply job name.
+    assert!(yaml.contains("\"$[[ inputs.job_name ]]\":") && yaml.contains("when: manual"));
+    assert!(
+        yaml.contains("      default: \"http://planbot.test\"\n"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("      default: \"planbot-apply\"\n"),
+        "{yaml}"
+    );
 
     let other = w.gitlab.create_project("someone/else");
     let cases: Vec<(&str, FakeJob, &str)> = vec![

@@ -198,7 +198,7 @@ fn expand_syscalls(item: &str, out: &mut BTreeSet<String>) {
 }
 
 #[test]
-fn the_systemd_unit_lets_planbot_put_engine_runs_under_landlock() {
+fn the_systemd_unit_lets_planbot_run_engines_under_landlock() {
     // Landlock needs its three system calls and no_new_privs (which NoNewPrivileges=yes sets).
     let unit = read(UNIT);
     let (mut allowed, mut denied) = (BTreeSet::new(), BTreeSet::new());
@@ -215,12 +215,18 @@ fn the_systemd_unit_lets_planbot_put_engine_runs_under_landlock() {
         !allowed.is_empty(),
         "{UNIT}: no SystemCallFilter allow list"
     );
+    // Landlock's calls, and what planbot does to run and stop an engine process group.
     for call in [
         "landlock_create_ruleset",
         "landlock_add_rule",
         "landlock_restrict_self",
         "prctl",
         "execve",
+        "clone3",
+        "setpgid",
+        "kill",
+        "pidfd_open",
+        "prlimit64",
     ] {
         assert!(
             allowed.contains(call) && !denied.contains(call),
@@ -799,6 +805,122 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
             job(tagged)["rules"][0]["if"].as_str(),
             Some("$CI_COMMIT_TAG"),
             "{tagged} must run on tags only"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compose (one host, TLS proxy in front)
+
+const COMPOSE: &str = "deploy/compose/compose.yaml";
+
+#[test]
+fn the_compose_file_passes_the_compose_spec_and_docker_compose_where_it_exists() {
+    let checker = tool("check-jsonschema", CI_INSTALL);
+    let out = run(Command::new(checker)
+        .args(["--builtin-schema", "vendor.compose-spec"])
+        .arg(repo().join(COMPOSE)));
+    assert!(
+        out.status.success(),
+        "check-jsonschema {COMPOSE} ({}):\n{}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    // `docker compose config` needs only the client (no engine); where the plugin is installed,
+    // it must accept the file too.
+    let has_compose = Command::new("docker")
+        .args(["compose", "version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_compose {
+        let out = run(Command::new("docker")
+            .args(["compose", "--file"])
+            .arg(repo().join(COMPOSE))
+            .args(["config", "--quiet"])
+            .env("PLANBOT_HOST", "planbot.corp.test"));
+        assert!(
+            out.status.success(),
+            "docker compose config: {}",
+            text(&out.stderr)
+        );
+    } else {
+        println!("docker compose is not installed: checked against the compose spec only");
+    }
+}
+
+#[test]
+fn compose_runs_planbot_locked_down_behind_the_tls_proxy_with_the_secrets_its_config_names() {
+    let compose = yaml(COMPOSE);
+    let planbot = &compose["services"]["planbot"];
+    let proxy = &compose["services"]["proxy"];
+    assert_eq!(planbot["read_only"].as_bool(), Some(true));
+    assert_eq!(planbot["cap_drop"][0].as_str(), Some("ALL"));
+    assert!(planbot["security_opt"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|o| o == "no-new-privileges:true"));
+    let docker_user = read("Dockerfile")
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER ").map(str::to_string))
+        .unwrap();
+    assert_eq!(planbot["user"].as_str(), Some(docker_user.as_str()));
+    assert_eq!(planbot["build"]["context"].as_str(), Some("../.."));
+    assert!(planbot["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|v| v.as_str().is_some_and(|v| v.ends_with(":/var/lib/planbot"))));
+    // Only the proxy is reachable from outside, on 443; planbot's port stays inside.
+    assert!(planbot.get("ports").is_none(), "planbot publishes a port");
+    assert!(proxy["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|p| p == "443:443"));
+    let caddyfile = read("deploy/compose/Caddyfile");
+    assert!(
+        caddyfile.contains("reverse_proxy planbot:8080"),
+        "{caddyfile}"
+    );
+    assert!(
+        caddyfile.contains("flush_interval -1"),
+        "the apply log must stream"
+    );
+
+    // The secrets it mounts (at /run/secrets = the image's CREDENTIALS_DIRECTORY) are the
+    // credential names of the config it tells to copy, deploy/systemd/planbot.toml.
+    assert!(read("Dockerfile").contains("CREDENTIALS_DIRECTORY=/run/secrets"));
+    let mounted: BTreeSet<String> = planbot["secrets"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    let config: toml::Table = read("deploy/systemd/planbot.toml").parse().unwrap();
+    let mut named = BTreeSet::new();
+    fn collect(t: &toml::Table, out: &mut BTreeSet<String>) {
+        for (k, v) in t {
+            match v {
+                toml::Value::Table(t) => collect(t, out),
+                toml::Value::String(s) if k.ends_with("_file") && !s.starts_with('/') => {
+                    out.insert(s.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    collect(&config, &mut named);
+    assert_eq!(
+        mounted, named,
+        "compose secrets vs the config's *_file names"
+    );
+    for name in &mounted {
+        assert_eq!(
+            compose["secrets"][name.as_str()]["file"].as_str(),
+            Some(format!("./secrets/{name}").as_str())
         );
     }
 }

@@ -354,3 +354,70 @@ fn a_missing_engine_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn on_a_terminal_the_note_is_plain_text_and_progress_goes_to_stderr() {
+    let engine = require_engine!();
+    let root = quickstart_copy();
+    let tmp = tempfile::tempdir().unwrap();
+    let engine_arg = engine.to_str().unwrap();
+
+    // What a terminal gets by default (`--format text`), here asked for explicitly.
+    let out = planbot_plan(
+        root.path(),
+        tmp.path(),
+        &["--engine", engine_arg, "--format", "text"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{stderr}");
+    assert!(
+        text.contains("\n▸ + terraform_data.vm[\"backup\"] — created\n"),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("root "))
+        .unwrap_or_else(|| panic!("no table header: {text}"));
+    assert_eq!(
+        row, "root        add  change  destroy  import  moved",
+        "{text}"
+    );
+    for raw in ["<details>", "<code>", "&quot;", "|---|", "```", "<!--"] {
+        assert!(!text.contains(raw), "{raw} in the terminal text:\n{text}");
+    }
+    // A local run has no "comment to re-plan" hint.
+    assert!(!text.contains("re-plan"), "{text}");
+    // Progress, step by step, on stderr only.
+    for line in ["planbot: init…", "planbot: plan…", "planbot: show -json…"] {
+        assert!(stderr.contains(line), "{line}: {stderr}");
+    }
+    assert!(stderr.contains("planbot: show -json done in "), "{stderr}");
+    assert!(!text.contains("planbot: init"), "{text}");
+
+    // On a real terminal (util-linux `script` gives the command one) the default is text.
+    let cmd = format!(
+        "{} plan {} --engine {}",
+        env!("CARGO_BIN_EXE_planbot"),
+        root.path().display(),
+        engine_arg
+    );
+    let tty = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .expect("script (util-linux) runs");
+    let screen = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{screen}");
+    assert!(
+        screen.contains("▸ + terraform_data.vm[\"backup\"]"),
+        "{screen}"
+    );
+    assert!(!screen.contains("<details>"), "{screen}");
+
+    // Piped without --format: Markdown, as before.
+    let out = planbot_plan(root.path(), tmp.path(), &["--engine", engine_arg]);
+    let note = String::from_utf8_lossy(&out.stdout);
+    assert!(note.contains("<details>"), "{note}");
+    assert!(!note.contains("re-plan"), "{note}");
+}

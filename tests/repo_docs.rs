@@ -151,6 +151,8 @@ fn every_fenced_block_is_closed_so_the_sections_after_it_render() {
         "Apply from main",
         "planbot doctor",
         "Endpoints",
+        "Install",
+        "Operate",
     ] {
         assert!(
             headings.iter().any(|(level, t)| *level == 2 && t == want),
@@ -211,4 +213,168 @@ fn ci_refuses_to_run_without_an_engine() {
         stderr.contains("no tofu or terraform on PATH"),
         "stderr: {stderr}"
     );
+}
+
+#[test]
+fn every_repository_file_the_readme_names_exists() {
+    let readme = read("README.md");
+    let prefixes = [
+        "deploy/",
+        "tests/",
+        "src/",
+        "templates/",
+        "examples/",
+        "scripts/",
+        "benches/",
+        ".ci/",
+    ];
+    let top = ["Dockerfile", ".gitlab-ci.yml", ".dockerignore", "LICENSE"];
+    let mut named = std::collections::BTreeSet::new();
+    for word in readme.split(|c: char| c.is_whitespace() || "`()\"',;[]".contains(c)) {
+        let word = word.trim_end_matches(['.', ':']);
+        // `src/NAME/after/` and the like are patterns, not files.
+        if word.contains("NAME") || word.contains('*') || word.contains('<') {
+            continue;
+        }
+        if prefixes.iter().any(|p| word.starts_with(p)) || top.contains(&word) {
+            named.insert(word.to_string());
+        }
+    }
+    for want in [
+        "Dockerfile",
+        "deploy/systemd/planbot.service",
+        "deploy/kubernetes",
+        ".gitlab-ci.yml",
+    ] {
+        assert!(
+            named.iter().any(|n| n.trim_end_matches('/') == want),
+            "the README no longer shows how to use {want}"
+        );
+    }
+    let missing: Vec<&String> = named.iter().filter(|n| !repo().join(n).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "the README names files that do not exist: {missing:?}"
+    );
+}
+
+/// The comment above `key` in the example config (its description), if any.
+fn example_description(example: &str, key: &str) -> Option<String> {
+    let (section, name) = key.rsplit_once('.').unwrap_or(("", key));
+    let lines: Vec<&str> = example.lines().collect();
+    let header = |l: &str| {
+        let l = l.trim().trim_start_matches('#').trim();
+        l.strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .map(str::to_string)
+    };
+    let assigns = |l: &str, n: &str| {
+        l.strip_prefix(n)
+            .is_some_and(|r| r.trim_start().starts_with('='))
+    };
+    let mut current = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(h) = header(line) {
+            current = h;
+            continue;
+        }
+        let bare = line.trim().trim_start_matches('#').trim();
+        if current != section || !(assigns(bare, name) || assigns(bare, &format!("{name}_file"))) {
+            continue;
+        }
+        let mut desc = Vec::new();
+        for above in lines[..i].iter().rev() {
+            if header(above).as_deref() == Some(section) && desc.is_empty() {
+                continue; // a key right under its header: the header's comment describes it
+            }
+            let Some(text) = above.trim().strip_prefix('#') else {
+                break;
+            };
+            let text = text.trim();
+            // A commented-out key (`# signing_token = ...`) ends the description above it.
+            let word: String = text
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if !word.is_empty() && assigns(text, &word) || header(text).is_some() {
+                break;
+            }
+            desc.push(text);
+        }
+        desc.reverse();
+        let desc = desc.join(" ");
+        return (!desc.is_empty()).then_some(desc);
+    }
+    None
+}
+
+const REFERENCE_START: &str = "<!-- settings reference: generated, see tests/repo_docs.rs -->";
+const REFERENCE_END: &str = "<!-- end of settings reference -->";
+
+/// The settings table: one row per key of the parser's table, described by the example config.
+fn settings_reference() -> String {
+    let example = read("deploy/planbot.example.toml");
+    let mut out = String::from(
+        "| Setting | Environment variable | Type | What it does |\n|---|---|---|---|\n",
+    );
+    for s in planbot::core::config::settings() {
+        let description = example_description(&example, s.key)
+            .or_else(|| {
+                // [proxmox.plan] / [proxmox.apply] repeat [proxmox]'s keys.
+                let (scope, name) = s.key.strip_prefix("proxmox.")?.split_once('.')?;
+                Some(format!(
+                    "`proxmox.{name}` for {} only.",
+                    if scope == "plan" { "plans" } else { "applies" }
+                ))
+            })
+            .unwrap_or_else(|| panic!("deploy/planbot.example.toml does not describe {}", s.key));
+        let (setting, env) = if s.secret && s.kind != "table" {
+            (
+                format!("`{}` (or `{}_file`)", s.key, s.key),
+                format!("`{}` (or `{}_FILE`)", s.env, s.env),
+            )
+        } else if s.secret {
+            (
+                format!("`{}` (or `{}_file`)", s.key, s.key),
+                format!("`{}`", s.env),
+            )
+        } else {
+            (format!("`{}`", s.key), format!("`{}`", s.env))
+        };
+        let secret = if s.secret { ", secret" } else { "" };
+        out.push_str(&format!(
+            "| {setting} | {env} | {}{secret} | {} |\n",
+            s.kind,
+            description.replace('|', "\\|")
+        ));
+    }
+    out
+}
+
+#[test]
+fn the_readmes_settings_reference_is_the_parsers_table() {
+    let readme = read("README.md");
+    let expected = settings_reference();
+    let found = readme
+        .split_once(REFERENCE_START)
+        .and_then(|(_, rest)| rest.split_once(REFERENCE_END))
+        .map(|(table, _)| table.trim_start_matches('\n'));
+    if found != Some(expected.as_str()) {
+        if std::env::var_os("PLANBOT_UPDATE_README").is_some() {
+            let (head, rest) = readme
+                .split_once(REFERENCE_START)
+                .expect("the start marker");
+            let (_, tail) = rest.split_once(REFERENCE_END).expect("the end marker");
+            std::fs::write(
+                repo().join("README.md"),
+                format!("{head}{REFERENCE_START}\n{expected}{REFERENCE_END}{tail}"),
+            )
+            .unwrap();
+        }
+        panic!(
+            "README.md's settings reference is not the parser's table (run this test with \
+             PLANBOT_UPDATE_README=1 to rewrite it); expected, between `{REFERENCE_START}` and \
+             `{REFERENCE_END}`:\n{expected}"
+        );
+    }
 }

@@ -226,6 +226,15 @@ pub struct PlanRequest {
     pub worktree: Option<PathBuf>,
     /// Stops the run (SIGTERM, grace, SIGKILL) when cancelled.
     pub cancel: Option<CancelToken>,
+    /// Told when each step starts and ends (`planbot plan`'s progress on stderr).
+    pub progress: Option<mpsc::UnboundedSender<StepProgress>>,
+}
+
+/// A step of a plan run starting (`took` is `None`) or ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepProgress {
+    pub step: Step,
+    pub took: Option<Duration>,
 }
 
 /// How the plan file was protected at rest.
@@ -849,20 +858,31 @@ impl Engine {
             let cancel = req.cancel.clone();
             let scrubber = &env_scrubber;
             let confinement = confinement.as_ref();
+            let progress = req.progress.clone();
             async move {
-                self.run_step(
-                    step,
-                    dir,
-                    &args,
-                    env,
-                    capture,
-                    deadline,
-                    cancel,
-                    &mut |_| {},
-                    scrubber,
-                    confinement,
-                )
-                .await
+                let tell = |took| {
+                    if let Some(p) = &progress {
+                        let _ = p.send(StepProgress { step, took });
+                    }
+                };
+                let started = Instant::now();
+                tell(None);
+                let out = self
+                    .run_step(
+                        step,
+                        dir,
+                        &args,
+                        env,
+                        capture,
+                        deadline,
+                        cancel,
+                        &mut |_| {},
+                        scrubber,
+                        confinement,
+                    )
+                    .await;
+                tell(Some(started.elapsed()));
+                out
             }
         };
 

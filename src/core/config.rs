@@ -188,6 +188,19 @@ pub struct ProxmoxConfig {
     pub default: ProxmoxEndpoint,
     pub plan: Option<ProxmoxEndpoint>,
     pub apply: Option<ProxmoxEndpoint>,
+    /// `[proxmox.apply] ssh_*`: how the bpg provider reaches the nodes over SSH (snippet
+    /// uploads), given to the engine on the default branch's runs only.
+    pub apply_ssh: Option<SshConfig>,
+}
+
+/// SSH credentials for the bpg provider (`PROXMOX_VE_SSH_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshConfig {
+    pub username: String,
+    /// The private key itself (from `ssh_private_key_file`, usually): a secret.
+    pub private_key: Option<Secret>,
+    /// An ssh-agent socket holding the key, instead of the key.
+    pub agent_socket: Option<PathBuf>,
 }
 
 impl ProxmoxConfig {
@@ -376,7 +389,45 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("proxmox.apply.api_token", Kind::Str, true),
     ("proxmox.apply.insecure", Kind::Bool, false),
     ("proxmox.apply.ca_file", Kind::Str, false),
+    ("proxmox.apply.ssh_username", Kind::Str, false),
+    ("proxmox.apply.ssh_private_key", Kind::Str, true),
+    ("proxmox.apply.ssh_agent_socket", Kind::Str, false),
 ];
+
+/// One setting as the reference lists it, straight from the table the parser uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    /// Dotted key, e.g. `gitlab.token`.
+    pub key: &'static str,
+    /// The variable that overrides it (`PLANBOT_ENGINE_ENV_<NAME>` for a table).
+    pub env: String,
+    /// `string`, `integer`, `true/false`, `list`, or `table`.
+    pub kind: &'static str,
+    /// A secret: never printed, and can be given as `<key>_file` / `<env>_FILE`.
+    pub secret: bool,
+}
+
+/// Every setting planbot knows, in the parser's order.
+pub fn settings() -> Vec<Setting> {
+    KEYS.iter()
+        .map(|(key, kind, secret)| Setting {
+            key,
+            env: if *kind == Kind::Table {
+                format!("{}_<NAME>", env_name(key))
+            } else {
+                env_name(key)
+            },
+            kind: match kind {
+                Kind::Str => "string",
+                Kind::Int => "integer",
+                Kind::Bool => "true/false",
+                Kind::StrOrIntList => "list",
+                Kind::Table => "table",
+            },
+            secret: *secret,
+        })
+        .collect()
+}
 
 const SECTIONS: &[&str] = &[
     "gitlab",
@@ -628,6 +679,14 @@ impl Config {
             self.proxmox.plan.as_ref(),
             self.proxmox.apply.as_ref(),
         ];
+        if let Some(key) = self
+            .proxmox
+            .apply_ssh
+            .as_ref()
+            .and_then(|s| s.private_key.as_ref())
+        {
+            s.push(key.expose().to_string());
+        }
         for ep in pve.into_iter().flatten() {
             if let Some(t) = &ep.api_token {
                 s.push(t.expose().to_string());
@@ -1298,10 +1357,12 @@ fn build(
             2
         }
     };
+    let apply_ssh = soft(p, take_apply_ssh(&mut flat), None);
     let proxmox = ProxmoxConfig {
         default: soft(p, take_endpoint(&mut flat, ""), None).unwrap_or_default(),
         plan: soft(p, take_endpoint(&mut flat, "plan"), None),
         apply: soft(p, take_endpoint(&mut flat, "apply"), None),
+        apply_ssh,
     };
     // Known keys are left only when their section stopped early (already reported).
     for k in flat.keys().filter(|k| key_info(k).is_none()) {
@@ -1401,6 +1462,41 @@ fn take_env_table(
         }
     }
     Ok(env)
+}
+
+/// `[proxmox.apply] ssh_username`, `ssh_private_key(_file)`, `ssh_agent_socket`.
+fn take_apply_ssh(flat: &mut BTreeMap<String, Value>) -> Result<Option<SshConfig>, ConfigError> {
+    let username = take_str(flat, "proxmox.apply.ssh_username")?;
+    let private_key = take_str(flat, "proxmox.apply.ssh_private_key")?;
+    let agent_socket = take_str(flat, "proxmox.apply.ssh_agent_socket")?.map(PathBuf::from);
+    let Some(username) = username else {
+        if private_key.is_some() || agent_socket.is_some() {
+            return Err(ConfigError::Missing {
+                key: "proxmox.apply.ssh_username".into(),
+                hint: "the user the provider logs in as on the nodes (e.g. \"root\")".into(),
+            });
+        }
+        return Ok(None);
+    };
+    if private_key.is_none() && agent_socket.is_none() {
+        return Err(ConfigError::Missing {
+            key: "proxmox.apply.ssh_private_key_file".into(),
+            hint: "the SSH private key for that user (or ssh_agent_socket)".into(),
+        });
+    }
+    if let Some(k) = &private_key {
+        if !k.contains("PRIVATE KEY-----") {
+            return Err(ConfigError::Invalid {
+                key: "proxmox.apply.ssh_private_key".into(),
+                message: "not a PEM/OpenSSH private key (it must contain `-----BEGIN … PRIVATE KEY-----`)".into(),
+            });
+        }
+    }
+    Ok(Some(SshConfig {
+        username,
+        private_key: private_key.map(|k| Secret(k + "\n")),
+        agent_socket,
+    }))
 }
 
 /// `[sandbox]`.

@@ -32,8 +32,8 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// The CI template with the manual `planbot-apply` job (served at `/ci/planbot.gitlab-ci.yml`).
-pub const CI_TEMPLATE: &str = include_str!("../../templates/gitlab-ci/planbot.gitlab-ci.yml");
+/// The CI/CD component with the manual `planbot-apply` job (served at `/ci/planbot.gitlab-ci.yml`).
+pub const CI_TEMPLATE: &str = include_str!("../../templates/planbot-apply.yml");
 
 /// The commit status the apply sets on the merged commit.
 pub const APPLY_STATUS: &str = "planbot/apply";

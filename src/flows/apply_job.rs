@@ -2,6 +2,9 @@
 //!
 //! It sends the job's `CI_JOB_TOKEN` to `POST $PLANBOT_URL/api/v1/apply`, prints the streamed
 //! log as it arrives, and succeeds only when planbot's last word is `planbot: apply succeeded`.
+//! It takes exactly the inputs of the component's curl script (`templates/planbot-apply.yml`):
+//! `PLANBOT_URL`, `PLANBOT_CONFIRM` (hexadecimal) and `PLANBOT_ROOTS` (names separated by spaces
+//! or commas), checked the same way, with the same messages.
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
@@ -68,14 +71,96 @@ pub async fn run(req: &ApplyJobRequest, out: &mut impl Write) -> Result<bool> {
     Ok(last_line == SUCCESS_LINE)
 }
 
-/// The command: reads `PLANBOT_URL`, `CI_JOB_TOKEN`, `PLANBOT_CONFIRM` (flags override).
+/// The component as planbot serves it: its `planbot_url` and `job_name` inputs default to this
+/// planbot's `public_url` and `apply.job_name`, so `include: remote:` needs no inputs.
+pub fn served_component(template: &str, public_url: Option<&str>, job_name: &str) -> String {
+    let quote = |v: &str| serde_json::Value::from(v).to_string();
+    let mut out = String::with_capacity(template.len() + 128);
+    let mut input = "";
+    let mut in_spec = true;
+    for line in template.lines() {
+        if line == "---" {
+            in_spec = false;
+        }
+        if in_spec {
+            if let Some(name) = line.strip_prefix("    ").and_then(|l| l.strip_suffix(':')) {
+                if !name.starts_with(' ') {
+                    input = name;
+                    out.push_str(line);
+                    out.push('\n');
+                    if let (true, Some(url)) = (name == "planbot_url", public_url) {
+                        out.push_str(&format!("      default: {}\n", quote(url)));
+                    }
+                    continue;
+                }
+            }
+            if input == "job_name" && line.trim_start().starts_with("default:") {
+                out.push_str(&format!("      default: {}\n", quote(job_name)));
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// `PLANBOT_CONFIRM` as the curl script reads it: whitespace dropped, then hexadecimal or refused.
+pub fn parse_confirm(value: &str) -> Result<Option<String>, &'static str> {
+    let confirm: String = value.chars().filter(|c| !c.is_whitespace()).collect();
+    if confirm.is_empty() {
+        return Ok(None);
+    }
+    if confirm.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(Some(confirm))
+    } else {
+        Err("planbot: PLANBOT_CONFIRM must be hexadecimal (a fingerprint prefix)")
+    }
+}
+
+/// `PLANBOT_ROOTS` as the curl script reads it: names separated by spaces or commas.
+pub fn parse_roots(value: &str) -> Result<Vec<String>, &'static str> {
+    value
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            if r.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+            {
+                Ok(r.to_string())
+            } else {
+                Err("planbot: PLANBOT_ROOTS must be root names (letters, digits, '.', '-', '_') separated by spaces or commas")
+            }
+        })
+        .collect()
+}
+
+/// The command: reads `PLANBOT_URL`, `CI_JOB_TOKEN`, `PLANBOT_CONFIRM`, `PLANBOT_ROOTS` (flags
+/// override).
 pub fn main(url: Option<String>, confirm: Option<String>, roots: Vec<String>) -> Result<ExitCode> {
     let url = url
         .or_else(|| std::env::var("PLANBOT_URL").ok())
+        .filter(|u| !u.trim().is_empty())
         .context("set PLANBOT_URL (or --url) to planbot's public URL")?;
     let job_token = std::env::var("CI_JOB_TOKEN")
         .context("CI_JOB_TOKEN is not set: run this inside the planbot-apply CI job")?;
     let confirm = confirm.or_else(|| std::env::var("PLANBOT_CONFIRM").ok());
+    let roots = if roots.is_empty() {
+        std::env::var("PLANBOT_ROOTS").unwrap_or_default()
+    } else {
+        roots.join(" ")
+    };
+    // Refused before anything leaves the job, with the curl script's words (on stdout, as there).
+    let (confirm, roots) = match (
+        parse_confirm(confirm.as_deref().unwrap_or_default()),
+        parse_roots(&roots),
+    ) {
+        (Ok(c), Ok(r)) => (c, r),
+        (Err(e), _) | (_, Err(e)) => {
+            println!("{e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
     let req = ApplyJobRequest {
         url,
         job_token,

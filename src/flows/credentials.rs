@@ -51,5 +51,19 @@ pub fn engine_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
     if pve.insecure {
         env.insert("PROXMOX_VE_INSECURE".into(), "true".into());
     }
+    // SSH to the nodes (the bpg provider uploads snippets over SSH): applies only.
+    if let (Use::Apply, Some(ssh)) = (use_, &config.proxmox.apply_ssh) {
+        env.insert("PROXMOX_VE_SSH_USERNAME".into(), ssh.username.clone());
+        if let Some(key) = &ssh.private_key {
+            env.insert("PROXMOX_VE_SSH_PRIVATE_KEY".into(), key.expose().to_string());
+        }
+        if let Some(sock) = &ssh.agent_socket {
+            env.insert("PROXMOX_VE_SSH_AGENT".into(), "true".into());
+            env.insert(
+                "PROXMOX_VE_SSH_AUTH_SOCK".into(),
+                sock.display().to_string(),
+            );
+        }
+    }
     env
 }

@@ -6,6 +6,7 @@
 
 use crate::capabilities::engine::{
     self, CancelHandle, CliConfig, Engine, EngineError, PlanRequest, SandboxMode, SandboxProfile,
+    StepProgress,
 };
 use crate::capabilities::sandbox::Support;
 use crate::core::fingerprint::Fingerprint;
@@ -128,17 +129,28 @@ async fn run(
             cancel.cancel();
         }
     });
+    // Progress on stderr: the engine can take minutes.
+    let (progress, mut steps) = tokio::sync::mpsc::unbounded_channel::<StepProgress>();
+    let printer = tokio::spawn(async move {
+        while let Some(p) = steps.recv().await {
+            eprintln!("{}", progress_line(&p));
+        }
+    });
     let req = PlanRequest {
         operator_var_files,
         vars: variables.vars,
         cancel: Some(token),
+        progress: Some(progress),
         ..PlanRequest::default()
     };
     let started = std::time::Instant::now();
     let result = runner.plan(dir, &req).await;
+    drop(req);
+    let _ = printer.await;
     ctrl_c.abort();
 
     let mut ctx = NoteContext {
+        local_run: true,
         engine: Some(version.to_string()),
         duration: Some(started.elapsed()),
         ..NoteContext::default()
@@ -174,6 +186,24 @@ async fn run(
     }
 }
 
+/// One progress line (`templates/local_progress.txt.j2`).
+fn progress_line(p: &StepProgress) -> String {
+    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
+    let env = ENV.get_or_init(|| {
+        let mut env = minijinja::Environment::new();
+        env.add_template(
+            "progress",
+            include_str!("../../templates/local_progress.txt.j2"),
+        )
+        .expect("local_progress template parses");
+        env
+    });
+    let took = p.took.map(|d| format!("{:.1} s", d.as_secs_f64()));
+    env.get_template("progress")
+        .and_then(|t| t.render(minijinja::context! { step => p.step.to_string(), took => took }))
+        .unwrap_or_else(|e| format!("planbot: {} ({e})", p.step))
+}
+
 /// The root's name in the note: the directory's own name.
 fn root_name(dir: &Path) -> String {
     std::fs::canonicalize(dir)
@@ -199,7 +229,7 @@ fn render_planned(
             let value = serde_json::to_value(&report)?;
             Ok(serde_json::to_string_pretty(&scrubber.scrub_json(&value))?)
         }
-        Format::Markdown => {
+        Format::Markdown | Format::Text => {
             let roots = [RootSection {
                 name: root.to_string(),
                 outcome: RootOutcome::Planned {
@@ -208,7 +238,7 @@ fn render_planned(
                     fingerprint,
                 },
             }];
-            Ok(render_note(ctx, &roots, scrubber))
+            Ok(as_format(render_note(ctx, &roots, scrubber), format))
         }
     }
 }
@@ -228,12 +258,20 @@ fn render_failed(
             "error": report,
             "engine": ctx.engine,
         }))?),
-        Format::Markdown => {
+        Format::Markdown | Format::Text => {
             let roots = [RootSection {
                 name: root.to_string(),
                 outcome: RootOutcome::Failed { error: report },
             }];
-            Ok(render_note(ctx, &roots, scrubber))
+            Ok(as_format(render_note(ctx, &roots, scrubber), format))
         }
+    }
+}
+
+/// The note as asked: Markdown as posted on an MR, or plain text for a terminal.
+fn as_format(note: String, format: Format) -> String {
+    match format {
+        Format::Text => crate::core::render::terminal::note_as_text(&note),
+        _ => note,
     }
 }

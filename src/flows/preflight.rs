@@ -232,6 +232,7 @@ mod tests {
                 ..Configured::default()
             }),
             apply: None,
+            apply_ssh: None,
         };
         let none = BTreeMap::new();
         let plan = endpoint_from_config(&cfg.for_plan(), &none).unwrap();

@@ -16,6 +16,8 @@ use std::process::ExitCode;
 pub enum Format {
     Markdown,
     Json,
+    /// The note as plain aligned text, for a terminal ([`crate::core::render::terminal`]).
+    Text,
 }
 
 /// The fingerprint key used when none is given (`--fingerprint-key` / `PLANBOT_FINGERPRINT_KEY`).
@@ -77,7 +79,7 @@ pub fn report_root(
     drop(secrets);
     give_back_freed_memory();
     match format {
-        Format::Markdown => {
+        Format::Markdown | Format::Text => {
             let roots = [RootSection {
                 name: root.to_string(),
                 outcome: RootOutcome::Planned {
@@ -86,7 +88,12 @@ pub fn report_root(
                     fingerprint: &fingerprint,
                 },
             }];
-            render_note(ctx, &roots, &scrubber)
+            let note = render_note(ctx, &roots, &scrubber);
+            if format == Format::Text {
+                crate::core::render::terminal::note_as_text(&note)
+            } else {
+                note
+            }
         }
         Format::Json => {
             let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);

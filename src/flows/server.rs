@@ -155,12 +155,14 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// The CI template infra repos include (`include: remote:`), served as planbot ships it.
-async fn ci_template() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/yaml; charset=utf-8")],
+/// The CI/CD component, with this planbot's URL and apply job name as the inputs' defaults.
+async fn ci_template(State(app): State<Arc<App>>) -> Response {
+    let text = crate::flows::apply_job::served_component(
         crate::flows::apply::CI_TEMPLATE,
-    )
-        .into_response()
+        app.config.public_url.as_deref(),
+        &app.config.apply.job_name,
+    );
+    ([(header::CONTENT_TYPE, "text/yaml; charset=utf-8")], text).into_response()
 }
 
 async fn healthz() -> &'static str {

@@ -7,6 +7,7 @@
 mod budget;
 pub mod diff;
 pub mod markdown;
+pub mod terminal;
 
 use crate::core::fingerprint::Fingerprint;
 use crate::core::lint::{Finding, Severity};
@@ -76,6 +77,8 @@ pub struct NoteContext {
     pub plan_errors: BTreeMap<String, String>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
+    /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
+    pub local_run: bool,
 }
 
 /// Render the whole MR note; every text in it has passed through `scrubber`.
@@ -269,6 +272,7 @@ struct NoteView<'a> {
     details: Vec<DetailView>,
     left_out: usize,
     run_url: Option<&'a str>,
+    replan_hint: bool,
     engine: Option<&'a str>,
     engine_name: &'static str,
     duration: Option<String>,
@@ -824,6 +828,7 @@ fn build_view<'a, 'r>(
         details,
         left_out: 0,
         run_url: ctx.run_url.as_deref(),
+        replan_hint: !ctx.local_run,
         engine: ctx.engine.as_deref(),
         engine_name,
         duration: ctx.duration.map(duration_text),
