@@ -682,8 +682,18 @@ async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
     let (ra, rb) = (fp_body(&fp), fp_body(&fp));
     let fa = call_apply(&s, &a.token, &ra);
     let fb = call_apply(&s, &b.token, &rb);
+    // Let go once both jobs wait for the root (planbot's own signal, not a guess of time).
     let release = async {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            s.app.root_locks.until_waiting(
+                planbot::core::ids::ProjectId(w.project.id),
+                "default",
+                2,
+            ),
+        )
+        .await
+        .expect("both apply jobs wait for the root");
         drop(guard);
     };
     let ((_, la), (_, lb), ()) = tokio::join!(fa, fb, release);
@@ -701,7 +711,18 @@ async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
         .filter(|l| l.contains("no changes, nothing to apply"))
         .count();
     assert_eq!((applied, nothing), (1, 1), "{la}\n---\n{lb}");
-    assert_eq!(w.gitlab.branch_head(&w.project, "main").unwrap(), head);
+    // Both jobs are recorded as succeeded applies of main's head.
+    for job in [&a, &b] {
+        let r = s
+            .app
+            .store
+            .apply_for_job(planbot::core::ids::JobId(job.id))
+            .await
+            .unwrap()
+            .expect("an apply record");
+        assert_eq!(r.state, planbot::capabilities::store::ApplyState::Succeeded);
+        assert_eq!(r.sha.as_str(), head);
+    }
 }
 
 /// The infra root with a slow resource: its creation takes long enough to crash planbot in it.
@@ -723,10 +744,6 @@ resource "terraform_data" "slow" {{
 async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() {
     let engine = require_engine!();
     let w = world(&engine);
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
     let config_file = w.config.data_dir.with_extension("toml");
     std::fs::write(
         &config_file,
@@ -735,29 +752,17 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
             &w.gitlab,
             &w.project,
             &engine,
-            &format!("127.0.0.1:{port}"),
+            "127.0.0.1:0",
         ),
     )
     .unwrap();
     // planbot as its own process, so that it can really be killed.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
-        .args(["serve", "--config"])
-        .arg(&config_file)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, port) = support::spawn_serve(&config_file);
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while http.get(format!("{base}/healthz")).send().await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "planbot serve did not start"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // It said it serves: its socket is bound and answers.
+    let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert!(health.status().is_success());
 
     // An MR adds the slow resource; it is reviewed and merged; the apply job starts.
     // Fast-forward merges, and a branch named to sort before `main`: the landed commit is on
@@ -797,11 +802,18 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
         .send()
         .await
         .unwrap();
+    // Read the streamed log until the slow resource is being created (bounded: a stream that
+    // stalls or ends first fails the test).
     let mut log = String::new();
-    while !log.contains("Provisioning with 'local-exec'") {
-        let chunk = resp.chunk().await.unwrap().expect("the log goes on");
-        log.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        while !log.contains("Provisioning with 'local-exec'") {
+            let chunk = resp.chunk().await.unwrap();
+            let chunk = chunk.unwrap_or_else(|| panic!("the log ended early:\n{log}"));
+            log.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the apply never reached the slow resource"));
 
     // Crash.
     child.kill().unwrap();

@@ -7,7 +7,7 @@ mod support;
 use std::path::Path;
 use std::process::Output;
 use support::fake_gitlab::FakeGitLab;
-use support::fake_proxmox::{Cluster, FakeProxmox};
+use support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 
 const PVE_TOKEN: &str = "tofu@pve!planbot";
 const PVE_SECRET: &str = "d9a4c2b0-5e8f-4a71-93c6-1f2e3d4c5b6a";
@@ -349,4 +349,49 @@ async fn doctors_pasted_fixes_make_the_apply_token_ok_and_agree_with_the_preflig
         stdout.contains(&ok_line),
         "after pasting:\n{fix}\n\n{stdout}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxmox_read_that_fails_is_a_fail_line_not_an_ok_from_nothing() {
+    let gitlab = FakeGitLab::start();
+    let pve = FakeProxmox::start(Cluster::homelab().token(
+        PVE_TOKEN,
+        PVE_SECRET,
+        &[("/", "Administrator")],
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        "terraform",
+        &format!(
+            "[proxmox]\nendpoint = \"{}\"\napi_token = \"{PVE_TOKEN}={PVE_SECRET}\"\n",
+            pve.url
+        ),
+    );
+    let ok_line = format!(
+        "OK    token {PVE_TOKEN} can create VMs and disks and download images on every node"
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(stdout.contains(&ok_line), "{stdout}");
+
+    pve.with(|c| {
+        c.faults.insert(
+            "/storage".into(),
+            Fault::Status(
+                500,
+                "cfs-lock 'file-storage_cfg' error: got lock timeout".into(),
+            ),
+        )
+    });
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  could not read GET /storage: the Proxmox API answered 500 cfs-lock"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(&ok_line), "{stdout}");
 }

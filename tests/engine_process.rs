@@ -144,11 +144,20 @@ fi"#,
 #[tokio::test]
 async fn cancelling_a_run_stops_the_engine_the_same_way() {
     let s = setup();
-    let body = r#"if [ "$1" = plan ]; then
+    // The engine says when it is in `plan` (with its TERM trap set) through a FIFO: the
+    // test cancels on that signal, not after a guessed time.
+    let fifo = s.bin_dir.path().join("in-plan");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let body = format!(
+        r#"if [ "$1" = plan ]; then
   trap 'echo "cancelled, lock released"; exit 1' TERM
+  echo started > {fifo}
   while true; do sleep 0.05; done
-fi"#;
-    let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, body);
+fi"#,
+        fifo = fifo.display()
+    );
+    let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
     let engine = Engine::builder(&bin, s.temp_root.path())
         .sandbox(fake::unsandboxed())
         .timeout(Duration::from_secs(60))
@@ -159,13 +168,26 @@ fi"#;
         cancel: Some(token),
         ..PlanRequest::default()
     };
+    // Read-write, so that the read waits for the engine's line instead of seeing EOF.
+    let rx = tokio::net::unix::pipe::OpenOptions::new()
+        .read_write(true)
+        .open_receiver(&fifo)
+        .unwrap();
     let canceller = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        use tokio::io::AsyncBufReadExt;
+        let mut said = String::new();
+        tokio::io::BufReader::new(rx)
+            .read_line(&mut said)
+            .await
+            .unwrap();
+        assert_eq!(said.trim(), "started");
         handle.cancel();
     });
     let started = Instant::now();
     let err = engine.plan(s.root.path(), &req).await.unwrap_err();
-    canceller.await.unwrap();
+    // (Had the engine never said it plans, the canceller would still wait: stop it.)
+    canceller.abort();
+    let _ = canceller.await;
     assert!(
         matches!(
             err,

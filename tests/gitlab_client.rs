@@ -180,6 +180,48 @@ async fn editing_a_note_a_user_deleted_says_not_found_so_the_caller_can_recreate
 }
 
 #[tokio::test]
+async fn all_notes_are_read_in_creation_order_across_pages_even_after_edits() {
+    // GitLab lists notes newest first by default and orders by `created_at` unless told
+    // `updated_at`; 20 a page unless `per_page` (docs: "List all merge request notes").
+    let (fake, project, iid) = setup();
+    let alice = fake.create_user("alice");
+    let ids: Vec<u64> = (0..230)
+        .map(|i| fake.add_note(&project, iid, &alice, &format!("comment {i}")))
+        .collect();
+    let gl = client(&fake);
+    // The bot's note is edited after a later note: by update time it would be the newest.
+    gl.create_mr_note(pid(&project), MrIid(iid), "bot note")
+        .await
+        .unwrap();
+    let bot_id = fake.notes(&project, iid).last().unwrap().id;
+    let first = fake.add_note(&project, iid, &alice, "after the bot");
+    let calls = fake.calls(LIST_NOTES);
+    let notes = gl.mr_notes(pid(&project), MrIid(iid)).await.unwrap();
+    let got: Vec<u64> = notes.iter().map(|n| n.id.0).collect();
+    let mut want = ids.clone();
+    want.push(bot_id);
+    want.push(first);
+    assert_eq!(got, want);
+    assert_eq!(fake.calls(LIST_NOTES) - calls, 3, "three pages of 100");
+    gl.edit_mr_note(
+        pid(&project),
+        MrIid(iid),
+        NoteId(bot_id),
+        "bot note, edited",
+    )
+    .await
+    .unwrap();
+    let again: Vec<u64> = gl
+        .mr_notes(pid(&project), MrIid(iid))
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.id.0)
+        .collect();
+    assert_eq!(again, want, "an edit does not move a note");
+}
+
+#[tokio::test]
 async fn editing_someone_elses_note_is_forbidden() {
     let (fake, project, iid) = setup();
     let alice = fake.create_user("alice");

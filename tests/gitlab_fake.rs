@@ -170,7 +170,7 @@ fn each_merge_method_lands_what_gitlab_lands() {
     let landed = fake.merge_mr(&project, iid, None);
     let mr = fake.mr_json(&project, iid);
     let squash = mr["squash_commit_sha"].as_str().unwrap().to_string();
-    assert_eq!(parents(&repo, &squash), [main1.clone()]);
+    assert_eq!(parents(&repo, &squash), [main1.as_str()]);
     assert_eq!(parents(&repo, &landed), [main1.clone(), squash.clone()]);
     assert_eq!(mr["merge_commit_sha"], landed.as_str());
     assert_ne!(squash, head);
@@ -187,7 +187,7 @@ fn each_merge_method_lands_what_gitlab_lands() {
     let main2 = fake.branch_head(&project, "main").unwrap();
     let fresh = fake.commit_files(&project, "d", &[("d.tf", "# d\n")]);
     let iid = fake.open_mr(&project, "d", "main");
-    assert_eq!(parents(&repo, &fresh), [main2.clone()]);
+    assert_eq!(parents(&repo, &fresh), [main2.as_str()]);
     assert_eq!(fake.merge_mr(&project, iid, None), fresh);
     assert_eq!(
         fake.mr_json(&project, iid)["merge_commit_sha"],
@@ -200,7 +200,7 @@ fn each_merge_method_lands_what_gitlab_lands() {
     let iid = fake.open_mr(&project, "e", "main");
     fake.set_squash(&project, iid, true);
     let landed = fake.merge_mr(&project, iid, None);
-    assert_eq!(parents(&repo, &landed), [fresh.clone()]);
+    assert_eq!(parents(&repo, &landed), [fresh.as_str()]);
     assert_ne!(landed, e1);
     assert_eq!(
         fake.mr_json(&project, iid)["squash_commit_sha"],

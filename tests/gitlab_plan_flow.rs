@@ -240,6 +240,31 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_502_after_gitlab_stored_the_plan_note_leaves_one_plan_note() {
+    // A proxy in front of GitLab answers 502 after GitLab stored the note: planbot's retry
+    // finds the note instead of posting it again.
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/vm",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "blocky-v2"))],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/vm", "main");
+    w.fake.fail_next_after_write(
+        "POST /api/v4/projects/{id}/merge_requests/{iid}/notes",
+        1,
+        502,
+    );
+    w.plan(iid).await;
+    let notes = w.fake.notes(&w.project, iid);
+    assert_eq!(notes.len(), 1, "exactly one note: {notes:#?}");
+    assert!(notes[0].body.starts_with(NOTE_MARKER));
+    let head = w.fake.mr_sha(&w.project, iid);
+    assert_eq!(w.states(&head), ["pending", "running", "success"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_note_id_is_found_again_by_its_marker() {
     let engine = require_engine!();
     let w = world(&engine);

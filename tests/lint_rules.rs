@@ -249,6 +249,7 @@ fn cloud_init_files_must_be_snippets_on_the_vms_node() {
     // When the API says `local` is shared, the other node can read it.
     let facts = Facts {
         shared_storages: ["local".to_string()].into(),
+        ..Facts::default()
     };
     let findings = lint::lint_with(&plan, &[], &facts);
     assert_eq!(
@@ -343,4 +344,41 @@ fn inside_a_module_references_resolve_and_the_moved_block_is_local() {
         "{}",
         moved.fix
     );
+}
+
+#[test]
+fn a_snippet_upload_warns_only_when_the_apply_has_no_ssh() {
+    let plan = fixture("ignition_snippets");
+    let snippets = |facts: &Facts| -> Vec<String> {
+        lint::lint_with(&plan, &[], facts)
+            .into_iter()
+            .filter(|f| f.rule == "PVE015")
+            .map(|f| f.address)
+            .collect()
+    };
+    // Unknown (a local run): silent. SSH configured: silent.
+    assert_eq!(snippets(&Facts::default()), Vec::<String>::new());
+    let with_ssh = Facts {
+        apply_ssh: Some(true),
+        ..Facts::default()
+    };
+    assert_eq!(snippets(&with_ssh), Vec::<String>::new());
+    // The service knows the apply has none: every snippet upload says so, with the fix.
+    let without = Facts {
+        apply_ssh: Some(false),
+        ..Facts::default()
+    };
+    let fired = snippets(&without);
+    assert!(!fired.is_empty());
+    assert!(fired
+        .iter()
+        .all(|a| a.starts_with("proxmox_virtual_environment_file.")));
+    let text = as_text(
+        &lint::lint_with(&plan, &[], &without)
+            .into_iter()
+            .filter(|f| f.rule == "PVE015")
+            .collect::<Vec<_>>(),
+    );
+    assert!(text.contains("over SSH"), "{text}");
+    assert!(text.contains("ssh_private_key_file"), "{text}");
 }

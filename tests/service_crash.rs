@@ -85,31 +85,18 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
     let data = tempfile::tempdir().unwrap();
 
     // planbot as a real process, so that it can be SIGKILLed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let config_file = tools.path().join("planbot.toml");
     std::fs::write(
         &config_file,
-        config_text(data.path(), &fake, &engine, &format!("127.0.0.1:{port}")),
+        config_text(data.path(), &fake, &engine, "127.0.0.1:0"),
     )
     .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
-        .args(["serve", "--config"])
-        .arg(&config_file)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, port) = support::spawn_serve(&config_file);
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http.get(format!("{base}/healthz")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "planbot serve did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // It said it serves: its socket is bound and answers.
+    let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert!(health.status().is_success());
     let body = fake.mr_webhook(&project, iid).action("open").body();
     let mut req = http.post(format!("{base}/webhooks/gitlab")).body(body);
     for (k, v) in token_headers("Merge Request Hook", "crash-1", WEBHOOK_SECRET) {

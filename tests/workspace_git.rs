@@ -318,24 +318,15 @@ async fn a_stale_or_missing_merge_ref_falls_back_to_the_head_and_says_why() {
         .commit_files(&s.project, "feature/vm", &[("vm.tf", "# 1\n")]);
     let iid = s.fake.open_mr(&s.project, "feature/vm", "main");
     s.sync().await;
-    // The webhook names a newer head than the merge ref the mirror has (GitLab still computing).
+    // GitLab computes merge refs in the background: a push moves the head at once, the merge
+    // ref only later.
+    s.fake.set_async_merge_refs(true);
     let newer = s.fake.push(&s.project, "feature/vm", &[("vm.tf", "# 2\n")]);
-    let mirror_before =
-        s.ws.rev_parse(s.pid(), &format!("refs/merge-requests/{iid}/merge"))
-            .await
-            .unwrap();
-    // The mirror fetched the new head, but still holds the merge ref computed for the old one.
+    assert_eq!(
+        s.fake.mr_json(&s.project, iid)["detailed_merge_status"],
+        "checking"
+    );
     s.sync().await;
-    std::process::Command::new("git")
-        .arg("-C")
-        .arg(s.ws.mirror_path(s.pid()))
-        .args([
-            "update-ref",
-            &format!("refs/merge-requests/{iid}/merge"),
-            mirror_before.unwrap().as_str(),
-        ])
-        .status()
-        .unwrap();
     let c =
         s.ws.mr_commit(s.pid(), MrIid(iid), &CommitSha(newer.clone()), "main", true)
             .await
@@ -343,6 +334,16 @@ async fn a_stale_or_missing_merge_ref_falls_back_to_the_head_and_says_why() {
     assert_eq!(c.planned, PlannedRef::Head);
     assert_eq!(c.sha.as_str(), newer);
     assert!(c.explanation.contains("older head"), "{}", c.explanation);
+
+    // Once GitLab caught up, the merge result of the new head is planned.
+    s.fake.compute_merge_refs();
+    s.sync().await;
+    let c =
+        s.ws.mr_commit(s.pid(), MrIid(iid), &CommitSha(newer.clone()), "main", true)
+            .await
+            .unwrap();
+    assert_eq!(c.planned, PlannedRef::Merge, "{}", c.explanation);
+    s.fake.set_async_merge_refs(false);
 
     // A conflicting MR has no merge ref at all.
     let clash = s

@@ -25,6 +25,15 @@ pub fn proxmox_for(config: &Config, use_: Use) -> ProxmoxEndpoint {
     }
 }
 
+/// Whether the default branch's runs get SSH credentials for the bpg provider: from
+/// `[proxmox.apply] ssh_*`, or `PROXMOX_VE_SSH_*` set by the operator in the apply's env.
+pub fn apply_has_ssh(config: &Config) -> bool {
+    let env = engine_env(config, Use::Apply);
+    env.contains_key("PROXMOX_VE_SSH_PRIVATE_KEY")
+        || env.contains_key("PROXMOX_VE_SSH_PASSWORD")
+        || env.get("PROXMOX_VE_SSH_AGENT").is_some_and(|v| v == "true")
+}
+
 /// The engine environment for `use_`: `engine.env` plus the matching Proxmox credentials.
 pub fn engine_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
     let per_use = match use_ {
@@ -69,4 +78,79 @@ pub fn engine_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
         }
     }
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----";
+
+    fn config(extra: &str) -> Config {
+        let text = format!(
+            r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token = "glpat-secret-token"
+webhook_secret = "hook-secret"
+projects = ["infra/homelab"]
+[engine]
+env = {{ SHARED = "both" }}
+[engine.plan]
+env = {{ TF_VAR_plan_only = "p" }}
+[engine.apply]
+env = {{ TF_VAR_apply_only = "a" }}
+[proxmox.apply]
+ssh_username = "root"
+ssh_private_key_file = "/run/secrets/pve-ssh-key"
+{extra}
+"#
+        );
+        Config::load(&text, &[], &|_| Ok(KEY.to_string())).unwrap()
+    }
+
+    #[test]
+    fn ssh_and_apply_env_reach_only_the_default_branchs_runs() {
+        let c = config("");
+        let plan = engine_env(&c, Use::Plan);
+        let apply = engine_env(&c, Use::Apply);
+        assert_eq!(plan.get("SHARED").map(String::as_str), Some("both"));
+        assert_eq!(apply.get("SHARED").map(String::as_str), Some("both"));
+        assert!(plan.contains_key("TF_VAR_plan_only"));
+        assert!(!plan.contains_key("TF_VAR_apply_only"));
+        assert!(apply.contains_key("TF_VAR_apply_only"));
+        assert!(!apply.contains_key("TF_VAR_plan_only"));
+        assert!(
+            !plan.keys().any(|k| k.starts_with("PROXMOX_VE_SSH")),
+            "{plan:?}"
+        );
+        assert_eq!(apply["PROXMOX_VE_SSH_USERNAME"], "root");
+        assert!(apply["PROXMOX_VE_SSH_PRIVATE_KEY"].starts_with("-----BEGIN OPENSSH"));
+        // The key is a secret: scrubbed from every output.
+        assert!(c
+            .secrets()
+            .iter()
+            .any(|s| s.contains("b3BlbnNzaC1rZXktdjEAAAAA")));
+    }
+
+    #[test]
+    fn an_ssh_key_that_is_not_a_key_is_refused() {
+        let text = r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token = "glpat-secret-token"
+webhook_secret = "hook-secret"
+projects = ["infra/homelab"]
+[proxmox.apply]
+ssh_username = "root"
+ssh_private_key = "ssh-ed25519 AAAA the-public-key-by-mistake"
+"#;
+        let err = Config::load(text, &[], &|_| Err("no files".into())).unwrap_err();
+        assert!(
+            err.to_string().contains("proxmox.apply.ssh_private_key"),
+            "{err}"
+        );
+    }
 }

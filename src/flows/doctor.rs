@@ -548,7 +548,18 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
         json!({"url": base_url, "version": version.version, "old": old}),
     );
 
-    let nodes = client.nodes().await.unwrap_or_default();
+    // A read that fails is a FAIL: the checks after it would judge from nothing.
+    let failed = |r: &mut Report, what: &str, e: ProxmoxError| {
+        r.add(
+            Status::Fail,
+            "pve_read_failed",
+            json!({"what": what, "error": e.to_string()}),
+        );
+    };
+    let nodes = match client.nodes().await {
+        Ok(n) => n,
+        Err(e) => return failed(r, "GET /nodes", e),
+    };
     let node_list: Vec<Value> = nodes
         .iter()
         .map(|n| json!({"name": n.node, "status": n.status.clone().unwrap_or_else(|| "unknown".into())}))
@@ -568,7 +579,10 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
         );
     }
 
-    let storages: Vec<StorageConfig> = client.storage().await.unwrap_or_default();
+    let storages: Vec<StorageConfig> = match client.storage().await {
+        Ok(s) => s,
+        Err(e) => return failed(r, "GET /storage", e),
+    };
     let mut paths: BTreeSet<String> = ["/".to_string(), "/vms".to_string()].into();
     for n in &nodes {
         paths.insert(format!("/nodes/{}", n.node));
@@ -578,8 +592,9 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
     }
     let mut perms = Privileges::default();
     for p in &paths {
-        if let Ok(set) = client.privileges_on(p).await {
-            perms.insert(p.clone(), set);
+        match client.privileges_on(p).await {
+            Ok(set) => perms.insert(p.clone(), set),
+            Err(e) => return failed(r, &format!("GET /access/permissions?path={p}"), e),
         }
     }
     let has = |path: &str, p: &str| perms.has(path, p);

@@ -8,7 +8,7 @@
 use crate::core::ids::ProjectId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::sync::{Mutex as AsyncMutex, Notify, OwnedMutexGuard};
 
 /// Which root a lock is for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -34,6 +34,47 @@ impl RootGuard {
 #[derive(Debug, Clone, Default)]
 pub struct RootLocks {
     locks: Arc<Mutex<HashMap<RootKey, Arc<AsyncMutex<()>>>>>,
+    /// How many callers wait in [`RootLocks::lock`] per root, and a signal when that changes
+    /// (a synchronisation point for tests: "the second apply now waits").
+    waiting: Arc<Mutex<HashMap<RootKey, usize>>>,
+    changed: Arc<Notify>,
+}
+
+/// Counts one caller as waiting for a root while it lives.
+struct Waiting<'a> {
+    locks: &'a RootLocks,
+    key: RootKey,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(locks: &'a RootLocks, key: &RootKey) -> Waiting<'a> {
+        *locks
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default() += 1;
+        locks.changed.notify_waiters();
+        Waiting {
+            locks,
+            key: key.clone(),
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self
+            .locks
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&self.key)
+        {
+            *n = n.saturating_sub(1);
+        }
+        self.locks.changed.notify_waiters();
+    }
 }
 
 impl RootLocks {
@@ -52,8 +93,38 @@ impl RootLocks {
             project,
             root: root.to_string(),
         };
-        let guard = self.slot(&key).lock_owned().await;
+        let slot = self.slot(&key);
+        let waiting = Waiting::new(self, &key);
+        let guard = slot.lock_owned().await;
+        drop(waiting);
         RootGuard { key, _guard: guard }
+    }
+
+    /// How many callers wait for `root` of `project` right now.
+    pub fn waiting(&self, project: ProjectId, root: &str) -> usize {
+        let key = RootKey {
+            project,
+            root: root.to_string(),
+        };
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Return once at least `n` callers wait for `root` of `project`.
+    pub async fn until_waiting(&self, project: ProjectId, root: &str, n: usize) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.waiting(project, root) >= n {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Hold `root` of `project` if it is free right now.
@@ -82,9 +153,20 @@ mod tests {
             let locks = locks.clone();
             tokio::spawn(async move { locks.lock(ProjectId(1), "core").await.key().root.clone() })
         };
-        tokio::task::yield_now().await;
+        // The waiter says it waits; while `core` is held it keeps waiting, whatever runs.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            locks.until_waiting(ProjectId(1), "core", 1),
+        )
+        .await
+        .expect("the second caller waits for the root");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(locks.waiting(ProjectId(1), "core"), 1);
         assert!(!waiter.is_finished());
         drop(core);
         assert_eq!(waiter.await.unwrap(), "core");
+        assert_eq!(locks.waiting(ProjectId(1), "core"), 0);
     }
 }

@@ -355,9 +355,11 @@ async fn plan(
             match engine.plan(&dir, &req).await {
                 Ok(planned) => {
                     let pf = crate::flows::preflight::for_plan(pve.clone(), planned.plan()).await;
+                    let mut facts = pf.lint_facts.clone();
+                    facts.apply_ssh = Some(crate::flows::credentials::apply_has_ssh(&app.config));
                     let (mut findings, fingerprint) = cpu_bound(|| {
                         (
-                            lint::lint_with(planned.plan(), &root.lint_disable, &pf.lint_facts),
+                            lint::lint_with(planned.plan(), &root.lint_disable, &facts),
                             planned.fingerprint(&key),
                         )
                     });

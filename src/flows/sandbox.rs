@@ -60,6 +60,10 @@ pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
             connect_ports.push(port);
         }
     }
+    if use_ == Use::Apply && config.proxmox.apply_ssh.is_some() {
+        // The bpg provider's SSH to the nodes (snippet uploads).
+        connect_ports.push(22);
+    }
     let env = credentials::engine_env(config, use_);
     for key in ["PROXMOX_VE_ENDPOINT", "PM_VE_ENDPOINT"] {
         if let Some(port) = env.get(key).and_then(|u| url_port(u)) {

@@ -12,7 +12,8 @@
 //! Faults: [`FakeGitLab::fail_next`] answers a route with an error N times (before it does
 //! anything), [`FakeGitLab::fail_next_after_write`] does the work and then answers with an error
 //! (a 502 from a proxy after GitLab stored the note); [`FakeGitLab::calls`] counts calls per
-//! route.
+//! route. Routes are named `"METHOD /api/v4/path/{param}"` as registered below, e.g.
+//! `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
 //!
 //! GitLab behaviours followed, each with the page it follows (also cited at the handler):
 //! - commit statuses (<https://docs.gitlab.com/api/commits/#set-the-pipeline-status-of-a-commit>,
@@ -28,8 +29,14 @@
 //!   pagination (<https://docs.gitlab.com/api/rest/#offset-based-pagination>), 404 for a deleted
 //!   note;
 //! - issues (<https://docs.gitlab.com/api/issues/#list-project-issues>): `author_id`,
-//!   `order_by=created_at`, `sort`. Routes are named `"METHOD /api/v4/path/{param}"` as registered below,
-//! e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
+//!   `order_by=created_at`, `sort`;
+//! - merge methods (<https://docs.gitlab.com/user/project/merge_requests/methods/>): a merge
+//!   commit by default, semi-linear and fast-forward only on a rebased branch, squash
+//!   (<https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>), with
+//!   `merge_commit_sha`/`squash_commit_sha` set as GitLab sets them; rebase
+//!   (<https://docs.gitlab.com/api/merge_requests/#rebase-a-merge-request>);
+//! - merge refs computed in the background when asked
+//!   (<https://docs.gitlab.com/api/merge_requests/#merge-status>: `checking` until done).
 
 // Handlers answer errors as ready `Response`s; their size does not matter in a test fake.
 #![allow(clippy::result_large_err)]
@@ -157,6 +164,9 @@ struct FMr {
     merge_commit_sha: Option<String>,
     /// Squash on merge (the MR's "Squash commits" box).
     squash: bool,
+    /// The merge ref is not yet computed for the current head (GitLab's mergeability check
+    /// runs in the background).
+    merge_ref_pending: bool,
     squash_commit_sha: Option<String>,
     merged_by: Option<u64>,
     notes: Vec<FakeNote>,
@@ -208,6 +218,9 @@ struct StateInner {
     jobs: HashMap<String, FakeJob>,
     faults: HashMap<String, Faults>,
     calls: HashMap<String, u32>,
+    /// Merge refs are computed only by [`FakeGitLab::compute_merge_refs`], as GitLab's
+    /// background mergeability check does.
+    async_merge_refs: bool,
     git_requests: Vec<GitRequest>,
     /// Sign-in with GitLab (see the OAuth section at the end of this file).
     oauth: OAuthState,
@@ -452,8 +465,9 @@ fn commit_in_bare_with_index_lines(repo: &FsPath, branch: &str, lines: &[String]
     sha
 }
 
-/// Recompute `refs/merge-requests/IID/{head,merge}` in the target repo for one MR.
-fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr) {
+/// Recompute `refs/merge-requests/IID/{head,merge}` in the target repo for one MR; without
+/// `compute_merge`, only the head (the merge ref is left as it was, marked pending).
+fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr, compute_merge: bool) {
     let head_ref = format!("refs/merge-requests/{}/head", mr.iid);
     let merge_ref = format!("refs/merge-requests/{}/merge", mr.iid);
     if source_repo != target_repo {
@@ -481,6 +495,11 @@ fn refresh_mr_refs(target_repo: &FsPath, source_repo: &FsPath, mr: &mut FMr) {
             mr.shas.push(head.clone());
         }
     }
+    if !compute_merge {
+        mr.merge_ref_pending = true;
+        return;
+    }
+    mr.merge_ref_pending = false;
     let target = match rev_parse(target_repo, &format!("refs/heads/{}", mr.target_branch)) {
         Some(t) => t,
         None => return,
@@ -545,6 +564,7 @@ impl FakeGitLab {
             jobs: HashMap::new(),
             faults: HashMap::new(),
             calls: HashMap::new(),
+            async_merge_refs: false,
             git_requests: Vec::new(),
             oauth: OAuthState::default(),
         }));
@@ -843,8 +863,9 @@ impl FakeGitLab {
             let target_repo = s.repo(pid);
             let src_pid = s.projects[&pid].mrs[&iid].source_project;
             let source_repo = s.repo(src_pid);
+            let compute = !s.async_merge_refs;
             let mr = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid).unwrap();
-            refresh_mr_refs(&target_repo, &source_repo, mr);
+            refresh_mr_refs(&target_repo, &source_repo, mr, compute);
         }
     }
 
@@ -896,6 +917,7 @@ impl FakeGitLab {
     ) -> u64 {
         let mut s = self.lock();
         let id = s.id();
+        let compute = !s.async_merge_refs;
         let target_repo = s.repo(target_project.id);
         let source_repo = s.repo(source_project.id);
         let p = s.projects.get_mut(&target_project.id).expect("project");
@@ -914,12 +936,13 @@ impl FakeGitLab {
             shas: Vec::new(),
             merge_commit_sha: None,
             squash: false,
+            merge_ref_pending: false,
             squash_commit_sha: None,
             merged_by: None,
             notes: Vec::new(),
             approved_by: Vec::new(),
         };
-        refresh_mr_refs(&target_repo, &source_repo, &mut mr);
+        refresh_mr_refs(&target_repo, &source_repo, &mut mr, compute);
         p.mrs.insert(iid, mr);
         iid
     }
@@ -954,6 +977,30 @@ impl FakeGitLab {
     pub fn mr_json(&self, project: &FakeProject, iid: u64) -> Value {
         let s = self.lock();
         mr_json(&s, project.id, &s.projects[&project.id].mrs[&iid])
+    }
+
+    /// Compute merge refs in the background, as GitLab does: after a push the MR's head ref
+    /// moves at once, but `refs/merge-requests/IID/merge` stays as it was (and
+    /// `detailed_merge_status` is `checking`) until [`FakeGitLab::compute_merge_refs`].
+    /// <https://docs.gitlab.com/api/merge_requests/#merge-status>
+    pub fn set_async_merge_refs(&self, on: bool) {
+        self.lock().async_merge_refs = on;
+    }
+
+    /// GitLab's mergeability check catches up: every pending merge ref is computed.
+    pub fn compute_merge_refs(&self) {
+        let mut s = self.lock();
+        let mut todo = Vec::new();
+        for p in s.projects.values() {
+            for mr in p.mrs.values().filter(|m| m.merge_ref_pending) {
+                todo.push((p.id, mr.iid, mr.source_project));
+            }
+        }
+        for (pid, iid, src) in todo {
+            let (target_repo, source_repo) = (s.repo(pid), s.repo(src));
+            let mr = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid).unwrap();
+            refresh_mr_refs(&target_repo, &source_repo, mr, true);
+        }
     }
 
     /// The project's merge method (Settings → Merge requests), as GitLab names it in the
@@ -1543,7 +1590,11 @@ fn mr_json(s: &StateInner, pid: u64, mr: &FMr) -> Value {
         "squash": mr.squash,
         "merged_by": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
         "merge_user": mr.merged_by.map(|u| user_by_id(s, u)).unwrap_or(Value::Null),
-        "detailed_merge_status": if mr.state == "opened" { "mergeable" } else { "not_open" },
+        "detailed_merge_status": match (mr.state.as_str(), mr.merge_ref_pending) {
+            ("opened", true) => "checking",
+            ("opened", false) => "mergeable",
+            _ => "not_open",
+        },
         "diff_refs": {"base_sha": base, "head_sha": mr.sha, "start_sha": base},
         "web_url": format!("{}/{}/-/merge_requests/{}", s.base_url, p.path, mr.iid),
         "references": {"short": format!("!{}", mr.iid), "full": format!("{}!{}", p.path, mr.iid)},
@@ -2121,10 +2172,10 @@ async fn post_status(
     let row = match open {
         Some(x) => {
             // The state machine: pending → running/final, running → final.
-            let allowed = match (x.state.as_str(), b.state.as_str()) {
-                ("pending", "pending") | ("running", "pending" | "running") => false,
-                _ => true,
-            };
+            let allowed = !matches!(
+                (x.state.as_str(), b.state.as_str()),
+                ("pending", "pending") | ("running", "pending" | "running")
+            );
             if !allowed {
                 let event = match b.state.as_str() {
                     "pending" => "enqueue",

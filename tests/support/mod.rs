@@ -67,3 +67,73 @@ pub fn processes_under(dir: &std::path::Path) -> Vec<i32> {
     }
     pids
 }
+
+/// `planbot serve --config FILE` as its own process (so a test can SIGKILL it), its config
+/// listening on port 0; returns the child and the port planbot says it bound ("planbot is
+/// serving" in its log) — no port is guessed and rebound.
+pub fn spawn_serve(config_file: &std::path::Path) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--config"])
+        .arg(config_file)
+        .env("RUST_LOG", "warn,planbot::flows::server=info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The service logs on stderr; a reader thread hands its lines over, so the wait for the
+    // announcement is bounded, and keeps reading so that planbot never blocks on a full pipe.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let port = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            let _ = child.kill();
+            panic!("planbot serve did not say it serves within 60 s:\n{seen}");
+        };
+        // Without colours, but strip escapes anyway: `... planbot is serving port=40123`.
+        let plain: String = strip_ansi(&line);
+        if plain.contains("planbot is serving") {
+            let port = plain
+                .split("port=")
+                .nth(1)
+                .and_then(|p| p.split_whitespace().next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no port in {plain:?}"));
+            break port;
+        }
+        seen.push_str(&plain);
+        seen.push('\n');
+    };
+    // The rest of the log is drained by the reader thread (the receiver is simply dropped).
+    drop(rx);
+    (child, port)
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

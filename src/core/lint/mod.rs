@@ -52,6 +52,9 @@ pub struct Finding {
 pub struct Facts {
     /// Storage ids marked `shared` (a snippet there is visible from every node).
     pub shared_storages: BTreeSet<String>,
+    /// Whether the apply will have SSH credentials for the bpg provider (snippet uploads go
+    /// over SSH); `None` when unknown (a local run), which makes PVE015 stay silent.
+    pub apply_ssh: Option<bool>,
 }
 
 /// What a rule sees: the plan, the optional cluster facts, the plan's lookups
@@ -250,6 +253,12 @@ pub const RULES: &[Rule] = &[
         title: "imported disk without an explicit size",
         check: Check::Each(vm::pve014),
     },
+    Rule {
+        id: "PVE015",
+        severity: Severity::Warning,
+        title: "snippet upload without SSH credentials for the apply",
+        check: Check::Plan(snippets::pve015),
+    },
 ];
 
 /// The rule with this id (plan rules only).
@@ -433,7 +442,7 @@ mod tests {
     #[test]
     fn rule_ids_are_unique_and_in_catalogue_order() {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
-        let expected: Vec<String> = (1..=14).map(|i| format!("PVE{i:03}")).collect();
+        let expected: Vec<String> = (1..=15).map(|i| format!("PVE{i:03}")).collect();
         assert_eq!(ids, expected);
     }
 

@@ -1,4 +1,5 @@
-//! Rules on snippet files (PVE012: Ignition spec newer than Flatcar stable understands).
+//! Rules on snippet files (PVE012: Ignition spec newer than Flatcar stable understands; PVE015:
+//! an upload that needs SSH when the apply has none).
 
 use super::model::{after, is_planned, Kind};
 use super::{finding, Finding, LintInput};
@@ -63,6 +64,27 @@ pub fn pve012(input: &LintInput) -> Vec<Finding> {
                     "file_name": after(rc, "source_raw.0.file_name").str(),
                 }),
             ))
+        })
+        .collect()
+}
+
+/// PVE015: a snippet is uploaded (the bpg provider does that over SSH to the node) and the
+/// service's apply has no SSH credentials (`[proxmox.apply] ssh_*` or `PROXMOX_VE_SSH_*`).
+pub fn pve015(input: &LintInput) -> Vec<Finding> {
+    if input.facts.apply_ssh != Some(false) {
+        return Vec::new();
+    }
+    input
+        .index
+        .files(Kind::File)
+        .filter(|rc| is_planned(rc))
+        .filter(|rc| after(rc, "content_type").str() == Some("snippets"))
+        .map(|rc| {
+            finding(
+                "PVE015",
+                &rc.address,
+                json!({ "node": after(rc, "node_name").str() }),
+            )
         })
         .collect()
 }
