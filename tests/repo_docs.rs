@@ -378,3 +378,49 @@ fn the_readmes_settings_reference_is_the_parsers_table() {
         );
     }
 }
+
+#[test]
+fn the_readme_reads_in_an_operators_order_and_internals_live_in_docs() {
+    // What it is → install → connect → the first MR → apply → operate → reference.
+    let (headings, _) = markdown_outline(&read("README.md"));
+    let top: Vec<&str> = headings
+        .iter()
+        .filter(|(level, _)| *level == 2)
+        .map(|(_, t)| t.as_str())
+        .collect();
+    let want = [
+        "Quick start",
+        "Install",
+        "Connect a GitLab project",
+        "Run the service",
+        "The plan note",
+        "Apply from main",
+        "Operate",
+        "Settings reference",
+    ];
+    let positions: Vec<usize> = want
+        .iter()
+        .map(|w| {
+            top.iter()
+                .position(|t| t == w)
+                .unwrap_or_else(|| panic!("README.md has no `## {w}`: {top:?}"))
+        })
+        .collect();
+    assert!(
+        positions.windows(2).all(|p| p[0] < p[1]),
+        "README.md's sections are out of order: {top:?}"
+    );
+    assert_eq!(top.last(), Some(&"Settings reference"), "{top:?}");
+    // The internals (store, benchmarks, measurements) are in docs/, linked from the README.
+    for gone in ["Durability", "Performance"] {
+        assert!(
+            !top.contains(&gone),
+            "`## {gone}` belongs in docs/internals.md"
+        );
+    }
+    let internals = read("docs/internals.md");
+    for kept in ["## Durability", "### Load benchmark", "## Performance"] {
+        assert!(internals.contains(kept), "docs/internals.md lacks {kept}");
+    }
+    assert!(read("README.md").contains("](docs/internals.md)"));
+}
