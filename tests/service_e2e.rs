@@ -6,7 +6,6 @@ mod service_support;
 mod support;
 
 use planbot::core::config::Config;
-use planbot::core::render::NOTE_MARKER;
 use planbot::flows::server::Options;
 use service_support::{fixture, token_headers, TestService, WEBHOOK_SECRET};
 use support::fake_gitlab::{FakeGitLab, FakeProject, FakeUser};
@@ -47,21 +46,7 @@ max_concurrent_plans = 2
 
 /// The documented Merge Request Hook payload, pointed at the fake's project and MR.
 fn mr_hook(fake: &FakeGitLab, p: &FakeProject, iid: u64, action: &str) -> String {
-    let mut v: serde_json::Value =
-        serde_json::from_str(&fixture("webhooks/merge_request_open.json")).unwrap();
-    v["project"]["id"] = p.id.into();
-    v["project"]["path_with_namespace"] = p.path.clone().into();
-    let a = &mut v["object_attributes"];
-    a["iid"] = iid.into();
-    a["action"] = action.into();
-    a["source_project_id"] = p.id.into();
-    a["target_project_id"] = p.id.into();
-    a["target_branch"] = "main".into();
-    a["last_commit"]["id"] = fake.mr_sha(p, iid).into();
-    if action == "merge" {
-        a["merge_commit_sha"] = fake.mr_json(p, iid)["merge_commit_sha"].clone();
-    }
-    v.to_string()
+    fake.merge_request_hook(p, iid, action)
 }
 
 /// The documented Note Hook payload: `user` comments `body` on MR `iid`.
@@ -84,10 +69,7 @@ fn note_hook(fake: &FakeGitLab, p: &FakeProject, iid: u64, user: &FakeUser, body
 }
 
 fn plan_note(fake: &FakeGitLab, p: &FakeProject, iid: u64) -> Option<String> {
-    fake.notes(p, iid)
-        .into_iter()
-        .find(|n| n.body.contains(NOTE_MARKER))
-        .map(|n| n.body)
+    fake.plan_note(p, iid)
 }
 
 /// What the queue and the fake GitLab hold: printed when a wait times out, so a slow or stuck

@@ -10,9 +10,8 @@ mod support;
 
 use base64::Engine as _;
 use planbot::core::config::Config;
-use planbot::core::render::NOTE_MARKER;
 use planbot::flows::server::Options;
-use service_support::{fixture, token_headers, TestService, WEBHOOK_SECRET};
+use service_support::{token_headers, TestService, WEBHOOK_SECRET};
 use support::fake_gitlab::{FakeGitLab, FakeProject};
 
 const FINGERPRINT_KEY: &str = "fingerprint-key-canary-7d41c0e2";
@@ -91,25 +90,11 @@ fn hostile_hcl(paths: &[(&str, String)]) -> String {
 
 /// The documented Merge Request Hook payload, pointed at the fake's project and MR.
 fn mr_hook(fake: &FakeGitLab, p: &FakeProject, iid: u64, action: &str) -> String {
-    let mut v: serde_json::Value =
-        serde_json::from_str(&fixture("webhooks/merge_request_open.json")).unwrap();
-    v["project"]["id"] = p.id.into();
-    v["project"]["path_with_namespace"] = p.path.clone().into();
-    let a = &mut v["object_attributes"];
-    a["iid"] = iid.into();
-    a["action"] = action.into();
-    a["source_project_id"] = p.id.into();
-    a["target_project_id"] = p.id.into();
-    a["target_branch"] = "main".into();
-    a["last_commit"]["id"] = fake.mr_sha(p, iid).into();
-    v.to_string()
+    fake.merge_request_hook(p, iid, action)
 }
 
 fn plan_note(fake: &FakeGitLab, p: &FakeProject, iid: u64) -> Option<String> {
-    fake.notes(p, iid)
-        .into_iter()
-        .find(|n| n.body.contains(NOTE_MARKER))
-        .map(|n| n.body)
+    fake.plan_note(p, iid)
 }
 
 /// The service with its workers (no start-up reconciliation: the story delivers the hooks).

@@ -818,6 +818,36 @@ impl FakeGitLab {
         sha
     }
 
+    /// The documented Merge Request Hook payload (`webhooks/merge_request_open.json`), pointed
+    /// at project `p`'s MR `iid` and its current head, with `action` (`merge` also carries the
+    /// merge commit).
+    pub fn merge_request_hook(&self, p: &FakeProject, iid: u64, action: &str) -> String {
+        let mut v: Value =
+            serde_json::from_str(&super::gitlab_fixture("webhooks/merge_request_open.json"))
+                .unwrap();
+        v["project"]["id"] = p.id.into();
+        v["project"]["path_with_namespace"] = p.path.clone().into();
+        let a = &mut v["object_attributes"];
+        a["iid"] = iid.into();
+        a["action"] = action.into();
+        a["source_project_id"] = p.id.into();
+        a["target_project_id"] = p.id.into();
+        a["target_branch"] = "main".into();
+        a["last_commit"]["id"] = self.mr_sha(p, iid).into();
+        if action == "merge" {
+            a["merge_commit_sha"] = self.mr_json(p, iid)["merge_commit_sha"].clone();
+        }
+        v.to_string()
+    }
+
+    /// planbot's plan note on MR `iid` (found by its hidden marker), if posted.
+    pub fn plan_note(&self, p: &FakeProject, iid: u64) -> Option<String> {
+        self.notes(p, iid)
+            .into_iter()
+            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
+            .map(|n| n.body)
+    }
+
     /// Same as [`FakeGitLab::commit_files`] (reads better in a story: "the author pushes").
     pub fn push(&self, project: &FakeProject, branch: &str, files: &[(&str, &str)]) -> String {
         self.commit_files(project, branch, files)
