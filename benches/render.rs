@@ -15,7 +15,7 @@ use planbot::core::fingerprint::Fingerprint;
 use planbot::core::plan::Plan;
 use planbot::core::redact::{Scrubber, Secrets};
 use planbot::core::render::{render_note, NoteContext, RootOutcome, RootSection};
-use planbot::flows::report::{report, Format};
+use planbot::flows::cli::render::{report, Format};
 use serde_json::json;
 use std::io::Write;
 use std::time::{Duration, Instant};

@@ -31,12 +31,12 @@ enum Format {
     Text,
 }
 
-impl From<Format> for planbot::flows::report::Format {
+impl From<Format> for planbot::flows::cli::render::Format {
     fn from(f: Format) -> Self {
         match f {
-            Format::Markdown => planbot::flows::report::Format::Markdown,
-            Format::Json => planbot::flows::report::Format::Json,
-            Format::Text => planbot::flows::report::Format::Text,
+            Format::Markdown => planbot::flows::cli::render::Format::Markdown,
+            Format::Json => planbot::flows::cli::render::Format::Json,
+            Format::Text => planbot::flows::cli::render::Format::Text,
         }
     }
 }
@@ -152,13 +152,13 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { config, check } => planbot::flows::serve::main(&config, check),
+        Command::Serve { config, check } => planbot::flows::cli::serve::main(&config, check),
         Command::Render {
             plan_json,
             format,
             fingerprint_key,
             engine_name,
-        } => planbot::flows::report::render_command(
+        } => planbot::flows::cli::render::render_command(
             &plan_json,
             format.into(),
             fingerprint_key.as_deref(),
@@ -174,19 +174,19 @@ fn main() -> ExitCode {
             vars,
             sandbox,
             no_sandbox,
-        } => planbot::flows::local_plan::plan_command(
+        } => planbot::flows::cli::plan::plan_command(
             &dir,
             engine.as_deref(),
             format.map(Into::into).unwrap_or_else(|| {
                 if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-                    planbot::flows::report::Format::Text
+                    planbot::flows::cli::render::Format::Text
                 } else {
-                    planbot::flows::report::Format::Markdown
+                    planbot::flows::cli::render::Format::Markdown
                 }
             }),
             fingerprint_key.as_deref(),
             timeout,
-            planbot::flows::local_plan::Variables { var_files, vars },
+            planbot::flows::cli::plan::Variables { var_files, vars },
             match (no_sandbox, sandbox) {
                 (true, _) => None,
                 (false, SandboxArg::Local) => {
@@ -197,13 +197,13 @@ fn main() -> ExitCode {
                 }
             },
         ),
-        Command::Doctor { config } => planbot::flows::doctor::main(&config),
-        Command::CheckConfig { file } => planbot::flows::check_config::main(&file),
+        Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),
+        Command::CheckConfig { file } => planbot::flows::cli::check_config::main(&file),
         Command::ApplyJob {
             url,
             confirm,
             roots,
-        } => planbot::flows::apply_job::main(url, confirm, roots),
+        } => planbot::flows::cli::apply_job::main(url, confirm, roots),
     };
     match result {
         Ok(code) => code,

@@ -7,7 +7,7 @@ mod service_support;
 mod support;
 
 use planbot::core::config::Config;
-use planbot::flows::server::Options;
+use planbot::flows::service::application::Options;
 use service_support::TestService;
 use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser};
 use support::fake_proxmox::{Cluster, FakeProxmox, Fault};

@@ -11,7 +11,7 @@ mod support;
 use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
 use planbot::core::config::Config;
 use planbot::core::ids::{CommitSha, MrIid, ProjectId};
-use planbot::flows::server::{Application, Options};
+use planbot::flows::service::application::{Application, Options};
 use std::path::PathBuf;
 use support::fake_gitlab::{FakeGitLab, REPORTER};
 

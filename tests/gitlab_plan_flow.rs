@@ -8,9 +8,9 @@ use planbot::core::config::Config;
 use planbot::core::events::{PlanJob, PlanReason};
 use planbot::core::ids::{CommitSha, MrIid, ProjectId};
 use planbot::core::render::NOTE_MARKER;
-use planbot::flows::app::App;
-use planbot::flows::queue::CancellationToken;
+use planbot::flows::service::app::App;
 use support::fake_gitlab::{FakeGitLab, FakeProject};
+use tokio_util::sync::CancellationToken;
 
 const CANARY: &str = "canary-secret-7f3a9c";
 
@@ -86,7 +86,7 @@ env = {{ TF_VAR_token = "{CANARY}" }}
     );
     let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
     let app = App::new(config).expect("app");
-    planbot::flows::app::wipe_temp_root(&app.temp_root()).unwrap();
+    planbot::flows::service::app::wipe_temp_root(&app.temp_root()).unwrap();
     World {
         fake,
         project,
@@ -112,7 +112,7 @@ impl World {
     }
 
     async fn plan(&self, iid: u64) {
-        planbot::flows::plan::run(&self.app, &self.job(iid), &CancellationToken::new())
+        planbot::flows::review::plan::run(&self.app, &self.job(iid), &CancellationToken::new())
             .await
             .expect("plan flow");
     }
@@ -418,8 +418,8 @@ async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
     let (ja, jb) = (w.job(a), w.job(b));
     let none = CancellationToken::new();
     let (ra, rb) = tokio::join!(
-        planbot::flows::plan::run(&w.app, &ja, &none),
-        planbot::flows::plan::run(&w.app, &jb, &none)
+        planbot::flows::review::plan::run(&w.app, &ja, &none),
+        planbot::flows::review::plan::run(&w.app, &jb, &none)
     );
     ra.expect("MR a planned");
     rb.expect("MR b planned");

@@ -8,7 +8,7 @@ mod support;
 use base64::Engine as _;
 use planbot::capabilities::engine::{Engine, PlanRequest, PlannedRun};
 use planbot::core::redact::REDACTED;
-use planbot::flows::report::{self, Format};
+use planbot::flows::cli::render::{self as report, Format};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

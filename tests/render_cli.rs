@@ -6,7 +6,7 @@ mod support;
 use planbot::core::fingerprint::Fingerprint;
 use planbot::core::plan::Plan;
 use planbot::core::render::NOTE_MARKER;
-use planbot::flows::report::LOCAL_FINGERPRINT_KEY;
+use planbot::flows::cli::render::LOCAL_FINGERPRINT_KEY;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 

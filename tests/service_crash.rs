@@ -6,7 +6,7 @@ mod support;
 
 use planbot::core::config::Config;
 use planbot::core::render::NOTE_MARKER;
-use planbot::flows::server::Options;
+use planbot::flows::service::application::Options;
 use service_support::{token_headers, TestService, WEBHOOK_SECRET};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};

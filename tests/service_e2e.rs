@@ -6,7 +6,7 @@ mod service_support;
 mod support;
 
 use planbot::core::config::Config;
-use planbot::flows::server::Options;
+use planbot::flows::service::application::Options;
 use service_support::{fixture, token_headers, TestService, WEBHOOK_SECRET};
 use support::fake_gitlab::{FakeGitLab, FakeProject, FakeUser};
 

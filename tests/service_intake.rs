@@ -3,7 +3,7 @@
 mod service_support;
 
 use planbot::core::events::{Job, PlanReason};
-use planbot::flows::server::Options;
+use planbot::flows::service::application::Options;
 use service_support::*;
 
 const MR: &str = "Merge Request Hook";

@@ -9,9 +9,9 @@ mod support;
 use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
 use planbot::core::config::Config;
 use planbot::core::ids::{CommitSha, MrIid, ProjectId, RunId};
-use planbot::flows::app::App;
-use planbot::flows::server::{Application, Options};
-use planbot::flows::signin::Session;
+use planbot::flows::service::app::App;
+use planbot::flows::service::application::{Application, Options};
+use planbot::flows::service::session::Session;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use reqwest::StatusCode;
 use std::sync::Arc;
@@ -570,19 +570,19 @@ async fn auth_none_serves_anyone_and_check_warns() {
         w.app.run_url(RunId(12)).as_deref(),
         Some("http://planbot.test/runs/12")
     );
-    let report = planbot::flows::serve::check_report(&w.app.config);
+    let report = planbot::flows::cli::serve::check_report(&w.app.config);
     assert!(
         report.contains("WARNING: serve /runs to ANYONE"),
         "{report}"
     );
-    let checks = planbot::flows::doctor::run_checks(&w.app.config).await;
+    let checks = planbot::flows::cli::doctor::run_checks(&w.app.config).await;
     let pages = checks
         .iter()
         .find(|c| c.section == "Run pages")
         .expect("doctor checks the run pages");
     assert_eq!(
         pages.status,
-        planbot::flows::doctor::Status::Warn,
+        planbot::flows::cli::doctor::Status::Warn,
         "{pages:?}"
     );
     assert!(pages.line.contains("ANYONE"), "{pages:?}");
@@ -617,7 +617,7 @@ async fn metrics_require_the_bearer_token_when_one_is_configured() {
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.text().await.unwrap().contains("# EOF"));
     // The token is a secret: never in --check.
-    let report = planbot::flows::serve::check_report(&w.app.config);
+    let report = planbot::flows::cli::serve::check_report(&w.app.config);
     assert!(!report.contains(METRICS_TOKEN));
     assert!(report.contains("metrics.token = (set)"), "{report}");
 }

@@ -6,7 +6,7 @@ use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
 use planbot::core::config::Config;
 use planbot::core::events::{Job, PlanReason};
 use planbot::core::ids::{CommitSha, MrIid, ProjectId};
-use planbot::flows::server::Options;
+use planbot::flows::service::application::Options;
 use service_support::*;
 
 const MR: &str = "Merge Request Hook";

@@ -10,7 +10,7 @@ mod support;
 
 use base64::Engine as _;
 use planbot::core::config::Config;
-use planbot::flows::server::Options;
+use planbot::flows::service::application::Options;
 use service_support::{token_headers, TestService, WEBHOOK_SECRET};
 use support::fake_gitlab::{FakeGitLab, FakeProject};
 

@@ -120,6 +120,12 @@ pub enum PagesAuth {
 }
 
 impl PagesAuth {
+    /// Whether run-page links can go into notes and statuses (someone other than the planbot
+    /// host can open them).
+    pub fn links_are_readable(self) -> bool {
+        self != PagesAuth::Loopback
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             PagesAuth::Gitlab => "gitlab",

@@ -1,4 +1,5 @@
-//! Pure core: events, config, plan model, redaction, fingerprint, rendering, lint rules. No I/O, no async.
+//! Pure core: events, config, plan model, redaction, fingerprint, rendering, lint rules.
+//! No I/O, no async: everything here is a function of its arguments.
 pub mod apply;
 pub mod apply_note;
 pub mod config;

@@ -1,7 +1,7 @@
 //! Proxmox preflight PVE101–PVE107, the pure half: what a plan needs from the cluster
 //! ([`needs`]), and the findings once the facts have been fetched ([`evaluate`]).
 //!
-//! The fetching (read-only API calls) lives in `flows::preflight`.
+//! The fetching (read-only API calls) lives in `flows::review::preflight`.
 
 use crate::core::lint::model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
 use crate::core::lint::{finding_with, render_macro, sort_findings, Finding, Severity};
@@ -215,7 +215,7 @@ pub struct StorageFact {
     pub file_based: bool,
 }
 
-/// What the API said, fetched by `flows::preflight`.
+/// What the API said, fetched by `flows::review::preflight`.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterFacts {
     /// `user@realm!name` (never the secret).

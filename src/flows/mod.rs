@@ -1,23 +1,7 @@
-//! Flows: orchestration of capabilities (commands, intake, queue, plan, apply).
-pub mod app;
+//! Flows: orchestration of capabilities, grouped by what a reader looks for.
+//! `service` runs the server, `review` plans MRs, `apply` gates applies, `cli` holds one-shot commands, `confinement` decides what an engine run may see.
 pub mod apply;
-pub mod apply_job;
-pub mod check_config;
-pub mod cpu;
-pub mod credentials;
-pub mod doctor;
-pub mod intake;
-pub mod jobs;
-pub mod local_plan;
-pub mod locks;
-pub mod metrics;
-pub mod pages;
-pub mod plan;
-pub mod preflight;
-pub mod queue;
-pub mod report;
-pub mod sandbox;
-pub mod serve;
-pub mod server;
-pub mod service_check;
-pub mod signin;
+pub mod cli;
+pub mod confinement;
+pub mod review;
+pub mod service;

@@ -3,8 +3,8 @@
 
 use planbot::core::config::Config;
 use planbot::core::webhook;
-use planbot::flows::app::App;
-use planbot::flows::server::{Application, Options};
+use planbot::flows::service::app::App;
+use planbot::flows::service::application::{Application, Options};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -1,15 +1,14 @@
 //! Server-rendered pages: `GET /runs` and `GET /runs/{id}` (minijinja, HTML-escaped, no JavaScript).
 //!
-//! Who may read them is decided by [`crate::flows::signin::gate`] in front of these handlers; a
+//! Who may read them is decided by [`crate::flows::service::signin::gate`] in front of these handlers; a
 //! signed-in user sees only runs of projects they can see in GitLab, and a run of any other
 //! project answers exactly like a run that does not exist (404). The plan note is rendered from
 //! Markdown and sanitised ([`crate::core::note_html`]); every other value is escaped by minijinja.
 
 use crate::capabilities::store::{RunQuery, RunRecord, RunState};
-use crate::core::config::PagesAuth;
 use crate::core::ids::{MrIid, ProjectId, RunId};
-use crate::flows::app::App;
-use crate::flows::signin::Viewer;
+use crate::flows::service::app::App;
+use crate::flows::service::session::Viewer;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -24,7 +23,7 @@ use std::time::{Duration, UNIX_EPOCH};
 pub const PER_PAGE: u32 = 50;
 
 /// The pages' stylesheet, served at `/assets/pages.css` (the CSP allows no inline style).
-pub const STYLESHEET: &str = include_str!("../../templates/pages/pages.css");
+pub const STYLESHEET: &str = include_str!("../../../templates/pages/pages.css");
 
 /// The states a run can be in, in the order the filter lists them.
 const STATES: [RunState; 6] = [
@@ -44,17 +43,23 @@ fn env() -> &'static Environment<'static> {
         for (name, src) in [
             (
                 "layout.html",
-                include_str!("../../templates/pages/layout.html"),
+                include_str!("../../../templates/pages/layout.html"),
             ),
-            ("runs.html", include_str!("../../templates/pages/runs.html")),
-            ("run.html", include_str!("../../templates/pages/run.html")),
+            (
+                "runs.html",
+                include_str!("../../../templates/pages/runs.html"),
+            ),
+            (
+                "run.html",
+                include_str!("../../../templates/pages/run.html"),
+            ),
             (
                 "not_found.html",
-                include_str!("../../templates/pages/not_found.html"),
+                include_str!("../../../templates/pages/not_found.html"),
             ),
             (
                 "message.html",
-                include_str!("../../templates/pages/message.html"),
+                include_str!("../../../templates/pages/message.html"),
             ),
         ] {
             env.add_template(name, src).expect("page templates parse");
@@ -371,7 +376,11 @@ async fn visible_projects(
     };
     let mut out = Vec::new();
     for (id, path) in all {
-        if app.signin.can_see(app, id, s.user_id).await {
+        if app
+            .signin
+            .can_see(&app.gitlab, &app.metrics, id, s.user_id)
+            .await
+        {
             out.push((id, path));
         }
     }
@@ -460,7 +469,11 @@ pub async fn run(
         Ok(Some(r)) => {
             if let Viewer::User(s) = &viewer {
                 // Not 403: a run of a project the user cannot see does not exist for them.
-                if !app.signin.can_see(&app, r.project, s.user_id).await {
+                if !app
+                    .signin
+                    .can_see(&app.gitlab, &app.metrics, r.project, s.user_id)
+                    .await
+                {
                     return not_found(&what, user);
                 }
             }
@@ -475,12 +488,6 @@ pub async fn run(
         Ok(None) => not_found(&what, user),
         Err(e) => unavailable(e, "a run"),
     }
-}
-
-/// Whether run-page links can go into notes and statuses (someone other than the planbot host
-/// can open them).
-pub fn links_are_readable(auth: PagesAuth) -> bool {
-    auth != PagesAuth::Loopback
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ fn templates() -> &'static Environment<'static> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.add_template("doctor.j2", include_str!("../../templates/doctor.j2"))
+        env.add_template("doctor.j2", include_str!("../../../templates/doctor.j2"))
             .expect("templates/doctor.j2 parses");
         env
     })
@@ -140,7 +140,7 @@ pub fn format_report(config_path: &str, checks: &[Check]) -> String {
 /// `planbot doctor --config FILE`.
 pub fn main(config: &Path) -> Result<ExitCode> {
     let file = config.display().to_string();
-    let cfg = match crate::flows::serve::load_all(config)?.into_result() {
+    let cfg = match crate::flows::cli::serve::load_all(config)?.into_result() {
         Ok(cfg) => cfg,
         Err(problems) => {
             // Nothing else can be checked with a config planbot would not start with.
@@ -233,7 +233,7 @@ fn pages_checks(config: &Config, r: &mut Report) {
         PagesAuth::Gitlab => r.add(
             Status::Ok,
             "pages_gitlab",
-            json!({"callback": format!("{}{}", config.public_url.as_deref().unwrap_or(""), crate::flows::signin::CALLBACK_PATH)}),
+            json!({"callback": format!("{}{}", config.public_url.as_deref().unwrap_or(""), crate::flows::service::session::CALLBACK_PATH)}),
         ),
         PagesAuth::Loopback => r.add(
             Status::Info,
@@ -431,7 +431,10 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             return;
         }
     };
-    let mode = crate::flows::sandbox::service_mode(config, crate::flows::credentials::Use::Plan);
+    let mode = crate::flows::confinement::sandbox::service_mode(
+        config,
+        crate::flows::confinement::credentials::Use::Plan,
+    );
     match &mode {
         SandboxMode::Landlock { .. } => {
             r.add(Status::Ok, "sandbox_ok", json!({"level": mode.describe()}))
@@ -474,11 +477,11 @@ async fn engine_checks(config: &Config, r: &mut Report) {
 }
 
 async fn proxmox_checks(config: &Config, r: &mut Report) {
-    let plan = crate::flows::preflight::endpoint_from_config(
+    let plan = crate::flows::review::preflight::endpoint_from_config(
         &config.proxmox.for_plan(),
         &config.engine.env,
     );
-    let apply = crate::flows::preflight::endpoint_from_config(
+    let apply = crate::flows::review::preflight::endpoint_from_config(
         &config.proxmox.for_apply(),
         &config.engine.env,
     );

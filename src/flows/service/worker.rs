@@ -1,75 +1,18 @@
-//! The durable job queue's workers: a bounded pool that claims jobs from the store, runs them, and honours cancellation.
-//!
-//! Jobs live in SQLite (see `capabilities::store`); this module only wakes workers, keeps the
-//! cancellation token of every running job, and dispatches a claimed job to its flow:
-//! `Job::Plan` → [`crate::flows::plan::run`], the others → [`crate::flows::jobs`].
+//! The queue's workers: a bounded pool that claims jobs from the store, dispatches each to its
+//! flow (`Job::Plan` → [`crate::flows::review::plan`], the others → [`crate::flows::review::commands`])
+//! and honours cancellation.
 
-use crate::capabilities::store::{ClaimedJob, JobEnd, QueueJobId};
+use crate::capabilities::store::{ClaimedJob, JobEnd};
 use crate::core::events::Job;
-use crate::flows::app::App;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use crate::flows::service::app::App;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-pub use tokio_util::sync::CancellationToken;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// How long an idle worker sleeps before looking at the store again without being woken.
 const IDLE_POLL: Duration = Duration::from_secs(2);
-
-/// Wakes workers and cancels running jobs.
-#[derive(Default)]
-pub struct Queue {
-    wake: Notify,
-    running: Mutex<HashMap<QueueJobId, CancellationToken>>,
-}
-
-impl Queue {
-    pub fn new() -> Queue {
-        Queue::default()
-    }
-
-    /// New jobs are in the store: wake up to `n` idle workers.
-    pub fn jobs_added(&self, n: usize) {
-        for _ in 0..n {
-            self.wake.notify_one();
-        }
-    }
-
-    /// Fire the tokens of these running jobs (superseded or closed). Unknown ids are ignored:
-    /// a worker that claims a job re-checks its state after registering the token.
-    pub fn cancel(&self, ids: &[QueueJobId]) {
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        for id in ids {
-            if let Some(t) = running.get(id) {
-                tracing::info!(job = id.0, "cancelling superseded job");
-                t.cancel();
-            }
-        }
-    }
-
-    /// How many jobs are running right now.
-    pub fn running(&self) -> usize {
-        self.running.lock().map(|r| r.len()).unwrap_or(0)
-    }
-
-    fn register(&self, id: QueueJobId) -> CancellationToken {
-        let t = CancellationToken::new();
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, t.clone());
-        t
-    }
-
-    fn unregister(&self, id: QueueJobId) {
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-    }
-}
 
 /// Start `n` workers; they stop when `shutdown` fires (running jobs are cancelled and stay
 /// `running` in the store, so the next start re-runs them).
@@ -101,7 +44,7 @@ async fn worker(app: Arc<App>, index: usize, shutdown: CancellationToken) {
             None => {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = app.queue.wake.notified() => {}
+                    _ = app.queue.woken() => {}
                     _ = tokio::time::sleep(IDLE_POLL) => {}
                 }
             }
@@ -184,17 +127,7 @@ fn cancel_grace(app: &App) -> Duration {
 
 async fn dispatch(app: &Arc<App>, job: &Job, token: &CancellationToken) -> anyhow::Result<()> {
     match job {
-        Job::Plan(p) => crate::flows::plan::run(app, p, token).await,
-        other => crate::flows::jobs::run(app, other, token).await,
+        Job::Plan(p) => crate::flows::review::plan::run(app, p, token).await,
+        other => crate::flows::review::commands::run(app, other, token).await,
     }
-}
-
-/// Enqueue a job from inside the service (commands, reconcile, re-plans) and wake a worker.
-pub async fn enqueue(app: &App, job: Job) -> anyhow::Result<Option<QueueJobId>> {
-    let e = app.store.enqueue(job).await?;
-    app.queue.cancel(&e.cancel_running);
-    if e.id.is_some() {
-        app.queue.jobs_added(1);
-    }
-    Ok(e.id)
 }

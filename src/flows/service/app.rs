@@ -2,16 +2,16 @@
 
 use crate::capabilities::engine::{CliConfig, Engine, ProviderMirror};
 use crate::capabilities::gitlab::{GitLab, RetryPolicy};
-use crate::capabilities::store::Store;
+use crate::capabilities::store::{QueueJobId, Store};
 use crate::capabilities::workspace::Workspace;
 use crate::core::config::Config;
 use crate::core::ids::{MrIid, ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
-use crate::flows::credentials::{self, Use};
-pub use crate::flows::locks::RootLocks;
-use crate::flows::metrics::Metrics;
-use crate::flows::queue::Queue;
+use crate::flows::confinement::credentials::{self, Use};
+pub use crate::flows::service::locks::RootLocks;
+use crate::flows::service::metrics::Metrics;
+use crate::flows::service::queue::Queue;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,7 +55,7 @@ pub struct App {
     /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
     bot_user: tokio::sync::OnceCell<UserId>,
     /// Who may read the run pages: GitLab sign-in, sessions, membership cache.
-    pub signin: crate::flows::signin::SignIn,
+    pub signin: crate::flows::service::session::SignIn,
 }
 
 impl App {
@@ -102,7 +102,7 @@ impl App {
                 .with_timeout(std::time::Duration::from_secs(5))?,
             gitlab,
             bot_user: tokio::sync::OnceCell::new(),
-            signin: crate::flows::signin::SignIn::new(&config)
+            signin: crate::flows::service::session::SignIn::new(&config)
                 .context("[gitlab.oauth] / public_url")?,
             config,
         })
@@ -114,7 +114,7 @@ impl App {
     }
 
     /// The engine runner for a plan of an MR (plan credentials) or the default branch's runs
-    /// (apply credentials), see [`crate::flows::credentials`].
+    /// (apply credentials), see [`crate::flows::confinement::credentials`].
     pub fn engine(&self, trust: Trust) -> Result<Engine> {
         let use_ = trust.credentials();
         let engine = &self.config.engine;
@@ -134,7 +134,10 @@ impl App {
                     }
                 }),
             })
-            .sandbox(crate::flows::sandbox::service_mode(&self.config, use_))
+            .sandbox(crate::flows::confinement::sandbox::service_mode(
+                &self.config,
+                use_,
+            ))
             .build()
             .with_context(|| format!("engine.binary = {:?}", engine.binary))
     }
@@ -170,10 +173,21 @@ impl App {
         self.config.data_dir.join("workspaces")
     }
 
+    /// Enqueue a job from inside the service (commands, reconcile, re-plans) and wake a worker;
+    /// the running jobs the new one supersedes (as the store decides) are cancelled.
+    pub async fn enqueue(&self, job: crate::core::events::Job) -> Result<Option<QueueJobId>> {
+        let e = self.store.enqueue(job).await?;
+        self.queue.cancel(&e.cancel_running);
+        if e.id.is_some() {
+            self.queue.jobs_added(1);
+        }
+        Ok(e.id)
+    }
+
     /// The run page's absolute URL, when `public_url` is set and the page can be opened by the
     /// note's readers (not with the loopback-only default: see [`App::run_hint`]).
     pub fn run_url(&self, run: crate::core::ids::RunId) -> Option<String> {
-        if !crate::flows::pages::links_are_readable(self.config.pages.auth) {
+        if !self.config.pages.auth.links_are_readable() {
             return None;
         }
         self.config
@@ -185,7 +199,7 @@ impl App {
     /// Where a run's page can be read when it cannot be linked (loopback-only pages): the
     /// address on the planbot host itself, e.g. `http://localhost:8080/runs/12`.
     pub fn run_hint(&self, run: crate::core::ids::RunId) -> Option<String> {
-        (!crate::flows::pages::links_are_readable(self.config.pages.auth))
+        (!self.config.pages.auth.links_are_readable())
             .then(|| format!("http://localhost:{}/runs/{run}", self.config.listen.port()))
     }
 

@@ -2,9 +2,8 @@
 
 use crate::core::config::Config;
 use crate::core::events::Job;
-use crate::flows::app::{wipe_temp_root, App};
-use crate::flows::queue::{self, CancellationToken};
-use crate::flows::{intake, pages, signin};
+use crate::flows::service::app::{wipe_temp_root, App};
+use crate::flows::service::{intake, pages, signin};
 use anyhow::{Context, Result};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
@@ -14,6 +13,7 @@ use axum::Router;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// Knobs for tests; `Options::default()` is what `planbot serve` uses.
 #[derive(Debug, Clone)]
@@ -73,7 +73,7 @@ impl Application {
             );
         }
         if options.reconcile {
-            queue::enqueue(&app, Job::Reconcile).await?;
+            app.enqueue(Job::Reconcile).await?;
         }
         let listener = TcpListener::bind(listen)
             .await
@@ -114,7 +114,11 @@ impl Application {
     pub async fn run_until_stopped(mut self) -> Result<()> {
         if self.options.workers {
             let n = self.app.config.plan.max_concurrent_plans;
-            self.workers = queue::spawn_workers(self.app.clone(), n, self.shutdown.clone());
+            self.workers = crate::flows::service::worker::spawn_workers(
+                self.app.clone(),
+                n,
+                self.shutdown.clone(),
+            );
         }
         let listener = self.listener.take().context("already running")?;
         let router = router(self.app.clone());
@@ -165,7 +169,10 @@ fn page_routes(app: Arc<App>) -> Router<Arc<App>> {
     Router::new()
         .merge(gated)
         .route("/auth/login", get(signin::login))
-        .route(signin::CALLBACK_PATH, get(signin::callback))
+        .route(
+            crate::flows::service::session::CALLBACK_PATH,
+            get(signin::callback),
+        )
         .route("/auth/logout", post(signin::logout))
         .route("/assets/pages.css", get(pages::stylesheet))
         .layer(axum::middleware::from_fn(pages::security_headers))
@@ -174,7 +181,7 @@ fn page_routes(app: Arc<App>) -> Router<Arc<App>> {
 /// The CI template infra repos include (`include: remote:`), served as planbot ships it.
 /// The CI/CD component, with this planbot's URL and apply job name as the inputs' defaults.
 async fn ci_template(State(app): State<Arc<App>>) -> Response {
-    let text = crate::flows::apply_job::served_component(
+    let text = crate::flows::cli::apply_job::served_component(
         crate::flows::apply::CI_TEMPLATE,
         app.config.public_url.as_deref(),
         &app.config.apply.job_name,

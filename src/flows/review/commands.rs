@@ -6,11 +6,11 @@ use crate::core::events::{Command, Job, PlanJob, PlanReason};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, ForkMrs, RepoConfig};
-use crate::flows::app::App;
-use crate::flows::queue::{self, CancellationToken};
+use crate::flows::service::app::App;
 use anyhow::{Context, Result};
 use minijinja::{context, Environment};
 use std::sync::OnceLock;
+use tokio_util::sync::CancellationToken;
 
 /// Marks planbot's fork notice so it is posted once per MR.
 pub const FORK_NOTICE_MARKER: &str = "<!-- planbot:fork-notice -->";
@@ -23,18 +23,21 @@ fn templates() -> &'static Environment<'static> {
         let mut env = Environment::new();
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         for (name, src) in [
-            ("help", include_str!("../../templates/comments/help.md.j2")),
+            (
+                "help",
+                include_str!("../../../templates/comments/help.md.j2"),
+            ),
             (
                 "fork_notice",
-                include_str!("../../templates/comments/fork_notice.md.j2"),
+                include_str!("../../../templates/comments/fork_notice.md.j2"),
             ),
             (
                 "command_refused",
-                include_str!("../../templates/comments/command_refused.md.j2"),
+                include_str!("../../../templates/comments/command_refused.md.j2"),
             ),
             (
                 "merged_banner",
-                include_str!("../../templates/comments/merged_banner.md.j2"),
+                include_str!("../../../templates/comments/merged_banner.md.j2"),
             ),
         ] {
             env.add_template(name, src)
@@ -82,7 +85,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
         } => run_command(app, *project, project_path.clone(), *mr, *author, *command).await,
         Job::ForkNotice { project, mr, .. } => fork_notice(app, *project, *mr).await,
         Job::Reconcile => reconcile(app, cancel).await,
-        Job::Plan(_) => unreachable!("plan jobs go to flows::plan"),
+        Job::Plan(_) => unreachable!("plan jobs go to flows::review::plan"),
     }
 }
 
@@ -160,7 +163,7 @@ async fn mark_merged(
             PlanReason::SiblingMerged { merged: mr },
             None,
         ) {
-            queue::enqueue(app, Job::Plan(job)).await?;
+            app.enqueue(Job::Plan(job)).await?;
         }
     }
     Ok(())
@@ -298,7 +301,7 @@ async fn run_command(
             ) else {
                 anyhow::bail!("merge request !{mr} has no head commit yet");
             };
-            queue::enqueue(app, Job::Plan(job)).await?;
+            app.enqueue(Job::Plan(job)).await?;
         }
     }
     Ok(())
@@ -400,7 +403,7 @@ async fn reconcile(app: &App, cancel: &CancellationToken) -> Result<()> {
             let path = Some(project.path_with_namespace.clone()).filter(|p| !p.is_empty());
             if let Some(job) = plan_job_for(project.id, path, &mr, PlanReason::Reconcile, None) {
                 tracing::info!(project = %key, mr = mr.iid.0, "reconcile: open MR without a plan for its head");
-                queue::enqueue(app, Job::Plan(job)).await?;
+                app.enqueue(Job::Plan(job)).await?;
             }
         }
     }

@@ -3,7 +3,7 @@
 use crate::capabilities::store::NewDelivery;
 use crate::core::events;
 use crate::core::webhook::{self, Presented};
-use crate::flows::app::App;
+use crate::flows::service::app::App;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -81,7 +81,7 @@ pub async fn gitlab_webhook(
             app.queue.jobs_added(o.enqueued.len());
             app.metrics.delivery(
                 event,
-                crate::flows::metrics::delivery_outcome_label(&decision.outcome),
+                crate::flows::service::metrics::delivery_outcome_label(&decision.outcome),
             );
             StatusCode::OK
         }

@@ -15,7 +15,7 @@ use crate::core::plan::Plan;
 use crate::core::redact::Scrubber;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;
-use crate::flows::report::{Format, LOCAL_FINGERPRINT_KEY};
+use crate::flows::cli::render::{Format, LOCAL_FINGERPRINT_KEY};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -103,7 +103,10 @@ async fn run(
             reason: "--no-sandbox".into(),
         },
         Some(profile) => SandboxMode::with_profile(profile, Support::probe(), true, |reason| {
-            crate::flows::sandbox::text("refused_local", minijinja::context! { reason => reason })
+            crate::flows::confinement::sandbox::text(
+                "refused_local",
+                minijinja::context! { reason => reason },
+            )
         }),
     };
     let runner = Engine::builder(binary, temp_root.path())
@@ -193,7 +196,7 @@ fn progress_line(p: &StepProgress) -> String {
         let mut env = minijinja::Environment::new();
         env.add_template(
             "progress",
-            include_str!("../../templates/local_progress.txt.j2"),
+            include_str!("../../../templates/local_progress.txt.j2"),
         )
         .expect("local_progress template parses");
         env
@@ -209,7 +212,7 @@ fn root_name(dir: &Path) -> String {
     std::fs::canonicalize(dir)
         .ok()
         .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| crate::flows::report::DEFAULT_ROOT.to_string())
+        .unwrap_or_else(|| crate::flows::cli::render::DEFAULT_ROOT.to_string())
 }
 
 /// The note (or JSON report) of a successful plan: the same renderer as the MR note. The

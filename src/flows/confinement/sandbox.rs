@@ -4,13 +4,13 @@
 use crate::capabilities::engine::{SandboxMode, SandboxProfile};
 use crate::capabilities::sandbox::Support;
 use crate::core::config::{Config, LandlockSetting};
-use crate::flows::credentials::{self, Use};
+use crate::flows::confinement::credentials::{self, Use};
 
 fn texts() -> &'static minijinja::Environment<'static> {
     static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
     ENV.get_or_init(|| {
         let mut env = minijinja::Environment::new();
-        env.add_template("sandbox", include_str!("../../templates/sandbox.txt.j2"))
+        env.add_template("sandbox", include_str!("../../../templates/sandbox.txt.j2"))
             .expect("sandbox template parses");
         env
     })

@@ -1,7 +1,7 @@
 //! `planbot serve`: loads the config, then builds the application (store, queue, workers, HTTP) and runs it.
 
 use crate::core::config::{Config, Loaded, Problem};
-use crate::flows::server::Application;
+use crate::flows::service::application::Application;
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::ExitCode;
@@ -83,8 +83,11 @@ pub fn check_report(config: &Config) -> String {
     ));
     out.push_str(&format!(
         "- run every engine process sandboxed: {}\n",
-        crate::flows::sandbox::service_mode(config, crate::flows::credentials::Use::Plan)
-            .describe()
+        crate::flows::confinement::sandbox::service_mode(
+            config,
+            crate::flows::confinement::credentials::Use::Plan
+        )
+        .describe()
     ));
     out.push_str(&format!(
         "- accept applies only from the CI job named `{}` on a protected default branch\n",
@@ -105,7 +108,7 @@ fn pages_line(config: &Config) -> String {
         PagesAuth::Gitlab => format!(
             "serve /runs to users signed in with GitLab ({}{}), each seeing only the runs of projects where they are Reporter or more",
             config.public_url.as_deref().unwrap_or(""),
-            crate::flows::signin::CALLBACK_PATH
+            crate::flows::service::session::CALLBACK_PATH
         ),
         PagesAuth::Loopback => "serve /runs only to this host (loopback, no proxy); plan notes say where the log is instead of linking it (set [gitlab.oauth] for sign-in)".into(),
         PagesAuth::None => "WARNING: serve /runs to ANYONE who can reach it ([pages] auth = \"none\"): every plan of every project can be read without signing in".into(),
@@ -126,7 +129,7 @@ fn check(path: &Path) -> Result<ExitCode> {
     let mut problems = loaded.problems.clone();
     let mut engine = None;
     if let Some(cfg) = &loaded.config {
-        let host = crate::flows::service_check::check_host(&loaded, cfg);
+        let host = crate::flows::cli::serve_check::check_host(&loaded, cfg);
         problems.extend(host.problems);
         engine = host.engine;
     }

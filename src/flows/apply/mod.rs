@@ -23,17 +23,17 @@ use crate::core::redact::Scrubber;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
 use crate::core::repo_config::{RepoConfig, Root};
 use crate::core::summary::Summary;
-use crate::flows::app::App;
-use crate::flows::app::Trust;
-use crate::flows::cpu::cpu_bound;
-use crate::flows::locks::RootGuard;
+use crate::flows::service::app::App;
+use crate::flows::service::app::Trust;
+use crate::flows::service::cpu::cpu_bound;
+use crate::flows::service::locks::RootGuard;
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// The CI/CD component with the manual `planbot-apply` job (served at `/ci/planbot.gitlab-ci.yml`).
-pub const CI_TEMPLATE: &str = include_str!("../../templates/planbot-apply.yml");
+pub const CI_TEMPLATE: &str = include_str!("../../../templates/planbot-apply.yml");
 
 /// The commit status the apply sets on the merged commit.
 pub const APPLY_STATUS: &str = "planbot/apply";
@@ -683,11 +683,11 @@ impl ApplyCtx {
     /// finding refuses the apply (no endpoint configured: nothing to check).
     async fn preflight_refusal(&self, root: &str, plan: &Plan) -> Option<ApplyRefusal> {
         let config = &self.app.config;
-        let endpoint = crate::flows::preflight::endpoint_from_config(
+        let endpoint = crate::flows::review::preflight::endpoint_from_config(
             &config.proxmox.for_apply(),
             &config.engine.env,
         );
-        match crate::flows::preflight::before_apply(endpoint, plan).await {
+        match crate::flows::review::preflight::before_apply(endpoint, plan).await {
             Ok(findings) => {
                 for f in findings {
                     self.log

@@ -1,0 +1,9 @@
+//! One-shot commands of the `planbot` binary: `serve`, `render`, `plan`, `check-config`,
+//! `doctor` and `apply-job` (the CI side of the manual apply).
+pub mod apply_job;
+pub mod check_config;
+pub mod doctor;
+pub mod plan;
+pub mod render;
+pub mod serve;
+pub mod serve_check;

@@ -1,0 +1,292 @@
+//! The plan run of one MR head (design §1), in named stages:
+//! [`prepare`] → [`roots`] → [`note`] → [`record`] → the final status.
+//!
+//! 1. [`prepare::prepare`]: status `planbot/plan` pending → running; mirror fetch;
+//!    `.planbot.toml` from the DEFAULT branch (invalid ⇒ a note saying what is wrong, status
+//!    failed); the commit to plan (GitLab's merge result or the head, said in the note); the
+//!    changed files against the merge base; the checkout and the MR's sandboxed engine.
+//! 2. [`roots::plan_roots`]: per affected root (serialised with other plans/applies of it): the
+//!    engine's plan in a private dir, the Proxmox preflight, lint, a stored run.
+//! 3. [`note::compose_note`] and [`note::upsert_note`]: ONE note, upserted by its marker.
+//! 4. [`record::record`]: runs, fingerprints and digests stored once the note is up.
+//! 5. [`record::final_status`]: success/failed with a one-line description and the run page.
+
+mod note;
+mod prepare;
+mod record;
+mod roots;
+
+pub use note::upsert_note;
+
+use crate::capabilities::gitlab::{CommitStatus, GitLabError, StatusState};
+use crate::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
+use crate::core::events::PlanJob;
+use crate::core::ids::{CommitSha, ProjectId, RunId};
+use crate::core::render::NoteContext;
+use crate::flows::service::app::App;
+use anyhow::Result;
+use prepare::Prepared;
+use roots::Outcome;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The commit status planbot sets for plans.
+pub const STATUS_NAME: &str = "planbot/plan";
+
+fn texts() -> &'static minijinja::Environment<'static> {
+    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = minijinja::Environment::new();
+        env.add_template(
+            "plan_status",
+            include_str!("../../../../templates/plan_status.txt.j2"),
+        )
+        .expect("plan_status template parses");
+        env
+    })
+}
+
+/// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`).
+fn text(kind: &str, ctx: minijinja::Value) -> String {
+    let ctx = minijinja::context! { kind => kind, ..ctx };
+    texts()
+        .get_template("plan_status")
+        .and_then(|t| t.render(ctx))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_else(|e| format!("planbot: {kind} ({e})"))
+}
+
+/// Plan `job` (one MR at one head commit). Stops promptly (killing the engine) when `cancel`
+/// fires: a newer head superseded this one, or the MR was closed.
+pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<()> {
+    let started = Instant::now();
+    let mut runs: Vec<RunId> = Vec::new();
+    let result = plan(app, job, cancel, &mut runs).await;
+    let outcome = match &result {
+        Ok(o) => *o,
+        Err(_) => "error",
+    };
+    app.metrics.plan_finished(started.elapsed(), outcome);
+    if let Err(e) = &result {
+        // Whatever broke, the MR must not keep a `running` status forever.
+        let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+        if runs.is_empty() {
+            // Before any root ran: one failed run for the MR head, so the run pages show why.
+            let run = app
+                .store
+                .start_run(NewRun {
+                    job: None,
+                    kind: RunKind::Plan,
+                    project: job.project,
+                    project_path: job.project_path.clone(),
+                    mr: Some(job.mr),
+                    root: ".".into(),
+                    sha: job.head.clone(),
+                })
+                .await;
+            if let Ok(run) = run {
+                let _ = finish(app, run, RunState::Failed, &error, "", None).await;
+            }
+        }
+        set_status(
+            app,
+            job.project,
+            &job.head,
+            StatusState::Failed,
+            &text("error", minijinja::context! { error => error }),
+            None,
+            None,
+        )
+        .await;
+    }
+    result.map(|_| ())
+}
+
+/// A run that ends before planning, with its outcome label for the metrics.
+struct Stop(pub &'static str);
+
+/// The whole run, stage by stage; returns the outcome label for the metrics.
+async fn plan(
+    app: &App,
+    job: &PlanJob,
+    cancel: &CancellationToken,
+    runs: &mut Vec<RunId>,
+) -> Result<&'static str> {
+    let started = Instant::now();
+    let prepared = match prepare::prepare(app, job).await? {
+        Ok(p) => p,
+        Err(Stop(outcome)) => return Ok(outcome),
+    };
+    let planned = roots::plan_roots(app, job, &prepared, cancel, runs).await?;
+    if cancel.is_cancelled() {
+        return superseded(app, job, &prepared, &planned.results).await;
+    }
+
+    // The note: one scrubber over every known secret, the plans' included.
+    let scrubber = note::scrubber_for(app.config.secrets(), &planned.results);
+    let first_run = planned.results.iter().find_map(|r| match &r.outcome {
+        Outcome::Planned { run, .. } | Outcome::Failed { run, .. } => Some(*run),
+        Outcome::Skipped { .. } => None,
+    });
+    let run_url = first_run.and_then(|r| app.run_url(r));
+    let ctx = NoteContext {
+        sha: Some(prepared.commit.sha.as_str().to_string()),
+        draft: prepared.mr.draft,
+        engine: prepared.version.clone(),
+        duration: Some(started.elapsed()),
+        run_url: run_url.clone(),
+        run_hint: first_run.and_then(|r| app.run_hint(r)),
+        banners: prepared.banners.clone(),
+        preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
+        ..NoteContext::default()
+    };
+    let body = note::compose_note(ctx, &planned.results, &scrubber);
+    note::upsert_note(app, job.project, job.mr, &body).await?;
+
+    let recorded = record::record(app, job, planned.results, &body, &scrubber).await?;
+    drop(prepared.checkout);
+
+    let (state, description) = record::final_status(&recorded);
+    set_status(
+        app,
+        job.project,
+        &job.head,
+        state,
+        &description,
+        run_url,
+        prepared.status_ref,
+    )
+    .await;
+    Ok(if state == StatusState::Success {
+        "success"
+    } else {
+        "failed"
+    })
+}
+
+/// A newer head (or the MR's close) cancelled the run: its planned runs end canceled and the
+/// status says superseded; no note is posted for this head.
+async fn superseded(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    results: &[roots::RootResult],
+) -> Result<&'static str> {
+    for r in results {
+        if let Outcome::Planned { run, .. } = &r.outcome {
+            finish(app, *run, RunState::Canceled, "superseded", "", None).await?;
+        }
+    }
+    set_status(
+        app,
+        job.project,
+        &job.head,
+        StatusState::Canceled,
+        &text("superseded", minijinja::context! {}),
+        None,
+        prepared.status_ref.clone(),
+    )
+    .await;
+    Ok("canceled")
+}
+
+fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
+    r.map_err(|e| {
+        app.metrics.gitlab_error(op);
+        anyhow::Error::new(e).context(op.to_string())
+    })
+}
+
+async fn set_status(
+    app: &App,
+    project: ProjectId,
+    sha: &CommitSha,
+    state: StatusState,
+    description: &str,
+    target_url: Option<String>,
+    ref_: Option<String>,
+) {
+    let status = CommitStatus {
+        state,
+        name: STATUS_NAME.into(),
+        description: Some(app.scrubber.scrub(description).into_owned()),
+        target_url,
+        ref_,
+        pipeline_id: None,
+    };
+    if let Err(e) = app.gitlab.set_commit_status(project, sha, &status).await {
+        app.metrics.gitlab_error("set_commit_status");
+        tracing::warn!(project = project.0, sha = %sha.short(), error = %e, "could not set the commit status");
+    }
+}
+
+async fn finish(
+    app: &App,
+    run: RunId,
+    state: RunState,
+    summary: &str,
+    log: &str,
+    note: Option<String>,
+) -> Result<()> {
+    app.store
+        .finish_run(
+            run,
+            RunEnd {
+                state,
+                summary: Some(app.scrubber.scrub(summary).into_owned()),
+                log: app.scrubber.scrub(log).into_owned(),
+                note_markdown: note,
+                fingerprint: None,
+            },
+        )
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minijinja::context;
+
+    #[test]
+    fn status_and_commit_texts_come_from_the_template() {
+        let all = [
+            text("queued", context! {}),
+            text("planning", context! { roots => "" }),
+            text("superseded", context! {}),
+            text("no_root", context! {}),
+            text(
+                "error",
+                context! { error => "fetching the repository: git fetch failed" },
+            ),
+            text(
+                "invalid_config",
+                context! { file => ".planbot.toml", branch => "main", problem => "line 3, column 1: key `roots[0].directory`: unknown key" },
+            ),
+            text(
+                "result",
+                context! { roots => vec![
+                    context! { name => "core", state => "planned", summary => "1 to add, 0 to change, 0 to destroy" },
+                    context! { name => "dns", state => "failed" },
+                    context! { name => "edge", state => "errored" },
+                ] },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "merge", sha => "5717fb1e", head => "e4cd905a", target => "main", reason => None::<String> },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => "the MR has conflicts, or GitLab has not computed its merge result yet" },
+            ),
+            text(
+                "commit_line",
+                context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => None::<String> },
+            ),
+        ];
+        for t in &all {
+            assert!(!t.is_empty() && !t.contains('\n'), "one line each: {t:?}");
+            assert!(t.chars().count() <= 255 || t.starts_with('_'), "{t}");
+        }
+        insta::assert_snapshot!("plan_status_texts", all.join("\n"));
+    }
+}

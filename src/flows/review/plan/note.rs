@@ -1,0 +1,114 @@
+//! Stage 3 of a plan run: render the ONE plan note from every root's result (scrubbed of every
+//! known secret, the plans' own included) and create or edit it on the MR.
+
+use super::gl;
+use super::roots::{Outcome, RootResult};
+use crate::capabilities::gitlab::GitLabError;
+use crate::core::ids::{MrIid, NoteId, ProjectId};
+use crate::core::redact::{Scrubber, Secrets};
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
+use crate::flows::service::app::App;
+use crate::flows::service::cpu::cpu_bound;
+use anyhow::Result;
+
+/// The scrubber for the note and the stored logs: every configured secret plus every value the
+/// plans marked sensitive.
+pub(super) fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> Scrubber {
+    let mut secrets = Secrets::new();
+    secrets.extend(configured);
+    for r in results {
+        if let Outcome::Planned { planned, .. } = &r.outcome {
+            secrets.extend(planned.secrets().iter().map(str::to_string));
+        }
+    }
+    cpu_bound(|| secrets.scrubber())
+}
+
+/// The note's Markdown for these results; `ctx` carries the header (commit, engine, banners,
+/// run link); the errored plans' logs are added to it here, scrubbed.
+pub(super) fn compose_note(
+    mut ctx: NoteContext,
+    results: &[RootResult],
+    scrubber: &Scrubber,
+) -> String {
+    for r in results {
+        if let Outcome::Planned { planned, .. } = &r.outcome {
+            if planned.plan().errored {
+                ctx.plan_errors
+                    .insert(r.name.clone(), scrubber.scrub(planned.log()).into_owned());
+            }
+        }
+    }
+    let sections: Vec<RootSection<'_>> = results
+        .iter()
+        .map(|r| RootSection {
+            name: r.name.clone(),
+            outcome: match &r.outcome {
+                Outcome::Planned {
+                    planned,
+                    findings,
+                    fingerprint,
+                    ..
+                } => RootOutcome::Planned {
+                    plan: planned.plan(),
+                    findings,
+                    fingerprint,
+                },
+                Outcome::Failed { error, .. } => RootOutcome::Failed {
+                    error: error.clone(),
+                },
+                Outcome::Skipped { reason } => RootOutcome::Skipped {
+                    reason: reason.clone(),
+                },
+            },
+        })
+        .collect();
+    cpu_bound(|| render_note(&ctx, &sections, scrubber))
+}
+
+/// Create the ONE note once, then edit it: by the stored id, else found again by its marker
+/// (the stored id was lost), else re-created (a user deleted it).
+pub async fn upsert_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -> Result<NoteId> {
+    if let Some(id) = app.store.mr_note(project, mr).await? {
+        match app.gitlab.edit_mr_note(project, mr, id, body).await {
+            Ok(n) => return Ok(n.id),
+            Err(GitLabError::NotFound) => {
+                tracing::info!(
+                    project = project.0,
+                    mr = mr.0,
+                    "the plan note was deleted: posting it again"
+                );
+            }
+            Err(e) => return gl(app, "edit_mr_note", Err(e)),
+        }
+    }
+    let bot = app.bot_user().await.ok();
+    let notes = gl(app, "mr_notes", app.gitlab.mr_notes(project, mr).await)?;
+    let ours = notes.iter().rev().find(|n| {
+        n.body.starts_with(NOTE_MARKER) && (bot.is_none() || n.author.as_ref().map(|a| a.id) == bot)
+    });
+    let id = match ours {
+        Some(n) => match app.gitlab.edit_mr_note(project, mr, n.id, body).await {
+            Ok(n) => n.id,
+            Err(GitLabError::NotFound) => {
+                gl(
+                    app,
+                    "create_mr_note",
+                    app.gitlab.create_mr_note(project, mr, body).await,
+                )?
+                .id
+            }
+            Err(e) => return gl(app, "edit_mr_note", Err(e)),
+        },
+        None => {
+            gl(
+                app,
+                "create_mr_note",
+                app.gitlab.create_mr_note(project, mr, body).await,
+            )?
+            .id
+        }
+    };
+    app.store.set_mr_note(project, mr, id).await?;
+    Ok(id)
+}

@@ -1,0 +1,214 @@
+//! Stage 1 of a plan run: the MR is still open at this head, the statuses say queued then
+//! planning, the mirror is fetched, the repo config is read from the DEFAULT branch, and the
+//! commit to plan, the changed files, the checkout and the MR's engine are ready.
+
+use super::{gl, set_status, text, Stop};
+use crate::capabilities::engine::Engine;
+use crate::capabilities::gitlab::{MergeRequest, StatusState};
+use crate::capabilities::workspace::{Checkout, MrCommit, PlannedRef};
+use crate::core::events::PlanJob;
+use crate::core::ids::NoteId;
+use crate::core::render::NOTE_MARKER;
+use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
+use crate::flows::service::app::{App, Trust};
+use anyhow::{Context, Result};
+
+/// Everything the later stages need, once the run is known to go ahead.
+pub(super) struct Prepared {
+    pub mr: MergeRequest,
+    /// The branch the commit statuses are set on (GitLab picks one when absent).
+    pub status_ref: Option<String>,
+    /// `group/project`, for the run pages.
+    pub project_path: Option<String>,
+    pub config: RepoConfig,
+    pub commit: MrCommit,
+    pub changed: Vec<String>,
+    /// Lines above the plans: which commit was planned, a config preview, the sandbox banner.
+    pub banners: Vec<String>,
+    pub checkout: Checkout,
+    pub engine: Engine,
+    /// The engine's version line for the note, when it could be read.
+    pub version: Option<String>,
+}
+
+/// Stage 1: check, announce, fetch and check out. `Err(Stop)` ends the run early with its
+/// outcome label (the MR moved on or closed, or the repo config is invalid and said so).
+pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared, Stop>> {
+    let project = job.project;
+    let iid = job.mr;
+    let mr: MergeRequest = gl(
+        app,
+        "merge_request",
+        app.gitlab.merge_request(project, iid).await,
+    )?;
+    if mr.state != "opened" {
+        tracing::info!(project = project.0, mr = iid.0, state = %mr.state, "not planning: the MR is not open");
+        return Ok(Err(Stop("skipped")));
+    }
+    if mr.sha.as_ref().is_some_and(|s| s != &job.head) {
+        tracing::info!(
+            project = project.0,
+            mr = iid.0,
+            "not planning: the MR has a newer head"
+        );
+        return Ok(Err(Stop("superseded")));
+    }
+    let status_ref = Some(mr.source_branch.clone()).filter(|s| !s.is_empty());
+    let head = &job.head;
+    set_status(
+        app,
+        project,
+        head,
+        StatusState::Pending,
+        &text("queued", minijinja::context! {}),
+        None,
+        status_ref.clone(),
+    )
+    .await;
+
+    let info = gl(
+        app,
+        "project",
+        app.gitlab.project(&project.to_string()).await,
+    )?;
+    let default_branch = info.default_branch.clone().unwrap_or_else(|| "main".into());
+    let target = job
+        .target_branch
+        .clone()
+        .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
+        .unwrap_or_else(|| default_branch.clone());
+
+    // The shared workspace: its per-project lock keeps concurrent plans from racing on the mirror.
+    let ws = &app.workspace;
+    ws.sync(project, &info.http_url_to_repo)
+        .await
+        .context("fetching the repository")?;
+    set_status(
+        app,
+        project,
+        head,
+        StatusState::Running,
+        &text("planning", minijinja::context! { roots => "" }),
+        None,
+        status_ref.clone(),
+    )
+    .await;
+
+    // The repo config comes from the default branch only.
+    let config_text = ws
+        .read_file_at(
+            project,
+            &format!("refs/heads/{default_branch}"),
+            repo_config::FILE_NAME,
+        )
+        .await?
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
+    let config = match RepoConfig::from_optional(config_text.as_deref()) {
+        Ok(c) => c,
+        Err(err) => {
+            invalid_config(app, job, &default_branch, &err, status_ref).await?;
+            return Ok(Err(Stop("failed")));
+        }
+    };
+
+    let commit = ws
+        .mr_commit(
+            project,
+            iid,
+            head,
+            &target,
+            config.plan.checkout == CheckoutMode::Merge,
+        )
+        .await?;
+    let base = ws
+        .branch_head(project, &target)
+        .await?
+        .with_context(|| format!("the target branch `{target}` does not exist"))?;
+    let changed = ws.changed_files(project, &base, head).await?;
+
+    let mut banners = vec![text(
+        "commit_line",
+        minijinja::context! {
+            planned => if commit.planned == PlannedRef::Merge { "merge" } else { "head" },
+            sha => commit.sha.short(),
+            head => commit.head.short(),
+            target => &target,
+            reason => &commit.reason,
+        },
+    )];
+    if changed.iter().any(|f| f == repo_config::FILE_NAME) {
+        let proposed = ws
+            .read_file_at(project, head.as_str(), repo_config::FILE_NAME)
+            .await?
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let preview: Result<RepoConfig, RepoConfigError> = match proposed {
+            Some(t) => RepoConfig::parse(&t),
+            None => Ok(RepoConfig::absent()),
+        };
+        banners.push(repo_config::render_preview(&preview, &default_branch));
+    }
+
+    let checkout = ws.checkout(project, &commit.sha).await?;
+    let engine = app.engine(Trust::MergeRequest {
+        project,
+        mr: job.mr,
+    })?;
+    let version = engine.version().await.ok().map(|v| v.to_string());
+    banners.extend(crate::flows::confinement::sandbox::note_banner(
+        engine.sandbox(),
+    ));
+    Ok(Ok(Prepared {
+        mr,
+        status_ref,
+        project_path: job
+            .project_path
+            .clone()
+            .or_else(|| Some(info.path_with_namespace.clone())),
+        config,
+        commit,
+        changed,
+        banners,
+        checkout,
+        engine,
+        version,
+    }))
+}
+
+/// The default branch's `.planbot.toml` is invalid: say what is wrong, plan nothing.
+async fn invalid_config(
+    app: &App,
+    job: &PlanJob,
+    default_branch: &str,
+    err: &RepoConfigError,
+    status_ref: Option<String>,
+) -> Result<NoteId> {
+    let body = format!(
+        "{NOTE_MARKER}\n{}",
+        app.scrubber
+            .scrub(&repo_config::render_error_note(default_branch, err))
+    );
+    let note = super::note::upsert_note(app, job.project, job.mr, &body).await?;
+    let first = err
+        .problems
+        .first()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    set_status(
+        app,
+        job.project,
+        &job.head,
+        StatusState::Failed,
+        &text(
+            "invalid_config",
+            minijinja::context! {
+                file => repo_config::FILE_NAME,
+                branch => default_branch,
+                problem => first,
+            },
+        ),
+        None,
+        status_ref,
+    )
+    .await;
+    Ok(note)
+}

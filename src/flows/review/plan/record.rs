@@ -1,0 +1,185 @@
+//! Stage 4 and 5 of a plan run: once the note that shows them is up, store every run's end,
+//! the fingerprints and digests of the clean plans; then decide the commit status from what
+//! was recorded.
+
+use super::roots::{Outcome, RootResult};
+use super::text;
+use crate::capabilities::gitlab::StatusState;
+use crate::capabilities::store::{RunEnd, RunState, ShownFingerprint};
+use crate::core::events::PlanJob;
+use crate::core::lint::{self, Finding};
+use crate::core::plan_digest::PlanDigest;
+use crate::core::redact::Scrubber;
+use crate::core::summary::Summary;
+use crate::flows::service::app::App;
+use anyhow::Result;
+
+/// What the final status is decided from.
+#[derive(Default)]
+pub(super) struct Recorded {
+    /// Roots whose plan failed or errored.
+    pub failed: usize,
+    /// Roots planned (errored or not).
+    pub planned: usize,
+    /// Every finding of every planned root.
+    pub findings: Vec<Finding>,
+    /// `{name, state, summary}` per planned or failed root, for the status description.
+    pub roots: Vec<minijinja::Value>,
+}
+
+/// Stage 4: finish every run (its summary, scrubbed log and the note) and, for the clean plans,
+/// store the fingerprint shown on the MR and the secret-free digest a refused apply compares
+/// with. The plan files go away as the results are consumed.
+pub(super) async fn record(
+    app: &App,
+    job: &PlanJob,
+    results: Vec<RootResult>,
+    note: &str,
+    scrubber: &Scrubber,
+) -> Result<Recorded> {
+    let key = app.config.fingerprint_key.expose().as_bytes();
+    let mut rec = Recorded::default();
+    for r in results {
+        match r.outcome {
+            Outcome::Planned {
+                run,
+                planned,
+                findings,
+                fingerprint,
+            } => {
+                rec.planned += 1;
+                let errored = planned.plan().errored;
+                let summary = Summary::of(planned.plan()).one_line();
+                let log = scrubber.scrub(planned.log()).into_owned();
+                let state = if errored {
+                    RunState::Failed
+                } else {
+                    RunState::Succeeded
+                };
+                app.store
+                    .finish_run(
+                        run,
+                        RunEnd {
+                            state,
+                            summary: Some(summary.clone()),
+                            log,
+                            note_markdown: Some(note.to_string()),
+                            fingerprint: (!errored).then(|| fingerprint.clone()),
+                        },
+                    )
+                    .await?;
+                if errored {
+                    rec.failed += 1;
+                    rec.roots
+                        .push(minijinja::context! { name => &r.name, state => "errored" });
+                } else {
+                    app.store
+                        .record_fingerprint(ShownFingerprint {
+                            project: job.project,
+                            mr: job.mr,
+                            root: r.name.clone(),
+                            sha: job.head.clone(),
+                            fingerprint,
+                            run: Some(run),
+                        })
+                        .await?;
+                    // The secret-free digest, so a refused apply can show what changed.
+                    let digest = PlanDigest::of(planned.plan(), key);
+                    app.store
+                        .record_digest(job.project, job.mr, &r.name, &job.head, &digest)
+                        .await?;
+                    rec.roots.push(minijinja::context! { name => &r.name, state => "planned", summary => summary });
+                }
+                rec.findings.extend(findings);
+                drop(planned); // the plan file goes with it
+            }
+            Outcome::Failed { .. } => {
+                rec.failed += 1;
+                rec.roots
+                    .push(minijinja::context! { name => &r.name, state => "failed" });
+            }
+            Outcome::Skipped { .. } => {}
+        }
+    }
+    Ok(rec)
+}
+
+/// Stage 5's decision: failed when a root failed or a lint error blocks the apply, else success
+/// (saying so when no root was affected); the description is one line.
+pub(super) fn final_status(rec: &Recorded) -> (StatusState, String) {
+    if rec.failed > 0 {
+        (
+            StatusState::Failed,
+            text("result", minijinja::context! { roots => &rec.roots }),
+        )
+    } else if let Some(lint_error) = lint::status_description(&rec.findings) {
+        (StatusState::Failed, lint_error)
+    } else if rec.planned == 0 {
+        (
+            StatusState::Success,
+            text("no_root", minijinja::context! {}),
+        )
+    } else {
+        (
+            StatusState::Success,
+            text("result", minijinja::context! { roots => &rec.roots }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::lint::Severity;
+
+    fn planned(name: &str) -> minijinja::Value {
+        minijinja::context! { name => name, state => "planned", summary => "1 to add, 0 to change, 0 to destroy" }
+    }
+
+    #[test]
+    fn a_failed_root_fails_the_status_and_names_the_root() {
+        let rec = Recorded {
+            failed: 1,
+            planned: 1,
+            findings: vec![],
+            roots: vec![
+                planned("core"),
+                minijinja::context! { name => "dns", state => "failed" },
+            ],
+        };
+        let (state, text) = final_status(&rec);
+        assert_eq!(state, StatusState::Failed);
+        assert!(text.contains("dns") && text.contains("core"), "{text}");
+    }
+
+    #[test]
+    fn nothing_affected_is_a_success_that_says_so() {
+        let (state, text) = final_status(&Recorded::default());
+        assert_eq!(state, StatusState::Success);
+        assert_eq!(text, super::text("no_root", minijinja::context! {}));
+    }
+
+    #[test]
+    fn a_lint_error_fails_an_otherwise_clean_plan() {
+        let clean = Recorded {
+            planned: 1,
+            roots: vec![planned("core")],
+            ..Recorded::default()
+        };
+        assert_eq!(final_status(&clean).0, StatusState::Success);
+        let finding = Finding {
+            rule: "PVE001",
+            severity: Severity::Error,
+            address: "proxmox_virtual_environment_vm.web".into(),
+            message: "the VM's disk is on a storage the node does not have".into(),
+            fix: "move the disk".into(),
+        };
+        let blocked = Recorded {
+            findings: vec![finding],
+            ..clean
+        };
+        let (state, text) = final_status(&blocked);
+        assert_eq!(state, StatusState::Failed);
+        assert_eq!(Some(text), lint::status_description(&blocked.findings));
+    }
+}

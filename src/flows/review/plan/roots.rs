@@ -1,0 +1,172 @@
+//! Stage 2 of a plan run: plan every affected root of the repo config, one at a time under the
+//! root's lock, each in its own stored run: the engine, then the Proxmox preflight and the lint.
+
+use super::{finish, Prepared};
+use crate::capabilities::engine::{CancelHandle, EngineError, PlanRequest, PlannedRun};
+use crate::capabilities::store::{NewRun, RunKind, RunState};
+use crate::core::events::PlanJob;
+use crate::core::fingerprint::Fingerprint;
+use crate::core::ids::RunId;
+use crate::core::lint::{self, Finding};
+use crate::flows::review::preflight;
+use crate::flows::service::app::App;
+use crate::flows::service::cpu::cpu_bound;
+use anyhow::Result;
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+
+/// One root's result, kept until the note is rendered and the runs are recorded.
+pub(super) enum Outcome {
+    Planned {
+        run: RunId,
+        planned: Box<PlannedRun>,
+        findings: Vec<Finding>,
+        fingerprint: Fingerprint,
+    },
+    Failed {
+        run: RunId,
+        error: String,
+    },
+    Skipped {
+        reason: String,
+    },
+}
+
+pub(super) struct RootResult {
+    pub name: String,
+    pub outcome: Outcome,
+}
+
+/// What stage 2 hands on: every root's result, in the repo config's order, and the preflight's
+/// one-line notes (each once).
+pub(super) struct RootsPlanned {
+    pub results: Vec<RootResult>,
+    pub preflight_notes: Vec<String>,
+}
+
+/// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
+/// reason. Stops between roots, and kills the engine within a root, when `cancel` fires. Every
+/// run started is pushed to `runs` as soon as it exists, so a failure later still closes it.
+pub(super) async fn plan_roots(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    cancel: &CancellationToken,
+    runs: &mut Vec<RunId>,
+) -> Result<RootsPlanned> {
+    // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
+    let (handle, token) = CancelHandle::new();
+    let watcher = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            handle.cancel();
+        })
+    };
+    let key = app.config.fingerprint_key.expose().as_bytes();
+    let mut results: Vec<RootResult> = Vec::new();
+    // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
+    // so, when no endpoint is configured.
+    let mut preflight_notes: Vec<String> = Vec::new();
+    let pve =
+        preflight::endpoint_from_config(&app.config.proxmox.for_plan(), &app.config.engine.env);
+    let checkout = prepared.checkout.path();
+    for decision in prepared.config.decide(&prepared.changed) {
+        let root = decision.root;
+        if !decision.affected {
+            results.push(RootResult {
+                name: root.name.clone(),
+                outcome: Outcome::Skipped {
+                    reason: decision.reason.clone(),
+                },
+            });
+            continue;
+        }
+        if cancel.is_cancelled() {
+            break;
+        }
+        let _guard = app.root_locks.lock(job.project, &root.name).await;
+        let run = app
+            .store
+            .start_run(NewRun {
+                job: None,
+                kind: RunKind::Plan,
+                project: job.project,
+                project_path: prepared.project_path.clone(),
+                mr: Some(job.mr),
+                root: root.name.clone(),
+                sha: job.head.clone(),
+            })
+            .await?;
+        runs.push(run);
+        let dir: PathBuf = if root.dir == "." {
+            checkout.to_path_buf()
+        } else {
+            checkout.join(&root.dir)
+        };
+        let req = PlanRequest {
+            var_files: root.var_files.iter().map(PathBuf::from).collect(),
+            workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
+            extra_secrets: app.config.secrets(),
+            cancel: Some(token.clone()),
+            worktree: Some(checkout.to_path_buf()),
+            ..PlanRequest::default()
+        };
+        let outcome = if !dir.is_dir() {
+            let error = format!(
+                "the root directory `{}` does not exist at {}",
+                root.dir,
+                prepared.commit.sha.short()
+            );
+            finish(app, run, RunState::Failed, &error, "", None).await?;
+            Outcome::Failed { run, error }
+        } else {
+            match prepared.engine.plan(&dir, &req).await {
+                Ok(planned) => {
+                    let pf = preflight::for_plan(pve.clone(), planned.plan()).await;
+                    let mut facts = pf.lint_facts.clone();
+                    facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
+                        &app.config,
+                    ));
+                    let (mut findings, fingerprint) = cpu_bound(|| {
+                        (
+                            lint::lint_with(planned.plan(), &root.lint_disable, &facts),
+                            planned.fingerprint(key),
+                        )
+                    });
+                    findings.extend(lint::without_disabled(pf.findings, &root.lint_disable));
+                    lint::sort_findings(&mut findings);
+                    if !preflight_notes.contains(&pf.note) {
+                        preflight_notes.push(pf.note);
+                    }
+                    Outcome::Planned {
+                        run,
+                        planned: Box::new(planned),
+                        findings,
+                        fingerprint,
+                    }
+                }
+                Err(e) => {
+                    let state = if matches!(e, EngineError::Cancelled { .. }) {
+                        RunState::Canceled
+                    } else {
+                        RunState::Failed
+                    };
+                    let error = app.scrubber.scrub(&e.report(60)).into_owned();
+                    let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
+                    finish(app, run, state, &e.to_string(), &log, None).await?;
+                    Outcome::Failed { run, error }
+                }
+            }
+        };
+        results.push(RootResult {
+            name: root.name.clone(),
+            outcome,
+        });
+    }
+    watcher.abort();
+    Ok(RootsPlanned {
+        results,
+        preflight_notes,
+    })
+}

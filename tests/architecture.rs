@@ -1,0 +1,314 @@
+//! The layout is the architecture: no import cycles between modules, the layers point one way
+//! (flows → capabilities → core), every file says what it is for, and `docs/architecture.md`
+//! names only modules that exist.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Every module of the crate (`flows::service::app`) and the file that holds it.
+fn modules() -> BTreeMap<String, PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let src = Path::new(ROOT).join("src");
+    let mut files = Vec::new();
+    walk(&src, &mut files);
+    let mut mods = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|l| l == "mod") {
+            parts.pop();
+        }
+        if parts == ["lib"] || parts == ["main"] {
+            continue;
+        }
+        mods.insert(parts.join("::"), f);
+    }
+    mods
+}
+
+/// The code of a file without comments and without its `#[cfg(test)]` module.
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let text = match text.find("#[cfg(test)]") {
+        Some(i) => &text[..i],
+        None => &text[..],
+    };
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The longest module that `path` (`a::b::c::Item`) names, if any.
+fn resolve<'a>(mods: &'a BTreeMap<String, PathBuf>, path: &str) -> Option<&'a str> {
+    let mut parts: Vec<&str> = path.split("::").collect();
+    while !parts.is_empty() {
+        if let Some((k, _)) = mods.get_key_value(&parts.join("::")) {
+            return Some(k.as_str());
+        }
+        parts.pop();
+    }
+    None
+}
+
+/// Every `crate::…` path in `code`, with `use crate::a::{b, c::D}` groups expanded one level.
+fn crate_paths(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(rest.len());
+        let path = rest[..end].trim_end_matches(':');
+        if rest[end..].starts_with('{') && rest[..end].ends_with("::") {
+            let close = rest[end..].find('}').map(|j| end + j).unwrap_or(rest.len());
+            for item in rest[end + 1..close].split(',') {
+                let item = item
+                    .split(" as ")
+                    .next()
+                    .unwrap()
+                    .trim()
+                    .trim_start_matches('{');
+                if !item.is_empty() {
+                    out.push(format!("{path}::{item}"));
+                }
+            }
+        }
+        out.push(path.to_string());
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// Module → modules it uses (a child using its parent is not an edge: that is nesting).
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let mods = modules();
+    let mut g = BTreeMap::new();
+    for (m, file) in &mods {
+        let mut deps = BTreeSet::new();
+        for p in crate_paths(&code(file)) {
+            if let Some(t) = resolve(&mods, &p) {
+                if t != m && !m.starts_with(&format!("{t}::")) {
+                    deps.insert(t.to_string());
+                }
+            }
+        }
+        g.insert(m.clone(), deps);
+    }
+    g
+}
+
+/// Strongly connected components with more than one module (Tarjan).
+fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct T<'a> {
+        g: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        next: usize,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        t.index.insert(v, t.next);
+        t.low.insert(v, t.next);
+        t.next += 1;
+        t.stack.push(v);
+        t.on.insert(v);
+        let g = t.g;
+        for w in &g[v] {
+            let w = w.as_str();
+            if !t.index.contains_key(w) {
+                visit(t, w);
+                let lw = t.low[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if t.on.contains(w) {
+                let iw = t.index[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut comp = Vec::new();
+            loop {
+                let w = t.stack.pop().unwrap();
+                t.on.remove(w);
+                comp.push(w.to_string());
+                if w == v {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                comp.sort();
+                t.out.push(comp);
+            }
+        }
+    }
+    let mut t = T {
+        g,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in g.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+#[test]
+fn no_module_imports_a_module_that_imports_it_back() {
+    let found = cycles(&graph());
+    assert!(
+        found.is_empty(),
+        "import cycles between modules (each line is one cycle):\n{}",
+        found
+            .iter()
+            .map(|c| c.join(" ↔ "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn the_cycle_check_sees_a_cycle() {
+    let mut g = BTreeMap::new();
+    g.insert("a".to_string(), BTreeSet::from(["b".to_string()]));
+    g.insert("b".to_string(), BTreeSet::from(["c".to_string()]));
+    g.insert("c".to_string(), BTreeSet::from(["a".to_string()]));
+    g.insert("d".to_string(), BTreeSet::from(["a".to_string()]));
+    assert_eq!(cycles(&g), vec![vec!["a", "b", "c"]]);
+    let paths = crate_paths(
+        "use crate::flows::service::{app::App, queue};\nlet x = crate::core::ids::RunId(1);",
+    );
+    assert!(
+        paths.contains(&"flows::service::app::App".to_string()),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&"flows::service::queue".to_string()),
+        "{paths:?}"
+    );
+    assert!(paths.contains(&"core::ids::RunId".to_string()), "{paths:?}");
+}
+
+#[test]
+fn layers_point_one_way() {
+    let layer = |m: &str| match m.split("::").next().unwrap() {
+        "flows" => 2,
+        "capabilities" => 1,
+        "core" => 0,
+        other => panic!("a module outside the three layers: {other}"),
+    };
+    let mut wrong = Vec::new();
+    for (m, deps) in graph() {
+        for d in deps {
+            if layer(&d) > layer(&m) {
+                wrong.push(format!("{m} → {d}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a lower layer uses a higher one:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn every_file_says_what_it_is_for_and_every_folder_what_lives_in_it() {
+    let mut missing = Vec::new();
+    for (m, file) in modules() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        if !text.starts_with("//!") {
+            missing.push(format!("{m}: no `//!` line at the top"));
+        }
+        if file.ends_with("mod.rs") {
+            let doc = text.lines().take_while(|l| l.starts_with("//!")).count();
+            if doc < 2 {
+                missing.push(format!(
+                    "{m}: a folder's mod.rs says in two lines what lives in it"
+                ));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
+fn the_architecture_page_names_only_modules_that_exist() {
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/architecture.md")).unwrap();
+    let mods = modules();
+    let mut named = BTreeSet::new();
+    for token in page.split('`').skip(1).step_by(2) {
+        let token = token.trim();
+        let first = token.split("::").next().unwrap_or("");
+        if matches!(first, "flows" | "capabilities" | "core") && token.contains("::") {
+            named.insert(token.to_string());
+        }
+    }
+    assert!(
+        named.len() >= 20,
+        "the page names the modules in backticks: {named:?}"
+    );
+    // `flows::service::app::App` names an item of a module: the module must exist and define it.
+    let unknown: Vec<_> = named
+        .iter()
+        .filter(|t| match resolve(&mods, t) {
+            None => true,
+            Some(m) => {
+                let item = t[m.len()..].trim_start_matches("::");
+                !item.is_empty()
+                    && (item.contains("::") || {
+                        let text = std::fs::read_to_string(&mods[m]).unwrap();
+                        ![
+                            "struct ", "enum ", "fn ", "trait ", "const ", "type ", "mod ",
+                        ]
+                        .iter()
+                        .any(|k| text.contains(&format!("{k}{item}")))
+                    })
+            }
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "docs/architecture.md names modules that do not exist: {unknown:?}"
+    );
+    let unnamed: Vec<_> = mods
+        .keys()
+        .filter(|m| m.matches("::").count() == 1 || m.starts_with("flows::"))
+        .filter(|m| {
+            !named
+                .iter()
+                .any(|n| n == *m || n.starts_with(&format!("{m}::")))
+        })
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "modules missing from docs/architecture.md's map: {unnamed:?}"
+    );
+}
