@@ -151,6 +151,12 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every text comes from `templates/`: a broken template stops planbot here, not on the
+    // first webhook.
+    if let Err(e) = planbot::core::templates::check() {
+        eprintln!("planbot: templates/ are broken: {e:#}");
+        return ExitCode::from(1);
+    }
     let result = match cli.command {
         Command::Serve { config, check } => planbot::flows::cli::serve::main(&config, check),
         Command::Render {

@@ -1,7 +1,8 @@
 //! The Proxmox plan lint rules against bpg-shaped `show -json` fixtures: each rule fires
 //! exactly where the catalogue says, stays silent otherwise, and tells the user what to paste.
 
-use planbot::core::lint::{self, Facts, Finding, Severity};
+use planbot::core::findings::{self, Facts, Finding, Severity};
+use planbot::core::lint;
 use planbot::core::plan::Plan;
 use std::path::PathBuf;
 
@@ -65,7 +66,7 @@ fn talos_raw_xz_with_decompression_for_import_is_two_errors() {
             ("PVE003", "proxmox_download_file.talos"),
         ])
     );
-    assert!(lint::has_errors(&findings));
+    assert!(findings::has_errors(&findings));
     let text = as_text(&findings);
     assert!(
         text.contains("`nocloud-amd64.raw.xz` (named after the URL)"),

@@ -4,7 +4,7 @@
 mod support;
 
 use planbot::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
-use planbot::core::lint::{Finding, Severity};
+use planbot::core::findings::{Finding, Severity};
 use planbot::core::plan::Plan;
 use planbot::core::preflight;
 use planbot::flows::review::preflight::preflight;

@@ -3,8 +3,8 @@
 //! shape (`tests/fixtures/plans/handmade.py`: imports, drift, unknown actions, Proxmox resources).
 //! Every note is also checked for well-formed Markdown (fences, `<details>`, table rows, marker).
 
+use planbot::core::findings::{Finding, Severity};
 use planbot::core::fingerprint::Fingerprint;
-use planbot::core::lint::{Finding, Severity};
 use planbot::core::plan::Plan;
 use planbot::core::redact::{Scrubber, Secrets};
 use planbot::core::render::{

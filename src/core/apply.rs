@@ -5,9 +5,7 @@
 
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, JobId, ProjectId};
-use minijinja::Environment;
 use serde::Serialize;
-use std::sync::OnceLock;
 
 /// What GitLab told us about the job behind a `CI_JOB_TOKEN` (`GET /api/v4/job`), plus the facts
 /// about the project and branch that the checks compare it with.
@@ -119,21 +117,12 @@ impl std::fmt::Display for ApplyRefusal {
 
 impl std::error::Error for ApplyRefusal {}
 
-const REFUSAL_TEMPLATE: &str = include_str!("../../templates/apply/refusal.j2");
-
 fn render_refusal(which: &str, refusal: &ApplyRefusal) -> String {
-    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
-    let env = ENV.get_or_init(|| {
-        let mut env = Environment::new();
-        env.add_template("refusal", REFUSAL_TEMPLATE)
-            .expect("templates/apply/refusal.j2 parses");
-        env
-    });
-    let rendered = env.get_template("refusal").and_then(|t| {
-        t.render_captured(())?
-            .state()
-            .call_macro(which, &[minijinja::Value::from_serialize(refusal)])
-    });
+    let rendered = crate::core::templates::call_macro(
+        "apply/refusal.j2",
+        which,
+        &minijinja::Value::from_serialize(refusal),
+    );
     match rendered {
         Ok(text) => text.split_whitespace().collect::<Vec<_>>().join(" "),
         Err(e) => format!("apply refused ({}; template error: {e})", refusal.check()),

@@ -3,27 +3,8 @@
 use crate::core::plan_digest::PlanDelta;
 use crate::core::redact::Scrubber;
 use crate::core::render::markdown::fence_for;
-use minijinja::{context, Environment};
+use minijinja::context;
 use serde::Serialize;
-use std::sync::OnceLock;
-
-fn env() -> &'static Environment<'static> {
-    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = Environment::new();
-        env.add_template(
-            "plan_changed",
-            include_str!("../../templates/apply/plan_changed.md.j2"),
-        )
-        .expect("templates/apply/plan_changed.md.j2 parses");
-        env.add_template(
-            "result_note",
-            include_str!("../../templates/apply/result_note.md.j2"),
-        )
-        .expect("templates/apply/result_note.md.j2 parses");
-        env
-    })
-}
 
 /// What the plan-changed note needs.
 pub struct PlanChangedNote<'a> {
@@ -41,8 +22,7 @@ pub struct PlanChangedNote<'a> {
 pub fn render_plan_changed(note: &PlanChangedNote<'_>, scrubber: &Scrubber) -> String {
     let delta_text = serde_json::to_string(note.delta).unwrap_or_default();
     let fence = fence_for(&delta_text);
-    let out = env()
-        .get_template("plan_changed")
+    let out = crate::core::templates::get("apply/plan_changed.md.j2")
         .and_then(|t| {
             t.render(context! {
                 root => note.root,
@@ -98,8 +78,7 @@ pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
         note.error.unwrap_or(""),
         note.log_excerpt.unwrap_or("")
     ));
-    let out = env()
-        .get_template("result_note")
+    let out = crate::core::templates::get("apply/result_note.md.j2")
         .and_then(|t| {
             t.render(context! {
                 outcome => note.outcome,

@@ -1,10 +1,11 @@
-//! Pure core: events, config, plan model, redaction, fingerprint, rendering, lint rules.
-//! No I/O, no async: everything here is a function of its arguments.
+//! Pure core: events, config, plan model, redaction, fingerprint, rendering and its templates, lint
+//! and preflight findings. No I/O, no async.
 pub mod apply;
 pub mod apply_note;
 pub mod config;
 pub mod engine_kind;
 pub mod events;
+pub mod findings;
 pub mod fingerprint;
 pub mod ids;
 pub mod lint;
@@ -13,8 +14,10 @@ pub mod plan;
 pub mod plan_digest;
 pub mod preflight;
 pub mod pve_access;
+pub mod pve_model;
 pub mod redact;
 pub mod render;
 pub mod repo_config;
 pub mod summary;
+pub mod templates;
 pub mod webhook;

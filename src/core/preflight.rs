@@ -3,10 +3,10 @@
 //!
 //! The fetching (read-only API calls) lives in `flows::review::preflight`.
 
-use crate::core::lint::model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
-use crate::core::lint::{finding_with, render_macro, sort_findings, Finding, Severity};
+use crate::core::findings::{finding_with, render_macro, sort_findings, Facts, Finding, Severity};
 use crate::core::plan::{ActionKind, Plan};
 use crate::core::pve_access::{self, Need, Privileges};
+use crate::core::pve_model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -236,8 +236,8 @@ pub struct ClusterFacts {
 
 impl ClusterFacts {
     /// The storages marked shared, for the lint rules.
-    pub fn lint_facts(&self) -> crate::core::lint::Facts {
-        crate::core::lint::Facts {
+    pub fn lint_facts(&self) -> Facts {
+        Facts {
             shared_storages: self
                 .storages
                 .iter()
@@ -248,29 +248,6 @@ impl ClusterFacts {
         }
     }
 }
-
-/// The preflight checks with their severities.
-pub const CHECKS: &[(&str, Severity, &str)] = &[
-    (
-        "PVE101",
-        Severity::Error,
-        "API reachable, release supports import",
-    ),
-    ("PVE102", Severity::Error, "node exists and is online"),
-    (
-        "PVE103",
-        Severity::Error,
-        "storage exists, is enabled on the node and allows the content",
-    ),
-    ("PVE104", Severity::Error, "token may download files"),
-    ("PVE105", Severity::Error, "token may upload snippets"),
-    ("PVE106", Severity::Error, "fixed VM id is free"),
-    (
-        "PVE107",
-        Severity::Error,
-        "token has Sys.Modify on / where needed",
-    ),
-];
 
 fn check(id: &'static str, severity: Severity, address: &str, d: Value) -> Finding {
     finding_with(id, severity, address, d)
@@ -445,14 +422,14 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
         let mut missing = Vec::new();
         let mut grants = Vec::new();
         if !gap.storage.is_empty() {
-            missing.push(format!("{} on {sp}", gap.storage.join(" + ")));
+            missing.push(pve_access::all_on(&gap.storage, &sp));
             grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &sp, token));
         }
         if !gap.root.is_empty() {
-            missing.push(format!(
-                "{} on / (or {} on {np})",
-                gap.root.join(" + "),
-                pve_access::DOWNLOAD_NODE.requires.join(" + ")
+            missing.push(pve_access::all_on_root_or_nodes(
+                &gap.root,
+                pve_access::DOWNLOAD_NODE.requires,
+                &[np],
             ));
             grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/", token));
         }

@@ -145,6 +145,30 @@ pub fn download_gap(privs: &Privileges, storage: &str, node: &str) -> Option<Dow
     (!storage.is_empty() || !root.is_empty()).then_some(DownloadGap { storage, root })
 }
 
+/// "`A + B on PATH`": every one of `privs` is missing on `path` (`templates/privileges.j2`).
+pub fn all_on(privs: &[&str], path: &str) -> String {
+    phrase("all_on", serde_json::json!({"privs": privs, "path": path}))
+}
+
+/// "`A, B on PATH`": each of `privs` is missing on `path`.
+pub fn each_on(privs: &[&str], path: &str) -> String {
+    phrase("each_on", serde_json::json!({"privs": privs, "path": path}))
+}
+
+/// "`A on / (or B on /nodes/x, /nodes/y)`": `root` is missing on `/`, and the alternative
+/// `node` on each of `node_paths`.
+pub fn all_on_root_or_nodes(root: &[&str], node: &[&str], node_paths: &[String]) -> String {
+    phrase(
+        "all_on_root_or_nodes",
+        serde_json::json!({"root": root, "node": node, "nodes": node_paths}),
+    )
+}
+
+fn phrase(name: &str, d: serde_json::Value) -> String {
+    crate::core::templates::call_macro("privileges.j2", name, &minijinja::Value::from_serialize(&d))
+        .unwrap_or_else(|e| panic!("privileges.j2 macro {name}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -731,28 +731,6 @@ fn humanize(message: &str) -> String {
 
 // ----- texts -----------------------------------------------------------------------------------
 
-const CHECK_CONFIG_TXT: &str = include_str!("../../templates/check_config.txt.j2");
-const CHECK_CONFIG_ERROR_TXT: &str = include_str!("../../templates/check_config_error.txt.j2");
-const REPO_CONFIG_ERROR_MD: &str = include_str!("../../templates/repo_config_error.md.j2");
-const REPO_CONFIG_PREVIEW_MD: &str = include_str!("../../templates/repo_config_preview.md.j2");
-
-fn env() -> minijinja::Environment<'static> {
-    let mut env = minijinja::Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
-    env.set_keep_trailing_newline(true);
-    for (name, src) in [
-        ("check_config.txt", CHECK_CONFIG_TXT),
-        ("check_config_error.txt", CHECK_CONFIG_ERROR_TXT),
-        ("repo_config_error.md", REPO_CONFIG_ERROR_MD),
-        ("repo_config_preview.md", REPO_CONFIG_PREVIEW_MD),
-    ] {
-        env.add_template(name, src)
-            .expect("repo config templates parse");
-    }
-    env
-}
-
 #[derive(Serialize)]
 struct RootView<'a> {
     name: &'a str,
@@ -780,16 +758,14 @@ fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
 }
 
 fn render(name: &str, ctx: minijinja::Value) -> String {
-    env()
-        .get_template(name)
-        .and_then(|t| t.render(ctx))
+    crate::core::templates::render(name, ctx)
         .unwrap_or_else(|e| format!("(template {name} failed: {e})\n"))
 }
 
 /// `planbot check-config FILE` output for a valid file.
 pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
     render(
-        "check_config.txt",
+        "check_config.txt.j2",
         minijinja::context! {
             file => file,
             roots => roots_view(cfg),
@@ -802,7 +778,7 @@ pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
 /// `planbot check-config FILE` output for an invalid file.
 pub fn render_check_config_error(file: &str, err: &RepoConfigError) -> String {
     render(
-        "check_config_error.txt",
+        "check_config_error.txt.j2",
         minijinja::context! {
             file => file,
             problems => err.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
@@ -813,7 +789,7 @@ pub fn render_check_config_error(file: &str, err: &RepoConfigError) -> String {
 /// The MR note text when the default branch's `.planbot.toml` is invalid (nothing is planned).
 pub fn render_error_note(branch: &str, err: &RepoConfigError) -> String {
     render(
-        "repo_config_error.md",
+        "repo_config_error.md.j2",
         minijinja::context! {
             file => FILE_NAME,
             branch => branch,
@@ -826,7 +802,7 @@ pub fn render_error_note(branch: &str, err: &RepoConfigError) -> String {
 pub fn render_preview(result: &Result<RepoConfig, RepoConfigError>, branch: &str) -> String {
     match result {
         Ok(cfg) => render(
-            "repo_config_preview.md",
+            "repo_config_preview.md.j2",
             minijinja::context! {
                 file => FILE_NAME,
                 branch => branch,
@@ -837,7 +813,7 @@ pub fn render_preview(result: &Result<RepoConfig, RepoConfigError>, branch: &str
             },
         ),
         Err(err) => render(
-            "repo_config_preview.md",
+            "repo_config_preview.md.j2",
             minijinja::context! {
                 file => FILE_NAME,
                 branch => branch,

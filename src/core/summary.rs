@@ -1,6 +1,6 @@
 //! The plan summary: counts exactly as OpenTofu's own summary line, plus the JSON report shape.
 
-use crate::core::lint::Finding;
+use crate::core::findings::Finding;
 use crate::core::plan::{ActionKind, Plan};
 use serde::Serialize;
 

@@ -317,7 +317,7 @@ fn group_key(rc: &ResourceChange) -> GroupKey<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::lint::Facts;
+    use crate::core::findings::Facts;
     use crate::core::plan::Plan;
 
     /// The pairing as first written (every destroy scans every create): the reference the

@@ -9,14 +9,13 @@ pub mod diff;
 pub mod markdown;
 pub mod terminal;
 
+use crate::core::findings::{Finding, Severity};
 use crate::core::fingerprint::Fingerprint;
-use crate::core::lint::{Finding, Severity};
 use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
 use budget::{Unit, UnitState};
 use diff::{Differ, Node, Phrases};
-use minijinja::Environment;
 use serde::Serialize;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -120,7 +119,7 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
         // Some diffs can be shown: compute them one by one, keeping at most what the room left
         // by the summaries can hold (the largest fold first), then decide which else to fold.
         let room = target - fixed - all_folded;
-        fill_bodies(&mut view, &pending, &templates().phrases, room);
+        fill_bodies(&mut view, &pending, phrases(), room);
     } else {
         // Even one summary line per resource is too much: no diff can be shown, so none is
         // computed; the budget then drops the largest summaries.
@@ -155,38 +154,11 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
 // ---------------------------------------------------------------------------------------------
 // Templates
 
-struct Templates {
-    env: Environment<'static>,
-    phrases: Phrases,
-}
-
-fn templates() -> &'static Templates {
-    static T: OnceLock<Templates> = OnceLock::new();
-    T.get_or_init(|| {
-        let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_keep_trailing_newline(true);
-        env.add_filter("html", |s: String| markdown::html_escape(&s));
-        env.add_filter("code", |s: String| markdown::code_span(&s));
-        env.add_filter("cell", |s: String| markdown::table_code(&s));
-        env.add_filter("celltext", |s: String| markdown::table_text(&s));
-        env.add_filter("text", |s: String| markdown::inline_text(&s));
-        env.add_template("note.md.j2", include_str!("../../../templates/note.md.j2"))
-            .expect("templates/note.md.j2 parses");
-        env.add_template(
-            "note_phrases.j2",
-            include_str!("../../../templates/note_phrases.j2"),
-        )
-        .expect("templates/note_phrases.j2 parses");
-        let phrases = {
-            let tmpl = env
-                .get_template("note_phrases.j2")
-                .expect("phrases template");
-            let captured = tmpl
-                .render_captured(minijinja::context! {})
-                .expect("phrases template evaluates");
-            let state = captured.state();
+/// The phrases of `templates/note_phrases.j2`, read once.
+fn phrases() -> &'static Phrases {
+    static PHRASES: OnceLock<Phrases> = OnceLock::new();
+    PHRASES.get_or_init(|| {
+        crate::core::templates::with_state("note_phrases.j2", |state| {
             let get = |name: &str| {
                 state
                     .lookup(name)
@@ -203,8 +175,8 @@ fn templates() -> &'static Templates {
                 embedded_file: get("embedded_file"),
                 shown_below: get("shown_below"),
             }
-        };
-        Templates { env, phrases }
+        })
+        .expect("templates/note_phrases.j2 evaluates")
     })
 }
 
@@ -220,10 +192,7 @@ fn render_view(view: &mut NoteView<'_>) -> String {
         d.drift_seq = minijinja::Value::from_object(Sections(Arc::clone(&drift)));
         lent.push((resources, drift));
     }
-    let t = templates();
-    let text = t
-        .env
-        .get_template("note.md.j2")
+    let text = crate::core::templates::get("note.md.j2")
         .and_then(|tmpl| tmpl.render(&*view))
         .unwrap_or_else(|e| panic!("templates/note.md.j2 failed to render: {e:#}"));
     for (d, (resources, drift)) in view.details.iter_mut().zip(lent) {
@@ -629,7 +598,7 @@ fn build_view<'a, 'r>(
     roots: &'r [RootSection<'r>],
 ) -> (NoteView<'a>, Vec<(UnitId, &'r ResourceChange)>) {
     let mut pending = Vec::new();
-    let phrases = &templates().phrases;
+    let phrases = phrases();
     let multi_root = roots.len() > 1;
     let mut red = false;
     let mut yellow = false;

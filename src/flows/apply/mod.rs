@@ -28,12 +28,13 @@ use crate::flows::service::app::Trust;
 use crate::flows::service::cpu::cpu_bound;
 use crate::flows::service::locks::RootGuard;
 use anyhow::{Context, Result};
+use minijinja::context;
 use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// The CI/CD component with the manual `planbot-apply` job (served at `/ci/planbot.gitlab-ci.yml`).
-pub const CI_TEMPLATE: &str = include_str!("../../../templates/planbot-apply.yml");
+pub const CI_TEMPLATE: &str = crate::core::templates::APPLY_CI;
 
 /// The commit status the apply sets on the merged commit.
 pub const APPLY_STATUS: &str = "planbot/apply";
@@ -85,11 +86,21 @@ pub enum Verdict {
 impl Verdict {
     pub fn last_line(&self) -> String {
         match self {
-            Verdict::Succeeded => "planbot: apply succeeded".to_string(),
-            Verdict::Refused(why) => format!("planbot: apply refused: {why}"),
-            Verdict::Failed(why) => format!("planbot: apply failed: {why}"),
+            Verdict::Succeeded => log_text("succeeded", context! {}),
+            Verdict::Refused(why) => log_text("refused", context! { why }),
+            Verdict::Failed(why) => log_text("failed", context! { why }),
         }
     }
+}
+
+/// One line of the CI job's log (`templates/apply/log.txt.j2`).
+fn log_text(kind: &str, ctx: minijinja::Value) -> String {
+    crate::core::templates::text("apply/log.txt.j2", kind, ctx)
+}
+
+/// One short text of the apply (`templates/apply/status.txt.j2`).
+fn say(kind: &str, ctx: minijinja::Value) -> String {
+    crate::core::templates::text("apply/status.txt.j2", kind, ctx)
 }
 
 /// Run one apply request to its verdict, writing progress to `log` (the verdict last).
@@ -107,7 +118,7 @@ pub async fn run(app: Arc<App>, job_token: String, body: ApplyBody, log: JobLog)
 }
 
 fn refuse(log: &JobLog, r: &ApplyRefusal) -> Verdict {
-    log.line(format!("planbot: {}", r.hint()));
+    log.line(log_text("hint", context! { hint => r.hint() }));
     Verdict::Refused(r.to_string())
 }
 
@@ -143,17 +154,15 @@ async fn verify_and_apply(
         pipeline_sha: pipeline.sha.clone(),
         username: job.user.as_ref().map(|u| u.username.clone()),
     };
-    log.line(format!(
-        "planbot: job {} `{}` on `{}` at `{}`{}",
-        facts.job_id,
-        facts.job_name,
-        facts.git_ref,
-        facts.pipeline_sha.short(),
-        facts
-            .username
-            .as_deref()
-            .map(|u| format!(", started by @{u}"))
-            .unwrap_or_default()
+    log.line(log_text(
+        "job",
+        context! {
+            job_id => facts.job_id,
+            job_name => &facts.job_name,
+            git_ref => &facts.git_ref,
+            sha => facts.pipeline_sha.short(),
+            user => &facts.username,
+        },
     ));
     if facts.status != "running" {
         return Ok(refuse(
@@ -228,15 +237,11 @@ async fn verify_and_apply(
         .into_iter()
         .find(|m| m.state == "merged" && m.landed_sha() == Some(&sha));
     match &mr {
-        Some(m) => log.line(format!(
-            "planbot: commit `{}` is merge request !{}",
-            sha.short(),
-            m.iid
+        Some(m) => log.line(log_text(
+            "from_mr",
+            context! { sha => sha.short(), mr => m.iid },
         )),
-        None => log.line(format!(
-            "planbot: commit `{}` did not come from a merge request",
-            sha.short()
-        )),
+        None => log.line(log_text("not_from_mr", context! { sha => sha.short() })),
     }
 
     // Workspace at the commit; the repo config of the default branch is this commit's.
@@ -253,8 +258,9 @@ async fn verify_and_apply(
     let repo_config = match RepoConfig::from_optional(config_text.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            return Ok(Verdict::Failed(format!(
-                "`.planbot.toml` on `{default_branch}` is invalid: {e}"
+            return Ok(Verdict::Failed(say(
+                "invalid_config",
+                context! { branch => &default_branch, error => e.to_string() },
             )))
         }
     };
@@ -264,9 +270,9 @@ async fn verify_and_apply(
         .filter(|r| body.roots.is_empty() || body.roots.contains(&r.name))
         .collect();
     if roots.is_empty() {
-        return Ok(Verdict::Refused(format!(
-            "no root of `.planbot.toml` matches {:?}",
-            body.roots
+        return Ok(Verdict::Refused(say(
+            "no_root_matches",
+            context! { roots => format!("{:?}", body.roots) },
         )));
     }
 
@@ -323,7 +329,7 @@ async fn verify_and_apply(
             ctx.end_run(
                 d.run,
                 RunState::Refused,
-                "not applied: refused",
+                &say("refused", context! {}),
                 &d.plan_log,
             )
             .await;
@@ -334,14 +340,20 @@ async fn verify_and_apply(
             .await?;
         // `failed`: the job did not apply. A retried job's `running` then starts a new status
         // (GitLab updates only a pending/running one), so the commit shows the retry's outcome.
-        ctx.status(StatusState::Failed, &format!("not applied: {refusal}"))
-            .await;
+        ctx.status(
+            StatusState::Failed,
+            &say(
+                "refused_because",
+                context! { refusal => refusal.to_string() },
+            ),
+        )
+        .await;
         return Ok(verdict);
     }
 
     // 2. Apply the plan files that were just reviewed-checked, in config order.
     if decided.iter().any(|d| d.planned.is_some()) {
-        ctx.status(StatusState::Running, "applying the reviewed plan")
+        ctx.status(StatusState::Running, &say("applying", context! {}))
             .await;
     }
     let mut results = Vec::new();
@@ -349,23 +361,22 @@ async fn verify_and_apply(
     for d in decided.iter_mut() {
         match d.planned.take() {
             None => {
-                log.line(format!(
-                    "planbot: root `{}`: no changes, nothing to apply",
-                    d.root
-                ));
-                ctx.end_run(d.run, RunState::Succeeded, "no changes", &d.plan_log)
+                log.line(log_text("nothing_to_apply", context! { root => &d.root }));
+                ctx.end_run(d.run, RunState::Succeeded, &no_changes(), &d.plan_log)
                     .await;
                 results.push(RootResult {
                     name: d.root.clone(),
-                    text: "no changes".into(),
+                    text: no_changes(),
                 });
             }
             Some(planned) if failure.is_none() => {
-                log.line(format!(
-                    "planbot: root `{}`: applying the reviewed plan `{}` ({})",
-                    d.root,
-                    d.fingerprint.short(),
-                    d.summary.one_line()
+                log.line(log_text(
+                    "applying",
+                    context! {
+                        root => &d.root,
+                        fingerprint => d.fingerprint.short(),
+                        summary => d.summary.one_line(),
+                    },
                 ));
                 let guard = d.guard.take().expect("a planned root holds its lock");
                 match apply_root(&guard, planned, log).await {
@@ -379,28 +390,31 @@ async fn verify_and_apply(
                     }
                     Err(e) => {
                         let report = e.report(40);
-                        ctx.end_run(d.run, RunState::Failed, "apply failed", &report)
-                            .await;
+                        ctx.end_run(
+                            d.run,
+                            RunState::Failed,
+                            &say("apply_failed", context! {}),
+                            &report,
+                        )
+                        .await;
                         results.push(RootResult {
                             name: d.root.clone(),
-                            text: "apply failed".into(),
+                            text: say("apply_failed", context! {}),
                         });
-                        failure = Some(format!("root `{}`: {}", d.root, first_error_line(&report)));
+                        failure = Some(say(
+                            "root_failed",
+                            context! { root => &d.root, error => first_error_line(&report) },
+                        ));
                         d.error = Some(report);
                     }
                 }
             }
             Some(_) => {
-                ctx.end_run(
-                    d.run,
-                    RunState::Canceled,
-                    "not applied: an earlier root failed",
-                    "",
-                )
-                .await;
+                let text = say("earlier_root_failed", context! {});
+                ctx.end_run(d.run, RunState::Canceled, &text, "").await;
                 results.push(RootResult {
                     name: d.root.clone(),
-                    text: "not applied: an earlier root failed".into(),
+                    text,
                 });
             }
         }
@@ -426,24 +440,12 @@ async fn apply_root(
 }
 
 fn applied_words(s: &Summary) -> String {
-    let mut parts = Vec::new();
-    for (n, w) in [
-        (s.import, "imported"),
-        (s.add, "added"),
-        (s.change, "changed"),
-        (s.destroy, "destroyed"),
-        (s.moved, "moved"),
-        (s.forget, "forgotten"),
-    ] {
-        if n > 0 {
-            parts.push(format!("{n} {w}"));
-        }
-    }
-    if parts.is_empty() {
-        "outputs updated".into()
-    } else {
-        parts.join(", ")
-    }
+    say("applied", context! { s })
+}
+
+/// A root's (and a run's) text when there was nothing to apply.
+fn no_changes() -> String {
+    say("no_changes", context! {})
 }
 
 fn first_error_line(report: &str) -> String {
@@ -451,7 +453,8 @@ fn first_error_line(report: &str) -> String {
         .lines()
         .find(|l| l.contains("Error"))
         .or_else(|| report.lines().next())
-        .unwrap_or("the engine failed")
+        .map(str::to_string)
+        .unwrap_or_else(|| say("engine_failed", context! {}))
         .trim()
         .trim_start_matches(['│', '╷', '╵', ' '])
         .to_string()
@@ -541,10 +544,8 @@ impl ApplyCtx {
         let guard = match self.app.root_locks.try_lock(self.project, &root.name) {
             Some(g) => g,
             None => {
-                self.log.line(format!(
-                    "planbot: root `{}`: another plan or apply of it is running; waiting for it",
-                    root.name
-                ));
+                self.log
+                    .line(log_text("waiting", context! { root => &root.name }));
                 self.app.root_locks.lock(self.project, &root.name).await
             }
         };
@@ -562,9 +563,9 @@ impl ApplyCtx {
             })
             .await
             .map_err(|e| format!("recording the run: {e:#}"))?;
-        self.log.line(format!(
-            "planbot: root `{}`: planning `{}`",
-            root.name, root.dir
+        self.log.line(log_text(
+            "planning",
+            context! { root => &root.name, dir => &root.dir },
         ));
         let engine = self
             .app
@@ -581,13 +582,17 @@ impl ApplyCtx {
             Ok(p) => p,
             Err(e) => {
                 let report = self.app.scrubber.scrub(&e.report(40)).into_owned();
-                self.end_run(run, RunState::Failed, "plan failed", &report)
-                    .await;
+                self.end_run(
+                    run,
+                    RunState::Failed,
+                    &say("plan_failed", context! {}),
+                    &report,
+                )
+                .await;
                 self.log.line(&report);
-                return Err(format!(
-                    "root `{}`: the plan failed: {}",
-                    root.name,
-                    first_error_line(&report)
+                return Err(say(
+                    "root_plan_failed",
+                    context! { root => &root.name, error => first_error_line(&report) },
                 ));
             }
         };
@@ -596,17 +601,24 @@ impl ApplyCtx {
         let plan = planned.plan();
         let summary = Summary::of(plan);
         let has_changes = plan_has_changes(plan);
-        self.log.line(format!(
-            "planbot: root `{}`: {} · fingerprint `{}`",
-            root.name,
-            summary.one_line(),
-            fingerprint.short()
+        self.log.line(log_text(
+            "planned",
+            context! {
+                root => &root.name,
+                summary => summary.one_line(),
+                fingerprint => fingerprint.short(),
+            },
         ));
         if plan.errored {
             let report = planned.log().to_string();
-            self.end_run(run, RunState::Failed, "plan errored", &report)
-                .await;
-            return Err(format!("root `{}`: the plan errored", root.name));
+            self.end_run(
+                run,
+                RunState::Failed,
+                &say("plan_errored", context! {}),
+                &report,
+            )
+            .await;
+            return Err(say("root_plan_errored", context! { root => &root.name }));
         }
         let reviewed = match &self.mr {
             Some(m) => self
@@ -651,16 +663,17 @@ impl ApplyCtx {
             Parity::NothingToApply => {}
             Parity::Apply { confirmed } => {
                 if confirmed {
-                    self.log.line(format!(
-                        "planbot: root `{}`: the plan `{}` was confirmed with PLANBOT_CONFIRM",
-                        root.name,
-                        fingerprint.short()
+                    self.log.line(log_text(
+                        "confirmed",
+                        context! { root => &root.name, fingerprint => fingerprint.short() },
                     ));
                 } else {
-                    self.log.line(format!(
-                        "planbot: root `{}`: the plan is the one reviewed on !{}",
-                        root.name,
-                        self.mr_iid().map(|m| m.0).unwrap_or_default()
+                    self.log.line(log_text(
+                        "reviewed",
+                        context! {
+                            root => &root.name,
+                            mr => self.mr_iid().map(|m| m.0).unwrap_or_default(),
+                        },
                     ));
                 }
                 decided.planned = Some(planned);
@@ -690,8 +703,10 @@ impl ApplyCtx {
         match crate::flows::review::preflight::before_apply(endpoint, plan).await {
             Ok(findings) => {
                 for f in findings {
-                    self.log
-                        .line(format!("planbot: {} {}: {}", f.rule, f.address, f.message));
+                    self.log.line(log_text(
+                        "finding",
+                        context! { rule => f.rule, address => &f.address, message => &f.message },
+                    ));
                 }
                 None
             }
@@ -705,17 +720,19 @@ impl ApplyCtx {
     /// Show the fresh plan in the job log (for a direct push, this is the only review).
     fn print_plan(&self, planned: &PlannedRun, root: &Root) {
         self.log
-            .line(format!("planbot: root `{}`: the plan is", root.name));
+            .line(log_text("plan_is", context! { root => &root.name }));
         for rc in planned
             .plan()
             .managed_changes()
             .filter(|rc| rc.has_change())
         {
-            self.log.line(format!(
-                "  {} {} ({})",
-                rc.kind().symbol(),
-                rc.display_address(),
-                rc.kind().verb()
+            self.log.line(log_text(
+                "change",
+                context! {
+                    symbol => rc.kind().symbol(),
+                    address => rc.display_address(),
+                    verb => rc.kind().verb(),
+                },
             ));
         }
     }
@@ -798,17 +815,13 @@ impl ApplyCtx {
             .iter()
             .map(|d| RootResult {
                 name: d.root.clone(),
-                text: "not applied".into(),
+                text: say("not_applied", context! {}),
             })
             .collect();
+        let canceled = say("other_root_failed", context! {});
         for d in decided {
-            self.end_run(
-                d.run,
-                RunState::Canceled,
-                "not applied: another root failed",
-                &d.plan_log,
-            )
-            .await;
+            self.end_run(d.run, RunState::Canceled, &canceled, &d.plan_log)
+                .await;
         }
         self.report(apply_id, &results, decided, verdict, error)
             .await;
@@ -826,7 +839,7 @@ impl ApplyCtx {
         let (state, outcome) = match verdict {
             Verdict::Succeeded
                 if decided.iter().all(|d| d.summary.is_empty())
-                    && results.iter().all(|r| r.text == "no changes") =>
+                    && results.iter().all(|r| r.text == no_changes()) =>
             {
                 (ApplyState::Succeeded, ApplyOutcome::Nothing)
             }
@@ -842,10 +855,11 @@ impl ApplyCtx {
         if let Err(e) = self.app.store.finish_apply(apply_id, state, detail).await {
             tracing::error!(error = %e, "could not record the end of the apply");
         }
+        let nothing = no_changes();
         let summary = results
             .iter()
-            .filter(|r| r.text != "no changes")
-            .map(|r| format!("{}: {}", r.name, r.text))
+            .filter(|r| r.text != nothing)
+            .map(|r| say("root_line", context! { root => &r.name, text => &r.text }))
             .collect::<Vec<_>>()
             .join("; ");
         let run_id = decided.first().map(|d| d.run);
@@ -859,7 +873,7 @@ impl ApplyCtx {
                     branch: &self.branch,
                     user: self.user.as_deref(),
                     summary: if summary.is_empty() {
-                        "no changes"
+                        &nothing
                     } else {
                         &summary
                     },
@@ -887,30 +901,34 @@ impl ApplyCtx {
             Verdict::Succeeded => (
                 StatusState::Success,
                 if summary.is_empty() {
-                    "no changes".to_string()
+                    nothing.clone()
                 } else {
-                    format!("applied: {summary}")
+                    say("applied_roots", context! { summary => &summary })
                 },
             ),
             Verdict::Refused(w) | Verdict::Failed(w) => (StatusState::Failed, w.clone()),
         };
         self.status(status, &description).await;
         if outcome == ApplyOutcome::Failed && self.app.config.apply.open_issue_on_failure {
-            let title = format!("planbot: apply of {} failed", self.sha.short());
-            let description = format!(
-                "The `{}` job {} failed to apply `{}`{}.\n\n{}\n\nRun: {}",
-                self.app.config.apply.job_name,
-                self.job_id,
-                self.sha,
-                self.mr_iid()
-                    .map(|m| format!(" (merge request !{m})"))
-                    .unwrap_or_default(),
-                scrubbed_error.as_deref().unwrap_or(""),
-                run_url
-                    .clone()
-                    .or_else(|| run_id.and_then(|r| self.app.run_hint(r)))
-                    .unwrap_or_else(|| "(no public_url configured)".into())
-            );
+            let issue = |kind| {
+                crate::core::templates::text(
+                    "apply/failure_issue.md.j2",
+                    kind,
+                    context! {
+                        short_sha => self.sha.short(),
+                        job_name => &self.app.config.apply.job_name,
+                        job_id => self.job_id,
+                        sha => &self.sha,
+                        mr => self.mr_iid(),
+                        error => scrubbed_error.as_deref().unwrap_or(""),
+                        run => run_url
+                            .clone()
+                            .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),
+                    },
+                )
+            };
+            let title = issue("title");
+            let description = issue("body");
             let description = self.app.scrubber.scrub(&description).into_owned();
             if let Err(e) = self
                 .app
@@ -927,17 +945,14 @@ impl ApplyCtx {
 
 /// At start-up: an apply a crash left `running` is reported as interrupted, never re-run.
 pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
-    let text = format!(
-        "interrupted by a planbot restart while applying {}; not re-run",
-        record.roots.join(", ")
-    );
+    let text = say("interrupted", context! { roots => &record.roots });
     if let Some(mr) = record.mr {
         let roots: Vec<RootResult> = record
             .roots
             .iter()
             .map(|r| RootResult {
                 name: r.clone(),
-                text: "interrupted: check the state".into(),
+                text: say("root_interrupted", context! {}),
             })
             .collect();
         let body = render_result(
@@ -1033,10 +1048,8 @@ pub async fn handler(
         match serde_json::from_slice(&body) {
             Ok(b) => b,
             Err(e) => {
-                let line = Verdict::Refused(format!(
-                    "the request body must be {{\"confirm\": \"<fingerprint prefix>\", \"roots\": [...]}}: {e}"
-                ))
-                .last_line();
+                let line = Verdict::Refused(say("bad_body", context! { error => e.to_string() }))
+                    .last_line();
                 return (
                     axum::http::StatusCode::BAD_REQUEST,
                     plain,
@@ -1060,10 +1073,10 @@ pub async fn handler(
         |(mut rx, mut tick, started)| async move {
             let item = tokio::select! {
                 line = rx.recv() => line?,
-                _ = tick.tick() => format!(
-                    "planbot: still working ({} s)\n",
-                    started.elapsed().as_secs()
-                ),
+                _ = tick.tick() => log_text(
+                    "still_working",
+                    context! { seconds => started.elapsed().as_secs() },
+                ) + "\n",
             };
             Some((Ok::<_, std::convert::Infallible>(item), (rx, tick, started)))
         },

@@ -10,13 +10,11 @@ use crate::core::config::{env_name, Config, ConfigError, Origin, Problem};
 use crate::core::pve_access::{self, Privileges};
 use crate::core::redact::Secrets;
 use anyhow::Result;
-use minijinja::Environment;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The result of one check.
@@ -53,27 +51,16 @@ pub struct Check {
     pub fix: Option<String>,
 }
 
-fn templates() -> &'static Environment<'static> {
-    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.add_template("doctor.j2", include_str!("../../../templates/doctor.j2"))
-            .expect("templates/doctor.j2 parses");
-        env
-    })
-}
-
 fn render(name: &str, d: &Value) -> Option<String> {
-    let tmpl = templates().get_template("doctor.j2").ok()?;
-    let captured = tmpl.render_captured(()).ok()?;
-    let state = captured.state();
-    state.lookup(name)?;
-    state
-        .call_macro(name, &[minijinja::Value::from_serialize(d)])
-        .ok()
-        .map(|s| s.trim().to_string())
+    crate::core::templates::with_state("doctor.j2", |state| {
+        state.lookup(name)?;
+        state
+            .call_macro(name, &[minijinja::Value::from_serialize(d)])
+            .ok()
+            .map(|s| s.trim().to_string())
+    })
+    .ok()
+    .flatten()
 }
 
 /// Collects check lines section by section.
@@ -607,7 +594,7 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
     let read_missing: Vec<String> = pve_access::READ
         .missing(&perms, "/")
         .iter()
-        .map(|p| format!("{p} on /"))
+        .map(|p| pve_access::all_on(&[*p], "/"))
         .collect();
     let vm_missing: Vec<&str> = pve_access::VMS.missing(&perms, "/vms");
     let template_storages: Vec<&StorageConfig> = storages
@@ -674,27 +661,26 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
                    "add_role": roles_added.insert(need.role)})
         };
         if !vm_missing.is_empty() {
-            missing.push(format!("{} on /vms", vm_missing.join(", ")));
+            missing.push(pve_access::each_on(&vm_missing, "/vms"));
             grants.push(grant(&pve_access::VMS, "/vms"));
         }
         for s in &no_template {
             let path = format!("/storage/{s}");
-            missing.push(format!(
-                "{} on {path}",
-                pve_access::DOWNLOAD_STORAGE.requires.join(" + ")
+            missing.push(pve_access::all_on(
+                pve_access::DOWNLOAD_STORAGE.requires,
+                &path,
             ));
             grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &path));
         }
         if download_blocked {
-            missing.push(format!(
-                "{} on / (or {} on {})",
-                pve_access::DOWNLOAD_ROOT.requires.join(" + "),
-                pve_access::DOWNLOAD_NODE.requires.join(" + "),
-                nodes_without_net
-                    .iter()
-                    .map(|n| format!("/nodes/{n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+            let node_paths: Vec<String> = nodes_without_net
+                .iter()
+                .map(|n| format!("/nodes/{n}"))
+                .collect();
+            missing.push(pve_access::all_on_root_or_nodes(
+                pve_access::DOWNLOAD_ROOT.requires,
+                pve_access::DOWNLOAD_NODE.requires,
+                &node_paths,
             ));
             grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/"));
         }

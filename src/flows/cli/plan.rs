@@ -191,20 +191,12 @@ async fn run(
 
 /// One progress line (`templates/local_progress.txt.j2`).
 fn progress_line(p: &StepProgress) -> String {
-    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
-    let env = ENV.get_or_init(|| {
-        let mut env = minijinja::Environment::new();
-        env.add_template(
-            "progress",
-            include_str!("../../../templates/local_progress.txt.j2"),
-        )
-        .expect("local_progress template parses");
-        env
-    });
     let took = p.took.map(|d| format!("{:.1} s", d.as_secs_f64()));
-    env.get_template("progress")
-        .and_then(|t| t.render(minijinja::context! { step => p.step.to_string(), took => took }))
-        .unwrap_or_else(|e| format!("planbot: {} ({e})", p.step))
+    crate::core::templates::render(
+        "local_progress.txt.j2",
+        minijinja::context! { step => p.step.to_string(), took => took },
+    )
+    .unwrap_or_else(|e| format!("planbot: {} ({e})", p.step))
 }
 
 /// The root's name in the note: the directory's own name.

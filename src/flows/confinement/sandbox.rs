@@ -6,22 +6,10 @@ use crate::capabilities::sandbox::Support;
 use crate::core::config::{Config, LandlockSetting};
 use crate::flows::confinement::credentials::{self, Use};
 
-fn texts() -> &'static minijinja::Environment<'static> {
-    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = minijinja::Environment::new();
-        env.add_template("sandbox", include_str!("../../../templates/sandbox.txt.j2"))
-            .expect("sandbox template parses");
-        env
-    })
-}
-
 /// One text of `templates/sandbox.txt.j2`.
 pub fn text(kind: &str, ctx: minijinja::Value) -> String {
     let ctx = minijinja::context! { kind => kind, ..ctx };
-    texts()
-        .get_template("sandbox")
-        .and_then(|t| t.render(ctx))
+    crate::core::templates::render("sandbox.txt.j2", ctx)
         .map(|t| t.trim().to_string())
         .unwrap_or_else(|e| format!("planbot: sandbox {kind} ({e})"))
 }

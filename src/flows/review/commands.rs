@@ -8,8 +8,7 @@ use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, ForkMrs, RepoConfig};
 use crate::flows::service::app::App;
 use anyhow::{Context, Result};
-use minijinja::{context, Environment};
-use std::sync::OnceLock;
+use minijinja::context;
 use tokio_util::sync::CancellationToken;
 
 /// Marks planbot's fork notice so it is posted once per MR.
@@ -17,43 +16,13 @@ pub const FORK_NOTICE_MARKER: &str = "<!-- planbot:fork-notice -->";
 /// Marks the merged banner inside the plan note.
 pub const MERGED_BANNER_MARKER: &str = "<!-- planbot:merged -->";
 
-fn templates() -> &'static Environment<'static> {
-    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = Environment::new();
-        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
-        for (name, src) in [
-            (
-                "help",
-                include_str!("../../../templates/comments/help.md.j2"),
-            ),
-            (
-                "fork_notice",
-                include_str!("../../../templates/comments/fork_notice.md.j2"),
-            ),
-            (
-                "command_refused",
-                include_str!("../../../templates/comments/command_refused.md.j2"),
-            ),
-            (
-                "merged_banner",
-                include_str!("../../../templates/comments/merged_banner.md.j2"),
-            ),
-        ] {
-            env.add_template(name, src)
-                .expect("comment templates parse");
-        }
-        env
-    })
-}
-
 fn render(name: &str, ctx: minijinja::Value) -> Result<String> {
-    Ok(templates()
-        .get_template(name)?
-        .render(ctx)?
-        .trim_end()
-        .to_string()
-        + "\n")
+    Ok(
+        crate::core::templates::render(&format!("comments/{name}.md.j2"), ctx)?
+            .trim_end()
+            .to_string()
+            + "\n",
+    )
 }
 
 /// Run one non-plan job.

@@ -2,7 +2,7 @@
 //! pure evaluation in `core::preflight`. Runs in the plan flow and again just before apply.
 
 use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
-use crate::core::lint::Finding;
+use crate::core::findings::Finding;
 use crate::core::plan::Plan;
 use crate::core::preflight::{self, ClusterFacts, Needs, NodeFact, StorageFact};
 use anyhow::Result;
@@ -155,7 +155,7 @@ pub fn endpoint_from_config(
 pub struct PlanPreflight {
     pub findings: Vec<Finding>,
     pub note: String,
-    pub lint_facts: crate::core::lint::Facts,
+    pub lint_facts: crate::core::findings::Facts,
 }
 
 /// The plan flow's preflight: skipped (and said so) without an endpoint.

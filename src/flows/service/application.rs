@@ -196,11 +196,18 @@ async fn healthz() -> &'static str {
 async fn readyz(State(app): State<Arc<App>>) -> Response {
     let store = app.store.ping().await;
     let gitlab = app.gitlab_reachable().await;
-    let line = |name: &str, r: &Result<()>| match r {
-        Ok(()) => format!("{name}: ok\n"),
-        Err(e) => format!("{name}: {}\n", app.scrubber.scrub(&format!("{e:#}"))),
+    let check = |name: &str, r: &Result<()>| {
+        let error = r
+            .as_ref()
+            .err()
+            .map(|e| app.scrubber.scrub(&format!("{e:#}")).into_owned());
+        minijinja::context! { name, error }
     };
-    let body = format!("{}{}", line("store", &store), line("gitlab", &gitlab));
+    let body = crate::core::templates::render(
+        "readyz.txt.j2",
+        minijinja::context! { checks => [check("store", &store), check("gitlab", &gitlab)] },
+    )
+    .unwrap_or_else(|e| format!("planbot: readyz ({e})\n"));
     let status = if store.is_ok() && gitlab.is_ok() {
         StatusCode::OK
     } else {

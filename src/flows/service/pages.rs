@@ -14,16 +14,16 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::Extension;
-use minijinja::{context, Environment};
+use minijinja::context;
 use serde::{Deserialize, Serialize};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// How many runs one page of `/runs` lists.
 pub const PER_PAGE: u32 = 50;
 
 /// The pages' stylesheet, served at `/assets/pages.css` (the CSP allows no inline style).
-pub const STYLESHEET: &str = include_str!("../../../templates/pages/pages.css");
+pub const STYLESHEET: &str = crate::core::templates::STYLESHEET;
 
 /// The states a run can be in, in the order the filter lists them.
 const STATES: [RunState; 6] = [
@@ -34,39 +34,6 @@ const STATES: [RunState; 6] = [
     RunState::Refused,
     RunState::Interrupted,
 ];
-
-fn env() -> &'static Environment<'static> {
-    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = Environment::new();
-        // `.html` templates are auto-escaped by minijinja's default callback.
-        for (name, src) in [
-            (
-                "layout.html",
-                include_str!("../../../templates/pages/layout.html"),
-            ),
-            (
-                "runs.html",
-                include_str!("../../../templates/pages/runs.html"),
-            ),
-            (
-                "run.html",
-                include_str!("../../../templates/pages/run.html"),
-            ),
-            (
-                "not_found.html",
-                include_str!("../../../templates/pages/not_found.html"),
-            ),
-            (
-                "message.html",
-                include_str!("../../../templates/pages/message.html"),
-            ),
-        ] {
-            env.add_template(name, src).expect("page templates parse");
-        }
-        env
-    })
-}
 
 /// A run as the pages show it.
 #[derive(Serialize)]
@@ -231,8 +198,7 @@ pub fn render_runs_page(page: &RunsPage<'_>) -> String {
     let filtered = [&page.query.project, &page.query.mr, &page.query.state]
         .iter()
         .any(|v| RunsQuery::nonempty(v).is_some());
-    env()
-        .get_template("runs.html")
+    crate::core::templates::get("pages/runs.html")
         .and_then(|t| {
             t.render(context! {
                 runs => views,
@@ -265,8 +231,7 @@ pub fn render_runs(runs: &[RunRecord]) -> String {
 
 /// The `/runs/{id}` page.
 pub fn render_run_page(run: &RunRecord, links: Links<'_>, user: Option<&str>) -> String {
-    env()
-        .get_template("run.html")
+    crate::core::templates::get("pages/run.html")
         .and_then(|t| t.render(context! { r => view(run, links, true), user => user }))
         .unwrap_or_else(|e| format!("template error: {e}"))
 }
@@ -283,8 +248,7 @@ pub fn render_run(run: &RunRecord) -> String {
 }
 
 fn not_found(what: &str, user: Option<&str>) -> Response {
-    let body = env()
-        .get_template("not_found.html")
+    let body = crate::core::templates::get("pages/not_found.html")
         .and_then(|t| t.render(context! { what => what, user => user }))
         .unwrap_or_else(|e| format!("template error: {e}"));
     (StatusCode::NOT_FOUND, Html(body)).into_response()
@@ -292,8 +256,7 @@ fn not_found(what: &str, user: Option<&str>) -> Response {
 
 /// A short page (`templates/pages/message.html`, one `kind` each): sign-in refused, signed out…
 pub fn message(app: &App, status: StatusCode, kind: &str, ctx: minijinja::Value) -> Response {
-    let body = env()
-        .get_template("message.html")
+    let body = crate::core::templates::get("pages/message.html")
         .and_then(|t| {
             t.render(context! {
                 kind => kind,

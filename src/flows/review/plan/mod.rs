@@ -33,25 +33,10 @@ use tokio_util::sync::CancellationToken;
 /// The commit status planbot sets for plans.
 pub const STATUS_NAME: &str = "planbot/plan";
 
-fn texts() -> &'static minijinja::Environment<'static> {
-    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = minijinja::Environment::new();
-        env.add_template(
-            "plan_status",
-            include_str!("../../../../templates/plan_status.txt.j2"),
-        )
-        .expect("plan_status template parses");
-        env
-    })
-}
-
 /// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`).
 fn text(kind: &str, ctx: minijinja::Value) -> String {
     let ctx = minijinja::context! { kind => kind, ..ctx };
-    texts()
-        .get_template("plan_status")
-        .and_then(|t| t.render(ctx))
+    crate::core::templates::render("plan_status.txt.j2", ctx)
         .map(|t| t.trim().to_string())
         .unwrap_or_else(|e| format!("planbot: {kind} ({e})"))
 }

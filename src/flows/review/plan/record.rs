@@ -7,7 +7,8 @@ use super::text;
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::{RunEnd, RunState, ShownFingerprint};
 use crate::core::events::PlanJob;
-use crate::core::lint::{self, Finding};
+use crate::core::findings::Finding;
+use crate::core::lint;
 use crate::core::plan_digest::PlanDigest;
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
@@ -130,7 +131,7 @@ pub(super) fn final_status(rec: &Recorded) -> (StatusState, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::lint::Severity;
+    use crate::core::findings::Severity;
 
     fn planned(name: &str) -> minijinja::Value {
         minijinja::context! { name => name, state => "planned", summary => "1 to add, 0 to change, 0 to destroy" }

@@ -5,9 +5,10 @@ use super::{finish, Prepared};
 use crate::capabilities::engine::{CancelHandle, EngineError, PlanRequest, PlannedRun};
 use crate::capabilities::store::{NewRun, RunKind, RunState};
 use crate::core::events::PlanJob;
+use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::RunId;
-use crate::core::lint::{self, Finding};
+use crate::core::lint;
 use crate::flows::review::preflight;
 use crate::flows::service::app::App;
 use crate::flows::service::cpu::cpu_bound;
@@ -134,8 +135,8 @@ pub(super) async fn plan_roots(
                             planned.fingerprint(key),
                         )
                     });
-                    findings.extend(lint::without_disabled(pf.findings, &root.lint_disable));
-                    lint::sort_findings(&mut findings);
+                    findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
+                    findings::sort_findings(&mut findings);
                     if !preflight_notes.contains(&pf.note) {
                         preflight_notes.push(pf.note);
                     }

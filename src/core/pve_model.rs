@@ -1,5 +1,6 @@
-//! The plan as the lint rules see it: bpg resource kinds, known/unknown attribute access,
-//! Proxmox volume ids, and references followed through the plan's `configuration`.
+//! The plan as the lint rules and the preflight see it: bpg resource kinds, known/unknown
+//! attribute access, Proxmox volume ids, and references followed through the plan's
+//! `configuration`.
 
 use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
 use serde_json::Value;
