@@ -1464,4 +1464,161 @@ mod tests {
             vec!["core"]
         );
     }
+
+    /// Writes `tests/fixtures/store/v0.db`: a database made by this (pre-migration) schema,
+    /// for the test that opens an old database with newer code. Run by hand:
+    /// `PLANBOT_STORE_FIXTURE=/tmp/v0.db cargo test --lib make_store_fixture -- --ignored`.
+    #[tokio::test]
+    #[ignore]
+    async fn make_store_fixture() {
+        use crate::core::events::Command;
+        use crate::core::ids::UserId;
+        let path = PathBuf::from(std::env::var("PLANBOT_STORE_FIXTURE").unwrap());
+        let _ = std::fs::remove_file(&path);
+        {
+            let store = Store::open(&path).unwrap();
+            let d1 = store
+                .record_delivery(delivery("fixture-delivery-1"), vec![plan(1, 'a')])
+                .await
+                .unwrap();
+            let mut ignored = delivery("fixture-delivery-2");
+            ignored.outcome = "ignored: draft".into();
+            ignored.mr = Some(MrIid(4));
+            store.record_delivery(ignored, vec![]).await.unwrap();
+            // Job 1 (plan, mr 1): done, with a finished run.
+            let claimed = store.claim_next().await.unwrap().unwrap();
+            assert_eq!(claimed.id, d1.enqueued[0]);
+            let run = store
+                .start_run(NewRun {
+                    job: Some(claimed.id),
+                    kind: RunKind::Plan,
+                    project: ProjectId(1),
+                    project_path: Some("infra/homelab".into()),
+                    mr: Some(MrIid(1)),
+                    root: "core".into(),
+                    sha: CommitSha("a".repeat(40)),
+                })
+                .await
+                .unwrap();
+            let fp = Fingerprint::from_hex(&"f".repeat(64)).unwrap();
+            store
+                .finish_run(
+                    run,
+                    RunEnd {
+                        state: RunState::Succeeded,
+                        summary: Some("1 to add, 0 to change, 0 to destroy".into()),
+                        log: "Plan: 1 to add, 0 to change, 0 to destroy.\n".into(),
+                        note_markdown: Some("### core\n\n1 to add".into()),
+                        fingerprint: Some(fp.clone()),
+                    },
+                )
+                .await
+                .unwrap();
+            store
+                .record_fingerprint(ShownFingerprint {
+                    project: ProjectId(1),
+                    mr: MrIid(1),
+                    root: "core".into(),
+                    sha: CommitSha("a".repeat(40)),
+                    fingerprint: fp,
+                    run: Some(run),
+                })
+                .await
+                .unwrap();
+            let mut digest = PlanDigest::default();
+            digest.outputs.insert("greeting".into(), "\"hello\"".into());
+            store
+                .record_digest(
+                    ProjectId(1),
+                    MrIid(1),
+                    "core",
+                    &CommitSha("a".repeat(40)),
+                    &digest,
+                )
+                .await
+                .unwrap();
+            store
+                .set_mr_note(ProjectId(1), MrIid(1), NoteId(501))
+                .await
+                .unwrap();
+            store.finish_job(claimed.id, JobEnd::Done).await.unwrap();
+            // Job 2 (command, mr 1): failed.
+            let cmd = store
+                .enqueue(Job::Command {
+                    project: ProjectId(1),
+                    project_path: Some("infra/homelab".into()),
+                    mr: MrIid(1),
+                    note: Some(NoteId(600)),
+                    author: UserId(7),
+                    command: Command::Plan,
+                    head: Some(CommitSha("a".repeat(40))),
+                    fork: false,
+                })
+                .await
+                .unwrap()
+                .id
+                .unwrap();
+            let c = store.claim_next().await.unwrap().unwrap();
+            assert_eq!(c.id, cmd);
+            store
+                .finish_job(cmd, JobEnd::Failed("gitlab said 502".into()))
+                .await
+                .unwrap();
+            // Job 3 (plan, mr 3): canceled when the MR closed.
+            store.enqueue(plan(3, 'c')).await.unwrap();
+            store
+                .cancel_mr(ProjectId(1), MrIid(3), "the merge request was closed")
+                .await
+                .unwrap();
+            // Job 4 (plan, mr 2): left running, with a running apply run.
+            store.enqueue(plan(2, 'b')).await.unwrap();
+            let running = store.claim_next().await.unwrap().unwrap();
+            store
+                .start_run(NewRun {
+                    job: Some(running.id),
+                    kind: RunKind::Apply,
+                    project: ProjectId(1),
+                    project_path: None,
+                    mr: Some(MrIid(2)),
+                    root: "edge".into(),
+                    sha: CommitSha("b".repeat(40)),
+                })
+                .await
+                .unwrap();
+            // Job 5 (reconcile): queued.
+            store.enqueue(Job::Reconcile).await.unwrap();
+            // Applies: one succeeded, one left running.
+            let a = store
+                .begin_apply(NewApply {
+                    ci_job: JobId(9001),
+                    project: ProjectId(1),
+                    mr: Some(MrIid(1)),
+                    sha: CommitSha("a".repeat(40)),
+                    roots: vec!["core".into()],
+                })
+                .await
+                .unwrap()
+                .unwrap();
+            store
+                .finish_apply(a, ApplyState::Succeeded, Some("applied core".into()))
+                .await
+                .unwrap();
+            store
+                .begin_apply(NewApply {
+                    ci_job: JobId(9002),
+                    project: ProjectId(1),
+                    mr: Some(MrIid(2)),
+                    sha: CommitSha("b".repeat(40)),
+                    roots: vec!["edge".into(), "core".into()],
+                })
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        // Let the store's threads close their connections, then fold the WAL into the file.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let conn = Connection::open(&path).unwrap();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+    }
 }
