@@ -2,7 +2,7 @@
 //! flow (`Job::Plan` → [`crate::flows::review::plan`], the others → [`crate::flows::review::commands`])
 //! and honours cancellation.
 
-use crate::capabilities::store::{ClaimedJob, JobEnd};
+use crate::capabilities::store::{ClaimedJob, JobEnd, QueueJobState};
 use crate::core::events::Job;
 use crate::flows::service::app::App;
 use std::sync::Arc;
@@ -57,7 +57,7 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
     let token = app.queue.register(id);
     // Superseded between the claim and the registration: the store already says canceled.
     if let Ok(Some(row)) = app.store.job(id).await {
-        if row.state == "canceled" {
+        if row.queue_state() == Ok(QueueJobState::Canceled) {
             token.cancel();
         }
     }
