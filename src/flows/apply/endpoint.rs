@@ -1,0 +1,80 @@
+//! `POST /api/v1/apply`: the HTTP side of the apply — the job token and the optional body in,
+//! the job log streamed out as plain text with keep-alive lines, the verdict last.
+
+use super::{log_text, run, say, ApplyBody, JobLog, Verdict};
+use crate::core::apply::ApplyRefusal;
+use crate::flows::service::app::App;
+use minijinja::context;
+use std::sync::Arc;
+
+/// How often the stream says it is still alive while the engine is quiet.
+pub const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `POST /api/v1/apply`: take the job token and the optional body, start the apply, and stream
+/// its log (with keep-alive lines) as plain text. The HTTP status is 200 once streaming starts;
+/// a missing token or a body that is not the documented JSON is refused at once with 401/400.
+pub async fn handler(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let plain = [(
+        axum::http::header::CONTENT_TYPE,
+        "text/plain; charset=utf-8",
+    )];
+    let Some(token) = headers
+        .get("job-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .filter(|t| !t.is_empty())
+    else {
+        let line = Verdict::Refused(ApplyRefusal::InvalidJobToken.to_string()).last_line();
+        return (
+            axum::http::StatusCode::UNAUTHORIZED,
+            plain,
+            format!("{line}\n"),
+        )
+            .into_response();
+    };
+    let parsed: ApplyBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ApplyBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => {
+                let line = Verdict::Refused(say("bad_body", context! { error => e.to_string() }))
+                    .last_line();
+                return (
+                    axum::http::StatusCode::BAD_REQUEST,
+                    plain,
+                    format!("{line}\n"),
+                )
+                    .into_response();
+            }
+        }
+    };
+    let (log, rx) = JobLog::new(app.scrubber.clone());
+    tokio::spawn(run(app, token, parsed, log));
+    let stream = futures::stream::unfold(
+        (
+            rx,
+            tokio::time::interval_at(
+                tokio::time::Instant::now() + KEEPALIVE_EVERY,
+                KEEPALIVE_EVERY,
+            ),
+            std::time::Instant::now(),
+        ),
+        |(mut rx, mut tick, started)| async move {
+            let item = tokio::select! {
+                line = rx.recv() => line?,
+                _ = tick.tick() => log_text(
+                    "still_working",
+                    context! { seconds => started.elapsed().as_secs() },
+                ) + "\n",
+            };
+            Some((Ok::<_, std::convert::Infallible>(item), (rx, tick, started)))
+        },
+    );
+    (plain, axum::body::Body::from_stream(stream)).into_response()
+}

@@ -1,0 +1,375 @@
+//! Apply stage 3: plan every root again on the merged commit, with the apply credentials and
+//! each under its root lock, and decide by parity: a root is applied only when its fresh plan's
+//! fingerprint is the one shown on the MR (or confirmed); one refusal refuses the whole apply
+//! and shows what changed.
+
+use super::run::first_error_line;
+use super::{log_text, refuse, say, ApplyCtx, JobLog, Verdict};
+use crate::capabilities::engine::{PlanRequest, PlannedRun};
+use crate::capabilities::gitlab::StatusState;
+use crate::capabilities::store::{ApplyId, ApplyState, NewRun, RunKind, RunState};
+use crate::core::apply::{parity, ApplyRefusal, Parity};
+use crate::core::apply_note::{render_plan_changed, PlanChangedNote};
+use crate::core::fingerprint::Fingerprint;
+use crate::core::ids::MrIid;
+use crate::core::plan::{ActionKind, Plan};
+use crate::core::plan_digest::{delta, PlanDigest};
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
+use crate::core::repo_config::Root;
+use crate::core::summary::Summary;
+use crate::flows::service::app::Trust;
+use crate::flows::service::cpu::cpu_bound;
+use crate::flows::service::locks::RootGuard;
+use anyhow::Result;
+use minijinja::context;
+use std::path::Path;
+
+/// One root after planning.
+pub(super) struct Decided {
+    pub root: String,
+    pub run: crate::core::ids::RunId,
+    pub fingerprint: Fingerprint,
+    pub summary: Summary,
+    pub plan_log: String,
+    /// The plan to apply; `None` when there is nothing to apply.
+    pub planned: Option<PlannedRun>,
+    pub guard: Option<RootGuard>,
+    pub refusal: Option<ApplyRefusal>,
+    pub error: Option<String>,
+}
+
+/// Stage 3: plan every root (each under its lock) and decide. Nothing is applied unless every
+/// root with changes is the reviewed plan: a half-applied main helps nobody. `Err(verdict)`
+/// ends the apply here (a root failed to plan, or a refusal), already recorded and reported.
+pub(super) async fn plan_and_decide(
+    ctx: &ApplyCtx,
+    apply_id: ApplyId,
+    roots: &[&Root],
+    checkout: &Path,
+    confirm: Option<&str>,
+    log: &JobLog,
+) -> Result<Result<Vec<Decided>, Verdict>> {
+    let app = &ctx.app;
+    // 1. Plan every root (each under its lock) and decide; nothing is applied unless every
+    //    root with changes is the reviewed plan: a half-applied main helps nobody.
+    let mut decided: Vec<Decided> = Vec::new();
+    for root in roots {
+        match ctx.plan_root(root, checkout, confirm).await {
+            Ok(d) => decided.push(d),
+            Err(failure) => {
+                let verdict = Verdict::Failed(failure.clone());
+                ctx.finish(apply_id, &decided, &verdict, Some(&failure))
+                    .await;
+                return Ok(Err(verdict));
+            }
+        }
+    }
+    if let Some(refusal) = decided.iter().find_map(|d| d.refusal.clone()) {
+        for d in &decided {
+            ctx.end_run(
+                d.run,
+                RunState::Refused,
+                &say("refused", context! {}),
+                &d.plan_log,
+            )
+            .await;
+        }
+        let verdict = refuse(log, &refusal);
+        app.store
+            .finish_apply(apply_id, ApplyState::Refused, Some(refusal.to_string()))
+            .await?;
+        // `failed`: the job did not apply. A retried job's `running` then starts a new status
+        // (GitLab updates only a pending/running one), so the commit shows the retry's outcome.
+        ctx.status(
+            StatusState::Failed,
+            &say(
+                "refused_because",
+                context! { refusal => refusal.to_string() },
+            ),
+        )
+        .await;
+        return Ok(Err(verdict));
+    }
+
+    Ok(Ok(decided))
+}
+
+impl ApplyCtx {
+    /// Lock the root, plan it with the apply credentials, and decide by parity.
+    async fn plan_root(
+        &self,
+        root: &Root,
+        checkout: &Path,
+        confirm: Option<&str>,
+    ) -> Result<Decided, String> {
+        let guard = match self.app.root_locks.try_lock(self.project, &root.name) {
+            Some(g) => g,
+            None => {
+                self.log
+                    .line(log_text("waiting", context! { root => &root.name }));
+                self.app.root_locks.lock(self.project, &root.name).await
+            }
+        };
+        let run = self
+            .app
+            .store
+            .start_run(NewRun {
+                job: None,
+                kind: RunKind::Apply,
+                project: self.project,
+                project_path: Some(self.project_path.clone()),
+                mr: self.mr_iid(),
+                root: root.name.clone(),
+                sha: self.sha.clone(),
+            })
+            .await
+            .map_err(|e| format!("recording the run: {e:#}"))?;
+        self.log.line(log_text(
+            "planning",
+            context! { root => &root.name, dir => &root.dir },
+        ));
+        let engine = self
+            .app
+            .engine(Trust::DefaultBranch)
+            .map_err(|e| format!("{e:#}"))?;
+        let request = PlanRequest {
+            var_files: root.var_files.iter().map(Into::into).collect(),
+            workspace: Some(root.workspace.clone()).filter(|w| !w.is_empty() && w != "default"),
+            extra_secrets: self.app.config.secrets(),
+            worktree: Some(checkout.to_path_buf()),
+            ..PlanRequest::default()
+        };
+        let planned = match engine.plan(&checkout.join(&root.dir), &request).await {
+            Ok(p) => p,
+            Err(e) => {
+                let report = self.app.scrubber.scrub(&e.report(40)).into_owned();
+                self.end_run(
+                    run,
+                    RunState::Failed,
+                    &say("plan_failed", context! {}),
+                    &report,
+                )
+                .await;
+                self.log.line(&report);
+                return Err(say(
+                    "root_plan_failed",
+                    context! { root => &root.name, error => first_error_line(&report) },
+                ));
+            }
+        };
+        let key_bytes = self.app.config.fingerprint_key.expose().as_bytes();
+        let fingerprint = cpu_bound(|| planned.fingerprint(key_bytes));
+        let plan = planned.plan();
+        let summary = Summary::of(plan);
+        let has_changes = plan_has_changes(plan);
+        self.log.line(log_text(
+            "planned",
+            context! {
+                root => &root.name,
+                summary => summary.one_line(),
+                fingerprint => fingerprint.short(),
+            },
+        ));
+        if plan.errored {
+            let report = planned.log().to_string();
+            self.end_run(
+                run,
+                RunState::Failed,
+                &say("plan_errored", context! {}),
+                &report,
+            )
+            .await;
+            return Err(say("root_plan_errored", context! { root => &root.name }));
+        }
+        let reviewed = match &self.mr {
+            Some(m) => self
+                .app
+                .store
+                .last_shown_fingerprint(self.project, m.iid, &root.name)
+                .await
+                .map_err(|e| format!("{e:#}"))?,
+            None => None,
+        };
+        let decision = parity(
+            &root.name,
+            &fingerprint,
+            !has_changes,
+            self.mr.is_some(),
+            reviewed.as_ref().map(|r| &r.fingerprint),
+            confirm,
+            &self.sha,
+        );
+        let plan_log = planned.log().to_string();
+        let mut decided = Decided {
+            root: root.name.clone(),
+            run,
+            fingerprint: fingerprint.clone(),
+            summary,
+            plan_log,
+            planned: None,
+            guard: None,
+            refusal: None,
+            error: None,
+        };
+        let decision = match decision {
+            Parity::Apply { .. } => {
+                match self.preflight_refusal(&root.name, planned.plan()).await {
+                    Some(refusal) => Parity::Refuse(refusal),
+                    None => decision,
+                }
+            }
+            other => other,
+        };
+        match decision {
+            Parity::NothingToApply => {}
+            Parity::Apply { confirmed } => {
+                if confirmed {
+                    self.log.line(log_text(
+                        "confirmed",
+                        context! { root => &root.name, fingerprint => fingerprint.short() },
+                    ));
+                } else {
+                    self.log.line(log_text(
+                        "reviewed",
+                        context! {
+                            root => &root.name,
+                            mr => self.mr_iid().map(|m| m.0).unwrap_or_default(),
+                        },
+                    ));
+                }
+                decided.planned = Some(planned);
+                decided.guard = Some(guard);
+            }
+            Parity::Refuse(refusal) => {
+                self.print_plan(&planned, root);
+                let changed = matches!(refusal, ApplyRefusal::PlanChanged { .. });
+                if let (true, Some(mr), Some(reviewed)) = (changed, &self.mr, &reviewed) {
+                    self.post_plan_changed(mr.iid, root, &planned, &fingerprint, reviewed)
+                        .await;
+                }
+                decided.refusal = Some(refusal);
+            }
+        }
+        Ok(decided)
+    }
+
+    /// The Proxmox preflight with the apply credentials, just before applying: an error
+    /// finding refuses the apply (no endpoint configured: nothing to check).
+    async fn preflight_refusal(&self, root: &str, plan: &Plan) -> Option<ApplyRefusal> {
+        let config = &self.app.config;
+        let endpoint = crate::flows::review::preflight::endpoint_from_config(
+            &config.proxmox.for_apply(),
+            &config.engine.env,
+        );
+        match crate::flows::review::preflight::before_apply(endpoint, plan).await {
+            Ok(findings) => {
+                for f in findings {
+                    self.log.line(log_text(
+                        "finding",
+                        context! { rule => f.rule, address => &f.address, message => &f.message },
+                    ));
+                }
+                None
+            }
+            Err(why) => Some(ApplyRefusal::PreflightFailed {
+                root: root.to_string(),
+                finding: why,
+            }),
+        }
+    }
+
+    /// Show the fresh plan in the job log (for a direct push, this is the only review).
+    fn print_plan(&self, planned: &PlannedRun, root: &Root) {
+        self.log
+            .line(log_text("plan_is", context! { root => &root.name }));
+        for rc in planned
+            .plan()
+            .managed_changes()
+            .filter(|rc| rc.has_change())
+        {
+            self.log.line(log_text(
+                "change",
+                context! {
+                    symbol => rc.kind().symbol(),
+                    address => rc.display_address(),
+                    verb => rc.kind().verb(),
+                },
+            ));
+        }
+    }
+
+    async fn post_plan_changed(
+        &self,
+        mr: MrIid,
+        root: &Root,
+        planned: &PlannedRun,
+        fresh: &Fingerprint,
+        reviewed: &crate::capabilities::store::ShownFingerprint,
+    ) {
+        let key = self.app.config.fingerprint_key.expose().as_bytes();
+        let fresh_digest = cpu_bound(|| PlanDigest::of(planned.plan(), key));
+        let reviewed_digest = self
+            .app
+            .store
+            .digest_for(self.project, mr, &root.name, &reviewed.sha)
+            .await
+            .ok()
+            .flatten();
+        let d = reviewed_digest
+            .map(|r| delta(&r, &fresh_digest))
+            .unwrap_or_default();
+        let scrubber = planned.scrubber();
+        let findings = cpu_bound(|| crate::core::lint::lint(planned.plan(), &root.lint_disable));
+        let new_plan = cpu_bound(|| {
+            render_note(
+                &NoteContext {
+                    sha: Some(self.sha.0.clone()),
+                    engine: Some(planned.version().to_string()),
+                    ..NoteContext::default()
+                },
+                &[RootSection {
+                    name: root.name.clone(),
+                    outcome: RootOutcome::Planned {
+                        plan: planned.plan(),
+                        findings: &findings,
+                        fingerprint: fresh,
+                    },
+                }],
+                scrubber,
+            )
+        })
+        .replace(NOTE_MARKER, "");
+        let body = render_plan_changed(
+            &PlanChangedNote {
+                root: &root.name,
+                sha: self.sha.as_str(),
+                job_name: &self.app.config.apply.job_name,
+                user: self.user.as_deref(),
+                reviewed_short: reviewed.fingerprint.short(),
+                fresh_short: fresh.short(),
+                delta: &d,
+                new_plan: &new_plan,
+            },
+            scrubber,
+        );
+        let body = self.app.scrubber.scrub(&body).into_owned();
+        if let Err(e) = self
+            .app
+            .gitlab
+            .create_mr_note(self.project, mr, &body)
+            .await
+        {
+            self.app.metrics.gitlab_error("create_mr_note");
+            tracing::warn!(error = %e, "could not post the plan-changed note");
+        }
+    }
+}
+
+/// Whether a plan changes anything at all (resources, moves, imports, outputs).
+pub fn plan_has_changes(plan: &Plan) -> bool {
+    plan.managed_changes().any(|rc| rc.has_change())
+        || plan
+            .output_changes
+            .values()
+            .any(|o| o.kind() != ActionKind::NoOp)
+}

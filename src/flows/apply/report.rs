@@ -1,0 +1,222 @@
+//! Apply stage 5: the result on every surface — the stored apply, the MR note, the
+//! `planbot/apply` commit status, and an issue when it failed (if configured); and, at start-up,
+//! an apply a crash left running reported as interrupted.
+
+use super::parity::Decided;
+use super::run::no_changes;
+use super::{say, ApplyCtx, Verdict, APPLY_STATUS};
+use crate::capabilities::gitlab::{CommitStatus, StatusState};
+use crate::capabilities::store::{ApplyId, ApplyRecord, ApplyState, RunState};
+use crate::core::apply_note::{render_result, ApplyOutcome, ResultNote, RootResult};
+use crate::flows::service::app::App;
+use minijinja::context;
+
+impl ApplyCtx {
+    /// Record, note, status after a failure before any apply ran.
+    pub(super) async fn finish(
+        &self,
+        apply_id: ApplyId,
+        decided: &[Decided],
+        verdict: &Verdict,
+        error: Option<&str>,
+    ) {
+        let results: Vec<RootResult> = decided
+            .iter()
+            .map(|d| RootResult {
+                name: d.root.clone(),
+                text: say("not_applied", context! {}),
+            })
+            .collect();
+        let canceled = say("other_root_failed", context! {});
+        for d in decided {
+            self.end_run(d.run, RunState::Canceled, &canceled, &d.plan_log)
+                .await;
+        }
+        self.report(apply_id, &results, decided, verdict, error)
+            .await;
+    }
+
+    /// The result on every surface: store, MR note, commit status, optionally an issue.
+    pub(super) async fn report(
+        &self,
+        apply_id: ApplyId,
+        results: &[RootResult],
+        decided: &[Decided],
+        verdict: &Verdict,
+        error: Option<&str>,
+    ) {
+        let (state, outcome) = match verdict {
+            Verdict::Succeeded
+                if decided.iter().all(|d| d.summary.is_empty())
+                    && results.iter().all(|r| r.text == no_changes()) =>
+            {
+                (ApplyState::Succeeded, ApplyOutcome::Nothing)
+            }
+            Verdict::Succeeded => (ApplyState::Succeeded, ApplyOutcome::Applied),
+            _ => (ApplyState::Failed, ApplyOutcome::Failed),
+        };
+        let detail = match verdict {
+            Verdict::Succeeded => None,
+            Verdict::Refused(w) | Verdict::Failed(w) => {
+                Some(self.app.scrubber.scrub(w).into_owned())
+            }
+        };
+        if let Err(e) = self.app.store.finish_apply(apply_id, state, detail).await {
+            tracing::error!(error = %e, "could not record the end of the apply");
+        }
+        let nothing = no_changes();
+        let summary = results
+            .iter()
+            .filter(|r| r.text != nothing)
+            .map(|r| say("root_line", context! { root => &r.name, text => &r.text }))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let run_id = decided.first().map(|d| d.run);
+        let run_url = run_id.and_then(|r| self.app.run_url(r));
+        let scrubbed_error = error.map(|e| self.app.scrubber.scrub(e).into_owned());
+        if let Some(mr) = self.mr_iid() {
+            let body = render_result(
+                &ResultNote {
+                    outcome,
+                    sha: self.sha.as_str(),
+                    branch: &self.branch,
+                    user: self.user.as_deref(),
+                    summary: if summary.is_empty() {
+                        &nothing
+                    } else {
+                        &summary
+                    },
+                    roots: results,
+                    error: scrubbed_error.as_deref(),
+                    log_excerpt: None,
+                    job_name: &self.app.config.apply.job_name,
+                    job_id: self.job_id.0,
+                    run_id: run_id.map(|r| r.0),
+                    run_url: run_url.as_deref(),
+                },
+                &self.app.scrubber,
+            );
+            if let Err(e) = self
+                .app
+                .gitlab
+                .create_mr_note(self.project, mr, &body)
+                .await
+            {
+                self.app.metrics.gitlab_error("create_mr_note");
+                tracing::warn!(error = %e, "could not post the apply result");
+            }
+        }
+        let (status, description) = match verdict {
+            Verdict::Succeeded => (
+                StatusState::Success,
+                if summary.is_empty() {
+                    nothing.clone()
+                } else {
+                    say("applied_roots", context! { summary => &summary })
+                },
+            ),
+            Verdict::Refused(w) | Verdict::Failed(w) => (StatusState::Failed, w.clone()),
+        };
+        self.status(status, &description).await;
+        if outcome == ApplyOutcome::Failed && self.app.config.apply.open_issue_on_failure {
+            let issue = |kind| {
+                crate::core::templates::text(
+                    "apply/failure_issue.md.j2",
+                    kind,
+                    context! {
+                        short_sha => self.sha.short(),
+                        job_name => &self.app.config.apply.job_name,
+                        job_id => self.job_id,
+                        sha => &self.sha,
+                        mr => self.mr_iid(),
+                        error => scrubbed_error.as_deref().unwrap_or(""),
+                        run => run_url
+                            .clone()
+                            .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),
+                    },
+                )
+            };
+            let title = issue("title");
+            let description = issue("body");
+            let description = self.app.scrubber.scrub(&description).into_owned();
+            if let Err(e) = self
+                .app
+                .gitlab
+                .create_issue(self.project, &title, &description)
+                .await
+            {
+                self.app.metrics.gitlab_error("create_issue");
+                tracing::warn!(error = %e, "could not open the failure issue");
+            }
+        }
+    }
+}
+
+/// At start-up: an apply a crash left `running` is reported as interrupted, never re-run.
+pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
+    let text = say("interrupted", context! { roots => &record.roots });
+    if let Some(mr) = record.mr {
+        let roots: Vec<RootResult> = record
+            .roots
+            .iter()
+            .map(|r| RootResult {
+                name: r.clone(),
+                text: say("root_interrupted", context! {}),
+            })
+            .collect();
+        let body = render_result(
+            &ResultNote {
+                outcome: ApplyOutcome::Interrupted,
+                sha: record.sha.as_str(),
+                branch: "",
+                user: None,
+                summary: "",
+                roots: &roots,
+                error: None,
+                log_excerpt: None,
+                job_name: &app.config.apply.job_name,
+                job_id: record.ci_job.0,
+                run_id: None,
+                run_url: None,
+            },
+            &app.scrubber,
+        );
+        if let Err(e) = app.gitlab.create_mr_note(record.project, mr, &body).await {
+            app.metrics.gitlab_error("create_mr_note");
+            tracing::warn!(error = %e, "could not report the interrupted apply on the MR");
+        }
+    }
+    // The ref of the `running` status the interrupted apply left, so that this one moves it
+    // to `failed` (GitLab updates a running status only for the same name, ref and user).
+    let ref_ = match app
+        .gitlab
+        .commit_statuses(record.project, &record.sha)
+        .await
+    {
+        Ok(rows) => rows
+            .into_iter()
+            .rev()
+            .find(|r| r.name == APPLY_STATUS && matches!(r.status.as_str(), "running" | "pending"))
+            .and_then(|r| r.ref_),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the interrupted apply's status");
+            None
+        }
+    };
+    let status = CommitStatus {
+        state: StatusState::Failed,
+        name: APPLY_STATUS.into(),
+        description: Some(text),
+        target_url: None,
+        ref_,
+        pipeline_id: None,
+    };
+    if let Err(e) = app
+        .gitlab
+        .set_commit_status(record.project, &record.sha, &status)
+        .await
+    {
+        app.metrics.gitlab_error("set_commit_status");
+        tracing::warn!(error = %e, "could not set the interrupted apply's status");
+    }
+}

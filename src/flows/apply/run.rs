@@ -1,0 +1,125 @@
+//! Apply stage 4: apply the plan files that were just checked against the review, in config
+//! order, each under the lock its plan was made under, streaming the engine's output to the job.
+
+use super::parity::Decided;
+use super::{log_text, say, ApplyCtx, JobLog, Verdict};
+use crate::capabilities::engine::{EngineError, PlannedRun};
+use crate::capabilities::gitlab::StatusState;
+use crate::capabilities::store::RunState;
+use crate::core::apply_note::RootResult;
+use crate::core::summary::Summary;
+use crate::flows::service::locks::RootGuard;
+use minijinja::context;
+
+/// Stage 4: apply every decided root with changes; after a failure the later roots are not
+/// applied (said so). Returns each root's line for the report and the verdict.
+pub(super) async fn apply_all(
+    ctx: &ApplyCtx,
+    decided: &mut [Decided],
+    log: &JobLog,
+) -> (Vec<RootResult>, Verdict) {
+    // 2. Apply the plan files that were just reviewed-checked, in config order.
+    if decided.iter().any(|d| d.planned.is_some()) {
+        ctx.status(StatusState::Running, &say("applying", context! {}))
+            .await;
+    }
+    let mut results = Vec::new();
+    let mut failure = None;
+    for d in decided.iter_mut() {
+        match d.planned.take() {
+            None => {
+                log.line(log_text("nothing_to_apply", context! { root => &d.root }));
+                ctx.end_run(d.run, RunState::Succeeded, &no_changes(), &d.plan_log)
+                    .await;
+                results.push(RootResult {
+                    name: d.root.clone(),
+                    text: no_changes(),
+                });
+            }
+            Some(planned) if failure.is_none() => {
+                log.line(log_text(
+                    "applying",
+                    context! {
+                        root => &d.root,
+                        fingerprint => d.fingerprint.short(),
+                        summary => d.summary.one_line(),
+                    },
+                ));
+                let guard = d.guard.take().expect("a planned root holds its lock");
+                match apply_root(&guard, planned, log).await {
+                    Ok(out_log) => {
+                        ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
+                            .await;
+                        results.push(RootResult {
+                            name: d.root.clone(),
+                            text: applied_words(&d.summary),
+                        });
+                    }
+                    Err(e) => {
+                        let report = e.report(40);
+                        ctx.end_run(
+                            d.run,
+                            RunState::Failed,
+                            &say("apply_failed", context! {}),
+                            &report,
+                        )
+                        .await;
+                        results.push(RootResult {
+                            name: d.root.clone(),
+                            text: say("apply_failed", context! {}),
+                        });
+                        failure = Some(say(
+                            "root_failed",
+                            context! { root => &d.root, error => first_error_line(&report) },
+                        ));
+                        d.error = Some(report);
+                    }
+                }
+            }
+            Some(_) => {
+                let text = say("earlier_root_failed", context! {});
+                ctx.end_run(d.run, RunState::Canceled, &text, "").await;
+                results.push(RootResult {
+                    name: d.root.clone(),
+                    text,
+                });
+            }
+        }
+    }
+    let verdict = match failure {
+        None => Verdict::Succeeded,
+        Some(f) => Verdict::Failed(f),
+    };
+    (results, verdict)
+}
+
+/// Apply-style work needs the root's lock: the guard is the proof.
+async fn apply_root(
+    _guard: &RootGuard,
+    planned: PlannedRun,
+    log: &JobLog,
+) -> Result<String, EngineError> {
+    let out = planned.apply_streaming(|line| log.line(line)).await?;
+    Ok(out.log)
+}
+
+fn applied_words(s: &Summary) -> String {
+    say("applied", context! { s })
+}
+
+/// A root's (and a run's) text when there was nothing to apply.
+pub(super) fn no_changes() -> String {
+    say("no_changes", context! {})
+}
+
+pub(super) fn first_error_line(report: &str) -> String {
+    report
+        .lines()
+        .find(|l| l.contains("Error"))
+        .or_else(|| report.lines().next())
+        .map(str::to_string)
+        .unwrap_or_else(|| say("engine_failed", context! {}))
+        .trim()
+        .trim_start_matches(['│', '╷', '╵', ' '])
+        .to_string()
+}
