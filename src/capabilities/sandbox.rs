@@ -39,6 +39,7 @@ pub enum Support {
 impl Support {
     /// Ask the kernel (`landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`).
     pub fn probe() -> Support {
+        // The `landlock` crate keeps this query private, and `nix` has no Landlock wrapper.
         // SAFETY: the version query takes no pointer the kernel writes to.
         let v = unsafe {
             libc::syscall(
@@ -51,8 +52,8 @@ impl Support {
         if v >= 1 {
             return Support::Landlock { abi: v as i32 };
         }
-        match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::EOPNOTSUPP) => Support::Unavailable {
+        match nix::errno::Errno::last() {
+            nix::errno::Errno::EOPNOTSUPP => Support::Unavailable {
                 reason: "Landlock is built into this kernel but not enabled (add `landlock` to the `lsm=` boot parameter)",
             },
             _ => Support::Unavailable {
@@ -265,7 +266,7 @@ impl PreparedSandbox {
         let confine = move || -> std::io::Result<()> {
             // Only async-signal-safe work here (we are between fork and exec): two syscalls
             // (prctl NO_NEW_PRIVS, landlock_restrict_self), no allocation on success or error.
-            let denied = std::io::Error::from_raw_os_error(libc::EPERM);
+            let denied = std::io::Error::from(nix::errno::Errno::EPERM);
             let Some(r) = ruleset.take() else {
                 return Err(denied);
             };

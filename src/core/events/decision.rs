@@ -1,274 +1,89 @@
-//! GitLab webhook payloads (tolerant: every field optional) and the pure events → jobs decision (design §1).
+//! The pure events → jobs decision (design §1): what one authentic delivery means, as the jobs
+//! to enqueue and the outcome recorded with the delivery.
 
+use super::commands::parse_command;
+use super::job::{Job, PlanJob, PlanReason};
+use super::payloads::{is_sha, Commit, MergeRequestHook, MrAttributes, NoteHook};
 use crate::core::config::Allowlist;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, UserId};
-use serde::{Deserialize, Serialize};
 
-// ---------------------------------------------------------------------------------------------
-// Payloads: only what planbot reads; unknown fields are ignored, missing ones are `None`.
-// Timestamps are kept as strings (GitLab mixes formats; one doc example is not even RFC 3339).
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct User {
-    pub id: Option<u64>,
-    pub username: Option<String>,
-    pub name: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Project {
-    pub id: Option<u64>,
-    pub path_with_namespace: Option<String>,
-    pub default_branch: Option<String>,
-    pub web_url: Option<String>,
-    pub git_http_url: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Commit {
-    pub id: Option<serde_json::Value>,
-    pub timestamp: Option<String>,
-}
-
-impl Commit {
-    /// The commit SHA, when `id` is a 40-hex string (it is a number in some job payloads).
-    pub fn sha(&self) -> Option<CommitSha> {
-        match &self.id {
-            Some(serde_json::Value::String(s)) if is_sha(s) => {
-                Some(CommitSha(s.to_ascii_lowercase()))
-            }
-            _ => None,
-        }
-    }
-}
-
-fn is_sha(s: &str) -> bool {
-    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct MrAttributes {
-    pub id: Option<u64>,
-    pub iid: Option<u64>,
-    pub action: Option<String>,
-    pub state: Option<String>,
-    pub draft: Option<bool>,
-    pub work_in_progress: Option<bool>,
-    pub source_project_id: Option<u64>,
-    pub target_project_id: Option<u64>,
-    pub source_branch: Option<String>,
-    pub target_branch: Option<String>,
-    pub last_commit: Option<Commit>,
-    pub oldrev: Option<String>,
-    pub merge_commit_sha: Option<String>,
-    pub system: Option<bool>,
-    pub url: Option<String>,
-    pub title: Option<String>,
-}
-
-/// One `changes` entry: `{previous, current}`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Change {
-    pub previous: serde_json::Value,
-    pub current: serde_json::Value,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct MrChanges {
-    pub draft: Option<Change>,
-    pub target_branch: Option<Change>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct MergeRequestHook {
-    pub object_kind: Option<String>,
-    pub user: Option<User>,
-    pub project: Option<Project>,
-    pub object_attributes: Option<MrAttributes>,
-    pub changes: Option<MrChanges>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct NoteAttributes {
-    pub id: Option<u64>,
-    pub note: Option<String>,
-    pub noteable_type: Option<String>,
-    pub author_id: Option<u64>,
-    pub system: Option<bool>,
-    pub action: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct NoteHook {
-    pub object_kind: Option<String>,
-    pub user: Option<User>,
-    pub project_id: Option<u64>,
-    pub project: Option<Project>,
-    pub object_attributes: Option<NoteAttributes>,
-    pub merge_request: Option<MrAttributes>,
-}
-
-// ---------------------------------------------------------------------------------------------
-// Jobs: what the queue runs. Serialized as JSON into the store.
-// ---------------------------------------------------------------------------------------------
-
-/// Why a plan was asked for (shown on run pages, and lets the plan flow narrow its work).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PlanReason {
-    Opened,
-    Reopened,
-    NewCommits,
-    TargetBranchChanged,
-    MarkedReady,
-    /// `planbot plan` on the MR, by this user (access already checked by the command job).
-    Command,
-    /// Another MR was merged into the target branch: this plan may be stale.
-    SiblingMerged {
-        merged: MrIid,
-    },
-    /// Start-up reconciliation: the head had no plan (a webhook was lost).
-    Reconcile,
-}
-
-/// Plan one MR at one head commit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanJob {
-    pub project: ProjectId,
-    pub project_path: Option<String>,
-    pub mr: MrIid,
-    pub head: CommitSha,
-    pub target_branch: Option<String>,
-    pub source_project: Option<ProjectId>,
-    /// From a fork: untrusted code; only planned on a maintainer's command, with plan credentials.
-    pub fork: bool,
-    pub draft: bool,
-    pub reason: PlanReason,
-    pub requested_by: Option<UserId>,
-}
-
-/// A comment command planbot understands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Command {
-    Plan,
-    Help,
-}
-
-/// Everything the queue runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Job {
-    Plan(PlanJob),
-    /// The MR was merged: banner on its note, then re-plan the other open MRs of the project.
-    MarkMerged {
-        project: ProjectId,
-        mr: MrIid,
-        merge_commit: Option<CommitSha>,
-        target_branch: Option<String>,
-    },
-    /// The MR was closed: queued work is already dropped; remove the workspace.
-    Closed {
-        project: ProjectId,
-        mr: MrIid,
-    },
-    /// `planbot plan` / `planbot help` in a note; the job checks Developer+ access and ignores the bot's own notes.
-    Command {
-        project: ProjectId,
-        project_path: Option<String>,
-        mr: MrIid,
-        note: Option<NoteId>,
-        author: UserId,
-        command: Command,
-        /// The MR head at the time of the note, when the payload had it (the job re-reads the MR).
-        head: Option<CommitSha>,
-        fork: bool,
-    },
-    /// A fork MR was opened/updated: say once that a maintainer must run `planbot plan`.
-    ForkNotice {
-        project: ProjectId,
-        mr: MrIid,
-        head: Option<CommitSha>,
-    },
-    /// Start-up: plan every open MR of the allowed projects whose head has no plan.
-    Reconcile,
-}
-
-impl Job {
-    /// Short kind name, as stored and shown.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Job::Plan(_) => "plan",
-            Job::MarkMerged { .. } => "mark_merged",
-            Job::Closed { .. } => "closed",
-            Job::Command { .. } => "command",
-            Job::ForkNotice { .. } => "fork_notice",
-            Job::Reconcile => "reconcile",
-        }
-    }
-
-    /// The MR this job is about, if any.
-    pub fn mr(&self) -> Option<(ProjectId, MrIid)> {
-        match self {
-            Job::Plan(p) => Some((p.project, p.mr)),
-            Job::MarkMerged { project, mr, .. }
-            | Job::Closed { project, mr }
-            | Job::Command { project, mr, .. }
-            | Job::ForkNotice { project, mr, .. } => Some((*project, *mr)),
-            Job::Reconcile => None,
-        }
-    }
-
-    /// The commit this job is about, if any.
-    pub fn sha(&self) -> Option<&CommitSha> {
-        match self {
-            Job::Plan(p) => Some(&p.head),
-            Job::MarkMerged { merge_commit, .. } => merge_commit.as_ref(),
-            Job::Command { head, .. } | Job::ForkNotice { head, .. } => head.as_ref(),
-            _ => None,
-        }
-    }
-}
-
-/// What enqueuing a job does to the other jobs of the same MR (applied by the store atomically).
+/// The kind of a delivery, from its `X-Gitlab-Event` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Supersede {
-    /// Nothing.
-    None,
-    /// Cancel queued and running plans of this MR for any other head.
-    OtherHeads,
-    /// Cancel every queued or running job of this MR (close).
-    All,
+pub enum EventKind {
+    MergeRequest,
+    Note,
+    Push,
+    Job,
+    Pipeline,
+    System,
+    /// No `X-Gitlab-Event` header.
+    Missing,
+    /// Any other event.
+    Other,
 }
 
-impl Job {
-    pub fn supersedes(&self) -> Supersede {
+impl EventKind {
+    pub fn from_header(event: Option<&str>) -> EventKind {
+        match event.map(str::trim) {
+            Some("Merge Request Hook") => EventKind::MergeRequest,
+            Some("Note Hook") => EventKind::Note,
+            Some("Push Hook") => EventKind::Push,
+            Some("Job Hook") => EventKind::Job,
+            Some("Pipeline Hook") => EventKind::Pipeline,
+            Some("System Hook") => EventKind::System,
+            None => EventKind::Missing,
+            Some(_) => EventKind::Other,
+        }
+    }
+
+    /// The short metrics label (`Merge Request Hook` → `merge_request`).
+    pub fn label(self) -> &'static str {
         match self {
-            Job::Plan(_) | Job::MarkMerged { .. } => Supersede::OtherHeads,
-            Job::Closed { .. } => Supersede::All,
-            _ => Supersede::None,
+            EventKind::MergeRequest => "merge_request",
+            EventKind::Note => "note",
+            EventKind::Push => "push",
+            EventKind::Job => "job",
+            EventKind::Pipeline => "pipeline",
+            EventKind::System => "system",
+            EventKind::Missing => "none",
+            EventKind::Other => "other",
         }
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The decision.
-// ---------------------------------------------------------------------------------------------
+/// The short metrics label of `X-Gitlab-Event` (`Merge Request Hook` → `merge_request`).
+pub fn event_label(event: Option<&str>) -> &'static str {
+    EventKind::from_header(event).label()
+}
+
+/// What became of a delivery, in one word (its [`Decision::outcome`] says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    /// Jobs were made.
+    Enqueued,
+    /// Understood, and nothing to do.
+    Ignored,
+    /// The body could not be understood.
+    Unparseable,
+}
+
+impl OutcomeKind {
+    /// The metrics label of a recorded delivery with this outcome.
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeKind::Enqueued => "accepted",
+            OutcomeKind::Ignored => "ignored",
+            OutcomeKind::Unparseable => "unparseable",
+        }
+    }
+}
 
 /// The outcome of one delivery, recorded with it and counted in metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub jobs: Vec<Job>,
+    /// What became of the delivery, for callers that branch on it.
+    pub kind: OutcomeKind,
     /// `enqueued`, or why nothing was done (`ignored: <reason>`), or `unparseable: <error>`.
     pub outcome: String,
     /// The project and MR, when the payload named them (stored with the delivery).
@@ -280,44 +95,58 @@ impl Decision {
     fn ignored(why: impl Into<String>) -> Decision {
         Decision {
             jobs: Vec::new(),
+            kind: OutcomeKind::Ignored,
             outcome: format!("ignored: {}", why.into()),
             project: None,
             mr: None,
         }
     }
 
+    fn unparseable(e: serde_json::Error) -> Decision {
+        Decision {
+            jobs: Vec::new(),
+            kind: OutcomeKind::Unparseable,
+            outcome: format!("unparseable: {e}"),
+            project: None,
+            mr: None,
+        }
+    }
+
+    fn enqueued(jobs: Vec<Job>) -> Decision {
+        Decision {
+            jobs,
+            kind: OutcomeKind::Enqueued,
+            outcome: "enqueued".into(),
+            project: None,
+            mr: None,
+        }
+    }
+
+    /// The same decision, about this MR.
+    fn about(mut self, project: ProjectId, mr: MrIid) -> Decision {
+        self.project = Some(project);
+        self.mr = Some(mr);
+        self
+    }
+
     /// Whether the body could not be understood (logged at warn).
     pub fn is_unparseable(&self) -> bool {
-        self.outcome.starts_with("unparseable")
-    }
-}
-
-/// The short metrics label of `X-Gitlab-Event` (`Merge Request Hook` → `merge_request`).
-pub fn event_label(event: Option<&str>) -> &'static str {
-    match event.map(str::trim) {
-        Some("Merge Request Hook") => "merge_request",
-        Some("Note Hook") => "note",
-        Some("Push Hook") => "push",
-        Some("Job Hook") => "job",
-        Some("Pipeline Hook") => "pipeline",
-        Some("System Hook") => "system",
-        None => "none",
-        _ => "other",
+        self.kind == OutcomeKind::Unparseable
     }
 }
 
 /// Decide what to do about one authentic delivery: `event` is `X-Gitlab-Event`, `body` the raw JSON.
 pub fn decide(event: Option<&str>, body: &[u8], allow: &Allowlist) -> Decision {
-    match event_label(event) {
-        "merge_request" => match serde_json::from_slice::<MergeRequestHook>(body) {
+    match EventKind::from_header(event) {
+        EventKind::MergeRequest => match serde_json::from_slice::<MergeRequestHook>(body) {
             Ok(hook) => decide_mr(&hook, allow),
-            Err(e) => unparseable(e),
+            Err(e) => Decision::unparseable(e),
         },
-        "note" => match serde_json::from_slice::<NoteHook>(body) {
+        EventKind::Note => match serde_json::from_slice::<NoteHook>(body) {
             Ok(hook) => decide_note(&hook, allow),
-            Err(e) => unparseable(e),
+            Err(e) => Decision::unparseable(e),
         },
-        "none" => Decision::ignored("no X-Gitlab-Event header"),
+        EventKind::Missing => Decision::ignored("no X-Gitlab-Event header"),
         _ => {
             // Still must be JSON to count as a well-formed delivery.
             match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
@@ -325,18 +154,35 @@ pub fn decide(event: Option<&str>, body: &[u8], allow: &Allowlist) -> Decision {
                     "event `{}` is not used",
                     event.unwrap_or_default().trim()
                 )),
-                Err(e) => unparseable(e),
+                Err(e) => Decision::unparseable(e),
             }
         }
     }
 }
 
-fn unparseable(e: serde_json::Error) -> Decision {
-    Decision {
-        jobs: Vec::new(),
-        outcome: format!("unparseable: {e}"),
-        project: None,
-        mr: None,
+/// The `action` of a merge request event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MrAction<'a> {
+    Open,
+    Reopen,
+    Update,
+    Merge,
+    Close,
+    Missing,
+    Other(&'a str),
+}
+
+impl<'a> MrAction<'a> {
+    fn of(attrs: &'a MrAttributes) -> MrAction<'a> {
+        match attrs.action.as_deref().unwrap_or("") {
+            "open" => MrAction::Open,
+            "reopen" => MrAction::Reopen,
+            "update" => MrAction::Update,
+            "merge" => MrAction::Merge,
+            "close" => MrAction::Close,
+            "" => MrAction::Missing,
+            other => MrAction::Other(other),
+        }
     }
 }
 
@@ -362,10 +208,7 @@ fn decide_mr(hook: &MergeRequestHook, allow: &Allowlist) -> Decision {
         return Decision::ignored("merge request event without an iid");
     };
     let (project, mr) = (ProjectId(project_id), MrIid(iid));
-    let mut d = classify_mr(hook, attrs, project, project_path, mr);
-    d.project = Some(project);
-    d.mr = Some(mr);
-    d
+    classify_mr(hook, attrs, project, project_path, mr).about(project, mr)
 }
 
 fn classify_mr(
@@ -375,28 +218,19 @@ fn classify_mr(
     project_path: Option<String>,
     mr: MrIid,
 ) -> Decision {
-    let action = attrs.action.as_deref().unwrap_or("");
-    let changes = hook.changes.clone().unwrap_or_default();
-    let reason = match action {
-        "open" => Some(PlanReason::Opened),
-        "reopen" => Some(PlanReason::Reopened),
-        "update" if attrs.oldrev.as_deref().is_some_and(|s| !s.is_empty()) => {
-            Some(PlanReason::NewCommits)
-        }
-        "update" if changes.target_branch.is_some() => Some(PlanReason::TargetBranchChanged),
-        "update"
-            if changes.draft.as_ref().is_some_and(|c| {
-                c.current == serde_json::Value::Bool(false)
-                    && c.previous == serde_json::Value::Bool(true)
-            }) =>
-        {
-            Some(PlanReason::MarkedReady)
-        }
-        "update" => {
-            return Decision::ignored("update without new commits, target branch or ready change")
-        }
-        "merge" => {
-            return enqueued(vec![Job::MarkMerged {
+    let reason = match MrAction::of(attrs) {
+        MrAction::Open => PlanReason::Opened,
+        MrAction::Reopen => PlanReason::Reopened,
+        MrAction::Update => match update_reason(hook, attrs) {
+            Some(reason) => reason,
+            None => {
+                return Decision::ignored(
+                    "update without new commits, target branch or ready change",
+                )
+            }
+        },
+        MrAction::Merge => {
+            return Decision::enqueued(vec![Job::MarkMerged {
                 project,
                 mr,
                 merge_commit: attrs
@@ -407,23 +241,23 @@ fn classify_mr(
                 target_branch: attrs.target_branch.clone(),
             }])
         }
-        "close" => return enqueued(vec![Job::Closed { project, mr }]),
-        "" => return Decision::ignored("merge request event without an action"),
-        other => return Decision::ignored(format!("action `{other}` needs no plan")),
+        MrAction::Close => return Decision::enqueued(vec![Job::Closed { project, mr }]),
+        MrAction::Missing => return Decision::ignored("merge request event without an action"),
+        MrAction::Other(other) => {
+            return Decision::ignored(format!("action `{other}` needs no plan"))
+        }
     };
-    let reason = reason.expect("every other arm returned");
     let Some(head) = attrs.last_commit.as_ref().and_then(Commit::sha) else {
         return Decision::ignored("merge request event without last_commit.id");
     };
-    let fork = is_fork(attrs);
-    if fork {
-        return enqueued(vec![Job::ForkNotice {
+    if is_fork(attrs) {
+        return Decision::enqueued(vec![Job::ForkNotice {
             project,
             mr,
             head: Some(head),
         }]);
     }
-    enqueued(vec![Job::Plan(PlanJob {
+    Decision::enqueued(vec![Job::Plan(PlanJob {
         project,
         project_path,
         mr,
@@ -437,36 +271,25 @@ fn classify_mr(
     })])
 }
 
+/// Why an `update` needs a plan: new commits, a new target branch, or draft → ready.
+fn update_reason(hook: &MergeRequestHook, attrs: &MrAttributes) -> Option<PlanReason> {
+    let changes = hook.changes.clone().unwrap_or_default();
+    let marked_ready = changes.draft.as_ref().is_some_and(|c| {
+        c.current == serde_json::Value::Bool(false) && c.previous == serde_json::Value::Bool(true)
+    });
+    if attrs.oldrev.as_deref().is_some_and(|s| !s.is_empty()) {
+        Some(PlanReason::NewCommits)
+    } else if changes.target_branch.is_some() {
+        Some(PlanReason::TargetBranchChanged)
+    } else if marked_ready {
+        Some(PlanReason::MarkedReady)
+    } else {
+        None
+    }
+}
+
 fn is_fork(attrs: &MrAttributes) -> bool {
     matches!((attrs.source_project_id, attrs.target_project_id), (Some(s), Some(t)) if s != t)
-}
-
-fn enqueued(jobs: Vec<Job>) -> Decision {
-    Decision {
-        jobs,
-        outcome: "enqueued".into(),
-        project: None,
-        mr: None,
-    }
-}
-
-/// Parse a comment: the first non-empty line must be `planbot <command>` (case-insensitive).
-pub fn parse_command(note: &str) -> Option<Command> {
-    let line = note.lines().map(str::trim).find(|l| !l.is_empty())?;
-    let mut words = line.split_whitespace();
-    let first = words.next()?.trim_start_matches('/');
-    if !first.eq_ignore_ascii_case("planbot") && !first.eq_ignore_ascii_case("@planbot") {
-        return None;
-    }
-    let cmd = words.next()?;
-    if words.next().is_some() {
-        return None;
-    }
-    match cmd.to_ascii_lowercase().as_str() {
-        "plan" => Some(Command::Plan),
-        "help" => Some(Command::Help),
-        _ => None,
-    }
 }
 
 fn decide_note(hook: &NoteHook, allow: &Allowlist) -> Decision {
@@ -505,25 +328,25 @@ fn decide_note(hook: &NoteHook, allow: &Allowlist) -> Decision {
     let Some(author) = note.author_id.or(hook.user.as_ref().and_then(|u| u.id)) else {
         return Decision::ignored("command note without an author");
     };
-    let mut d = enqueued(vec![Job::Command {
-        project: ProjectId(project_id),
+    let (project, mr) = (ProjectId(project_id), MrIid(iid));
+    Decision::enqueued(vec![Job::Command {
+        project,
         project_path,
-        mr: MrIid(iid),
+        mr,
         note: note.id.map(NoteId),
         author: UserId(author),
         command,
         head: mr_attrs.last_commit.as_ref().and_then(Commit::sha),
         fork: is_fork(mr_attrs),
-    }]);
-    d.project = Some(ProjectId(project_id));
-    d.mr = Some(MrIid(iid));
-    d
+    }])
+    .about(project, mr)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::core::config::ProjectRef;
+    use crate::core::events::{Command, Supersede};
 
     fn fixture(name: &str) -> Vec<u8> {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -784,20 +607,6 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-    }
-
-    #[test]
-    fn commands_are_parsed_strictly() {
-        assert_eq!(parse_command("planbot plan"), Some(Command::Plan));
-        assert_eq!(
-            parse_command("  \n PlanBot HELP \nthanks"),
-            Some(Command::Help)
-        );
-        assert_eq!(parse_command("/planbot plan"), Some(Command::Plan));
-        assert_eq!(parse_command("planbot plan please now"), None);
-        assert_eq!(parse_command("I think planbot plan is broken"), None);
-        assert_eq!(parse_command("planbot apply"), None);
-        assert_eq!(parse_command(""), None);
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! Building an [`Engine`]: its settings (timeouts, env, plugin cache, sandbox, CLI config) and
+//! the engine binary, resolved on `PATH` ([`default_binary`]: `tofu`, else `terraform`).
+
+use super::cli_config::CliConfig;
+use super::confine::SandboxMode;
+use super::env::forbidden_env_key;
+use super::{Engine, EngineError, Inner};
+use crate::capabilities::sandbox::Support;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Builder of an [`Engine`].
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    binary: PathBuf,
+    temp_root: PathBuf,
+    timeout: Duration,
+    grace: Duration,
+    lock_timeout: Duration,
+    env: BTreeMap<String, String>,
+    plugin_cache_dir: Option<PathBuf>,
+    path: Option<OsString>,
+    home: Option<OsString>,
+    sandbox: SandboxMode,
+    cli_config: CliConfig,
+}
+
+impl EngineBuilder {
+    /// The defaults for `binary` (see [`Engine::builder`]).
+    pub(super) fn new(binary: PathBuf, temp_root: PathBuf) -> EngineBuilder {
+        EngineBuilder {
+            binary,
+            temp_root,
+            timeout: Duration::from_secs(30 * 60),
+            grace: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(5 * 60),
+            env: BTreeMap::new(),
+            plugin_cache_dir: None,
+            path: None,
+            home: None,
+            sandbox: SandboxMode::strict(Support::probe(), true, |reason| {
+                format!("refusing to run the engine without a sandbox: {reason}")
+            }),
+            cli_config: CliConfig::User,
+        }
+    }
+
+    /// How engine processes are confined. Default: the strict profile, required (every run
+    /// refused on a kernel without Landlock).
+    pub fn sandbox(mut self, mode: SandboxMode) -> Self {
+        self.sandbox = mode;
+        self
+    }
+
+    /// Where the engine's CLI configuration comes from. Default: the user's own.
+    pub fn cli_config(mut self, config: CliConfig) -> Self {
+        self.cli_config = config;
+        self
+    }
+
+    /// Whole-run timeout (init + plan + show; an apply gets its own). Default 30 minutes.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// Time between the SIGTERM and the SIGKILL of the process group. Default 30 s.
+    pub fn grace(mut self, d: Duration) -> Self {
+        self.grace = d;
+        self
+    }
+
+    /// `-lock-timeout` for plan and apply. Default 5 minutes.
+    pub fn lock_timeout(mut self, d: Duration) -> Self {
+        self.lock_timeout = d;
+        self
+    }
+
+    /// The configured `engine.env` (secrets: scrubbed from all output). `TF_LOG*` and
+    /// `TF_CLI_ARGS*` are refused (dropped): they leak secrets or change what runs.
+    pub fn env(mut self, env: BTreeMap<String, String>) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// `TF_PLUGIN_CACHE_DIR` (created when missing).
+    pub fn plugin_cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugin_cache_dir = Some(dir.into());
+        self
+    }
+
+    /// `PATH` of the engine (default: this process's `PATH`).
+    pub fn path_env(mut self, path: impl Into<OsString>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    /// `HOME` of the engine (default: this process's `HOME`).
+    pub fn home(mut self, home: impl Into<OsString>) -> Self {
+        self.home = Some(home.into());
+        self
+    }
+
+    /// Resolve the binary (on `PATH` unless it is a path) and finish.
+    pub fn build(self) -> Result<Engine, EngineError> {
+        let path = self
+            .path
+            .or_else(|| std::env::var_os("PATH"))
+            .unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
+        let binary = resolve_binary(&self.binary, &path)?;
+        let env = self
+            .env
+            .into_iter()
+            .filter(|(k, _)| {
+                let ok = !forbidden_env_key(k);
+                if !ok {
+                    tracing::warn!(key = %k, "engine.env key refused: it leaks secrets or changes what runs");
+                }
+                ok
+            })
+            .collect();
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                binary,
+                timeout: self.timeout,
+                grace: self.grace,
+                lock_timeout: self.lock_timeout,
+                env,
+                plugin_cache_dir: self.plugin_cache_dir,
+                temp_root: self.temp_root,
+                path,
+                home: self
+                    .home
+                    .or_else(|| std::env::var_os("HOME"))
+                    .unwrap_or_else(|| OsString::from("/")),
+                sandbox: self.sandbox,
+                cli_config: self.cli_config,
+                version: tokio::sync::OnceCell::new(),
+            }),
+        })
+    }
+}
+
+/// `binary` itself when it holds a `/`, else the first executable `binary` on `path`.
+fn resolve_binary(binary: &Path, path: &std::ffi::OsStr) -> Result<PathBuf, EngineError> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_exec = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if binary.components().count() > 1 || binary.is_absolute() {
+        return if is_exec(binary) {
+            Ok(binary.to_path_buf())
+        } else {
+            Err(EngineError::NotFound(format!(
+                "{} is not an executable file",
+                binary.display()
+            )))
+        };
+    }
+    std::env::split_paths(path)
+        .map(|d| d.join(binary))
+        .find(|p| is_exec(p))
+        .ok_or_else(|| {
+            EngineError::NotFound(format!(
+                "`{}` is not on PATH (install OpenTofu, or set engine.binary to its path)",
+                binary.display()
+            ))
+        })
+}
+
+/// The default engine: `tofu` on `PATH`, else `terraform`.
+pub fn default_binary() -> Result<PathBuf, EngineError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    resolve_binary(Path::new("tofu"), &path)
+        .or_else(|_| resolve_binary(Path::new("terraform"), &path))
+        .map_err(|_| {
+            EngineError::NotFound(
+                "neither `tofu` nor `terraform` is on PATH (install OpenTofu, or pass --engine PATH)"
+                    .to_string(),
+            )
+        })
+}

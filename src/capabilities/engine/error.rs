@@ -1,0 +1,144 @@
+//! The steps of a run and why one did not produce a plan (or an apply): [`Step`], [`EngineError`].
+
+use super::output::RawLog;
+use crate::core::redact::Scrubber;
+use std::fmt;
+use std::time::Duration;
+
+/// A step of a run, as named in errors and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Version,
+    Init,
+    Plan,
+    Show,
+    Apply,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Version => "version",
+            Step::Init => "init",
+            Step::Plan => "plan",
+            Step::Show => "show -json",
+            Step::Apply => "apply",
+        })
+    }
+}
+
+/// Why a run did not produce a plan (or an apply). Every `log` here is already redacted.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("engine binary not found: {0}")]
+    NotFound(String),
+    #[error("`{step}` failed (exit code {})", exit_code.map_or("none: killed by a signal".to_string(), |c| c.to_string()))]
+    Failed {
+        step: Step,
+        exit_code: Option<i32>,
+        log: String,
+    },
+    #[error("`{step}` timed out after {}", humantime::format_duration(*after))]
+    TimedOut {
+        step: Step,
+        after: Duration,
+        log: String,
+    },
+    #[error("`{step}` was cancelled")]
+    Cancelled { step: Step, log: String },
+    #[error("the engine's `show -json` output is not a plan: {error}")]
+    BadPlanJson { error: String, log: String },
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("could not run the engine: {0}")]
+    Io(String),
+    /// A sandbox is required and cannot be had; nothing was run.
+    #[error("{0}")]
+    SandboxRefused(String),
+    /// The sandbox could not be applied to a process; it was not started.
+    #[error("could not confine the engine in its sandbox: {0}")]
+    Sandbox(String),
+}
+
+impl EngineError {
+    /// The redacted engine output that goes with the error, when there is one.
+    pub fn log(&self) -> Option<&str> {
+        match self {
+            EngineError::Failed { log, .. }
+            | EngineError::TimedOut { log, .. }
+            | EngineError::Cancelled { log, .. }
+            | EngineError::BadPlanJson { log, .. } => Some(log),
+            _ => None,
+        }
+    }
+
+    /// The error line and the last `max_lines` lines of the redacted log: what a note shows.
+    pub fn report(&self, max_lines: usize) -> String {
+        let mut out = self.to_string();
+        if let Some(log) = self.log() {
+            let lines: Vec<&str> = log.lines().collect();
+            let start = lines.len().saturating_sub(max_lines);
+            if start > 0 {
+                out.push_str(&format!("\n(… {start} earlier lines left out …)"));
+            }
+            for l in &lines[start..] {
+                out.push('\n');
+                out.push_str(l);
+            }
+        }
+        out
+    }
+}
+
+/// How a step ended without success, its raw log kept until the secrets are known.
+pub(super) enum StepError {
+    Stopped {
+        step: Step,
+        how: StopHow,
+        log: RawLog,
+    },
+    Other(EngineError),
+}
+
+/// How a stopped step ended.
+pub(super) enum StopHow {
+    Exit(Option<i32>),
+    TimedOut(Duration),
+    Cancelled,
+}
+
+impl StepError {
+    /// Whether the engine ran to its end and exited unsuccessfully (not stopped by planbot).
+    pub(super) fn is_exit(&self) -> bool {
+        matches!(
+            self,
+            StepError::Stopped {
+                how: StopHow::Exit(_),
+                ..
+            }
+        )
+    }
+
+    /// The error callers see: `before` (earlier steps' output) and this step's output,
+    /// redacted with `scrubber`.
+    pub(super) fn into_engine_error(self, before: &RawLog, scrubber: &Scrubber) -> EngineError {
+        match self {
+            StepError::Other(e) => e,
+            StepError::Stopped { step, how, log } => {
+                let mut all = RawLog::default();
+                all.append_ref(before);
+                all.append(log);
+                let log = all.render(scrubber);
+                match how {
+                    StopHow::Exit(exit_code) => EngineError::Failed {
+                        step,
+                        exit_code,
+                        log,
+                    },
+                    StopHow::TimedOut(after) => EngineError::TimedOut { step, after, log },
+                    StopHow::Cancelled => EngineError::Cancelled { step, log },
+                }
+            }
+        }
+    }
+}

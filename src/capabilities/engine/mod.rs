@@ -1,0 +1,85 @@
+//! The engine runner: `tofu`/`terraform` init + plan + show, and apply of that same plan file.
+//! [`Engine`] is the facade; beside it one file per job (build, version, request, env, sandbox, encryption, run dirs, process, output, plan, apply).
+
+mod builder;
+mod cli_config;
+mod confine;
+mod encryption;
+mod env;
+mod error;
+mod output;
+mod plan_run;
+mod planned_run;
+mod process;
+mod request;
+mod run_dir;
+mod version;
+
+pub use builder::{default_binary, EngineBuilder};
+pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
+pub use confine::{SandboxMode, SandboxProfile};
+pub use encryption::{plan_encryption_config, PlanEncryption};
+pub use error::{EngineError, Step};
+pub use planned_run::{ApplyOutcome, PlannedRun};
+pub use request::{is_variable_name, CancelHandle, CancelToken, PlanRequest, StepProgress};
+pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};
+/// Which engine a binary is (defined in core, where a plan document's engine is told apart too).
+pub use version::EngineKind;
+pub use version::EngineVersion;
+
+use crate::core::redact::Secrets;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings of the engine runner. Cheap to clone (shared inside).
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    binary: PathBuf,
+    timeout: Duration,
+    grace: Duration,
+    lock_timeout: Duration,
+    env: BTreeMap<String, String>,
+    plugin_cache_dir: Option<PathBuf>,
+    temp_root: PathBuf,
+    path: OsString,
+    home: OsString,
+    sandbox: SandboxMode,
+    cli_config: CliConfig,
+    version: tokio::sync::OnceCell<EngineVersion>,
+}
+
+impl Engine {
+    /// Start building a runner for `binary` (a name on `PATH` or a path) whose private run
+    /// directories live in `temp_root`.
+    pub fn builder(binary: impl Into<PathBuf>, temp_root: impl Into<PathBuf>) -> EngineBuilder {
+        EngineBuilder::new(binary.into(), temp_root.into())
+    }
+
+    /// How this runner confines the engine.
+    pub fn sandbox(&self) -> &SandboxMode {
+        &self.inner.sandbox
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.inner.binary
+    }
+
+    pub fn temp_root(&self) -> &Path {
+        &self.inner.temp_root
+    }
+
+    /// The secrets this runner always knows: the configured env values.
+    pub fn secrets(&self) -> Secrets {
+        let mut s = Secrets::new();
+        s.extend(self.inner.env.values().cloned());
+        s
+    }
+}

@@ -1,0 +1,240 @@
+//! A plan run in named stages: check the request → choose the plan's encryption → make the
+//! private run directory → `init` (serialised per plugin cache) → `plan -out` → `show -json`.
+
+use super::encryption::PlanEncryption;
+use super::error::{EngineError, Step, StepError};
+use super::output::RawLog;
+use super::planned_run::PlannedRun;
+use super::process::{Capture, StepCall, StepOutput};
+use super::request::{self, PlanRequest, StepProgress};
+use super::run_dir::{private_run_dir, RunDirs};
+use super::Engine;
+use crate::core::plan::{Plan, PlanParseError};
+use crate::core::redact::Secrets;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::time::Instant;
+
+impl Engine {
+    /// Run `init`, `plan -out` into a private dir, and `show -json` in `dir`.
+    ///
+    /// When `plan` fails, the plan file the engine still writes (an errored plan) is read with
+    /// `show -json` to learn its secrets (sensitive variables, masked values), so that an error
+    /// message quoting one (e.g. a precondition using `nonsensitive()`) is redacted too.
+    pub async fn plan(&self, dir: &Path, req: &PlanRequest) -> Result<PlannedRun, EngineError> {
+        let started = Instant::now();
+        self.refuse_unsandboxed()?;
+        let place = request::place(dir, req)?;
+
+        let mut secrets = self.secrets();
+        secrets.extend(req.extra_env.values().cloned());
+        secrets.extend(req.extra_secrets.iter().cloned());
+        let version = self.version().await?;
+        let (encryption, enc_text) =
+            PlanEncryption::choose(&self.inner.env, req, &version, &mut secrets);
+        let mut env = self.child_env(
+            &req.extra_env,
+            req.workspace.as_deref(),
+            enc_text.as_deref(),
+        );
+
+        // The private directory (0700) that holds the plan file; deleted when it drops.
+        let private = private_run_dir(&self.inner.temp_root)?;
+        let dirs = RunDirs::create(private.path(), &self.inner.cli_config)
+            .map_err(|e| EngineError::Io(format!("private run dir: {e}")))?;
+        dirs.set_env(&mut env);
+        let confinement = self.confinement(Some((&place.worktree, &dirs)));
+        let plan_file = dirs.out.join("plan");
+
+        let env_scrubber = secrets.scrubber();
+        let mut steps = PlanSteps {
+            engine: self,
+            req,
+            call: StepCall {
+                dir: &place.dir,
+                env: &env,
+                deadline: started + self.inner.timeout,
+                cancel: req.cancel.clone(),
+                scrubber: &env_scrubber,
+                confinement: confinement.as_ref(),
+            },
+            plan_file: &plan_file,
+            log: RawLog::default(),
+        };
+        steps.init().await?;
+        steps.plan(&mut secrets).await?;
+        let (plan, plan_json) = steps.show().await?;
+        let log = steps.log;
+
+        secrets.merge(&Secrets::from_plan(&plan));
+        let scrubber = secrets.scrubber();
+        let lock_file = std::fs::read(place.dir.join(".terraform.lock.hcl")).ok();
+        Ok(PlannedRun {
+            engine: self.clone(),
+            dir: place.dir,
+            env,
+            confinement,
+            cancel: req.cancel.clone(),
+            log: log.render(&scrubber),
+            plan,
+            plan_json,
+            plan_file,
+            private,
+            lock_file,
+            version,
+            encryption,
+            secrets,
+            scrubber,
+            duration: started.elapsed(),
+        })
+    }
+}
+
+/// The steps of one plan run, sharing its directory, environment, deadline and sandbox, and
+/// the log of the steps so far.
+struct PlanSteps<'a> {
+    engine: &'a Engine,
+    req: &'a PlanRequest,
+    call: StepCall<'a>,
+    plan_file: &'a Path,
+    log: RawLog,
+}
+
+impl PlanSteps<'_> {
+    /// Run one step, telling the request's progress channel when it starts and ends.
+    async fn run(
+        &self,
+        step: Step,
+        args: Vec<OsString>,
+        capture: Capture,
+    ) -> Result<StepOutput, StepError> {
+        let tell = |took| {
+            if let Some(p) = &self.req.progress {
+                let _ = p.send(StepProgress { step, took });
+            }
+        };
+        let started = Instant::now();
+        tell(None);
+        let out = self
+            .engine
+            .run_step(step, &args, capture, &self.call, &mut |_| {})
+            .await;
+        tell(Some(started.elapsed()));
+        out
+    }
+
+    /// `init`, serialised per plugin cache dir (Terraform's cache is not concurrency-safe).
+    async fn init(&mut self) -> Result<(), EngineError> {
+        let _guard = match &self.engine.inner.plugin_cache_dir {
+            Some(cache) => {
+                std::fs::create_dir_all(cache).map_err(|e| {
+                    EngineError::Io(format!("plugin cache dir {}: {e}", cache.display()))
+                })?;
+                Some(init_lock(cache).lock_owned().await)
+            }
+            None => None,
+        };
+        let args = vec!["init".into(), "-input=false".into(), "-no-color".into()];
+        match self.run(Step::Init, args, Capture::Log).await {
+            Ok(o) => {
+                self.log.append(o.log);
+                Ok(())
+            }
+            Err(e) => Err(e.into_engine_error(&self.log, self.call.scrubber)),
+        }
+    }
+
+    /// `plan -out=PLAN_FILE` with the request's var files and vars. When the engine fails,
+    /// the errored plan's secrets are learnt (into `secrets`) before its error is shown.
+    async fn plan(&mut self, secrets: &mut Secrets) -> Result<(), EngineError> {
+        match self.run(Step::Plan, self.plan_args(), Capture::Log).await {
+            Ok(o) => {
+                self.log.append(o.log);
+                Ok(())
+            }
+            Err(e) => {
+                if e.is_exit() && self.plan_file.exists() {
+                    if let Ok(o) = self
+                        .run(Step::Show, self.show_args(), Capture::Stdout)
+                        .await
+                    {
+                        if let Ok(p) = Plan::from_json(&o.stdout) {
+                            secrets.merge(&Secrets::from_plan(&p));
+                        }
+                    }
+                }
+                Err(e.into_engine_error(&self.log, &secrets.scrubber()))
+            }
+        }
+    }
+
+    /// `show -json PLAN_FILE`, parsed: the plan and the document as printed.
+    async fn show(&mut self) -> Result<(Plan, Vec<u8>), EngineError> {
+        let shown = match self
+            .run(Step::Show, self.show_args(), Capture::Stdout)
+            .await
+        {
+            Ok(o) => {
+                self.log.append(o.log);
+                o.stdout
+            }
+            Err(e) => return Err(e.into_engine_error(&self.log, self.call.scrubber)),
+        };
+        match Plan::from_json(&shown) {
+            Ok(plan) => Ok((plan, shown)),
+            Err(PlanParseError::NotJson(error) | PlanParseError::NotAPlan(error)) => {
+                Err(EngineError::BadPlanJson {
+                    error: self.call.scrubber.scrub(&error).into_owned(),
+                    log: self.log.render(self.call.scrubber),
+                })
+            }
+        }
+    }
+
+    fn plan_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            "plan".into(),
+            "-input=false".into(),
+            "-no-color".into(),
+            format!(
+                "-lock-timeout={}s",
+                self.engine.inner.lock_timeout.as_secs()
+            )
+            .into(),
+        ];
+        let mut out_arg = OsString::from("-out=");
+        out_arg.push(self.plan_file);
+        args.push(out_arg);
+        for vf in self
+            .req
+            .var_files
+            .iter()
+            .chain(&self.req.operator_var_files)
+        {
+            let mut a = OsString::from("-var-file=");
+            a.push(vf);
+            args.push(a);
+        }
+        for (name, value) in &self.req.vars {
+            args.push(format!("-var={name}={value}").into());
+        }
+        args
+    }
+
+    fn show_args(&self) -> Vec<OsString> {
+        vec!["show".into(), "-json".into(), self.plan_file.into()]
+    }
+}
+
+/// Per-plugin-cache-dir locks serialising `init` within this process.
+fn init_lock(cache_dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: OnceLock<StdMutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> =
+        OnceLock::new();
+    let mut map = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    map.entry(cache_dir.to_path_buf()).or_default().clone()
+}

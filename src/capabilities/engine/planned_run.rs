@@ -1,0 +1,167 @@
+//! A finished plan ([`PlannedRun`]): the plan, its JSON, the redacted log and the private
+//! directory holding the binary plan file, and the apply of exactly that plan file.
+//!
+//! Every text that comes out (logs, errors, streamed apply lines) is scrubbed of the
+//! configured env values, the per-call secrets, the plan-encryption key and the plan's own
+//! secrets.
+
+use super::confine::Confinement;
+use super::encryption::PlanEncryption;
+use super::error::{EngineError, Step};
+use super::output::RawLog;
+use super::process::{Capture, StepCall};
+use super::request::CancelToken;
+use super::version::EngineVersion;
+use super::Engine;
+use crate::core::fingerprint::Fingerprint;
+use crate::core::plan::Plan;
+use crate::core::redact::{Scrubber, Secrets};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A finished plan: the parsed plan, its JSON, the redacted log, and the private directory
+/// holding the binary plan file (deleted when this is dropped, or after [`PlannedRun::apply`]).
+pub struct PlannedRun {
+    pub(super) engine: Engine,
+    pub(super) dir: PathBuf,
+    pub(super) env: BTreeMap<String, OsString>,
+    pub(super) confinement: Option<Confinement>,
+    pub(super) cancel: Option<CancelToken>,
+    pub(super) log: String,
+    pub(super) plan: Plan,
+    pub(super) plan_json: Vec<u8>,
+    pub(super) plan_file: PathBuf,
+    pub(super) private: tempfile::TempDir,
+    pub(super) lock_file: Option<Vec<u8>>,
+    pub(super) version: EngineVersion,
+    pub(super) encryption: PlanEncryption,
+    pub(super) secrets: Secrets,
+    pub(super) scrubber: Scrubber,
+    pub(super) duration: Duration,
+}
+
+impl fmt::Debug for PlannedRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the env, the JSON or the secrets.
+        f.debug_struct("PlannedRun")
+            .field("dir", &self.dir)
+            .field("private", &self.private.path())
+            .field("version", &self.version)
+            .field("encryption", &self.encryption)
+            .field("duration", &self.duration)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of an apply: its redacted log and how long it took.
+#[derive(Debug, Clone)]
+pub struct ApplyOutcome {
+    pub log: String,
+    pub duration: Duration,
+}
+
+impl PlannedRun {
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The `show -json` document as the engine printed it (holds secrets in clear: render it
+    /// through the masks, never print it).
+    pub fn plan_json(&self) -> &[u8] {
+        &self.plan_json
+    }
+
+    /// The redacted combined output of init, plan and show.
+    pub fn log(&self) -> &str {
+        &self.log
+    }
+
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    pub fn version(&self) -> &EngineVersion {
+        &self.version
+    }
+
+    pub fn encryption(&self) -> PlanEncryption {
+        self.encryption
+    }
+
+    /// Everything known to be secret in this run: configured env, per-call secrets, the plan
+    /// encryption key, and the plan's own secrets.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    /// The scrubber built from [`PlannedRun::secrets`].
+    pub fn scrubber(&self) -> &Scrubber {
+        &self.scrubber
+    }
+
+    /// The root's `.terraform.lock.hcl` as it was after `init`, when there is one.
+    pub fn lock_file(&self) -> Option<&[u8]> {
+        self.lock_file.as_deref()
+    }
+
+    /// The plan's fingerprint, bound to the provider lock file.
+    pub fn fingerprint(&self, key: &[u8]) -> Fingerprint {
+        Fingerprint::of_with_lock(&self.plan, key, self.lock_file.as_deref())
+    }
+
+    /// The (canonical) root directory that was planned; an apply runs there.
+    pub fn root_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The private directory holding the plan file (for tests and diagnostics).
+    pub fn private_dir(&self) -> &Path {
+        self.private.path()
+    }
+
+    /// Apply exactly this plan file (`apply PLANFILE`, never `-auto-approve` without a plan).
+    pub async fn apply(self) -> Result<ApplyOutcome, EngineError> {
+        self.apply_streaming(|_| {}).await
+    }
+
+    /// Apply exactly this plan file, handing every output line (already redacted) to `on_line`
+    /// as it comes; the private directory is deleted afterwards, whatever happens. To stream
+    /// to an HTTP response, pass `move |l| { let _ = tx.send(l.to_string()); }` with a tokio
+    /// unbounded sender.
+    pub async fn apply_streaming(
+        self,
+        mut on_line: impl FnMut(&str) + Send,
+    ) -> Result<ApplyOutcome, EngineError> {
+        let started = Instant::now();
+        let inner = &self.engine.inner;
+        let args: Vec<OsString> = vec![
+            "apply".into(),
+            "-input=false".into(),
+            "-no-color".into(),
+            format!("-lock-timeout={}s", inner.lock_timeout.as_secs()).into(),
+            self.plan_file.clone().into_os_string(),
+        ];
+        let call = StepCall {
+            dir: &self.dir,
+            env: &self.env,
+            deadline: started + inner.timeout,
+            cancel: self.cancel.clone(),
+            scrubber: &self.scrubber,
+            confinement: self.confinement.as_ref(),
+        };
+        let result = self
+            .engine
+            .run_step(Step::Apply, &args, Capture::Log, &call, &mut on_line)
+            .await;
+        let out = result.map_err(|e| e.into_engine_error(&RawLog::default(), &self.scrubber))?;
+        let log = out.log.render(&self.scrubber);
+        drop(self.private);
+        Ok(ApplyOutcome {
+            log,
+            duration: started.elapsed(),
+        })
+    }
+}

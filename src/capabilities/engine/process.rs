@@ -1,0 +1,313 @@
+//! Process supervision: one engine command run to completion, timeout or cancellation.
+//!
+//! Every child runs in its own process group with an explicit environment, stdin null and its
+//! output captured. On timeout or cancellation it gets ONE SIGTERM (a graceful stop: state
+//! persisted, lock released), then after the grace period SIGKILL of the whole group; what is
+//! left of the group when the engine exits (a provider plugin that outlived it) is killed too.
+
+use super::confine::Confinement;
+use super::error::{EngineError, Step, StepError, StopHow};
+use super::output::{read_lines, Line, RawLog};
+use super::request::CancelToken;
+use super::Engine;
+use crate::core::redact::Scrubber;
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// After the engine process exits, its output pipes get this long to drain.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(5);
+
+/// What becomes of a step's stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Capture {
+    /// stdout and stderr both go to the log, line by line.
+    Log,
+    /// stdout is the result (kept raw, not logged); stderr goes to the log.
+    Stdout,
+}
+
+/// What every step of one run shares: where and how its commands run.
+pub(super) struct StepCall<'a> {
+    pub(super) dir: &'a Path,
+    pub(super) env: &'a BTreeMap<String, OsString>,
+    /// The whole run's deadline (a timeout stops the step gracefully).
+    pub(super) deadline: Instant,
+    pub(super) cancel: Option<CancelToken>,
+    /// Redacts the lines handed to `on_line` as they come.
+    pub(super) scrubber: &'a Scrubber,
+    pub(super) confinement: Option<&'a Confinement>,
+}
+
+/// A successful step: its raw log, and its stdout when captured as the result.
+pub(super) struct StepOutput {
+    pub(super) log: RawLog,
+    pub(super) stdout: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum StopReason {
+    TimedOut,
+    Cancelled,
+}
+
+impl Engine {
+    /// Run one engine command to completion (or timeout / cancellation), its output captured;
+    /// every line (redacted) also goes to `on_line` as it comes.
+    pub(super) async fn run_step(
+        &self,
+        step: Step,
+        args: &[OsString],
+        capture: Capture,
+        call: &StepCall<'_>,
+        on_line: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<StepOutput, StepError> {
+        if call.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+            return Err(StepError::Stopped {
+                step,
+                how: StopHow::Cancelled,
+                log: RawLog::default(),
+            });
+        }
+        let mut child = self.spawn(step, args, call)?;
+        let mut group = GroupGuard::of(&child);
+        let (mut lines, stdout_task) = stream_output(&mut child, capture);
+        let mut watch = Supervisor::new(call.deadline, self.inner.grace);
+        let mut log = RawLog::default();
+        let mut cancel = call.cancel.clone();
+        while !watch.done() {
+            tokio::select! {
+                line = lines.recv(), if watch.lines_open => match line {
+                    Some(Line(text)) => {
+                        on_line(&call.scrubber.scrub(&text));
+                        log.push(text);
+                    }
+                    None => watch.lines_open = false,
+                },
+                status = child.wait(), if watch.exit.is_none() => {
+                    let status = status.map_err(|e| StepError::Other(EngineError::Io(format!("{step}: {e}"))))?;
+                    watch.exited(status);
+                }
+                _ = cancelled(&mut cancel), if watch.may_stop() => watch.stop(StopReason::Cancelled, &group),
+                _ = tokio::time::sleep_until(watch.wake_at().into()) => watch.on_timer(&group),
+            }
+        }
+        group.disarm();
+        // Stragglers in the group (a provider plugin that outlived the engine) are not kept.
+        group.signal(Signal::SIGKILL);
+        let stdout = match stdout_task {
+            Some(task) => tokio::time::timeout(DRAIN_AFTER_EXIT, task)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let status = watch.exit.expect("the loop ends after the exit");
+        let how = match watch.stop {
+            Some(StopReason::TimedOut) => StopHow::TimedOut(self.inner.timeout),
+            Some(StopReason::Cancelled) => StopHow::Cancelled,
+            None if !status.success() => StopHow::Exit(status.code()),
+            None => return Ok(StepOutput { log, stdout }),
+        };
+        Err(StepError::Stopped { step, how, log })
+    }
+
+    /// Start the engine in its own process group, confined when the run is sandboxed.
+    fn spawn(
+        &self,
+        step: Step,
+        args: &[OsString],
+        call: &StepCall<'_>,
+    ) -> Result<Child, StepError> {
+        let mut cmd = Command::new(&self.inner.binary);
+        cmd.args(args)
+            .current_dir(call.dir)
+            .env_clear()
+            .envs(call.env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(c) = call.confinement {
+            c.policy
+                .prepare(c.support)
+                .map_err(|e| StepError::Other(EngineError::Sandbox(e.to_string())))?
+                .install(&mut cmd);
+        }
+        cmd.spawn().map_err(|e| {
+            StepError::Other(match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    EngineError::NotFound(format!("{}: {e}", self.inner.binary.display()))
+                }
+                _ if call.confinement.is_some()
+                    && e.raw_os_error() == Some(Errno::EPERM as i32) =>
+                {
+                    EngineError::Sandbox(format!(
+                        "the kernel refused the Landlock ruleset for `{step}` ({e})"
+                    ))
+                }
+                _ => EngineError::Io(format!("{} {step}: {e}", self.inner.binary.display())),
+            })
+        })
+    }
+}
+
+/// The child's output lines on one channel (stderr always, stdout unless it is the result),
+/// and the task collecting stdout when it is.
+fn stream_output(
+    child: &mut Child,
+    capture: Capture,
+) -> (mpsc::UnboundedReceiver<Line>, Option<JoinHandle<Vec<u8>>>) {
+    let (tx, rx) = mpsc::unbounded_channel::<Line>();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let stdout_task = match capture {
+        Capture::Log => {
+            tokio::spawn(read_lines(stdout, tx.clone()));
+            None
+        }
+        Capture::Stdout => Some(tokio::spawn(read_all(stdout))),
+    };
+    tokio::spawn(read_lines(stderr, tx));
+    (rx, stdout_task)
+}
+
+async fn read_all(mut stdout: ChildStdout) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let _ = stdout.read_to_end(&mut buf).await;
+    buf
+}
+
+/// Resolves when `cancel` fires; never without a token (or once its handle is gone).
+async fn cancelled(cancel: &mut Option<CancelToken>) {
+    match cancel.as_mut() {
+        Some(c) => c.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where a running step stands: exited or not, asked to stop or not, SIGTERM sent when,
+/// output pipes still open. Decides when to wake up next and what to do then.
+struct Supervisor {
+    deadline: Instant,
+    grace: Duration,
+    exit: Option<ExitStatus>,
+    stop: Option<StopReason>,
+    term_sent_at: Option<Instant>,
+    killed: bool,
+    lines_open: bool,
+    drain_until: Option<Instant>,
+    /// The engine exited but something in its group still held the pipes past the drain time.
+    gave_up_draining: bool,
+}
+
+impl Supervisor {
+    fn new(deadline: Instant, grace: Duration) -> Supervisor {
+        Supervisor {
+            deadline,
+            grace,
+            exit: None,
+            stop: None,
+            term_sent_at: None,
+            killed: false,
+            lines_open: true,
+            drain_until: None,
+            gave_up_draining: false,
+        }
+    }
+
+    /// The engine has exited and its output is read (or no longer waited for).
+    fn done(&self) -> bool {
+        self.exit.is_some() && (!self.lines_open || self.gave_up_draining)
+    }
+
+    /// Whether a cancellation still matters.
+    fn may_stop(&self) -> bool {
+        self.stop.is_none() && self.exit.is_none()
+    }
+
+    fn exited(&mut self, status: ExitStatus) {
+        self.exit = Some(status);
+        self.drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+    }
+
+    /// The graceful stop: one SIGTERM to the group; SIGKILL follows after the grace period.
+    fn stop(&mut self, why: StopReason, group: &GroupGuard) {
+        self.stop = Some(why);
+        group.signal(Signal::SIGTERM);
+        self.term_sent_at = Some(Instant::now());
+    }
+
+    /// The next moment something is due: the end of the drain, the SIGKILL, the deadline.
+    fn wake_at(&self) -> Instant {
+        let kill_at = self.term_sent_at.map(|t| t + self.grace);
+        match (self.exit, kill_at, self.drain_until) {
+            (Some(_), _, Some(d)) => d,
+            (None, Some(k), _) if !self.killed => k,
+            (None, _, _) if self.stop.is_none() => self.deadline,
+            _ => Instant::now() + Duration::from_secs(3600),
+        }
+    }
+
+    /// What is due at [`Supervisor::wake_at`].
+    fn on_timer(&mut self, group: &GroupGuard) {
+        if self.exit.is_some() {
+            // The engine exited but something in its group still holds the pipes.
+            group.signal(Signal::SIGKILL);
+            self.gave_up_draining = true;
+        } else if self.term_sent_at.is_some() {
+            group.signal(Signal::SIGKILL);
+            self.killed = true;
+        } else if self.stop.is_none() {
+            self.stop(StopReason::TimedOut, group);
+        }
+    }
+}
+
+/// Signals the engine's process group; kills it if a run is abandoned (future dropped, panic).
+struct GroupGuard {
+    pgid: Option<Pid>,
+    armed: bool,
+}
+
+impl GroupGuard {
+    /// The group the child leads (`process_group(0)`: its pid is the group id).
+    fn of(child: &Child) -> GroupGuard {
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        GroupGuard { pgid, armed: true }
+    }
+
+    /// Send `sig` to the whole group; a group that is gone (`ESRCH`) is no error.
+    fn signal(&self, sig: Signal) {
+        if let Some(pgid) = self.pgid.filter(|p| p.as_raw() > 1) {
+            let _ = killpg(pgid, sig);
+        }
+    }
+
+    /// The step ended normally: dropping the guard no longer kills the group.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.signal(Signal::SIGKILL);
+        }
+    }
+}

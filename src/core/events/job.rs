@@ -1,0 +1,137 @@
+//! What the queue runs ([`Job`]), serialized as JSON into the store, and what enqueuing one does
+//! to the other jobs of its MR ([`Supersede`]).
+
+use super::commands::Command;
+use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, UserId};
+use serde::{Deserialize, Serialize};
+
+/// Why a plan was asked for (shown on run pages, and lets the plan flow narrow its work).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanReason {
+    Opened,
+    Reopened,
+    NewCommits,
+    TargetBranchChanged,
+    MarkedReady,
+    /// `planbot plan` on the MR, by this user (access already checked by the command job).
+    Command,
+    /// Another MR was merged into the target branch: this plan may be stale.
+    SiblingMerged {
+        merged: MrIid,
+    },
+    /// Start-up reconciliation: the head had no plan (a webhook was lost).
+    Reconcile,
+}
+
+/// Plan one MR at one head commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanJob {
+    pub project: ProjectId,
+    pub project_path: Option<String>,
+    pub mr: MrIid,
+    pub head: CommitSha,
+    pub target_branch: Option<String>,
+    pub source_project: Option<ProjectId>,
+    /// From a fork: untrusted code; only planned on a maintainer's command, with plan credentials.
+    pub fork: bool,
+    pub draft: bool,
+    pub reason: PlanReason,
+    pub requested_by: Option<UserId>,
+}
+
+/// Everything the queue runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Job {
+    Plan(PlanJob),
+    /// The MR was merged: banner on its note, then re-plan the other open MRs of the project.
+    MarkMerged {
+        project: ProjectId,
+        mr: MrIid,
+        merge_commit: Option<CommitSha>,
+        target_branch: Option<String>,
+    },
+    /// The MR was closed: queued work is already dropped; remove the workspace.
+    Closed {
+        project: ProjectId,
+        mr: MrIid,
+    },
+    /// `planbot plan` / `planbot help` in a note; the job checks Developer+ access and ignores the bot's own notes.
+    Command {
+        project: ProjectId,
+        project_path: Option<String>,
+        mr: MrIid,
+        note: Option<NoteId>,
+        author: UserId,
+        command: Command,
+        /// The MR head at the time of the note, when the payload had it (the job re-reads the MR).
+        head: Option<CommitSha>,
+        fork: bool,
+    },
+    /// A fork MR was opened/updated: say once that a maintainer must run `planbot plan`.
+    ForkNotice {
+        project: ProjectId,
+        mr: MrIid,
+        head: Option<CommitSha>,
+    },
+    /// Start-up: plan every open MR of the allowed projects whose head has no plan.
+    Reconcile,
+}
+
+impl Job {
+    /// Short kind name, as stored and shown.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Job::Plan(_) => "plan",
+            Job::MarkMerged { .. } => "mark_merged",
+            Job::Closed { .. } => "closed",
+            Job::Command { .. } => "command",
+            Job::ForkNotice { .. } => "fork_notice",
+            Job::Reconcile => "reconcile",
+        }
+    }
+
+    /// The MR this job is about, if any.
+    pub fn mr(&self) -> Option<(ProjectId, MrIid)> {
+        match self {
+            Job::Plan(p) => Some((p.project, p.mr)),
+            Job::MarkMerged { project, mr, .. }
+            | Job::Closed { project, mr }
+            | Job::Command { project, mr, .. }
+            | Job::ForkNotice { project, mr, .. } => Some((*project, *mr)),
+            Job::Reconcile => None,
+        }
+    }
+
+    /// The commit this job is about, if any.
+    pub fn sha(&self) -> Option<&CommitSha> {
+        match self {
+            Job::Plan(p) => Some(&p.head),
+            Job::MarkMerged { merge_commit, .. } => merge_commit.as_ref(),
+            Job::Command { head, .. } | Job::ForkNotice { head, .. } => head.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// What enqueuing a job does to the other jobs of the same MR (applied by the store atomically).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Supersede {
+    /// Nothing.
+    None,
+    /// Cancel queued and running plans of this MR for any other head.
+    OtherHeads,
+    /// Cancel every queued or running job of this MR (close).
+    All,
+}
+
+impl Job {
+    pub fn supersedes(&self) -> Supersede {
+        match self {
+            Job::Plan(_) | Job::MarkMerged { .. } => Supersede::OtherHeads,
+            Job::Closed { .. } => Supersede::All,
+            _ => Supersede::None,
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! GitLab events: webhook payloads (`payloads`), what a delivery means (`decision`), MR comment
+//! commands (`commands`) and the queue's [`Job`] (`job`).
+
+mod commands;
+mod decision;
+mod job;
+mod payloads;
+
+pub use commands::{parse_command, Command};
+pub use decision::{decide, event_label, Decision, EventKind, OutcomeKind};
+pub use job::{Job, PlanJob, PlanReason, Supersede};
+pub use payloads::{
+    Change, Commit, MergeRequestHook, MrAttributes, MrChanges, NoteAttributes, NoteHook, Project,
+    User,
+};
