@@ -79,10 +79,7 @@ pub async fn gitlab_webhook(
         Ok(o) => {
             app.queue.cancel(&o.cancel_running);
             app.queue.jobs_added(o.enqueued.len());
-            app.metrics.delivery(
-                event,
-                crate::flows::service::metrics::delivery_outcome_label(&decision.outcome),
-            );
+            app.metrics.delivery(event, decision.kind.label());
             StatusCode::OK
         }
         Err(e) => {

@@ -34,19 +34,6 @@ pub struct Metrics {
     gitlab_errors: Family<OperationLabels, Counter>,
 }
 
-/// The `outcome` label of a delivery: `accepted`, `duplicate`, `ignored`, `unparseable`, `unauthorized`, `store_error`.
-pub fn delivery_outcome_label(outcome: &str) -> &'static str {
-    if outcome == "enqueued" {
-        "accepted"
-    } else if outcome.starts_with("ignored") {
-        "ignored"
-    } else if outcome.starts_with("unparseable") {
-        "unparseable"
-    } else {
-        "other"
-    }
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
