@@ -95,35 +95,26 @@ pub(super) async fn plan_and_decide(
 }
 
 impl ApplyCtx {
-    /// Lock the root, plan it with the apply credentials, and decide by parity.
-    async fn plan_root(
-        &self,
-        root: &Root,
-        checkout: &Path,
-        confirm: Option<&str>,
-    ) -> Result<Decided, String> {
-        let guard = match self.app.root_locks.try_lock(self.project, &root.name) {
+    /// The root's lock, saying so in the job log when a plan or apply of it holds it.
+    async fn lock_root(&self, root: &Root) -> RootGuard {
+        match self.app.root_locks.try_lock(self.project, &root.name) {
             Some(g) => g,
             None => {
                 self.log
                     .line(log_text("waiting", context! { root => &root.name }));
                 self.app.root_locks.lock(self.project, &root.name).await
             }
-        };
-        let run = self
-            .app
-            .store
-            .start_run(NewRun {
-                job: None,
-                kind: RunKind::Apply,
-                project: self.project,
-                project_path: Some(self.project_path.clone()),
-                mr: self.mr_iid(),
-                root: root.name.clone(),
-                sha: self.sha.clone(),
-            })
-            .await
-            .map_err(|e| format!("recording the run: {e:#}"))?;
+        }
+    }
+
+    /// The engine's plan of the root at the merged commit, with the apply credentials; a
+    /// failure ends the run and is the whole apply's failure.
+    async fn plan_fresh(
+        &self,
+        root: &Root,
+        checkout: &Path,
+        run: crate::core::ids::RunId,
+    ) -> Result<PlannedRun, String> {
         self.log.line(log_text(
             "planning",
             context! { root => &root.name, dir => &root.dir },
@@ -139,8 +130,8 @@ impl ApplyCtx {
             worktree: Some(checkout.to_path_buf()),
             ..PlanRequest::default()
         };
-        let planned = match engine.plan(&checkout.join(&root.dir), &request).await {
-            Ok(p) => p,
+        match engine.plan(&checkout.join(&root.dir), &request).await {
+            Ok(p) => Ok(p),
             Err(e) => {
                 let report = self.app.scrubber.scrub(&e.report(40)).into_owned();
                 self.end_run(
@@ -151,12 +142,37 @@ impl ApplyCtx {
                 )
                 .await;
                 self.log.line(&report);
-                return Err(say(
+                Err(say(
                     "root_plan_failed",
                     context! { root => &root.name, error => first_error_line(&report) },
-                ));
+                ))
             }
-        };
+        }
+    }
+
+    /// Lock the root, plan it with the apply credentials, and decide by parity.
+    async fn plan_root(
+        &self,
+        root: &Root,
+        checkout: &Path,
+        confirm: Option<&str>,
+    ) -> Result<Decided, String> {
+        let guard = self.lock_root(root).await;
+        let run = self
+            .app
+            .store
+            .start_run(NewRun {
+                job: None,
+                kind: RunKind::Apply,
+                project: self.project,
+                project_path: Some(self.project_path.clone()),
+                mr: self.mr_iid(),
+                root: root.name.clone(),
+                sha: self.sha.clone(),
+            })
+            .await
+            .map_err(|e| format!("recording the run: {e:#}"))?;
+        let planned = self.plan_fresh(root, checkout, run).await?;
         let key_bytes = self.app.config.fingerprint_key.expose().as_bytes();
         let fingerprint = cpu_bound(|| planned.fingerprint(key_bytes));
         let plan = planned.plan();
@@ -223,20 +239,7 @@ impl ApplyCtx {
         match decision {
             Parity::NothingToApply => {}
             Parity::Apply { confirmed } => {
-                if confirmed {
-                    self.log.line(log_text(
-                        "confirmed",
-                        context! { root => &root.name, fingerprint => fingerprint.short() },
-                    ));
-                } else {
-                    self.log.line(log_text(
-                        "reviewed",
-                        context! {
-                            root => &root.name,
-                            mr => self.mr_iid().map(|m| m.0).unwrap_or_default(),
-                        },
-                    ));
-                }
+                self.say_why_applied(root, confirmed, &fingerprint);
                 decided.planned = Some(planned);
                 decided.guard = Some(guard);
             }
@@ -251,6 +254,26 @@ impl ApplyCtx {
             }
         }
         Ok(decided)
+    }
+
+    /// Say in the job log why this root may be applied: confirmed by fingerprint, or the plan
+    /// reviewed on the MR.
+    fn say_why_applied(&self, root: &Root, confirmed: bool, fingerprint: &Fingerprint) {
+        let line = if confirmed {
+            log_text(
+                "confirmed",
+                context! { root => &root.name, fingerprint => fingerprint.short() },
+            )
+        } else {
+            log_text(
+                "reviewed",
+                context! {
+                    root => &root.name,
+                    mr => self.mr_iid().map(|m| m.0).unwrap_or_default(),
+                },
+            )
+        };
+        self.log.line(line);
     }
 
     /// The Proxmox preflight with the apply credentials, just before applying: an error

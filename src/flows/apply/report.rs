@@ -119,35 +119,46 @@ impl ApplyCtx {
         };
         self.status(status, &description).await;
         if outcome == ApplyOutcome::Failed && self.app.config.apply.open_issue_on_failure {
-            let issue = |kind| {
-                crate::core::templates::text(
-                    "apply/failure_issue.md.j2",
-                    kind,
-                    context! {
-                        short_sha => self.sha.short(),
-                        job_name => &self.app.config.apply.job_name,
-                        job_id => self.job_id,
-                        sha => &self.sha,
-                        mr => self.mr_iid(),
-                        error => scrubbed_error.as_deref().unwrap_or(""),
-                        run => run_url
-                            .clone()
-                            .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),
-                    },
-                )
-            };
-            let title = issue("title");
-            let description = issue("body");
-            let description = self.app.scrubber.scrub(&description).into_owned();
-            if let Err(e) = self
-                .app
-                .gitlab
-                .create_issue(self.project, &title, &description)
-                .await
-            {
-                self.app.metrics.gitlab_error("create_issue");
-                tracing::warn!(error = %e, "could not open the failure issue");
-            }
+            self.open_failure_issue(scrubbed_error.as_deref(), run_url, run_id)
+                .await;
+        }
+    }
+
+    /// `[apply] open_issue_on_failure`: an issue that says which job failed on which commit.
+    async fn open_failure_issue(
+        &self,
+        scrubbed_error: Option<&str>,
+        run_url: Option<String>,
+        run_id: Option<crate::core::ids::RunId>,
+    ) {
+        let issue = |kind| {
+            crate::core::templates::text(
+                "apply/failure_issue.md.j2",
+                kind,
+                context! {
+                    short_sha => self.sha.short(),
+                    job_name => &self.app.config.apply.job_name,
+                    job_id => self.job_id,
+                    sha => &self.sha,
+                    mr => self.mr_iid(),
+                    error => scrubbed_error.unwrap_or(""),
+                    run => run_url
+                        .clone()
+                        .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),
+                },
+            )
+        };
+        let title = issue("title");
+        let description = issue("body");
+        let description = self.app.scrubber.scrub(&description).into_owned();
+        if let Err(e) = self
+            .app
+            .gitlab
+            .create_issue(self.project, &title, &description)
+            .await
+        {
+            self.app.metrics.gitlab_error("create_issue");
+            tracing::warn!(error = %e, "could not open the failure issue");
         }
     }
 }

@@ -111,43 +111,8 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         }
     };
 
-    let commit = ws
-        .mr_commit(
-            project,
-            iid,
-            head,
-            &target,
-            config.plan.checkout == CheckoutMode::Merge,
-        )
-        .await?;
-    let base = ws
-        .branch_head(project, &target)
-        .await?
-        .with_context(|| format!("the target branch `{target}` does not exist"))?;
-    let changed = ws.changed_files(project, &base, head).await?;
-
-    let mut banners = vec![text(
-        "commit_line",
-        minijinja::context! {
-            planned => if commit.planned == PlannedRef::Merge { "merge" } else { "head" },
-            sha => commit.sha.short(),
-            head => commit.head.short(),
-            target => &target,
-            reason => &commit.reason,
-        },
-    )];
-    if changed.iter().any(|f| f == repo_config::FILE_NAME) {
-        let proposed = ws
-            .read_file_at(project, head.as_str(), repo_config::FILE_NAME)
-            .await?
-            .map(|b| String::from_utf8_lossy(&b).into_owned());
-        let preview: Result<RepoConfig, RepoConfigError> = match proposed {
-            Some(t) => RepoConfig::parse(&t),
-            None => Ok(RepoConfig::absent()),
-        };
-        banners.push(repo_config::render_preview(&preview, &default_branch));
-    }
-
+    let (commit, changed, mut banners) =
+        commit_to_plan(app, job, &config, &target, &default_branch).await?;
     let checkout = ws.checkout(project, &commit.sha).await?;
     let engine = app.engine(Trust::MergeRequest {
         project,
@@ -172,6 +137,57 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         engine,
         version,
     }))
+}
+
+/// The commit to plan (GitLab's merge result or the head, as the repo config asks and GitLab
+/// allows), the files the MR changes against its target, and the banner lines that say which
+/// commit was planned and, when the MR edits `.planbot.toml`, what the proposed config means.
+async fn commit_to_plan(
+    app: &App,
+    job: &PlanJob,
+    config: &RepoConfig,
+    target: &str,
+    default_branch: &str,
+) -> Result<(MrCommit, Vec<String>, Vec<String>)> {
+    let (ws, project, iid, head) = (&app.workspace, job.project, job.mr, &job.head);
+    let commit = ws
+        .mr_commit(
+            project,
+            iid,
+            head,
+            target,
+            config.plan.checkout == CheckoutMode::Merge,
+        )
+        .await?;
+    let base = ws
+        .branch_head(project, target)
+        .await?
+        .with_context(|| format!("the target branch `{target}` does not exist"))?;
+    let changed = ws.changed_files(project, &base, head).await?;
+
+    let mut banners = vec![text(
+        "commit_line",
+        minijinja::context! {
+            planned => if commit.planned == PlannedRef::Merge { "merge" } else { "head" },
+            sha => commit.sha.short(),
+            head => commit.head.short(),
+            target => target,
+            reason => &commit.reason,
+        },
+    )];
+    if changed.iter().any(|f| f == repo_config::FILE_NAME) {
+        let proposed = ws
+            .read_file_at(project, head.as_str(), repo_config::FILE_NAME)
+            .await?
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let preview: Result<RepoConfig, RepoConfigError> = match proposed {
+            Some(t) => RepoConfig::parse(&t),
+            None => Ok(RepoConfig::absent()),
+        };
+        banners.push(repo_config::render_preview(&preview, default_branch));
+    }
+
+    Ok((commit, changed, banners))
 }
 
 /// The default branch's `.planbot.toml` is invalid: say what is wrong, plan nothing.

@@ -2,13 +2,17 @@
 //! root's lock, each in its own stored run: the engine, then the Proxmox preflight and the lint.
 
 use super::{finish, Prepared};
-use crate::capabilities::engine::{CancelHandle, EngineError, PlanRequest, PlannedRun};
+use crate::capabilities::engine::{
+    CancelHandle, CancelToken, EngineError, PlanRequest, PlannedRun,
+};
+use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::store::{NewRun, RunKind, RunState};
 use crate::core::events::PlanJob;
 use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::RunId;
 use crate::core::lint;
+use crate::core::repo_config::Root;
 use crate::flows::review::preflight;
 use crate::flows::service::app::App;
 use crate::flows::service::cpu::cpu_bound;
@@ -64,14 +68,12 @@ pub(super) async fn plan_roots(
             handle.cancel();
         })
     };
-    let key = app.config.fingerprint_key.expose().as_bytes();
     let mut results: Vec<RootResult> = Vec::new();
     // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
     // so, when no endpoint is configured.
     let mut preflight_notes: Vec<String> = Vec::new();
     let pve =
         preflight::endpoint_from_config(&app.config.proxmox.for_plan(), &app.config.engine.env);
-    let checkout = prepared.checkout.path();
     for decision in prepared.config.decide(&prepared.changed) {
         let root = decision.root;
         if !decision.affected {
@@ -100,66 +102,8 @@ pub(super) async fn plan_roots(
             })
             .await?;
         runs.push(run);
-        let dir: PathBuf = if root.dir == "." {
-            checkout.to_path_buf()
-        } else {
-            checkout.join(&root.dir)
-        };
-        let req = PlanRequest {
-            var_files: root.var_files.iter().map(PathBuf::from).collect(),
-            workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
-            extra_secrets: app.config.secrets(),
-            cancel: Some(token.clone()),
-            worktree: Some(checkout.to_path_buf()),
-            ..PlanRequest::default()
-        };
-        let outcome = if !dir.is_dir() {
-            let error = format!(
-                "the root directory `{}` does not exist at {}",
-                root.dir,
-                prepared.commit.sha.short()
-            );
-            finish(app, run, RunState::Failed, &error, "", None).await?;
-            Outcome::Failed { run, error }
-        } else {
-            match prepared.engine.plan(&dir, &req).await {
-                Ok(planned) => {
-                    let pf = preflight::for_plan(pve.clone(), planned.plan()).await;
-                    let mut facts = pf.lint_facts.clone();
-                    facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
-                        &app.config,
-                    ));
-                    let (mut findings, fingerprint) = cpu_bound(|| {
-                        (
-                            lint::lint_with(planned.plan(), &root.lint_disable, &facts),
-                            planned.fingerprint(key),
-                        )
-                    });
-                    findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
-                    findings::sort_findings(&mut findings);
-                    if !preflight_notes.contains(&pf.note) {
-                        preflight_notes.push(pf.note);
-                    }
-                    Outcome::Planned {
-                        run,
-                        planned: Box::new(planned),
-                        findings,
-                        fingerprint,
-                    }
-                }
-                Err(e) => {
-                    let state = if matches!(e, EngineError::Cancelled { .. }) {
-                        RunState::Canceled
-                    } else {
-                        RunState::Failed
-                    };
-                    let error = app.scrubber.scrub(&e.report(60)).into_owned();
-                    let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
-                    finish(app, run, state, &e.to_string(), &log, None).await?;
-                    Outcome::Failed { run, error }
-                }
-            }
-        };
+        let outcome =
+            plan_root(app, prepared, root, run, &token, &pve, &mut preflight_notes).await?;
         results.push(RootResult {
             name: root.name.clone(),
             outcome,
@@ -170,4 +114,80 @@ pub(super) async fn plan_roots(
         results,
         preflight_notes,
     })
+}
+
+/// One affected root: the engine's plan in its directory (a missing directory is a failed run),
+/// then the Proxmox preflight and lint; the preflight's note is added to `notes` once.
+async fn plan_root(
+    app: &App,
+    prepared: &Prepared,
+    root: &Root,
+    run: RunId,
+    cancel: &CancelToken,
+    pve: &Option<ProxmoxEndpoint>,
+    preflight_notes: &mut Vec<String>,
+) -> Result<Outcome> {
+    let key = app.config.fingerprint_key.expose().as_bytes();
+    let checkout = prepared.checkout.path();
+    let dir: PathBuf = if root.dir == "." {
+        checkout.to_path_buf()
+    } else {
+        checkout.join(&root.dir)
+    };
+    let req = PlanRequest {
+        var_files: root.var_files.iter().map(PathBuf::from).collect(),
+        workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
+        extra_secrets: app.config.secrets(),
+        cancel: Some(cancel.clone()),
+        worktree: Some(checkout.to_path_buf()),
+        ..PlanRequest::default()
+    };
+    let outcome = if !dir.is_dir() {
+        let error = format!(
+            "the root directory `{}` does not exist at {}",
+            root.dir,
+            prepared.commit.sha.short()
+        );
+        finish(app, run, RunState::Failed, &error, "", None).await?;
+        Outcome::Failed { run, error }
+    } else {
+        match prepared.engine.plan(&dir, &req).await {
+            Ok(planned) => {
+                let pf = preflight::for_plan(pve.clone(), planned.plan()).await;
+                let mut facts = pf.lint_facts.clone();
+                facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
+                    &app.config,
+                ));
+                let (mut findings, fingerprint) = cpu_bound(|| {
+                    (
+                        lint::lint_with(planned.plan(), &root.lint_disable, &facts),
+                        planned.fingerprint(key),
+                    )
+                });
+                findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
+                findings::sort_findings(&mut findings);
+                if !preflight_notes.contains(&pf.note) {
+                    preflight_notes.push(pf.note);
+                }
+                Outcome::Planned {
+                    run,
+                    planned: Box::new(planned),
+                    findings,
+                    fingerprint,
+                }
+            }
+            Err(e) => {
+                let state = if matches!(e, EngineError::Cancelled { .. }) {
+                    RunState::Canceled
+                } else {
+                    RunState::Failed
+                };
+                let error = app.scrubber.scrub(&e.report(60)).into_owned();
+                let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
+                finish(app, run, state, &e.to_string(), &log, None).await?;
+                Outcome::Failed { run, error }
+            }
+        }
+    };
+    Ok(outcome)
 }
