@@ -621,6 +621,9 @@ impl Config {
     }
 
     /// The config as `--check` prints it: every key, secrets shown as `(set)`.
+    ///
+    /// Long on purpose: one line per key, in the order `--check` prints them; split by section
+    /// it would only scatter one list over several functions.
     pub fn describe(&self) -> String {
         let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "(not set)".into());
         let sec = |o: &Option<Secret>| if o.is_some() { "(set)" } else { "(not set)" }.to_string();
@@ -1363,16 +1366,58 @@ fn soft<T>(problems: &mut Vec<ConfigError>, r: Result<T, ConfigError>, fallback:
     })
 }
 
-/// The config from the flattened keys. Problems of single keys go to `problems` and the key gets
-/// a fallback, so every one is reported; an `Err` stops at once.
+/// The config from the flattened keys, one section at a time. Problems of single keys go to
+/// `problems` and the key gets a fallback, so every one is reported; an `Err` stops at once.
+/// The steps run in this order because it is the order the problems are reported in.
 fn build(
     mut flat: BTreeMap<String, Value>,
     problems: &mut Vec<ConfigError>,
 ) -> Result<Config, ConfigError> {
-    let p = problems;
+    let (p, flat) = (problems, &mut flat);
+    let listen = take_listen(flat, p);
+    let data_dir = PathBuf::from(
+        soft(p, take_str(flat, "data_dir"), None).unwrap_or_else(|| "/var/lib/planbot".into()),
+    );
+    let public_url =
+        soft(p, take_str(flat, "public_url"), None).map(|u| u.trim_end_matches('/').to_string());
+    let fingerprint_key = take_fingerprint_key(flat, p);
+    let gitlab = take_gitlab(flat, p);
+    let engine = take_engine(flat, p);
+    let sandbox = soft(p, take_sandbox(flat), SandboxConfig::default());
+    let (pages, metrics) = soft(
+        p,
+        take_pages(flat, public_url.as_deref()),
+        (PagesConfig::default(), MetricsConfig::default()),
+    );
+    let apply = take_apply(flat, p);
+    let plan = take_plan(flat, p);
+    let proxmox = take_proxmox(flat, p);
+    // Known keys are left only when their section stopped early (already reported).
+    for k in flat.keys().filter(|k| key_info(k).is_none()) {
+        p.push(unknown(k));
+    }
+    let log = take_log(flat, p);
+    Ok(Config {
+        log,
+        listen,
+        data_dir,
+        public_url,
+        fingerprint_key: Secret(fingerprint_key),
+        gitlab,
+        engine,
+        apply,
+        plan,
+        proxmox,
+        sandbox,
+        pages,
+        metrics,
+    })
+}
+
+/// `listen`: an address like `0.0.0.0:8080` (the default).
+fn take_listen(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> SocketAddr {
     let default_listen = SocketAddr::from(([0, 0, 0, 0], 8080));
-    let listen_s = soft(p, take_str(&mut flat, "listen"), None);
-    let listen: SocketAddr = match listen_s {
+    match soft(p, take_str(flat, "listen"), None) {
         None => default_listen,
         Some(l) => soft(
             p,
@@ -1382,13 +1427,12 @@ fn build(
             }),
             default_listen,
         ),
-    };
-    let data_dir = PathBuf::from(
-        soft(p, take_str(&mut flat, "data_dir"), None).unwrap_or_else(|| "/var/lib/planbot".into()),
-    );
-    let public_url = soft(p, take_str(&mut flat, "public_url"), None)
-        .map(|u| u.trim_end_matches('/').to_string());
-    let fingerprint_key = soft(p, take_str(&mut flat, "fingerprint_key"), None);
+    }
+}
+
+/// `fingerprint_key`: required, at least 16 characters.
+fn take_fingerprint_key(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> String {
+    let fingerprint_key = soft(p, take_str(flat, "fingerprint_key"), None);
     let fingerprint_key = soft(p, fingerprint_key.ok_or_else(|| ConfigError::Missing {
         key: "fingerprint_key".into(),
         hint: "a long random server secret, e.g. `openssl rand -hex 32` (keep it stable: reviewed plans are matched by it)".into(),
@@ -1399,8 +1443,12 @@ fn build(
             message: "too short: use at least 16 random characters (`openssl rand -hex 32`)".into(),
         });
     }
+    fingerprint_key
+}
 
-    let url = soft(p, take_str(&mut flat, "gitlab.url"), None);
+/// `[gitlab]`: the URL, the token, how webhooks are authenticated, and the projects.
+fn take_gitlab(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> GitlabConfig {
+    let url = soft(p, take_str(flat, "gitlab.url"), None);
     let url = soft(
         p,
         url.ok_or_else(|| ConfigError::Missing {
@@ -1415,7 +1463,7 @@ fn build(
             message: "expected a URL like https://gitlab.example.com".into(),
         });
     }
-    let token = soft(p, take_str(&mut flat, "gitlab.token"), None);
+    let token = soft(p, take_str(flat, "gitlab.token"), None);
     let token = soft(
         p,
         token.ok_or_else(|| ConfigError::Missing {
@@ -1424,8 +1472,8 @@ fn build(
         }),
         FALLBACK_SECRET.into(),
     );
-    let webhook_secret = soft(p, take_str(&mut flat, "gitlab.webhook_secret"), None).map(Secret);
-    let signing_token = soft(p, take_str(&mut flat, "gitlab.signing_token"), None);
+    let webhook_secret = soft(p, take_str(flat, "gitlab.webhook_secret"), None).map(Secret);
+    let signing_token = soft(p, take_str(flat, "gitlab.signing_token"), None);
     if let Some(t) = &signing_token {
         if crate::core::webhook::decode_signing_token(t).is_none() {
             p.push(ConfigError::Invalid {
@@ -1440,6 +1488,18 @@ fn build(
             hint: "set the webhook's secret token (and/or gitlab.signing_token); unauthenticated webhooks are not accepted".into(),
         });
     }
+    let projects = take_projects(flat, p);
+    GitlabConfig {
+        url: url.trim_end_matches('/').to_string(),
+        token: Secret(token),
+        webhook_secret,
+        signing_token: signing_token.map(Secret),
+        projects: Allowlist(projects),
+    }
+}
+
+/// `gitlab.projects`: a non-empty list of project paths and numeric ids.
+fn take_projects(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> Vec<ProjectRef> {
     let projects = match flat.remove("gitlab.projects") {
         None => Vec::new(),
         Some(Value::Array(items)) => soft(
@@ -1476,36 +1536,32 @@ fn build(
             hint: "list the projects planbot serves, e.g. [\"infra/homelab\"]; every other project is ignored".into(),
         });
     }
+    projects
+}
 
-    let binary =
-        soft(p, take_str(&mut flat, "engine.binary"), None).unwrap_or_else(|| "tofu".into());
+/// `[engine]`, `[engine.plan]`, `[engine.apply]`: the binary, its time limits, its environment
+/// and the provider mirror.
+fn take_engine(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> EngineConfig {
+    let binary = soft(p, take_str(flat, "engine.binary"), None).unwrap_or_else(|| "tofu".into());
     let timeout = soft(
         p,
-        take_duration(&mut flat, "engine.timeout", "30m"),
+        take_duration(flat, "engine.timeout", "30m"),
         Duration::from_secs(1800),
     );
     let lock_timeout = soft(
         p,
-        take_duration(&mut flat, "engine.lock_timeout", "5m"),
+        take_duration(flat, "engine.lock_timeout", "5m"),
         Duration::from_secs(300),
     );
     let grace = soft(
         p,
-        take_duration(&mut flat, "engine.grace", "30s"),
+        take_duration(flat, "engine.grace", "30s"),
         Duration::from_secs(30),
     );
-    let env = soft(p, take_env_table(&mut flat, "engine.env"), BTreeMap::new());
-    let plan_env = soft(
-        p,
-        take_env_table(&mut flat, "engine.plan.env"),
-        BTreeMap::new(),
-    );
-    let apply_env = soft(
-        p,
-        take_env_table(&mut flat, "engine.apply.env"),
-        BTreeMap::new(),
-    );
-    let provider_mirror = soft(p, take_str(&mut flat, "engine.provider_mirror"), None);
+    let env = soft(p, take_env_table(flat, "engine.env"), BTreeMap::new());
+    let plan_env = soft(p, take_env_table(flat, "engine.plan.env"), BTreeMap::new());
+    let apply_env = soft(p, take_env_table(flat, "engine.apply.env"), BTreeMap::new());
+    let provider_mirror = soft(p, take_str(flat, "engine.provider_mirror"), None);
     if let Some(m) = &provider_mirror {
         if !(m.starts_with("https://") || m.starts_with('/')) {
             p.push(ConfigError::Invalid {
@@ -1514,17 +1570,32 @@ fn build(
             });
         }
     }
-    let sandbox = soft(p, take_sandbox(&mut flat), SandboxConfig::default());
-    let (pages, metrics) = soft(
-        p,
-        take_pages(&mut flat, public_url.as_deref()),
-        (PagesConfig::default(), MetricsConfig::default()),
-    );
+    EngineConfig {
+        binary,
+        timeout,
+        lock_timeout,
+        grace,
+        env,
+        plan_env,
+        apply_env,
+        provider_mirror,
+    }
+}
 
-    let job_name = soft(p, take_str(&mut flat, "apply.job_name"), None)
-        .unwrap_or_else(|| "planbot-apply".into());
+/// `[apply]`.
+fn take_apply(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> ApplyConfig {
+    let job_name =
+        soft(p, take_str(flat, "apply.job_name"), None).unwrap_or_else(|| "planbot-apply".into());
     let open_issue_on_failure =
-        soft(p, take_bool(&mut flat, "apply.open_issue_on_failure"), None).unwrap_or(false);
+        soft(p, take_bool(flat, "apply.open_issue_on_failure"), None).unwrap_or(false);
+    ApplyConfig {
+        job_name,
+        open_issue_on_failure,
+    }
+}
+
+/// `[plan]`: `max_concurrent_plans` from 1 to 64 (default 2).
+fn take_plan(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> PlanConfig {
     let max_concurrent_plans = match flat.remove("plan.max_concurrent_plans") {
         None => 2,
         Some(Value::Integer(n)) if (1..=64).contains(&n) => n as usize,
@@ -1536,18 +1607,25 @@ fn build(
             2
         }
     };
-    let apply_ssh = soft(p, take_apply_ssh(&mut flat), None);
-    let proxmox = ProxmoxConfig {
-        default: soft(p, take_endpoint(&mut flat, ""), None).unwrap_or_default(),
-        plan: soft(p, take_endpoint(&mut flat, "plan"), None),
-        apply: soft(p, take_endpoint(&mut flat, "apply"), None),
-        apply_ssh,
-    };
-    // Known keys are left only when their section stopped early (already reported).
-    for k in flat.keys().filter(|k| key_info(k).is_none()) {
-        p.push(unknown(k));
+    PlanConfig {
+        max_concurrent_plans,
     }
-    let log_format = match soft(p, take_str(&mut flat, "log_format"), None).as_deref() {
+}
+
+/// `[proxmox]`, `[proxmox.plan]`, `[proxmox.apply]`: the endpoints and the apply's SSH.
+fn take_proxmox(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> ProxmoxConfig {
+    let apply_ssh = soft(p, take_apply_ssh(flat), None);
+    ProxmoxConfig {
+        default: soft(p, take_endpoint(flat, ""), None).unwrap_or_default(),
+        plan: soft(p, take_endpoint(flat, "plan"), None),
+        apply: soft(p, take_endpoint(flat, "apply"), None),
+        apply_ssh,
+    }
+}
+
+/// `log_format` (`text` or `json`) and `log_level` (an `EnvFilter` directive).
+fn take_log(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> LogConfig {
+    let format = match soft(p, take_str(flat, "log_format"), None).as_deref() {
         None | Some("text") => LogFormat::Text,
         Some("json") => LogFormat::Json,
         Some(other) => {
@@ -1558,8 +1636,8 @@ fn build(
             LogFormat::Text
         }
     };
-    let log_level = soft(p, take_str(&mut flat, "log_level"), None);
-    if let Some(level) = &log_level {
+    let level = soft(p, take_str(flat, "log_level"), None);
+    if let Some(level) = &level {
         if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(level) {
             p.push(ConfigError::Invalid {
                 key: "log_level".into(),
@@ -1567,44 +1645,7 @@ fn build(
             });
         }
     }
-    Ok(Config {
-        log: LogConfig {
-            format: log_format,
-            level: log_level,
-        },
-        listen,
-        data_dir,
-        public_url,
-        fingerprint_key: Secret(fingerprint_key),
-        gitlab: GitlabConfig {
-            url: url.trim_end_matches('/').to_string(),
-            token: Secret(token),
-            webhook_secret,
-            signing_token: signing_token.map(Secret),
-            projects: Allowlist(projects),
-        },
-        engine: EngineConfig {
-            binary,
-            timeout,
-            lock_timeout,
-            grace,
-            env,
-            plan_env,
-            apply_env,
-            provider_mirror,
-        },
-        apply: ApplyConfig {
-            job_name,
-            open_issue_on_failure,
-        },
-        plan: PlanConfig {
-            max_concurrent_plans,
-        },
-        proxmox,
-        sandbox,
-        pages,
-        metrics,
-    })
+    LogConfig { format, level }
 }
 
 /// One table of engine environment variables (`engine.env`, `engine.plan.env`, …).

@@ -85,6 +85,9 @@ fn vmid(rc: &Res) -> Option<u64> {
 }
 
 /// Read what the plan needs from the cluster (only resources that are created or changed).
+///
+/// Long on purpose: one arm per resource kind, each recording through the one `storage`
+/// closure (address, node); split by kind, every arm would need that state handed in.
 pub fn needs(plan: &Plan) -> Needs {
     let mut n = Needs::default();
     for rc in plan.managed_changes().filter(|rc| rc.deposed.is_none()) {
@@ -283,12 +286,24 @@ fn grant(need: &Need, path: &str, token: &str) -> Value {
            "user": token_user(token)})
 }
 
-/// The findings of PVE101–PVE107 for `needs`, given what the API said.
+/// The findings of PVE101–PVE107 for `needs`, given what the API said: one step per rule.
 pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let mut out = Vec::new();
-    let token = facts.token_id.as_str();
+    out.extend(pve101_import_needs_8_4(needs, facts));
+    let (node_findings, bad_nodes) = pve102_nodes(needs, facts);
+    out.extend(node_findings);
+    out.extend(pve103_storages(needs, facts, &bad_nodes));
+    out.extend(pve104_downloads(needs, facts));
+    out.extend(pve105_snippets(needs, facts));
+    out.extend(pve106_fixed_vmids(needs, facts));
+    out.extend(pve107_sys_modify(needs, facts));
+    sort_findings(&mut out);
+    out
+}
 
-    // PVE101: the release must support `import` content.
+/// PVE101: the release must support `import` content (8.4 or later).
+fn pve101_import_needs_8_4(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let mut out = Vec::new();
     if let Some(v) = &facts.version {
         if version_at_least(v, (8, 4)) == Some(false) {
             for (address, name) in &needs.imports {
@@ -301,8 +316,13 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             }
         }
     }
+    out
+}
 
-    // PVE102: nodes.
+/// PVE102: every node used exists and is online. Also returns the nodes that are not, whose
+/// storages PVE103 then does not judge.
+fn pve102_nodes(needs: &Needs, facts: &ClusterFacts) -> (Vec<Finding>, BTreeSet<String>) {
+    let mut out = Vec::new();
     let mut bad_nodes = BTreeSet::new();
     for (node, users) in &needs.nodes {
         let fact = facts.nodes.iter().find(|n| &n.name == node);
@@ -320,99 +340,94 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             out.push(check("PVE102", Severity::Error, address, d.clone()));
         }
     }
+    (out, bad_nodes)
+}
 
-    // PVE103: storages.
+/// PVE103: every storage used exists, is visible, enabled, on its node, and allows the content;
+/// at most one finding per (resource, storage, content).
+fn pve103_storages(
+    needs: &Needs,
+    facts: &ClusterFacts,
+    bad_nodes: &BTreeSet<String>,
+) -> Vec<Finding> {
     let mut seen = BTreeSet::new();
-    for need in &needs.storages {
-        let key = (
-            need.address.clone(),
-            need.storage.clone(),
-            need.content.clone(),
-        );
-        if !seen.insert(key) {
-            continue;
+    needs
+        .storages
+        .iter()
+        .filter(|need| {
+            seen.insert((
+                need.address.clone(),
+                need.storage.clone(),
+                need.content.clone(),
+            ))
+        })
+        .filter_map(|need| storage_problem(need, facts, bad_nodes))
+        .collect()
+}
+
+/// PVE103 for one storage need: the first thing wrong, if any.
+fn storage_problem(
+    need: &StorageNeed,
+    facts: &ClusterFacts,
+    bad_nodes: &BTreeSet<String>,
+) -> Option<Finding> {
+    let token = facts.token_id.as_str();
+    let finding = |d: Value| Some(check("PVE103", Severity::Error, &need.address, d));
+    let Some(s) = facts.storages.iter().find(|s| s.id == need.storage) else {
+        let path = format!("/storage/{}", need.storage);
+        let visible = facts.privileges.storage_visible(&need.storage);
+        if !visible && facts.privileges.knows(&path) {
+            return finding(
+                json!({"problem": "hidden", "storage": need.storage, "token": token,
+                       "user": token_user(token), "role": pve_access::STORAGE_VISIBLE_ROLE,
+                       "privs": pve_access::STORAGE_VISIBLE_ANY}),
+            );
         }
-        let Some(s) = facts.storages.iter().find(|s| s.id == need.storage) else {
-            let path = format!("/storage/{}", need.storage);
-            let visible = facts.privileges.storage_visible(&need.storage);
-            if !visible && facts.privileges.knows(&path) {
-                out.push(check(
-                    "PVE103",
-                    Severity::Error,
-                    &need.address,
-                    json!({"problem": "hidden", "storage": need.storage, "token": token,
-                           "user": token_user(token), "role": pve_access::STORAGE_VISIBLE_ROLE,
-                           "privs": pve_access::STORAGE_VISIBLE_ANY}),
-                ));
-            } else {
-                out.push(check(
-                    "PVE103",
-                    Severity::Error,
-                    &need.address,
-                    json!({"problem": "missing", "storage": need.storage,
-                           "known": facts.storages.iter().map(|s| &s.id).collect::<Vec<_>>()}),
-                ));
-            }
-            continue;
-        };
-        let base = json!({"storage": s.id, "type": s.storage_type, "node": need.node});
-        let with = |problem: &str, extra: Value| {
-            let mut d = base.clone();
-            d["problem"] = problem.into();
-            if let (Some(o), Some(e)) = (d.as_object_mut(), extra.as_object()) {
-                o.extend(e.clone());
-            }
-            d
-        };
-        if !s.enabled {
-            out.push(check(
-                "PVE103",
-                Severity::Error,
-                &need.address,
-                with("disabled", json!({})),
-            ));
-            continue;
+        return finding(json!({"problem": "missing", "storage": need.storage,
+                   "known": facts.storages.iter().map(|s| &s.id).collect::<Vec<_>>()}));
+    };
+    let base = json!({"storage": s.id, "type": s.storage_type, "node": need.node});
+    let with = |problem: &str, extra: Value| {
+        let mut d = base.clone();
+        d["problem"] = problem.into();
+        if let (Some(o), Some(e)) = (d.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
         }
-        if let Some(node) = need.node.as_ref().filter(|n| !bad_nodes.contains(*n)) {
-            let on_node = s.nodes.is_empty() || s.nodes.iter().any(|n| n == node);
-            let listed = facts
-                .node_storages
-                .get(node)
-                .is_none_or(|ids| ids.contains(&s.id));
-            if !on_node || !listed {
-                out.push(check(
-                    "PVE103",
-                    Severity::Error,
-                    &need.address,
-                    with("node", json!({"nodes": s.nodes})),
-                ));
-                continue;
-            }
-        }
-        if need.file && !s.file_based {
-            out.push(check(
-                "PVE103",
-                Severity::Error,
-                &need.address,
-                with("not_file", json!({})),
-            ));
-            continue;
-        }
-        if let Some(content) = &need.content {
-            if !s.content.iter().any(|c| c == content) {
-                let mut new_list = s.content.clone();
-                new_list.push(content.clone());
-                out.push(check(
-                    "PVE103",
-                    Severity::Error,
-                    &need.address,
-                    with("content", json!({"content": content, "new_list": new_list})),
-                ));
-            }
+        d
+    };
+    if !s.enabled {
+        return finding(with("disabled", json!({})));
+    }
+    if let Some(node) = need.node.as_ref().filter(|n| !bad_nodes.contains(*n)) {
+        let on_node = s.nodes.is_empty() || s.nodes.iter().any(|n| n == node);
+        let listed = facts
+            .node_storages
+            .get(node)
+            .is_none_or(|ids| ids.contains(&s.id));
+        if !on_node || !listed {
+            return finding(with("node", json!({"nodes": s.nodes})));
         }
     }
+    if need.file && !s.file_based {
+        return finding(with("not_file", json!({})));
+    }
+    if let Some(content) = &need.content {
+        if !s.content.iter().any(|c| c == content) {
+            let mut new_list = s.content.clone();
+            new_list.push(content.clone());
+            return finding(with(
+                "content",
+                json!({"content": content, "new_list": new_list}),
+            ));
+        }
+    }
+    None
+}
 
-    // PVE104: downloads.
+/// PVE104: the token may download to each storage on each node a download is created on.
+fn pve104_downloads(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let token = facts.token_id.as_str();
+    let mut out = Vec::new();
     for (address, storage, node) in &needs.downloads {
         let Some(gap) = pve_access::download_gap(&facts.privileges, storage, node) else {
             continue;
@@ -440,8 +455,13 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             json!({"token": token, "storage": storage, "node": node, "missing": missing, "grants": grants}),
         ));
     }
+    out
+}
 
-    // PVE105: snippets.
+/// PVE105: the token may write snippets to each storage a snippet is created on.
+fn pve105_snippets(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let token = facts.token_id.as_str();
+    let mut out = Vec::new();
     for (address, storage) in &needs.snippets {
         let sp = format!("/storage/{storage}");
         if pve_access::SNIPPETS.met(&facts.privileges, &sp) {
@@ -451,8 +471,12 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
         d["storage"] = storage.as_str().into();
         out.push(check("PVE105", Severity::Error, address, d));
     }
+    out
+}
 
-    // PVE106: fixed VM ids.
+/// PVE106: a guest created with a fixed VM id needs that id free.
+fn pve106_fixed_vmids(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let mut out = Vec::new();
     for (address, id) in &needs.vmids {
         if facts.taken_vmids.contains(id) {
             out.push(check(
@@ -463,8 +487,13 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             ));
         }
     }
+    out
+}
 
-    // PVE107: Sys.Modify on /.
+/// PVE107: privileged containers and VM startup order need Sys.Modify on `/`.
+fn pve107_sys_modify(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let token = facts.token_id.as_str();
+    let mut out = Vec::new();
     if !pve_access::SYS_MODIFY.met(&facts.privileges, "/") {
         for (address, what) in &needs.sys_modify {
             let mut d = grant(&pve_access::SYS_MODIFY, "/", token);
@@ -472,8 +501,6 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             out.push(check("PVE107", Severity::Error, address, d));
         }
     }
-
-    sort_findings(&mut out);
     out
 }
 

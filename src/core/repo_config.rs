@@ -424,69 +424,17 @@ impl RepoConfig {
         }
     }
 
-    /// Parse and validate a `.planbot.toml`. All problems are reported together.
+    /// Parse and validate a `.planbot.toml`. All problems are reported together: the global
+    /// settings first, then each root in turn ([`parse_root`]).
     pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {
-        let raw: RawFile = match toml::from_str(text) {
-            Ok(r) => r,
-            Err(e) => {
-                let (line, column) = match e.span() {
-                    Some(s) => {
-                        let (l, c) = line_col(text, s.start);
-                        (Some(l), Some(c))
-                    }
-                    None => (None, None),
-                };
-                let message = e.message().trim().to_string();
-                let key = key_in_message(&message)
-                    .or_else(|| e.span().and_then(|s| key_on_line(text, s.start)))
-                    .map(|k| match e.span().and_then(|s| section_at(text, s.start)) {
-                        Some(section) => format!("{section}.{k}"),
-                        None => k,
-                    });
-                return Err(RepoConfigError {
-                    problems: vec![ConfigProblem {
-                        line,
-                        column,
-                        key,
-                        message: humanize(&message),
-                    }],
-                });
-            }
-        };
+        let raw: RawFile = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         let mut problems = Problems {
             text,
             list: Vec::new(),
         };
-        let global_disable: Vec<String> = raw
-            .lint
-            .as_ref()
-            .map(|l| l.disable.iter().map(|r| r.get_ref().clone()).collect())
-            .unwrap_or_default();
-        if let Some(lint) = &raw.lint {
-            for r in &lint.disable {
-                if !valid_rule_id(r.get_ref()) {
-                    problems.at(
-                        r.span(),
-                        "lint.disable",
-                        format!("`{}` is not a rule id (like `PVE003`)", r.get_ref()),
-                    );
-                }
-            }
-        }
-        let plan = PlanSettings {
-            checkout: raw
-                .plan
-                .as_ref()
-                .and_then(|p| p.checkout)
-                .unwrap_or_default(),
-            fork_mrs: raw
-                .plan
-                .as_ref()
-                .and_then(|p| p.fork_mrs)
-                .unwrap_or_default(),
-        };
+        let global_disable = global_lint_disable(raw.lint.as_ref(), &mut problems);
+        let plan = plan_settings(raw.plan.as_ref());
 
-        let mut roots = Vec::new();
         let raw_roots = match raw.roots {
             Some(r) => {
                 if r.get_ref().is_empty() {
@@ -509,141 +457,13 @@ impl RepoConfig {
                 Vec::new()
             }
         };
+        let mut roots = Vec::new();
         let mut dir_valid: Vec<bool> = Vec::new();
         for (i, r) in raw_roots.into_iter().enumerate() {
-            let key = |k: &str| format!("roots[{i}].{k}");
-            let name = r.name.get_ref().trim().to_string();
-            if !valid_name(&name) {
-                problems.at(
-                    r.name.span(),
-                    key("name"),
-                    format!("`{}` is not a valid root name (letters, digits, `-`, `_`, `.`; at most 64)", r.name.get_ref()),
-                );
-            } else if roots.iter().any(|x: &Root| x.name == name) {
-                problems.at(
-                    r.name.span(),
-                    key("name"),
-                    format!("root name `{name}` is used twice; names must be unique"),
-                );
-            }
-            let mut dir_ok = true;
-            let dir = match &r.dir {
-                Some(d) => match normalize_path(".", d.get_ref()) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        problems.at(d.span(), key("dir"), e);
-                        dir_ok = false;
-                        ".".into()
-                    }
-                },
-                None => ".".into(),
-            };
-            let workspace = match &r.workspace {
-                Some(w) => {
-                    if !valid_name(w.get_ref()) {
-                        problems.at(
-                            w.span(),
-                            key("workspace"),
-                            format!("`{}` is not a valid workspace name", w.get_ref()),
-                        );
-                    }
-                    w.get_ref().clone()
-                }
-                None => "default".into(),
-            };
-            let clash = roots
-                .iter()
-                .zip(&dir_valid)
-                .find(|(x, ok): &(&Root, &bool)| {
-                    **ok && dir_ok && x.dir == dir && x.workspace == workspace
-                })
-                .map(|(x, _)| x);
-            if let Some(other) = clash {
-                let span = r
-                    .dir
-                    .as_ref()
-                    .map(|d| d.span())
-                    .unwrap_or_else(|| r.name.span());
-                problems.at(
-                    span,
-                    key("dir"),
-                    format!(
-                        "root `{}` already plans `{dir}` in workspace `{workspace}`",
-                        other.name
-                    ),
-                );
-            }
-            let (when_modified, spans): (Vec<String>, Vec<Range<usize>>) = match &r.when_modified {
-                Some(w) => {
-                    if w.get_ref().is_empty() {
-                        problems.at(
-                            w.span(),
-                            key("when_modified"),
-                            "empty list: the root would never be planned",
-                        );
-                    }
-                    w.get_ref()
-                        .iter()
-                        .map(|p| (p.get_ref().clone(), p.span()))
-                        .unzip()
-                }
-                None => (
-                    DEFAULT_WHEN_MODIFIED
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect(),
-                    DEFAULT_WHEN_MODIFIED
-                        .iter()
-                        .map(|_| r.name.span())
-                        .collect(),
-                ),
-            };
-            let mut patterns = Vec::new();
-            for (p, span) in when_modified.iter().zip(spans) {
-                match normalize_path(&dir, p) {
-                    Ok(n) => match build_matcher(std::slice::from_ref(&n)) {
-                        Ok(_) => patterns.push(n),
-                        Err(e) => problems.at(
-                            span,
-                            key("when_modified"),
-                            format!("`{p}` is not a valid glob: {e}"),
-                        ),
-                    },
-                    Err(e) => problems.at(span, key("when_modified"), e),
-                }
-            }
-            let mut var_files = Vec::new();
-            for v in r.var_files.iter().flatten() {
-                if let Err(e) = normalize_path(&dir, v.get_ref()) {
-                    problems.at(v.span(), key("var_files"), e);
-                }
-                var_files.push(v.get_ref().clone());
-            }
-            let mut lint_disable = global_disable.clone();
-            for l in r.lint_disable.iter().flatten() {
-                if !valid_rule_id(l.get_ref()) {
-                    problems.at(
-                        l.span(),
-                        key("lint_disable"),
-                        format!("`{}` is not a rule id (like `PVE003`)", l.get_ref()),
-                    );
-                }
-                if !lint_disable.contains(l.get_ref()) {
-                    lint_disable.push(l.get_ref().clone());
-                }
-            }
+            let (root, dir_ok) =
+                parse_root(i, r, &roots, &dir_valid, &global_disable, &mut problems);
             dir_valid.push(dir_ok);
-            let matcher = build_matcher(&patterns).unwrap_or_else(|_| GlobSet::empty());
-            roots.push(Root {
-                name,
-                dir,
-                when_modified,
-                patterns,
-                var_files,
-                workspace,
-                lint_disable,
-                matcher,
-            });
+            roots.push(root);
         }
         if !problems.list.is_empty() {
             let mut list = problems.list;
@@ -719,6 +539,253 @@ impl RepoConfig {
     pub fn root(&self, name: &str) -> Option<&Root> {
         self.roots.iter().find(|r| r.name == name)
     }
+}
+
+/// A file that is not valid TOML (or not of `.planbot.toml`'s shape): one problem, with the
+/// line, column and dotted key when they can be found.
+fn syntax_error(text: &str, e: &toml::de::Error) -> RepoConfigError {
+    let (line, column) = match e.span() {
+        Some(s) => {
+            let (l, c) = line_col(text, s.start);
+            (Some(l), Some(c))
+        }
+        None => (None, None),
+    };
+    let message = e.message().trim().to_string();
+    let key = key_in_message(&message)
+        .or_else(|| e.span().and_then(|s| key_on_line(text, s.start)))
+        .map(|k| match e.span().and_then(|s| section_at(text, s.start)) {
+            Some(section) => format!("{section}.{k}"),
+            None => k,
+        });
+    RepoConfigError {
+        problems: vec![ConfigProblem {
+            line,
+            column,
+            key,
+            message: humanize(&message),
+        }],
+    }
+}
+
+/// `[lint] disable`: the rules every root leaves out (each must be a rule id).
+fn global_lint_disable(lint: Option<&RawLint>, problems: &mut Problems<'_>) -> Vec<String> {
+    let global_disable: Vec<String> = lint
+        .map(|l| l.disable.iter().map(|r| r.get_ref().clone()).collect())
+        .unwrap_or_default();
+    if let Some(lint) = lint {
+        for r in &lint.disable {
+            if !valid_rule_id(r.get_ref()) {
+                problems.at(
+                    r.span(),
+                    "lint.disable",
+                    format!("`{}` is not a rule id (like `PVE003`)", r.get_ref()),
+                );
+            }
+        }
+    }
+    global_disable
+}
+
+/// `[plan]`, with the defaults for what it leaves out.
+fn plan_settings(plan: Option<&RawPlan>) -> PlanSettings {
+    PlanSettings {
+        checkout: plan.and_then(|p| p.checkout).unwrap_or_default(),
+        fork_mrs: plan.and_then(|p| p.fork_mrs).unwrap_or_default(),
+    }
+}
+
+/// How a problem names a key of the `i`th root: `roots[i].dir`.
+fn root_key(i: usize, k: &str) -> String {
+    format!("roots[{i}].{k}")
+}
+
+/// The `i`th `[[roots]]` entry, checked on its own and against the roots before it
+/// (`dir_valid[j]`: whether root `j`'s `dir` was valid). Also says whether its own `dir` is.
+fn parse_root(
+    i: usize,
+    r: RawRoot,
+    earlier: &[Root],
+    dir_valid: &[bool],
+    global_disable: &[String],
+    problems: &mut Problems<'_>,
+) -> (Root, bool) {
+    let name = root_name(i, &r, earlier, problems);
+    let (dir, dir_ok) = root_dir(i, &r, problems);
+    let workspace = root_workspace(i, &r, problems);
+    let clash = earlier
+        .iter()
+        .zip(dir_valid)
+        .find(|(x, ok): &(&Root, &bool)| **ok && dir_ok && x.dir == dir && x.workspace == workspace)
+        .map(|(x, _)| x);
+    if let Some(other) = clash {
+        let span = r
+            .dir
+            .as_ref()
+            .map(|d| d.span())
+            .unwrap_or_else(|| r.name.span());
+        problems.at(
+            span,
+            root_key(i, "dir"),
+            format!(
+                "root `{}` already plans `{dir}` in workspace `{workspace}`",
+                other.name
+            ),
+        );
+    }
+    let (when_modified, patterns) = root_patterns(i, &r, &dir, problems);
+    let var_files = root_var_files(i, &r, &dir, problems);
+    let lint_disable = root_lint_disable(i, &r, global_disable, problems);
+    let matcher = build_matcher(&patterns).unwrap_or_else(|_| GlobSet::empty());
+    let root = Root {
+        name,
+        dir,
+        when_modified,
+        patterns,
+        var_files,
+        workspace,
+        lint_disable,
+        matcher,
+    };
+    (root, dir_ok)
+}
+
+/// `roots[i].name`: valid and not used by an earlier root.
+fn root_name(i: usize, r: &RawRoot, earlier: &[Root], problems: &mut Problems<'_>) -> String {
+    let name = r.name.get_ref().trim().to_string();
+    if !valid_name(&name) {
+        problems.at(
+            r.name.span(),
+            root_key(i, "name"),
+            format!(
+                "`{}` is not a valid root name (letters, digits, `-`, `_`, `.`; at most 64)",
+                r.name.get_ref()
+            ),
+        );
+    } else if earlier.iter().any(|x: &Root| x.name == name) {
+        problems.at(
+            r.name.span(),
+            root_key(i, "name"),
+            format!("root name `{name}` is used twice; names must be unique"),
+        );
+    }
+    name
+}
+
+/// `roots[i].dir`, normalised (default `.`), and whether it was valid.
+fn root_dir(i: usize, r: &RawRoot, problems: &mut Problems<'_>) -> (String, bool) {
+    match &r.dir {
+        Some(d) => match normalize_path(".", d.get_ref()) {
+            Ok(p) => (p, true),
+            Err(e) => {
+                problems.at(d.span(), root_key(i, "dir"), e);
+                (".".into(), false)
+            }
+        },
+        None => (".".into(), true),
+    }
+}
+
+/// `roots[i].workspace` (default `default`).
+fn root_workspace(i: usize, r: &RawRoot, problems: &mut Problems<'_>) -> String {
+    match &r.workspace {
+        Some(w) => {
+            if !valid_name(w.get_ref()) {
+                problems.at(
+                    w.span(),
+                    root_key(i, "workspace"),
+                    format!("`{}` is not a valid workspace name", w.get_ref()),
+                );
+            }
+            w.get_ref().clone()
+        }
+        None => "default".into(),
+    }
+}
+
+/// `roots[i].when_modified` as written (default [`DEFAULT_WHEN_MODIFIED`]), and the valid
+/// ones as globs relative to the repository.
+fn root_patterns(
+    i: usize,
+    r: &RawRoot,
+    dir: &str,
+    problems: &mut Problems<'_>,
+) -> (Vec<String>, Vec<String>) {
+    let (when_modified, spans): (Vec<String>, Vec<Range<usize>>) = match &r.when_modified {
+        Some(w) => {
+            if w.get_ref().is_empty() {
+                problems.at(
+                    w.span(),
+                    root_key(i, "when_modified"),
+                    "empty list: the root would never be planned",
+                );
+            }
+            w.get_ref()
+                .iter()
+                .map(|p| (p.get_ref().clone(), p.span()))
+                .unzip()
+        }
+        None => (
+            DEFAULT_WHEN_MODIFIED
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            DEFAULT_WHEN_MODIFIED
+                .iter()
+                .map(|_| r.name.span())
+                .collect(),
+        ),
+    };
+    let mut patterns = Vec::new();
+    for (p, span) in when_modified.iter().zip(spans) {
+        match normalize_path(dir, p) {
+            Ok(n) => match build_matcher(std::slice::from_ref(&n)) {
+                Ok(_) => patterns.push(n),
+                Err(e) => problems.at(
+                    span,
+                    root_key(i, "when_modified"),
+                    format!("`{p}` is not a valid glob: {e}"),
+                ),
+            },
+            Err(e) => problems.at(span, root_key(i, "when_modified"), e),
+        }
+    }
+    (when_modified, patterns)
+}
+
+/// `roots[i].var_files` as written; each must stay inside the repository.
+fn root_var_files(i: usize, r: &RawRoot, dir: &str, problems: &mut Problems<'_>) -> Vec<String> {
+    let mut var_files = Vec::new();
+    for v in r.var_files.iter().flatten() {
+        if let Err(e) = normalize_path(dir, v.get_ref()) {
+            problems.at(v.span(), root_key(i, "var_files"), e);
+        }
+        var_files.push(v.get_ref().clone());
+    }
+    var_files
+}
+
+/// `roots[i].lint_disable` added to the global `[lint] disable` (each must be a rule id).
+fn root_lint_disable(
+    i: usize,
+    r: &RawRoot,
+    global_disable: &[String],
+    problems: &mut Problems<'_>,
+) -> Vec<String> {
+    let mut lint_disable = global_disable.to_vec();
+    for l in r.lint_disable.iter().flatten() {
+        if !valid_rule_id(l.get_ref()) {
+            problems.at(
+                l.span(),
+                root_key(i, "lint_disable"),
+                format!("`{}` is not a rule id (like `PVE003`)", l.get_ref()),
+            );
+        }
+        if !lint_disable.contains(l.get_ref()) {
+            lint_disable.push(l.get_ref().clone());
+        }
+    }
+    lint_disable
 }
 
 /// serde's wording, said the way an engineer would.

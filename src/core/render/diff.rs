@@ -117,36 +117,11 @@ impl<'p> Differ<'p> {
         self.out
     }
 
+    /// One node, by what it is: a sensitive value, a value known only after the apply, an
+    /// object or a list (walked key by key, index by index), or a leaf.
     fn walk<'a>(&mut self, n: Node<'a>) {
         let before = present(n.before);
         let after = present(n.after);
-        if is_true(n.before_sensitive) || is_true(n.after_sensitive) {
-            let unknown = is_true(n.unknown);
-            if !unknown && before == after {
-                if before.is_some() {
-                    self.out.unchanged += 1;
-                }
-                return;
-            }
-            let s = &self.phrases.sensitive;
-            match (before, after.is_some() || unknown) {
-                (None, _) => self.line('+', &format!("= {s}")),
-                (Some(_), false) => self.line('-', &format!("= {s}")),
-                (Some(_), true) => self.line('~', &format!("= {s}")),
-            }
-            return;
-        }
-        if is_true(n.unknown) {
-            let kaa = self.phrases.known_after_apply.clone();
-            match before {
-                None => self.line('+', &format!("= {kaa}")),
-                Some(b) => {
-                    let b = short_repr(b);
-                    self.line('~', &format!("= {b} -> {kaa}"));
-                }
-            }
-            return;
-        }
         let is_obj = |v: Option<&Value>| v.is_none_or(Value::is_object);
         let is_arr = |v: Option<&Value>| v.is_none_or(Value::is_array);
         let unknown_obj = n.unknown.and_then(Value::as_object);
@@ -155,89 +130,150 @@ impl<'p> Differ<'p> {
             Some(Value::Array(a)) => !a.is_empty(),
             _ => false,
         };
-        if (before.is_some() || after.is_some() || unknown_obj.is_some_and(|m| !m.is_empty()))
+        if is_true(n.before_sensitive) || is_true(n.after_sensitive) {
+            self.sensitive(before, after, is_true(n.unknown));
+        } else if is_true(n.unknown) {
+            self.known_after_apply(before);
+        } else if (before.is_some()
+            || after.is_some()
+            || unknown_obj.is_some_and(|m| !m.is_empty()))
             && is_obj(before)
             && is_obj(after)
             && (nonempty(before) || nonempty(after) || unknown_obj.is_some_and(|m| !m.is_empty()))
         {
-            static EMPTY: std::sync::LazyLock<serde_json::Map<String, Value>> =
-                std::sync::LazyLock::new(serde_json::Map::new);
-            let obj = |v: Option<&'a Value>| v.and_then(Value::as_object).unwrap_or(&EMPTY);
-            let (bm, am, um) = (obj(before), obj(after), obj(n.unknown));
-            let sorted = |m: &serde_json::Map<String, Value>| {
-                m.keys().zip(m.keys().skip(1)).all(|(a, b)| a < b)
-            };
-            if sorted(bm) && sorted(am) && sorted(um) {
-                // The engine writes object keys sorted: merge the three maps in one pass
-                // instead of looking every key up in each.
-                let (mut bi, mut ai, mut ui) = (
-                    bm.iter().peekable(),
-                    am.iter().peekable(),
-                    um.iter().peekable(),
-                );
-                loop {
-                    let k = [bi.peek(), ai.peek(), ui.peek()]
-                        .into_iter()
-                        .flatten()
-                        .map(|(k, _)| k.as_str())
-                        .min();
-                    let Some(k) = k else { break };
-                    let take =
-                        |it: &mut std::iter::Peekable<serde_json::map::Iter<'a>>| match it.peek() {
-                            Some((key, _)) if key.as_str() == k => it.next().map(|(_, v)| v),
-                            _ => None,
-                        };
-                    let child = Node {
-                        before: take(&mut bi),
-                        after: take(&mut ai),
-                        unknown: take(&mut ui),
-                        before_sensitive: n
-                            .before_sensitive
-                            .and_then(Value::as_object)
-                            .and_then(|m| m.get(k)),
-                        after_sensitive: n
-                            .after_sensitive
-                            .and_then(Value::as_object)
-                            .and_then(|m| m.get(k)),
-                    };
-                    let len = self.path.len();
-                    push_key(&mut self.path, k);
-                    self.walk(child);
-                    self.path.truncate(len);
-                }
-                return;
-            }
-            let mut keys: Vec<&str> = Vec::new();
-            for v in [before, after, n.unknown] {
-                if let Some(Value::Object(m)) = v {
-                    keys.extend(m.keys().map(String::as_str));
-                }
-            }
-            keys.sort_unstable();
-            keys.dedup();
-            for k in keys {
-                let len = self.path.len();
-                push_key(&mut self.path, k);
-                self.walk(n.key(k));
-                self.path.truncate(len);
-            }
-            return;
-        }
-        if (before.is_some() || after.is_some())
+            self.walk_object(n, before, after);
+        } else if (before.is_some() || after.is_some())
             && is_arr(before)
             && is_arr(after)
             && (nonempty(before) || nonempty(after))
         {
-            let len_of = |v: Option<&Value>| v.and_then(Value::as_array).map_or(0, Vec::len);
-            let max = len_of(before).max(len_of(after));
-            for i in 0..max {
-                let len = self.path.len();
-                let _ = write!(self.path, "[{i}]");
-                self.walk(n.index(i));
-                self.path.truncate(len);
+            self.walk_array(n, before, after);
+        } else {
+            self.leaf(before, after);
+        }
+    }
+
+    /// A sensitive value: only whether it is added, removed or changed, never the value.
+    fn sensitive(&mut self, before: Option<&Value>, after: Option<&Value>, unknown: bool) {
+        if !unknown && before == after {
+            if before.is_some() {
+                self.out.unchanged += 1;
             }
             return;
         }
+        let s = &self.phrases.sensitive;
+        match (before, after.is_some() || unknown) {
+            (None, _) => self.line('+', &format!("= {s}")),
+            (Some(_), false) => self.line('-', &format!("= {s}")),
+            (Some(_), true) => self.line('~', &format!("= {s}")),
+        }
+    }
+
+    /// A value the engine knows only after the apply.
+    fn known_after_apply(&mut self, before: Option<&Value>) {
+        let kaa = self.phrases.known_after_apply.clone();
+        match before {
+            None => self.line('+', &format!("= {kaa}")),
+            Some(b) => {
+                let b = short_repr(b);
+                self.line('~', &format!("= {b} -> {kaa}"));
+            }
+        }
+    }
+
+    /// An object: every key of either side (or of the unknown mask), in order.
+    fn walk_object<'a>(
+        &mut self,
+        n: Node<'a>,
+        before: Option<&'a Value>,
+        after: Option<&'a Value>,
+    ) {
+        static EMPTY: std::sync::LazyLock<serde_json::Map<String, Value>> =
+            std::sync::LazyLock::new(serde_json::Map::new);
+        let obj = |v: Option<&'a Value>| v.and_then(Value::as_object).unwrap_or(&EMPTY);
+        let (bm, am, um) = (obj(before), obj(after), obj(n.unknown));
+        let sorted =
+            |m: &serde_json::Map<String, Value>| m.keys().zip(m.keys().skip(1)).all(|(a, b)| a < b);
+        if sorted(bm) && sorted(am) && sorted(um) {
+            self.walk_sorted_keys(n, bm, am, um);
+            return;
+        }
+        let mut keys: Vec<&str> = Vec::new();
+        for v in [before, after, n.unknown] {
+            if let Some(Value::Object(m)) = v {
+                keys.extend(m.keys().map(String::as_str));
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        for k in keys {
+            let len = self.path.len();
+            push_key(&mut self.path, k);
+            self.walk(n.key(k));
+            self.path.truncate(len);
+        }
+    }
+
+    /// The keys of three maps whose keys are sorted (as the engine writes them), merged in one
+    /// pass instead of looking every key up in each.
+    fn walk_sorted_keys<'a>(
+        &mut self,
+        n: Node<'a>,
+        bm: &'a serde_json::Map<String, Value>,
+        am: &'a serde_json::Map<String, Value>,
+        um: &'a serde_json::Map<String, Value>,
+    ) {
+        let (mut bi, mut ai, mut ui) = (
+            bm.iter().peekable(),
+            am.iter().peekable(),
+            um.iter().peekable(),
+        );
+        loop {
+            let k = [bi.peek(), ai.peek(), ui.peek()]
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.as_str())
+                .min();
+            let Some(k) = k else { break };
+            let take = |it: &mut std::iter::Peekable<serde_json::map::Iter<'a>>| match it.peek() {
+                Some((key, _)) if key.as_str() == k => it.next().map(|(_, v)| v),
+                _ => None,
+            };
+            let child = Node {
+                before: take(&mut bi),
+                after: take(&mut ai),
+                unknown: take(&mut ui),
+                before_sensitive: n
+                    .before_sensitive
+                    .and_then(Value::as_object)
+                    .and_then(|m| m.get(k)),
+                after_sensitive: n
+                    .after_sensitive
+                    .and_then(Value::as_object)
+                    .and_then(|m| m.get(k)),
+            };
+            let len = self.path.len();
+            push_key(&mut self.path, k);
+            self.walk(child);
+            self.path.truncate(len);
+        }
+    }
+
+    /// A list: every index of the longer side.
+    fn walk_array(&mut self, n: Node<'_>, before: Option<&Value>, after: Option<&Value>) {
+        let len_of = |v: Option<&Value>| v.and_then(Value::as_array).map_or(0, Vec::len);
+        let max = len_of(before).max(len_of(after));
+        for i in 0..max {
+            let len = self.path.len();
+            let _ = write!(self.path, "[{i}]");
+            self.walk(n.index(i));
+            self.path.truncate(len);
+        }
+    }
+
+    /// A leaf: unchanged (counted, not shown), a text shown as a line diff when decoding it
+    /// says more, or one line `= before -> after`.
+    fn leaf(&mut self, before: Option<&Value>, after: Option<&Value>) {
         if before == after {
             if before.is_some() {
                 self.out.unchanged += 1;

@@ -319,6 +319,44 @@ struct DetailView {
     drift_left_out: usize,
 }
 
+impl RowView {
+    /// A planned root's row, before its counts are known.
+    fn planned(name: &str) -> RowView {
+        RowView {
+            name: name.to_string(),
+            status: "planned",
+            reason: String::new(),
+            errored: false,
+            add: 0,
+            change: 0,
+            destroy: 0,
+            import: 0,
+            moved: 0,
+        }
+    }
+}
+
+impl DetailView {
+    /// A planned root's details, before anything of its plan is read.
+    fn planned(name: &str) -> DetailView {
+        DetailView {
+            name: name.to_string(),
+            status: "planned",
+            reason: String::new(),
+            errored: false,
+            error: None,
+            fence: String::new(),
+            no_changes: false,
+            resources: Vec::new(),
+            resources_seq: minijinja::Value::UNDEFINED,
+            outputs: None,
+            drift: Vec::new(),
+            drift_seq: minijinja::Value::UNDEFINED,
+            drift_left_out: 0,
+        }
+    }
+}
+
 /// One resource's section. Absent and empty fields are not passed to the template (it reads
 /// them as undefined, which tests false and prints nothing): a note lists thousands of these.
 #[derive(Serialize, Clone, Debug)]
@@ -593,183 +631,37 @@ fn markdown_safe_name(name: &str) -> String {
     name.to_string()
 }
 
+/// The note's view of `roots`, and the resource changes whose diff bodies are still to render
+/// (rendered once the budget is known). Each root is read by [`root_views`]; the lists they
+/// gather are then sorted and cut to [`MAX_LISTED`].
 fn build_view<'a, 'r>(
     ctx: &'a NoteContext,
     roots: &'r [RootSection<'r>],
 ) -> (NoteView<'a>, Vec<(UnitId, &'r ResourceChange)>) {
-    let mut pending = Vec::new();
-    let phrases = phrases();
-    let multi_root = roots.len() > 1;
-    let mut red = false;
-    let mut yellow = false;
+    let mut g = Gathered::default();
     let mut table = Vec::new();
-    let mut destructive = Vec::new();
-    let mut findings: Vec<(String, &Finding)> = Vec::new();
     let mut details = Vec::new();
-    let mut fingerprints = Vec::new();
-    let mut roots_with_changes = 0;
-
     for (d, root) in roots.iter().enumerate() {
-        let mut row = RowView {
-            name: root.name.clone(),
-            status: "planned",
-            reason: String::new(),
-            errored: false,
-            add: 0,
-            change: 0,
-            destroy: 0,
-            import: 0,
-            moved: 0,
-        };
-        let mut detail = DetailView {
-            name: root.name.clone(),
-            status: "planned",
-            reason: String::new(),
-            errored: false,
-            error: None,
-            fence: String::new(),
-            no_changes: false,
-            resources: Vec::new(),
-            resources_seq: minijinja::Value::UNDEFINED,
-            outputs: None,
-            drift: Vec::new(),
-            drift_seq: minijinja::Value::UNDEFINED,
-            drift_left_out: 0,
-        };
-        match &root.outcome {
-            RootOutcome::Skipped { reason } => {
-                row.status = "skipped";
-                row.reason = reason.clone();
-                detail.status = "skipped";
-                detail.reason = reason.clone();
-            }
-            RootOutcome::Failed { error } => {
-                red = true;
-                row.status = "failed";
-                detail.status = "failed";
-                let (e, f) = fenced(error);
-                detail.error = Some(e);
-                detail.fence = f;
-            }
-            RootOutcome::Planned {
-                plan,
-                findings: fs,
-                fingerprint,
-            } => {
-                let s = Summary::of(plan);
-                row.add = s.add;
-                row.change = s.change;
-                row.destroy = s.destroy;
-                row.import = s.import;
-                row.moved = s.moved;
-                row.errored = plan.errored;
-                detail.errored = plan.errored;
-                if plan.errored {
-                    red = true;
-                    if let Some(err) = ctx.plan_errors.get(&root.name) {
-                        let (e, f) = fenced(err);
-                        detail.error = Some(e);
-                        detail.fence = f;
-                    }
-                }
-                fingerprints.push(FingerprintView {
-                    root: root.name.clone(),
-                    short: fingerprint.short().to_string(),
-                });
-                // Sized once: these lists are the largest part of a big note's view.
-                let count = plan.managed_changes().filter(|rc| rc.has_change()).count();
-                detail.resources.reserve_exact(count);
-                for rc in plan.managed_changes().filter(|rc| rc.has_change()) {
-                    let kind = rc.kind();
-                    if !matches!(kind, ActionKind::Create | ActionKind::NoOp) {
-                        yellow = true;
-                    }
-                    if kind.is_destructive() {
-                        let stateful = stateful_kind(&rc.resource_type);
-                        if stateful.is_some() {
-                            red = true;
-                        }
-                        let v = resource_view_header(rc);
-                        let values = stateful.map(|_| rc.change.values());
-                        let identity =
-                            |names: &[&str]| values.as_ref().and_then(|c| identity_attr(c, names));
-                        destructive.push(DestructiveView {
-                            root: root.name.clone(),
-                            address: rc.address.clone(),
-                            deposed: rc.deposed.clone(),
-                            kind,
-                            reason: v.0,
-                            replace_paths: v.1,
-                            stateful,
-                            vm_id: stateful
-                                .filter(|k| *k != "disk")
-                                .and_then(|_| identity(&["vm_id", "vmid"])),
-                            vm_name: stateful
-                                .filter(|k| *k != "disk")
-                                .and_then(|_| identity(&["name", "hostname"])),
-                            node: stateful.and_then(|_| identity(&["node_name", "target_node"])),
-                        });
-                    }
-                    pending.push(((d, 0, detail.resources.len()), rc));
-                    detail.resources.push(resource_view(rc, false));
-                }
-                detail.outputs = outputs_view(plan, phrases);
-                if detail.outputs.is_some() {
-                    yellow |= plan
-                        .output_changes
-                        .values()
-                        .any(|o| !matches!(o.kind(), ActionKind::NoOp | ActionKind::Create));
-                }
-                for rc in plan
-                    .resource_drift
-                    .iter()
-                    .filter(|rc| rc.is_managed() && rc.kind() != ActionKind::NoOp)
-                {
-                    pending.push(((d, 2, detail.drift.len()), rc));
-                    detail.drift.push(resource_view(rc, true));
-                }
-                let has_changes = !s.is_empty() || detail.outputs.is_some();
-                if has_changes {
-                    roots_with_changes += 1;
-                }
-                detail.no_changes = !has_changes && !plan.errored;
-                for f in fs.iter() {
-                    match f.severity {
-                        Severity::Error => red = true,
-                        Severity::Warning => yellow = true,
-                        Severity::Info => {}
-                    }
-                    findings.push((root.name.clone(), f));
-                }
-            }
-        }
+        let (row, detail) = root_views(ctx, d, root, &mut g);
         table.push(row);
         details.push(detail);
     }
+    let Gathered {
+        pending,
+        red,
+        yellow,
+        mut destructive,
+        mut findings,
+        fingerprints,
+        roots_with_changes,
+    } = g;
 
     findings.sort_by_key(|(_, f)| f.severity);
     let findings_more = findings.len().saturating_sub(MAX_LISTED);
     let findings = findings
         .into_iter()
         .take(MAX_LISTED)
-        .map(|(_, f)| {
-            let fix = f.fix.trim_end();
-            let fix_block = fix.contains('\n');
-            let (fix, fence) = if fix_block {
-                fenced(fix)
-            } else {
-                (fix.to_string(), String::new())
-            };
-            FindingView {
-                severity: f.severity,
-                rule: f.rule,
-                address: f.address.clone(),
-                message: f.message.clone(),
-                fix,
-                fix_block,
-                fence,
-            }
-        })
+        .map(|(_, f)| finding_view(f))
         .collect();
     let destructive_more = destructive.len().saturating_sub(MAX_LISTED);
     destructive.truncate(MAX_LISTED);
@@ -791,7 +683,7 @@ fn build_view<'a, 'r>(
         draft: ctx.draft,
         roots_total: roots.len(),
         roots_with_changes,
-        multi_root,
+        multi_root: roots.len() > 1,
         table,
         destructive,
         destructive_more,
@@ -809,6 +701,186 @@ fn build_view<'a, 'r>(
         fingerprints,
     };
     (view, pending)
+}
+
+/// What [`build_view`] gathers over all roots, besides each root's row and details.
+#[derive(Default)]
+struct Gathered<'r> {
+    /// The resource changes whose diff bodies are still to render, by where they go.
+    pending: Vec<(UnitId, &'r ResourceChange)>,
+    /// Something needs attention before merging (a failure, a stateful destroy, an error).
+    red: bool,
+    /// Something changes or replaces what exists, or a warning.
+    yellow: bool,
+    destructive: Vec<DestructiveView>,
+    findings: Vec<(String, &'r Finding)>,
+    fingerprints: Vec<FingerprintView>,
+    roots_with_changes: usize,
+}
+
+impl<'r> Gathered<'r> {
+    /// A root's lint and preflight findings: errors make the note red, warnings yellow.
+    fn add_findings(&mut self, root: &str, findings: &'r [Finding]) {
+        for f in findings.iter() {
+            match f.severity {
+                Severity::Error => self.red = true,
+                Severity::Warning => self.yellow = true,
+                Severity::Info => {}
+            }
+            self.findings.push((root.to_string(), f));
+        }
+    }
+}
+
+/// The summary table's row and the details of root number `d`.
+fn root_views<'r>(
+    ctx: &NoteContext,
+    d: usize,
+    root: &'r RootSection<'r>,
+    g: &mut Gathered<'r>,
+) -> (RowView, DetailView) {
+    let mut row = RowView::planned(&root.name);
+    let mut detail = DetailView::planned(&root.name);
+    match &root.outcome {
+        RootOutcome::Skipped { reason } => {
+            row.status = "skipped";
+            row.reason = reason.clone();
+            detail.status = "skipped";
+            detail.reason = reason.clone();
+        }
+        RootOutcome::Failed { error } => {
+            g.red = true;
+            row.status = "failed";
+            detail.status = "failed";
+            let (e, f) = fenced(error);
+            detail.error = Some(e);
+            detail.fence = f;
+        }
+        RootOutcome::Planned {
+            plan,
+            findings,
+            fingerprint,
+        } => {
+            let s = Summary::of(plan);
+            row.add = s.add;
+            row.change = s.change;
+            row.destroy = s.destroy;
+            row.import = s.import;
+            row.moved = s.moved;
+            row.errored = plan.errored;
+            g.fingerprints.push(FingerprintView {
+                root: root.name.clone(),
+                short: fingerprint.short().to_string(),
+            });
+            plan_details(ctx, d, plan, &mut detail, g);
+            let has_changes = !s.is_empty() || detail.outputs.is_some();
+            if has_changes {
+                g.roots_with_changes += 1;
+            }
+            detail.no_changes = !has_changes && !plan.errored;
+            g.add_findings(&root.name, findings);
+        }
+    }
+    (row, detail)
+}
+
+/// The details of a planned root `d`: its error, resource changes, outputs and drift. The
+/// resource changes and drift go to `g.pending` (their bodies are rendered later), the
+/// destructive ones also to `g.destructive`.
+fn plan_details<'r>(
+    ctx: &NoteContext,
+    d: usize,
+    plan: &'r Plan,
+    detail: &mut DetailView,
+    g: &mut Gathered<'r>,
+) {
+    detail.errored = plan.errored;
+    if plan.errored {
+        g.red = true;
+        if let Some(err) = ctx.plan_errors.get(&detail.name) {
+            let (e, f) = fenced(err);
+            detail.error = Some(e);
+            detail.fence = f;
+        }
+    }
+    // Sized once: these lists are the largest part of a big note's view.
+    let count = plan.managed_changes().filter(|rc| rc.has_change()).count();
+    detail.resources.reserve_exact(count);
+    for rc in plan.managed_changes().filter(|rc| rc.has_change()) {
+        let kind = rc.kind();
+        if !matches!(kind, ActionKind::Create | ActionKind::NoOp) {
+            g.yellow = true;
+        }
+        if kind.is_destructive() {
+            let v = destructive_view(&detail.name, rc, kind);
+            if v.stateful.is_some() {
+                g.red = true;
+            }
+            g.destructive.push(v);
+        }
+        g.pending.push(((d, 0, detail.resources.len()), rc));
+        detail.resources.push(resource_view(rc, false));
+    }
+    detail.outputs = outputs_view(plan, phrases());
+    if detail.outputs.is_some() {
+        g.yellow |= plan
+            .output_changes
+            .values()
+            .any(|o| !matches!(o.kind(), ActionKind::NoOp | ActionKind::Create));
+    }
+    for rc in plan
+        .resource_drift
+        .iter()
+        .filter(|rc| rc.is_managed() && rc.kind() != ActionKind::NoOp)
+    {
+        g.pending.push(((d, 2, detail.drift.len()), rc));
+        detail.drift.push(resource_view(rc, true));
+    }
+}
+
+/// The "destroyed or replaced" list's entry for `rc`; a stateful resource (a VM, a container,
+/// a disk) names what is lost by its id, name and node.
+fn destructive_view(root: &str, rc: &ResourceChange, kind: ActionKind) -> DestructiveView {
+    let stateful = stateful_kind(&rc.resource_type);
+    let v = resource_view_header(rc);
+    let values = stateful.map(|_| rc.change.values());
+    let identity = |names: &[&str]| values.as_ref().and_then(|c| identity_attr(c, names));
+    DestructiveView {
+        root: root.to_string(),
+        address: rc.address.clone(),
+        deposed: rc.deposed.clone(),
+        kind,
+        reason: v.0,
+        replace_paths: v.1,
+        stateful,
+        vm_id: stateful
+            .filter(|k| *k != "disk")
+            .and_then(|_| identity(&["vm_id", "vmid"])),
+        vm_name: stateful
+            .filter(|k| *k != "disk")
+            .and_then(|_| identity(&["name", "hostname"])),
+        node: stateful.and_then(|_| identity(&["node_name", "target_node"])),
+    }
+}
+
+/// A finding as the note lists it; a fix of several lines goes in a fenced block.
+fn finding_view(f: &Finding) -> FindingView {
+    let fix = f.fix.trim_end();
+    let fix_block = fix.contains('\n');
+    let (fix, fence) = if fix_block {
+        fenced(fix)
+    } else {
+        (fix.to_string(), String::new())
+    };
+    FindingView {
+        severity: f.severity,
+        rule: f.rule,
+        address: f.address.clone(),
+        message: f.message.clone(),
+        fix,
+        fix_block,
+        fence,
+    }
 }
 
 fn resource_view_header(rc: &ResourceChange) -> (Option<String>, Vec<String>) {

@@ -4,8 +4,10 @@
 //! fix (texts in `templates/doctor.j2`). Exit code 1 when any check failed. Only read-only calls.
 
 use crate::capabilities::engine::{Engine, SandboxMode};
-use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError};
-use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig};
+use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError, Hook, User as GitLabUser};
+use crate::capabilities::proxmox::{
+    Node as ProxmoxNode, Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig,
+};
 use crate::core::config::{env_name, Config, ConfigError, Origin, Problem};
 use crate::core::pve_access::{self, Privileges};
 use crate::core::redact::Secrets;
@@ -245,9 +247,32 @@ fn level_name(level: AccessLevel) -> String {
     }
 }
 
+/// GitLab, in steps: a client with the token, who the token is, then each allowed project
+/// ([`project_checks`]).
 async fn gitlab_checks(config: &Config, r: &mut Report) {
     r.section("GitLab");
     let url = config.gitlab.url.clone();
+    let Some(client) = gitlab_client(config, &url, r) else {
+        return;
+    };
+    let Some(user) = gitlab_user(&client, &url, r).await else {
+        return;
+    };
+    let hook_url = config
+        .public_url
+        .as_ref()
+        .map(|u| format!("{}/webhooks/gitlab", u.trim_end_matches('/')));
+    if hook_url.is_none() {
+        r.add(Status::Skip, "no_public_url", json!({}));
+    }
+    for project_ref in allowed_projects(config) {
+        project_checks(&client, &project_ref, &user, hook_url.as_deref(), r).await;
+    }
+}
+
+/// A client for `url` with the configured token (one attempt per call, 15 s each); `None`,
+/// reported, when the token or the URL cannot be used at all.
+fn gitlab_client(config: &Config, url: &str, r: &mut Report) -> Option<GitLab> {
     // A token GitLab could never accept is the token's fault, not the URL's.
     let token = config.gitlab.token.expose();
     if token.trim().is_empty() || reqwest::header::HeaderValue::from_str(token).is_err() {
@@ -256,9 +281,9 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
             "gitlab_token_unusable",
             json!({"empty": token.trim().is_empty()}),
         );
-        return;
+        return None;
     }
-    let client = match GitLab::new(&url, config.gitlab.token.expose()) {
+    let client = match GitLab::new(url, config.gitlab.token.expose()) {
         Ok(c) => c.with_retry_policy(crate::capabilities::gitlab::RetryPolicy {
             max_attempts: 1,
             base_delay: Duration::from_millis(100),
@@ -270,21 +295,25 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
                 "gitlab_unreachable",
                 json!({"url": url, "error": e.to_string()}),
             );
-            return;
+            return None;
         }
     };
-    let client = match client.with_timeout(Duration::from_secs(15)) {
-        Ok(c) => c,
+    match client.with_timeout(Duration::from_secs(15)) {
+        Ok(c) => Some(c),
         Err(e) => {
             r.add(
                 Status::Fail,
                 "gitlab_unreachable",
                 json!({"url": url, "error": e.to_string()}),
             );
-            return;
+            None
         }
-    };
-    let user = match client.current_user().await {
+    }
+}
+
+/// The token's user: GitLab reachable and the token accepted (reported either way).
+async fn gitlab_user(client: &GitLab, url: &str, r: &mut Report) -> Option<GitLabUser> {
+    match client.current_user().await {
         Ok(u) => {
             r.add(Status::Ok, "gitlab_reachable", json!({"url": url}));
             r.add(
@@ -292,7 +321,7 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
                 "gitlab_token",
                 json!({"username": u.username, "id": u.id.0}),
             );
-            u
+            Some(u)
         }
         Err(GitLabError::Transport(e)) => {
             r.add(
@@ -300,7 +329,7 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
                 "gitlab_unreachable",
                 json!({"url": url, "error": e}),
             );
-            return;
+            None
         }
         Err(e) => {
             r.add(Status::Ok, "gitlab_reachable", json!({"url": url}));
@@ -309,86 +338,91 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
                 "gitlab_token_bad",
                 json!({"error": e.to_string()}),
             );
+            None
+        }
+    }
+}
+
+/// One project: it exists, the token's user is Developer or more, and (with a public URL)
+/// its webhook to planbot is there with the right events.
+async fn project_checks(
+    client: &GitLab,
+    project_ref: &str,
+    user: &GitLabUser,
+    hook_url: Option<&str>,
+    r: &mut Report,
+) {
+    let base = json!({"project": project_ref, "username": user.username});
+    let project = match client.project(project_ref).await {
+        Ok(p) => p,
+        Err(e) => {
+            let mut d = base.clone();
+            d["error"] = e.to_string().into();
+            r.add(Status::Fail, "project_missing", d);
             return;
         }
     };
-    let hook_url = config
-        .public_url
-        .as_ref()
-        .map(|u| format!("{}/webhooks/gitlab", u.trim_end_matches('/')));
-    if hook_url.is_none() {
-        r.add(Status::Skip, "no_public_url", json!({}));
-    }
-    for project_ref in allowed_projects(config) {
-        let base = json!({"project": project_ref, "username": user.username});
-        let project = match client.project(&project_ref).await {
-            Ok(p) => p,
-            Err(e) => {
-                let mut d = base.clone();
-                d["error"] = e.to_string().into();
-                r.add(Status::Fail, "project_missing", d);
-                continue;
-            }
-        };
-        let name = if project.path_with_namespace.is_empty() {
-            project_ref.clone()
-        } else {
-            project.path_with_namespace.clone()
-        };
-        let mut d = json!({"project": name, "username": user.username});
-        match client.member_access(project.id, user.id).await {
-            Ok(Some(level)) if level.is_developer_or_more() => {
-                d["level"] = level_name(level).into();
-                r.add(Status::Ok, "project_access", d.clone());
-            }
-            Ok(level) => {
-                d["level"] = level.map_or("not a member".into(), level_name).into();
-                r.add(Status::Fail, "project_access_low", d.clone());
-            }
-            Err(e) => {
-                d["error"] = e.to_string().into();
-                r.add(Status::Fail, "project_missing", d.clone());
-                continue;
-            }
+    let name = if project.path_with_namespace.is_empty() {
+        project_ref.to_string()
+    } else {
+        project.path_with_namespace.clone()
+    };
+    let mut d = json!({"project": name, "username": user.username});
+    match client.member_access(project.id, user.id).await {
+        Ok(Some(level)) if level.is_developer_or_more() => {
+            d["level"] = level_name(level).into();
+            r.add(Status::Ok, "project_access", d.clone());
         }
-        let Some(hook_url) = &hook_url else { continue };
-        d["url"] = hook_url.as_str().into();
-        match client.project_hooks(project.id).await {
-            Ok(hooks) => {
-                let same = |u: &str| u.trim_end_matches('/') == hook_url.trim_end_matches('/');
-                match hooks.iter().find(|h| same(&h.url)) {
-                    None => {
-                        d["others"] = json!(hooks.iter().map(|h| &h.url).collect::<Vec<_>>());
-                        r.add(Status::Fail, "hook_missing", d);
-                    }
-                    Some(h) => {
-                        let mut missing = Vec::new();
-                        if !h.merge_requests_events {
-                            missing.push("\"Merge request events\"");
-                        }
-                        if !h.note_events {
-                            missing.push("\"Comments\"");
-                        }
-                        let disabled = h
-                            .alert_status
-                            .as_deref()
-                            .filter(|s| *s == "disabled" || *s == "temporarily_disabled");
-                        if let Some(status) = disabled {
-                            d["status"] = status.replace('_', " ").into();
-                            r.add(Status::Fail, "hook_disabled", d);
-                        } else if !missing.is_empty() {
-                            d["missing"] = json!(missing);
-                            r.add(Status::Fail, "hook_events", d);
-                        } else {
-                            r.add(Status::Ok, "hook_ok", d);
-                        }
-                    }
-                }
+        Ok(level) => {
+            d["level"] = level.map_or("not a member".into(), level_name).into();
+            r.add(Status::Fail, "project_access_low", d.clone());
+        }
+        Err(e) => {
+            d["error"] = e.to_string().into();
+            r.add(Status::Fail, "project_missing", d.clone());
+            return;
+        }
+    }
+    let Some(hook_url) = hook_url else { return };
+    d["url"] = hook_url.into();
+    match client.project_hooks(project.id).await {
+        Ok(hooks) => hook_check(&hooks, hook_url, d, r),
+        Err(GitLabError::Forbidden) => r.add(Status::Skip, "hook_unreadable", d),
+        Err(e) => {
+            d["error"] = e.to_string().into();
+            r.add(Status::Skip, "hook_unreadable", d);
+        }
+    }
+}
+
+/// The project's webhook to `hook_url`: present, enabled, and sending MR and comment events.
+fn hook_check(hooks: &[Hook], hook_url: &str, mut d: Value, r: &mut Report) {
+    let same = |u: &str| u.trim_end_matches('/') == hook_url.trim_end_matches('/');
+    match hooks.iter().find(|h| same(&h.url)) {
+        None => {
+            d["others"] = json!(hooks.iter().map(|h| &h.url).collect::<Vec<_>>());
+            r.add(Status::Fail, "hook_missing", d);
+        }
+        Some(h) => {
+            let mut missing = Vec::new();
+            if !h.merge_requests_events {
+                missing.push("\"Merge request events\"");
             }
-            Err(GitLabError::Forbidden) => r.add(Status::Skip, "hook_unreadable", d),
-            Err(e) => {
-                d["error"] = e.to_string().into();
-                r.add(Status::Skip, "hook_unreadable", d);
+            if !h.note_events {
+                missing.push("\"Comments\"");
+            }
+            let disabled = h
+                .alert_status
+                .as_deref()
+                .filter(|s| *s == "disabled" || *s == "temporarily_disabled");
+            if let Some(status) = disabled {
+                d["status"] = status.replace('_', " ").into();
+                r.add(Status::Fail, "hook_disabled", d);
+            } else if !missing.is_empty() {
+                d["missing"] = json!(missing);
+                r.add(Status::Fail, "hook_events", d);
+            } else {
+                r.add(Status::Ok, "hook_ok", d);
             }
         }
     }
@@ -498,14 +532,66 @@ async fn proxmox_checks(config: &Config, r: &mut Report) {
     }
 }
 
+/// One Proxmox endpoint, in steps: reach it, its nodes, the token's privileges on the paths
+/// that matter, what the token may read (and, for applies, write), and the storages.
 async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, r: &mut Report) {
-    let url = ep.url.clone();
     let token_id = ep.api_token.id().to_string();
+    let Some(client) = pve_connect(ep, &token_id, r).await else {
+        return;
+    };
+    let nodes = match client.nodes().await {
+        Ok(n) => n,
+        Err(e) => return pve_read_failed(r, "GET /nodes", e),
+    };
+    pve_nodes(&nodes, r);
+    let storages: Vec<StorageConfig> = match client.storage().await {
+        Ok(s) => s,
+        Err(e) => return pve_read_failed(r, "GET /storage", e),
+    };
+    let perms = match pve_privileges(&client, &nodes, &storages).await {
+        Ok(perms) => perms,
+        Err((what, e)) => return pve_read_failed(r, &what, e),
+    };
+    let template_storages: Vec<&StorageConfig> = storages
+        .iter()
+        .filter(|s| !s.disable && s.content.iter().any(|c| c == "import" || c == "iso"))
+        .collect();
+    let no_template: Vec<&str> = template_storages
+        .iter()
+        .filter(|s| !pve_access::DOWNLOAD_STORAGE.met(&perms, &format!("/storage/{}", s.storage)))
+        .map(|s| s.storage.as_str())
+        .collect();
+    let can_write = pve_access::VMS
+        .requires
+        .iter()
+        .any(|p| *p != "VM.Audit" && perms.has("/vms", p))
+        || perms.has("/", "Sys.Modify")
+        || template_storages.len() > no_template.len();
+    pve_read_access(&perms, &token_id, for_plan && !for_apply, can_write, r);
+    if for_apply {
+        pve_write_access(&perms, &token_id, &nodes, &no_template, r);
+    }
+    pve_storages(&storages, r);
+}
+
+/// A read that fails is a FAIL: the checks after it would judge from nothing.
+fn pve_read_failed(r: &mut Report, what: &str, e: ProxmoxError) {
+    r.add(
+        Status::Fail,
+        "pve_read_failed",
+        json!({"what": what, "error": e.to_string()}),
+    );
+}
+
+/// The client for `ep`, when the endpoint answers `GET /version` to the token (reported
+/// either way).
+async fn pve_connect(ep: ProxmoxEndpoint, token_id: &str, r: &mut Report) -> Option<Proxmox> {
+    let url = ep.url.clone();
     let client = match Proxmox::new(ep) {
         Ok(c) => c,
         Err(e) => {
             r.add(Status::Fail, "pve_config", json!({"error": e.to_string()}));
-            return;
+            return None;
         }
     };
     let base_url = client.base_url().to_string();
@@ -518,7 +604,7 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
                 "pve_unauthorized",
                 json!({"token": token_id, "status": status, "user": user}),
             );
-            return;
+            return None;
         }
         Err(e) => {
             let error = e.to_string();
@@ -528,7 +614,7 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
                 "pve_unreachable",
                 json!({"url": url, "error": error, "tls": tls}),
             );
-            return;
+            return None;
         }
     };
     let old = version.major_minor().is_some_and(|v| v < (8, 4));
@@ -537,19 +623,11 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
         "pve_reachable",
         json!({"url": base_url, "version": version.version, "old": old}),
     );
+    Some(client)
+}
 
-    // A read that fails is a FAIL: the checks after it would judge from nothing.
-    let failed = |r: &mut Report, what: &str, e: ProxmoxError| {
-        r.add(
-            Status::Fail,
-            "pve_read_failed",
-            json!({"what": what, "error": e.to_string()}),
-        );
-    };
-    let nodes = match client.nodes().await {
-        Ok(n) => n,
-        Err(e) => return failed(r, "GET /nodes", e),
-    };
+/// The cluster's nodes: a FAIL when one is offline.
+fn pve_nodes(nodes: &[ProxmoxNode], r: &mut Report) {
     let node_list: Vec<Value> = nodes
         .iter()
         .map(|n| json!({"name": n.node, "status": n.status.clone().unwrap_or_else(|| "unknown".into())}))
@@ -568,63 +646,52 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
             json!({"nodes": node_list, "offline": offline}),
         );
     }
+}
 
-    let storages: Vec<StorageConfig> = match client.storage().await {
-        Ok(s) => s,
-        Err(e) => return failed(r, "GET /storage", e),
-    };
+/// The token's privileges on `/`, `/vms`, every node and every storage; on a failed read,
+/// what was read and the error.
+async fn pve_privileges(
+    client: &Proxmox,
+    nodes: &[ProxmoxNode],
+    storages: &[StorageConfig],
+) -> Result<Privileges, (String, ProxmoxError)> {
     let mut paths: BTreeSet<String> = ["/".to_string(), "/vms".to_string()].into();
-    for n in &nodes {
+    for n in nodes {
         paths.insert(format!("/nodes/{}", n.node));
     }
-    for s in &storages {
+    for s in storages {
         paths.insert(format!("/storage/{}", s.storage));
     }
     let mut perms = Privileges::default();
     for p in &paths {
         match client.privileges_on(p).await {
             Ok(set) => perms.insert(p.clone(), set),
-            Err(e) => return failed(r, &format!("GET /access/permissions?path={p}"), e),
+            Err(e) => return Err((format!("GET /access/permissions?path={p}"), e)),
         }
     }
-    let has = |path: &str, p: &str| perms.has(path, p);
-    let user = crate::core::preflight::token_user(&token_id).to_string();
+    Ok(perms)
+}
 
-    // Reading: what every plan's refresh needs.
+/// Reading: what every plan's refresh needs. A plan-only token that could also write is
+/// pointed out (`can_write`).
+fn pve_read_access(
+    perms: &Privileges,
+    token_id: &str,
+    plan_only: bool,
+    can_write: bool,
+    r: &mut Report,
+) {
+    let user = crate::core::preflight::token_user(token_id).to_string();
     let read_missing: Vec<String> = pve_access::READ
-        .missing(&perms, "/")
+        .missing(perms, "/")
         .iter()
         .map(|p| pve_access::all_on(&[*p], "/"))
         .collect();
-    let vm_missing: Vec<&str> = pve_access::VMS.missing(&perms, "/vms");
-    let template_storages: Vec<&StorageConfig> = storages
-        .iter()
-        .filter(|s| !s.disable && s.content.iter().any(|c| c == "import" || c == "iso"))
-        .collect();
-    let no_template: Vec<&str> = template_storages
-        .iter()
-        .filter(|s| !pve_access::DOWNLOAD_STORAGE.met(&perms, &format!("/storage/{}", s.storage)))
-        .map(|s| s.storage.as_str())
-        .collect();
-    let root_download = pve_access::DOWNLOAD_ROOT.met(&perms, "/");
-    let nodes_without_net: Vec<&str> = nodes
-        .iter()
-        .filter(|n| !pve_access::DOWNLOAD_NODE.met(&perms, &format!("/nodes/{}", n.node)))
-        .map(|n| n.node.as_str())
-        .collect();
-    let download_blocked = !root_download && !nodes_without_net.is_empty();
-    let can_write = pve_access::VMS
-        .requires
-        .iter()
-        .any(|p| *p != "VM.Audit" && has("/vms", p))
-        || has("/", "Sys.Modify")
-        || template_storages.len() > no_template.len();
-
     if read_missing.is_empty() {
         r.add(
             Status::Ok,
             "pve_read_ok",
-            json!({"token": token_id, "read_only": for_plan && !for_apply && !can_write}),
+            json!({"token": token_id, "read_only": plan_only && !can_write}),
         );
     } else {
         r.add(
@@ -634,15 +701,15 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
                    "missing": read_missing}),
         );
     }
-    if for_plan && !for_apply && can_write {
+    if plan_only && can_write {
         let mut extra: Vec<String> = pve_access::VMS
             .requires
             .iter()
-            .filter(|p| **p != "VM.Audit" && has("/vms", p))
+            .filter(|p| **p != "VM.Audit" && perms.has("/vms", p))
             .map(|p| p.to_string())
             .take(3)
             .collect();
-        if has("/", "Sys.Modify") {
+        if perms.has("/", "Sys.Modify") {
             extra.push("Sys.Modify".into());
         }
         r.add(
@@ -651,51 +718,72 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
             json!({"token": token_id, "extra": extra}),
         );
     }
-    if for_apply {
-        let mut missing = Vec::new();
-        let mut grants = Vec::new();
-        // Each role is created once (`pveum role add` fails for an existing role).
-        let mut roles_added = BTreeSet::new();
-        let mut grant = |need: &pve_access::Need, path: &str| {
-            json!({"role": need.role, "privs": need.grants, "path": path,
-                   "add_role": roles_added.insert(need.role)})
-        };
-        if !vm_missing.is_empty() {
-            missing.push(pve_access::each_on(&vm_missing, "/vms"));
-            grants.push(grant(&pve_access::VMS, "/vms"));
-        }
-        for s in &no_template {
-            let path = format!("/storage/{s}");
-            missing.push(pve_access::all_on(
-                pve_access::DOWNLOAD_STORAGE.requires,
-                &path,
-            ));
-            grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &path));
-        }
-        if download_blocked {
-            let node_paths: Vec<String> = nodes_without_net
-                .iter()
-                .map(|n| format!("/nodes/{n}"))
-                .collect();
-            missing.push(pve_access::all_on_root_or_nodes(
-                pve_access::DOWNLOAD_ROOT.requires,
-                pve_access::DOWNLOAD_NODE.requires,
-                &node_paths,
-            ));
-            grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/"));
-        }
-        if missing.is_empty() {
-            r.add(Status::Ok, "pve_write_ok", json!({"token": token_id}));
-        } else {
-            r.add(
-                Status::Fail,
-                "pve_write_missing",
-                json!({"token": token_id, "user": user, "missing": missing, "grants": grants}),
-            );
-        }
-    }
+}
 
-    for s in &storages {
+/// Writing, for the apply token: managing VMs, downloading templates (to the storages in
+/// `no_template`, which it may not yet), and the grants that fix what is missing.
+fn pve_write_access(
+    perms: &Privileges,
+    token_id: &str,
+    nodes: &[ProxmoxNode],
+    no_template: &[&str],
+    r: &mut Report,
+) {
+    let user = crate::core::preflight::token_user(token_id).to_string();
+    let vm_missing: Vec<&str> = pve_access::VMS.missing(perms, "/vms");
+    let root_download = pve_access::DOWNLOAD_ROOT.met(perms, "/");
+    let nodes_without_net: Vec<&str> = nodes
+        .iter()
+        .filter(|n| !pve_access::DOWNLOAD_NODE.met(perms, &format!("/nodes/{}", n.node)))
+        .map(|n| n.node.as_str())
+        .collect();
+    let download_blocked = !root_download && !nodes_without_net.is_empty();
+    let mut missing = Vec::new();
+    let mut grants = Vec::new();
+    // Each role is created once (`pveum role add` fails for an existing role).
+    let mut roles_added = BTreeSet::new();
+    let mut grant = |need: &pve_access::Need, path: &str| {
+        json!({"role": need.role, "privs": need.grants, "path": path,
+               "add_role": roles_added.insert(need.role)})
+    };
+    if !vm_missing.is_empty() {
+        missing.push(pve_access::each_on(&vm_missing, "/vms"));
+        grants.push(grant(&pve_access::VMS, "/vms"));
+    }
+    for s in no_template {
+        let path = format!("/storage/{s}");
+        missing.push(pve_access::all_on(
+            pve_access::DOWNLOAD_STORAGE.requires,
+            &path,
+        ));
+        grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &path));
+    }
+    if download_blocked {
+        let node_paths: Vec<String> = nodes_without_net
+            .iter()
+            .map(|n| format!("/nodes/{n}"))
+            .collect();
+        missing.push(pve_access::all_on_root_or_nodes(
+            pve_access::DOWNLOAD_ROOT.requires,
+            pve_access::DOWNLOAD_NODE.requires,
+            &node_paths,
+        ));
+        grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/"));
+    }
+    if missing.is_empty() {
+        r.add(Status::Ok, "pve_write_ok", json!({"token": token_id}));
+    } else {
+        r.add(
+            Status::Fail,
+            "pve_write_missing",
+            json!({"token": token_id, "user": user, "missing": missing, "grants": grants}),
+        );
+    }
+}
+
+/// The storages, and a hint when none takes `import` or `snippets` content.
+fn pve_storages(storages: &[StorageConfig], r: &mut Report) {
+    for s in storages {
         r.add(
             Status::Info,
             "pve_storage",

@@ -5,8 +5,8 @@
 //! before this returns, also on error, timeout and Ctrl-C.
 
 use crate::capabilities::engine::{
-    self, CancelHandle, CliConfig, Engine, EngineError, PlanRequest, SandboxMode, SandboxProfile,
-    StepProgress,
+    self, CancelHandle, CliConfig, Engine, EngineError, PlanRequest, PlannedRun, SandboxMode,
+    SandboxProfile, StepProgress,
 };
 use crate::capabilities::sandbox::Support;
 use crate::core::fingerprint::Fingerprint;
@@ -76,6 +76,8 @@ pub fn plan_command(
     rt.block_on(run(dir, engine, format, &key, timeout, variables, sandbox))
 }
 
+/// The local plan of `dir`, in steps: the engine for a local run ([`local_engine`]), the plan
+/// with Ctrl-C and progress wired ([`plan_interruptibly`]), the note printed ([`print_result`]).
 async fn run(
     dir: &Path,
     engine: Option<&str>,
@@ -98,6 +100,27 @@ async fn run(
         .prefix("planbot-")
         .tempdir()
         .context("creating a private temp dir")?;
+    let runner = local_engine(binary, temp_root.path(), timeout, sandbox)?;
+    let version = runner.version().await?;
+    let (result, started) =
+        plan_interruptibly(&runner, dir, operator_var_files, variables.vars).await;
+    let ctx = NoteContext {
+        local_run: true,
+        engine: Some(version.to_string()),
+        duration: Some(started.elapsed()),
+        ..NoteContext::default()
+    };
+    print_result(result, &runner, &root_name(dir), ctx, key, format)
+}
+
+/// The engine for a local run: under the sandbox profile asked for (none with
+/// `--no-sandbox`), with its run directories in `temp_root`.
+fn local_engine(
+    binary: PathBuf,
+    temp_root: &Path,
+    timeout: Duration,
+    sandbox: Option<SandboxProfile>,
+) -> Result<Engine> {
     let mode = match sandbox {
         None => SandboxMode::Off {
             reason: "--no-sandbox".into(),
@@ -109,7 +132,7 @@ async fn run(
             )
         }),
     };
-    let runner = Engine::builder(binary, temp_root.path())
+    let runner = Engine::builder(binary, temp_root)
         .timeout(timeout)
         .grace(GRACE.min(timeout))
         .sandbox(mode)
@@ -121,8 +144,17 @@ async fn run(
             _ => CliConfig::User,
         })
         .build()?;
-    let version = runner.version().await?;
+    Ok(runner)
+}
 
+/// The engine's plan of `dir`, with progress lines on stderr and Ctrl-C forwarded as a
+/// graceful stop. Also returns when the plan started.
+async fn plan_interruptibly(
+    runner: &Engine,
+    dir: &Path,
+    operator_var_files: Vec<PathBuf>,
+    vars: Vec<(String, String)>,
+) -> (Result<PlannedRun, EngineError>, std::time::Instant) {
     // Ctrl-C: the engine runs in its own process group and does not see the terminal's SIGINT;
     // forward it as the same graceful stop a timeout gets.
     let (cancel, token) = CancelHandle::new();
@@ -141,7 +173,7 @@ async fn run(
     });
     let req = PlanRequest {
         operator_var_files,
-        vars: variables.vars,
+        vars,
         cancel: Some(token),
         progress: Some(progress),
         ..PlanRequest::default()
@@ -151,38 +183,37 @@ async fn run(
     drop(req);
     let _ = printer.await;
     ctrl_c.abort();
+    (result, started)
+}
 
-    let mut ctx = NoteContext {
-        local_run: true,
-        engine: Some(version.to_string()),
-        duration: Some(started.elapsed()),
-        ..NoteContext::default()
-    };
-    let root = root_name(dir);
+/// The note (or JSON) of the run on stdout, and the exit code: 0 planned, 1 the engine failed,
+/// 2 its output was not a plan. An engine that could not start at all is an error.
+fn print_result(
+    result: Result<PlannedRun, EngineError>,
+    runner: &Engine,
+    root: &str,
+    mut ctx: NoteContext,
+    key: &[u8],
+    format: Format,
+) -> Result<ExitCode> {
     let mut stdout = std::io::stdout().lock();
     match result {
         Ok(run) => {
             ctx.duration = Some(run.duration());
             let fingerprint = run.fingerprint(key);
-            let text = render_planned(
-                run.plan(),
-                &root,
-                &fingerprint,
-                &ctx,
-                run.scrubber(),
-                format,
-            )?;
+            let text =
+                render_planned(run.plan(), root, &fingerprint, &ctx, run.scrubber(), format)?;
             writeln!(stdout, "{text}")?;
             Ok(ExitCode::SUCCESS)
         }
         Err(e @ EngineError::BadPlanJson { .. }) => {
-            let text = render_failed(&e, &root, &ctx, &runner.secrets().scrubber(), format)?;
+            let text = render_failed(&e, root, &ctx, &runner.secrets().scrubber(), format)?;
             writeln!(stdout, "{text}")?;
             Ok(ExitCode::from(2))
         }
         Err(e @ (EngineError::NotFound(_) | EngineError::InvalidRequest(_))) => Err(e.into()),
         Err(e) => {
-            let text = render_failed(&e, &root, &ctx, &runner.secrets().scrubber(), format)?;
+            let text = render_failed(&e, root, &ctx, &runner.secrets().scrubber(), format)?;
             writeln!(stdout, "{text}")?;
             Ok(ExitCode::from(1))
         }
