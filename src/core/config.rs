@@ -3,6 +3,7 @@
 //! Pure: the caller hands in the file text, the environment and a file reader, so tests can
 //! drive every path without touching the process environment.
 
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,20 +12,33 @@ use std::path::PathBuf;
 use std::time::Duration;
 use toml::Value;
 
-/// A secret string: never printed (`Debug`/`Display` show `(set)`).
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+/// A secret string: never printed (`Debug`/`Display` show `(set)`), compared in constant time,
+/// and wiped from memory when dropped (`secrecy`'s [`SecretString`] zeroizes its buffer).
+#[derive(Clone, Deserialize)]
 #[serde(transparent)]
-pub struct Secret(String);
+pub struct Secret(SecretString);
 
 impl Secret {
     pub fn new(s: impl Into<String>) -> Secret {
-        Secret(s.into())
+        Secret(SecretString::from(s.into()))
     }
     /// The secret itself, for the few places that must use it (HTTP auth, HMAC keys, child env).
     pub fn expose(&self) -> &str {
-        &self.0
+        self.0.expose_secret()
     }
 }
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Secret) -> bool {
+        use subtle::ConstantTimeEq;
+        self.expose()
+            .as_bytes()
+            .ct_eq(other.expose().as_bytes())
+            .into()
+    }
+}
+
+impl Eq for Secret {}
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -809,7 +823,7 @@ fn take_pages(
         (Some(id), Some(secret)) if !id.trim().is_empty() && !secret.is_empty() => {
             Some(OAuthConfig {
                 client_id: id.trim().to_string(),
-                client_secret: Secret(secret),
+                client_secret: Secret::new(secret),
             })
         }
         _ => {
@@ -872,7 +886,7 @@ fn take_pages(
             session_lifetime,
         },
         MetricsConfig {
-            token: token.map(Secret),
+            token: token.map(Secret::new),
         },
     ))
 }
@@ -1336,7 +1350,7 @@ fn take_endpoint(
         }
     };
     let endpoint = take_str(flat, &k("endpoint"))?;
-    let api_token = take_str(flat, &k("api_token"))?.map(Secret);
+    let api_token = take_str(flat, &k("api_token"))?.map(Secret::new);
     let insecure = take_bool(flat, &k("insecure"))?;
     let ca_file = take_str(flat, &k("ca_file"))?.map(PathBuf::from);
     if endpoint.is_none() && api_token.is_none() && insecure.is_none() && ca_file.is_none() {
@@ -1402,7 +1416,7 @@ fn build(
         listen,
         data_dir,
         public_url,
-        fingerprint_key: Secret(fingerprint_key),
+        fingerprint_key: Secret::new(fingerprint_key),
         gitlab,
         engine,
         apply,
@@ -1472,7 +1486,7 @@ fn take_gitlab(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> 
         }),
         FALLBACK_SECRET.into(),
     );
-    let webhook_secret = soft(p, take_str(flat, "gitlab.webhook_secret"), None).map(Secret);
+    let webhook_secret = soft(p, take_str(flat, "gitlab.webhook_secret"), None).map(Secret::new);
     let signing_token = soft(p, take_str(flat, "gitlab.signing_token"), None);
     if let Some(t) = &signing_token {
         if crate::core::webhook::decode_signing_token(t).is_none() {
@@ -1491,9 +1505,9 @@ fn take_gitlab(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> 
     let projects = take_projects(flat, p);
     GitlabConfig {
         url: url.trim_end_matches('/').to_string(),
-        token: Secret(token),
+        token: Secret::new(token),
         webhook_secret,
-        signing_token: signing_token.map(Secret),
+        signing_token: signing_token.map(Secret::new),
         projects: Allowlist(projects),
     }
 }
@@ -1658,7 +1672,7 @@ fn take_env_table(
         Some(Value::Table(t)) => t
             .into_iter()
             .map(|(k, v)| match v {
-                Value::String(s) => Ok((k, Secret(s))),
+                Value::String(s) => Ok((k, Secret::new(s))),
                 other => Err(ConfigError::Invalid {
                     key: format!("{path}.{k}"),
                     message: format!("expected a string, found {}", other.type_str()),
@@ -1716,7 +1730,7 @@ fn take_apply_ssh(flat: &mut BTreeMap<String, Value>) -> Result<Option<SshConfig
     }
     Ok(Some(SshConfig {
         username,
-        private_key: private_key.map(|k| Secret(k + "\n")),
+        private_key: private_key.map(|k| Secret::new(k + "\n")),
         agent_socket,
     }))
 }
