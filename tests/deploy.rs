@@ -924,3 +924,131 @@ fn compose_runs_planbot_locked_down_behind_the_tls_proxy_with_the_secrets_its_co
         );
     }
 }
+
+const K8S_REPLICAS: &str = "deploy/kubernetes/replicas";
+
+/// The replicas overlay's own manifests (resources and patches), as repository paths.
+fn replica_manifests() -> Vec<String> {
+    let k = yaml(&format!("{K8S_REPLICAS}/kustomization.yaml"));
+    let resources: Vec<&str> = k["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert_eq!(resources[0], "..", "the overlay builds on the base");
+    let mut files: Vec<String> = resources[1..].iter().map(|r| r.to_string()).collect();
+    for p in k["patches"].as_sequence().unwrap() {
+        if let Some(path) = p["path"].as_str() {
+            files.push(path.to_string());
+        } else {
+            assert_eq!(
+                p["target"]["kind"].as_str(),
+                Some("StatefulSet"),
+                "the only inline patch deletes the single-replica StatefulSet"
+            );
+            assert!(p["patch"].as_str().unwrap().contains("$patch: delete"));
+        }
+    }
+    let mut on_disk: Vec<String> = std::fs::read_dir(repo().join(K8S_REPLICAS))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    on_disk.sort();
+    let mut listed = files.clone();
+    listed.sort();
+    assert_eq!(listed, on_disk, "kustomization.yaml must use every manifest of {K8S_REPLICAS}");
+    files
+        .into_iter()
+        .map(|f| format!("{K8S_REPLICAS}/{f}"))
+        .collect()
+}
+
+#[test]
+fn the_three_replica_variant_passes_kubernetes_validate_strictly() {
+    let validate = tool("kubernetes-validate", K8S_INSTALL);
+    let files = replica_manifests();
+    let out = run(Command::new(validate)
+        .args(["--strict", "--kubernetes-version", K8S_VERSION])
+        .args(files.iter().map(|f| repo().join(f))));
+    let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "kubernetes-validate:\n{report}");
+    for f in &files {
+        assert!(
+            report.lines().any(|l| l.contains(f.as_str()) && l.contains("passed")),
+            "{f} was not validated:\n{report}"
+        );
+    }
+}
+
+#[test]
+fn the_three_replicas_run_the_same_pod_as_the_single_one_on_a_shared_store() {
+    let single = find_kind("StatefulSet");
+    let replicas = yaml(&format!("{K8S_REPLICAS}/deployment.yaml"));
+    assert_eq!(replicas["kind"], "Deployment");
+    assert_eq!(replicas["spec"]["replicas"].as_u64(), Some(3));
+    // Same container, probes, security context and mounts: only the store differs.
+    assert_eq!(
+        replicas["spec"]["template"]["spec"]["containers"],
+        single["spec"]["template"]["spec"]["containers"]
+    );
+    assert_eq!(
+        replicas["spec"]["template"]["spec"]["securityContext"],
+        single["spec"]["template"]["spec"]["securityContext"]
+    );
+    // Each pod's data_dir is its own scratch space: nothing shared lives on a volume.
+    assert!(replicas["spec"]["volumeClaimTemplates"].is_null());
+    let volumes = replicas["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap();
+    let data = volumes.iter().find(|v| v["name"] == "data").expect("a data volume");
+    assert!(data["emptyDir"].is_mapping(), "{data:?}");
+
+    // The config is the base's plus [store] on PostgreSQL, its password from the Secret.
+    let base = find_kind("ConfigMap")["data"]["planbot.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let config = yaml(&format!("{K8S_REPLICAS}/configmap.yaml"))["data"]["planbot.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(config.starts_with(base.trim_end()), "the base config, then [store]");
+    let toml: toml::Table = config.parse().unwrap();
+    assert!(toml["store"]["url"].as_str().unwrap().starts_with("postgres://"));
+    let password_key = toml["store"]["password_file"].as_str().unwrap();
+    let secret = yaml(&format!("{K8S_REPLICAS}/secret.yaml"));
+    assert!(secret["stringData"][password_key].is_string());
+}
+
+#[test]
+fn the_three_replica_config_loads_from_its_secret() {
+    let config = yaml(&format!("{K8S_REPLICAS}/configmap.yaml"));
+    let secret = yaml(&format!("{K8S_REPLICAS}/secret.yaml"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("planbot.toml");
+    std::fs::write(&file, config["data"]["planbot.toml"].as_str().unwrap()).unwrap();
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    let keys: Vec<String> = secret["stringData"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        std::fs::write(creds.join(k), format!("test-secret-{i}-0123456789abcdef")).unwrap();
+    }
+    let mut env = OWN_ADDRESSES.to_vec();
+    env.push(("PLANBOT_STORE_URL", "postgres://planbot@db.corp.test:5432/planbot"));
+    let out = serve_check(&file, &creds, &env);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the replicas' planbot.toml with the Secret's keys {keys:?}:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("postgres://"), "--check names the store:\n{stdout}");
+    assert!(!stdout.contains("test-secret-"), "a secret printed:\n{stdout}");
+}
