@@ -88,6 +88,89 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `log_format` / `log_level`: how `serve` logs.
     pub log: LogConfig,
+    /// `[store]`: where deliveries, jobs, runs and applies live.
+    pub store: StoreConfig,
+}
+
+/// `[store]`: the database planbot keeps its state in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `store.url`; the default is `sqlite://<data_dir>/planbot.db`.
+    pub url: StoreUrl,
+    /// `store.password` (from `password_file`, usually): the PostgreSQL password.
+    pub password: Option<Secret>,
+}
+
+/// Which database: an embedded SQLite file (one replica) or a PostgreSQL server (N replicas).
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `sqlite:///var/lib/planbot/planbot.db`: an absolute path.
+    Sqlite(PathBuf),
+    /// `postgres://user@host:5432/db?options` (also `postgresql://`), as libpq reads it.
+    Postgres(String),
+}
+
+impl StoreUrl {
+    /// Read a `store.url` value.
+    pub fn parse(text: &str) -> Result<StoreUrl, String> {
+        if let Some(path) = text.strip_prefix("sqlite://") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "`{text}`: a SQLite URL names an absolute path, e.g. sqlite:///var/lib/planbot/planbot.db"
+                ));
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            let u = url::Url::parse(text).map_err(|e| format!("`{}`: {e}", mask_password(text)))?;
+            if u.host_str().is_none_or(str::is_empty) {
+                return Err(format!("`{}`: no host", mask_password(text)));
+            }
+            return Ok(StoreUrl::Postgres(text.to_string()));
+        }
+        Err(format!(
+            "`{}`: expected sqlite:///path or postgres://user@host/db",
+            mask_password(text)
+        ))
+    }
+
+    /// A password written into the URL itself (better given as `store.password_file`).
+    pub fn embedded_password(&self) -> Option<String> {
+        match self {
+            StoreUrl::Sqlite(_) => None,
+            StoreUrl::Postgres(u) => url::Url::parse(u)
+                .ok()
+                .and_then(|u| u.password().map(|p| p.to_string()))
+                .filter(|p| !p.is_empty()),
+        }
+    }
+}
+
+/// The URL with any password replaced by `***`.
+fn mask_password(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => text.to_string(),
+    }
+}
+
+/// Never shows a password.
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
+            StoreUrl::Postgres(u) => f.write_str(&mask_password(u)),
+        }
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreUrl({self})")
+    }
 }
 
 /// How `planbot serve` writes its log (on stderr).
@@ -463,6 +546,8 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("pages.auth", Kind::Str, false),
     ("pages.session_lifetime", Kind::Str, false),
     ("metrics.token", Kind::Str, true),
+    ("store.url", Kind::Str, false),
+    ("store.password", Kind::Str, true),
 ];
 
 /// One setting as the reference lists it, straight from the table the parser uses.
@@ -514,6 +599,7 @@ const SECTIONS: &[&str] = &[
     "gitlab.oauth",
     "pages",
     "metrics",
+    "store",
 ];
 
 /// The free-form tables of engine environment variables.
@@ -740,6 +826,8 @@ impl Config {
             sec(&self.pages.oauth.as_ref().map(|o| o.client_secret.clone())),
         );
         line("metrics.token", sec(&self.metrics.token));
+        line("store.url", self.store.url.to_string());
+        line("store.password", sec(&self.store.password));
         out
     }
 
@@ -790,6 +878,10 @@ impl Config {
         if let Some(t) = &self.metrics.token {
             s.push(t.expose().to_string());
         }
+        if let Some(p) = &self.store.password {
+            s.push(p.expose().to_string());
+        }
+        s.extend(self.store.url.embedded_password());
         s
     }
 }
@@ -1515,6 +1607,19 @@ fn build(
         }
     }
     let sandbox = soft(p, take_sandbox(&mut flat), SandboxConfig::default());
+    let default_store = StoreUrl::Sqlite(data_dir.join("planbot.db"));
+    let store_url = match soft(p, take_str(&mut flat, "store.url"), None) {
+        None => default_store,
+        Some(text) => soft(
+            p,
+            StoreUrl::parse(&text).map_err(|message| ConfigError::Invalid {
+                key: "store.url".into(),
+                message,
+            }),
+            default_store,
+        ),
+    };
+    let store_password = soft(p, take_str(&mut flat, "store.password"), None).map(Secret);
     let (pages, metrics) = soft(
         p,
         take_pages(&mut flat, public_url.as_deref()),
@@ -1604,6 +1709,10 @@ fn build(
         sandbox,
         pages,
         metrics,
+        store: StoreConfig {
+            url: store_url,
+            password: store_password,
+        },
     })
 }
 
