@@ -1872,6 +1872,60 @@ projects = ["infra/homelab", 42]
     }
 
     #[test]
+    fn the_store_is_sqlite_in_data_dir_unless_a_url_says_otherwise() {
+        let c = Config::load(
+            &format!("data_dir = \"/srv/pb\"\n{MINIMAL}"),
+            &[],
+            &no_files,
+        )
+        .unwrap();
+        assert_eq!(c.store.url, StoreUrl::Sqlite("/srv/pb/planbot.db".into()));
+        assert_eq!(c.store.password, None);
+
+        let read = |p: &str| match p {
+            "/run/secrets/db" => Ok("db-pass-from-file\n".to_string()),
+            _ => Err("no such file".to_string()),
+        };
+        let text = format!(
+            "{MINIMAL}[store]\nurl = \"postgres://planbot:inline-pass@db.internal:5432/planbot\"\npassword_file = \"/run/secrets/db\"\n"
+        );
+        let c = Config::load(&text, &[], &read).unwrap();
+        assert!(matches!(&c.store.url, StoreUrl::Postgres(u) if u.contains("db.internal")));
+        let secrets = c.secrets();
+        assert!(
+            secrets.iter().any(|s| s == "db-pass-from-file"),
+            "{secrets:?}"
+        );
+        assert!(secrets.iter().any(|s| s == "inline-pass"), "{secrets:?}");
+        let shown = c.describe();
+        assert!(
+            shown.contains("store.url = postgres://planbot:***@db.internal:5432/planbot"),
+            "{shown}"
+        );
+        assert!(shown.contains("store.password = (set)"), "{shown}");
+        assert!(!shown.contains("inline-pass") && !shown.contains("db-pass-from-file"));
+        assert!(!format!("{c:?}").contains("inline-pass"));
+
+        let env = [(
+            "PLANBOT_STORE_URL".to_string(),
+            "sqlite:///var/lib/x.db".to_string(),
+        )];
+        let c = Config::load(MINIMAL, &env, &no_files).unwrap();
+        assert_eq!(c.store.url, StoreUrl::Sqlite("/var/lib/x.db".into()));
+
+        for bad in ["mysql://x/y", "sqlite://relative.db", "postgres:///nohost"] {
+            let e = Config::load(
+                &format!("{MINIMAL}[store]\nurl = \"{bad}\"\n"),
+                &[],
+                &no_files,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("store.url"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let text = format!("{MINIMAL}\n[engine]\nbinray = \"tofu\"\n");
         let e = Config::load(&text, &[], &no_files).unwrap_err();
