@@ -121,6 +121,11 @@ enum Command {
     },
     /// Validate a repo config file (`.planbot.toml`) and print the roots it defines.
     CheckConfig { file: PathBuf },
+    /// Manage the store: `planbot store migrate --from sqlite://… --to postgres://…`.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// Client for the manual `planbot-apply` CI job: calls planbot with `CI_JOB_TOKEN`, streams
     /// the log, exits 0 only when planbot reports `planbot: apply succeeded`.
     ApplyJob {
@@ -147,6 +152,22 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
         )),
         None => Err("expected NAME=VALUE".to_string()),
     }
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Copy every row of one store into another, empty one (stop planbot first), keeping ids.
+    Migrate {
+        /// The store to copy: `sqlite:///var/lib/planbot/planbot.db`.
+        #[arg(long)]
+        from: String,
+        /// The empty store to fill: `postgres://planbot@db.internal/planbot`.
+        #[arg(long)]
+        to: String,
+        /// A file holding the PostgreSQL password (else the URL's, or none).
+        #[arg(long)]
+        password_file: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -205,6 +226,14 @@ fn main() -> ExitCode {
         ),
         Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),
         Command::CheckConfig { file } => planbot::flows::cli::check_config::main(&file),
+        Command::Store {
+            command:
+                StoreCommand::Migrate {
+                    from,
+                    to,
+                    password_file,
+                },
+        } => planbot::flows::cli::store_migrate::main(&from, &to, password_file.as_deref()),
         Command::ApplyJob {
             url,
             confirm,

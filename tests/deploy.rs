@@ -958,7 +958,10 @@ fn replica_manifests() -> Vec<String> {
     on_disk.sort();
     let mut listed = files.clone();
     listed.sort();
-    assert_eq!(listed, on_disk, "kustomization.yaml must use every manifest of {K8S_REPLICAS}");
+    assert_eq!(
+        listed, on_disk,
+        "kustomization.yaml must use every manifest of {K8S_REPLICAS}"
+    );
     files
         .into_iter()
         .map(|f| format!("{K8S_REPLICAS}/{f}"))
@@ -976,7 +979,9 @@ fn the_three_replica_variant_passes_kubernetes_validate_strictly() {
     assert!(out.status.success(), "kubernetes-validate:\n{report}");
     for f in &files {
         assert!(
-            report.lines().any(|l| l.contains(f.as_str()) && l.contains("passed")),
+            report
+                .lines()
+                .any(|l| l.contains(f.as_str()) && l.contains("passed")),
             "{f} was not validated:\n{report}"
         );
     }
@@ -1002,7 +1007,10 @@ fn the_three_replicas_run_the_same_pod_as_the_single_one_on_a_shared_store() {
     let volumes = replicas["spec"]["template"]["spec"]["volumes"]
         .as_sequence()
         .unwrap();
-    let data = volumes.iter().find(|v| v["name"] == "data").expect("a data volume");
+    let data = volumes
+        .iter()
+        .find(|v| v["name"] == "data")
+        .expect("a data volume");
     assert!(data["emptyDir"].is_mapping(), "{data:?}");
 
     // The config is the base's plus [store] on PostgreSQL, its password from the Secret.
@@ -1014,9 +1022,15 @@ fn the_three_replicas_run_the_same_pod_as_the_single_one_on_a_shared_store() {
         .as_str()
         .unwrap()
         .to_string();
-    assert!(config.starts_with(base.trim_end()), "the base config, then [store]");
+    assert!(
+        config.starts_with(base.trim_end()),
+        "the base config, then [store]"
+    );
     let toml: toml::Table = config.parse().unwrap();
-    assert!(toml["store"]["url"].as_str().unwrap().starts_with("postgres://"));
+    assert!(toml["store"]["url"]
+        .as_str()
+        .unwrap()
+        .starts_with("postgres://"));
     let password_key = toml["store"]["password_file"].as_str().unwrap();
     let secret = yaml(&format!("{K8S_REPLICAS}/secret.yaml"));
     assert!(secret["stringData"][password_key].is_string());
@@ -1041,7 +1055,10 @@ fn the_three_replica_config_loads_from_its_secret() {
         std::fs::write(creds.join(k), format!("test-secret-{i}-0123456789abcdef")).unwrap();
     }
     let mut env = OWN_ADDRESSES.to_vec();
-    env.push(("PLANBOT_STORE_URL", "postgres://planbot@db.corp.test:5432/planbot"));
+    env.push((
+        "PLANBOT_STORE_URL",
+        "postgres://planbot@db.corp.test:5432/planbot",
+    ));
     let out = serve_check(&file, &creds, &env);
     let stdout = text(&out.stdout);
     assert!(
@@ -1049,6 +1066,12 @@ fn the_three_replica_config_loads_from_its_secret() {
         "the replicas' planbot.toml with the Secret's keys {keys:?}:\n{stdout}\n{}",
         text(&out.stderr)
     );
-    assert!(stdout.contains("postgres://"), "--check names the store:\n{stdout}");
-    assert!(!stdout.contains("test-secret-"), "a secret printed:\n{stdout}");
+    assert!(
+        stdout.contains("postgres://"),
+        "--check names the store:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains("test-secret-"),
+        "a secret printed:\n{stdout}"
+    );
 }

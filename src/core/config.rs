@@ -102,6 +102,89 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `log_format` / `log_level`: how `serve` logs.
     pub log: LogConfig,
+    /// `[store]`: where deliveries, jobs, runs and applies live.
+    pub store: StoreConfig,
+}
+
+/// `[store]`: the database planbot keeps its state in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `store.url`; the default is `sqlite://<data_dir>/planbot.db`.
+    pub url: StoreUrl,
+    /// `store.password` (from `password_file`, usually): the PostgreSQL password.
+    pub password: Option<Secret>,
+}
+
+/// Which database: an embedded SQLite file (one replica) or a PostgreSQL server (N replicas).
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `sqlite:///var/lib/planbot/planbot.db`: an absolute path.
+    Sqlite(PathBuf),
+    /// `postgres://user@host:5432/db?options` (also `postgresql://`), as libpq reads it.
+    Postgres(String),
+}
+
+impl StoreUrl {
+    /// Read a `store.url` value.
+    pub fn parse(text: &str) -> Result<StoreUrl, String> {
+        if let Some(path) = text.strip_prefix("sqlite://") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "`{text}`: a SQLite URL names an absolute path, e.g. sqlite:///var/lib/planbot/planbot.db"
+                ));
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            let u = url::Url::parse(text).map_err(|e| format!("`{}`: {e}", mask_password(text)))?;
+            if u.host_str().is_none_or(str::is_empty) {
+                return Err(format!("`{}`: no host", mask_password(text)));
+            }
+            return Ok(StoreUrl::Postgres(text.to_string()));
+        }
+        Err(format!(
+            "`{}`: expected sqlite:///path or postgres://user@host/db",
+            mask_password(text)
+        ))
+    }
+
+    /// A password written into the URL itself (better given as `store.password_file`).
+    pub fn embedded_password(&self) -> Option<String> {
+        match self {
+            StoreUrl::Sqlite(_) => None,
+            StoreUrl::Postgres(u) => url::Url::parse(u)
+                .ok()
+                .and_then(|u| u.password().map(|p| p.to_string()))
+                .filter(|p| !p.is_empty()),
+        }
+    }
+}
+
+/// The URL with any password replaced by `***`.
+fn mask_password(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => text.to_string(),
+    }
+}
+
+/// Never shows a password.
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
+            StoreUrl::Postgres(u) => f.write_str(&mask_password(u)),
+        }
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreUrl({self})")
+    }
 }
 
 /// How `planbot serve` writes its log (on stderr).
@@ -477,6 +560,8 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("pages.auth", Kind::Str, false),
     ("pages.session_lifetime", Kind::Str, false),
     ("metrics.token", Kind::Str, true),
+    ("store.url", Kind::Str, false),
+    ("store.password", Kind::Str, true),
 ];
 
 /// One setting as the reference lists it, straight from the table the parser uses.
@@ -528,6 +613,7 @@ const SECTIONS: &[&str] = &[
     "gitlab.oauth",
     "pages",
     "metrics",
+    "store",
 ];
 
 /// The free-form tables of engine environment variables.
@@ -757,6 +843,8 @@ impl Config {
             sec(&self.pages.oauth.as_ref().map(|o| o.client_secret.clone())),
         );
         line("metrics.token", sec(&self.metrics.token));
+        line("store.url", self.store.url.to_string());
+        line("store.password", sec(&self.store.password));
         out
     }
 
@@ -807,6 +895,10 @@ impl Config {
         if let Some(t) = &self.metrics.token {
             s.push(t.expose().to_string());
         }
+        if let Some(p) = &self.store.password {
+            s.push(p.expose().to_string());
+        }
+        s.extend(self.store.url.embedded_password());
         s
     }
 }
@@ -1398,6 +1490,7 @@ fn build(
     let gitlab = take_gitlab(flat, p);
     let engine = take_engine(flat, p);
     let sandbox = soft(p, take_sandbox(flat), SandboxConfig::default());
+    let store = take_store(flat, p, &data_dir);
     let (pages, metrics) = soft(
         p,
         take_pages(flat, public_url.as_deref()),
@@ -1425,7 +1518,31 @@ fn build(
         sandbox,
         pages,
         metrics,
+        store,
     })
+}
+
+/// `[store]`: where deliveries, the queue, runs and applies live (the embedded SQLite file in
+/// `data_dir` unless `url` says PostgreSQL), and the PostgreSQL password.
+fn take_store(
+    flat: &mut BTreeMap<String, Value>,
+    p: &mut Vec<ConfigError>,
+    data_dir: &std::path::Path,
+) -> StoreConfig {
+    let default_store = StoreUrl::Sqlite(data_dir.join("planbot.db"));
+    let url = match soft(p, take_str(flat, "store.url"), None) {
+        None => default_store,
+        Some(text) => soft(
+            p,
+            StoreUrl::parse(&text).map_err(|message| ConfigError::Invalid {
+                key: "store.url".into(),
+                message,
+            }),
+            default_store,
+        ),
+    };
+    let password = soft(p, take_str(flat, "store.password"), None).map(Secret::new);
+    StoreConfig { url, password }
 }
 
 /// `listen`: an address like `0.0.0.0:8080` (the default).
@@ -1815,6 +1932,60 @@ projects = ["infra/homelab", 42]
         assert!(c.gitlab.projects.allows(Some(42), None));
         assert!(c.gitlab.projects.allows(Some(7), Some("Infra/Homelab")));
         assert!(!c.gitlab.projects.allows(Some(7), Some("infra/other")));
+    }
+
+    #[test]
+    fn the_store_is_sqlite_in_data_dir_unless_a_url_says_otherwise() {
+        let c = Config::load(
+            &format!("data_dir = \"/srv/pb\"\n{MINIMAL}"),
+            &[],
+            &no_files,
+        )
+        .unwrap();
+        assert_eq!(c.store.url, StoreUrl::Sqlite("/srv/pb/planbot.db".into()));
+        assert_eq!(c.store.password, None);
+
+        let read = |p: &str| match p {
+            "/run/secrets/db" => Ok("db-pass-from-file\n".to_string()),
+            _ => Err("no such file".to_string()),
+        };
+        let text = format!(
+            "{MINIMAL}[store]\nurl = \"postgres://planbot:inline-pass@db.internal:5432/planbot\"\npassword_file = \"/run/secrets/db\"\n"
+        );
+        let c = Config::load(&text, &[], &read).unwrap();
+        assert!(matches!(&c.store.url, StoreUrl::Postgres(u) if u.contains("db.internal")));
+        let secrets = c.secrets();
+        assert!(
+            secrets.iter().any(|s| s == "db-pass-from-file"),
+            "{secrets:?}"
+        );
+        assert!(secrets.iter().any(|s| s == "inline-pass"), "{secrets:?}");
+        let shown = c.describe();
+        assert!(
+            shown.contains("store.url = postgres://planbot:***@db.internal:5432/planbot"),
+            "{shown}"
+        );
+        assert!(shown.contains("store.password = (set)"), "{shown}");
+        assert!(!shown.contains("inline-pass") && !shown.contains("db-pass-from-file"));
+        assert!(!format!("{c:?}").contains("inline-pass"));
+
+        let env = [(
+            "PLANBOT_STORE_URL".to_string(),
+            "sqlite:///var/lib/x.db".to_string(),
+        )];
+        let c = Config::load(MINIMAL, &env, &no_files).unwrap();
+        assert_eq!(c.store.url, StoreUrl::Sqlite("/var/lib/x.db".into()));
+
+        for bad in ["mysql://x/y", "sqlite://relative.db", "postgres:///nohost"] {
+            let e = Config::load(
+                &format!("{MINIMAL}[store]\nurl = \"{bad}\"\n"),
+                &[],
+                &no_files,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("store.url"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1,10 +1,17 @@
-//! The store's tests through its facade: queue semantics, restarts, reviews and applies, batches.
+//! The store's tests through its facade, each run against both backends (SQLite, and the
+//! PostgreSQL named by `PLANBOT_TEST_POSTGRES_URL`): queue semantics, restarts, reviews and
+//! applies; then what only N replicas on one PostgreSQL can do.
 
 use super::*;
 use crate::core::events::{PlanJob, PlanReason};
 use crate::core::fingerprint::Fingerprint;
 
-fn plan(mr: u64, head: char) -> Job {
+pub(crate) mod backends;
+mod replicas;
+
+use backends::test_dbs;
+
+pub(crate) fn plan(mr: u64, head: char) -> Job {
     Job::Plan(PlanJob {
         project: ProjectId(1),
         project_path: Some("infra/homelab".into()),
@@ -19,7 +26,7 @@ fn plan(mr: u64, head: char) -> Job {
     })
 }
 
-fn delivery(key: &str) -> NewDelivery {
+pub(crate) fn delivery(key: &str) -> NewDelivery {
     NewDelivery {
         key: key.into(),
         event: "merge_request".into(),
@@ -31,221 +38,176 @@ fn delivery(key: &str) -> NewDelivery {
 
 #[tokio::test]
 async fn duplicate_deliveries_enqueue_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("planbot.db")).unwrap();
-    let a = store
-        .record_delivery(delivery("k1"), vec![plan(1, 'a')])
-        .await
-        .unwrap();
-    assert!(!a.duplicate);
-    assert_eq!(a.enqueued.len(), 1);
-    let b = store
-        .record_delivery(delivery("k1"), vec![plan(1, 'a')])
-        .await
-        .unwrap();
-    assert!(b.duplicate);
-    assert_eq!(store.queue_depth().await.unwrap(), 1);
-    assert_eq!(store.delivery_count().await.unwrap(), 1);
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let a = store
+            .record_delivery(delivery("k1"), vec![plan(1, 'a')])
+            .await
+            .unwrap();
+        assert!(!a.duplicate);
+        assert_eq!(a.enqueued.len(), 1);
+        let b = store
+            .record_delivery(delivery("k1"), vec![plan(1, 'a')])
+            .await
+            .unwrap();
+        assert!(b.duplicate);
+        assert_eq!(store.queue_depth().await.unwrap(), 1);
+        assert_eq!(store.delivery_count().await.unwrap(), 1);
+    }
 }
 
 #[tokio::test]
 async fn a_newer_head_supersedes_queued_and_running_plans_of_the_mr_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("planbot.db")).unwrap();
-    let first = store.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
-    let other_mr = store.enqueue(plan(2, 'b')).await.unwrap().id.unwrap();
-    let claimed = store.claim_next().await.unwrap().unwrap();
-    assert_eq!(claimed.id, first);
-    let queued_old = store.enqueue(plan(1, 'c')).await.unwrap();
-    // The running plan of head a is superseded (its token must fire).
-    assert_eq!(queued_old.cancel_running, vec![first]);
-    let newest = store.enqueue(plan(1, 'd')).await.unwrap();
-    assert!(newest.cancel_running.is_empty());
-    assert_eq!(
-        store
-            .job(queued_old.id.unwrap())
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        "canceled"
-    );
-    assert_eq!(store.job(first).await.unwrap().unwrap().state, "canceled");
-    assert_eq!(store.job(other_mr).await.unwrap().unwrap().state, "queued");
-    // A canceled job that finishes later stays canceled.
-    store.finish_job(first, JobEnd::Done).await.unwrap();
-    assert_eq!(store.job(first).await.unwrap().unwrap().state, "canceled");
-    // An identical queued job is not added twice.
-    assert_eq!(store.enqueue(plan(1, 'd')).await.unwrap().id, None);
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let first = store.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+        let other_mr = store.enqueue(plan(2, 'b')).await.unwrap().id.unwrap();
+        let claimed = store.claim_next().await.unwrap().unwrap();
+        assert_eq!(claimed.id, first);
+        let queued_old = store.enqueue(plan(1, 'c')).await.unwrap();
+        // The running plan of head a is superseded (its token must fire).
+        assert_eq!(queued_old.cancel_running, vec![first]);
+        let newest = store.enqueue(plan(1, 'd')).await.unwrap();
+        assert!(newest.cancel_running.is_empty());
+        assert_eq!(
+            store
+                .job(queued_old.id.unwrap())
+                .await
+                .unwrap()
+                .unwrap()
+                .state,
+            "canceled"
+        );
+        assert_eq!(store.job(first).await.unwrap().unwrap().state, "canceled");
+        assert_eq!(store.job(other_mr).await.unwrap().unwrap().state, "queued");
+        // A canceled job that finishes later stays canceled.
+        store.finish_job(first, JobEnd::Done).await.unwrap();
+        assert_eq!(store.job(first).await.unwrap().unwrap().state, "canceled");
+        // An identical queued job is not added twice.
+        assert_eq!(store.enqueue(plan(1, 'd')).await.unwrap().id, None);
+    }
 }
 
 #[tokio::test]
 async fn running_jobs_are_requeued_after_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("planbot.db");
-    {
-        let store = Store::open(&path).unwrap();
-        store.enqueue(plan(1, 'a')).await.unwrap();
-        let c = store.claim_next().await.unwrap().unwrap();
-        let run = store
-            .start_run(NewRun {
-                job: Some(c.id),
-                kind: RunKind::Plan,
-                project: ProjectId(1),
-                project_path: None,
-                mr: Some(MrIid(1)),
-                root: "core".into(),
-                sha: CommitSha("a".repeat(40)),
-            })
-            .await
-            .unwrap();
+    for db in test_dbs().await {
+        {
+            let store = db.open().await;
+            store.enqueue(plan(1, 'a')).await.unwrap();
+            let c = store.claim_next().await.unwrap().unwrap();
+            let run = store
+                .start_run(NewRun {
+                    job: Some(c.id),
+                    kind: RunKind::Plan,
+                    project: ProjectId(1),
+                    project_path: None,
+                    mr: Some(MrIid(1)),
+                    root: "core".into(),
+                    sha: CommitSha("a".repeat(40)),
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                store.run(run).await.unwrap().unwrap().state,
+                RunState::Running
+            );
+        }
+        let store = db.open().await;
+        assert_eq!(store.requeue_interrupted().await.unwrap(), 1);
+        let again = store.claim_next().await.unwrap().unwrap();
+        assert_eq!(again.attempts, 2);
         assert_eq!(
-            store.run(run).await.unwrap().unwrap().state,
-            RunState::Running
+            store.recent_runs(10).await.unwrap()[0].state,
+            RunState::Interrupted
         );
     }
-    let store = Store::open(&path).unwrap();
-    assert_eq!(store.requeue_interrupted().await.unwrap(), 1);
-    let again = store.claim_next().await.unwrap().unwrap();
-    assert_eq!(again.attempts, 2);
-    assert_eq!(
-        store.recent_runs(10).await.unwrap()[0].state,
-        RunState::Interrupted
-    );
 }
 
 #[tokio::test]
 async fn fingerprints_note_ids_and_applies() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("planbot.db")).unwrap();
-    let fp = |c: char| Fingerprint::from_hex(&c.to_string().repeat(64)).unwrap();
-    for (sha, f) in [('1', 'a'), ('2', 'b')] {
-        store
-            .record_fingerprint(ShownFingerprint {
-                project: ProjectId(1),
-                mr: MrIid(3),
-                root: "core".into(),
-                sha: CommitSha(sha.to_string().repeat(40)),
-                fingerprint: fp(f),
-                run: None,
-            })
-            .await
-            .unwrap();
-    }
-    let last = store
-        .last_shown_fingerprint(ProjectId(1), MrIid(3), "core")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(last.fingerprint, fp('b'));
-    assert!(store
-        .last_shown_fingerprint(ProjectId(1), MrIid(3), "edge")
-        .await
-        .unwrap()
-        .is_none());
-    let exact = store
-        .fingerprint_for(ProjectId(1), MrIid(3), "core", CommitSha("1".repeat(40)))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(exact.fingerprint, fp('a'));
-
-    assert_eq!(store.mr_note(ProjectId(1), MrIid(3)).await.unwrap(), None);
-    store
-        .set_mr_note(ProjectId(1), MrIid(3), NoteId(77))
-        .await
-        .unwrap();
-    assert_eq!(
-        store.mr_note(ProjectId(1), MrIid(3)).await.unwrap(),
-        Some(NoteId(77))
-    );
-
-    let a = NewApply {
-        ci_job: JobId(9),
-        project: ProjectId(1),
-        mr: Some(MrIid(3)),
-        sha: CommitSha("2".repeat(40)),
-        roots: vec!["core".into()],
-    };
-    let id = store.begin_apply(a.clone()).await.unwrap().unwrap();
-    assert_eq!(
-        store.begin_apply(a).await.unwrap(),
-        None,
-        "one CI job applies once"
-    );
-    let interrupted = store.mark_interrupted_applies().await.unwrap();
-    assert_eq!(interrupted.len(), 1);
-    assert_eq!(interrupted[0].id, id);
-    assert_eq!(interrupted[0].state, ApplyState::Interrupted);
-    assert_eq!(
-        store.apply_for_job(JobId(9)).await.unwrap().unwrap().roots,
-        vec!["core"]
-    );
-}
-
-#[tokio::test]
-async fn a_failing_write_in_a_batch_keeps_nothing_and_its_neighbours_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("planbot.db")).unwrap();
-    // Hold the writer inside one operation while three more queue up behind it: those three
-    // are then taken as one batch.
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let blocker = tokio::spawn({
-        let store = store.clone();
-        async move {
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let fp = |c: char| Fingerprint::from_hex(&c.to_string().repeat(64)).unwrap();
+        for (sha, f) in [('1', 'a'), ('2', 'b')] {
             store
-                .write(move |_| {
-                    let _ = started_tx.send(());
-                    let _ = release_rx.recv();
-                    Ok(())
+                .record_fingerprint(ShownFingerprint {
+                    project: ProjectId(1),
+                    mr: MrIid(3),
+                    root: "core".into(),
+                    sha: CommitSha(sha.to_string().repeat(40)),
+                    fingerprint: fp(f),
+                    run: None,
                 })
                 .await
+                .unwrap();
         }
-    });
-    started_rx.await.unwrap();
-    let mut a = Box::pin(store.record_delivery(delivery("a"), vec![plan(1, 'a')]));
-    let mut b = Box::pin(store.write(|c| -> Result<()> {
-        deliveries::record(c, &delivery("b"), &[plan(2, 'b')], now_ms())?;
-        anyhow::bail!("refused after writing")
-    }));
-    let mut c = Box::pin(store.record_delivery(delivery("c"), vec![plan(3, 'c')]));
-    // One poll each hands the operation to the writer.
-    assert!(futures::poll!(&mut a).is_pending());
-    assert!(futures::poll!(&mut b).is_pending());
-    assert!(futures::poll!(&mut c).is_pending());
-    release_tx.send(()).unwrap();
-    blocker.await.unwrap().unwrap();
-    assert_eq!(a.await.unwrap().enqueued.len(), 1);
-    let err = b.await.unwrap_err();
-    assert_eq!(err.to_string(), "refused after writing");
-    assert_eq!(c.await.unwrap().enqueued.len(), 1);
-    assert_eq!(store.delivery_outcome("b").await.unwrap(), None);
-    assert_eq!(store.delivery_count().await.unwrap(), 2);
-    let mrs: Vec<_> = store
-        .recent_jobs(10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|j| j.mr.unwrap().0)
-        .collect();
-    assert_eq!(mrs, [3, 1], "b's job was rolled back with its delivery");
+        let last = store
+            .last_shown_fingerprint(ProjectId(1), MrIid(3), "core")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(last.fingerprint, fp('b'));
+        assert!(store
+            .last_shown_fingerprint(ProjectId(1), MrIid(3), "edge")
+            .await
+            .unwrap()
+            .is_none());
+        let exact = store
+            .fingerprint_for(ProjectId(1), MrIid(3), "core", CommitSha("1".repeat(40)))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(exact.fingerprint, fp('a'));
+
+        assert_eq!(store.mr_note(ProjectId(1), MrIid(3)).await.unwrap(), None);
+        store
+            .set_mr_note(ProjectId(1), MrIid(3), NoteId(77))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.mr_note(ProjectId(1), MrIid(3)).await.unwrap(),
+            Some(NoteId(77))
+        );
+
+        let a = NewApply {
+            ci_job: JobId(9),
+            project: ProjectId(1),
+            mr: Some(MrIid(3)),
+            sha: CommitSha("2".repeat(40)),
+            roots: vec!["core".into()],
+        };
+        let id = store.begin_apply(a.clone()).await.unwrap().unwrap();
+        assert_eq!(
+            store.begin_apply(a).await.unwrap(),
+            None,
+            "one CI job applies once"
+        );
+        let interrupted = store.mark_interrupted_applies().await.unwrap();
+        assert_eq!(interrupted.len(), 1);
+        assert_eq!(interrupted[0].id, id);
+        assert_eq!(interrupted[0].state, ApplyState::Interrupted);
+        assert_eq!(
+            store.apply_for_job(JobId(9)).await.unwrap().unwrap().roots,
+            vec!["core"]
+        );
+    }
 }
 
 #[tokio::test]
 async fn job_rows_read_back_typed() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("planbot.db")).unwrap();
-    let id = store.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
-    let row = store.job(id).await.unwrap().unwrap();
-    assert_eq!(row.queue_kind(), Ok(QueueJobKind::Plan));
-    assert_eq!(row.queue_state(), Ok(QueueJobState::Queued));
-    store.claim_next().await.unwrap().unwrap();
-    store
-        .finish_job(id, JobEnd::Failed("no".into()))
-        .await
-        .unwrap();
-    let row = store.job(id).await.unwrap().unwrap();
-    assert_eq!(row.queue_state(), Ok(QueueJobState::Failed));
-    assert_eq!(row.detail.as_deref(), Some("no"));
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let id = store.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+        let row = store.job(id).await.unwrap().unwrap();
+        assert_eq!(row.queue_kind(), Ok(QueueJobKind::Plan));
+        assert_eq!(row.queue_state(), Ok(QueueJobState::Queued));
+        store.claim_next().await.unwrap().unwrap();
+        store
+            .finish_job(id, JobEnd::Failed("no".into()))
+            .await
+            .unwrap();
+        let row = store.job(id).await.unwrap().unwrap();
+        assert_eq!(row.queue_state(), Ok(QueueJobState::Failed));
+        assert_eq!(row.detail.as_deref(), Some("no"));
+    }
 }

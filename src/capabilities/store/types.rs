@@ -398,6 +398,39 @@ pub struct ApplyRecord {
     pub detail: Option<String>,
 }
 
+/// Why a store's schema could not be brought up to date (either backend).
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error(
+        "the store has schema version {found}, newer than this planbot knows (up to {known}): \
+         it was written by a newer planbot; run that version, or restore a backup made by this one"
+    )]
+    TooNew { found: u32, known: u32 },
+    #[error("store migration {version} ({name}) failed")]
+    Migration {
+        version: u32,
+        name: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("reading or recording the store's schema version")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("reading or recording the store's schema version")]
+    Postgres(#[from] tokio_postgres::Error),
+}
+
+/// What a running job's heartbeat found in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// Still this replica's job, running: its lease is extended.
+    Held,
+    /// Canceled (superseded, closed) while it ran, wherever the cancel came from: stop it.
+    Canceled,
+    /// No longer this replica's (its lease expired and another replica took it, or it ended):
+    /// stop it without recording an end.
+    Lost,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

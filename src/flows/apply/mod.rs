@@ -174,6 +174,8 @@ async fn verify_and_apply(
             },
         ));
     };
+    // One apply per project at a time, across replicas (held to the end of this apply).
+    let _project_lock = app.store.lock_project(job.project.id).await?;
     let ctx = ApplyCtx {
         app: app.clone(),
         project: job.project.id,

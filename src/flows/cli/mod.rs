@@ -1,5 +1,5 @@
 //! One-shot commands of the `planbot` binary: `serve`, `render`, `plan`, `check-config`,
-//! `doctor` and `apply-job` (the CI side of the manual apply).
+//! `doctor`, `apply-job` (the CI side of the manual apply) and `store migrate`.
 pub mod apply_job;
 pub mod check_config;
 pub mod doctor;
@@ -7,3 +7,4 @@ pub mod plan;
 pub mod render;
 pub mod serve;
 pub mod serve_check;
+pub mod store_migrate;

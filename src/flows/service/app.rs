@@ -4,7 +4,7 @@ use crate::capabilities::engine::{CliConfig, Engine, ProviderMirror};
 use crate::capabilities::gitlab::{GitLab, RetryPolicy};
 use crate::capabilities::store::{QueueJobId, Store};
 use crate::capabilities::workspace::Workspace;
-use crate::core::config::Config;
+use crate::core::config::{Config, StoreUrl};
 use crate::core::ids::{MrIid, ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
@@ -59,11 +59,37 @@ pub struct App {
 }
 
 impl App {
-    /// Open the store (creating `data_dir`), prepare the private temp root, and assemble the state.
+    /// Open a SQLite store (creating `data_dir`) and assemble the state; a PostgreSQL
+    /// `store.url` needs [`App::open`].
     pub fn new(config: Config) -> Result<App> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
-        let store = Store::open(&config.data_dir.join("planbot.db"))?;
+        let store = match &config.store.url {
+            StoreUrl::Sqlite(path) => Store::open(path)?,
+            StoreUrl::Postgres(_) => {
+                anyhow::bail!("a PostgreSQL store.url is opened with App::open (async)")
+            }
+        };
+        App::with_store(config, store)
+    }
+
+    /// Open the store `store.url` names (SQLite or PostgreSQL; creating `data_dir`) and
+    /// assemble the state.
+    pub async fn open(config: Config) -> Result<App> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
+        let password = config
+            .store
+            .password
+            .as_ref()
+            .map(|p| p.expose().to_string());
+        let store = Store::connect(&config.store.url, password.as_deref()).await?;
+        tracing::info!(store = %config.store.url, replica = store.replica(), "store opened");
+        App::with_store(config, store)
+    }
+
+    /// Assemble the state around an opened store.
+    pub fn with_store(config: Config, store: Store) -> Result<App> {
         let mut secrets = Secrets::new();
         secrets.extend(config.secrets());
         let webhook = webhook::Expected {

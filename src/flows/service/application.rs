@@ -51,7 +51,7 @@ impl Application {
     /// Open the store, recover from a previous crash, and bind `config.listen`.
     pub async fn build_with(config: Config, options: Options) -> Result<Application> {
         let listen = config.listen;
-        let app = App::new(config)?;
+        let app = App::open(config).await?;
         wipe_temp_root(&app.temp_root())?;
         app.workspace
             .wipe_checkouts()

@@ -2,7 +2,7 @@
 //! flow (`Job::Plan` → [`crate::flows::review::plan`], the others → [`crate::flows::review::commands`])
 //! and honours cancellation.
 
-use crate::capabilities::store::{ClaimedJob, JobEnd, QueueJobState};
+use crate::capabilities::store::{ClaimedJob, JobEnd, Lease, QueueJobState};
 use crate::core::events::Job;
 use crate::flows::service::app::App;
 use std::sync::Arc;
@@ -61,6 +61,12 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
             token.cancel();
         }
     }
+    // Shared store (PostgreSQL): renew the job's lease, and hear of a cancel made on any replica.
+    let lost = CancellationToken::new();
+    let heartbeat = app.store.heartbeat_every().map(|every| {
+        let (app, token, lost) = (app.clone(), token.clone(), lost.clone());
+        tokio::spawn(async move { heartbeat(&app, id, every, &token, &lost).await })
+    });
     let span = tracing::info_span!(
         "job",
         id = id.0,
@@ -93,11 +99,18 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
             None
         }
     };
+    if let Some(h) = heartbeat {
+        h.abort();
+    }
     app.metrics.job_finished();
     app.queue.unregister(id);
     let Some(result) = result else {
         return;
     };
+    if lost.is_cancelled() {
+        // Another replica owns the job now: its end is that replica's to record.
+        return;
+    }
     let end = match result {
         _ if token.is_cancelled() => JobEnd::Canceled("superseded or closed while running".into()),
         Ok(()) => JobEnd::Done,
@@ -117,6 +130,46 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
     }
     if let Err(e) = app.store.finish_job(id, end).await {
         tracing::error!(job = id.0, error = %format!("{e:#}"), "cannot record the end of a job");
+    }
+}
+
+/// Every `every`, renew this replica's lease of job `id`; fire `token` when the job was
+/// canceled meanwhile (`lost` too when another replica took it).
+async fn heartbeat(
+    app: &App,
+    id: crate::capabilities::store::QueueJobId,
+    every: Duration,
+    token: &CancellationToken,
+    lost: &CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match app.store.heartbeat(id).await {
+            Ok(Lease::Held) => {}
+            Ok(Lease::Canceled) => {
+                tracing::info!(
+                    job = id.0,
+                    "job canceled in the store (superseded or closed); stopping it"
+                );
+                token.cancel();
+                return;
+            }
+            Ok(Lease::Lost) => {
+                tracing::warn!(
+                    job = id.0,
+                    "job's lease was lost to another replica; stopping it"
+                );
+                lost.cancel();
+                token.cancel();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(job = id.0, error = %format!("{e:#}"), "job heartbeat failed");
+            }
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! SQL for what was shown on an MR for review: plan fingerprints, plan digests, the note's id.
 
-use super::types::ShownFingerprint;
+use crate::capabilities::store::types::ShownFingerprint;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;

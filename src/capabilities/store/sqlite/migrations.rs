@@ -1,4 +1,4 @@
-//! The store's schema as an ordered list of migrations, applied at open in one transaction.
+//! The SQLite store's schema as an ordered list of migrations, applied at open in one transaction.
 //!
 //! The database records the number of migrations applied in `PRAGMA user_version` (0 for a
 //! database made before migrations existed: migration 1 is that schema, written so it passes
@@ -15,6 +15,7 @@
 //! small, and the PostgreSQL backend planned next needs the same shape (versions in a table)
 //! that no SQLite-only crate gives.
 
+use crate::capabilities::store::types::SchemaError;
 use rusqlite::{Connection, TransactionBehavior};
 
 /// One step of the schema.
@@ -36,25 +37,6 @@ pub(super) const MIGRATIONS: &[Migration] = &[Migration {
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-/// Why the schema could not be brought up to date.
-#[derive(Debug, thiserror::Error)]
-pub enum SchemaError {
-    #[error(
-        "the store has schema version {found}, newer than this planbot knows (up to {known}): \
-         it was written by a newer planbot; run that version, or restore a backup made by this one"
-    )]
-    TooNew { found: u32, known: u32 },
-    #[error("store migration {version} ({name}) failed")]
-    Migration {
-        version: u32,
-        name: &'static str,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error("reading or recording the store's schema version")]
-    Sqlite(#[from] rusqlite::Error),
-}
-
 /// Bring the database to [`SCHEMA_VERSION`], all in one transaction; returns the version found.
 pub(super) fn migrate(conn: &mut Connection) -> Result<u32, SchemaError> {
     apply(conn, MIGRATIONS)
@@ -75,7 +57,7 @@ fn apply(conn: &mut Connection, migrations: &[Migration]) -> Result<u32, SchemaE
             .map_err(|source| SchemaError::Migration {
                 version: m.version,
                 name: m.name,
-                source,
+                source: Box::new(source),
             })?;
     }
     if found < known {

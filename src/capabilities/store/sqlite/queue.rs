@@ -1,6 +1,8 @@
 //! SQL for planbot's durable job queue: enqueue (with supersede), claim, finish, cancel, list.
 
-use super::types::{ClaimedJob, Enqueued, JobEnd, JobRow, QueueJobId, QueueJobKind, QueueJobState};
+use crate::capabilities::store::types::{
+    ClaimedJob, Enqueued, JobEnd, JobRow, QueueJobId, QueueJobKind, QueueJobState,
+};
 use crate::core::events::{Job, PlanJob, Supersede};
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
 use anyhow::Result;

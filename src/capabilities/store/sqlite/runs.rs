@@ -1,6 +1,8 @@
 //! SQL for runs (one root of one plan or apply) and their logs, notes and fingerprints as shown.
 
-use super::types::{NewRun, QueueJobId, RunEnd, RunKind, RunQuery, RunRecord, RunState};
+use crate::capabilities::store::types::{
+    NewRun, QueueJobId, RunEnd, RunKind, RunQuery, RunRecord, RunState,
+};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, RunId};
 use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};

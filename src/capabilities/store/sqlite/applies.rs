@@ -1,6 +1,6 @@
 //! SQL for apply records: one per CI job, so a job id applies once.
 
-use super::types::{ApplyId, ApplyRecord, ApplyState, NewApply};
+use crate::capabilities::store::types::{ApplyId, ApplyRecord, ApplyState, NewApply};
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId};
 use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};

@@ -1,7 +1,7 @@
 //! SQL for webhook deliveries: one row per authentic delivery, keyed for de-duplication.
 
 use super::queue;
-use super::types::{DeliveryOutcome, NewDelivery};
+use crate::capabilities::store::types::{DeliveryOutcome, NewDelivery};
 use crate::core::events::Job;
 use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};

@@ -1,0 +1,80 @@
+//! The PostgreSQL store's schema as an ordered list of migrations, recorded in
+//! `schema_migrations`, applied at start-up in one transaction under an advisory lock (replicas
+//! starting together migrate once), refused when the database is newer than this binary.
+//!
+//! Add a migration by appending a file to `migrations/` and a line to [`MIGRATIONS`]; never
+//! edit or reorder one that has shipped.
+
+use crate::capabilities::store::now_ms;
+use crate::capabilities::store::types::SchemaError;
+use tokio_postgres::Client;
+
+/// The advisory lock key every planbot takes while it migrates ("planbot" in ASCII).
+const MIGRATION_LOCK: i64 = 0x0070_6c61_6e62_6f74;
+
+/// One step of the schema.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Migration {
+    pub version: u32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+pub(super) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "initial schema with leases",
+    sql: include_str!("migrations/0001_initial.sql"),
+}];
+
+/// The PostgreSQL schema version this binary writes.
+pub const PG_SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Bring the database to [`PG_SCHEMA_VERSION`]; returns the version found.
+pub(super) async fn migrate(client: &mut Client) -> Result<u32, SchemaError> {
+    apply(client, MIGRATIONS).await
+}
+
+pub(super) async fn apply(
+    client: &mut Client,
+    migrations: &[Migration],
+) -> Result<u32, SchemaError> {
+    let known = migrations.len() as u32;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    INTEGER PRIMARY KEY,
+             name       TEXT NOT NULL,
+             applied_at BIGINT NOT NULL
+         )",
+    )
+    .await?;
+    let found: i32 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await?
+        .get(0);
+    let found = u32::try_from(found).unwrap_or(0);
+    if found > known {
+        return Err(SchemaError::TooNew { found, known });
+    }
+    for m in &migrations[found as usize..] {
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(|source| SchemaError::Migration {
+                version: m.version,
+                name: m.name,
+                source: Box::new(source),
+            })?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+            &[&(m.version as i32), &m.name, &now_ms()],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(found)
+}

@@ -1,0 +1,369 @@
+//! N replicas on one PostgreSQL: two `Store`s on one database stand in for two planbot
+//! processes. Each semantic the issue asks for, against the real server.
+
+use super::backends::{postgres_db, sqlite_db, TestDb, TEST_LEASE};
+use super::{delivery, plan};
+use crate::capabilities::store::*;
+use crate::core::events::Job;
+use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+async fn two_replicas() -> Option<(TestDb, Store, Store)> {
+    let db = postgres_db().await?;
+    let a = db.replica("replica-a").await;
+    let b = db.replica("replica-b").await;
+    Some((db, a, b))
+}
+
+/// Longer than a lease: a replica that stopped renewing is gone by then.
+async fn lease_expires() {
+    tokio::time::sleep(TEST_LEASE + Duration::from_millis(400)).await;
+}
+
+#[tokio::test]
+async fn the_same_delivery_on_two_replicas_at_once_is_one_row_and_one_job() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            store
+                .record_delivery(delivery("same-key"), vec![plan(1, 'a')])
+                .await
+                .unwrap()
+        }));
+    }
+    let mut fresh = 0;
+    for t in tasks {
+        if !t.await.unwrap().duplicate {
+            fresh += 1;
+        }
+    }
+    assert_eq!(fresh, 1, "exactly one replica recorded it");
+    assert_eq!(a.delivery_count().await.unwrap(), 1);
+    assert_eq!(b.queue_depth().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn replicas_claiming_at_once_never_take_the_same_job() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    for mr in 1..=12 {
+        a.enqueue(plan(mr, 'a')).await.unwrap();
+    }
+    let claim_all = |s: Store| {
+        tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(c) = s.claim_next().await.unwrap() {
+                got.push(c.id);
+            }
+            got
+        })
+    };
+    let (ga, gb) = (claim_all(a.clone()), claim_all(b.clone()));
+    let (ga, gb) = (ga.await.unwrap(), gb.await.unwrap());
+    let all: BTreeSet<_> = ga.iter().chain(&gb).copied().collect();
+    assert_eq!(ga.len() + gb.len(), 12, "a: {ga:?}, b: {gb:?}");
+    assert_eq!(all.len(), 12, "no job was claimed twice");
+}
+
+#[tokio::test]
+async fn a_dead_replicas_job_is_taken_by_another_after_its_lease() {
+    let Some((db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let id = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+    let claimed = a.claim_next().await.unwrap().unwrap();
+    assert_eq!(claimed.id, id);
+    let run = a
+        .start_run(NewRun {
+            job: Some(id),
+            kind: RunKind::Plan,
+            project: ProjectId(1),
+            project_path: None,
+            mr: Some(MrIid(1)),
+            root: "core".into(),
+            sha: CommitSha("a".repeat(40)),
+        })
+        .await
+        .unwrap();
+    // While a renews its lease, b finds nothing to take.
+    for _ in 0..3 {
+        tokio::time::sleep(TEST_LEASE / 3).await;
+        assert_eq!(a.heartbeat(id).await.unwrap(), Lease::Held);
+        assert!(b.claim_next().await.unwrap().is_none());
+    }
+    // a dies (stops renewing): after the lease, b takes the job, and a's run is over.
+    drop(a);
+    lease_expires().await;
+    let again = b.claim_next().await.unwrap().expect("b takes the job");
+    assert_eq!((again.id, again.attempts), (id, 2));
+    assert_eq!(
+        b.run(run).await.unwrap().unwrap().state,
+        RunState::Interrupted
+    );
+    // Were a still running somewhere, its heartbeat says it lost the job, and its end is ignored.
+    let a_again = db.replica("replica-a-zombie").await;
+    assert_eq!(a_again.heartbeat(id).await.unwrap(), Lease::Lost);
+    a_again
+        .finish_job(id, JobEnd::Failed("zombie".into()))
+        .await
+        .unwrap();
+    assert_eq!(b.job(id).await.unwrap().unwrap().state, "running");
+    assert_eq!(b.heartbeat(id).await.unwrap(), Lease::Held);
+    b.finish_job(id, JobEnd::Done).await.unwrap();
+    assert_eq!(b.job(id).await.unwrap().unwrap().state, "done");
+}
+
+#[tokio::test]
+async fn a_restarting_replica_requeues_only_the_jobs_of_dead_replicas() {
+    let Some((db, a, b)) = two_replicas().await else {
+        return;
+    };
+    a.enqueue(plan(1, 'a')).await.unwrap();
+    b.enqueue(plan(2, 'b')).await.unwrap();
+    let ja = a.claim_next().await.unwrap().unwrap();
+    let jb = b.claim_next().await.unwrap().unwrap();
+    // A third replica starts while a and b run their jobs: nothing is taken from them.
+    let c = db.replica("replica-c").await;
+    assert_eq!(c.requeue_interrupted().await.unwrap(), 0);
+    assert!(c.mark_interrupted_applies().await.unwrap().is_empty());
+    // a dies; once its lease is over, the next start requeues a's job only.
+    drop(a);
+    lease_expires().await;
+    assert_eq!(b.heartbeat(jb.id).await.unwrap(), Lease::Held);
+    assert_eq!(c.requeue_interrupted().await.unwrap(), 1);
+    assert_eq!(c.job(ja.id).await.unwrap().unwrap().state, "queued");
+    assert_eq!(c.job(jb.id).await.unwrap().unwrap().state, "running");
+}
+
+#[tokio::test]
+async fn a_newer_head_on_one_replica_cancels_the_plan_running_on_another() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let old = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+    assert_eq!(a.claim_next().await.unwrap().unwrap().id, old);
+    assert_eq!(a.heartbeat(old).await.unwrap(), Lease::Held);
+    // The push of a newer head reaches b.
+    let newer = b
+        .record_delivery(delivery("push-b"), vec![plan(1, 'b')])
+        .await
+        .unwrap();
+    assert_eq!(newer.cancel_running, vec![old]);
+    // a hears of it on its next heartbeat (its worker then fires the job's token).
+    assert_eq!(a.heartbeat(old).await.unwrap(), Lease::Canceled);
+    a.finish_job(old, JobEnd::Done).await.unwrap();
+    assert_eq!(a.job(old).await.unwrap().unwrap().state, "canceled");
+    // And the newer head's plan is what either replica claims next.
+    let next = a.claim_next().await.unwrap().unwrap();
+    assert_eq!(next.job.sha().unwrap().0, "b".repeat(40));
+}
+
+#[tokio::test]
+async fn applies_of_one_project_are_serialised_across_replicas() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let held = a.lock_project(ProjectId(7)).await.unwrap();
+    // Another project is not held up.
+    drop(b.lock_project(ProjectId(8)).await.unwrap());
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock_project(ProjectId(7)).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!waiting.is_finished(), "b waits while a applies");
+    drop(held);
+    let b_lock = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("b gets the lock once a releases it")
+        .unwrap();
+    // b dies holding it: the lock frees when b's lease expires, and a gets it then.
+    std::mem::forget(b_lock);
+    drop(b);
+    let got = tokio::time::timeout(TEST_LEASE * 4, a.lock_project(ProjectId(7)))
+        .await
+        .expect("a dead replica's lock frees after its lease");
+    drop(got.unwrap());
+}
+
+#[tokio::test]
+async fn a_ci_job_applies_once_across_replicas() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let apply = |s: Store| {
+        tokio::spawn(async move {
+            s.begin_apply(NewApply {
+                ci_job: JobId(4242),
+                project: ProjectId(1),
+                mr: Some(MrIid(3)),
+                sha: CommitSha("c".repeat(40)),
+                roots: vec!["core".into()],
+            })
+            .await
+            .unwrap()
+        })
+    };
+    let tasks: Vec<_> = (0..8)
+        .map(|i| apply(if i % 2 == 0 { a.clone() } else { b.clone() }))
+        .collect();
+    let mut began = 0;
+    for t in tasks {
+        began += usize::from(t.await.unwrap().is_some());
+    }
+    assert_eq!(began, 1);
+}
+
+#[tokio::test]
+async fn a_database_from_a_newer_planbot_is_refused() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let store = db.open().await;
+    drop(store);
+    let StoreUrl::Postgres(url) = &db.url else {
+        unreachable!()
+    };
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'future', 0)",
+            &[&(PG_SCHEMA_VERSION as i32 + 1)],
+        )
+        .await
+        .unwrap();
+    let err = match Store::connect(&db.url, None).await {
+        Ok(_) => panic!("a newer schema was opened"),
+        Err(e) => e,
+    };
+    match err.downcast_ref::<SchemaError>() {
+        Some(SchemaError::TooNew { found, known }) => {
+            assert_eq!((*found, *known), (PG_SCHEMA_VERSION + 1, PG_SCHEMA_VERSION));
+        }
+        other => panic!("not TooNew: {other:?} ({err:#})"),
+    }
+}
+
+#[tokio::test]
+async fn replicas_starting_together_migrate_once() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let opens: Vec<_> = (0..4)
+        .map(|i| {
+            let url = db.url.clone();
+            tokio::spawn(async move {
+                Store::connect_with(
+                    &url,
+                    None,
+                    PgOptions {
+                        replica: format!("r{i}"),
+                        ..PgOptions::default()
+                    },
+                )
+                .await
+                .map(|_| ())
+            })
+        })
+        .collect();
+    for o in opens {
+        o.await.unwrap().unwrap();
+    }
+}
+
+/// `planbot store migrate`'s core: every row of a SQLite store, copied into PostgreSQL, reads
+/// back the same (and new rows get new ids).
+#[tokio::test]
+async fn a_sqlite_store_copies_into_postgres_with_every_row() {
+    let Some(pg) = postgres_db().await else {
+        return;
+    };
+    let lite = sqlite_db();
+    let from = lite.open().await;
+    from.record_delivery(delivery("d1"), vec![plan(1, 'a')])
+        .await
+        .unwrap();
+    from.enqueue(plan(2, 'b')).await.unwrap();
+    let claimed = from.claim_next().await.unwrap().unwrap();
+    let run = from
+        .start_run(NewRun {
+            job: Some(claimed.id),
+            kind: RunKind::Plan,
+            project: ProjectId(1),
+            project_path: Some("infra/x".into()),
+            mr: Some(MrIid(1)),
+            root: "core".into(),
+            sha: CommitSha("a".repeat(40)),
+        })
+        .await
+        .unwrap();
+    from.finish_run(
+        run,
+        RunEnd {
+            state: RunState::Succeeded,
+            summary: Some("1 to add".into()),
+            log: "log text".into(),
+            note_markdown: Some("note".into()),
+            fingerprint: None,
+        },
+    )
+    .await
+    .unwrap();
+    from.finish_job(claimed.id, JobEnd::Done).await.unwrap();
+    from.record_fingerprint(ShownFingerprint {
+        project: ProjectId(1),
+        mr: MrIid(1),
+        root: "core".into(),
+        sha: CommitSha("a".repeat(40)),
+        fingerprint: crate::core::fingerprint::Fingerprint::from_hex(&"e".repeat(64)).unwrap(),
+        run: Some(run),
+    })
+    .await
+    .unwrap();
+    from.set_mr_note(ProjectId(1), MrIid(1), crate::core::ids::NoteId(5))
+        .await
+        .unwrap();
+    from.begin_apply(NewApply {
+        ci_job: JobId(77),
+        project: ProjectId(1),
+        mr: Some(MrIid(1)),
+        sha: CommitSha("a".repeat(40)),
+        roots: vec!["core".into()],
+    })
+    .await
+    .unwrap();
+    let dump = from.export().await.unwrap();
+    let to = pg.open().await;
+    to.import(dump.clone()).await.unwrap();
+    assert_eq!(to.export().await.unwrap(), dump);
+    // Copying twice is refused (the target is not empty).
+    assert!(to.import(dump).await.is_err());
+    // The copy works as a store: reads, and new ids after the copied ones.
+    assert_eq!(to.run(run).await.unwrap().unwrap().log, "log text");
+    assert_eq!(
+        to.mr_note(ProjectId(1), MrIid(1)).await.unwrap(),
+        Some(crate::core::ids::NoteId(5))
+    );
+    let next = to.enqueue(Job::Reconcile).await.unwrap().id.unwrap();
+    assert!(next.0 > claimed.id.0);
+    assert!(to
+        .begin_apply(NewApply {
+            ci_job: JobId(77),
+            project: ProjectId(1),
+            mr: None,
+            sha: CommitSha("a".repeat(40)),
+            roots: vec![],
+        })
+        .await
+        .unwrap()
+        .is_none());
+}

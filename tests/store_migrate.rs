@@ -1,0 +1,117 @@
+//! `planbot store migrate --from sqlite://… --to postgres://…`: the binary copies every table of
+//! a SQLite store into an empty PostgreSQL database, and refuses a target that is not empty.
+//! Needs the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names (`.ci/run` starts one): without
+//! it this test fails (always under `CI=true`; elsewhere `PLANBOT_SKIP_POSTGRES_TESTS=1` skips it).
+
+use planbot::capabilities::store::{JobEnd, NewApply, NewDelivery, Store};
+use planbot::core::config::StoreUrl;
+use planbot::core::events::Job;
+use planbot::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId};
+use std::process::Command;
+
+/// A new database on the test server, or `None` when skipping is allowed and asked for.
+async fn postgres_database() -> Option<String> {
+    let server = match std::env::var("PLANBOT_TEST_POSTGRES_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            if !ci && std::env::var("PLANBOT_SKIP_POSTGRES_TESTS").is_ok_and(|v| v == "1") {
+                eprintln!("store migrate test NOT RUN: PLANBOT_SKIP_POSTGRES_TESTS=1");
+                return None;
+            }
+            panic!("PLANBOT_TEST_POSTGRES_URL is not set: run `bash .ci/run`, or see the README");
+        }
+    };
+    let name = format!("planbot_migrate_{:016x}", rand::random::<u64>());
+    let (client, conn) = tokio_postgres::connect(&server, tokio_postgres::NoTls)
+        .await
+        .expect("connecting to PLANBOT_TEST_POSTGRES_URL");
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let mut url = url::Url::parse(&server).unwrap();
+    url.set_path(&format!("/{name}"));
+    Some(url.to_string())
+}
+
+fn migrate(from: &str, to: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["store", "migrate", "--from", from, "--to", to])
+        .output()
+        .expect("planbot runs")
+}
+
+#[tokio::test]
+async fn store_migrate_copies_a_sqlite_store_into_postgres() {
+    let Some(pg) = postgres_database().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("planbot.db");
+    {
+        let store = Store::open(&path).unwrap();
+        store
+            .record_delivery(
+                NewDelivery {
+                    key: "k1".into(),
+                    event: "merge_request".into(),
+                    outcome: "enqueued".into(),
+                    project: Some(ProjectId(1)),
+                    mr: Some(MrIid(2)),
+                },
+                vec![Job::Reconcile],
+            )
+            .await
+            .unwrap();
+        let job = store.claim_next().await.unwrap().unwrap();
+        store.finish_job(job.id, JobEnd::Done).await.unwrap();
+        store
+            .set_mr_note(ProjectId(1), MrIid(2), NoteId(33))
+            .await
+            .unwrap();
+        store
+            .begin_apply(NewApply {
+                ci_job: JobId(5),
+                project: ProjectId(1),
+                mr: Some(MrIid(2)),
+                sha: CommitSha("a".repeat(40)),
+                roots: vec!["core".into()],
+            })
+            .await
+            .unwrap();
+    }
+    let from = format!("sqlite://{}", path.display());
+    let out = migrate(&from, &pg);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("deliveries: 1 rows"), "{stdout}");
+    assert!(stdout.contains("jobs: 1 rows"), "{stdout}");
+    assert!(stdout.contains("applies: 1 rows"), "{stdout}");
+
+    let copy = Store::connect(&StoreUrl::Postgres(pg.clone()), None)
+        .await
+        .unwrap();
+    let source = Store::open(&path).unwrap();
+    assert_eq!(copy.export().await.unwrap(), source.export().await.unwrap());
+    assert_eq!(
+        copy.mr_note(ProjectId(1), MrIid(2)).await.unwrap(),
+        Some(NoteId(33))
+    );
+    assert!(copy.apply_for_job(JobId(5)).await.unwrap().is_some());
+
+    // A second copy into the same (now full) database is refused, and changes nothing.
+    let again = migrate(&from, &pg);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("not empty"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(copy.delivery_count().await.unwrap(), 1);
+}
