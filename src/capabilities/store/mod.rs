@@ -63,14 +63,15 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Held while one apply of a project runs; the next waits (on any replica). Released on drop.
+/// On PostgreSQL, held while one apply of a project runs: the next waits (on any replica).
+/// Released on drop. On SQLite (one process) it holds nothing: the root locks suffice there.
 pub struct ProjectLock {
     _held: Held,
 }
 
 enum Held {
-    /// SQLite: one process owns the store, an in-process lock is enough.
-    Local(#[allow(dead_code)] tokio::sync::OwnedMutexGuard<()>),
+    /// SQLite: one process owns the store; its root locks serialise applies of a root.
+    Nothing,
     /// PostgreSQL: a row in `project_locks`, deleted on drop.
     Row {
         pool: deadpool_postgres::Pool,
@@ -80,9 +81,9 @@ enum Held {
 }
 
 impl ProjectLock {
-    fn local(guard: tokio::sync::OwnedMutexGuard<()>) -> ProjectLock {
+    fn none() -> ProjectLock {
         ProjectLock {
-            _held: Held::Local(guard),
+            _held: Held::Nothing,
         }
     }
 
@@ -408,8 +409,9 @@ impl Store {
         on_backend!(self, b => b.apply_for_job(ci_job).await)
     }
 
-    /// Wait until this caller alone applies to `project`, across every replica; the lock is
-    /// held until the returned value is dropped (or its replica dies).
+    /// On PostgreSQL, wait until this caller alone applies to `project`, across every replica;
+    /// the lock is held until the returned value is dropped (or its replica dies). On SQLite
+    /// it returns at once (one process: the root locks serialise applies of a root).
     pub async fn lock_project(&self, project: ProjectId) -> Result<ProjectLock> {
         on_backend!(self, b => b.lock_project(project).await)
     }
