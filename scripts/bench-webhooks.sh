@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Load benchmark (not a test): start `planbot serve` (release build) on loopback and drive it with
 # signed-off GitLab MR webhooks from wrk, each with a unique Idempotency-Key; then count the
-# deliveries really committed to SQLite and report deliveries/s and p50/p99 latency.
+# deliveries really committed to the store and report deliveries/s and p50/p99 latency.
 #
 #   scripts/bench-webhooks.sh [DURATION=20s] [CONNECTIONS=32] [THREADS=1]
 #
 # PLANBOT_BIN=path skips the build and benchmarks that binary.
-# Needs: wrk (`apt-get install -y wrk`), python3 (to read the SQLite file), curl.
+# PLANBOT_BENCH_POSTGRES_URL=postgres://user@host/db benchmarks the PostgreSQL store instead of
+# SQLite (an empty database, or one this script made before: it must be only planbot's).
+# Needs: wrk (`apt-get install -y wrk`), python3 (to read the SQLite file), psql for
+# PostgreSQL, curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +41,10 @@ projects = ["flightjs/flight-management"]
 [plan]
 max_concurrent_plans = 1
 TOML
+pg="${PLANBOT_BENCH_POSTGRES_URL:-}"
+if [ -n "$pg" ]; then
+  printf '[store]\nurl = "%s"\n' "$pg" >>"$work/planbot.toml"
+fi
 
 fixture="tests/fixtures/gitlab/webhooks/merge_request_open.json"
 [ -f "$fixture" ] || { echo "bench: fixture $fixture not found (run from the repository root)" >&2; exit 2; }
@@ -54,17 +61,25 @@ echo "bench: planbot serve (release) on 127.0.0.1:$port, $(nproc) cores, wrk -t$
 # Warm-up (not counted in wrk's numbers, but counted in SQLite; subtracted below).
 BENCH_BODY="$fixture" BENCH_SECRET="$secret" wrk -t1 -c4 -d2s -s scripts/bench-webhooks.lua \
   "http://127.0.0.1:$port" >/dev/null
-count() { python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('select count(*) from deliveries').fetchone()[0])" "$work/data/planbot.db"; }
+sql_count() {
+  if [ -n "$pg" ]; then
+    psql -Atq "$pg" -c "select count(*) from $1"
+  else
+    python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('select count(*) from ' + sys.argv[2]).fetchone()[0])" "$work/data/planbot.db" "$1"
+  fi
+}
+count() { sql_count deliveries; }
 before=$(count)
 start=$(date +%s.%N)
 BENCH_BODY="$fixture" BENCH_SECRET="$secret" wrk -t"$threads" -c"$connections" -d"$duration" --latency \
   -s scripts/bench-webhooks.lua "http://127.0.0.1:$port" | tee "$work/wrk.out" | grep -E '^bench:|Latency|Req/Sec'
 end=$(date +%s.%N)
 after=$(count)
-jobs=$(python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); print(c.execute('select count(*) from jobs').fetchone()[0])" "$work/data/planbot.db")
-python3 - "$before" "$after" "$start" "$end" "$jobs" <<'PY'
+jobs=$(sql_count jobs)
+store=$([ -n "$pg" ] && echo PostgreSQL || echo SQLite)
+python3 - "$before" "$after" "$start" "$end" "$jobs" "$store" <<'PY'
 import sys
 before, after, start, end, jobs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 n = after - before
-print(f"bench: {n} deliveries committed to SQLite in {end - start:.1f} s = {n / (end - start):.0f} deliveries/s ({jobs} jobs in the queue table)")
+print(f"bench: {n} deliveries committed to {sys.argv[6]} in {end - start:.1f} s = {n / (end - start):.0f} deliveries/s ({jobs} jobs in the queue table)")
 PY
