@@ -151,6 +151,9 @@ impl ApplyCtx {
     }
 
     /// Lock the root, plan it with the apply credentials, and decide by parity.
+    ///
+    /// About a hundred lines on purpose: plan, fingerprint, reviewed fingerprint, parity and the
+    /// preflight decide one `Decided` together, and the refusal path needs all of them.
     async fn plan_root(
         &self,
         root: &Root,

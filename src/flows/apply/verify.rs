@@ -21,6 +21,9 @@ pub(super) struct VerifiedJob {
 /// Stage 1: ask GitLab who the job is and check it (running, the configured manual job, on the
 /// protected default branch at its head, an allowed project, never applied before).
 /// `Ok(Err(verdict))` is a refusal, already written to the job log.
+///
+/// About a hundred lines on purpose: the gate's checks in the order the refusals are documented,
+/// each returning early; split further, the facts gathered so far would travel between helpers.
 pub(super) async fn verify_job(
     app: &App,
     job_token: &str,

@@ -33,6 +33,9 @@ pub(super) struct Prepared {
 
 /// Stage 1: check, announce, fetch and check out. `Err(Stop)` ends the run early with its
 /// outcome label (the MR moved on or closed, or the repo config is invalid and said so).
+///
+/// About a hundred lines on purpose: a straight sequence of GitLab and git steps, each of which
+/// may end the run early; split further, the half-gathered state would travel between helpers.
 pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared, Stop>> {
     let project = job.project;
     let iid = job.mr;
