@@ -583,10 +583,12 @@ fn the_statefulset_runs_one_locked_down_pod_with_its_store_on_a_volume() {
     );
 }
 
-#[test]
-fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
-    let config = find_kind("ConfigMap");
-    let secret = find_kind("Secret");
+/// The ConfigMap's `planbot.toml` and the Secret's keys (each with a distinct fake value) laid
+/// out as the pod sees them: `<dir>/planbot.toml` and `<dir>/credentials/<key>`.
+fn mounted(
+    config: &serde_yaml::Value,
+    secret: &serde_yaml::Value,
+) -> (tempfile::TempDir, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("planbot.toml"),
@@ -604,7 +606,17 @@ fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
     for (i, k) in keys.iter().enumerate() {
         std::fs::write(creds.join(k), format!("test-secret-{i}-0123456789abcdef")).unwrap();
     }
-    let config = dir.path().join("planbot.toml");
+    (dir, keys)
+}
+
+#[test]
+fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
+    let secret = find_kind("Secret");
+    let (dir, keys) = mounted(&find_kind("ConfigMap"), &secret);
+    let (config, creds) = (
+        dir.path().join("planbot.toml"),
+        dir.path().join("credentials"),
+    );
     assert_only_the_example_addresses_stop_it(&serve_check(&config, &creds, &[]));
     let out = serve_check(&config, &creds, OWN_ADDRESSES);
     let stdout = text(&out.stdout);
@@ -1038,22 +1050,14 @@ fn the_three_replicas_run_the_same_pod_as_the_single_one_on_a_shared_store() {
 
 #[test]
 fn the_three_replica_config_loads_from_its_secret() {
-    let config = yaml(&format!("{K8S_REPLICAS}/configmap.yaml"));
-    let secret = yaml(&format!("{K8S_REPLICAS}/secret.yaml"));
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("planbot.toml");
-    std::fs::write(&file, config["data"]["planbot.toml"].as_str().unwrap()).unwrap();
-    let creds = dir.path().join("credentials");
-    std::fs::create_dir(&creds).unwrap();
-    let keys: Vec<String> = secret["stringData"]
-        .as_mapping()
-        .unwrap()
-        .keys()
-        .map(|k| k.as_str().unwrap().to_string())
-        .collect();
-    for (i, k) in keys.iter().enumerate() {
-        std::fs::write(creds.join(k), format!("test-secret-{i}-0123456789abcdef")).unwrap();
-    }
+    let (dir, keys) = mounted(
+        &yaml(&format!("{K8S_REPLICAS}/configmap.yaml")),
+        &yaml(&format!("{K8S_REPLICAS}/secret.yaml")),
+    );
+    let (file, creds) = (
+        dir.path().join("planbot.toml"),
+        dir.path().join("credentials"),
+    );
     let mut env = OWN_ADDRESSES.to_vec();
     env.push((
         "PLANBOT_STORE_URL",
