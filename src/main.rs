@@ -167,6 +167,10 @@ enum StoreCommand {
         /// A file holding the PostgreSQL password (else the URL's, or none).
         #[arg(long)]
         password_file: Option<PathBuf>,
+        /// The CA (PEM) the PostgreSQL server's certificate must chain to, as `store.ca_file`
+        /// (or `sslrootcert=` in the URL; TLS as the URL's `sslmode` says).
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
     },
 }
 
@@ -232,8 +236,14 @@ fn main() -> ExitCode {
                     from,
                     to,
                     password_file,
+                    ca_file,
                 },
-        } => planbot::flows::cli::store_migrate::main(&from, &to, password_file.as_deref()),
+        } => planbot::flows::cli::store_migrate::main(
+            &from,
+            &to,
+            password_file.as_deref(),
+            ca_file.as_deref(),
+        ),
         Command::ApplyJob {
             url,
             confirm,

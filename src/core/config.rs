@@ -3,6 +3,7 @@
 //! Pure: the caller hands in the file text, the environment and a file reader, so tests can
 //! drive every path without touching the process environment.
 
+use crate::core::store_tls::StoreTls;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -113,6 +114,19 @@ pub struct StoreConfig {
     pub url: StoreUrl,
     /// `store.password` (from `password_file`, usually): the PostgreSQL password.
     pub password: Option<Secret>,
+    /// `store.ca_file`: the CA bundle (PEM) a PostgreSQL server's certificate must chain to
+    /// (else the URL's `sslrootcert`, else the public web roots).
+    pub ca_file: Option<PathBuf>,
+}
+
+impl StoreConfig {
+    /// How planbot reaches a PostgreSQL store over TLS (`None` for SQLite); checked at load.
+    pub fn tls(&self) -> Option<Result<StoreTls, String>> {
+        match &self.url {
+            StoreUrl::Sqlite(_) => None,
+            StoreUrl::Postgres(u) => Some(StoreTls::from_url(u, self.ca_file.as_deref())),
+        }
+    }
 }
 
 /// Which database: an embedded SQLite file (one replica) or a PostgreSQL server (N replicas).
@@ -562,6 +576,7 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("metrics.token", Kind::Str, true),
     ("store.url", Kind::Str, false),
     ("store.password", Kind::Str, true),
+    ("store.ca_file", Kind::Str, false),
 ];
 
 /// One setting as the reference lists it, straight from the table the parser uses.
@@ -845,6 +860,22 @@ impl Config {
         line("metrics.token", sec(&self.metrics.token));
         line("store.url", self.store.url.to_string());
         line("store.password", sec(&self.store.password));
+        line(
+            "store.ca_file",
+            self.store
+                .ca_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "(not set)".into()),
+        );
+        line(
+            "store TLS",
+            match self.store.tls() {
+                None => "(SQLite: no network)".into(),
+                Some(Ok(tls)) => tls.to_string(),
+                Some(Err(e)) => format!("(invalid: {e})"),
+            },
+        );
         out
     }
 
@@ -1523,7 +1554,8 @@ fn build(
 }
 
 /// `[store]`: where deliveries, the queue, runs and applies live (the embedded SQLite file in
-/// `data_dir` unless `url` says PostgreSQL), and the PostgreSQL password.
+/// `data_dir` unless `url` says PostgreSQL), the PostgreSQL password, and its TLS (the URL's
+/// `sslmode` and the CA, checked here: `prefer`/`allow` are refused).
 fn take_store(
     flat: &mut BTreeMap<String, Value>,
     p: &mut Vec<ConfigError>,
@@ -1542,7 +1574,24 @@ fn take_store(
         ),
     };
     let password = soft(p, take_str(flat, "store.password"), None).map(Secret::new);
-    StoreConfig { url, password }
+    let ca_file = soft(p, take_str(flat, "store.ca_file"), None).map(PathBuf::from);
+    let store = StoreConfig {
+        url,
+        password,
+        ca_file,
+    };
+    if let Some(Err(message)) = store.tls() {
+        let key = if message.contains("store.ca_file") {
+            "store.ca_file"
+        } else {
+            "store.url"
+        };
+        p.push(ConfigError::Invalid {
+            key: key.into(),
+            message,
+        });
+    }
+    store
 }
 
 /// `listen`: an address like `0.0.0.0:8080` (the default).
@@ -1906,6 +1955,7 @@ fn take_sandbox(flat: &mut BTreeMap<String, Value>) -> Result<SandboxConfig, Con
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::store_tls::SslMode;
 
     const MINIMAL: &str = r#"
 fingerprint_key = "0123456789abcdef0123"
@@ -1986,6 +2036,66 @@ projects = ["infra/homelab", 42]
             .to_string();
             assert!(e.contains("store.url"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_postgres_store_is_verified_over_tls_unless_local_and_never_falls_back_to_plaintext() {
+        let load =
+            |store: &str| Config::load(&format!("{MINIMAL}[store]\n{store}"), &[], &no_files);
+        let c = load("url = \"postgres://planbot@db.internal/planbot\"\n").unwrap();
+        let tls = c.store.tls().unwrap().unwrap();
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert!(
+            c.describe().contains(
+                "store TLS = verify-full (the default for a network host), CA the public web roots"
+            ),
+            "{}",
+            c.describe()
+        );
+        let c = load("url = \"postgres://planbot@127.0.0.1:5432/planbot\"\n").unwrap();
+        assert_eq!(c.store.tls().unwrap().unwrap().mode, SslMode::Disable);
+        let c = load(
+            "url = \"postgres://planbot@db.internal/planbot?sslmode=verify-ca\"\nca_file = \"/etc/planbot/db-ca.pem\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.store.ca_file,
+            Some(PathBuf::from("/etc/planbot/db-ca.pem"))
+        );
+        let shown = c.describe();
+        assert!(
+            shown.contains("store.ca_file = /etc/planbot/db-ca.pem"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("store TLS = verify-ca, CA store.ca_file /etc/planbot/db-ca.pem"),
+            "{shown}"
+        );
+        assert!(Config::load(MINIMAL, &[], &no_files)
+            .unwrap()
+            .describe()
+            .contains("store TLS = (SQLite: no network)"));
+
+        for mode in ["prefer", "allow"] {
+            let e = load(&format!(
+                "url = \"postgres://planbot@db.internal/planbot?sslmode={mode}\"\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("store.url")
+                    && e.contains("plaintext")
+                    && e.contains("sslmode=disable")
+                    && e.contains("sslmode=verify-full"),
+                "{mode}: {e}"
+            );
+        }
+        let e = load(
+            "url = \"postgres://planbot@db.internal/planbot?sslrootcert=/a.pem\"\nca_file = \"/b.pem\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("store.ca_file") && e.contains("differ"), "{e}");
     }
 
     #[test]

@@ -139,10 +139,21 @@ impl Store {
         password: Option<&str>,
         opts: PgOptions,
     ) -> Result<Store> {
+        Store::connect_tls(url, password, None, opts).await
+    }
+
+    /// [`Store::connect_with`] trusting `ca_file` (`store.ca_file`, a PEM bundle) for
+    /// PostgreSQL's TLS; the URL's `sslmode` says whether and how (see `core::store_tls`).
+    pub async fn connect_tls(
+        url: &StoreUrl,
+        password: Option<&str>,
+        ca_file: Option<&Path>,
+        opts: PgOptions,
+    ) -> Result<Store> {
         match url {
             StoreUrl::Sqlite(path) => Store::open(path),
             StoreUrl::Postgres(u) => {
-                let pg = postgres::PgStore::connect(u, password, opts)
+                let pg = postgres::PgStore::connect(u, password, ca_file, opts)
                     .await
                     .with_context(|| format!("opening the store {url}"))?;
                 Ok(Store {

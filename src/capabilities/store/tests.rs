@@ -1,6 +1,6 @@
 //! The store's tests through its facade, each run against both backends (SQLite, and the
 //! PostgreSQL named by `PLANBOT_TEST_POSTGRES_URL`): queue semantics, restarts, reviews and
-//! applies; then what only N replicas on one PostgreSQL can do.
+//! applies; then what only N replicas on one PostgreSQL can do, and TLS to that server.
 
 use super::*;
 use crate::core::events::{PlanJob, PlanReason};
@@ -8,6 +8,7 @@ use crate::core::fingerprint::Fingerprint;
 
 pub(crate) mod backends;
 mod replicas;
+mod tls;
 
 use backends::test_dbs;
 

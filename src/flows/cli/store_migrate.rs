@@ -1,7 +1,7 @@
 //! `planbot store migrate --from URL --to URL`: copy every row of one store into another, empty
 //! one (SQLite → PostgreSQL when moving to several replicas), keeping ids.
 
-use crate::capabilities::store::Store;
+use crate::capabilities::store::{PgOptions, Store};
 use crate::core::config::StoreUrl;
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -9,7 +9,13 @@ use std::process::ExitCode;
 
 /// Copies `from` into `to` (both migrated to this binary's schema first); prints what it copied.
 /// Stop every planbot using `from` first: rows written during the copy are not copied.
-pub fn main(from: &str, to: &str, password_file: Option<&Path>) -> Result<ExitCode> {
+/// `ca_file` is `store.ca_file` for a PostgreSQL end (TLS as its URL's `sslmode` says).
+pub fn main(
+    from: &str,
+    to: &str,
+    password_file: Option<&Path>,
+    ca_file: Option<&Path>,
+) -> Result<ExitCode> {
     let from = StoreUrl::parse(from).map_err(|e| anyhow::anyhow!("--from: {e}"))?;
     let to = StoreUrl::parse(to).map_err(|e| anyhow::anyhow!("--to: {e}"))?;
     let password = password_file
@@ -25,8 +31,10 @@ pub fn main(from: &str, to: &str, password_file: Option<&Path>) -> Result<ExitCo
         .build()
         .context("starting the runtime")?;
     rt.block_on(async {
-        let source = Store::connect(&from, password.as_deref()).await?;
-        let target = Store::connect(&to, password.as_deref()).await?;
+        let open =
+            |url| Store::connect_tls(url, password.as_deref(), ca_file, PgOptions::default());
+        let source = open(&from).await?;
+        let target = open(&to).await?;
         let dump = source
             .export()
             .await

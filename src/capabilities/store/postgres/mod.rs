@@ -9,6 +9,7 @@
 //! its runs and applies `interrupted`.
 
 mod migrations;
+mod tls;
 
 pub use migrations::PG_SCHEMA_VERSION;
 
@@ -24,8 +25,10 @@ use crate::core::events::{Job, PlanJob, Supersede};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;
+use crate::core::store_tls::{self, SslMode, StoreTls};
 use anyhow::{anyhow, Context, Result};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use std::path::Path;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
@@ -74,26 +77,35 @@ pub(crate) struct PgStore {
 }
 
 impl PgStore {
-    /// Connect, migrate (refusing a newer schema), register this replica and start its heartbeat.
+    /// Connect (over TLS as the URL's `sslmode` and `ca_file` say), migrate (refusing a newer
+    /// schema), register this replica and start its heartbeat.
     pub(crate) async fn connect(
         url: &str,
         password: Option<&str>,
+        ca_file: Option<&Path>,
         opts: PgOptions,
     ) -> Result<PgStore> {
-        let mut config: tokio_postgres::Config =
-            url.parse().context("store.url is not a PostgreSQL URL")?;
+        let tls = StoreTls::from_url(url, ca_file).map_err(|e| anyhow!("store.url: {e}"))?;
+        let mut config: tokio_postgres::Config = store_tls::driver_url(url)
+            .parse()
+            .context("store.url is not a PostgreSQL URL")?;
         if let Some(p) = password {
             config.password(p);
         }
         config.connect_timeout(Duration::from_secs(10));
         config.application_name("planbot");
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        // The driver's `require` is "TLS, whatever the certificate": the connector verifies it.
+        config.ssl_mode(match tls.mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        let manager_config = || ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls::connector(&tls)? {
+            None => Manager::from_config(config, NoTls, manager_config()),
+            Some(rustls) => Manager::from_config(config, rustls, manager_config()),
+        };
         let pool = Pool::builder(manager)
             .max_size(opts.pool_size)
             .runtime(Runtime::Tokio1)
@@ -102,10 +114,10 @@ impl PgStore {
             .build()
             .context("building the PostgreSQL pool")?;
         {
-            let mut client = pool
-                .get()
-                .await
-                .map_err(|e| anyhow!("connecting to PostgreSQL: {e}"))?;
+            let mut client = pool.get().await.map_err(|e| match tls::explain(&e, &tls) {
+                Some(why) => anyhow!("connecting to PostgreSQL: {why}"),
+                None => anyhow!("connecting to PostgreSQL: {e}"),
+            })?;
             migrations::migrate(&mut client)
                 .await
                 .context("migrating the PostgreSQL store")?;
@@ -139,6 +151,19 @@ impl PgStore {
 
     pub(crate) fn replica(&self) -> &str {
         &self.opts.replica
+    }
+
+    /// Whether this replica's session with the server is encrypted (`pg_stat_ssl`).
+    #[cfg(test)]
+    pub(crate) async fn session_is_tls(&self) -> Result<bool> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
