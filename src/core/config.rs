@@ -2052,8 +2052,13 @@ projects = ["infra/homelab", 42]
             "{}",
             c.describe()
         );
-        let c = load("url = \"postgres://planbot@127.0.0.1:5432/planbot\"\n").unwrap();
-        assert_eq!(c.store.tls().unwrap().unwrap().mode, SslMode::Disable);
+        for local in [
+            "postgres://planbot@127.0.0.1:5432/planbot",
+            "postgres://planbot@%2Frun%2Fpostgresql/planbot",
+        ] {
+            let c = load(&format!("url = \"{local}\"\n")).unwrap();
+            assert_eq!(c.store.tls().unwrap().unwrap().mode, SslMode::Disable);
+        }
         let c = load(
             "url = \"postgres://planbot@db.internal/planbot?sslmode=verify-ca\"\nca_file = \"/etc/planbot/db-ca.pem\"\n",
         )

@@ -194,3 +194,33 @@ async fn sslmode_disable_connects_in_plaintext() {
         assert!(!session_is_tls(&store).await, "{host} {query}");
     }
 }
+
+#[tokio::test]
+async fn a_server_without_tls_is_refused_never_used_in_plaintext() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Answers the SSLRequest with `N` (no TLS), as a server with `ssl = off` does.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 8];
+        socket.read_exact(&mut request).await.unwrap();
+        assert_eq!(request, [0, 0, 0, 8, 4, 210, 22, 47], "an SSLRequest first");
+        socket.write_all(b"N").await.unwrap();
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest).await;
+        rest
+    });
+    let url = StoreUrl::Postgres(format!(
+        "postgres://planbot@127.0.0.1:{port}/planbot?sslmode=verify-ca"
+    ));
+    let e = refusal(connect(&url, None).await);
+    assert!(
+        e.contains("the PostgreSQL server does not offer TLS, and sslmode=verify-ca requires it"),
+        "{e}"
+    );
+    assert!(
+        server.await.unwrap().is_empty(),
+        "nothing is sent in plaintext after the refusal"
+    );
+}
