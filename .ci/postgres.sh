@@ -56,10 +56,11 @@ start_test_postgres() {
 # A CA (ca.pem) and a server certificate for DNS:localhost only (server.pem, server.key) in $1.
 make_test_postgres_certs() {
   local dir=$1
-  command -v openssl >/dev/null 2>&1 || {
-    echo "ci: the PostgreSQL TLS tests need the openssl CLI (apt-get install openssl)" >&2
-    return 1
-  }
+  if ! command -v openssl >/dev/null 2>&1; then
+    echo "ci: installing the openssl CLI for the PostgreSQL TLS tests"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssl >/dev/null
+  fi
   (
     cd "$dir" &&
       openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 \
