@@ -1,6 +1,7 @@
 //! `planbot serve`: loads the config, then builds the application (store, queue, workers, HTTP) and runs it.
 
-use crate::core::config::{Config, Loaded, Problem};
+use crate::core::config::{Config, Loaded, Problem, StoreUrl};
+use crate::core::store_tls::SslMode;
 use crate::flows::service::application::Application;
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -74,9 +75,20 @@ pub fn check_report(config: &Config) -> String {
         projects.join(", "),
         config.gitlab.url
     ));
+    let store = match (&config.store.url, config.store.tls()) {
+        (StoreUrl::Sqlite(path), _) => format!("its SQLite store at {}", path.display()),
+        (StoreUrl::Postgres(_), tls) => format!(
+            "its store in PostgreSQL {} {}",
+            config.store.url,
+            match tls.and_then(Result::ok).map(|t| t.mode) {
+                Some(SslMode::Disable) => "in plaintext (sslmode=disable)".to_string(),
+                Some(mode) => format!("over TLS (sslmode={})", mode.as_str()),
+                None => "(its TLS settings are invalid)".to_string(),
+            }
+        ),
+    };
     out.push_str(&format!(
-        "- keep its SQLite store at {} and run at most {} plan(s) at a time with `{}` (timeout {})\n",
-        config.data_dir.join("planbot.db").display(),
+        "- keep {store} and run at most {} plan(s) at a time with `{}` (timeout {})\n",
         config.plan.max_concurrent_plans,
         config.engine.binary,
         humantime::format_duration(config.engine.timeout)
