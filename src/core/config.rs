@@ -113,6 +113,9 @@ pub struct StoreConfig {
     pub url: StoreUrl,
     /// `store.password` (from `password_file`, usually): the PostgreSQL password.
     pub password: Option<Secret>,
+    /// `store.lease` (PostgreSQL; default 30 s): how long a job stays a replica's without its
+    /// heartbeat, so how long a dead replica's job waits before another replica takes it.
+    pub lease: Duration,
 }
 
 /// Which database: an embedded SQLite file (one replica) or a PostgreSQL server (N replicas).
@@ -562,6 +565,7 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("metrics.token", Kind::Str, true),
     ("store.url", Kind::Str, false),
     ("store.password", Kind::Str, true),
+    ("store.lease", Kind::Str, false),
 ];
 
 /// One setting as the reference lists it, straight from the table the parser uses.
@@ -845,6 +849,10 @@ impl Config {
         line("metrics.token", sec(&self.metrics.token));
         line("store.url", self.store.url.to_string());
         line("store.password", sec(&self.store.password));
+        line(
+            "store.lease",
+            humantime::format_duration(self.store.lease).to_string(),
+        );
         out
     }
 
@@ -1542,7 +1550,22 @@ fn take_store(
         ),
     };
     let password = soft(p, take_str(flat, "store.password"), None).map(Secret::new);
-    StoreConfig { url, password }
+    let default_lease = Duration::from_secs(30);
+    let lease = soft(p, take_duration(flat, "store.lease", "30s"), default_lease);
+    let lease = if (Duration::from_secs(1)..=Duration::from_secs(600)).contains(&lease) {
+        lease
+    } else {
+        p.push(ConfigError::Invalid {
+            key: "store.lease".into(),
+            message: "expected a duration from 1s to 10m, e.g. \"30s\"".into(),
+        });
+        default_lease
+    };
+    StoreConfig {
+        url,
+        password,
+        lease,
+    }
 }
 
 /// `listen`: an address like `0.0.0.0:8080` (the default).

@@ -2,7 +2,7 @@
 
 use crate::capabilities::engine::{CliConfig, Engine, ProviderMirror};
 use crate::capabilities::gitlab::{GitLab, RetryPolicy};
-use crate::capabilities::store::{QueueJobId, Store};
+use crate::capabilities::store::{PgOptions, QueueJobId, Store};
 use crate::capabilities::workspace::Workspace;
 use crate::core::config::{Config, StoreUrl};
 use crate::core::ids::{MrIid, ProjectId, UserId};
@@ -83,7 +83,11 @@ impl App {
             .password
             .as_ref()
             .map(|p| p.expose().to_string());
-        let store = Store::connect(&config.store.url, password.as_deref()).await?;
+        let options = PgOptions {
+            lease: config.store.lease,
+            ..PgOptions::default()
+        };
+        let store = Store::connect_with(&config.store.url, password.as_deref(), options).await?;
         tracing::info!(store = %config.store.url, replica = store.replica(), "store opened");
         App::with_store(config, store)
     }
