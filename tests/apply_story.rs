@@ -14,41 +14,6 @@ use support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 
 const INFRA: &str = "infra/homelab";
 
-/// The infra repo's root: three "VMs" and GitLab-managed state, exactly as a real project.
-fn main_tf(vms: &[&str]) -> String {
-    let vms: Vec<String> = vms.iter().map(|v| format!("\"{v}\"")).collect();
-    format!(
-        r#"terraform {{
-  backend "http" {{}}
-}}
-
-variable "vms" {{
-  type    = set(string)
-  default = [{}]
-}}
-
-variable "admin_password" {{
-  type      = string
-  sensitive = true
-  default   = "apply-canary-password-7f3a"
-}}
-
-resource "terraform_data" "vm" {{
-  for_each = var.vms
-  input = {{
-    name  = each.key
-    cores = 2
-  }}
-}}
-
-resource "terraform_data" "password" {{
-  input = var.admin_password
-}}
-"#,
-        vms.join(", ")
-    )
-}
-
 struct World {
     gitlab: FakeGitLab,
     project: FakeProject,
@@ -121,7 +86,11 @@ fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
     let project = gitlab.create_project(INFRA);
     let alice = gitlab.create_user("alice");
     gitlab.add_member(&project, &alice, 40);
-    gitlab.commit_files(&project, "main", &[("main.tf", &main_tf(&["blocky"]))]);
+    gitlab.commit_files(
+        &project,
+        "main",
+        &[("main.tf", &support::infra_main_tf(&["blocky"]))],
+    );
     let data = tempfile::tempdir().unwrap();
     let text =
         config_text_for(data.path(), &gitlab, &project, engine, "127.0.0.1:0") + extra_config;
@@ -471,8 +440,11 @@ fn with_workers() -> Options {
 impl World {
     /// Alice pushes `vms` on `branch`, opens an MR, and GitLab delivers the webhook.
     async fn open_mr(&self, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
-        self.gitlab
-            .commit_files(&self.project, branch, &[("main.tf", &main_tf(vms))]);
+        self.gitlab.commit_files(
+            &self.project,
+            branch,
+            &[("main.tf", &support::infra_main_tf(vms))],
+        );
         let iid = self
             .gitlab
             .open_mr_by(&self.project, branch, "main", &self.alice);
@@ -736,7 +708,7 @@ resource "terraform_data" "slow" {{
   }}
 }}
 "#,
-        main_tf(&["blocky"])
+        support::infra_main_tf(&["blocky"])
     )
 }
 

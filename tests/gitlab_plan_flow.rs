@@ -112,9 +112,14 @@ impl World {
     }
 
     async fn plan(&self, iid: u64) {
-        planbot::flows::review::plan::run(&self.app, &self.job(iid), &CancellationToken::new())
-            .await
-            .expect("plan flow");
+        planbot::flows::review::plan::run(
+            &self.app,
+            &self.job(iid),
+            None,
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("plan flow");
     }
 
     fn states(&self, sha: &str) -> Vec<String> {
@@ -418,8 +423,8 @@ async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
     let (ja, jb) = (w.job(a), w.job(b));
     let none = CancellationToken::new();
     let (ra, rb) = tokio::join!(
-        planbot::flows::review::plan::run(&w.app, &ja, &none),
-        planbot::flows::review::plan::run(&w.app, &jb, &none)
+        planbot::flows::review::plan::run(&w.app, &ja, None, &none),
+        planbot::flows::review::plan::run(&w.app, &jb, None, &none)
     );
     ra.expect("MR a planned");
     rb.expect("MR b planned");

@@ -9,32 +9,7 @@ use planbot::core::events::Job;
 use planbot::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId};
 use std::process::Command;
 
-/// A new database on the test server, or `None` when skipping is allowed and asked for.
-async fn postgres_database() -> Option<String> {
-    let server = match std::env::var("PLANBOT_TEST_POSTGRES_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-            if !ci && std::env::var("PLANBOT_SKIP_POSTGRES_TESTS").is_ok_and(|v| v == "1") {
-                eprintln!("store migrate test NOT RUN: PLANBOT_SKIP_POSTGRES_TESTS=1");
-                return None;
-            }
-            panic!("PLANBOT_TEST_POSTGRES_URL is not set: run `bash .ci/run`, or see the README");
-        }
-    };
-    let name = format!("planbot_migrate_{:016x}", rand::random::<u64>());
-    let (client, conn) = tokio_postgres::connect(&server, tokio_postgres::NoTls)
-        .await
-        .expect("connecting to PLANBOT_TEST_POSTGRES_URL");
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    let mut url = url::Url::parse(&server).unwrap();
-    url.set_path(&format!("/{name}"));
-    Some(url.to_string())
-}
+mod support;
 
 fn migrate(from: &str, to: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_planbot"))
@@ -45,7 +20,7 @@ fn migrate(from: &str, to: &str) -> std::process::Output {
 
 #[tokio::test]
 async fn store_migrate_copies_a_sqlite_store_into_postgres() {
-    let Some(pg) = postgres_database().await else {
+    let Some(pg) = support::postgres::fresh_database("planbot_migrate").await else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -117,6 +117,9 @@ pub struct StoreConfig {
     /// `store.ca_file`: the CA bundle (PEM) a PostgreSQL server's certificate must chain to
     /// (else the URL's `sslrootcert`, else the public web roots).
     pub ca_file: Option<PathBuf>,
+    /// `store.lease` (PostgreSQL; default 30 s): how long a job stays a replica's without its
+    /// heartbeat, so how long a dead replica's job waits before another replica takes it.
+    pub lease: Duration,
 }
 
 impl StoreConfig {
@@ -577,6 +580,7 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("store.url", Kind::Str, false),
     ("store.password", Kind::Str, true),
     ("store.ca_file", Kind::Str, false),
+    ("store.lease", Kind::Str, false),
 ];
 
 /// One setting as the reference lists it, straight from the table the parser uses.
@@ -875,6 +879,10 @@ impl Config {
                 Some(Ok(tls)) => tls.to_string(),
                 Some(Err(e)) => format!("(invalid: {e})"),
             },
+        );
+        line(
+            "store.lease",
+            humantime::format_duration(self.store.lease).to_string(),
         );
         out
     }
@@ -1575,10 +1583,22 @@ fn take_store(
     };
     let password = soft(p, take_str(flat, "store.password"), None).map(Secret::new);
     let ca_file = soft(p, take_str(flat, "store.ca_file"), None).map(PathBuf::from);
+    let default_lease = Duration::from_secs(30);
+    let lease = soft(p, take_duration(flat, "store.lease", "30s"), default_lease);
+    let lease = if (Duration::from_secs(1)..=Duration::from_secs(600)).contains(&lease) {
+        lease
+    } else {
+        p.push(ConfigError::Invalid {
+            key: "store.lease".into(),
+            message: "expected a duration from 1s to 10m, e.g. \"30s\"".into(),
+        });
+        default_lease
+    };
     let store = StoreConfig {
         url,
         password,
         ca_file,
+        lease,
     };
     if let Some(Err(message)) = store.tls() {
         let key = if message.contains("store.ca_file") {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fake_proxmox;
+pub mod postgres;
 
 use std::path::PathBuf;
 
@@ -52,6 +53,58 @@ pub fn gitlab_fixture(rel: &str) -> String {
 }
 
 pub mod fake_gitlab;
+
+/// Wait until `f` holds (checked every 25 ms), or panic after `secs` saying what never happened.
+pub async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// The infra repo's root used by the apply stories: `vms` as `terraform_data` "VMs", a
+/// sensitive canary password, and GitLab-managed state (the `http` backend), as a real project.
+pub fn infra_main_tf(vms: &[&str]) -> String {
+    let vms: Vec<String> = vms.iter().map(|v| format!("\"{v}\"")).collect();
+    format!(
+        r#"terraform {{
+  backend "http" {{}}
+}}
+
+variable "vms" {{
+  type    = set(string)
+  default = [{}]
+}}
+
+variable "admin_password" {{
+  type      = string
+  sensitive = true
+  default   = "apply-canary-password-7f3a"
+}}
+
+resource "terraform_data" "vm" {{
+  for_each = var.vms
+  input = {{
+    name  = each.key
+    cores = 2
+  }}
+}}
+
+resource "terraform_data" "password" {{
+  input = var.admin_password
+}}
+"#,
+        vms.join(", ")
+    )
+}
 
 /// Processes whose working directory lies under `dir`: the engine a SIGKILLed planbot left
 /// behind, which a crash test must stop itself (nothing else would).

@@ -105,6 +105,8 @@ pub(crate) trait StoreBackend: Send + Sync {
     async fn apply_for_job(&self, ci_job: JobId) -> Result<Option<ApplyRecord>>;
     /// Wait until this caller alone applies to `project` (across replicas); held until dropped.
     async fn lock_project(&self, project: ProjectId) -> Result<ProjectLock>;
+    /// Take `project`'s apply lock if no other apply holds it; `None` when one does.
+    async fn try_lock_project(&self, project: ProjectId) -> Result<Option<ProjectLock>>;
 
     /// Every row of every table, for `planbot store migrate`.
     async fn export(&self) -> Result<Dump>;

@@ -427,6 +427,11 @@ impl Store {
         on_backend!(self, b => b.lock_project(project).await)
     }
 
+    /// [`Store::lock_project`] without waiting: `None` while another apply of `project` holds it.
+    pub async fn try_lock_project(&self, project: ProjectId) -> Result<Option<ProjectLock>> {
+        on_backend!(self, b => b.try_lock_project(project).await)
+    }
+
     // ----- moving a store ------------------------------------------------------------------
 
     /// Every row of every table.

@@ -175,7 +175,13 @@ async fn verify_and_apply(
         ));
     };
     // One apply per project at a time, across replicas (held to the end of this apply).
-    let _project_lock = app.store.lock_project(job.project.id).await?;
+    let _project_lock = match app.store.try_lock_project(job.project.id).await? {
+        Some(lock) => lock,
+        None => {
+            log.line(log_text("project_waiting", context! {}));
+            app.store.lock_project(job.project.id).await?
+        }
+    };
     let ctx = ApplyCtx {
         app: app.clone(),
         project: job.project.id,

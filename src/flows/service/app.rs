@@ -83,11 +83,15 @@ impl App {
             .password
             .as_ref()
             .map(|p| p.expose().to_string());
+        let options = PgOptions {
+            lease: config.store.lease,
+            ..PgOptions::default()
+        };
         let store = Store::connect_tls(
             &config.store.url,
             password.as_deref(),
             config.store.ca_file.as_deref(),
-            PgOptions::default(),
+            options,
         )
         .await?;
         tracing::info!(store = %config.store.url, replica = store.replica(), "store opened");

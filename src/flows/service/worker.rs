@@ -78,7 +78,7 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
         app.metrics.set_queue_depth(depth);
     }
     let started = Instant::now();
-    let job = dispatch(app, &claimed.job, &token).instrument(span);
+    let job = dispatch(app, &claimed.job, id, &token).instrument(span);
     tokio::pin!(job);
     let result = tokio::select! {
         r = &mut job => Some(r),
@@ -178,9 +178,14 @@ fn cancel_grace(app: &App) -> Duration {
     app.config.engine.grace + Duration::from_secs(2)
 }
 
-async fn dispatch(app: &Arc<App>, job: &Job, token: &CancellationToken) -> anyhow::Result<()> {
+async fn dispatch(
+    app: &Arc<App>,
+    job: &Job,
+    id: crate::capabilities::store::QueueJobId,
+    token: &CancellationToken,
+) -> anyhow::Result<()> {
     match job {
-        Job::Plan(p) => crate::flows::review::plan::run(app, p, token).await,
+        Job::Plan(p) => crate::flows::review::plan::run(app, p, Some(id), token).await,
         other => crate::flows::review::commands::run(app, other, token).await,
     }
 }

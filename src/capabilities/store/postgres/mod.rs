@@ -969,28 +969,10 @@ impl StoreBackend for PgStore {
     }
 
     async fn lock_project(&self, project: ProjectId) -> Result<ProjectLock> {
-        let token = format!("{}-{:016x}", self.opts.replica, rand::random::<u64>());
         let mut waited = false;
         loop {
-            let now = now_ms();
-            // Take the row if it is free, or held by a replica that is gone.
-            let got = self
-                .client()
-                .await?
-                .query_opt(
-                    "INSERT INTO project_locks (project_id, owner, token, acquired_at)
-                     VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (project_id) DO UPDATE
-                     SET owner = excluded.owner, token = excluded.token,
-                         acquired_at = excluded.acquired_at
-                     WHERE project_locks.owner NOT IN
-                           (SELECT owner FROM replicas WHERE expires_at >= $4)
-                     RETURNING token",
-                    &[&(project.0 as i64), &self.opts.replica, &token, &now],
-                )
-                .await?;
-            if got.is_some() {
-                return Ok(ProjectLock::row(self.pool.clone(), project.0 as i64, token));
+            if let Some(lock) = self.try_lock_project(project).await? {
+                return Ok(lock);
             }
             if !waited {
                 tracing::info!(
@@ -1001,6 +983,28 @@ impl StoreBackend for PgStore {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    async fn try_lock_project(&self, project: ProjectId) -> Result<Option<ProjectLock>> {
+        let token = format!("{}-{:016x}", self.opts.replica, rand::random::<u64>());
+        let now = now_ms();
+        // Take the row if it is free, or held by a replica that is gone.
+        let got = self
+            .client()
+            .await?
+            .query_opt(
+                "INSERT INTO project_locks (project_id, owner, token, acquired_at)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (project_id) DO UPDATE
+                 SET owner = excluded.owner, token = excluded.token,
+                     acquired_at = excluded.acquired_at
+                 WHERE project_locks.owner NOT IN
+                       (SELECT owner FROM replicas WHERE expires_at >= $4)
+                 RETURNING token",
+                &[&(project.0 as i64), &self.opts.replica, &token, &now],
+            )
+            .await?;
+        Ok(got.map(|_| ProjectLock::row(self.pool.clone(), project.0 as i64, token)))
     }
 
     async fn export(&self) -> Result<Dump> {

@@ -19,7 +19,7 @@ mod roots;
 pub use note::upsert_note;
 
 use crate::capabilities::gitlab::{CommitStatus, GitLabError, StatusState};
-use crate::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
+use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::events::PlanJob;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
 use crate::core::render::NoteContext;
@@ -42,11 +42,18 @@ fn text(kind: &str, ctx: minijinja::Value) -> String {
 }
 
 /// Plan `job` (one MR at one head commit). Stops promptly (killing the engine) when `cancel`
-/// fires: a newer head superseded this one, or the MR was closed.
-pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result<()> {
+/// fires: a newer head superseded this one, or the MR was closed. `queue_job` is the store's
+/// job it runs for (its runs name it, so that a replica taking the job over from a dead one
+/// ends them `interrupted`); `None` when planning outside the queue.
+pub async fn run(
+    app: &App,
+    job: &PlanJob,
+    queue_job: Option<QueueJobId>,
+    cancel: &CancellationToken,
+) -> Result<()> {
     let started = Instant::now();
     let mut runs: Vec<RunId> = Vec::new();
-    let result = plan(app, job, cancel, &mut runs).await;
+    let result = plan(app, job, queue_job, cancel, &mut runs).await;
     let outcome = match &result {
         Ok(o) => *o,
         Err(_) => "error",
@@ -60,7 +67,7 @@ pub async fn run(app: &App, job: &PlanJob, cancel: &CancellationToken) -> Result
             let run = app
                 .store
                 .start_run(NewRun {
-                    job: None,
+                    job: queue_job,
                     kind: RunKind::Plan,
                     project: job.project,
                     project_path: job.project_path.clone(),
@@ -94,6 +101,7 @@ struct Stop(pub &'static str);
 async fn plan(
     app: &App,
     job: &PlanJob,
+    queue_job: Option<QueueJobId>,
     cancel: &CancellationToken,
     runs: &mut Vec<RunId>,
 ) -> Result<&'static str> {
@@ -102,7 +110,7 @@ async fn plan(
         Ok(p) => p,
         Err(Stop(outcome)) => return Ok(outcome),
     };
-    let planned = roots::plan_roots(app, job, &prepared, cancel, runs).await?;
+    let planned = roots::plan_roots(app, job, queue_job, &prepared, cancel, runs).await?;
     if cancel.is_cancelled() {
         return superseded(app, job, &prepared, &planned.results).await;
     }

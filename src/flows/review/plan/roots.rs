@@ -6,7 +6,7 @@ use crate::capabilities::engine::{
     CancelHandle, CancelToken, EngineError, PlanRequest, PlannedRun,
 };
 use crate::capabilities::proxmox::ProxmoxEndpoint;
-use crate::capabilities::store::{NewRun, RunKind, RunState};
+use crate::capabilities::store::{NewRun, QueueJobId, RunKind, RunState};
 use crate::core::events::PlanJob;
 use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
@@ -55,6 +55,7 @@ pub(super) struct RootsPlanned {
 pub(super) async fn plan_roots(
     app: &App,
     job: &PlanJob,
+    queue_job: Option<QueueJobId>,
     prepared: &Prepared,
     cancel: &CancellationToken,
     runs: &mut Vec<RunId>,
@@ -92,7 +93,7 @@ pub(super) async fn plan_roots(
         let run = app
             .store
             .start_run(NewRun {
-                job: None,
+                job: queue_job,
                 kind: RunKind::Plan,
                 project: job.project,
                 project_path: prepared.project_path.clone(),
