@@ -607,3 +607,74 @@ async fn two_deliveries_of_a_fork_mr_before_a_worker_runs_make_one_job_and_one_n
     assert_eq!(notices, 1);
     assert!(plan_note(&fake, &project, iid).is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_that_arrive_out_of_order_still_end_with_the_plan_of_the_last_head() {
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", MAIN_TF)]);
+    fake.commit_files(
+        &project,
+        "feature/vm",
+        &[("main.tf", &MAIN_TF.replace("blocky", "blocky-v2"))],
+    );
+    let iid = fake.open_mr(&project, "feature/vm", "main");
+    let first = fake.mr_sha(&project, iid);
+    let opened = mr_hook(&fake, &project, iid, "open");
+    let second = fake.push(
+        &project,
+        "feature/vm",
+        &[("main.tf", &MAIN_TF.replace("blocky", "blocky-v3"))],
+    );
+    let pushed = fake
+        .mr_webhook(&project, iid)
+        .action("update")
+        .oldrev(&first)
+        .body();
+    let data = tempfile::tempdir().unwrap();
+
+    // GitLab delivers the push's hook before the open's (it does not promise an order).
+    let quiet = Options {
+        workers: false,
+        reconcile: false,
+    };
+    let s = TestService::start(service_config(data.path(), &fake, &engine), quiet).await;
+    let headers = |key: &str| token_headers("Merge Request Hook", key, WEBHOOK_SECRET);
+    let late = std::str::from_utf8(&pushed).unwrap();
+    assert_eq!(s.deliver(late, &headers("e2e-push")).await, 200);
+    assert_eq!(s.deliver(&opened, &headers("e2e-open")).await, 200);
+    s.kill().await;
+
+    // The older head's job finds the MR further on: the last head is planned, once.
+    let workers = Options {
+        workers: true,
+        reconcile: false,
+    };
+    let s = TestService::start(service_config(data.path(), &fake, &engine), workers).await;
+    let story = Story {
+        fake: &fake,
+        project: &project,
+        mrs: vec![iid],
+        store: s.app.store.clone(),
+    };
+    story
+        .wait_for("planbot/plan success on the last head", || {
+            fake.status(&project, &second, "planbot/plan")
+                .is_some_and(|st| st.state == "success")
+        })
+        .await;
+    let note = plan_note(&fake, &project, iid).unwrap();
+    assert!(note.contains(&second[..8]), "{note}");
+    assert!(note.contains("blocky-v3"), "{note}");
+    story
+        .wait_for_async("every job ended", || s.jobs_all_ended())
+        .await;
+    let notes = fake.notes(&project, iid);
+    assert_eq!(notes.len(), 1, "one note");
+    let planned_first = fake
+        .statuses(&project, &first)
+        .iter()
+        .any(|st| st.name == "planbot/plan" && st.state == "running");
+    assert!(!planned_first, "the older head is not planned");
+}

@@ -89,6 +89,42 @@ async fn a_newer_head_supersedes_queued_and_running_plans_of_the_mr_only() {
     }
 }
 
+fn with_reason(job: Job, reason: PlanReason) -> Job {
+    match job {
+        Job::Plan(p) => Job::Plan(PlanJob { reason, ..p }),
+        other => other,
+    }
+}
+
+#[tokio::test]
+async fn a_second_plan_of_a_head_is_dropped_unless_its_inputs_changed_or_a_person_asked() {
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let first = store.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+        assert_eq!(store.claim_next().await.unwrap().unwrap().id, first);
+        // The same head again (an `update` hook of the head it already has): nothing new, and
+        // the running plan goes on.
+        let again = with_reason(plan(1, 'a'), PlanReason::NewCommits);
+        let e = store.enqueue(again).await.unwrap();
+        assert_eq!((e.id, e.cancel_running.len()), (None, 0));
+        // A catch-up of that head is dropped too, while it runs and after it is done.
+        let missed = with_reason(plan(1, 'a'), PlanReason::MissedHead);
+        assert_eq!(store.enqueue(missed.clone()).await.unwrap().id, None);
+        store.finish_job(first, JobEnd::Done).await.unwrap();
+        assert_eq!(store.enqueue(missed).await.unwrap().id, None);
+        let reconcile = with_reason(plan(1, 'a'), PlanReason::Reconcile);
+        assert_eq!(store.enqueue(reconcile).await.unwrap().id, None);
+        // A person asking, or a new target, plans the head again.
+        let asked = with_reason(plan(1, 'a'), PlanReason::Command);
+        assert!(store.enqueue(asked).await.unwrap().id.is_some());
+        let retarget = with_reason(plan(1, 'a'), PlanReason::TargetBranchChanged);
+        assert!(store.enqueue(retarget).await.unwrap().id.is_some());
+        // A catch-up of a head nobody planned is queued.
+        let unplanned = with_reason(plan(1, 'b'), PlanReason::MissedHead);
+        assert!(store.enqueue(unplanned).await.unwrap().id.is_some());
+    }
+}
+
 #[tokio::test]
 async fn running_jobs_are_requeued_after_a_restart() {
     for db in test_dbs().await {

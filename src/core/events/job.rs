@@ -22,6 +22,9 @@ pub enum PlanReason {
     },
     /// Start-up reconciliation: the head had no plan (a webhook was lost).
     Reconcile,
+    /// A plan of an older head found the MR at this head, which had no plan: its webhook was
+    /// lost, or arrived before the older head's (GitLab does not promise their order).
+    MissedHead,
 }
 
 /// Plan one MR at one head commit.
@@ -126,7 +129,37 @@ pub enum Supersede {
     All,
 }
 
+/// When a new job is redundant with the plans of its head already in the store (checked by the
+/// store atomically with the enqueue, so replicas enqueuing at once agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redundant {
+    /// Never: it always runs (and supersedes, as [`Job::supersedes`] says).
+    Never,
+    /// While a plan job of the same head is queued or running: that one will post the note.
+    WhileHeadQueuedOrRunning,
+    /// Once the head has any plan (queued, running, or done): a catch-up that is not needed.
+    OnceHeadPlanned,
+}
+
 impl Job {
+    /// Whether this job adds nothing to the plans of its head already known.
+    pub fn redundant(&self) -> Redundant {
+        let Job::Plan(p) = self else {
+            return Redundant::Never;
+        };
+        match p.reason {
+            // New inputs for the same commit, or a person asked: plan again.
+            PlanReason::TargetBranchChanged
+            | PlanReason::SiblingMerged { .. }
+            | PlanReason::MarkedReady
+            | PlanReason::Command => Redundant::Never,
+            PlanReason::Opened | PlanReason::Reopened | PlanReason::NewCommits => {
+                Redundant::WhileHeadQueuedOrRunning
+            }
+            PlanReason::Reconcile | PlanReason::MissedHead => Redundant::OnceHeadPlanned,
+        }
+    }
+
     pub fn supersedes(&self) -> Supersede {
         match self {
             Job::Plan(_) | Job::MarkMerged { .. } => Supersede::OtherHeads,

@@ -21,7 +21,7 @@ use super::types::{
     RunQuery, RunRecord, RunState, ShownFingerprint,
 };
 use super::{now_ms, ProjectLock};
-use crate::core::events::{Job, PlanJob, Supersede};
+use crate::core::events::{Job, PlanJob, Redundant, Supersede};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;
@@ -231,7 +231,7 @@ async fn enqueue_in(
             &[&project, &mr, &payload],
         )
         .await?;
-    if same.is_some() {
+    if same.is_some() || redundant_in(c, job).await? {
         return Ok(Enqueued::default());
     }
     let mut cancel_running = Vec::new();
@@ -273,6 +273,40 @@ async fn enqueue_in(
         cancel_running,
     })
 }
+
+/// Whether `job` adds nothing to the plans of its head already stored ([`Job::redundant`]);
+/// under the MR's advisory lock, so two replicas enqueuing the same head at once agree.
+async fn redundant_in(c: &deadpool_postgres::Transaction<'_>, job: &Job) -> Result<bool> {
+    let (Some((p, m)), Some(sha)) = (job.mr(), job.sha()) else {
+        return Ok(false);
+    };
+    let states: &[&str] = match job.redundant() {
+        Redundant::Never => return Ok(false),
+        Redundant::WhileHeadQueuedOrRunning => &["queued", "running"],
+        Redundant::OnceHeadPlanned => &["queued", "running", "done"],
+    };
+    let finished_runs = job.redundant() == Redundant::OnceHeadPlanned;
+    let row = c
+        .query_one(
+            HEAD_PLANS,
+            &[
+                &(p.0 as i64),
+                &(m.0 as i64),
+                &sha.0,
+                &states,
+                &finished_runs,
+            ],
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0) > 0)
+}
+
+/// How many plans one head has: its plan jobs in states `$4`, plus (when `$5`) its finished
+/// plan runs.
+const HEAD_PLANS: &str = "SELECT (SELECT COUNT(*) FROM jobs WHERE kind = 'plan' AND project_id = $1
+           AND mr_iid = $2 AND sha = $3 AND state = ANY($4))
+      + (SELECT COUNT(*) FROM runs WHERE $5 AND kind = 'plan' AND project_id = $1
+           AND mr_iid = $2 AND sha = $3 AND state IN ('succeeded', 'failed'))";
 
 async fn cancel_in(
     c: &deadpool_postgres::Transaction<'_>,
@@ -620,11 +654,14 @@ impl StoreBackend for PgStore {
             .client()
             .await?
             .query_one(
-                "SELECT (SELECT COUNT(*) FROM jobs WHERE kind = 'plan' AND project_id = $1
-                           AND mr_iid = $2 AND sha = $3 AND state IN ('queued', 'running', 'done'))
-                      + (SELECT COUNT(*) FROM runs WHERE kind = 'plan' AND project_id = $1
-                           AND mr_iid = $2 AND sha = $3 AND state IN ('succeeded', 'failed'))",
-                &[&(project.0 as i64), &(mr.0 as i64), &sha.0],
+                HEAD_PLANS,
+                &[
+                    &(project.0 as i64),
+                    &(mr.0 as i64),
+                    &sha.0,
+                    &["queued", "running", "done"].as_slice(),
+                    &true,
+                ],
             )
             .await?;
         Ok(row.get::<_, i64>(0) > 0)

@@ -3,7 +3,7 @@
 use crate::capabilities::store::types::{
     ClaimedJob, Enqueued, JobEnd, JobRow, QueueJobId, QueueJobKind, QueueJobState,
 };
-use crate::core::events::{Job, PlanJob, Supersede};
+use crate::core::events::{Job, PlanJob, Redundant, Supersede};
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
 use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -30,7 +30,7 @@ pub(super) fn enqueue(
             |r| r.get(0),
         )
         .optional()?;
-    if same.is_some() {
+    if same.is_some() || redundant(conn, job)? {
         return Ok(Enqueued::default());
     }
     let mut cancel_running = Vec::new();
@@ -176,6 +176,26 @@ pub(super) fn recent(conn: &Connection, limit: u32) -> Result<Vec<JobRow>> {
 }
 
 /// Whether this head has a plan: a plan job queued/running/done, or a finished plan run.
+/// Whether `job` adds nothing to the plans of its head already here ([`Job::redundant`]).
+fn redundant(conn: &Connection, job: &Job) -> Result<bool> {
+    let (Some((p, m)), Some(sha)) = (job.mr(), job.sha()) else {
+        return Ok(false);
+    };
+    match job.redundant() {
+        Redundant::Never => Ok(false),
+        Redundant::OnceHeadPlanned => head_has_plan(conn, p, m, sha),
+        Redundant::WhileHeadQueuedOrRunning => {
+            let n: i64 = conn.query_row(
+                "SELECT COUNT(*) FROM jobs WHERE kind = 'plan' AND project_id = ?1 AND mr_iid = ?2
+                   AND sha = ?3 AND state IN ('queued', 'running')",
+                params![p.0 as i64, m.0 as i64, sha.0],
+                |r| r.get(0),
+            )?;
+            Ok(n > 0)
+        }
+    }
+}
+
 pub(super) fn head_has_plan(
     conn: &Connection,
     project: ProjectId,

@@ -4,7 +4,7 @@
 use super::backends::{postgres_db, sqlite_db, TestDb, TEST_LEASE};
 use super::{delivery, plan};
 use crate::capabilities::store::*;
-use crate::core::events::Job;
+use crate::core::events::{Job, PlanReason};
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -45,6 +45,42 @@ async fn the_same_delivery_on_two_replicas_at_once_is_one_row_and_one_job() {
     assert_eq!(fresh, 1, "exactly one replica recorded it");
     assert_eq!(a.delivery_count().await.unwrap(), 1);
     assert_eq!(b.queue_depth().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn replicas_catching_up_on_one_head_at_once_queue_one_plan_and_spare_a_running_one() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    // Start-up reconciles and catch-ups on both replicas, for the same head, all at once.
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let reason = match i % 3 {
+            0 => PlanReason::Reconcile,
+            1 => PlanReason::MissedHead,
+            _ => PlanReason::NewCommits,
+        };
+        let job = super::with_reason(plan(1, 'a'), reason);
+        tasks.push(tokio::spawn(
+            async move { store.enqueue(job).await.unwrap() },
+        ));
+    }
+    let mut queued = 0;
+    for t in tasks {
+        let e = t.await.unwrap();
+        assert!(e.cancel_running.is_empty());
+        queued += usize::from(e.id.is_some());
+    }
+    assert_eq!(queued, 1, "one plan of the head");
+    // It runs on one replica; the other replica's reconcile leaves it alone.
+    let running = a.claim_next().await.unwrap().unwrap();
+    let again = b
+        .enqueue(super::with_reason(plan(1, 'a'), PlanReason::Reconcile))
+        .await
+        .unwrap();
+    assert_eq!((again.id, again.cancel_running.len()), (None, 0));
+    assert_eq!(b.job(running.id).await.unwrap().unwrap().state, "running");
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use super::{gl, set_status, text, Stop};
 use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::{MergeRequest, StatusState};
 use crate::capabilities::workspace::{Checkout, MrCommit, PlannedRef};
-use crate::core::events::PlanJob;
+use crate::core::events::{Job, PlanJob, PlanReason};
 use crate::core::ids::NoteId;
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
@@ -31,6 +31,33 @@ pub(super) struct Prepared {
     pub version: Option<String>,
 }
 
+/// The MR moved past `job`'s head: make sure its newer head gets a plan even when that head's
+/// webhook was lost or came first (GitLab does not order deliveries). The store drops this
+/// job when the head already has a plan, queued, running or done. Fork heads are never planned
+/// without a maintainer's command, so they get no catch-up.
+async fn catch_up(
+    app: &App,
+    job: &PlanJob,
+    mr: &MergeRequest,
+    newer: &crate::core::ids::CommitSha,
+) -> Result<()> {
+    if job.fork || mr.is_fork() {
+        return Ok(());
+    }
+    let plan = PlanJob {
+        head: newer.clone(),
+        draft: mr.draft,
+        target_branch: Some(mr.target_branch.clone()).filter(|b| !b.is_empty()),
+        reason: PlanReason::MissedHead,
+        requested_by: None,
+        ..job.clone()
+    };
+    app.enqueue(Job::Plan(plan))
+        .await
+        .context("queueing the plan of the MR's newer head")?;
+    Ok(())
+}
+
 /// Stage 1: check, announce, fetch and check out. `Err(Stop)` ends the run early with its
 /// outcome label (the MR moved on or closed, or the repo config is invalid and said so).
 ///
@@ -48,12 +75,13 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         tracing::info!(project = project.0, mr = iid.0, state = %mr.state, "not planning: the MR is not open");
         return Ok(Err(Stop("skipped")));
     }
-    if mr.sha.as_ref().is_some_and(|s| s != &job.head) {
+    if let Some(newer) = mr.sha.as_ref().filter(|s| *s != &job.head) {
         tracing::info!(
             project = project.0,
             mr = iid.0,
             "not planning: the MR has a newer head"
         );
+        catch_up(app, job, &mr, newer).await?;
         return Ok(Err(Stop("superseded")));
     }
     let status_ref = Some(mr.source_branch.clone()).filter(|s| !s.is_empty());
