@@ -176,7 +176,8 @@ async fn plans_per_minute(
     for m in 0..mrs {
         let branch = format!("mr-{m}");
         let tf = root_tf(resources, &branch);
-        w.gitlab.commit_files(&w.project, &branch, &[("main.tf", &tf)]);
+        w.gitlab
+            .commit_files(&w.project, &branch, &[("main.tf", &tf)]);
         let iid = w.gitlab.open_mr(&w.project, &branch, "main");
         heads.push(w.gitlab.mr_sha(&w.project, iid));
         hooks.push(w.gitlab.mr_webhook(&w.project, iid).action("open").body());
@@ -268,40 +269,43 @@ async fn main() {
     if let Some(url) = postgres_server() {
         std::env::set_var("PLANBOT_TEST_POSTGRES_URL", url);
     }
-    let (mrs, resources, pushes) = if full { (24, 50, 7) } else { (3, 5, 1) };
+    let (mrs, resources, pushes) = if full { (48, 50, 5) } else { (3, 5, 1) };
     println!(
         "replicas bench: engine {}, {mrs} MRs of {resources} resources, {} cores",
         engine.display(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    // 1. Plans per minute.
+    // 1. Plans per minute: one replica on SQLite (the default), then on PostgreSQL one
+    // replica, one replica with the three replicas' worker count, and three replicas.
+    let sqlite = plans_per_minute(&engine, None, 1, 2, mrs, resources).await;
+    println!("plans/min, 1 replica x 2 workers on SQLite: {sqlite:.1}");
     let runs: [(usize, usize); 3] = [(1, 2), (1, 6), (3, 2)];
     for (replicas, workers) in runs {
         let Some(store) = support::postgres::fresh_database("planbot_bench").await else {
-            println!("plans/min: NOT RUN (no PostgreSQL)");
+            println!("plans/min on PostgreSQL: NOT RUN (PLANBOT_SKIP_POSTGRES_TESTS=1)");
             break;
         };
-        let rate =
-            plans_per_minute(&engine, Some(store), replicas, workers, mrs, resources).await;
-        println!(
-            "plans/min, {replicas} replica(s) x {workers} workers on PostgreSQL: {rate:.1}"
-        );
+        let rate = plans_per_minute(&engine, Some(store), replicas, workers, mrs, resources).await;
+        println!("plans/min, {replicas} replica(s) x {workers} workers on PostgreSQL: {rate:.1}");
     }
 
-    // 2. Push-to-note overhead over the bare engine.
-    let bare: Vec<Duration> = (0..pushes)
-        .map(|k| bare_engine(&engine, resources, &format!("bare-{k}")))
-        .collect();
-    let bare = median(bare);
-    let planbot = median(push_to_note(&engine, pushes, resources).await);
-    let overhead = planbot.saturating_sub(bare);
-    println!(
-        "push-to-note: planbot {:.2} s, bare engine (init+plan+show) {:.2} s, overhead {:.2} s \
-         ({:.0} %; goal <= max(10 %, 1 s))",
-        planbot.as_secs_f64(),
-        bare.as_secs_f64(),
-        overhead.as_secs_f64(),
-        overhead.as_secs_f64() / bare.as_secs_f64() * 100.0
-    );
+    // 2. Push-to-note overhead over the bare engine, on a small root and a large one.
+    let sizes: &[usize] = if full { &[50, 1000] } else { &[resources] };
+    for &size in sizes {
+        let bare: Vec<Duration> = (0..pushes)
+            .map(|k| bare_engine(&engine, size, &format!("bare-{k}")))
+            .collect();
+        let bare = median(bare);
+        let planbot = median(push_to_note(&engine, pushes, size).await);
+        let overhead = planbot.saturating_sub(bare);
+        println!(
+            "push-to-note, {size} resources: planbot {:.2} s, bare engine (init+plan+show) \
+             {:.2} s, overhead {:.2} s ({:.0} %; goal <= max(10 %, 1 s))",
+            planbot.as_secs_f64(),
+            bare.as_secs_f64(),
+            overhead.as_secs_f64(),
+            overhead.as_secs_f64() / bare.as_secs_f64() * 100.0
+        );
+    }
 }

@@ -440,14 +440,18 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
         replica_config(data, &store, &gitlab, &project, &engine, false)
     });
     let db = support::postgres::connect(&store).await;
-    let running_owner = || async {
-        db.query_opt(
-            "SELECT owner FROM jobs WHERE kind = 'plan' AND state = 'running'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .map(|r| r.get::<_, String>(0))
+    // The replica planning `sha`: the owner of its running run (the engine is at work).
+    let planning = |sha: String| {
+        let db = &db;
+        async move {
+            db.query_opt(
+                "SELECT owner FROM runs WHERE sha = $1 AND state = 'running'",
+                &[&sha],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get::<_, String>(0))
+        }
     };
 
     // The MR's first head is planned by some replica.
@@ -457,12 +461,13 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
     let body = gitlab.mr_webhook(&project, iid).action("open").body();
     assert_eq!(replicas.deliver(0, &body, "open").await, 200);
     let (g, p) = (&gitlab, &project);
-    support::eventually("the first head's plan to start", 60, || async {
-        plan_state(g, p, &first).is_some_and(|s| s == "running")
+    support::eventually("a replica planning the first head", 60, || async {
+        planning(first.clone()).await.is_some()
     })
     .await;
-    let owner = running_owner().await.expect("a running plan job");
-    let planning = replicas.index_of(&owner);
+    assert_eq!(plan_state(g, p, &first).as_deref(), Some("running"));
+    let owner = planning(first.clone()).await.unwrap();
+    let planner = replicas.index_of(&owner);
 
     // A push lands on another replica: the plan running on the first one stops.
     let second = gitlab.push(&project, "vms", &[("main.tf", &root_tf("second"))]);
@@ -471,7 +476,7 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
         .action("update")
         .oldrev(&first)
         .body();
-    let other = (planning + 1) % 3;
+    let other = (planner + 1) % 3;
     assert_eq!(replicas.deliver(other, &body, "push-1").await, 200);
     support::eventually("the first head's plan canceled", 60, || async {
         plan_state(g, p, &first).is_some_and(|s| s == "canceled")
@@ -490,11 +495,11 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
     );
 
     // The second head's plan starts somewhere; that replica is SIGKILLed in the middle of it.
-    support::eventually("the second head's plan to start", 60, || async {
-        plan_state(g, p, &second).is_some_and(|s| s == "running")
+    support::eventually("a replica planning the second head", 60, || async {
+        planning(second.clone()).await.is_some()
     })
     .await;
-    let doomed_owner = running_owner().await.expect("a running plan job");
+    let doomed_owner = planning(second.clone()).await.unwrap();
     let doomed = replicas.index_of(&doomed_owner);
     replicas.kill(doomed);
 

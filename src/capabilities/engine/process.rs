@@ -144,7 +144,19 @@ impl Engine {
                 .map_err(|e| StepError::Other(EngineError::Sandbox(e.to_string())))?
                 .install(&mut cmd);
         }
-        cmd.spawn().map_err(|e| {
+        // ETXTBSY: the binary was just written (an install, an upgrade) and a process forked
+        // meanwhile still holds it open for writing until its exec; that passes in moments.
+        let mut spawned = cmd.spawn();
+        for attempt in 1..=5u64 {
+            match &spawned {
+                Err(e) if e.raw_os_error() == Some(Errno::ETXTBSY as i32) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20 * attempt));
+                    spawned = cmd.spawn();
+                }
+                _ => break,
+            }
+        }
+        spawned.map_err(|e| {
             StepError::Other(match e.kind() {
                 std::io::ErrorKind::NotFound => {
                     EngineError::NotFound(format!("{}: {e}", self.inner.binary.display()))

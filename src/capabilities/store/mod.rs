@@ -98,6 +98,21 @@ impl ProjectLock {
     }
 }
 
+impl ProjectLock {
+    /// Free the lock now (dropping it frees it soon after, from a spawned task): the next
+    /// apply of the project, on any replica, may start once this returns.
+    pub async fn release(mut self) {
+        if let Held::Row {
+            pool,
+            project,
+            token,
+        } = std::mem::replace(&mut self._held, Held::Nothing)
+        {
+            postgres::release_project_lock(pool, project, token).await;
+        }
+    }
+}
+
 impl Drop for ProjectLock {
     fn drop(&mut self) {
         if let Held::Row {

@@ -174,8 +174,9 @@ async fn verify_and_apply(
             },
         ));
     };
-    // One apply per project at a time, across replicas (held to the end of this apply).
-    let _project_lock = match app.store.try_lock_project(job.project.id).await? {
+    // One apply per project at a time, across replicas (held to the end of this apply, and
+    // freed before the job hears the verdict).
+    let project_lock = match app.store.try_lock_project(job.project.id).await? {
         Some(lock) => lock,
         None => {
             log.line(log_text("project_waiting", context! {}));
@@ -194,24 +195,29 @@ async fn verify_and_apply(
         pipeline_id: Some(job.pipeline_id),
         log: log.clone(),
     };
-    let mut decided = match parity::plan_and_decide(
-        &ctx,
-        apply_id,
-        &roots,
-        checkout.path(),
-        confirm.as_deref(),
-        log,
-    )
-    .await?
-    {
-        Ok(d) => d,
-        Err(verdict) => return Ok(verdict),
-    };
-    let (results, verdict) = run::apply_all(&ctx, &mut decided, log).await;
-    let error = decided.iter().find_map(|d| d.error.clone());
-    ctx.report(apply_id, &results, &decided, &verdict, error.as_deref())
-        .await;
-    Ok(verdict)
+    let verdict = async {
+        let mut decided = match parity::plan_and_decide(
+            &ctx,
+            apply_id,
+            &roots,
+            checkout.path(),
+            confirm.as_deref(),
+            log,
+        )
+        .await?
+        {
+            Ok(d) => d,
+            Err(verdict) => return Ok(verdict),
+        };
+        let (results, verdict) = run::apply_all(&ctx, &mut decided, log).await;
+        let error = decided.iter().find_map(|d| d.error.clone());
+        ctx.report(apply_id, &results, &decided, &verdict, error.as_deref())
+            .await;
+        Ok(verdict)
+    }
+    .await;
+    project_lock.release().await;
+    verdict
 }
 
 /// Stage 3: the workspace at the merged commit, and the repo config of the default branch,

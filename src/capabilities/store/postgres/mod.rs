@@ -1141,19 +1141,32 @@ impl StoreBackend for PgStore {
 
 /// Release a project lock row (what dropping a [`ProjectLock`] does on PostgreSQL).
 pub(super) async fn release_project_lock(pool: Pool, project: i64, token: String) {
-    let result = async {
-        pool.get()
-            .await
-            .map_err(|e| anyhow!("{e}"))?
-            .execute(
-                "DELETE FROM project_locks WHERE project_id = $1 AND token = $2",
-                &[&project, &token],
-            )
-            .await?;
-        anyhow::Ok(())
-    }
-    .await;
-    if let Err(e) = result {
-        tracing::warn!(project, error = %format!("{e:#}"), "releasing a project lock failed; it frees when this replica's lease expires");
+    // A live replica's lock row is not taken over, so a release that fails is tried again
+    // (a database restart takes seconds) before giving up loudly.
+    let mut wait = Duration::from_millis(250);
+    for attempt in 1..=8 {
+        let result = async {
+            pool.get()
+                .await
+                .map_err(|e| anyhow!("{e}"))?
+                .execute(
+                    "DELETE FROM project_locks WHERE project_id = $1 AND token = $2",
+                    &[&project, &token],
+                )
+                .await?;
+            anyhow::Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => return,
+            Err(e) if attempt < 8 => {
+                tracing::warn!(project, attempt, error = %format!("{e:#}"), "releasing a project lock failed; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => {
+                tracing::error!(project, error = %format!("{e:#}"), "could not release a project lock: applies of this project wait until this replica restarts");
+            }
+        }
     }
 }
