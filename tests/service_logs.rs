@@ -89,15 +89,14 @@ fn serve_log(config: &std::path::Path, env: &[(&str, &str)], port: u16, wait_for
             }
         }
         if wait_for.is_empty() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            // Started; give it a moment to log what it logs at start-up.
-            std::thread::sleep(Duration::from_millis(300));
-            lines.extend(rx.try_iter());
             break;
         }
     }
-    child.kill().unwrap();
+    // Stop it as an operator would (SIGTERM) and read stderr to its end: every line it wrote
+    // before exiting is in `lines`, with no guess at how long logging takes.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     child.wait().unwrap();
-    lines.extend(rx.try_iter());
+    lines.extend(rx.iter());
     let mut stdout = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
     assert!(
