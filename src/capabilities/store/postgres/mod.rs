@@ -206,6 +206,8 @@ fn opt_u64(r: &Row, i: usize) -> Option<u64> {
 const OWNER_GONE: &str = "(owner IS NULL OR owner = $1 OR owner NOT IN
     (SELECT owner FROM replicas WHERE expires_at >= $2))";
 
+/// Queue `job` in `c`'s transaction (dedupe, supersede). On the webhook's path, so its
+/// statements are prepared once per pooled connection (`prepare_cached`), not on every call.
 async fn enqueue_in(
     c: &deadpool_postgres::Transaction<'_>,
     job: &Job,
@@ -219,18 +221,18 @@ async fn enqueue_in(
     let sha = job.sha().map(|s| s.0.clone());
     let payload = serde_json::to_string(job)?;
     // One MR's enqueues (dedupe, supersede) are serialised across replicas.
-    c.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&format!("planbot-mr:{project:?}:{mr:?}")],
-    )
-    .await?;
+    let lock = c
+        .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .await?;
     let same = c
-        .query_opt(
+        .prepare_cached(
             "SELECT id FROM jobs WHERE project_id IS NOT DISTINCT FROM $1
                AND mr_iid IS NOT DISTINCT FROM $2 AND state = 'queued' AND payload = $3 LIMIT 1",
-            &[&project, &mr, &payload],
         )
         .await?;
+    c.execute(&lock, &[&format!("planbot-mr:{project:?}:{mr:?}")])
+        .await?;
+    let same = c.query_opt(&same, &[&project, &mr, &payload]).await?;
     if same.is_some() || redundant_in(c, job).await? {
         return Ok(Enqueued::default());
     }
@@ -253,10 +255,15 @@ async fn enqueue_in(
             }
         }
     }
-    let row = c
-        .query_one(
+    let insert = c
+        .prepare_cached(
             "INSERT INTO jobs (kind, project_id, mr_iid, sha, payload, state, delivery_id, created_at)
              VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7) RETURNING id",
+        )
+        .await?;
+    let row = c
+        .query_one(
+            &insert,
             &[
                 &QueueJobKind::of(job).as_str(),
                 &project,
@@ -286,9 +293,10 @@ async fn redundant_in(c: &deadpool_postgres::Transaction<'_>, job: &Job) -> Resu
         Redundant::OnceHeadPlanned => &["queued", "running", "done"],
     };
     let finished_runs = job.redundant() == Redundant::OnceHeadPlanned;
+    let head_plans = c.prepare_cached(HEAD_PLANS).await?;
     let row = c
         .query_one(
-            HEAD_PLANS,
+            &head_plans,
             &[
                 &(p.0 as i64),
                 &(m.0 as i64),
@@ -317,8 +325,8 @@ async fn cancel_in(
     now: i64,
 ) -> Result<Vec<QueueJobId>> {
     let kind = kind.map(QueueJobKind::as_str);
-    let rows = c
-        .query(
+    let cancel = c
+        .prepare_cached(
             "WITH hit AS (
                  SELECT id, state FROM jobs
                  WHERE project_id = $1 AND mr_iid = $2 AND ($3::text IS NULL OR kind = $3)
@@ -327,8 +335,10 @@ async fn cancel_in(
              UPDATE jobs SET state = 'canceled', detail = $4, finished_at = $5
              FROM hit WHERE jobs.id = hit.id
              RETURNING jobs.id, hit.state",
-            &[&(p.0 as i64), &(m.0 as i64), &kind, &why, &now],
         )
+        .await?;
+    let rows = c
+        .query(&cancel, &[&(p.0 as i64), &(m.0 as i64), &kind, &why, &now])
         .await?;
     let mut running: Vec<QueueJobId> = rows
         .iter()
@@ -424,10 +434,15 @@ impl StoreBackend for PgStore {
         let tx = c.transaction().await?;
         // A replica that gets the same key at the same moment waits here for the first
         // transaction, then finds the row: one row whichever replica got it.
-        let inserted = tx
-            .query_opt(
+        let insert = tx
+            .prepare_cached(
                 "INSERT INTO deliveries (key, event, outcome, project_id, mr_iid, received_at)
                  VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING RETURNING id",
+            )
+            .await?;
+        let inserted = tx
+            .query_opt(
+                &insert,
                 &[
                     &d.key,
                     &d.event,
