@@ -1,7 +1,8 @@
 //! Three `planbot serve` processes on one PostgreSQL, one fake GitLab: deliveries land on any
 //! replica (duplicates included) and every MR still ends with one note for its last head; a
 //! replica's plan is stopped from another replica; a replica SIGKILLed mid-plan leaves its job
-//! to another; two apply jobs on two replicas apply one after the other, once.
+//! to another; two apply jobs on two replicas apply one after the other, once; a replica goes
+//! unready when a newer planbot migrates the store under it.
 //!
 //! Needs the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names (`.ci/run` starts one) and the
 //! engine: without either these tests fail (under `CI=true` always).
@@ -697,4 +698,69 @@ async fn two_apply_jobs_on_two_replicas_apply_one_after_the_other_and_a_job_appl
         "{log}"
     );
     assert!(log.contains("51"), "{log}");
+}
+
+/// A rolling upgrade: a newer planbot migrates the store while an older one still runs. The
+/// older replica goes unready and says why (the Service stops sending it webhooks); a hook it
+/// still gets is kept, queued for the newer replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_goes_unready_and_says_why_when_a_newer_planbot_migrates_the_store() {
+    let engine = require_engine!();
+    let Some(store) = support::postgres::fresh_database("planbot_story").await else {
+        return;
+    };
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    gitlab.commit_files(&project, "main", &[("main.tf", &root_tf("main"))]);
+    let replicas = Replicas::start(1, |data| {
+        replica_config(data, &store, &gitlab, &project, &engine, false)
+    });
+    let db = support::postgres::connect(&store).await;
+    let readyz = || async {
+        let resp = replicas
+            .http
+            .get(replicas.url(0, "/readyz"))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.text().await.unwrap())
+    };
+    assert_eq!(readyz().await, (200, "store: ok\ngitlab: ok\n".to_string()));
+
+    let known = planbot::capabilities::store::PG_SCHEMA_VERSION;
+    db.execute(
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'newer', 0)",
+        &[&(known as i32 + 1)],
+    )
+    .await
+    .unwrap();
+    support::eventually("the older replica answers /readyz with 503", 30, || async {
+        readyz().await.0 == 503
+    })
+    .await;
+    let (_, body) = readyz().await;
+    assert!(
+        body.starts_with(&format!(
+            "store: the store has schema version {}, newer than this planbot knows (up to {known})",
+            known + 1
+        )),
+        "{body}"
+    );
+    assert!(body.ends_with("gitlab: ok\n"), "{body}");
+
+    // A hook that still reaches it is stored, and its plan waits for a replica that knows the
+    // schema.
+    gitlab.commit_files(&project, "mr-1", &[("main.tf", &root_tf("mr1"))]);
+    let iid = gitlab.open_mr(&project, "mr-1", "main");
+    let body = gitlab.mr_webhook(&project, iid).action("open").body();
+    assert_eq!(replicas.deliver(0, &body, "open-1").await, 200);
+    let queued: i64 = db
+        .query_one(
+            "SELECT count(*) FROM jobs WHERE kind = 'plan' AND mr_iid = $1 AND state = 'queued'",
+            &[&(iid as i64)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(queued, 1);
 }

@@ -7,6 +7,9 @@
 //! meanwhile (by whichever replica got the newer head). When a replica dies, its job leases
 //! and its `replicas` row expire: another replica takes the job, and the start-up sweeps mark
 //! its runs and applies `interrupted`.
+//!
+//! The heartbeat also reads the schema version: once a newer planbot has migrated the database
+//! (a rolling upgrade), this replica claims no more jobs and its `/readyz` fails, saying why.
 
 mod migrations;
 mod tls;
@@ -18,7 +21,7 @@ use super::dump::{self, Dump, Ty, Value, TABLES};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
-    RunQuery, RunRecord, RunState, ShownFingerprint,
+    RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint,
 };
 use super::{now_ms, ProjectLock};
 use crate::core::events::{Job, PlanJob, Redundant, Supersede};
@@ -29,6 +32,8 @@ use crate::core::store_tls::{self, SslMode, StoreTls};
 use anyhow::{anyhow, Context, Result};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
@@ -72,6 +77,9 @@ pub fn default_replica_name() -> String {
 pub(crate) struct PgStore {
     pool: Pool,
     opts: PgOptions,
+    /// The schema version a heartbeat found when it is newer than [`PG_SCHEMA_VERSION`] (a
+    /// newer planbot migrated the database while this one runs), else 0.
+    newer_schema: Arc<AtomicU32>,
     /// Stops the replica heartbeat when the store is dropped.
     _heartbeat: DropGuard,
 }
@@ -123,9 +131,11 @@ impl PgStore {
                 .context("migrating the PostgreSQL store")?;
         }
         let stop = CancellationToken::new();
+        let newer_schema = Arc::new(AtomicU32::new(0));
         let store = PgStore {
             pool: pool.clone(),
             opts: opts.clone(),
+            newer_schema: newer_schema.clone(),
             _heartbeat: stop.clone().drop_guard(),
         };
         store.beat().await.context("registering this replica")?;
@@ -133,6 +143,7 @@ impl PgStore {
         let beat = PgStore {
             pool,
             opts,
+            newer_schema,
             _heartbeat: CancellationToken::new().drop_guard(),
         };
         tokio::spawn(async move {
@@ -193,7 +204,34 @@ impl PgStore {
             &[&(now - 86_400_000)],
         )
         .await?;
+        let found: i32 = c
+            .query_one(
+                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+                &[],
+            )
+            .await?
+            .get(0);
+        let found = u32::try_from(found).unwrap_or(0);
+        if found > PG_SCHEMA_VERSION && self.newer_schema.swap(found, Ordering::SeqCst) != found {
+            tracing::warn!(
+                found,
+                known = PG_SCHEMA_VERSION,
+                "a newer planbot migrated the store: this replica takes no more jobs and is not \
+                 ready; upgrade it to the version the other replicas run"
+            );
+        }
         Ok(())
+    }
+
+    /// Refused once a newer planbot has migrated the database under this running replica.
+    fn schema_current(&self) -> Result<(), SchemaError> {
+        match self.newer_schema.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            found => Err(SchemaError::TooNew {
+                found,
+                known: PG_SCHEMA_VERSION,
+            }),
+        }
     }
 }
 
@@ -425,7 +463,7 @@ fn fingerprint_row(r: &Row) -> Option<ShownFingerprint> {
 impl StoreBackend for PgStore {
     async fn ping(&self) -> Result<()> {
         self.client().await?.query_one("SELECT 1", &[]).await?;
-        Ok(())
+        Ok(self.schema_current()?)
     }
 
     async fn record_delivery(&self, d: NewDelivery, jobs: Vec<Job>) -> Result<DeliveryOutcome> {
@@ -497,6 +535,10 @@ impl StoreBackend for PgStore {
     }
 
     async fn claim_next(&self) -> Result<Option<ClaimedJob>> {
+        // The jobs are left to the replicas that know the database's schema.
+        if self.schema_current().is_err() {
+            return Ok(None);
+        }
         let now = now_ms();
         let mut c = self.client().await?;
         let tx = c.transaction().await?;

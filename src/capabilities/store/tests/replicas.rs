@@ -289,6 +289,70 @@ async fn a_database_from_a_newer_planbot_is_refused() {
     }
 }
 
+/// A rolling upgrade: a newer planbot migrates the database while an older replica still runs.
+/// The older one must not run jobs whose rows it may no longer understand, and must say why.
+#[tokio::test]
+async fn a_running_replica_takes_no_more_jobs_once_a_newer_planbot_migrates_the_database() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let old = db.open().await;
+    old.ping().await.expect("ready before the upgrade");
+    old.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+    let StoreUrl::Postgres(url) = &db.url else {
+        unreachable!()
+    };
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'future', 0)",
+            &[&(PG_SCHEMA_VERSION as i32 + 1)],
+        )
+        .await
+        .unwrap();
+    // The replica's heartbeat (every third of the lease) reads the schema version.
+    let deadline = std::time::Instant::now() + TEST_LEASE * 10;
+    let err = loop {
+        match old.ping().await {
+            Err(e) => break e,
+            Ok(()) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still ready on a newer schema"
+                );
+                tokio::time::sleep(TEST_LEASE / 10).await;
+            }
+        }
+    };
+    assert!(
+        format!("{err:#}").contains("written by a newer planbot"),
+        "{err:#}"
+    );
+    match err.downcast_ref::<SchemaError>() {
+        Some(SchemaError::TooNew { found, known }) => {
+            assert_eq!((*found, *known), (PG_SCHEMA_VERSION + 1, PG_SCHEMA_VERSION));
+        }
+        other => panic!("not TooNew: {other:?} ({err:#})"),
+    }
+    assert_eq!(
+        old.queue_depth().await.unwrap(),
+        1,
+        "the job is still queued"
+    );
+    assert!(
+        old.claim_next().await.unwrap().is_none(),
+        "the older replica claimed a job on a newer schema"
+    );
+    assert_eq!(
+        old.queue_depth().await.unwrap(),
+        1,
+        "left for the newer replicas"
+    );
+}
+
 #[tokio::test]
 async fn replicas_starting_together_migrate_once() {
     let Some(db) = postgres_db().await else {
