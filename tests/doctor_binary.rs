@@ -222,6 +222,7 @@ async fn every_problem_is_a_fail_line_with_its_fix_and_exit_1() {
         .replace(&pve.url, "http://PVE/")
         .replace(&format!("443, {pve_port})"), "443, PVE_PORT)");
     let stdout = stdout.replace(&config.display().to_string(), "planbot.toml");
+    let stdout = stdout.replace(&dir.path().display().to_string(), "/TMP");
     insta::assert_snapshot!(stdout);
 }
 
@@ -394,4 +395,122 @@ async fn a_proxmox_read_that_fails_is_a_fail_line_not_an_ok_from_nothing() {
         "{stdout}"
     );
     assert!(!stdout.contains(&ok_line), "{stdout}");
+}
+
+/// The `Store` section of doctor's output.
+fn store_section(stdout: &str) -> String {
+    let start = stdout
+        .find("\nStore\n")
+        .unwrap_or_else(|| panic!("no Store section:\n{stdout}"));
+    let rest = &stdout[start + 1..];
+    let end = rest.find("\n\n").unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_is_read_never_created_and_its_schema_and_replicas_are_shown() {
+    let gitlab = FakeGitLab::start();
+    let dir = tempfile::tempdir().unwrap();
+
+    // SQLite, before the first start: nothing to read yet, and doctor creates nothing.
+    let config = write_config(dir.path(), &gitlab, "terraform", "");
+    let out = doctor(&config).await;
+    let db = dir.path().join("data/planbot.db");
+    assert_eq!(
+        store_section(&String::from_utf8_lossy(&out.stdout)),
+        format!(
+            "Store\n  OK    SQLite store at sqlite://{}\n  INFO  no planbot schema yet: `planbot serve` creates it (version {}) at start-up",
+            db.display(),
+            planbot::capabilities::store::SCHEMA_VERSION
+        )
+    );
+    assert!(!db.exists(), "doctor created the SQLite store");
+
+    // PostgreSQL: an empty database is read, not migrated.
+    let Some(url) = support::postgres::fresh_database("planbot_doctor").await else {
+        return;
+    };
+    let pg = |url: &str| format!("[store]\nurl = \"{url}\"\n");
+    let config = write_config(dir.path(), &gitlab, "terraform", &pg(&url));
+    let out = doctor(&config).await;
+    let known = planbot::capabilities::store::PG_SCHEMA_VERSION;
+    let section = store_section(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        section.starts_with(&format!(
+            "Store\n  OK    PostgreSQL store at {url}: PostgreSQL 15"
+        )),
+        "{section}"
+    );
+    assert!(
+        section.ends_with(&format!(
+            "\n  INFO  no planbot schema yet: `planbot serve` creates it (version {known}) at start-up\n  INFO  no live replica (none has a current heartbeat)"
+        )),
+        "{section}"
+    );
+    let client = support::postgres::connect(&url).await;
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "doctor created tables");
+
+    // A replica runs: its schema and its name.
+    let store_url = planbot::core::config::StoreUrl::parse(&url).unwrap();
+    let replica = planbot::capabilities::store::Store::connect_with(
+        &store_url,
+        None,
+        planbot::capabilities::store::PgOptions {
+            replica: "pve-planbot-7".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let out = doctor(&config).await;
+    let section = store_section(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        section.ends_with(&format!(
+            "\n  OK    schema version {known}, this planbot's\n  INFO  1 live replica: pve-planbot-7"
+        )),
+        "{section}"
+    );
+
+    // A newer planbot migrated it: this one would not start, and doctor says what to do.
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'newer', 0)",
+            &[&(known as i32 + 1)],
+        )
+        .await
+        .unwrap();
+    let out = doctor(&config).await;
+    assert_eq!(out.status.code(), Some(1));
+    let section = store_section(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        section.contains(&format!(
+            "  FAIL  schema version {}, newer than this planbot knows (up to {known}): a newer planbot wrote it, and this one will not start on it\n        fix: Run the planbot version the other replicas run",
+            known + 1
+        )),
+        "{section}"
+    );
+    drop(replica);
+
+    // A database that does not exist: the server's reason, and what to check.
+    let mut missing = url::Url::parse(&url).unwrap();
+    missing.set_path("/planbot_doctor_no_such_database");
+    let config = write_config(dir.path(), &gitlab, "terraform", &pg(missing.as_str()));
+    let out = doctor(&config).await;
+    let section = store_section(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        section.contains("database \"planbot_doctor_no_such_database\" does not exist"),
+        "{section}"
+    );
+    assert!(
+        section.contains("fix: Check store.url, the password (store.password_file"),
+        "{section}"
+    );
 }

@@ -16,7 +16,7 @@ pub use sqlite::SCHEMA_VERSION;
 pub use types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
-    RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint, UnknownValue,
+    RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe, UnknownValue,
 };
 
 use crate::core::config::StoreUrl;
@@ -140,6 +140,24 @@ impl Store {
         Ok(Store::from_sqlite(Arc::new(sqlite::SqliteStore::open(
             path,
         )?)))
+    }
+
+    /// Read what `planbot doctor` shows of the store `url` names, creating and migrating
+    /// nothing: a SQLite file that does not exist yet has schema 0.
+    pub async fn probe(
+        url: &StoreUrl,
+        password: Option<&str>,
+        ca_file: Option<&Path>,
+    ) -> Result<StoreProbe> {
+        match url {
+            StoreUrl::Sqlite(path) => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || sqlite::probe(&path))
+                    .await
+                    .context("reading the SQLite store")?
+            }
+            StoreUrl::Postgres(u) => postgres::probe(u, password, ca_file).await,
+        }
     }
 
     /// Open the store `url` names: SQLite (as [`Store::open`]) or PostgreSQL (connect, migrate,

@@ -419,6 +419,21 @@ pub enum SchemaError {
     Postgres(#[from] tokio_postgres::Error),
 }
 
+/// What `planbot doctor` reads of a store without changing it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreProbe {
+    /// The server and its version (`PostgreSQL 15.18`); `None` for SQLite.
+    pub server: Option<String>,
+    /// Whether the session is encrypted (PostgreSQL); `None` for SQLite.
+    pub tls: Option<bool>,
+    /// The schema version found: 0 when planbot has not created the store yet.
+    pub schema: u32,
+    /// The schema version this planbot writes.
+    pub known: u32,
+    /// The replicas whose heartbeat is current (PostgreSQL).
+    pub live_replicas: Vec<String>,
+}
+
 /// What a running job's heartbeat found in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lease {

@@ -1,4 +1,4 @@
-//! `planbot doctor`: checks GitLab, the webhook, the engine and the Proxmox token, and prints fixes.
+//! `planbot doctor`: checks GitLab, the webhook, the engine, the store and the Proxmox token, and prints fixes.
 //!
 //! Every check prints one line `OK`/`FAIL`/`SKIP`/`INFO` and, when something is to be done, the
 //! fix (texts in `templates/doctor.j2`). Exit code 1 when any check failed. Only read-only calls.
@@ -8,7 +8,8 @@ use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError, Hook, User a
 use crate::capabilities::proxmox::{
     Node as ProxmoxNode, Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig,
 };
-use crate::core::config::{env_name, Config, ConfigError, Origin, Problem};
+use crate::capabilities::store::Store;
+use crate::core::config::{env_name, Config, ConfigError, Origin, Problem, StoreUrl};
 use crate::core::pve_access::{self, Privileges};
 use crate::core::redact::Secrets;
 use anyhow::Result;
@@ -209,6 +210,7 @@ pub async fn run_checks(config: &Config) -> Vec<Check> {
     let mut r = Report::default();
     gitlab_checks(config, &mut r).await;
     engine_checks(config, &mut r).await;
+    store_checks(config, &mut r).await;
     proxmox_checks(config, &mut r).await;
     pages_checks(config, &mut r);
     r.checks
@@ -494,6 +496,50 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             "engine_broken",
             json!({"path": path, "error": e.to_string()}),
         ),
+    }
+}
+
+/// The store `serve` would open, read without creating or migrating anything: reachable (with
+/// the TLS it asks for), its schema against this planbot's, and the live replicas.
+async fn store_checks(config: &Config, r: &mut Report) {
+    r.section("Store");
+    let store = &config.store;
+    let url = store.url.to_string();
+    let kind = match store.url {
+        StoreUrl::Sqlite(_) => "SQLite",
+        StoreUrl::Postgres(_) => "PostgreSQL",
+    };
+    let password = store.password.as_ref().map(|p| p.expose());
+    let probe = match Store::probe(&store.url, password, store.ca_file.as_deref()).await {
+        Ok(p) => p,
+        Err(e) => {
+            r.add(
+                Status::Fail,
+                "store_unreachable",
+                json!({"kind": kind, "url": url, "error": format!("{e:#}")}),
+            );
+            return;
+        }
+    };
+    let mode = store.tls().and_then(Result::ok).map(|t| t.to_string());
+    r.add(
+        Status::Ok,
+        "store_ok",
+        json!({"kind": kind, "url": url, "server": probe.server, "tls": probe.tls, "mode": mode}),
+    );
+    let d = json!({"found": probe.schema, "known": probe.known});
+    match probe.schema {
+        0 => r.add(Status::Info, "store_schema_none", d),
+        v if v == probe.known => r.add(Status::Ok, "store_schema_ok", d),
+        v if v < probe.known => r.add(Status::Info, "store_schema_older", d),
+        _ => r.add(Status::Fail, "store_schema_newer", d),
+    }
+    if matches!(store.url, StoreUrl::Postgres(_)) {
+        r.add(
+            Status::Info,
+            "store_replicas",
+            json!({"names": probe.live_replicas}),
+        );
     }
 }
 

@@ -21,7 +21,7 @@ use super::dump::{self, Dump, Ty, Value, TABLES};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
-    RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint,
+    RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe,
 };
 use super::{now_ms, ProjectLock};
 use crate::core::events::{Job, PlanJob, Redundant, Supersede};
@@ -93,43 +93,14 @@ impl PgStore {
         ca_file: Option<&Path>,
         opts: PgOptions,
     ) -> Result<PgStore> {
-        let tls = StoreTls::from_url(url, ca_file).map_err(|e| anyhow!("store.url: {e}"))?;
-        let mut config: tokio_postgres::Config = store_tls::driver_url(url)
-            .parse()
-            .context("store.url is not a PostgreSQL URL")?;
-        if let Some(p) = password {
-            config.password(p);
-        }
-        config.connect_timeout(Duration::from_secs(10));
-        config.application_name("planbot");
-        // The driver's `require` is "TLS, whatever the certificate": the connector verifies it.
-        config.ssl_mode(match tls.mode {
-            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-            _ => tokio_postgres::config::SslMode::Require,
-        });
-        let manager_config = || ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        let manager = match tls::connector(&tls)? {
-            None => Manager::from_config(config, NoTls, manager_config()),
-            Some(rustls) => Manager::from_config(config, rustls, manager_config()),
-        };
-        let pool = Pool::builder(manager)
-            .max_size(opts.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(30)))
-            .create_timeout(Some(Duration::from_secs(10)))
-            .build()
-            .context("building the PostgreSQL pool")?;
+        let pool = pool(url, password, ca_file, opts.pool_size)?;
         {
-            let mut client = pool.get().await.map_err(|e| match tls::explain(&e, &tls) {
-                Some(why) => anyhow!("connecting to PostgreSQL: {why}"),
-                None => anyhow!("connecting to PostgreSQL: {e}"),
-            })?;
+            let mut client = pool.first_client().await?;
             migrations::migrate(&mut client)
                 .await
                 .context("migrating the PostgreSQL store")?;
         }
+        let pool = pool.pool;
         let stop = CancellationToken::new();
         let newer_schema = Arc::new(AtomicU32::new(0));
         let store = PgStore {
@@ -233,6 +204,133 @@ impl PgStore {
             }),
         }
     }
+}
+
+/// A connection pool to the server `url` names, with the TLS it asks for.
+struct TlsPool {
+    pool: Pool,
+    tls: StoreTls,
+}
+
+impl TlsPool {
+    /// The first connection: a refused certificate or a server without TLS says why.
+    async fn first_client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| match tls::explain(&e, &self.tls) {
+                Some(why) => anyhow!("connecting to PostgreSQL: {why}"),
+                None => anyhow!("connecting to PostgreSQL: {}", error_chain(&e)),
+            })
+    }
+}
+
+/// An error with its causes: the pool's and the driver's own texts say only "db error", the
+/// server's reason (`database "x" does not exist`, `password authentication failed`) is below.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
+fn pool(url: &str, password: Option<&str>, ca_file: Option<&Path>, size: usize) -> Result<TlsPool> {
+    let tls = StoreTls::from_url(url, ca_file).map_err(|e| anyhow!("store.url: {e}"))?;
+    let mut config: tokio_postgres::Config = store_tls::driver_url(url)
+        .parse()
+        .context("store.url is not a PostgreSQL URL")?;
+    if let Some(p) = password {
+        config.password(p);
+    }
+    config.connect_timeout(Duration::from_secs(10));
+    config.application_name("planbot");
+    // The driver's `require` is "TLS, whatever the certificate": the connector verifies it.
+    config.ssl_mode(match tls.mode {
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    let manager_config = || ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls::connector(&tls)? {
+        None => Manager::from_config(config, NoTls, manager_config()),
+        Some(rustls) => Manager::from_config(config, rustls, manager_config()),
+    };
+    let pool = Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(30)))
+        .create_timeout(Some(Duration::from_secs(10)))
+        .build()
+        .context("building the PostgreSQL pool")?;
+    Ok(TlsPool { pool, tls })
+}
+
+/// What `planbot doctor` reads of a PostgreSQL store, changing nothing: the server, whether
+/// the session is encrypted, the schema version, the live replicas.
+pub(crate) async fn probe(
+    url: &str,
+    password: Option<&str>,
+    ca_file: Option<&Path>,
+) -> Result<StoreProbe> {
+    let c = pool(url, password, ca_file, 1)?.first_client().await?;
+    let server: String = c.query_one("SHOW server_version", &[]).await?.get(0);
+    let tls: bool = c
+        .query_one(
+            "SELECT COALESCE((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+            &[],
+        )
+        .await?
+        .get(0);
+    let has = |table: &'static str| {
+        let c = &c;
+        async move {
+            let row = c
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+                .await?;
+            Ok::<bool, anyhow::Error>(row.get(0))
+        }
+    };
+    let schema = if has("schema_migrations").await? {
+        let v: i32 = c
+            .query_one(
+                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+                &[],
+            )
+            .await?
+            .get(0);
+        u32::try_from(v).unwrap_or(0)
+    } else {
+        0
+    };
+    let live_replicas = if has("replicas").await? {
+        c.query(
+            "SELECT owner FROM replicas WHERE expires_at >= $1 ORDER BY owner",
+            &[&now_ms()],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(StoreProbe {
+        server: Some(format!(
+            "PostgreSQL {}",
+            server.split_whitespace().next().unwrap_or("")
+        )),
+        tls: Some(tls),
+        schema,
+        known: PG_SCHEMA_VERSION,
+        live_replicas,
+    })
 }
 
 /// A row's nullable BIGINT as an id.

@@ -17,7 +17,7 @@ use super::dump::{self, Dump, Value, TABLES};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobState, RunEnd, RunQuery, RunRecord,
-    ShownFingerprint,
+    ShownFingerprint, StoreProbe,
 };
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
@@ -29,6 +29,28 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// What `planbot doctor` reads of the SQLite file at `path`, opened read-only (schema 0 when
+/// it does not exist yet: `planbot serve` creates it).
+pub(super) fn probe(path: &Path) -> Result<StoreProbe> {
+    let schema = if path.exists() {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .with_context(|| format!("opening {} read-only", path.display()))?;
+        let v: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .with_context(|| format!("reading the schema version of {}", path.display()))?;
+        u32::try_from(v).unwrap_or(0)
+    } else {
+        0
+    };
+    Ok(StoreProbe {
+        server: None,
+        tls: None,
+        schema,
+        known: SCHEMA_VERSION,
+        live_replicas: Vec::new(),
+    })
+}
 
 /// All writes go through ONE writer thread that batches whatever is waiting into a single
 /// transaction (group commit, see `writer`); callers get their answer only after the COMMIT.
