@@ -1,8 +1,9 @@
 //! Three `planbot serve` processes on one PostgreSQL, one fake GitLab: deliveries land on any
 //! replica (duplicates included) and every MR still ends with one note for its last head; a
 //! replica's plan is stopped from another replica; a replica SIGKILLed mid-plan leaves its job
-//! to another; two apply jobs on two replicas apply one after the other, once; a replica goes
-//! unready when a newer planbot migrates the store under it.
+//! to another, and so does one stopped with SIGTERM; two apply jobs on two replicas apply one
+//! after the other, once; a replica goes unready when a newer planbot migrates the store under
+//! it.
 //!
 //! Needs the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names (`.ci/run` starts one) and the
 //! engine: without either these tests fail (under `CI=true` always).
@@ -73,6 +74,18 @@ impl Replicas {
     /// GitLab delivers `body` (an MR hook) with idempotency key `key` to replica `i`.
     async fn deliver(&self, i: usize, body: &[u8], key: &str) -> u16 {
         deliver_to(&self.http, &self.url(i, "/webhooks/gitlab"), body, key).await
+    }
+
+    /// Stop replica `i` as an orchestrator does (SIGTERM) and wait until it has exited.
+    async fn stop(&mut self, i: usize) {
+        let pid = self.list[i].child.id() as i32;
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let child = &mut self.list[i].child;
+        support::eventually("the replica exits after SIGTERM", 60, || {
+            let exited = child.try_wait().unwrap().is_some();
+            async move { exited }
+        })
+        .await;
     }
 
     /// SIGKILL replica `i` and the engine it was running (nothing else would stop that).
@@ -540,6 +553,84 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
         runs,
         vec![
             ("interrupted".to_string(), doomed_owner),
+            ("succeeded".to_string(), finisher)
+        ]
+    );
+}
+
+/// A rolling update drains a replica in the middle of a plan (SIGTERM): it exits, and another
+/// replica plans the head once the lease has run out; the MR gets one note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_with_sigterm_mid_plan_leaves_the_plan_to_another() {
+    let real = require_engine!();
+    let Some(store) = support::postgres::fresh_database("planbot_story").await else {
+        return;
+    };
+    let tools = tempfile::tempdir().unwrap();
+    let engine = slow_engine(tools.path(), &real);
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    gitlab.commit_files(&project, "main", &[("main.tf", &root_tf("main"))]);
+    let mut replicas = Replicas::start(2, |data| {
+        replica_config(data, &store, &gitlab, &project, &engine, false)
+    });
+    let db = support::postgres::connect(&store).await;
+
+    gitlab.commit_files(&project, "vms", &[("main.tf", &root_tf("drained"))]);
+    let iid = gitlab.open_mr(&project, "vms", "main");
+    let head = gitlab.mr_sha(&project, iid);
+    let body = gitlab.mr_webhook(&project, iid).action("open").body();
+    assert_eq!(replicas.deliver(0, &body, "open").await, 200);
+    let running_owner = || async {
+        db.query_opt(
+            "SELECT owner FROM runs WHERE sha = $1 AND state = 'running'",
+            &[&head],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get::<_, String>(0))
+    };
+    support::eventually("a replica planning the head", 60, || async {
+        running_owner().await.is_some()
+    })
+    .await;
+    let drained_owner = running_owner().await.unwrap();
+    let drained = replicas.index_of(&drained_owner);
+    replicas.stop(drained).await;
+
+    let (g, p) = (&gitlab, &project);
+    support::eventually("the head planned by the other replica", 120, || async {
+        plan_state(g, p, &head).is_some_and(|s| s == "success")
+    })
+    .await;
+    let notes = plan_notes(&gitlab, &project, iid);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("\"drained\""), "{}", notes[0]);
+    let job = db
+        .query_one(
+            "SELECT state, attempts, owner FROM jobs WHERE kind = 'plan' AND sha = $1",
+            &[&head],
+        )
+        .await
+        .unwrap();
+    assert_eq!(job.get::<_, String>(0), "done");
+    assert_eq!(job.get::<_, i64>(1), 2, "taken again after the stop");
+    let finisher: String = job.get(2);
+    assert_ne!(replicas.index_of(&finisher), drained);
+    let runs: Vec<(String, String)> = db
+        .query(
+            "SELECT state, owner FROM runs WHERE sha = $1 ORDER BY id",
+            &[&head],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        runs,
+        vec![
+            ("interrupted".to_string(), drained_owner),
             ("succeeded".to_string(), finisher)
         ]
     );
