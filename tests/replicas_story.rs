@@ -528,34 +528,7 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(notes[0].contains("\"second\""), "{}", notes[0]);
     support::eventually("every job ended", 60, || all_jobs_ended(&db)).await;
-    let job = db
-        .query_one(
-            "SELECT state, attempts, owner FROM jobs WHERE kind = 'plan' AND sha = $1",
-            &[&second],
-        )
-        .await
-        .unwrap();
-    assert_eq!(job.get::<_, String>(0), "done");
-    assert_eq!(job.get::<_, i64>(1), 2, "taken again after the kill");
-    let finisher: String = job.get(2);
-    assert_ne!(replicas.index_of(&finisher), doomed);
-    let runs: Vec<(String, String)> = db
-        .query(
-            "SELECT state, owner FROM runs WHERE sha = $1 ORDER BY id",
-            &[&second],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    assert_eq!(
-        runs,
-        vec![
-            ("interrupted".to_string(), doomed_owner),
-            ("succeeded".to_string(), finisher)
-        ]
-    );
+    taken_over(&db, &replicas, &second, &doomed_owner).await;
 }
 
 /// A rolling update drains a replica in the middle of a plan (SIGTERM): it exits, and another
@@ -606,21 +579,27 @@ async fn a_replica_stopped_with_sigterm_mid_plan_leaves_the_plan_to_another() {
     let notes = plan_notes(&gitlab, &project, iid);
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(notes[0].contains("\"drained\""), "{}", notes[0]);
+    taken_over(&db, &replicas, &head, &drained_owner).await;
+}
+
+/// The plan job of `sha` was taken over from the replica `gone` and finished by another: two
+/// attempts, `gone`'s run interrupted, the other's succeeded.
+async fn taken_over(db: &tokio_postgres::Client, replicas: &Replicas, sha: &str, gone: &str) {
     let job = db
         .query_one(
             "SELECT state, attempts, owner FROM jobs WHERE kind = 'plan' AND sha = $1",
-            &[&head],
+            &[&sha],
         )
         .await
         .unwrap();
     assert_eq!(job.get::<_, String>(0), "done");
-    assert_eq!(job.get::<_, i64>(1), 2, "taken again after the stop");
+    assert_eq!(job.get::<_, i64>(1), 2, "taken again after {gone} went");
     let finisher: String = job.get(2);
-    assert_ne!(replicas.index_of(&finisher), drained);
+    assert_ne!(replicas.index_of(&finisher), replicas.index_of(gone));
     let runs: Vec<(String, String)> = db
         .query(
             "SELECT state, owner FROM runs WHERE sha = $1 ORDER BY id",
-            &[&head],
+            &[&sha],
         )
         .await
         .unwrap()
@@ -630,7 +609,7 @@ async fn a_replica_stopped_with_sigterm_mid_plan_leaves_the_plan_to_another() {
     assert_eq!(
         runs,
         vec![
-            ("interrupted".to_string(), drained_owner),
+            ("interrupted".to_string(), gone.to_string()),
             ("succeeded".to_string(), finisher)
         ]
     );

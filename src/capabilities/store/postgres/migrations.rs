@@ -29,6 +29,20 @@ pub(super) const MIGRATIONS: &[Migration] = &[Migration {
 /// The PostgreSQL schema version this binary writes.
 pub const PG_SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
+/// The newest migration recorded in `schema_migrations` (which must exist).
+pub(super) async fn schema_version(
+    c: &impl tokio_postgres::GenericClient,
+) -> Result<u32, tokio_postgres::Error> {
+    let found: i32 = c
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(u32::try_from(found).unwrap_or(0))
+}
+
 /// Bring the database to [`PG_SCHEMA_VERSION`]; returns the version found.
 pub(super) async fn migrate(client: &mut Client) -> Result<u32, SchemaError> {
     apply(client, MIGRATIONS).await
@@ -50,14 +64,7 @@ pub(super) async fn apply(
          )",
     )
     .await?;
-    let found: i32 = tx
-        .query_one(
-            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-            &[],
-        )
-        .await?
-        .get(0);
-    let found = u32::try_from(found).unwrap_or(0);
+    let found = schema_version(&tx).await?;
     if found > known {
         return Err(SchemaError::TooNew { found, known });
     }

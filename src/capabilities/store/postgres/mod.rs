@@ -175,14 +175,7 @@ impl PgStore {
             &[&(now - 86_400_000)],
         )
         .await?;
-        let found: i32 = c
-            .query_one(
-                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-                &[],
-            )
-            .await?
-            .get(0);
-        let found = u32::try_from(found).unwrap_or(0);
+        let found = migrations::schema_version(&**c).await?;
         if found > PG_SCHEMA_VERSION && self.newer_schema.swap(found, Ordering::SeqCst) != found {
             tracing::warn!(
                 found,
@@ -298,14 +291,7 @@ pub(crate) async fn probe(
         }
     };
     let schema = if has("schema_migrations").await? {
-        let v: i32 = c
-            .query_one(
-                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-                &[],
-            )
-            .await?
-            .get(0);
-        u32::try_from(v).unwrap_or(0)
+        migrations::schema_version(&**c).await?
     } else {
         0
     };

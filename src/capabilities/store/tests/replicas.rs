@@ -21,6 +21,24 @@ async fn lease_expires() {
     tokio::time::sleep(TEST_LEASE + Duration::from_millis(400)).await;
 }
 
+/// What a newer planbot's start-up leaves in the database: one more migration recorded.
+async fn a_newer_planbot_migrates(db: &TestDb) {
+    let StoreUrl::Postgres(url) = &db.url else {
+        unreachable!()
+    };
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'future', 0)",
+            &[&(PG_SCHEMA_VERSION as i32 + 1)],
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn the_same_delivery_on_two_replicas_at_once_is_one_row_and_one_job() {
     let Some((_db, a, b)) = two_replicas().await else {
@@ -263,20 +281,7 @@ async fn a_database_from_a_newer_planbot_is_refused() {
     };
     let store = db.open().await;
     drop(store);
-    let StoreUrl::Postgres(url) = &db.url else {
-        unreachable!()
-    };
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-        .execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'future', 0)",
-            &[&(PG_SCHEMA_VERSION as i32 + 1)],
-        )
-        .await
-        .unwrap();
+    a_newer_planbot_migrates(&db).await;
     let err = match Store::connect(&db.url, None).await {
         Ok(_) => panic!("a newer schema was opened"),
         Err(e) => e,
@@ -299,20 +304,7 @@ async fn a_running_replica_takes_no_more_jobs_once_a_newer_planbot_migrates_the_
     let old = db.open().await;
     old.ping().await.expect("ready before the upgrade");
     old.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
-    let StoreUrl::Postgres(url) = &db.url else {
-        unreachable!()
-    };
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-        .execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'future', 0)",
-            &[&(PG_SCHEMA_VERSION as i32 + 1)],
-        )
-        .await
-        .unwrap();
+    a_newer_planbot_migrates(&db).await;
     // The replica's heartbeat (every third of the lease) reads the schema version.
     let deadline = std::time::Instant::now() + TEST_LEASE * 10;
     let err = loop {
