@@ -527,7 +527,6 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
     let notes = plan_notes(&gitlab, &project, iid);
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(notes[0].contains("\"second\""), "{}", notes[0]);
-    support::eventually("every job ended", 60, || all_jobs_ended(&db)).await;
     taken_over(&db, &replicas, &second, &doomed_owner).await;
 }
 
@@ -585,6 +584,8 @@ async fn a_replica_stopped_with_sigterm_mid_plan_leaves_the_plan_to_another() {
 /// The plan job of `sha` was taken over from the replica `gone` and finished by another: two
 /// attempts, `gone`'s run interrupted, the other's succeeded.
 async fn taken_over(db: &tokio_postgres::Client, replicas: &Replicas, sha: &str, gone: &str) {
+    // The status goes green before the worker records the job's end.
+    support::eventually("every job ended", 60, || all_jobs_ended(db)).await;
     let job = db
         .query_one(
             "SELECT state, attempts, owner FROM jobs WHERE kind = 'plan' AND sha = $1",
