@@ -236,6 +236,17 @@ fn plan_starts(gitlab: &FakeGitLab, project: &FakeProject, sha: &str) -> usize {
         .count()
 }
 
+/// The replica planning `sha`: the owner of its running run (the engine is at work).
+async fn planning_replica(db: &tokio_postgres::Client, sha: &str) -> Option<String> {
+    db.query_opt(
+        "SELECT owner FROM runs WHERE sha = $1 AND state = 'running'",
+        &[&sha],
+    )
+    .await
+    .unwrap()
+    .map(|r| r.get::<_, String>(0))
+}
+
 /// Whether every job in the shared store has ended.
 async fn all_jobs_ended(db: &tokio_postgres::Client) -> bool {
     let row = db
@@ -454,18 +465,9 @@ async fn a_plan_is_stopped_from_another_replica_and_a_killed_replicas_plan_is_fi
         replica_config(data, &store, &gitlab, &project, &engine, false)
     });
     let db = support::postgres::connect(&store).await;
-    // The replica planning `sha`: the owner of its running run (the engine is at work).
     let planning = |sha: String| {
         let db = &db;
-        async move {
-            db.query_opt(
-                "SELECT owner FROM runs WHERE sha = $1 AND state = 'running'",
-                &[&sha],
-            )
-            .await
-            .unwrap()
-            .map(|r| r.get::<_, String>(0))
-        }
+        async move { planning_replica(db, &sha).await }
     };
 
     // The MR's first head is planned by some replica.
@@ -553,15 +555,7 @@ async fn a_replica_stopped_with_sigterm_mid_plan_leaves_the_plan_to_another() {
     let head = gitlab.mr_sha(&project, iid);
     let body = gitlab.mr_webhook(&project, iid).action("open").body();
     assert_eq!(replicas.deliver(0, &body, "open").await, 200);
-    let running_owner = || async {
-        db.query_opt(
-            "SELECT owner FROM runs WHERE sha = $1 AND state = 'running'",
-            &[&head],
-        )
-        .await
-        .unwrap()
-        .map(|r| r.get::<_, String>(0))
-    };
+    let running_owner = || planning_replica(&db, &head);
     support::eventually("a replica planning the head", 60, || async {
         running_owner().await.is_some()
     })
