@@ -18,7 +18,6 @@ use budget::{Unit, UnitState};
 use diff::{Differ, Node, Phrases};
 use serde::Serialize;
 use serde_json::Value;
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -83,8 +82,14 @@ pub struct NoteContext {
     pub local_run: bool,
 }
 
-/// Render the whole MR note; every text in it has passed through `scrubber`.
+/// Render the whole MR note; every value in it has passed through `scrubber` (the template's
+/// own words never do, see `core::templates::scrubbing`).
 pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scrubber) -> String {
+    crate::core::templates::scrubbing(scrubber, || render_scrubbed(ctx, roots))
+}
+
+/// [`render_note`] inside its scrubbing scope.
+fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
     let budget = if ctx.budget == 0 {
         NOTE_BUDGET
     } else {
@@ -141,11 +146,7 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
         target = target.saturating_sub(over + over / 4 + 64);
         units = collect_units(&view);
     }
-    // The text itself when it holds no secret (no copy of a note that may be 500 KB).
-    let mut out = match scrubber.scrub(&text) {
-        Cow::Borrowed(_) => text,
-        Cow::Owned(scrubbed) => scrubbed,
-    };
+    let mut out = text;
     out.insert(0, '\n');
     out.insert_str(0, NOTE_MARKER);
     out

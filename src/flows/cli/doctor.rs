@@ -144,8 +144,11 @@ pub fn main(config: &Path) -> Result<ExitCode> {
     let checks = runtime.block_on(run_checks(&cfg));
     let mut secrets = Secrets::new();
     secrets.extend(cfg.secrets());
-    let text = format_report(&config.display().to_string(), &checks);
-    print!("{}", secrets.scrubber().scrub(&text));
+    // The report's words as written, every value in it scrubbed.
+    let text = crate::core::templates::scrubbing(&secrets.scrubber(), || {
+        format_report(&config.display().to_string(), &checks)
+    });
+    print!("{text}");
     Ok(if checks.iter().any(|c| c.status == Status::Fail) {
         ExitCode::from(1)
     } else {

@@ -28,7 +28,8 @@ static FORCED_OFF: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// The sandbox of the service's engine runs for `use_`: the strict profile, reading
 /// `[sandbox] read_paths` (and a filesystem provider mirror), connecting to
-/// `[sandbox] connect_ports`, the Proxmox endpoint's port and the provider mirror's.
+/// `[sandbox] connect_ports`, the Proxmox endpoint's port, the provider mirror's, and
+/// GitLab's when the engine reaches it for state or modules.
 pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
     let mode = SandboxMode::with_profile(
         SandboxProfile::Strict,
@@ -51,6 +52,10 @@ pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
     if use_ == Use::Apply && config.proxmox.apply_ssh.is_some() {
         // The bpg provider's SSH to the nodes (snippet uploads).
         connect_ports.push(22);
+    }
+    if credentials::uses_gitlab(config) {
+        // GitLab-managed state, and modules over git or the module registry.
+        connect_ports.extend(url_port(&config.gitlab.url));
     }
     let env = credentials::engine_env(config, use_);
     for key in ["PROXMOX_VE_ENDPOINT", "PM_VE_ENDPOINT"] {

@@ -10,9 +10,12 @@ use crate::capabilities::store::{NewRun, QueueJobId, RunKind, RunState};
 use crate::core::events::PlanJob;
 use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
+use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
 use crate::core::lint;
 use crate::core::repo_config::Root;
+use crate::core::state;
+use crate::flows::confinement::credentials::{self, Use};
 use crate::flows::review::preflight;
 use crate::flows::service::app::App;
 use crate::flows::service::cpu::cpu_bound;
@@ -103,8 +106,17 @@ pub(super) async fn plan_roots(
             })
             .await?;
         runs.push(run);
-        let outcome =
-            plan_root(app, prepared, root, run, &token, &pve, &mut preflight_notes).await?;
+        let outcome = plan_root(
+            app,
+            job.project,
+            prepared,
+            root,
+            run,
+            &token,
+            &pve,
+            &mut preflight_notes,
+        )
+        .await?;
         results.push(RootResult {
             name: root.name.clone(),
             outcome,
@@ -119,8 +131,10 @@ pub(super) async fn plan_roots(
 
 /// One affected root: the engine's plan in its directory (a missing directory is a failed run),
 /// then the Proxmox preflight and lint; the preflight's note is added to `notes` once.
+#[allow(clippy::too_many_arguments)]
 async fn plan_root(
     app: &App,
+    project: ProjectId,
     prepared: &Prepared,
     root: &Root,
     run: RunId,
@@ -135,13 +149,22 @@ async fn plan_root(
     } else {
         checkout.join(&root.dir)
     };
-    let req = PlanRequest {
+    let mut req = PlanRequest {
         var_files: root.var_files.iter().map(PathBuf::from).collect(),
         workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
         extra_secrets: app.config.secrets(),
         cancel: Some(cancel.clone()),
         worktree: Some(checkout.to_path_buf()),
+        // An MR's plan only reads the state: it never locks or writes it (a Developer's
+        // token may not), and the apply's parity check catches a state that moved.
+        no_lock: true,
+        init_env: credentials::module_env(&app.config, Use::Plan),
         ..PlanRequest::default()
+    };
+    let state = if dir.is_dir() {
+        credentials::managed_state_env(&app.config, project, checkout, root, Use::Plan)
+    } else {
+        Ok(None)
     };
     let outcome = if !dir.is_dir() {
         let error = format!(
@@ -151,7 +174,16 @@ async fn plan_root(
         );
         finish(app, run, RunState::Failed, &error, "", None).await?;
         Outcome::Failed { run, error }
+    } else if let Err(error) = &state {
+        finish(app, run, RunState::Failed, error, "", None).await?;
+        Outcome::Failed {
+            run,
+            error: error.clone(),
+        }
     } else {
+        if let Ok(Some(env)) = state {
+            req.extra_env = env;
+        }
         match prepared.engine.plan(&dir, &req).await {
             Ok(planned) => {
                 let pf = preflight::for_plan(pve.clone(), planned.plan()).await;
@@ -166,6 +198,14 @@ async fn plan_root(
                     )
                 });
                 findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
+                if planned.backend().is_local() {
+                    findings.push(state::state_in_checkout(
+                        &root.name,
+                        &root.dir,
+                        planned.backend(),
+                        true,
+                    ));
+                }
                 findings::sort_findings(&mut findings);
                 if !preflight_notes.contains(&pf.note) {
                     preflight_notes.push(pf.note);
