@@ -438,6 +438,13 @@ struct ErrorBody {
     error: Option<serde_json::Value>,
 }
 
+/// The lock of a GitLab-managed state: the GitLab user who took it and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateLock {
+    pub username: String,
+    pub locked_at: String,
+}
+
 /// Cut a status description to GitLab's limit, on a character boundary, marking the cut.
 pub fn truncate_description(text: &str) -> String {
     let one_line = text.lines().next().unwrap_or("").trim();
@@ -821,6 +828,43 @@ impl GitLab {
         };
         self.create_once(&["projects", &p, "issues"], &payload, stored)
             .await
+    }
+
+    /// Who holds the lock of the GitLab-managed state `name` of `project_path`, and since when
+    /// (`None`: not locked, or no such state the bot can see). GitLab's REST API has no read of
+    /// a lock, its GraphQL API does (`Project.terraformState`: `lockedByUser`, `lockedAt`).
+    pub async fn terraform_state_lock(
+        &self,
+        project_path: &str,
+        name: &str,
+    ) -> Result<Option<StateLock>, GitLabError> {
+        const QUERY: &str = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { lockedAt lockedByUser { username } } } }";
+        let url = self
+            .base
+            .join("api/graphql")
+            .map_err(|e| GitLabError::Decode(e.to_string()))?;
+        let payload = serde_json::json!({
+            "query": QUERY,
+            "variables": { "path": project_path, "name": name },
+        });
+        let (_, _, body) = self
+            .request(Method::POST, url, Auth::Bot, Some(&payload))
+            .await?;
+        let answer: serde_json::Value = decode(&body)?;
+        let state = answer.pointer("/data/project/terraformState");
+        let locked_at = state
+            .and_then(|s| s.get("lockedAt"))
+            .and_then(|v| v.as_str());
+        let who = state
+            .and_then(|s| s.pointer("/lockedByUser/username"))
+            .and_then(|v| v.as_str());
+        Ok(match (locked_at, who) {
+            (Some(since), Some(who)) => Some(StateLock {
+                username: who.to_string(),
+                locked_at: since.to_string(),
+            }),
+            _ => None,
+        })
     }
 
     /// The project's webhooks (needs Maintainer; [`GitLabError::Forbidden`] otherwise).

@@ -253,8 +253,10 @@ pub fn state_in_checkout(root: &str, dir: &str, backend: &Backend, service: bool
     )
 }
 
-/// A state lock someone else holds, as the engine reports it ("Error acquiring the state lock",
-/// then its `Lock Info:`). GitLab names the user who locked in `Who` and the time in `Created`.
+/// A state lock someone else holds, as the engine reports it ("Error acquiring the state lock").
+/// The `http` backend names only the held lock's ID (`already locked: ID=…`; its `Lock Info:`
+/// block is the engine's own attempt), so who holds it and since when come from GitLab
+/// ([`HeldLock::held_by`]); other backends print the held lock's info.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldLock {
     pub id: String,
@@ -267,6 +269,14 @@ impl HeldLock {
     pub fn from_engine_output(text: &str) -> Option<HeldLock> {
         if !text.contains("Error acquiring the state lock") {
             return None;
+        }
+        if let Some(rest) = text.split("already locked: ID=").nth(1) {
+            let id: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+            return (!id.is_empty()).then(|| HeldLock {
+                id,
+                who: String::new(),
+                created: String::new(),
+            });
         }
         let mut in_info = false;
         let mut fields: BTreeMap<&str, String> = BTreeMap::new();
@@ -298,6 +308,15 @@ impl HeldLock {
             who: fields.remove("Who").unwrap_or_default(),
             created: fields.remove("Created").unwrap_or_default(),
         })
+    }
+
+    /// The lock with who holds it and since when, as GitLab tells (`who` a GitLab user name).
+    pub fn held_by(self, who: &str, since: &str) -> HeldLock {
+        HeldLock {
+            who: format!("@{who}"),
+            created: since.to_string(),
+            ..self
+        }
     }
 }
 
@@ -427,12 +446,23 @@ state = "own"
 
     #[test]
     fn a_held_lock_is_read_from_the_engines_error() {
-        let out = "╷\n│ Error: Error acquiring the state lock\n│ \n│ Error message: HTTP remote state already locked: ID=9f1c2a\n│ Lock Info:\n│   ID:        9f1c2a\n│   Path:      \n│   Operation: OperationTypePlan\n│   Who:       alice\n│   Version:   1.11.4\n│   Created:   2025-06-01 09:30:00 +0000 UTC\n│   Info:      \n│ \n│ Terraform acquires a state lock to protect the state\n╵\n";
+        // The http backend: the held lock's ID in the message; the Lock Info is its own attempt.
+        let http = "Error: Error acquiring the state lock\n\nError message: HTTP remote state already locked: ID=6c1f0e2a-held\nLock Info:\n  ID:        d3912e86-own\n  Who:       root@vm\n";
         assert_eq!(
-            HeldLock::from_engine_output(out),
+            HeldLock::from_engine_output(http),
+            Some(HeldLock {
+                id: "6c1f0e2a-held".into(),
+                who: String::new(),
+                created: String::new(),
+            })
+        );
+        // Other backends print the held lock's info (here boxed, as with -no-color).
+        let s3 = "╷\n│ Error: Error acquiring the state lock\n│ \n│ Error message: ConditionalCheckFailedException\n│ Lock Info:\n│   ID:        9f1c2a\n│   Path:      \n│   Operation: OperationTypePlan\n│   Who:       alice@laptop\n│   Version:   1.11.4\n│   Created:   2025-06-01 09:30:00 +0000 UTC\n│   Info:      \n│ \n╵\n";
+        assert_eq!(
+            HeldLock::from_engine_output(s3),
             Some(HeldLock {
                 id: "9f1c2a".into(),
-                who: "alice".into(),
+                who: "alice@laptop".into(),
                 created: "2025-06-01 09:30:00 +0000 UTC".into()
             })
         );

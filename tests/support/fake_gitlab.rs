@@ -1828,6 +1828,7 @@ fn router(state: Shared) -> Router {
             "/api/v4/projects/{id}/terraform/state/{name}/lock",
             any(tf_lock),
         )
+        .route("/api/graphql", post(graphql))
         .route("/oauth/authorize", get(oauth_authorize))
         .route("/oauth/token", post(oauth_token))
         .route("/-/fake/sign_in_as/{session}", get(fake_sign_in_as))
@@ -2828,6 +2829,40 @@ fn tf_lock_answer(
         }
         _ => err(StatusCode::METHOD_NOT_ALLOWED, "405 Method Not Allowed"),
     }
+}
+
+/// `POST /api/graphql`, the one query planbot asks (GitLab's `Project.terraformState`:
+/// `lockedAt`, `lockedByUser { username }`). Any other query is answered with GraphQL's error
+/// shape, so a test fails if planbot asks something the fake does not know. As on GitLab, a
+/// project the user cannot see is `null`, and a state is `null` below the Developer role.
+async fn graphql(State(state): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    let s = lock!(state);
+    let user = tryr!(api_user(&s, &headers));
+    let req: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+    let query = req["query"].as_str().unwrap_or("");
+    let known = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { lockedAt lockedByUser { username } } } }";
+    if query != known {
+        return Json(json!({"errors": [{"message": "the fake GitLab does not know this query"}]}))
+            .into_response();
+    }
+    let path = req["variables"]["path"].as_str().unwrap_or("");
+    let name = req["variables"]["name"].as_str().unwrap_or("");
+    let project = match s.project_ref(path) {
+        Some(pid) if s.projects[&pid].members.contains_key(&user.id) => pid,
+        _ => return Json(json!({"data": {"project": null}})).into_response(),
+    };
+    let state_json = if level(&s, project, &user) < DEVELOPER {
+        Value::Null
+    } else {
+        match s.projects[&project].tf.get(name) {
+            None => Value::Null,
+            Some(tf) => match &tf.lock {
+                Some(l) => json!({"lockedAt": l.created, "lockedByUser": {"username": l.who}}),
+                None => json!({"lockedAt": null, "lockedByUser": null}),
+            },
+        }
+    };
+    Json(json!({"data": {"project": {"terraformState": state_json}}})).into_response()
 }
 
 // ----- git over HTTP (smart protocol through `git http-backend`) ------------------------------

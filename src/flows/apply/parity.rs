@@ -140,6 +140,28 @@ impl ApplyCtx {
             })
     }
 
+    /// `lock` with who holds it and since when, from GitLab for GitLab-managed state (the
+    /// engine's `http` backend names only the lock's ID); as it is when GitLab cannot tell.
+    async fn who_holds(&self, root: &Root, lock: HeldLock) -> HeldLock {
+        let Some(name) = state::gitlab_state_name(root, self.app.config.state.default) else {
+            return lock;
+        };
+        match self
+            .app
+            .gitlab
+            .terraform_state_lock(&self.project_path, &name)
+            .await
+        {
+            Ok(Some(held)) => lock.held_by(&held.username, &held.locked_at),
+            Ok(None) => lock,
+            Err(e) => {
+                self.app.metrics.gitlab_error("terraform_state_lock");
+                tracing::warn!(error = %e, "could not ask GitLab who holds a state lock");
+                lock
+            }
+        }
+    }
+
     /// The root's lock, saying so in the job log when a plan or apply of it holds it.
     async fn lock_root(&self, root: &Root) -> RootGuard {
         match self.app.root_locks.try_lock(self.project, &root.name) {
@@ -207,6 +229,7 @@ impl ApplyCtx {
                 let error = match HeldLock::from_engine_output(&report) {
                     // Someone else holds the state's lock: who, since when, and how to free it.
                     Some(lock) => {
+                        let lock = self.who_holds(root, lock).await;
                         let waited =
                             humantime::format_duration(self.app.config.engine.lock_timeout);
                         let state = |kind| {
