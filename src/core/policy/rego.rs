@@ -176,6 +176,9 @@ pub(super) fn evaluate_set(doc: &Document, set: &PolicySet) -> Result<Results, P
         return Err(PolicyError::NoFiles);
     }
     let mut engine = Engine::new();
+    // As OPA (and so conftest) by default: a builtin's error makes its expression undefined
+    // instead of stopping the evaluation (regorus still stops on some type errors).
+    engine.set_strict_builtin_errors(false);
     for file in &set.files {
         load(&mut engine, file)?;
     }
