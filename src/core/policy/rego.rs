@@ -179,6 +179,8 @@ pub(super) fn evaluate_set(doc: &Document, set: &PolicySet) -> Result<Results, P
     // As OPA (and so conftest) by default: a builtin's error makes its expression undefined
     // instead of stopping the evaluation (regorus still stops on some type errors).
     engine.set_strict_builtin_errors(false);
+    // `print()` output is kept in the engine and dropped, never written to planbot's stderr.
+    engine.set_gather_prints(true);
     for file in &set.files {
         load(&mut engine, file)?;
     }
