@@ -225,7 +225,7 @@ fn what_cannot_be_evaluated_exits_2_with_the_reason() {
             &["policy", "test", "gke.json", "--policy", "conftest_v1"],
             None,
         );
-        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(out.status.code(), Some(2));
         assert!(
             text(&out.stderr).contains("conftest_v1/host.rego is a symbolic link"),
             "{}",

@@ -18,16 +18,16 @@ container_types := {
 
 guest_types := vm_types | container_types
 
-# The managed guests this plan changes.
-guests contains rc if {
+# The managed guests this plan changes, by address (`some rc in guests` walks them).
+guests[rc.address] := rc if {
 	some rc in input.resource_changes
 	rc.mode == "managed"
 	rc.type in guest_types
 }
 
 # Created, updated or replaced: what the guest will look like.
-planned contains rc if {
-	some rc in guests
+planned[address] := rc if {
+	some address, rc in guests
 	rc.change.after != null
 }
 

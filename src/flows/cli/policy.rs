@@ -2,7 +2,8 @@
 //! `show -json` document, printed as conftest prints it; also run by `planbot plan --policy`.
 //!
 //! Exit codes: 0 no failure (warnings allowed), 1 a policy failed, 2 the input is not a plan or
-//! the policies could not be evaluated (a parse error, no rule in the package, the time limit).
+//! the policies could not be read or evaluated (a symbolic link, a parse error, no rule in the
+//! package, the time limit).
 
 use crate::core::lint::lint;
 use crate::core::plan::Plan;
@@ -131,7 +132,13 @@ pub fn check_and_print(
     options: &PolicyOptions,
     out: &mut dyn Write,
 ) -> Result<ExitCode> {
-    let files = read_policy_dir(&options.dir)?;
+    let files = match read_policy_dir(&options.dir) {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("planbot: {e:#}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let set = PolicySet {
         name: options.dir.display().to_string(),
         namespace: options.namespace.clone(),
