@@ -260,13 +260,21 @@ fn main() -> ExitCode {
         } => planbot::flows::cli::plan::plan_command(
             &dir,
             engine.as_deref(),
-            format.map(Into::into).unwrap_or_else(|| {
-                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-                    planbot::flows::cli::render::Format::Text
-                } else {
-                    planbot::flows::cli::render::Format::Markdown
-                }
-            }),
+            planbot::flows::cli::plan::Printed {
+                format: format.map(Into::into).unwrap_or_else(|| {
+                    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                        planbot::flows::cli::render::Format::Text
+                    } else {
+                        planbot::flows::cli::render::Format::Markdown
+                    }
+                }),
+                policy: policy.map(|dir| planbot::flows::cli::policy::PolicyOptions {
+                    dir,
+                    namespace,
+                    limit: planbot::core::policy::DEFAULT_LIMIT,
+                    output: planbot::flows::cli::policy::Output::Text,
+                }),
+            },
             fingerprint_key.as_deref(),
             timeout,
             planbot::flows::cli::plan::Variables { var_files, vars },
@@ -279,12 +287,6 @@ fn main() -> ExitCode {
                     Some(planbot::capabilities::engine::SandboxProfile::Strict)
                 }
             },
-            policy.map(|dir| planbot::flows::cli::policy::PolicyOptions {
-                dir,
-                namespace,
-                limit: planbot::core::policy::DEFAULT_LIMIT,
-                output: planbot::flows::cli::policy::Output::Text,
-            }),
         ),
         Command::Policy {
             command:

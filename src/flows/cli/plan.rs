@@ -54,16 +54,23 @@ fn resolve_var_files(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// What a local run prints: the note in `format`, then, with `--policy`, the policies' result.
+#[derive(Debug, Clone)]
+pub struct Printed {
+    pub format: Format,
+    pub policy: Option<PolicyOptions>,
+}
+
 pub fn plan_command(
     dir: &Path,
     engine: Option<&str>,
-    format: Format,
+    printed: Printed,
     fingerprint_key: Option<&str>,
     timeout: Duration,
     variables: Variables,
     sandbox: Option<SandboxProfile>,
-    policy: Option<PolicyOptions>,
 ) -> Result<ExitCode> {
+    let Printed { format, policy } = printed;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
