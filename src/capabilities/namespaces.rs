@@ -21,7 +21,6 @@
 //! Everything is prepared in the parent ([`Jail::prepare`]); between `fork` and `exec`
 //! ([`Jail::enter`]) only system calls run, no allocation and no lock.
 
-use crate::capabilities::sandbox::Policy;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -112,9 +111,8 @@ fn probe_now() -> NsSupport {
     let Ok(dir) = tempfile::tempdir() else {
         return unavailable("no temporary directory to probe in".into());
     };
-    let policy = Policy::default();
     let view = View::Own { root: dir.path() };
-    let jail = match Jail::prepare(&policy, &view, Limits::default(), Path::new("/")) {
+    let jail = match Jail::prepare(&Shown::default(), &view, Limits::default(), Path::new("/")) {
         Ok(j) => j,
         Err(e) => return unavailable(e.to_string()),
     };
@@ -181,6 +179,19 @@ fn reason(stage: Option<Stage>, errno: i32) -> String {
     }
 }
 
+/// The paths a process is shown in its own root (the sandbox's allow-list).
+#[derive(Debug, Default)]
+pub struct Shown<'a> {
+    /// Bound read-only.
+    pub read: Vec<&'a Path>,
+    /// Bound read-write.
+    pub write: Vec<&'a Path>,
+    /// Write paths that get a size-capped tmpfs instead.
+    pub scratch: Vec<&'a Path>,
+    /// `(source, place)`: a file shown at another place.
+    pub binds: Vec<(&'a Path, &'a Path)>,
+}
+
 /// What the engine sees of the filesystem.
 pub enum View<'a> {
     /// Only the policy's paths, on a root mounted at `root` (an empty directory planbot owns).
@@ -232,18 +243,18 @@ const NOBODY: u32 = 65534;
 const ST_RELATIME: u64 = 4096;
 
 impl Jail {
-    /// The jail of one process confined by `policy`: every path of the policy bound at its own
-    /// place (read-only unless it is a write path), `policy.scratch` as tmpfs mounts,
-    /// `policy.binds` (a socket at a per-run path) — or the host's view.
+    /// The jail of one process: every path `shown` bound at its own place (read-only unless
+    /// it is a write path), the scratch paths as tmpfs mounts, the binds (a socket at a
+    /// per-run path) — or the host's view.
     pub fn prepare(
-        policy: &Policy,
+        shown: &Shown<'_>,
         view: &View<'_>,
         limits: Limits,
         cwd: &Path,
     ) -> Result<Jail, JailError> {
         let root = match view {
             View::Host => None,
-            View::Own { root } => Some((cstr(root)?, plan_mounts(policy, root, limits)?)),
+            View::Own { root } => Some((cstr(root)?, plan_mounts(shown, root, limits)?)),
         };
         Ok(Jail {
             root,
@@ -535,10 +546,10 @@ enum Access {
     Write,
 }
 
-/// The steps that build the new root on `root` from `policy`: each existing path bound at its
+/// The steps that build the new root on `root` from `shown`: each existing path bound at its
 /// own place (parents first; a path inside an already bound one is bound over itself), missing
 /// parents made as directories of the tmpfs, symbolic links recreated as links.
-fn plan_mounts(policy: &Policy, root: &Path, limits: Limits) -> Result<Vec<Mount>, JailError> {
+fn plan_mounts(shown: &Shown<'_>, root: &Path, limits: Limits) -> Result<Vec<Mount>, JailError> {
     use std::collections::BTreeMap;
     // Path → (access, source). A write path wins over a read path of the same place.
     let mut entries: BTreeMap<PathBuf, (Access, PathBuf)> = BTreeMap::new();
@@ -550,16 +561,16 @@ fn plan_mounts(policy: &Policy, root: &Path, limits: Limits) -> Result<Vec<Mount
             *e = (access, src.to_path_buf());
         }
     };
-    for p in policy.read_exec.iter().chain(&policy.read) {
+    for p in &shown.read {
         add(p, Access::Read, p);
     }
-    for p in &policy.write {
+    for p in &shown.write {
         add(p, Access::Write, p);
     }
-    for (src, dst) in &policy.binds {
+    for (src, dst) in &shown.binds {
         add(dst, Access::Write, src);
     }
-    let scratch: std::collections::BTreeSet<&PathBuf> = policy.scratch.iter().collect();
+    let scratch: std::collections::BTreeSet<&Path> = shown.scratch.iter().copied().collect();
     let inner = |p: &Path| -> Result<CString, JailError> {
         let rel = p.strip_prefix("/").unwrap_or(p);
         cstr(&root.join(rel))
@@ -602,7 +613,7 @@ fn plan_mounts(policy: &Policy, root: &Path, limits: Limits) -> Result<Vec<Mount
             continue;
         }
         let dst = inner(path)?;
-        if scratch.contains(path) {
+        if scratch.contains(path.as_path()) {
             if !under_bound && made.insert(path.clone()) {
                 steps.push(Mount::Dir(dst.clone()));
             }

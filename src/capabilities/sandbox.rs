@@ -9,7 +9,7 @@
 //! files, and not `/proc` (Landlock's ptrace rule hides `/proc/<pid>/mem` of planbot, but not
 //! `/proc/<pid>/environ`, so `/proc` is simply not in the list).
 
-use crate::capabilities::namespaces::{Jail, Limits, View};
+use crate::capabilities::namespaces::{Jail, Limits, Shown, View};
 use landlock::{
     path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset,
     RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
@@ -278,7 +278,22 @@ impl Policy {
             Some(root) => View::Own { root },
             None => View::Host,
         };
-        let jail = Jail::prepare(self, &view, isolation.limits, cwd)
+        let shown = Shown {
+            read: self
+                .read_exec
+                .iter()
+                .chain(&self.read)
+                .map(PathBuf::as_path)
+                .collect(),
+            write: self.write.iter().map(PathBuf::as_path).collect(),
+            scratch: self.scratch.iter().map(PathBuf::as_path).collect(),
+            binds: self
+                .binds
+                .iter()
+                .map(|(s, d)| (s.as_path(), d.as_path()))
+                .collect(),
+        };
+        let jail = Jail::prepare(&shown, &view, isolation.limits, cwd)
             .map_err(|e| SandboxError::Namespaces(e.to_string()))?;
         prepared.jail = Some(jail);
         Ok(prepared)

@@ -172,6 +172,8 @@ pub(super) struct Confinement {
     pub(super) isolation: Option<Isolation>,
     /// The per-run path of the SSH agent socket, when it is shown there.
     agent_socket: Option<PathBuf>,
+    /// The root's mount point of a step outside a run, deleted with the confinement.
+    _root_dir: Option<std::sync::Arc<tempfile::TempDir>>,
 }
 
 impl Confinement {
@@ -209,10 +211,22 @@ impl Engine {
         else {
             return None;
         };
+        // The empty directory each process's own root is mounted on (in its namespace only):
+        // in the run's private directory, or one of its own for a step outside a run.
+        let mut root_dir = None;
         let isolation = match namespaces {
             Namespaces::On { limits } => Some(Isolation {
                 limits: *limits,
-                root: (*profile == SandboxProfile::Strict).then(|| self.jail_root()),
+                root: match (profile, run) {
+                    (SandboxProfile::Local, _) => None,
+                    (SandboxProfile::Strict, Some((_, dirs))) => Some(dirs.root.clone()),
+                    (SandboxProfile::Strict, None) => {
+                        let dir = super::run_dir::private_run_dir(&self.inner.temp_root).ok()?;
+                        let path = dir.path().to_path_buf();
+                        root_dir = Some(std::sync::Arc::new(dir));
+                        Some(path)
+                    }
+                },
             }),
             Namespaces::Off { .. } => None,
         };
@@ -253,15 +267,7 @@ impl Engine {
             support: Support::Landlock { abi: *abi },
             isolation,
             agent_socket: run_agent_socket,
+            _root_dir: root_dir,
         })
-    }
-
-    /// The empty directory each process's own root is mounted on (inside its namespace only).
-    fn jail_root(&self) -> PathBuf {
-        let dir = self.inner.temp_root.join("planbot-jail-root");
-        if !dir.is_dir() {
-            let _ = super::run_dir::ensure_private_dir(&dir);
-        }
-        dir
     }
 }

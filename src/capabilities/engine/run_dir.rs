@@ -67,6 +67,8 @@ pub(super) fn private_run_dir(temp_root: &Path) -> Result<tempfile::TempDir, Eng
 pub(super) struct RunDirs {
     /// The private directory itself.
     pub(super) private: PathBuf,
+    /// An empty directory: the mount point of each process's own root (in its namespace).
+    pub(super) root: PathBuf,
     pub(super) out: PathBuf,
     pub(super) tmp: PathBuf,
     pub(super) home: Option<PathBuf>,
@@ -90,6 +92,7 @@ impl RunDirs {
         };
         Ok(RunDirs {
             private: private.to_path_buf(),
+            root: sub("root")?,
             out: sub("out")?,
             tmp: sub("tmp")?,
             home,
