@@ -240,7 +240,7 @@ const PATH_GID_MAP: &[u8] = b"/proc/self/gid_map\0";
 /// Root's files stay root's, but the job is not root inside: it runs as nobody.
 const NOBODY: u32 = 65534;
 /// Locked mount flags a read-only remount must keep (`statvfs` names them `ST_*`).
-const ST_RELATIME: u64 = 4096;
+const ST_RELATIME: libc::c_ulong = 4096;
 
 impl Jail {
     /// The jail of one process: every path `shown` bound at its own place (read-only unless
@@ -662,19 +662,19 @@ fn locked_flags(path: &Path) -> Result<libc::c_ulong, JailError> {
             std::io::Error::last_os_error()
         )));
     }
-    let f = st.f_flag as u64;
+    let f = st.f_flag;
     let mut flags: libc::c_ulong = 0;
     for (st_flag, ms_flag) in [
-        (libc::ST_NOSUID as u64, libc::MS_NOSUID),
-        (libc::ST_NODEV as u64, libc::MS_NODEV),
-        (libc::ST_NOEXEC as u64, libc::MS_NOEXEC),
-        (libc::ST_NODIRATIME as u64, libc::MS_NODIRATIME),
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
     ] {
         if f & st_flag != 0 {
             flags |= ms_flag;
         }
     }
-    flags |= if f & libc::ST_NOATIME as u64 != 0 {
+    flags |= if f & libc::ST_NOATIME != 0 {
         libc::MS_NOATIME
     } else if f & ST_RELATIME != 0 {
         libc::MS_RELATIME

@@ -156,7 +156,7 @@ impl SandboxMode {
 /// `n` bytes in MiB or GiB.
 fn bytes(n: u64) -> String {
     const MIB: u64 = 1024 * 1024;
-    if n % (1024 * MIB) == 0 {
+    if n.is_multiple_of(1024 * MIB) {
         format!("{} GiB", n / (1024 * MIB))
     } else {
         format!("{} MiB", n / MIB)
