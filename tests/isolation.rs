@@ -551,3 +551,321 @@ async fn a_provider_from_an_unpacked_filesystem_mirror_runs() {
     assert!(!text.contains("permission denied"), "{text}");
     assert!(marker.exists(), "the mirrored provider did not run: {text}");
 }
+
+// ---- the apply's SSH agent ------------------------------------------------------------------
+
+/// An SSH agent holding a fresh ed25519 key (the apply key of `[proxmox.apply]`).
+struct Agent {
+    dir: tempfile::TempDir,
+    process: std::process::Child,
+}
+
+impl Agent {
+    fn start() -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("apply-key");
+        let keygen = std::process::Command::new("ssh-keygen")
+            .args([
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "planbot-apply-key",
+                "-f",
+            ])
+            .arg(&key)
+            .status()
+            .expect("ssh-keygen (openssh-client) is installed");
+        assert!(keygen.success());
+        let agent = std::process::Command::new("ssh-agent")
+            .arg("-D")
+            .arg("-a")
+            .arg(dir.path().join("agent.sock"))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("ssh-agent (openssh-client) is installed");
+        let a = Agent {
+            dir,
+            process: agent,
+        };
+        // ssh-add waits for nothing: retry until the agent listens (it binds at once).
+        let added = (0..200).any(|_| {
+            let ok = std::process::Command::new("ssh-add")
+                .arg("-q")
+                .arg(&key)
+                .env("SSH_AUTH_SOCK", a.socket())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap()
+                .success();
+            if !ok {
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            ok
+        });
+        assert!(added, "ssh-add never reached the agent");
+        a
+    }
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("agent.sock")
+    }
+    fn public_key(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("apply-key.pub")).unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// A Proxmox node's SSH server on loopback: this user may log in with `authorized` (and
+/// nothing else), and uploads land in `snippets`.
+struct Sshd {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Sshd {
+    fn start(authorized: &str) -> Sshd {
+        let dir = tempfile::tempdir().unwrap();
+        let host_key = dir.path().join("host_key");
+        assert!(std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&host_key)
+            .status()
+            .unwrap()
+            .success());
+        std::fs::write(dir.path().join("authorized_keys"), authorized).unwrap();
+        std::fs::create_dir(dir.path().join("snippets")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = dir.path().join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nAuthorizedKeysFile {ak}\n\
+                 PermitRootLogin prohibit-password\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n",
+                hk = host_key.display(),
+                ak = dir.path().join("authorized_keys").display(),
+            ),
+        )
+        .unwrap();
+        // sshd's privilege separation directory (Debian's package makes it at boot).
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("sshd (openssh-server) is installed: the SSH upload story needs it");
+        let child = std::process::Command::new(sshd)
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Sshd { child, port, dir };
+        let listening = (0..400).any(|_| {
+            let ok = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+            if !ok {
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            ok
+        });
+        assert!(listening, "sshd never listened on {port}");
+        s
+    }
+    fn snippets(&self) -> PathBuf {
+        self.dir.path().join("snippets")
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The service config of this story: the apply's SSH agent, the test sshd's port allowed.
+fn config_with_agent(agent: &Path, port: u16) -> planbot::core::config::Config {
+    let text = format!(
+        r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token = "glpat-secret-token"
+webhook_secret = "hook-secret"
+projects = ["infra/homelab"]
+[sandbox]
+connect_ports = [443, {port}]
+[proxmox.apply]
+ssh_username = "root"
+ssh_agent_socket = "{agent}"
+"#,
+        agent = agent.display()
+    );
+    planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
+}
+
+/// The engine the service builds for `use_`: its sandbox and its credentials.
+fn service_engine(
+    config: &planbot::core::config::Config,
+    use_: planbot::flows::confinement::credentials::Use,
+    mode: SandboxMode,
+    temp_root: &Path,
+) -> Engine {
+    Engine::builder(support::engine(), temp_root)
+        .timeout(Duration::from_secs(120))
+        .sandbox(mode)
+        .env(planbot::flows::confinement::credentials::engine_env(
+            config, use_,
+        ))
+        .cli_config(CliConfig::User)
+        .build()
+        .unwrap()
+}
+
+/// A root whose committed "provider" (run by the plan) tries the agent at its configured path
+/// and at whatever the environment names, and reports into `report`.
+fn mr_root_trying_the_agent(agent: &Path) -> (tempfile::TempDir, PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let report = root.path().join("report.txt");
+    let dir = root
+        .path()
+        .join("terraform.d/plugins/registry.terraform.io/evil/agent/1.0.0/linux_amd64");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("terraform-provider-agent_v1.0.0");
+    std::fs::write(
+        &bin,
+        format!(
+            "#!/bin/sh\n{{\n\
+             echo ran\n\
+             SSH_AUTH_SOCK='{agent}' ssh-add -L && echo listed-at-configured-path\n\
+             [ -n \"$PROXMOX_VE_SSH_AUTH_SOCK\" ] && SSH_AUTH_SOCK=\"$PROXMOX_VE_SSH_AUTH_SOCK\" ssh-add -L && echo listed-from-env\n\
+             }} > '{report}' 2>&1\nexit 1\n",
+            agent = agent.display(),
+            report = report.display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        "terraform {\n  required_providers {\n    agent = { source = \"evil/agent\" }\n  }\n}\n\
+         provider \"agent\" {}\n",
+    )
+    .unwrap();
+    (root, report)
+}
+
+#[tokio::test]
+async fn an_mr_plan_cannot_reach_the_apply_agent_and_the_apply_uploads_a_snippet_over_ssh() {
+    use planbot::flows::confinement::{credentials::Use, sandbox::service_mode};
+    kernel();
+    let agent = Agent::start();
+    let sshd = Sshd::start(&agent.public_key());
+    let config = config_with_agent(&agent.socket(), sshd.port);
+    let temp_root = tempfile::tempdir().unwrap();
+
+    // Landlock alone (planbot before the namespaces): MR code lists the apply key.
+    let (root, report) = mr_root_trying_the_agent(&agent.socket());
+    let mut landlock_only = service_mode(&config, Use::Plan);
+    if let SandboxMode::Landlock { namespaces, .. } = &mut landlock_only {
+        *namespaces = planbot::capabilities::engine::Namespaces::Off {
+            reason: "this test's control".into(),
+        };
+    }
+    let eng = service_engine(&config, Use::Plan, landlock_only, temp_root.path());
+    assert!(eng
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .is_err());
+    let got = std::fs::read_to_string(&report).expect("the MR's code ran");
+    assert!(
+        got.contains("listed-at-configured-path") && got.contains("planbot-apply-key"),
+        "under Landlock alone an MR plan lists the apply key (else this test proves nothing): {got}"
+    );
+
+    // The service's MR plan: the agent is nowhere in its view, and not in its environment.
+    let (root, report) = mr_root_trying_the_agent(&agent.socket());
+    let eng = service_engine(
+        &config,
+        Use::Plan,
+        service_mode(&config, Use::Plan),
+        temp_root.path(),
+    );
+    assert!(eng
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .is_err());
+    let got = std::fs::read_to_string(&report).expect("the MR's code ran");
+    assert!(got.starts_with("ran"), "{got}");
+    assert!(
+        !got.contains("listed"),
+        "an MR plan reached the agent: {got}"
+    );
+    assert!(!got.contains("planbot-apply-key"), "{got}");
+    assert!(
+        got.contains("Could not open a connection") || got.contains("No such file"),
+        "{got}"
+    );
+
+    // The default branch's apply: it finds the agent at its per-run path and uploads a snippet
+    // over SSH with the key, as the bpg provider does.
+    let user = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        format!(
+            r#"resource "terraform_data" "snippet" {{
+  input = "vm-101"
+  provisioner "local-exec" {{
+    command = "printf '#cloud-config\nhostname: vm-101\n' | ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentityAgent=$PROXMOX_VE_SSH_AUTH_SOCK -p {port} {user}@127.0.0.1 'cat > {snippets}/vm-101.yaml'"
+  }}
+}}
+"#,
+            port = sshd.port,
+            user = user.trim(),
+            snippets = sshd.snippets().display(),
+        ),
+    )
+    .unwrap();
+    let eng = service_engine(
+        &config,
+        Use::Apply,
+        service_mode(&config, Use::Apply),
+        temp_root.path(),
+    );
+    let planned = eng
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.report(60)));
+    let private = planned.private_dir().to_path_buf();
+    let outcome = planned.apply().await;
+    let uploaded = std::fs::read_to_string(sshd.snippets().join("vm-101.yaml"));
+    assert!(
+        outcome.is_ok(),
+        "{}",
+        outcome.err().map(|e| e.report(60)).unwrap_or_default()
+    );
+    assert_eq!(uploaded.unwrap(), "#cloud-config\nhostname: vm-101\n");
+    // The per-run path was a place in the run's own view only: nothing of it is left outside.
+    assert!(!private.exists());
+}
