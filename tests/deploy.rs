@@ -252,8 +252,10 @@ fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
         .unwrap();
     }
     // The config the README's systemd steps install: the starting config.
-    assert!(readme_block("sudo install -d -m 0755 /etc/planbot")
-        .contains("sudo install -m 0644 deploy/planbot.toml /etc/planbot/planbot.toml"));
+    assert!(
+        support::readme_block("sudo install -d -m 0755 /etc/planbot")
+            .contains("sudo install -m 0644 deploy/planbot.toml /etc/planbot/planbot.toml")
+    );
     let config = repo().join("deploy/planbot.toml");
     let check = |creds: &Path| serve_check(&config, creds, OWN_ADDRESSES);
     assert_only_the_example_addresses_stop_it(&serve_check(&config, creds.path(), &[]));
@@ -335,22 +337,47 @@ fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check
     let runtime = from.last().unwrap();
     let has = |stage: &[String], pred: &dyn Fn(&str) -> bool| stage.iter().any(|i| pred(i));
 
-    // The engine: a version and a checksum as build arguments, and the download checked.
+    // The engine: a version as a build argument, installed for the target architecture by
+    // the script that checks the archive against the repository's checksums.
     let tofu = from
         .iter()
-        .find(|s| has(s, &|i| i.contains("opentofu/opentofu/releases/download")))
-        .expect("a stage downloads OpenTofu");
+        .find(|s| has(s, &|i| i.contains("scripts/install-tofu.sh")))
+        .expect("a stage installs OpenTofu with scripts/install-tofu.sh");
     assert!(has(tofu, &|i| i.starts_with("ARG TOFU_VERSION=")));
-    assert!(has(tofu, &|i| {
-        i.strip_prefix("ARG TOFU_SHA256=")
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-    }));
-    assert!(has(tofu, &|i| i.contains("${TOFU_SHA256}")
-        && i.contains("sha256sum --check")));
+    assert!(has(tofu, &|i| i.starts_with("COPY ")
+        && i.contains("scripts/install-tofu.sh")
+        && i.contains("scripts/tofu.sha256sums")));
+    assert!(has(tofu, &|i| i.starts_with("RUN ")
+        && i.contains("install-tofu.sh \"${TOFU_VERSION}\"")
+        && i.contains("TARGETARCH")));
     assert!(has(runtime, &|i| i.starts_with("COPY --from=")
         && i.contains("/usr/local/bin/tofu")));
     assert!(has(runtime, &|i| i.starts_with("COPY --from=")
         && i.ends_with("/usr/local/bin/planbot")));
+
+    // planbot: built for the target architecture with the stripped `dist` profile.
+    let build = from
+        .iter()
+        .find(|s| has(s, &|i| i.contains("cargo build")))
+        .expect("a stage builds planbot");
+    assert!(
+        build[0].starts_with("FROM --platform=$BUILDPLATFORM "),
+        "{:?}",
+        build[0]
+    );
+    assert!(has(build, &|i| i
+        .contains("cargo build --profile dist --locked")
+        && i.contains("--target")
+        && i.contains("/dist/planbot")));
+    let cargo: toml::Table = read("Cargo.toml").parse().unwrap();
+    let dist = &cargo["profile"]["dist"];
+    assert_eq!(dist["inherits"].as_str(), Some("release"));
+    assert_eq!(
+        dist["strip"].as_str(),
+        Some("symbols"),
+        "the shipped binary is stripped"
+    );
+    assert_eq!(dist["debug"].as_bool(), Some(false));
 
     // What planbot needs at run time.
     let install = runtime
@@ -442,63 +469,12 @@ fn assert_valid_for_kubernetes(built: &str, what: &str) {
     );
 }
 
-/// The fenced code block of the README that holds `line` (a line of its own).
-fn readme_block(line: &str) -> String {
-    let readme = read("README.md");
-    let mut blocks = readme.split("\n```").skip(1).step_by(2);
-    blocks
-        .find(|b| b.lines().any(|l| l == line))
-        .map(|b| {
-            b.split_once('\n')
-                .map(|(_, body)| body.to_string())
-                .unwrap_or_default()
-        })
-        .unwrap_or_else(|| panic!("no README code block with the line `{line}`"))
-}
-
-/// Run a README recipe (shell lines) with bash in `dir`, the built planbot first on `PATH`;
-/// `stdin` answers the one prompt (`cat > ...`).
-fn run_recipe(dir: &Path, recipe: &str, stdin: &str) {
-    use std::io::Write;
-    let bin = dir.join(".bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let _ = std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_planbot"), bin.join("planbot"));
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut child = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", recipe])
-        .current_dir(dir)
-        .env("PATH", path)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "the README recipe failed ({}):\n{recipe}\n{}{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-}
-
 /// The README's Kubernetes recipe, run in an empty directory beside the clone (`planbot/`, a
 /// link to this repository) with `edits` applied to it, `kubectl apply -k .` replaced by
 /// `kubectl kustomize .` (no cluster here) and the commands that need a cluster dropped.
 /// Returns the directory and the manifests it would apply.
 fn readme_kubernetes_site(edits: &[(&str, &str)]) -> (tempfile::TempDir, Vec<serde_yaml::Value>) {
-    let mut recipe = readme_block("kubectl apply -k .")
+    let mut recipe = support::readme_block("kubectl apply -k .")
         .lines()
         .filter(|l| !l.starts_with("kubectl -n planbot "))
         .map(|l| {
@@ -518,7 +494,7 @@ fn readme_kubernetes_site(edits: &[(&str, &str)]) -> (tempfile::TempDir, Vec<ser
     std::os::unix::fs::symlink(repo(), root.path().join("planbot")).unwrap();
     let site = root.path().join("site");
     std::fs::create_dir(&site).unwrap();
-    run_recipe(&site, &recipe, "glpat-k8s-test-token-0123456789\n");
+    support::run_recipe(&site, &recipe, "glpat-k8s-test-token-0123456789\n");
     let built = std::fs::read_to_string(site.join("built.yaml")).unwrap();
     assert_valid_for_kubernetes(&built, "the README's kustomization");
     (root, documents(&built))
@@ -895,19 +871,29 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
         "{image}"
     );
     let vars = &ci["variables"];
-    for arg in ["TOFU_VERSION", "TOFU_SHA256"] {
-        assert!(
-            image.contains(&format!("--build-arg {arg}=")),
-            "{arg} not passed:\n{image}"
+    assert!(image.contains("--build-arg TOFU_VERSION="), "{image}");
+    assert_eq!(
+        vars["TOFU_VERSION"].as_str(),
+        Some(dockerfile_arg("TOFU_VERSION").as_str()),
+        "the pipeline's TOFU_VERSION differs from the Dockerfile's"
+    );
+    assert!(
+        test.contains("scripts/install-tofu.sh \"${TOFU_VERSION}\""),
+        "the test job does not install the checked OpenTofu:\n{test}"
+    );
+    // Every platform the image is built for has its OpenTofu checksum.
+    assert!(image.contains("--platform \"${PLATFORMS}\""), "{image}");
+    let sums = read("scripts/tofu.sha256sums");
+    for platform in vars["PLATFORMS"].as_str().unwrap().split(',') {
+        let arch = platform.trim().strip_prefix("linux/").unwrap();
+        let file = format!(
+            "tofu_{}_linux_{arch}.tar.gz",
+            vars["TOFU_VERSION"].as_str().unwrap()
         );
-        assert_eq!(
-            vars[arg].as_str(),
-            Some(dockerfile_arg(arg).as_str()),
-            "the pipeline's {arg} differs from the Dockerfile's"
-        );
         assert!(
-            test.contains(&format!("${{{arg}}}")),
-            "the test job does not use {arg}"
+            sums.lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(file.as_str())),
+            "PLATFORMS has {platform}, but scripts/tofu.sha256sums has no line for {file}"
         );
     }
     let rust_image = vars["RUST_IMAGE"].as_str().unwrap();
@@ -924,6 +910,10 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
     let binary = job("static-binary");
     let build = script(binary);
     assert!(build.contains("--target x86_64-unknown-linux-musl") && build.contains("--locked"));
+    assert!(
+        build.contains("--profile dist") && build.contains("/dist/planbot"),
+        "the release binary is the stripped one:\n{build}"
+    );
     assert!(
         build.contains("INTERP"),
         "the static binary is not checked to be static"
@@ -953,8 +943,8 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
     for tagged in ["static-binary", "release"] {
         assert_eq!(
             job(tagged)["rules"][0]["if"].as_str(),
-            Some("$CI_COMMIT_TAG"),
-            "{tagged} must run on tags only"
+            Some("$CI_COMMIT_TAG =~ /^v\\d+\\.\\d+\\.\\d+$/"),
+            "{tagged} must run on release tags only"
         );
     }
 }
@@ -1184,14 +1174,15 @@ fn the_readmes_compose_steps_leave_every_file_compose_reads_and_a_config_that_lo
     }
     // The README's steps, run in deploy/compose, but for `sudo chown` (no user 10001 here)
     // and `docker compose up` (no engine here).
-    let block = readme_block("PLANBOT_HOST=planbot.example.com docker compose up -d --build");
+    let block =
+        support::readme_block("PLANBOT_HOST=planbot.example.com docker compose up -d --build");
     let recipe: Vec<&str> = block
         .lines()
         .filter(|l| {
             !l.starts_with("cd ") && !l.starts_with("sudo ") && !l.contains("docker compose up")
         })
         .collect();
-    run_recipe(
+    support::run_recipe(
         &compose_dir,
         &recipe.join("\n"),
         "glpat-compose-test-token-0123\n",
@@ -1318,4 +1309,210 @@ fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same
     let dockerfile = read("Dockerfile");
     assert!(dockerfile.contains("-m 0700 /var/lib/planbot"));
     assert!(dockerfile.contains("-m 0755 /etc/planbot"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Releases
+
+/// The version in Cargo.toml.
+fn cargo_version() -> String {
+    let cargo: toml::Table = read("Cargo.toml").parse().unwrap();
+    cargo["package"]["version"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_release_is_the_cargo_version_tagged_with_its_changelog_and_the_component_resolves() {
+    let version = cargo_version();
+    let parts: Vec<&str> = version.split('.').collect();
+    assert!(
+        parts.len() == 3 && parts.iter().all(|p| p.parse::<u64>().is_ok()),
+        "Cargo.toml's version {version} is not MAJOR.MINOR.PATCH"
+    );
+    let changelog = read("CHANGELOG.md");
+    assert!(
+        changelog.lines().any(|l| l == format!("## [{version}]")),
+        "CHANGELOG.md has no section for {version}"
+    );
+    // The release job refuses a tag that is not this version, or has no changelog section.
+    let ci = yaml(".gitlab-ci.yml");
+    let release = script(&ci["release"]);
+    assert!(
+        release.contains("\"v${version}\"") && release.contains("CHANGELOG.md"),
+        "{release}"
+    );
+
+    // The component as GitLab resolves `<instance>/<project path>/<name>@<tag>`: the project
+    // holds templates/<name>.yml, and the tag is a release tag of this version. The README and
+    // the template's own comment give the same reference.
+    let readme = read("README.md");
+    let template = read("templates/planbot-apply.yml");
+    let mut refs: Vec<String> = Vec::new();
+    for text in [&readme, &template] {
+        for line in text.lines() {
+            if let Some(r) = line.split("component: ").nth(1) {
+                refs.push(r.split_whitespace().next().unwrap().to_string());
+            }
+        }
+    }
+    assert!(refs.len() >= 2, "{refs:?}");
+    for r in &refs {
+        let (path, tag) = r.split_once('@').unwrap();
+        let path = path
+            .strip_prefix("$CI_SERVER_FQDN/")
+            .unwrap_or_else(|| panic!("{r}: a component is named on its own instance"));
+        let (project, name) = path.rsplit_once('/').unwrap();
+        assert!(project.contains('/'), "{r}: <group>/<project>/<name>");
+        assert!(
+            repo().join(format!("templates/{name}.yml")).is_file(),
+            "{r}: no templates/{name}.yml to resolve to"
+        );
+        assert_eq!(tag, format!("v{version}"), "{r}: not this release's tag");
+        assert_eq!(r, &refs[0], "two component references disagree");
+    }
+    // The README says where that project comes from: a copy of this repository, with its tags.
+    let project = refs[0]
+        .split('/')
+        .skip(1)
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("/");
+    assert!(
+        readme.contains(&format!("say `{project}`")),
+        "the README does not say how `{project}` comes to exist"
+    );
+
+    // The image a release pushes is the version the Kubernetes manifests run.
+    let image = script(&ci["container-image"]);
+    assert!(image.contains("${CI_COMMIT_TAG#v}"), "{image}");
+    for manifest in ["single/statefulset.yaml", "replicas/deployment.yaml"] {
+        let m = yaml(&format!("{K8S}/{manifest}"));
+        let image = m["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            image.ends_with(&format!(":{version}")),
+            "{manifest}: {image}"
+        );
+    }
+}
+
+/// A tiny HTTP server for the files under `root` (what a release download mirror serves).
+fn serve_files(root: &Path) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let root = root.to_path_buf();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut request = String::new();
+            let _ = BufReader::new(&conn).read_line(&mut request);
+            let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+            let reply = match std::fs::read(root.join(path.trim_start_matches('/'))) {
+                Ok(body) => [
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes(),
+                    body,
+                ]
+                .concat(),
+                Err(_) => {
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        .to_vec()
+                }
+            };
+            let _ = conn.write_all(&reply);
+        }
+    });
+    url
+}
+
+#[test]
+fn install_tofu_installs_only_an_archive_whose_checksum_the_repository_lists() {
+    // A release mirror with tofu_9.9.9 for amd64, and a copy of the script whose checksum list
+    // names that archive (the shipped list names real releases).
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("mirror/v9.9.9");
+    std::fs::create_dir_all(&release).unwrap();
+    let payload = dir.path().join("payload");
+    std::fs::create_dir(&payload).unwrap();
+    std::fs::write(payload.join("tofu"), "#!/bin/sh\necho 'OpenTofu v9.9.9'\n").unwrap();
+    let archive = release.join("tofu_9.9.9_linux_amd64.tar.gz");
+    let out = run(Command::new("tar")
+        .arg("-czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&payload)
+        .arg("tofu"));
+    assert!(out.status.success());
+    let digest = |p: &Path| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(std::fs::read(p).unwrap()))
+    };
+    let scripts = dir.path().join("scripts");
+    std::fs::create_dir(&scripts).unwrap();
+    std::fs::copy(
+        repo().join("scripts/install-tofu.sh"),
+        scripts.join("install-tofu.sh"),
+    )
+    .unwrap();
+    std::fs::write(
+        scripts.join("tofu.sha256sums"),
+        format!("{}  tofu_9.9.9_linux_amd64.tar.gz\n", digest(&archive)),
+    )
+    .unwrap();
+    let mirror = serve_files(&dir.path().join("mirror"));
+    let install = |arch: &str, dest: &Path| {
+        run(Command::new("sh")
+            .arg(scripts.join("install-tofu.sh"))
+            .args(["9.9.9"])
+            .arg(dest)
+            .arg(arch)
+            .env("TOFU_DOWNLOAD_URL", &mirror))
+    };
+
+    let bin = dir.path().join("bin");
+    let out = install("amd64", &bin);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tofu = run(&mut Command::new(bin.join("tofu")));
+    assert_eq!(text(&tofu.stdout), "OpenTofu v9.9.9\n");
+
+    // An architecture the list does not name is refused before any download.
+    let out = install("arm64", &dir.path().join("bin-arm64"));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no SHA-256 for tofu_9.9.9_linux_arm64.tar.gz"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!dir.path().join("bin-arm64/tofu").exists());
+
+    // A tampered archive (the mirror serves another file) is refused and not installed.
+    std::fs::write(payload.join("tofu"), "#!/bin/sh\necho evil\n").unwrap();
+    let out = run(Command::new("tar")
+        .arg("-czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&payload)
+        .arg("tofu"));
+    assert!(out.status.success());
+    let other = dir.path().join("bin-tampered");
+    let out = install("x86_64", &other);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("does not have the SHA-256")
+            && text(&out.stderr).contains("refusing it"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!other.join("tofu").exists());
+
+    // The shipped list names the pinned version for the image's default architecture.
+    let pinned = dockerfile_arg("TOFU_VERSION");
+    assert!(read("scripts/tofu.sha256sums")
+        .lines()
+        .any(|l| l.ends_with(&format!("  tofu_{pinned}_linux_amd64.tar.gz"))));
 }
