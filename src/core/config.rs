@@ -2684,8 +2684,13 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
                 format!("secret from {p} 0123456789\n")
             })
         };
-        // As shipped, its placeholder stops it, named with its line.
-        let problems = Config::load_all(example, &[], &read).problems;
+        // As shipped (its secrets named in $CREDENTIALS_DIRECTORY), its placeholder stops it,
+        // named with its line.
+        let env = [(
+            CREDENTIALS_DIRECTORY.to_string(),
+            "/run/credentials/planbot.service".to_string(),
+        )];
+        let problems = Config::load_all(example, &env, &read).problems;
         assert_eq!(problems.len(), 1, "{problems:?}");
         let line = example
             .lines()
@@ -2696,10 +2701,10 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
             format!("config key `engine.env.TF_VAR_encryption_passphrase`: is still the example's placeholder `change-me`: put the real value here\n    from planbot.toml, line {}", line + 1)
         );
         let example = example.replace("\"change-me\"", "\"a-real-passphrase\"");
-        let c = Config::load(&example, &[], &read).expect("the example loads");
+        let c = Config::load(&example, &env, &read).expect("the example loads");
         assert_eq!(
             c.gitlab.token.expose(),
-            "secret from /run/secrets/planbot-gitlab-token 0123456789"
+            "secret from /run/credentials/planbot.service/gitlab-token 0123456789"
         );
         assert_eq!(
             c.proxmox.for_plan().endpoint.as_deref(),
