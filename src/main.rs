@@ -17,7 +17,9 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum SandboxArg {
+    /// Read anything but /proc; write only the root, the run's temp dir and the plugin cache.
     Local,
+    /// The service's profile: also a private HOME and planbot's own CLI config.
     Strict,
 }
 
@@ -62,7 +64,8 @@ impl From<EngineName> for planbot::core::engine_kind::EngineKind {
 enum Command {
     /// Run the service (webhooks, plan queue, apply endpoint, run pages).
     Serve {
-        #[arg(long, default_value = "/etc/planbot/planbot.toml")]
+        /// The service's config file (every key can also come from a PLANBOT_* variable).
+        #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
         config: PathBuf,
         /// Validate the config, print what the service would do, and exit.
         #[arg(long)]
@@ -70,10 +73,13 @@ enum Command {
     },
     /// Render a `show -json` plan document (`-` = stdin) as the MR note or the JSON summary.
     Render {
+        /// The JSON of `tofu show -json PLANFILE` (not the binary plan file itself); `-` reads stdin.
+        #[arg(value_name = "PLAN_JSON")]
         plan_json: PathBuf,
-        #[arg(long, value_enum, default_value = "markdown")]
-        format: Format,
-        /// Secret key of the plan fingerprint (HMAC-SHA256).
+        /// Default: `text` on a terminal, `markdown` when piped (as `planbot plan`).
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+        /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
         #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
         fingerprint_key: Option<String>,
         /// The engine that wrote the plan, for the footer (default: told from the document when
@@ -83,6 +89,7 @@ enum Command {
     },
     /// Run init + plan + show in DIR with the real engine and print the same output.
     Plan {
+        /// The root module to plan (a directory with `.tf` files).
         dir: PathBuf,
         /// Engine binary: `tofu` (preferred), `terraform`, or a path.
         #[arg(long)]
@@ -90,6 +97,7 @@ enum Command {
         /// Default: `text` on a terminal, `markdown` when piped.
         #[arg(long, value_enum)]
         format: Option<Format>,
+        /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
         #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
         fingerprint_key: Option<String>,
         /// Give up (SIGTERM, then kill after a grace period) after this long.
@@ -113,14 +121,30 @@ enum Command {
         /// Run the engine without a sandbox.
         #[arg(long)]
         no_sandbox: bool,
+        /// After the plan, check it with the Rego policies of this directory (as
+        /// `planbot policy test` does).
+        #[arg(long, value_name = "DIR")]
+        policy: Option<PathBuf>,
+        /// The Rego package of the policies' rules.
+        #[arg(long, default_value = "main", requires = "policy")]
+        namespace: String,
+    },
+    /// Rego policies over plans, as conftest runs them.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
     },
     /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
     Doctor {
-        #[arg(long, default_value = "/etc/planbot/planbot.toml")]
+        /// The service's config file, as `planbot serve` reads it.
+        #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
         config: PathBuf,
     },
     /// Validate a repo config file (`.planbot.toml`) and print the roots it defines.
-    CheckConfig { file: PathBuf },
+    CheckConfig {
+        /// The repository's `.planbot.toml`.
+        file: PathBuf,
+    },
     /// Manage the store: `planbot store migrate --from sqlite://… --to postgres://…`.
     Store {
         #[command(subcommand)]
@@ -135,8 +159,8 @@ enum Command {
         /// Fingerprint prefix of a changed plan you read and accept (default: `$PLANBOT_CONFIRM`).
         #[arg(long)]
         confirm: Option<String>,
-        /// Apply only these roots.
-        #[arg(long = "root")]
+        /// Apply only this root (as named in `.planbot.toml`); repeatable. Default: every root.
+        #[arg(long = "root", value_name = "ROOT")]
         roots: Vec<String>,
     },
 }
@@ -151,6 +175,44 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
             "{name:?} is not a variable name (letters, digits, `-` and `_`, starting with a letter or `_`)"
         )),
         None => Err("expected NAME=VALUE".to_string()),
+    }
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Evaluate a directory of Rego policies over a `show -json` document (`-` = stdin) and
+    /// print the result as conftest does; exit 1 when a policy fails.
+    Test {
+        plan_json: PathBuf,
+        /// The directory of `.rego` files (read recursively).
+        #[arg(long, value_name = "DIR")]
+        policy: PathBuf,
+        /// The Rego package of the rules (`deny`, `violation`, `warn`).
+        #[arg(long, default_value = "main")]
+        namespace: String,
+        #[arg(long, value_enum, default_value = "text")]
+        output: PolicyOutput,
+        /// The root name the policies see as `data.planbot.root`.
+        #[arg(long, default_value = ".")]
+        root: String,
+        /// Stop the evaluation (an error, never a pass) after this long.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        limit: std::time::Duration,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PolicyOutput {
+    Text,
+    Json,
+}
+
+impl From<PolicyOutput> for planbot::flows::cli::policy::Output {
+    fn from(o: PolicyOutput) -> Self {
+        match o {
+            PolicyOutput::Text => planbot::flows::cli::policy::Output::Text,
+            PolicyOutput::Json => planbot::flows::cli::policy::Output::Json,
+        }
     }
 }
 
@@ -191,7 +253,9 @@ fn main() -> ExitCode {
             engine_name,
         } => planbot::flows::cli::render::render_command(
             &plan_json,
-            format.into(),
+            format
+                .map(Into::into)
+                .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
             fingerprint_key.as_deref(),
             engine_name.map(Into::into),
         ),
@@ -205,16 +269,22 @@ fn main() -> ExitCode {
             vars,
             sandbox,
             no_sandbox,
+            policy,
+            namespace,
         } => planbot::flows::cli::plan::plan_command(
             &dir,
             engine.as_deref(),
-            format.map(Into::into).unwrap_or_else(|| {
-                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-                    planbot::flows::cli::render::Format::Text
-                } else {
-                    planbot::flows::cli::render::Format::Markdown
-                }
-            }),
+            planbot::flows::cli::plan::Printed {
+                format: format
+                    .map(Into::into)
+                    .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
+                policy: policy.map(|dir| planbot::flows::cli::policy::PolicyOptions {
+                    dir,
+                    namespace,
+                    limit: planbot::core::policy::DEFAULT_LIMIT,
+                    output: planbot::flows::cli::policy::Output::Text,
+                }),
+            },
             fingerprint_key.as_deref(),
             timeout,
             planbot::flows::cli::plan::Variables { var_files, vars },
@@ -226,6 +296,26 @@ fn main() -> ExitCode {
                 (false, SandboxArg::Strict) => {
                     Some(planbot::capabilities::engine::SandboxProfile::Strict)
                 }
+            },
+        ),
+        Command::Policy {
+            command:
+                PolicyCommand::Test {
+                    plan_json,
+                    policy,
+                    namespace,
+                    output,
+                    root,
+                    limit,
+                },
+        } => planbot::flows::cli::policy::test_command(
+            &plan_json,
+            &root,
+            &planbot::flows::cli::policy::PolicyOptions {
+                dir: policy,
+                namespace,
+                limit,
+                output: output.into(),
             },
         ),
         Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),

@@ -100,9 +100,14 @@ timeout = "5m"
         recipe = readme_block("state recipe: planbot.toml"),
     );
     let (plan_token, apply_token) = (reader.token.clone(), writer.token.clone());
-    let config = Config::load(&text, &[], &move |path| match path {
-        "/run/secrets/planbot-state-plan-token" => Ok(format!("{plan_token}\n")),
-        "/run/secrets/planbot-state-apply-token" => Ok(format!("{apply_token}\n")),
+    // The token files are names in $CREDENTIALS_DIRECTORY, as systemd's LoadCredential= fills it.
+    let env = [(
+        "CREDENTIALS_DIRECTORY".to_string(),
+        "/run/credentials/planbot.service".to_string(),
+    )];
+    let config = Config::load(&text, &env, &move |path| match path {
+        "/run/credentials/planbot.service/state-plan-token" => Ok(format!("{plan_token}\n")),
+        "/run/credentials/planbot.service/state-apply-token" => Ok(format!("{apply_token}\n")),
         other => Err(format!("no file {other}")),
     })
     .expect("the README's state recipe is a valid config");

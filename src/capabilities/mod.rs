@@ -2,6 +2,7 @@
 //! sandbox, Proxmox, the store), each with an injectable base URL, binary or path.
 pub mod engine;
 pub mod gitlab;
+pub mod namespaces;
 pub mod proxmox;
 pub mod sandbox;
 pub mod store;

@@ -55,6 +55,9 @@ impl Engine {
             }
         }
         let confinement = self.confinement(Some((&place.worktree, &dirs)));
+        if let Some(c) = &confinement {
+            c.set_env(&mut env);
+        }
         let plan_file = dirs.out.join("plan");
 
         let env_scrubber = secrets.scrubber();
