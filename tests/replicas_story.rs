@@ -159,7 +159,8 @@ TF_HTTP_PASSWORD = "{token}"
                 .token
         )
     } else {
-        String::new()
+        // GitLab-managed state, as users run it (a root's local state is refused).
+        gitlab.managed_state_config(project)
     };
     format!(
         r#"
