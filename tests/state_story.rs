@@ -9,7 +9,7 @@ mod support;
 use planbot::core::config::Config;
 use planbot::flows::service::application::Options;
 use service_support::TestService;
-use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER};
+use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER, REPORTER};
 
 const INFRA: &str = "infra/homelab";
 
@@ -64,11 +64,26 @@ fn world(
     files: &[(&str, &str)],
     extra: &str,
 ) -> World {
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(p, t)| (p.to_string(), t.to_string()))
+        .collect();
+    let extra = extra.to_string();
+    world_with(engine, planbot_toml, move |_| (files, extra))
+}
+
+/// [`world`] whose files and extra config are made once the fake GitLab runs (they name it).
+fn world_with(
+    engine: &std::path::Path,
+    planbot_toml: &str,
+    prepare: impl FnOnce(&FakeGitLab) -> (Vec<(String, String)>, String),
+) -> World {
     let gitlab = FakeGitLab::start();
     let project = gitlab.create_project(INFRA);
     let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
+    let (files, extra) = prepare(&gitlab);
     let mut all = vec![(".planbot.toml", planbot_toml)];
-    all.extend_from_slice(files);
+    all.extend(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
     gitlab.commit_files(&project, "main", &all);
     let reader = gitlab.member_with_role(&project, "state-reader", support::fake_gitlab::DEVELOPER);
     let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
@@ -469,4 +484,277 @@ async fn a_password_that_is_a_common_word_is_hidden_and_planbots_own_lines_stay_
         "{log}"
     );
     assert!(!log.contains("password apply"), "{log}");
+}
+
+/// Everything under `dir` (the SQLite store included) that holds `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if std::fs::read(&p)
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// A root calling the module `vm` of the private project `infra/modules` as `name`.
+fn module_call(gitlab: &FakeGitLab, name: &str) -> String {
+    format!(
+        "module \"{name}\" {{\n  source = \"git::{}/infra/modules.git//vm?ref=main\"\n  name   = \"{name}\"\n}}\n",
+        gitlab.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_using_a_module_from_a_private_gitlab_project_plans_and_the_token_shows_nowhere() {
+    let engine = require_engine!();
+    let mut reader_token = String::new();
+    let w = world_with(&engine, MANAGED, |gitlab| {
+        // infra/modules: private, readable by its members only (not even planbot's bot).
+        let modules = gitlab.create_project("infra/modules");
+        gitlab.remove_member(&modules, gitlab.bot());
+        gitlab.commit_files(
+            &modules,
+            "main",
+            &[(
+                "vm/main.tf",
+                "variable \"name\" {\n  type = string\n}\n\nresource \"terraform_data\" \"vm\" {\n  input = { name = var.name }\n}\n",
+            )],
+        );
+        let reader = gitlab.member_with_role(&modules, "modules-reader", REPORTER);
+        reader_token = reader.token.clone();
+        let extra = format!(
+            "\n[modules]\nprojects = [\"infra/modules\"]\n[modules.plan]\ntoken = \"{t}\"\n[modules.apply]\ntoken = \"{t}\"\n",
+            t = reader.token
+        );
+        (
+            vec![(
+                "stacks/core/main.tf".to_string(),
+                module_call(gitlab, "blocky"),
+            )],
+            extra,
+        )
+    });
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "second-vm",
+            &[("stacks/core/dns.tf", &module_call(&w.gitlab, "dns"))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}\n{note}");
+    assert!(note.contains("module.dns.terraform_data.vm"), "{note}");
+    // git fetched the private project with the module token (as `planbot`), and only that way.
+    let fetches: Vec<_> = w
+        .gitlab
+        .git_requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/infra/modules.git/"))
+        .collect();
+    assert!(!fetches.is_empty());
+    assert!(
+        fetches
+            .iter()
+            .all(|r| r.auth_user.as_deref() == Some("planbot") && r.status == 200),
+        "{fetches:?}"
+    );
+
+    // Merged and applied: the default branch's `init` fetches the modules too.
+    let log = w.merge_and_apply(&s, iid, 45).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains("module.dns.terraform_data.vm: Creation complete"),
+        "{log}"
+    );
+
+    // The token is in no note, status, job log, run page or stored file.
+    let mut places = vec![("job log".to_string(), log)];
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    places.push((
+        "statuses".into(),
+        format!("{:?}", w.gitlab.statuses(&w.project, &head)),
+    ));
+    for n in w.gitlab.notes(&w.project, iid) {
+        places.push(("a note".into(), n.body));
+    }
+    let (_, runs) = s.get_text("/runs").await;
+    places.push(("/runs".into(), runs));
+    for run in s.app.store.recent_runs(20).await.unwrap() {
+        let (code, page) = s.get_text(&format!("/runs/{}", run.id)).await;
+        assert_eq!(code, 200);
+        places.push((format!("/runs/{}", run.id), page));
+    }
+    for (place, text) in &places {
+        assert!(
+            !text.contains(&reader_token),
+            "the module token is in {place}"
+        );
+    }
+    assert_eq!(
+        files_holding(&w.config.data_dir, &reader_token),
+        Vec::<std::path::PathBuf>::new(),
+        "the module token is stored"
+    );
+}
+
+/// planbot's config with the `http` backend set up by hand in the engine's environment, at the
+/// fake GitLab's state API on its loopback port (not 443), and `sandbox` as given.
+fn hand_made_backend_config(
+    w: &World,
+    data: &std::path::Path,
+    engine: &std::path::Path,
+    sandbox: &str,
+) -> String {
+    let reader = w.gitlab.user_named("state-reader").unwrap();
+    let address = format!(
+        "{}/api/v4/projects/{}/terraform/state/core",
+        w.gitlab.url(),
+        w.project.id
+    );
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+public_url = "http://planbot.test"
+fingerprint_key = "test-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{url}"
+token = "{bot}"
+webhook_secret = "{secret}"
+projects = ["{INFRA}"]
+
+[engine]
+binary = "{engine}"
+timeout = "5m"
+
+[engine.env]
+TF_HTTP_ADDRESS = "{address}"
+TF_HTTP_USERNAME = "planbot"
+
+[engine.plan.env]
+TF_HTTP_PASSWORD = "{token}"
+{sandbox}
+"#,
+        data = data.display(),
+        url = w.gitlab.url(),
+        bot = w.gitlab.bot_token(),
+        secret = service_support::WEBHOOK_SECRET,
+        engine = engine.display(),
+        token = reader.token,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_backend_on_another_port_is_flagged_by_check_and_its_refused_connect_explained() {
+    let engine = require_engine!();
+    let backend_tf = "terraform {\n  backend \"http\" {}\n}\n";
+    let w = world(
+        &engine,
+        "[[roots]]\nname = \"core\"\ndir = \"stacks/core\"\nstate = \"own\"\n",
+        &[
+            ("stacks/core/backend.tf", backend_tf),
+            ("stacks/core/main.tf", &vms_tf(&["blocky"])),
+        ],
+        "",
+    );
+    let port = url::Url::parse(w.gitlab.url()).unwrap().port().unwrap();
+    let setting = format!("connect_ports = [443, {port}]");
+
+    // `serve --check` names the setting, the port and what would fail.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("planbot.toml");
+    std::fs::write(
+        &file,
+        hand_made_backend_config(&w, &dir.path().join("data"), &engine, ""),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("config key `engine.env.TF_HTTP_ADDRESS`: `127.0.0.1:{port}` (a server the engine's environment names) is on a port the engine's sandbox blocks"))
+            && stderr.contains(&format!("Add the port: `[sandbox] {setting}`")),
+        "{stderr}"
+    );
+
+    // Run anyway, the MR's plan fails; the note says why and which setting allows it.
+    let config = Config::load(
+        &hand_made_backend_config(&w, &dir.path().join("data"), &engine, ""),
+        &[],
+        &|_| Err("no files".into()),
+    )
+    .unwrap();
+    let s = TestService::start(config, with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "add-gitlab",
+            &[("stacks/core/main.tf", &vms_tf(&["blocky", "gitlab"]))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("failed"), "{status}");
+    assert!(note.contains("connect: permission denied"), "{note}");
+    assert!(
+        note.contains(&format!(
+            "sandbox refused a connection to 127.0.0.1, port {port}"
+        )) && note.contains(&format!("`[sandbox] {setting}`")),
+        "{note}"
+    );
+    drop(s);
+
+    // With the port allowed, `--check` is content and the same MR plans.
+    let allowed = format!("\n[sandbox]\n{setting}\n");
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(
+        &file,
+        hand_made_backend_config(&w, data.path(), &engine, &allowed),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("- let the engine connect to 127.0.0.1:{port} (a server the engine's environment names, engine.env.TF_HTTP_ADDRESS)")),
+        "{stdout}"
+    );
+    let config = Config::load(
+        &hand_made_backend_config(&w, data.path(), &engine, &allowed),
+        &[],
+        &|_| Err("no files".into()),
+    )
+    .unwrap();
+    let s = TestService::start(config, with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "add-backup",
+            &[("stacks/core/main.tf", &vms_tf(&["blocky", "backup"]))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}\n{note}");
 }

@@ -86,6 +86,8 @@ impl std::fmt::Debug for GitLab {
 enum Auth<'a> {
     Bot,
     Job(&'a str),
+    /// HTTP Basic auth with this user name and the client's token (git over HTTP).
+    Basic(&'a str),
 }
 
 /// One attempt of a call, classified.
@@ -943,6 +945,37 @@ impl GitLab {
         })
     }
 
+    /// Whether the token may read the project's GitLab-managed state (the Developer role):
+    /// `GET` of a state name no one uses answers 404 to a reader, 403 to anyone else. Read only.
+    pub async fn terraform_state_readable(&self, project: ProjectId) -> Result<(), GitLabError> {
+        let p = project.to_string();
+        let url = self.url(
+            &["projects", &p, "terraform", "state", "planbot-doctor-probe"],
+            &[],
+        );
+        match self.request(Method::GET, url, Auth::Bot, None).await {
+            Ok(_) | Err(GitLabError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether git may fetch the repository `project_path` with this token as `username`
+    /// (what `init` does for a module): `GET <project>.git/info/refs?service=git-upload-pack`.
+    pub async fn repository_readable(
+        &self,
+        project_path: &str,
+        username: &str,
+    ) -> Result<(), GitLabError> {
+        let mut url = self
+            .base
+            .join(&format!("{}.git/info/refs", project_path.trim_matches('/')))
+            .map_err(|e| GitLabError::Decode(e.to_string()))?;
+        url.set_query(Some("service=git-upload-pack"));
+        self.request(Method::GET, url, Auth::Basic(username), None)
+            .await
+            .map(|_| ())
+    }
+
     /// The project's webhooks (needs Maintainer; [`GitLabError::Forbidden`] otherwise).
     pub async fn project_hooks(&self, project: ProjectId) -> Result<Vec<Hook>, GitLabError> {
         let p = project.to_string();
@@ -1113,6 +1146,7 @@ impl GitLab {
         req = match auth {
             Auth::Bot => req.header("PRIVATE-TOKEN", &self.token),
             Auth::Job(t) => req.header("JOB-TOKEN", t),
+            Auth::Basic(user) => req.basic_auth(user, Some(&self.token)),
         };
         if let Some(p) = payload {
             req = req.json(p);

@@ -58,6 +58,7 @@ files![
     ("lint.j2", Blocks),
     ("local_progress.txt.j2", Verbatim),
     ("note.md.j2", Blocks),
+    ("network.txt.j2", Verbatim),
     ("note_phrases.j2", Blocks),
     ("pages/layout.html", Verbatim),
     ("pages/message.html", Verbatim),

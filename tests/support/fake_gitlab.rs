@@ -2628,8 +2628,10 @@ fn tf_auth(
     id: &str,
     needed: u32,
 ) -> Result<(u64, FakeUser), Response> {
-    let Some((_, Some(user))) = basic_user(s, headers) else {
-        return Err(err(StatusCode::UNAUTHORIZED, "401 Unauthorized"));
+    // Basic auth (the engine's http backend), or the API's own token headers.
+    let user = match basic_user(s, headers) {
+        Some((_, Some(user))) => user,
+        _ => api_user(s, headers)?,
     };
     let pid = match s.project_ref(id) {
         Some(pid) if s.projects[&pid].members.contains_key(&user.id) => pid,
@@ -2694,7 +2696,9 @@ async fn tf_state(
     };
     let (code, user, resp) = {
         let mut s = lock!(state);
-        let who = basic_user(&s, &headers).and_then(|(_, u)| u);
+        let who = basic_user(&s, &headers)
+            .and_then(|(_, u)| u)
+            .or_else(|| api_user(&s, &headers).ok());
         match tf_auth(&s, &headers, &id, needed) {
             Err(r) => (r.status(), who, r),
             Ok((pid, user)) => {
@@ -2767,7 +2771,9 @@ async fn tf_lock(
 ) -> Response {
     let (code, user, resp) = {
         let mut s = lock!(state);
-        let who = basic_user(&s, &headers).and_then(|(_, u)| u);
+        let who = basic_user(&s, &headers)
+            .and_then(|(_, u)| u)
+            .or_else(|| api_user(&s, &headers).ok());
         match tf_auth(&s, &headers, &id, MAINTAINER) {
             Err(r) => (r.status(), who, r),
             Ok((pid, user)) => {

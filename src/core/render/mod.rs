@@ -76,6 +76,9 @@ pub struct NoteContext {
     /// The engine's (already redacted) error output for roots whose plan is `errored`, by root
     /// name: shown in a fenced block above the partial changes.
     pub plan_errors: BTreeMap<String, String>,
+    /// What an operator should know about a root's failure, by root name (the engine's sandbox
+    /// refused a connection, with the setting that allows it): shown under its error.
+    pub hints: BTreeMap<String, String>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
@@ -307,6 +310,8 @@ struct DetailView {
     errored: bool,
     error: Option<String>,
     fence: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<String>,
     no_changes: bool,
     /// Given to the template as `resources_seq` (see [`render_view`]).
     #[serde(skip)]
@@ -349,6 +354,7 @@ impl DetailView {
             errored: false,
             error: None,
             fence: String::new(),
+            hint: None,
             no_changes: false,
             resources: Vec::new(),
             resources_seq: minijinja::Value::UNDEFINED,
@@ -747,6 +753,7 @@ fn root_views<'r>(
 ) -> (RowView, DetailView) {
     let mut row = RowView::planned(&root.name);
     let mut detail = DetailView::planned(&root.name);
+    detail.hint = ctx.hints.get(&root.name).cloned();
     match &root.outcome {
         RootOutcome::Skipped { reason } => {
             row.status = "skipped";

@@ -140,6 +140,20 @@ impl ApplyCtx {
             })
     }
 
+    /// When the engine's sandbox refused what a run needed: why, and the setting that allows
+    /// it, in the job log and planbot's log.
+    pub(super) fn explain_denial(&self, report: &str) {
+        if let Some(hint) =
+            crate::flows::confinement::network::explain(&self.app.config, Use::Apply, report)
+        {
+            tracing::warn!(project = self.project.0, explanation = %hint, "the engine's sandbox refused what an apply needed");
+            self.log.say(
+                "hint",
+                context! { hint => minijinja::Value::from_safe_string(hint) },
+            );
+        }
+    }
+
     /// `lock` with who holds it and since when, from GitLab for GitLab-managed state (the
     /// engine's `http` backend names only the lock's ID); as it is when GitLab cannot tell.
     async fn who_holds(&self, root: &Root, lock: HeldLock) -> HeldLock {
@@ -226,6 +240,7 @@ impl ApplyCtx {
                 )
                 .await;
                 self.log.line(&report);
+                self.explain_denial(&report);
                 let error = match HeldLock::from_engine_output(&report) {
                     // Someone else holds the state's lock: who, since when, and how to free it.
                     Some(lock) => {

@@ -56,6 +56,7 @@ pub(super) async fn apply_all(
                     }
                     Err(e) => {
                         let report = e.report(40);
+                        ctx.explain_denial(&report);
                         ctx.end_run(
                             d.run,
                             RunState::Failed,

@@ -149,6 +149,7 @@ async fn plan(
         run_hint: first_run.and_then(|r| app.run_hint(r)),
         banners: prepared.banners.clone(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
+        hints: note::sandbox_hints(app, &planned.results),
         ..NoteContext::default()
     };
     let body = note::compose_note(ctx, &planned.results, &scrubber);
