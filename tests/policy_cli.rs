@@ -72,7 +72,11 @@ fn a_failure_prints_like_conftest_and_exits_1() {
     }
     // From stdin, conftest's `-` indicator.
     let plan = std::fs::read_to_string(dir.path().join("gke.json")).unwrap();
-    let out = policy_test(dir.path(), &["-", "--policy", "conftest_v1"], Some(&plan));
+    let out = planbot(
+        dir.path(),
+        &["policy", "test", "-", "--policy", "conftest_v1"],
+        Some(&plan),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stdout).starts_with(&format!("FAIL - - main - {MSG}\n")),
@@ -84,17 +88,9 @@ fn a_failure_prints_like_conftest_and_exits_1() {
 #[test]
 fn json_output_is_conftests_shape() {
     let dir = gke_dir();
-    let out = planbot(
+    let out = policy_test(
         dir.path(),
-        &[
-            "policy",
-            "test",
-            "gke.json",
-            "--policy",
-            "conftest_v1",
-            "--output",
-            "json",
-        ],
+        &["gke.json", "--policy", "conftest_v1", "--output", "json"],
     );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
