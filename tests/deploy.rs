@@ -79,6 +79,28 @@ fn assert_only_the_example_addresses_stop_it(out: &Output) {
     }
 }
 
+/// As an operator runs it: only the example's addresses stop the config, and with their own it
+/// passes `serve --check` without printing `secret` (a value the test wrote to a secret file).
+/// Returns what `--check` printed.
+fn assert_it_loads_once_the_addresses_are_yours(
+    config: &Path,
+    creds: &Path,
+    secret: &str,
+) -> String {
+    assert_only_the_example_addresses_stop_it(&serve_check(config, creds, &[]));
+    let out = serve_check(config, creds, OWN_ADDRESSES);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} with the secrets of {}:\n{stdout}\n{}",
+        config.display(),
+        creds.display(),
+        text(&out.stderr)
+    );
+    assert!(!stdout.contains(secret), "a secret printed:\n{stdout}");
+    stdout
+}
+
 // ---------------------------------------------------------------------------------------------
 // systemd
 
@@ -603,18 +625,7 @@ fn the_readmes_kubernetes_recipe_builds_and_its_config_loads_from_its_secret() {
         dir.path().join("planbot.toml"),
         dir.path().join("credentials"),
     );
-    assert_only_the_example_addresses_stop_it(&serve_check(&file, &creds, &[]));
-    let out = serve_check(&file, &creds, OWN_ADDRESSES);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the generated planbot.toml with the generated Secret:\n{stdout}\n{}",
-        text(&out.stderr)
-    );
-    assert!(
-        !stdout.contains("glpat-k8s-test-token"),
-        "a secret printed:\n{stdout}"
-    );
+    assert_it_loads_once_the_addresses_are_yours(&file, &creds, "glpat-k8s-test-token");
     // The Ingress carries the host the recipe's patch gives.
     let ingress = of_kind(&docs, "Ingress");
     assert_eq!(ingress["spec"]["rules"][0]["host"], "planbot.example.com");
@@ -1149,21 +1160,14 @@ fn the_readmes_three_replica_recipe_builds_and_its_config_loads_from_its_secret(
         .as_str()
         .unwrap()
         .starts_with("postgres://"));
-    let creds = dir.path().join("credentials");
-    let out = serve_check(&dir.path().join("planbot.toml"), &creds, OWN_ADDRESSES);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the replicas' planbot.toml with the Secret's keys {keys:?}:\n{stdout}\n{}",
-        text(&out.stderr)
+    let stdout = assert_it_loads_once_the_addresses_are_yours(
+        &dir.path().join("planbot.toml"),
+        &dir.path().join("credentials"),
+        "db-password-0123456789",
     );
     assert!(
         stdout.contains("postgres://"),
         "--check names the store:\n{stdout}"
-    );
-    assert!(
-        !stdout.contains("db-password-0123456789"),
-        "a secret printed:\n{stdout}"
     );
 }
 
@@ -1234,9 +1238,7 @@ fn the_readmes_compose_steps_leave_every_file_compose_reads_and_a_config_that_lo
     // The config, with the secrets where the image finds them ($CREDENTIALS_DIRECTORY).
     let config = compose_dir.join("planbot.toml");
     let secrets = compose_dir.join("secrets");
-    assert_only_the_example_addresses_stop_it(&serve_check(&config, &secrets, &[]));
-    let out = serve_check(&config, &secrets, OWN_ADDRESSES);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_it_loads_once_the_addresses_are_yours(&config, &secrets, "glpat-compose-test-token");
 }
 
 #[test]
