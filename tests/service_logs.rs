@@ -396,14 +396,17 @@ fn find<'a>(
         })
 }
 
+/// Fields an event must have, by name.
+type Fields<'a> = Vec<(&'a str, serde_json::Value)>;
+
 /// What the log must say about the story, whatever its format.
 fn assert_the_story_is_told(told: &Told) {
-    use serde_json::{json, Value};
+    use serde_json::json;
     let events: Vec<Event> = told.log.iter().map(|l| Event::parse(l)).collect();
     let p = || ("project", json!(told.project));
     let mr = |iid: u64| ("mr", json!(iid));
     let plan = |s: &str| ("name", json!(s));
-    let mut expected: Vec<(&str, &str, Vec<(&str, Value)>)> = Vec::new();
+    let mut expected: Vec<(&str, &str, Fields)> = Vec::new();
     for iid in told.good.iter().chain([&told.broken]).copied() {
         let event = ("event", json!("merge_request"));
         expected.push(("INFO", "webhook accepted", vec![event, p(), mr(iid)]));
