@@ -60,6 +60,7 @@ files![
     ("note.md.j2", Blocks),
     ("network.txt.j2", Verbatim),
     ("note_phrases.j2", Blocks),
+    ("pages/home.html", Verbatim),
     ("pages/layout.html", Verbatim),
     ("pages/message.html", Verbatim),
     ("pages/not_found.html", Verbatim),
