@@ -220,7 +220,8 @@ async fn every_problem_is_a_fail_line_with_its_fix_and_exit_1() {
     let stdout = stdout
         .replace(gitlab.url(), "http://GITLAB")
         .replace(&pve.url, "http://PVE/")
-        .replace(&format!("443, {pve_port})"), "443, PVE_PORT)");
+        .replace(&format!("443, {pve_port})"), "443, PVE_PORT)")
+        .replace(&format!("127.0.0.1:{pve_port} "), "PVE:PVE_PORT ");
     let stdout = stdout.replace(&config.display().to_string(), "planbot.toml");
     let stdout = stdout.replace(&dir.path().display().to_string(), "/TMP");
     insta::assert_snapshot!(stdout);

@@ -114,20 +114,22 @@ pub fn needs(config: &Config) -> Vec<Need> {
             &both,
         );
     }
-    for (key, ep, uses) in [
-        (
-            "proxmox.plan.endpoint",
-            config.proxmox.for_plan(),
-            &[Use::Plan][..],
-        ),
-        (
-            "proxmox.apply.endpoint",
-            config.proxmox.for_apply(),
-            &[Use::Apply][..],
-        ),
-    ] {
-        if let Some(e) = &ep.endpoint {
-            add(key.into(), "the Proxmox API", e, uses);
+    let (pve_plan, pve_apply) = (
+        config.proxmox.for_plan().endpoint,
+        config.proxmox.for_apply().endpoint,
+    );
+    if pve_plan == pve_apply {
+        if let Some(e) = &pve_plan {
+            add("proxmox.endpoint".into(), "the Proxmox API", e, &both);
+        }
+    } else {
+        for (key, ep, uses) in [
+            ("proxmox.plan.endpoint", &pve_plan, &[Use::Plan][..]),
+            ("proxmox.apply.endpoint", &pve_apply, &[Use::Apply][..]),
+        ] {
+            if let Some(e) = ep {
+                add(key.into(), "the Proxmox API", e, uses);
+            }
         }
     }
     if let Some(m) = config
@@ -268,7 +270,7 @@ endpoint = "https://pve01.lab:8006/"
             Some((8443, true))
         );
         assert_eq!(
-            by_key("proxmox.plan.endpoint").map(|n| (n.port, n.allowed)),
+            by_key("proxmox.endpoint").map(|n| (n.port, n.allowed)),
             Some((8006, true))
         );
         let minio = by_key("engine.env.TF_HTTP_ADDRESS").unwrap();
