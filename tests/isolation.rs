@@ -96,6 +96,18 @@ struct Ran {
     stderr: String,
 }
 
+impl Ran {
+    /// Fails the test, showing the whole output, unless stdout holds `text`.
+    fn says(&self, text: &str) {
+        assert!(
+            self.stdout.contains(text),
+            "expected {text:?} in the output:\n{}\n{}",
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
 /// How a test child is confined.
 enum Confined<'a> {
     /// Landlock alone (what planbot had before the namespaces).
@@ -194,22 +206,9 @@ async fn a_job_cannot_reach_planbots_sockets_stat_its_store_or_see_its_pids() {
         None,
     )
     .await;
-    assert!(
-        after.stdout.contains("connect: No such file or directory"),
-        "{}\n{}",
-        after.stdout,
-        after.stderr
-    );
-    assert!(
-        after.stdout.contains("stat: No such file or directory"),
-        "{}",
-        after.stdout
-    );
-    assert!(
-        after.stdout.contains("kill: No such process"),
-        "{}",
-        after.stdout
-    );
+    after.says("connect: No such file or directory");
+    after.says("stat: No such file or directory");
+    after.says("kill: No such process");
     let root: Vec<&str> = after
         .stdout
         .lines()
@@ -217,7 +216,7 @@ async fn a_job_cannot_reach_planbots_sockets_stat_its_store_or_see_its_pids() {
         .collect();
     // /tmp holds this test's job directory; the rest of it is not there.
     assert_eq!(root, vec!["usr", "etc", "dev", "tmp"], "{}", after.stdout);
-    assert!(before.stdout.contains("root: run"), "{}", before.stdout);
+    before.says("root: run");
     // The job's own directory works as before.
     let own = bash(
         "echo made > here && cat here && ls /dev | tr '\\n' ' '",
@@ -274,7 +273,7 @@ async fn a_setsid_daemon_ends_with_the_job() {
         None,
     )
     .await;
-    assert!(ran.stdout.contains("started"), "{}", ran.stderr);
+    ran.says("started");
     let survivors = processes_with(&marker);
     assert!(
         !survivors.is_empty(),
@@ -297,7 +296,7 @@ async fn a_setsid_daemon_ends_with_the_job() {
         None,
     )
     .await;
-    assert!(ran.stdout.contains("started"), "{}", ran.stderr);
+    ran.says("started");
     assert_eq!(
         processes_with(&marker),
         Vec::<i32>::new(),
@@ -370,11 +369,7 @@ async fn a_fork_bomb_hits_the_jobs_task_limit_and_ends_with_the_job() {
             )
         });
     assert!(failed_after < 64, "{}", ran.stdout);
-    assert!(
-        ran.stdout.contains("Resource temporarily unavailable"),
-        "{}",
-        ran.stdout
-    );
+    ran.says("Resource temporarily unavailable");
     assert_eq!(processes_with(&marker), Vec::<i32>::new());
 }
 
@@ -890,7 +885,7 @@ async fn udp_is_closed_and_the_engines_resolv_conf_asks_over_tcp() {
         None,
     )
     .await;
-    assert!(ran.stdout.contains("sent"), "{}", ran.stderr);
+    ran.says("sent");
     let mut buf = [0u8; 64];
     let n = listener.recv(&mut buf).expect("the datagram arrives");
     assert_eq!(&buf[..n], b"probe-report\n");
