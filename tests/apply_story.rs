@@ -467,17 +467,7 @@ impl World {
             .mr_webhook(&self.project, iid)
             .action("open")
             .body();
-        let status = s
-            .deliver(
-                std::str::from_utf8(&body).unwrap(),
-                &service_support::token_headers(
-                    "Merge Request Hook",
-                    &format!("open-{iid}"),
-                    service_support::WEBHOOK_SECRET,
-                ),
-            )
-            .await;
-        assert_eq!(status, 200);
+        s.deliver_mr_opened(&body, iid).await;
         iid
     }
 

@@ -154,17 +154,7 @@ impl World {
             .mr_webhook(&self.project, iid)
             .action("open")
             .body();
-        let status = s
-            .deliver(
-                std::str::from_utf8(&body).unwrap(),
-                &service_support::token_headers(
-                    "Merge Request Hook",
-                    &format!("open-{iid}"),
-                    service_support::WEBHOOK_SECRET,
-                ),
-            )
-            .await;
-        assert_eq!(status, 200);
+        s.deliver_mr_opened(&body, iid).await;
         iid
     }
 
@@ -252,20 +242,16 @@ fn last_line(log: &str) -> &str {
 const MANAGED: &str =
     "[[roots]]\nname = \"core\"\ndir = \"stacks/core\"\nstate = { gitlab = \"homelab\" }\n";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_mr_plan_reads_the_state_with_a_developer_token_and_the_apply_writes_it_with_a_maintainers(
-) {
-    let engine = require_engine!();
+/// The world of [`MANAGED`] (one VM on main, `extra` config), its service, and an MR that adds
+/// a second VM, planned: the MR, its note and its status.
+async fn managed_mr(engine: &std::path::Path, extra: &str) -> (World, TestService, u64, String) {
     let w = world(
-        &engine,
+        engine,
         MANAGED,
         &[("stacks/core/main.tf", &vms_tf(&["blocky"]))],
-        "",
+        extra,
     );
     let s = TestService::start(w.config.clone(), with_workers()).await;
-
-    // The first change: no state yet. The MR's plan reads it (a 404 is "none yet") and
-    // nothing else: no lock, no write, with the Developer's token.
     let iid = w
         .open_mr(
             &s,
@@ -275,6 +261,16 @@ async fn an_mr_plan_reads_the_state_with_a_developer_token_and_the_apply_writes_
         .await;
     let (note, status) = w.plan_of(&s, iid).await;
     assert!(status.starts_with("success"), "{status}\n{note}");
+    (w, s, iid, note)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_plan_reads_the_state_with_a_developer_token_and_the_apply_writes_it_with_a_maintainers(
+) {
+    let engine = require_engine!();
+    // The first change: no state yet. The MR's plan reads it (a 404 is "none yet") and
+    // nothing else: no lock, no write, with the Developer's token.
+    let (w, s, iid, note) = managed_mr(&engine, "").await;
     assert!(note.contains("<code>core</code> | 2 | 0 | 0"), "{note}");
     let reads = w.state_calls();
     assert!(
@@ -349,22 +345,7 @@ async fn an_mr_plan_reads_the_state_with_a_developer_token_and_the_apply_writes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_held_by_someone_else_says_who_since_when_and_how_to_release_it() {
     let engine = require_engine!();
-    let w = world(
-        &engine,
-        MANAGED,
-        &[("stacks/core/main.tf", &vms_tf(&["blocky"]))],
-        "lock_timeout = \"2s\"\n",
-    );
-    let s = TestService::start(w.config.clone(), with_workers()).await;
-    let iid = w
-        .open_mr(
-            &s,
-            "add-gitlab",
-            &[("stacks/core/main.tf", &vms_tf(&["blocky", "gitlab"]))],
-        )
-        .await;
-    let (_, status) = w.plan_of(&s, iid).await;
-    assert!(status.starts_with("success"), "{status}");
+    let (w, s, iid, _) = managed_mr(&engine, "lock_timeout = \"2s\"\n").await;
 
     // Bob's laptop holds the lock (a crashed apply, a local `tofu apply`).
     let bob = w.gitlab.member_with_role(&w.project, "bob", MAINTAINER);

@@ -2423,6 +2423,28 @@ fn take_sandbox(flat: &mut BTreeMap<String, Value>) -> Result<SandboxConfig, Con
     Ok(c)
 }
 
+/// A valid config of the fewest keys, with `extra` appended and `env` (`PLANBOT_*`) applied:
+/// for the unit tests of every module that reads a config.
+#[cfg(test)]
+pub(crate) fn test_config(extra: &str, env: &[(&str, &str)]) -> Config {
+    let text = format!(
+        r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token = "glpat-secret-token"
+webhook_secret = "hook-secret"
+projects = ["infra/homelab"]
+{extra}
+"#
+    );
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::load(&text, &env, &|_| Err("no files".into())).expect("a valid test config")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

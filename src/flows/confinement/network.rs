@@ -235,19 +235,12 @@ pub fn explain(config: &Config, use_: Use, output: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// A config with GitLab on port 8443 and `extra`.
     fn config(extra: &str) -> Config {
-        let text = format!(
-            r#"
-fingerprint_key = "0123456789abcdef0123"
-[gitlab]
-url = "https://gitlab.example.com:8443/"
-token = "glpat-secret-token"
-webhook_secret = "hook-secret"
-projects = ["infra/homelab"]
-{extra}
-"#
-        );
-        Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
+        crate::core::config::test_config(
+            extra,
+            &[("PLANBOT_GITLAB_URL", "https://gitlab.example.com:8443/")],
+        )
     }
 
     #[test]

@@ -120,18 +120,7 @@ mod tests {
     use super::*;
 
     fn config(extra: &str) -> Config {
-        let text = format!(
-            r#"
-fingerprint_key = "0123456789abcdef0123"
-[gitlab]
-url = "https://gitlab.example.com/"
-token = "glpat-secret-token"
-webhook_secret = "hook-secret"
-projects = ["infra/homelab"]
-{extra}
-"#
-        );
-        Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
+        crate::core::config::test_config(extra, &[])
     }
 
     #[test]
