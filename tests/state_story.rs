@@ -47,6 +47,40 @@ fn readme_block(marker: &str) -> String {
     body.split_once("\n```").unwrap().0.to_string()
 }
 
+/// planbot's config for the fake GitLab's `infra/homelab`, its data in `data`, the engine
+/// `engine`, and `rest` (more keys of `[engine]`, then further sections).
+fn service_toml(
+    gitlab: &FakeGitLab,
+    data: &std::path::Path,
+    engine: &std::path::Path,
+    rest: &str,
+) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+public_url = "http://planbot.test"
+fingerprint_key = "test-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{url}"
+token = "{bot}"
+webhook_secret = "{secret}"
+projects = ["{INFRA}"]
+
+[engine]
+binary = "{engine}"
+timeout = "5m"
+{rest}
+"#,
+        data = data.display(),
+        url = gitlab.url(),
+        bot = gitlab.bot_token(),
+        secret = service_support::WEBHOOK_SECRET,
+        engine = engine.display(),
+    )
+}
+
 struct World {
     gitlab: FakeGitLab,
     project: FakeProject,
@@ -88,31 +122,11 @@ fn world_with(
     let reader = gitlab.member_with_role(&project, "state-reader", support::fake_gitlab::DEVELOPER);
     let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
     let data = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{bot}"
-webhook_secret = "{secret}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-{extra}
-{recipe}
-"#,
-        data = data.path().display(),
-        url = gitlab.url(),
-        bot = gitlab.bot_token(),
-        secret = service_support::WEBHOOK_SECRET,
-        engine = engine.display(),
-        recipe = readme_block("state recipe: planbot.toml"),
+    let text = service_toml(
+        &gitlab,
+        data.path(),
+        engine,
+        &format!("{extra}\n{}", readme_block("state recipe: planbot.toml")),
     );
     let (plan_token, apply_token) = (reader.token.clone(), writer.token.clone());
     // The token files are names in $CREDENTIALS_DIRECTORY, as systemd's LoadCredential= fills it.
@@ -602,37 +616,15 @@ fn hand_made_backend_config(
         w.gitlab.url(),
         w.project.id
     );
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{bot}"
-webhook_secret = "{secret}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-
-[engine.env]
-TF_HTTP_ADDRESS = "{address}"
-TF_HTTP_USERNAME = "planbot"
-
-[engine.plan.env]
-TF_HTTP_PASSWORD = "{token}"
-{sandbox}
-"#,
-        data = data.display(),
-        url = w.gitlab.url(),
-        bot = w.gitlab.bot_token(),
-        secret = service_support::WEBHOOK_SECRET,
-        engine = engine.display(),
-        token = reader.token,
+    service_toml(
+        &w.gitlab,
+        data,
+        engine,
+        &format!(
+            "\n[engine.env]\nTF_HTTP_ADDRESS = \"{address}\"\nTF_HTTP_USERNAME = \"planbot\"\n\n\
+             [engine.plan.env]\nTF_HTTP_PASSWORD = \"{}\"\n{sandbox}",
+            reader.token
+        ),
     )
 }
 
