@@ -1276,10 +1276,10 @@ fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same
     assert!(!repo().join("deploy/systemd/planbot.toml").exists());
 
     // Secrets are named one way: a file name in $CREDENTIALS_DIRECTORY, never a path.
-    let secret_keys: BTreeSet<String> = planbot::core::config::settings()
+    let secret_keys: BTreeSet<String> = planbot::core::config::KEYS
         .iter()
-        .filter(|s| s.secret)
-        .map(|s| format!("{}_file", s.key.rsplit('.').next().unwrap()))
+        .filter(|k| k.secret)
+        .map(|k| format!("{}_file", k.path.rsplit('.').next().unwrap()))
         .collect();
     let mut texts = vec![("README.md".to_string(), readme.clone())];
     for f in ["deploy/planbot.toml", "deploy/planbot.example.toml"] {

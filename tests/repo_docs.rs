@@ -278,123 +278,63 @@ fn every_repository_file_the_readme_names_exists() {
     );
 }
 
-/// The comment above `key` in the example config (its description), if any.
-fn example_description(example: &str, key: &str) -> Option<String> {
-    let (section, name) = key.rsplit_once('.').unwrap_or(("", key));
-    let lines: Vec<&str> = example.lines().collect();
-    let header = |l: &str| {
-        let l = l.trim().trim_start_matches('#').trim();
-        l.strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .map(str::to_string)
-    };
-    let assigns = |l: &str, n: &str| {
-        l.strip_prefix(n)
-            .is_some_and(|r| r.trim_start().starts_with('='))
-    };
-    let mut current = String::new();
-    for (i, line) in lines.iter().enumerate() {
-        if let Some(h) = header(line) {
-            current = h;
-            continue;
-        }
-        let bare = line.trim().trim_start_matches('#').trim();
-        if current != section || !(assigns(bare, name) || assigns(bare, &format!("{name}_file"))) {
-            continue;
-        }
-        let mut desc = Vec::new();
-        for above in lines[..i].iter().rev() {
-            if header(above).as_deref() == Some(section) && desc.is_empty() {
-                continue; // a key right under its header: the header's comment describes it
-            }
-            let Some(text) = above.trim().strip_prefix('#') else {
-                break;
-            };
-            let text = text.trim();
-            // A commented-out key (`# signing_token = ...`) ends the description above it.
-            let word: String = text
-                .chars()
-                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                .collect();
-            if !word.is_empty() && assigns(text, &word) || header(text).is_some() {
-                break;
-            }
-            desc.push(text);
-        }
-        desc.reverse();
-        let desc = desc.join(" ");
-        return (!desc.is_empty()).then_some(desc);
-    }
-    None
-}
-
 const REFERENCE_START: &str = "<!-- settings reference: generated, see tests/repo_docs.rs -->";
 const REFERENCE_END: &str = "<!-- end of settings reference -->";
 
-/// The settings table: one row per key of the parser's table, described by the example config.
-fn settings_reference() -> String {
-    let example = read("deploy/planbot.example.toml");
-    let mut out = String::from(
-        "| Setting | Environment variable | Type | What it does |\n|---|---|---|---|\n",
-    );
-    for s in planbot::core::config::settings() {
-        let description = example_description(&example, s.key)
-            .or_else(|| {
-                // [proxmox.plan] / [proxmox.apply] repeat [proxmox]'s keys.
-                let (scope, name) = s.key.strip_prefix("proxmox.")?.split_once('.')?;
-                Some(format!(
-                    "`proxmox.{name}` for {} only.",
-                    if scope == "plan" { "plans" } else { "applies" }
-                ))
-            })
-            .unwrap_or_else(|| panic!("deploy/planbot.example.toml does not describe {}", s.key));
-        let (setting, env) = if s.secret && s.kind != "table" {
-            (
-                format!("`{}` (or `{}_file`)", s.key, s.key),
-                format!("`{}` (or `{}_FILE`)", s.env, s.env),
-            )
-        } else if s.secret {
-            (
-                format!("`{}` (or `{}_file`)", s.key, s.key),
-                format!("`{}`", s.env),
-            )
-        } else {
-            (format!("`{}`", s.key), format!("`{}`", s.env))
-        };
-        let secret = if s.secret { ", secret" } else { "" };
-        out.push_str(&format!(
-            "| {setting} | {env} | {}{secret} | {} |\n",
-            s.kind,
-            description.replace('|', "\\|")
-        ));
+/// The documents that may hold the settings table: the README and the pages of `docs/`.
+fn documents() -> Vec<std::path::PathBuf> {
+    let mut out = vec![repo().join("README.md")];
+    if let Ok(entries) = std::fs::read_dir(repo().join("docs")) {
+        let mut pages: Vec<_> = entries
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "md"))
+            .collect();
+        pages.sort();
+        out.extend(pages);
     }
     out
 }
 
+/// The settings table in the docs is the one `core::config::keys` declares: generated from
+/// the declarations, so a key added, renamed or described anew fails here until the docs
+/// follow (`PLANBOT_UPDATE_README=1` rewrites the table in place).
 #[test]
-fn the_readmes_settings_reference_is_the_parsers_table() {
-    let readme = read("README.md");
-    let expected = settings_reference();
-    let found = readme
+fn the_settings_reference_in_the_docs_is_the_declared_keys() {
+    let expected = planbot::core::config::keys::reference_table();
+    let holders: Vec<(std::path::PathBuf, String)> = documents()
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .filter(|(_, text)| text.contains(REFERENCE_START))
+        .collect();
+    assert_eq!(
+        holders.len(),
+        1,
+        "exactly one document holds the settings table, between `{REFERENCE_START}` and `{REFERENCE_END}`: {:?}",
+        holders.iter().map(|(p, _)| p).collect::<Vec<_>>()
+    );
+    let (path, text) = &holders[0];
+    let found = text
         .split_once(REFERENCE_START)
         .and_then(|(_, rest)| rest.split_once(REFERENCE_END))
         .map(|(table, _)| table.trim_start_matches('\n'));
     if found != Some(expected.as_str()) {
         if std::env::var_os("PLANBOT_UPDATE_README").is_some() {
-            let (head, rest) = readme
-                .split_once(REFERENCE_START)
-                .expect("the start marker");
+            let (head, rest) = text.split_once(REFERENCE_START).expect("the start marker");
             let (_, tail) = rest.split_once(REFERENCE_END).expect("the end marker");
             std::fs::write(
-                repo().join("README.md"),
+                path,
                 format!("{head}{REFERENCE_START}\n{expected}{REFERENCE_END}{tail}"),
             )
             .unwrap();
         }
         panic!(
-            "README.md's settings reference is not the parser's table (run this test with \
+            "{}: the settings reference is not the declared keys (run this test with \
              PLANBOT_UPDATE_README=1 to rewrite it); expected, between `{REFERENCE_START}` and \
-             `{REFERENCE_END}`:\n{expected}"
+             `{REFERENCE_END}`:\n{expected}",
+            path.display()
         );
     }
 }

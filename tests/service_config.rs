@@ -83,14 +83,54 @@ fn an_unknown_key_is_an_error_that_names_it() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The file and line of the typo, and the key it was meant to be.
+    let f = cfg.display().to_string();
     assert!(
-        stderr.contains("unknown config key `gitlab.webhook_secert`"),
+        stderr.contains(&format!(
+            "  unknown config key `gitlab.webhook_secert` (did you mean `gitlab.webhook_secret`?)\n      from {f}, line 7\n"
+        )),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_misspelled_planbot_variable_is_a_warning_in_check_and_doctor() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(dir.path(), "planbot.toml", BASE);
+    let out = planbot()
+        .args(["serve", "--check", "--config"])
+        .arg(&cfg)
+        .env("PLANBOT_GITLAB_TOKN", "glpat-meant-for-the-token")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("webhook_secret"),
-        "the known keys are listed: {stderr}"
+        out.status.success(),
+        "a warning does not fail the check: {stderr}"
     );
+    assert!(
+        stderr.contains("environment variable `PLANBOT_GITLAB_TOKN` sets nothing: no config key reads it (did you mean `PLANBOT_GITLAB_TOKEN`?)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("glpat-meant-for-the-token"), "{stderr}");
+
+    let out = planbot()
+        .args(["doctor", "--config"])
+        .arg(&cfg)
+        .env("PLANBOT_GITLAB_TOKN", "glpat-meant-for-the-token")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("PLANBOT_GITLAB_TOKN"))
+        .unwrap_or_else(|| panic!("doctor does not name the variable:\n{stdout}"));
+    assert!(
+        line.trim_start().starts_with("WARN")
+            && line.contains("did you mean `PLANBOT_GITLAB_TOKEN`?"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("glpat-meant-for-the-token"), "{stdout}");
 }
 
 #[test]

@@ -21,6 +21,7 @@ pub mod render;
 pub mod repo_config;
 pub mod state;
 pub mod store_tls;
+pub mod suggest;
 pub mod summary;
 pub mod templates;
 pub mod webhook;

@@ -130,18 +130,23 @@ pub fn format_report(config_path: &str, checks: &[Check]) -> String {
 /// `planbot doctor --config FILE`.
 pub fn main(config: &Path) -> Result<ExitCode> {
     let file = config.display().to_string();
-    let cfg = match crate::flows::cli::serve::load_all(config)?.into_result() {
+    let loaded = crate::flows::cli::serve::load_all(config)?;
+    let warnings = config_checks(&file, &loaded.warnings, Status::Warn);
+    let cfg = match loaded.into_result() {
         Ok(cfg) => cfg,
         Err(problems) => {
             // Nothing else can be checked with a config planbot would not start with.
-            print!("{}", format_report(&file, &config_checks(&file, &problems)));
+            let mut checks = config_checks(&file, &problems, Status::Fail);
+            checks.extend(warnings);
+            print!("{}", format_report(&file, &checks));
             return Ok(ExitCode::from(1));
         }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let checks = runtime.block_on(run_checks(&cfg));
+    let mut checks = warnings;
+    checks.extend(runtime.block_on(run_checks(&cfg)));
     let mut secrets = Secrets::new();
     secrets.extend(cfg.secrets());
     // The report's words as written, every value in it scrubbed.
@@ -156,15 +161,17 @@ pub fn main(config: &Path) -> Result<ExitCode> {
     })
 }
 
-/// One FAIL line per config problem, with the fix for its kind and where to make it.
-pub fn config_checks(file: &str, problems: &[Problem]) -> Vec<Check> {
+/// One line per config problem (`status`: FAIL for a problem, WARN for a warning), with the fix
+/// for its kind and where to make it.
+pub fn config_checks(file: &str, problems: &[Problem], status: Status) -> Vec<Check> {
     let mut r = Report::default();
     r.section("Config");
     for p in problems {
         let key = p.error.key().unwrap_or_default();
         let kind = match &p.error {
             ConfigError::Syntax(_) => "syntax",
-            ConfigError::UnknownKey { .. } => "unknown",
+            ConfigError::UnknownKey { .. } | ConfigError::UnknownSection { .. } => "unknown",
+            ConfigError::UnknownVariable { .. } => "unknown_variable",
             ConfigError::Missing { .. } => "missing",
             ConfigError::Both { .. } => "both",
             ConfigError::SecretFile { .. } => "secret_file",
@@ -199,7 +206,7 @@ pub fn config_checks(file: &str, problems: &[Problem]) -> Vec<Check> {
             env_name(key)
         };
         r.add(
-            Status::Fail,
+            status,
             "config_problem",
             json!({"error": p.error.to_string(), "whence": whence, "place": place,
                    "key": key, "env": secret_env, "kind": kind, "file": file}),

@@ -7,19 +7,16 @@ use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::ExitCode;
 
-/// Read the config file, apply `PLANBOT_*` overrides from the process environment, read `*_file`
-/// secrets. An error lists every problem with where its value came from.
-pub fn load_config(path: &Path) -> Result<Config> {
-    load_all(path)?.into_result().map_err(|problems| {
-        anyhow::anyhow!(format_problems(&path.display().to_string(), &problems))
-    })
-}
-
 /// Every problem, one after the other, each with where to fix it.
 pub fn format_problems(file: &str, problems: &[Problem]) -> String {
+    format_list(file, "problem", problems)
+}
+
+/// `{file}: N {what}s in the configuration`, then each with where it came from.
+fn format_list(file: &str, what: &str, problems: &[Problem]) -> String {
     let n = problems.len();
     let mut out = format!(
-        "{file}: {n} problem{} in the configuration\n",
+        "{file}: {n} {what}{} in the configuration\n",
         if n == 1 { "" } else { "s" }
     );
     for p in problems {
@@ -149,6 +146,12 @@ fn pages_line(config: &Config) -> String {
 fn check(path: &Path) -> Result<ExitCode> {
     let loaded = load_all(path)?;
     let file = path.display().to_string();
+    if !loaded.warnings.is_empty() {
+        eprintln!(
+            "planbot: warning: {}",
+            format_list(&file, "warning", &loaded.warnings)
+        );
+    }
     let mut problems = loaded.problems.clone();
     let mut engine = None;
     if let Some(cfg) = &loaded.config {
@@ -179,8 +182,16 @@ pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
     if check {
         return self::check(config);
     }
-    let cfg = load_config(config)?;
+    let loaded = load_all(config)?;
+    let warnings = loaded.warnings.clone();
+    let file = config.display().to_string();
+    let cfg = loaded
+        .into_result()
+        .map_err(|problems| anyhow::anyhow!(format_problems(&file, &problems)))?;
     init_logging(&cfg.log);
+    for w in &warnings {
+        tracing::warn!(config = %file, "{}", w.describe(&file).replace("\n    ", "; "));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
