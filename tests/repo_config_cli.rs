@@ -92,3 +92,24 @@ fn an_mr_that_changes_the_config_gets_a_preview_valid_or_not() {
     let bad = RepoConfig::parse("[[roots]]\nname = \"a b\"\n");
     insta::assert_snapshot!("repo_config_preview_invalid", render_preview(&bad, "main"));
 }
+
+#[test]
+fn a_rule_id_planbot_does_not_have_is_refused_with_the_nearest_real_one() {
+    let text = "[lint]\ndisable = [\"PVE999\", \"PVE010\"]\n\n[[roots]]\nname = \"core\"\ndir = \"tofu\"\nlint_disable = [\"PVE01\"]\n";
+    let (code, stdout, stderr) = check_config(text);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stderr.contains("line 2, column 12: key `lint.disable`: `PVE999` is not one of planbot's rules (did you mean `PVE009`?)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("line 7, column 17: key `roots[0].lint_disable`: `PVE01` is not one of planbot's rules (did you mean `PVE001`?)"),
+        "{stderr}"
+    );
+    // The default branch's note says the same.
+    let note = render_error_note("main", &RepoConfig::parse(text).unwrap_err());
+    assert!(
+        note.contains("`PVE999` is not one of planbot's rules (did you mean `PVE009`?)"),
+        "{note}"
+    );
+}

@@ -405,6 +405,22 @@ fn valid_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// Why `s` cannot be in a disable list: not shaped like a rule id, or no rule planbot has (a
+/// typo would silently keep the rule on), with the nearest real one.
+fn rule_id_problem(s: &str) -> Option<String> {
+    if !valid_rule_id(s) {
+        return Some(format!("`{s}` is not a rule id (like `PVE003`)"));
+    }
+    if crate::core::findings::is_known_rule(s) {
+        return None;
+    }
+    let ids = crate::core::findings::RULES.iter().map(|r| r.id);
+    Some(format!(
+        "`{s}` is not one of planbot's rules{}",
+        crate::core::suggest::did_you_mean(s, ids)
+    ))
+}
+
 fn valid_rule_id(s: &str) -> bool {
     let letters = s.chars().take_while(|c| c.is_ascii_alphabetic()).count();
     letters > 0 && letters < s.len() && s[letters..].chars().all(|c| c.is_ascii_digit())
@@ -633,12 +649,8 @@ fn global_lint_disable(lint: Option<&RawLint>, problems: &mut Problems<'_>) -> V
         .unwrap_or_default();
     if let Some(lint) = lint {
         for r in &lint.disable {
-            if !valid_rule_id(r.get_ref()) {
-                problems.at(
-                    r.span(),
-                    "lint.disable",
-                    format!("`{}` is not a rule id (like `PVE003`)", r.get_ref()),
-                );
+            if let Some(message) = rule_id_problem(r.get_ref()) {
+                problems.at(r.span(), "lint.disable", message);
             }
         }
     }
@@ -882,12 +894,8 @@ fn root_lint_disable(
 ) -> Vec<String> {
     let mut lint_disable = global_disable.to_vec();
     for l in r.lint_disable.iter().flatten() {
-        if !valid_rule_id(l.get_ref()) {
-            problems.at(
-                l.span(),
-                root_key(i, "lint_disable"),
-                format!("`{}` is not a rule id (like `PVE003`)", l.get_ref()),
-            );
+        if let Some(message) = rule_id_problem(l.get_ref()) {
+            problems.at(l.span(), root_key(i, "lint_disable"), message);
         }
         if !lint_disable.contains(l.get_ref()) {
             lint_disable.push(l.get_ref().clone());
