@@ -53,6 +53,7 @@ pub fn gitlab_fixture(rel: &str) -> String {
 }
 
 pub mod fake_gitlab;
+pub mod gitlab_reading;
 
 /// Wait until `f` holds (checked every 25 ms), or panic after `secs` saying what never happened.
 pub async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)

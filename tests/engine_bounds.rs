@@ -1,0 +1,171 @@
+//! What MR code leaves in its checkout, or makes the engine print, cannot block or bloat
+//! planbot: the lock file as a FIFO held open, a link, a file of hundreds of megabytes; a
+//! `show -json` past the cap; a line of megabytes in the log. Stand-in engines (scripts) do
+//! what MR code did in the attack: it runs inside the engine's `plan`, so a fake `plan` does it.
+
+#[path = "fixtures/engine/fake.rs"]
+mod fake;
+
+use fake::{fake_engine, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
+use planbot::capabilities::checkout_file::CheckoutFileError;
+use planbot::capabilities::engine::{Engine, EngineError, PlanRequest, LINE_MAX_BYTES};
+use std::path::Path;
+use std::time::Duration;
+
+/// A fake engine whose `plan` writes its plan file and then runs `after_plan` in the root, and
+/// whose `show` prints `show` (a shell command).
+fn engine_doing(dir: &Path, after_plan: &str, show: &str) -> std::path::PathBuf {
+    let body = format!(
+        r#"case "$1" in
+  plan)
+    {WRITE_PLAN_FILE}
+    {after_plan}
+    ;;
+  show) {show} ;;
+esac"#
+    );
+    fake_engine(dir, "terraform", TERRAFORM_VERSION_JSON, &body)
+}
+
+fn print_plan() -> String {
+    format!("echo '{PLAN_JSON}'")
+}
+
+/// Kill the process whose pid a fake engine left in `file` (one it detached on purpose).
+fn kill_left_behind(file: &Path) {
+    if let Ok(pid) = std::fs::read_to_string(file) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_held_open_as_the_lock_file_does_not_block_the_job() {
+    let (bin_dir, root, temp) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    // A process MR code leaves behind (its own session: the engine's group kill misses it)
+    // holds the lock file's FIFO open for writing and never writes.
+    let bin = engine_doing(
+        bin_dir.path(),
+        r#"rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl
+    setsid sh -c 'echo $$ > writer.pid.new; mv writer.pid.new writer.pid; exec sleep 120 3>.terraform.lock.hcl' </dev/null >/dev/null 2>&1 &
+    while [ ! -e writer.pid ]; do sleep 0.01; done"#,
+        &print_plan(),
+    );
+    let engine = Engine::builder(&bin, temp.path())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    // On its own task: a read that blocks its thread cannot keep this one from giving up.
+    let dir = root.path().to_path_buf();
+    let job = tokio::spawn(async move { engine.plan(&dir, &PlanRequest::default()).await });
+    let planned = tokio::time::timeout(Duration::from_secs(30), job).await;
+    kill_left_behind(&root.path().join("writer.pid"));
+    let planned = planned.map(|joined| joined.expect("the plan task"));
+    let result =
+        planned.expect("the plan ended (a plain read of the FIFO blocks until the writer goes)");
+    match result {
+        Err(EngineError::CheckoutFile(e @ CheckoutFileError::NotRegular { .. })) => assert_eq!(
+            e.to_string(),
+            "`.terraform.lock.hcl` is a FIFO (named pipe), not a regular file: planbot reads only regular files of a checkout"
+        ),
+        other => panic!("expected the lock file refused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_lock_file_that_is_a_link_or_of_hundreds_of_megabytes_is_refused_unread() {
+    let cases = [
+        (
+            "ln -sf /etc/passwd .terraform.lock.hcl",
+            "`.terraform.lock.hcl` is a symbolic link, or a directory on its way is: planbot does not follow links in a checkout after the engine ran there",
+        ),
+        (
+            "truncate -s 600M .terraform.lock.hcl",
+            "`.terraform.lock.hcl` is 600 MiB or more: planbot reads at most 1 MiB of it",
+        ),
+    ];
+    for (after_plan, said) in cases {
+        let (bin_dir, root, temp) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let bin = engine_doing(bin_dir.path(), after_plan, &print_plan());
+        let engine = Engine::builder(&bin, temp.path()).build().unwrap();
+        match engine.plan(root.path(), &PlanRequest::default()).await {
+            Err(e @ EngineError::CheckoutFile(_)) => assert_eq!(e.to_string(), said),
+            other => panic!("{after_plan}: expected the lock file refused, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_show_json_past_the_cap_fails_the_plan_and_says_why() {
+    let (bin_dir, root, temp) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    // 20 MB of output (blank: valid JSON whitespace before nothing) against a 1 MiB cap.
+    let bin = engine_doing(
+        bin_dir.path(),
+        "",
+        "head -c 20000000 /dev/zero | tr '\\0' ' '",
+    );
+    let engine = Engine::builder(&bin, temp.path())
+        .max_plan_json(1024 * 1024)
+        .build()
+        .unwrap();
+    match engine.plan(root.path(), &PlanRequest::default()).await {
+        Err(e @ EngineError::OutputTooLarge { .. }) => assert_eq!(
+            e.to_string(),
+            "the plan is too large: `show -json` printed more than 1 MiB, the most planbot accepts (`engine.max_plan_json_mib`); nothing of it was kept"
+        ),
+        other => panic!("expected the plan refused as too large, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_line_of_megabytes_in_the_engine_output_is_cut_in_the_log() {
+    let (bin_dir, root, temp) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let bin = engine_doing(
+        bin_dir.path(),
+        "echo before; head -c 5000000 /dev/zero | tr '\\0' x; echo; echo after",
+        &print_plan(),
+    );
+    let engine = Engine::builder(&bin, temp.path()).build().unwrap();
+    let planned = engine
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .expect("planned");
+    let log = planned.log();
+    assert!(log.len() < 2 * LINE_MAX_BYTES, "{} bytes kept", log.len());
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("xxx"))
+        .expect("the long line");
+    assert!(
+        line.ends_with(
+            " (… 4.7 MiB more of this line left out: planbot keeps the first 64 KiB of a line)"
+        ),
+        "{}",
+        &line[LINE_MAX_BYTES - 10..]
+    );
+    assert!(
+        log.contains("before\n") && log.contains("\nafter\n"),
+        "{}",
+        &log[..100]
+    );
+}

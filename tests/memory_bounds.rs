@@ -1,0 +1,160 @@
+//! planbot's memory stays within its caps whatever a plan leaves or prints: a FIFO streaming
+//! zeros as the lock file, a lock file of 512 MiB, 256 MB of `show -json`, a log line of
+//! 256 MB, and a 40 MB value planned by the real engine. Each case measures this process's
+//! peak resident memory (the kernel's high-water mark, reset before the case) against what it
+//! held before; the engine is a child process and does not count.
+//!
+//! One test on purpose: the cases run one after the other, alone in this process, so the peak
+//! is theirs.
+
+#[path = "fixtures/engine/fake.rs"]
+mod fake;
+mod support;
+
+use fake::{fake_engine, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
+use planbot::capabilities::engine::{Engine, EngineError, PlanRequest};
+use std::path::Path;
+use std::time::Duration;
+
+/// What planbot may hold above its resting size: the 32 MiB of `show -json` it accepts, and
+/// room for the runtime. Every case below offers far more.
+const BOUND: u64 = 64 * 1024 * 1024;
+
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+/// How far above its resident size before `f` this process peaked while running `f`.
+fn peak_growth<T>(
+    rt: &tokio::runtime::Runtime,
+    f: impl std::future::Future<Output = T>,
+) -> (u64, T) {
+    // "5" resets the peak resident size to the current one (proc(5), clear_refs).
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    let before = status_kib("VmRSS:");
+    let out = rt.block_on(f);
+    let peak = status_kib("VmHWM:");
+    (peak.saturating_sub(before) * 1024, out)
+}
+
+fn engine_doing(dir: &Path, after_plan: &str, show: &str) -> std::path::PathBuf {
+    let body = format!(
+        "case \"$1\" in\n  plan)\n    {WRITE_PLAN_FILE}\n    {after_plan}\n    ;;\n  show) {show} ;;\nesac"
+    );
+    fake_engine(dir, "terraform", TERRAFORM_VERSION_JSON, &body)
+}
+
+/// A root whose one value is 10 × 2²² bytes (about 40 MB), built by doubling (fast to plan).
+fn forty_mb_value_root(dir: &Path) {
+    let mut tf = String::from("locals {\n  v0 = \"0123456789\"\n");
+    for i in 1..=22 {
+        tf.push_str(&format!(
+            "  v{i} = \"${{local.v{}}}${{local.v{}}}\"\n",
+            i - 1,
+            i - 1
+        ));
+    }
+    tf.push_str("}\nresource \"terraform_data\" \"big\" {\n  input = local.v22\n}\n");
+    std::fs::write(dir.join("main.tf"), tf).unwrap();
+}
+
+#[test]
+fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let show_plan = format!("echo '{PLAN_JSON}'");
+    let fakes: [(&str, &str, String); 4] = [
+        (
+            "a FIFO streaming 256 MB of zeros as the lock file",
+            "rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl\n    \
+             setsid sh -c 'echo $$ > writer.pid.new; mv writer.pid.new writer.pid; exec head -c 268435456 /dev/zero > .terraform.lock.hcl' </dev/null >/dev/null 2>&1 &\n    \
+             while [ ! -e writer.pid ]; do sleep 0.01; done",
+            show_plan.clone(),
+        ),
+        (
+            "a lock file of 512 MiB",
+            "truncate -s 512M .terraform.lock.hcl",
+            show_plan.clone(),
+        ),
+        (
+            "256 MB of show -json",
+            "",
+            "head -c 268435456 /dev/zero | tr '\\0' ' '".to_string(),
+        ),
+        (
+            "a log line of 256 MB",
+            "head -c 268435456 /dev/zero | tr '\\0' x >&2; echo >&2",
+            show_plan.clone(),
+        ),
+    ];
+    // A first plan, so that what every plan needs (the runtime's threads, the engine's
+    // version) is in place before anything is measured.
+    let warm = tempfile::tempdir().unwrap();
+    let bin = engine_doing(warm.path(), "", &show_plan);
+    let (root, temp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let engine = Engine::builder(&bin, temp.path()).build().unwrap();
+    rt.block_on(engine.plan(root.path(), &PlanRequest::default()))
+        .expect("a plain plan");
+
+    let mut report = Vec::new();
+    for (what, after_plan, show) in &fakes {
+        let (bin_dir, root, temp) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let bin = engine_doing(bin_dir.path(), after_plan, show);
+        let engine = Engine::builder(&bin, temp.path())
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let (grew, result) = peak_growth(&rt, engine.plan(root.path(), &PlanRequest::default()));
+        if let Ok(pid) = std::fs::read_to_string(root.path().join("writer.pid")) {
+            let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let outcome = match &result {
+            Ok(p) => format!("planned, log of {} bytes", p.log().len()),
+            Err(e) => e.to_string(),
+        };
+        report.push(format!("{what}: +{} MiB ({outcome})", grew >> 20));
+        assert!(
+            grew < BOUND,
+            "{what}: planbot grew by {} MiB; {outcome}",
+            grew >> 20
+        );
+    }
+
+    // The real engine, a 40 MB value: `show -json` prints twice that, past the cap.
+    let engine_bin = support::engine();
+    let (root, temp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    forty_mb_value_root(root.path());
+    let engine = Engine::builder(&engine_bin, temp.path()).build().unwrap();
+    let (grew, result) = peak_growth(&rt, engine.plan(root.path(), &PlanRequest::default()));
+    match &result {
+        Err(e @ EngineError::OutputTooLarge { log, .. }) => {
+            assert!(e.to_string().starts_with("the plan is too large"), "{e}");
+            assert!(
+                log.len() < 1024 * 1024 + 4096,
+                "the log kept is {} bytes",
+                log.len()
+            );
+        }
+        other => panic!("a 40 MB value: expected the plan refused as too large, got {other:?}"),
+    }
+    report.push(format!("a 40 MB value (real engine): +{} MiB", grew >> 20));
+    assert!(
+        grew < BOUND,
+        "a 40 MB value: planbot grew by {} MiB",
+        grew >> 20
+    );
+    eprintln!("peak memory above resting size:\n  {}", report.join("\n  "));
+}
