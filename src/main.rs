@@ -17,7 +17,9 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum SandboxArg {
+    /// Read anything but /proc; write only the root, the run's temp dir and the plugin cache.
     Local,
+    /// The service's profile: also a private HOME and planbot's own CLI config.
     Strict,
 }
 
@@ -62,7 +64,8 @@ impl From<EngineName> for planbot::core::engine_kind::EngineKind {
 enum Command {
     /// Run the service (webhooks, plan queue, apply endpoint, run pages).
     Serve {
-        #[arg(long, default_value = "/etc/planbot/planbot.toml")]
+        /// The service's config file (every key can also come from a PLANBOT_* variable).
+        #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
         config: PathBuf,
         /// Validate the config, print what the service would do, and exit.
         #[arg(long)]
@@ -70,10 +73,13 @@ enum Command {
     },
     /// Render a `show -json` plan document (`-` = stdin) as the MR note or the JSON summary.
     Render {
+        /// The JSON of `tofu show -json PLANFILE` (not the binary plan file itself); `-` reads stdin.
+        #[arg(value_name = "PLAN_JSON")]
         plan_json: PathBuf,
-        #[arg(long, value_enum, default_value = "markdown")]
-        format: Format,
-        /// Secret key of the plan fingerprint (HMAC-SHA256).
+        /// Default: `text` on a terminal, `markdown` when piped (as `planbot plan`).
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+        /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
         #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
         fingerprint_key: Option<String>,
         /// The engine that wrote the plan, for the footer (default: told from the document when
@@ -83,6 +89,7 @@ enum Command {
     },
     /// Run init + plan + show in DIR with the real engine and print the same output.
     Plan {
+        /// The root module to plan (a directory with `.tf` files).
         dir: PathBuf,
         /// Engine binary: `tofu` (preferred), `terraform`, or a path.
         #[arg(long)]
@@ -90,6 +97,7 @@ enum Command {
         /// Default: `text` on a terminal, `markdown` when piped.
         #[arg(long, value_enum)]
         format: Option<Format>,
+        /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
         #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
         fingerprint_key: Option<String>,
         /// Give up (SIGTERM, then kill after a grace period) after this long.
@@ -116,11 +124,15 @@ enum Command {
     },
     /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
     Doctor {
-        #[arg(long, default_value = "/etc/planbot/planbot.toml")]
+        /// The service's config file, as `planbot serve` reads it.
+        #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
         config: PathBuf,
     },
     /// Validate a repo config file (`.planbot.toml`) and print the roots it defines.
-    CheckConfig { file: PathBuf },
+    CheckConfig {
+        /// The repository's `.planbot.toml`.
+        file: PathBuf,
+    },
     /// Manage the store: `planbot store migrate --from sqlite://… --to postgres://…`.
     Store {
         #[command(subcommand)]
@@ -135,8 +147,8 @@ enum Command {
         /// Fingerprint prefix of a changed plan you read and accept (default: `$PLANBOT_CONFIRM`).
         #[arg(long)]
         confirm: Option<String>,
-        /// Apply only these roots.
-        #[arg(long = "root")]
+        /// Apply only this root (as named in `.planbot.toml`); repeatable. Default: every root.
+        #[arg(long = "root", value_name = "ROOT")]
         roots: Vec<String>,
     },
 }
@@ -191,7 +203,9 @@ fn main() -> ExitCode {
             engine_name,
         } => planbot::flows::cli::render::render_command(
             &plan_json,
-            format.into(),
+            format
+                .map(Into::into)
+                .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
             fingerprint_key.as_deref(),
             engine_name.map(Into::into),
         ),
@@ -208,13 +222,9 @@ fn main() -> ExitCode {
         } => planbot::flows::cli::plan::plan_command(
             &dir,
             engine.as_deref(),
-            format.map(Into::into).unwrap_or_else(|| {
-                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-                    planbot::flows::cli::render::Format::Text
-                } else {
-                    planbot::flows::cli::render::Format::Markdown
-                }
-            }),
+            format
+                .map(Into::into)
+                .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
             fingerprint_key.as_deref(),
             timeout,
             planbot::flows::cli::plan::Variables { var_files, vars },

@@ -198,7 +198,7 @@ fn expand_syscalls(item: &str, out: &mut BTreeSet<String>) {
 }
 
 #[test]
-fn the_systemd_unit_lets_planbot_run_engines_under_landlock() {
+fn the_systemd_unit_lets_planbot_run_engines_under_landlock_in_their_namespaces() {
     // Landlock needs its three system calls and no_new_privs (which NoNewPrivileges=yes sets).
     let unit = read(UNIT);
     let (mut allowed, mut denied) = (BTreeSet::new(), BTreeSet::new());
@@ -227,6 +227,12 @@ fn the_systemd_unit_lets_planbot_run_engines_under_landlock() {
         "kill",
         "pidfd_open",
         "prlimit64",
+        // The namespaces and limits of every engine process.
+        "unshare",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "setrlimit",
     ] {
         assert!(
             allowed.contains(call) && !denied.contains(call),

@@ -514,3 +514,51 @@ async fn the_store_is_read_never_created_and_its_schema_and_replicas_are_shown()
         "{section}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sandbox_line_names_the_namespaces_and_fails_or_warns_without_them() {
+    let engine = require_engine!();
+    let gitlab = FakeGitLab::start();
+    let dir = tempfile::tempdir().unwrap();
+    let line = |stdout: &str| {
+        stdout
+            .lines()
+            .find(|l| l.contains("engine sandbox") || l.contains("without a sandbox"))
+            .unwrap_or_else(|| panic!("no sandbox line:\n{stdout}"))
+            .to_string()
+    };
+    // This kernel allows them: OK, with the limits.
+    let config = write_config(dir.path(), &gitlab, engine.to_str().unwrap(), "");
+    let out = doctor(&config).await;
+    let ok = line(&String::from_utf8_lossy(&out.stdout));
+    assert!(ok.trim_start().starts_with("OK"), "{ok}");
+    assert!(ok.contains("user, mount and PID namespaces"), "{ok}");
+    assert!(ok.contains("4096 tasks"), "{ok}");
+
+    // Without them and required (the default): FAIL, and nothing runs.
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        engine.to_str().unwrap(),
+        "[sandbox]\nnamespaces = \"off\"\n",
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let fail = line(&stdout);
+    assert!(fail.trim_start().starts_with("FAIL"), "{stdout}");
+    assert!(fail.contains("namespaces switched off"), "{fail}");
+    assert_eq!(out.status.code(), Some(1));
+
+    // Without them, allowed by the operator: WARN, saying what is left open.
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        engine.to_str().unwrap(),
+        "[sandbox]\nnamespaces = \"off\"\nrequired = false\n",
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let warn = line(&stdout);
+    assert!(warn.trim_start().starts_with("WARN"), "{stdout}");
+    assert!(warn.contains("UNIX sockets"), "{warn}");
+}

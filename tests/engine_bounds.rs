@@ -6,7 +6,7 @@
 #[path = "fixtures/engine/fake.rs"]
 mod fake;
 
-use fake::{fake_engine, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
+use fake::{fake_engine, running_with, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
 use planbot::capabilities::checkout_file::CheckoutFileError;
 use planbot::capabilities::engine::{Engine, EngineError, PlanRequest, LINE_MAX_BYTES};
 use std::path::Path;
@@ -31,15 +31,20 @@ fn print_plan() -> String {
     format!("echo '{PLAN_JSON}'")
 }
 
-/// Kill the process whose pid a fake engine left in `file` (one it detached on purpose).
-fn kill_left_behind(file: &Path) {
-    if let Ok(pid) = std::fs::read_to_string(file) {
-        if let Ok(pid) = pid.trim().parse::<i32>() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+/// A command line no other process has: `sleep` for 120 s and this test process's id in
+/// thousandths, so the process a fake engine leaves behind is found again (its own pid is the
+/// sandbox's, which means nothing here).
+fn left_behind_sleep() -> String {
+    format!("sleep 120.{:06}", std::process::id() % 1_000_000)
+}
+
+/// Kill what a fake engine left behind on purpose (found by its command line).
+fn kill_left_behind(marker: &str) {
+    for pid in running_with(marker) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
@@ -52,11 +57,14 @@ async fn a_fifo_held_open_as_the_lock_file_does_not_block_the_job() {
     );
     // A process MR code leaves behind (its own session: the engine's group kill misses it)
     // holds the lock file's FIFO open for writing and never writes.
+    let writer = left_behind_sleep();
     let bin = engine_doing(
         bin_dir.path(),
-        r#"rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl
-    setsid sh -c 'echo $$ > writer.pid.new; mv writer.pid.new writer.pid; exec sleep 120 3>.terraform.lock.hcl' </dev/null >/dev/null 2>&1 &
-    while [ ! -e writer.pid ]; do sleep 0.01; done"#,
+        &format!(
+            r#"rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl
+    setsid sh -c 'touch writer.started; exec {writer} 3>.terraform.lock.hcl' </dev/null >/dev/null 2>&1 &
+    while [ ! -e writer.started ]; do sleep 0.01; done"#
+        ),
         &print_plan(),
     );
     let engine = Engine::builder(&bin, temp.path())
@@ -67,7 +75,7 @@ async fn a_fifo_held_open_as_the_lock_file_does_not_block_the_job() {
     let dir = root.path().to_path_buf();
     let job = tokio::spawn(async move { engine.plan(&dir, &PlanRequest::default()).await });
     let planned = tokio::time::timeout(Duration::from_secs(30), job).await;
-    kill_left_behind(&root.path().join("writer.pid"));
+    kill_left_behind(&writer);
     let planned = planned.map(|joined| joined.expect("the plan task"));
     let result =
         planned.expect("the plan ended (a plain read of the FIFO blocks until the writer goes)");

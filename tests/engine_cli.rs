@@ -300,18 +300,16 @@ esac"#,
 fn a_hanging_engine_is_stopped_after_the_timeout_and_nothing_is_left() {
     let bin_dir = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
-    // In the root: the one place the (local) sandbox lets the engine write.
-    let pid_file = root.path().join("pids");
+    // Its pids are its namespace's: the processes are found by their command lines.
+    let child = format!("300.{}", std::process::id());
     let body = format!(
         r#"if [ "$1" = plan ]; then
   {write}
   trap '' TERM
-  sleep 300 &
-  echo $$ $! > {pids}
+  sleep {child} &
   wait
 fi"#,
         write = fake::WRITE_PLAN_FILE,
-        pids = pid_file.display()
     );
     let bin = fake::fake_engine(
         bin_dir.path(),
@@ -332,11 +330,11 @@ fi"#,
     assert!(note.contains("`plan` timed out after 1s"), "{note}");
     // 1 s timeout + 1 s grace (the CLI's grace is capped by the timeout) + slack.
     assert!(took < Duration::from_secs(7), "{took:?}");
-    let pids = std::fs::read_to_string(&pid_file).unwrap();
-    for pid in pids.split_whitespace() {
-        assert!(
-            fake::process_gone(pid.parse().unwrap()),
-            "process {pid} survived"
+    for marker in [bin.display().to_string(), format!("sleep\0{child}")] {
+        assert_eq!(
+            fake::running_with(&marker),
+            Vec::<u32>::new(),
+            "{marker} survived"
         );
     }
     assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());

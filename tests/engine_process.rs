@@ -6,7 +6,7 @@
 mod fake;
 
 use fake::{
-    fake_engine, leftovers, process_gone, PLAN_JSON, TERRAFORM_VERSION_JSON, TOFU_VERSION_JSON,
+    fake_engine, leftovers, running_with, PLAN_JSON, TERRAFORM_VERSION_JSON, TOFU_VERSION_JSON,
     WRITE_PLAN_FILE,
 };
 use planbot::capabilities::engine::{
@@ -28,28 +28,19 @@ fn setup() -> Setup {
     }
 }
 
-fn read_pids(path: &std::path::Path) -> Vec<u32> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
 #[tokio::test]
 async fn a_hanging_engine_that_ignores_sigterm_is_killed_with_its_children_after_the_grace() {
     let s = setup();
-    // Sandboxed (the default): the pid file goes where a job may write, its root.
-    let pids = s.root.path().join("pids");
+    // Sandboxed (the default): its pids are its namespace's, so the processes are found by
+    // their command lines (the engine's unique path, the child's unique argument).
+    let child = format!("300.{}", std::process::id());
     let body = format!(
         r#"if [ "$1" = init ]; then
   trap '' TERM
-  sleep 300 &
-  echo $$ $! > {pids}
+  sleep {child} &
   echo "initialising forever"
   wait
-fi"#,
-        pids = pids.display()
+fi"#
     );
     let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
     let engine = Engine::builder(&bin, s.temp_root.path())
@@ -83,10 +74,12 @@ fi"#,
     // Timeout + grace, plus a little scheduling slack; not the 300 s the script wanted.
     assert!(took >= Duration::from_millis(2500), "{took:?}");
     assert!(took < Duration::from_millis(6000), "{took:?}");
-    let pids = read_pids(&pids);
-    assert_eq!(pids.len(), 2, "engine and its child");
-    for pid in pids {
-        assert!(process_gone(pid), "process {pid} survived");
+    for marker in [bin.display().to_string(), format!("sleep\0{child}")] {
+        assert_eq!(
+            running_with(&marker),
+            Vec::<u32>::new(),
+            "{marker} survived"
+        );
     }
     assert_eq!(leftovers(s.temp_root.path()), Vec::<String>::new());
 }

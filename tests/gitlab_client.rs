@@ -541,6 +541,84 @@ async fn an_unreachable_gitlab_is_a_transport_error_after_retries() {
     let err = gl.current_user().await.unwrap_err();
     assert!(matches!(err, GitLabError::Transport(_)), "{err:?}");
     assert!(!err.to_string().contains("glpat-secret"));
+    // The cause, named: not just "error sending request".
+    let addr = url.trim_start_matches("http://");
+    assert!(
+        err.to_string().contains(&format!(
+            "connection refused by {addr} (nothing listens there)"
+        )),
+        "{err}"
+    );
+}
+
+/// A client of `url` that tries once and waits at most `timeout`.
+fn impatient(url: &str, timeout: Duration) -> GitLab {
+    GitLab::new(url, "glpat-secret")
+        .unwrap()
+        .with_retry_policy(RetryPolicy {
+            max_attempts: 1,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(1),
+        })
+        .with_timeout(timeout)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_gitlab_outage_names_its_cause_dns_tls_or_timeout() {
+    // DNS: `.invalid` never resolves (RFC 6761).
+    let err = impatient("https://gitlab.planbot.invalid", Duration::from_secs(10))
+        .current_user()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("DNS lookup failed for gitlab.planbot.invalid"),
+        "{err}"
+    );
+
+    // TLS: an https:// URL whose server speaks plain HTTP.
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut conn, _)) = plain.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let err = impatient(&format!("https://{addr}"), Duration::from_secs(10))
+        .current_user()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("TLS handshake with {addr} failed")),
+        "{err}"
+    );
+
+    // A timeout: a server that accepts and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            keep.lock().unwrap().push(conn);
+        }
+    });
+    let err = impatient(&format!("http://{addr}"), Duration::from_millis(300))
+        .current_user()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("timed out waiting for {addr}")),
+        "{err}"
+    );
 }
 
 // ----- the GitLab-managed Terraform state API -------------------------------------------------

@@ -11,7 +11,7 @@
 mod fake;
 mod support;
 
-use fake::{fake_engine, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
+use fake::{fake_engine, running_with, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
 use planbot::capabilities::engine::{Engine, EngineError, PlanRequest};
 use std::path::Path;
 use std::time::Duration;
@@ -71,12 +71,18 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
         .build()
         .unwrap();
     let show_plan = format!("echo '{PLAN_JSON}'");
+    // The writer left behind is found again by its command line: 256 MB and this process's id
+    // in bytes (its pid is the sandbox's).
+    let writer = format!("head -c {} /dev/zero", 268_435_456 + std::process::id() % 1000);
+    let fifo = format!(
+        "rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl\n    \
+         setsid sh -c 'touch writer.started; exec {writer} > .terraform.lock.hcl' </dev/null >/dev/null 2>&1 &\n    \
+         while [ ! -e writer.started ]; do sleep 0.01; done"
+    );
     let fakes: [(&str, &str, String); 4] = [
         (
             "a FIFO streaming 256 MB of zeros as the lock file",
-            "rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl\n    \
-             setsid sh -c 'echo $$ > writer.pid.new; mv writer.pid.new writer.pid; exec head -c 268435456 /dev/zero > .terraform.lock.hcl' </dev/null >/dev/null 2>&1 &\n    \
-             while [ ! -e writer.pid ]; do sleep 0.01; done",
+            &fifo,
             show_plan.clone(),
         ),
         (
@@ -117,8 +123,8 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
             .build()
             .unwrap();
         let (grew, result) = peak_growth(&rt, engine.plan(root.path(), &PlanRequest::default()));
-        if let Ok(pid) = std::fs::read_to_string(root.path().join("writer.pid")) {
-            let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+        for pid in running_with(&writer) {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
         let outcome = match &result {

@@ -88,13 +88,12 @@ fn json_format_gives_the_summary_resources_and_keyed_fingerprint() {
 }
 
 #[test]
-fn without_a_key_it_warns_once_and_uses_the_documented_local_key() {
+fn without_a_key_it_uses_the_documented_local_key_without_a_warning() {
     let path = fixture_path("moved");
     let out = planbot(&["render", &path, "--format", "json"], None);
     assert!(out.status.success());
-    let stderr = text(&out.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("not keyed by a server secret"), "{stderr}");
+    // A local command is not nagged on every run; the README says what the local key means.
+    assert_eq!(text(&out.stderr), "");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let plan = Plan::from_json(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(
@@ -205,9 +204,10 @@ fn the_footer_names_the_engine_that_wrote_a_real_plan() {
     let out = planbot(&["render", "-", "--fingerprint-key", "k"], Some(&json));
     assert!(out.status.success(), "{}", text(&out.stderr));
     // Terraform (≥ 1.8) writes `applyable`/`complete`; OpenTofu (≥ 1.8) has neither beside its
-    // `timestamp`. Either way the footer says which one, as `planbot plan` would.
+    // `timestamp`. Either way the footer says which one, as `planbot plan` would (last: a
+    // local render has no "comment to re-plan" hint after it).
     assert!(
-        footer(&text(&out.stdout)).contains(&format!(" · {version} · ")),
+        footer(&text(&out.stdout)).contains(&format!(" · {version}</sub>")),
         "{version}: {}",
         footer(&text(&out.stdout))
     );
@@ -220,7 +220,7 @@ fn an_opentofu_plan_says_opentofu_and_unsure_stays_neutral() {
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&drift).unwrap()).unwrap();
     assert!(json.get("applyable").is_none());
     let out = planbot(&["render", &drift, "--fingerprint-key", "k"], None);
-    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6 · "));
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6</sub>"));
 
     // Terraform's own output, reshaped as OpenTofu writes it (no `applyable`/`complete`, a
     // `timestamp`): OpenTofu, also with only built-in providers.
@@ -230,7 +230,7 @@ fn an_opentofu_plan_says_opentofu_and_unsure_stays_neutral() {
         &["render", "-", "--fingerprint-key", "k"],
         Some(tf.to_string().as_bytes()),
     );
-    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4 · "));
+    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4</sub>"));
     let obj = tf.as_object_mut().unwrap();
     obj.remove("applyable");
     obj.remove("complete");
@@ -240,7 +240,7 @@ fn an_opentofu_plan_says_opentofu_and_unsure_stays_neutral() {
         &["render", "-", "--fingerprint-key", "k"],
         Some(tofu_shaped.as_bytes()),
     );
-    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.11.4 · "));
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.11.4</sub>"));
 
     // `--engine-name` wins over what the document seems to say.
     let out = planbot(
@@ -254,13 +254,13 @@ fn an_opentofu_plan_says_opentofu_and_unsure_stays_neutral() {
         ],
         Some(tofu_shaped.as_bytes()),
     );
-    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4 · "));
+    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4</sub>"));
 
     // Evidence both ways (hand-made: Terraform's fields and OpenTofu's registry): neutral.
     let mixed = fixture_path("bpg/seed_talos_raw_xz_decompress");
     let out = planbot(&["render", &mixed, "--fingerprint-key", "k"], None);
     let f = footer(&text(&out.stdout));
-    assert!(f.contains(" · engine 1.10.6 · "), "{f}");
+    assert!(f.contains(" · engine 1.10.6</sub>"), "{f}");
     let out = planbot(
         &[
             "render",
@@ -272,9 +272,151 @@ fn an_opentofu_plan_says_opentofu_and_unsure_stays_neutral() {
         ],
         None,
     );
-    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6 · "));
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6</sub>"));
 
     let out = planbot(&["render", &mixed, "--engine-name", "pulumi"], None);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("possible values: tofu, terraform"));
+}
+
+#[test]
+fn a_local_render_has_no_hint_to_comment_on_a_merge_request() {
+    let out = planbot(&["render", &fixture_path("changes")], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let note = text(&out.stdout);
+    assert!(note.contains("plan for a local run"), "{note}");
+    assert!(!note.contains("planbot plan`"), "{note}");
+    assert!(!note.contains("re-plan"), "{note}");
+}
+
+#[test]
+fn a_binary_plan_file_is_named_as_such_with_what_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // What `tofu plan -out=plan.tfplan` writes: a zip archive.
+    let planfile = dir.path().join("plan.tfplan");
+    std::fs::write(&planfile, b"PK\x03\x04\x14\x00\x08\x00tfplan...").unwrap();
+    let out = planbot(&["render", planfile.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("is a binary plan file"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "tofu show -json {} > plan.json && planbot render plan.json",
+            planfile.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("planbot plan DIR"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+/// `planbot ARGS` with stdout on a terminal (a pseudo-terminal made by `script`).
+fn planbot_on_a_terminal(args: &[&str]) -> String {
+    let command = std::iter::once(env!("CARGO_BIN_EXE_planbot"))
+        .chain(args.iter().copied())
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = Command::new("script")
+        .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+        .env_remove("PLANBOT_FINGERPRINT_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("`script` (util-linux) runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn render_and_plan_print_the_same_format_by_default_text_on_a_terminal_markdown_when_piped() {
+    let path = fixture_path("changes");
+    let piped = text(&planbot(&["render", &path], None).stdout);
+    assert!(piped.starts_with(NOTE_MARKER), "{piped}");
+    let on_terminal = planbot_on_a_terminal(&["render", &path]);
+    let as_text = text(&planbot(&["render", &path, "--format", "text"], None).stdout);
+    assert!(!on_terminal.contains(NOTE_MARKER), "{on_terminal}");
+    assert_eq!(
+        on_terminal.replace("\r\n", "\n").trim_end(),
+        as_text.trim_end(),
+        "on a terminal, render prints what --format text prints"
+    );
+    // `planbot plan --help` documents the same default.
+    let help = text(&planbot(&["plan", "--help"], None).stdout);
+    assert!(
+        help.contains("Default: `text` on a terminal, `markdown` when piped"),
+        "{help}"
+    );
+}
+
+/// The entries (`  NAME  description`) of the `Arguments:` and `Options:` sections of a help text.
+fn help_entries(help: &str) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    let mut in_list = false;
+    for line in help.lines() {
+        if line == "Arguments:" || line == "Options:" {
+            in_list = true;
+            continue;
+        }
+        if !line.starts_with(' ') {
+            in_list = false;
+            continue;
+        }
+        if !in_list {
+            continue;
+        }
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if indent <= 2 {
+            let (name, rest) = trimmed.split_once("  ").unwrap_or((trimmed, ""));
+            entries.push((name.to_string(), rest.trim().to_string()));
+        } else if let Some(last) = entries.last_mut() {
+            // A description on the lines below a long name.
+            if last.1.is_empty() {
+                last.1 = trimmed.to_string();
+            }
+        }
+    }
+    entries
+}
+
+#[test]
+fn every_argument_of_every_command_has_a_description_in_help() {
+    let top = text(&planbot(&["--help"], None).stdout);
+    let mut commands: Vec<Vec<&str>> = Vec::new();
+    let mut in_commands = false;
+    for line in top.lines() {
+        if line == "Commands:" {
+            in_commands = true;
+            continue;
+        }
+        if in_commands {
+            match line.split_whitespace().next() {
+                Some(name) if line.starts_with("  ") && name != "help" => commands.push(vec![name]),
+                _ if !line.starts_with(' ') => in_commands = false,
+                _ => {}
+            }
+        }
+    }
+    assert!(commands.len() >= 7, "{top}");
+    commands.push(vec!["store", "migrate"]);
+    let mut undocumented = Vec::new();
+    for command in &commands {
+        let mut args = command.clone();
+        args.push("--help");
+        let out = planbot(&args, None);
+        let help = text(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        let entries = help_entries(&help);
+        assert!(!entries.is_empty(), "{args:?}:\n{help}");
+        for (name, description) in entries {
+            if description.is_empty() {
+                undocumented.push(format!("planbot {} {name}", command.join(" ")));
+            }
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "arguments without a description in --help: {undocumented:?}"
+    );
 }

@@ -197,9 +197,9 @@ fn failed_and_skipped_roots_sit_in_the_table_next_to_planned_ones() {
     ];
     let note = render_note(&c, &roots, &Scrubber::none());
     assert_well_formed(&note);
-    assert!(
-        note.contains("### 🔴 planbot · plan for `3f9a2c1e` · draft · 1 of 3 roots with changes")
-    );
+    assert!(note.contains(
+        "### 🔴 planbot · plan for `3f9a2c1e` · draft · 1 of 3 roots failed, 1 with changes"
+    ));
     assert!(note.contains("| <code>core</code> | – skipped: no files changed | | | | |"));
     assert!(note.contains("| <code>edge</code> | ❌ failed | | | | |"));
     assert!(note.contains("> - `dns`: `terraform_data.db` will be **replaced**"));

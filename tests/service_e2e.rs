@@ -760,3 +760,71 @@ async fn hooks_that_arrive_out_of_order_still_end_with_the_plan_of_the_last_head
         .any(|st| st.name == "planbot/plan" && st.state == "running");
     assert!(!planned_first, "the older head is not planned");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_plan_says_so_in_its_headline_and_its_run_page_shows_the_failure_note() {
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", MAIN_TF)]);
+    // A reference to a variable that does not exist: the engine's plan fails.
+    fake.commit_files(
+        &project,
+        "feature/broken",
+        &[(
+            "main.tf",
+            "resource \"terraform_data\" \"vm\" {\n  input = var.missing\n}\n",
+        )],
+    );
+    let iid = fake.open_mr(&project, "feature/broken", "main");
+    let head = fake.mr_sha(&project, iid);
+    let data = tempfile::tempdir().unwrap();
+    let workers = Options {
+        workers: true,
+        reconcile: false,
+    };
+    let s = TestService::start(service_config(data.path(), &fake, &engine), workers).await;
+    let story = Story {
+        fake: &fake,
+        project: &project,
+        mrs: vec![iid],
+        store: s.app.store.clone(),
+    };
+    assert_eq!(
+        s.deliver(
+            &mr_hook(&fake, &project, iid, "open"),
+            &token_headers("Merge Request Hook", "broken-1", WEBHOOK_SECRET)
+        )
+        .await,
+        200
+    );
+    story
+        .wait_for("planbot/plan failed", || {
+            fake.statuses(&project, &head)
+                .iter()
+                .any(|st| st.name == "planbot/plan" && st.state == "failed")
+        })
+        .await;
+    let note = plan_note(&fake, &project, iid).unwrap();
+    let headline = note.lines().find(|l| l.starts_with("### ")).unwrap();
+    assert!(headline.ends_with("· planning failed"), "{headline}");
+    assert!(!headline.contains("no changes"), "{headline}");
+
+    // The run page of the failed root shows the note that was posted, and its summary reads
+    // as text: the code spans are code, no backtick is left.
+    let runs = s.app.store.recent_runs(10).await.unwrap();
+    let run = runs.iter().find(|r| r.state.as_str() == "failed").unwrap();
+    let (code, page) = s.get_text(&format!("/runs/{}", run.id)).await;
+    assert_eq!(code, 200);
+    assert!(!page.contains("produced no plan note"), "{page}");
+    assert!(page.contains("planning failed"), "{page}");
+    let outside_the_log = page.split("<pre>").next().unwrap();
+    assert!(
+        !outside_the_log.contains('`'),
+        "raw backticks on the run page:\n{outside_the_log}"
+    );
+    assert!(
+        outside_the_log.contains("<dt>Summary</dt><dd><code>plan</code> failed"),
+        "{outside_the_log}"
+    );
+}

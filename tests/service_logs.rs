@@ -1,5 +1,6 @@
 //! The log `planbot serve` writes when run by systemd, a container runtime or a shell redirect:
-//! plain text without ANSI colour codes, or one JSON object per line with `log_format = "json"`.
+//! plain text without ANSI colour codes, or one JSON object per line with `log_format = "json"`;
+//! at `info` it tells the story of every webhook, job, plan, note, status and apply, with ids.
 
 mod support;
 
@@ -170,4 +171,424 @@ fn log_level_sets_what_is_logged_and_rust_log_wins() {
     let cfg = config(dir.path(), port, "log_level = \"warn\"");
     let log = serve_log(&cfg, &[("RUST_LOG", "info")], port, "planbot is serving");
     assert!(log.contains("planbot is serving"), "{log}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The story at info level: what an operator reads in `journalctl -u planbot`.
+
+use support::fake_gitlab::{FakeGitLab, DEVELOPER};
+
+const MAIN_TF: &str = "resource \"terraform_data\" \"vm\" {\n  input = \"blocky\"\n}\n";
+
+/// What a story run leaves: the whole log, `/metrics` after it, and the ids to look for.
+struct Told {
+    log: Vec<String>,
+    metrics: String,
+    project: u64,
+    /// The MRs whose plan succeeds, and the one whose engine run fails.
+    good: [u64; 2],
+    broken: u64,
+}
+
+/// Three MRs opened (one with a broken `main.tf`), then a Developer comments `planbot help`;
+/// planbot runs as its own process with `log_format` as given and no `RUST_LOG`.
+async fn three_plans_and_a_comment(log_format: &str) -> Told {
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", MAIN_TF)]);
+    fake.commit_files(
+        &project,
+        "feature/a",
+        &[("main.tf", &MAIN_TF.replace("blocky", "a"))],
+    );
+    fake.commit_files(
+        &project,
+        "feature/b",
+        &[("b.tf", "resource \"terraform_data\" \"b\" {}\n")],
+    );
+    fake.commit_files(
+        &project,
+        "feature/broken",
+        &[(
+            "main.tf",
+            "resource \"terraform_data\" \"vm\" {\n  input = var.missing\n}\n",
+        )],
+    );
+    let a = fake.open_mr(&project, "feature/a", "main");
+    let b = fake.open_mr(&project, "feature/b", "main");
+    let broken = fake.open_mr(&project, "feature/broken", "main");
+    let dev = fake.create_user("dev");
+    fake.add_member(&project, &dev, DEVELOPER);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("planbot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen = "127.0.0.1:0"
+data_dir = "{data}"
+public_url = "http://planbot.test"
+fingerprint_key = "fingerprint-key-0123456789abcdef"
+log_format = "{log_format}"
+
+[gitlab]
+url = "{url}"
+token = "{token}"
+webhook_secret = "webhook-secret-log-test"
+projects = ["infra/homelab"]
+
+[engine]
+binary = "{engine}"
+"#,
+            data = dir.path().join("data").display(),
+            url = fake.url(),
+            token = fake.bot_token(),
+            engine = engine.display(),
+        ),
+    )
+    .unwrap();
+    let serve = support::ServeProcess::start(&config, &[]);
+    let http = reqwest::Client::new();
+    let deliver = |event: &'static str, key: String, body: Vec<u8>| {
+        let req = http
+            .post(serve.url("/webhooks/gitlab"))
+            .header("X-Gitlab-Event", event)
+            .header("X-Gitlab-Token", "webhook-secret-log-test")
+            .header("Idempotency-Key", key)
+            .header("content-type", "application/json")
+            .body(body);
+        async move { assert_eq!(req.send().await.unwrap().status(), 200) }
+    };
+    for iid in [a, b, broken] {
+        deliver(
+            "Merge Request Hook",
+            format!("open-{iid}"),
+            fake.merge_request_hook(&project, iid, "open").into_bytes(),
+        )
+        .await;
+    }
+    let final_status = |iid: u64| {
+        let sha = fake.mr_sha(&project, iid);
+        fake.statuses(&project, &sha)
+            .iter()
+            .any(|s| s.name == "planbot/plan" && (s.state == "success" || s.state == "failed"))
+    };
+    support::eventually("three plans with their final status", 180, || {
+        let done = [a, b, broken].iter().all(|iid| final_status(*iid));
+        async move { done }
+    })
+    .await;
+    let hook = fake.note_webhook(&project, a, &dev, "planbot help");
+    deliver(
+        "Note Hook",
+        "note-help".into(),
+        hook.to_string().into_bytes(),
+    )
+    .await;
+    support::eventually("the help note", 60, || {
+        let answered = fake
+            .notes(&project, a)
+            .iter()
+            .any(|n| n.body.contains("<!-- planbot:help -->"));
+        async move { answered }
+    })
+    .await;
+    // The worker records each job's end (and logs it) just after the flow's last word.
+    let log_of = |serve: &support::ServeProcess| serve.log().join("\n");
+    support::eventually("every job's end in the log", 30, || {
+        let ended = log_of(&serve).matches("job finished").count() >= 4;
+        async move { ended }
+    })
+    .await;
+    let metrics = http
+        .get(serve.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    Told {
+        log: serve.stop(),
+        metrics,
+        project: project.id,
+        good: [a, b],
+        broken,
+    }
+}
+
+/// One log line as level, message and fields, from the text format (`... INFO target: message
+/// k=v k="v"`) or the JSON one.
+#[derive(Debug)]
+struct Event {
+    level: String,
+    message: String,
+    line: String,
+    json: Option<serde_json::Value>,
+}
+
+impl Event {
+    fn parse(line: &str) -> Event {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+            return Event {
+                level: v["level"].as_str().unwrap_or_default().to_string(),
+                message: v["message"].as_str().unwrap_or_default().to_string(),
+                line: line.to_string(),
+                json: Some(v),
+            };
+        }
+        let level = ["ERROR", "WARN", "INFO", "DEBUG"]
+            .into_iter()
+            .find(|l| line.contains(&format!(" {l} ")))
+            .unwrap_or_default();
+        Event {
+            level: level.to_string(),
+            message: line.to_string(),
+            line: line.to_string(),
+            json: None,
+        }
+    }
+
+    /// Whether the event has field `k` with value `v` (text: `k=v` or `k="v"`).
+    fn has(&self, k: &str, v: &serde_json::Value) -> bool {
+        match &self.json {
+            Some(j) => &j[k] == v || j[k].as_str() == Some(&v.to_string()),
+            None => {
+                let plain = v
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string());
+                self.line.contains(&format!(" {k}={plain}"))
+                    || self.line.contains(&format!(" {k}=\"{plain}\""))
+            }
+        }
+    }
+
+    fn is(&self, message: &str) -> bool {
+        match &self.json {
+            Some(_) => self.message == message,
+            None => self.message.contains(&format!(": {message}")),
+        }
+    }
+}
+
+/// The events with `message` and every field of `fields`; panics with the log when none is.
+fn find<'a>(
+    events: &'a [Event],
+    level: &str,
+    message: &str,
+    fields: &[(&str, serde_json::Value)],
+) -> &'a Event {
+    events
+        .iter()
+        .find(|e| e.is(message) && fields.iter().all(|(k, v)| e.has(k, v)))
+        .inspect(|e| assert_eq!(e.level, level, "{}", e.line))
+        .unwrap_or_else(|| {
+            panic!(
+                "no {level} `{message}` with {fields:?} in the log:\n{}",
+                events
+                    .iter()
+                    .map(|e| e.line.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        })
+}
+
+/// What the log must say about the story, whatever its format.
+fn assert_the_story_is_told(told: &Told) {
+    use serde_json::json;
+    let events: Vec<Event> = told.log.iter().map(|l| Event::parse(l)).collect();
+    let p = json!(told.project);
+    for iid in told.good.iter().chain([&told.broken]) {
+        let mr = json!(iid);
+        find(
+            &events,
+            "INFO",
+            "webhook accepted",
+            &[
+                ("event", json!("merge_request")),
+                ("project", p.clone()),
+                ("mr", mr.clone()),
+            ],
+        );
+        find(
+            &events,
+            "INFO",
+            "job started",
+            &[
+                ("kind", json!("plan")),
+                ("project", p.clone()),
+                ("mr", mr.clone()),
+            ],
+        );
+        find(
+            &events,
+            "INFO",
+            "note posted",
+            &[("project", p.clone()), ("mr", mr.clone())],
+        );
+        find(
+            &events,
+            "INFO",
+            "commit status set",
+            &[
+                ("project", p.clone()),
+                ("name", json!("planbot/plan")),
+                ("state", json!("running")),
+            ],
+        );
+    }
+    for iid in told.good {
+        let mr = json!(iid);
+        find(
+            &events,
+            "INFO",
+            "root planned",
+            &[
+                ("project", p.clone()),
+                ("mr", mr.clone()),
+                ("root", json!("default")),
+                ("outcome", json!("planned")),
+            ],
+        );
+        find(
+            &events,
+            "INFO",
+            "plan finished",
+            &[
+                ("project", p.clone()),
+                ("mr", mr.clone()),
+                ("outcome", json!("succeeded")),
+            ],
+        );
+    }
+    let mr = json!(told.broken);
+    find(
+        &events,
+        "WARN",
+        "root failed to plan",
+        &[
+            ("project", p.clone()),
+            ("mr", mr.clone()),
+            ("root", json!("default")),
+            ("outcome", json!("failed")),
+        ],
+    );
+    find(
+        &events,
+        "INFO",
+        "plan finished",
+        &[
+            ("project", p.clone()),
+            ("mr", mr),
+            ("outcome", json!("failed")),
+        ],
+    );
+    find(
+        &events,
+        "INFO",
+        "commit status set",
+        &[
+            ("project", p.clone()),
+            ("name", json!("planbot/plan")),
+            ("state", json!("failed")),
+        ],
+    );
+    find(
+        &events,
+        "INFO",
+        "commit status set",
+        &[
+            ("project", p.clone()),
+            ("name", json!("planbot/plan")),
+            ("state", json!("success")),
+        ],
+    );
+    // The comment: its delivery, its job, the answer.
+    let mr = json!(told.good[0]);
+    find(
+        &events,
+        "INFO",
+        "webhook accepted",
+        &[
+            ("event", json!("note")),
+            ("project", p.clone()),
+            ("mr", mr.clone()),
+        ],
+    );
+    find(
+        &events,
+        "INFO",
+        "job started",
+        &[("kind", json!("command")), ("mr", mr.clone())],
+    );
+    find(
+        &events,
+        "INFO",
+        "job finished",
+        &[("kind", json!("command")), ("state", json!("done"))],
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.is("job finished") && e.has("kind", &json!("plan")))
+            .count(),
+        3,
+        "one `job finished` per plan"
+    );
+    // Each plan's duration is there too.
+    let finished = find(
+        &events,
+        "INFO",
+        "plan finished",
+        &[("outcome", json!("succeeded"))],
+    );
+    assert!(finished.line.contains("duration_ms"), "{}", finished.line);
+    assert!(!told.log.join("\n").contains("webhook-secret-log-test"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_info_log_tells_the_story_of_webhooks_jobs_plans_notes_and_statuses() {
+    let told = three_plans_and_a_comment("text").await;
+    assert!(
+        told.log.iter().all(|l| !l.starts_with('{')),
+        "text, not JSON"
+    );
+    assert_the_story_is_told(&told);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_json_log_has_the_same_fields_and_metrics_count_each_plan_once() {
+    let told = three_plans_and_a_comment("json").await;
+    for line in &told.log {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+    }
+    assert_the_story_is_told(&told);
+    // Three plans: counted three times, in one vocabulary (two succeeded, one failed).
+    let count = |outcome: &str| -> u64 {
+        told.metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "planbot_plan_duration_seconds_count{{outcome=\"{outcome}\"}} "
+                ))
+            })
+            .map(|n| n.trim().parse().unwrap())
+            .unwrap_or(0)
+    };
+    let total: u64 = told
+        .metrics
+        .lines()
+        .filter(|l| l.starts_with("planbot_plan_duration_seconds_count{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(
+        (total, count("succeeded"), count("failed")),
+        (3, 2, 1),
+        "{}",
+        told.metrics
+    );
 }

@@ -474,6 +474,63 @@ pub fn truncate_description(text: &str) -> String {
     }
 }
 
+/// Why a request got no answer, in the words an operator looks for first — `connection
+/// refused`, `DNS lookup failed`, `TLS handshake failed`, `timed out` — then where and the
+/// system's own words (`Connection refused (os error 111)`), not just "error sending request".
+pub fn no_answer_cause(e: &reqwest::Error, url: &Url) -> String {
+    use std::error::Error as _;
+    let mut messages: Vec<String> = Vec::new();
+    let mut io_kind = None;
+    let mut tls = false;
+    let mut source = e.source();
+    while let Some(s) = source {
+        // The innermost io::Error kind is the reason. A TLS failure reaches us as rustls' own error inside io::Errors (whose `source()`
+        // skips what they wrap, so they are opened here).
+        let mut wrapped: Option<&(dyn std::error::Error + 'static)> = Some(s);
+        while let Some(w) = wrapped {
+            tls |= w.is::<rustls::Error>();
+            let io = w.downcast_ref::<std::io::Error>();
+            if let Some(io) = io {
+                io_kind = Some(io.kind());
+            }
+            wrapped = io
+                .and_then(|io| io.get_ref())
+                .map(|inner| inner as &(dyn std::error::Error + 'static));
+        }
+        messages.push(s.to_string());
+        source = s.source();
+    }
+    let all = messages.join(": ").to_ascii_lowercase();
+    let host = url.host_str().unwrap_or("?");
+    let at = match url.port_or_known_default() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    };
+    let cause = if e.is_timeout() {
+        format!("timed out waiting for {at}")
+    } else if all.contains("dns error") || all.contains("failed to lookup address") {
+        format!("DNS lookup failed for {host}")
+    } else if tls || all.contains("certificate") || all.contains("tls") {
+        format!("TLS handshake with {at} failed")
+    } else if io_kind == Some(std::io::ErrorKind::ConnectionRefused) {
+        format!("connection refused by {at} (nothing listens there)")
+    } else if matches!(
+        io_kind,
+        Some(std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted)
+    ) {
+        format!("connection to {at} reset")
+    } else if e.is_connect() {
+        format!("cannot connect to {at}")
+    } else {
+        format!("no answer from {at}")
+    };
+    // The innermost message is the system's own reason (the outer ones wrap it).
+    match messages.last() {
+        Some(detail) => format!("{cause}: {detail}"),
+        None => cause,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The client
 // ---------------------------------------------------------------------------------------------
@@ -674,12 +731,20 @@ impl GitLab {
                     && n.body == body
             }))
         };
-        self.create_once(
-            &["projects", &p, "merge_requests", &i, "notes"],
-            &payload,
-            stored,
-        )
-        .await
+        let note: Note = self
+            .create_once(
+                &["projects", &p, "merge_requests", &i, "notes"],
+                &payload,
+                stored,
+            )
+            .await?;
+        tracing::info!(
+            project = project.0,
+            mr = iid.0,
+            note = note.id.0,
+            "note posted"
+        );
+        Ok(note)
     }
 
     /// Edit a note in place; [`GitLabError::NotFound`] when it was deleted (re-create it then).
@@ -694,12 +759,20 @@ impl GitLab {
         let i = iid.to_string();
         let n = note.to_string();
         let payload = serde_json::json!({ "body": outgoing(body) });
-        self.send_json(
-            Method::PUT,
-            &["projects", &p, "merge_requests", &i, "notes", &n],
-            &payload,
-        )
-        .await
+        let edited: Note = self
+            .send_json(
+                Method::PUT,
+                &["projects", &p, "merge_requests", &i, "notes", &n],
+                &payload,
+            )
+            .await?;
+        tracing::info!(
+            project = project.0,
+            mr = iid.0,
+            note = note.0,
+            "note edited"
+        );
+        Ok(edited)
     }
 
     // ----- commit statuses ---------------------------------------------------------------------
@@ -738,7 +811,10 @@ impl GitLab {
             )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                tracing::info!(project = project.0, sha = sha.short(), name = %status.name, state = status.state.as_str(), "commit status set");
+                Ok(())
+            }
             Err(GitLabError::Status { code: 400, message })
                 if message.contains("Cannot transition status") =>
             {
@@ -1068,7 +1144,7 @@ impl GitLab {
                     e.is_connect(),
                     e.is_timeout() || e.is_request() || e.is_body(),
                 );
-                let text = self.scrub(&e.without_url().to_string());
+                let text = self.scrub(&no_answer_cause(&e, url));
                 let error = GitLabError::Transport(format!("{method} {path}: {text}"));
                 if connect {
                     // Never reached GitLab.

@@ -9,6 +9,7 @@
 //! files, and not `/proc` (Landlock's ptrace rule hides `/proc/<pid>/mem` of planbot, but not
 //! `/proc/<pid>/environ`, so `/proc` is simply not in the list).
 
+use crate::capabilities::namespaces::{Jail, Limits, Shown, View};
 use landlock::{
     path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset,
     RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
@@ -99,6 +100,12 @@ pub struct Policy {
     pub write: Vec<PathBuf>,
     /// TCP ports it may connect to; `None`: any (no network rule).
     pub connect_ports: Option<Vec<u16>>,
+    /// Write paths that are per-process scratch space: a size-capped tmpfs in the namespaces'
+    /// view (the run's `HOME` and temp dir), nothing kept after the process.
+    pub scratch: Vec<PathBuf>,
+    /// `(source, place)`: a file shown at another place in the namespaces' view (the apply's
+    /// SSH agent socket at a per-run path). Nothing without namespaces.
+    pub binds: Vec<(PathBuf, PathBuf)>,
 }
 
 /// The system directories every engine run may read and execute.
@@ -128,8 +135,10 @@ const ETC_FILES: &[&str] = &[
     "/etc/mime.types",
 ];
 
-/// Devices: `/dev/null` is written, the random sources read. No terminal.
-const DEVICES_READ: &[&str] = &["/dev/urandom", "/dev/random", "/dev/zero"];
+/// Devices: `/dev/null` is written, the random sources read. No terminal, and no `/dev/zero`
+/// (nothing the engine or a provider runs needs it; `file("/dev/zero")` grew the engine until
+/// the OOM killer came).
+const DEVICES_READ: &[&str] = &["/dev/urandom", "/dev/random"];
 
 impl Policy {
     /// The base allow-list of `profile`: system directories, the needed `/etc` files and
@@ -187,6 +196,18 @@ impl Policy {
         self.read_exec.push(path.to_path_buf());
     }
 
+    /// Allow everything beneath `path`, as per-process scratch space (a tmpfs in the view).
+    pub fn allow_scratch(&mut self, path: impl Into<PathBuf>) {
+        let path = path.into();
+        self.write.push(path.clone());
+        self.scratch.push(path);
+    }
+
+    /// Show the file `source` at `place` (namespaces only: Landlock cannot rename).
+    pub fn bind(&mut self, source: impl Into<PathBuf>, place: impl Into<PathBuf>) {
+        self.binds.push((source.into(), place.into()));
+    }
+
     /// Allow TCP connections to `port` (strict profile; the local one allows any).
     pub fn allow_port(&mut self, port: u16) {
         if let Some(ports) = &mut self.connect_ports {
@@ -240,8 +261,51 @@ impl Policy {
         }
         Ok(PreparedSandbox {
             ruleset: Some(created),
+            jail: None,
         })
     }
+
+    /// [`Policy::prepare`], and the namespaces of `isolation` around the process, which starts
+    /// in `cwd` (when it is in the view).
+    pub fn prepare_isolated(
+        &self,
+        support: Support,
+        isolation: &Isolation,
+        cwd: &Path,
+    ) -> Result<PreparedSandbox, SandboxError> {
+        let mut prepared = self.prepare(support)?;
+        let view = match &isolation.root {
+            Some(root) => View::Own { root },
+            None => View::Host,
+        };
+        let shown = Shown {
+            read: self
+                .read_exec
+                .iter()
+                .chain(&self.read)
+                .map(PathBuf::as_path)
+                .collect(),
+            write: self.write.iter().map(PathBuf::as_path).collect(),
+            scratch: self.scratch.iter().map(PathBuf::as_path).collect(),
+            binds: self
+                .binds
+                .iter()
+                .map(|(s, d)| (s.as_path(), d.as_path()))
+                .collect(),
+        };
+        let jail = Jail::prepare(&shown, &view, isolation.limits, cwd)
+            .map_err(|e| SandboxError::Namespaces(e.to_string()))?;
+        prepared.jail = Some(jail);
+        Ok(prepared)
+    }
+}
+
+/// The namespaces around each engine process: the limits, and the empty directory its own
+/// root is mounted on (`None`: the host's filesystem as it is, for the local profile).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Isolation {
+    pub limits: Limits,
+    pub root: Option<PathBuf>,
 }
 
 /// Why a sandbox could not be made.
@@ -251,17 +315,31 @@ pub enum SandboxError {
     Unavailable(String),
     #[error("building the Landlock ruleset failed: {0}")]
     Ruleset(String),
+    #[error("{0}")]
+    Namespaces(String),
 }
 
 /// A ruleset ready to be applied to one child process.
 pub struct PreparedSandbox {
     ruleset: Option<RulesetCreated>,
+    jail: Option<Jail>,
 }
 
 impl PreparedSandbox {
-    /// Apply the ruleset in `cmd`'s child between `fork` and `exec`. The child fails to start
-    /// (`EPERM`) rather than run unconfined if the kernel refuses the ruleset.
+    /// Enter the namespaces (when prepared with them) and apply the ruleset in `cmd`'s child
+    /// between `fork` and `exec`. The child fails to start (`EPERM`, or the errno of the
+    /// namespace step that failed) rather than run unconfined.
     pub fn install(self, cmd: &mut tokio::process::Command) {
+        if let Some(jail) = self.jail {
+            let enter = move || -> std::io::Result<()> {
+                jail.enter()
+                    .map_err(|(_, errno)| std::io::Error::from_raw_os_error(errno))
+            };
+            // SAFETY: `Jail::enter` only makes system calls on data prepared before the fork.
+            unsafe {
+                cmd.pre_exec(enter);
+            }
+        }
         let mut ruleset = self.ruleset;
         let confine = move || -> std::io::Result<()> {
             // Only async-signal-safe work here (we are between fork and exec): two syscalls

@@ -294,9 +294,14 @@ pub struct SandboxConfig {
     pub connect_ports: Vec<u16>,
     /// Further paths the engine may read (a CA bundle elsewhere, a provider mirror).
     pub read_paths: Vec<PathBuf>,
+    /// `auto` (own user, mount and PID namespaces for every engine process where the kernel
+    /// allows them) or `off` (act as if it did not).
+    pub namespaces: LandlockSetting,
+    /// The memory one engine process may allocate, in bytes (default 4 GiB).
+    pub memory_max: u64,
 }
 
-/// `sandbox.landlock`.
+/// `sandbox.landlock` and `sandbox.namespaces`: use the kernel feature, or act as if it had none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LandlockSetting {
     Auto,
@@ -310,6 +315,8 @@ impl Default for SandboxConfig {
             landlock: LandlockSetting::Auto,
             connect_ports: vec![443],
             read_paths: Vec::new(),
+            namespaces: LandlockSetting::Auto,
+            memory_max: 4 << 30,
         }
     }
 }
@@ -557,6 +564,8 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("sandbox.landlock", Kind::Str, false),
     ("sandbox.connect_ports", Kind::StrOrIntList, false),
     ("sandbox.read_paths", Kind::StrOrIntList, false),
+    ("sandbox.namespaces", Kind::Str, false),
+    ("sandbox.memory_max", Kind::Str, false),
     ("apply.job_name", Kind::Str, false),
     ("apply.open_issue_on_failure", Kind::Bool, false),
     ("plan.max_concurrent_plans", Kind::Int, false),
@@ -830,6 +839,18 @@ impl Config {
         line(
             "sandbox.read_paths",
             format!("{:?}", self.sandbox.read_paths),
+        );
+        line(
+            "sandbox.namespaces",
+            match self.sandbox.namespaces {
+                LandlockSetting::Auto => "auto",
+                LandlockSetting::Off => "off",
+            }
+            .into(),
+        );
+        line(
+            "sandbox.memory_max",
+            format!("{} MiB", self.sandbox.memory_max >> 20),
         );
         line("apply.job_name", self.apply.job_name.clone());
         line(
@@ -1940,22 +1961,53 @@ fn take_apply_ssh(flat: &mut BTreeMap<String, Value>) -> Result<Option<SshConfig
     }))
 }
 
+/// A size such as `512 MiB`, `4GiB` or `1048576` (bytes).
+fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
+}
+
 /// `[sandbox]`.
 fn take_sandbox(flat: &mut BTreeMap<String, Value>) -> Result<SandboxConfig, ConfigError> {
     let mut c = SandboxConfig::default();
     if let Some(required) = take_bool(flat, "sandbox.required")? {
         c.required = required;
     }
-    c.landlock = match take_str(flat, "sandbox.landlock")?.as_deref() {
-        None | Some("auto") => LandlockSetting::Auto,
-        Some("off") => LandlockSetting::Off,
-        Some(other) => {
-            return Err(ConfigError::Invalid {
-                key: "sandbox.landlock".into(),
-                message: format!("`{other}`: expected \"auto\" or \"off\""),
-            })
-        }
-    };
+    for (key, setting) in [
+        ("sandbox.landlock", &mut c.landlock),
+        ("sandbox.namespaces", &mut c.namespaces),
+    ] {
+        *setting = match take_str(flat, key)?.as_deref() {
+            None | Some("auto") => LandlockSetting::Auto,
+            Some("off") => LandlockSetting::Off,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: key.into(),
+                    message: format!("`{other}`: expected \"auto\" or \"off\""),
+                })
+            }
+        };
+    }
+    if let Some(text) = take_str(flat, "sandbox.memory_max")? {
+        c.memory_max = parse_size(&text)
+            .filter(|n| *n >= 64 << 20)
+            .ok_or_else(|| ConfigError::Invalid {
+                key: "sandbox.memory_max".into(),
+                message: format!(
+                    "`{text}`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\""
+                ),
+            })?;
+    }
     let list = |flat: &mut BTreeMap<String, Value>, key: &str| match flat.remove(key) {
         None => Ok(None),
         Some(Value::Array(items)) => Ok(Some(items)),

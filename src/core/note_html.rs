@@ -22,6 +22,30 @@ pub fn note_to_html(markdown: &str) -> String {
     sanitize(&html)
 }
 
+/// A one-line text (a run's summary, an error) as HTML: escaped, with its `code spans` as
+/// `<code>` — what a reader of the run page sees instead of raw backticks.
+pub fn inline_code_to_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut parts = text.split('`').peekable();
+    let mut in_code = false;
+    while let Some(part) = parts.next() {
+        // An unpaired last backtick stays a backtick.
+        let last = parts.peek().is_none();
+        if in_code && !last {
+            out.push_str("<code>");
+            let _ = escape(&mut out, part);
+            out.push_str("</code>");
+        } else {
+            if in_code {
+                out.push('`');
+            }
+            let _ = escape(&mut out, part);
+        }
+        in_code = !in_code;
+    }
+    out
+}
+
 /// Colours the lines of ```diff blocks the way GitLab does: `+` added, `-` removed, `~` changed
 /// (planbot's diffs), everything else as context. Other blocks are only escaped.
 struct DiffLines;
@@ -121,6 +145,18 @@ mod tests {
     fn an_unclosed_comment_hides_nothing() {
         let html = note_to_html("### plan\n\n<!--\n\n- `vm` will be **destroyed**\n");
         assert!(html.contains("destroyed"), "{html}");
+    }
+
+    #[test]
+    fn a_summary_shows_its_code_spans_as_code_and_escapes_the_rest() {
+        assert_eq!(
+            inline_code_to_html("the root directory `core` does not exist at <abc>"),
+            "the root directory <code>core</code> does not exist at &lt;abc&gt;"
+        );
+        assert_eq!(
+            inline_code_to_html("`<script>` and an odd ` left"),
+            "<code>&lt;script&gt;</code> and an odd ` left"
+        );
     }
 
     #[test]

@@ -126,53 +126,124 @@ pub fn processes_under(dir: &std::path::Path) -> Vec<i32> {
 /// listening on port 0; returns the child and the port planbot says it bound ("planbot is
 /// serving" in its log) — no port is guessed and rebound.
 pub fn spawn_serve(config_file: &std::path::Path) -> (std::process::Child, u16) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
-        .args(["serve", "--config"])
-        .arg(config_file)
-        .env("RUST_LOG", "warn,planbot::flows::service::application=info")
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The service logs on stderr; a reader thread hands its lines over, so the wait for the
-    // announcement is bounded, and keeps reading so that planbot never blocks on a full pipe.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
+    let serve = ServeProcess::start(
+        config_file,
+        &[("RUST_LOG", "warn,planbot::flows::service::application=info")],
+    );
+    serve.into_child()
+}
+
+/// A running `planbot serve` process and everything it logged on stderr so far (read by a
+/// thread, so planbot never blocks on a full pipe).
+pub struct ServeProcess {
+    child: Option<std::process::Child>,
+    pub port: u16,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServeProcess {
+    /// Start it with `env` on top of this process's environment less every variable that
+    /// changes the log (`RUST_LOG`, `PLANBOT_LOG_*`), and wait until it says it serves.
+    pub fn start(config_file: &std::path::Path, env: &[(&str, &str)]) -> ServeProcess {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"));
+        cmd.args(["serve", "--config"])
+            .arg(config_file)
+            .env_remove("RUST_LOG")
+            .env_remove("PLANBOT_LOG_FORMAT")
+            .env_remove("PLANBOT_LOG_LEVEL")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
         }
-    });
-    let mut seen = String::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let port = loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let Ok(line) = rx.recv_timeout(left) else {
-            let _ = child.kill();
-            panic!("planbot serve did not say it serves within 60 s:\n{seen}");
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let lines = log.clone();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line.clone());
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let port = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                panic!(
+                    "planbot serve did not say it serves within 60 s:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            };
+            if let Some(port) = serving_port(&line) {
+                break port;
+            }
         };
-        // Without colours, but strip escapes anyway: `... planbot is serving port=40123`.
-        let plain: String = strip_ansi(&line);
-        if plain.contains("planbot is serving") {
-            let port = plain
-                .split("port=")
-                .nth(1)
-                .and_then(|p| p.split_whitespace().next())
-                .and_then(|p| p.parse().ok())
-                .unwrap_or_else(|| panic!("no port in {plain:?}"));
-            break port;
+        ServeProcess {
+            child: Some(child),
+            port,
+            log,
+            reader: Some(reader),
         }
-        seen.push_str(&plain);
-        seen.push('\n');
-    };
-    // The rest of the log is drained by the reader thread (the receiver is simply dropped).
-    drop(rx);
-    (child, port)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// What it logged so far, one entry per line.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// The process, for a test that kills it itself (its log is still read, and dropped).
+    pub fn into_child(mut self) -> (std::process::Child, u16) {
+        (self.child.take().expect("running"), self.port)
+    }
+
+    /// Stop it as an operator would (SIGTERM) and return its whole log, read to its end.
+    pub fn stop(mut self) -> Vec<String> {
+        if let Some(mut child) = self.child.take() {
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.log()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The port of planbot's "planbot is serving" line, in text (`port=40123`) or JSON.
+fn serving_port(line: &str) -> Option<u16> {
+    let plain = strip_ansi(line);
+    if !plain.contains("planbot is serving") {
+        return None;
+    }
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&plain) {
+        return v["port"].as_u64().and_then(|p| u16::try_from(p).ok());
+    }
+    plain
+        .split("port=")
+        .nth(1)
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
 }
 
 fn strip_ansi(s: &str) -> String {

@@ -97,6 +97,17 @@ impl EngineError {
                 out.push('\n');
                 out.push_str(l);
             }
+            // Go says `fatal error: runtime: out of memory` when an allocation past the
+            // sandbox's memory cap fails: say which cap it was.
+            if log.contains("out of memory") {
+                let hint = crate::core::templates::render(
+                    "sandbox.txt.j2",
+                    minijinja::context! { kind => "out_of_memory" },
+                )
+                .unwrap_or_default();
+                out.push_str("\n\n");
+                out.push_str(hint.trim());
+            }
         }
         out
     }

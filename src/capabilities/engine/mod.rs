@@ -17,7 +17,7 @@ mod version;
 
 pub use builder::{default_binary, EngineBuilder, DEFAULT_MAX_PLAN_JSON};
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
-pub use confine::{SandboxMode, SandboxProfile};
+pub use confine::{Limits, Namespaces, SandboxMode, SandboxProfile};
 pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use error::{EngineError, Step};
 pub use output::LINE_MAX_BYTES;

@@ -54,6 +54,9 @@ impl Engine {
             .map_err(|e| EngineError::Io(format!("private run dir: {e}")))?;
         dirs.set_env(&mut env);
         let confinement = self.confinement(Some((&place.worktree, &dirs)));
+        if let Some(c) = &confinement {
+            c.set_env(&mut env);
+        }
         let plan_file = dirs.out.join("plan");
 
         let env_scrubber = secrets.scrubber();

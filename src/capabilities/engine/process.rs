@@ -147,10 +147,12 @@ impl Engine {
             .process_group(0)
             .kill_on_drop(true);
         if let Some(c) = call.confinement {
-            c.policy
-                .prepare(c.support)
-                .map_err(|e| StepError::Other(EngineError::Sandbox(e.to_string())))?
-                .install(&mut cmd);
+            match &c.isolation {
+                Some(isolation) => c.policy.prepare_isolated(c.support, isolation, call.dir),
+                None => c.policy.prepare(c.support),
+            }
+            .map_err(|e| StepError::Other(EngineError::Sandbox(e.to_string())))?
+            .install(&mut cmd);
         }
         // ETXTBSY: the binary was just written (an install, an upgrade) and a process forked
         // meanwhile still holds it open for writing until its exec; that passes in moments.
@@ -169,13 +171,9 @@ impl Engine {
                 std::io::ErrorKind::NotFound => {
                     EngineError::NotFound(format!("{}: {e}", self.inner.binary.display()))
                 }
-                _ if call.confinement.is_some()
-                    && e.raw_os_error() == Some(Errno::EPERM as i32) =>
-                {
-                    EngineError::Sandbox(format!(
-                        "the kernel refused the Landlock ruleset for `{step}` ({e})"
-                    ))
-                }
+                _ if call.confinement.is_some() => EngineError::Sandbox(format!(
+                    "the kernel refused the sandbox (namespaces or Landlock ruleset) for `{step}` ({e})"
+                )),
                 _ => EngineError::Io(format!("{} {step}: {e}", self.inner.binary.display())),
             })
         })

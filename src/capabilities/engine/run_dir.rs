@@ -65,6 +65,10 @@ pub(super) fn private_run_dir(temp_root: &Path) -> Result<tempfile::TempDir, Eng
 /// temp dir (`TMPDIR`: providers' plugin sockets), and with an owned CLI config a private
 /// `HOME` and the config file itself (read-only in the sandbox).
 pub(super) struct RunDirs {
+    /// The private directory itself.
+    pub(super) private: PathBuf,
+    /// An empty directory: the mount point of each process's own root (in its namespace).
+    pub(super) root: PathBuf,
     pub(super) out: PathBuf,
     pub(super) tmp: PathBuf,
     pub(super) home: Option<PathBuf>,
@@ -87,6 +91,8 @@ impl RunDirs {
             }
         };
         Ok(RunDirs {
+            private: private.to_path_buf(),
+            root: sub("root")?,
             out: sub("out")?,
             tmp: sub("tmp")?,
             home,

@@ -234,6 +234,8 @@ struct NoteView<'a> {
     draft: bool,
     roots_total: usize,
     roots_with_changes: usize,
+    /// Roots whose plan failed, or errored part-way: the headline says so first.
+    roots_failed: usize,
     multi_root: bool,
     table: Vec<RowView>,
     destructive: Vec<DestructiveView>,
@@ -654,6 +656,7 @@ fn build_view<'a, 'r>(
         mut findings,
         fingerprints,
         roots_with_changes,
+        roots_failed,
     } = g;
 
     findings.sort_by_key(|(_, f)| f.severity);
@@ -683,6 +686,7 @@ fn build_view<'a, 'r>(
         draft: ctx.draft,
         roots_total: roots.len(),
         roots_with_changes,
+        roots_failed,
         multi_root: roots.len() > 1,
         table,
         destructive,
@@ -716,6 +720,7 @@ struct Gathered<'r> {
     findings: Vec<(String, &'r Finding)>,
     fingerprints: Vec<FingerprintView>,
     roots_with_changes: usize,
+    roots_failed: usize,
 }
 
 impl<'r> Gathered<'r> {
@@ -750,6 +755,7 @@ fn root_views<'r>(
         }
         RootOutcome::Failed { error } => {
             g.red = true;
+            g.roots_failed += 1;
             row.status = "failed";
             detail.status = "failed";
             let (e, f) = fenced(error);
@@ -768,6 +774,9 @@ fn root_views<'r>(
             row.import = s.import;
             row.moved = s.moved;
             row.errored = plan.errored;
+            if plan.errored {
+                g.roots_failed += 1;
+            }
             g.fingerprints.push(FingerprintView {
                 root: root.name.clone(),
                 short: fingerprint.short().to_string(),

@@ -107,16 +107,46 @@ fn say(kind: &str, ctx: minijinja::Value) -> String {
 
 /// Run one apply request to its verdict, writing progress to `log` (the verdict last).
 pub async fn run(app: Arc<App>, job_token: String, body: ApplyBody, log: JobLog) -> Verdict {
-    let verdict = match verify_and_apply(&app, &job_token, &body, &log).await {
+    let mut job = JobSeen::default();
+    let verdict = match verify_and_apply(&app, &job_token, &body, &log, &mut job).await {
         Ok(v) => v,
-        Err(e) => {
-            let text = app.scrubber.scrub(&format!("{e:#}")).into_owned();
-            tracing::error!(error = %text, "apply failed");
-            Verdict::Failed(text)
-        }
+        Err(e) => Verdict::Failed(app.scrubber.scrub(&format!("{e:#}")).into_owned()),
     };
+    job.log_verdict(&verdict);
     log.line(verdict.last_line());
     verdict
+}
+
+/// Who asked for an apply, once GitLab said so: the ids of the log's verdict line.
+#[derive(Default)]
+struct JobSeen {
+    ci_job: Option<u64>,
+    project: Option<u64>,
+    sha: Option<String>,
+}
+
+impl JobSeen {
+    /// The log's line for the verdict: info when applied, a warning when refused or failed.
+    fn log_verdict(&self, verdict: &Verdict) {
+        let (ci_job, project, sha) = (self.ci_job, self.project, self.sha.as_deref());
+        match verdict {
+            Verdict::Succeeded => {
+                tracing::info!(
+                    ci_job,
+                    project,
+                    sha,
+                    verdict = "succeeded",
+                    "apply succeeded"
+                )
+            }
+            Verdict::Refused(why) => {
+                tracing::warn!(ci_job, project, sha, verdict = "refused", reason = %why, "apply refused")
+            }
+            Verdict::Failed(why) => {
+                tracing::warn!(ci_job, project, sha, verdict = "failed", error = %why, "apply failed")
+            }
+        }
+    }
 }
 
 fn refuse(log: &JobLog, r: &ApplyRefusal) -> Verdict {
@@ -130,6 +160,7 @@ async fn verify_and_apply(
     job_token: &str,
     body: &ApplyBody,
     log: &JobLog,
+    seen: &mut JobSeen,
 ) -> Result<Verdict> {
     let confirm = match parse_confirm(body.confirm.as_deref()) {
         Ok(c) => c,
@@ -140,6 +171,18 @@ async fn verify_and_apply(
         Err(verdict) => return Ok(verdict),
     };
     let sha = job.facts.pipeline_sha.clone();
+    *seen = JobSeen {
+        ci_job: Some(job.facts.job_id.0),
+        project: Some(job.project.id.0),
+        sha: Some(sha.short().to_string()),
+    };
+    tracing::info!(
+        ci_job = job.facts.job_id.0,
+        project = job.project.id.0,
+        sha = sha.short(),
+        user = job.facts.username.as_deref(),
+        "apply requested"
+    );
     let mr = verify::find_reviewed_mr(app, job.project.id, &sha, log).await?;
     let (checkout, repo_config) = match checkout(app, &job, &sha).await? {
         Ok(c) => c,

@@ -3,7 +3,7 @@
 //! Every check prints one line `OK`/`FAIL`/`SKIP`/`INFO` and, when something is to be done, the
 //! fix (texts in `templates/doctor.j2`). Exit code 1 when any check failed. Only read-only calls.
 
-use crate::capabilities::engine::{Engine, SandboxMode};
+use crate::capabilities::engine::{Engine, Namespaces, SandboxMode};
 use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError, Hook, User as GitLabUser};
 use crate::capabilities::proxmox::{
     Node as ProxmoxNode, Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig,
@@ -459,6 +459,14 @@ async fn engine_checks(config: &Config, r: &mut Report) {
         crate::flows::confinement::credentials::Use::Plan,
     );
     match &mode {
+        SandboxMode::Landlock {
+            namespaces: Namespaces::Off { reason },
+            ..
+        } => r.add(
+            Status::Warn,
+            "sandbox_no_namespaces",
+            json!({"level": mode.describe(), "reason": reason}),
+        ),
         SandboxMode::Landlock { .. } => {
             r.add(Status::Ok, "sandbox_ok", json!({"level": mode.describe()}))
         }

@@ -15,7 +15,7 @@ use crate::core::plan::Plan;
 use crate::core::redact::Scrubber;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;
-use crate::flows::cli::render::{Format, LOCAL_FINGERPRINT_KEY};
+use crate::flows::cli::render::{local_fingerprint_key, Format};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -64,15 +64,7 @@ pub fn plan_command(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let key = match fingerprint_key {
-        Some(k) if !k.is_empty() => k.as_bytes().to_vec(),
-        _ => {
-            eprintln!(
-                "planbot: warning: no --fingerprint-key (or PLANBOT_FINGERPRINT_KEY): the fingerprint uses planbot's fixed local key and is not keyed by a server secret"
-            );
-            LOCAL_FINGERPRINT_KEY.as_bytes().to_vec()
-        }
-    };
+    let key = local_fingerprint_key(fingerprint_key).to_vec();
     rt.block_on(run(dir, engine, format, &key, timeout, variables, sandbox))
 }
 

@@ -20,8 +20,24 @@ pub enum Format {
     Text,
 }
 
+impl Format {
+    /// What `planbot plan` and `planbot render` print when `--format` is not given: text on a
+    /// terminal, the exact Markdown when piped.
+    pub fn for_stdout() -> Format {
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            Format::Text
+        } else {
+            Format::Markdown
+        }
+    }
+}
+
+/// The first bytes of a binary plan file: a zip archive (`tofu plan -out`, `terraform plan -out`).
+const ZIP_MAGIC: &[u8] = b"PK\x03\x04";
+
 /// The fingerprint key used when none is given (`--fingerprint-key` / `PLANBOT_FINGERPRINT_KEY`).
-/// It is public and fixed: such a fingerprint identifies a plan locally but proves nothing.
+/// It is public and fixed: such a fingerprint identifies a plan locally but proves nothing, and
+/// matches no fingerprint a server made (the README says so; no warning on every run).
 pub const LOCAL_FINGERPRINT_KEY: &str = "planbot-local-fingerprint-key-not-secret";
 
 /// The root name shown when a plan is rendered on its own.
@@ -114,6 +130,24 @@ fn give_back_freed_memory() {
     }
 }
 
+/// The key of a local command's fingerprints: the one given, else [`LOCAL_FINGERPRINT_KEY`].
+pub fn local_fingerprint_key(given: Option<&str>) -> &[u8] {
+    match given {
+        Some(k) if !k.is_empty() => k.as_bytes(),
+        _ => LOCAL_FINGERPRINT_KEY.as_bytes(),
+    }
+}
+
+/// What `planbot render` says about a binary plan file: what it is, and the two ways on.
+fn binary_plan_hint(path: &Path) -> String {
+    crate::core::templates::render(
+        "local_progress.txt.j2",
+        minijinja::context! { kind => "binary_plan", file => path.display().to_string() },
+    )
+    .map(|t| t.trim().to_string())
+    .unwrap_or_else(|e| format!("planbot: {} is a binary plan file ({e})", path.display()))
+}
+
 /// `planbot render PLAN_JSON`: exit 0 on success, 2 when the input is not a plan document.
 /// The footer names the engine given (`--engine-name`), else the one the document shows
 /// ([`engine_kind::detect_plan`]), else only its version.
@@ -134,7 +168,13 @@ pub fn render_command(
     } else {
         let file =
             std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let reader = std::io::BufReader::with_capacity(1 << 16, file);
+        let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+        let head = std::io::BufRead::fill_buf(&mut reader)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if head.starts_with(ZIP_MAGIC) {
+            eprintln!("{}", binary_plan_hint(path));
+            return Ok(ExitCode::from(2));
+        }
         (path.display().to_string(), Plan::from_json_reader(reader))
     };
     let plan = match parsed {
@@ -145,16 +185,10 @@ pub fn render_command(
         }
     };
     let engine = engine_name.or_else(|| engine_kind::detect_plan(&plan));
-    let key = match fingerprint_key {
-        Some(k) if !k.is_empty() => k.as_bytes(),
-        _ => {
-            eprintln!(
-                "planbot: warning: no --fingerprint-key (or PLANBOT_FINGERPRINT_KEY): the fingerprint uses planbot's fixed local key and is not keyed by a server secret"
-            );
-            LOCAL_FINGERPRINT_KEY.as_bytes()
-        }
-    };
+    let key = local_fingerprint_key(fingerprint_key);
     let ctx = NoteContext {
+        // Rendered here, not on a merge request: no "comment to re-plan" hint.
+        local_run: true,
         engine: engine_kind::footer_text(engine, plan.engine_version()),
         ..NoteContext::default()
     };

@@ -1,7 +1,9 @@
-//! Which sandbox the service's engine runs get: the strict Landlock profile from `[sandbox]`,
-//! the TCP ports the engine may reach, and what happens on a kernel without Landlock.
+//! Which sandbox the service's engine runs get: the strict Landlock profile and the namespaces
+//! from `[sandbox]`, the TCP ports the engine may reach, the apply's SSH agent, and what
+//! happens on a kernel without Landlock or namespaces.
 
-use crate::capabilities::engine::{SandboxMode, SandboxProfile};
+use crate::capabilities::engine::{Limits, Namespaces, SandboxMode, SandboxProfile};
+use crate::capabilities::namespaces::NsSupport;
 use crate::capabilities::sandbox::Support;
 use crate::core::config::{Config, LandlockSetting};
 use crate::flows::confinement::credentials::{self, Use};
@@ -26,24 +28,57 @@ pub fn support(config: &Config) -> Support {
 
 static FORCED_OFF: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
+/// Whether the kernel lets planbot make namespaces, as `[sandbox] namespaces` lets it see.
+pub fn namespace_support(config: &Config) -> NsSupport {
+    match config.sandbox.namespaces {
+        LandlockSetting::Auto => NsSupport::probe(),
+        LandlockSetting::Off => NsSupport::Unavailable {
+            reason: text("namespaces_off", minijinja::context! {}),
+        },
+    }
+}
+
 /// The sandbox of the service's engine runs for `use_`: the strict profile, reading
 /// `[sandbox] read_paths` (and a filesystem provider mirror), connecting to
 /// `[sandbox] connect_ports`, the Proxmox endpoint's port and the provider mirror's.
 pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
-    let mode = SandboxMode::with_profile(
+    let mode = SandboxMode::with_support(
         SandboxProfile::Strict,
         support(config),
+        namespace_support(config),
         config.sandbox.required,
         |reason| text("refused_service", minijinja::context! { reason => reason }),
     );
-    let SandboxMode::Landlock { profile, abi, .. } = mode else {
+    let SandboxMode::Landlock {
+        profile,
+        abi,
+        namespaces,
+        ..
+    } = mode
+    else {
         return mode;
     };
-    let mut extra_read = config.sandbox.read_paths.clone();
+    let namespaces = match namespaces {
+        Namespaces::On { limits } => Namespaces::On {
+            limits: Limits {
+                memory: config.sandbox.memory_max,
+                ..limits
+            },
+        },
+        off => off,
+    };
+    // The SSH agent of the default branch's runs, at a per-run path only they see.
+    let agent_socket = match (use_, &config.proxmox.apply_ssh) {
+        (Use::Apply, Some(ssh)) => ssh.agent_socket.clone(),
+        _ => None,
+    };
+    let extra_read = config.sandbox.read_paths.clone();
+    let mut extra_exec = Vec::new();
     let mut connect_ports = config.sandbox.connect_ports.clone();
     if let Some(m) = &config.engine.provider_mirror {
         if m.starts_with('/') {
-            extra_read.push(m.into());
+            // Read and execute: the engine runs the providers it unpacks there.
+            extra_exec.push(m.into());
         } else if let Some(port) = url_port(m) {
             connect_ports.push(port);
         }
@@ -64,7 +99,10 @@ pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
         profile,
         abi,
         extra_read,
+        extra_exec,
         connect_ports,
+        namespaces,
+        agent_socket,
     }
 }
 
@@ -79,6 +117,14 @@ pub fn note_banner(mode: &SandboxMode) -> Option<String> {
         SandboxMode::Off { reason } => {
             Some(text("banner_off", minijinja::context! { reason => reason }))
         }
+        SandboxMode::Landlock {
+            profile: SandboxProfile::Strict,
+            namespaces: Namespaces::Off { reason },
+            ..
+        } => Some(text(
+            "banner_no_namespaces",
+            minijinja::context! { reason => reason },
+        )),
         _ => None,
     }
 }

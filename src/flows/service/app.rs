@@ -213,7 +213,17 @@ impl App {
     /// Enqueue a job from inside the service (commands, reconcile, re-plans) and wake a worker;
     /// the running jobs the new one supersedes (as the store decides) are cancelled.
     pub async fn enqueue(&self, job: crate::core::events::Job) -> Result<Option<QueueJobId>> {
+        let (kind, mr) = (job.kind(), job.mr());
         let e = self.store.enqueue(job).await?;
+        if let Some(id) = e.id {
+            tracing::info!(
+                job = id.0,
+                kind,
+                project = mr.map(|m| m.0 .0),
+                mr = mr.map(|m| m.1 .0),
+                "job queued"
+            );
+        }
         self.queue.cancel(&e.cancel_running);
         if e.id.is_some() {
             self.queue.jobs_added(1);

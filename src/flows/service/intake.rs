@@ -61,9 +61,9 @@ pub async fn gitlab_webhook(
         .unwrap_or_else(|| format!("sha256:{}", hex::encode(Sha256::digest(&body))));
     if decision.is_unparseable() {
         tracing::warn!(event, key, outcome = %decision.outcome, "authentic webhook that planbot cannot parse (answered 200)");
-    } else if decision.jobs.is_empty() {
-        tracing::debug!(event, key, outcome = %decision.outcome, "webhook ignored");
     }
+    let kinds: Vec<&str> = decision.jobs.iter().map(|j| j.kind()).collect();
+    let delivery_key = key.clone();
     let delivery = NewDelivery {
         key,
         event: event.to_string(),
@@ -73,10 +73,21 @@ pub async fn gitlab_webhook(
     };
     match app.store.record_delivery(delivery, decision.jobs).await {
         Ok(o) if o.duplicate => {
+            tracing::info!(event, key = %delivery_key, "webhook already recorded (a redelivery): nothing queued again");
             app.metrics.delivery(event, "duplicate");
             StatusCode::OK
         }
         Ok(o) => {
+            let queued: Vec<i64> = o.enqueued.iter().map(|j| j.0).collect();
+            tracing::info!(
+                event,
+                project = decision.project.map(|p| p.0),
+                mr = decision.mr.map(|m| m.0),
+                outcome = %decision.outcome,
+                jobs = ?kinds,
+                queued = ?queued,
+                "webhook accepted"
+            );
             app.queue.cancel(&o.cancel_running);
             app.queue.jobs_added(o.enqueued.len());
             app.metrics.delivery(event, decision.kind.label());

@@ -8,6 +8,41 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::time::Duration;
 
+/// How a plan job ended: the one vocabulary of `planbot_plan_duration_seconds{outcome}` and of
+/// the log's `plan finished` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanOutcome {
+    /// Every affected root planned, no blocking finding: the status is green.
+    Succeeded,
+    /// A root's plan failed or errored, a lint error blocks the apply, or the repo config is
+    /// invalid: the MR got a note saying why and a red status.
+    Failed,
+    /// A newer head or the MR's close stopped it.
+    Canceled,
+    /// Nothing to plan: the MR was no longer open.
+    Skipped,
+    /// planbot could not finish it (GitLab or git unreachable, the store): the job failed.
+    Error,
+}
+
+impl PlanOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            PlanOutcome::Succeeded => "succeeded",
+            PlanOutcome::Failed => "failed",
+            PlanOutcome::Canceled => "canceled",
+            PlanOutcome::Skipped => "skipped",
+            PlanOutcome::Error => "error",
+        }
+    }
+}
+
+impl std::fmt::Display for PlanOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeliveryLabels {
     event: String,
@@ -106,11 +141,11 @@ impl Metrics {
         self.running_jobs.dec();
     }
 
-    /// One plan job took `d`; `outcome` is `succeeded`, `failed` or `canceled`.
-    pub fn plan_finished(&self, d: Duration, outcome: &str) {
+    /// One plan job ended after `d`: counted once, by the plan flow that knows how it ended.
+    pub fn plan_finished(&self, d: Duration, outcome: PlanOutcome) {
         self.plan_duration
             .get_or_create(&OutcomeLabels {
-                outcome: outcome.to_string(),
+                outcome: outcome.label().to_string(),
             })
             .observe(d.as_secs_f64());
     }
@@ -143,7 +178,7 @@ mod tests {
         m.delivery("merge_request", "accepted");
         m.delivery("note", "unauthorized");
         m.set_queue_depth(3);
-        m.plan_finished(Duration::from_secs(3), "succeeded");
+        m.plan_finished(Duration::from_secs(3), PlanOutcome::Succeeded);
         m.gitlab_error("create_mr_note");
         let text = m.encode();
         assert!(

@@ -48,7 +48,8 @@ struct RunView {
     state: &'static str,
     started: String,
     duration: String,
-    summary: Option<String>,
+    /// The summary as HTML: escaped, its `code spans` as `<code>` (rendered with `|safe`).
+    summary_html: Option<String>,
     fingerprint: Option<String>,
     /// The note as sanitised HTML (rendered with `|safe`).
     note_html: Option<String>,
@@ -104,7 +105,10 @@ fn view(r: &RunRecord, links: Links<'_>, with_note: bool) -> RunView {
         state: r.state.as_str(),
         started: utc(r.started_at),
         duration: duration(r.duration_ms()),
-        summary: r.summary.clone(),
+        summary_html: r
+            .summary
+            .as_deref()
+            .map(crate::core::note_html::inline_code_to_html),
         fingerprint: r.fingerprint.clone(),
         note_html: if with_note {
             r.note_markdown

@@ -77,6 +77,16 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
     if let Ok(depth) = app.store.queue_depth().await {
         app.metrics.set_queue_depth(depth);
     }
+    let mr = claimed.job.mr();
+    tracing::info!(
+        job = id.0,
+        kind = claimed.job.kind(),
+        project = mr.map(|m| m.0 .0),
+        mr = mr.map(|m| m.1 .0),
+        sha = claimed.job.sha().map(|s| s.short()),
+        attempt = claimed.attempts,
+        "job started"
+    );
     let started = Instant::now();
     let job = dispatch(app, &claimed.job, id, &token).instrument(span);
     tokio::pin!(job);
@@ -105,10 +115,20 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
     app.metrics.job_finished();
     app.queue.unregister(id);
     let Some(result) = result else {
+        tracing::info!(
+            job = id.0,
+            kind = claimed.job.kind(),
+            "job stopped by the shutdown: it runs again at the next start"
+        );
         return;
     };
     if lost.is_cancelled() {
         // Another replica owns the job now: its end is that replica's to record.
+        tracing::warn!(
+            job = id.0,
+            kind = claimed.job.kind(),
+            "job left to the replica that took it over"
+        );
         return;
     }
     let end = match result {
@@ -120,14 +140,18 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
             JobEnd::Failed(msg)
         }
     };
-    if matches!(claimed.job, Job::Plan(_)) {
-        let outcome = match &end {
-            JobEnd::Done => "succeeded",
-            JobEnd::Failed(_) => "failed",
-            JobEnd::Canceled(_) => "canceled",
-        };
-        app.metrics.plan_finished(started.elapsed(), outcome);
-    }
+    let state = match &end {
+        JobEnd::Done => "done",
+        JobEnd::Failed(_) => "failed",
+        JobEnd::Canceled(_) => "canceled",
+    };
+    tracing::info!(
+        job = id.0,
+        kind = claimed.job.kind(),
+        state,
+        duration_ms = started.elapsed().as_millis() as u64,
+        "job finished"
+    );
     if let Err(e) = app.store.finish_job(id, end).await {
         tracing::error!(job = id.0, error = %format!("{e:#}"), "cannot record the end of a job");
     }

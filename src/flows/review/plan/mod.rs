@@ -24,6 +24,7 @@ use crate::core::events::PlanJob;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
 use crate::core::render::NoteContext;
 use crate::flows::service::app::App;
+use crate::flows::service::metrics::PlanOutcome;
 use anyhow::Result;
 use prepare::Prepared;
 use roots::Outcome;
@@ -56,9 +57,18 @@ pub async fn run(
     let result = plan(app, job, queue_job, cancel, &mut runs).await;
     let outcome = match &result {
         Ok(o) => *o,
-        Err(_) => "error",
+        Err(_) => PlanOutcome::Error,
     };
     app.metrics.plan_finished(started.elapsed(), outcome);
+    let (project, mr, sha) = (job.project.0, job.mr.0, job.head.short());
+    let duration_ms = started.elapsed().as_millis() as u64;
+    match &result {
+        Ok(_) => tracing::info!(project, mr, sha, %outcome, duration_ms, "plan finished"),
+        Err(e) => {
+            let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+            tracing::warn!(project, mr, sha, %outcome, duration_ms, error = %error, "plan could not finish");
+        }
+    }
     if let Err(e) = &result {
         // Whatever broke, the MR must not keep a `running` status forever.
         let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
@@ -94,17 +104,17 @@ pub async fn run(
     result.map(|_| ())
 }
 
-/// A run that ends before planning, with its outcome label for the metrics.
-struct Stop(pub &'static str);
+/// A run that ends before planning, with its outcome for the metrics and the log.
+struct Stop(pub PlanOutcome);
 
-/// The whole run, stage by stage; returns the outcome label for the metrics.
+/// The whole run, stage by stage; returns how it ended.
 async fn plan(
     app: &App,
     job: &PlanJob,
     queue_job: Option<QueueJobId>,
     cancel: &CancellationToken,
     runs: &mut Vec<RunId>,
-) -> Result<&'static str> {
+) -> Result<PlanOutcome> {
     let started = Instant::now();
     let prepared = match prepare::prepare(app, job).await? {
         Ok(p) => p,
@@ -151,9 +161,9 @@ async fn plan(
     )
     .await;
     Ok(if state == StatusState::Success {
-        "success"
+        PlanOutcome::Succeeded
     } else {
-        "failed"
+        PlanOutcome::Failed
     })
 }
 
@@ -164,7 +174,7 @@ async fn superseded(
     job: &PlanJob,
     prepared: &Prepared,
     results: &[roots::RootResult],
-) -> Result<&'static str> {
+) -> Result<PlanOutcome> {
     for r in results {
         if let Outcome::Planned { run, .. } = &r.outcome {
             finish(app, *run, RunState::Canceled, "superseded", "", None).await?;
@@ -180,7 +190,7 @@ async fn superseded(
         prepared.status_ref.clone(),
     )
     .await;
-    Ok("canceled")
+    Ok(PlanOutcome::Canceled)
 }
 
 fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
@@ -213,6 +223,7 @@ async fn set_status(
     }
 }
 
+/// End a run (scrubbed); returns what was recorded, so it can be recorded again with the note.
 async fn finish(
     app: &App,
     run: RunId,
@@ -220,19 +231,16 @@ async fn finish(
     summary: &str,
     log: &str,
     note: Option<String>,
-) -> Result<()> {
-    app.store
-        .finish_run(
-            run,
-            RunEnd {
-                state,
-                summary: Some(app.scrubber.scrub(summary).into_owned()),
-                log: app.scrubber.scrub(log).into_owned(),
-                note_markdown: note,
-                fingerprint: None,
-            },
-        )
-        .await
+) -> Result<RunEnd> {
+    let end = RunEnd {
+        state,
+        summary: Some(app.scrubber.scrub(summary).into_owned()),
+        log: app.scrubber.scrub(log).into_owned(),
+        note_markdown: note,
+        fingerprint: None,
+    };
+    app.store.finish_run(run, end.clone()).await?;
+    Ok(end)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! planning, the mirror is fetched, the repo config is read from the DEFAULT branch, and the
 //! commit to plan, the changed files, the checkout and the MR's engine are ready.
 
-use super::{gl, set_status, text, Stop};
+use super::{gl, set_status, text, PlanOutcome, Stop};
 use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::{MergeRequest, StatusState};
 use crate::capabilities::workspace::{Checkout, MrCommit, PlannedRef};
@@ -73,7 +73,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
     )?;
     if mr.state != "opened" {
         tracing::info!(project = project.0, mr = iid.0, state = %mr.state, "not planning: the MR is not open");
-        return Ok(Err(Stop("skipped")));
+        return Ok(Err(Stop(PlanOutcome::Skipped)));
     }
     if let Some(newer) = mr.sha.as_ref().filter(|s| *s != &job.head) {
         tracing::info!(
@@ -82,7 +82,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
             "not planning: the MR has a newer head"
         );
         catch_up(app, job, &mr, newer).await?;
-        return Ok(Err(Stop("superseded")));
+        return Ok(Err(Stop(PlanOutcome::Canceled)));
     }
     let status_ref = Some(mr.source_branch.clone()).filter(|s| !s.is_empty());
     let head = &job.head;
@@ -138,7 +138,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         Ok(c) => c,
         Err(err) => {
             invalid_config(app, job, &default_branch, &err, status_ref).await?;
-            return Ok(Err(Stop("failed")));
+            return Ok(Err(Stop(PlanOutcome::Failed)));
         }
     };
 

@@ -94,7 +94,13 @@ pub(super) async fn record(
                 rec.findings.extend(findings);
                 drop(planned); // the plan file goes with it
             }
-            Outcome::Failed { .. } => {
+            Outcome::Failed { run, end, .. } => {
+                // Its run page shows the note that says why it failed.
+                let end = RunEnd {
+                    note_markdown: Some(note.to_string()),
+                    ..end
+                };
+                app.store.finish_run(run, end).await?;
                 rec.failed += 1;
                 rec.roots
                     .push(minijinja::context! { name => &r.name, state => "failed" });

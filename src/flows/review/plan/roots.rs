@@ -6,7 +6,7 @@ use crate::capabilities::engine::{
     CancelHandle, CancelToken, EngineError, PlanRequest, PlannedRun,
 };
 use crate::capabilities::proxmox::ProxmoxEndpoint;
-use crate::capabilities::store::{NewRun, QueueJobId, RunKind, RunState};
+use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::events::PlanJob;
 use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
@@ -31,6 +31,8 @@ pub(super) enum Outcome {
     Failed {
         run: RunId,
         error: String,
+        /// How the run was ended (before the note existed); recorded again with the note.
+        end: RunEnd,
     },
     Skipped {
         reason: String,
@@ -103,8 +105,10 @@ pub(super) async fn plan_roots(
             })
             .await?;
         runs.push(run);
+        let started = std::time::Instant::now();
         let outcome =
             plan_root(app, prepared, root, run, &token, &pve, &mut preflight_notes).await?;
+        log_root(job, &root.name, run, &outcome, started.elapsed());
         results.push(RootResult {
             name: root.name.clone(),
             outcome,
@@ -115,6 +119,45 @@ pub(super) async fn plan_roots(
         results,
         preflight_notes,
     })
+}
+
+/// The log's line for one planned root: `root planned` (with its changes) or a warning.
+fn log_root(job: &PlanJob, root: &str, run: RunId, outcome: &Outcome, took: std::time::Duration) {
+    let (project, mr, duration_ms) = (job.project.0, job.mr.0, took.as_millis() as u64);
+    match outcome {
+        Outcome::Planned {
+            planned, findings, ..
+        } if !planned.plan().errored => {
+            let changes = crate::core::summary::Summary::of(planned.plan()).one_line();
+            let findings = findings.len();
+            tracing::info!(project, mr, root, run = run.0, outcome = "planned", changes = %changes, findings, duration_ms, "root planned");
+        }
+        Outcome::Planned { .. } => {
+            tracing::warn!(
+                project,
+                mr,
+                root,
+                run = run.0,
+                outcome = "errored",
+                duration_ms,
+                "root planned with an engine error (see its run page)"
+            );
+        }
+        Outcome::Failed { error, .. } => {
+            let error = error.lines().next().unwrap_or_default();
+            tracing::warn!(
+                project,
+                mr,
+                root,
+                run = run.0,
+                outcome = "failed",
+                duration_ms,
+                error,
+                "root failed to plan"
+            );
+        }
+        Outcome::Skipped { .. } => {}
+    }
 }
 
 /// One affected root: the engine's plan in its directory (a missing directory is a failed run),
@@ -149,8 +192,8 @@ async fn plan_root(
             root.dir,
             prepared.commit.sha.short()
         );
-        finish(app, run, RunState::Failed, &error, "", None).await?;
-        Outcome::Failed { run, error }
+        let end = finish(app, run, RunState::Failed, &error, "", None).await?;
+        Outcome::Failed { run, error, end }
     } else {
         match prepared.engine.plan(&dir, &req).await {
             Ok(planned) => {
@@ -185,8 +228,8 @@ async fn plan_root(
                 };
                 let error = app.scrubber.scrub(&e.report(60)).into_owned();
                 let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
-                finish(app, run, state, &e.to_string(), &log, None).await?;
-                Outcome::Failed { run, error }
+                let end = finish(app, run, state, &e.to_string(), &log, None).await?;
+                Outcome::Failed { run, error, end }
             }
         }
     };

@@ -1,0 +1,698 @@
+//! Namespaces and resource limits around every engine process, beside Landlock: its own user,
+//! mount and PID namespaces, a root that holds only the allow-list, and rlimits.
+//!
+//! Landlock decides what a path may be used for; it does not govern `connect()` to a pathname
+//! UNIX socket, `stat()`, or which pids exist. So each engine process also starts in
+//!
+//! - a **user namespace** (unprivileged; the job's uid maps to planbot's own, root's to nobody),
+//!   which is what lets an unprivileged planbot create the other two;
+//! - a **mount namespace** whose root is a small read-only tmpfs holding only the allow-list,
+//!   bind-mounted at the same paths (read-only where the list says read): planbot's sockets,
+//!   `/run`, the store, other jobs and `/proc` are not there at all, so nothing can be opened,
+//!   connected to or `stat()`ed; the run's `HOME` and temp dir are size-capped tmpfs mounts;
+//! - a **PID namespace** whose PID 1 is a tiny init (this module's code, between `fork` and
+//!   `exec`) that reaps and, when the engine exits, exits with its status — the kernel then
+//!   kills everything left in the namespace (a `setsid` daemon included); planbot's pids do not
+//!   exist inside;
+//! - **rlimits**: tasks (counted per user namespace, so per job), open files, file size and
+//!   data (the memory a process can allocate: a Go program keeps working under it, unlike
+//!   under `RLIMIT_AS`).
+//!
+//! Everything is prepared in the parent ([`Jail::prepare`]); between `fork` and `exec`
+//! ([`Jail::enter`]) only system calls run, no allocation and no lock.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Per-process limits of every engine process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Tasks (processes and threads) of the job: its own user namespace counts them.
+    pub tasks: u64,
+    /// Open file descriptors of each process.
+    pub open_files: u64,
+    /// The largest file a process may write (bytes); a larger write fails with `EFBIG`.
+    pub file_size: u64,
+    /// Memory a process may allocate (`RLIMIT_DATA`, bytes).
+    pub memory: u64,
+    /// Size of the run's `HOME` and temp dir (each a tmpfs, bytes).
+    pub scratch: u64,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            tasks: 4096,
+            open_files: 8192,
+            file_size: 4096 * MIB,
+            memory: 4096 * MIB,
+            scratch: 1024 * MIB,
+        }
+    }
+}
+
+/// Whether this kernel lets an unprivileged process make the namespaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NsSupport {
+    Available,
+    Unavailable { reason: String },
+}
+
+impl NsSupport {
+    /// Try, once per process: a child makes the namespaces, maps its ids, mounts a tmpfs root,
+    /// pivots into it and forks its init, as a real run does.
+    pub fn probe() -> NsSupport {
+        static PROBED: OnceLock<NsSupport> = OnceLock::new();
+        PROBED.get_or_init(probe_now).clone()
+    }
+
+    /// What is in force, in words (`planbot doctor`, `serve --check`).
+    pub fn describe(&self) -> String {
+        match self {
+            NsSupport::Available => "user, mount and PID namespaces".into(),
+            NsSupport::Unavailable { reason } => format!("no namespaces: {reason}"),
+        }
+    }
+}
+
+/// The setup step that failed, for the probe's reason.
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+pub enum Stage {
+    Unshare = 1,
+    IdMap,
+    Limits,
+    Mount,
+    Pivot,
+    Fork,
+}
+
+impl Stage {
+    fn from_u8(b: u8) -> Option<Stage> {
+        [
+            Stage::Unshare,
+            Stage::IdMap,
+            Stage::Limits,
+            Stage::Mount,
+            Stage::Pivot,
+            Stage::Fork,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == b)
+    }
+}
+
+fn probe_now() -> NsSupport {
+    let unavailable = |reason: String| NsSupport::Unavailable { reason };
+    let Ok(dir) = tempfile::tempdir() else {
+        return unavailable("no temporary directory to probe in".into());
+    };
+    let view = View::Own { root: dir.path() };
+    let jail = match Jail::prepare(&Shown::default(), &view, Limits::default(), Path::new("/")) {
+        Ok(j) => j,
+        Err(e) => return unavailable(e.to_string()),
+    };
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return unavailable(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the child only makes system calls (`Jail::enter`, write, _exit): it is sound in
+    // the forked child of a multi-threaded process.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = match jail.enter() {
+            Ok(()) => 0,
+            Err((stage, errno)) => {
+                let mut msg = [0u8; 5];
+                msg[0] = stage as u8;
+                msg[1..].copy_from_slice(&errno.to_ne_bytes());
+                // SAFETY: write of a stack buffer to our pipe, then _exit.
+                unsafe { libc::write(fds[1], msg.as_ptr().cast(), msg.len()) };
+                1
+            }
+        };
+        unsafe { libc::_exit(code) };
+    }
+    // SAFETY: closing our copy of the write end; reading into a stack buffer; waiting for our child.
+    unsafe { libc::close(fds[1]) };
+    if pid < 0 {
+        unsafe { libc::close(fds[0]) };
+        return unavailable(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    let mut msg = [0u8; 5];
+    let n = unsafe { libc::read(fds[0], msg.as_mut_ptr().cast(), msg.len()) };
+    unsafe { libc::close(fds[0]) };
+    let mut status = 0;
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+    if n == 5 {
+        let errno = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
+        return unavailable(reason(Stage::from_u8(msg[0]), errno));
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        NsSupport::Available
+    } else {
+        unavailable(format!("the probe process ended with status {status:#x}"))
+    }
+}
+
+/// Why the namespaces cannot be had, and what to change.
+fn reason(stage: Option<Stage>, errno: i32) -> String {
+    let err = std::io::Error::from_raw_os_error(errno);
+    match stage {
+        Some(Stage::Unshare) => format!(
+            "the kernel refused unprivileged user namespaces ({err}): allow them (`sysctl kernel.unprivileged_userns_clone=1` on Debian kernels before 6.x, `user.max_user_namespaces` above 0), and in a container allow `unshare` in its seccomp profile; under systemd `RestrictNamespaces=` must allow `user mnt pid`"
+        ),
+        Some(Stage::IdMap) => format!("the new user namespace could not map planbot's user ({err})"),
+        Some(Stage::Mount) | Some(Stage::Pivot) => format!(
+            "mounts in a new user namespace are refused ({err}): on Ubuntu 23.10 and later, `kernel.apparmor_restrict_unprivileged_userns=1` takes the namespace's rights away (set it to 0, or give planbot an AppArmor profile with `userns`)"
+        ),
+        Some(Stage::Limits) => format!("the resource limits could not be set ({err})"),
+        Some(Stage::Fork) => format!("the namespace's first process could not start ({err})"),
+        None => format!("the probe failed ({err})"),
+    }
+}
+
+/// The paths a process is shown in its own root (the sandbox's allow-list).
+#[derive(Debug, Default)]
+pub struct Shown<'a> {
+    /// Bound read-only.
+    pub read: Vec<&'a Path>,
+    /// Bound read-write.
+    pub write: Vec<&'a Path>,
+    /// Write paths that get a size-capped tmpfs instead.
+    pub scratch: Vec<&'a Path>,
+    /// `(source, place)`: a file shown at another place.
+    pub binds: Vec<(&'a Path, &'a Path)>,
+}
+
+/// What the engine sees of the filesystem.
+pub enum View<'a> {
+    /// Only the policy's paths, on a root mounted at `root` (an empty directory planbot owns).
+    Own { root: &'a Path },
+    /// The host's filesystem as it is (the local profile); only the user and PID namespaces.
+    Host,
+}
+
+/// One step of building the root, in order.
+#[derive(Debug)]
+enum Mount {
+    /// `mkdir` in the new root.
+    Dir(CString),
+    /// An empty file in the new root (a mount point for a file).
+    File(CString),
+    /// A symbolic link in the new root, as on the host.
+    Symlink { target: CString, at: CString },
+    /// Bind `src` at `dst`; read-only with the source's locked flags when `readonly` is set.
+    Bind {
+        src: CString,
+        dst: CString,
+        readonly: Option<libc::c_ulong>,
+    },
+    /// A size-capped tmpfs at `dst`.
+    Tmpfs { dst: CString, options: CString },
+}
+
+/// Why a jail could not be prepared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("preparing the engine's namespaces failed: {0}")]
+pub struct JailError(String);
+
+/// Everything one engine process needs to enter its namespaces, prepared in the parent.
+#[derive(Debug)]
+pub struct Jail {
+    /// `Some` with [`View::Own`]: the directory the new root is mounted on, and its steps.
+    root: Option<(CString, Vec<Mount>)>,
+    /// Where the engine starts (`/` when it is not in the view).
+    cwd: CString,
+    limits: Limits,
+}
+
+const PATH_SETGROUPS: &[u8] = b"/proc/self/setgroups\0";
+const PATH_UID_MAP: &[u8] = b"/proc/self/uid_map\0";
+const PATH_GID_MAP: &[u8] = b"/proc/self/gid_map\0";
+/// Root's files stay root's, but the job is not root inside: it runs as nobody.
+const NOBODY: u32 = 65534;
+/// Locked mount flags a read-only remount must keep (`statvfs` names them `ST_*`).
+const ST_RELATIME: libc::c_ulong = 4096;
+
+impl Jail {
+    /// The jail of one process: every path `shown` bound at its own place (read-only unless
+    /// it is a write path), the scratch paths as tmpfs mounts, the binds (a socket at a
+    /// per-run path) — or the host's view.
+    pub fn prepare(
+        shown: &Shown<'_>,
+        view: &View<'_>,
+        limits: Limits,
+        cwd: &Path,
+    ) -> Result<Jail, JailError> {
+        let root = match view {
+            View::Host => None,
+            View::Own { root } => Some((cstr(root)?, plan_mounts(shown, root, limits)?)),
+        };
+        Ok(Jail {
+            root,
+            cwd: cstr(cwd)?,
+            limits,
+        })
+    }
+
+    /// Enter the namespaces (between `fork` and `exec`): returns in the process that is to
+    /// exec the engine, PID 2 of its namespace; the forked-off parent and init never return.
+    /// Only system calls on prepared data: nothing allocates.
+    pub fn enter(&self) -> Result<(), (Stage, i32)> {
+        let errno = || {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EPERM)
+        };
+        let check = |stage: Stage, rc: libc::c_long| {
+            if rc < 0 {
+                Err((stage, errno()))
+            } else {
+                Ok(())
+            }
+        };
+        // SAFETY (whole block): raw system calls on NUL-terminated buffers prepared in the
+        // parent; no allocation, no lock.
+        unsafe {
+            // The ids of this process (a `Command::uid` has already switched them), read
+            // before the new namespace, where they show as unmapped until mapped.
+            let (uid, gid) = (libc::getuid(), libc::getgid());
+            check(
+                Stage::Unshare,
+                libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) as _,
+            )?;
+            // A process whose ids were just changed (`Command::uid`) is not dumpable, and its
+            // `/proc/self` files are then root's: make it dumpable to write its own maps (the
+            // `exec` that follows decides dumpability anew; it is invisible to the job).
+            libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong);
+            let mut buf = [0u8; 32];
+            write_file(PATH_SETGROUPS, b"deny").map_err(|e| (Stage::IdMap, e))?;
+            let map = id_map(&mut buf, uid);
+            write_file(PATH_UID_MAP, map).map_err(|e| (Stage::IdMap, e))?;
+            let map = id_map(&mut buf, gid);
+            write_file(PATH_GID_MAP, map).map_err(|e| (Stage::IdMap, e))?;
+            let l = self.limits;
+            for (res, value) in [
+                (libc::RLIMIT_NPROC, l.tasks),
+                (libc::RLIMIT_NOFILE, l.open_files),
+                (libc::RLIMIT_FSIZE, l.file_size),
+                (libc::RLIMIT_DATA, l.memory),
+                (libc::RLIMIT_CORE, 0),
+            ] {
+                let lim = libc::rlimit {
+                    rlim_cur: value as libc::rlim_t,
+                    rlim_max: value as libc::rlim_t,
+                };
+                check(Stage::Limits, libc::setrlimit(res, &lim) as _)?;
+            }
+            if let Some((root, mounts)) = &self.root {
+                self.build_root(root, mounts)?;
+            }
+            if libc::chdir(self.cwd.as_ptr()) != 0 {
+                libc::chdir(c"/".as_ptr());
+            }
+            // The parent of the namespace: waits for its init and exits as it did. It ignores
+            // the stop signals planbot sends the process group (the engine gets them itself).
+            let init = libc::fork();
+            check(Stage::Fork, init as _)?;
+            if init > 0 {
+                close_all();
+                for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                libc::_exit(wait_for(init));
+            }
+            // PID 1: dies with the parent (killed by planbot), reaps everything, and exits when
+            // the engine does — the kernel then kills what is left in the namespace.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            let engine = libc::fork();
+            check(Stage::Fork, engine as _)?;
+            if engine > 0 {
+                close_all();
+                loop {
+                    let mut status = 0;
+                    let pid = libc::waitpid(-1, &mut status, 0);
+                    if pid == engine {
+                        libc::_exit(exit_code(status));
+                    }
+                    if pid < 0 && *libc::__errno_location() == libc::ECHILD {
+                        libc::_exit(127);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Mount the tmpfs root on `root`, build it, pivot into it and make it read-only.
+    unsafe fn build_root(&self, root: &CString, mounts: &[Mount]) -> Result<(), (Stage, i32)> {
+        let errno = || {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EPERM)
+        };
+        let mnt = |src: *const libc::c_char,
+                   dst: *const libc::c_char,
+                   fs: *const libc::c_char,
+                   flags: libc::c_ulong,
+                   data: *const libc::c_char| {
+            if libc::mount(src, dst, fs, flags, data.cast()) != 0 {
+                Err((Stage::Mount, errno()))
+            } else {
+                Ok(())
+            }
+        };
+        let null = std::ptr::null();
+        mnt(
+            null,
+            c"/".as_ptr(),
+            null,
+            libc::MS_REC | libc::MS_PRIVATE,
+            null,
+        )?;
+        mnt(
+            c"tmpfs".as_ptr(),
+            root.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            c"size=4m,nr_inodes=4096,mode=0755".as_ptr(),
+        )?;
+        for m in mounts {
+            match m {
+                Mount::Dir(p) => {
+                    if libc::mkdir(p.as_ptr(), 0o755) != 0 && errno() != libc::EEXIST {
+                        return Err((Stage::Mount, errno()));
+                    }
+                }
+                Mount::File(p) => {
+                    let fd = libc::open(
+                        p.as_ptr(),
+                        libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                        0o644,
+                    );
+                    if fd < 0 {
+                        return Err((Stage::Mount, errno()));
+                    }
+                    libc::close(fd);
+                }
+                Mount::Symlink { target, at } => {
+                    if libc::symlink(target.as_ptr(), at.as_ptr()) != 0 && errno() != libc::EEXIST {
+                        return Err((Stage::Mount, errno()));
+                    }
+                }
+                Mount::Bind { src, dst, readonly } => {
+                    mnt(
+                        src.as_ptr(),
+                        dst.as_ptr(),
+                        null,
+                        libc::MS_BIND | libc::MS_REC,
+                        null,
+                    )?;
+                    if let Some(locked) = readonly {
+                        let flags = libc::MS_BIND
+                            | libc::MS_REMOUNT
+                            | libc::MS_RDONLY
+                            | libc::MS_NOSUID
+                            | locked;
+                        mnt(null, dst.as_ptr(), null, flags, null)?;
+                    }
+                }
+                Mount::Tmpfs { dst, options } => mnt(
+                    c"tmpfs".as_ptr(),
+                    dst.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    options.as_ptr(),
+                )?,
+            }
+        }
+        let pivot = |rc: libc::c_long| {
+            if rc != 0 {
+                Err((Stage::Pivot, errno()))
+            } else {
+                Ok(())
+            }
+        };
+        pivot(libc::chdir(root.as_ptr()) as _)?;
+        pivot(libc::syscall(
+            libc::SYS_pivot_root,
+            c".".as_ptr(),
+            c".".as_ptr(),
+        ))?;
+        pivot(libc::umount2(c".".as_ptr(), libc::MNT_DETACH) as _)?;
+        pivot(libc::chdir(c"/".as_ptr()) as _)?;
+        let ro = libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+        pivot(libc::mount(null, c"/".as_ptr(), null, ro, std::ptr::null()) as _)?;
+        Ok(())
+    }
+}
+
+/// `"INSIDE OUTSIDE 1\n"` for `id` in `buf`, without allocating: the job keeps planbot's id,
+/// except that root's runs as nobody inside (root's files stay root's, but the job holds no
+/// capability in its namespace after `exec`).
+fn id_map(buf: &mut [u8; 32], id: u32) -> &[u8] {
+    fn put(buf: &mut [u8], at: usize, mut n: u32) -> usize {
+        let mut digits = [0u8; 10];
+        let mut len = 0;
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for i in 0..len {
+            buf[at + i] = digits[len - 1 - i];
+        }
+        at + len
+    }
+    let inside = if id == 0 { NOBODY } else { id };
+    let mut at = put(buf, 0, inside);
+    buf[at] = b' ';
+    at = put(buf, at + 1, id);
+    buf[at..at + 3].copy_from_slice(b" 1\n");
+    &buf[..at + 3]
+}
+
+/// `write` the whole of `data` to the file at `path` (NUL-terminated), or the errno.
+unsafe fn write_file(path: &[u8], data: &[u8]) -> Result<(), i32> {
+    let fd = libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return Err(*libc::__errno_location());
+    }
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let err = *libc::__errno_location();
+    libc::close(fd);
+    if n == data.len() as isize {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// Close every descriptor: the waiting parent and init hold nothing (so the engine's output
+/// pipes and `exec` report pipe close when the engine's side does).
+unsafe fn close_all() {
+    if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+        for fd in 0..1024 {
+            libc::close(fd);
+        }
+    }
+}
+
+/// Wait for `pid` and return what to exit with.
+unsafe fn wait_for(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    loop {
+        let rc = libc::waitpid(pid, &mut status, 0);
+        if rc == pid {
+            return exit_code(status);
+        }
+        if rc < 0 && *libc::__errno_location() != libc::EINTR {
+            return 127;
+        }
+    }
+}
+
+/// A process's exit code, or 128 + the signal that killed it (as a shell says it).
+fn exit_code(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        127
+    }
+}
+
+fn cstr(p: &Path) -> Result<CString, JailError> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| JailError(format!("{} holds a NUL byte", p.display())))
+}
+
+/// How a path of the policy is shown in the new root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Access {
+    Read,
+    Write,
+}
+
+/// The steps that build the new root on `root` from `shown`: each existing path bound at its
+/// own place (parents first; a path inside an already bound one is bound over itself), missing
+/// parents made as directories of the tmpfs, symbolic links recreated as links.
+fn plan_mounts(shown: &Shown<'_>, root: &Path, limits: Limits) -> Result<Vec<Mount>, JailError> {
+    use std::collections::BTreeMap;
+    // Path → (access, source). A write path wins over a read path of the same place.
+    let mut entries: BTreeMap<PathBuf, (Access, PathBuf)> = BTreeMap::new();
+    let mut add = |path: &Path, access: Access, src: &Path| {
+        let e = entries
+            .entry(path.to_path_buf())
+            .or_insert((access, src.to_path_buf()));
+        if access > e.0 {
+            *e = (access, src.to_path_buf());
+        }
+    };
+    for p in &shown.read {
+        add(p, Access::Read, p);
+    }
+    for p in &shown.write {
+        add(p, Access::Write, p);
+    }
+    for (src, dst) in &shown.binds {
+        add(dst, Access::Write, src);
+    }
+    let scratch: std::collections::BTreeSet<&Path> = shown.scratch.iter().copied().collect();
+    let inner = |p: &Path| -> Result<CString, JailError> {
+        let rel = p.strip_prefix("/").unwrap_or(p);
+        cstr(&root.join(rel))
+    };
+    let mut steps = Vec::new();
+    let mut made: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+    let mut bound: Vec<PathBuf> = Vec::new();
+    for (path, (access, src)) in &entries {
+        if !path.is_absolute() {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(src) else {
+            continue; // paths that do not exist are left out
+        };
+        let under_bound = bound.iter().any(|b| path.starts_with(b) && path != b);
+        if !under_bound {
+            // Missing parents become tmpfs directories (never inside a bound path).
+            let mut parent = PathBuf::from("/");
+            for c in path
+                .parent()
+                .into_iter()
+                .flat_map(|p| p.components())
+                .skip(1)
+            {
+                parent.push(c);
+                if made.insert(parent.clone()) {
+                    steps.push(Mount::Dir(inner(&parent)?));
+                }
+            }
+        }
+        if meta.file_type().is_symlink() && src == path {
+            if !under_bound {
+                let target = std::fs::read_link(path)
+                    .map_err(|e| JailError(format!("{}: {e}", path.display())))?;
+                steps.push(Mount::Symlink {
+                    target: cstr(&target)?,
+                    at: inner(path)?,
+                });
+            }
+            continue;
+        }
+        let dst = inner(path)?;
+        if scratch.contains(path.as_path()) {
+            if !under_bound && made.insert(path.clone()) {
+                steps.push(Mount::Dir(dst.clone()));
+            }
+            let options = format!("size={},mode=0700", limits.scratch);
+            steps.push(Mount::Tmpfs {
+                dst,
+                options: CString::new(options).expect("no NUL"),
+            });
+            bound.push(path.clone());
+            continue;
+        }
+        let is_dir = std::fs::metadata(src).map(|m| m.is_dir()).unwrap_or(false);
+        if !under_bound {
+            if is_dir {
+                if made.insert(path.clone()) {
+                    steps.push(Mount::Dir(dst.clone()));
+                }
+            } else {
+                steps.push(Mount::File(dst.clone()));
+            }
+        }
+        let readonly = match access {
+            Access::Write => None,
+            Access::Read => Some(locked_flags(src)?),
+        };
+        steps.push(Mount::Bind {
+            src: cstr(src)?,
+            dst,
+            readonly,
+        });
+        bound.push(path.clone());
+    }
+    Ok(steps)
+}
+
+/// The flags of the mount `path` is on that a read-only remount in a user namespace must
+/// keep (the kernel refuses to drop `nosuid`, `nodev`, `noexec` or the atime mode).
+fn locked_flags(path: &Path) -> Result<libc::c_ulong, JailError> {
+    let c = cstr(path)?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs fills the struct we own.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(JailError(format!(
+            "statvfs {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    let f = st.f_flag;
+    let mut flags: libc::c_ulong = 0;
+    for (st_flag, ms_flag) in [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+    ] {
+        if f & st_flag != 0 {
+            flags |= ms_flag;
+        }
+    }
+    flags |= if f & libc::ST_NOATIME != 0 {
+        libc::MS_NOATIME
+    } else if f & ST_RELATIME != 0 {
+        libc::MS_RELATIME
+    } else {
+        libc::MS_STRICTATIME
+    };
+    Ok(flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_maps_keep_the_id_but_roots_is_nobody_inside() {
+        let mut buf = [0u8; 32];
+        assert_eq!(id_map(&mut buf, 1000), b"1000 1000 1\n");
+        assert_eq!(id_map(&mut buf, 0), b"65534 0 1\n");
+        assert_eq!(id_map(&mut buf, u32::MAX), b"4294967295 4294967295 1\n");
+    }
+}
