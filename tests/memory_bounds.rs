@@ -12,7 +12,8 @@ mod fake;
 mod support;
 
 use fake::{fake_engine, running_with, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
-use planbot::capabilities::engine::{Engine, EngineError, PlanRequest};
+use planbot::capabilities::checkout_file::CheckoutFileError;
+use planbot::capabilities::engine::{Engine, EngineError, PlanRequest, PlannedRun};
 use std::path::Path;
 use std::time::Duration;
 
@@ -30,14 +31,21 @@ fn status_kib(field: &str) -> u64 {
 }
 
 /// How far above its resident size before `f` this process peaked while running `f`.
-fn peak_growth<T>(
+fn peak_growth<T: Send + 'static>(
     rt: &tokio::runtime::Runtime,
-    f: impl std::future::Future<Output = T>,
+    f: impl std::future::Future<Output = T> + Send + 'static,
 ) -> (u64, T) {
     // "5" resets the peak resident size to the current one (proc(5), clear_refs).
     std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
     let before = status_kib("VmRSS:");
-    let out = rt.block_on(f);
+    // A plan that blocks its thread (a read of a FIFO) fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    rt.spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    let out = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the plan ended within 2 minutes");
     let peak = status_kib("VmHWM:");
     (peak.saturating_sub(before) * 1024, out)
 }
@@ -72,33 +80,56 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
         .unwrap();
     let show_plan = format!("echo '{PLAN_JSON}'");
     // The writer left behind is found again by its command line: 256 MB and this process's id
-    // in bytes (its pid is the sandbox's).
-    let writer = format!("head -c {} /dev/zero", 268_435_456 + std::process::id() % 1000);
+    // in bytes (its pid is the sandbox's). The sandbox has no /dev/zero: `yes` makes the bytes.
+    let writer = format!("head -c {}", 268_435_456 + std::process::id() % 1000);
     let fifo = format!(
         "rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl\n    \
-         setsid sh -c 'touch writer.started; exec {writer} > .terraform.lock.hcl' </dev/null >/dev/null 2>&1 &\n    \
+         setsid sh -c 'touch writer.started; yes 0 | tr -d \"\\n\" | {writer} > .terraform.lock.hcl' </dev/null >/dev/null 2>&1 &\n    \
          while [ ! -e writer.started ]; do sleep 0.01; done"
     );
-    let fakes: [(&str, &str, String); 4] = [
+    // Each case, and how its plan must end: proof that its hostile part happened.
+    type Ends = fn(&Result<PlannedRun, EngineError>) -> bool;
+    let fakes: [(&str, &str, String, Ends); 4] = [
         (
             "a FIFO streaming 256 MB of zeros as the lock file",
             &fifo,
             show_plan.clone(),
+            |r| {
+                matches!(
+                    r,
+                    Err(EngineError::CheckoutFile(
+                        CheckoutFileError::NotRegular { .. }
+                    ))
+                )
+            },
         ),
         (
             "a lock file of 512 MiB",
             "truncate -s 512M .terraform.lock.hcl",
             show_plan.clone(),
+            |r| {
+                matches!(
+                    r,
+                    Err(EngineError::CheckoutFile(
+                        CheckoutFileError::TooLarge { .. }
+                    ))
+                )
+            },
         ),
         (
             "256 MB of show -json",
             "",
-            "head -c 268435456 /dev/zero | tr '\\0' ' '".to_string(),
+            "yes ' ' | tr -d '\\n' | head -c 268435456".to_string(),
+            |r| matches!(r, Err(EngineError::OutputTooLarge { .. })),
         ),
         (
             "a log line of 256 MB",
-            "head -c 268435456 /dev/zero | tr '\\0' x >&2; echo >&2",
+            "yes x | tr -d '\\n' | head -c 268435456 >&2; echo >&2",
             show_plan.clone(),
+            |r| {
+                r.as_ref()
+                    .is_ok_and(|p| p.log().contains("more of this line left out"))
+            },
         ),
     ];
     // A first plan, so that what every plan needs (the runtime's threads, the engine's
@@ -111,7 +142,7 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
         .expect("a plain plan");
 
     let mut report = Vec::new();
-    for (what, after_plan, show) in &fakes {
+    for (what, after_plan, show, ends_as_it_must) in &fakes {
         let (bin_dir, root, temp) = (
             tempfile::tempdir().unwrap(),
             tempfile::tempdir().unwrap(),
@@ -122,7 +153,10 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
             .timeout(Duration::from_secs(120))
             .build()
             .unwrap();
-        let (grew, result) = peak_growth(&rt, engine.plan(root.path(), &PlanRequest::default()));
+        let dir = root.path().to_path_buf();
+        let (grew, result) = peak_growth(&rt, async move {
+            engine.plan(&dir, &PlanRequest::default()).await
+        });
         for pid in running_with(&writer) {
             let pid = nix::unistd::Pid::from_raw(pid as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
@@ -132,6 +166,7 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
             Err(e) => e.to_string(),
         };
         report.push(format!("{what}: +{} MiB ({outcome})", grew >> 20));
+        assert!(ends_as_it_must(&result), "{what}: {outcome}");
         assert!(
             grew < BOUND,
             "{what}: planbot grew by {} MiB; {outcome}",
@@ -144,7 +179,10 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
     let (root, temp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     forty_mb_value_root(root.path());
     let engine = Engine::builder(&engine_bin, temp.path()).build().unwrap();
-    let (grew, result) = peak_growth(&rt, engine.plan(root.path(), &PlanRequest::default()));
+    let dir = root.path().to_path_buf();
+    let (grew, result) = peak_growth(&rt, async move {
+        engine.plan(&dir, &PlanRequest::default()).await
+    });
     match &result {
         Err(e @ EngineError::OutputTooLarge { log, .. }) => {
             assert!(e.to_string().starts_with("the plan is too large"), "{e}");
