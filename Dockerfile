@@ -1,44 +1,62 @@
 # syntax=docker/dockerfile:1
-# planbot's container image: the planbot binary, git, CA certificates and a pinned OpenTofu,
-# running as an unprivileged user with its state in the /var/lib/planbot volume.
+# planbot's container image: the planbot binary (stripped), git, CA certificates and a pinned
+# OpenTofu, for linux/amd64 and linux/arm64, running as an unprivileged user with its state in
+# the /var/lib/planbot volume.
 #
 #   docker build -t planbot .
-#   docker build --build-arg TOFU_VERSION=1.10.6 --build-arg TOFU_SHA256=<sha256> -t planbot .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t planbot .
+#   buildah build --platform linux/amd64,linux/arm64 --manifest planbot .
 #
-# TOFU_SHA256 is the SHA-256 of tofu_<version>_linux_amd64.tar.gz as listed in the release's
-# tofu_<version>_SHA256SUMS (https://github.com/opentofu/opentofu/releases). The build stops
-# when the download does not match it.
+# planbot is compiled on the build machine for the target architecture (no emulation), with
+# Cargo's `dist` profile (optimised, symbols stripped: about a fifth of the release build's
+# size). OpenTofu TOFU_VERSION is installed by scripts/install-tofu.sh, which refuses an
+# archive whose SHA-256 is not the one scripts/tofu.sha256sums lists for that architecture.
 #
-# Run it with the config at /etc/planbot/planbot.toml and each secret as a file in
-# $CREDENTIALS_DIRECTORY (default /run/secrets, where Docker and Compose put secrets): a
-# relative `<key>_file` path in the config names a file there. See the README, "Install".
+# Run it with the config at /etc/planbot/planbot.toml (deploy/planbot.toml) and each secret as a
+# file in $CREDENTIALS_DIRECTORY (default /run/secrets, where Docker and Compose put secrets).
+# See the README, "Install".
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
 
-# --- planbot, built from this source tree -----------------------------------------------------
-FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
+# --- planbot, built from this source tree for the target architecture -------------------------
+FROM --platform=$BUILDPLATFORM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
+ARG TARGETARCH
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The target's Rust triple and, when it is not the build machine's, Debian's cross linker.
+# hadolint ignore=DL3008
+RUN arch="${TARGETARCH:-$(dpkg --print-architecture)}" \
+ && case "$arch" in \
+      amd64) triple=x86_64-unknown-linux-gnu; gnu=x86_64-linux-gnu ;; \
+      arm64) triple=aarch64-unknown-linux-gnu; gnu=aarch64-linux-gnu ;; \
+      *) echo "planbot's image is built for amd64 and arm64, not $arch" >&2; exit 1 ;; \
+    esac \
+ && echo "$triple" > /rust-target \
+ && if [ "$arch" != "$(dpkg --print-architecture)" ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends "gcc-${gnu//_/-}" "libc6-dev-${arch}-cross" \
+      && rm -rf /var/lib/apt/lists/* \
+      && rustup target add "$triple" \
+      && printf '[target.%s]\nlinker = "%s-gcc"\n' "$triple" "$gnu" >> "$CARGO_HOME/config.toml" \
+      && echo "CC_${triple//-/_}=${gnu}-gcc" > /rust-cc; \
+    fi
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin planbot \
- && install -m 0755 target/release/planbot /usr/local/bin/planbot
+RUN triple="$(cat /rust-target)" \
+ && if [ -f /rust-cc ]; then export "$(cat /rust-cc)"; fi \
+ && cargo build --profile dist --locked --bin planbot --target "$triple" \
+ && install -m 0755 "target/$triple/dist/planbot" /usr/local/bin/planbot
 
-# --- OpenTofu, downloaded and checked against the pinned checksum ------------------------------
-FROM debian:${DEBIAN_RELEASE}-slim AS tofu
+# --- OpenTofu for the target architecture, checked against the pinned checksum ----------------
+FROM --platform=$BUILDPLATFORM debian:${DEBIAN_RELEASE}-slim AS tofu
+ARG TARGETARCH
 ARG TOFU_VERSION=1.10.6
-ARG TOFU_SHA256=b6b46b4fd8dd0b96e624f2a2d5fbc4efae2fc0174529b37292775c847c2e7d2c
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
-WORKDIR /tmp/tofu
-RUN curl -fsSL -o tofu.tar.gz \
-      "https://github.com/opentofu/opentofu/releases/download/v${TOFU_VERSION}/tofu_${TOFU_VERSION}_linux_amd64.tar.gz" \
- && echo "${TOFU_SHA256}  tofu.tar.gz" | sha256sum --check --strict - \
- && tar -xzf tofu.tar.gz tofu \
- && install -m 0755 tofu /usr/local/bin/tofu \
- && /usr/local/bin/tofu version
+COPY scripts/install-tofu.sh scripts/tofu.sha256sums /tmp/tofu/
+RUN /tmp/tofu/install-tofu.sh "${TOFU_VERSION}" /usr/local/bin "${TARGETARCH:-$(dpkg --print-architecture)}"
 
 # --- the runtime image ------------------------------------------------------------------------
 FROM debian:${DEBIAN_RELEASE}-slim

@@ -121,6 +121,18 @@ enum Command {
         /// Run the engine without a sandbox.
         #[arg(long)]
         no_sandbox: bool,
+        /// After the plan, check it with the Rego policies of this directory (as
+        /// `planbot policy test` does).
+        #[arg(long, value_name = "DIR")]
+        policy: Option<PathBuf>,
+        /// The Rego package of the policies' rules.
+        #[arg(long, default_value = "main", requires = "policy")]
+        namespace: String,
+    },
+    /// Rego policies over plans, as conftest runs them.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
     },
     /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
     Doctor {
@@ -163,6 +175,44 @@ fn parse_var(s: &str) -> Result<(String, String), String> {
             "{name:?} is not a variable name (letters, digits, `-` and `_`, starting with a letter or `_`)"
         )),
         None => Err("expected NAME=VALUE".to_string()),
+    }
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Evaluate a directory of Rego policies over a `show -json` document (`-` = stdin) and
+    /// print the result as conftest does; exit 1 when a policy fails.
+    Test {
+        plan_json: PathBuf,
+        /// The directory of `.rego` files (read recursively).
+        #[arg(long, value_name = "DIR")]
+        policy: PathBuf,
+        /// The Rego package of the rules (`deny`, `violation`, `warn`).
+        #[arg(long, default_value = "main")]
+        namespace: String,
+        #[arg(long, value_enum, default_value = "text")]
+        output: PolicyOutput,
+        /// The root name the policies see as `data.planbot.root`.
+        #[arg(long, default_value = ".")]
+        root: String,
+        /// Stop the evaluation (an error, never a pass) after this long.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        limit: std::time::Duration,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PolicyOutput {
+    Text,
+    Json,
+}
+
+impl From<PolicyOutput> for planbot::flows::cli::policy::Output {
+    fn from(o: PolicyOutput) -> Self {
+        match o {
+            PolicyOutput::Text => planbot::flows::cli::policy::Output::Text,
+            PolicyOutput::Json => planbot::flows::cli::policy::Output::Json,
+        }
     }
 }
 
@@ -219,12 +269,22 @@ fn main() -> ExitCode {
             vars,
             sandbox,
             no_sandbox,
+            policy,
+            namespace,
         } => planbot::flows::cli::plan::plan_command(
             &dir,
             engine.as_deref(),
-            format
-                .map(Into::into)
-                .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
+            planbot::flows::cli::plan::Printed {
+                format: format
+                    .map(Into::into)
+                    .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
+                policy: policy.map(|dir| planbot::flows::cli::policy::PolicyOptions {
+                    dir,
+                    namespace,
+                    limit: planbot::core::policy::DEFAULT_LIMIT,
+                    output: planbot::flows::cli::policy::Output::Text,
+                }),
+            },
             fingerprint_key.as_deref(),
             timeout,
             planbot::flows::cli::plan::Variables { var_files, vars },
@@ -236,6 +296,26 @@ fn main() -> ExitCode {
                 (false, SandboxArg::Strict) => {
                     Some(planbot::capabilities::engine::SandboxProfile::Strict)
                 }
+            },
+        ),
+        Command::Policy {
+            command:
+                PolicyCommand::Test {
+                    plan_json,
+                    policy,
+                    namespace,
+                    output,
+                    root,
+                    limit,
+                },
+        } => planbot::flows::cli::policy::test_command(
+            &plan_json,
+            &root,
+            &planbot::flows::cli::policy::PolicyOptions {
+                dir: policy,
+                namespace,
+                limit,
+                output: output.into(),
             },
         ),
         Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),

@@ -257,14 +257,19 @@ fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
         )
         .unwrap();
     }
-    let config = repo().join("deploy/systemd/planbot.toml");
+    // The config the README's systemd steps install: the starting config.
+    assert!(
+        support::readme_block("sudo install -d -m 0755 /etc/planbot")
+            .contains("sudo install -m 0644 deploy/planbot.toml /etc/planbot/planbot.toml")
+    );
+    let config = repo().join("deploy/planbot.toml");
     let check = |creds: &Path| serve_check(&config, creds, OWN_ADDRESSES);
     assert_only_the_example_addresses_stop_it(&serve_check(&config, creds.path(), &[]));
     let out = check(creds.path());
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
-        "deploy/systemd/planbot.toml with the unit's credentials:\n{stdout}\n{}",
+        "deploy/planbot.toml with the unit's credentials:\n{stdout}\n{}",
         text(&out.stderr)
     );
     assert!(stdout.contains("gitlab.token = (set)"), "{stdout}");
@@ -338,22 +343,47 @@ fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check
     let runtime = from.last().unwrap();
     let has = |stage: &[String], pred: &dyn Fn(&str) -> bool| stage.iter().any(|i| pred(i));
 
-    // The engine: a version and a checksum as build arguments, and the download checked.
+    // The engine: a version as a build argument, installed for the target architecture by
+    // the script that checks the archive against the repository's checksums.
     let tofu = from
         .iter()
-        .find(|s| has(s, &|i| i.contains("opentofu/opentofu/releases/download")))
-        .expect("a stage downloads OpenTofu");
+        .find(|s| has(s, &|i| i.contains("scripts/install-tofu.sh")))
+        .expect("a stage installs OpenTofu with scripts/install-tofu.sh");
     assert!(has(tofu, &|i| i.starts_with("ARG TOFU_VERSION=")));
-    assert!(has(tofu, &|i| {
-        i.strip_prefix("ARG TOFU_SHA256=")
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-    }));
-    assert!(has(tofu, &|i| i.contains("${TOFU_SHA256}")
-        && i.contains("sha256sum --check")));
+    assert!(has(tofu, &|i| i.starts_with("COPY ")
+        && i.contains("scripts/install-tofu.sh")
+        && i.contains("scripts/tofu.sha256sums")));
+    assert!(has(tofu, &|i| i.starts_with("RUN ")
+        && i.contains("install-tofu.sh \"${TOFU_VERSION}\"")
+        && i.contains("TARGETARCH")));
     assert!(has(runtime, &|i| i.starts_with("COPY --from=")
         && i.contains("/usr/local/bin/tofu")));
     assert!(has(runtime, &|i| i.starts_with("COPY --from=")
         && i.ends_with("/usr/local/bin/planbot")));
+
+    // planbot: built for the target architecture with the stripped `dist` profile.
+    let build = from
+        .iter()
+        .find(|s| has(s, &|i| i.contains("cargo build")))
+        .expect("a stage builds planbot");
+    assert!(
+        build[0].starts_with("FROM --platform=$BUILDPLATFORM "),
+        "{:?}",
+        build[0]
+    );
+    assert!(has(build, &|i| i
+        .contains("cargo build --profile dist --locked")
+        && i.contains("--target")
+        && i.contains("/dist/planbot")));
+    let cargo: toml::Table = read("Cargo.toml").parse().unwrap();
+    let dist = &cargo["profile"]["dist"];
+    assert_eq!(dist["inherits"].as_str(), Some("release"));
+    assert_eq!(
+        dist["strip"].as_str(),
+        Some("symbols"),
+        "the shipped binary is stripped"
+    );
+    assert_eq!(dist["debug"].as_bool(), Some(false));
 
     // What planbot needs at run time.
     let install = runtime
@@ -398,10 +428,11 @@ fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kubernetes
+// Kubernetes: every kustomization built whole, as `kubectl apply -k` would
 
 const K8S: &str = "deploy/kubernetes";
 const K8S_INSTALL: &str = "pip install kubernetes-validate";
+const KUBECTL_INSTALL: &str = "kubectl 1.27 or later (kustomize 5): Debian's kubernetes-client is too old; the Kubernetes project's apt repository (pkgs.k8s.io) or the Google Cloud CLI's package has it";
 /// The oldest Kubernetes release the manifests are checked against.
 const K8S_VERSION: &str = "1.30.0";
 
@@ -409,60 +440,210 @@ fn yaml(rel: &str) -> serde_yaml::Value {
     serde_yaml::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
-/// The resource files kustomization.yaml applies, as repository paths.
-fn k8s_resources() -> Vec<String> {
-    let kustomization = yaml(&format!("{K8S}/kustomization.yaml"));
-    let listed: Vec<String> = kustomization["resources"]
-        .as_sequence()
-        .expect("kustomization.yaml lists resources")
-        .iter()
-        .map(|r| format!("{K8S}/{}", r.as_str().unwrap()))
-        .collect();
-    let mut on_disk: Vec<String> = std::fs::read_dir(repo().join(K8S))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
-        .map(|n| format!("{K8S}/{n}"))
-        .collect();
-    on_disk.sort();
-    let mut sorted = listed.clone();
-    sorted.sort();
-    assert_eq!(
-        sorted, on_disk,
-        "kustomization.yaml must list every manifest of {K8S}"
+/// Every document of a multi-document YAML text.
+fn documents(text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+        .collect()
+}
+
+/// `kubectl kustomize DIR`: the manifests `kubectl apply -k DIR` would apply.
+fn kustomize(dir: &Path) -> String {
+    let out = run(Command::new(tool("kubectl", KUBECTL_INSTALL))
+        .arg("kustomize")
+        .arg(dir));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        text(&out.stderr)
     );
-    listed
+    text(&out.stdout)
+}
+
+/// `kubernetes-validate --strict` of a built set of manifests.
+fn assert_valid_for_kubernetes(built: &str, what: &str) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), built).unwrap();
+    let out = run(Command::new(tool("kubernetes-validate", K8S_INSTALL))
+        .args(["--strict", "--kubernetes-version", K8S_VERSION])
+        .arg(file.path()));
+    let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success() && report.contains("passed") && !report.contains("failed"),
+        "kubernetes-validate of {what}:\n{report}\n{built}"
+    );
+}
+
+/// The README's Kubernetes recipe, run in an empty directory beside the clone (`planbot/`, a
+/// link to this repository) with `edits` applied to it, `kubectl apply -k .` replaced by
+/// `kubectl kustomize .` (no cluster here) and the commands that need a cluster dropped.
+/// Returns the directory and the manifests it would apply.
+fn readme_kubernetes_site(edits: &[(&str, &str)]) -> (tempfile::TempDir, Vec<serde_yaml::Value>) {
+    let mut recipe = support::readme_block("kubectl apply -k .")
+        .lines()
+        .filter(|l| !l.starts_with("kubectl -n planbot "))
+        .map(|l| {
+            if l == "kubectl apply -k ." {
+                "kubectl kustomize . > built.yaml"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (from, to) in edits {
+        assert!(recipe.contains(from), "the recipe no longer has {from:?}");
+        recipe = recipe.replace(from, to);
+    }
+    let root = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(repo(), root.path().join("planbot")).unwrap();
+    let site = root.path().join("site");
+    std::fs::create_dir(&site).unwrap();
+    support::run_recipe(&site, &recipe, "glpat-k8s-test-token-0123456789\n");
+    let built = std::fs::read_to_string(site.join("built.yaml")).unwrap();
+    assert_valid_for_kubernetes(&built, "the README's kustomization");
+    (root, documents(&built))
+}
+
+fn of_kind<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the built manifests"))
+}
+
+/// The built manifests of the README's kustomization of the single-pod variant.
+fn find_kind(kind: &str) -> serde_yaml::Value {
+    let (_dir, docs) = readme_kubernetes_site(&[]);
+    of_kind(&docs, kind).clone()
 }
 
 #[test]
-fn the_kubernetes_manifests_pass_kubernetes_validate_strictly() {
-    let validate = tool("kubernetes-validate", K8S_INSTALL);
-    let files = k8s_resources();
-    let out = run(Command::new(validate)
-        .args(["--strict", "--kubernetes-version", K8S_VERSION])
-        .args(files.iter().map(|f| repo().join(f))));
-    let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
+fn every_kustomization_builds_whole_and_none_holds_a_secret_or_a_config() {
+    // The base, each variant on it, and no directory inside another's root (kustomize refuses
+    // an overlay inside its own base: "cycle detected").
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(repo().join(K8S)).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.join("kustomization.yaml").is_file() {
+            dirs.push(dir);
+        }
+    }
+    dirs.sort();
     assert!(
-        out.status.success(),
-        "kubernetes-validate ({}):\n{report}",
-        out.status
+        !repo().join(K8S).join("kustomization.yaml").exists(),
+        "{K8S} itself is no kustomization: its variants live beside the base"
     );
-    for f in &files {
-        assert!(
-            report
-                .lines()
-                .any(|l| l.contains(f.as_str()) && l.contains("passed")),
-            "{f} was not validated:\n{report}"
-        );
+    let names: Vec<String> = dirs
+        .iter()
+        .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["base", "replicas", "single"]);
+    for dir in &dirs {
+        let built = kustomize(dir);
+        let docs = documents(&built);
+        assert!(!docs.is_empty());
+        // What `kubectl apply -k` of a shipped directory applies never carries a secret or a
+        // placeholder over the real one: those come from the operator's own kustomization.
+        for doc in &docs {
+            assert!(
+                doc["kind"] != "Secret" && doc["kind"] != "ConfigMap",
+                "{}: ships a {:?}",
+                dir.display(),
+                doc["kind"]
+            );
+        }
+        assert!(!built.contains("change-me"), "{}: {built}", dir.display());
+        if dir.ends_with("base") {
+            continue;
+        }
+        assert_valid_for_kubernetes(&built, &dir.display().to_string());
+        for doc in &docs {
+            let namespace = if doc["kind"] == "Namespace" {
+                &doc["metadata"]["name"]
+            } else {
+                &doc["metadata"]["namespace"]
+            };
+            assert_eq!(namespace.as_str(), Some("planbot"), "{doc:?}");
+        }
     }
 }
 
-fn find_kind(kind: &str) -> serde_yaml::Value {
-    k8s_resources()
-        .iter()
-        .map(|f| yaml(f))
-        .find(|v| v["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} in {K8S}"))
+#[test]
+fn the_readmes_kubernetes_recipe_builds_and_its_config_loads_from_its_secret() {
+    let (_dir, docs) = readme_kubernetes_site(&[]);
+    let sts = of_kind(&docs, "StatefulSet");
+    let config = of_kind(&docs, "ConfigMap");
+    let secret = of_kind(&docs, "Secret");
+    // The pod's volumes name the generated ConfigMap and Secret (with their content hash).
+    let volumes = sts["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap();
+    let volume = |name: &str| volumes.iter().find(|v| v["name"] == name).unwrap();
+    assert_eq!(
+        volume("config")["configMap"]["name"],
+        config["metadata"]["name"]
+    );
+    assert_eq!(
+        volume("credentials")["secret"]["secretName"],
+        secret["metadata"]["name"]
+    );
+    // The ConfigMap is the starting config; the Secret, the files made by the recipe.
+    assert_eq!(
+        config["data"]["planbot.toml"].as_str(),
+        Some(read("deploy/planbot.toml").as_str())
+    );
+    assert!(!serde_yaml::to_string(secret).unwrap().contains("change-me"));
+    let (dir, keys) = mounted(config, secret);
+    assert_eq!(keys, ["fingerprint-key", "gitlab-token", "webhook-secret"]);
+    let (file, creds) = (
+        dir.path().join("planbot.toml"),
+        dir.path().join("credentials"),
+    );
+    assert_only_the_example_addresses_stop_it(&serve_check(&file, &creds, &[]));
+    let out = serve_check(&file, &creds, OWN_ADDRESSES);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the generated planbot.toml with the generated Secret:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !stdout.contains("glpat-k8s-test-token"),
+        "a secret printed:\n{stdout}"
+    );
+    // The Ingress carries the host the recipe's patch gives.
+    let ingress = of_kind(&docs, "Ingress");
+    assert_eq!(ingress["spec"]["rules"][0]["host"], "planbot.example.com");
+}
+
+/// The ConfigMap's `planbot.toml` and the Secret's keys laid out as the pod sees them:
+/// `<dir>/planbot.toml` and `<dir>/credentials/<key>`.
+fn mounted(
+    config: &serde_yaml::Value,
+    secret: &serde_yaml::Value,
+) -> (tempfile::TempDir, Vec<String>) {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("planbot.toml"),
+        config["data"]["planbot.toml"].as_str().unwrap(),
+    )
+    .unwrap();
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    let mut keys = Vec::new();
+    for (k, v) in secret["data"].as_mapping().unwrap() {
+        let k = k.as_str().unwrap().to_string();
+        let encoded: String = v.as_str().unwrap().split_whitespace().collect();
+        let value = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap();
+        std::fs::write(creds.join(&k), value).unwrap();
+        keys.push(k);
+    }
+    keys.sort();
+    (dir, keys)
 }
 
 #[test]
@@ -558,7 +739,11 @@ fn the_statefulset_runs_one_locked_down_pod_with_its_store_on_a_volume() {
         .as_sequence()
         .unwrap()
         .iter()
-        .find(|v| v["secret"]["secretName"] == "planbot-credentials")
+        .find(|v| {
+            v["secret"]["secretName"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("planbot-credentials-"))
+        })
         .expect("the Secret is mounted");
     assert_eq!(
         env_value("CREDENTIALS_DIRECTORY"),
@@ -587,77 +772,6 @@ fn the_statefulset_runs_one_locked_down_pod_with_its_store_on_a_volume() {
         policy["spec"]["ingress"][0]["ports"][0]["port"].as_str(),
         Some(port_name)
     );
-}
-
-/// The ConfigMap's `planbot.toml` and the Secret's keys (each with a distinct fake value) laid
-/// out as the pod sees them: `<dir>/planbot.toml` and `<dir>/credentials/<key>`.
-fn mounted(
-    config: &serde_yaml::Value,
-    secret: &serde_yaml::Value,
-) -> (tempfile::TempDir, Vec<String>) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("planbot.toml"),
-        config["data"]["planbot.toml"].as_str().unwrap(),
-    )
-    .unwrap();
-    let creds = dir.path().join("credentials");
-    std::fs::create_dir(&creds).unwrap();
-    let keys: Vec<String> = secret["stringData"]
-        .as_mapping()
-        .unwrap()
-        .keys()
-        .map(|k| k.as_str().unwrap().to_string())
-        .collect();
-    for (i, k) in keys.iter().enumerate() {
-        std::fs::write(creds.join(k), format!("test-secret-{i}-0123456789abcdef")).unwrap();
-    }
-    (dir, keys)
-}
-
-#[test]
-fn the_kubernetes_config_loads_from_the_secret_the_statefulset_mounts() {
-    let secret = find_kind("Secret");
-    let (dir, keys) = mounted(&find_kind("ConfigMap"), &secret);
-    let (config, creds) = (
-        dir.path().join("planbot.toml"),
-        dir.path().join("credentials"),
-    );
-    assert_only_the_example_addresses_stop_it(&serve_check(&config, &creds, &[]));
-    let out = serve_check(&config, &creds, OWN_ADDRESSES);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the ConfigMap's planbot.toml with the Secret's keys {keys:?}:\n{stdout}\n{}",
-        text(&out.stderr)
-    );
-    assert!(
-        !stdout.contains("test-secret-"),
-        "a secret printed:\n{stdout}"
-    );
-
-    // The Secret as shipped holds placeholders: planbot names each and does not start.
-    for (k, v) in secret["stringData"].as_mapping().unwrap() {
-        std::fs::write(creds.join(k.as_str().unwrap()), v.as_str().unwrap()).unwrap();
-    }
-    let out = serve_check(&config, &creds, OWN_ADDRESSES);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    for (key, name) in [
-        ("fingerprint_key", "fingerprint-key"),
-        ("gitlab.token", "gitlab-token"),
-        ("gitlab.webhook_secret", "webhook-secret"),
-    ] {
-        assert!(
-            stderr.contains(&format!(
-                "config key `{key}`: is still the example's placeholder `change-me`"
-            )) && stderr.contains(&format!(
-                "from secret file {}/{name} (named in",
-                creds.display()
-            )),
-            "{key}: {stderr}"
-        );
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -763,19 +877,29 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
         "{image}"
     );
     let vars = &ci["variables"];
-    for arg in ["TOFU_VERSION", "TOFU_SHA256"] {
-        assert!(
-            image.contains(&format!("--build-arg {arg}=")),
-            "{arg} not passed:\n{image}"
+    assert!(image.contains("--build-arg TOFU_VERSION="), "{image}");
+    assert_eq!(
+        vars["TOFU_VERSION"].as_str(),
+        Some(dockerfile_arg("TOFU_VERSION").as_str()),
+        "the pipeline's TOFU_VERSION differs from the Dockerfile's"
+    );
+    assert!(
+        test.contains("scripts/install-tofu.sh \"${TOFU_VERSION}\""),
+        "the test job does not install the checked OpenTofu:\n{test}"
+    );
+    // Every platform the image is built for has its OpenTofu checksum.
+    assert!(image.contains("--platform \"${PLATFORMS}\""), "{image}");
+    let sums = read("scripts/tofu.sha256sums");
+    for platform in vars["PLATFORMS"].as_str().unwrap().split(',') {
+        let arch = platform.trim().strip_prefix("linux/").unwrap();
+        let file = format!(
+            "tofu_{}_linux_{arch}.tar.gz",
+            vars["TOFU_VERSION"].as_str().unwrap()
         );
-        assert_eq!(
-            vars[arg].as_str(),
-            Some(dockerfile_arg(arg).as_str()),
-            "the pipeline's {arg} differs from the Dockerfile's"
-        );
         assert!(
-            test.contains(&format!("${{{arg}}}")),
-            "the test job does not use {arg}"
+            sums.lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(file.as_str())),
+            "PLATFORMS has {platform}, but scripts/tofu.sha256sums has no line for {file}"
         );
     }
     let rust_image = vars["RUST_IMAGE"].as_str().unwrap();
@@ -792,6 +916,10 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
     let binary = job("static-binary");
     let build = script(binary);
     assert!(build.contains("--target x86_64-unknown-linux-musl") && build.contains("--locked"));
+    assert!(
+        build.contains("--profile dist") && build.contains("/dist/planbot"),
+        "the release binary is the stripped one:\n{build}"
+    );
     assert!(
         build.contains("INTERP"),
         "the static binary is not checked to be static"
@@ -821,8 +949,8 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
     for tagged in ["static-binary", "release"] {
         assert_eq!(
             job(tagged)["rules"][0]["if"].as_str(),
-            Some("$CI_COMMIT_TAG"),
-            "{tagged} must run on tags only"
+            Some("$CI_COMMIT_TAG =~ /^v\\d+\\.\\d+\\.\\d+$/"),
+            "{tagged} must run on release tags only"
         );
     }
 }
@@ -909,7 +1037,7 @@ fn compose_runs_planbot_locked_down_behind_the_tls_proxy_with_the_secrets_its_co
     );
 
     // The secrets it mounts (at /run/secrets = the image's CREDENTIALS_DIRECTORY) are the
-    // credential names of the config it tells to copy, deploy/systemd/planbot.toml.
+    // credential names of the config it tells to copy, deploy/planbot.toml.
     assert!(read("Dockerfile").contains("CREDENTIALS_DIRECTORY=/run/secrets"));
     let mounted: BTreeSet<String> = planbot["secrets"]
         .as_sequence()
@@ -917,7 +1045,7 @@ fn compose_runs_planbot_locked_down_behind_the_tls_proxy_with_the_secrets_its_co
         .iter()
         .map(|s| s.as_str().unwrap().to_string())
         .collect();
-    let config: toml::Table = read("deploy/systemd/planbot.toml").parse().unwrap();
+    let config: toml::Table = read("deploy/planbot.toml").parse().unwrap();
     let mut named = BTreeSet::new();
     fn collect(t: &toml::Table, out: &mut BTreeSet<String>) {
         for (k, v) in t {
@@ -945,69 +1073,9 @@ fn compose_runs_planbot_locked_down_behind_the_tls_proxy_with_the_secrets_its_co
 
 const K8S_REPLICAS: &str = "deploy/kubernetes/replicas";
 
-/// The replicas overlay's own manifests (resources and patches), as repository paths.
-fn replica_manifests() -> Vec<String> {
-    let k = yaml(&format!("{K8S_REPLICAS}/kustomization.yaml"));
-    let resources: Vec<&str> = k["resources"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_str().unwrap())
-        .collect();
-    assert_eq!(resources[0], "..", "the overlay builds on the base");
-    let mut files: Vec<String> = resources[1..].iter().map(|r| r.to_string()).collect();
-    for p in k["patches"].as_sequence().unwrap() {
-        if let Some(path) = p["path"].as_str() {
-            files.push(path.to_string());
-        } else {
-            assert_eq!(
-                p["target"]["kind"].as_str(),
-                Some("StatefulSet"),
-                "the only inline patch deletes the single-replica StatefulSet"
-            );
-            assert!(p["patch"].as_str().unwrap().contains("$patch: delete"));
-        }
-    }
-    let mut on_disk: Vec<String> = std::fs::read_dir(repo().join(K8S_REPLICAS))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
-        .collect();
-    on_disk.sort();
-    let mut listed = files.clone();
-    listed.sort();
-    assert_eq!(
-        listed, on_disk,
-        "kustomization.yaml must use every manifest of {K8S_REPLICAS}"
-    );
-    files
-        .into_iter()
-        .map(|f| format!("{K8S_REPLICAS}/{f}"))
-        .collect()
-}
-
-#[test]
-fn the_three_replica_variant_passes_kubernetes_validate_strictly() {
-    let validate = tool("kubernetes-validate", K8S_INSTALL);
-    let files = replica_manifests();
-    let out = run(Command::new(validate)
-        .args(["--strict", "--kubernetes-version", K8S_VERSION])
-        .args(files.iter().map(|f| repo().join(f))));
-    let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "kubernetes-validate:\n{report}");
-    for f in &files {
-        assert!(
-            report
-                .lines()
-                .any(|l| l.contains(f.as_str()) && l.contains("passed")),
-            "{f} was not validated:\n{report}"
-        );
-    }
-}
-
 #[test]
 fn the_three_replicas_run_the_same_pod_as_the_single_one_on_a_shared_store() {
-    let single = find_kind("StatefulSet");
+    let single = yaml(&format!("{K8S}/single/statefulset.yaml"));
     let replicas = yaml(&format!("{K8S_REPLICAS}/deployment.yaml"));
     assert_eq!(replicas["kind"], "Deployment");
     assert_eq!(replicas["spec"]["replicas"].as_u64(), Some(3));
@@ -1030,46 +1098,56 @@ fn the_three_replicas_run_the_same_pod_as_the_single_one_on_a_shared_store() {
         .find(|v| v["name"] == "data")
         .expect("a data volume");
     assert!(data["emptyDir"].is_mapping(), "{data:?}");
-
-    // The config is the base's plus [store] on PostgreSQL, its password from the Secret.
-    let base = find_kind("ConfigMap")["data"]["planbot.toml"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let config = yaml(&format!("{K8S_REPLICAS}/configmap.yaml"))["data"]["planbot.toml"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        config.starts_with(base.trim_end()),
-        "the base config, then [store]"
-    );
-    let toml: toml::Table = config.parse().unwrap();
-    assert!(toml["store"]["url"]
-        .as_str()
-        .unwrap()
-        .starts_with("postgres://"));
-    let password_key = toml["store"]["password_file"].as_str().unwrap();
-    let secret = yaml(&format!("{K8S_REPLICAS}/secret.yaml"));
-    assert!(secret["stringData"][password_key].is_string());
 }
 
 #[test]
-fn the_three_replica_config_loads_from_its_secret() {
-    let (dir, keys) = mounted(
-        &yaml(&format!("{K8S_REPLICAS}/configmap.yaml")),
-        &yaml(&format!("{K8S_REPLICAS}/secret.yaml")),
+fn the_readmes_three_replica_recipe_builds_and_its_config_loads_from_its_secret() {
+    // The README's recipe with what its "Three replicas" paragraph says to change: the
+    // variant, [store] uncommented in planbot.toml, the database's password and CA added.
+    let (_dir, docs) = readme_kubernetes_site(&[
+        (
+            "  - ../planbot/deploy/kubernetes/single ",
+            "  - ../planbot/deploy/kubernetes/replicas ",
+        ),
+        (
+            "files: [fingerprint-key, gitlab-token, webhook-secret]",
+            "files: [fingerprint-key, gitlab-token, webhook-secret, db-password, db-ca.pem]",
+        ),
+        (
+            "cat > kustomization.yaml",
+            "sed -i -e 's/^# \\[store\\]/[store]/' -e 's/^# \\(url\\|password_file\\|ca_file\\) = /\\1 = /' planbot.toml\n\
+             printf db-password-0123456789 > db-password\n\
+             printf 'a CA, PEM' > db-ca.pem\n\
+             cat > kustomization.yaml",
+        ),
+    ]);
+    let deployment = of_kind(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"].as_u64(), Some(3));
+    assert!(docs.iter().all(|d| d["kind"] != "StatefulSet"));
+    assert!(docs
+        .iter()
+        .any(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "planbot-postgres"));
+    let (dir, keys) = mounted(of_kind(&docs, "ConfigMap"), of_kind(&docs, "Secret"));
+    assert_eq!(
+        keys,
+        [
+            "db-ca.pem",
+            "db-password",
+            "fingerprint-key",
+            "gitlab-token",
+            "webhook-secret"
+        ]
     );
-    let (file, creds) = (
-        dir.path().join("planbot.toml"),
-        dir.path().join("credentials"),
-    );
-    let mut env = OWN_ADDRESSES.to_vec();
-    env.push((
-        "PLANBOT_STORE_URL",
-        "postgres://planbot@db.corp.test:5432/planbot",
-    ));
-    let out = serve_check(&file, &creds, &env);
+    let config: toml::Table = std::fs::read_to_string(dir.path().join("planbot.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(config["store"]["url"]
+        .as_str()
+        .unwrap()
+        .starts_with("postgres://"));
+    let creds = dir.path().join("credentials");
+    let out = serve_check(&dir.path().join("planbot.toml"), &creds, OWN_ADDRESSES);
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -1081,7 +1159,366 @@ fn the_three_replica_config_loads_from_its_secret() {
         "--check names the store:\n{stdout}"
     );
     assert!(
-        !stdout.contains("test-secret-"),
+        !stdout.contains("db-password-0123456789"),
         "a secret printed:\n{stdout}"
     );
+}
+
+#[test]
+fn the_readmes_compose_steps_leave_every_file_compose_reads_and_a_config_that_loads() {
+    // A copy of what the recipe uses, laid out as in the repository.
+    let root = tempfile::tempdir().unwrap();
+    let compose_dir = root.path().join("deploy/compose");
+    std::fs::create_dir_all(&compose_dir).unwrap();
+    for f in [
+        "Dockerfile",
+        "deploy/planbot.toml",
+        COMPOSE,
+        "deploy/compose/Caddyfile",
+    ] {
+        std::fs::copy(repo().join(f), root.path().join(f)).unwrap();
+    }
+    // The README's steps, run in deploy/compose, but for `sudo chown` (no user 10001 here)
+    // and `docker compose up` (no engine here).
+    let block =
+        support::readme_block("PLANBOT_HOST=planbot.example.com docker compose up -d --build");
+    let recipe: Vec<&str> = block
+        .lines()
+        .filter(|l| {
+            !l.starts_with("cd ") && !l.starts_with("sudo ") && !l.contains("docker compose up")
+        })
+        .collect();
+    support::run_recipe(
+        &compose_dir,
+        &recipe.join("\n"),
+        "glpat-compose-test-token-0123\n",
+    );
+
+    // Every file the Compose file reads exists where it says.
+    let compose = yaml(COMPOSE);
+    let planbot = &compose["services"]["planbot"];
+    let context = compose_dir.join(planbot["build"]["context"].as_str().unwrap());
+    assert!(
+        context.join("Dockerfile").is_file(),
+        "no Dockerfile in the build context"
+    );
+    let mut read_files: Vec<String> = Vec::new();
+    for service in compose["services"].as_mapping().unwrap().values() {
+        for v in service["volumes"].as_sequence().into_iter().flatten() {
+            let source = v.as_str().unwrap().split(':').next().unwrap();
+            if source.starts_with("./") {
+                read_files.push(source.to_string());
+            }
+        }
+    }
+    for s in compose["secrets"].as_mapping().unwrap().values() {
+        read_files.push(s["file"].as_str().unwrap().to_string());
+    }
+    assert!(read_files.len() >= 5, "{read_files:?}");
+    for f in &read_files {
+        assert!(
+            compose_dir.join(f).is_file(),
+            "compose reads {f}, which the steps did not make"
+        );
+    }
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(compose_dir.join("secrets"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700, "the secrets directory");
+
+    // The config, with the secrets where the image finds them ($CREDENTIALS_DIRECTORY).
+    let config = compose_dir.join("planbot.toml");
+    let secrets = compose_dir.join("secrets");
+    assert_only_the_example_addresses_stop_it(&serve_check(&config, &secrets, &[]));
+    let out = serve_check(&config, &secrets, OWN_ADDRESSES);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same_modes() {
+    let readme = read("README.md");
+    // Every step that copies a config copies deploy/planbot.toml; there is no other.
+    let copies: Vec<&str> = readme
+        .lines()
+        .filter(|l| {
+            (l.starts_with("cp ") || l.contains("install -m 0644")) && l.contains("planbot.toml")
+        })
+        .collect();
+    assert!(copies.len() >= 4, "{copies:?}");
+    for line in &copies {
+        let source = line
+            .split_whitespace()
+            .find(|w| w.ends_with("planbot.toml"))
+            .unwrap();
+        assert!(
+            source.ends_with("deploy/planbot.toml") || source == "../planbot.toml",
+            "a README step copies another starting config: {line}"
+        );
+    }
+    let mut configs: Vec<String> = Vec::new();
+    for entry in std::fs::read_dir(repo().join("deploy")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".toml") {
+            configs.push(name);
+        }
+    }
+    configs.sort();
+    assert_eq!(configs, ["planbot.example.toml", "planbot.toml"]);
+    assert!(!repo().join("deploy/systemd/planbot.toml").exists());
+
+    // Secrets are named one way: a file name in $CREDENTIALS_DIRECTORY, never a path.
+    let secret_keys: BTreeSet<String> = planbot::core::config::settings()
+        .iter()
+        .filter(|s| s.secret)
+        .map(|s| format!("{}_file", s.key.rsplit('.').next().unwrap()))
+        .collect();
+    let mut texts = vec![("README.md".to_string(), readme.clone())];
+    for f in ["deploy/planbot.toml", "deploy/planbot.example.toml"] {
+        texts.push((f.to_string(), read(f)));
+    }
+    for (file, text) in &texts {
+        for line in text.lines() {
+            let bare = line.trim().trim_start_matches('#').trim();
+            let Some((key, value)) = bare.split_once(" = ") else {
+                continue;
+            };
+            if secret_keys.contains(key.trim()) {
+                let value = value.split('#').next().unwrap().trim().trim_matches('"');
+                assert!(
+                    !value.contains('/'),
+                    "{file}: `{bare}`: name the secret's file in $CREDENTIALS_DIRECTORY, not a path"
+                );
+            }
+        }
+    }
+
+    // Directory modes: /etc/planbot readable (no secret in it), secrets and data private.
+    for line in readme.lines().filter(|l| l.contains("install -d")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let mode = words[words.iter().position(|w| *w == "-m").unwrap() + 1];
+        for dir in words.iter().skip_while(|w| **w != mode).skip(1) {
+            if dir.starts_with('#') {
+                break;
+            }
+            let want = if *dir == "/etc/planbot" {
+                "0755"
+            } else {
+                "0700"
+            };
+            assert_eq!(mode, want, "README: `{line}`: {dir}");
+        }
+    }
+    let unit = read(UNIT);
+    assert_eq!(unit_values(&unit, "StateDirectoryMode"), ["0700"]);
+    let dockerfile = read("Dockerfile");
+    assert!(dockerfile.contains("-m 0700 /var/lib/planbot"));
+    assert!(dockerfile.contains("-m 0755 /etc/planbot"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Releases
+
+/// The version in Cargo.toml.
+fn cargo_version() -> String {
+    let cargo: toml::Table = read("Cargo.toml").parse().unwrap();
+    cargo["package"]["version"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_release_is_the_cargo_version_tagged_with_its_changelog_and_the_component_resolves() {
+    let version = cargo_version();
+    let parts: Vec<&str> = version.split('.').collect();
+    assert!(
+        parts.len() == 3 && parts.iter().all(|p| p.parse::<u64>().is_ok()),
+        "Cargo.toml's version {version} is not MAJOR.MINOR.PATCH"
+    );
+    let changelog = read("CHANGELOG.md");
+    assert!(
+        changelog.lines().any(|l| l == format!("## [{version}]")),
+        "CHANGELOG.md has no section for {version}"
+    );
+    // The release job refuses a tag that is not this version, or has no changelog section.
+    let ci = yaml(".gitlab-ci.yml");
+    let release = script(&ci["release"]);
+    assert!(
+        release.contains("\"v${version}\"") && release.contains("CHANGELOG.md"),
+        "{release}"
+    );
+
+    // The component as GitLab resolves `<instance>/<project path>/<name>@<tag>`: the project
+    // holds templates/<name>.yml, and the tag is a release tag of this version. The README and
+    // the template's own comment give the same reference.
+    let readme = read("README.md");
+    let template = read("templates/planbot-apply.yml");
+    let mut refs: Vec<String> = Vec::new();
+    for text in [&readme, &template] {
+        for line in text.lines() {
+            if let Some(r) = line.split("component: ").nth(1) {
+                refs.push(r.split_whitespace().next().unwrap().to_string());
+            }
+        }
+    }
+    assert!(refs.len() >= 2, "{refs:?}");
+    for r in &refs {
+        let (path, tag) = r.split_once('@').unwrap();
+        let path = path
+            .strip_prefix("$CI_SERVER_FQDN/")
+            .unwrap_or_else(|| panic!("{r}: a component is named on its own instance"));
+        let (project, name) = path.rsplit_once('/').unwrap();
+        assert!(project.contains('/'), "{r}: <group>/<project>/<name>");
+        assert!(
+            repo().join(format!("templates/{name}.yml")).is_file(),
+            "{r}: no templates/{name}.yml to resolve to"
+        );
+        assert_eq!(tag, format!("v{version}"), "{r}: not this release's tag");
+        assert_eq!(r, &refs[0], "two component references disagree");
+    }
+    // The README says where that project comes from: a copy of this repository, with its tags.
+    let project = refs[0]
+        .split('/')
+        .skip(1)
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("/");
+    assert!(
+        readme.contains(&format!("say `{project}`")),
+        "the README does not say how `{project}` comes to exist"
+    );
+
+    // The image a release pushes is the version the Kubernetes manifests run.
+    let image = script(&ci["container-image"]);
+    assert!(image.contains("${CI_COMMIT_TAG#v}"), "{image}");
+    for manifest in ["single/statefulset.yaml", "replicas/deployment.yaml"] {
+        let m = yaml(&format!("{K8S}/{manifest}"));
+        let image = m["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            image.ends_with(&format!(":{version}")),
+            "{manifest}: {image}"
+        );
+    }
+}
+
+/// A tiny HTTP server for the files under `root` (what a release download mirror serves).
+fn serve_files(root: &Path) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let root = root.to_path_buf();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut request = String::new();
+            let _ = BufReader::new(&conn).read_line(&mut request);
+            let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+            let reply = match std::fs::read(root.join(path.trim_start_matches('/'))) {
+                Ok(body) => [
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes(),
+                    body,
+                ]
+                .concat(),
+                Err(_) => {
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        .to_vec()
+                }
+            };
+            let _ = conn.write_all(&reply);
+        }
+    });
+    url
+}
+
+#[test]
+fn install_tofu_installs_only_an_archive_whose_checksum_the_repository_lists() {
+    // A release mirror with tofu_9.9.9 for amd64, and a copy of the script whose checksum list
+    // names that archive (the shipped list names real releases).
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("mirror/v9.9.9");
+    std::fs::create_dir_all(&release).unwrap();
+    let payload = dir.path().join("payload");
+    std::fs::create_dir(&payload).unwrap();
+    std::fs::write(payload.join("tofu"), "#!/bin/sh\necho 'OpenTofu v9.9.9'\n").unwrap();
+    let archive = release.join("tofu_9.9.9_linux_amd64.tar.gz");
+    let out = run(Command::new("tar")
+        .arg("-czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&payload)
+        .arg("tofu"));
+    assert!(out.status.success());
+    let digest = |p: &Path| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(std::fs::read(p).unwrap()))
+    };
+    let scripts = dir.path().join("scripts");
+    std::fs::create_dir(&scripts).unwrap();
+    std::fs::copy(
+        repo().join("scripts/install-tofu.sh"),
+        scripts.join("install-tofu.sh"),
+    )
+    .unwrap();
+    std::fs::write(
+        scripts.join("tofu.sha256sums"),
+        format!("{}  tofu_9.9.9_linux_amd64.tar.gz\n", digest(&archive)),
+    )
+    .unwrap();
+    let mirror = serve_files(&dir.path().join("mirror"));
+    let install = |arch: &str, dest: &Path| {
+        run(Command::new("sh")
+            .arg(scripts.join("install-tofu.sh"))
+            .args(["9.9.9"])
+            .arg(dest)
+            .arg(arch)
+            .env("TOFU_DOWNLOAD_URL", &mirror))
+    };
+
+    let bin = dir.path().join("bin");
+    let out = install("amd64", &bin);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tofu = run(&mut Command::new(bin.join("tofu")));
+    assert_eq!(text(&tofu.stdout), "OpenTofu v9.9.9\n");
+
+    // An architecture the list does not name is refused before any download.
+    let out = install("arm64", &dir.path().join("bin-arm64"));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no SHA-256 for tofu_9.9.9_linux_arm64.tar.gz"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!dir.path().join("bin-arm64/tofu").exists());
+
+    // A tampered archive (the mirror serves another file) is refused and not installed.
+    std::fs::write(payload.join("tofu"), "#!/bin/sh\necho evil\n").unwrap();
+    let out = run(Command::new("tar")
+        .arg("-czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&payload)
+        .arg("tofu"));
+    assert!(out.status.success());
+    let other = dir.path().join("bin-tampered");
+    let out = install("x86_64", &other);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("does not have the SHA-256")
+            && text(&out.stderr).contains("refusing it"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!other.join("tofu").exists());
+
+    // The shipped list names the pinned version for the image's default architecture.
+    let pinned = dockerfile_arg("TOFU_VERSION");
+    assert!(read("scripts/tofu.sha256sums")
+        .lines()
+        .any(|l| l.ends_with(&format!("  tofu_{pinned}_linux_amd64.tar.gz"))));
 }

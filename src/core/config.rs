@@ -3,6 +3,7 @@
 //! Pure: the caller hands in the file text, the environment and a file reader, so tests can
 //! drive every path without touching the process environment.
 
+use crate::core::policy::{self, PolicySetSpec};
 use crate::core::store_tls::StoreTls;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
@@ -105,6 +106,9 @@ pub struct Config {
     pub log: LogConfig,
     /// `[store]`: where deliveries, jobs, runs and applies live.
     pub store: StoreConfig,
+    /// `[[policy_sets]]`: the operator's Rego policy sets (directories on planbot's host),
+    /// checked on every repository's plans; a repository cannot switch them off.
+    pub policy_sets: Vec<PolicySetSpec>,
 }
 
 /// `[store]`: the database planbot keeps its state in.
@@ -715,6 +719,12 @@ impl Config {
                 )
             })
             .collect();
+        for (i, line) in header_lines(text, POLICY_SETS).into_iter().enumerate() {
+            origins.insert(
+                format!("{POLICY_SETS}[{i}]"),
+                Origin::File { line: Some(line) },
+            );
+        }
         for table in ENV_TABLES {
             if let Some(Value::Table(t)) = flat.get(*table) {
                 for k in t.keys() {
@@ -912,6 +922,16 @@ impl Config {
             "store.lease",
             humantime::format_duration(self.store.lease).to_string(),
         );
+        for set in &self.policy_sets {
+            let owners: Vec<String> = set.owners.iter().map(|o| o.to_string()).collect();
+            line(
+                &format!("policy_sets.{}", set.name),
+                format!(
+                    "{{ path = {:?}, namespace = {:?}, owners = {owners:?}, roots = {:?} }}",
+                    set.path, set.namespace, set.roots
+                ),
+            );
+        }
         out
     }
 
@@ -1062,9 +1082,10 @@ fn flatten(
         } else {
             format!("{prefix}.{k}")
         };
-        if ENV_TABLES
-            .iter()
-            .any(|t| path == *t || path.strip_suffix("_file") == Some(t))
+        if path == POLICY_SETS
+            || ENV_TABLES
+                .iter()
+                .any(|t| path == *t || path.strip_suffix("_file") == Some(t))
         {
             out.insert(path, v);
             continue;
@@ -1566,6 +1587,7 @@ fn build(
     let apply = take_apply(flat, p);
     let plan = take_plan(flat, p);
     let proxmox = take_proxmox(flat, p);
+    let policy_sets = take_policy_sets(flat, p);
     // Known keys are left only when their section stopped early (already reported).
     for k in flat.keys().filter(|k| key_info(k).is_none()) {
         p.push(unknown(k));
@@ -1586,7 +1608,150 @@ fn build(
         pages,
         metrics,
         store,
+        policy_sets,
     })
+}
+
+/// The array of tables of the operator's policy sets (not a dotted key: not in [`KEYS`]).
+const POLICY_SETS: &str = "policy_sets";
+
+/// The line (1-based) of each `[[name]]` header, in order.
+fn header_lines(text: &str, name: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            l.trim()
+                .strip_prefix("[[")
+                .and_then(|h| h.split("]]").next())
+                .is_some_and(|h| h.trim() == name)
+        })
+        .map(|(n, _)| n + 1)
+        .collect()
+}
+
+/// `[[policy_sets]]`: each with a unique name, an absolute `path` (a directory on planbot's
+/// host), `owners`, `roots` (root names, in any repository) and a Rego `namespace`.
+fn take_policy_sets(
+    flat: &mut BTreeMap<String, Value>,
+    p: &mut Vec<ConfigError>,
+) -> Vec<PolicySetSpec> {
+    let items = match flat.remove(POLICY_SETS) {
+        None => return Vec::new(),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            p.push(ConfigError::Invalid {
+                key: POLICY_SETS.into(),
+                message: format!(
+                    "expected [[policy_sets]] tables, found {}",
+                    other.type_str()
+                ),
+            });
+            return Vec::new();
+        }
+    };
+    let mut sets: Vec<PolicySetSpec> = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let key = |k: &str| format!("{POLICY_SETS}[{i}].{k}");
+        let invalid = |k: &str, message: String| ConfigError::Invalid {
+            key: key(k),
+            message,
+        };
+        let Value::Table(mut t) = item else {
+            p.push(invalid("name", "expected a table".into()));
+            continue;
+        };
+        let string = |t: &mut toml::Table, k: &str, p: &mut Vec<ConfigError>| match t.remove(k) {
+            None => None,
+            Some(Value::String(s)) => Some(s),
+            Some(other) => {
+                p.push(invalid(
+                    k,
+                    format!("expected a string, found {}", other.type_str()),
+                ));
+                None
+            }
+        };
+        let name = string(&mut t, "name", p);
+        let path = string(&mut t, "path", p);
+        let namespace =
+            string(&mut t, "namespace", p).unwrap_or_else(|| policy::DEFAULT_NAMESPACE.to_string());
+        let list = |t: &mut toml::Table, k: &str, p: &mut Vec<ConfigError>| match t.remove(k) {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .filter_map(|v| match v {
+                    Value::String(s) => Some(s),
+                    other => {
+                        p.push(invalid(k, format!("`{other}` is not a string")));
+                        None
+                    }
+                })
+                .collect(),
+            Some(other) => {
+                p.push(invalid(
+                    k,
+                    format!("expected a list, found {}", other.type_str()),
+                ));
+                Vec::new()
+            }
+        };
+        let owners: Vec<String> = list(&mut t, "owners", p);
+        let roots: Vec<String> = list(&mut t, "roots", p);
+        for k in t.keys() {
+            p.push(invalid(
+                k,
+                "unknown key (known keys here: name, path, owners, roots, namespace)".into(),
+            ));
+        }
+        let Some(name) = name else {
+            p.push(ConfigError::Missing {
+                key: key("name"),
+                hint: "each policy set needs a name, shown on the MR".into(),
+            });
+            continue;
+        };
+        if let Err(e) = policy::sets::check_name(&name) {
+            p.push(invalid("name", e));
+        } else if sets.iter().any(|s| s.name == name) {
+            p.push(invalid(
+                "name",
+                format!("`{name}` is used twice; names must be unique"),
+            ));
+        }
+        let Some(path) = path else {
+            p.push(ConfigError::Missing {
+                key: key("path"),
+                hint: "the directory of .rego files on planbot's host, e.g. /etc/planbot/policies"
+                    .into(),
+            });
+            continue;
+        };
+        if !path.starts_with('/') {
+            p.push(invalid(
+                "path",
+                format!("`{path}` is not an absolute path (a directory on planbot's host)"),
+            ));
+        }
+        if let Err(e) = policy::sets::check_namespace(&namespace) {
+            p.push(invalid("namespace", e));
+        }
+        let owners = owners
+            .iter()
+            .filter_map(|o| {
+                policy::Owner::parse(o)
+                    .map_err(|e| p.push(invalid("owners", e)))
+                    .ok()
+            })
+            .collect();
+        sets.push(PolicySetSpec {
+            name,
+            path,
+            owners,
+            roots,
+            namespace,
+        });
+    }
+    sets
 }
 
 /// `[store]`: where deliveries, the queue, runs and applies live (the embedded SQLite file in
@@ -2538,8 +2703,13 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
                 format!("secret from {p} 0123456789\n")
             })
         };
-        // As shipped, its placeholder stops it, named with its line.
-        let problems = Config::load_all(example, &[], &read).problems;
+        // As shipped (its secrets named in $CREDENTIALS_DIRECTORY), its placeholder stops it,
+        // named with its line.
+        let env = [(
+            CREDENTIALS_DIRECTORY.to_string(),
+            "/run/credentials/planbot.service".to_string(),
+        )];
+        let problems = Config::load_all(example, &env, &read).problems;
         assert_eq!(problems.len(), 1, "{problems:?}");
         let line = example
             .lines()
@@ -2550,14 +2720,56 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
             format!("config key `engine.env.TF_VAR_encryption_passphrase`: is still the example's placeholder `change-me`: put the real value here\n    from planbot.toml, line {}", line + 1)
         );
         let example = example.replace("\"change-me\"", "\"a-real-passphrase\"");
-        let c = Config::load(&example, &[], &read).expect("the example loads");
+        let c = Config::load(&example, &env, &read).expect("the example loads");
         assert_eq!(
             c.gitlab.token.expose(),
-            "secret from /run/secrets/planbot-gitlab-token 0123456789"
+            "secret from /run/credentials/planbot.service/gitlab-token 0123456789"
         );
         assert_eq!(
             c.proxmox.for_plan().endpoint.as_deref(),
             Some("https://pve.example.com:8006")
+        );
+    }
+
+    #[test]
+    fn operator_policy_sets_are_read_and_checked_with_their_line() {
+        let text = format!(
+            "{MINIMAL}\n[[policy_sets]]\nname = \"guardrails\"\npath = \"/etc/planbot/policies\"\nowners = [\"alice\", \"group:infra/admins\"]\n"
+        );
+        let c = Config::load(&text, &[], &no_files).unwrap();
+        assert_eq!(
+            c.policy_sets,
+            [PolicySetSpec {
+                name: "guardrails".into(),
+                path: "/etc/planbot/policies".into(),
+                owners: vec![
+                    policy::Owner::User("alice".into()),
+                    policy::Owner::Group("infra/admins".into())
+                ],
+                roots: vec![],
+                namespace: "main".into(),
+            }]
+        );
+        assert!(c.describe().contains(
+            "policy_sets.guardrails = { path = \"/etc/planbot/policies\", namespace = \"main\", owners = [\"alice\", \"group:infra/admins\"], roots = [] }"
+        ));
+
+        let text = format!(
+            "{MINIMAL}\n[[policy_sets]]\nname = \"a\"\npath = \"/p\"\n\n[[policy_sets]]\nname = \"a\"\npath = \"policies\"\nnamespace = \"x-y\"\nowner = [\"bob\"]\n"
+        );
+        let problems = Config::load_all(&text, &[], &no_files).problems;
+        let shown: Vec<String> = problems
+            .iter()
+            .map(|p| p.describe("planbot.toml"))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "config key `policy_sets[1].owner`: unknown key (known keys here: name, path, owners, roots, namespace)\n    from planbot.toml, line 13",
+                "config key `policy_sets[1].name`: `a` is used twice; names must be unique\n    from planbot.toml, line 13",
+                "config key `policy_sets[1].path`: `policies` is not an absolute path (a directory on planbot's host)\n    from planbot.toml, line 13",
+                "config key `policy_sets[1].namespace`: `x-y` is not a Rego package (identifiers joined by dots, like `main` or `terraform.proxmox`)\n    from planbot.toml, line 13",
+            ]
         );
     }
 }

@@ -13,6 +13,7 @@ pub mod lint;
 pub mod note_html;
 pub mod plan;
 pub mod plan_digest;
+pub mod policy;
 pub mod preflight;
 pub mod pve_access;
 pub mod pve_model;

@@ -18,11 +18,19 @@
 //!
 //! [lint]
 //! disable = ["PVE010"]               # lint rules off for every root
+//!
+//! [[policy_sets]]                    # Rego policies over every plan (`core::policy`)
+//! name = "proxmox-guardrails"
+//! path = "policies"                  # a directory of .rego files, from the repository top
+//! owners = ["alice", "group:infra/admins"]   # who may approve a failure
+//! roots = ["core"]                   # default: every root
+//! namespace = "main"                 # the Rego package of the rules (default `main`)
 //! ```
 //!
 //! Absent file: one root named `default` at `.`, planned when any file changes. Unknown keys are
 //! errors, reported with their line and column.
 
+use crate::core::policy::{self, PolicySetSpec};
 use crate::core::render::markdown::code_span;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
@@ -132,6 +140,8 @@ pub struct PlanSettings {
 pub struct RepoConfig {
     pub roots: Vec<Root>,
     pub plan: PlanSettings,
+    /// `[[policy_sets]]`: the Rego policy sets that check the plans (`core::policy`).
+    pub policy_sets: Vec<PolicySetSpec>,
     /// True when there was no `.planbot.toml` (the one-root default).
     pub is_default: bool,
 }
@@ -203,6 +213,21 @@ struct RawFile {
     plan: Option<RawPlan>,
     #[serde(default)]
     lint: Option<RawLint>,
+    #[serde(default)]
+    policy_sets: Vec<RawPolicySet>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicySet {
+    name: Spanned<String>,
+    path: Spanned<String>,
+    #[serde(default)]
+    owners: Vec<Spanned<String>>,
+    #[serde(default)]
+    roots: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    namespace: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -259,6 +284,18 @@ struct Problems<'t> {
 }
 
 impl Problems<'_> {
+    /// The configuration, or every problem in file order.
+    fn finish(self, cfg: RepoConfig) -> Result<RepoConfig, RepoConfigError> {
+        if self.list.is_empty() {
+            return Ok(cfg);
+        }
+        let mut list = self.list;
+        list.sort_by_key(|(offset, _)| *offset);
+        Err(RepoConfigError {
+            problems: list.into_iter().map(|(_, p)| p).collect(),
+        })
+    }
+
     fn at(&mut self, span: Range<usize>, key: impl Into<String>, message: impl Into<String>) {
         let (line, column) = line_col(self.text, span.start);
         self.list.push((
@@ -292,6 +329,7 @@ fn key_in_message(message: &str) -> Option<String> {
 fn section_at(text: &str, offset: usize) -> Option<String> {
     let mut section = None;
     let mut root_index = 0usize;
+    let mut set_index = 0usize;
     let mut pos = 0usize;
     for line in text.split_inclusive('\n') {
         if pos > offset {
@@ -308,6 +346,9 @@ fn section_at(text: &str, offset: usize) -> Option<String> {
             if name == "roots" {
                 root_index += 1;
                 section = Some(format!("roots[{}]", root_index - 1));
+            } else if name == "policy_sets" {
+                set_index += 1;
+                section = Some(format!("policy_sets[{}]", set_index - 1));
             } else {
                 section = Some(name.to_string());
             }
@@ -419,6 +460,7 @@ impl RepoConfig {
                 lint_disable: Vec::new(),
             }],
             plan: PlanSettings::default(),
+            policy_sets: Vec::new(),
             is_default: true,
         }
     }
@@ -459,7 +501,8 @@ impl RepoConfig {
                     cfg.is_default = false;
                     cfg.plan = plan;
                     cfg.roots[0].lint_disable = global_disable;
-                    return Ok(cfg);
+                    cfg.policy_sets = parse_policy_sets(raw.policy_sets, &cfg.roots, &mut problems);
+                    return problems.finish(cfg);
                 }
                 Vec::new()
             }
@@ -472,16 +515,11 @@ impl RepoConfig {
             dir_valid.push(dir_ok);
             roots.push(root);
         }
-        if !problems.list.is_empty() {
-            let mut list = problems.list;
-            list.sort_by_key(|(offset, _)| *offset);
-            return Err(RepoConfigError {
-                problems: list.into_iter().map(|(_, p)| p).collect(),
-            });
-        }
-        Ok(RepoConfig {
+        let policy_sets = parse_policy_sets(raw.policy_sets, &roots, &mut problems);
+        problems.finish(RepoConfig {
             roots,
             plan,
+            policy_sets,
             is_default: false,
         })
     }
@@ -805,6 +843,85 @@ fn root_lint_disable(
     lint_disable
 }
 
+/// `[[policy_sets]]`: each set checked on its own, against the sets before it (names are
+/// unique) and against the roots (a set's `roots` must name roots of this file).
+fn parse_policy_sets(
+    raw: Vec<RawPolicySet>,
+    roots: &[Root],
+    problems: &mut Problems<'_>,
+) -> Vec<PolicySetSpec> {
+    let mut sets: Vec<PolicySetSpec> = Vec::new();
+    for (i, s) in raw.into_iter().enumerate() {
+        let key = |k: &str| format!("policy_sets[{i}].{k}");
+        let name = s.name.get_ref().trim().to_string();
+        if let Err(e) = policy::sets::check_name(&name) {
+            problems.at(s.name.span(), key("name"), e);
+        } else if sets.iter().any(|x| x.name == name) {
+            problems.at(
+                s.name.span(),
+                key("name"),
+                format!("policy set name `{name}` is used twice; names must be unique"),
+            );
+        }
+        let path = match normalize_path(".", s.path.get_ref()) {
+            Ok(p) => p,
+            Err(e) => {
+                problems.at(s.path.span(), key("path"), e);
+                s.path.get_ref().clone()
+            }
+        };
+        let mut owners = Vec::new();
+        for o in &s.owners {
+            match policy::Owner::parse(o.get_ref()) {
+                Ok(owner) => owners.push(owner),
+                Err(e) => problems.at(o.span(), key("owners"), e),
+            }
+        }
+        let mut set_roots = Vec::new();
+        if let Some(list) = &s.roots {
+            if list.get_ref().is_empty() {
+                problems.at(
+                    list.span(),
+                    key("roots"),
+                    "empty list: the set would check nothing; remove the key to check every root",
+                );
+            }
+            for r in list.get_ref() {
+                if !roots.iter().any(|x| x.name == *r.get_ref()) {
+                    let known: Vec<&str> = roots.iter().map(|x| x.name.as_str()).collect();
+                    problems.at(
+                        r.span(),
+                        key("roots"),
+                        format!(
+                            "no root is named `{}` (roots: {})",
+                            r.get_ref(),
+                            known.join(", ")
+                        ),
+                    );
+                }
+                set_roots.push(r.get_ref().clone());
+            }
+        }
+        let namespace = match &s.namespace {
+            Some(n) => {
+                if let Err(e) = policy::sets::check_namespace(n.get_ref()) {
+                    problems.at(n.span(), key("namespace"), e);
+                }
+                n.get_ref().clone()
+            }
+            None => policy::DEFAULT_NAMESPACE.to_string(),
+        };
+        sets.push(PolicySetSpec {
+            name,
+            path,
+            owners,
+            roots: set_roots,
+            namespace,
+        });
+    }
+    sets
+}
+
 /// serde's wording, said the way an engineer would.
 fn humanize(message: &str) -> String {
     let m = message
@@ -855,6 +972,7 @@ pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
             roots => roots_view(cfg),
             checkout => cfg.plan.checkout.as_str(),
             fork_mrs => cfg.plan.fork_mrs.as_str(),
+            policy_sets => policy::sets::views(&cfg.policy_sets),
         },
     )
 }

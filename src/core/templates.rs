@@ -59,6 +59,7 @@ files![
     ("pages/run.html", Verbatim),
     ("pages/runs.html", Verbatim),
     ("plan_status.txt.j2", Verbatim),
+    ("policy_test.txt.j2", Blocks),
     ("privileges.j2", Blocks),
     ("readyz.txt.j2", Verbatim),
     ("planbot-apply.yml", Raw),

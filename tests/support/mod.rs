@@ -146,18 +146,24 @@ impl ServeProcess {
     /// Start it with `env` on top of this process's environment less every variable that
     /// changes the log (`RUST_LOG`, `PLANBOT_LOG_*`), and wait until it says it serves.
     pub fn start(config_file: &std::path::Path, env: &[(&str, &str)]) -> ServeProcess {
-        use std::io::BufRead;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"));
-        cmd.args(["serve", "--config"])
-            .arg(config_file)
-            .env_remove("RUST_LOG")
-            .env_remove("PLANBOT_LOG_FORMAT")
-            .env_remove("PLANBOT_LOG_LEVEL")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
+        cmd.args(["serve", "--config"]).arg(config_file);
         for (k, v) in env {
             cmd.env(k, v);
         }
+        ServeProcess::spawn(cmd)
+    }
+
+    /// Run `cmd` (which ends up running `planbot serve`, e.g. a shell recipe) the same way.
+    pub fn spawn(mut cmd: std::process::Command) -> ServeProcess {
+        use std::io::BufRead;
+        for var in ["RUST_LOG", "PLANBOT_LOG_FORMAT", "PLANBOT_LOG_LEVEL"] {
+            if !cmd.get_envs().any(|(k, _)| k == var) {
+                cmd.env_remove(var);
+            }
+        }
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -261,4 +267,66 @@ fn strip_ansi(s: &str) -> String {
         }
     }
     out
+}
+
+/// The fenced code block of the README that holds `line` (a line of its own), without fences.
+pub fn readme_block(line: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(path).unwrap();
+    let mut blocks = readme.split("\n```").skip(1).step_by(2);
+    blocks
+        .find(|b| b.lines().any(|l| l == line))
+        .map(|b| {
+            b.split_once('\n')
+                .map(|(_, body)| body.to_string())
+                .unwrap_or_default()
+        })
+        .unwrap_or_else(|| panic!("no README code block with the line `{line}`"))
+}
+
+/// `bash -euo pipefail -c SCRIPT` in `dir` — a README recipe as a user runs it — with the
+/// planbot just built first on `PATH`, as `planbot`.
+pub fn recipe_command(dir: &std::path::Path, script: &str) -> std::process::Command {
+    let bin = dir.join(".bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    if !bin.join("planbot").exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_planbot"), bin.join("planbot")).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = std::process::Command::new("bash");
+    cmd.args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .env("PATH", path);
+    cmd
+}
+
+/// Run a README recipe (see [`recipe_command`]) to its end; `stdin` answers its prompt
+/// (`cat > ...`). Panics with the recipe and its output when it fails.
+pub fn run_recipe(dir: &std::path::Path, recipe: &str, stdin: &str) -> String {
+    use std::io::Write;
+    let mut child = recipe_command(dir, recipe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the README recipe failed ({}):\n{recipe}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

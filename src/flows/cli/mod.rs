@@ -1,9 +1,10 @@
 //! One-shot commands of the `planbot` binary: `serve`, `render`, `plan`, `check-config`,
-//! `doctor`, `apply-job` (the CI side of the manual apply) and `store migrate`.
+//! `doctor`, `apply-job` (the CI side of the manual apply), `store migrate` and `policy test`.
 pub mod apply_job;
 pub mod check_config;
 pub mod doctor;
 pub mod plan;
+pub mod policy;
 pub mod render;
 pub mod serve;
 pub mod serve_check;

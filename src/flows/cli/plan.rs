@@ -1,8 +1,10 @@
 //! `planbot plan DIR`: init + plan + show with the real engine, printed as the note or JSON.
 //!
 //! Exit codes: 0 planned, 1 the engine failed (the note says why, redacted) or a `--var-file`
-//! is missing (said on stderr, before the engine runs), 2 the engine's output was not a plan. The binary plan file lives in a private temp dir that is deleted
-//! before this returns, also on error, timeout and Ctrl-C.
+//! is missing (said on stderr, before the engine runs), 2 the engine's output was not a plan.
+//! With `--policy DIR`, the policies are checked after the plan as `planbot policy test` does
+//! (1 a policy failed, 2 they could not be evaluated). The binary plan file lives in a private
+//! temp dir that is deleted before this returns, also on error, timeout and Ctrl-C.
 
 use crate::capabilities::engine::{
     self, CancelHandle, CliConfig, Engine, EngineError, PlanRequest, PlannedRun, SandboxMode,
@@ -15,6 +17,7 @@ use crate::core::plan::Plan;
 use crate::core::redact::Scrubber;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;
+use crate::flows::cli::policy::PolicyOptions;
 use crate::flows::cli::render::{local_fingerprint_key, Format};
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -51,21 +54,42 @@ fn resolve_var_files(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// What a local run prints: the note in `format`, then, with `--policy`, the policies' result.
+#[derive(Debug, Clone)]
+pub struct Printed {
+    pub format: Format,
+    pub policy: Option<PolicyOptions>,
+}
+
 pub fn plan_command(
     dir: &Path,
     engine: Option<&str>,
-    format: Format,
+    printed: Printed,
     fingerprint_key: Option<&str>,
     timeout: Duration,
     variables: Variables,
     sandbox: Option<SandboxProfile>,
 ) -> Result<ExitCode> {
+    let Printed { format, policy } = printed;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let key = local_fingerprint_key(fingerprint_key).to_vec();
-    rt.block_on(run(dir, engine, format, &key, timeout, variables, sandbox))
+    let local = LocalRun {
+        format,
+        key: &key,
+        policy: policy.as_ref(),
+    };
+    rt.block_on(run(dir, engine, local, timeout, variables, sandbox))
+}
+
+/// How a local run's result is printed: the note's format, the fingerprint key, and the
+/// policies checked after the plan (`--policy`).
+struct LocalRun<'a> {
+    format: Format,
+    key: &'a [u8],
+    policy: Option<&'a PolicyOptions>,
 }
 
 /// The local plan of `dir`, in steps: the engine for a local run ([`local_engine`]), the plan
@@ -73,8 +97,7 @@ pub fn plan_command(
 async fn run(
     dir: &Path,
     engine: Option<&str>,
-    format: Format,
-    key: &[u8],
+    local: LocalRun<'_>,
     timeout: Duration,
     variables: Variables,
     sandbox: Option<SandboxProfile>,
@@ -102,7 +125,7 @@ async fn run(
         duration: Some(started.elapsed()),
         ..NoteContext::default()
     };
-    print_result(result, &runner, &root_name(dir), ctx, key, format)
+    print_result(result, &runner, &root_name(dir), ctx, local)
 }
 
 /// The engine for a local run: under the sandbox profile asked for (none with
@@ -179,24 +202,44 @@ async fn plan_interruptibly(
 }
 
 /// The note (or JSON) of the run on stdout, and the exit code: 0 planned, 1 the engine failed,
-/// 2 its output was not a plan. An engine that could not start at all is an error.
+/// 2 its output was not a plan. An engine that could not start at all is an error. With
+/// `--policy`, the policies' conftest output follows the note (on stderr when the note is
+/// JSON, which stays one document), and the exit code is `policy test`'s when it is not 0.
 fn print_result(
     result: Result<PlannedRun, EngineError>,
     runner: &Engine,
     root: &str,
     mut ctx: NoteContext,
-    key: &[u8],
-    format: Format,
+    local: LocalRun<'_>,
 ) -> Result<ExitCode> {
+    let format = local.format;
     let mut stdout = std::io::stdout().lock();
     match result {
         Ok(run) => {
             ctx.duration = Some(run.duration());
-            let fingerprint = run.fingerprint(key);
+            let fingerprint = run.fingerprint(local.key);
             let text =
                 render_planned(run.plan(), root, &fingerprint, &ctx, run.scrubber(), format)?;
             writeln!(stdout, "{text}")?;
-            Ok(ExitCode::SUCCESS)
+            let Some(policy) = local.policy else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            let plan_json = String::from_utf8_lossy(run.plan_json());
+            let mut stderr = std::io::stderr().lock();
+            let out: &mut dyn Write = if format == Format::Json {
+                &mut stderr
+            } else {
+                writeln!(stdout)?;
+                &mut stdout
+            };
+            let report = crate::flows::cli::policy::PlanReport {
+                filename: root,
+                plan_json: &plan_json,
+                plan: run.plan(),
+                root,
+                scrubber: run.scrubber(),
+            };
+            crate::flows::cli::policy::check_and_print(&report, policy, out)
         }
         Err(e @ EngineError::BadPlanJson { .. }) => {
             let text = render_failed(&e, root, &ctx, &runner.secrets().scrubber(), format)?;

@@ -1,0 +1,26 @@
+//! `data.planbot`: what planbot found on the plan, for policies that turn a finding into a
+//! blocker (`deny contains msg if { some f in data.planbot.findings; f.rule == "PVE008" … }`).
+//!
+//! The shape (documented in the README, kept stable):
+//! `{"root": "core", "findings": [{"rule", "severity", "title", "address", "message", "fix"}]}`.
+
+use crate::core::findings::{self, Finding};
+use serde_json::{json, Value};
+
+/// The `data.planbot` object for one root's plan.
+pub fn planbot_data(found: &[Finding], root: &str) -> Value {
+    let findings: Vec<Value> = found
+        .iter()
+        .map(|f| {
+            json!({
+                "rule": f.rule,
+                "severity": f.severity.as_str(),
+                "title": findings::rule(f.rule).map_or("", |r| r.title),
+                "address": f.address,
+                "message": f.message,
+                "fix": f.fix,
+            })
+        })
+        .collect();
+    json!({ "root": root, "findings": findings })
+}

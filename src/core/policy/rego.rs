@@ -1,0 +1,382 @@
+//! One set in the `regorus` interpreter, conftest's way: every `.rego` file loaded (Rego v1, or
+//! the older syntax when a file is not v1), the namespace's `deny*`/`violation*`/`warn*` rules
+//! evaluated one by one within the set's time budget, their values read as messages.
+
+use super::{Message, PlanInput, PolicyError, PolicyFile, PolicySet, Results};
+use regorus::utils::limits::ExecutionTimerConfig;
+use regorus::{Engine, LimitError, Value};
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+/// Interpreter steps between two looks at the clock (a look costs a few tens of nanoseconds).
+const STEPS_PER_CLOCK_CHECK: u32 = 16;
+
+/// The plan document and `data`, converted once and shared by every set.
+pub(super) struct Document {
+    input: Value,
+    data: Value,
+}
+
+impl Document {
+    pub(super) fn new(input: &PlanInput<'_>) -> Result<Document, PolicyError> {
+        let plan =
+            Value::from_json_str(input.plan_json).map_err(|e| PolicyError::Input(e.to_string()))?;
+        let data = serde_json::json!({
+            "planbot": super::planbot_data(input.findings, input.root),
+        });
+        Ok(Document {
+            input: plan,
+            data: Value::from(data),
+        })
+    }
+}
+
+/// A rule conftest reads: `deny`, `violation` (failures) or `warn` (warnings), alone or with
+/// `_suffix`es (`deny_public_ip`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Failure,
+    Warning,
+}
+
+fn kind_of(rule: &str) -> Option<Kind> {
+    let suffixes_ok = |rest: &str| {
+        rest.is_empty()
+            || rest.strip_prefix('_').is_some_and(|r| {
+                r.split('_')
+                    .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric()))
+            })
+    };
+    for (prefix, kind) in [
+        ("deny", Kind::Failure),
+        ("violation", Kind::Failure),
+        ("warn", Kind::Warning),
+    ] {
+        if let Some(rest) = rule.strip_prefix(prefix) {
+            if suffixes_ok(rest) {
+                return Some(kind);
+            }
+        }
+    }
+    None
+}
+
+/// Load one file: as Rego v1 first, then in the older syntax (`deny[msg] { … }`). When both
+/// fail, the error of the parse that got further is the one shown.
+fn load(engine: &mut Engine, file: &PolicyFile) -> Result<(), PolicyError> {
+    engine.set_rego_v0(false);
+    let v1 = match engine.add_policy(file.path.clone(), file.text.clone()) {
+        Ok(_) => return Ok(()),
+        Err(e) => e.to_string(),
+    };
+    engine.set_rego_v0(true);
+    let v0 = engine.add_policy(file.path.clone(), file.text.clone());
+    engine.set_rego_v0(false);
+    match v0 {
+        Ok(_) => Ok(()),
+        Err(v0) => {
+            let v0 = v0.to_string();
+            let message = if position(&v0) > position(&v1) {
+                v0
+            } else {
+                v1
+            };
+            Err(PolicyError::Parse {
+                file: file.path.clone(),
+                message: message.trim().to_string(),
+            })
+        }
+    }
+}
+
+/// The `line:column` regorus puts after the file name of an error (`p.rego:3:7: error: …`).
+fn position(message: &str) -> (u32, u32) {
+    let mut numbers = message
+        .split(':')
+        .skip(1)
+        .map_while(|part| part.trim().parse::<u32>().ok());
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
+}
+
+/// The rules of the namespace's modules conftest reads, each with its number of definitions
+/// (conftest counts a success per definition that produced nothing), in the order of the
+/// files; whether the namespace has an `exception` rule; and every package seen.
+struct Rules {
+    counted: Vec<(String, usize)>,
+    has_exception: bool,
+    packages: Vec<String>,
+}
+
+/// regorus has no stable listing of a package's rules: its (unstable) syntax tree is read,
+/// through the version `Cargo.lock` pins; a change there fails the build, not the behaviour.
+fn rules(engine: &mut Engine, namespace: &str) -> Rules {
+    use regorus::unstable::{Rule, RuleHead};
+    let packages = engine.get_packages().unwrap_or_default();
+    let wanted = format!("data.{namespace}");
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut order: Vec<String> = Vec::new();
+    let mut has_exception = false;
+    for (module, package) in engine.get_modules().iter().zip(&packages) {
+        if *package != wanted {
+            continue;
+        }
+        for rule in &module.policy {
+            let refr = match rule.as_ref() {
+                Rule::Spec {
+                    head: RuleHead::Compr { refr, .. } | RuleHead::Set { refr, .. },
+                    ..
+                } => refr,
+                Rule::Default { refr, .. } => refr,
+                Rule::Spec {
+                    head: RuleHead::Func { .. },
+                    ..
+                } => continue,
+            };
+            let text = refr.span().text();
+            let name: String = text
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if name == "exception" {
+                has_exception = true;
+            }
+            if kind_of(&name).is_none() {
+                continue;
+            }
+            if !counts.contains_key(&name) {
+                order.push(name.clone());
+            }
+            *counts.entry(name).or_default() += 1;
+        }
+    }
+    let mut seen: Vec<String> = Vec::new();
+    for p in packages {
+        let p = p.strip_prefix("data.").unwrap_or(&p).to_string();
+        if !seen.contains(&p) {
+            seen.push(p);
+        }
+    }
+    Rules {
+        counted: order
+            .into_iter()
+            .map(|n| {
+                let c = counts[&n];
+                (n, c)
+            })
+            .collect(),
+        has_exception,
+        packages: seen,
+    }
+}
+
+/// Evaluate one set over the document.
+pub(super) fn evaluate_set(doc: &Document, set: &PolicySet) -> Result<Results, PolicyError> {
+    if set.files.is_empty() {
+        return Err(PolicyError::NoFiles);
+    }
+    let mut engine = Engine::new();
+    // As OPA (and so conftest) by default: a builtin's error makes its expression undefined
+    // instead of stopping the evaluation (regorus still stops on some type errors).
+    engine.set_strict_builtin_errors(false);
+    // `print()` output is kept in the engine and dropped, never written to planbot's stderr.
+    engine.set_gather_prints(true);
+    for file in &set.files {
+        load(&mut engine, file)?;
+    }
+    let rules = rules(&mut engine, &set.namespace);
+    if rules.counted.is_empty() {
+        return Err(PolicyError::NoRules {
+            namespace: set.namespace.clone(),
+            found: if rules.packages.is_empty() {
+                "none".into()
+            } else {
+                rules.packages.join(", ")
+            },
+        });
+    }
+    engine
+        .add_data(doc.data.clone())
+        .map_err(|e| PolicyError::Eval {
+            rule: "data.planbot".into(),
+            message: e.to_string(),
+        })?;
+    engine.set_input(doc.input.clone());
+    let budget = Budget {
+        started: Instant::now(),
+        limit: set.limit,
+    };
+    let exceptions = if rules.has_exception {
+        let rule = format!("data.{}.exception", set.namespace);
+        budget.arm(&mut engine)?;
+        let value = engine
+            .eval_rule(rule.clone())
+            .map_err(|e| budget.error(&rule, e))?;
+        excepted_names(&value)
+    } else {
+        Vec::new()
+    };
+    let mut results = Results::default();
+    for (rule, definitions) in &rules.counted {
+        let path = format!("data.{}.{rule}", set.namespace);
+        budget.arm(&mut engine)?;
+        let value = engine
+            .eval_rule(path.clone())
+            .map_err(|e| budget.error(&path, e))?;
+        let messages = messages(&path, value)?;
+        let name = rule
+            .strip_prefix("deny_")
+            .or_else(|| rule.strip_prefix("violation_"))
+            .unwrap_or(rule);
+        let excepted = exceptions.iter().filter(|n| *n == name).count();
+        let produced = if excepted > 0 {
+            let query = format!("data.{}.exception[_][_] == {:?}", set.namespace, name);
+            results
+                .exceptions
+                .extend((0..excepted).map(|_| Message::new(query.clone())));
+            excepted
+        } else {
+            let n = messages.len();
+            match kind_of(rule) {
+                Some(Kind::Failure) => results.failures.extend(messages),
+                _ => results.warnings.extend(messages),
+            }
+            n
+        };
+        results.successes += definitions.saturating_sub(produced);
+    }
+    Ok(results)
+}
+
+/// The set's wall-clock budget, handed to regorus's cooperative timer before each rule.
+struct Budget {
+    started: Instant,
+    limit: Duration,
+}
+
+impl Budget {
+    fn arm(&self, engine: &mut Engine) -> Result<(), PolicyError> {
+        let left = self.limit.saturating_sub(self.started.elapsed());
+        if left.is_zero() {
+            return Err(PolicyError::Limit { limit: self.limit });
+        }
+        engine.set_execution_timer_config(ExecutionTimerConfig {
+            limit: left,
+            check_interval: NonZeroU32::new(STEPS_PER_CLOCK_CHECK).unwrap_or(NonZeroU32::MIN),
+        });
+        Ok(())
+    }
+
+    fn error(&self, rule: &str, e: anyhow::Error) -> PolicyError {
+        let over = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<LimitError>(),
+                Some(LimitError::TimeLimitExceeded { .. })
+            )
+        });
+        if over || self.started.elapsed() > self.limit {
+            PolicyError::Limit { limit: self.limit }
+        } else {
+            PolicyError::Eval {
+                rule: rule.to_string(),
+                message: e.to_string().trim().to_string(),
+            }
+        }
+    }
+}
+
+/// The rule names an `exception` rule lists (a set of arrays of names, conftest's shape).
+fn excepted_names(value: &Value) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut each = |v: &Value| {
+        for inner in elements(v) {
+            if let Value::String(s) = inner {
+                names.push(s.to_string());
+            }
+        }
+    };
+    for v in elements(value) {
+        each(&v);
+    }
+    names
+}
+
+/// The members of a set or an array (nothing for anything else).
+fn elements(value: &Value) -> Vec<Value> {
+    match value {
+        Value::Set(s) => s.iter().cloned().collect(),
+        Value::Array(a) => a.iter().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A rule's value as conftest reads it: a set (or array) of strings or of objects with a string
+/// `msg`. Undefined or empty is no message. Anything else is an error, never a pass: conftest
+/// would quietly count `deny if { … }` (a boolean) as a success.
+fn messages(rule: &str, value: Value) -> Result<Vec<Message>, PolicyError> {
+    let bad = |found: String| PolicyError::BadResult {
+        rule: rule.to_string(),
+        found,
+    };
+    let items = match &value {
+        Value::Undefined => return Ok(Vec::new()),
+        Value::Set(_) | Value::Array(_) => elements(&value),
+        other => return Err(bad(describe(other))),
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        match &item {
+            Value::String(s) => out.push(Message::new(s.to_string())),
+            Value::Object(_) => {
+                let json: serde_json::Value = serde_json::to_value(&item)
+                    .map_err(|e| bad(format!("an object that is not JSON ({e})")))?;
+                let serde_json::Value::Object(mut map) = json else {
+                    return Err(bad(describe(&item)));
+                };
+                let Some(serde_json::Value::String(msg)) = map.remove("msg") else {
+                    return Err(bad("an object without a string \"msg\"".into()));
+                };
+                map.remove("_loc");
+                out.push(Message { msg, metadata: map });
+            }
+            other => return Err(bad(format!("a set holding {}", describe(other)))),
+        }
+    }
+    Ok(out)
+}
+
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(_) => "a number".into(),
+        Value::String(_) => "a string".into(),
+        Value::Array(_) => "an array".into(),
+        Value::Set(_) => "a set".into(),
+        Value::Object(_) => "an object".into(),
+        Value::Undefined => "nothing".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conftest_rule_names() {
+        assert_eq!(kind_of("deny"), Some(Kind::Failure));
+        assert_eq!(kind_of("deny_public_ip"), Some(Kind::Failure));
+        assert_eq!(kind_of("violation"), Some(Kind::Failure));
+        assert_eq!(kind_of("warn_big_vm2"), Some(Kind::Warning));
+        assert_eq!(kind_of("denylist"), None);
+        assert_eq!(kind_of("warning"), None);
+        assert_eq!(kind_of("deny_"), None);
+        assert_eq!(kind_of("deny__x"), None);
+    }
+
+    #[test]
+    fn regorus_error_positions() {
+        assert_eq!(position("p.rego:3:7: error: x"), (3, 7));
+        assert_eq!(position("no position"), (0, 0));
+    }
+}
