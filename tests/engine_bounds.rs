@@ -27,6 +27,38 @@ esac"#
     fake_engine(dir, "terraform", TERRAFORM_VERSION_JSON, &body)
 }
 
+/// A fake engine doing `after_plan` and `show` (see [`engine_doing`]), built by `build` from
+/// its builder, with a root and temp root of its own.
+struct Stage {
+    engine: Engine,
+    root: tempfile::TempDir,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+fn stage(
+    after_plan: &str,
+    show: &str,
+    build: impl FnOnce(
+        planbot::capabilities::engine::EngineBuilder,
+    ) -> planbot::capabilities::engine::EngineBuilder,
+) -> Stage {
+    let (bin_dir, temp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bin = engine_doing(bin_dir.path(), after_plan, show);
+    Stage {
+        engine: build(Engine::builder(&bin, temp.path())).build().unwrap(),
+        root: tempfile::tempdir().unwrap(),
+        _dirs: [bin_dir, temp],
+    }
+}
+
+impl Stage {
+    async fn plan(&self) -> Result<planbot::capabilities::engine::PlannedRun, EngineError> {
+        self.engine
+            .plan(self.root.path(), &PlanRequest::default())
+            .await
+    }
+}
+
 fn print_plan() -> String {
     format!("echo '{PLAN_JSON}'")
 }
@@ -50,32 +82,23 @@ fn kill_left_behind(marker: &str) {
 
 #[test]
 fn a_fifo_held_open_as_the_lock_file_does_not_block_the_job() {
-    let (bin_dir, root, temp) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
     // A process MR code leaves behind (its own session) holds the lock file's FIFO open for
     // writing and never writes. (Where the sandbox has a PID namespace it ends with the job,
     // and a plain read waits for a writer that never comes: blocked all the same.)
     let writer = left_behind_sleep();
-    let bin = engine_doing(
-        bin_dir.path(),
+    let s = stage(
         &format!(
             r#"rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl
     setsid sh -c 'touch writer.started; exec {writer} 3>.terraform.lock.hcl' </dev/null >/dev/null 2>&1 &
     while [ ! -e writer.started ]; do sleep 0.01; done"#
         ),
         &print_plan(),
+        |b| b.timeout(Duration::from_secs(5)),
     );
-    let engine = Engine::builder(&bin, temp.path())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
     // On a thread and runtime of its own: a read that blocks them cannot keep this test from
     // giving up on it.
     let (tx, rx) = std::sync::mpsc::channel();
-    let dir = root.path().to_path_buf();
+    let (engine, dir) = (s.engine.clone(), s.root.path().to_path_buf());
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -110,14 +133,7 @@ async fn a_lock_file_that_is_a_link_or_of_hundreds_of_megabytes_is_refused_unrea
         ),
     ];
     for (after_plan, said) in cases {
-        let (bin_dir, root, temp) = (
-            tempfile::tempdir().unwrap(),
-            tempfile::tempdir().unwrap(),
-            tempfile::tempdir().unwrap(),
-        );
-        let bin = engine_doing(bin_dir.path(), after_plan, &print_plan());
-        let engine = Engine::builder(&bin, temp.path()).build().unwrap();
-        match engine.plan(root.path(), &PlanRequest::default()).await {
+        match stage(after_plan, &print_plan(), |b| b).plan().await {
             Err(e @ EngineError::CheckoutFile(_)) => assert_eq!(e.to_string(), said),
             other => panic!("{after_plan}: expected the lock file refused, got {other:?}"),
         }
@@ -126,22 +142,11 @@ async fn a_lock_file_that_is_a_link_or_of_hundreds_of_megabytes_is_refused_unrea
 
 #[tokio::test]
 async fn a_show_json_past_the_cap_fails_the_plan_and_says_why() {
-    let (bin_dir, root, temp) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
     // 20 MB of output (blanks) against a 1 MiB cap.
-    let bin = engine_doing(
-        bin_dir.path(),
-        "",
-        "yes ' ' | tr -d '\\n' | head -c 20000000",
-    );
-    let engine = Engine::builder(&bin, temp.path())
-        .max_plan_json(1024 * 1024)
-        .build()
-        .unwrap();
-    match engine.plan(root.path(), &PlanRequest::default()).await {
+    let s = stage("", "yes ' ' | tr -d '\\n' | head -c 20000000", |b| {
+        b.max_plan_json(1024 * 1024)
+    });
+    match s.plan().await {
         Err(e @ EngineError::OutputTooLarge { .. }) => assert_eq!(
             e.to_string(),
             "the plan is too large: `show -json` printed more than 1 MiB, the most planbot accepts (`engine.max_plan_json_mib`); nothing of it was kept"
@@ -152,21 +157,12 @@ async fn a_show_json_past_the_cap_fails_the_plan_and_says_why() {
 
 #[tokio::test]
 async fn a_line_of_megabytes_in_the_engine_output_is_cut_in_the_log() {
-    let (bin_dir, root, temp) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let bin = engine_doing(
-        bin_dir.path(),
+    let s = stage(
         "echo before; yes x | tr -d '\\n' | head -c 5000000; echo; echo after",
         &print_plan(),
+        |b| b,
     );
-    let engine = Engine::builder(&bin, temp.path()).build().unwrap();
-    let planned = engine
-        .plan(root.path(), &PlanRequest::default())
-        .await
-        .expect("planned");
+    let planned = s.plan().await.expect("planned");
     let log = planned.log();
     assert!(log.len() < 2 * LINE_MAX_BYTES, "{} bytes kept", log.len());
     let line = log

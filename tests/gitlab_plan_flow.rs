@@ -587,16 +587,7 @@ fn store_bytes(w: &World) -> u64 {
 async fn a_40_mb_value_ends_in_a_clear_note_and_the_store_barely_grows() {
     let engine = require_engine!();
     let w = world(&engine);
-    // About 40 MB (10 × 2²² bytes), built by doubling; `show -json` prints it twice.
-    let mut tf = String::from("locals {\n  v0 = \"0123456789\"\n");
-    for i in 1..=22 {
-        tf.push_str(&format!(
-            "  v{i} = \"${{local.v{}}}${{local.v{}}}\"\n",
-            i - 1,
-            i - 1
-        ));
-    }
-    tf.push_str("}\nresource \"terraform_data\" \"vm\" {\n  input = local.v22\n}\n");
+    let tf = support::forty_mb_value_tf();
     w.fake.commit_files(
         &w.project,
         "feature/big",

@@ -99,17 +99,12 @@ const PIECES: &[&str] = &[
 
 #[test]
 fn defused_texts_hold_nothing_gitlab_acts_on_and_read_the_same() {
-    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x2545_f491_4f6c_dd1d);
     for _ in 0..20_000 {
-        let len = (next() % 14) as usize;
+        let len = rng.gen_range(0..14);
         let text: String = (0..len)
-            .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+            .map(|_| PIECES[rng.gen_range(0..PIECES.len())])
             .collect();
         let out = defuse(&text);
         assert_eq!(

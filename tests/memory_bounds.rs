@@ -57,20 +57,6 @@ fn engine_doing(dir: &Path, after_plan: &str, show: &str) -> std::path::PathBuf 
     fake_engine(dir, "terraform", TERRAFORM_VERSION_JSON, &body)
 }
 
-/// A root whose one value is 10 × 2²² bytes (about 40 MB), built by doubling (fast to plan).
-fn forty_mb_value_root(dir: &Path) {
-    let mut tf = String::from("locals {\n  v0 = \"0123456789\"\n");
-    for i in 1..=22 {
-        tf.push_str(&format!(
-            "  v{i} = \"${{local.v{}}}${{local.v{}}}\"\n",
-            i - 1,
-            i - 1
-        ));
-    }
-    tf.push_str("}\nresource \"terraform_data\" \"big\" {\n  input = local.v22\n}\n");
-    std::fs::write(dir.join("main.tf"), tf).unwrap();
-}
-
 #[test]
 fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -177,7 +163,7 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
     // The real engine, a 40 MB value: `show -json` prints twice that, past the cap.
     let engine_bin = support::engine();
     let (root, temp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    forty_mb_value_root(root.path());
+    std::fs::write(root.path().join("main.tf"), support::forty_mb_value_tf()).unwrap();
     let engine = Engine::builder(&engine_bin, temp.path()).build().unwrap();
     let dir = root.path().to_path_buf();
     let (grew, result) = peak_growth(&rt, async move {

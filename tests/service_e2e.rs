@@ -406,6 +406,22 @@ fn fork_mr_hook(fake: &FakeGitLab, project: &FakeProject, fork: &FakeProject, ii
     hook.to_string()
 }
 
+/// The plan jobs of the queue (any state), newest first.
+async fn queued_plans(
+    store: &planbot::capabilities::store::Store,
+) -> Vec<planbot::core::events::PlanJob> {
+    store
+        .recent_jobs(20)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|j| match j.job {
+            Some(planbot::core::events::Job::Plan(p)) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The fork-notice jobs, once none is left to run (whether one or two were enqueued).
 async fn fork_notice_jobs_when_finished(
     store: &planbot::capabilities::store::Store,
@@ -531,16 +547,7 @@ async fn a_fork_mr_is_not_planned_until_a_maintainer_asks() {
             plan_note(&fake, &project, iid).is_some()
         })
         .await;
-    let plans: Vec<_> = store
-        .recent_jobs(20)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|j| match j.job {
-            Some(planbot::core::events::Job::Plan(p)) => Some(p),
-            _ => None,
-        })
-        .collect();
+    let plans = queued_plans(&store).await;
     assert_eq!(plans.len(), 1);
     assert!(plans[0].fork);
     assert_eq!(plans[0].requested_by.map(|u| u.0), Some(maintainer.id));
@@ -596,19 +603,11 @@ async fn a_plan_comment_plans_the_commit_it_was_made_on_not_one_pushed_after() {
         "names the commented and the new head: {body}"
     );
     assert!(body.contains("comment `planbot plan` again"), "{body}");
-    let plan_jobs = || async {
-        store
-            .recent_jobs(20)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter_map(|j| match j.job {
-                Some(planbot::core::events::Job::Plan(p)) => Some(p),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
-    assert!(plan_jobs().await.is_empty(), "{}", story.tell().await);
+    assert!(
+        queued_plans(&store).await.is_empty(),
+        "{}",
+        story.tell().await
+    );
     assert!(plan_note(&fake, &project, iid).is_none());
 
     // Read again, commented again: the head the comment names is planned.
@@ -620,7 +619,7 @@ async fn a_plan_comment_plans_the_commit_it_was_made_on_not_one_pushed_after() {
             plan_note(&fake, &project, iid).is_some()
         })
         .await;
-    let plans = plan_jobs().await;
+    let plans = queued_plans(&store).await;
     assert_eq!(plans.len(), 1, "{}", story.tell().await);
     assert_eq!(plans[0].head.as_str(), moved);
     assert!(plan_note(&fake, &project, iid)

@@ -166,18 +166,10 @@ pub struct Reading {
     pub html: Vec<String>,
 }
 
-/// Render `md` as GitLab does (tables, strikethrough, autolinks, task lists, footnotes, math)
-/// and say what a reader sees.
+/// Parse `md` as GitLab does and say what a reader sees.
 pub fn reading(md: &str) -> Reading {
     use comrak::nodes::NodeValue;
-    let mut options = comrak::Options::default();
-    options.extension.strikethrough = true;
-    options.extension.table = true;
-    options.extension.autolink = true;
-    options.extension.tasklist = true;
-    options.extension.footnotes = true;
-    options.extension.math_dollars = true;
-    options.extension.math_code = true;
+    let options = planbot::core::render::markdown::gitlab_flavour();
     let arena = comrak::Arena::new();
     let root = comrak::parse_document(&arena, md, &options);
     let mut out = Reading::default();

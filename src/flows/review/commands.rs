@@ -190,6 +190,16 @@ fn plan_job_for(
     })
 }
 
+/// Post a note on the MR (counted as a GitLab error when it fails).
+async fn post_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -> Result<()> {
+    gl(
+        app,
+        "create_mr_note",
+        app.gitlab.create_mr_note(project, mr, body).await,
+    )?;
+    Ok(())
+}
+
 /// A comment command, as the Note Hook told it.
 struct Asked {
     project: ProjectId,
@@ -247,12 +257,7 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                 username => Option::<String>::None,
             },
         )?;
-        gl(
-            app,
-            "create_mr_note",
-            app.gitlab.create_mr_note(project, mr, &body).await,
-        )?;
-        return Ok(());
+        return post_note(app, project, mr, &body).await;
     }
     match command {
         Command::Help => {
@@ -265,11 +270,7 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                     public_url => &app.config.public_url,
                 },
             )?;
-            gl(
-                app,
-                "create_mr_note",
-                app.gitlab.create_mr_note(project, mr, &body).await,
-            )?;
+            post_note(app, project, mr, &body).await?;
         }
         Command::Plan => {
             if mr_info.state != "opened" {
@@ -299,12 +300,7 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                     mr = mr.0,
                     "`planbot plan` refused: the MR moved since the comment"
                 );
-                gl(
-                    app,
-                    "create_mr_note",
-                    app.gitlab.create_mr_note(project, mr, &body).await,
-                )?;
-                return Ok(());
+                return post_note(app, project, mr, &body).await;
             }
             app.enqueue(Job::Plan(job)).await?;
         }
@@ -383,12 +379,7 @@ async fn fork_notice(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
         return Ok(());
     }
     let body = render("fork_notice", context! {})?;
-    gl(
-        app,
-        "create_mr_note",
-        app.gitlab.create_mr_note(project, mr, &body).await,
-    )?;
-    Ok(())
+    post_note(app, project, mr, &body).await
 }
 
 /// Start-up: GitLab does not re-deliver webhooks lost while planbot was down, so plan every
