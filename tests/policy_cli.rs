@@ -28,6 +28,11 @@ fn planbot(dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `planbot policy test ARGS…` in `dir`.
+fn policy_test(dir: &Path, args: &[&str]) -> Output {
+    planbot(dir, &[&["policy", "test"], args].concat(), None)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8(b.to_vec()).unwrap()
 }
@@ -57,11 +62,7 @@ const MSG: &str = "Terraform plan will change prohibited resources in the follow
 fn a_failure_prints_like_conftest_and_exits_1() {
     let dir = gke_dir();
     for policy in ["conftest_v0", "conftest_v1"] {
-        let out = planbot(
-            dir.path(),
-            &["policy", "test", "gke.json", "--policy", policy],
-            None,
-        );
+        let out = policy_test(dir.path(), &["gke.json", "--policy", policy]);
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
         assert_eq!(
             text(&out.stdout),
@@ -87,18 +88,9 @@ fn a_failure_prints_like_conftest_and_exits_1() {
 #[test]
 fn json_output_is_conftests_shape() {
     let dir = gke_dir();
-    let out = planbot(
+    let out = policy_test(
         dir.path(),
-        &[
-            "policy",
-            "test",
-            "gke.json",
-            "--policy",
-            "conftest_v1",
-            "--output",
-            "json",
-        ],
-        None,
+        &["gke.json", "--policy", "conftest_v1", "--output", "json"],
     );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
@@ -117,18 +109,9 @@ fn json_output_is_conftests_shape() {
         "package main\n\nimport rego.v1\n\nwarn contains sprintf(\"%s changes\", [rc.address]) if {\n\tsome rc in input.resource_changes\n\trc.change.actions == [\"update\"]\n}\n",
     )
     .unwrap();
-    let out = planbot(
+    let out = policy_test(
         dir.path(),
-        &[
-            "policy",
-            "test",
-            "pve.json",
-            "--policy",
-            "conftest_v1",
-            "--output",
-            "json",
-        ],
-        None,
+        &["pve.json", "--policy", "conftest_v1", "--output", "json"],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -141,11 +124,7 @@ fn json_output_is_conftests_shape() {
             "warnings": [{"msg": "proxmox_virtual_environment_vm.web changes"}],
         }])
     );
-    let out = planbot(
-        dir.path(),
-        &["policy", "test", "pve.json", "--policy", "conftest_v1"],
-        None,
-    );
+    let out = policy_test(dir.path(), &["pve.json", "--policy", "conftest_v1"]);
     assert_eq!(
         text(&out.stdout),
         "WARN - pve.json - main - proxmox_virtual_environment_vm.web changes\n\n2 tests, 1 passed, 1 warning, 0 failures, 0 exceptions\n"
@@ -156,18 +135,15 @@ fn json_output_is_conftests_shape() {
 fn what_cannot_be_evaluated_exits_2_with_the_reason() {
     let dir = gke_dir();
     // The rules are in `main`, not in `terraform`.
-    let out = planbot(
+    let out = policy_test(
         dir.path(),
         &[
-            "policy",
-            "test",
             "gke.json",
             "--policy",
             "conftest_v1",
             "--namespace",
             "terraform",
         ],
-        None,
     );
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(text(&out.stdout), "");
@@ -183,12 +159,9 @@ fn what_cannot_be_evaluated_exits_2_with_the_reason() {
         "package main\n\ndeny contains \"never\" if {\n\tcount([x | some i in numbers.range(1, 3000); some j in numbers.range(1, 3000); x := i * j]) < 0\n}\n",
     )
     .unwrap();
-    let out = planbot(
+    let out = policy_test(
         dir.path(),
-        &[
-            "policy", "test", "gke.json", "--policy", "slow", "--limit", "100ms",
-        ],
-        None,
+        &["gke.json", "--policy", "slow", "--limit", "100ms"],
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -203,11 +176,7 @@ fn what_cannot_be_evaluated_exits_2_with_the_reason() {
         "{\"format_version\": \"1.0\", \"values\": {}}",
     )
     .unwrap();
-    let out = planbot(
-        dir.path(),
-        &["policy", "test", "state.json", "--policy", "conftest_v1"],
-        None,
-    );
+    let out = policy_test(dir.path(), &["state.json", "--policy", "conftest_v1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr).contains("state.json is not a plan document"),
@@ -220,11 +189,7 @@ fn what_cannot_be_evaluated_exits_2_with_the_reason() {
     {
         std::os::unix::fs::symlink("/etc/hostname", dir.path().join("conftest_v1/host.rego"))
             .unwrap();
-        let out = planbot(
-            dir.path(),
-            &["policy", "test", "gke.json", "--policy", "conftest_v1"],
-            None,
-        );
+        let out = policy_test(dir.path(), &["gke.json", "--policy", "conftest_v1"]);
         assert_eq!(out.status.code(), Some(2));
         assert!(
             text(&out.stderr).contains("conftest_v1/host.rego is a symbolic link"),

@@ -5,7 +5,7 @@
 //! after the other, once; a replica goes unready when a newer planbot migrates the store under
 //! it.
 //!
-//! Needs the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names (`.ci/run` starts one) and the
+//! Needs PostgreSQL (the server `PLANBOT_TEST_POSTGRES_URL` names, else one the tests start) and the
 //! engine: without either these tests fail (under `CI=true` always).
 
 mod service_support;

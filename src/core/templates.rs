@@ -52,6 +52,7 @@ files![
     ("local_progress.txt.j2", Verbatim),
     ("note.md.j2", Blocks),
     ("note_phrases.j2", Blocks),
+    ("pages/home.html", Verbatim),
     ("pages/layout.html", Verbatim),
     ("pages/message.html", Verbatim),
     ("pages/not_found.html", Verbatim),
