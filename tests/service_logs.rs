@@ -240,11 +240,13 @@ projects = ["infra/homelab"]
 
 [engine]
 binary = "{engine}"
-"#,
+{state}"#,
             data = dir.path().join("data").display(),
             url = fake.url(),
             token = fake.bot_token(),
             engine = engine.display(),
+            // GitLab-managed state, as users run it (a root's local state is refused).
+            state = fake.managed_state_config(&project),
         ),
     )
     .unwrap();

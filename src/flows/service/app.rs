@@ -161,6 +161,7 @@ impl App {
             .lock_timeout(engine.lock_timeout)
             .max_plan_json(engine.max_plan_json_mib * 1024 * 1024)
             .env(credentials::engine_env(&self.config, use_))
+            .secret_env(engine.secret_env.clone())
             .plugin_cache_dir(self.plugin_cache_dir(trust))
             .cli_config(CliConfig::Owned {
                 provider_mirror: engine.provider_mirror.as_ref().map(|m| {
