@@ -142,6 +142,30 @@ impl Values {
         }
     }
 
+    /// A whole number in `range` (else the default, and a problem naming the range and
+    /// `what` it counts).
+    fn number_within(
+        &mut self,
+        key: &str,
+        range: std::ops::RangeInclusive<i64>,
+        what: &str,
+    ) -> i64 {
+        match self.flat.get(key) {
+            Some(Value::Integer(n)) if range.contains(n) => {}
+            None => {}
+            Some(other) => {
+                let message = format!(
+                    "expected {what} from {} to {}, found `{other}`",
+                    range.start(),
+                    range.end()
+                );
+                self.flat.remove(key);
+                self.invalid(key, message);
+            }
+        }
+        self.get(key)
+    }
+
     /// A list of `T`, each item checked by `item` (which says what is wrong with one).
     fn list<T>(&mut self, key: &str, item: impl Fn(Value) -> Result<T, String>) -> Option<Vec<T>> {
         let items: Vec<Value> = self.given(key)?;
@@ -325,6 +349,8 @@ fn engine(v: &mut Values) -> EngineConfig {
     let plan_env = env_table(v, "engine.plan.env");
     let apply_env = env_table(v, "engine.apply.env");
     let provider_mirror = v.given::<String>("engine.provider_mirror");
+    let max_plan_json_mib =
+        v.number_within("engine.max_plan_json_mib", 1..=4096, "a number of MiB") as u64;
     if let Some(m) = &provider_mirror {
         if !(m.starts_with("https://") || m.starts_with('/')) {
             v.invalid("engine.provider_mirror", "expected an https:// URL (network mirror) or an absolute directory (filesystem mirror)");
@@ -349,6 +375,7 @@ fn engine(v: &mut Values) -> EngineConfig {
         plan_env,
         apply_env,
         provider_mirror,
+        max_plan_json_mib,
         secret_env,
     }
 }
@@ -545,18 +572,7 @@ fn pages(v: &mut Values, public_url: Option<&str>) -> (PagesConfig, MetricsConfi
 
 /// `plan.max_concurrent_plans`: from 1 to 64.
 fn max_concurrent_plans(v: &mut Values) -> usize {
-    match v.flat.get("plan.max_concurrent_plans") {
-        Some(Value::Integer(n)) if (1..=64).contains(n) => {
-            v.get::<usize>("plan.max_concurrent_plans")
-        }
-        None => v.get::<usize>("plan.max_concurrent_plans"),
-        Some(other) => {
-            let message = format!("expected a number from 1 to 64, found `{other}`");
-            v.flat.remove("plan.max_concurrent_plans");
-            v.invalid("plan.max_concurrent_plans", message);
-            v.get::<usize>("plan.max_concurrent_plans")
-        }
-    }
+    v.number_within("plan.max_concurrent_plans", 1..=64, "a number") as usize
 }
 
 /// `[proxmox]`, `[proxmox.plan]`, `[proxmox.apply]`: the endpoints and the apply's SSH.

@@ -457,6 +457,14 @@ pub static KEYS: &[Key] = &[
         show: |c| Shown::option(c.engine.provider_mirror.as_ref()),
     },
     Key {
+        path: "engine.max_plan_json_mib",
+        kind: Kind::Int,
+        secret: false,
+        unset: Unset::Value("32"),
+        description: "The most of a plan's `show -json` planbot accepts, in MiB (1..4096): a plan that prints more (a value of tens of megabytes) fails with a note that says so, and nothing of it is kept. The 10,000-resource benchmark plan is 12 MiB.",
+        show: |c| Shown::plain(c.engine.max_plan_json_mib),
+    },
+    Key {
         path: "engine.plan.env",
         kind: Kind::Table,
         secret: true,

@@ -405,6 +405,8 @@ pub struct EngineConfig {
     /// `engine.provider_mirror`: an `https://` network mirror or an absolute directory
     /// (filesystem mirror) to install providers from instead of their registries.
     pub provider_mirror: Option<String>,
+    /// `engine.max_plan_json_mib`: the most of a plan's `show -json` planbot accepts, in MiB.
+    pub max_plan_json_mib: u64,
     /// `engine.secret_env`: more variables whose values are secrets, besides those whose name
     /// says so (`*PASS*`, `*TOKEN*`, `*SECRET*`, `*KEY*`, …: see `core::redact::is_secret_name`).
     pub secret_env: Vec<String>,
