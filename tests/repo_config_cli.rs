@@ -99,17 +99,17 @@ fn a_rule_id_planbot_does_not_have_is_refused_with_the_nearest_real_one() {
     let (code, stdout, stderr) = check_config(text);
     assert_eq!(code, 1, "{stdout}");
     assert!(
-        stderr.contains("line 2, column 12: key `lint.disable`: `PVE999` is not one of planbot's rules (did you mean `PVE009`?)"),
+        stderr.contains("line 2, column 12: key `lint.disable`: `PVE999` is not a rule planbot has (did you mean `PVE009`?)"),
         "{stderr}"
     );
     assert!(
-        stderr.contains("line 7, column 17: key `roots[0].lint_disable`: `PVE01` is not one of planbot's rules (did you mean `PVE001`?)"),
+        stderr.contains("line 7, column 17: key `roots[0].lint_disable`: `PVE01` is not a rule planbot has (did you mean `PVE001`?)"),
         "{stderr}"
     );
     // The default branch's note says the same.
     let note = render_error_note("main", &RepoConfig::parse(text).unwrap_err());
     assert!(
-        note.contains("`PVE999` is not one of planbot's rules (did you mean `PVE009`?)"),
+        note.contains("`PVE999` is not a rule planbot has (did you mean `PVE009`?)"),
         "{note}"
     );
 }

@@ -417,7 +417,7 @@ fn rule_id_problem(s: &str) -> Option<String> {
     }
     let ids = crate::core::findings::RULES.iter().map(|r| r.id);
     Some(format!(
-        "{} is not one of planbot's rules{}",
+        "{} is not a rule planbot has{}",
         code_span(s),
         crate::core::suggest::did_you_mean(s, ids)
     ))
