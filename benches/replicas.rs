@@ -151,13 +151,18 @@ timeout = "10m"
 
 [plan]
 max_concurrent_plans = {workers}
-
+{state}
 {store}"#,
         data = data.display(),
         url = gitlab.url(),
         token = gitlab.bot_token(),
         secret = service_support::WEBHOOK_SECRET,
         engine = engine.display(),
+        // GitLab-managed state, as users run it (a root's local state is refused).
+        state = gitlab
+            .project_named(INFRA)
+            .map(|p| gitlab.managed_state_config(&p))
+            .unwrap_or_default(),
     )
 }
 

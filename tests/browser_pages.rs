@@ -3,7 +3,7 @@
 //! DOM the browser built (the rendered table, the folded diff, no raw Markdown, no hostile markup
 //! run) and keeps a screenshot in `target/browser/run-page.png`.
 //!
-//! Needs `chromium` on PATH (`.ci/run` installs Debian's package when it is missing); without it
+//! Needs `chromium` on PATH (`scripts/install-test-tools.sh` installs Debian's package when it is missing); without it
 //! this test fails rather than passing unseen.
 
 mod support;
@@ -28,7 +28,7 @@ fn chromium() -> PathBuf {
             }
         }
     }
-    panic!("no chromium on PATH: install Debian's `chromium` package (.ci/run does) to run the browser test");
+    panic!("no chromium on PATH: run scripts/install-test-tools.sh (Debian's `chromium` package) to run the browser test");
 }
 
 /// Run headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=…`); planbot.test

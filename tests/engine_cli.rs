@@ -58,6 +58,13 @@ fn the_quickstart_plans_and_prints_the_note_and_the_json_report() {
         "{note}"
     );
     assert!(!note.contains("quickstart-not-a-real-secret"), "{note}");
+    // The quickstart keeps its state next to the code: fine on your machine, lost in planbot's
+    // service. A local run only warns (and still exits 0).
+    assert!(
+        note.contains("⚠️ **STATE001**: Root `")
+            && note.contains("keeps its state in the checkout (it has no backend block"),
+        "{note}"
+    );
 
     let out = planbot_plan(
         root.path(),

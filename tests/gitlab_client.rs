@@ -631,8 +631,11 @@ fn basic(user: &str, token: &str) -> String {
     )
 }
 
+/// GitLab-managed state as GitLab serves it: Basic auth with a token, the Developer role reads,
+/// Maintainer locks, writes, unlocks and deletes; a held lock answers 409 with who holds it;
+/// every write is a new version and must carry the held lock's ID.
 #[tokio::test]
-async fn terraform_state_round_trips_and_a_held_lock_conflicts() {
+async fn terraform_state_follows_gitlab_roles_locks_and_versions() {
     let (fake, project, _) = setup();
     let http = reqwest::Client::new();
     let state_url = format!(
@@ -641,123 +644,126 @@ async fn terraform_state_round_trips_and_a_held_lock_conflicts() {
         project.id
     );
     let lock_url = format!("{state_url}/lock");
-    let auth = basic("planbot-bot", fake.bot_token());
-    let lock_method = reqwest::Method::from_bytes(b"LOCK").unwrap();
-    let unlock_method = reqwest::Method::from_bytes(b"UNLOCK").unwrap();
+    let reader = fake.member_with_role(&project, "state-reader", DEVELOPER);
+    let writer = fake.member_with_role(&project, "state-writer", MAINTAINER);
+    let outsider = fake.create_user("outsider");
+    // GitLab reads only the token: the user name is any word.
+    let dev = basic("planbot", &reader.token);
+    let maint = basic("planbot", &writer.token);
+    let send = |method: &str, url: &str, auth: &str, body: Option<Value>| {
+        let mut r = http
+            .request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url)
+            .header("authorization", auth);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move { r.send().await.unwrap() }
+    };
 
-    // No credentials: 401.
-    let r = http.get(&state_url).send().await.unwrap();
-    assert_eq!(r.status(), 401);
-    // No state yet: 204, which the http backend reads as "empty".
-    let r = http
-        .get(&state_url)
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    // No credentials: 401; a user who is no member: 404, as for a private project.
+    assert_eq!(http.get(&state_url).send().await.unwrap().status(), 401);
+    let r = send("GET", &state_url, &basic("x", &outsider.token), None).await;
+    assert_eq!(r.status(), 404);
+    // A state never written: 404, which the http backend reads as "no state yet".
+    assert_eq!(send("GET", &state_url, &dev, None).await.status(), 404);
 
-    let lock_a = json!({"ID": "lock-a", "Operation": "OperationTypeApply", "Who": "planbot@host"});
-    let r = http
-        .request(lock_method.clone(), &lock_url)
-        .header("authorization", &auth)
-        .json(&lock_a)
-        .send()
-        .await
-        .unwrap();
+    // A Developer may read but not lock, write or delete.
+    let lock_a = json!({"ID": "lock-a", "Operation": "OperationTypeApply", "Who": "ci@runner", "Version": "1.11.4", "Path": "", "Info": "", "Created": "2025-06-01T09:00:00Z"});
+    let r = send("POST", &lock_url, &dev, Some(lock_a.clone())).await;
+    assert_eq!(r.status(), 403);
+    let state = json!({"version": 4, "serial": 1, "lineage": "l-1", "resources": []});
+    assert_eq!(
+        send("POST", &state_url, &dev, Some(state.clone()))
+            .await
+            .status(),
+        403
+    );
+    assert_eq!(send("DELETE", &state_url, &dev, None).await.status(), 403);
+
+    // A Maintainer locks; a second lock is told who holds it (GitLab's user, not the client's
+    // `Who`) and since when.
+    let r = send("POST", &lock_url, &maint, Some(lock_a.clone())).await;
     assert_eq!(r.status(), 200);
-
-    // A second locker is told who holds it.
-    let r = http
-        .request(lock_method.clone(), &lock_url)
-        .header("authorization", &auth)
-        .json(&json!({"ID": "lock-b"}))
-        .send()
-        .await
-        .unwrap();
+    let r = send(
+        "POST",
+        &lock_url,
+        &maint,
+        Some(json!({"ID": "lock-b", "Operation": "OperationTypePlan"})),
+    )
+    .await;
     assert_eq!(r.status(), 409);
     let held: Value = r.json().await.unwrap();
     assert_eq!(held["ID"], "lock-a");
-    assert_eq!(held["Who"], "planbot@host");
-
-    // Writing without the lock's ID conflicts; with it, it is stored.
-    let state = json!({"version": 4, "serial": 1, "lineage": "l-1", "resources": []});
-    let r = http
-        .post(&state_url)
-        .header("authorization", &auth)
-        .json(&state)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 409);
-    let r = http
-        .post(format!("{state_url}?ID=lock-a"))
-        .header("authorization", &auth)
-        .json(&state)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let (stored, lock) = fake.terraform_state(&project, "core");
-    assert_eq!(
-        serde_json::from_slice::<Value>(&stored.unwrap()).unwrap(),
-        state
+    assert_eq!(held["Who"], "state-writer");
+    assert!(
+        held["Created"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("20")),
+        "{held}"
     );
-    assert_eq!(lock.unwrap()["ID"], "lock-a");
+    assert_eq!(held["Operation"], "OperationTypePlan");
+    // The lock created the state record: GET answers 204 (empty) now, to a Developer too.
+    assert_eq!(send("GET", &state_url, &dev, None).await.status(), 204);
 
-    // Unlocking with another ID conflicts; with the right one it frees the state.
-    let r = http
-        .request(unlock_method.clone(), &lock_url)
-        .header("authorization", &auth)
-        .json(&json!({"ID": "lock-b"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 409);
-    let r = http
-        .request(unlock_method, &lock_url)
-        .header("authorization", &auth)
-        .json(&lock_a)
-        .send()
-        .await
-        .unwrap();
+    // A write must name the held lock; then it is a new version. No serial: 422.
+    assert_eq!(
+        send("POST", &state_url, &maint, Some(state.clone()))
+            .await
+            .status(),
+        409
+    );
+    let with_id = format!("{state_url}?ID=lock-a");
+    let r = send("POST", &with_id, &maint, Some(json!({"version": 4}))).await;
+    assert_eq!(r.status(), 422);
+    assert_eq!(
+        send("POST", &with_id, &maint, Some(state.clone()))
+            .await
+            .status(),
+        200
+    );
+    let state2 = json!({"version": 4, "serial": 2, "lineage": "l-1", "resources": []});
+    assert_eq!(
+        send("POST", &with_id, &maint, Some(state2.clone()))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(fake.terraform_state_versions(&project, "core"), [1, 2]);
+    let r = send("GET", &state_url, &dev, None).await;
     assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), state2);
+
+    // Unlocking with another ID conflicts; a Developer may not; the holder's ID frees it.
+    let r = send("DELETE", &lock_url, &maint, Some(json!({"ID": "lock-b"}))).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(
+        send("DELETE", &lock_url, &dev, Some(lock_a.clone()))
+            .await
+            .status(),
+        403
+    );
+    assert_eq!(
+        send("DELETE", &lock_url, &maint, Some(lock_a))
+            .await
+            .status(),
+        200
+    );
+    assert!(fake.terraform_state(&project, "core").1.is_none());
+    // force-unlock sends no ID: it frees any lock.
+    fake.lock_terraform_state(&project, "core", &outsider, "stale");
+    assert_eq!(send("DELETE", &lock_url, &maint, None).await.status(), 200);
     assert!(fake.terraform_state(&project, "core").1.is_none());
 
-    // POST/DELETE on /lock work too (GitLab's documented lock_method/unlock_method).
-    let r = http
-        .post(&lock_url)
-        .header("authorization", &auth)
-        .json(&json!({"ID": "lock-c"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let r = http
-        .delete(&lock_url)
-        .header("authorization", &auth)
-        .json(&json!({"ID": "lock-c"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-
-    let r = http
-        .get(&state_url)
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<Value>().await.unwrap(), state);
-    let r = http
-        .delete(&state_url)
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(send("DELETE", &state_url, &maint, None).await.status(), 200);
     assert!(fake.terraform_state(&project, "core").0.is_none());
+    assert_eq!(send("GET", &state_url, &dev, None).await.status(), 404);
+
+    // Every answer was recorded, with the user whose token it was.
+    let requests = fake.state_requests();
+    assert!(requests.iter().any(|r| r.method == "POST"
+        && r.target == "lock"
+        && r.user.as_deref() == Some("state-reader")
+        && r.status == 403));
 }
 
 /// The real engine keeps its state in the fake's Terraform state API through the built-in
@@ -766,6 +772,8 @@ async fn terraform_state_round_trips_and_a_held_lock_conflicts() {
 async fn the_engine_keeps_state_in_the_fake_gitlab_and_waits_for_a_held_lock() {
     let engine = require_engine!();
     let (fake, project, _) = setup();
+    let writer = fake.member_with_role(&project, "state-writer", MAINTAINER);
+    let alice = fake.member_with_role(&project, "alice", MAINTAINER);
     let dir = tempfile::tempdir().unwrap();
     let address = format!(
         "{}/api/v4/projects/{}/terraform/state/core",
@@ -801,8 +809,8 @@ resource "terraform_data" "vm" {{
             .env("HOME", dir.path())
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
-            .env("TF_HTTP_USERNAME", "planbot-bot")
-            .env("TF_HTTP_PASSWORD", fake.bot_token())
+            .env("TF_HTTP_USERNAME", "planbot")
+            .env("TF_HTTP_PASSWORD", &writer.token)
             .output()
             .unwrap();
         (
@@ -828,7 +836,7 @@ resource "terraform_data" "vm" {{
     // Someone else holds the lock: the engine gives up after its lock timeout and says why.
     let r = reqwest::Client::new()
         .post(format!("{address}/lock"))
-        .header("authorization", basic("x", fake.bot_token()))
+        .header("authorization", basic("x", &alice.token))
         .json(
             &json!({"ID": "other-apply", "Who": "alice@laptop", "Operation": "OperationTypeApply"}),
         )

@@ -78,11 +78,13 @@ projects = ["infra/homelab"]
 binary = "{}"
 timeout = "5m"
 env = {{ TF_VAR_token = "{CANARY}" }}
-"#,
+{}"#,
         data.path().display(),
         fake.url(),
         fake.bot_token(),
-        engine.display()
+        engine.display(),
+        // GitLab-managed state, as users run it (a root's local state is refused).
+        fake.managed_state_config(&project)
     );
     let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
     let app = App::new(config).expect("app");

@@ -86,6 +86,7 @@ impl Job {
         Isolation {
             limits,
             root: Some(self.jail_root.path().to_path_buf()),
+            close_udp: true,
         }
     }
 }
@@ -93,6 +94,18 @@ impl Job {
 struct Ran {
     stdout: String,
     stderr: String,
+}
+
+impl Ran {
+    /// Fails the test, showing the whole output, unless stdout holds `text`.
+    fn says(&self, text: &str) {
+        assert!(
+            self.stdout.contains(text),
+            "expected {text:?} in the output:\n{}\n{}",
+            self.stdout,
+            self.stderr
+        );
+    }
 }
 
 /// How a test child is confined.
@@ -193,22 +206,9 @@ async fn a_job_cannot_reach_planbots_sockets_stat_its_store_or_see_its_pids() {
         None,
     )
     .await;
-    assert!(
-        after.stdout.contains("connect: No such file or directory"),
-        "{}\n{}",
-        after.stdout,
-        after.stderr
-    );
-    assert!(
-        after.stdout.contains("stat: No such file or directory"),
-        "{}",
-        after.stdout
-    );
-    assert!(
-        after.stdout.contains("kill: No such process"),
-        "{}",
-        after.stdout
-    );
+    after.says("connect: No such file or directory");
+    after.says("stat: No such file or directory");
+    after.says("kill: No such process");
     let root: Vec<&str> = after
         .stdout
         .lines()
@@ -216,7 +216,7 @@ async fn a_job_cannot_reach_planbots_sockets_stat_its_store_or_see_its_pids() {
         .collect();
     // /tmp holds this test's job directory; the rest of it is not there.
     assert_eq!(root, vec!["usr", "etc", "dev", "tmp"], "{}", after.stdout);
-    assert!(before.stdout.contains("root: run"), "{}", before.stdout);
+    before.says("root: run");
     // The job's own directory works as before.
     let own = bash(
         "echo made > here && cat here && ls /dev | tr '\\n' ' '",
@@ -273,7 +273,7 @@ async fn a_setsid_daemon_ends_with_the_job() {
         None,
     )
     .await;
-    assert!(ran.stdout.contains("started"), "{}", ran.stderr);
+    ran.says("started");
     let survivors = processes_with(&marker);
     assert!(
         !survivors.is_empty(),
@@ -296,7 +296,7 @@ async fn a_setsid_daemon_ends_with_the_job() {
         None,
     )
     .await;
-    assert!(ran.stdout.contains("started"), "{}", ran.stderr);
+    ran.says("started");
     assert_eq!(
         processes_with(&marker),
         Vec::<i32>::new(),
@@ -369,11 +369,7 @@ async fn a_fork_bomb_hits_the_jobs_task_limit_and_ends_with_the_job() {
             )
         });
     assert!(failed_after < 64, "{}", ran.stdout);
-    assert!(
-        ran.stdout.contains("Resource temporarily unavailable"),
-        "{}",
-        ran.stdout
-    );
+    ran.says("Resource temporarily unavailable");
     assert_eq!(processes_with(&marker), Vec::<i32>::new());
 }
 
@@ -868,4 +864,62 @@ async fn an_mr_plan_cannot_reach_the_apply_agent_and_the_apply_uploads_a_snippet
     assert_eq!(uploaded.unwrap(), "#cloud-config\nhostname: vm-101\n");
     // The per-run path was a place in the run's own view only: nothing of it is left outside.
     assert!(!private.exists());
+}
+
+#[tokio::test]
+async fn udp_is_closed_and_the_engines_resolv_conf_asks_over_tcp() {
+    let job = Job::new();
+    let policy = job.policy();
+    let listener = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!("echo probe-report > /dev/udp/127.0.0.1/{port} && echo sent");
+
+    // Landlock alone: the datagram goes out (as the attacker's probe report did).
+    let ran = bash(
+        &script,
+        Confined::LandlockOnly(&policy),
+        job.work.path(),
+        None,
+    )
+    .await;
+    ran.says("sent");
+    let mut buf = [0u8; 64];
+    let n = listener.recv(&mut buf).expect("the datagram arrives");
+    assert_eq!(&buf[..n], b"probe-report\n");
+
+    // In the namespaces: no UDP socket can be made.
+    let iso = job.isolation(Limits::default());
+    let ran = bash(
+        &script,
+        Confined::Isolated(&policy, &iso),
+        job.work.path(),
+        None,
+    )
+    .await;
+    assert!(!ran.stdout.contains("sent"), "{}", ran.stdout);
+    assert!(
+        ran.stderr.contains("Operation not permitted"),
+        "{}",
+        ran.stderr
+    );
+
+    // The engine's view has a resolv.conf that makes Go's resolver (and glibc's) ask over TCP.
+    let temp_root = tempfile::tempdir().unwrap();
+    let eng = engine(temp_root.path(), None, owned());
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        "output \"resolv\" {\n  value = file(\"/etc/resolv.conf\")\n}\n",
+    )
+    .unwrap();
+    let run = eng
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.report(40)));
+    let resolv = run.plan().output_changes["resolv"].after.to_string();
+    assert!(resolv.contains("options use-vc"), "{resolv}");
+    assert!(resolv.contains("nameserver"), "{resolv}");
 }

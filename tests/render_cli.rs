@@ -366,12 +366,12 @@ fn help_entries(help: &str) -> Vec<(String, String)> {
             continue;
         }
         let trimmed = line.trim_start();
-        let indent = line.len() - trimmed.len();
-        if indent <= 2 {
+        if trimmed.starts_with('-') || trimmed.starts_with('<') || trimmed.starts_with('[') {
+            // An argument (`<DIR>`, `--engine <ENGINE>`, `-h, --help`), maybe with its text.
             let (name, rest) = trimmed.split_once("  ").unwrap_or((trimmed, ""));
             entries.push((name.to_string(), rest.trim().to_string()));
         } else if let Some(last) = entries.last_mut() {
-            // A description on the lines below a long name.
+            // Its description on the lines below (clap's layout for long help texts).
             if last.1.is_empty() {
                 last.1 = trimmed.to_string();
             }

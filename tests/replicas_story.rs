@@ -5,7 +5,7 @@
 //! after the other, once; a replica goes unready when a newer planbot migrates the store under
 //! it.
 //!
-//! Needs the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names (`.ci/run` starts one) and the
+//! Needs PostgreSQL (the server `PLANBOT_TEST_POSTGRES_URL` names, else one the tests start) and the
 //! engine: without either these tests fail (under `CI=true` always).
 
 mod service_support;
@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser};
+use support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER};
 
 const INFRA: &str = "infra/homelab";
 /// The replicas' lease: short, so that "a replica died" is noticed in seconds.
@@ -151,13 +151,16 @@ TF_HTTP_LOCK_ADDRESS = "{addr}/lock"
 TF_HTTP_UNLOCK_ADDRESS = "{addr}/lock"
 TF_HTTP_LOCK_METHOD = "POST"
 TF_HTTP_UNLOCK_METHOD = "DELETE"
-TF_HTTP_USERNAME = "planbot-bot"
+TF_HTTP_USERNAME = "planbot"
 TF_HTTP_PASSWORD = "{token}"
 "#,
-            token = gitlab.bot_token()
+            token = gitlab
+                .member_with_role(project, "state-writer", MAINTAINER)
+                .token
         )
     } else {
-        String::new()
+        // GitLab-managed state, as users run it (a root's local state is refused).
+        gitlab.managed_state_config(project)
     };
     format!(
         r#"

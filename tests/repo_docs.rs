@@ -49,6 +49,26 @@ fn ci_runs_exactly_the_test_command_the_readme_gives() {
         vec![command],
         ".ci/run must run the README's test command"
     );
+    // The same tools, installed the same way: the README's install line is what .ci/run runs.
+    let install = "scripts/install-test-tools.sh";
+    assert!(
+        readme
+            .lines()
+            .any(|l| l.starts_with(&format!("sudo {install}"))),
+        "the README does not say to run {install} before the tests"
+    );
+    assert!(
+        ci.lines().any(|l| l.trim() == install),
+        ".ci/run does not run {install}"
+    );
+    // And no PostgreSQL handed to the tests: CI runs them as a fresh clone does, where they
+    // start their own.
+    for named in ["PLANBOT_TEST_POSTGRES_URL=", "postgres.sh", "pg_ctl"] {
+        assert!(
+            !ci.contains(named),
+            ".ci/run names or starts a PostgreSQL: {named}"
+        );
+    }
 }
 
 #[test]

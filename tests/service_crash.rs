@@ -49,11 +49,15 @@ projects = ["infra/homelab"]
 [engine]
 binary = "{}"
 timeout = "5m"
-"#,
+{}"#,
         data.display(),
         fake.url(),
         fake.bot_token(),
-        engine.display()
+        engine.display(),
+        // GitLab-managed state, as users run it (a root's local state is refused).
+        fake.project_named("infra/homelab")
+            .map(|p| fake.managed_state_config(&p))
+            .unwrap_or_default()
     )
 }
 

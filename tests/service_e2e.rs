@@ -35,11 +35,15 @@ timeout = "5m"
 
 [plan]
 max_concurrent_plans = 2
-"#,
+{}"#,
         data.display(),
         fake.url(),
         fake.bot_token(),
-        engine.display()
+        engine.display(),
+        // GitLab-managed state, as users run it (a root's local state is refused).
+        fake.project_named("infra/homelab")
+            .map(|p| fake.managed_state_config(&p))
+            .unwrap_or_default()
     );
     Config::load(&text, &[], &|_| Err("no files".into())).expect("config")
 }

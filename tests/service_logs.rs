@@ -240,11 +240,13 @@ projects = ["infra/homelab"]
 
 [engine]
 binary = "{engine}"
-"#,
+{state}"#,
             data = dir.path().join("data").display(),
             url = fake.url(),
             token = fake.bot_token(),
             engine = engine.display(),
+            // GitLab-managed state, as users run it (a root's local state is refused).
+            state = fake.managed_state_config(&project),
         ),
     )
     .unwrap();
@@ -396,140 +398,70 @@ fn find<'a>(
         })
 }
 
+/// Fields an event must have, by name.
+type Fields<'a> = Vec<(&'a str, serde_json::Value)>;
+
 /// What the log must say about the story, whatever its format.
 fn assert_the_story_is_told(told: &Told) {
     use serde_json::json;
     let events: Vec<Event> = told.log.iter().map(|l| Event::parse(l)).collect();
-    let p = json!(told.project);
-    for iid in told.good.iter().chain([&told.broken]) {
-        let mr = json!(iid);
-        find(
-            &events,
-            "INFO",
-            "webhook accepted",
-            &[
-                ("event", json!("merge_request")),
-                ("project", p.clone()),
-                ("mr", mr.clone()),
-            ],
-        );
-        find(
-            &events,
+    let p = || ("project", json!(told.project));
+    let mr = |iid: u64| ("mr", json!(iid));
+    let plan = |s: &str| ("name", json!(s));
+    let mut expected: Vec<(&str, &str, Fields)> = Vec::new();
+    for iid in told.good.iter().chain([&told.broken]).copied() {
+        let event = ("event", json!("merge_request"));
+        expected.push(("INFO", "webhook accepted", vec![event, p(), mr(iid)]));
+        expected.push((
             "INFO",
             "job started",
-            &[
-                ("kind", json!("plan")),
-                ("project", p.clone()),
-                ("mr", mr.clone()),
-            ],
-        );
-        find(
-            &events,
-            "INFO",
-            "note posted",
-            &[("project", p.clone()), ("mr", mr.clone())],
-        );
-        find(
-            &events,
-            "INFO",
-            "commit status set",
-            &[
-                ("project", p.clone()),
-                ("name", json!("planbot/plan")),
-                ("state", json!("running")),
-            ],
-        );
+            vec![("kind", json!("plan")), p(), mr(iid)],
+        ));
+        expected.push(("INFO", "note posted", vec![p(), mr(iid)]));
     }
     for iid in told.good {
-        let mr = json!(iid);
-        find(
-            &events,
-            "INFO",
-            "root planned",
-            &[
-                ("project", p.clone()),
-                ("mr", mr.clone()),
-                ("root", json!("default")),
-                ("outcome", json!("planned")),
-            ],
-        );
-        find(
-            &events,
-            "INFO",
-            "plan finished",
-            &[
-                ("project", p.clone()),
-                ("mr", mr.clone()),
-                ("outcome", json!("succeeded")),
-            ],
-        );
+        let planned = ("outcome", json!("planned"));
+        let root = ("root", json!("default"));
+        expected.push(("INFO", "root planned", vec![p(), mr(iid), root, planned]));
+        let succeeded = ("outcome", json!("succeeded"));
+        expected.push(("INFO", "plan finished", vec![p(), mr(iid), succeeded]));
     }
-    let mr = json!(told.broken);
-    find(
-        &events,
+    let (root, failed) = (("root", json!("default")), ("outcome", json!("failed")));
+    let broken = told.broken;
+    expected.push((
         "WARN",
         "root failed to plan",
-        &[
-            ("project", p.clone()),
-            ("mr", mr.clone()),
-            ("root", json!("default")),
-            ("outcome", json!("failed")),
-        ],
-    );
-    find(
-        &events,
-        "INFO",
-        "plan finished",
-        &[
-            ("project", p.clone()),
-            ("mr", mr),
-            ("outcome", json!("failed")),
-        ],
-    );
-    find(
-        &events,
-        "INFO",
-        "commit status set",
-        &[
-            ("project", p.clone()),
-            ("name", json!("planbot/plan")),
-            ("state", json!("failed")),
-        ],
-    );
-    find(
-        &events,
-        "INFO",
-        "commit status set",
-        &[
-            ("project", p.clone()),
-            ("name", json!("planbot/plan")),
-            ("state", json!("success")),
-        ],
-    );
+        vec![p(), mr(broken), root, failed.clone()],
+    ));
+    expected.push(("INFO", "plan finished", vec![p(), mr(broken), failed]));
+    for state in ["running", "failed", "success"] {
+        let state = ("state", json!(state));
+        expected.push((
+            "INFO",
+            "commit status set",
+            vec![p(), plan("planbot/plan"), state],
+        ));
+    }
     // The comment: its delivery, its job, the answer.
-    let mr = json!(told.good[0]);
-    find(
-        &events,
+    let (note, command) = (("event", json!("note")), ("kind", json!("command")));
+    expected.push((
         "INFO",
         "webhook accepted",
-        &[
-            ("event", json!("note")),
-            ("project", p.clone()),
-            ("mr", mr.clone()),
-        ],
-    );
-    find(
-        &events,
+        vec![note, p(), mr(told.good[0])],
+    ));
+    expected.push((
         "INFO",
         "job started",
-        &[("kind", json!("command")), ("mr", mr.clone())],
-    );
-    find(
-        &events,
+        vec![command.clone(), mr(told.good[0])],
+    ));
+    expected.push((
         "INFO",
         "job finished",
-        &[("kind", json!("command")), ("state", json!("done"))],
-    );
+        vec![command, ("state", json!("done"))],
+    ));
+    for (level, message, fields) in &expected {
+        find(&events, level, message, fields);
+    }
     assert_eq!(
         events
             .iter()

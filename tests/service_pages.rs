@@ -621,3 +621,100 @@ async fn metrics_require_the_bearer_token_when_one_is_configured() {
     assert!(!report.contains(METRICS_TOKEN));
     assert!(report.contains("metrics.token = (set)"), "{report}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_health() {
+    let w = world(false, "").await;
+    let homelab = w.fake.create_project("infra/homelab");
+    let first = w.run(&homelab, 7, NOTE, "").await;
+    let second = w.run(&homelab, 8, NOTE, "").await;
+    let http = reqwest::Client::new();
+    let (status, page) = get(&http, &w.url("/")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    // What it serves: the version, the configured projects, the sandbox, the store.
+    assert!(
+        page.contains(&format!("<h1>planbot {}</h1>", env!("CARGO_PKG_VERSION"))),
+        "{page}"
+    );
+    assert!(
+        page.contains("<code>infra/homelab</code>, <code>infra/other</code>"),
+        "{page}"
+    );
+    let sandbox = planbot::flows::confinement::sandbox::service_mode(
+        &w.app.config,
+        planbot::flows::confinement::credentials::Use::Plan,
+    )
+    .describe();
+    assert!(
+        page.contains(&format!("<dt>Sandbox</dt><dd>{sandbox}</dd>")),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(
+            "<code>sqlite://{}/planbot.db</code>",
+            w.app.config.data_dir.display()
+        )),
+        "{page}"
+    );
+    // Its latest runs, newest first, each linking its page.
+    let a = page
+        .find(&format!("<a href=\"/runs/{second}\">"))
+        .expect("the newest run");
+    let b = page
+        .find(&format!("<a href=\"/runs/{first}\">"))
+        .expect("the older run");
+    assert!(a < b, "newest first");
+    // Its health: the checks of /readyz.
+    assert!(
+        page.contains("Store check</dt><dd class=\"state state-succeeded\">ok"),
+        "{page}"
+    );
+    assert!(
+        page.contains("GitLab check</dt><dd class=\"state state-succeeded\">ok"),
+        "{page}"
+    );
+    assert!(page.contains(">healthy<"), "{page}");
+    // Like the run pages, only for this host without sign-in.
+    let r = http
+        .get(w.url("/"))
+        .header("x-forwarded-for", "203.0.113.7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(!r.text().await.unwrap().contains("infra/homelab"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sign_in_the_landing_page_is_for_members_and_shows_only_their_projects() {
+    let w = world(true, "").await;
+    let homelab = w.fake.create_project("infra/homelab");
+    let other = w.fake.create_project("infra/other");
+    w.fake.add_member(&homelab, w.fake.bot(), 30);
+    w.fake.add_member(&other, w.fake.bot(), 30);
+    let mine = w.run(&homelab, 7, NOTE, "").await;
+    let theirs = w.run(&other, 9, NOTE, "").await;
+    let alice = w.fake.create_user("alice");
+    w.fake.add_member(&homelab, &alice, REPORTER);
+    // Signed out: sent to sign in, like every run page.
+    let b = w.browser(&alice);
+    let (status, page) = w.sign_in_and_open(&b, "/").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(
+        page.contains(&format!("<a href=\"/runs/{mine}\">")),
+        "{page}"
+    );
+    assert!(
+        !page.contains(&format!("<a href=\"/runs/{theirs}\">")),
+        "{page}"
+    );
+    assert!(page.contains("<code>infra/homelab</code>"), "{page}");
+    assert!(
+        !page.contains("infra/other"),
+        "a project alice cannot see is named:\n{page}"
+    );
+    assert!(
+        page.contains("Signed in as <strong>@alice</strong>"),
+        "{page}"
+    );
+}

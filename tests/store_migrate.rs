@@ -1,7 +1,8 @@
 //! `planbot store migrate --from sqlite://… --to postgres://…`: the binary copies every table of
 //! a SQLite store into an empty PostgreSQL database, and refuses a target that is not empty.
-//! Needs the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names (`.ci/run` starts one): without
-//! it this test fails (always under `CI=true`; elsewhere `PLANBOT_SKIP_POSTGRES_TESTS=1` skips it).
+//! Needs PostgreSQL: the server `PLANBOT_TEST_POSTGRES_URL` names, else one the tests start
+//! themselves from the system's `initdb` and `postgres`; without either this test fails saying
+//! what to install (always under `CI=true`; elsewhere `PLANBOT_SKIP_POSTGRES_TESTS=1` skips it).
 
 use planbot::capabilities::store::{JobEnd, NewApply, NewDelivery, Store};
 use planbot::core::config::StoreUrl;
@@ -89,4 +90,26 @@ async fn store_migrate_copies_a_sqlite_store_into_postgres() {
         String::from_utf8_lossy(&again.stderr)
     );
     assert_eq!(copy.delivery_count().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn with_no_server_named_the_tests_start_their_own_postgresql_with_tls() {
+    // What `cargo test` on a fresh clone does: a throwaway cluster, superuser on loopback,
+    // TLS offered with a certificate its own CA signed.
+    let server = support::throwaway_postgres::throwaway().unwrap_or_else(|e| panic!("{e}"));
+    let client = support::postgres::connect(&server.url).await;
+    let row = client
+        .query_one(
+            "SELECT current_setting('ssl'), rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "on");
+    assert!(
+        row.get::<_, bool>(1),
+        "a superuser: each test creates its database"
+    );
+    let ca = std::fs::read_to_string(&server.ca).unwrap();
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
 }

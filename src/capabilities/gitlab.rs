@@ -86,6 +86,8 @@ impl std::fmt::Debug for GitLab {
 enum Auth<'a> {
     Bot,
     Job(&'a str),
+    /// HTTP Basic auth with this user name and the client's token (git over HTTP).
+    Basic(&'a str),
 }
 
 /// One attempt of a call, classified.
@@ -436,6 +438,13 @@ struct ErrorBody {
     message: Option<serde_json::Value>,
     #[serde(default)]
     error: Option<serde_json::Value>,
+}
+
+/// The lock of a GitLab-managed state: the GitLab user who took it and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateLock {
+    pub username: String,
+    pub locked_at: String,
 }
 
 /// Cut a status description to GitLab's limit, on a character boundary, marking the cut.
@@ -899,6 +908,74 @@ impl GitLab {
             .await
     }
 
+    /// Who holds the lock of the GitLab-managed state `name` of `project_path`, and since when
+    /// (`None`: not locked, or no such state the bot can see). GitLab's REST API has no read of
+    /// a lock, its GraphQL API does (`Project.terraformState`: `lockedByUser`, `lockedAt`).
+    pub async fn terraform_state_lock(
+        &self,
+        project_path: &str,
+        name: &str,
+    ) -> Result<Option<StateLock>, GitLabError> {
+        const QUERY: &str = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { lockedAt lockedByUser { username } } } }";
+        let url = self
+            .base
+            .join("api/graphql")
+            .map_err(|e| GitLabError::Decode(e.to_string()))?;
+        let payload = serde_json::json!({
+            "query": QUERY,
+            "variables": { "path": project_path, "name": name },
+        });
+        let (_, _, body) = self
+            .request(Method::POST, url, Auth::Bot, Some(&payload))
+            .await?;
+        let answer: serde_json::Value = decode(&body)?;
+        let state = answer.pointer("/data/project/terraformState");
+        let locked_at = state
+            .and_then(|s| s.get("lockedAt"))
+            .and_then(|v| v.as_str());
+        let who = state
+            .and_then(|s| s.pointer("/lockedByUser/username"))
+            .and_then(|v| v.as_str());
+        Ok(match (locked_at, who) {
+            (Some(since), Some(who)) => Some(StateLock {
+                username: who.to_string(),
+                locked_at: since.to_string(),
+            }),
+            _ => None,
+        })
+    }
+
+    /// Whether the token may read the project's GitLab-managed state (the Developer role):
+    /// `GET` of a state name no one uses answers 404 to a reader, 403 to anyone else. Read only.
+    pub async fn terraform_state_readable(&self, project: ProjectId) -> Result<(), GitLabError> {
+        let p = project.to_string();
+        let url = self.url(
+            &["projects", &p, "terraform", "state", "planbot-doctor-probe"],
+            &[],
+        );
+        match self.request(Method::GET, url, Auth::Bot, None).await {
+            Ok(_) | Err(GitLabError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether git may fetch the repository `project_path` with this token as `username`
+    /// (what `init` does for a module): `GET <project>.git/info/refs?service=git-upload-pack`.
+    pub async fn repository_readable(
+        &self,
+        project_path: &str,
+        username: &str,
+    ) -> Result<(), GitLabError> {
+        let mut url = self
+            .base
+            .join(&format!("{}.git/info/refs", project_path.trim_matches('/')))
+            .map_err(|e| GitLabError::Decode(e.to_string()))?;
+        url.set_query(Some("service=git-upload-pack"));
+        self.request(Method::GET, url, Auth::Basic(username), None)
+            .await
+            .map(|_| ())
+    }
+
     /// The project's webhooks (needs Maintainer; [`GitLabError::Forbidden`] otherwise).
     pub async fn project_hooks(&self, project: ProjectId) -> Result<Vec<Hook>, GitLabError> {
         let p = project.to_string();
@@ -1069,6 +1146,7 @@ impl GitLab {
         req = match auth {
             Auth::Bot => req.header("PRIVATE-TOKEN", &self.token),
             Auth::Job(t) => req.header("JOB-TOKEN", t),
+            Auth::Basic(user) => req.basic_auth(user, Some(&self.token)),
         };
         if let Some(p) = payload {
             req = req.json(p);

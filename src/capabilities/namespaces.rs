@@ -89,6 +89,7 @@ pub enum Stage {
     Mount,
     Pivot,
     Fork,
+    Seccomp,
 }
 
 impl Stage {
@@ -100,6 +101,7 @@ impl Stage {
             Stage::Mount,
             Stage::Pivot,
             Stage::Fork,
+            Stage::Seccomp,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -112,7 +114,13 @@ fn probe_now() -> NsSupport {
         return unavailable("no temporary directory to probe in".into());
     };
     let view = View::Own { root: dir.path() };
-    let jail = match Jail::prepare(&Shown::default(), &view, Limits::default(), Path::new("/")) {
+    let jail = match Jail::prepare(
+        &Shown::default(),
+        &view,
+        Limits::default(),
+        Path::new("/"),
+        true,
+    ) {
         Ok(j) => j,
         Err(e) => return unavailable(e.to_string()),
     };
@@ -175,6 +183,7 @@ fn reason(stage: Option<Stage>, errno: i32) -> String {
         ),
         Some(Stage::Limits) => format!("the resource limits could not be set ({err})"),
         Some(Stage::Fork) => format!("the namespace's first process could not start ({err})"),
+        Some(Stage::Seccomp) => format!("the seccomp filter that closes UDP was refused ({err})"),
         None => format!("the probe failed ({err})"),
     }
 }
@@ -232,6 +241,8 @@ pub struct Jail {
     /// Where the engine starts (`/` when it is not in the view).
     cwd: CString,
     limits: Limits,
+    /// The seccomp filter that closes UDP, applied in the engine's process.
+    udp_filter: Option<seccompiler::BpfProgram>,
 }
 
 const PATH_SETGROUPS: &[u8] = b"/proc/self/setgroups\0";
@@ -251,6 +262,7 @@ impl Jail {
         view: &View<'_>,
         limits: Limits,
         cwd: &Path,
+        close_udp: bool,
     ) -> Result<Jail, JailError> {
         let root = match view {
             View::Host => None,
@@ -260,6 +272,7 @@ impl Jail {
             root,
             cwd: cstr(cwd)?,
             limits,
+            udp_filter: if close_udp { Some(udp_filter()?) } else { None },
         })
     }
 
@@ -348,6 +361,10 @@ impl Jail {
                     }
                 }
             }
+        }
+        if let Some(filter) = &self.udp_filter {
+            // Two system calls (no_new_privs, seccomp) on the prepared program.
+            seccompiler::apply_filter(filter).map_err(|_| (Stage::Seccomp, errno()))?;
         }
         Ok(())
     }
@@ -453,6 +470,44 @@ impl Jail {
         pivot(libc::mount(null, c"/".as_ptr(), null, ro, std::ptr::null()) as _)?;
         Ok(())
     }
+}
+
+/// The seccomp filter that closes UDP: `socket(AF_INET or AF_INET6, SOCK_DGRAM, …)` fails with
+/// `EPERM` (names are resolved over TCP: the view's resolv.conf says `options use-vc`), and so
+/// does `io_uring_setup` (io_uring can make sockets past seccomp). Everything else is allowed.
+pub fn udp_filter() -> Result<seccompiler::BpfProgram, JailError> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
+        SeccompFilter, SeccompRule, TargetArch,
+    };
+    let failed = |e: seccompiler::BackendError| JailError(format!("the UDP filter: {e}"));
+    let dgram = |family: i32| -> Result<SeccompRule, JailError> {
+        SeccompRule::new(vec![
+            Cond::new(0, Len::Dword, Op::Eq, family as u64).map_err(failed)?,
+            Cond::new(1, Len::Dword, Op::MaskedEq(0xf), libc::SOCK_DGRAM as u64).map_err(failed)?,
+        ])
+        .map_err(failed)
+    };
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| JailError(format!("the UDP filter: {e}")))?;
+    let filter = SeccompFilter::new(
+        [
+            (
+                libc::SYS_socket,
+                vec![dgram(libc::AF_INET)?, dgram(libc::AF_INET6)?],
+            ),
+            (libc::SYS_io_uring_setup, vec![]),
+        ]
+        .into_iter()
+        .collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(failed)?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| failed(e))
 }
 
 /// `"INSIDE OUTSIDE 1\n"` for `id` in `buf`, without allocating: the job keeps planbot's id,

@@ -293,7 +293,7 @@ impl Policy {
                 .map(|(s, d)| (s.as_path(), d.as_path()))
                 .collect(),
         };
-        let jail = Jail::prepare(&shown, &view, isolation.limits, cwd)
+        let jail = Jail::prepare(&shown, &view, isolation.limits, cwd, isolation.close_udp)
             .map_err(|e| SandboxError::Namespaces(e.to_string()))?;
         prepared.jail = Some(jail);
         Ok(prepared)
@@ -306,6 +306,8 @@ impl Policy {
 pub struct Isolation {
     pub limits: Limits,
     pub root: Option<PathBuf>,
+    /// Close UDP (a seccomp filter): names are then resolved over TCP.
+    pub close_udp: bool,
 }
 
 /// Why a sandbox could not be made.

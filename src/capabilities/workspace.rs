@@ -91,6 +91,75 @@ impl Checkout {
     }
 }
 
+/// A root's own configuration files and planbot's files in it, inside a job's checkout. The
+/// root directory is resolved (through symbolic links) and must stay inside the checkout;
+/// symbolic links among its files are neither read nor written through.
+#[derive(Debug, Clone)]
+pub struct RootFiles {
+    dir: PathBuf,
+}
+
+/// The largest configuration file [`RootFiles::config_files`] reads.
+const MAX_CONFIG_FILE: u64 = 4 * 1024 * 1024;
+
+impl RootFiles {
+    /// The root directory `dir` (relative to `checkout`), when it resolves inside the checkout.
+    pub fn open(checkout: &Path, dir: &str) -> Result<RootFiles> {
+        let top = std::fs::canonicalize(checkout)
+            .with_context(|| format!("the checkout {}", checkout.display()))?;
+        let real = std::fs::canonicalize(top.join(dir))
+            .with_context(|| format!("the root directory `{dir}`"))?;
+        if !real.starts_with(&top) || !real.is_dir() {
+            bail!("the root directory `{dir}` resolves outside the repository checkout (through a symbolic link), or is no directory: refused");
+        }
+        Ok(RootFiles { dir: real })
+    }
+
+    /// The root's `.tf`, `.tofu`, `.tf.json` and `.tofu.json` files (regular files only), by
+    /// name: what the engine reads as its configuration.
+    pub fn config_files(&self) -> Result<Vec<(String, String)>> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_config = [".tf", ".tofu", ".tf.json", ".tofu.json"]
+                .iter()
+                .any(|ext| name.ends_with(ext));
+            let meta = entry.metadata()?; // of the entry itself: a link is not followed
+            if !is_config || !meta.is_file() {
+                continue;
+            }
+            if meta.len() > MAX_CONFIG_FILE {
+                bail!("{name} is larger than {MAX_CONFIG_FILE} bytes");
+            }
+            let text =
+                std::fs::read_to_string(entry.path()).with_context(|| format!("reading {name}"))?;
+            files.push((name, text));
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// Write planbot's file `name` into the root (replacing whatever the repository has under
+    /// that name, a symbolic link included, without following it).
+    pub fn write(&self, name: &str, text: &str) -> Result<()> {
+        use std::io::Write;
+        let path = self.dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("replacing {name}")),
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .with_context(|| format!("writing {name}"))?;
+        f.write_all(text.as_bytes())
+            .with_context(|| format!("writing {name}"))
+    }
+}
+
 impl Drop for Checkout {
     fn drop(&mut self) {
         if let Some(dir) = self.dir.take() {

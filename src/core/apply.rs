@@ -88,6 +88,11 @@ pub enum ApplyRefusal {
     BadConfirm {
         given: String,
     },
+    /// The root keeps its state in the checkout (a `local` backend, or none): an apply would
+    /// write it into a throwaway directory and lose it.
+    StateInCheckout {
+        root: String,
+    },
 }
 
 impl ApplyRefusal {
@@ -459,6 +464,7 @@ mod tests {
             ApplyRefusal::BadConfirm {
                 given: "xyz".into(),
             },
+            ApplyRefusal::StateInCheckout { root: "lab".into() },
         ];
         let text: String = all
             .iter()

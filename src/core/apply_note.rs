@@ -19,25 +19,28 @@ pub struct PlanChangedNote<'a> {
     pub new_plan: &'a str,
 }
 
+/// The plan-changed note; every value is scrubbed, the template's words never are.
 pub fn render_plan_changed(note: &PlanChangedNote<'_>, scrubber: &Scrubber) -> String {
     let delta_text = serde_json::to_string(note.delta).unwrap_or_default();
     let fence = fence_for(&delta_text);
-    let out = crate::core::templates::get("apply/plan_changed.md.j2")
-        .and_then(|t| {
-            t.render(context! {
-                root => note.root,
-                sha => &note.sha[..note.sha.len().min(8)],
-                job_name => note.job_name,
-                user => note.user,
-                reviewed => note.reviewed_short,
-                fresh_short => note.fresh_short,
-                delta => note.delta,
-                new_plan => note.new_plan,
-                fence => fence,
+    crate::core::templates::scrubbing(scrubber, || {
+        crate::core::templates::get("apply/plan_changed.md.j2")
+            .and_then(|t| {
+                t.render(context! {
+                    root => note.root,
+                    sha => &note.sha[..note.sha.len().min(8)],
+                    job_name => note.job_name,
+                    user => note.user,
+                    reviewed => note.reviewed_short,
+                    fresh_short => note.fresh_short,
+                    delta => note.delta,
+                    // A note planbot rendered and scrubbed already: as it is.
+                    new_plan => minijinja::Value::from_safe_string(note.new_plan.to_string()),
+                    fence => fence,
+                })
             })
-        })
-        .unwrap_or_else(|e| format!("planbot: could not render the refusal note: {e}"));
-    scrubber.scrub(&out).into_owned()
+            .unwrap_or_else(|e| format!("planbot: could not render the refusal note: {e}"))
+    })
 }
 
 /// How an apply ended, for the result note.
@@ -72,32 +75,34 @@ pub struct ResultNote<'a> {
     pub run_url: Option<&'a str>,
 }
 
+/// The apply's result note; every value is scrubbed, the template's words never are.
 pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
     let fence = fence_for(&format!(
         "{}\n{}",
         note.error.unwrap_or(""),
         note.log_excerpt.unwrap_or("")
     ));
-    let out = crate::core::templates::get("apply/result_note.md.j2")
-        .and_then(|t| {
-            t.render(context! {
-                outcome => note.outcome,
-                sha => &note.sha[..note.sha.len().min(8)],
-                branch => note.branch,
-                user => note.user,
-                summary => note.summary,
-                roots => note.roots,
-                error => note.error,
-                log_excerpt => note.log_excerpt,
-                job_name => note.job_name,
-                job_id => note.job_id,
-                run_id => note.run_id,
-                run_url => note.run_url,
-                fence => fence,
+    crate::core::templates::scrubbing(scrubber, || {
+        crate::core::templates::get("apply/result_note.md.j2")
+            .and_then(|t| {
+                t.render(context! {
+                    outcome => note.outcome,
+                    sha => &note.sha[..note.sha.len().min(8)],
+                    branch => note.branch,
+                    user => note.user,
+                    summary => note.summary,
+                    roots => note.roots,
+                    error => note.error,
+                    log_excerpt => note.log_excerpt,
+                    job_name => note.job_name,
+                    job_id => note.job_id,
+                    run_id => note.run_id,
+                    run_url => note.run_url,
+                    fence => fence,
+                })
             })
-        })
-        .unwrap_or_else(|e| format!("planbot: could not render the apply result: {e}"));
-    scrubber.scrub(&out).into_owned()
+            .unwrap_or_else(|e| format!("planbot: could not render the apply result: {e}"))
+    })
 }
 
 #[cfg(test)]

@@ -106,9 +106,52 @@ pub struct Config {
     pub log: LogConfig,
     /// `[store]`: where deliveries, jobs, runs and applies live.
     pub store: StoreConfig,
+    /// `[state]`: GitLab-managed state, and the tokens each trust level reads or writes it with.
+    pub state: StateConfig,
+    /// `[modules]`: the tokens `init` fetches modules from the same GitLab with.
+    pub modules: ModulesConfig,
     /// `[[policy_sets]]`: the operator's Rego policy sets (directories on planbot's host),
     /// checked on every repository's plans; a repository cannot switch them off.
     pub policy_sets: Vec<PolicySetSpec>,
+}
+
+/// A user name and token for the same GitLab (HTTP Basic auth: GitLab reads only the token,
+/// the name is any non-empty word unless the token is a deploy token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitlabCredential {
+    pub username: String,
+    pub token: Secret,
+}
+
+/// `state.default`: what a root whose `.planbot.toml` entry says nothing about its state gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateDefault {
+    /// The backend the root's code configures (the default).
+    #[default]
+    Own,
+    /// The project's GitLab-managed state named after the root.
+    Gitlab,
+}
+
+/// `[state]`, `[state.plan]`, `[state.apply]`: GitLab-managed state. MR plans read it with the
+/// plan token (Developer: read only, `-lock=false`); the default branch's plans and applies
+/// lock and write it with the apply token (Maintainer). Never the bot's own token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateConfig {
+    pub default: StateDefault,
+    pub plan: Option<GitlabCredential>,
+    pub apply: Option<GitlabCredential>,
+}
+
+/// `[modules]`, `[modules.plan]`, `[modules.apply]`: read-only tokens `init` uses for modules
+/// (git over HTTPS) and the module registry of the same GitLab, per trust level.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModulesConfig {
+    /// The projects modules come from (`group/project`): what `planbot doctor` checks the
+    /// tokens can read.
+    pub projects: Vec<String>,
+    pub plan: Option<GitlabCredential>,
+    pub apply: Option<GitlabCredential>,
 }
 
 /// `[store]`: the database planbot keeps its state in.
@@ -341,7 +384,8 @@ pub struct EngineConfig {
     pub lock_timeout: Duration,
     /// Time between SIGTERM and SIGKILL when the engine must stop.
     pub grace: Duration,
-    /// Secrets handed to the engine; every value is scrubbed from all output.
+    /// The engine's environment. A value is a secret (scrubbed from all output, never printed)
+    /// when [`EngineConfig::is_secret`] says so by its name.
     pub env: BTreeMap<String, Secret>,
     /// `[engine.plan] env`: added to `env` for MR plans (untrusted code: read-only credentials).
     pub plan_env: BTreeMap<String, Secret>,
@@ -350,6 +394,17 @@ pub struct EngineConfig {
     /// `engine.provider_mirror`: an `https://` network mirror or an absolute directory
     /// (filesystem mirror) to install providers from instead of their registries.
     pub provider_mirror: Option<String>,
+    /// `engine.secret_env`: more variables whose values are secrets, besides those whose name
+    /// says so (`*PASS*`, `*TOKEN*`, `*SECRET*`, `*KEY*`, …: see `core::redact::is_secret_name`).
+    pub secret_env: Vec<String>,
+}
+
+impl EngineConfig {
+    /// Whether the value of the engine environment variable `name` is a secret: its name says
+    /// so, or `engine.secret_env` lists it.
+    pub fn is_secret(&self, name: &str) -> bool {
+        crate::core::redact::is_secret_name(name) || self.secret_env.iter().any(|n| n == name)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -561,6 +616,7 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("engine.provider_mirror", Kind::Str, false),
     ("engine.plan.env", Kind::Table, true),
     ("engine.apply.env", Kind::Table, true),
+    ("engine.secret_env", Kind::StrOrIntList, false),
     ("sandbox.required", Kind::Bool, false),
     ("sandbox.landlock", Kind::Str, false),
     ("sandbox.connect_ports", Kind::StrOrIntList, false),
@@ -594,6 +650,16 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("store.password", Kind::Str, true),
     ("store.ca_file", Kind::Str, false),
     ("store.lease", Kind::Str, false),
+    ("state.default", Kind::Str, false),
+    ("state.plan.username", Kind::Str, false),
+    ("state.plan.token", Kind::Str, true),
+    ("state.apply.username", Kind::Str, false),
+    ("state.apply.token", Kind::Str, true),
+    ("modules.projects", Kind::StrOrIntList, false),
+    ("modules.plan.username", Kind::Str, false),
+    ("modules.plan.token", Kind::Str, true),
+    ("modules.apply.username", Kind::Str, false),
+    ("modules.apply.token", Kind::Str, true),
 ];
 
 /// One setting as the reference lists it, straight from the table the parser uses.
@@ -646,6 +712,12 @@ const SECTIONS: &[&str] = &[
     "pages",
     "metrics",
     "store",
+    "state",
+    "state.plan",
+    "state.apply",
+    "modules",
+    "modules.plan",
+    "modules.apply",
 ];
 
 /// The free-form tables of engine environment variables.
@@ -811,20 +883,25 @@ impl Config {
             "engine.grace",
             humantime::format_duration(self.engine.grace).to_string(),
         );
-        let env: Vec<String> = self
-            .engine
-            .env
-            .keys()
-            .map(|k| format!("{k} = (set)"))
-            .collect();
-        line("engine.env", format!("{{ {} }}", env.join(", ")));
+        // A secret as `(set)`; a user name or an address as it is.
         for (name, table) in [
+            ("engine.env", &self.engine.env),
             ("engine.plan.env", &self.engine.plan_env),
             ("engine.apply.env", &self.engine.apply_env),
         ] {
-            let keys: Vec<String> = table.keys().map(|k| format!("{k} = (set)")).collect();
+            let keys: Vec<String> = table
+                .iter()
+                .map(|(k, v)| {
+                    if self.engine.is_secret(k) {
+                        format!("{k} = (set)")
+                    } else {
+                        format!("{k} = {:?}", v.expose())
+                    }
+                })
+                .collect();
             line(name, format!("{{ {} }}", keys.join(", ")));
         }
+        line("engine.secret_env", format!("{:?}", self.engine.secret_env));
         line("engine.provider_mirror", opt(&self.engine.provider_mirror));
         line("sandbox.required", self.sandbox.required.to_string());
         line(
@@ -915,6 +992,35 @@ impl Config {
             "store.lease",
             humantime::format_duration(self.store.lease).to_string(),
         );
+        line(
+            "state.default",
+            match self.state.default {
+                StateDefault::Own => "own",
+                StateDefault::Gitlab => "gitlab",
+            }
+            .into(),
+        );
+        let cred = |c: &Option<GitlabCredential>| match c {
+            Some(c) => (c.username.clone(), "(set)".to_string()),
+            None => ("(not set)".to_string(), "(not set)".to_string()),
+        };
+        for (name, c) in [
+            ("state.plan", &self.state.plan),
+            ("state.apply", &self.state.apply),
+        ] {
+            let (user, token) = cred(c);
+            line(&format!("{name}.username"), user);
+            line(&format!("{name}.token"), token);
+        }
+        line("modules.projects", format!("{:?}", self.modules.projects));
+        for (name, c) in [
+            ("modules.plan", &self.modules.plan),
+            ("modules.apply", &self.modules.apply),
+        ] {
+            let (user, token) = cred(c);
+            line(&format!("{name}.username"), user);
+            line(&format!("{name}.token"), token);
+        }
         for set in &self.policy_sets {
             let owners: Vec<String> = set.owners.iter().map(|o| o.to_string()).collect();
             line(
@@ -945,7 +1051,12 @@ impl Config {
             &self.engine.plan_env,
             &self.engine.apply_env,
         ] {
-            s.extend(table.values().map(|v| v.expose().to_string()));
+            s.extend(
+                table
+                    .iter()
+                    .filter(|(k, _)| self.engine.is_secret(k))
+                    .map(|(_, v)| v.expose().to_string()),
+            );
         }
         let pve = [
             Some(&self.proxmox.default),
@@ -979,6 +1090,17 @@ impl Config {
             s.push(p.expose().to_string());
         }
         s.extend(self.store.url.embedded_password());
+        for c in [
+            &self.state.plan,
+            &self.state.apply,
+            &self.modules.plan,
+            &self.modules.apply,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            s.push(c.token.expose().to_string());
+        }
         s
     }
 }
@@ -1580,6 +1702,8 @@ fn build(
     let apply = take_apply(flat, p);
     let plan = take_plan(flat, p);
     let proxmox = take_proxmox(flat, p);
+    let state = take_state(flat, p);
+    let modules = take_modules(flat, p);
     let policy_sets = take_policy_sets(flat, p);
     // Known keys are left only when their section stopped early (already reported).
     for k in flat.keys().filter(|k| key_info(k).is_none()) {
@@ -1601,8 +1725,87 @@ fn build(
         pages,
         metrics,
         store,
+        state,
+        modules,
         policy_sets,
     })
+}
+
+/// `[<section>] username` and `token` (or `token_file`): `None` without a token. The user name
+/// defaults to `planbot` (GitLab reads only the token of a personal, project or group access
+/// token).
+fn take_credential(
+    flat: &mut BTreeMap<String, Value>,
+    p: &mut Vec<ConfigError>,
+    section: &str,
+) -> Option<GitlabCredential> {
+    let username = soft(p, take_str(flat, &format!("{section}.username")), None);
+    let token = soft(p, take_str(flat, &format!("{section}.token")), None)?;
+    let username = username.unwrap_or_else(|| "planbot".into());
+    if username.trim().is_empty() || username.contains(':') {
+        p.push(ConfigError::Invalid {
+            key: format!("{section}.username"),
+            message: "expected a user name without `:` (any word for an access token; the token's user name for a deploy token)".into(),
+        });
+    }
+    Some(GitlabCredential {
+        username: username.trim().to_string(),
+        token: Secret::new(token.trim()),
+    })
+}
+
+/// `[state]`: the default for roots that say nothing, and the tokens per trust level.
+fn take_state(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> StateConfig {
+    let default = match soft(p, take_str(flat, "state.default"), None).as_deref() {
+        None | Some("own") => StateDefault::Own,
+        Some("gitlab") => StateDefault::Gitlab,
+        Some(other) => {
+            p.push(ConfigError::Invalid {
+                key: "state.default".into(),
+                message: format!("`{other}`: expected \"own\" (the backend each root configures) or \"gitlab\" (the project's GitLab-managed state named after the root)"),
+            });
+            StateDefault::Own
+        }
+    };
+    StateConfig {
+        default,
+        plan: take_credential(flat, p, "state.plan"),
+        apply: take_credential(flat, p, "state.apply"),
+    }
+}
+
+/// `[modules]`: the module projects (for `doctor`) and the tokens per trust level.
+fn take_modules(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> ModulesConfig {
+    let projects = match flat.remove("modules.projects") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .filter_map(|v| match v {
+                Value::String(s) if !s.trim().trim_matches('/').is_empty() => {
+                    Some(s.trim().trim_matches('/').to_string())
+                }
+                other => {
+                    p.push(ConfigError::Invalid {
+                        key: "modules.projects".into(),
+                        message: format!("`{other}` is not a project path like \"infra/modules\""),
+                    });
+                    None
+                }
+            })
+            .collect(),
+        Some(other) => {
+            p.push(ConfigError::Invalid {
+                key: "modules.projects".into(),
+                message: format!("expected a list, found {}", other.type_str()),
+            });
+            Vec::new()
+        }
+    };
+    ModulesConfig {
+        projects,
+        plan: take_credential(flat, p, "modules.plan"),
+        apply: take_credential(flat, p, "modules.apply"),
+    }
 }
 
 /// The array of tables of the operator's policy sets (not a dotted key: not in [`KEYS`]).
@@ -1948,6 +2151,7 @@ fn take_engine(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> 
     let plan_env = soft(p, take_env_table(flat, "engine.plan.env"), BTreeMap::new());
     let apply_env = soft(p, take_env_table(flat, "engine.apply.env"), BTreeMap::new());
     let provider_mirror = soft(p, take_str(flat, "engine.provider_mirror"), None);
+    let secret_env = soft(p, take_names(flat, "engine.secret_env"), Vec::new());
     if let Some(m) = &provider_mirror {
         if !(m.starts_with("https://") || m.starts_with('/')) {
             p.push(ConfigError::Invalid {
@@ -1965,6 +2169,36 @@ fn take_engine(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> 
         plan_env,
         apply_env,
         provider_mirror,
+        secret_env,
+    }
+}
+
+/// A list of environment variable names (`engine.secret_env`).
+fn take_names(flat: &mut BTreeMap<String, Value>, key: &str) -> Result<Vec<String>, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        key: key.into(),
+        message,
+    };
+    match flat.remove(key) {
+        None => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(n)
+                    if !n.is_empty()
+                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
+                {
+                    Ok(n)
+                }
+                other => Err(invalid(format!(
+                    "`{other}` is not an environment variable name"
+                ))),
+            })
+            .collect(),
+        Some(other) => Err(invalid(format!(
+            "expected a list, found {}",
+            other.type_str()
+        ))),
     }
 }
 
@@ -2187,6 +2421,28 @@ fn take_sandbox(flat: &mut BTreeMap<String, Value>) -> Result<SandboxConfig, Con
             .collect::<Result<_, _>>()?;
     }
     Ok(c)
+}
+
+/// A valid config of the fewest keys, with `extra` appended and `env` (`PLANBOT_*`) applied:
+/// for the unit tests of every module that reads a config.
+#[cfg(test)]
+pub(crate) fn test_config(extra: &str, env: &[(&str, &str)]) -> Config {
+    let text = format!(
+        r#"
+fingerprint_key = "0123456789abcdef0123"
+[gitlab]
+url = "https://gitlab.example.com/"
+token = "glpat-secret-token"
+webhook_secret = "hook-secret"
+projects = ["infra/homelab"]
+{extra}
+"#
+    );
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::load(&text, &env, &|_| Err("no files".into())).expect("a valid test config")
 }
 
 #[cfg(test)]
@@ -2571,7 +2827,7 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
     #[test]
     fn describe_never_prints_secrets() {
         let text = format!(
-            "{MINIMAL}\n[engine]\nenv = {{ TF_VAR_x = \"engine-secret-value\" }}\n[proxmox]\nendpoint = \"https://pve:8006\"\napi_token = \"a@pve!t=uuid-secret\"\n"
+            "{MINIMAL}\n[engine]\nenv = {{ TF_VAR_x = \"engine-secret-value\", TF_HTTP_PASSWORD = \"state-password-value\", TF_HTTP_USERNAME = \"planbot\" }}\nsecret_env = [\"TF_VAR_x\"]\n[proxmox]\nendpoint = \"https://pve:8006\"\napi_token = \"a@pve!t=uuid-secret\"\n"
         );
         let c = Config::load(&text, &[], &no_files).unwrap();
         let d = c.describe();
@@ -2579,11 +2835,20 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
             "glpat-secret-token",
             "hook-secret",
             "engine-secret-value",
+            "state-password-value",
             "uuid-secret",
             "0123456789abcdef0123",
         ] {
             assert!(!d.contains(s), "{s} leaked in:\n{d}");
         }
+        // A user name is no secret: shown, and never scrubbed as one.
+        assert!(
+            d.contains(r#"engine.env = { TF_HTTP_PASSWORD = (set), TF_HTTP_USERNAME = "planbot", TF_VAR_x = (set) }"#),
+            "{d}"
+        );
+        assert!(!c.secrets().contains(&"planbot".to_string()));
+        assert!(c.secrets().contains(&"state-password-value".to_string()));
+        assert!(c.secrets().contains(&"engine-secret-value".to_string()));
         assert!(d.contains("gitlab.token = (set)"));
         assert!(d.contains("proxmox.plan.endpoint = https://pve:8006"));
         assert!(!format!("{c:?}").contains("glpat-secret-token"));

@@ -1,6 +1,6 @@
 //! What the lint rules and the preflight checks report: [`Finding`], [`Severity`], the registry
-//! of every rule id (lint PVE001–PVE015, preflight PVE101–PVE107), the `[lint] disable` lists,
-//! and the texts of `templates/lint.j2`. Lint and preflight both build on this module and not
+//! of every rule id (lint PVE001–PVE015, preflight PVE101–PVE107, the state rule STATE001), the
+//! `[lint] disable` lists, and the texts of `templates/lint.j2`. Lint and preflight both build on this module and not
 //! on each other.
 
 use serde::Serialize;
@@ -54,6 +54,8 @@ pub enum Source {
     Lint,
     /// A preflight check against the Proxmox API (`core::preflight`).
     Preflight,
+    /// Where the root's state lives, learnt after `init` (`core::state`); never switched off.
+    State,
 }
 
 /// One rule a finding can name: its stable id, severity and title.
@@ -163,7 +165,19 @@ pub const RULES: &[Rule] = &[
     preflight("PVE105", "token may upload snippets"),
     preflight("PVE106", "fixed VM id is free"),
     preflight("PVE107", "token has Sys.Modify on / where needed"),
+    Rule {
+        id: STATE_IN_CHECKOUT,
+        severity: Severity::Error,
+        title: "state kept in the checkout, lost after an apply",
+        source: Source::State,
+    },
 ];
+
+/// The rule of a root whose state is a file in the checkout (a `local` backend, or none): in
+/// a service run the checkout is thrown away, and the state with it. An error there (the plan
+/// status fails, the apply is refused), a warning for `planbot plan`. No disable list turns it
+/// off.
+pub const STATE_IN_CHECKOUT: &str = "STATE001";
 
 /// The rule with this id (exact spelling).
 pub fn rule(id: &str) -> Option<&'static Rule> {
@@ -270,10 +284,11 @@ mod tests {
     #[test]
     fn ids_are_unique_and_in_catalogue_order() {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
-        let expected: Vec<String> = (1..=15)
+        let mut expected: Vec<String> = (1..=15)
             .chain(101..=107)
             .map(|i| format!("PVE{i:03}"))
             .collect();
+        expected.push(STATE_IN_CHECKOUT.to_string());
         assert_eq!(ids, expected);
         assert!(rules_of(Source::Preflight).all(|r| r.id >= "PVE101"));
     }

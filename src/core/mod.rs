@@ -19,6 +19,7 @@ pub mod pve_model;
 pub mod redact;
 pub mod render;
 pub mod repo_config;
+pub mod state;
 pub mod store_tls;
 pub mod summary;
 pub mod templates;

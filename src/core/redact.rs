@@ -29,6 +29,31 @@ const MIN_FRAGMENT_LEN: usize = 8;
 /// them one per line, with other indentation).
 const MIN_LINE_LEN: usize = 8;
 
+/// Parts of an environment variable's name that make its value a secret (compared without
+/// regard to case): `TF_HTTP_PASSWORD`, `PROXMOX_VE_API_TOKEN`, `AWS_SECRET_ACCESS_KEY`,
+/// `TF_VAR_db_passphrase`, `GOOGLE_CREDENTIALS`… A user name, an address or a lock method is
+/// not a secret, and scrubbing it would only blank out words ("planbot", "main") everywhere.
+pub const SECRET_NAME_PARTS: &[&str] = &[
+    "PASS",
+    "TOKEN",
+    "SECRET",
+    "KEY",
+    "CREDENTIAL",
+    "PRIVATE",
+    "AUTH",
+];
+
+/// Variables whose value is a secret although their name does not say so: OpenTofu's
+/// encryption configuration holds the state passphrase.
+pub const SECRET_NAMES: &[&str] = &["TF_ENCRYPTION"];
+
+/// Whether the value of the environment variable `name` is a secret by its name (see
+/// [`SECRET_NAME_PARTS`] and [`SECRET_NAMES`]); an operator lists any other one explicitly.
+pub fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    SECRET_NAMES.contains(&upper.as_str()) || SECRET_NAME_PARTS.iter().any(|p| upper.contains(p))
+}
+
 /// The set of known secret strings.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
@@ -529,6 +554,31 @@ mod tests {
         assert_eq!(&json[1..json.len() - 1], s);
         assert_eq!(text_forms(s), vec![s.to_string()]);
         assert!(text_forms("a~b").len() > 1);
+    }
+
+    #[test]
+    fn secrets_are_told_by_their_name() {
+        for secret in [
+            "TF_HTTP_PASSWORD",
+            "PROXMOX_VE_API_TOKEN",
+            "AWS_SECRET_ACCESS_KEY",
+            "TF_VAR_db_passphrase",
+            "GOOGLE_CREDENTIALS",
+            "TF_ENCRYPTION",
+            "tf_token_gitlab_example_com",
+            "PM_PASS",
+        ] {
+            assert!(is_secret_name(secret), "{secret}");
+        }
+        for plain in [
+            "TF_HTTP_USERNAME",
+            "TF_HTTP_ADDRESS",
+            "TF_HTTP_LOCK_METHOD",
+            "PROXMOX_VE_ENDPOINT",
+            "TF_VAR_vm_name",
+        ] {
+            assert!(!is_secret_name(plain), "{plain}");
+        }
     }
 
     #[test]

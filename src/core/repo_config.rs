@@ -11,6 +11,7 @@
 //! var_files = ["terraform.tfvars"]
 //! workspace = "default"
 //! lint_disable = ["PVE003"]          # lint rules off for this root only
+//! state = { gitlab = "core" }         # the project's GitLab-managed state `core`
 //!
 //! [plan]
 //! checkout = "merge"                 # or "head"
@@ -83,6 +84,19 @@ impl ForkMrs {
     }
 }
 
+/// Where a root's state lives, as `.planbot.toml` says (`roots[i].state`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RootState {
+    /// Not said: the service's `state.default` decides.
+    #[default]
+    Unset,
+    /// `state = "own"`: whatever backend the root's own code configures.
+    Own,
+    /// `state = { gitlab = "NAME" }`: the project's GitLab-managed state `NAME` (the engine's
+    /// `http` backend, set up by planbot).
+    Gitlab(String),
+}
+
 /// One root module planbot plans.
 #[derive(Debug, Clone)]
 pub struct Root {
@@ -99,6 +113,8 @@ pub struct Root {
     pub workspace: String,
     /// Lint rules off for this root (its own `lint_disable` plus the file's `[lint] disable`).
     pub lint_disable: Vec<String>,
+    /// Where its state lives.
+    pub state: RootState,
     matcher: GlobSet,
 }
 
@@ -110,6 +126,7 @@ impl PartialEq for Root {
             && self.var_files == other.var_files
             && self.workspace == other.workspace
             && self.lint_disable == other.lint_disable
+            && self.state == other.state
     }
 }
 
@@ -243,6 +260,8 @@ struct RawRoot {
     workspace: Option<Spanned<String>>,
     #[serde(default)]
     lint_disable: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    state: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -451,6 +470,7 @@ impl RepoConfig {
                 var_files: Vec::new(),
                 workspace: "default".into(),
                 lint_disable: Vec::new(),
+                state: RootState::Unset,
             }],
             plan: PlanSettings::default(),
             policy_sets: Vec::new(),
@@ -674,6 +694,7 @@ fn parse_root(
     let (when_modified, patterns) = root_patterns(i, &r, &dir, problems);
     let var_files = root_var_files(i, &r, &dir, problems);
     let lint_disable = root_lint_disable(i, &r, global_disable, problems);
+    let state = root_state(i, &r, &workspace, problems);
     let matcher = build_matcher(&patterns).unwrap_or_else(|_| GlobSet::empty());
     let root = Root {
         name,
@@ -683,9 +704,58 @@ fn parse_root(
         var_files,
         workspace,
         lint_disable,
+        state,
         matcher,
     };
     (root, dir_ok)
+}
+
+/// `roots[i].state`: `"own"` or `{ gitlab = "NAME" }` (a state name GitLab accepts in a URL:
+/// no `/`, at most 255 characters). GitLab-managed state has no workspaces.
+fn root_state(i: usize, r: &RawRoot, workspace: &str, problems: &mut Problems<'_>) -> RootState {
+    let Some(raw) = &r.state else {
+        return RootState::Unset;
+    };
+    const FORM: &str = "write `state = { gitlab = \"NAME\" }` (the project's GitLab-managed state NAME) or `state = \"own\"` (the backend the root's code configures)";
+    let state = match raw.get_ref() {
+        toml::Value::String(s) if s == "own" => RootState::Own,
+        toml::Value::Table(t) if t.len() == 1 => {
+            match t.get("gitlab") {
+                Some(toml::Value::String(name))
+                    if !name.trim().is_empty()
+                        && name.len() <= 255
+                        && !name.contains('/')
+                        && !name.chars().any(char::is_control) =>
+                {
+                    RootState::Gitlab(name.trim().to_string())
+                }
+                Some(toml::Value::String(name)) => {
+                    problems.at(
+                    raw.span(),
+                    root_key(i, "state"),
+                    format!("`{name}` is not a state name GitLab accepts (1 to 255 characters, no `/`)"),
+                );
+                    return RootState::Unset;
+                }
+                _ => {
+                    problems.at(raw.span(), root_key(i, "state"), FORM);
+                    return RootState::Unset;
+                }
+            }
+        }
+        _ => {
+            problems.at(raw.span(), root_key(i, "state"), FORM);
+            return RootState::Unset;
+        }
+    };
+    if matches!(state, RootState::Gitlab(_)) && workspace != "default" {
+        problems.at(
+            raw.span(),
+            root_key(i, "state"),
+            format!("GitLab-managed state has no workspaces: give workspace `{workspace}` its own state name and leave `workspace` out"),
+        );
+    }
+    state
 }
 
 /// `roots[i].name`: valid and not used by an earlier root.
@@ -924,6 +994,8 @@ struct RootView<'a> {
     patterns: &'a [String],
     var_files: &'a [String],
     lint_disable: &'a [String],
+    /// The GitLab-managed state's name, `own`, or nothing (the service decides).
+    state: Option<&'a str>,
 }
 
 fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
@@ -937,6 +1009,11 @@ fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
             patterns: &r.patterns,
             var_files: &r.var_files,
             lint_disable: &r.lint_disable,
+            state: match &r.state {
+                RootState::Unset => None,
+                RootState::Own => Some("own"),
+                RootState::Gitlab(name) => Some(name),
+            },
         })
         .collect()
 }

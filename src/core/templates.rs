@@ -3,9 +3,17 @@
 //!
 //! A template is named by its path under `templates/` (`comments/help.md.j2`,
 //! `pages/run.html`); `.html` templates are auto-escaped, the others are not.
+//!
+//! Scrubbing touches values, never planbot's words: inside [`scrubbing`], every value a template
+//! prints (`{{ x }}`) passes through the scrubber, while the template's own text is written as
+//! it is. A secret equal to a common word ("plan", "apply") is therefore hidden wherever a value
+//! holds it, and the verdict line, the status descriptions and the notes' wording stay intact.
+//! A value that is itself planbot's rendered (and scrubbed) text is passed as a safe string
+//! (`Value::from_safe_string`) and written unchanged.
 
+use crate::core::redact::Scrubber;
 use crate::core::render::markdown;
-use minijinja::{Environment, Error, State, Template, Value};
+use minijinja::{AutoEscape, Environment, Error, Output, State, Template, Value};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -50,7 +58,9 @@ files![
     ("lint.j2", Blocks),
     ("local_progress.txt.j2", Verbatim),
     ("note.md.j2", Blocks),
+    ("network.txt.j2", Verbatim),
     ("note_phrases.j2", Blocks),
+    ("pages/home.html", Verbatim),
     ("pages/layout.html", Verbatim),
     ("pages/message.html", Verbatim),
     ("pages/not_found.html", Verbatim),
@@ -65,6 +75,7 @@ files![
     ("repo_config_error.md.j2", Blocks),
     ("repo_config_preview.md.j2", Blocks),
     ("sandbox.txt.j2", Verbatim),
+    ("state.txt.j2", Verbatim),
 ];
 
 /// The pages' stylesheet (`templates/pages/pages.css`).
@@ -83,6 +94,7 @@ pub fn file(name: &str) -> Option<&'static str> {
 
 fn build() -> Result<Environment<'static>, Error> {
     let mut env = Environment::new();
+    env.set_formatter(scrubbing_formatter);
     env.add_filter("html", |s: String| markdown::html_escape(&s));
     env.add_filter("code", |s: String| markdown::code_span(&s));
     env.add_filter("cell", |s: String| markdown::table_code(&s));
@@ -98,6 +110,46 @@ fn build() -> Result<Environment<'static>, Error> {
         }
     }
     Ok(env)
+}
+
+thread_local! {
+    /// The scrubber of the render running on this thread, set by [`scrubbing`].
+    static SCRUBBER: RefCell<Option<Scrubber>> = const { RefCell::new(None) };
+}
+
+/// minijinja's own formatter, with every printed value (not the template's text) scrubbed when
+/// a [`scrubbing`] scope is active. Safe strings are planbot's own rendered text: as they are.
+fn scrubbing_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    let scrubbed = SCRUBBER.with(|s| {
+        let s = s.borrow();
+        let scrubber = s.as_ref().filter(|sc| !sc.is_empty() && !value.is_safe())?;
+        let text = value.to_string();
+        let text = scrubber.scrub(&text);
+        Some(match state.auto_escape() {
+            AutoEscape::Html => minijinja::HtmlEscape(&text).to_string(),
+            _ => text.into_owned(),
+        })
+    });
+    match scrubbed {
+        Some(text) => out.write_str(&text).map_err(Error::from),
+        None => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// Run `f` (which renders templates on this thread) with every value the templates print
+/// scrubbed by `scrubber`; the templates' own words are never touched. Scopes nest: the inner
+/// scrubber applies inside, the outer one again after.
+pub fn scrubbing<R>(scrubber: &Scrubber, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Scrubber>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            SCRUBBER.with(|s| *s.borrow_mut() = previous);
+        }
+    }
+    let previous = SCRUBBER.with(|s| s.borrow_mut().replace(scrubber.clone()));
+    let _restore = Restore(previous);
+    f()
 }
 
 static ENV: LazyLock<Result<Environment<'static>, Error>> = LazyLock::new(build);
@@ -184,6 +236,58 @@ mod tests {
     #[test]
     fn every_template_parses_and_evaluates() {
         check().expect("templates check");
+    }
+
+    #[test]
+    fn scrubbing_hides_values_and_never_touches_the_templates_words() {
+        // Secrets that are common words: a password "apply", a passphrase "plan".
+        let mut secrets = crate::core::redact::Secrets::new();
+        secrets.extend(["apply", "plan"]);
+        let scrubber = secrets.scrubber();
+        let verdict = scrubbing(&scrubber, || {
+            text("apply/log.txt.j2", "succeeded", minijinja::context! {})
+        });
+        assert_eq!(verdict, "planbot: apply succeeded");
+        let line = scrubbing(&scrubber, || {
+            text(
+                "apply/log.txt.j2",
+                "planning",
+                minijinja::context! { root => "core", dir => "stacks/plan" },
+            )
+        });
+        assert_eq!(
+            line,
+            "planbot: root `core`: planning `stacks/(sensitive value)`"
+        );
+        // Planbot's own rendered text passed on as a safe string is written as it is.
+        let refused = scrubbing(&scrubber, || {
+            text(
+                "apply/log.txt.j2",
+                "refused",
+                minijinja::context! { why => Value::from_safe_string("the plan changed".into()) },
+            )
+        });
+        assert_eq!(refused, "planbot: apply refused: the plan changed");
+        // Outside a scope nothing is scrubbed; scopes nest and restore.
+        let plain = text(
+            "apply/log.txt.j2",
+            "planning",
+            minijinja::context! { root => "core", dir => "plan" },
+        );
+        assert_eq!(plain, "planbot: root `core`: planning `plan`");
+        let inner = crate::core::redact::Scrubber::none();
+        scrubbing(&scrubber, || {
+            scrubbing(&inner, || assert!(render_plan_dir().ends_with("`plan`")));
+            assert!(render_plan_dir().ends_with("`(sensitive value)`"));
+        });
+    }
+
+    fn render_plan_dir() -> String {
+        text(
+            "apply/log.txt.j2",
+            "planning",
+            minijinja::context! { root => "core", dir => "plan" },
+        )
     }
 
     #[test]

@@ -111,6 +111,18 @@ impl TestService {
         req.send().await.expect("POST /webhooks/gitlab").status()
     }
 
+    /// GitLab's Merge Request Hook of MR `iid` opened (`body`, as the fake builds it), delivered
+    /// with the webhook's secret token; planbot answers 200.
+    pub async fn deliver_mr_opened(&self, body: &[u8], iid: u64) {
+        let status = self
+            .deliver(
+                std::str::from_utf8(body).unwrap(),
+                &token_headers("Merge Request Hook", &format!("open-{iid}"), WEBHOOK_SECRET),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+
     pub async fn get_text(&self, path: &str) -> (reqwest::StatusCode, String) {
         let r = self.http.get(self.url(path)).send().await.expect("GET");
         let s = r.status();

@@ -3,6 +3,7 @@
 
 pub mod fake_proxmox;
 pub mod postgres;
+pub mod throwaway_postgres;
 
 use std::path::PathBuf;
 

@@ -1,9 +1,10 @@
-//! The PostgreSQL server the tests use (`PLANBOT_TEST_POSTGRES_URL`, started by `.ci/run`): one
-//! fresh database per test, and a client to read what the replicas wrote.
+//! The PostgreSQL server the tests use — the one `PLANBOT_TEST_POSTGRES_URL` names, else a
+//! throwaway one this process starts ([`super::throwaway_postgres`]): one fresh database per
+//! test, and a client to read what the replicas wrote.
 
 /// A new, empty database on the test server, as a URL; `None` only when skipping is allowed
-/// and asked for (`PLANBOT_SKIP_POSTGRES_TESTS=1`, never under `CI=true`). Panics otherwise:
-/// a test that needs PostgreSQL never passes without one.
+/// and asked for (`PLANBOT_SKIP_POSTGRES_TESTS=1`, never under `CI=true`). Panics otherwise,
+/// saying what to install: a test that needs PostgreSQL never passes without one.
 pub async fn fresh_database(prefix: &str) -> Option<String> {
     let server = match std::env::var("PLANBOT_TEST_POSTGRES_URL") {
         Ok(u) if !u.is_empty() => u,
@@ -13,7 +14,10 @@ pub async fn fresh_database(prefix: &str) -> Option<String> {
                 eprintln!("{prefix} test NOT RUN: PLANBOT_SKIP_POSTGRES_TESTS=1");
                 return None;
             }
-            panic!("PLANBOT_TEST_POSTGRES_URL is not set: run `bash .ci/run`, or see the README");
+            match super::throwaway_postgres::throwaway() {
+                Ok(t) => t.url.clone(),
+                Err(e) => panic!("{e}"),
+            }
         }
     };
     let name = format!("{prefix}_{:016x}", rand::random::<u64>());

@@ -21,6 +21,7 @@ pub struct EngineBuilder {
     grace: Duration,
     lock_timeout: Duration,
     env: BTreeMap<String, String>,
+    secret_env: Vec<String>,
     plugin_cache_dir: Option<PathBuf>,
     path: Option<OsString>,
     home: Option<OsString>,
@@ -38,6 +39,7 @@ impl EngineBuilder {
             grace: Duration::from_secs(30),
             lock_timeout: Duration::from_secs(5 * 60),
             env: BTreeMap::new(),
+            secret_env: Vec::new(),
             plugin_cache_dir: None,
             path: None,
             home: None,
@@ -79,10 +81,18 @@ impl EngineBuilder {
         self
     }
 
-    /// The configured `engine.env` (secrets: scrubbed from all output). `TF_LOG*` and
-    /// `TF_CLI_ARGS*` are refused (dropped): they leak secrets or change what runs.
+    /// The configured `engine.env`. `TF_LOG*` and `TF_CLI_ARGS*` are refused (dropped): they
+    /// leak secrets or change what runs. A value whose name looks secret (or that
+    /// [`EngineBuilder::secret_env`] names) is scrubbed from all output.
     pub fn env(mut self, env: BTreeMap<String, String>) -> Self {
         self.env = env;
+        self
+    }
+
+    /// More variable names whose values are secrets (`engine.secret_env`), besides those whose
+    /// name says so.
+    pub fn secret_env(mut self, names: Vec<String>) -> Self {
+        self.secret_env = names;
         self
     }
 
@@ -129,6 +139,7 @@ impl EngineBuilder {
                 grace: self.grace,
                 lock_timeout: self.lock_timeout,
                 env,
+                secret_env: self.secret_env,
                 plugin_cache_dir: self.plugin_cache_dir,
                 temp_root: self.temp_root,
                 path,

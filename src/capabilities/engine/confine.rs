@@ -26,6 +26,9 @@ pub enum Namespaces {
     },
 }
 
+/// Where the engine reads its name servers.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
+
 /// The name of the apply's SSH agent socket in its run's private directory.
 const AGENT_SOCKET_NAME: &str = "ssh-agent.sock";
 
@@ -132,6 +135,10 @@ impl SandboxMode {
                     let ports: Vec<String> = connect_ports.iter().map(u16::to_string).collect();
                     text.push_str(&format!(" (TCP ports allowed: {})", ports.join(", ")));
                 }
+                if *profile == SandboxProfile::Strict && matches!(namespaces, Namespaces::On { .. })
+                {
+                    text.push_str("; no UDP (names resolved over TCP)");
+                }
                 match namespaces {
                     Namespaces::On { limits } => text.push_str(&format!(
                         "; {}: only the allow-list mounted, no planbot pids; at most {} tasks, {} open files, files of {}, {} of memory per process",
@@ -227,6 +234,7 @@ impl Engine {
                         Some(path)
                     }
                 },
+                close_udp: *profile == SandboxProfile::Strict,
             }),
             Namespaces::Off { .. } => None,
         };
@@ -248,6 +256,21 @@ impl Engine {
             policy.allow_scratch(&dirs.tmp);
             if let Some(home) = &dirs.home {
                 policy.allow_scratch(home);
+            }
+            if let Some(Isolation {
+                close_udp: true, ..
+            }) = &isolation
+            {
+                // UDP is closed: names are resolved over TCP (Go's resolver and glibc's read
+                // `options use-vc`), from a copy of the host's resolv.conf shown in its place.
+                let copy = dirs.private.join("resolv.conf");
+                let mut text = std::fs::read(RESOLV_CONF).unwrap_or_default();
+                text.extend_from_slice(b"\noptions use-vc\n");
+                if std::fs::write(&copy, text).is_ok() {
+                    policy.allow_read(&copy);
+                    policy.bind(&copy, RESOLV_CONF);
+                    policy.allow_port(53);
+                }
             }
             if let (Some(sock), Some(Isolation { root: Some(_), .. })) = (agent_socket, &isolation)
             {

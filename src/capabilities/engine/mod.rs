@@ -47,6 +47,9 @@ struct Inner {
     grace: Duration,
     lock_timeout: Duration,
     env: BTreeMap<String, String>,
+    /// Names of `env` (and of a request's extra env) whose values are secrets besides those
+    /// whose name says so.
+    secret_env: Vec<String>,
     plugin_cache_dir: Option<PathBuf>,
     temp_root: PathBuf,
     path: OsString,
@@ -76,10 +79,24 @@ impl Engine {
         &self.inner.temp_root
     }
 
-    /// The secrets this runner always knows: the configured env values.
+    /// The secrets this runner always knows: the configured env values that are secrets.
     pub fn secrets(&self) -> Secrets {
         let mut s = Secrets::new();
-        s.extend(self.inner.env.values().cloned());
+        s.extend(self.secret_values(&self.inner.env));
         s
+    }
+
+    /// Whether the value of the environment variable `name` is a secret: its name says so
+    /// (`core::redact::is_secret_name`) or the runner was told ([`EngineBuilder::secret_env`]).
+    pub fn is_secret_env(&self, name: &str) -> bool {
+        crate::core::redact::is_secret_name(name) || self.inner.secret_env.iter().any(|n| n == name)
+    }
+
+    /// The values of `env` that are secrets.
+    pub(crate) fn secret_values(&self, env: &BTreeMap<String, String>) -> Vec<String> {
+        env.iter()
+            .filter(|(k, _)| self.is_secret_env(k))
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 }

@@ -11,7 +11,8 @@ use super::run_dir::{private_run_dir, RunDirs};
 use super::Engine;
 use crate::core::plan::{Plan, PlanParseError};
 use crate::core::redact::Secrets;
-use std::collections::HashMap;
+use crate::core::state::Backend;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
@@ -29,7 +30,8 @@ impl Engine {
         let place = request::place(dir, req)?;
 
         let mut secrets = self.secrets();
-        secrets.extend(req.extra_env.values().cloned());
+        secrets.extend(self.secret_values(&req.extra_env));
+        secrets.extend(req.init_env.values().cloned());
         secrets.extend(req.extra_secrets.iter().cloned());
         let version = self.version().await?;
         let (encryption, enc_text) =
@@ -45,6 +47,13 @@ impl Engine {
         let dirs = RunDirs::create(private.path(), &self.inner.cli_config)
             .map_err(|e| EngineError::Io(format!("private run dir: {e}")))?;
         dirs.set_env(&mut env);
+        // `init` alone gets the module credentials.
+        let mut init_env = env.clone();
+        for (k, v) in &req.init_env {
+            if !super::env::forbidden_env_key(k) {
+                init_env.insert(k.clone(), v.into());
+            }
+        }
         let confinement = self.confinement(Some((&place.worktree, &dirs)));
         if let Some(c) = &confinement {
             c.set_env(&mut env);
@@ -55,6 +64,7 @@ impl Engine {
         let mut steps = PlanSteps {
             engine: self,
             req,
+            init_env: &init_env,
             call: StepCall {
                 dir: &place.dir,
                 env: &env,
@@ -67,6 +77,12 @@ impl Engine {
             log: RawLog::default(),
         };
         steps.init().await?;
+        // What `init` configured: its backend (none at all is the local one).
+        let backend = Backend::after_init(
+            std::fs::read(place.dir.join(".terraform").join("terraform.tfstate"))
+                .ok()
+                .as_deref(),
+        );
         steps.plan(&mut secrets).await?;
         let (plan, plan_json) = steps.show().await?;
         let log = steps.log;
@@ -86,6 +102,7 @@ impl Engine {
             plan_file,
             private,
             lock_file,
+            backend,
             version,
             encryption,
             secrets,
@@ -100,6 +117,8 @@ impl Engine {
 struct PlanSteps<'a> {
     engine: &'a Engine,
     req: &'a PlanRequest,
+    /// The environment of `init`: the run's, plus the request's `init_env`.
+    init_env: &'a BTreeMap<String, OsString>,
     call: StepCall<'a>,
     plan_file: &'a Path,
     log: RawLog,
@@ -113,6 +132,17 @@ impl PlanSteps<'_> {
         args: Vec<OsString>,
         capture: Capture,
     ) -> Result<StepOutput, StepError> {
+        let init_call;
+        let call = if step == Step::Init {
+            init_call = StepCall {
+                env: self.init_env,
+                cancel: self.call.cancel.clone(),
+                ..self.call
+            };
+            &init_call
+        } else {
+            &self.call
+        };
         let tell = |took| {
             if let Some(p) = &self.req.progress {
                 let _ = p.send(StepProgress { step, took });
@@ -122,7 +152,7 @@ impl PlanSteps<'_> {
         tell(None);
         let out = self
             .engine
-            .run_step(step, &args, capture, &self.call, &mut |_| {})
+            .run_step(step, &args, capture, call, &mut |_| {})
             .await;
         tell(Some(started.elapsed()));
         out
@@ -139,7 +169,11 @@ impl PlanSteps<'_> {
             }
             None => None,
         };
-        let args = vec!["init".into(), "-input=false".into(), "-no-color".into()];
+        let mut args: Vec<OsString> =
+            vec!["init".into(), "-input=false".into(), "-no-color".into()];
+        if self.req.no_lock {
+            args.push("-lock=false".into());
+        }
         match self.run(Step::Init, args, Capture::Log).await {
             Ok(o) => {
                 self.log.append(o.log);
@@ -197,16 +231,19 @@ impl PlanSteps<'_> {
     }
 
     fn plan_args(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec![
-            "plan".into(),
-            "-input=false".into(),
-            "-no-color".into(),
-            format!(
-                "-lock-timeout={}s",
-                self.engine.inner.lock_timeout.as_secs()
-            )
-            .into(),
-        ];
+        let mut args: Vec<OsString> =
+            vec!["plan".into(), "-input=false".into(), "-no-color".into()];
+        if self.req.no_lock {
+            args.push("-lock=false".into());
+        } else {
+            args.push(
+                format!(
+                    "-lock-timeout={}s",
+                    self.engine.inner.lock_timeout.as_secs()
+                )
+                .into(),
+            );
+        }
         let mut out_arg = OsString::from("-out=");
         out_arg.push(self.plan_file);
         args.push(out_arg);

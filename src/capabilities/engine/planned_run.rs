@@ -16,6 +16,7 @@ use super::Engine;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::Plan;
 use crate::core::redact::{Scrubber, Secrets};
+use crate::core::state::Backend;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
@@ -36,6 +37,7 @@ pub struct PlannedRun {
     pub(super) plan_file: PathBuf,
     pub(super) private: tempfile::TempDir,
     pub(super) lock_file: Option<Vec<u8>>,
+    pub(super) backend: Backend,
     pub(super) version: EngineVersion,
     pub(super) encryption: PlanEncryption,
     pub(super) secrets: Secrets,
@@ -110,6 +112,11 @@ impl PlannedRun {
     /// The plan's fingerprint, bound to the provider lock file.
     pub fn fingerprint(&self, key: &[u8]) -> Fingerprint {
         Fingerprint::of_with_lock(&self.plan, key, self.lock_file.as_deref())
+    }
+
+    /// The backend `init` configured: where the state lives (a local one is in the checkout).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// The (canonical) root directory that was planned; an apply runs there.

@@ -56,10 +56,17 @@ pub struct PlanRequest {
     pub vars: Vec<(String, String)>,
     /// Selected with `TF_WORKSPACE` (letters, digits, `-`, `_`).
     pub workspace: Option<String>,
-    /// Extra environment for this run only (secrets: scrubbed from all output).
+    /// Extra environment for this run only (a value whose name looks secret, or that the
+    /// runner's `secret_env` names, is scrubbed from all output).
     pub extra_env: BTreeMap<String, String>,
     /// Further secret strings to scrub from all output (tokens the caller knows).
     pub extra_secrets: Vec<String>,
+    /// Environment for `init` only (module credentials): every value is a secret, and the
+    /// plan and show steps, which run the root's code, never get it.
+    pub init_env: BTreeMap<String, String>,
+    /// `-lock=false` for `init` and `plan`: the run only reads the state (an MR's plan). Its
+    /// apply, if any, still locks.
+    pub no_lock: bool,
     /// The checkout the root lives in: the sandbox lets the engine write there, and a root
     /// directory or var file that resolves outside it (a symbolic link) is refused. `None`:
     /// the root directory itself.
@@ -159,7 +166,7 @@ fn validate_request(req: &PlanRequest) -> Result<(), EngineError> {
             )));
         }
     }
-    for k in req.extra_env.keys() {
+    for k in req.extra_env.keys().chain(req.init_env.keys()) {
         if forbidden_env_key(k) {
             return Err(EngineError::InvalidRequest(format!(
                 "environment variable {k} is never passed to the engine"

@@ -18,7 +18,6 @@ use budget::{Unit, UnitState};
 use diff::{Differ, Node, Phrases};
 use serde::Serialize;
 use serde_json::Value;
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -77,14 +76,23 @@ pub struct NoteContext {
     /// The engine's (already redacted) error output for roots whose plan is `errored`, by root
     /// name: shown in a fenced block above the partial changes.
     pub plan_errors: BTreeMap<String, String>,
+    /// What an operator should know about a root's failure, by root name (the engine's sandbox
+    /// refused a connection, with the setting that allows it): shown under its error.
+    pub hints: BTreeMap<String, String>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
     pub local_run: bool,
 }
 
-/// Render the whole MR note; every text in it has passed through `scrubber`.
+/// Render the whole MR note; every value in it has passed through `scrubber` (the template's
+/// own words never do, see `core::templates::scrubbing`).
 pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scrubber) -> String {
+    crate::core::templates::scrubbing(scrubber, || render_scrubbed(ctx, roots))
+}
+
+/// [`render_note`] inside its scrubbing scope.
+fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
     let budget = if ctx.budget == 0 {
         NOTE_BUDGET
     } else {
@@ -141,11 +149,7 @@ pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scru
         target = target.saturating_sub(over + over / 4 + 64);
         units = collect_units(&view);
     }
-    // The text itself when it holds no secret (no copy of a note that may be 500 KB).
-    let mut out = match scrubber.scrub(&text) {
-        Cow::Borrowed(_) => text,
-        Cow::Owned(scrubbed) => scrubbed,
-    };
+    let mut out = text;
     out.insert(0, '\n');
     out.insert_str(0, NOTE_MARKER);
     out
@@ -306,6 +310,8 @@ struct DetailView {
     errored: bool,
     error: Option<String>,
     fence: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<String>,
     no_changes: bool,
     /// Given to the template as `resources_seq` (see [`render_view`]).
     #[serde(skip)]
@@ -348,6 +354,7 @@ impl DetailView {
             errored: false,
             error: None,
             fence: String::new(),
+            hint: None,
             no_changes: false,
             resources: Vec::new(),
             resources_seq: minijinja::Value::UNDEFINED,
@@ -746,6 +753,7 @@ fn root_views<'r>(
 ) -> (RowView, DetailView) {
     let mut row = RowView::planned(&root.name);
     let mut detail = DetailView::planned(&root.name);
+    detail.hint = ctx.hints.get(&root.name).cloned();
     match &root.outcome {
         RootOutcome::Skipped { reason } => {
             row.status = "skipped";

@@ -29,7 +29,10 @@ pub async fn handler(
         .map(str::to_string)
         .filter(|t| !t.is_empty())
     else {
-        let line = Verdict::Refused(ApplyRefusal::InvalidJobToken.to_string()).last_line();
+        let why = crate::core::templates::scrubbing(&app.scrubber, || {
+            ApplyRefusal::InvalidJobToken.to_string()
+        });
+        let line = Verdict::Refused(why).last_line();
         return (
             axum::http::StatusCode::UNAUTHORIZED,
             plain,
@@ -43,8 +46,12 @@ pub async fn handler(
         match serde_json::from_slice(&body) {
             Ok(b) => b,
             Err(e) => {
-                let line = Verdict::Refused(say("bad_body", context! { error => e.to_string() }))
-                    .last_line();
+                let why = say(
+                    &app.scrubber,
+                    "bad_body",
+                    context! { error => e.to_string() },
+                );
+                let line = Verdict::Refused(why).last_line();
                 return (
                     axum::http::StatusCode::BAD_REQUEST,
                     plain,

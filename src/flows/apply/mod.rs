@@ -51,7 +51,9 @@ pub struct ApplyBody {
     pub roots: Vec<String>,
 }
 
-/// The job log: every line is scrubbed before it leaves the process.
+/// The job log. The engine's lines (and any other text from outside planbot) are scrubbed
+/// whole; planbot's own lines ([`JobLog::say`], the verdict) are rendered with their values
+/// scrubbed and their words intact, so no secret can alter `planbot: apply succeeded`.
 #[derive(Clone)]
 pub struct JobLog {
     tx: mpsc::UnboundedSender<String>,
@@ -70,14 +72,34 @@ impl JobLog {
         )
     }
 
+    /// Lines from outside planbot (the engine's output, its error report): scrubbed whole.
     pub fn line(&self, text: impl AsRef<str>) {
         for l in text.as_ref().lines() {
             let _ = self.tx.send(format!("{}\n", self.scrubber.scrub(l)));
         }
     }
+
+    /// One of planbot's own lines (`templates/apply/log.txt.j2`), its values scrubbed.
+    pub fn say(&self, kind: &str, ctx: minijinja::Value) {
+        self.planbot_text(&crate::core::templates::scrubbing(&self.scrubber, || {
+            log_text(kind, ctx)
+        }));
+    }
+
+    /// The verdict, the log's last line: its reason was scrubbed when it was written.
+    pub fn verdict(&self, verdict: &Verdict) {
+        self.planbot_text(&verdict.last_line());
+    }
+
+    fn planbot_text(&self, text: &str) {
+        for l in text.lines() {
+            let _ = self.tx.send(format!("{l}\n"));
+        }
+    }
 }
 
-/// How the whole request ended: the job log's last line.
+/// How the whole request ended: the job log's last line. A reason is planbot's text with its
+/// values already scrubbed (see [`say`]), or an error already scrubbed whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Succeeded,
@@ -87,22 +109,27 @@ pub enum Verdict {
 
 impl Verdict {
     pub fn last_line(&self) -> String {
+        let safe = |why: &str| minijinja::Value::from_safe_string(why.to_string());
         match self {
             Verdict::Succeeded => log_text("succeeded", context! {}),
-            Verdict::Refused(why) => log_text("refused", context! { why }),
-            Verdict::Failed(why) => log_text("failed", context! { why }),
+            Verdict::Refused(why) => log_text("refused", context! { why => safe(why) }),
+            Verdict::Failed(why) => log_text("failed", context! { why => safe(why) }),
         }
     }
 }
 
-/// One line of the CI job's log (`templates/apply/log.txt.j2`).
+/// One line of the CI job's log (`templates/apply/log.txt.j2`), exactly as the template writes
+/// it (see [`JobLog::say`] for the scrubbed one).
 fn log_text(kind: &str, ctx: minijinja::Value) -> String {
     crate::core::templates::text("apply/log.txt.j2", kind, ctx)
 }
 
-/// One short text of the apply (`templates/apply/status.txt.j2`).
-fn say(kind: &str, ctx: minijinja::Value) -> String {
-    crate::core::templates::text("apply/status.txt.j2", kind, ctx)
+/// One short text of the apply (`templates/apply/status.txt.j2`), its values scrubbed with
+/// `scrubber` and its words intact.
+fn say(scrubber: &Scrubber, kind: &str, ctx: minijinja::Value) -> String {
+    crate::core::templates::scrubbing(scrubber, || {
+        crate::core::templates::text("apply/status.txt.j2", kind, ctx)
+    })
 }
 
 /// Run one apply request to its verdict, writing progress to `log` (the verdict last).
@@ -113,7 +140,7 @@ pub async fn run(app: Arc<App>, job_token: String, body: ApplyBody, log: JobLog)
         Err(e) => Verdict::Failed(app.scrubber.scrub(&format!("{e:#}")).into_owned()),
     };
     job.log_verdict(&verdict);
-    log.line(verdict.last_line());
+    log.verdict(&verdict);
     verdict
 }
 
@@ -149,9 +176,15 @@ impl JobSeen {
     }
 }
 
+/// The refusal's hint in the log, and its verdict (its values scrubbed, its words intact).
 fn refuse(log: &JobLog, r: &ApplyRefusal) -> Verdict {
-    log.line(log_text("hint", context! { hint => r.hint() }));
-    Verdict::Refused(r.to_string())
+    let (why, hint) =
+        crate::core::templates::scrubbing(&log.scrubber, || (r.to_string(), r.hint()));
+    log.say(
+        "hint",
+        context! { hint => minijinja::Value::from_safe_string(hint) },
+    );
+    Verdict::Refused(why)
 }
 
 /// The stages in order; each returns early with its verdict when the apply ends there.
@@ -195,6 +228,7 @@ async fn verify_and_apply(
         .collect();
     if roots.is_empty() {
         return Ok(Verdict::Refused(say(
+            &app.scrubber,
             "no_root_matches",
             context! { roots => format!("{:?}", body.roots) },
         )));
@@ -222,7 +256,7 @@ async fn verify_and_apply(
     let project_lock = match app.store.try_lock_project(job.project.id).await? {
         Some(lock) => lock,
         None => {
-            log.line(log_text("project_waiting", context! {}));
+            log.say("project_waiting", context! {});
             app.store.lock_project(job.project.id).await?
         }
     };
@@ -286,6 +320,7 @@ async fn checkout(
         Ok(c) => c,
         Err(e) => {
             return Ok(Err(Verdict::Failed(say(
+                &app.scrubber,
                 "invalid_config",
                 context! { branch => default_branch, error => e.to_string() },
             ))))
@@ -313,11 +348,18 @@ impl ApplyCtx {
         self.mr.as_ref().map(|m| m.iid)
     }
 
+    /// One short text of the apply, its values scrubbed (see [`say`]).
+    fn say(&self, kind: &str, ctx: minijinja::Value) -> String {
+        say(&self.app.scrubber, kind, ctx)
+    }
+
+    /// The `planbot/apply` status; `description` is planbot's text whose values were scrubbed
+    /// when it was rendered ([`ApplyCtx::say`]), or a scrubbed error.
     async fn status(&self, state: StatusState, description: &str) {
         let status = CommitStatus {
             state,
             name: APPLY_STATUS.into(),
-            description: Some(self.app.scrubber.scrub(description).into_owned()),
+            description: Some(description.to_string()),
             target_url: None,
             ref_: Some(self.branch.clone()),
             pipeline_id: self.pipeline_id,

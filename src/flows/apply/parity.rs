@@ -4,10 +4,11 @@
 //! and shows what changed.
 
 use super::run::first_error_line;
-use super::{log_text, refuse, say, ApplyCtx, JobLog, Verdict};
+use super::{refuse, ApplyCtx, JobLog, Verdict};
 use crate::capabilities::engine::{PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::{ApplyId, ApplyState, NewRun, RunKind, RunState};
+use crate::capabilities::workspace::RootFiles;
 use crate::core::apply::{parity, ApplyRefusal, Parity};
 use crate::core::apply_note::{render_plan_changed, PlanChangedNote};
 use crate::core::fingerprint::Fingerprint;
@@ -16,7 +17,9 @@ use crate::core::plan::{ActionKind, Plan};
 use crate::core::plan_digest::{delta, PlanDigest};
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
 use crate::core::repo_config::Root;
+use crate::core::state::{self, Backend, HeldLock};
 use crate::core::summary::Summary;
+use crate::flows::confinement::credentials::{self, Use};
 use crate::flows::service::app::Trust;
 use crate::flows::service::cpu::cpu_bound;
 use crate::flows::service::locks::RootGuard;
@@ -49,7 +52,14 @@ pub(super) async fn plan_and_decide(
     confirm: Option<&str>,
     log: &JobLog,
 ) -> Result<Result<Vec<Decided>, Verdict>> {
-    let app = &ctx.app;
+    // 0. A root whose state would be written into this throwaway checkout is refused before
+    //    any engine runs.
+    if let Some(refusal) = roots
+        .iter()
+        .find_map(|r| ctx.state_in_checkout(r, checkout))
+    {
+        return Ok(Err(refuse_apply(ctx, apply_id, &[], refusal, log).await?));
+    }
     // 1. Plan every root (each under its lock) and decide; nothing is applied unless every
     //    root with changes is the reviewed plan: a half-applied main helps nobody.
     let mut decided: Vec<Decided> = Vec::new();
@@ -65,43 +75,113 @@ pub(super) async fn plan_and_decide(
         }
     }
     if let Some(refusal) = decided.iter().find_map(|d| d.refusal.clone()) {
-        for d in &decided {
-            ctx.end_run(
-                d.run,
-                RunState::Refused,
-                &say("refused", context! {}),
-                &d.plan_log,
-            )
-            .await;
-        }
-        let verdict = refuse(log, &refusal);
-        app.store
-            .finish_apply(apply_id, ApplyState::Refused, Some(refusal.to_string()))
-            .await?;
-        // `failed`: the job did not apply. A retried job's `running` then starts a new status
-        // (GitLab updates only a pending/running one), so the commit shows the retry's outcome.
-        ctx.status(
-            StatusState::Failed,
-            &say(
-                "refused_because",
-                context! { refusal => refusal.to_string() },
-            ),
-        )
-        .await;
-        return Ok(Err(verdict));
+        return Ok(Err(
+            refuse_apply(ctx, apply_id, &decided, refusal, log).await?
+        ));
     }
 
     Ok(Ok(decided))
 }
 
+/// End the apply refused: its runs, the job log's hint and verdict, the stored apply and the
+/// `planbot/apply` status.
+async fn refuse_apply(
+    ctx: &ApplyCtx,
+    apply_id: ApplyId,
+    decided: &[Decided],
+    refusal: ApplyRefusal,
+    log: &JobLog,
+) -> Result<Verdict> {
+    for d in decided {
+        ctx.end_run(
+            d.run,
+            RunState::Refused,
+            &ctx.say("refused", context! {}),
+            &d.plan_log,
+        )
+        .await;
+    }
+    let verdict = refuse(log, &refusal);
+    let Verdict::Refused(why) = &verdict else {
+        unreachable!("refuse gives a refusal")
+    };
+    ctx.app
+        .store
+        .finish_apply(apply_id, ApplyState::Refused, Some(why.clone()))
+        .await?;
+    // `failed`: the job did not apply. A retried job's `running` then starts a new status
+    // (GitLab updates only a pending/running one), so the commit shows the retry's outcome.
+    ctx.status(
+        StatusState::Failed,
+        &ctx.say(
+            "refused_because",
+            context! { refusal => minijinja::Value::from_safe_string(why.clone()) },
+        ),
+    )
+    .await;
+    Ok(verdict)
+}
+
 impl ApplyCtx {
+    /// The refusal of a root whose state is a file in the checkout, as its files declare it
+    /// (read before any engine runs; a root with GitLab-managed state never is one). `None`
+    /// also when the files cannot be read as HCL: then `init` tells ([`Self::plan_root`]).
+    fn state_in_checkout(&self, root: &Root, checkout: &Path) -> Option<ApplyRefusal> {
+        if state::gitlab_state_name(root, self.app.config.state.default).is_some() {
+            return None;
+        }
+        let files = RootFiles::open(checkout, &root.dir)
+            .and_then(|f| f.config_files())
+            .ok()?;
+        Backend::declared(&files)
+            .filter(Backend::is_local)
+            .map(|_| ApplyRefusal::StateInCheckout {
+                root: root.name.clone(),
+            })
+    }
+
+    /// When the engine's sandbox refused what a run needed: why, and the setting that allows
+    /// it, in the job log and planbot's log.
+    pub(super) fn explain_denial(&self, report: &str) {
+        if let Some(hint) =
+            crate::flows::confinement::network::explain(&self.app.config, Use::Apply, report)
+        {
+            tracing::warn!(project = self.project.0, explanation = %hint, "the engine's sandbox refused what an apply needed");
+            self.log.say(
+                "hint",
+                context! { hint => minijinja::Value::from_safe_string(hint) },
+            );
+        }
+    }
+
+    /// `lock` with who holds it and since when, from GitLab for GitLab-managed state (the
+    /// engine's `http` backend names only the lock's ID); as it is when GitLab cannot tell.
+    async fn who_holds(&self, root: &Root, lock: HeldLock) -> HeldLock {
+        let Some(name) = state::gitlab_state_name(root, self.app.config.state.default) else {
+            return lock;
+        };
+        match self
+            .app
+            .gitlab
+            .terraform_state_lock(&self.project_path, &name)
+            .await
+        {
+            Ok(Some(held)) => lock.held_by(&held.username, &held.locked_at),
+            Ok(None) => lock,
+            Err(e) => {
+                self.app.metrics.gitlab_error("terraform_state_lock");
+                tracing::warn!(error = %e, "could not ask GitLab who holds a state lock");
+                lock
+            }
+        }
+    }
+
     /// The root's lock, saying so in the job log when a plan or apply of it holds it.
     async fn lock_root(&self, root: &Root) -> RootGuard {
         match self.app.root_locks.try_lock(self.project, &root.name) {
             Some(g) => g,
             None => {
-                self.log
-                    .line(log_text("waiting", context! { root => &root.name }));
+                self.log.say("waiting", context! { root => &root.name });
                 self.app.root_locks.lock(self.project, &root.name).await
             }
         }
@@ -115,19 +195,37 @@ impl ApplyCtx {
         checkout: &Path,
         run: crate::core::ids::RunId,
     ) -> Result<PlannedRun, String> {
-        self.log.line(log_text(
+        self.log.say(
             "planning",
             context! { root => &root.name, dir => &root.dir },
-        ));
+        );
         let engine = self
             .app
             .engine(Trust::DefaultBranch)
             .map_err(|e| format!("{e:#}"))?;
+        let extra_env = match credentials::managed_state_env(
+            &self.app.config,
+            self.project,
+            checkout,
+            root,
+            Use::Apply,
+        ) {
+            Ok(env) => env.unwrap_or_default(),
+            Err(why) => {
+                self.end_run(run, RunState::Failed, &why, "").await;
+                return Err(self.say(
+                    "root_plan_failed",
+                    context! { root => &root.name, error => why },
+                ));
+            }
+        };
         let request = PlanRequest {
             var_files: root.var_files.iter().map(Into::into).collect(),
             workspace: Some(root.workspace.clone()).filter(|w| !w.is_empty() && w != "default"),
             extra_secrets: self.app.config.secrets(),
             worktree: Some(checkout.to_path_buf()),
+            extra_env,
+            init_env: credentials::module_env(&self.app.config, Use::Apply),
             ..PlanRequest::default()
         };
         match engine.plan(&checkout.join(&root.dir), &request).await {
@@ -137,14 +235,44 @@ impl ApplyCtx {
                 self.end_run(
                     run,
                     RunState::Failed,
-                    &say("plan_failed", context! {}),
+                    &self.say("plan_failed", context! {}),
                     &report,
                 )
                 .await;
                 self.log.line(&report);
-                Err(say(
+                self.explain_denial(&report);
+                let error = match HeldLock::from_engine_output(&report) {
+                    // Someone else holds the state's lock: who, since when, and how to free it.
+                    Some(lock) => {
+                        let lock = self.who_holds(root, lock).await;
+                        let waited =
+                            humantime::format_duration(self.app.config.engine.lock_timeout);
+                        let state = |kind| {
+                            crate::core::templates::scrubbing(&self.app.scrubber, || {
+                                crate::core::templates::text(
+                                    "state.txt.j2",
+                                    kind,
+                                    context! {
+                                        root => &root.name,
+                                        who => &lock.who,
+                                        created => &lock.created,
+                                        id => &lock.id,
+                                        waited => waited.to_string(),
+                                    },
+                                )
+                            })
+                        };
+                        self.log.say(
+                            "hint",
+                            context! { hint => minijinja::Value::from_safe_string(state("locked_hint")) },
+                        );
+                        minijinja::Value::from_safe_string(state("locked"))
+                    }
+                    None => minijinja::Value::from(first_error_line(self, &report)),
+                };
+                Err(self.say(
                     "root_plan_failed",
-                    context! { root => &root.name, error => first_error_line(&report) },
+                    context! { root => &root.name, error => error },
                 ))
             }
         }
@@ -176,29 +304,46 @@ impl ApplyCtx {
             .await
             .map_err(|e| format!("recording the run: {e:#}"))?;
         let planned = self.plan_fresh(root, checkout, run).await?;
+        if planned.backend().is_local() {
+            // What the files did not tell, `init` did: the state would be lost. Nothing applies.
+            return Ok(Decided {
+                root: root.name.clone(),
+                run,
+                fingerprint: planned
+                    .fingerprint(self.app.config.fingerprint_key.expose().as_bytes()),
+                summary: Summary::of(planned.plan()),
+                plan_log: planned.log().to_string(),
+                planned: None,
+                guard: None,
+                refusal: Some(ApplyRefusal::StateInCheckout {
+                    root: root.name.clone(),
+                }),
+                error: None,
+            });
+        }
         let key_bytes = self.app.config.fingerprint_key.expose().as_bytes();
         let fingerprint = cpu_bound(|| planned.fingerprint(key_bytes));
         let plan = planned.plan();
         let summary = Summary::of(plan);
         let has_changes = plan_has_changes(plan);
-        self.log.line(log_text(
+        self.log.say(
             "planned",
             context! {
                 root => &root.name,
                 summary => summary.one_line(),
                 fingerprint => fingerprint.short(),
             },
-        ));
+        );
         if plan.errored {
             let report = planned.log().to_string();
             self.end_run(
                 run,
                 RunState::Failed,
-                &say("plan_errored", context! {}),
+                &self.say("plan_errored", context! {}),
                 &report,
             )
             .await;
-            return Err(say("root_plan_errored", context! { root => &root.name }));
+            return Err(self.say("root_plan_errored", context! { root => &root.name }));
         }
         let reviewed = match &self.mr {
             Some(m) => self
@@ -262,21 +407,20 @@ impl ApplyCtx {
     /// Say in the job log why this root may be applied: confirmed by fingerprint, or the plan
     /// reviewed on the MR.
     fn say_why_applied(&self, root: &Root, confirmed: bool, fingerprint: &Fingerprint) {
-        let line = if confirmed {
-            log_text(
+        if confirmed {
+            self.log.say(
                 "confirmed",
                 context! { root => &root.name, fingerprint => fingerprint.short() },
-            )
+            );
         } else {
-            log_text(
+            self.log.say(
                 "reviewed",
                 context! {
                     root => &root.name,
                     mr => self.mr_iid().map(|m| m.0).unwrap_or_default(),
                 },
-            )
-        };
-        self.log.line(line);
+            );
+        }
     }
 
     /// The Proxmox preflight with the apply credentials, just before applying: an error
@@ -290,10 +434,10 @@ impl ApplyCtx {
         match crate::flows::review::preflight::before_apply(endpoint, plan).await {
             Ok(findings) => {
                 for f in findings {
-                    self.log.line(log_text(
+                    self.log.say(
                         "finding",
                         context! { rule => f.rule, address => &f.address, message => &f.message },
-                    ));
+                    );
                 }
                 None
             }
@@ -306,21 +450,20 @@ impl ApplyCtx {
 
     /// Show the fresh plan in the job log (for a direct push, this is the only review).
     fn print_plan(&self, planned: &PlannedRun, root: &Root) {
-        self.log
-            .line(log_text("plan_is", context! { root => &root.name }));
+        self.log.say("plan_is", context! { root => &root.name });
         for rc in planned
             .plan()
             .managed_changes()
             .filter(|rc| rc.has_change())
         {
-            self.log.line(log_text(
+            self.log.say(
                 "change",
                 context! {
                     symbol => rc.kind().symbol(),
                     address => rc.display_address(),
                     verb => rc.kind().verb(),
                 },
-            ));
+            );
         }
     }
 
@@ -344,6 +487,7 @@ impl ApplyCtx {
         let d = reviewed_digest
             .map(|r| delta(&r, &fresh_digest))
             .unwrap_or_default();
+        // The run's secrets: the config's (given to the run) and the plan's own.
         let scrubber = planned.scrubber();
         let findings = cpu_bound(|| crate::core::lint::lint(planned.plan(), &root.lint_disable));
         let new_plan = cpu_bound(|| {
@@ -378,7 +522,6 @@ impl ApplyCtx {
             },
             scrubber,
         );
-        let body = self.app.scrubber.scrub(&body).into_owned();
         if let Err(e) = self
             .app
             .gitlab

@@ -24,10 +24,10 @@ impl ApplyCtx {
             .iter()
             .map(|d| RootResult {
                 name: d.root.clone(),
-                text: say("not_applied", context! {}),
+                text: self.say("not_applied", context! {}),
             })
             .collect();
-        let canceled = say("other_root_failed", context! {});
+        let canceled = self.say("other_root_failed", context! {});
         for d in decided {
             self.end_run(d.run, RunState::Canceled, &canceled, &d.plan_log)
                 .await;
@@ -48,7 +48,7 @@ impl ApplyCtx {
         let (state, outcome) = match verdict {
             Verdict::Succeeded
                 if decided.iter().all(|d| d.summary.is_empty())
-                    && results.iter().all(|r| r.text == no_changes()) =>
+                    && results.iter().all(|r| r.text == no_changes(self)) =>
             {
                 (ApplyState::Succeeded, ApplyOutcome::Nothing)
             }
@@ -57,18 +57,19 @@ impl ApplyCtx {
         };
         let detail = match verdict {
             Verdict::Succeeded => None,
-            Verdict::Refused(w) | Verdict::Failed(w) => {
-                Some(self.app.scrubber.scrub(w).into_owned())
-            }
+            Verdict::Refused(w) | Verdict::Failed(w) => Some(w.clone()),
         };
         if let Err(e) = self.app.store.finish_apply(apply_id, state, detail).await {
             tracing::error!(error = %e, "could not record the end of the apply");
         }
-        let nothing = no_changes();
+        let nothing = no_changes(self);
         let summary = results
             .iter()
             .filter(|r| r.text != nothing)
-            .map(|r| say("root_line", context! { root => &r.name, text => &r.text }))
+            .map(|r| {
+                let text = minijinja::Value::from_safe_string(r.text.clone());
+                self.say("root_line", context! { root => &r.name, text => text })
+            })
             .collect::<Vec<_>>()
             .join("; ");
         let run_id = decided.first().map(|d| d.run);
@@ -112,7 +113,10 @@ impl ApplyCtx {
                 if summary.is_empty() {
                     nothing.clone()
                 } else {
-                    say("applied_roots", context! { summary => &summary })
+                    self.say(
+                        "applied_roots",
+                        context! { summary => minijinja::Value::from_safe_string(summary.clone()) },
+                    )
                 },
             ),
             Verdict::Refused(w) | Verdict::Failed(w) => (StatusState::Failed, w.clone()),
@@ -131,26 +135,28 @@ impl ApplyCtx {
         run_url: Option<String>,
         run_id: Option<crate::core::ids::RunId>,
     ) {
+        // The issue's words as written, its values scrubbed.
         let issue = |kind| {
-            crate::core::templates::text(
-                "apply/failure_issue.md.j2",
-                kind,
-                context! {
-                    short_sha => self.sha.short(),
-                    job_name => &self.app.config.apply.job_name,
-                    job_id => self.job_id,
-                    sha => &self.sha,
-                    mr => self.mr_iid(),
-                    error => scrubbed_error.unwrap_or(""),
-                    run => run_url
-                        .clone()
-                        .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),
-                },
-            )
+            crate::core::templates::scrubbing(&self.app.scrubber, || {
+                crate::core::templates::text(
+                    "apply/failure_issue.md.j2",
+                    kind,
+                    context! {
+                        short_sha => self.sha.short(),
+                        job_name => &self.app.config.apply.job_name,
+                        job_id => self.job_id,
+                        sha => &self.sha,
+                        mr => self.mr_iid(),
+                        error => scrubbed_error.unwrap_or(""),
+                        run => run_url
+                            .clone()
+                            .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),
+                    },
+                )
+            })
         };
         let title = issue("title");
         let description = issue("body");
-        let description = self.app.scrubber.scrub(&description).into_owned();
         if let Err(e) = self
             .app
             .gitlab
@@ -165,14 +171,18 @@ impl ApplyCtx {
 
 /// At start-up: an apply a crash left `running` is reported as interrupted, never re-run.
 pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
-    let text = say("interrupted", context! { roots => &record.roots });
+    let text = say(
+        &app.scrubber,
+        "interrupted",
+        context! { roots => &record.roots },
+    );
     if let Some(mr) = record.mr {
         let roots: Vec<RootResult> = record
             .roots
             .iter()
             .map(|r| RootResult {
                 name: r.clone(),
-                text: say("root_interrupted", context! {}),
+                text: say(&app.scrubber, "root_interrupted", context! {}),
             })
             .collect();
         let body = render_result(

@@ -2,12 +2,11 @@
 //! order, each under the lock its plan was made under, streaming the engine's output to the job.
 
 use super::parity::Decided;
-use super::{log_text, say, ApplyCtx, JobLog, Verdict};
+use super::{ApplyCtx, JobLog, Verdict};
 use crate::capabilities::engine::{EngineError, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::RunState;
 use crate::core::apply_note::RootResult;
-use crate::core::summary::Summary;
 use crate::flows::service::locks::RootGuard;
 use minijinja::context;
 
@@ -20,7 +19,7 @@ pub(super) async fn apply_all(
 ) -> (Vec<RootResult>, Verdict) {
     // 2. Apply the plan files that were just reviewed-checked, in config order.
     if decided.iter().any(|d| d.planned.is_some()) {
-        ctx.status(StatusState::Running, &say("applying", context! {}))
+        ctx.status(StatusState::Running, &ctx.say("applying", context! {}))
             .await;
     }
     let mut results = Vec::new();
@@ -28,23 +27,23 @@ pub(super) async fn apply_all(
     for d in decided.iter_mut() {
         match d.planned.take() {
             None => {
-                log.line(log_text("nothing_to_apply", context! { root => &d.root }));
-                ctx.end_run(d.run, RunState::Succeeded, &no_changes(), &d.plan_log)
+                log.say("nothing_to_apply", context! { root => &d.root });
+                ctx.end_run(d.run, RunState::Succeeded, &no_changes(ctx), &d.plan_log)
                     .await;
                 results.push(RootResult {
                     name: d.root.clone(),
-                    text: no_changes(),
+                    text: no_changes(ctx),
                 });
             }
             Some(planned) if failure.is_none() => {
-                log.line(log_text(
+                log.say(
                     "applying",
                     context! {
                         root => &d.root,
                         fingerprint => d.fingerprint.short(),
                         summary => d.summary.one_line(),
                     },
-                ));
+                );
                 let guard = d.guard.take().expect("a planned root holds its lock");
                 match apply_root(&guard, planned, log).await {
                     Ok(out_log) => {
@@ -52,32 +51,33 @@ pub(super) async fn apply_all(
                             .await;
                         results.push(RootResult {
                             name: d.root.clone(),
-                            text: applied_words(&d.summary),
+                            text: ctx.say("applied", context! { s => &d.summary }),
                         });
                     }
                     Err(e) => {
                         let report = e.report(40);
+                        ctx.explain_denial(&report);
                         ctx.end_run(
                             d.run,
                             RunState::Failed,
-                            &say("apply_failed", context! {}),
+                            &ctx.say("apply_failed", context! {}),
                             &report,
                         )
                         .await;
                         results.push(RootResult {
                             name: d.root.clone(),
-                            text: say("apply_failed", context! {}),
+                            text: ctx.say("apply_failed", context! {}),
                         });
-                        failure = Some(say(
-                            "root_failed",
-                            context! { root => &d.root, error => first_error_line(&report) },
-                        ));
+                        let error = first_error_line(ctx, &report);
+                        failure = Some(
+                            ctx.say("root_failed", context! { root => &d.root, error => error }),
+                        );
                         d.error = Some(report);
                     }
                 }
             }
             Some(_) => {
-                let text = say("earlier_root_failed", context! {});
+                let text = ctx.say("earlier_root_failed", context! {});
                 ctx.end_run(d.run, RunState::Canceled, &text, "").await;
                 results.push(RootResult {
                     name: d.root.clone(),
@@ -103,22 +103,19 @@ async fn apply_root(
     Ok(out.log)
 }
 
-fn applied_words(s: &Summary) -> String {
-    say("applied", context! { s })
-}
-
 /// A root's (and a run's) text when there was nothing to apply.
-pub(super) fn no_changes() -> String {
-    say("no_changes", context! {})
+pub(super) fn no_changes(ctx: &ApplyCtx) -> String {
+    ctx.say("no_changes", context! {})
 }
 
-pub(super) fn first_error_line(report: &str) -> String {
+/// The line of an (already scrubbed) engine report that says what went wrong.
+pub(super) fn first_error_line(ctx: &ApplyCtx, report: &str) -> String {
     report
         .lines()
         .find(|l| l.contains("Error"))
         .or_else(|| report.lines().next())
         .map(str::to_string)
-        .unwrap_or_else(|| say("engine_failed", context! {}))
+        .unwrap_or_else(|| ctx.say("engine_failed", context! {}))
         .trim()
         .trim_start_matches(['│', '╷', '╵', ' '])
         .to_string()

@@ -2,7 +2,7 @@
 //! `CI_JOB_TOKEN`) and checked against the gate — and which merged MR landed the commit (its
 //! plans are what was reviewed).
 
-use super::{log_text, refuse, JobLog, Verdict};
+use super::{refuse, JobLog, Verdict};
 use crate::capabilities::gitlab::{GitLabError, MergeRequest, Project};
 use crate::core::apply::{check_job, ApplyRefusal, GateFacts, JobFacts};
 use crate::core::ids::{CommitSha, ProjectId};
@@ -50,7 +50,7 @@ pub(super) async fn verify_job(
         pipeline_sha: pipeline.sha.clone(),
         username: job.user.as_ref().map(|u| u.username.clone()),
     };
-    log.line(log_text(
+    log.say(
         "job",
         context! {
             job_id => facts.job_id,
@@ -59,7 +59,7 @@ pub(super) async fn verify_job(
             sha => facts.pipeline_sha.short(),
             user => &facts.username,
         },
-    ));
+    );
     if facts.status != "running" {
         return Ok(Err(refuse(
             log,
@@ -147,11 +147,8 @@ pub(super) async fn find_reviewed_mr(
         .into_iter()
         .find(|m| m.state == "merged" && m.landed_sha() == Some(sha));
     match &mr {
-        Some(m) => log.line(log_text(
-            "from_mr",
-            context! { sha => sha.short(), mr => m.iid },
-        )),
-        None => log.line(log_text("not_from_mr", context! { sha => sha.short() })),
+        Some(m) => log.say("from_mr", context! { sha => sha.short(), mr => m.iid }),
+        None => log.say("not_from_mr", context! { sha => sha.short() }),
     }
 
     Ok(mr)

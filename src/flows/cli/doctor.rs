@@ -144,8 +144,11 @@ pub fn main(config: &Path) -> Result<ExitCode> {
     let checks = runtime.block_on(run_checks(&cfg));
     let mut secrets = Secrets::new();
     secrets.extend(cfg.secrets());
-    let text = format_report(&config.display().to_string(), &checks);
-    print!("{}", secrets.scrubber().scrub(&text));
+    // The report's words as written, every value in it scrubbed.
+    let text = crate::core::templates::scrubbing(&secrets.scrubber(), || {
+        format_report(&config.display().to_string(), &checks)
+    });
+    print!("{text}");
     Ok(if checks.iter().any(|c| c.status == Status::Fail) {
         ExitCode::from(1)
     } else {
@@ -209,11 +212,179 @@ pub fn config_checks(file: &str, problems: &[Problem]) -> Vec<Check> {
 pub async fn run_checks(config: &Config) -> Vec<Check> {
     let mut r = Report::default();
     gitlab_checks(config, &mut r).await;
+    state_checks(config, &mut r).await;
     engine_checks(config, &mut r).await;
+    network_checks(config, &mut r);
     store_checks(config, &mut r).await;
     proxmox_checks(config, &mut r).await;
     pages_checks(config, &mut r);
     r.checks
+}
+
+/// The GitLab-managed state and module tokens, each with the role it needs and no more for
+/// MR plans: `[state.plan]` reads the state of every project (Developer, exactly), `[state.apply]`
+/// is a Maintainer, the module tokens can fetch the module projects. Read-only calls.
+async fn state_checks(config: &Config, r: &mut Report) {
+    let (state, modules) = (&config.state, &config.modules);
+    let managed = state.default == crate::core::config::StateDefault::Gitlab
+        || state.plan.is_some()
+        || state.apply.is_some();
+    if !managed && modules.plan.is_none() && modules.apply.is_none() {
+        return;
+    }
+    r.section("State and modules");
+    for (use_, cred) in [("plan", &state.plan), ("apply", &state.apply)] {
+        match cred {
+            Some(c) => state_token(config, use_, c, r).await,
+            None if managed => r.add(Status::Fail, "state_no_token", json!({"use": use_})),
+            None => {}
+        }
+    }
+    for (setting, cred) in [
+        ("modules.plan", &modules.plan),
+        ("modules.apply", &modules.apply),
+    ] {
+        let Some(c) = cred else { continue };
+        let Some((client, user)) =
+            credential_user(config, setting, c, None, "read_repository and read_api", r).await
+        else {
+            continue;
+        };
+        if modules.projects.is_empty() {
+            r.add(Status::Skip, "modules_unnamed", json!({}));
+        }
+        for project in &modules.projects {
+            let d = json!({"setting": setting, "project": project, "username": user.username});
+            match client.repository_readable(project, &c.username).await {
+                Ok(()) => r.add(Status::Ok, "module_ok", d),
+                Err(e) => {
+                    let mut d = d;
+                    d["error"] = e.to_string().into();
+                    r.add(Status::Fail, "module_unreadable", d);
+                }
+            }
+        }
+    }
+}
+
+/// A client acting with `cred`'s token and the user it belongs to (reported when refused).
+async fn credential_user(
+    config: &Config,
+    setting: &str,
+    cred: &crate::core::config::GitlabCredential,
+    role: Option<&str>,
+    scope: &str,
+    r: &mut Report,
+) -> Option<(GitLab, GitLabUser)> {
+    let refused = |r: &mut Report, error: String| {
+        r.add(
+            Status::Fail,
+            "cred_refused",
+            json!({"setting": setting, "error": error, "role": role, "scope": scope}),
+        )
+    };
+    let client = match GitLab::new(&config.gitlab.url, cred.token.expose()).and_then(|c| {
+        c.with_retry_policy(crate::capabilities::gitlab::RetryPolicy {
+            max_attempts: 1,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        })
+        .with_timeout(Duration::from_secs(15))
+    }) {
+        Ok(c) => c,
+        Err(e) => {
+            refused(r, e.to_string());
+            return None;
+        }
+    };
+    match client.current_user().await {
+        Ok(u) => Some((client, u)),
+        Err(e) => {
+            refused(r, e.to_string());
+            None
+        }
+    }
+}
+
+/// One state token on every allowed project: the plan token is exactly Developer and reads the
+/// state; the apply token is Maintainer or more.
+async fn state_token(
+    config: &Config,
+    use_: &str,
+    cred: &crate::core::config::GitlabCredential,
+    r: &mut Report,
+) {
+    let setting = format!("state.{use_}");
+    let (role, scope) = if use_ == "plan" {
+        ("Developer", "read_api")
+    } else {
+        ("Maintainer", "api")
+    };
+    let Some((client, user)) = credential_user(config, &setting, cred, Some(role), scope, r).await
+    else {
+        return;
+    };
+    for project_ref in allowed_projects(config) {
+        let mut d = json!({"setting": setting, "project": project_ref, "username": user.username, "role": role});
+        let project = match client.project(&project_ref).await {
+            Ok(p) => p,
+            Err(_) => {
+                r.add(Status::Fail, "cred_no_project", d);
+                continue;
+            }
+        };
+        if !project.path_with_namespace.is_empty() {
+            d["project"] = project.path_with_namespace.clone().into();
+        }
+        let level = match client.member_access(project.id, user.id).await {
+            Ok(l) => l,
+            Err(e) => {
+                d["error"] = e.to_string().into();
+                r.add(Status::Fail, "cred_no_project", d);
+                continue;
+            }
+        };
+        d["level"] = level.map_or("not a member".into(), level_name).into();
+        let n = level.map_or(0, |l| l.0);
+        match use_ {
+            "plan" if n < 30 => r.add(Status::Fail, "state_plan_low", d),
+            "plan" if n > 30 => r.add(Status::Fail, "state_plan_high", d),
+            "plan" => match client.terraform_state_readable(project.id).await {
+                Ok(()) => r.add(Status::Ok, "state_plan_ok", d),
+                Err(e) => {
+                    d["error"] = e.to_string().into();
+                    r.add(Status::Fail, "state_plan_unreadable", d);
+                }
+            },
+            _ if n >= 40 => r.add(Status::Ok, "state_apply_ok", d),
+            _ => r.add(Status::Fail, "state_apply_low", d),
+        }
+    }
+}
+
+/// Where the config says the engine connects, each against its sandbox's allow-list (no
+/// network calls).
+fn network_checks(config: &Config, r: &mut Report) {
+    let needs = crate::flows::confinement::network::needs(config);
+    if needs.is_empty() {
+        return;
+    }
+    r.section("Network");
+    for n in needs {
+        let mut wanted = config.sandbox.connect_ports.clone();
+        wanted.push(n.port);
+        wanted.sort_unstable();
+        wanted.dedup();
+        let d = json!({
+            "host": n.host, "port": n.port, "what": n.what, "key": n.key,
+            "setting": format!("connect_ports = {wanted:?}"),
+        });
+        if n.allowed {
+            r.add(Status::Ok, "net_ok", d);
+        } else {
+            r.add(Status::Fail, "net_blocked", d);
+        }
+    }
 }
 
 /// Who can read the run pages and `/metrics` (no network calls).

@@ -11,6 +11,7 @@ use crate::capabilities::engine::{
     SandboxProfile, StepProgress,
 };
 use crate::capabilities::sandbox::Support;
+use crate::core::findings::Finding;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::lint::lint;
 use crate::core::plan::Plan;
@@ -218,8 +219,20 @@ fn print_result(
         Ok(run) => {
             ctx.duration = Some(run.duration());
             let fingerprint = run.fingerprint(local.key);
-            let text =
-                render_planned(run.plan(), root, &fingerprint, &ctx, run.scrubber(), format)?;
+            // A local state is fine here; planbot's service would lose it: a warning.
+            let state = run
+                .backend()
+                .is_local()
+                .then(|| crate::core::state::state_in_checkout(root, ".", run.backend(), false));
+            let text = render_planned(
+                run.plan(),
+                root,
+                &fingerprint,
+                &ctx,
+                run.scrubber(),
+                format,
+                state,
+            )?;
             writeln!(stdout, "{text}")?;
             let Some(policy) = local.policy else {
                 return Ok(ExitCode::SUCCESS);
@@ -282,8 +295,11 @@ fn render_planned(
     ctx: &NoteContext,
     scrubber: &Scrubber,
     format: Format,
+    state: Option<Finding>,
 ) -> Result<String> {
-    let findings = lint(plan, &[]);
+    let mut findings = lint(plan, &[]);
+    findings.extend(state);
+    crate::core::findings::sort_findings(&mut findings);
     match format {
         Format::Json => {
             let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);

@@ -101,6 +101,17 @@ pub fn check_report(config: &Config) -> String {
         )
         .describe()
     ));
+    let needs = crate::flows::confinement::network::needs(config);
+    if !needs.is_empty() {
+        let list: Vec<String> = needs
+            .iter()
+            .map(|n| format!("{}:{} ({}, {})", n.host, n.port, n.what, n.key))
+            .collect();
+        out.push_str(&format!(
+            "- let the engine connect to {}\n",
+            list.join(", ")
+        ));
+    }
     out.push_str(&format!(
         "- accept applies only from the CI job named `{}` on a protected default branch\n",
         config.apply.job_name

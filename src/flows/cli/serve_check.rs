@@ -1,6 +1,7 @@
 //! What `planbot serve --check` checks beyond the config's own problems: that the engine binary
-//! runs and says its version, that `data_dir` can be used, and that no address is still the
-//! example's `example.com` placeholder. Every problem names where its value came from.
+//! runs and says its version, that `data_dir` can be used, that no server the engine must
+//! reach is on a port its sandbox blocks, and that no address is still the example's
+//! `example.com` placeholder. Every problem names where its value came from.
 
 use crate::capabilities::engine::Engine;
 use crate::core::config::{Config, ConfigError, Loaded, Problem};
@@ -39,6 +40,27 @@ pub fn check_host(loaded: &Loaded, config: &Config) -> HostCheck {
         if let Some(message) = data_dir_problem(&config.data_dir) {
             push("data_dir", message);
         }
+    }
+    // A server the engine must reach on a port its sandbox blocks: every plan would fail.
+    for need in crate::flows::confinement::network::needs(config) {
+        if need.allowed || has_problem(&need.key) {
+            continue;
+        }
+        let mut wanted = config.sandbox.connect_ports.clone();
+        wanted.push(need.port);
+        wanted.sort_unstable();
+        wanted.dedup();
+        let text = crate::core::templates::text(
+            "network.txt.j2",
+            "blocked",
+            minijinja::context! {
+                host => &need.host,
+                port => need.port,
+                what => need.what,
+                setting => format!("connect_ports = {wanted:?}"),
+            },
+        );
+        push(&need.key, text);
     }
     let mut addresses = vec![
         ("gitlab.url", Some(config.gitlab.url.clone())),

@@ -6,8 +6,16 @@
 //! applies (each falling back to `[proxmox]`), as the provider's `PROXMOX_VE_ENDPOINT` /
 //! `PROXMOX_VE_API_TOKEN` (and `PROXMOX_VE_INSECURE`): a read-only token can plan every MR
 //! while only the apply job on protected `main` runs with the token that may change things.
+//!
+//! GitLab-managed state and modules follow the same split: `[state.plan]` (a Developer's
+//! token: MR plans only read the state) or `[state.apply]` (a Maintainer's: lock and write),
+//! `[modules.plan]` or `[modules.apply]` (read-only, for `init` only). Never the bot's token.
 
-use crate::core::config::{Config, ProxmoxEndpoint};
+use crate::capabilities::workspace::RootFiles;
+use crate::core::config::{Config, GitlabCredential, ProxmoxEndpoint};
+use crate::core::ids::ProjectId;
+use crate::core::repo_config::Root;
+use crate::core::state;
 use std::collections::BTreeMap;
 
 /// What a run is for.
@@ -15,6 +23,90 @@ use std::collections::BTreeMap;
 pub enum Use {
     Plan,
     Apply,
+}
+
+/// A root's GitLab-managed state for one run: its name, and the `http` backend's environment
+/// with the credential of the run's trust level.
+#[derive(Debug, Clone)]
+pub struct ManagedState {
+    pub name: String,
+    pub env: BTreeMap<String, String>,
+}
+
+/// The GitLab-managed state `root` of `project` uses in a run for `use_`: `Ok(None)` when the
+/// root keeps its own backend, `Err` (the text for the note and the log) when this trust level
+/// has no token.
+pub fn managed_state(
+    config: &Config,
+    use_: Use,
+    project: ProjectId,
+    root: &Root,
+) -> Result<Option<ManagedState>, String> {
+    let Some(name) = state::gitlab_state_name(root, config.state.default) else {
+        return Ok(None);
+    };
+    let credential = match use_ {
+        Use::Plan => config.state.plan.as_ref(),
+        Use::Apply => config.state.apply.as_ref(),
+    };
+    let Some(credential) = credential else {
+        return Err(crate::core::templates::text(
+            "state.txt.j2",
+            "no_token",
+            minijinja::context! {
+                root => &root.name,
+                name => &name,
+                use => if use_ == Use::Plan { "plan" } else { "apply" },
+            },
+        ));
+    };
+    let address = state::state_address(&config.gitlab.url, project.0, &name);
+    Ok(Some(ManagedState {
+        env: state::http_backend_env(&address, credential),
+        name,
+    }))
+}
+
+/// [`managed_state`] made ready in a job's checkout: the override that makes the root use the
+/// `http` backend is written into its directory (which must resolve inside the checkout), and
+/// the backend's environment returned. `Ok(None)` when the root keeps its own backend; `Err`
+/// says why the root cannot run (no token for this trust level, a root outside the checkout).
+pub fn managed_state_env(
+    config: &Config,
+    project: ProjectId,
+    checkout: &std::path::Path,
+    root: &Root,
+    use_: Use,
+) -> Result<Option<BTreeMap<String, String>>, String> {
+    let Some(managed) = managed_state(config, use_, project, root)? else {
+        return Ok(None);
+    };
+    RootFiles::open(checkout, &root.dir)
+        .and_then(|files| files.write(state::OVERRIDE_FILE, state::OVERRIDE_TEXT))
+        .map_err(|e| format!("{e:#}"))?;
+    Ok(Some(managed.env))
+}
+
+/// Whether the engine reaches GitLab itself: GitLab-managed state or module tokens are set up.
+pub fn uses_gitlab(config: &Config) -> bool {
+    let state = &config.state;
+    let modules = &config.modules;
+    state.default == crate::core::config::StateDefault::Gitlab
+        || state.plan.is_some()
+        || state.apply.is_some()
+        || modules.plan.is_some()
+        || modules.apply.is_some()
+}
+
+/// The module credentials `init` gets in a run for `use_` (none without a token).
+pub fn module_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
+    let credential: Option<&GitlabCredential> = match use_ {
+        Use::Plan => config.modules.plan.as_ref(),
+        Use::Apply => config.modules.apply.as_ref(),
+    };
+    credential
+        .map(|c| state::module_env(&config.gitlab.url, c))
+        .unwrap_or_default()
 }
 
 /// The Proxmox endpoint for `use_`.

@@ -6,7 +6,7 @@ use crate::capabilities::engine::{Limits, Namespaces, SandboxMode, SandboxProfil
 use crate::capabilities::namespaces::NsSupport;
 use crate::capabilities::sandbox::Support;
 use crate::core::config::{Config, LandlockSetting};
-use crate::flows::confinement::credentials::{self, Use};
+use crate::flows::confinement::credentials::Use;
 
 /// One text of `templates/sandbox.txt.j2`.
 pub fn text(kind: &str, ctx: minijinja::Value) -> String {
@@ -40,7 +40,8 @@ pub fn namespace_support(config: &Config) -> NsSupport {
 
 /// The sandbox of the service's engine runs for `use_`: the strict profile, reading
 /// `[sandbox] read_paths` (and a filesystem provider mirror), connecting to
-/// `[sandbox] connect_ports`, the Proxmox endpoint's port and the provider mirror's.
+/// `[sandbox] connect_ports`, the Proxmox endpoint's port, the provider mirror's, and
+/// GitLab's when the engine reaches it for state or modules.
 pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
     let mode = SandboxMode::with_support(
         SandboxProfile::Strict,
@@ -74,27 +75,17 @@ pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
     };
     let extra_read = config.sandbox.read_paths.clone();
     let mut extra_exec = Vec::new();
-    let mut connect_ports = config.sandbox.connect_ports.clone();
-    if let Some(m) = &config.engine.provider_mirror {
-        if m.starts_with('/') {
-            // Read and execute: the engine runs the providers it unpacks there.
-            extra_exec.push(m.into());
-        } else if let Some(port) = url_port(m) {
-            connect_ports.push(port);
-        }
+    if let Some(m) = config
+        .engine
+        .provider_mirror
+        .as_ref()
+        .filter(|m| m.starts_with('/'))
+    {
+        // Read and execute: the engine runs the providers it unpacks there.
+        extra_exec.push(m.into());
     }
-    if use_ == Use::Apply && config.proxmox.apply_ssh.is_some() {
-        // The bpg provider's SSH to the nodes (snippet uploads).
-        connect_ports.push(22);
-    }
-    let env = credentials::engine_env(config, use_);
-    for key in ["PROXMOX_VE_ENDPOINT", "PM_VE_ENDPOINT"] {
-        if let Some(port) = env.get(key).and_then(|u| url_port(u)) {
-            connect_ports.push(port);
-        }
-    }
-    connect_ports.sort_unstable();
-    connect_ports.dedup();
+    // The ports of the endpoints the config names (see `network::connect_ports`).
+    let connect_ports = crate::flows::confinement::network::connect_ports(config, use_);
     SandboxMode::Landlock {
         profile,
         abi,
@@ -104,11 +95,6 @@ pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
         namespaces,
         agent_socket,
     }
-}
-
-/// The TCP port of an http(s) URL (its scheme's default when none is written).
-fn url_port(u: &str) -> Option<u16> {
-    url::Url::parse(u).ok()?.port_or_known_default()
 }
 
 /// The banner of a note planned without a sandbox, or `None`.
@@ -134,18 +120,7 @@ mod tests {
     use super::*;
 
     fn config(extra: &str) -> Config {
-        let text = format!(
-            r#"
-fingerprint_key = "0123456789abcdef0123"
-[gitlab]
-url = "https://gitlab.example.com/"
-token = "glpat-secret-token"
-webhook_secret = "hook-secret"
-projects = ["infra/homelab"]
-{extra}
-"#
-        );
-        Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
+        crate::core::config::test_config(extra, &[])
     }
 
     #[test]

@@ -160,6 +160,7 @@ impl App {
             .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
             .lock_timeout(engine.lock_timeout)
             .env(credentials::engine_env(&self.config, use_))
+            .secret_env(engine.secret_env.clone())
             .plugin_cache_dir(self.plugin_cache_dir(trust))
             .cli_config(CliConfig::Owned {
                 provider_mirror: engine.provider_mirror.as_ref().map(|m| {

@@ -163,6 +163,7 @@ pub fn router(app: Arc<App>) -> Router {
 /// the pages' security headers.
 fn page_routes(app: Arc<App>) -> Router<Arc<App>> {
     let gated = Router::new()
+        .route("/", get(pages::home))
         .route("/runs", get(pages::runs))
         .route("/runs/{id}", get(pages::run))
         .route_layer(axum::middleware::from_fn_with_state(app, signin::gate));

@@ -457,6 +457,124 @@ pub async fn run(
     }
 }
 
+/// How many runs the landing page lists.
+pub const HOME_RUNS: u32 = 10;
+
+/// What `/` shows: this planbot, its latest runs, its health.
+pub struct HomePage<'a> {
+    pub version: &'a str,
+    /// The configured projects (shown to the operator, not to a signed-in member).
+    pub projects: &'a [String],
+    pub sandbox: &'a str,
+    pub store: &'a str,
+    pub runs: &'a [RunRecord],
+    /// `(name, None)` when healthy, `(name, Some(why))` when not.
+    pub health: &'a [(&'a str, Option<String>)],
+    pub queue_depth: Option<u64>,
+    pub user: Option<&'a str>,
+    pub links: Links<'a>,
+}
+
+/// The `/` page.
+pub fn render_home_page(page: &HomePage<'_>) -> String {
+    let runs: Vec<RunView> = page
+        .runs
+        .iter()
+        .map(|r| view(r, page.links, false))
+        .collect();
+    let health: Vec<minijinja::Value> = page
+        .health
+        .iter()
+        .map(|(name, error)| context! { name => name, error => error })
+        .collect();
+    crate::core::templates::get("pages/home.html")
+        .and_then(|t| {
+            t.render(context! {
+                version => page.version,
+                projects => page.projects,
+                sandbox => page.sandbox,
+                store => page.store,
+                runs => runs,
+                health => health,
+                healthy => page.health.iter().all(|(_, e)| e.is_none()),
+                queue_depth => page.queue_depth,
+                user => page.user,
+            })
+        })
+        .unwrap_or_else(|e| format!("template error: {e}"))
+}
+
+/// `GET /`: what this planbot serves (projects, version, sandbox, store), its latest runs of
+/// the projects the reader can see, and its health (the checks of `/readyz`). Behind the same
+/// gate as the run pages.
+pub async fn home(State(app): State<Arc<App>>, Extension(viewer): Extension<Viewer>) -> Response {
+    let projects = match visible_projects(&app, &viewer).await {
+        Ok(p) => p,
+        Err(e) => return unavailable(e, "runs"),
+    };
+    let runs = match app
+        .store
+        .runs_page(RunQuery {
+            projects: projects.iter().map(|(id, _)| *id).collect(),
+            mr: None,
+            state: None,
+            before: None,
+            limit: HOME_RUNS,
+        })
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return unavailable(e, "runs"),
+    };
+    // A signed-in member sees the projects they can see; the operator, every configured one.
+    let served: Vec<String> = match &viewer {
+        Viewer::Anyone => app
+            .config
+            .gitlab
+            .projects
+            .0
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
+        Viewer::User(_) => projects
+            .iter()
+            .map(|(id, path)| path.clone().unwrap_or_else(|| id.to_string()))
+            .collect(),
+    };
+    let config = app.clone();
+    let sandbox = tokio::task::spawn_blocking(move || {
+        crate::flows::confinement::sandbox::service_mode(
+            &config.config,
+            crate::flows::confinement::credentials::Use::Plan,
+        )
+        .describe()
+    })
+    .await
+    .unwrap_or_default();
+    let problem = |r: anyhow::Result<()>| {
+        r.err()
+            .map(|e| app.scrubber.scrub(&format!("{e:#}")).into_owned())
+    };
+    let health = [
+        ("store", problem(app.store.ping().await)),
+        ("gitlab", problem(app.gitlab_reachable().await)),
+    ];
+    let store = app.config.store.url.to_string();
+    html(render_home_page(&HomePage {
+        version: env!("CARGO_PKG_VERSION"),
+        projects: &served,
+        sandbox: &sandbox,
+        store: &store,
+        runs: &runs,
+        health: &health,
+        queue_depth: app.store.queue_depth().await.ok(),
+        user: user_of(&viewer),
+        links: Links {
+            gitlab: &app.config.gitlab.url,
+        },
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,11 +19,12 @@ use subtle::ConstantTimeEq;
 
 use crate::flows::service::session::*;
 
-/// Where a sign-in may return to: a run page path, nothing else (no open redirect).
+/// Where a sign-in may return to: the landing page or a run page path, nothing else (no open
+/// redirect).
 fn safe_next(next: Option<&str>) -> String {
     match next {
         Some(n)
-            if (n == "/runs" || n.starts_with("/runs/") || n.starts_with("/runs?"))
+            if (n == "/" || n == "/runs" || n.starts_with("/runs/") || n.starts_with("/runs?"))
                 && !n.contains(['\\', '\r', '\n'])
                 && !n.starts_with("//") =>
         {
@@ -245,6 +246,7 @@ mod tests {
     fn next_stays_on_the_run_pages() {
         assert_eq!(safe_next(Some("/runs/12")), "/runs/12");
         assert_eq!(safe_next(Some("/runs?state=failed")), "/runs?state=failed");
+        assert_eq!(safe_next(Some("/")), "/");
         for evil in [
             "https://evil.example/",
             "//evil.example/runs",

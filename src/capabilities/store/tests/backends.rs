@@ -1,8 +1,14 @@
 //! The backends the store's tests run against: SQLite in a temp dir, and a fresh database on
-//! the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names (`.ci/run` starts one).
+//! the PostgreSQL server `PLANBOT_TEST_POSTGRES_URL` names, else on a throwaway server this test
+//! process starts from the system's `initdb` and `postgres` ([`throwaway`]).
 //!
-//! Without that URL the PostgreSQL tests fail: always under `CI=true`, and elsewhere unless
-//! `PLANBOT_SKIP_POSTGRES_TESTS=1` says to skip them (they then say so on stderr).
+//! Where neither can be had, the PostgreSQL tests fail saying what to install: always under
+//! `CI=true`, and elsewhere unless `PLANBOT_SKIP_POSTGRES_TESTS=1` says to skip them (they then
+//! say so on stderr).
+
+/// The throwaway server, shared as a file with the integration tests and the benchmark.
+#[path = "../../../../tests/support/throwaway_postgres.rs"]
+pub(crate) mod throwaway;
 
 use crate::capabilities::store::{PgOptions, Store};
 use crate::core::config::StoreUrl;
@@ -75,12 +81,17 @@ pub(crate) fn server_url() -> Option<String> {
                 eprintln!("PostgreSQL store tests NOT RUN: {SKIP_VAR}=1 and no {URL_VAR}");
                 return None;
             }
-            panic!(
-                "{URL_VAR} is not set, so the PostgreSQL store tests cannot run: run `bash .ci/run` \
-                 (it starts a throwaway PostgreSQL), or set {URL_VAR}=postgres://user@host/db \
-                 (a superuser: each test creates a database){}",
-                if ci { "" } else { ", or skip them with PLANBOT_SKIP_POSTGRES_TESTS=1" }
-            )
+            match throwaway::throwaway() {
+                Ok(t) => Some(t.url.clone()),
+                Err(e) => panic!(
+                    "{e}{}",
+                    if ci {
+                        ""
+                    } else {
+                        "; or skip them with PLANBOT_SKIP_POSTGRES_TESTS=1"
+                    }
+                ),
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
-//! TLS to the test PostgreSQL (`.ci/postgres.sh` turns on `ssl` with a certificate for
-//! `localhost` only, signed by the CA `PLANBOT_TEST_POSTGRES_CA` names): which `sslmode`
+//! TLS to the test PostgreSQL (it offers `ssl` with a certificate for `localhost` only, signed
+//! by the CA `PLANBOT_TEST_POSTGRES_CA` names, or the throwaway server's own): which `sslmode`
 //! connects, whether the session really is encrypted, and what a refused certificate says.
 //!
 //! Without that CA these tests fail like the other PostgreSQL tests (always under `CI=true`).
@@ -17,6 +17,12 @@ const CA_VAR: &str = "PLANBOT_TEST_POSTGRES_CA";
 fn server_ca() -> Option<PathBuf> {
     match std::env::var(CA_VAR) {
         Ok(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        // The throwaway server's own CA, when no server is named.
+        _ if std::env::var(super::backends::URL_VAR).map_or(true, |u| u.is_empty()) => {
+            super::backends::throwaway::throwaway()
+                .ok()
+                .map(|t| t.ca.clone())
+        }
         _ => {
             let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
             let skip = std::env::var(SKIP_VAR).is_ok_and(|v| v == "1");
@@ -25,9 +31,10 @@ fn server_ca() -> Option<PathBuf> {
                 return None;
             }
             panic!(
-                "{CA_VAR} is not set, so the PostgreSQL TLS tests cannot run: run `bash .ci/run` \
-                 (its PostgreSQL offers TLS with that CA), or set it to the PEM of the CA that \
-                 signed the test server's certificate for `localhost`"
+                "{CA_VAR} is not set, so the PostgreSQL TLS tests cannot run against the server \
+                 PLANBOT_TEST_POSTGRES_URL names: set it to the PEM of the CA that signed that \
+                 server's certificate for `localhost` (or unset the URL: the tests then start a \
+                 server of their own)"
             )
         }
     }

@@ -22,6 +22,7 @@ use crate::capabilities::gitlab::{CommitStatus, GitLabError, StatusState};
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::events::PlanJob;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
+use crate::core::redact::Scrubber;
 use crate::core::render::NoteContext;
 use crate::flows::service::app::App;
 use crate::flows::service::metrics::PlanOutcome;
@@ -34,12 +35,15 @@ use tokio_util::sync::CancellationToken;
 /// The commit status planbot sets for plans.
 pub const STATUS_NAME: &str = "planbot/plan";
 
-/// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`).
-fn text(kind: &str, ctx: minijinja::Value) -> String {
+/// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`): its values
+/// scrubbed with `scrubber`, its words as written (no secret alters a status description).
+fn text(scrubber: &Scrubber, kind: &str, ctx: minijinja::Value) -> String {
     let ctx = minijinja::context! { kind => kind, ..ctx };
-    crate::core::templates::render("plan_status.txt.j2", ctx)
-        .map(|t| t.trim().to_string())
-        .unwrap_or_else(|e| format!("planbot: {kind} ({e})"))
+    crate::core::templates::scrubbing(scrubber, || {
+        crate::core::templates::render("plan_status.txt.j2", ctx)
+            .map(|t| t.trim().to_string())
+            .unwrap_or_else(|e| format!("planbot: {kind} ({e})"))
+    })
 }
 
 /// Plan `job` (one MR at one head commit). Stops promptly (killing the engine) when `cancel`
@@ -95,7 +99,11 @@ pub async fn run(
             job.project,
             &job.head,
             StatusState::Failed,
-            &text("error", minijinja::context! { error => error }),
+            &text(
+                &app.scrubber,
+                "error",
+                minijinja::context! { error => minijinja::Value::from_safe_string(error) },
+            ),
             None,
             None,
         )
@@ -141,6 +149,7 @@ async fn plan(
         run_hint: first_run.and_then(|r| app.run_hint(r)),
         banners: prepared.banners.clone(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
+        hints: note::sandbox_hints(app, &planned.results),
         ..NoteContext::default()
     };
     let body = note::compose_note(ctx, &planned.results, &scrubber);
@@ -149,7 +158,7 @@ async fn plan(
     let recorded = record::record(app, job, planned.results, &body, &scrubber).await?;
     drop(prepared.checkout);
 
-    let (state, description) = record::final_status(&recorded);
+    let (state, description) = record::final_status(&recorded, &app.scrubber);
     set_status(
         app,
         job.project,
@@ -185,7 +194,7 @@ async fn superseded(
         job.project,
         &job.head,
         StatusState::Canceled,
-        &text("superseded", minijinja::context! {}),
+        &text(&app.scrubber, "superseded", minijinja::context! {}),
         None,
         prepared.status_ref.clone(),
     )
@@ -209,10 +218,11 @@ async fn set_status(
     target_url: Option<String>,
     ref_: Option<String>,
 ) {
+    // Planbot's text, its values scrubbed when it was rendered ([`text`]).
     let status = CommitStatus {
         state,
         name: STATUS_NAME.into(),
-        description: Some(app.scrubber.scrub(description).into_owned()),
+        description: Some(description.to_string()),
         target_url,
         ref_,
         pipeline_id: None,
@@ -250,20 +260,24 @@ mod tests {
 
     #[test]
     fn status_and_commit_texts_come_from_the_template() {
+        let none = Scrubber::none();
         let all = [
-            text("queued", context! {}),
-            text("planning", context! { roots => "" }),
-            text("superseded", context! {}),
-            text("no_root", context! {}),
+            text(&none, "queued", context! {}),
+            text(&none, "planning", context! { roots => "" }),
+            text(&none, "superseded", context! {}),
+            text(&none, "no_root", context! {}),
             text(
+                &none,
                 "error",
                 context! { error => "fetching the repository: git fetch failed" },
             ),
             text(
+                &none,
                 "invalid_config",
                 context! { file => ".planbot.toml", branch => "main", problem => "line 3, column 1: key `roots[0].directory`: unknown key" },
             ),
             text(
+                &none,
                 "result",
                 context! { roots => vec![
                     context! { name => "core", state => "planned", summary => "1 to add, 0 to change, 0 to destroy" },
@@ -272,14 +286,17 @@ mod tests {
                 ] },
             ),
             text(
+                &none,
                 "commit_line",
                 context! { planned => "merge", sha => "5717fb1e", head => "e4cd905a", target => "main", reason => None::<String> },
             ),
             text(
+                &none,
                 "commit_line",
                 context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => "the MR has conflicts, or GitLab has not computed its merge result yet" },
             ),
             text(
+                &none,
                 "commit_line",
                 context! { planned => "head", sha => "e4cd905a", head => "e4cd905a", target => "main", reason => None::<String> },
             ),

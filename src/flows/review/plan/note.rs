@@ -7,9 +7,12 @@ use crate::capabilities::gitlab::GitLabError;
 use crate::core::ids::{MrIid, NoteId, ProjectId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
+use crate::flows::confinement::credentials::Use;
+use crate::flows::confinement::network;
 use crate::flows::service::app::App;
 use crate::flows::service::cpu::cpu_bound;
 use anyhow::Result;
+use std::collections::BTreeMap;
 
 /// The scrubber for the note and the stored logs: every configured secret plus every value the
 /// plans marked sensitive.
@@ -22,6 +25,25 @@ pub(super) fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> S
         }
     }
     cpu_bound(|| secrets.scrubber())
+}
+
+/// For each root that failed because the engine's sandbox refused a connection or a file, the
+/// explanation with the setting that allows it (`network::explain`), also logged for the
+/// operator.
+pub(super) fn sandbox_hints(app: &App, results: &[RootResult]) -> BTreeMap<String, String> {
+    let mut hints = BTreeMap::new();
+    for r in results {
+        let output = match &r.outcome {
+            Outcome::Failed { error, .. } => error.as_str(),
+            Outcome::Planned { planned, .. } if planned.plan().errored => planned.log(),
+            _ => continue,
+        };
+        if let Some(hint) = network::explain(&app.config, Use::Plan, output) {
+            tracing::warn!(root = %r.name, explanation = %hint, "the engine's sandbox refused what a plan needed");
+            hints.insert(r.name.clone(), hint);
+        }
+    }
+    hints
 }
 
 /// The note's Markdown for these results; `ctx` carries the header (commit, engine, banners,

@@ -91,7 +91,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         project,
         head,
         StatusState::Pending,
-        &text("queued", minijinja::context! {}),
+        &text(&app.scrubber, "queued", minijinja::context! {}),
         None,
         status_ref.clone(),
     )
@@ -119,7 +119,11 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         project,
         head,
         StatusState::Running,
-        &text("planning", minijinja::context! { roots => "" }),
+        &text(
+            &app.scrubber,
+            "planning",
+            minijinja::context! { roots => "" },
+        ),
         None,
         status_ref.clone(),
     )
@@ -197,6 +201,7 @@ async fn commit_to_plan(
     let changed = ws.changed_files(project, &base, head).await?;
 
     let mut banners = vec![text(
+        &app.scrubber,
         "commit_line",
         minijinja::context! {
             planned => if commit.planned == PlannedRef::Merge { "merge" } else { "head" },
@@ -231,8 +236,9 @@ async fn invalid_config(
 ) -> Result<NoteId> {
     let body = format!(
         "{NOTE_MARKER}\n{}",
-        app.scrubber
-            .scrub(&repo_config::render_error_note(default_branch, err))
+        crate::core::templates::scrubbing(&app.scrubber, || {
+            repo_config::render_error_note(default_branch, err)
+        })
     );
     let note = super::note::upsert_note(app, job.project, job.mr, &body).await?;
     let first = err
@@ -246,6 +252,7 @@ async fn invalid_config(
         &job.head,
         StatusState::Failed,
         &text(
+            &app.scrubber,
             "invalid_config",
             minijinja::context! {
                 file => repo_config::FILE_NAME,

@@ -113,23 +113,34 @@ pub(super) async fn record(
 
 /// Stage 5's decision: failed when a root failed or a lint error blocks the apply, else success
 /// (saying so when no root was affected); the description is one line.
-pub(super) fn final_status(rec: &Recorded) -> (StatusState, String) {
+/// Its values are scrubbed with `scrubber`, its words never.
+pub(super) fn final_status(rec: &Recorded, scrubber: &Scrubber) -> (StatusState, String) {
+    let lint_error =
+        crate::core::templates::scrubbing(scrubber, || lint::status_description(&rec.findings));
     if rec.failed > 0 {
         (
             StatusState::Failed,
-            text("result", minijinja::context! { roots => &rec.roots }),
+            text(
+                scrubber,
+                "result",
+                minijinja::context! { roots => &rec.roots },
+            ),
         )
-    } else if let Some(lint_error) = lint::status_description(&rec.findings) {
+    } else if let Some(lint_error) = lint_error {
         (StatusState::Failed, lint_error)
     } else if rec.planned == 0 {
         (
             StatusState::Success,
-            text("no_root", minijinja::context! {}),
+            text(scrubber, "no_root", minijinja::context! {}),
         )
     } else {
         (
             StatusState::Success,
-            text("result", minijinja::context! { roots => &rec.roots }),
+            text(
+                scrubber,
+                "result",
+                minijinja::context! { roots => &rec.roots },
+            ),
         )
     }
 }
@@ -154,16 +165,17 @@ mod tests {
                 minijinja::context! { name => "dns", state => "failed" },
             ],
         };
-        let (state, text) = final_status(&rec);
+        let (state, text) = final_status(&rec, &Scrubber::none());
         assert_eq!(state, StatusState::Failed);
         assert!(text.contains("dns") && text.contains("core"), "{text}");
     }
 
     #[test]
     fn nothing_affected_is_a_success_that_says_so() {
-        let (state, text) = final_status(&Recorded::default());
+        let none = Scrubber::none();
+        let (state, text) = final_status(&Recorded::default(), &none);
         assert_eq!(state, StatusState::Success);
-        assert_eq!(text, super::text("no_root", minijinja::context! {}));
+        assert_eq!(text, super::text(&none, "no_root", minijinja::context! {}));
     }
 
     #[test]
@@ -173,7 +185,10 @@ mod tests {
             roots: vec![planned("core")],
             ..Recorded::default()
         };
-        assert_eq!(final_status(&clean).0, StatusState::Success);
+        assert_eq!(
+            final_status(&clean, &Scrubber::none()).0,
+            StatusState::Success
+        );
         let finding = Finding {
             rule: "PVE001",
             severity: Severity::Error,
@@ -185,7 +200,7 @@ mod tests {
             findings: vec![finding],
             ..clean
         };
-        let (state, text) = final_status(&blocked);
+        let (state, text) = final_status(&blocked, &Scrubber::none());
         assert_eq!(state, StatusState::Failed);
         assert_eq!(Some(text), lint::status_description(&blocked.findings));
     }

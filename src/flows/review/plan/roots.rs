@@ -10,9 +10,12 @@ use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::events::PlanJob;
 use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
+use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
 use crate::core::lint;
 use crate::core::repo_config::Root;
+use crate::core::state;
+use crate::flows::confinement::credentials::{self, Use};
 use crate::flows::review::preflight;
 use crate::flows::service::app::App;
 use crate::flows::service::cpu::cpu_bound;
@@ -106,8 +109,17 @@ pub(super) async fn plan_roots(
             .await?;
         runs.push(run);
         let started = std::time::Instant::now();
-        let outcome =
-            plan_root(app, prepared, root, run, &token, &pve, &mut preflight_notes).await?;
+        let outcome = plan_root(
+            app,
+            job.project,
+            prepared,
+            root,
+            run,
+            &token,
+            &pve,
+            &mut preflight_notes,
+        )
+        .await?;
         log_root(job, &root.name, run, &outcome, started.elapsed());
         results.push(RootResult {
             name: root.name.clone(),
@@ -162,8 +174,10 @@ fn log_root(job: &PlanJob, root: &str, run: RunId, outcome: &Outcome, took: std:
 
 /// One affected root: the engine's plan in its directory (a missing directory is a failed run),
 /// then the Proxmox preflight and lint; the preflight's note is added to `notes` once.
+#[allow(clippy::too_many_arguments)]
 async fn plan_root(
     app: &App,
+    project: ProjectId,
     prepared: &Prepared,
     root: &Root,
     run: RunId,
@@ -178,13 +192,22 @@ async fn plan_root(
     } else {
         checkout.join(&root.dir)
     };
-    let req = PlanRequest {
+    let mut req = PlanRequest {
         var_files: root.var_files.iter().map(PathBuf::from).collect(),
         workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
         extra_secrets: app.config.secrets(),
         cancel: Some(cancel.clone()),
         worktree: Some(checkout.to_path_buf()),
+        // An MR's plan only reads the state: it never locks or writes it (a Developer's
+        // token may not), and the apply's parity check catches a state that moved.
+        no_lock: true,
+        init_env: credentials::module_env(&app.config, Use::Plan),
         ..PlanRequest::default()
+    };
+    let state = if dir.is_dir() {
+        credentials::managed_state_env(&app.config, project, checkout, root, Use::Plan)
+    } else {
+        Ok(None)
     };
     let outcome = if !dir.is_dir() {
         let error = format!(
@@ -194,7 +217,17 @@ async fn plan_root(
         );
         let end = finish(app, run, RunState::Failed, &error, "", None).await?;
         Outcome::Failed { run, error, end }
+    } else if let Err(error) = &state {
+        let end = finish(app, run, RunState::Failed, error, "", None).await?;
+        Outcome::Failed {
+            run,
+            error: error.clone(),
+            end,
+        }
     } else {
+        if let Ok(Some(env)) = state {
+            req.extra_env = env;
+        }
         match prepared.engine.plan(&dir, &req).await {
             Ok(planned) => {
                 let pf = preflight::for_plan(pve.clone(), planned.plan()).await;
@@ -209,6 +242,14 @@ async fn plan_root(
                     )
                 });
                 findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
+                if planned.backend().is_local() {
+                    findings.push(state::state_in_checkout(
+                        &root.name,
+                        &root.dir,
+                        planned.backend(),
+                        true,
+                    ));
+                }
                 findings::sort_findings(&mut findings);
                 if !preflight_notes.contains(&pf.note) {
                     preflight_notes.push(pf.note);

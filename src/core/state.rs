@@ -1,0 +1,471 @@
+//! What planbot knows about a root's state: GitLab-managed state (the engine's `http` backend,
+//! its address and environment), the backend a root declares or `init` chose, a held lock.
+//!
+//! Pure: the flows read the files and hand their text in.
+
+use crate::core::config::{GitlabCredential, StateDefault};
+use crate::core::findings::{self, Finding, Severity};
+use crate::core::repo_config::{Root, RootState};
+use base64::Engine as _;
+use std::collections::BTreeMap;
+
+/// The override file planbot writes into a root with GitLab-managed state: an override's
+/// `backend` block replaces the root's own, so the `http` backend is used whatever the root's
+/// code says, configured entirely by the `TF_HTTP_*` environment.
+pub const OVERRIDE_FILE: &str = "planbot_state_override.tf";
+
+/// The text of [`OVERRIDE_FILE`].
+pub const OVERRIDE_TEXT: &str = "# Written by planbot: this root's state is GitLab-managed (see .planbot.toml).\nterraform {\n  backend \"http\" {}\n}\n";
+
+/// The GitLab-managed state a root uses, by name: its own `state = { gitlab = "NAME" }`, or
+/// the root's name when the service's `state.default` is `gitlab` and the root says nothing.
+pub fn gitlab_state_name(root: &Root, default: StateDefault) -> Option<String> {
+    match (&root.state, default) {
+        (RootState::Gitlab(name), _) => Some(name.clone()),
+        (RootState::Unset, StateDefault::Gitlab) => Some(root.name.clone()),
+        _ => None,
+    }
+}
+
+/// `<gitlab>/api/v4/projects/<id>/terraform/state/<name>`, the name URL-encoded.
+pub fn state_address(gitlab_url: &str, project: u64, name: &str) -> String {
+    let base = format!(
+        "{}/api/v4/projects/{project}/terraform/state/",
+        gitlab_url.trim_end_matches('/')
+    );
+    match url::Url::parse(&base) {
+        Ok(mut u) => {
+            if let Ok(mut segments) = u.path_segments_mut() {
+                segments.pop_if_empty().push(name);
+            }
+            u.to_string()
+        }
+        Err(_) => format!("{base}{name}"),
+    }
+}
+
+/// The `http` backend's configuration for GitLab-managed state at `address` (as GitLab's own
+/// OpenTofu component sets it): the lock and unlock addresses and methods, retries, and the
+/// credential of the run's trust level.
+pub fn http_backend_env(address: &str, credential: &GitlabCredential) -> BTreeMap<String, String> {
+    let lock = format!("{address}/lock");
+    [
+        ("TF_HTTP_ADDRESS", address.to_string()),
+        ("TF_HTTP_LOCK_ADDRESS", lock.clone()),
+        ("TF_HTTP_UNLOCK_ADDRESS", lock),
+        ("TF_HTTP_LOCK_METHOD", "POST".into()),
+        ("TF_HTTP_UNLOCK_METHOD", "DELETE".into()),
+        ("TF_HTTP_RETRY_WAIT_MIN", "5".into()),
+        ("TF_HTTP_USERNAME", credential.username.clone()),
+        ("TF_HTTP_PASSWORD", credential.token.expose().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The environment `init` gets to fetch modules from the same GitLab: git's HTTP
+/// `Authorization` header for that GitLab's URL only (through git's environment: nothing is
+/// written into the checkout or a file), and `TF_TOKEN_<host>` for its module registry (not for
+/// a GitLab on a port other than 443, which the engine cannot name in a variable). Every value
+/// is a secret.
+pub fn module_env(gitlab_url: &str, credential: &GitlabCredential) -> BTreeMap<String, String> {
+    let token = credential.token.expose();
+    let basic = base64::engine::general_purpose::STANDARD
+        .encode(format!("{}:{token}", credential.username));
+    let prefix = format!("{}/", gitlab_url.trim_end_matches('/'));
+    let mut env: BTreeMap<String, String> = [
+        ("GIT_CONFIG_NOSYSTEM", "1".to_string()),
+        ("GIT_TERMINAL_PROMPT", "0".to_string()),
+        ("GIT_CONFIG_COUNT", "1".to_string()),
+        ("GIT_CONFIG_KEY_0", format!("http.{prefix}.extraHeader")),
+        (
+            "GIT_CONFIG_VALUE_0",
+            format!("Authorization: Basic {basic}"),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if let Some(name) = registry_token_variable(gitlab_url) {
+        env.insert(name, token.to_string());
+    }
+    env
+}
+
+/// `TF_TOKEN_gitlab_example_com` for `https://gitlab.example.com`: dots become `_`, hyphens
+/// `__` (the engines' encoding of a host name). `None` for a URL with a port other than 443.
+pub fn registry_token_variable(gitlab_url: &str) -> Option<String> {
+    let u = url::Url::parse(gitlab_url).ok()?;
+    if u.port().is_some_and(|p| p != 443) {
+        return None;
+    }
+    let host = u.host_str()?.to_ascii_lowercase();
+    Some(format!(
+        "TF_TOKEN_{}",
+        host.replace('-', "__").replace('.', "_")
+    ))
+}
+
+/// The backend a root uses, as planbot learns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// The state is a file next to the code: a `local` backend (`declared`), or no backend
+    /// block at all. In a service run it lives in a throwaway checkout and is lost.
+    Local { declared: bool },
+    /// Any other backend (`http`, `s3`, `pg`, `cloud`…), by type.
+    Remote(String),
+}
+
+impl Backend {
+    /// After `init`: `.terraform/terraform.tfstate` names the backend `init` configured; without
+    /// that file there was no backend block, which is the local one.
+    pub fn after_init(init_file: Option<&[u8]>) -> Backend {
+        let Some(bytes) = init_file else {
+            return Backend::Local { declared: false };
+        };
+        let kind = serde_json::from_slice::<serde_json::Value>(bytes)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/backend/type")
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string)
+            });
+        match kind.as_deref() {
+            None | Some("") => Backend::Local { declared: false },
+            Some("local") => Backend::Local { declared: true },
+            Some(other) => Backend::Remote(other.to_string()),
+        }
+    }
+
+    /// Whether the state is a file in the checkout.
+    pub fn is_local(&self) -> bool {
+        matches!(self, Backend::Local { .. })
+    }
+
+    /// Before any engine runs: the backend the root's files declare (`terraform { backend "x"
+    /// {} }` or `cloud {}`; an override file wins), or `None` when a file cannot be read as
+    /// HCL or JSON (then only `init` can tell). `files` are the root directory's `.tf`,
+    /// `.tofu`, `.tf.json` and `.tofu.json` files, by name.
+    pub fn declared(files: &[(String, String)]) -> Option<Backend> {
+        let mut found: Option<Backend> = None;
+        let mut overridden: Option<Backend> = None;
+        for (name, text) in files {
+            let stem = name
+                .trim_end_matches(".json")
+                .trim_end_matches(".tf")
+                .trim_end_matches(".tofu");
+            let is_override = stem == "override" || stem.ends_with("_override");
+            let backend = if name.ends_with(".json") {
+                json_backend(text)?
+            } else {
+                hcl_backend(text)?
+            };
+            if let Some(b) = backend {
+                if is_override {
+                    overridden = Some(b);
+                } else {
+                    found = Some(b);
+                }
+            }
+        }
+        Some(
+            overridden
+                .or(found)
+                .unwrap_or(Backend::Local { declared: false }),
+        )
+    }
+}
+
+/// The backend of one HCL file: `Some(None)` when it declares none, `None` when it does not parse.
+fn hcl_backend(text: &str) -> Option<Option<Backend>> {
+    let body = hcl::parse(text).ok()?;
+    let mut found = None;
+    for block in body.blocks().filter(|b| b.identifier() == "terraform") {
+        for inner in block.body().blocks() {
+            match inner.identifier() {
+                "backend" => {
+                    let kind = inner
+                        .labels()
+                        .first()
+                        .map(|l| l.as_str().to_string())
+                        .unwrap_or_default();
+                    found = Some(if kind == "local" {
+                        Backend::Local { declared: true }
+                    } else {
+                        Backend::Remote(kind)
+                    });
+                }
+                "cloud" => found = Some(Backend::Remote("cloud".into())),
+                _ => {}
+            }
+        }
+    }
+    Some(found)
+}
+
+/// The backend of one JSON configuration file (`{"terraform": {"backend": {"s3": {...}}}}`).
+fn json_backend(text: &str) -> Option<Option<Backend>> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let blocks: Vec<&serde_json::Value> = match v.get("terraform") {
+        Some(serde_json::Value::Array(items)) => items.iter().collect(),
+        Some(t) => vec![t],
+        None => Vec::new(),
+    };
+    let mut found = None;
+    for t in blocks {
+        if t.get("cloud").is_some() {
+            found = Some(Backend::Remote("cloud".into()));
+        }
+        if let Some(kind) = t
+            .get("backend")
+            .and_then(|b| b.as_object())
+            .and_then(|b| b.keys().next())
+        {
+            found = Some(if kind == "local" {
+                Backend::Local { declared: true }
+            } else {
+                Backend::Remote(kind.clone())
+            });
+        }
+    }
+    Some(found)
+}
+
+/// The finding for a root whose state is a file in the checkout: an error in a service run
+/// (`service`: the plan status fails, the apply is refused), a warning for `planbot plan`.
+pub fn state_in_checkout(root: &str, dir: &str, backend: &Backend, service: bool) -> Finding {
+    let severity = if service {
+        Severity::Error
+    } else {
+        Severity::Warning
+    };
+    findings::finding_with(
+        findings::STATE_IN_CHECKOUT,
+        severity,
+        "",
+        serde_json::json!({
+            "root": root,
+            "dir": dir,
+            "declared": matches!(backend, Backend::Local { declared: true }),
+            "service": service,
+        }),
+    )
+}
+
+/// A state lock someone else holds, as the engine reports it ("Error acquiring the state lock").
+/// The `http` backend names only the held lock's ID (`already locked: ID=…`; its `Lock Info:`
+/// block is the engine's own attempt), so who holds it and since when come from GitLab
+/// ([`HeldLock::held_by`]); other backends print the held lock's info.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    pub id: String,
+    pub who: String,
+    pub created: String,
+}
+
+impl HeldLock {
+    /// The held lock an engine's (redacted) output reports, if it reports one.
+    pub fn from_engine_output(text: &str) -> Option<HeldLock> {
+        if !text.contains("Error acquiring the state lock") {
+            return None;
+        }
+        if let Some(rest) = text.split("already locked: ID=").nth(1) {
+            let id: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+            return (!id.is_empty()).then(|| HeldLock {
+                id,
+                who: String::new(),
+                created: String::new(),
+            });
+        }
+        let mut in_info = false;
+        let mut fields: BTreeMap<&str, String> = BTreeMap::new();
+        for line in text.lines() {
+            let l = line.trim_start_matches(['│', '╷', '╵']).trim();
+            if l.starts_with("Lock Info:") {
+                in_info = true;
+                continue;
+            }
+            if !in_info {
+                continue;
+            }
+            let Some((key, value)) = l.split_once(':') else {
+                if l.is_empty() && !fields.is_empty() {
+                    break;
+                }
+                continue;
+            };
+            match key.trim() {
+                k @ ("ID" | "Who" | "Created") => {
+                    fields.insert(k, value.trim().to_string());
+                }
+                "Path" | "Operation" | "Version" | "Info" => {}
+                _ => break,
+            }
+        }
+        Some(HeldLock {
+            id: fields.remove("ID").filter(|s| !s.is_empty())?,
+            who: fields.remove("Who").unwrap_or_default(),
+            created: fields.remove("Created").unwrap_or_default(),
+        })
+    }
+
+    /// The lock with who holds it and since when, as GitLab tells (`who` a GitLab user name).
+    pub fn held_by(self, who: &str, since: &str) -> HeldLock {
+        HeldLock {
+            who: format!("@{who}"),
+            created: since.to_string(),
+            ..self
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::Secret;
+    use crate::core::repo_config::RepoConfig;
+
+    fn cred() -> GitlabCredential {
+        GitlabCredential {
+            username: "planbot".into(),
+            token: Secret::new("glpat-state-token"),
+        }
+    }
+
+    #[test]
+    fn a_root_gets_gitlab_managed_state_by_its_own_entry_or_the_service_default() {
+        let cfg = RepoConfig::parse(
+            r#"
+[[roots]]
+name = "core"
+dir = "core"
+state = { gitlab = "homelab prod" }
+[[roots]]
+name = "dns"
+dir = "dns"
+[[roots]]
+name = "lab"
+dir = "lab"
+state = "own"
+"#,
+        )
+        .unwrap();
+        let names = |d| {
+            cfg.roots
+                .iter()
+                .map(|r| gitlab_state_name(r, d))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(StateDefault::Own),
+            [Some("homelab prod".to_string()), None, None]
+        );
+        assert_eq!(
+            names(StateDefault::Gitlab),
+            [
+                Some("homelab prod".to_string()),
+                Some("dns".to_string()),
+                None
+            ]
+        );
+        let address = state_address("https://gitlab.example.com:8443/", 42, "homelab prod");
+        assert_eq!(
+            address,
+            "https://gitlab.example.com:8443/api/v4/projects/42/terraform/state/homelab%20prod"
+        );
+        let env = http_backend_env(&address, &cred());
+        assert_eq!(env["TF_HTTP_LOCK_ADDRESS"], format!("{address}/lock"));
+        assert_eq!(env["TF_HTTP_UNLOCK_METHOD"], "DELETE");
+        assert_eq!(env["TF_HTTP_PASSWORD"], "glpat-state-token");
+    }
+
+    #[test]
+    fn module_credentials_are_for_the_gitlab_url_only() {
+        let env = module_env("https://gitlab.example-lab.com", &cred());
+        assert_eq!(
+            env["GIT_CONFIG_KEY_0"],
+            "http.https://gitlab.example-lab.com/.extraHeader"
+        );
+        let basic = base64::engine::general_purpose::STANDARD.encode("planbot:glpat-state-token");
+        assert_eq!(
+            env["GIT_CONFIG_VALUE_0"],
+            format!("Authorization: Basic {basic}")
+        );
+        assert_eq!(env["TF_TOKEN_gitlab_example__lab_com"], "glpat-state-token");
+        assert_eq!(
+            registry_token_variable("https://gitlab.example.com:8443"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_backend_is_read_from_the_files_and_after_init() {
+        let f = |name: &str, text: &str| (name.to_string(), text.to_string());
+        assert_eq!(
+            Backend::declared(&[f("main.tf", "resource \"x\" \"y\" {}")]),
+            Some(Backend::Local { declared: false })
+        );
+        assert_eq!(
+            Backend::declared(&[f(
+                "backend.tf",
+                "terraform {\n  required_version = \">= 1.6\"\n  backend \"s3\" {\n    bucket = \"b\"\n  }\n}"
+            )]),
+            Some(Backend::Remote("s3".into()))
+        );
+        assert_eq!(
+            Backend::declared(&[f("backend.tf", "terraform {\n  backend \"local\" {}\n}")]),
+            Some(Backend::Local { declared: true })
+        );
+        assert_eq!(
+            Backend::declared(&[
+                f("backend.tf", "terraform {\n  backend \"local\" {}\n}"),
+                f(OVERRIDE_FILE, OVERRIDE_TEXT)
+            ]),
+            Some(Backend::Remote("http".into()))
+        );
+        assert_eq!(
+            Backend::declared(&[f(
+                "main.tf.json",
+                r#"{"terraform": {"backend": {"pg": {}}}}"#
+            )]),
+            Some(Backend::Remote("pg".into()))
+        );
+        assert_eq!(Backend::declared(&[f("main.tf", "terraform {")]), None);
+        assert_eq!(
+            Backend::after_init(None),
+            Backend::Local { declared: false }
+        );
+        assert_eq!(
+            Backend::after_init(Some(
+                br#"{"version":3,"backend":{"type":"http","config":{}}}"#
+            )),
+            Backend::Remote("http".into())
+        );
+    }
+
+    #[test]
+    fn a_held_lock_is_read_from_the_engines_error() {
+        // The http backend: the held lock's ID in the message; the Lock Info is its own attempt.
+        let http = "Error: Error acquiring the state lock\n\nError message: HTTP remote state already locked: ID=6c1f0e2a-held\nLock Info:\n  ID:        d3912e86-own\n  Who:       root@vm\n";
+        assert_eq!(
+            HeldLock::from_engine_output(http),
+            Some(HeldLock {
+                id: "6c1f0e2a-held".into(),
+                who: String::new(),
+                created: String::new(),
+            })
+        );
+        // Other backends print the held lock's info (here boxed, as with -no-color).
+        let s3 = "╷\n│ Error: Error acquiring the state lock\n│ \n│ Error message: ConditionalCheckFailedException\n│ Lock Info:\n│   ID:        9f1c2a\n│   Path:      \n│   Operation: OperationTypePlan\n│   Who:       alice@laptop\n│   Version:   1.11.4\n│   Created:   2025-06-01 09:30:00 +0000 UTC\n│   Info:      \n│ \n╵\n";
+        assert_eq!(
+            HeldLock::from_engine_output(s3),
+            Some(HeldLock {
+                id: "9f1c2a".into(),
+                who: "alice@laptop".into(),
+                created: "2025-06-01 09:30:00 +0000 UTC".into()
+            })
+        );
+        assert_eq!(HeldLock::from_engine_output("Error: something else"), None);
+    }
+}
