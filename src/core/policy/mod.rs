@@ -117,7 +117,7 @@ pub enum PolicyError {
     #[error("evaluation stopped after {limit:?}, the limit of a policy set (a policy that loops over too much?)")]
     Limit { limit: Duration },
     /// The set's directory could not be read (missing, a symbolic link, a file too large).
-    #[error("its policy directory could not be read: {0}")]
+    #[error("{0}")]
     Unreadable(String),
 }
 

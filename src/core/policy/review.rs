@@ -232,6 +232,8 @@ pub struct PolicySection {
     unapproved: usize,
     /// The default branch the repository's sets were read from.
     branch: String,
+    /// Whether planbot's own (operator) sets are among them.
+    operator: bool,
     cleared: Vec<ClearedApproval>,
 }
 
@@ -298,6 +300,7 @@ impl PolicySection {
             .cloned()
             .collect();
         PolicySection {
+            operator: sets.iter().any(|s| s.origin == SetOrigin::Operator),
             sets,
             unapproved,
             branch: branch.to_string(),
@@ -312,6 +315,13 @@ impl PolicySection {
 
     pub fn is_empty(&self) -> bool {
         self.sets.is_empty()
+    }
+
+    /// Whether a set left a warning.
+    pub fn has_warnings(&self) -> bool {
+        self.sets
+            .iter()
+            .any(|s| !s.warnings.is_empty() || s.warnings_more > 0)
     }
 }
 

@@ -13,6 +13,7 @@ use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
 use crate::core::lint;
+use crate::core::policy::Verdict;
 use crate::core::repo_config::Root;
 use crate::core::state;
 use crate::flows::confinement::credentials::{self, Use};
@@ -30,6 +31,9 @@ pub(super) enum Outcome {
         planned: Box<PlannedRun>,
         findings: Vec<Finding>,
         fingerprint: Fingerprint,
+        /// The policy sets' verdict on the plan (no set when none checks the root); `None`
+        /// when the plan errored (it cannot be applied, so nothing is checked).
+        policy: Option<Verdict>,
     },
     Failed {
         run: RunId,
@@ -251,6 +255,13 @@ async fn plan_root(
                     ));
                 }
                 findings::sort_findings(&mut findings);
+                let policy = (!planned.plan().errored).then(|| {
+                    cpu_bound(|| {
+                        prepared
+                            .policies
+                            .evaluate(&root.name, planned.plan_json(), &findings)
+                    })
+                });
                 if !preflight_notes.contains(&pf.note) {
                     preflight_notes.push(pf.note);
                 }
@@ -259,6 +270,7 @@ async fn plan_root(
                     planned: Box::new(planned),
                     findings,
                     fingerprint,
+                    policy,
                 }
             }
             Err(e) => {
