@@ -206,7 +206,8 @@ pub fn evaluate(input: &PlanInput<'_>, sets: &[PolicySet]) -> Verdict {
 }
 
 /// [`evaluate`] over a plan document already read ([`PlanDocument::read`]), e.g. on another
-/// thread while planbot's own checks ran.
+/// thread while planbot's own checks ran. The sets are independent (each its own interpreter
+/// over the one shared document), so they run side by side, one per core.
 pub fn evaluate_document(
     plan: &PlanDocument,
     findings: &[Finding],
@@ -214,16 +215,42 @@ pub fn evaluate_document(
     sets: &[PolicySet],
 ) -> Verdict {
     let document = rego::Document::new(plan, findings, root);
+    let one = |set: &PolicySet| SetVerdict {
+        name: set.name.clone(),
+        namespace: set.namespace.clone(),
+        outcome: match rego::evaluate_set(&document, set) {
+            Ok(results) => Outcome::Checked(results),
+            Err(e) => Outcome::Error(e),
+        },
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if sets.len() < 2 || cores < 2 {
+        return Verdict {
+            sets: sets.iter().map(one).collect(),
+        };
+    }
+    // A few threads take the sets in turn; each verdict lands in its set's slot.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<SetVerdict>>> =
+        sets.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..cores.min(sets.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(set) = sets.get(i) else { break };
+                let verdict = one(set);
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(verdict);
+            });
+        }
+    });
+    // A thread that panicked made `scope` panic: every slot is filled here.
     Verdict {
-        sets: sets
-            .iter()
-            .map(|set| SetVerdict {
-                name: set.name.clone(),
-                namespace: set.namespace.clone(),
-                outcome: match rego::evaluate_set(&document, set) {
-                    Ok(results) => Outcome::Checked(results),
-                    Err(e) => Outcome::Error(e),
-                },
+        sets: slots
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expect("every set was evaluated")
             })
             .collect(),
     }

@@ -13,8 +13,8 @@ use crate::core::policy::review::{
     SetOrigin, SetSource,
 };
 use crate::core::policy::{
-    evaluate_document, Outcome, Owner, PlanDocument, PolicyError, PolicyFile, PolicySetSpec,
-    SetVerdict, Verdict, DEFAULT_LIMIT,
+    evaluate_document, Outcome, Owner, PlanDocument, PolicyError, PolicyFile, PolicySet,
+    PolicySetSpec, SetVerdict, Verdict, DEFAULT_LIMIT,
 };
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::RepoConfig;
@@ -108,33 +108,68 @@ impl PolicySets {
         self.sets.iter().filter(move |s| s.spec.applies_to(root))
     }
 
-    /// Evaluate the sets that check `root` over its plan (`show -json`) and findings; the plan
-    /// document is read once for all of them. An empty verdict when no set checks the root.
-    pub fn evaluate(&self, root: &str, plan_json: &[u8], findings: &[Finding]) -> Verdict {
+    /// The plan document (`show -json`) read for the sets that check `root`; `None` when no
+    /// set does (nothing is read then). The costly part of a check, free to run on another
+    /// thread while lint and the fingerprint run ([`Self::evaluate`] takes it afterwards).
+    pub fn read_document(
+        &self,
+        root: &str,
+        plan_json: &[u8],
+    ) -> Option<Result<PlanDocument, PolicyError>> {
+        self.for_root(root).next()?;
+        Some(
+            std::str::from_utf8(plan_json)
+                .map_err(|e| PolicyError::Input(e.to_string()))
+                .and_then(PlanDocument::read),
+        )
+    }
+
+    /// The verdict of the sets that check `root` over its plan `document` (from
+    /// [`Self::read_document`]) and findings, in their order; no set in it when none checks the
+    /// root. A set whose files could not be read errors.
+    pub fn evaluate(
+        &self,
+        root: &str,
+        document: Option<Result<PlanDocument, PolicyError>>,
+        findings: &[Finding],
+    ) -> Verdict {
         let sets: Vec<&LoadedSet> = self.for_root(root).collect();
-        if sets.is_empty() {
-            return Verdict { sets: Vec::new() };
-        }
-        let document = std::str::from_utf8(plan_json)
-            .map_err(|e| PolicyError::Input(e.to_string()))
-            .and_then(PlanDocument::read);
+        let failed = |loaded: &LoadedSet, e: PolicyError| SetVerdict {
+            name: loaded.spec.name.clone(),
+            namespace: loaded.spec.namespace.clone(),
+            outcome: Outcome::Error(e),
+        };
+        let doc = match document {
+            None if sets.is_empty() => return Verdict { sets: Vec::new() },
+            None => Err(PolicyError::Input("the plan was not read".into())),
+            Some(doc) => doc,
+        };
+        let doc = match doc {
+            Ok(doc) => doc,
+            Err(e) => {
+                return Verdict {
+                    sets: sets.iter().map(|l| failed(l, e.clone())).collect(),
+                }
+            }
+        };
+        // Every readable set in one evaluation (side by side), then each in its place.
+        let readable: Vec<PolicySet> = sets
+            .iter()
+            .filter_map(|l| {
+                let files = l.files.as_ref().ok()?;
+                Some(l.spec.with_files(files.clone(), DEFAULT_LIMIT))
+            })
+            .collect();
+        let mut evaluated = evaluate_document(&doc, findings, root, &readable)
+            .sets
+            .into_iter();
         let verdicts = sets
             .iter()
-            .map(|loaded| {
-                let failed = |e: PolicyError| SetVerdict {
-                    name: loaded.spec.name.clone(),
-                    namespace: loaded.spec.namespace.clone(),
-                    outcome: Outcome::Error(e),
-                };
-                match (&document, &loaded.files) {
-                    (Err(e), _) => failed(e.clone()),
-                    (_, Err(why)) => failed(PolicyError::Unreadable(why.clone())),
-                    (Ok(doc), Ok(files)) => {
-                        let set = loaded.spec.with_files(files.clone(), DEFAULT_LIMIT);
-                        let mut v = evaluate_document(doc, findings, root, &[set]);
-                        v.sets.remove(0)
-                    }
-                }
+            .map(|l| match &l.files {
+                Err(why) => failed(l, PolicyError::Unreadable(why.clone())),
+                Ok(_) => evaluated
+                    .next()
+                    .expect("one verdict per readable set, in order"),
             })
             .collect();
         Verdict { sets: verdicts }
