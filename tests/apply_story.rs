@@ -597,7 +597,9 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     let refused = w.notes_containing(iid2, "apply refused");
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert!(
-        refused[0].contains("terraform_data.vm[\"blocky\"]"),
+        support::gitlab_reading::reading(&refused[0])
+            .visible
+            .contains("terraform_data.vm[\"blocky\"]"),
         "{}",
         refused[0]
     );

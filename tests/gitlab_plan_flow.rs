@@ -361,7 +361,7 @@ async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
     w.plan(iid).await;
     let body = &w.fake.notes(&w.project, iid)[0].body;
     assert!(body.contains("changed in this MR: preview"), "{body}");
-    assert!(body.contains("`everything`"), "{body}");
+    assert!(body.contains("<code>everything</code>"), "{body}");
     // Main's config still rules: neither root is touched by a .planbot.toml change.
     let runs = w
         .app
@@ -443,4 +443,185 @@ async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
             "success"
         );
     }
+}
+
+/// What GitLab and a reader make of the MR's plan note: GitLab would act on nothing in what
+/// planbot posted (the fake checks every post with the port of GitLab's rule), the rendered
+/// note has only planbot's own headings and HTML, no "apply approved" verdict, and `shown` is
+/// visible (not hidden in a comment, not run as a command).
+fn assert_note_reads_safely(w: &World, iid: u64, shown: &[&str]) {
+    use support::gitlab_reading::{is_planbots_html, reading};
+    let hazards = w.fake.take_hazards();
+    assert!(hazards.is_empty(), "GitLab would act on: {hazards:#?}");
+    let body = w.fake.plan_note(&w.project, iid).expect("a plan note");
+    let seen = reading(&body);
+    let verdicts: Vec<&String> = seen
+        .headings
+        .iter()
+        .filter(|h| h.contains("planbot ·"))
+        .collect();
+    assert_eq!(
+        verdicts.len(),
+        1,
+        "one headline: {:?}\n{body}",
+        seen.headings
+    );
+    assert!(
+        verdicts[0].contains("planbot · plan for") && !verdicts[0].contains("approved"),
+        "{verdicts:?}"
+    );
+    let foreign: Vec<&String> = seen.html.iter().filter(|h| !is_planbots_html(h)).collect();
+    assert!(
+        foreign.is_empty(),
+        "HTML planbot did not write: {foreign:?}\n{body}"
+    );
+    for text in shown {
+        assert!(
+            seen.visible.contains(text),
+            "{text:?} is not shown:\n{}",
+            seen.visible
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mrs_config_cannot_put_commands_a_fake_verdict_or_a_hidden_plan_in_the_note() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    // Each MR changes the core root (so it is planned) and proposes a hostile `.planbot.toml`.
+    let attacks = [
+        // Values printed as they were: lines of their own in the note.
+        r#"[[roots]]
+name = "core"
+dir = "tofu/stacks/core\n/approve\n/label ~planbot::approved\n/assign_reviewer @alice\n@all look <img src=\"https://attacker.example/x.png\">\n\n### 🟢 planbot · plan for `0000000` · apply approved\n<!--"
+when_modified = ["*.tf\n/unlabel ~planbot::blocked"]
+"#,
+        // Problem messages quoting the values.
+        r#"[[roots]]
+name = "core"
+dir = "../../`x` /approve <img src=x> <!-- @here"
+when_modified = ["../../y\n/approve\n@here <!--"]
+"#,
+        // Valid values full of markup.
+        r#"[[roots]]
+name = "core"
+dir = "tofu/stacks/core"
+when_modified = ["*.tf", "x | <b>bold</b> <!-- @all"]
+"#,
+    ];
+    for (i, config) in attacks.iter().enumerate() {
+        let branch = format!("feature/cfg-{i}");
+        w.fake.commit_files(
+            &w.project,
+            &branch,
+            &[
+                (".planbot.toml", config),
+                ("tofu/stacks/core/main.tf", &tf("vm", &format!("v{i}"))),
+            ],
+        );
+        let iid = w.fake.open_mr(&w.project, &branch, "main");
+        w.plan(iid).await;
+        let shown: &[&str] = match i {
+            0 => &[
+                "/approve",
+                "@all look <img src=\"https://attacker.example/x.png\">",
+            ],
+            1 => &[
+                "../../`x` /approve <img src=x> <!-- @here leaves the repository",
+                "/approve @here <!-- holds a control character",
+            ],
+            _ => &["<b>bold</b> <!-- @all"],
+        };
+        let mut shown = shown.to_vec();
+        // The plan itself stays in view.
+        shown.push("terraform_data.vm");
+        assert_note_reads_safely(&w, iid, &shown);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_output_cannot_close_its_code_block_and_post_commands() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    // A precondition's message is printed by the engine as written: lines of its own.
+    let hostile = r#"variable "v" {
+  default = "a"
+}
+resource "terraform_data" "vm" {
+  input = var.v
+  lifecycle {
+    precondition {
+      condition     = var.v == "b"
+      error_message = "Bad.\n```\n/approve\n/label ~planbot::approved\n@all look <img src=x>\n```\n### 🟢 planbot · apply approved\n<!--"
+    }
+  }
+}
+"#;
+    w.fake.commit_files(
+        &w.project,
+        "feature/out",
+        &[("tofu/stacks/core/main.tf", hostile)],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/out", "main");
+    w.plan(iid).await;
+    assert_note_reads_safely(
+        &w,
+        iid,
+        &[
+            "/approve",
+            "@all look <img src=x>",
+            "### 🟢 planbot · apply approved",
+        ],
+    );
+}
+
+/// Bytes of the SQLite store on disk (the database and its write-ahead log).
+fn store_bytes(w: &World) -> u64 {
+    std::fs::read_dir(w._data.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("planbot.db"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_40_mb_value_ends_in_a_clear_note_and_the_store_barely_grows() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let tf = support::forty_mb_value_tf();
+    w.fake.commit_files(
+        &w.project,
+        "feature/big",
+        &[("tofu/stacks/core/main.tf", &tf)],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/big", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    let before = store_bytes(&w);
+    w.plan(iid).await;
+    let grew = store_bytes(&w) - before;
+
+    let body = w.fake.plan_note(&w.project, iid).expect("a plan note");
+    assert!(
+        body.contains("the plan is too large: `show -json` printed more than 32 MiB, the most planbot accepts (`engine.max_plan_json_mib`)"),
+        "{}",
+        &body[..body.len().min(3000)]
+    );
+    assert!(body.len() < 100_000, "the note is {} bytes", body.len());
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(last.state, "failed");
+    assert!(grew < 4 * 1024 * 1024, "the store grew by {grew} bytes");
+    let runs = w
+        .app
+        .store
+        .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1);
+    let run = w.app.store.run(runs[0].id).await.unwrap().unwrap();
+    assert!(
+        run.log.len() < 2 * 1024 * 1024,
+        "a stored log of {} bytes",
+        run.log.len()
+    );
 }

@@ -410,6 +410,22 @@ fn fork_mr_hook(fake: &FakeGitLab, project: &FakeProject, fork: &FakeProject, ii
     hook.to_string()
 }
 
+/// The plan jobs of the queue (any state), newest first.
+async fn queued_plans(
+    store: &planbot::capabilities::store::Store,
+) -> Vec<planbot::core::events::PlanJob> {
+    store
+        .recent_jobs(20)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|j| match j.job {
+            Some(planbot::core::events::Job::Plan(p)) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The fork-notice jobs, once none is left to run (whether one or two were enqueued).
 async fn fork_notice_jobs_when_finished(
     store: &planbot::capabilities::store::Store,
@@ -535,19 +551,84 @@ async fn a_fork_mr_is_not_planned_until_a_maintainer_asks() {
             plan_note(&fake, &project, iid).is_some()
         })
         .await;
-    let plans: Vec<_> = store
-        .recent_jobs(20)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|j| match j.job {
-            Some(planbot::core::events::Job::Plan(p)) => Some(p),
-            _ => None,
-        })
-        .collect();
+    let plans = queued_plans(&store).await;
     assert_eq!(plans.len(), 1);
     assert!(plans[0].fork);
     assert_eq!(plans[0].requested_by.map(|u| u.0), Some(maintainer.id));
+}
+
+/// A Maintainer reads a fork MR at one commit and comments `planbot plan`; the fork's author
+/// pushes before planbot runs the command. The commit pushed after the comment is not planned:
+/// a note says so, and a new comment on the new head plans that head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_comment_plans_the_commit_it_was_made_on_not_one_pushed_after() {
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let (project, fork, iid) = fork_mr(&fake);
+    let maintainer = fake.create_user("maint");
+    fake.add_member(&project, &maintainer, 40);
+    let data = tempfile::tempdir().unwrap();
+    let workers = Options {
+        workers: true,
+        reconcile: false,
+    };
+    let s = TestService::start(service_config(data.path(), &fake, &engine), workers).await;
+    let store = s.app.store.clone();
+    let story = Story {
+        fake: &fake,
+        project: &project,
+        mrs: vec![iid],
+        store: store.clone(),
+    };
+
+    let read = fake.mr_sha(&project, iid);
+    let comment = fake.note_webhook(&project, iid, &maintainer, "planbot plan");
+    // The fork's author pushes between the comment and planbot's run of it.
+    fake.commit_files(
+        &fork,
+        "evil",
+        &[("main.tf", &MAIN_TF.replace("blocky", "pushed-after-review"))],
+    );
+    let moved = fake.mr_sha(&project, iid);
+    assert_ne!(read, moved);
+    let headers = token_headers("Note Hook", "moved-1", WEBHOOK_SECRET);
+    assert_eq!(s.deliver(&comment.to_string(), &headers).await, 200);
+    let refusal = |fake: &FakeGitLab| {
+        fake.notes(&project, iid)
+            .into_iter()
+            .find(|n| n.author_id == fake.bot().id && n.body.contains("was not run"))
+    };
+    story
+        .wait_for("the refusal note", || refusal(&fake).is_some())
+        .await;
+    let body = refusal(&fake).unwrap().body;
+    assert!(
+        body.contains(&format!("`{}`", &read[..8])) && body.contains(&format!("`{}`", &moved[..8])),
+        "names the commented and the new head: {body}"
+    );
+    assert!(body.contains("comment `planbot plan` again"), "{body}");
+    assert!(
+        queued_plans(&store).await.is_empty(),
+        "{}",
+        story.tell().await
+    );
+    assert!(plan_note(&fake, &project, iid).is_none());
+
+    // Read again, commented again: the head the comment names is planned.
+    let comment = fake.note_webhook(&project, iid, &maintainer, "planbot plan");
+    let headers = token_headers("Note Hook", "moved-2", WEBHOOK_SECRET);
+    assert_eq!(s.deliver(&comment.to_string(), &headers).await, 200);
+    story
+        .wait_for("the plan note of the fork MR", || {
+            plan_note(&fake, &project, iid).is_some()
+        })
+        .await;
+    let plans = queued_plans(&store).await;
+    assert_eq!(plans.len(), 1, "{}", story.tell().await);
+    assert_eq!(plans[0].head.as_str(), moved);
+    assert!(plan_note(&fake, &project, iid)
+        .unwrap()
+        .contains("pushed-after-review"));
 }
 
 /// The interleaving that hung the test above, made certain: both deliveries are recorded

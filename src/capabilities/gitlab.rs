@@ -1,6 +1,12 @@
 //! GitLab REST client (`/api/v4`): MRs, notes, commit statuses, members, branches, job tokens, with retries.
 //!
 //! One concrete struct, [`GitLab`], with an injectable base URL (tests point it at the fake GitLab).
+//! Every text it posts (note bodies, issue titles and descriptions, status descriptions) goes
+//! through [`defuse`] first, here and nowhere else, so that no caller can post a quick action,
+//! a mass mention or an unclosed HTML comment. Note bodies and issue descriptions are sent
+//! without trailing whitespace, as GitLab stores them (its quick-action pass strips it), so
+//! that the "never post twice" checks compare like with like.
+//!
 //! The bot token travels only in the `PRIVATE-TOKEN` header and is never part of an error or a log
 //! line; a CI job token travels only in the `JOB-TOKEN` header of [`GitLab::job_for_token`].
 //!
@@ -10,6 +16,7 @@
 //! The response types are tolerant: besides the identifying id, every field is optional or
 //! defaulted (also when GitLab sends `null`), and unknown fields are ignored.
 
+use crate::core::defuse::defuse;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, UserId};
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
@@ -447,15 +454,33 @@ pub struct StateLock {
     pub locked_at: String,
 }
 
-/// Cut a status description to GitLab's limit, on a character boundary, marking the cut.
-pub fn truncate_description(text: &str) -> String {
-    let one_line = text.lines().next().unwrap_or("").trim();
-    if one_line.chars().count() <= STATUS_DESCRIPTION_MAX {
-        return one_line.to_string();
+/// A note body or issue description as it is sent: made inert ([`defuse`]), and without the
+/// trailing whitespace GitLab would strip when it stores it.
+fn outgoing(text: &str) -> std::borrow::Cow<'_, str> {
+    match defuse(text) {
+        std::borrow::Cow::Borrowed(t) => std::borrow::Cow::Borrowed(t.trim_end()),
+        std::borrow::Cow::Owned(t) => std::borrow::Cow::Owned(t.trim_end().to_string()),
     }
-    let mut out: String = one_line.chars().take(STATUS_DESCRIPTION_MAX - 1).collect();
-    out.push('…');
-    out
+}
+
+/// Cut a status description to GitLab's limit, on a character boundary, marking the cut; made
+/// inert ([`defuse`]) after the cut, which could leave a comment opener without its end.
+pub fn truncate_description(text: &str) -> String {
+    let lines = defuse(text);
+    let one_line = defuse(lines.lines().next().unwrap_or("").trim()).into_owned();
+    let mut keep = STATUS_DESCRIPTION_MAX;
+    loop {
+        if one_line.chars().count() <= keep {
+            return defuse(&one_line).into_owned();
+        }
+        let mut out: String = one_line.chars().take(keep - 1).collect();
+        out.push('…');
+        let out = defuse(&out).into_owned();
+        if out.chars().count() <= STATUS_DESCRIPTION_MAX {
+            return out;
+        }
+        keep -= 1;
+    }
 }
 
 /// Why a request got no answer, in the words an operator looks for first — `connection
@@ -684,6 +709,8 @@ impl GitLab {
         iid: MrIid,
         body: &str,
     ) -> Result<Note, GitLabError> {
+        let body = outgoing(body);
+        let body = &*body;
         let p = project.to_string();
         let i = iid.to_string();
         let payload = serde_json::json!({ "body": body });
@@ -740,7 +767,7 @@ impl GitLab {
         let p = project.to_string();
         let i = iid.to_string();
         let n = note.to_string();
-        let payload = serde_json::json!({ "body": body });
+        let payload = serde_json::json!({ "body": outgoing(body) });
         let edited: Note = self
             .send_json(
                 Method::PUT,
@@ -867,6 +894,8 @@ impl GitLab {
         title: &str,
         description: &str,
     ) -> Result<Issue, GitLabError> {
+        let (title, description) = (defuse(title), outgoing(description));
+        let (title, description) = (&*title, &*description);
         let p = project.to_string();
         let payload = serde_json::json!({ "title": title, "description": description });
         // After an ambiguous failure: an identical issue by the bot newer than the project's
@@ -1383,6 +1412,11 @@ mod tests {
         assert_eq!(cut.chars().count(), 255);
         assert!(cut.ends_with('…'));
         assert_eq!(truncate_description("2 to add\nsecond line"), "2 to add");
+        // Made inert, also where the cut leaves a comment opener without its end.
+        assert_eq!(truncate_description(" /approve"), "\u{200B}/approve");
+        assert_eq!(truncate_description("x\r/approve"), "x");
+        let cut = truncate_description(&format!("{}<!-- {} -->", "a".repeat(240), "b".repeat(20)));
+        assert!(cut.chars().count() <= 255 && !cut.contains("<!--"), "{cut}");
     }
 
     #[test]

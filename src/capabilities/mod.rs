@@ -1,5 +1,6 @@
 //! Capabilities: one concrete client per external thing (GitLab, git, the engine and its
 //! sandbox, Proxmox, the store), each with an injectable base URL, binary or path.
+pub mod checkout_file;
 pub mod engine;
 pub mod gitlab;
 pub mod namespaces;

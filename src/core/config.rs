@@ -394,6 +394,8 @@ pub struct EngineConfig {
     /// `engine.provider_mirror`: an `https://` network mirror or an absolute directory
     /// (filesystem mirror) to install providers from instead of their registries.
     pub provider_mirror: Option<String>,
+    /// `engine.max_plan_json_mib`: the most of a plan's `show -json` planbot accepts, in MiB.
+    pub max_plan_json_mib: u64,
     /// `engine.secret_env`: more variables whose values are secrets, besides those whose name
     /// says so (`*PASS*`, `*TOKEN*`, `*SECRET*`, `*KEY*`, …: see `core::redact::is_secret_name`).
     pub secret_env: Vec<String>,
@@ -614,6 +616,7 @@ const KEYS: &[(&str, Kind, bool)] = &[
     ("engine.grace", Kind::Str, false),
     ("engine.env", Kind::Table, true),
     ("engine.provider_mirror", Kind::Str, false),
+    ("engine.max_plan_json_mib", Kind::Int, false),
     ("engine.plan.env", Kind::Table, true),
     ("engine.apply.env", Kind::Table, true),
     ("engine.secret_env", Kind::StrOrIntList, false),
@@ -903,6 +906,10 @@ impl Config {
         }
         line("engine.secret_env", format!("{:?}", self.engine.secret_env));
         line("engine.provider_mirror", opt(&self.engine.provider_mirror));
+        line(
+            "engine.max_plan_json_mib",
+            self.engine.max_plan_json_mib.to_string(),
+        );
         line("sandbox.required", self.sandbox.required.to_string());
         line(
             "sandbox.landlock",
@@ -2160,6 +2167,17 @@ fn take_engine(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> 
             });
         }
     }
+    let max_plan_json_mib = match flat.remove("engine.max_plan_json_mib") {
+        None => 32,
+        Some(Value::Integer(n)) if (1..=4096).contains(&n) => n as u64,
+        Some(other) => {
+            p.push(ConfigError::Invalid {
+                key: "engine.max_plan_json_mib".into(),
+                message: format!("expected a number of MiB from 1 to 4096, found `{other}`"),
+            });
+            32
+        }
+    };
     EngineConfig {
         binary,
         timeout,
@@ -2169,6 +2187,7 @@ fn take_engine(flat: &mut BTreeMap<String, Value>, p: &mut Vec<ConfigError>) -> 
         plan_env,
         apply_env,
         provider_mirror,
+        max_plan_json_mib,
         secret_env,
     }
 }

@@ -4,8 +4,10 @@
 
 use std::collections::HashSet;
 
-/// The note's Markdown as sanitised HTML.
+/// The note's Markdown as sanitised HTML, made inert first as it is when posted
+/// ([`crate::core::defuse`]: an unclosed `<!--` hides nothing here either).
 pub fn note_to_html(markdown: &str) -> String {
+    let markdown = &*crate::core::defuse::defuse(markdown);
     let mut options = comrak::Options::default();
     options.extension.table = true;
     options.extension.strikethrough = true;
@@ -138,6 +140,12 @@ pub fn sanitize(html: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unclosed_comment_hides_nothing() {
+        let html = note_to_html("### plan\n\n<!--\n\n- `vm` will be **destroyed**\n");
+        assert!(html.contains("destroyed"), "{html}");
+    }
 
     #[test]
     fn a_summary_shows_its_code_spans_as_code_and_escapes_the_rest() {

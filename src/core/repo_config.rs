@@ -32,6 +32,7 @@
 //! errors, reported with their line and column.
 
 use crate::core::policy::{self, PolicySetSpec};
+use crate::core::render::markdown::code_span;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -193,7 +194,7 @@ impl fmt::Display for ConfigProblem {
             _ => {}
         }
         if let Some(k) = &self.key {
-            write!(f, "key `{k}`: ")?;
+            write!(f, "key {}: ", code_span(k))?;
         }
         f.write_str(&self.message)
     }
@@ -414,11 +415,17 @@ fn valid_rule_id(s: &str) -> bool {
 /// result would leave the repository or `rel` is absolute.
 pub fn normalize_path(base: &str, rel: &str) -> Result<String, String> {
     let drive = rel.len() > 1 && rel.as_bytes()[1] == b':';
+    let shown = code_span(rel);
+    if rel.chars().any(char::is_control) {
+        return Err(format!(
+            "{shown} holds a control character (a line break, a tab…); paths are one line"
+        ));
+    }
     if rel.starts_with('/') || rel.starts_with('\\') || drive {
-        return Err(format!("`{rel}` is absolute; paths are relative"));
+        return Err(format!("{shown} is absolute; paths are relative"));
     }
     if rel.contains('\\') {
-        return Err(format!("`{rel}` uses `\\`; use `/` as the separator"));
+        return Err(format!("{shown} uses `\\`; use `/` as the separator"));
     }
     let mut parts: Vec<&str> = Vec::new();
     let base_parts = base.split('/').filter(|p| !p.is_empty() && *p != ".");
@@ -427,7 +434,7 @@ pub fn normalize_path(base: &str, rel: &str) -> Result<String, String> {
             "" | "." => {}
             ".." => {
                 if parts.pop().is_none() {
-                    return Err(format!("`{rel}` leaves the repository"));
+                    return Err(format!("{shown} leaves the repository"));
                 }
             }
             p => parts.push(p),
@@ -560,13 +567,12 @@ impl RepoConfig {
                         "no changed file matches {}",
                         root.patterns
                             .iter()
-                            .map(|p| format!("`{p}`"))
+                            .map(|p| code_span(p))
                             .collect::<Vec<_>>()
                             .join(", ")
                     )
                 } else {
-                    let shown: Vec<String> =
-                        matched.iter().take(3).map(|f| format!("`{f}`")).collect();
+                    let shown: Vec<String> = matched.iter().take(3).map(|f| code_span(f)).collect();
                     let more = if matched.len() > 3 {
                         format!(" and {} more", matched.len() - 3)
                     } else {
@@ -637,7 +643,10 @@ fn global_lint_disable(lint: Option<&RawLint>, problems: &mut Problems<'_>) -> V
                 problems.at(
                     r.span(),
                     "lint.disable",
-                    format!("`{}` is not a rule id (like `PVE003`)", r.get_ref()),
+                    format!(
+                        "{} is not a rule id (like `PVE003`)",
+                        code_span(r.get_ref())
+                    ),
                 );
             }
         }
@@ -686,8 +695,10 @@ fn parse_root(
             span,
             root_key(i, "dir"),
             format!(
-                "root `{}` already plans `{dir}` in workspace `{workspace}`",
-                other.name
+                "root {} already plans {} in workspace {}",
+                code_span(&other.name),
+                code_span(&dir),
+                code_span(&workspace)
             ),
         );
     }
@@ -766,15 +777,18 @@ fn root_name(i: usize, r: &RawRoot, earlier: &[Root], problems: &mut Problems<'_
             r.name.span(),
             root_key(i, "name"),
             format!(
-                "`{}` is not a valid root name (letters, digits, `-`, `_`, `.`; at most 64)",
-                r.name.get_ref()
+                "{} is not a valid root name (letters, digits, `-`, `_`, `.`; at most 64)",
+                code_span(r.name.get_ref())
             ),
         );
     } else if earlier.iter().any(|x: &Root| x.name == name) {
         problems.at(
             r.name.span(),
             root_key(i, "name"),
-            format!("root name `{name}` is used twice; names must be unique"),
+            format!(
+                "root name {} is used twice; names must be unique",
+                code_span(&name)
+            ),
         );
     }
     name
@@ -802,7 +816,7 @@ fn root_workspace(i: usize, r: &RawRoot, problems: &mut Problems<'_>) -> String 
                 problems.at(
                     w.span(),
                     root_key(i, "workspace"),
-                    format!("`{}` is not a valid workspace name", w.get_ref()),
+                    format!("{} is not a valid workspace name", code_span(w.get_ref())),
                 );
             }
             w.get_ref().clone()
@@ -852,7 +866,7 @@ fn root_patterns(
                 Err(e) => problems.at(
                     span,
                     root_key(i, "when_modified"),
-                    format!("`{p}` is not a valid glob: {e}"),
+                    format!("{} is not a valid glob: {e}", code_span(p)),
                 ),
             },
             Err(e) => problems.at(span, root_key(i, "when_modified"), e),
@@ -886,7 +900,10 @@ fn root_lint_disable(
             problems.at(
                 l.span(),
                 root_key(i, "lint_disable"),
-                format!("`{}` is not a rule id (like `PVE003`)", l.get_ref()),
+                format!(
+                    "{} is not a rule id (like `PVE003`)",
+                    code_span(l.get_ref())
+                ),
             );
         }
         if !lint_disable.contains(l.get_ref()) {

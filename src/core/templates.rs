@@ -50,6 +50,7 @@ files![
     ("apply/status.txt.j2", Verbatim),
     ("check_config.txt.j2", Blocks),
     ("check_config_error.txt.j2", Blocks),
+    ("comments/command_moved.md.j2", Verbatim),
     ("comments/command_refused.md.j2", Verbatim),
     ("comments/fork_notice.md.j2", Verbatim),
     ("comments/help.md.j2", Verbatim),

@@ -36,7 +36,13 @@
 //!   `merge_commit_sha`/`squash_commit_sha` set as GitLab sets them; rebase
 //!   (<https://docs.gitlab.com/api/merge_requests/#rebase-a-merge-request>);
 //! - merge refs computed in the background when asked
-//!   (<https://docs.gitlab.com/api/merge_requests/#merge-status>: `checking` until done).
+//!   (<https://docs.gitlab.com/api/merge_requests/#merge-status>: `checking` until done);
+//! - quick actions (<https://docs.gitlab.com/user/project/quick_actions/>): a note or issue
+//!   description received through the API has its quick actions run and removed, found by the
+//!   rule of GitLab's extractor (ported in `support::gitlab_reading`). The fake runs none, but
+//!   records each, with every `@all`/`@here` and unclosed `<!--` of any note, issue or status
+//!   posted or edited ([`FakeGitLab::hazards`]); a fake dropped with one on record fails its
+//!   test, so every story checks that planbot posts nothing GitLab would act on.
 
 // Handlers answer errors as ready `Response`s; their size does not matter in a test fake.
 #![allow(clippy::result_large_err)]
@@ -239,6 +245,33 @@ struct StateInner {
     tf_requests: Vec<StateRequest>,
     /// Sign-in with GitLab (see the OAuth section at the end of this file).
     oauth: OAuthState,
+    /// What GitLab would have acted on in the texts posted through the API.
+    hazards: Vec<Hazard>,
+}
+
+/// Something GitLab would act on (a quick action it runs, a mass mention it notifies, a
+/// comment that hides the rest) in a text posted through the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hazard {
+    /// The route, e.g. `POST /api/v4/projects/{id}/merge_requests/{iid}/notes`.
+    pub route: String,
+    /// What, in words: "quick action `/approve`".
+    pub what: String,
+    /// The text as posted.
+    pub text: String,
+}
+
+impl StateInner {
+    /// Look at a text posted through `route` the way GitLab does; record what it would act on.
+    fn inspect(&mut self, route: &str, text: &str) {
+        for what in super::gitlab_reading::hazards(text) {
+            self.hazards.push(Hazard {
+                route: route.to_string(),
+                what,
+                text: text.to_string(),
+            });
+        }
+    }
 }
 
 impl StateInner {
@@ -283,6 +316,19 @@ impl Drop for FakeGitLab {
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        let hazards = std::mem::take(&mut self.lock().hazards);
+        if !hazards.is_empty() && !std::thread::panicking() {
+            let list: Vec<String> = hazards
+                .iter()
+                .map(|h| format!("- {} in {}:\n{}", h.what, h.route, h.text))
+                .collect();
+            panic!(
+                "planbot posted what GitLab would act on ({} found; a test that means it takes \
+                 them with FakeGitLab::take_hazards):\n{}",
+                hazards.len(),
+                list.join("\n")
+            );
         }
     }
 }
@@ -583,6 +629,7 @@ impl FakeGitLab {
             git_requests: Vec::new(),
             tf_requests: Vec::new(),
             oauth: OAuthState::default(),
+            hazards: Vec::new(),
         }));
         let app = router(state.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -1267,6 +1314,12 @@ impl FakeGitLab {
         let branch = self.with_mr(project, iid, |mr| mr.source_branch.clone());
         let src = self.with_mr(project, iid, |mr| mr.source_project);
         self.refresh_after_push(src, &branch);
+    }
+
+    /// What GitLab would have acted on in the texts posted so far (quick actions, mass
+    /// mentions, unclosed comments), taken off the record (see the Drop check).
+    pub fn take_hazards(&self) -> Vec<Hazard> {
+        std::mem::take(&mut self.lock().hazards)
     }
 
     /// The MR's notes, oldest first.
@@ -2128,6 +2181,12 @@ async fn create_note(
     if body.trim().is_empty() {
         return err(StatusCode::BAD_REQUEST, "400 Bad request - body is missing");
     }
+    s.inspect(
+        "POST /api/v4/projects/{id}/merge_requests/{iid}/notes",
+        &body,
+    );
+    // GitLab runs the note's quick actions and keeps the rest.
+    let body = super::gitlab_reading::without_quick_actions(&body);
     if body.chars().count() > NOTE_LIMIT {
         return (
             StatusCode::BAD_REQUEST,
@@ -2187,6 +2246,11 @@ async fn edit_note(
         )
             .into_response();
     }
+    s.inspect(
+        "PUT /api/v4/projects/{id}/merge_requests/{iid}/notes/{note_id}",
+        &body,
+    );
+    let body = super::gitlab_reading::without_quick_actions(&body);
     let updated = s.id();
     let Some(mr) = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid) else {
         return err(StatusCode::NOT_FOUND, "404 Not found");
@@ -2266,6 +2330,9 @@ async fn post_status(
     }
     if rev_parse(&s.repo(pid), &sha).is_none() {
         return err(StatusCode::NOT_FOUND, "404 Commit Not Found");
+    }
+    if let Some(d) = &b.description {
+        s.inspect("POST /api/v4/projects/{id}/statuses/{sha}", d);
     }
     if b.description
         .as_deref()
@@ -2502,6 +2569,10 @@ async fn create_issue(
             "400 Bad request - title is missing",
         );
     };
+    s.inspect("POST /api/v4/projects/{id}/issues", &title);
+    let description = b.description.unwrap_or_default();
+    s.inspect("POST /api/v4/projects/{id}/issues", &description);
+    let description = super::gitlab_reading::without_quick_actions(&description);
     let issue_id = s.id();
     let base = s.base_url.clone();
     let p = s.projects.get_mut(&pid).unwrap();
@@ -2510,7 +2581,7 @@ async fn create_issue(
         id: issue_id,
         iid,
         title: title.clone(),
-        description: b.description.unwrap_or_default(),
+        description,
         author_id: u.id,
     };
     p.issues.push(issue.clone());

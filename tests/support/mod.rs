@@ -54,6 +54,7 @@ pub fn gitlab_fixture(rel: &str) -> String {
 }
 
 pub mod fake_gitlab;
+pub mod gitlab_reading;
 
 /// Wait until `f` holds (checked every 25 ms), or panic after `secs` saying what never happened.
 pub async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
@@ -351,4 +352,18 @@ pub fn run_recipe(dir: &std::path::Path, recipe: &str, stdin: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// A root whose one value, `terraform_data.vm`'s input, is 10 × 2²² bytes (about 40 MB), built
+/// by doubling so that the engine plans it in seconds; `show -json` prints it twice.
+pub fn forty_mb_value_tf() -> String {
+    let mut tf = String::from("locals {\n  v0 = \"0123456789\"\n");
+    for i in 1..=22 {
+        let prev = i - 1;
+        tf.push_str(&format!(
+            "  v{i} = \"${{local.v{prev}}}${{local.v{prev}}}\"\n"
+        ));
+    }
+    tf.push_str("}\nresource \"terraform_data\" \"vm\" {\n  input = local.v22\n}\n");
+    tf
 }

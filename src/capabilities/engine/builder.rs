@@ -27,7 +27,13 @@ pub struct EngineBuilder {
     home: Option<OsString>,
     sandbox: SandboxMode,
     cli_config: CliConfig,
+    max_plan_json: u64,
 }
+
+/// The most of a `show -json` document planbot accepts by default: 32 MiB. The 10,000-resource
+/// benchmark plan is 12 MiB; a real 2,000-resource document with its state and configuration
+/// about 2 MB.
+pub const DEFAULT_MAX_PLAN_JSON: u64 = 32 * 1024 * 1024;
 
 impl EngineBuilder {
     /// The defaults for `binary` (see [`Engine::builder`]).
@@ -47,7 +53,15 @@ impl EngineBuilder {
                 format!("refusing to run the engine without a sandbox: {reason}")
             }),
             cli_config: CliConfig::User,
+            max_plan_json: DEFAULT_MAX_PLAN_JSON,
         }
+    }
+
+    /// The most bytes of `show -json` accepted; a plan that prints more fails with
+    /// [`EngineError::OutputTooLarge`]. Default [`DEFAULT_MAX_PLAN_JSON`].
+    pub fn max_plan_json(mut self, bytes: u64) -> Self {
+        self.max_plan_json = bytes;
+        self
     }
 
     /// How engine processes are confined. Default: the strict profile, required (every run
@@ -149,6 +163,7 @@ impl EngineBuilder {
                     .unwrap_or_else(|| OsString::from("/")),
                 sandbox: self.sandbox,
                 cli_config: self.cli_config,
+                max_plan_json: self.max_plan_json,
                 version: tokio::sync::OnceCell::new(),
             }),
         })

@@ -58,6 +58,17 @@ pub enum EngineError {
     /// The sandbox could not be applied to a process; it was not started.
     #[error("could not confine the engine in its sandbox: {0}")]
     Sandbox(String),
+    /// A file the engine left in the checkout (the lock file) could not be read safely.
+    #[error("{0}")]
+    CheckoutFile(#[from] crate::capabilities::checkout_file::CheckoutFileError),
+    /// A step printed more than planbot accepts.
+    #[error("the plan is too large: `{step}` printed more than {}, the most planbot accepts ({what}); nothing of it was kept", crate::capabilities::checkout_file::size_text(*max))]
+    OutputTooLarge {
+        step: Step,
+        max: u64,
+        what: &'static str,
+        log: String,
+    },
 }
 
 impl EngineError {
@@ -67,7 +78,8 @@ impl EngineError {
             EngineError::Failed { log, .. }
             | EngineError::TimedOut { log, .. }
             | EngineError::Cancelled { log, .. }
-            | EngineError::BadPlanJson { log, .. } => Some(log),
+            | EngineError::BadPlanJson { log, .. }
+            | EngineError::OutputTooLarge { log, .. } => Some(log),
             _ => None,
         }
     }
@@ -116,6 +128,8 @@ pub(super) enum StopHow {
     Exit(Option<i32>),
     TimedOut(Duration),
     Cancelled,
+    /// The step's result (stdout) went past this many bytes.
+    TooLarge(u64),
 }
 
 impl StepError {
@@ -148,6 +162,12 @@ impl StepError {
                     },
                     StopHow::TimedOut(after) => EngineError::TimedOut { step, after, log },
                     StopHow::Cancelled => EngineError::Cancelled { step, log },
+                    StopHow::TooLarge(max) => EngineError::OutputTooLarge {
+                        step,
+                        max,
+                        what: "`engine.max_plan_json_mib`",
+                        log,
+                    },
                 }
             }
         }

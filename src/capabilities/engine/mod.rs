@@ -15,11 +15,13 @@ mod request;
 mod run_dir;
 mod version;
 
-pub use builder::{default_binary, EngineBuilder};
+pub use builder::{default_binary, EngineBuilder, DEFAULT_MAX_PLAN_JSON};
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use confine::{Limits, Namespaces, SandboxMode, SandboxProfile};
 pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use error::{EngineError, Step};
+pub use output::LINE_MAX_BYTES;
+pub use plan_run::LOCK_FILE_MAX;
 pub use planned_run::{ApplyOutcome, PlannedRun};
 pub use request::{is_variable_name, CancelHandle, CancelToken, PlanRequest, StepProgress};
 pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};
@@ -56,6 +58,7 @@ struct Inner {
     home: OsString,
     sandbox: SandboxMode,
     cli_config: CliConfig,
+    max_plan_json: u64,
     version: tokio::sync::OnceCell<EngineVersion>,
 }
 

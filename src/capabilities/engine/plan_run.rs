@@ -9,6 +9,7 @@ use super::process::{Capture, StepCall, StepOutput};
 use super::request::{self, PlanRequest, StepProgress};
 use super::run_dir::{private_run_dir, RunDirs};
 use super::Engine;
+use crate::capabilities::checkout_file;
 use crate::core::plan::{Plan, PlanParseError};
 use crate::core::redact::Secrets;
 use crate::core::state::Backend;
@@ -17,6 +18,13 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Instant;
+
+/// The provider lock file the engine writes in the root.
+const LOCK_FILE: &str = ".terraform.lock.hcl";
+
+/// A lock file holds a few hashes per provider (about 1 KiB each): a megabyte is hundreds of
+/// providers.
+pub const LOCK_FILE_MAX: u64 = 1024 * 1024;
 
 impl Engine {
     /// Run `init`, `plan -out` into a private dir, and `show -json` in `dir`.
@@ -87,9 +95,20 @@ impl Engine {
         let (plan, plan_json) = steps.show().await?;
         let log = steps.log;
 
+        // The engine (and MR code it ran) may have left anything in the lock file's place.
+        let lock_file = checkout_file::read(
+            &place.worktree,
+            &place
+                .dir
+                .strip_prefix(&place.worktree)
+                .unwrap_or(Path::new(""))
+                .join(LOCK_FILE),
+            LOCK_FILE_MAX,
+            started + self.inner.timeout,
+        )
+        .await?;
         secrets.merge(&Secrets::from_plan(&plan));
         let scrubber = secrets.scrubber();
-        let lock_file = std::fs::read(place.dir.join(".terraform.lock.hcl")).ok();
         Ok(PlannedRun {
             engine: self.clone(),
             dir: place.dir,

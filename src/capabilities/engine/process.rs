@@ -7,7 +7,7 @@
 
 use super::confine::Confinement;
 use super::error::{EngineError, Step, StepError, StopHow};
-use super::output::{read_lines, Line, RawLog};
+use super::output::{read_lines, Line, RawLog, LINES_IN_FLIGHT};
 use super::request::CancelToken;
 use super::Engine;
 use crate::core::redact::Scrubber;
@@ -79,7 +79,8 @@ impl Engine {
         }
         let mut child = self.spawn(step, args, call)?;
         let mut group = GroupGuard::of(&child);
-        let (mut lines, stdout_task) = stream_output(&mut child, capture);
+        let max_stdout = self.inner.max_plan_json;
+        let (mut lines, stdout_task) = stream_output(&mut child, capture, max_stdout);
         let mut watch = Supervisor::new(call.deadline, self.inner.grace);
         let mut log = RawLog::default();
         let mut cancel = call.cancel.clone();
@@ -109,14 +110,21 @@ impl Engine {
                 .ok()
                 .and_then(Result::ok)
                 .unwrap_or_default(),
-            None => Vec::new(),
+            None => Captured::default(),
         };
         let status = watch.exit.expect("the loop ends after the exit");
         let how = match watch.stop {
             Some(StopReason::TimedOut) => StopHow::TimedOut(self.inner.timeout),
             Some(StopReason::Cancelled) => StopHow::Cancelled,
+            // Before the exit status: the engine may have died of the pipe planbot closed.
+            None if stdout.overflowed => StopHow::TooLarge(max_stdout),
             None if !status.success() => StopHow::Exit(status.code()),
-            None => return Ok(StepOutput { log, stdout }),
+            None => {
+                return Ok(StepOutput {
+                    log,
+                    stdout: stdout.bytes,
+                })
+            }
         };
         Err(StepError::Stopped { step, how, log })
     }
@@ -172,13 +180,14 @@ impl Engine {
     }
 }
 
-/// The child's output lines on one channel (stderr always, stdout unless it is the result),
-/// and the task collecting stdout when it is.
+/// The child's output lines on one bounded channel (stderr always, stdout unless it is the
+/// result), and the task collecting stdout (at most `max_stdout` bytes) when it is.
 fn stream_output(
     child: &mut Child,
     capture: Capture,
-) -> (mpsc::UnboundedReceiver<Line>, Option<JoinHandle<Vec<u8>>>) {
-    let (tx, rx) = mpsc::unbounded_channel::<Line>();
+    max_stdout: u64,
+) -> (mpsc::Receiver<Line>, Option<JoinHandle<Captured>>) {
+    let (tx, rx) = mpsc::channel::<Line>(LINES_IN_FLIGHT);
     let stdout = child.stdout.take().expect("piped stdout");
     let stderr = child.stderr.take().expect("piped stderr");
     let stdout_task = match capture {
@@ -186,17 +195,39 @@ fn stream_output(
             tokio::spawn(read_lines(stdout, tx.clone()));
             None
         }
-        Capture::Stdout => Some(tokio::spawn(read_all(stdout))),
+        Capture::Stdout => Some(tokio::spawn(read_capped(stdout, max_stdout))),
     };
     tokio::spawn(read_lines(stderr, tx));
     (rx, stdout_task)
 }
 
-async fn read_all(mut stdout: ChildStdout) -> Vec<u8> {
+/// A step's stdout taken as its result.
+#[derive(Default)]
+struct Captured {
+    bytes: Vec<u8>,
+    /// More than the cap came: nothing is kept, and the pipe was closed.
+    overflowed: bool,
+}
+
+/// stdout up to `max` bytes. One byte more and reading stops: the pipe closes (the engine's
+/// next write fails and it exits) and nothing of it is kept.
+async fn read_capped(stdout: ChildStdout, max: u64) -> Captured {
     use tokio::io::AsyncReadExt;
-    let mut buf = Vec::new();
-    let _ = stdout.read_to_end(&mut buf).await;
-    buf
+    let mut bytes = Vec::new();
+    let _ = stdout
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .await;
+    if bytes.len() as u64 > max {
+        return Captured {
+            bytes: Vec::new(),
+            overflowed: true,
+        };
+    }
+    Captured {
+        bytes,
+        overflowed: false,
+    }
 }
 
 /// Resolves when `cancel` fires; never without a token (or once its handle is gone).

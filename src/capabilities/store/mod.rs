@@ -55,6 +55,32 @@ macro_rules! on_backend {
     };
 }
 
+/// The most of a run's log kept: the engine's output is already cut to 1 MiB as it streams
+/// (head and tail); scrubbing can lengthen it, and nothing else may make the store grow more.
+pub const STORED_LOG_MAX: usize = 2 * 1024 * 1024;
+
+/// The first and last halves of `text` (on character boundaries, at most about `max` bytes),
+/// with a line saying how much was left out between them.
+fn head_and_tail(text: &str, max: usize) -> String {
+    let half = max / 2;
+    let mut head_end = half.min(text.len());
+    while !text.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = text.len().saturating_sub(half).max(head_end);
+    while !text.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    let left_out = tail_start - head_end;
+    format!(
+        "{}\n(… {} of this log left out: planbot keeps the first and the last {} of a stored log …)\n{}",
+        &text[..head_end],
+        crate::capabilities::checkout_file::size_text(left_out as u64),
+        crate::capabilities::checkout_file::size_text(half as u64),
+        &text[tail_start..]
+    )
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -331,8 +357,12 @@ impl Store {
         on_backend!(self, b => b.start_run(run).await)
     }
 
-    /// Finish a run. Every text must already be scrubbed.
-    pub async fn finish_run(&self, id: RunId, end: RunEnd) -> Result<()> {
+    /// Finish a run. Every text must already be scrubbed. A log longer than
+    /// [`STORED_LOG_MAX`] keeps its head and tail, with a line saying what was left out.
+    pub async fn finish_run(&self, id: RunId, mut end: RunEnd) -> Result<()> {
+        if end.log.len() > STORED_LOG_MAX {
+            end.log = head_and_tail(&end.log, STORED_LOG_MAX);
+        }
         on_backend!(self, b => b.finish_run(id, end).await)
     }
 

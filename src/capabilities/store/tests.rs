@@ -248,3 +248,21 @@ async fn job_rows_read_back_typed() {
         assert_eq!(row.detail.as_deref(), Some("no"));
     }
 }
+
+#[test]
+fn a_log_longer_than_the_store_keeps_is_cut_in_the_middle_and_says_so() {
+    let log = format!(
+        "{}é{}",
+        "a".repeat(3 * 1024 * 1024),
+        "z".repeat(1024 * 1024)
+    );
+    let kept = head_and_tail(&log, STORED_LOG_MAX);
+    assert!(kept.len() < STORED_LOG_MAX + 200, "{}", kept.len());
+    assert!(kept.starts_with(&"a".repeat(1024 * 1024)));
+    assert!(kept.ends_with(&"z".repeat(1024 * 1024)));
+    assert!(
+        kept.contains("\n(… 2.0 MiB of this log left out: planbot keeps the first and the last 1 MiB of a stored log …)\n"),
+        "{}",
+        &kept[1024 * 1024 - 10..1024 * 1024 + 120]
+    );
+}

@@ -38,6 +38,20 @@ pub fn neutralise(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// How GitLab parses a note: CommonMark with its extensions (tables, strikethrough, autolinks,
+/// task lists, footnotes, `$…$` math). The tests read planbot's notes with it, as a reader would.
+pub fn gitlab_flavour() -> comrak::Options<'static> {
+    let mut options = comrak::Options::default();
+    options.extension.strikethrough = true;
+    options.extension.table = true;
+    options.extension.autolink = true;
+    options.extension.tasklist = true;
+    options.extension.footnotes = true;
+    options.extension.math_dollars = true;
+    options.extension.math_code = true;
+    options
+}
+
 /// The longest run of backticks in `text`.
 pub fn longest_backtick_run(text: &str) -> usize {
     let mut best = 0;
@@ -259,14 +273,7 @@ mod tests {
     /// span's content between `⟦⟧`).
     fn as_gitlab_reads(md: &str) -> (usize, String) {
         use comrak::nodes::NodeValue;
-        let mut options = comrak::Options::default();
-        options.extension.strikethrough = true;
-        options.extension.table = true;
-        options.extension.autolink = true;
-        options.extension.tasklist = true;
-        options.extension.footnotes = true;
-        options.extension.math_dollars = true;
-        options.extension.math_code = true;
+        let options = gitlab_flavour();
         let arena = comrak::Arena::new();
         let doc = format!("- ❌ **PVE001**: {md}\n");
         let root = comrak::parse_document(&arena, &doc, &options);

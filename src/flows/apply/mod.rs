@@ -316,7 +316,18 @@ async fn checkout(
         .checkout(project.id, sha)
         .await
         .context("checking out the commit")?;
-    let config_text = std::fs::read_to_string(checkout.path().join(".planbot.toml")).ok();
+    // From git, as the plan flow reads it: never through the checkout's file system, where a
+    // committed symbolic link would be followed.
+    let config_text = app
+        .workspace
+        .read_file_at(
+            project.id,
+            sha.as_str(),
+            crate::core::repo_config::FILE_NAME,
+        )
+        .await
+        .context("reading .planbot.toml")?
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
     let repo_config = match RepoConfig::from_optional(config_text.as_deref()) {
         Ok(c) => c,
         Err(e) => {

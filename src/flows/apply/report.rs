@@ -8,6 +8,7 @@ use super::{say, ApplyCtx, Verdict, APPLY_STATUS};
 use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::{ApplyId, ApplyRecord, ApplyState, RunState};
 use crate::core::apply_note::{render_result, ApplyOutcome, ResultNote, RootResult};
+use crate::core::render::markdown::fence_for;
 use crate::flows::service::app::App;
 use minijinja::context;
 
@@ -148,6 +149,7 @@ impl ApplyCtx {
                         sha => &self.sha,
                         mr => self.mr_iid(),
                         error => scrubbed_error.unwrap_or(""),
+                        fence => fence_for(scrubbed_error.unwrap_or("")),
                         run => run_url
                             .clone()
                             .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),

@@ -50,8 +50,19 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
             mr,
             author,
             command,
+            head,
             ..
-        } => run_command(app, *project, project_path.clone(), *mr, *author, *command).await,
+        } => {
+            let asked = Asked {
+                project: *project,
+                project_path: project_path.clone(),
+                mr: *mr,
+                author: *author,
+                command: *command,
+                head: head.clone(),
+            };
+            run_command(app, asked).await
+        }
         Job::ForkNotice { project, mr, .. } => fork_notice(app, *project, *mr).await,
         Job::Reconcile => reconcile(app, cancel).await,
         Job::Plan(_) => unreachable!("plan jobs go to flows::review::plan"),
@@ -179,14 +190,36 @@ fn plan_job_for(
     })
 }
 
-async fn run_command(
-    app: &App,
+/// Post a note on the MR (counted as a GitLab error when it fails).
+async fn post_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -> Result<()> {
+    gl(
+        app,
+        "create_mr_note",
+        app.gitlab.create_mr_note(project, mr, body).await,
+    )?;
+    Ok(())
+}
+
+/// A comment command, as the Note Hook told it.
+struct Asked {
     project: ProjectId,
     project_path: Option<String>,
     mr: MrIid,
     author: UserId,
     command: Command,
-) -> Result<()> {
+    /// The MR's head when the comment was made (`merge_request.last_commit.id` of the event).
+    head: Option<CommitSha>,
+}
+
+async fn run_command(app: &App, asked: Asked) -> Result<()> {
+    let Asked {
+        project,
+        project_path,
+        mr,
+        author,
+        command,
+        ..
+    } = asked;
     if author == app.bot_user().await? {
         return Ok(()); // our own note
     }
@@ -224,12 +257,7 @@ async fn run_command(
                 username => Option::<String>::None,
             },
         )?;
-        gl(
-            app,
-            "create_mr_note",
-            app.gitlab.create_mr_note(project, mr, &body).await,
-        )?;
-        return Ok(());
+        return post_note(app, project, mr, &body).await;
     }
     match command {
         Command::Help => {
@@ -242,11 +270,7 @@ async fn run_command(
                     public_url => &app.config.public_url,
                 },
             )?;
-            gl(
-                app,
-                "create_mr_note",
-                app.gitlab.create_mr_note(project, mr, &body).await,
-            )?;
+            post_note(app, project, mr, &body).await?;
         }
         Command::Plan => {
             if mr_info.state != "opened" {
@@ -270,10 +294,40 @@ async fn run_command(
             ) else {
                 anyhow::bail!("merge request !{mr} has no head commit yet");
             };
+            if let Some(body) = moved_since_comment(asked.head.as_ref(), &mr_info, &job.head)? {
+                tracing::info!(
+                    project = project.0,
+                    mr = mr.0,
+                    "`planbot plan` refused: the MR moved since the comment"
+                );
+                return post_note(app, project, mr, &body).await;
+            }
             app.enqueue(Job::Plan(job)).await?;
         }
     }
     Ok(())
+}
+
+/// `planbot plan` plans the commit the comment was made on, never one pushed after it (a fork's
+/// author could push between a Maintainer's reading and the plan): the note that refuses, when
+/// the MR's head is no longer the one the event named, or (from a fork) the event named none.
+fn moved_since_comment(
+    commented: Option<&CommitSha>,
+    mr: &MergeRequest,
+    now: &CommitSha,
+) -> Result<Option<String>> {
+    if commented == Some(now) || (commented.is_none() && !mr.is_fork()) {
+        return Ok(None);
+    }
+    render(
+        "command_moved",
+        context! {
+            commented => commented.map(|c| c.short().to_string()),
+            head => now.short(),
+            fork => mr.is_fork(),
+        },
+    )
+    .map(Some)
 }
 
 /// `[plan] fork_mrs` of the repo config on the DEFAULT branch (never the MR's own copy).
@@ -325,12 +379,7 @@ async fn fork_notice(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
         return Ok(());
     }
     let body = render("fork_notice", context! {})?;
-    gl(
-        app,
-        "create_mr_note",
-        app.gitlab.create_mr_note(project, mr, &body).await,
-    )?;
-    Ok(())
+    post_note(app, project, mr, &body).await
 }
 
 /// Start-up: GitLab does not re-deliver webhooks lost while planbot was down, so plan every
@@ -408,6 +457,24 @@ mod tests {
         .unwrap();
         insta::assert_snapshot!("merged_banner", banner);
         insta::assert_snapshot!("fork_notice", render("fork_notice", context! {}).unwrap());
+        let moved = [
+            render(
+                "command_moved",
+                context! { commented => "1111aaaa", head => "2222bbbb", fork => true },
+            )
+            .unwrap(),
+            render(
+                "command_moved",
+                context! { commented => "1111aaaa", head => "2222bbbb", fork => false },
+            )
+            .unwrap(),
+            render(
+                "command_moved",
+                context! { commented => None::<String>, head => "2222bbbb", fork => true },
+            )
+            .unwrap(),
+        ];
+        insta::assert_snapshot!("command_moved", moved.join("\n"));
         assert!(render("fork_notice", context! {})
             .unwrap()
             .starts_with(FORK_NOTICE_MARKER));

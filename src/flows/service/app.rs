@@ -159,6 +159,7 @@ impl App {
             // A grace longer than the timeout itself makes no sense; zero would skip SIGTERM.
             .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
             .lock_timeout(engine.lock_timeout)
+            .max_plan_json(engine.max_plan_json_mib * 1024 * 1024)
             .env(credentials::engine_env(&self.config, use_))
             .secret_env(engine.secret_env.clone())
             .plugin_cache_dir(self.plugin_cache_dir(trust))
