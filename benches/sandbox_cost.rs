@@ -36,7 +36,7 @@ fn main() {
     let isolation = Isolation {
         limits: Limits::default(),
         root: Some(root.path().to_path_buf()),
-        close_udp: true,
+        seccomp: true,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -690,9 +690,14 @@ fn the_statefulset_runs_one_locked_down_pod_with_its_store_on_a_volume() {
         "the pod's runAsUser is not the image's USER"
     );
     assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    // The shipped seccomp profile, which lets planbot build its engines' namespaces.
     assert_eq!(
         pod["securityContext"]["seccompProfile"]["type"].as_str(),
-        Some("RuntimeDefault")
+        Some("Localhost")
+    );
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["localhostProfile"].as_str(),
+        Some("planbot.json")
     );
     let containers = pod["containers"].as_sequence().unwrap();
     assert_eq!(containers.len(), 1);
@@ -979,6 +984,53 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
 // Compose (one host, TLS proxy in front)
 
 const COMPOSE: &str = "deploy/compose/compose.yaml";
+
+#[test]
+fn the_container_seccomp_profile_refuses_what_engines_never_need_but_lets_planbot_build_the_sandbox(
+) {
+    use planbot::capabilities::namespaces::{DENIED_CALLS, SANDBOX_BUILDING_CALLS};
+    let profile: serde_json::Value =
+        serde_json::from_str(&read("deploy/seccomp/planbot.json")).unwrap();
+    // The calls planbot refuses to its engines, less those it makes itself to build their
+    // namespaces: a container that refuses these makes planbot refuse every plan.
+    let expected: Vec<&str> = DENIED_CALLS
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| !SANDBOX_BUILDING_CALLS.contains(name))
+        .collect();
+    let expected = serde_json::json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "syscalls": [
+            {"names": expected, "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM},
+            // libc falls back to clone, whose flags a filter can read.
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSYS},
+        ]
+    });
+    assert_eq!(
+        profile,
+        expected,
+        "deploy/seccomp/planbot.json is not the engine filter's list; it should read:\n{}",
+        serde_json::to_string_pretty(&expected).unwrap()
+    );
+    for call in SANDBOX_BUILDING_CALLS {
+        assert!(!read("deploy/seccomp/planbot.json").contains(&format!("\"{call}\"")));
+    }
+    // Compose and both Kubernetes variants run planbot under it.
+    let compose = read(COMPOSE);
+    assert!(
+        compose.contains("seccomp=../seccomp/planbot.json"),
+        "{COMPOSE} does not use the profile"
+    );
+    for manifest in [
+        "deploy/kubernetes/single/statefulset.yaml",
+        "deploy/kubernetes/replicas/deployment.yaml",
+    ] {
+        assert!(
+            read(manifest).contains("localhostProfile: planbot.json"),
+            "{manifest} does not use the profile"
+        );
+    }
+}
 
 #[test]
 fn the_compose_file_passes_the_compose_spec_and_docker_compose_where_it_exists() {

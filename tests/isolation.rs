@@ -86,7 +86,7 @@ impl Job {
         Isolation {
             limits,
             root: Some(self.jail_root.path().to_path_buf()),
-            close_udp: true,
+            seccomp: true,
         }
     }
 }
@@ -922,4 +922,39 @@ async fn udp_is_closed_and_the_engines_resolv_conf_asks_over_tcp() {
     let resolv = run.plan().output_changes["resolv"].after.to_string();
     assert!(resolv.contains("options use-vc"), "{resolv}");
     assert!(resolv.contains("nameserver"), "{resolv}");
+}
+
+#[tokio::test]
+async fn a_job_cannot_make_namespaces_of_its_own() {
+    // A nested user namespace is where most unprivileged kernel exploits start: the engine's
+    // seccomp filter refuses it (and mounts, keyrings, BPF, tracing: `DENIED_CALLS`).
+    let job = Job::new();
+    let policy = job.policy();
+    let script = "unshare --user --pid --net --fork true && echo nested";
+
+    // Landlock alone: the namespaces are made (the job holds every capability in them).
+    let ran = bash(
+        script,
+        Confined::LandlockOnly(&policy),
+        job.work.path(),
+        None,
+    )
+    .await;
+    ran.says("nested");
+
+    // In the namespaces: refused.
+    let iso = job.isolation(Limits::default());
+    let ran = bash(
+        script,
+        Confined::Isolated(&policy, &iso),
+        job.work.path(),
+        None,
+    )
+    .await;
+    assert!(!ran.stdout.contains("nested"), "{}", ran.stdout);
+    assert!(
+        ran.stderr.contains("Operation not permitted"),
+        "{}",
+        ran.stderr
+    );
 }

@@ -183,7 +183,7 @@ fn reason(stage: Option<Stage>, errno: i32) -> String {
         ),
         Some(Stage::Limits) => format!("the resource limits could not be set ({err})"),
         Some(Stage::Fork) => format!("the namespace's first process could not start ({err})"),
-        Some(Stage::Seccomp) => format!("the seccomp filter that closes UDP was refused ({err})"),
+        Some(Stage::Seccomp) => format!("the seccomp filter of the engine (no UDP, no namespaces, no kernel keyrings, …) was refused ({err})"),
         None => format!("the probe failed ({err})"),
     }
 }
@@ -241,8 +241,8 @@ pub struct Jail {
     /// Where the engine starts (`/` when it is not in the view).
     cwd: CString,
     limits: Limits,
-    /// The seccomp filter that closes UDP, applied in the engine's process.
-    udp_filter: Option<seccompiler::BpfProgram>,
+    /// The seccomp filters ([`engine_filters`]), applied in the engine's process.
+    filters: Option<[seccompiler::BpfProgram; 2]>,
 }
 
 const PATH_SETGROUPS: &[u8] = b"/proc/self/setgroups\0";
@@ -262,7 +262,7 @@ impl Jail {
         view: &View<'_>,
         limits: Limits,
         cwd: &Path,
-        close_udp: bool,
+        seccomp: bool,
     ) -> Result<Jail, JailError> {
         let root = match view {
             View::Host => None,
@@ -272,7 +272,11 @@ impl Jail {
             root,
             cwd: cstr(cwd)?,
             limits,
-            udp_filter: if close_udp { Some(udp_filter()?) } else { None },
+            filters: if seccomp {
+                Some(engine_filters()?)
+            } else {
+                None
+            },
         })
     }
 
@@ -362,9 +366,11 @@ impl Jail {
                 }
             }
         }
-        if let Some(filter) = &self.udp_filter {
-            // Two system calls (no_new_privs, seccomp) on the prepared program.
-            seccompiler::apply_filter(filter).map_err(|_| (Stage::Seccomp, errno()))?;
+        if let Some(filters) = &self.filters {
+            // Two system calls each (no_new_privs, seccomp) on the prepared programs.
+            for filter in filters {
+                seccompiler::apply_filter(filter).map_err(|_| (Stage::Seccomp, errno()))?;
+            }
         }
         Ok(())
     }
@@ -472,15 +478,85 @@ impl Jail {
     }
 }
 
-/// The seccomp filter that closes UDP: `socket(AF_INET or AF_INET6, SOCK_DGRAM, …)` fails with
-/// `EPERM` (names are resolved over TCP: the view's resolv.conf says `options use-vc`), and so
-/// does `io_uring_setup` (io_uring can make sockets past seccomp). Everything else is allowed.
-pub fn udp_filter() -> Result<seccompiler::BpfProgram, JailError> {
+/// System calls an engine process never needs and that a hostile one would use against the
+/// kernel or its neighbours: new namespaces and mounts (a nested user namespace is where most
+/// unprivileged kernel exploits start), kernel keyrings, BPF, perf events, `userfaultfd`,
+/// tracing or reading other processes, modules, `kexec`, clocks, swap, accounting, the kernel
+/// log and file handles. They fail with `EPERM`, as in Docker's default seccomp profile (which
+/// denies these to a process without capabilities); `deploy/seccomp/planbot.json` is this list
+/// less the calls planbot itself needs to build the sandbox.
+pub const DENIED_CALLS: &[(&str, libc::c_long)] = &[
+    ("unshare", libc::SYS_unshare),
+    ("setns", libc::SYS_setns),
+    ("mount", libc::SYS_mount),
+    ("umount2", libc::SYS_umount2),
+    ("pivot_root", libc::SYS_pivot_root),
+    ("chroot", libc::SYS_chroot),
+    ("open_tree", libc::SYS_open_tree),
+    ("move_mount", libc::SYS_move_mount),
+    ("fsopen", libc::SYS_fsopen),
+    ("fsconfig", libc::SYS_fsconfig),
+    ("fsmount", libc::SYS_fsmount),
+    ("fspick", libc::SYS_fspick),
+    ("mount_setattr", libc::SYS_mount_setattr),
+    ("keyctl", libc::SYS_keyctl),
+    ("add_key", libc::SYS_add_key),
+    ("request_key", libc::SYS_request_key),
+    ("bpf", libc::SYS_bpf),
+    ("perf_event_open", libc::SYS_perf_event_open),
+    ("userfaultfd", libc::SYS_userfaultfd),
+    ("ptrace", libc::SYS_ptrace),
+    ("process_vm_readv", libc::SYS_process_vm_readv),
+    ("process_vm_writev", libc::SYS_process_vm_writev),
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("init_module", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
+    ("reboot", libc::SYS_reboot),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+    ("acct", libc::SYS_acct),
+    ("syslog", libc::SYS_syslog),
+    ("settimeofday", libc::SYS_settimeofday),
+    ("clock_settime", libc::SYS_clock_settime),
+    ("clock_adjtime", libc::SYS_clock_adjtime),
+    ("adjtimex", libc::SYS_adjtimex),
+    ("open_by_handle_at", libc::SYS_open_by_handle_at),
+    ("name_to_handle_at", libc::SYS_name_to_handle_at),
+    ("quotactl", libc::SYS_quotactl),
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+];
+
+/// The calls of [`DENIED_CALLS`] that planbot itself makes to build an engine's namespaces:
+/// a container running planbot must allow them (its engines never get them).
+pub const SANDBOX_BUILDING_CALLS: &[&str] = &["unshare", "mount", "umount2", "pivot_root"];
+
+/// The namespace flags of `clone`: a process of the job may not make a namespace that way
+/// either.
+const CLONE_NAMESPACE_FLAGS: &[libc::c_int] = &[
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWCGROUP,
+];
+
+/// The seccomp filters of an engine process (applied in order, both stay): the first closes
+/// UDP — `socket(AF_INET or AF_INET6, SOCK_DGRAM, …)` fails with `EPERM` (names are resolved
+/// over TCP: the view's resolv.conf says `options use-vc`) — and fails [`DENIED_CALLS`] and a
+/// `clone` with a namespace flag with `EPERM` (`io_uring_setup` is among them: io_uring can make
+/// sockets past seccomp); the second answers `clone3` with `ENOSYS`, since its flags cannot be
+/// read by a filter, so that libc falls back to `clone`. Everything else is allowed.
+pub fn engine_filters() -> Result<[seccompiler::BpfProgram; 2], JailError> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
         SeccompFilter, SeccompRule, TargetArch,
     };
-    let failed = |e: seccompiler::BackendError| JailError(format!("the UDP filter: {e}"));
+    let failed =
+        |e: seccompiler::BackendError| JailError(format!("the engine's seccomp filter: {e}"));
     let dgram = |family: i32| -> Result<SeccompRule, JailError> {
         SeccompRule::new(vec![
             Cond::new(0, Len::Dword, Op::Eq, family as u64).map_err(failed)?,
@@ -488,26 +564,49 @@ pub fn udp_filter() -> Result<seccompiler::BpfProgram, JailError> {
         ])
         .map_err(failed)
     };
+    let flag = |flag: libc::c_int| -> Result<SeccompRule, JailError> {
+        SeccompRule::new(vec![Cond::new(
+            0,
+            Len::Qword,
+            Op::MaskedEq(flag as u64),
+            flag as u64,
+        )
+        .map_err(failed)?])
+        .map_err(failed)
+    };
     let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| JailError(format!("the UDP filter: {e}")))?;
-    let filter = SeccompFilter::new(
-        [
-            (
-                libc::SYS_socket,
-                vec![dgram(libc::AF_INET)?, dgram(libc::AF_INET6)?],
-            ),
-            (libc::SYS_io_uring_setup, vec![]),
-        ]
-        .into_iter()
-        .collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(failed)?;
-    filter
+        .map_err(|e| JailError(format!("the engine's seccomp filter: {e}")))?;
+    let mut denied: std::collections::BTreeMap<libc::c_long, Vec<SeccompRule>> =
+        DENIED_CALLS.iter().map(|(_, nr)| (*nr, vec![])).collect();
+    denied.insert(
+        libc::SYS_socket,
+        vec![dgram(libc::AF_INET)?, dgram(libc::AF_INET6)?],
+    );
+    denied.insert(
+        libc::SYS_clone,
+        CLONE_NAMESPACE_FLAGS
+            .iter()
+            .map(|f| flag(*f))
+            .collect::<Result<_, _>>()?,
+    );
+    let program = |rules, answer: i32| -> Result<seccompiler::BpfProgram, JailError> {
+        SeccompFilter::new(
+            rules,
+            SeccompAction::Allow,
+            SeccompAction::Errno(answer as u32),
+            arch,
+        )
+        .map_err(failed)?
         .try_into()
         .map_err(|e: seccompiler::BackendError| failed(e))
+    };
+    Ok([
+        program(denied, libc::EPERM)?,
+        program(
+            [(libc::SYS_clone3, vec![])].into_iter().collect(),
+            libc::ENOSYS,
+        )?,
+    ])
 }
 
 /// `"INSIDE OUTSIDE 1\n"` for `id` in `buf`, without allocating: the job keeps planbot's id,

@@ -293,7 +293,7 @@ impl Policy {
                 .map(|(s, d)| (s.as_path(), d.as_path()))
                 .collect(),
         };
-        let jail = Jail::prepare(&shown, &view, isolation.limits, cwd, isolation.close_udp)
+        let jail = Jail::prepare(&shown, &view, isolation.limits, cwd, isolation.seccomp)
             .map_err(|e| SandboxError::Namespaces(e.to_string()))?;
         prepared.jail = Some(jail);
         Ok(prepared)
@@ -306,8 +306,9 @@ impl Policy {
 pub struct Isolation {
     pub limits: Limits,
     pub root: Option<PathBuf>,
-    /// Close UDP (a seccomp filter): names are then resolved over TCP.
-    pub close_udp: bool,
+    /// The seccomp filters: UDP closed (names are then resolved over TCP), and the calls an
+    /// engine never needs refused (`namespaces::DENIED_CALLS`).
+    pub seccomp: bool,
 }
 
 /// Why a sandbox could not be made.

@@ -137,7 +137,9 @@ impl SandboxMode {
                 }
                 if *profile == SandboxProfile::Strict && matches!(namespaces, Namespaces::On { .. })
                 {
-                    text.push_str("; no UDP (names resolved over TCP)");
+                    text.push_str(
+                        "; no UDP (names resolved over TCP), no new namespaces, mounts, keyrings, BPF or tracing",
+                    );
                 }
                 match namespaces {
                     Namespaces::On { limits } => text.push_str(&format!(
@@ -234,7 +236,7 @@ impl Engine {
                         Some(path)
                     }
                 },
-                close_udp: *profile == SandboxProfile::Strict,
+                seccomp: *profile == SandboxProfile::Strict,
             }),
             Namespaces::Off { .. } => None,
         };
@@ -257,10 +259,7 @@ impl Engine {
             if let Some(home) = &dirs.home {
                 policy.allow_scratch(home);
             }
-            if let Some(Isolation {
-                close_udp: true, ..
-            }) = &isolation
-            {
+            if let Some(Isolation { seccomp: true, .. }) = &isolation {
                 // UDP is closed: names are resolved over TCP (Go's resolver and glibc's read
                 // `options use-vc`), from a copy of the host's resolv.conf shown in its place.
                 let copy = dirs.private.join("resolv.conf");
