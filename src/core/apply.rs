@@ -219,7 +219,7 @@ pub enum Parity {
     Refuse(ApplyRefusal),
 }
 
-/// Decide whether a root's fresh plan may be applied (design §9).
+/// Decide whether a root's fresh plan may be applied (docs/workflow.md, "Apply from main").
 ///
 /// `reviewed` is the last fingerprint shown on the merged MR for this root (None when the root
 /// was not planned on it); `has_mr` is false for a direct push to the default branch.

@@ -1,4 +1,4 @@
-//! Service configuration (design §4): TOML + `PLANBOT_<SECTION>_<KEY>` env overrides + `<key>_file` secrets.
+//! Service configuration (docs/configuration.md): TOML + `PLANBOT_<SECTION>_<KEY>` env overrides + `<key>_file` secrets.
 //!
 //! Pure: the caller hands in the file text, the environment and a file reader, so tests can
 //! drive every path without touching the process environment.
@@ -90,7 +90,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Base URL of planbot itself, for links to run pages (no trailing slash).
     pub public_url: Option<String>,
-    /// Server secret keying the plan fingerprint (design §9).
+    /// Server secret keying the plan fingerprint (`core::fingerprint`).
     pub fingerprint_key: Secret,
     pub gitlab: GitlabConfig,
     pub engine: EngineConfig,
@@ -1041,7 +1041,7 @@ impl Config {
         out
     }
 
-    /// Every secret the config holds, for the scrubber (design §8).
+    /// Every secret the config holds, for the scrubber (docs/security.md, "Secrets").
     pub fn secrets(&self) -> Vec<String> {
         let mut s = vec![
             self.fingerprint_key.expose().to_string(),

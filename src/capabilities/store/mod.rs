@@ -1,4 +1,4 @@
-//! The store (design §11): the [`Store`] facade the flows hold, its public types, and its two
+//! The store (docs/internals.md, "Durability"): the [`Store`] facade the flows hold, its public types, and its two
 //! backends behind [`backend::StoreBackend`]: `sqlite` (embedded, one host) and `postgres` (N replicas).
 
 mod backend;

@@ -1,4 +1,5 @@
-//! Rendering the MR plan note (design §7) from the templates in `templates/`.
+//! Rendering the MR plan note (docs/workflow.md, "The plan note") from the templates in
+//! `templates/`.
 //!
 //! Rust prepares view structs (diff bodies, escaping, budget decisions); every word the reader
 //! sees comes from `templates/note.md.j2` and `templates/note_phrases.j2`. The template

@@ -1,5 +1,6 @@
-//! The apply gate (design §9): a manual CI job on protected `main` asks planbot to apply; planbot
-//! applies a root only if its fresh plan is the plan reviewed on the MR. In named stages:
+//! The apply gate (docs/workflow.md, "Apply from main"): a manual CI job on protected `main`
+//! asks planbot to apply; planbot applies a root only if its fresh plan is the plan reviewed on
+//! the MR. In named stages:
 //!
 //! 1. [`verify::verify_job`]: who the job is (GitLab `GET /job`), checked against the gate.
 //! 2. [`verify::find_reviewed_mr`]: the merged MR that landed the commit.

@@ -1,4 +1,5 @@
-//! The plan run of one MR head (design §1), in named stages:
+//! The plan run of one MR head, in named stages (docs/architecture.md: "One webhook becomes a
+//! note"):
 //! [`prepare`] → [`roots`] → [`note`] → [`record`] → the final status.
 //!
 //! 1. [`prepare::prepare`]: status `planbot/plan` pending → running; mirror fetch;
