@@ -76,7 +76,7 @@ fn world(engine: &std::path::Path) -> World {
     let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
     let bob = gitlab.member_with_role(&project, "bob", DEVELOPER);
     let carol = gitlab.create_user("carol");
-    // A group the bot can see (internal), as planbot's README asks of an owning group.
+    // A group the bot can see (internal), as docs/policies.md asks of an owning group.
     gitlab.create_group("infra/capacity", "internal");
     gitlab.add_group_member("infra/capacity", &carol, 30);
     gitlab.commit_files(
