@@ -14,7 +14,7 @@
 #
 # Run it with the config at /etc/planbot/planbot.toml (deploy/planbot.toml) and each secret as a
 # file in $CREDENTIALS_DIRECTORY (default /run/secrets, where Docker and Compose put secrets).
-# See the README, "Install".
+# See docs/install.md, "Container image".
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm

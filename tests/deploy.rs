@@ -282,9 +282,9 @@ fn the_systemd_config_loads_from_exactly_the_credentials_the_unit_loads() {
         )
         .unwrap();
     }
-    // The config the README's systemd steps install: the starting config.
+    // The config the systemd steps of docs/install.md install: the starting config.
     assert!(
-        support::readme_block("sudo install -d -m 0755 /etc/planbot")
+        support::doc_block(INSTALL_PAGE, "sudo install -d -m 0755 /etc/planbot")
             .contains("sudo install -m 0644 deploy/planbot.toml /etc/planbot/planbot.toml")
     );
     let config = repo().join("deploy/planbot.toml");
@@ -457,6 +457,8 @@ fn the_image_runs_planbot_unprivileged_with_git_a_pinned_tofu_and_a_health_check
 // Kubernetes: every kustomization built whole, as `kubectl apply -k` would
 
 const K8S: &str = "deploy/kubernetes";
+/// The page whose recipes install planbot (Compose, systemd, Kubernetes).
+const INSTALL_PAGE: &str = "docs/install.md";
 const K8S_INSTALL: &str =
     "run scripts/install-test-tools.sh (pip install kubernetes-validate==1.37.0)";
 const KUBECTL_INSTALL: &str = "kubectl 1.27 or later (kustomize 5): Debian's kubernetes-client is too old; the Kubernetes project's apt repository (pkgs.k8s.io) or the Google Cloud CLI's package has it";
@@ -502,12 +504,14 @@ fn assert_valid_for_kubernetes(built: &str, what: &str) {
     );
 }
 
-/// The README's Kubernetes recipe, run in an empty directory beside the clone (`planbot/`, a
+/// The Kubernetes recipe of docs/install.md, run in an empty directory beside the clone (`planbot/`, a
 /// link to this repository) with `edits` applied to it, `kubectl apply -k .` replaced by
 /// `kubectl kustomize .` (no cluster here) and the commands that need a cluster dropped.
 /// Returns the directory and the manifests it would apply.
-fn readme_kubernetes_site(edits: &[(&str, &str)]) -> (tempfile::TempDir, Vec<serde_yaml::Value>) {
-    let mut recipe = support::readme_block("kubectl apply -k .")
+fn documented_kubernetes_site(
+    edits: &[(&str, &str)],
+) -> (tempfile::TempDir, Vec<serde_yaml::Value>) {
+    let mut recipe = support::doc_block(INSTALL_PAGE, "kubectl apply -k .")
         .lines()
         .filter(|l| !l.starts_with("kubectl -n planbot "))
         .map(|l| {
@@ -529,7 +533,7 @@ fn readme_kubernetes_site(edits: &[(&str, &str)]) -> (tempfile::TempDir, Vec<ser
     std::fs::create_dir(&site).unwrap();
     support::run_recipe(&site, &recipe, "glpat-k8s-test-token-0123456789\n");
     let built = std::fs::read_to_string(site.join("built.yaml")).unwrap();
-    assert_valid_for_kubernetes(&built, "the README's kustomization");
+    assert_valid_for_kubernetes(&built, "the kustomization of docs/install.md");
     (root, documents(&built))
 }
 
@@ -539,9 +543,9 @@ fn of_kind<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Val
         .unwrap_or_else(|| panic!("no {kind} in the built manifests"))
 }
 
-/// The built manifests of the README's kustomization of the single-pod variant.
+/// The built manifests of docs/install.md's kustomization of the single-pod variant.
 fn find_kind(kind: &str) -> serde_yaml::Value {
-    let (_dir, docs) = readme_kubernetes_site(&[]);
+    let (_dir, docs) = documented_kubernetes_site(&[]);
     of_kind(&docs, kind).clone()
 }
 
@@ -597,8 +601,8 @@ fn every_kustomization_builds_whole_and_none_holds_a_secret_or_a_config() {
 }
 
 #[test]
-fn the_readmes_kubernetes_recipe_builds_and_its_config_loads_from_its_secret() {
-    let (_dir, docs) = readme_kubernetes_site(&[]);
+fn the_documented_kubernetes_recipe_builds_and_its_config_loads_from_its_secret() {
+    let (_dir, docs) = documented_kubernetes_site(&[]);
     let sts = of_kind(&docs, "StatefulSet");
     let config = of_kind(&docs, "ConfigMap");
     let secret = of_kind(&docs, "Secret");
@@ -884,7 +888,7 @@ fn the_pipeline_formats_lints_tests_builds_the_image_and_releases_a_static_binar
             && clippy.contains("-D warnings"),
         "{clippy}"
     );
-    // The README's test command, through .ci/run (tests/repo_docs.rs checks .ci/run runs it).
+    // The documented test command, through .ci/run (tests/repo_docs.rs checks .ci/run runs it).
     let test = script(job("test"));
     assert!(
         test.lines().any(|l| l.trim().ends_with(".ci/run")),
@@ -1169,10 +1173,10 @@ fn the_three_replicas_run_the_same_pod_as_the_single_one_on_a_shared_store() {
 }
 
 #[test]
-fn the_readmes_three_replica_recipe_builds_and_its_config_loads_from_its_secret() {
-    // The README's recipe with what its "Three replicas" paragraph says to change: the
+fn the_documented_three_replica_recipe_builds_and_its_config_loads_from_its_secret() {
+    // The recipe with what its "Three replicas on PostgreSQL" section says to change: the
     // variant, [store] uncommented in planbot.toml, the database's password and CA added.
-    let (_dir, docs) = readme_kubernetes_site(&[
+    let (_dir, docs) = documented_kubernetes_site(&[
         (
             "  - ../planbot/deploy/kubernetes/single ",
             "  - ../planbot/deploy/kubernetes/replicas ",
@@ -1226,7 +1230,7 @@ fn the_readmes_three_replica_recipe_builds_and_its_config_loads_from_its_secret(
 }
 
 #[test]
-fn the_readmes_compose_steps_leave_every_file_compose_reads_and_a_config_that_loads() {
+fn the_documented_compose_steps_leave_every_file_compose_reads_and_a_config_that_loads() {
     // A copy of what the recipe uses, laid out as in the repository.
     let root = tempfile::tempdir().unwrap();
     let compose_dir = root.path().join("deploy/compose");
@@ -1239,10 +1243,12 @@ fn the_readmes_compose_steps_leave_every_file_compose_reads_and_a_config_that_lo
     ] {
         std::fs::copy(repo().join(f), root.path().join(f)).unwrap();
     }
-    // The README's steps, run in deploy/compose, but for `sudo chown` (no user 10001 here)
-    // and `docker compose up` (no engine here).
-    let block =
-        support::readme_block("PLANBOT_HOST=planbot.example.com docker compose up -d --build");
+    // The steps of docs/install.md, run in deploy/compose, but for `sudo chown` (no user 10001
+    // here) and `docker compose up` (no engine here).
+    let block = support::doc_block(
+        INSTALL_PAGE,
+        "PLANBOT_HOST=planbot.example.com docker compose up -d --build",
+    );
     let recipe: Vec<&str> = block
         .lines()
         .filter(|l| {
@@ -1297,10 +1303,11 @@ fn the_readmes_compose_steps_leave_every_file_compose_reads_and_a_config_that_lo
 
 #[test]
 fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same_modes() {
-    let readme = read("README.md");
+    let pages = support::doc_pages();
     // Every step that copies a config copies deploy/planbot.toml; there is no other.
-    let copies: Vec<&str> = readme
-        .lines()
+    let copies: Vec<&str> = pages
+        .iter()
+        .flat_map(|(_, text)| text.lines())
         .filter(|l| {
             (l.starts_with("cp ") || l.contains("install -m 0644")) && l.contains("planbot.toml")
         })
@@ -1313,7 +1320,7 @@ fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same
             .unwrap();
         assert!(
             source.ends_with("deploy/planbot.toml") || source == "../planbot.toml",
-            "a README step copies another starting config: {line}"
+            "a documented step copies another starting config: {line}"
         );
     }
     let mut configs: Vec<String> = Vec::new();
@@ -1333,7 +1340,7 @@ fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same
         .filter(|k| k.secret)
         .map(|k| format!("{}_file", k.path.rsplit('.').next().unwrap()))
         .collect();
-    let mut texts = vec![("README.md".to_string(), readme.clone())];
+    let mut texts = pages.clone();
     for f in ["deploy/planbot.toml", "deploy/planbot.example.toml"] {
         texts.push((f.to_string(), read(f)));
     }
@@ -1354,7 +1361,11 @@ fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same
     }
 
     // Directory modes: /etc/planbot readable (no secret in it), secrets and data private.
-    for line in readme.lines().filter(|l| l.contains("install -d")) {
+    for (page, line) in pages
+        .iter()
+        .flat_map(|(page, text)| text.lines().map(move |l| (page, l)))
+        .filter(|(_, l)| l.contains("install -d"))
+    {
         let words: Vec<&str> = line.split_whitespace().collect();
         let mode = words[words.iter().position(|w| *w == "-m").unwrap() + 1];
         for dir in words.iter().skip_while(|w| **w != mode).skip(1) {
@@ -1366,7 +1377,7 @@ fn one_starting_config_for_every_way_with_its_secrets_named_one_way_and_the_same
             } else {
                 "0700"
             };
-            assert_eq!(mode, want, "README: `{line}`: {dir}");
+            assert_eq!(mode, want, "{page}: `{line}`: {dir}");
         }
     }
     let unit = read(UNIT);
@@ -1407,12 +1418,12 @@ fn a_release_is_the_cargo_version_tagged_with_its_changelog_and_the_component_re
     );
 
     // The component as GitLab resolves `<instance>/<project path>/<name>@<tag>`: the project
-    // holds templates/<name>.yml, and the tag is a release tag of this version. The README and
+    // holds templates/<name>.yml, and the tag is a release tag of this version. The docs and
     // the template's own comment give the same reference.
-    let readme = read("README.md");
+    let docs: String = support::doc_pages().into_iter().map(|(_, t)| t).collect();
     let template = read("templates/planbot-apply.yml");
     let mut refs: Vec<String> = Vec::new();
-    for text in [&readme, &template] {
+    for text in [&docs, &template] {
         for line in text.lines() {
             if let Some(r) = line.split("component: ").nth(1) {
                 refs.push(r.split_whitespace().next().unwrap().to_string());
@@ -1434,7 +1445,7 @@ fn a_release_is_the_cargo_version_tagged_with_its_changelog_and_the_component_re
         assert_eq!(tag, format!("v{version}"), "{r}: not this release's tag");
         assert_eq!(r, &refs[0], "two component references disagree");
     }
-    // The README says where that project comes from: a copy of this repository, with its tags.
+    // The docs say where that project comes from: a copy of this repository, with its tags.
     let project = refs[0]
         .split('/')
         .skip(1)
@@ -1442,8 +1453,8 @@ fn a_release_is_the_cargo_version_tagged_with_its_changelog_and_the_component_re
         .collect::<Vec<_>>()
         .join("/");
     assert!(
-        readme.contains(&format!("say `{project}`")),
-        "the README does not say how `{project}` comes to exist"
+        docs.contains(&format!("say `{project}`")),
+        "the docs do not say how `{project}` comes to exist"
     );
 
     // The image a release pushes is the version the Kubernetes manifests run.

@@ -1,4 +1,4 @@
-//! An operator's first day, as the README tells it ("Install" → "The binary"): from an empty
+//! An operator's first day, as the README's five-minute start tells it: from an empty
 //! directory beside the clone, the starting config, the secrets, `serve --check`, `serve`, a
 //! merge request's webhook from the fake GitLab, the plan note, and `planbot doctor` — each
 //! command of the README run as written, by bash, with the planbot just built on `PATH`.
@@ -29,7 +29,7 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan
     std::os::unix::fs::symlink(env!("CARGO_MANIFEST_DIR"), root.path().join("planbot")).unwrap();
     let here = root.path().join("first-day");
     std::fs::create_dir(&here).unwrap();
-    let recipe = support::readme_block("planbot serve --config planbot.toml --check");
+    let recipe = support::doc_block("README.md", "planbot serve --config planbot.toml --check");
     let lines: Vec<&str> = recipe.lines().collect();
     assert!(lines[0].starts_with("cp ../planbot/deploy/planbot.toml planbot.toml"));
     let export = lines.iter().position(|l| l.starts_with("export ")).unwrap();
@@ -94,8 +94,9 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan
     assert!(note.contains(&head[..8]), "{note}");
     assert!(note.contains("1 root with changes"), "{note}");
 
-    // `planbot doctor --config planbot.toml`, in the same shell (the same credentials).
-    let doctor = format!("{}\nplanbot doctor --config planbot.toml", lines[export]);
+    // The README's `planbot doctor` step, in the same shell (the same credentials).
+    let doctor_step = support::doc_block("README.md", "planbot doctor --config planbot.toml");
+    let doctor = format!("{}\n{doctor_step}", lines[export]);
     let out = support::recipe_command(&here, &doctor).output().unwrap();
     let report = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
@@ -114,4 +115,38 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan
     assert!(!report.contains(fake.bot_token()), "{report}");
     let log = serve.stop().join("\n");
     assert!(log.contains("note posted"), "{log}");
+}
+
+#[test]
+fn the_readmes_local_plan_of_the_quickstart_prints_its_note() {
+    // Step 2 of the five-minute start, run as written from a copy of the clone's top: the
+    // installed planbot and the engine on `PATH`, no GitLab.
+    let engine = require_engine!();
+    let recipe = support::doc_block("README.md", "planbot plan examples/quickstart");
+    assert_eq!(recipe.trim(), "planbot plan examples/quickstart");
+    let clone = tempfile::tempdir().unwrap();
+    let quickstart = clone.path().join("examples/quickstart");
+    std::fs::create_dir_all(&quickstart).unwrap();
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart");
+    for entry in std::fs::read_dir(&example).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, quickstart.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    // The engine under its own name, where `planbot plan` looks for it (`tofu`, else `terraform`).
+    let bin = clone.path().join(".bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let name = engine.file_name().unwrap().to_string_lossy().into_owned();
+    let name = if name == "terraform" {
+        "terraform"
+    } else {
+        "tofu"
+    };
+    std::os::unix::fs::symlink(&engine, bin.join(name)).unwrap();
+    let note = support::run_recipe(clone.path(), &recipe, "");
+    assert!(note.contains("plan for a local run"), "{note}");
+    assert!(note.contains("1 root with changes"), "{note}");
+    assert!(note.contains("quickstart"), "{note}");
+    assert!(!note.contains("quickstart-not-a-real-secret"), "{note}");
 }

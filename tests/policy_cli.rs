@@ -1,6 +1,6 @@
 //! `planbot policy test` and `planbot plan --policy` as a user runs them: conftest's text and
-//! JSON, the exit codes, the errors on stderr; the README's recipe run as written with the real
-//! engine; `planbot check-config` listing and checking `[[policy_sets]]`.
+//! JSON, the exit codes, the errors on stderr; the recipe of docs/policies.md run as written with
+//! the real engine; `planbot check-config` listing and checking `[[policy_sets]]`.
 
 mod support;
 
@@ -199,21 +199,17 @@ fn what_cannot_be_evaluated_exits_2_with_the_reason() {
     }
 }
 
-/// The README's fenced block of `lang` that follows `after` in the Policies section.
-fn readme_block(after: &str, lang: &str) -> String {
-    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
-    let section = readme
-        .split("\n## Policies\n")
-        .nth(1)
-        .expect("README has ## Policies");
-    let rest = section.split_once(after).expect(after).1;
+/// The fenced block of `lang` that follows `after` in docs/policies.md.
+fn documented_block(after: &str, lang: &str) -> String {
+    let page = std::fs::read_to_string(repo("docs/policies.md")).unwrap();
+    let rest = page.split_once(after).expect(after).1;
     let start = format!("```{lang}\n");
     let body = rest.split_once(&start).expect(&start).1;
     body.split_once("\n```\n").unwrap().0.to_string() + "\n"
 }
 
 #[test]
-fn the_readme_recipe_runs_as_written_with_the_real_engine() {
+fn the_documented_recipe_runs_as_written_with_the_real_engine() {
     let engine = require_engine!();
     let root = tempfile::tempdir().unwrap();
     let work = root.path().join("quickstart");
@@ -221,11 +217,11 @@ fn the_readme_recipe_runs_as_written_with_the_real_engine() {
     std::fs::copy(repo("examples/quickstart/main.tf"), work.join("main.tf")).unwrap();
     std::fs::write(
         work.join("policies/vm_size.rego"),
-        readme_block("Put this in `policies/vm_size.rego`", "rego"),
+        documented_block("Put this in `policies/vm_size.rego`", "rego"),
     )
     .unwrap();
-    let recipe = readme_block("then plan and check:", "sh");
-    let expected = readme_block("then plan and check:", "text");
+    let recipe = documented_block("then plan and check:", "sh");
+    let expected = documented_block("then plan and check:", "text");
     let mut last = None;
     for line in recipe.lines() {
         let (command, redirect) = match line.split_once(" > ") {

@@ -92,7 +92,7 @@ fn without_a_key_it_uses_the_documented_local_key_without_a_warning() {
     let path = fixture_path("moved");
     let out = planbot(&["render", &path, "--format", "json"], None);
     assert!(out.status.success());
-    // A local command is not nagged on every run; the README says what the local key means.
+    // A local command is not nagged on every run; docs/workflow.md says what the local key means.
     assert_eq!(text(&out.stderr), "");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let plan = Plan::from_json(&std::fs::read(&path).unwrap()).unwrap();

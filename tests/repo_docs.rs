@@ -1,6 +1,12 @@
-//! The repository's own texts: CI runs the README's test command, and no merge left its markers.
+//! The repository's own texts: the README is a doorway to the pages of `docs/`, every link of
+//! theirs resolves, CI runs the documented test command, and no merge left its markers.
 
 use std::path::{Path, PathBuf};
+
+/// The page that tells contributors how to run the tests.
+const DEVELOPMENT_PAGE: &str = "docs/development.md";
+/// The page that tells operators how to install planbot.
+const INSTALL_PAGE: &str = "docs/install.md";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -31,13 +37,13 @@ fn text_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 #[test]
-fn ci_runs_exactly_the_test_command_the_readme_gives() {
-    let readme = read("README.md");
+fn ci_runs_exactly_the_test_command_the_docs_give() {
+    let readme = read(DEVELOPMENT_PAGE);
     let ci = read(".ci/run");
     let command = "cargo test --locked --all-targets";
     assert!(
         readme.lines().any(|l| l.trim() == command),
-        "the README no longer shows `{command}` on a line of its own"
+        "{DEVELOPMENT_PAGE} no longer shows `{command}` on a line of its own"
     );
     let ci_commands: Vec<&str> = ci
         .lines()
@@ -47,15 +53,15 @@ fn ci_runs_exactly_the_test_command_the_readme_gives() {
     assert_eq!(
         ci_commands,
         vec![command],
-        ".ci/run must run the README's test command"
+        ".ci/run must run the documented test command"
     );
-    // The same tools, installed the same way: the README's install line is what .ci/run runs.
+    // The same tools, installed the same way: the documented install line is what .ci/run runs.
     let install = "scripts/install-test-tools.sh";
     assert!(
         readme
             .lines()
             .any(|l| l.starts_with(&format!("sudo {install}"))),
-        "the README does not say to run {install} before the tests"
+        "{DEVELOPMENT_PAGE} does not say to run {install} before the tests"
     );
     assert!(
         ci.lines().any(|l| l.trim() == install),
@@ -82,6 +88,7 @@ fn no_file_keeps_merge_conflict_markers() {
         "examples",
         "scripts",
         "deploy",
+        "docs",
     ] {
         let dir = repo().join(dir);
         if dir.is_dir() {
@@ -162,22 +169,38 @@ fn every_fenced_block_is_closed_so_the_sections_after_it_render() {
             file.display()
         );
     }
-    // The README's sections a reader navigates by are headings, not text inside a code block.
-    let (headings, _) = markdown_outline(&read("README.md"));
-    for want in [
-        "Quick start",
-        "Connect a GitLab project",
-        "Run the service",
-        "Apply from main",
-        "planbot doctor",
-        "Endpoints",
-        "Install",
-        "Operate",
+    // The sections a reader navigates by are headings, not text inside a code block.
+    for (page, wanted) in [
+        (
+            "README.md",
+            &["Five-minute start", "Documentation", "Developing planbot"][..],
+        ),
+        (
+            INSTALL_PAGE,
+            &[
+                "The binary",
+                "systemd",
+                "Kubernetes",
+                "Connect a GitLab project",
+            ],
+        ),
+        (
+            "docs/workflow.md",
+            &["The plan note", "Apply from main", "State"],
+        ),
+        (
+            "docs/operations.md",
+            &["Run the service", "planbot doctor", "Endpoints", "Logs"],
+        ),
+        (SETTINGS_PAGE, &["Settings reference"]),
     ] {
-        assert!(
-            headings.iter().any(|(level, t)| *level == 2 && t == want),
-            "README.md: `## {want}` is not a heading as comrak reads it; headings: {headings:?}"
-        );
+        let (headings, _) = markdown_outline(&read(page));
+        for want in wanted {
+            assert!(
+                headings.iter().any(|(level, t)| *level == 2 && t == want),
+                "{page}: `## {want}` is not a heading as comrak reads it; headings: {headings:?}"
+            );
+        }
     }
 }
 
@@ -236,10 +259,10 @@ fn ci_refuses_to_run_without_an_engine() {
 }
 
 #[test]
-fn every_repository_file_the_readme_names_exists() {
-    let readme = read("README.md");
+fn every_repository_file_the_docs_name_exists() {
     let prefixes = [
         "deploy/",
+        "docs/",
         "tests/",
         "src/",
         "templates/",
@@ -250,14 +273,19 @@ fn every_repository_file_the_readme_names_exists() {
     ];
     let top = ["Dockerfile", ".gitlab-ci.yml", ".dockerignore", "LICENSE"];
     let mut named = std::collections::BTreeSet::new();
-    for word in readme.split(|c: char| c.is_whitespace() || "`()\"',;[]".contains(c)) {
-        let word = word.trim_end_matches(['.', ':']);
-        // `src/NAME/after/` and the like are patterns, not files.
-        if word.contains("NAME") || word.contains('*') || word.contains('<') {
-            continue;
-        }
-        if prefixes.iter().any(|p| word.starts_with(p)) || top.contains(&word) {
-            named.insert(word.to_string());
+    for file in markdown_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let page = file.strip_prefix(repo()).unwrap().display().to_string();
+        for word in text.split(|c: char| c.is_whitespace() || "`()\"',;[]".contains(c)) {
+            // A link's file, without the heading it names.
+            let word = word.split('#').next().unwrap().trim_end_matches(['.', ':']);
+            // `src/NAME/after/` and the like are patterns, not files.
+            if word.contains("NAME") || word.contains('*') || word.contains('<') {
+                continue;
+            }
+            if prefixes.iter().any(|p| word.starts_with(p)) || top.contains(&word) {
+                named.insert((word.to_string(), page.clone()));
+            }
         }
     }
     for want in [
@@ -267,33 +295,24 @@ fn every_repository_file_the_readme_names_exists() {
         ".gitlab-ci.yml",
     ] {
         assert!(
-            named.iter().any(|n| n.trim_end_matches('/') == want),
-            "the README no longer shows how to use {want}"
+            named.iter().any(|(n, _)| n.trim_end_matches('/') == want),
+            "the docs no longer show how to use {want}"
         );
     }
-    let missing: Vec<&String> = named.iter().filter(|n| !repo().join(n).exists()).collect();
+    let missing: Vec<&(String, String)> = named
+        .iter()
+        .filter(|(n, _)| !repo().join(n).exists())
+        .collect();
     assert!(
         missing.is_empty(),
-        "the README names files that do not exist: {missing:?}"
+        "the docs name files that do not exist (file, page): {missing:?}"
     );
 }
 
+/// The page that holds the settings reference, between the two markers below.
+const SETTINGS_PAGE: &str = "docs/configuration.md";
 const REFERENCE_START: &str = "<!-- settings reference: generated, see tests/repo_docs.rs -->";
 const REFERENCE_END: &str = "<!-- end of settings reference -->";
-
-/// The documents that may hold the settings table: the README and the pages of `docs/`.
-fn documents() -> Vec<std::path::PathBuf> {
-    let mut out = vec![repo().join("README.md")];
-    if let Ok(entries) = std::fs::read_dir(repo().join("docs")) {
-        let mut pages: Vec<_> = entries
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "md"))
-            .collect();
-        pages.sort();
-        out.extend(pages);
-    }
-    out
-}
 
 /// The settings table in the docs is the one `core::config::keys` declares: generated from
 /// the declarations, so a key added, renamed or described anew fails here until the docs
@@ -301,7 +320,7 @@ fn documents() -> Vec<std::path::PathBuf> {
 #[test]
 fn the_settings_reference_in_the_docs_is_the_declared_keys() {
     let expected = planbot::core::config::keys::reference_table();
-    let holders: Vec<(std::path::PathBuf, String)> = documents()
+    let holders: Vec<(std::path::PathBuf, String)> = markdown_files()
         .into_iter()
         .map(|p| {
             let text = std::fs::read_to_string(&p).unwrap();
@@ -339,48 +358,368 @@ fn the_settings_reference_in_the_docs_is_the_declared_keys() {
     }
 }
 
-#[test]
-fn the_readme_reads_in_an_operators_order_and_internals_live_in_docs() {
-    // What it is → install → connect → the first MR → apply → operate → reference.
-    let (headings, _) = markdown_outline(&read("README.md"));
-    let top: Vec<&str> = headings
-        .iter()
+/// The `##` headings of `page`, in order.
+fn sections(page: &str) -> Vec<String> {
+    markdown_outline(&read(page))
+        .0
+        .into_iter()
         .filter(|(level, _)| *level == 2)
-        .map(|(_, t)| t.as_str())
-        .collect();
-    let want = [
-        "Quick start",
-        "Install",
-        "Connect a GitLab project",
-        "Run the service",
-        "The plan note",
-        "Apply from main",
-        "Operate",
-        "Settings reference",
-    ];
+        .map(|(_, t)| t)
+        .collect()
+}
+
+/// Asserts that `page` has the `##` sections `want`, in that order (others may sit between).
+fn assert_in_order(page: &str, want: &[&str]) {
+    let top = sections(page);
     let positions: Vec<usize> = want
         .iter()
         .map(|w| {
             top.iter()
                 .position(|t| t == w)
-                .unwrap_or_else(|| panic!("README.md has no `## {w}`: {top:?}"))
+                .unwrap_or_else(|| panic!("{page} has no `## {w}`: {top:?}"))
         })
         .collect();
     assert!(
         positions.windows(2).all(|p| p[0] < p[1]),
-        "README.md's sections are out of order: {top:?}"
+        "{page}'s sections are out of order: {top:?}"
     );
-    assert_eq!(top.last(), Some(&"Settings reference"), "{top:?}");
-    // The internals (store, benchmarks, measurements) are in docs/, linked from the README.
-    for gone in ["Durability", "Performance"] {
-        assert!(
-            !top.contains(&gone),
-            "`## {gone}` belongs in docs/internals.md"
-        );
+}
+
+/// `text` without its fenced code blocks (the prose a reader reads as such).
+fn prose(text: &str) -> String {
+    let mut out = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push_str(line);
+            out.push('\n');
+        }
     }
+    out
+}
+
+#[test]
+fn the_readme_is_a_doorway_and_each_page_reads_in_its_readers_order() {
+    // What planbot is, a five-minute start, the pages, then how to work on it; short.
+    let readme = read("README.md");
+    assert!(
+        readme.len() < 15_000,
+        "README.md is {} bytes: it is a doorway (what planbot is, a five-minute start, the \
+         pages); put the rest in docs/",
+        readme.len()
+    );
+    assert_in_order(
+        "README.md",
+        &["Five-minute start", "Documentation", "Developing planbot"],
+    );
+    // The five-minute start installs planbot before anything runs it, and nothing before the
+    // install asks for a database; no `cargo run` start followed by a bare `planbot`.
+    let start = readme.split_once("## Five-minute start").unwrap().1;
+    let (before_install, _) = start.split_once("```sh\n").unwrap();
+    let first_block = start.split_once("```sh\n").unwrap().1;
+    assert!(
+        first_block.starts_with("cargo install "),
+        "the first step must install planbot: {first_block}"
+    );
+    assert!(
+        !before_install.contains("PostgreSQL"),
+        "the five-minute start speaks of PostgreSQL before the install: {before_install}"
+    );
+    assert!(!readme.contains("cargo run"), "README.md runs `cargo run`");
+    // Every page of docs/ is a link of the README's.
+    for entry in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            assert!(
+                readme.contains(&format!("](docs/{name})")),
+                "README.md does not link docs/{name}"
+            );
+        }
+    }
+
+    // Each page in the order its reader follows.
+    assert_in_order(
+        INSTALL_PAGE,
+        &[
+            "Requirements",
+            "One starting config for every way",
+            "The binary",
+            "Container image",
+            "systemd",
+            "Kubernetes",
+            "Connect a GitLab project",
+        ],
+    );
+    assert_in_order(
+        "docs/workflow.md",
+        &[
+            "What planbot does with each event",
+            "The plan note",
+            "Plan on your machine",
+            "Apply from main",
+            "State",
+        ],
+    );
+    assert_in_order(
+        "docs/operations.md",
+        &[
+            "Run the service",
+            "planbot doctor",
+            "Logs",
+            "Metrics",
+            "Endpoints",
+            "Backup and restore",
+            "Upgrade",
+        ],
+    );
+    assert_eq!(
+        sections(SETTINGS_PAGE).last().map(String::as_str),
+        Some("Settings reference")
+    );
+    assert_in_order(
+        DEVELOPMENT_PAGE,
+        &["Run the tests", "CI", "Internals and measurements"],
+    );
+
+    // The internals (store, benchmarks, measurements) have their own page.
     let internals = read("docs/internals.md");
     for kept in ["## Durability", "### Load benchmark", "## Performance"] {
         assert!(internals.contains(kept), "docs/internals.md lacks {kept}");
     }
-    assert!(read("README.md").contains("](docs/internals.md)"));
+
+    // The webhook is set up in one place.
+    let described: Vec<String> = support_pages()
+        .into_iter()
+        .filter(|(_, text)| prose(text).contains("Settings → Webhooks → Add new webhook"))
+        .map(|(page, _)| page)
+        .collect();
+    assert_eq!(
+        described,
+        [INSTALL_PAGE],
+        "the webhook setup is described in {described:?}"
+    );
+    for (page, text) in support_pages() {
+        let prose = prose(&text);
+        let hooks = prose.matches("Settings → Webhooks").count();
+        assert!(
+            page == INSTALL_PAGE || hooks == 0,
+            "{page} describes the webhook setup again: link {INSTALL_PAGE}#connect-a-gitlab-project"
+        );
+    }
+}
+
+/// The README and every page under `docs/`, as (path from the top, text).
+fn support_pages() -> Vec<(String, String)> {
+    markdown_files()
+        .into_iter()
+        .filter(|f| !f.starts_with(repo().join("deploy")))
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            (f.strip_prefix(repo()).unwrap().display().to_string(), text)
+        })
+        .collect()
+}
+
+#[test]
+fn every_long_page_opens_with_its_table_of_contents() {
+    // A page a reader scrolls (more than a few screens) lists its sections before the first one.
+    for (page, text) in support_pages() {
+        if page == "README.md" || text.len() < 6_000 {
+            continue;
+        }
+        let before_first = text.split("\n## ").next().unwrap();
+        let missing: Vec<String> = sections(&page)
+            .iter()
+            .map(|s| anchor_gitlab(s))
+            .filter(|a| !before_first.contains(&format!("](#{a})")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{page}: its table of contents (before the first `##`) does not link {missing:?}"
+        );
+    }
+}
+
+/// A heading's anchor as GitLab makes it: lower case, every character but letters, digits, `_`,
+/// `-` and spaces dropped, spaces as `-`, runs of `-` as one.
+fn anchor_gitlab(heading: &str) -> String {
+    let kept: String = heading
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '_' || *c == '-' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect();
+    let mut out = String::new();
+    for c in kept.chars() {
+        if !(c == '-' && out.ends_with('-')) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A heading's anchor as GitHub makes it: the same, but runs of `-` are kept.
+fn anchor_github(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '_' || *c == '-' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors a link may name in `text`: those of its headings that GitLab and GitHub both
+/// make the same way (the second heading of a name gets `-1`, and so on).
+fn anchors(text: &str) -> std::collections::BTreeSet<String> {
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut out = std::collections::BTreeSet::new();
+    for (_, heading) in markdown_outline(text).0 {
+        let (gitlab, github) = (anchor_gitlab(&heading), anchor_github(&heading));
+        let n = seen.entry(gitlab.clone()).or_default();
+        let suffix = if *n == 0 {
+            String::new()
+        } else {
+            format!("-{n}")
+        };
+        *n += 1;
+        if gitlab == github {
+            out.insert(format!("{gitlab}{suffix}"));
+        }
+    }
+    out
+}
+
+/// Every link target written in `text` (`[text](target)`), as comrak reads it.
+fn link_targets(text: &str) -> Vec<String> {
+    use comrak::nodes::NodeValue;
+    let arena = comrak::Arena::new();
+    let root = comrak::parse_document(&arena, text, &comrak::Options::default());
+    root.descendants()
+        .filter_map(|node| match &node.data().value {
+            NodeValue::Link(link) | NodeValue::Image(link) => Some(link.url.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_relative_link_of_the_docs_reaches_a_file_and_its_heading() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in markdown_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let page = file.strip_prefix(repo()).unwrap().display().to_string();
+        for target in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            // Inside the repository, and there.
+            let Ok(resolved) = resolved.canonicalize() else {
+                broken.push(format!("{page}: ({target}): no such file"));
+                continue;
+            };
+            if !resolved.starts_with(repo().canonicalize().unwrap()) {
+                broken.push(format!("{page}: ({target}): outside the repository"));
+                continue;
+            }
+            if anchor.is_empty() {
+                continue;
+            }
+            let target_text = std::fs::read_to_string(&resolved).unwrap_or_default();
+            if resolved.extension().is_none_or(|e| e != "md")
+                || !anchors(&target_text).contains(anchor)
+            {
+                broken.push(format!(
+                    "{page}: ({target}): no heading of {} has the anchor `#{anchor}`",
+                    resolved
+                        .strip_prefix(repo().canonicalize().unwrap())
+                        .unwrap()
+                        .display()
+                ));
+            }
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} relative links found: is the parse right?"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn no_text_cites_a_document_the_repository_does_not_hold() {
+    // A comment or page that points a reader at a document must point at one they have.
+    let mut files = Vec::new();
+    for dir in [
+        "src",
+        "templates",
+        "tests",
+        "benches",
+        "scripts",
+        "examples",
+        "deploy",
+        "docs",
+        ".ci",
+    ] {
+        let dir = repo().join(dir);
+        if dir.is_dir() {
+            text_files(&dir, &mut files);
+        }
+    }
+    files.push(repo().join("README.md"));
+    files.push(repo().join("CHANGELOG.md"));
+    let mut held = std::collections::BTreeSet::new();
+    let mut all = Vec::new();
+    text_files(&repo(), &mut all);
+    for f in &all {
+        held.insert(f.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    // A numbered section of a design document that is not in the repository.
+    let section_sign = ["design", " §"].concat();
+    let mut found = Vec::new();
+    // GitLab's payloads name the pages of GitLab's documentation they were copied from.
+    let gitlab_copies = repo().join("tests/fixtures/gitlab");
+    for file in files.iter().filter(|f| !f.starts_with(&gitlab_copies)) {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let shown = file.strip_prefix(repo()).unwrap().display().to_string();
+        for (n, line) in text.lines().enumerate() {
+            if line.contains(&section_sign) {
+                found.push(format!("{shown}:{}: {line}", n + 1));
+            }
+            for word in line.split(|c: char| c.is_whitespace() || "`()\"',;[]<>".contains(c)) {
+                let word = word.trim_end_matches(['.', ':']);
+                if !word.ends_with(".md")
+                    || word.starts_with('.')
+                    || word.contains("://")
+                    || word.contains('*')
+                {
+                    continue;
+                }
+                let name = word.rsplit('/').next().unwrap();
+                let there = held.contains(name)
+                    || repo().join(word).exists()
+                    || file.parent().unwrap().join(word).exists();
+                if !there {
+                    found.push(format!("{shown}:{}: {word}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "texts cite documents the repository does not hold (say what they mean, or link a page \
+         of docs/):\n{}",
+        found.join("\n")
+    );
 }

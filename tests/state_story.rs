@@ -1,7 +1,8 @@
 //! Stories of where the state lives, with the setups users run: GitLab-managed state with a
-//! Developer's token for MR plans and a Maintainer's for applies (as the README's State section
-//! configures it), a lock someone else holds, a root whose state would be lost in the checkout,
-//! a secret that is a common word. Real engine, real git, the fake GitLab's state API.
+//! Developer's token for MR plans and a Maintainer's for applies (as the State section of
+//! docs/workflow.md configures it), a lock someone else holds, a root whose state would be lost
+//! in the checkout, a secret that is a common word. Real engine, real git, the fake GitLab's
+//! state API.
 
 mod service_support;
 mod support;
@@ -31,14 +32,15 @@ resource "terraform_data" "vm" {{
     )
 }
 
-/// The fenced block right after `<!-- {marker} -->` in the README: the recipe as written.
-fn readme_block(marker: &str) -> String {
-    let readme =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-            .unwrap();
-    let (_, after) = readme
+/// The fenced block right after `<!-- {marker} -->` in docs/workflow.md: the recipe as written.
+fn documented_block(marker: &str) -> String {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/workflow.md"),
+    )
+    .unwrap();
+    let (_, after) = page
         .split_once(&format!("<!-- {marker} -->"))
-        .unwrap_or_else(|| panic!("the README has no `<!-- {marker} -->`"));
+        .unwrap_or_else(|| panic!("docs/workflow.md has no `<!-- {marker} -->`"));
     let body = after
         .split_once("```")
         .and_then(|(_, b)| b.split_once('\n'))
@@ -90,7 +92,7 @@ struct World {
 }
 
 /// The fake GitLab with `infra/homelab` (`.planbot.toml` and `files` on main), and planbot's
-/// config: the README's state recipe as written (its token files holding a Developer's and a
+/// config: the documented state recipe as written (its token files holding a Developer's and a
 /// Maintainer's token), plus `extra`.
 fn world(
     engine: &std::path::Path,
@@ -126,7 +128,10 @@ fn world_with(
         &gitlab,
         data.path(),
         engine,
-        &format!("{extra}\n{}", readme_block("state recipe: planbot.toml")),
+        &format!(
+            "{extra}\n{}",
+            documented_block("state recipe: planbot.toml")
+        ),
     );
     let (plan_token, apply_token) = (reader.token.clone(), writer.token.clone());
     // The token files are names in $CREDENTIALS_DIRECTORY, as systemd's LoadCredential= fills it.
@@ -139,7 +144,7 @@ fn world_with(
         "/run/credentials/planbot.service/state-apply-token" => Ok(format!("{apply_token}\n")),
         other => Err(format!("no file {other}")),
     })
-    .expect("the README's state recipe is a valid config");
+    .expect("the documented state recipe is a valid config");
     World {
         gitlab,
         project,

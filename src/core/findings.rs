@@ -85,7 +85,7 @@ const fn preflight(id: &'static str, title: &'static str) -> Rule {
     }
 }
 
-/// Every rule, in catalogue order (`proxmox-rules.md`): the lint rules, then the preflight
+/// Every rule, in the order docs/proxmox.md lists them: the lint rules, then the preflight
 /// checks.
 pub const RULES: &[Rule] = &[
     lint(

@@ -1,4 +1,4 @@
-//! The plan fingerprint (design §9): HMAC-SHA256 over a canonical projection of what a plan does.
+//! The plan fingerprint: HMAC-SHA256 over a canonical projection of what a plan does.
 //!
 //! The projection keeps only what applying the plan would do: for every managed change that does
 //! something (actions other than `["no-op"]`, or a move, or an import), sorted by `address` and

@@ -1,4 +1,4 @@
-//! The repo configuration `.planbot.toml` (design §5): roots, what triggers them, plan settings.
+//! The repo configuration `.planbot.toml` (docs/configuration.md): roots, what triggers them, plan settings.
 //!
 //! Pure: parse + validate a text, decide which roots an MR's changed files affect, and render the
 //! texts (`planbot check-config` output, the MR note saying what is wrong) from `templates/`.

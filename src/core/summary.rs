@@ -4,7 +4,7 @@ use crate::core::findings::Finding;
 use crate::core::plan::{ActionKind, Plan};
 use serde::Serialize;
 
-/// Counts over managed `resource_changes` (design §3).
+/// Counts over managed `resource_changes`: the note's table and the JSON report's `summary`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Summary {
     pub add: usize,
@@ -83,7 +83,7 @@ pub struct ResourceReport {
     pub action_reason: Option<String>,
 }
 
-/// The `--format json` report (design §3).
+/// The `--format json` report (its shape: docs/workflow.md, "Render a plan without GitLab").
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanReport {
     pub summary: Summary,

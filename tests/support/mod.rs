@@ -270,11 +270,12 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// The fenced code block of the README that holds `line` (a line of its own), without fences.
-pub fn readme_block(line: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
-    let readme = std::fs::read_to_string(path).unwrap();
-    let mut blocks = readme.split("\n```").skip(1).step_by(2);
+/// The fenced code block of `page` (the README, or a page under `docs/`) that holds `line` (a
+/// line of its own), without fences: the recipe as a user copies it.
+pub fn doc_block(page: &str, line: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(page);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {page}: {e}"));
+    let mut blocks = text.split("\n```").skip(1).step_by(2);
     blocks
         .find(|b| b.lines().any(|l| l == line))
         .map(|b| {
@@ -282,10 +283,31 @@ pub fn readme_block(line: &str) -> String {
                 .map(|(_, body)| body.to_string())
                 .unwrap_or_default()
         })
-        .unwrap_or_else(|| panic!("no README code block with the line `{line}`"))
+        .unwrap_or_else(|| panic!("no code block in {page} with the line `{line}`"))
 }
 
-/// `bash -euo pipefail -c SCRIPT` in `dir` — a README recipe as a user runs it — with the
+/// Every page a reader opens, as (path from the repository top, text): the README, then each
+/// Markdown file under `docs/` in name order.
+pub fn doc_pages() -> Vec<(String, String)> {
+    let top = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut names: Vec<String> = std::fs::read_dir(top.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    names.sort();
+    names.insert(0, "README.md".to_string());
+    names
+        .into_iter()
+        .map(|n| {
+            let text = std::fs::read_to_string(top.join(&n)).unwrap();
+            (n, text)
+        })
+        .collect()
+}
+
+/// `bash -euo pipefail -c SCRIPT` in `dir` — a recipe of the docs as a user runs it — with the
 /// planbot just built first on `PATH`, as `planbot`.
 pub fn recipe_command(dir: &std::path::Path, script: &str) -> std::process::Command {
     let bin = dir.join(".bin");
@@ -305,7 +327,7 @@ pub fn recipe_command(dir: &std::path::Path, script: &str) -> std::process::Comm
     cmd
 }
 
-/// Run a README recipe (see [`recipe_command`]) to its end; `stdin` answers its prompt
+/// Run a recipe of the docs (see [`recipe_command`]) to its end; `stdin` answers its prompt
 /// (`cat > ...`). Panics with the recipe and its output when it fails.
 pub fn run_recipe(dir: &std::path::Path, recipe: &str, stdin: &str) -> String {
     use std::io::Write;
@@ -325,7 +347,7 @@ pub fn run_recipe(dir: &std::path::Path, recipe: &str, stdin: &str) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "the README recipe failed ({}):\n{recipe}\n{stdout}{}",
+        "the recipe failed ({}):\n{recipe}\n{stdout}{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );

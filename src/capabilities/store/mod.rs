@@ -1,8 +1,9 @@
-//! The store (design §11): the [`Store`] facade the flows hold, its public types, and its two
+//! The store (docs/internals.md, "Durability"): the [`Store`] facade the flows hold, its public types, and its two
 //! backends behind [`backend::StoreBackend`]: `sqlite` (embedded, one host) and `postgres` (N replicas).
 
 mod backend;
 mod dump;
+mod policy;
 mod postgres;
 mod sqlite;
 mod types;
@@ -11,6 +12,7 @@ mod types;
 pub(crate) mod tests;
 
 pub use dump::{Dump, Value};
+pub use policy::{PolicyApproval, PolicyVerdictRecord};
 pub use postgres::{default_replica_name, PgOptions, PG_SCHEMA_VERSION};
 pub use sqlite::SCHEMA_VERSION;
 pub use types::{
@@ -54,6 +56,7 @@ macro_rules! on_backend {
         }
     };
 }
+pub(crate) use on_backend;
 
 /// The most of a run's log kept: the engine's output is already cut to 1 MiB as it streams
 /// (head and tail); scrubbing can lengthen it, and nothing else may make the store grow more.

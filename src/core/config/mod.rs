@@ -101,7 +101,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Base URL of planbot itself, for links to run pages (no trailing slash).
     pub public_url: Option<String>,
-    /// Server secret keying the plan fingerprint (design §9).
+    /// Server secret keying the plan fingerprint (`core::fingerprint`).
     pub fingerprint_key: Secret,
     pub gitlab: GitlabConfig,
     pub engine: EngineConfig,

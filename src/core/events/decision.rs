@@ -1,5 +1,5 @@
-//! The pure events → jobs decision (design §1): what one authentic delivery means, as the jobs
-//! to enqueue and the outcome recorded with the delivery.
+//! The pure events → jobs decision (docs/workflow.md, "What planbot does with each event"):
+//! what one authentic delivery means, as the jobs to enqueue and the outcome recorded with it.
 
 use super::commands::parse_command;
 use super::job::{Job, PlanJob, PlanReason};

@@ -131,7 +131,7 @@ impl Rule {
     }
 }
 
-/// Every plan rule, in catalogue order (`proxmox-rules.md`).
+/// Every plan rule, in the order docs/proxmox.md lists them.
 pub const RULES: &[Rule] = &[
     Rule {
         id: "PVE001",

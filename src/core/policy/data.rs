@@ -1,7 +1,7 @@
 //! `data.planbot`: what planbot found on the plan, for policies that turn a finding into a
 //! blocker (`deny contains msg if { some f in data.planbot.findings; f.rule == "PVE008" … }`).
 //!
-//! The shape (documented in the README, kept stable):
+//! The shape (documented in docs/policies.md, kept stable):
 //! `{"root": "core", "findings": [{"rule", "severity", "title", "address", "message", "fix"}]}`.
 
 use crate::core::findings::{self, Finding};

@@ -37,13 +37,13 @@ const ZIP_MAGIC: &[u8] = b"PK\x03\x04";
 
 /// The fingerprint key used when none is given (`--fingerprint-key` / `PLANBOT_FINGERPRINT_KEY`).
 /// It is public and fixed: such a fingerprint identifies a plan locally but proves nothing, and
-/// matches no fingerprint a server made (the README says so; no warning on every run).
+/// matches no fingerprint a server made (docs/workflow.md says so; no warning on every run).
 pub const LOCAL_FINGERPRINT_KEY: &str = "planbot-local-fingerprint-key-not-secret";
 
 /// The root name shown when a plan is rendered on its own.
 pub const DEFAULT_ROOT: &str = ".";
 
-/// The note (markdown) or the JSON report (design §3) of one plan, scrubbed of every secret the
+/// The note (markdown) or the JSON report (`--format json`) of one plan, scrubbed of every secret the
 /// plan reveals plus `extra_secrets`. Findings come from the lint rules.
 pub fn report(
     plan: &Plan,
