@@ -56,6 +56,7 @@ files![
     ("comments/help.md.j2", Verbatim),
     ("comments/merged_banner.md.j2", Verbatim),
     ("doctor.j2", Blocks),
+    ("drift/issue.md.j2", Verbatim),
     ("lint.j2", Blocks),
     ("local_progress.txt.j2", Verbatim),
     ("note.md.j2", Blocks),
