@@ -441,6 +441,50 @@ async fn member_roles_are_read_and_a_non_member_has_none() {
 }
 
 #[tokio::test]
+async fn group_membership_is_direct_or_inherited_and_a_group_planbot_cannot_see_has_no_members() {
+    let fake = FakeGitLab::start();
+    let (carol, dave, erin) = (
+        fake.create_user("carol"),
+        fake.create_user("dave"),
+        fake.create_user("erin"),
+    );
+    fake.create_group("infra/capacity", "internal");
+    fake.add_group_member("infra/capacity", &carol, 30);
+    // dave is a member of the parent group: GitLab's `members/all` counts him.
+    fake.add_group_member("infra", &dave, 10);
+    fake.create_group("secret/admins", "private");
+    fake.add_group_member("secret/admins", &erin, 50);
+    let gl = client(&fake);
+    assert!(gl
+        .group_member("infra/capacity", UserId(carol.id))
+        .await
+        .unwrap());
+    assert!(gl
+        .group_member("infra/capacity", UserId(dave.id))
+        .await
+        .unwrap());
+    assert!(!gl
+        .group_member("infra/capacity", UserId(erin.id))
+        .await
+        .unwrap());
+    assert!(!gl.group_member("infra", UserId(carol.id)).await.unwrap());
+    // The bot is no member of a private group: GitLab answers 404, as for a stranger.
+    assert!(!gl
+        .group_member("secret/admins", UserId(erin.id))
+        .await
+        .unwrap());
+    assert!(!gl
+        .group_member("no/such-group", UserId(carol.id))
+        .await
+        .unwrap());
+    assert_eq!(gl.user(UserId(carol.id)).await.unwrap().username, "carol");
+    assert!(matches!(
+        gl.user(UserId(999_999)).await,
+        Err(GitLabError::NotFound)
+    ));
+}
+
+#[tokio::test]
 async fn projects_branches_and_merge_requests_read_as_gitlab_returns_them() {
     let (fake, project, iid) = setup();
     let gl = client(&fake);

@@ -604,3 +604,87 @@ fn over_budget_the_largest_diffs_fold_first_then_sections_drop() {
     assert!(dropped.contains("Destructive changes"));
     insta::assert_snapshot!("budget_dropped", dropped);
 }
+
+#[test]
+fn the_policies_section_lists_each_set_its_messages_owners_and_approvals() {
+    use planbot::core::policy::review::{
+        ApprovalView, ClearedApproval, PolicySection, RecordedSet, RecordedVerdict, SetOrigin,
+        SetState,
+    };
+    use planbot::core::policy::Owner;
+    let set = |name: &str, origin, state, owners: Vec<Owner>| RecordedSet {
+        name: name.into(),
+        origin,
+        path: if origin == SetOrigin::Repository {
+            "policies".into()
+        } else {
+            String::new()
+        },
+        namespace: "main".into(),
+        owners,
+        state,
+        failures: vec![],
+        failures_more: 0,
+        warnings: vec![],
+        warnings_more: 0,
+        error: None,
+    };
+    let verdict = RecordedVerdict {
+        sets: vec![
+            RecordedSet {
+                warnings: vec!["proxmox_virtual_environment_vm.web has no backup job".into()],
+                ..set("backups", SetOrigin::Operator, SetState::Passed, vec![])
+            },
+            RecordedSet {
+                failures: vec![
+                    "proxmox_virtual_environment_vm.db would be destroyed".into(),
+                    "a `code` span, <b>html</b> and | a pipe".into(),
+                ],
+                failures_more: 3,
+                ..set(
+                    "no-deletes",
+                    SetOrigin::Repository,
+                    SetState::Failed,
+                    vec![
+                        Owner::User("alice".into()),
+                        Owner::Group("infra/admins".into()),
+                    ],
+                )
+            },
+            RecordedSet {
+                failures: vec!["VM 101 asks for 65536 MiB; 16384 at most".into()],
+                ..set(
+                    "sizes",
+                    SetOrigin::Repository,
+                    SetState::Failed,
+                    vec![Owner::User("carol".into())],
+                )
+            },
+            RecordedSet {
+                error: Some("policies/broken.rego does not parse: policies/broken.rego:3:1: error: unexpected token".into()),
+                ..set("broken", SetOrigin::Repository, SetState::Error, vec![])
+            },
+        ],
+    };
+    let section = PolicySection::new(
+        &verdict,
+        &[ApprovalView {
+            set: "sizes".into(),
+            approver: "carol".into(),
+        }],
+        &[ClearedApproval {
+            set: "no-deletes".into(),
+            approver: "alice".into(),
+            sha: "1a2b3c4d".into(),
+        }],
+        "main",
+    );
+    let ctx = NoteContext {
+        policies: [("core".to_string(), section)].into_iter().collect(),
+        ..ctx()
+    };
+    let note = note_with(&fixture("no_changes"), &[], &ctx);
+    assert!(note.contains("### 🔴 planbot"), "a set waits: {note}");
+    assert!(note.contains("**Policies** · sets from the default branch `main` and planbot's own"));
+    insta::assert_snapshot!(note);
+}

@@ -340,3 +340,46 @@ fn doctor_blames_a_token_with_a_line_break_on_the_token_not_the_url() {
     assert!(!stdout.contains("gitlab.url"), "{stdout}");
     assert!(!stdout.contains("line-one"), "the token printed:\n{stdout}");
 }
+
+#[test]
+fn check_reads_planbots_own_policy_sets_and_names_each_that_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("guardrails");
+    std::fs::create_dir(&good).unwrap();
+    write(
+        &good,
+        "sizes.rego",
+        "package main\n\nimport rego.v1\n\ndeny contains msg if {\n\tsome rc in input.resource_changes\n\trc.change.after.memory > 16384\n\tmsg := rc.address\n}\n",
+    );
+    let broken = dir.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    write(
+        &broken,
+        "bad.rego",
+        "package main\n\ndeny contains msg if {\n",
+    );
+    let sets = format!(
+        "{BASE}\n[[policy_sets]]\nname = \"guardrails\"\npath = \"{}\"\n\n[[policy_sets]]\nname = \"broken\"\npath = \"{}\"\n\n[[policy_sets]]\nname = \"missing\"\npath = \"{}\"\n",
+        good.display(),
+        broken.display(),
+        dir.path().join("nowhere").display(),
+    );
+    let cfg = write(dir.path(), "planbot.toml", &sets);
+    let out = planbot()
+        .args(["serve", "--check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("`policy_sets.broken`") && stderr.contains("bad.rego does not parse"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("`policy_sets.missing`")
+            && stderr.contains("cannot read the policy directory"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("policy_sets.guardrails"), "{stderr}");
+}

@@ -173,13 +173,29 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
     assert_eq!(interrupted[0].ci_job, JobId(9002));
     drop(store);
 
-    // The schema is what it was (migration 1 is that schema), now with its version recorded,
-    // and the same as a new database's.
+    // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables,
+    // now with its version recorded, and the same as a new database's.
     assert_eq!(user_version(&path), SCHEMA_VERSION);
-    assert_eq!(schema(&path), old_schema);
+    let migrated = schema(&path);
+    let added: Vec<&str> = migrated
+        .iter()
+        .filter(|row| !old_schema.contains(row))
+        .map(|(_, name, _)| name.as_str())
+        .collect();
+    assert_eq!(
+        added,
+        [
+            "policy_approvals_by_mr",
+            "sqlite_autoindex_policy_approvals_1",
+            "sqlite_autoindex_policy_verdicts_1",
+            "policy_approvals",
+            "policy_verdicts"
+        ]
+    );
+    assert!(old_schema.iter().all(|row| migrated.contains(row)));
     let fresh = dir.path().join("fresh.db");
     drop(Store::open(&fresh).unwrap());
-    assert_eq!(schema(&fresh), old_schema);
+    assert_eq!(schema(&fresh), migrated);
     assert_eq!(user_version(&fresh), SCHEMA_VERSION);
 }
 

@@ -632,6 +632,26 @@ impl GitLab {
         }
     }
 
+    /// `GET /users/:id`: who wrote a note (a webhook names the author by id).
+    pub async fn user(&self, user: UserId) -> Result<User, GitLabError> {
+        self.get_json(&["users", &user.to_string()], &[]).await
+    }
+
+    /// Whether `user` is a member of the group at `group_path` (`infra/admins`), inherited
+    /// memberships included (`GET /groups/:id/members/all/:user_id`). GitLab answers 404 both
+    /// for a non-member and for a group the bot cannot see: either way, not a member.
+    pub async fn group_member(&self, group_path: &str, user: UserId) -> Result<bool, GitLabError> {
+        let u = user.to_string();
+        match self
+            .get_json::<Member>(&["groups", group_path, "members", "all", &u], &[])
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(GitLabError::NotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     // ----- merge requests ----------------------------------------------------------------------
 
     pub async fn merge_request(

@@ -534,6 +534,90 @@ impl Workspace {
         Ok(Some(out.stdout))
     }
 
+    /// Every file under directory `dir` at `rev` whose name ends in `suffix`, recursively, in
+    /// path order: `(path from the repository top, content)`. `Ok(None)` when `dir` is not a
+    /// directory there. A symbolic link, a submodule or a file over `max_bytes` is an error that
+    /// names it (a policy directory holds regular files only).
+    pub async fn read_dir_at(
+        &self,
+        project: ProjectId,
+        rev: &str,
+        dir: &str,
+        suffix: &str,
+        max_bytes: u64,
+    ) -> Result<Option<Vec<(String, Vec<u8>)>>> {
+        let mirror = self.existing_mirror(project)?;
+        let dir = dir.trim_start_matches("./").trim_end_matches('/');
+        let tree = if dir.is_empty() || dir == "." {
+            format!("{rev}^{{tree}}")
+        } else {
+            format!("{rev}:{dir}")
+        };
+        let kind = self
+            .run(
+                Some(&mirror),
+                &[os("cat-file"), os("-t"), os("--end-of-options"), os(&tree)],
+                false,
+            )
+            .await?;
+        if !kind.success || String::from_utf8_lossy(&kind.stdout).trim() != "tree" {
+            return Ok(None);
+        }
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("ls-tree"),
+                    os("-r"),
+                    os("-z"),
+                    os("--long"),
+                    os("--end-of-options"),
+                    os(&tree),
+                ],
+                false,
+            )
+            .await?;
+        check(&out, "git ls-tree").with_context(|| format!("listing {dir} at {rev}"))?;
+        let shown = |name: &str| {
+            if dir.is_empty() || dir == "." {
+                name.to_string()
+            } else {
+                format!("{dir}/{name}")
+            }
+        };
+        let mut files = Vec::new();
+        for entry in out.stdout.split(|b| *b == 0).filter(|e| !e.is_empty()) {
+            // `<mode> SP <type> SP <object> SP+ <size> TAB <path>`
+            let entry = String::from_utf8_lossy(entry);
+            let Some((meta, name)) = entry.split_once('\t') else {
+                continue;
+            };
+            let fields: Vec<&str> = meta.split_whitespace().collect();
+            let [mode, _kind, oid, size] = fields[..] else {
+                continue;
+            };
+            let path = shown(name);
+            match mode {
+                "120000" => bail!("{path} is a symbolic link; policy files must be regular files in the directory"),
+                "160000" => bail!("{path} is a submodule; policy files must be regular files in the directory"),
+                _ => {}
+            }
+            if !name.ends_with(suffix) {
+                continue;
+            }
+            if size.parse::<u64>().unwrap_or(u64::MAX) > max_bytes {
+                bail!("{path} is larger than {} KiB", max_bytes / 1024);
+            }
+            let blob = self
+                .run(Some(&mirror), &[os("cat-file"), os("blob"), os(oid)], false)
+                .await?;
+            check(&blob, "git cat-file").with_context(|| format!("reading {path} at {rev}"))?;
+            files.push((path, blob.stdout));
+        }
+        files.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Some(files))
+    }
+
     fn existing_mirror(&self, project: ProjectId) -> Result<PathBuf> {
         let mirror = self.mirror_path(project);
         if !mirror.join("HEAD").exists() {

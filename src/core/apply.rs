@@ -93,6 +93,20 @@ pub enum ApplyRefusal {
     StateInCheckout {
         root: String,
     },
+    /// A policy set failed on the reviewed plan (or could not be evaluated) and none of its
+    /// owners approved that plan.
+    PolicyFailed {
+        root: String,
+        set: String,
+        message: String,
+        /// Who may approve (`alice`, `group:infra/admins`); empty: no one can.
+        owners: Vec<String>,
+    },
+    /// Policy sets check the root, but the plan to apply is not one they checked at review
+    /// (confirmed by hand, or reviewed before planbot recorded policy verdicts).
+    PolicyNotChecked {
+        root: String,
+    },
 }
 
 impl ApplyRefusal {
@@ -465,6 +479,21 @@ mod tests {
                 given: "xyz".into(),
             },
             ApplyRefusal::StateInCheckout { root: "lab".into() },
+            ApplyRefusal::PolicyFailed {
+                root: "core".into(),
+                set: "no-deletes".into(),
+                message: "proxmox_virtual_environment_vm.db would be destroyed".into(),
+                owners: vec!["alice".into(), "group:infra/admins".into()],
+            },
+            ApplyRefusal::PolicyFailed {
+                root: "core".into(),
+                set: "guardrails".into(),
+                message: "VM 101 asks for 64 GiB".into(),
+                owners: vec![],
+            },
+            ApplyRefusal::PolicyNotChecked {
+                root: "core".into(),
+            },
         ];
         let text: String = all
             .iter()

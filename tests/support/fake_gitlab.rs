@@ -219,6 +219,16 @@ struct FProject {
     tf: BTreeMap<String, TfState>,
 }
 
+/// A group: its direct members (user id → access level) and who may see it.
+#[derive(Debug)]
+struct FGroup {
+    id: u64,
+    members: BTreeMap<u64, u32>,
+    /// `private` (seen by its members, inherited ones included), `internal` (by any signed-in
+    /// user) or `public`.
+    visibility: String,
+}
+
 #[derive(Debug, Default)]
 struct Faults {
     remaining: u32,
@@ -243,6 +253,8 @@ struct StateInner {
     async_merge_refs: bool,
     git_requests: Vec<GitRequest>,
     tf_requests: Vec<StateRequest>,
+    /// Groups by full path (`infra/admins`).
+    groups: BTreeMap<String, FGroup>,
     /// Sign-in with GitLab (see the OAuth section at the end of this file).
     oauth: OAuthState,
     /// What GitLab would have acted on in the texts posted through the API.
@@ -289,6 +301,29 @@ impl StateInner {
             return self.projects.contains_key(&id).then_some(id);
         }
         self.projects.values().find(|p| p.path == key).map(|p| p.id)
+    }
+
+    /// The group at `key` (its id, or its full path) and its ancestors, nearest first.
+    fn group_chain(&self, key: &str) -> Vec<&FGroup> {
+        let path = match key.parse::<u64>() {
+            Ok(id) => match self.groups.iter().find(|(_, g)| g.id == id) {
+                Some((p, _)) => p.clone(),
+                None => return Vec::new(),
+            },
+            Err(_) => key.to_string(),
+        };
+        if !self.groups.contains_key(&path) {
+            return Vec::new();
+        }
+        let mut chain = Vec::new();
+        let mut at = Some(path.as_str());
+        while let Some(p) = at {
+            if let Some(g) = self.groups.get(p) {
+                chain.push(g);
+            }
+            at = p.rsplit_once('/').map(|(parent, _)| parent);
+        }
+        chain
     }
 
     fn repo(&self, project: u64) -> PathBuf {
@@ -628,6 +663,7 @@ impl FakeGitLab {
             async_merge_refs: false,
             git_requests: Vec::new(),
             tf_requests: Vec::new(),
+            groups: BTreeMap::new(),
             oauth: OAuthState::default(),
             hazards: Vec::new(),
         }));
@@ -789,6 +825,40 @@ impl FakeGitLab {
             id,
             path: path.to_string(),
         }
+    }
+
+    /// A group at `path` (`infra/admins`: its parent `infra` is made too when missing), with
+    /// `visibility` `private`, `internal` or `public`.
+    pub fn create_group(&self, path: &str, visibility: &str) {
+        let mut s = self.lock();
+        let mut at = String::new();
+        for part in path.split('/') {
+            if !at.is_empty() {
+                at.push('/');
+            }
+            at.push_str(part);
+            if !s.groups.contains_key(&at) {
+                let id = s.id();
+                s.groups.insert(
+                    at.clone(),
+                    FGroup {
+                        id,
+                        members: BTreeMap::new(),
+                        visibility: visibility.to_string(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// `user` becomes a direct member of the group at `path` with `level`.
+    pub fn add_group_member(&self, path: &str, user: &FakeUser, level: u32) {
+        self.lock()
+            .groups
+            .get_mut(path)
+            .expect("group")
+            .members
+            .insert(user.id, level);
     }
 
     pub fn add_member(&self, project: &FakeProject, user: &FakeUser, level: u32) {
@@ -1831,6 +1901,11 @@ fn err(code: StatusCode, message: &str) -> Response {
 fn router(state: Shared) -> Router {
     let api = Router::new()
         .route("/api/v4/user", get(get_user))
+        .route("/api/v4/users/{id}", get(get_user_by_id))
+        .route(
+            "/api/v4/groups/{id}/members/all/{user_id}",
+            get(get_group_member),
+        )
         .route("/api/v4/job", get(get_job))
         .route("/api/v4/projects/{id}", get(get_project))
         .route(
@@ -1985,6 +2060,48 @@ async fn get_user(State(state): State<Shared>, headers: HeaderMap) -> Response {
     }
     let u = tryr!(api_user(&s, &headers));
     Json(user_json(&u)).into_response()
+}
+
+/// `GET /users/:id`: any signed-in user may read another's public profile.
+async fn get_user_by_id(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Response {
+    let s = lock!(state);
+    tryr!(api_user(&s, &headers));
+    match s.users.get(&id) {
+        Some(u) => Json(user_json(u)).into_response(),
+        None => err(StatusCode::NOT_FOUND, "404 User Not Found"),
+    }
+}
+
+/// `GET /groups/:id/members/all/:user_id`: a member of the group or of an ancestor (the
+/// nearest membership's level); 404 for anyone else, and for a group the caller cannot see.
+async fn get_group_member(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, user_id)): Path<(String, u64)>,
+) -> Response {
+    let s = lock!(state);
+    let caller = tryr!(api_user(&s, &headers));
+    let chain = s.group_chain(&id);
+    let Some(group) = chain.first() else {
+        return err(StatusCode::NOT_FOUND, "404 Group Not Found");
+    };
+    let is_member = |uid: u64| chain.iter().find_map(|g| g.members.get(&uid).copied());
+    let visible = group.visibility != "private" || is_member(caller.id).is_some();
+    if !visible {
+        return err(StatusCode::NOT_FOUND, "404 Group Not Found");
+    }
+    match (is_member(user_id), s.users.get(&user_id)) {
+        (Some(level), Some(member)) => {
+            let mut v = user_json(member);
+            v["access_level"] = json!(level);
+            Json(v).into_response()
+        }
+        _ => err(StatusCode::NOT_FOUND, "404 Not found"),
+    }
 }
 
 async fn get_job(State(state): State<Shared>, headers: HeaderMap) -> Response {

@@ -1,6 +1,7 @@
 //! What a store backend does: the [`StoreBackend`] trait, implemented by SQLite and PostgreSQL
 //! alike, so the [`Store`](super::Store) the flows hold behaves the same on either.
 
+use super::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, ShownFingerprint,
@@ -107,6 +108,25 @@ pub(crate) trait StoreBackend: Send + Sync {
     async fn lock_project(&self, project: ProjectId) -> Result<ProjectLock>;
     /// Take `project`'s apply lock if no other apply holds it; `None` when one does.
     async fn try_lock_project(&self, project: ProjectId) -> Result<Option<ProjectLock>>;
+
+    /// Record (or replace) a root's policy verdict for one head; `verdict_json` is
+    /// `record.verdict` as JSON.
+    async fn record_policy_verdict(
+        &self,
+        record: PolicyVerdictRecord,
+        verdict_json: String,
+    ) -> Result<()>;
+    /// The verdicts of one head of the MR: `(root, fingerprint, verdict JSON)`.
+    async fn policy_verdicts(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<Vec<VerdictRow>>;
+    /// `false` when that approver had already approved that set of that plan.
+    async fn record_policy_approval(&self, approval: PolicyApproval) -> Result<bool>;
+    /// Every approval of the MR, oldest first.
+    async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>>;
 
     /// Every row of every table, for `planbot store migrate`.
     async fn export(&self) -> Result<Dump>;

@@ -115,6 +115,33 @@ pub(crate) const TABLES: &[(&str, &[(&str, Ty)])] = &[
             ("detail", Ty::Text),
         ],
     ),
+    (
+        "policy_verdicts",
+        &[
+            ("project_id", Ty::Int),
+            ("mr_iid", Ty::Int),
+            ("root", Ty::Text),
+            ("sha", Ty::Text),
+            ("fingerprint", Ty::Text),
+            ("verdict", Ty::Text),
+            ("recorded_at", Ty::Int),
+        ],
+    ),
+    (
+        "policy_approvals",
+        &[
+            ("id", Ty::Int),
+            ("project_id", Ty::Int),
+            ("mr_iid", Ty::Int),
+            ("root", Ty::Text),
+            ("sha", Ty::Text),
+            ("fingerprint", Ty::Text),
+            ("policy_set", Ty::Text),
+            ("approver_id", Ty::Int),
+            ("approver", Ty::Text),
+            ("approved_at", Ty::Int),
+        ],
+    ),
 ];
 
 /// Every row of every table in [`TABLES`], in insertion order.

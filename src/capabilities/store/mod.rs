@@ -3,6 +3,7 @@
 
 mod backend;
 mod dump;
+mod policy;
 mod postgres;
 mod sqlite;
 mod types;
@@ -11,6 +12,7 @@ mod types;
 pub(crate) mod tests;
 
 pub use dump::{Dump, Value};
+pub use policy::{PolicyApproval, PolicyVerdictRecord};
 pub use postgres::{default_replica_name, PgOptions, PG_SCHEMA_VERSION};
 pub use sqlite::SCHEMA_VERSION;
 pub use types::{
@@ -54,6 +56,7 @@ macro_rules! on_backend {
         }
     };
 }
+pub(crate) use on_backend;
 
 /// The most of a run's log kept: the engine's output is already cut to 1 MiB as it streams
 /// (head and tail); scrubbing can lengthen it, and nothing else may make the store grow more.

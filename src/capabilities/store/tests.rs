@@ -231,6 +231,118 @@ async fn fingerprints_note_ids_and_applies() {
 }
 
 #[tokio::test]
+async fn policy_verdicts_per_head_and_approvals_per_plan() {
+    use crate::core::ids::UserId;
+    use crate::core::policy::review::{RecordedSet, RecordedVerdict, SetOrigin, SetState};
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let fp = |c: char| Fingerprint::from_hex(&c.to_string().repeat(64)).unwrap();
+        let head = CommitSha("1".repeat(40));
+        let failed = RecordedVerdict {
+            sets: vec![RecordedSet {
+                name: "no-deletes".into(),
+                origin: SetOrigin::Repository,
+                path: "policies".into(),
+                namespace: "main".into(),
+                owners: vec![crate::core::policy::Owner::User("alice".into())],
+                state: SetState::Failed,
+                failures: vec!["vm 101 destroyed".into()],
+                failures_more: 0,
+                warnings: vec![],
+                warnings_more: 0,
+                error: None,
+            }],
+        };
+        let record = |root: &str, f: char, verdict: RecordedVerdict| PolicyVerdictRecord {
+            project: ProjectId(1),
+            mr: MrIid(4),
+            root: root.into(),
+            sha: head.clone(),
+            fingerprint: fp(f),
+            verdict,
+        };
+        store
+            .record_policy_verdict(record("core", 'a', RecordedVerdict::default()))
+            .await
+            .unwrap();
+        // A re-plan of the same head replaces the root's verdict.
+        store
+            .record_policy_verdict(record("core", 'b', failed.clone()))
+            .await
+            .unwrap();
+        store
+            .record_policy_verdict(record("edge", 'c', RecordedVerdict::default()))
+            .await
+            .unwrap();
+        let read = store
+            .policy_verdicts(ProjectId(1), MrIid(4), &head)
+            .await
+            .unwrap();
+        assert_eq!(
+            read,
+            vec![
+                record("core", 'b', failed),
+                record("edge", 'c', RecordedVerdict::default())
+            ]
+        );
+        assert!(store
+            .policy_verdicts(ProjectId(1), MrIid(4), &CommitSha("2".repeat(40)))
+            .await
+            .unwrap()
+            .is_empty());
+
+        let approval = PolicyApproval {
+            project: ProjectId(1),
+            mr: MrIid(4),
+            root: "core".into(),
+            sha: head.clone(),
+            fingerprint: fp('b'),
+            set: "no-deletes".into(),
+            approver_id: UserId(7),
+            approver: "alice".into(),
+            approved_at: 0,
+        };
+        assert!(store
+            .record_policy_approval(approval.clone())
+            .await
+            .unwrap());
+        assert!(
+            !store
+                .record_policy_approval(approval.clone())
+                .await
+                .unwrap(),
+            "the same approval twice is recorded once"
+        );
+        let later = PolicyApproval {
+            sha: CommitSha("2".repeat(40)),
+            fingerprint: fp('d'),
+            ..approval.clone()
+        };
+        assert!(store.record_policy_approval(later.clone()).await.unwrap());
+        let all = store
+            .policy_approvals(ProjectId(1), MrIid(4))
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2);
+        assert!(all[0].approved_at > 0, "the store sets the time");
+        let strip = |a: &PolicyApproval| PolicyApproval {
+            approved_at: 0,
+            ..a.clone()
+        };
+        assert_eq!(
+            all.iter().map(strip).collect::<Vec<_>>(),
+            [approval, later],
+            "oldest first"
+        );
+        assert!(store
+            .policy_approvals(ProjectId(1), MrIid(5))
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}
+
+#[tokio::test]
 async fn job_rows_read_back_typed() {
     for db in test_dbs().await {
         let store = db.open().await;

@@ -1,4 +1,5 @@
-//! The MR comment commands planbot understands (`planbot plan`, `planbot help`).
+//! The MR comment commands planbot understands (`planbot plan`, `planbot help`,
+//! `planbot approve policies`).
 
 use serde::{Deserialize, Serialize};
 
@@ -8,6 +9,19 @@ use serde::{Deserialize, Serialize};
 pub enum Command {
     Plan,
     Help,
+    /// An owner approves the failing policy sets of the plan shown (`core::policy::review`).
+    ApprovePolicies,
+}
+
+impl Command {
+    /// The command as written after `planbot`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Plan => "plan",
+            Command::Help => "help",
+            Command::ApprovePolicies => "approve policies",
+        }
+    }
 }
 
 /// Parse a comment: the first non-empty line must be `planbot <command>` (case-insensitive).
@@ -18,13 +32,11 @@ pub fn parse_command(note: &str) -> Option<Command> {
     if !first.eq_ignore_ascii_case("planbot") && !first.eq_ignore_ascii_case("@planbot") {
         return None;
     }
-    let cmd = words.next()?;
-    if words.next().is_some() {
-        return None;
-    }
-    match cmd.to_ascii_lowercase().as_str() {
-        "plan" => Some(Command::Plan),
-        "help" => Some(Command::Help),
+    let rest: Vec<String> = words.map(str::to_ascii_lowercase).collect();
+    match rest.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["plan"] => Some(Command::Plan),
+        ["help"] => Some(Command::Help),
+        ["approve", "policies"] => Some(Command::ApprovePolicies),
         _ => None,
     }
 }
@@ -44,6 +56,12 @@ mod tests {
         assert_eq!(parse_command("planbot plan please now"), None);
         assert_eq!(parse_command("I think planbot plan is broken"), None);
         assert_eq!(parse_command("planbot apply"), None);
+        assert_eq!(
+            parse_command("Planbot approve Policies\nchecked with the team"),
+            Some(Command::ApprovePolicies)
+        );
+        assert_eq!(parse_command("planbot approve"), None);
+        assert_eq!(parse_command("planbot approve policies now"), None);
         assert_eq!(parse_command(""), None);
     }
 }

@@ -9,10 +9,12 @@
 mod data;
 mod output;
 mod rego;
+pub mod review;
 pub mod sets;
 
 pub use data::planbot_data;
 pub use output::{conftest_json, conftest_text, render_errors};
+pub use rego::PlanDocument;
 pub use sets::{Owner, PolicySetSpec, DEFAULT_NAMESPACE};
 
 use crate::core::findings::Finding;
@@ -114,6 +116,9 @@ pub enum PolicyError {
     /// The set ran past its limit.
     #[error("evaluation stopped after {limit:?}, the limit of a policy set (a policy that loops over too much?)")]
     Limit { limit: Duration },
+    /// The set's directory could not be read (missing, a symbolic link, a file too large).
+    #[error("{0}")]
+    Unreadable(String),
 }
 
 /// What became of one set.
@@ -185,21 +190,75 @@ impl Verdict {
 /// Evaluate every set over one plan. The plan document is read once; each set runs in its own
 /// interpreter, within its limit.
 pub fn evaluate(input: &PlanInput<'_>, sets: &[PolicySet]) -> Verdict {
-    let document = rego::Document::new(input);
+    match PlanDocument::read(input.plan_json) {
+        Ok(doc) => evaluate_document(&doc, input.findings, input.root, sets),
+        Err(e) => Verdict {
+            sets: sets
+                .iter()
+                .map(|set| SetVerdict {
+                    name: set.name.clone(),
+                    namespace: set.namespace.clone(),
+                    outcome: Outcome::Error(e.clone()),
+                })
+                .collect(),
+        },
+    }
+}
+
+/// [`evaluate`] over a plan document already read ([`PlanDocument::read`]), e.g. on another
+/// thread while planbot's own checks ran. The sets are independent (each its own interpreter
+/// over the one shared document), so they run side by side, one per core.
+pub fn evaluate_document(
+    plan: &PlanDocument,
+    findings: &[Finding],
+    root: &str,
+    sets: &[PolicySet],
+) -> Verdict {
+    let document = rego::Document::new(plan, findings, root);
+    let one = |set: &PolicySet| SetVerdict {
+        name: set.name.clone(),
+        namespace: set.namespace.clone(),
+        outcome: match rego::evaluate_set(&document, set) {
+            Ok(results) => Outcome::Checked(results),
+            Err(e) => Outcome::Error(e),
+        },
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if sets.len() < 2 || cores < 2 {
+        return Verdict {
+            sets: sets.iter().map(one).collect(),
+        };
+    }
+    // A few threads take the sets in turn; each verdict lands in its set's slot.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<SetVerdict>>> =
+        sets.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..cores.min(sets.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(set) = sets.get(i) else { break };
+                let verdict = one(set);
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(verdict);
+            });
+        }
+    });
+    // A thread that panicked made `scope` panic: every slot is filled here.
     Verdict {
-        sets: sets
-            .iter()
-            .map(|set| SetVerdict {
-                name: set.name.clone(),
-                namespace: set.namespace.clone(),
-                outcome: match &document {
-                    Ok(doc) => match rego::evaluate_set(doc, set) {
-                        Ok(results) => Outcome::Checked(results),
-                        Err(e) => Outcome::Error(e),
-                    },
-                    Err(e) => Outcome::Error(e.clone()),
-                },
+        sets: slots
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expect("every set was evaluated")
             })
             .collect(),
     }
+}
+
+/// Whether a set can be evaluated at all, without a plan: its files parse (Rego v1 or the
+/// older syntax) and its package has a `deny`, `violation` or `warn` rule. What `planbot serve
+/// --check` asks of the operator's sets.
+pub fn check_set(set: &PolicySet) -> Result<(), PolicyError> {
+    rego::check_set(set)
 }

@@ -2,7 +2,8 @@
 //! the older syntax when a file is not v1), the namespace's `deny*`/`violation*`/`warn*` rules
 //! evaluated one by one within the set's time budget, their values read as messages.
 
-use super::{Message, PlanInput, PolicyError, PolicyFile, PolicySet, Results};
+use super::{Message, PolicyError, PolicyFile, PolicySet, Results};
+use crate::core::findings::Finding;
 use regorus::utils::limits::ExecutionTimerConfig;
 use regorus::{Engine, LimitError, Value};
 use std::collections::BTreeMap;
@@ -12,23 +13,45 @@ use std::time::{Duration, Instant};
 /// Interpreter steps between two looks at the clock (a look costs a few tens of nanoseconds).
 const STEPS_PER_CLOCK_CHECK: u32 = 16;
 
-/// The plan document and `data`, converted once and shared by every set.
-pub(super) struct Document {
+/// The plan document read into the interpreter's values: the costly part of an evaluation
+/// (a 5,000-resource plan takes longer to read than its rules take to run), done once per
+/// plan and shared by every set, and free to run before planbot's findings are known.
+#[derive(Clone)]
+pub struct PlanDocument {
     input: Value,
+}
+
+impl std::fmt::Debug for PlanDocument {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the values: the plan holds secrets in clear.
+        f.write_str("PlanDocument")
+    }
+}
+
+impl PlanDocument {
+    /// Read a `show -json` document.
+    pub fn read(plan_json: &str) -> Result<PlanDocument, PolicyError> {
+        let input =
+            Value::from_json_str(plan_json).map_err(|e| PolicyError::Input(e.to_string()))?;
+        Ok(PlanDocument { input })
+    }
+}
+
+/// The plan document and `data.planbot`, as every set of one evaluation sees them.
+pub(super) struct Document<'a> {
+    plan: &'a PlanDocument,
     data: Value,
 }
 
-impl Document {
-    pub(super) fn new(input: &PlanInput<'_>) -> Result<Document, PolicyError> {
-        let plan =
-            Value::from_json_str(input.plan_json).map_err(|e| PolicyError::Input(e.to_string()))?;
+impl<'a> Document<'a> {
+    pub(super) fn new(plan: &'a PlanDocument, findings: &[Finding], root: &str) -> Document<'a> {
         let data = serde_json::json!({
-            "planbot": super::planbot_data(input.findings, input.root),
+            "planbot": super::planbot_data(findings, root),
         });
-        Ok(Document {
-            input: plan,
+        Document {
+            plan,
             data: Value::from(data),
-        })
+        }
     }
 }
 
@@ -170,8 +193,9 @@ fn rules(engine: &mut Engine, namespace: &str) -> Rules {
     }
 }
 
-/// Evaluate one set over the document.
-pub(super) fn evaluate_set(doc: &Document, set: &PolicySet) -> Result<Results, PolicyError> {
+/// A set's files loaded into a fresh interpreter, and the rules of its namespace; every
+/// problem that does not need a plan (no file, a parse error, no rule) is found here.
+fn load_set(set: &PolicySet) -> Result<(Engine, Rules), PolicyError> {
     if set.files.is_empty() {
         return Err(PolicyError::NoFiles);
     }
@@ -195,13 +219,24 @@ pub(super) fn evaluate_set(doc: &Document, set: &PolicySet) -> Result<Results, P
             },
         });
     }
+    Ok((engine, rules))
+}
+
+/// Whether a set can be evaluated at all: its files parse and its package has rules.
+pub(super) fn check_set(set: &PolicySet) -> Result<(), PolicyError> {
+    load_set(set).map(|_| ())
+}
+
+/// Evaluate one set over the document.
+pub(super) fn evaluate_set(doc: &Document<'_>, set: &PolicySet) -> Result<Results, PolicyError> {
+    let (mut engine, rules) = load_set(set)?;
     engine
         .add_data(doc.data.clone())
         .map_err(|e| PolicyError::Eval {
             rule: "data.planbot".into(),
             message: e.to_string(),
         })?;
-    engine.set_input(doc.input.clone());
+    engine.set_input(doc.plan.input.clone());
     let budget = Budget {
         started: Instant::now(),
         limit: set.limit,

@@ -2,7 +2,7 @@
 //! service's config), and the checks of its values that both files share.
 
 use super::{PolicyFile, PolicySet};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 pub const DEFAULT_NAMESPACE: &str = "main";
 
 /// Who may approve a failure of a set: a GitLab user, or the members of a group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "name", rename_all = "lowercase")]
 pub enum Owner {
     User(String),

@@ -13,6 +13,7 @@ pub mod terminal;
 use crate::core::findings::{Finding, Severity};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
+use crate::core::policy::review::PolicySection;
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
 use budget::{Unit, UnitState};
@@ -80,6 +81,8 @@ pub struct NoteContext {
     /// What an operator should know about a root's failure, by root name (the engine's sandbox
     /// refused a connection, with the setting that allows it): shown under its error.
     pub hints: BTreeMap<String, String>,
+    /// Each root's "Policies" section (its messages already scrubbed), by root name.
+    pub policies: BTreeMap<String, PolicySection>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
@@ -326,6 +329,8 @@ struct DetailView {
     #[serde(rename = "drift")]
     drift_seq: minijinja::Value,
     drift_left_out: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policies: Option<PolicySection>,
 }
 
 impl RowView {
@@ -363,6 +368,7 @@ impl DetailView {
             drift: Vec::new(),
             drift_seq: minijinja::Value::UNDEFINED,
             drift_left_out: 0,
+            policies: None,
         }
     }
 }
@@ -797,6 +803,14 @@ fn root_views<'r>(
             }
             detail.no_changes = !has_changes && !plan.errored;
             g.add_findings(&root.name, findings);
+            if let Some(section) = ctx.policies.get(&root.name) {
+                if section.blocks() {
+                    g.red = true;
+                } else if section.has_warnings() {
+                    g.yellow = true;
+                }
+                detail.policies = Some(section.clone());
+            }
         }
     }
     (row, detail)

@@ -28,6 +28,7 @@ use crate::capabilities::gitlab::{CommitStatus, MergeRequest, StatusState};
 use crate::capabilities::store::{NewApply, RunEnd, RunState};
 use crate::core::apply::{parse_confirm, ApplyRefusal};
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
+use crate::core::policy::PolicySetSpec;
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::{RepoConfig, Root};
 use crate::flows::service::app::App;
@@ -272,6 +273,13 @@ async fn verify_and_apply(
         user: job.facts.username.clone(),
         pipeline_id: Some(job.pipeline_id),
         log: log.clone(),
+        policy_sets: app
+            .config
+            .policy_sets
+            .iter()
+            .chain(&repo_config.policy_sets)
+            .cloned()
+            .collect(),
     };
     let verdict = async {
         let mut decided = match parity::plan_and_decide(
@@ -353,6 +361,9 @@ struct ApplyCtx {
     user: Option<String>,
     pipeline_id: Option<u64>,
     log: JobLog,
+    /// Every policy set that checks plans now (planbot's and the merged config's): a plan no
+    /// set checked at review is refused when one of these checks its root.
+    policy_sets: Vec<PolicySetSpec>,
 }
 
 impl ApplyCtx {

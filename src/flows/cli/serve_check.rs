@@ -1,10 +1,11 @@
 //! What `planbot serve --check` checks beyond the config's own problems: that the engine binary
 //! runs and says its version, that `data_dir` can be used, that no server the engine must
-//! reach is on a port its sandbox blocks, and that no address is still the example's
-//! `example.com` placeholder. Every problem names where its value came from.
+//! reach is on a port its sandbox blocks, that planbot's own policy sets read and parse, and
+//! that no address is still the example's `example.com` placeholder. Every problem names where its value came from.
 
 use crate::capabilities::engine::Engine;
 use crate::core::config::{Config, ConfigError, Loaded, Problem};
+use crate::core::policy::{PolicySetSpec, DEFAULT_LIMIT};
 use std::path::Path;
 
 /// The host's side of a check: what the engine says it is, and every problem found.
@@ -39,6 +40,16 @@ pub fn check_host(loaded: &Loaded, config: &Config) -> HostCheck {
     if !has_problem("data_dir") {
         if let Some(message) = data_dir_problem(&config.data_dir) {
             push("data_dir", message);
+        }
+    }
+    // planbot's own policy sets: a set that cannot be read or parsed would block every apply.
+    for set in &config.policy_sets {
+        let key = format!("policy_sets.{}", set.name);
+        if has_problem(&key) {
+            continue;
+        }
+        if let Some(message) = policy_set_problem(set) {
+            push(&key, message);
         }
     }
     // A server the engine must reach on a port its sandbox blocks: every plan would fail.
@@ -98,6 +109,18 @@ pub fn check_host(loaded: &Loaded, config: &Config) -> HostCheck {
         }
     }
     out
+}
+
+/// Why an operator's policy set could not be evaluated on any plan: its directory cannot be
+/// read, holds no `.rego` file, a file does not parse, or its package has no rule conftest reads.
+fn policy_set_problem(set: &PolicySetSpec) -> Option<String> {
+    let files = match crate::flows::cli::policy::read_policy_dir(Path::new(&set.path)) {
+        Ok(files) => files,
+        Err(e) => return Some(format!("{e:#}")),
+    };
+    crate::core::policy::check_set(&set.with_files(files, DEFAULT_LIMIT))
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// Resolve `binary` as the service would and ask it for its version.

@@ -238,11 +238,9 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
     } else {
         AccessLevel::DEVELOPER
     };
-    let cmd_name = match command {
-        Command::Plan => "plan",
-        Command::Help => "help",
-    };
-    if access.is_none_or(|a| a < needed) {
+    let cmd_name = command.name();
+    // An approval is checked against the sets' owners (who need no role on the project).
+    if command != Command::ApprovePolicies && access.is_none_or(|a| a < needed) {
         tracing::info!(
             project = project.0,
             mr = mr.0,
@@ -271,6 +269,19 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                 },
             )?;
             post_note(app, project, mr, &body).await?;
+        }
+        Command::ApprovePolicies => {
+            // Before or after the merge: the MR's last head is the plan the apply compares.
+            let Some(head) = mr_info.sha.clone() else {
+                anyhow::bail!("merge request !{mr} has no head commit yet");
+            };
+            let body =
+                crate::flows::review::policies::approve(app, project, mr, author, &head).await?;
+            gl(
+                app,
+                "create_mr_note",
+                app.gitlab.create_mr_note(project, mr, &body).await,
+            )?;
         }
         Command::Plan => {
             if mr_info.state != "opened" {

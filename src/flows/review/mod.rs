@@ -1,5 +1,6 @@
-//! Merge-request review: the plan of one MR head and its note, the Proxmox preflight,
-//! and the other MR events (merged, closed, comment commands, fork notices, reconciliation).
+//! Merge-request review: the plan of one MR head and its note, the Proxmox preflight, the
+//! policy checks, and the other MR events (merged, closed, comment commands, fork notices…).
 pub mod commands;
 pub mod plan;
+pub mod policies;
 pub mod preflight;

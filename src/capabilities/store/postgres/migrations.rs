@@ -20,11 +20,18 @@ pub(super) struct Migration {
     pub sql: &'static str,
 }
 
-pub(super) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial schema with leases",
-    sql: include_str!("migrations/0001_initial.sql"),
-}];
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial schema with leases",
+        sql: include_str!("migrations/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "policy verdicts and approvals",
+        sql: include_str!("migrations/0002_policies.sql"),
+    },
+];
 
 /// The PostgreSQL schema version this binary writes.
 pub const PG_SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;

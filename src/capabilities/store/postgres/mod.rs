@@ -12,12 +12,14 @@
 //! (a rolling upgrade), this replica claims no more jobs and its `/readyz` fails, saying why.
 
 mod migrations;
+mod policies;
 mod tls;
 
 pub use migrations::PG_SCHEMA_VERSION;
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Ty, Value, TABLES};
+use super::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
@@ -1075,6 +1077,31 @@ impl StoreBackend for PgStore {
             )
             .await?
             .map(|r| NoteId(r.get::<_, i64>(0) as u64)))
+    }
+
+    async fn record_policy_verdict(
+        &self,
+        record: PolicyVerdictRecord,
+        verdict_json: String,
+    ) -> Result<()> {
+        policies::record_verdict(&**self.client().await?, &record, &verdict_json).await
+    }
+
+    async fn policy_verdicts(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<Vec<VerdictRow>> {
+        policies::verdicts(&**self.client().await?, project, mr, &sha).await
+    }
+
+    async fn record_policy_approval(&self, approval: PolicyApproval) -> Result<bool> {
+        policies::record_approval(&**self.client().await?, &approval).await
+    }
+
+    async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>> {
+        policies::approvals(&**self.client().await?, project, mr).await
     }
 
     async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {

@@ -5,6 +5,7 @@ mod applies;
 mod connection;
 mod deliveries;
 mod migrations;
+mod policies;
 mod queue;
 mod reviews;
 mod runs;
@@ -14,6 +15,7 @@ pub use migrations::SCHEMA_VERSION;
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Value, TABLES};
+use super::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobState, RunEnd, RunQuery, RunRecord,
@@ -302,6 +304,35 @@ impl StoreBackend for SqliteStore {
 
     async fn mr_note(&self, project: ProjectId, mr: MrIid) -> Result<Option<NoteId>> {
         self.read(move |c| reviews::mr_note(c, project, mr)).await
+    }
+
+    async fn record_policy_verdict(
+        &self,
+        record: PolicyVerdictRecord,
+        verdict_json: String,
+    ) -> Result<()> {
+        self.write(move |c| policies::record_verdict(c, &record, &verdict_json, now_ms()))
+            .await
+    }
+
+    async fn policy_verdicts(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<Vec<VerdictRow>> {
+        self.read(move |c| policies::verdicts(c, project, mr, &sha))
+            .await
+    }
+
+    async fn record_policy_approval(&self, approval: PolicyApproval) -> Result<bool> {
+        self.write(move |c| policies::record_approval(c, &approval, now_ms()))
+            .await
+    }
+
+    async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>> {
+        self.read(move |c| policies::approvals(c, project, mr))
+            .await
     }
 
     async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {

@@ -153,10 +153,20 @@ async fn plan(
         hints: note::sandbox_hints(app, &planned.results),
         ..NoteContext::default()
     };
+    let policies = note::policy_verdicts(&prepared.policies, &planned.results, &scrubber);
+    let approvals = if policies.iter().any(|(_, _, v)| !v.sets.is_empty()) {
+        app.store.policy_approvals(job.project, job.mr).await?
+    } else {
+        Vec::new()
+    };
+    let ctx = NoteContext {
+        policies: note::policy_sections(&policies, &job.head, &approvals, &prepared.policies),
+        ..ctx
+    };
     let body = note::compose_note(ctx, &planned.results, &scrubber);
     note::upsert_note(app, job.project, job.mr, &body).await?;
 
-    let recorded = record::record(app, job, planned.results, &body, &scrubber).await?;
+    let recorded = record::record(app, job, planned.results, &policies, &body, &scrubber).await?;
     drop(prepared.checkout);
 
     let (state, description) = record::final_status(&recorded, &app.scrubber);
@@ -167,7 +177,16 @@ async fn plan(
         state,
         &description,
         run_url,
+        prepared.status_ref.clone(),
+    )
+    .await;
+    crate::flows::review::policies::set_status(
+        app,
+        job.project,
+        &job.head,
         prepared.status_ref,
+        &policies,
+        &approvals,
     )
     .await;
     Ok(if state == StatusState::Success {

@@ -4,11 +4,15 @@
 use super::gl;
 use super::roots::{Outcome, RootResult};
 use crate::capabilities::gitlab::GitLabError;
-use crate::core::ids::{MrIid, NoteId, ProjectId};
+use crate::capabilities::store::PolicyApproval;
+use crate::core::fingerprint::Fingerprint;
+use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId};
+use crate::core::policy::review::{PolicySection, RecordedVerdict};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
 use crate::flows::confinement::credentials::Use;
 use crate::flows::confinement::network;
+use crate::flows::review::policies::{self, PolicySets};
 use crate::flows::service::app::App;
 use crate::flows::service::cpu::cpu_bound;
 use anyhow::Result;
@@ -44,6 +48,50 @@ pub(super) fn sandbox_hints(app: &App, results: &[RootResult]) -> BTreeMap<Strin
         }
     }
     hints
+}
+
+/// Each cleanly planned root's policy verdict as recorded (scrubbed with `scrubber`), with
+/// its plan's fingerprint: `(root, fingerprint, verdict)`, no set in it when none checks the
+/// root.
+pub(super) fn policy_verdicts(
+    sets: &PolicySets,
+    results: &[RootResult],
+    scrubber: &Scrubber,
+) -> Vec<(String, Fingerprint, RecordedVerdict)> {
+    results
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Planned {
+                fingerprint,
+                policy: Some(verdict),
+                ..
+            } => Some((
+                r.name.clone(),
+                fingerprint.clone(),
+                sets.record(&r.name, verdict, scrubber),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The "Policies" section of each root some set checks, with the approvals of the MR.
+pub(super) fn policy_sections(
+    verdicts: &[(String, Fingerprint, RecordedVerdict)],
+    head: &CommitSha,
+    approvals: &[PolicyApproval],
+    sets: &PolicySets,
+) -> BTreeMap<String, PolicySection> {
+    verdicts
+        .iter()
+        .filter(|(_, _, v)| !v.sets.is_empty())
+        .map(|(root, fingerprint, v)| {
+            (
+                root.clone(),
+                policies::section(v, root, head, fingerprint, approvals, &sets.branch),
+            )
+        })
+        .collect()
 }
 
 /// The note's Markdown for these results; `ctx` carries the header (commit, engine, banners,

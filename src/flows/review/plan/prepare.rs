@@ -10,6 +10,7 @@ use crate::core::events::{Job, PlanJob, PlanReason};
 use crate::core::ids::NoteId;
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
+use crate::flows::review::policies::PolicySets;
 use crate::flows::service::app::{App, Trust};
 use anyhow::{Context, Result};
 
@@ -29,6 +30,8 @@ pub(super) struct Prepared {
     pub engine: Engine,
     /// The engine's version line for the note, when it could be read.
     pub version: Option<String>,
+    /// The policy sets that check the plans (planbot's own and the default branch's).
+    pub policies: PolicySets,
 }
 
 /// The MR moved past `job`'s head: make sure its newer head gets a plan even when that head's
@@ -146,6 +149,10 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         }
     };
 
+    // The policy sets too: the MR's own edits to them govern later MRs, never this one.
+    let policies = PolicySets::load(app, project, &default_branch, &config)
+        .await
+        .context("reading the policy sets")?;
     let (commit, changed, mut banners) =
         commit_to_plan(app, job, &config, &target, &default_branch).await?;
     let checkout = ws.checkout(project, &commit.sha).await?;
@@ -171,6 +178,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         checkout,
         engine,
         version,
+        policies,
     }))
 }
 

@@ -5,11 +5,13 @@
 use super::roots::{Outcome, RootResult};
 use super::text;
 use crate::capabilities::gitlab::StatusState;
-use crate::capabilities::store::{RunEnd, RunState, ShownFingerprint};
+use crate::capabilities::store::{PolicyVerdictRecord, RunEnd, RunState, ShownFingerprint};
 use crate::core::events::PlanJob;
 use crate::core::findings::Finding;
+use crate::core::fingerprint::Fingerprint;
 use crate::core::lint;
 use crate::core::plan_digest::PlanDigest;
+use crate::core::policy::review::RecordedVerdict;
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
 use crate::flows::service::app::App;
@@ -35,6 +37,7 @@ pub(super) async fn record(
     app: &App,
     job: &PlanJob,
     results: Vec<RootResult>,
+    policies: &[(String, Fingerprint, RecordedVerdict)],
     note: &str,
     scrubber: &Scrubber,
 ) -> Result<Recorded> {
@@ -47,6 +50,7 @@ pub(super) async fn record(
                 planned,
                 findings,
                 fingerprint,
+                ..
             } => {
                 rec.planned += 1;
                 let errored = planned.plan().errored;
@@ -74,6 +78,23 @@ pub(super) async fn record(
                     rec.roots
                         .push(minijinja::context! { name => &r.name, state => "errored" });
                 } else {
+                    // The policy verdict first: a fingerprint the apply can find always has
+                    // the verdict it is gated by (with no set when none checked the plan).
+                    let verdict = policies
+                        .iter()
+                        .find(|(root, _, _)| *root == r.name)
+                        .map(|(_, _, v)| v.clone())
+                        .unwrap_or_default();
+                    app.store
+                        .record_policy_verdict(PolicyVerdictRecord {
+                            project: job.project,
+                            mr: job.mr,
+                            root: r.name.clone(),
+                            sha: job.head.clone(),
+                            fingerprint: fingerprint.clone(),
+                            verdict,
+                        })
+                        .await?;
                     app.store
                         .record_fingerprint(ShownFingerprint {
                             project: job.project,

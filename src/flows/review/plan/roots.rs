@@ -13,6 +13,7 @@ use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
 use crate::core::lint;
+use crate::core::policy::Verdict;
 use crate::core::repo_config::Root;
 use crate::core::state;
 use crate::flows::confinement::credentials::{self, Use};
@@ -30,6 +31,9 @@ pub(super) enum Outcome {
         planned: Box<PlannedRun>,
         findings: Vec<Finding>,
         fingerprint: Fingerprint,
+        /// The policy sets' verdict on the plan (no set when none checks the root); `None`
+        /// when the plan errored (it cannot be applied, so nothing is checked).
+        policy: Option<Verdict>,
     },
     Failed {
         run: RunId,
@@ -235,11 +239,24 @@ async fn plan_root(
                 facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
                     &app.config,
                 ));
-                let (mut findings, fingerprint) = cpu_bound(|| {
-                    (
-                        lint::lint_with(planned.plan(), &root.lint_disable, &facts),
-                        planned.fingerprint(key),
-                    )
+                // The policies' plan document is read on another core meanwhile.
+                let check_policies = !planned.plan().errored;
+                let (mut findings, fingerprint, document) = cpu_bound(|| {
+                    std::thread::scope(|scope| {
+                        let document = scope.spawn(|| {
+                            check_policies
+                                .then(|| {
+                                    prepared
+                                        .policies
+                                        .read_document(&root.name, planned.plan_json())
+                                })
+                                .flatten()
+                        });
+                        let findings = lint::lint_with(planned.plan(), &root.lint_disable, &facts);
+                        let fingerprint = planned.fingerprint(key);
+                        let document = document.join().expect("reading the plan document");
+                        (findings, fingerprint, document)
+                    })
                 });
                 findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
                 if planned.backend().is_local() {
@@ -251,6 +268,9 @@ async fn plan_root(
                     ));
                 }
                 findings::sort_findings(&mut findings);
+                let policy = check_policies.then(|| {
+                    cpu_bound(|| prepared.policies.evaluate(&root.name, document, &findings))
+                });
                 if !preflight_notes.contains(&pf.note) {
                     preflight_notes.push(pf.note);
                 }
@@ -259,6 +279,7 @@ async fn plan_root(
                     planned: Box::new(planned),
                     findings,
                     fingerprint,
+                    policy,
                 }
             }
             Err(e) => {
