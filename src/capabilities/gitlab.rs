@@ -393,6 +393,9 @@ pub struct Issue {
     pub state: String,
     #[serde(default, deserialize_with = "null_default")]
     pub labels: Vec<String>,
+    /// RFC 3339.
+    #[serde(default, deserialize_with = "null_default")]
+    pub created_at: String,
 }
 
 /// `state_event` of an issue edit.

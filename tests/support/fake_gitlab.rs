@@ -149,6 +149,7 @@ pub struct FakeIssue {
     pub labels: Vec<String>,
     /// The issue's comments: (id, author id, body), oldest first.
     pub notes: Vec<(u64, u64, String)>,
+    pub created_at: String,
 }
 
 /// One request the git HTTP endpoint saw.
@@ -2703,6 +2704,7 @@ fn issue_json(s: &StateInner, pid: u64, i: &FakeIssue) -> Value {
     json!({
         "id": i.id, "iid": i.iid, "project_id": pid, "title": i.title,
         "description": i.description, "state": i.state, "labels": i.labels,
+        "created_at": i.created_at,
         "web_url": format!("{}/{}/-/issues/{}", s.base_url, p.path, i.iid),
         "author": user_by_id(s, i.author_id),
     })
@@ -2842,6 +2844,7 @@ async fn create_issue(
         state: "opened".into(),
         labels: label_list(b.labels.as_deref().unwrap_or("")),
         notes: Vec::new(),
+        created_at: now(),
     };
     p.issues.push(issue.clone());
     let web = format!("{base}/{}/-/issues/{iid}", p.path);
@@ -2850,7 +2853,7 @@ async fn create_issue(
         Json(json!({
             "id": issue_id, "iid": iid, "project_id": pid, "title": title,
             "description": issue.description, "state": "opened", "web_url": web,
-            "labels": issue.labels, "author": user_json(&u),
+            "labels": issue.labels, "author": user_json(&u), "created_at": issue.created_at,
         })),
     )
         .into_response()
