@@ -4,7 +4,7 @@
 mod support;
 
 use planbot::capabilities::gitlab::{
-    AccessLevel, CommitStatus, GitLab, GitLabError, RetryPolicy, StatusState,
+    AccessLevel, CommitStatus, GitLab, GitLabError, IssueStateEvent, RetryPolicy, StatusState,
 };
 use planbot::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, UserId};
 use serde_json::{json, Value};
@@ -894,5 +894,89 @@ resource "terraform_data" "vm" {{
     assert!(
         log.contains("already locked: ID=other-apply"),
         "the holder is named:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn an_issue_is_found_by_its_label_edited_commented_and_closed_like_on_gitlab() {
+    let (fake, project, _) = setup();
+    let gl = client(&fake);
+    let labels = vec!["drift".to_string()];
+    let opened = gl
+        .create_labelled_issue(pid(&project), "planbot: drift in core", "first", &labels)
+        .await
+        .unwrap();
+    gl.create_issue(pid(&project), "unrelated", "no label")
+        .await
+        .unwrap();
+    let found = gl.issues_labelled(pid(&project), "drift").await.unwrap();
+    assert_eq!(found.len(), 1, "only the labelled issue: {found:?}");
+    assert_eq!(
+        (found[0].iid, found[0].state.as_str()),
+        (opened.iid, "opened")
+    );
+    assert_eq!(found[0].labels, labels);
+
+    gl.edit_issue(pid(&project), opened.iid, "second", None)
+        .await
+        .unwrap();
+    gl.create_issue_note(pid(&project), opened.iid, "clean again")
+        .await
+        .unwrap();
+    let closed = gl
+        .edit_issue(
+            pid(&project),
+            opened.iid,
+            "second",
+            Some(IssueStateEvent::Close),
+        )
+        .await
+        .unwrap();
+    assert_eq!(closed.state, "closed");
+    let stored = &fake.issues(&project)[0];
+    assert_eq!(stored.description, "second");
+    assert_eq!(stored.state, "closed");
+    assert_eq!(stored.notes.len(), 1);
+    assert_eq!(stored.notes[0].2, "clean again");
+    let again = gl.issues_labelled(pid(&project), "drift").await.unwrap();
+    assert_eq!(again[0].state, "closed", "a closed issue is still found");
+
+    gl.edit_issue(
+        pid(&project),
+        opened.iid,
+        "third",
+        Some(IssueStateEvent::Reopen),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fake.issues(&project)[0].state, "opened");
+    assert!(matches!(
+        gl.edit_issue(pid(&project), 99, "x", None).await,
+        Err(GitLabError::NotFound)
+    ));
+}
+
+#[tokio::test]
+async fn an_issue_note_gitlab_stored_before_timing_out_is_not_posted_again() {
+    let (fake, project, _) = setup();
+    const ISSUE_NOTES: &str = "POST /api/v4/projects/{id}/issues/{iid}/notes";
+    let gl = client(&fake);
+    let issue = gl
+        .create_issue(pid(&project), "planbot: drift in core", "drift")
+        .await
+        .unwrap();
+    // The same text posted by an earlier run is not this post.
+    gl.create_issue_note(pid(&project), issue.iid, "could not check")
+        .await
+        .unwrap();
+    fake.fail_next_after_write(ISSUE_NOTES, 1, 504);
+    gl.create_issue_note(pid(&project), issue.iid, "could not check")
+        .await
+        .unwrap();
+    assert_eq!(fake.issues(&project)[0].notes.len(), 2);
+    assert_eq!(
+        fake.calls(ISSUE_NOTES),
+        2,
+        "found after the 504, not posted again"
     );
 }

@@ -388,6 +388,30 @@ pub struct Issue {
     pub description: String,
     #[serde(default, deserialize_with = "null_default")]
     pub web_url: String,
+    /// `opened` or `closed`.
+    #[serde(default, deserialize_with = "null_default")]
+    pub state: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub labels: Vec<String>,
+    /// RFC 3339.
+    #[serde(default, deserialize_with = "null_default")]
+    pub created_at: String,
+}
+
+/// `state_event` of an issue edit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IssueStateEvent {
+    Close,
+    Reopen,
+}
+
+impl IssueStateEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Close => "close",
+            Self::Reopen => "reopen",
+        }
+    }
 }
 
 /// A project webhook as `GET /projects/:id/hooks` shows it (the secret token is never shown).
@@ -914,10 +938,25 @@ impl GitLab {
         title: &str,
         description: &str,
     ) -> Result<Issue, GitLabError> {
+        self.create_labelled_issue(project, title, description, &[])
+            .await
+    }
+
+    /// Open an issue with `labels` (GitLab creates a label it does not know yet).
+    pub async fn create_labelled_issue(
+        &self,
+        project: ProjectId,
+        title: &str,
+        description: &str,
+        labels: &[String],
+    ) -> Result<Issue, GitLabError> {
         let (title, description) = (defuse(title), outgoing(description));
         let (title, description) = (&*title, &*description);
         let p = project.to_string();
-        let payload = serde_json::json!({ "title": title, "description": description });
+        let mut payload = serde_json::json!({ "title": title, "description": description });
+        if !labels.is_empty() {
+            payload["labels"] = labels.join(",").into();
+        }
         // After an ambiguous failure: an identical issue by the bot newer than the project's
         // newest issue before the post.
         let newest = |issues: &[Issue]| issues.first().map_or(0, |i| i.id);
@@ -954,6 +993,80 @@ impl GitLab {
                 .find(|i| i.id > before && i.title == title && i.description == description))
         };
         self.create_once(&["projects", &p, "issues"], &payload, stored)
+            .await
+    }
+
+    /// The project's issues carrying `label`, open and closed, newest first (the first 100: a
+    /// label planbot owns holds one issue per root).
+    pub async fn issues_labelled(
+        &self,
+        project: ProjectId,
+        label: &str,
+    ) -> Result<Vec<Issue>, GitLabError> {
+        let p = project.to_string();
+        self.get_json(
+            &["projects", &p, "issues"],
+            &[("labels", label), ("state", "all"), ("per_page", "100")],
+        )
+        .await
+    }
+
+    /// Replace an issue's description, and close or reopen it with `state_event`.
+    pub async fn edit_issue(
+        &self,
+        project: ProjectId,
+        iid: u64,
+        description: &str,
+        state_event: Option<IssueStateEvent>,
+    ) -> Result<Issue, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        let mut payload = serde_json::json!({ "description": outgoing(description) });
+        if let Some(event) = state_event {
+            payload["state_event"] = event.as_str().into();
+        }
+        self.send_json(Method::PUT, &["projects", &p, "issues", &i], &payload)
+            .await
+    }
+
+    /// Comment on an issue.
+    pub async fn create_issue_note(
+        &self,
+        project: ProjectId,
+        iid: u64,
+        body: &str,
+    ) -> Result<Note, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        let body = outgoing(body);
+        let body = &*body;
+        let payload = serde_json::json!({ "body": body });
+        // After an ambiguous failure: a note by the bot with this body, newer than the issue's
+        // newest note before the post.
+        let notes_path = ["projects", p.as_str(), "issues", i.as_str(), "notes"];
+        let newest_first = |per_page| {
+            [
+                ("sort", "desc"),
+                ("order_by", "created_at"),
+                ("per_page", per_page),
+            ]
+        };
+        let before: Option<u64> = self
+            .get_json::<Vec<Note>>(&notes_path, &newest_first("1"))
+            .await
+            .map(|notes| notes.first().map_or(0, |n| n.id.0))
+            .ok();
+        let stored = || async {
+            let Some(before) = before else {
+                return Ok(None);
+            };
+            let me = self.current_user().await?.id;
+            let notes: Vec<Note> = self.get_json(&notes_path, &newest_first("20")).await?;
+            Ok(notes.into_iter().find(|n| {
+                n.id.0 > before && n.author.as_ref().is_some_and(|a| a.id == me) && n.body == body
+            }))
+        };
+        self.create_once(&["projects", &p, "issues", &i, "notes"], &payload, stored)
             .await
     }
 

@@ -4,6 +4,7 @@ pub mod apply;
 pub mod apply_note;
 pub mod config;
 pub mod defuse;
+pub mod drift;
 pub mod engine_kind;
 pub mod events;
 pub mod findings;

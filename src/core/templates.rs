@@ -57,6 +57,7 @@ files![
     ("comments/merged_banner.md.j2", Verbatim),
     ("comments/policy_approval.md.j2", Blocks),
     ("doctor.j2", Blocks),
+    ("drift/issue.md.j2", Verbatim),
     ("lint.j2", Blocks),
     ("local_progress.txt.j2", Verbatim),
     ("note.md.j2", Blocks),

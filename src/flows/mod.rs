@@ -3,5 +3,6 @@
 pub mod apply;
 pub mod cli;
 pub mod confinement;
+pub mod drift;
 pub mod review;
 pub mod service;

@@ -1,0 +1,114 @@
+//! A root's drift issue kept in step with one check: found again by its hidden marker among the
+//! issues carrying the drift label, then opened, edited, closed or left alone.
+
+use crate::capabilities::gitlab::{GitLab, Issue, IssueStateEvent};
+use crate::core::drift::{self, DriftIssue, DriftVerdict};
+use crate::core::ids::ProjectId;
+use crate::core::redact::Scrubber;
+use anyhow::Context;
+use std::time::SystemTime;
+
+/// Which root of which project a check was about, and what its issue shows.
+pub struct DriftTarget<'a> {
+    pub project: ProjectId,
+    pub project_path: &'a str,
+    pub root: &'a str,
+    pub branch: &'a str,
+    pub sha: &'a str,
+    /// The labels of the issue; the first is the one it is found by.
+    pub labels: &'a [String],
+    pub job_name: &'a str,
+    /// The fingerprint of the plan that brings reality back to the branch.
+    pub fingerprint: Option<&'a str>,
+}
+
+/// What [`report`] did to the root's issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IssueAction {
+    Opened(u64),
+    Edited(u64),
+    Closed(u64),
+    /// No open issue and nothing worth opening one for (clean, waiting for an apply, or a
+    /// check that could not run).
+    None,
+}
+
+/// Bring the root's issue in line with `verdict`, checked at `now`.
+pub async fn report(
+    gitlab: &GitLab,
+    target: &DriftTarget<'_>,
+    verdict: &DriftVerdict,
+    scrubber: &Scrubber,
+    now: SystemTime,
+) -> anyhow::Result<IssueAction> {
+    let label = target.labels.first().map_or("drift", String::as_str);
+    let open = open_issue(gitlab, target.project, label, target.root)
+        .await
+        .with_context(|| format!("listing the issues labelled {label}"))?;
+    let now = humantime::format_rfc3339_seconds(now).to_string();
+    let first_seen = open
+        .as_ref()
+        .map_or_else(|| now.clone(), |issue| issue.created_at.clone());
+    let texts = DriftIssue {
+        project: target.project_path,
+        root: target.root,
+        branch: target.branch,
+        sha: target.sha,
+        verdict,
+        first_seen: &first_seen,
+        last_seen: &now,
+        fingerprint: target.fingerprint,
+        job_name: target.job_name,
+    };
+    let body = drift::render_body(&texts, scrubber);
+    match (verdict, open) {
+        (DriftVerdict::Clean, Some(issue)) => {
+            let note = drift::render_closing_note(&texts, scrubber);
+            gitlab
+                .create_issue_note(target.project, issue.iid, &note)
+                .await
+                .context("commenting on the drift issue")?;
+            gitlab
+                .edit_issue(
+                    target.project,
+                    issue.iid,
+                    &issue.description,
+                    Some(IssueStateEvent::Close),
+                )
+                .await
+                .context("closing the drift issue")?;
+            Ok(IssueAction::Closed(issue.iid))
+        }
+        (_, Some(issue)) => {
+            gitlab
+                .edit_issue(target.project, issue.iid, &body, None)
+                .await
+                .context("editing the drift issue")?;
+            Ok(IssueAction::Edited(issue.iid))
+        }
+        (DriftVerdict::Drifted { .. }, None) => {
+            let title = drift::render_title(&texts, scrubber);
+            let issue = gitlab
+                .create_labelled_issue(target.project, &title, &body, target.labels)
+                .await
+                .context("opening the drift issue")?;
+            Ok(IssueAction::Opened(issue.iid))
+        }
+        (_, None) => Ok(IssueAction::None),
+    }
+}
+
+/// The root's open drift issue: labelled `label`, its description holding the root's marker.
+async fn open_issue(
+    gitlab: &GitLab,
+    project: ProjectId,
+    label: &str,
+    root: &str,
+) -> anyhow::Result<Option<Issue>> {
+    let marker = drift::marker(root);
+    Ok(gitlab
+        .issues_labelled(project, label)
+        .await?
+        .into_iter()
+        .find(|issue| issue.state == "opened" && issue.description.contains(&marker)))
+}
