@@ -2750,17 +2750,12 @@ async fn edit_issue(
     Json(issue_json(&s, pid, &issue)).into_response()
 }
 
-#[derive(serde::Deserialize)]
-struct IssueNoteBody {
-    body: Option<String>,
-}
-
 /// <https://docs.gitlab.com/api/notes/#create-new-issue-note>
 async fn create_issue_note(
     State(state): State<Shared>,
     headers: HeaderMap,
     Path((id, iid)): Path<(String, u64)>,
-    Json(b): Json<IssueNoteBody>,
+    Json(b): Json<NoteBody>,
 ) -> Response {
     let mut s = lock!(state);
     let u = tryr!(api_user(&s, &headers));
