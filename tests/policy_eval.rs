@@ -353,3 +353,99 @@ fn every_set_is_checked_and_an_error_in_one_does_not_hide_the_others() {
         Outcome::Error(PolicyError::Input(_))
     ));
 }
+
+/// Every set's verdict when planbot reads only the keys its policies name equals the verdict
+/// over the whole document; a key no policy names is absent, a key one names is whole, and a
+/// policy that looks at `input` itself sees every key.
+#[test]
+fn a_set_sees_the_keys_it_names_and_the_same_verdict_as_over_the_whole_plan() {
+    use planbot::core::policy::{evaluate_document, reads_of, InputReads, PlanDocument};
+    let dir = |d: &str| -> Vec<(String, String)> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(d);
+        let mut files: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "rego"))
+            .map(|p| {
+                (
+                    p.display().to_string(),
+                    std::fs::read_to_string(&p).unwrap(),
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let as_set = |files: &[(String, String)]| {
+        let borrowed: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(p, t)| (p.as_str(), t.as_str()))
+            .collect();
+        set(&borrowed)
+    };
+    let keys_of_input = r#"
+package main
+
+import rego.v1
+
+warn contains msg if {
+	msg := concat(",", sort(object.keys(input)))
+}
+"#;
+    let prior = r#"
+package main
+
+import rego.v1
+
+warn contains msg if {
+	msg := sprintf("%d resources before", [count(input.prior_state.values.root_module.resources)])
+}
+"#;
+    let sets = [
+        as_set(&dir("examples/policies")),
+        as_set(&dir("tests/fixtures/policy/conftest_v1")),
+        as_set(&dir("tests/fixtures/policy/conftest_v0")),
+        set(&[("keys.rego", keys_of_input)]),
+        set(&[("prior.rego", prior)]),
+    ];
+    for plan in [
+        "plans/bpg/vm_destroyed_and_updated.json",
+        "plans/changes.json",
+        "policy/gke_show.json",
+    ] {
+        let plan_json = fixture(plan);
+        let findings = lint(&Plan::from_json(plan_json.as_bytes()).unwrap(), &[]);
+        let whole = PlanDocument::read(&plan_json).unwrap();
+        for s in &sets {
+            let one = std::slice::from_ref(s);
+            let reads = reads_of(one);
+            let pruned = PlanDocument::read_for(&plan_json, &reads).unwrap();
+            let a = evaluate_document(&whole, &findings, "core", one);
+            let b = evaluate_document(&pruned, &findings, "core", one);
+            assert_eq!(
+                format!("{:?}", a.sets),
+                format!("{:?}", b.sets),
+                "{plan}, {:?}",
+                s.files[0].path
+            );
+        }
+    }
+    // What was read, seen from the policies: only the named key; everything for `input` itself.
+    let plan_json = fixture("plans/changes.json");
+    let named = set(&[(
+        "k.rego",
+        "package main\nimport rego.v1\nwarn contains m if { m := concat(\",\", sort(object.keys(input))) with input as input }\nwarn contains m if { input.prior_state; m := \"p\" }",
+    )]);
+    assert_eq!(reads_of(std::slice::from_ref(&named)), InputReads::Whole);
+    assert_eq!(
+        reads_of(&sets[4..]),
+        InputReads::Keys(["prior_state".to_string()].into())
+    );
+    let r = results(&plan_json, sets[4].clone());
+    assert_eq!(msgs(&r.warnings), ["4 resources before"]);
+    let r = results(&plan_json, sets[3].clone());
+    assert_eq!(
+        msgs(&r.warnings),
+        ["applyable,complete,configuration,errored,format_version,planned_values,prior_state,resource_changes,terraform_version,timestamp"]
+    );
+}

@@ -88,3 +88,50 @@ pub fn synth_plan(n: usize) -> Vec<u8> {
     out.extend_from_slice(br#"],"errored":false}"#);
     out
 }
+
+/// [`synth_plan`] as `tofu show -json` writes it: with the sections beside `resource_changes`
+/// that a real document carries (measured on the fixtures: `resource_changes` is ~40% of it):
+/// `planned_values` (each resource's planned values), `prior_state` (each existing resource's
+/// values) and `configuration` (the one `count`ed resource block). Used where the size of the
+/// whole document matters (reading it into the policy interpreter).
+#[allow(dead_code)] // only the policy benchmark reads the whole document
+pub fn synth_show_json(n: usize) -> Vec<u8> {
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&synth_plan(n)).expect("the synthetic plan is JSON");
+    let changes = doc["resource_changes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let resource = |rc: &serde_json::Value, values: &serde_json::Value| {
+        json!({
+            "address": rc["address"], "mode": "managed", "type": rc["type"], "name": rc["name"],
+            "index": rc["index"], "provider_name": rc["provider_name"], "schema_version": 0,
+            "values": values, "sensitive_values": {},
+        })
+    };
+    let planned: Vec<_> = changes
+        .iter()
+        .filter(|rc| !rc["change"]["after"].is_null())
+        .map(|rc| resource(rc, &rc["change"]["after"]))
+        .collect();
+    let prior: Vec<_> = changes
+        .iter()
+        .filter(|rc| !rc["change"]["before"].is_null())
+        .map(|rc| resource(rc, &rc["change"]["before"]))
+        .collect();
+    doc["planned_values"] = json!({"root_module": {"resources": planned}});
+    doc["prior_state"] = json!({
+        "format_version": "1.0", "terraform_version": "1.10.6",
+        "values": {"root_module": {"resources": prior}},
+    });
+    doc["configuration"] = json!({
+        "provider_config": {"proxmox": {"name": "proxmox", "full_name": "registry.opentofu.org/bpg/proxmox"}},
+        "root_module": {"resources": [{
+            "address": "proxmox_virtual_environment_vm.fleet", "mode": "managed",
+            "type": "proxmox_virtual_environment_vm", "name": "fleet",
+            "provider_config_key": "proxmox", "count_expression": {"constant_value": n},
+            "expressions": {"node_name": {"references": ["count.index"]}}, "schema_version": 0,
+        }]},
+    });
+    serde_json::to_vec(&doc).expect("the document serialises")
+}

@@ -8,12 +8,14 @@
 
 mod data;
 mod output;
+mod reads;
 mod rego;
 pub mod review;
 pub mod sets;
 
 pub use data::planbot_data;
 pub use output::{conftest_json, conftest_text, render_errors};
+pub use reads::InputReads;
 pub use rego::PlanDocument;
 pub use sets::{Owner, PolicySetSpec, DEFAULT_NAMESPACE};
 
@@ -190,7 +192,7 @@ impl Verdict {
 /// Evaluate every set over one plan. The plan document is read once; each set runs in its own
 /// interpreter, within its limit.
 pub fn evaluate(input: &PlanInput<'_>, sets: &[PolicySet]) -> Verdict {
-    match PlanDocument::read(input.plan_json) {
+    match PlanDocument::read_for(input.plan_json, &reads_of(sets)) {
         Ok(doc) => evaluate_document(&doc, input.findings, input.root, sets),
         Err(e) => Verdict {
             sets: sets
@@ -203,6 +205,14 @@ pub fn evaluate(input: &PlanInput<'_>, sets: &[PolicySet]) -> Verdict {
                 .collect(),
         },
     }
+}
+
+/// What the sets' policies read of the plan document, together.
+pub fn reads_of(sets: &[PolicySet]) -> InputReads {
+    InputReads::of(
+        sets.iter()
+            .flat_map(|s| s.files.iter().map(|f| f.text.as_str())),
+    )
 }
 
 /// [`evaluate`] over a plan document already read ([`PlanDocument::read`]), e.g. on another

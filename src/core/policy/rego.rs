@@ -2,7 +2,7 @@
 //! the older syntax when a file is not v1), the namespace's `deny*`/`violation*`/`warn*` rules
 //! evaluated one by one within the set's time budget, their values read as messages.
 
-use super::{Message, PolicyError, PolicyFile, PolicySet, Results};
+use super::{InputReads, Message, PolicyError, PolicyFile, PolicySet, Results};
 use crate::core::findings::Finding;
 use regorus::utils::limits::ExecutionTimerConfig;
 use regorus::{Engine, LimitError, Value};
@@ -18,7 +18,8 @@ const STEPS_PER_CLOCK_CHECK: u32 = 16;
 /// plan and shared by every set, and free to run before planbot's findings are known.
 #[derive(Clone)]
 pub struct PlanDocument {
-    input: Value,
+    /// Always `Some` until dropped.
+    input: Option<Value>,
 }
 
 impl std::fmt::Debug for PlanDocument {
@@ -29,11 +30,50 @@ impl std::fmt::Debug for PlanDocument {
 }
 
 impl PlanDocument {
-    /// Read a `show -json` document.
+    /// Read a `show -json` document, all of it.
     pub fn read(plan_json: &str) -> Result<PlanDocument, PolicyError> {
-        let input =
-            Value::from_json_str(plan_json).map_err(|e| PolicyError::Input(e.to_string()))?;
-        Ok(PlanDocument { input })
+        PlanDocument::read_for(plan_json, &InputReads::Whole)
+    }
+
+    /// Read the parts of a `show -json` document the policies can read (`reads`, from their
+    /// text): the other top-level keys are skipped, unparsed, and are absent from `input`.
+    pub fn read_for(plan_json: &str, reads: &InputReads) -> Result<PlanDocument, PolicyError> {
+        let input = match reads {
+            InputReads::Whole => Value::from_json_str(plan_json),
+            InputReads::Keys(_) => {
+                let top: BTreeMap<String, &serde_json::value::RawValue> =
+                    serde_json::from_str(plan_json)
+                        .map_err(|e| PolicyError::Input(e.to_string()))?;
+                let mut kept = String::with_capacity(plan_json.len());
+                kept.push('{');
+                for (key, value) in top.iter().filter(|(key, _)| reads.reads(key)) {
+                    if kept.len() > 1 {
+                        kept.push(',');
+                    }
+                    let key = serde_json::to_string(key)
+                        .map_err(|e| PolicyError::Input(e.to_string()))?;
+                    kept.push_str(&key);
+                    kept.push(':');
+                    kept.push_str(value.get());
+                }
+                kept.push('}');
+                Value::from_json_str(&kept)
+            }
+        }
+        .map_err(|e| PolicyError::Input(e.to_string()))?;
+        Ok(PlanDocument { input: Some(input) })
+    }
+}
+
+impl Drop for PlanDocument {
+    /// A plan's values are freed on a thread of their own: freeing a large plan takes about as
+    /// long as reading it, and nothing needs to wait for it.
+    fn drop(&mut self) {
+        if let Some(input) = self.input.take() {
+            let _ = std::thread::Builder::new()
+                .name("plan-document-free".into())
+                .spawn(move || drop(input));
+        }
     }
 }
 
@@ -236,7 +276,7 @@ pub(super) fn evaluate_set(doc: &Document<'_>, set: &PolicySet) -> Result<Result
             rule: "data.planbot".into(),
             message: e.to_string(),
         })?;
-    engine.set_input(doc.plan.input.clone());
+    engine.set_input(doc.plan.input.clone().unwrap_or_else(Value::new_object));
     let budget = Budget {
         started: Instant::now(),
         limit: set.limit,

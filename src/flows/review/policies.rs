@@ -13,8 +13,8 @@ use crate::core::policy::review::{
     SetOrigin, SetSource,
 };
 use crate::core::policy::{
-    evaluate_document, Outcome, Owner, PlanDocument, PolicyError, PolicyFile, PolicySet,
-    PolicySetSpec, SetVerdict, Verdict, DEFAULT_LIMIT,
+    evaluate_document, InputReads, Outcome, Owner, PlanDocument, PolicyError, PolicyFile,
+    PolicySet, PolicySetSpec, SetVerdict, Verdict, DEFAULT_LIMIT,
 };
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::RepoConfig;
@@ -117,10 +117,16 @@ impl PolicySets {
         plan_json: &[u8],
     ) -> Option<Result<PlanDocument, PolicyError>> {
         self.for_root(root).next()?;
+        let reads = InputReads::of(
+            self.for_root(root)
+                .filter_map(|l| l.files.as_ref().ok())
+                .flatten()
+                .map(|f| f.text.as_str()),
+        );
         Some(
             std::str::from_utf8(plan_json)
                 .map_err(|e| PolicyError::Input(e.to_string()))
-                .and_then(PlanDocument::read),
+                .and_then(|json| PlanDocument::read_for(json, &reads)),
         )
     }
 
