@@ -18,8 +18,7 @@ const STEPS_PER_CLOCK_CHECK: u32 = 16;
 /// plan and shared by every set, and free to run before planbot's findings are known.
 #[derive(Clone)]
 pub struct PlanDocument {
-    /// Always `Some` until dropped.
-    input: Option<Value>,
+    input: Value,
 }
 
 impl std::fmt::Debug for PlanDocument {
@@ -61,19 +60,7 @@ impl PlanDocument {
             }
         }
         .map_err(|e| PolicyError::Input(e.to_string()))?;
-        Ok(PlanDocument { input: Some(input) })
-    }
-}
-
-impl Drop for PlanDocument {
-    /// A plan's values are freed on a thread of their own: freeing a large plan takes about as
-    /// long as reading it, and nothing needs to wait for it.
-    fn drop(&mut self) {
-        if let Some(input) = self.input.take() {
-            let _ = std::thread::Builder::new()
-                .name("plan-document-free".into())
-                .spawn(move || drop(input));
-        }
+        Ok(PlanDocument { input })
     }
 }
 
@@ -276,7 +263,7 @@ pub(super) fn evaluate_set(doc: &Document<'_>, set: &PolicySet) -> Result<Result
             rule: "data.planbot".into(),
             message: e.to_string(),
         })?;
-    engine.set_input(doc.plan.input.clone().unwrap_or_else(Value::new_object));
+    engine.set_input(doc.plan.input.clone());
     let budget = Budget {
         started: Instant::now(),
         limit: set.limit,
