@@ -22,7 +22,7 @@ use planbot::core::config::Config;
 use planbot::core::ids::{MrIid, ProjectId};
 use planbot::core::repo_config::RepoConfig;
 use planbot::flows::confinement::credentials::{self, Use};
-use planbot::flows::service::app::{App, Trust};
+use planbot::flows::context::app::{App, Trust};
 use std::time::{Duration, Instant};
 use support::fake_gitlab::{FakeGitLab, DEVELOPER, MAINTAINER};
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Every module of the crate (`flows::service::app`) and the file that holds it.
+/// Every module of the crate (`flows::context::app`) and the file that holds it.
 fn modules() -> BTreeMap<String, PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {
@@ -40,22 +40,6 @@ fn modules() -> BTreeMap<String, PathBuf> {
     mods
 }
 
-/// The code of a file without comments and without its `#[cfg(test)]` module.
-fn code(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap();
-    let text = match text.find("#[cfg(test)]") {
-        Some(i) => &text[..i],
-        None => &text[..],
-    };
-    text.lines()
-        .map(|l| match l.find("//") {
-            Some(i) => &l[..i],
-            None => l,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// The longest module that `path` (`a::b::c::Item`) names, if any.
 fn resolve<'a>(mods: &'a BTreeMap<String, PathBuf>, path: &str) -> Option<&'a str> {
     let mut parts: Vec<&str> = path.split("::").collect();
@@ -68,34 +52,111 @@ fn resolve<'a>(mods: &'a BTreeMap<String, PathBuf>, path: &str) -> Option<&'a st
     None
 }
 
-/// Every `crate::…` path in `code`, with `use crate::a::{b, c::D}` groups expanded one level.
-fn crate_paths(code: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
-        let end = rest
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
-            .unwrap_or(rest.len());
-        let path = rest[..end].trim_end_matches(':');
-        if rest[end..].starts_with('{') && rest[..end].ends_with("::") {
-            let close = rest[end..].find('}').map(|j| end + j).unwrap_or(rest.len());
-            for item in rest[end + 1..close].split(',') {
-                let item = item
-                    .split(" as ")
-                    .next()
-                    .unwrap()
-                    .trim()
-                    .trim_start_matches('{');
-                if !item.is_empty() {
-                    out.push(format!("{path}::{item}"));
-                }
+/// `segments` (as written in `module`) from the crate root, when they start at `crate`, `self`
+/// or `super`; other paths (std, another crate, a name in scope) are not the crate's modules.
+fn absolute(module: &str, segments: &[String]) -> Option<String> {
+    let mut here: Vec<&str> = if module.is_empty() {
+        Vec::new()
+    } else {
+        module.split("::").collect()
+    };
+    let mut rest = segments;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            here.clear();
+            rest = &rest[1..];
+        }
+        Some("self") => rest = &rest[1..],
+        Some("super") => {
+            while rest.first().is_some_and(|s| s == "super") {
+                here.pop();
+                rest = &rest[1..];
             }
         }
-        out.push(path.to_string());
-        rest = &rest[end..];
+        _ => return None,
     }
-    out
+    let mut all: Vec<String> = here.iter().map(|s| s.to_string()).collect();
+    all.extend(rest.iter().filter(|s| *s != "self").cloned());
+    Some(all.join("::"))
+}
+
+/// The paths of one `use` tree (groups, nesting, renames, globs), from the crate root.
+fn use_tree(module: &str, prefix: &mut Vec<String>, t: &syn::UseTree, out: &mut Vec<String>) {
+    match t {
+        syn::UseTree::Path(p) => {
+            prefix.push(p.ident.to_string());
+            use_tree(module, prefix, &p.tree, out);
+            prefix.pop();
+        }
+        syn::UseTree::Name(syn::UseName { ident })
+        | syn::UseTree::Rename(syn::UseRename { ident, .. }) => {
+            prefix.push(ident.to_string());
+            out.extend(absolute(module, prefix));
+            prefix.pop();
+        }
+        syn::UseTree::Glob(_) => out.extend(absolute(module, prefix)),
+        syn::UseTree::Group(g) => {
+            for item in &g.items {
+                use_tree(module, prefix, item, out);
+            }
+        }
+    }
+}
+
+/// Whether an item is compiled for tests only (`#[cfg(test)]`).
+fn test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.meta
+                .require_list()
+                .is_ok_and(|l| l.tokens.to_string().split_whitespace().any(|t| t == "test"))
+    })
+}
+
+/// Every path of the crate that `module`'s code names, from the crate root
+/// (`flows::review::X`): `use` trees with their groups, `self`, `super` and `crate`, and the
+/// paths written inline in the code (`super::run::first_error_line(…)`). Test-only code is
+/// left out: a test may look anywhere.
+fn crate_paths(module: &str, code: &str) -> Vec<String> {
+    use syn::visit::Visit;
+    struct Paths<'a> {
+        module: &'a str,
+        out: Vec<String>,
+    }
+    impl<'ast> Visit<'ast> for Paths<'_> {
+        fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+            if !test_only(&u.attrs) {
+                use_tree(self.module, &mut Vec::new(), &u.tree, &mut self.out);
+            }
+        }
+        fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+            if !test_only(&m.attrs) {
+                syn::visit::visit_item_mod(self, m);
+            }
+        }
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            if !test_only(&f.attrs) {
+                syn::visit::visit_item_fn(self, f);
+            }
+        }
+        fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+            if !test_only(&i.attrs) {
+                syn::visit::visit_item_impl(self, i);
+            }
+        }
+        fn visit_path(&mut self, p: &'ast syn::Path) {
+            let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+            self.out.extend(absolute(self.module, &segments));
+            syn::visit::visit_path(self, p);
+        }
+    }
+    let file = syn::parse_file(code).unwrap_or_else(|e| panic!("{module}: {e}"));
+    let mut paths = Paths {
+        module,
+        out: Vec::new(),
+    };
+    paths.visit_file(&file);
+    paths.out
 }
 
 /// Module → modules it uses (a child using its parent is not an edge: that is nesting).
@@ -104,7 +165,8 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let mut g = BTreeMap::new();
     for (m, file) in &mods {
         let mut deps = BTreeSet::new();
-        for p in crate_paths(&code(file)) {
+        let code = std::fs::read_to_string(file).unwrap();
+        for p in crate_paths(m, &code) {
             if let Some(t) = resolve(&mods, &p) {
                 if t != m && !m.starts_with(&format!("{t}::")) {
                     deps.insert(t.to_string());
@@ -203,17 +265,22 @@ fn the_cycle_check_sees_a_cycle() {
     g.insert("d".to_string(), BTreeSet::from(["a".to_string()]));
     assert_eq!(cycles(&g), vec![vec!["a", "b", "c"]]);
     let paths = crate_paths(
-        "use crate::flows::service::{app::App, queue};\nlet x = crate::core::ids::RunId(1);",
+        "flows::apply::parity",
+        "use crate::flows::service::{app::App, queue};\nuse super::{run::{Decided, first_error_line}, self as apply};\nuse self::inner::X;\nfn f() { let x = crate::core::ids::RunId(1); super::super::review::go(); }\n#[cfg(test)]\nmod tests { use crate::flows::cli::Hidden; }",
     );
-    assert!(
-        paths.contains(&"flows::service::app::App".to_string()),
-        "{paths:?}"
-    );
-    assert!(
-        paths.contains(&"flows::service::queue".to_string()),
-        "{paths:?}"
-    );
-    assert!(paths.contains(&"core::ids::RunId".to_string()), "{paths:?}");
+    for want in [
+        "flows::service::app::App",
+        "flows::service::queue",
+        "flows::apply::run::Decided",
+        "flows::apply::run::first_error_line",
+        "flows::apply",
+        "flows::apply::parity::inner::X",
+        "core::ids::RunId",
+        "flows::review::go",
+    ] {
+        assert!(paths.contains(&want.to_string()), "{want}: {paths:?}");
+    }
+    assert!(!paths.iter().any(|p| p.contains("Hidden")), "{paths:?}");
 }
 
 #[test]
@@ -275,7 +342,7 @@ fn the_architecture_page_names_only_modules_that_exist() {
         named.len() >= 20,
         "the page names the modules in backticks: {named:?}"
     );
-    // `flows::service::app::App` names an item of a module: the module must exist and define it.
+    // `flows::context::app::App` names an item of a module: the module must exist and define it.
     let unknown: Vec<_> = named
         .iter()
         .filter(|t| match resolve(&mods, t) {

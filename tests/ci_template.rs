@@ -305,7 +305,7 @@ fn the_component_passes_gitlabs_ci_schema() {
     let dir = tempfile::tempdir().unwrap();
     let head = TEMPLATE.split_once("\n---\n").unwrap().0;
     std::fs::write(dir.path().join("spec.yml"), head).unwrap();
-    let served = planbot::flows::cli::apply_job::served_component(
+    let served = planbot::core::ci_component::served_component(
         TEMPLATE,
         Some("https://planbot.corp.test"),
         "infra-apply",

@@ -2,6 +2,7 @@
 //! and preflight findings. No I/O, no async.
 pub mod apply;
 pub mod apply_note;
+pub mod ci_component;
 pub mod config;
 pub mod defuse;
 pub mod drift;

@@ -3,7 +3,7 @@
 
 use planbot::core::config::Config;
 use planbot::core::webhook;
-use planbot::flows::service::app::App;
+use planbot::flows::context::app::App;
 use planbot::flows::service::application::{Application, Options};
 use std::path::Path;
 use std::sync::Arc;

@@ -1,11 +1,11 @@
 //! What a store backend does: the [`StoreBackend`] trait, implemented by SQLite and PostgreSQL
 //! alike, so the [`Store`](super::Store) the flows hold behaves the same on either.
 
-use super::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, ShownFingerprint,
 };
+use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{Dump, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};

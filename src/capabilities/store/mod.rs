@@ -12,13 +12,13 @@ mod types;
 pub(crate) mod tests;
 
 pub use dump::{Dump, Value};
-pub use policy::{PolicyApproval, PolicyVerdictRecord};
 pub use postgres::{default_replica_name, PgOptions, PG_SCHEMA_VERSION};
 pub use sqlite::SCHEMA_VERSION;
 pub use types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
-    NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
-    RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe, UnknownValue,
+    NewApply, NewDelivery, NewRun, PolicyApproval, PolicyVerdictRecord, QueueJobId, QueueJobKind,
+    QueueJobState, RunEnd, RunKind, RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint,
+    StoreProbe, UnknownValue,
 };
 
 use crate::core::config::StoreUrl;

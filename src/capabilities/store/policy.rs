@@ -3,45 +3,12 @@
 //! one plan. The apply gate reads both; a new push shows a new plan, which no approval covers.
 
 use super::backend::StoreBackend;
+use super::types::{PolicyApproval, PolicyVerdictRecord};
 use super::{on_backend, Backend, Store};
 use crate::core::fingerprint::Fingerprint;
-use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
+use crate::core::ids::{CommitSha, MrIid, ProjectId};
 use crate::core::policy::review::RecordedVerdict;
 use anyhow::Result;
-
-/// The policy verdict of one root's plan as shown on the MR for one head.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyVerdictRecord {
-    pub project: ProjectId,
-    pub mr: MrIid,
-    pub root: String,
-    /// The MR head the plan was shown for.
-    pub sha: CommitSha,
-    /// The fingerprint of the plan the verdict is about.
-    pub fingerprint: Fingerprint,
-    /// Its messages already scrubbed.
-    pub verdict: RecordedVerdict,
-}
-
-/// An owner's approval of one failing set, for one root's plan at one head.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyApproval {
-    pub project: ProjectId,
-    pub mr: MrIid,
-    pub root: String,
-    pub sha: CommitSha,
-    pub fingerprint: Fingerprint,
-    /// The policy set's name.
-    pub set: String,
-    pub approver_id: UserId,
-    /// The approver's GitLab user name when they approved.
-    pub approver: String,
-    /// Milliseconds since the epoch (set by the store).
-    pub approved_at: i64,
-}
-
-/// A verdict row as the backends hand it over: `(root, fingerprint hex, verdict JSON)`.
-pub(crate) type VerdictRow = (String, String, String);
 
 impl Store {
     /// Record (or replace) the verdict of one root's plan shown for `sha`.

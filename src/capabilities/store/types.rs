@@ -2,7 +2,8 @@
 
 use crate::core::events::Job;
 use crate::core::fingerprint::Fingerprint;
-use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
+use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId, UserId};
+use crate::core::policy::review::RecordedVerdict;
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -495,3 +496,37 @@ mod tests {
         }
     }
 }
+
+/// The policy verdict of one root's plan as shown on the MR for one head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyVerdictRecord {
+    pub project: ProjectId,
+    pub mr: MrIid,
+    pub root: String,
+    /// The MR head the plan was shown for.
+    pub sha: CommitSha,
+    /// The fingerprint of the plan the verdict is about.
+    pub fingerprint: Fingerprint,
+    /// Its messages already scrubbed.
+    pub verdict: RecordedVerdict,
+}
+
+/// An owner's approval of one failing set, for one root's plan at one head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyApproval {
+    pub project: ProjectId,
+    pub mr: MrIid,
+    pub root: String,
+    pub sha: CommitSha,
+    pub fingerprint: Fingerprint,
+    /// The policy set's name.
+    pub set: String,
+    pub approver_id: UserId,
+    /// The approver's GitLab user name when they approved.
+    pub approver: String,
+    /// Milliseconds since the epoch (set by the store).
+    pub approved_at: i64,
+}
+
+/// A verdict row as the backends hand it over: `(root, fingerprint hex, verdict JSON)`.
+pub(crate) type VerdictRow = (String, String, String);

@@ -3,8 +3,7 @@
 //!
 //! [`KEYS`]: super::keys::KEYS
 
-use super::keys::{self, Unset};
-use super::load::{env_value, POLICY_SETS};
+use super::keys::{self, env_value, Unset, POLICY_SETS};
 use super::problem::ConfigError;
 use super::*;
 use serde::de::DeserializeOwned;

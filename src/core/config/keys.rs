@@ -2,9 +2,11 @@
 //! does and how `--check` shows it. The parser, the `PLANBOT_*` variables, `describe`, the secret
 //! list and the settings table in the docs are all read from [`KEYS`].
 
+use super::problem::ConfigError;
 use super::{Config, GitlabCredential, LandlockSetting, ProxmoxEndpoint, Secret, StateDefault};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use toml::Value;
 
 /// What a value of a key is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -841,3 +843,48 @@ pub static KEYS: &[Key] = &[
         show: |c| Shown::token(&c.modules.apply),
     },
 ];
+
+/// The array of tables of the operator's policy sets (read by `build::policy_sets`; not a key: its tables are checked as a whole).
+pub(super) const POLICY_SETS: &str = "policy_sets";
+
+/// A variable's text as a value of `kind` (a default is read the same way).
+pub(super) fn env_value(path: &str, kind: Kind, value: &str) -> Result<Value, ConfigError> {
+    let invalid = |m: &str| ConfigError::Invalid {
+        key: path.to_string(),
+        message: m.to_string(),
+    };
+    Ok(match kind {
+        Kind::Str | Kind::Duration | Kind::Size | Kind::Table => Value::String(value.to_string()),
+        Kind::Int => Value::Integer(
+            value
+                .trim()
+                .parse()
+                .map_err(|_| invalid("expected a whole number"))?,
+        ),
+        Kind::Bool => Value::Boolean(match value.trim() {
+            "true" | "1" | "yes" => true,
+            "false" | "0" | "no" | "" => false,
+            _ => return Err(invalid("expected true or false")),
+        }),
+        Kind::List => {
+            let v = value.trim();
+            if v.starts_with('[') {
+                let t: toml::Table = format!("x = {v}")
+                    .parse()
+                    .map_err(|_| invalid("expected a TOML array or a comma-separated list"))?;
+                t["x"].clone()
+            } else {
+                Value::Array(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(|s| match s.parse::<i64>() {
+                            Ok(n) => Value::Integer(n),
+                            Err(_) => Value::String(s.to_string()),
+                        })
+                        .collect(),
+                )
+            }
+        }
+    })
+}

@@ -1,8 +1,8 @@
 //! From the file's text, the environment and the secret files to one value per key, each with
 //! where it came from: unknown keys, sections and `PLANBOT_*` variables are found here.
 
-use super::build::{self, Values};
-use super::keys::{self, Kind, KEYS};
+use super::build::{self, Values, FALLBACK_SECRET};
+use super::keys::{self, env_value, Kind, KEYS, POLICY_SETS};
 use super::problem::{ConfigError, Loaded, Origin, Problem};
 use crate::core::suggest;
 use std::collections::BTreeMap;
@@ -10,9 +10,6 @@ use toml::Value;
 
 /// The literal placeholder the example config and manifests ship: never a real value.
 pub const PLACEHOLDER: &str = "change-me";
-
-/// The array of tables of the operator's policy sets (read by `build::policy_sets`).
-pub(super) const POLICY_SETS: &str = "policy_sets";
 
 /// Every problem of `text` with `env` and the secret files `read_file` reads, and the config
 /// built with fallbacks in place of the bad values.
@@ -320,48 +317,6 @@ fn apply_env(
     warnings
 }
 
-/// A variable's text as a value of `kind` (a default is read the same way).
-pub(super) fn env_value(path: &str, kind: Kind, value: &str) -> Result<Value, ConfigError> {
-    let invalid = |m: &str| ConfigError::Invalid {
-        key: path.to_string(),
-        message: m.to_string(),
-    };
-    Ok(match kind {
-        Kind::Str | Kind::Duration | Kind::Size | Kind::Table => Value::String(value.to_string()),
-        Kind::Int => Value::Integer(
-            value
-                .trim()
-                .parse()
-                .map_err(|_| invalid("expected a whole number"))?,
-        ),
-        Kind::Bool => Value::Boolean(match value.trim() {
-            "true" | "1" | "yes" => true,
-            "false" | "0" | "no" | "" => false,
-            _ => return Err(invalid("expected true or false")),
-        }),
-        Kind::List => {
-            let v = value.trim();
-            if v.starts_with('[') {
-                let t: toml::Table = format!("x = {v}")
-                    .parse()
-                    .map_err(|_| invalid("expected a TOML array or a comma-separated list"))?;
-                t["x"].clone()
-            } else {
-                Value::Array(
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(|s| match s.parse::<i64>() {
-                            Ok(n) => Value::Integer(n),
-                            Err(_) => Value::String(s.to_string()),
-                        })
-                        .collect(),
-                )
-            }
-        }
-    })
-}
-
 /// The directory systemd's `LoadCredential=` fills (and any other secret mount may name).
 pub const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
 
@@ -482,9 +437,6 @@ fn resolve_files(
         origins.insert(key, origin);
     }
 }
-
-/// A stand-in for a bad secret while the remaining keys are checked (never used to run).
-const FALLBACK_SECRET: &str = "planbot-fallback-secret-0123456789";
 
 /// Checks of values that parse but cannot work: empty secrets, the example's placeholder, and
 /// Proxmox API tokens not of the form `user@realm!tokenid=secret`. A bad value is reported and

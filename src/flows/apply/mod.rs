@@ -31,7 +31,7 @@ use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
 use crate::core::policy::PolicySetSpec;
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::{RepoConfig, Root};
-use crate::flows::service::app::App;
+use crate::flows::context::app::App;
 use anyhow::{Context, Result};
 use minijinja::context;
 use std::sync::Arc;
@@ -369,6 +369,19 @@ struct ApplyCtx {
 impl ApplyCtx {
     fn mr_iid(&self) -> Option<MrIid> {
         self.mr.as_ref().map(|m| m.iid)
+    }
+
+    /// The line of an (already scrubbed) engine report that says what went wrong.
+    fn first_error_line(&self, report: &str) -> String {
+        report
+            .lines()
+            .find(|l| l.contains("Error"))
+            .or_else(|| report.lines().next())
+            .map(str::to_string)
+            .unwrap_or_else(|| self.say("engine_failed", context! {}))
+            .trim()
+            .trim_start_matches(['│', '╷', '╵', ' '])
+            .to_string()
     }
 
     /// One short text of the apply, its values scrubbed (see [`say`]).

@@ -3,7 +3,6 @@
 //! fingerprint is the one shown on the MR (or confirmed); one refusal refuses the whole apply
 //! and shows what changed.
 
-use super::run::first_error_line;
 use super::{refuse, ApplyCtx, JobLog, Verdict};
 use crate::capabilities::engine::{PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
@@ -22,10 +21,10 @@ use crate::core::repo_config::Root;
 use crate::core::state::{self, Backend, HeldLock};
 use crate::core::summary::Summary;
 use crate::flows::confinement::credentials::{self, Use};
+use crate::flows::context::app::Trust;
+use crate::flows::context::cpu::cpu_bound;
+use crate::flows::context::locks::RootGuard;
 use crate::flows::review::policies;
-use crate::flows::service::app::Trust;
-use crate::flows::service::cpu::cpu_bound;
-use crate::flows::service::locks::RootGuard;
 use anyhow::Result;
 use minijinja::context;
 use std::path::Path;
@@ -271,7 +270,7 @@ impl ApplyCtx {
                         );
                         minijinja::Value::from_safe_string(state("locked"))
                     }
-                    None => minijinja::Value::from(first_error_line(self, &report)),
+                    None => minijinja::Value::from(self.first_error_line(&report)),
                 };
                 Err(self.say(
                     "root_plan_failed",

@@ -7,7 +7,7 @@ use crate::capabilities::engine::{EngineError, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::RunState;
 use crate::core::apply_note::RootResult;
-use crate::flows::service::locks::RootGuard;
+use crate::flows::context::locks::RootGuard;
 use minijinja::context;
 
 /// Stage 4: apply every decided root with changes; after a failure the later roots are not
@@ -68,7 +68,7 @@ pub(super) async fn apply_all(
                             name: d.root.clone(),
                             text: ctx.say("apply_failed", context! {}),
                         });
-                        let error = first_error_line(ctx, &report);
+                        let error = ctx.first_error_line(&report);
                         failure = Some(
                             ctx.say("root_failed", context! { root => &d.root, error => error }),
                         );
@@ -106,17 +106,4 @@ async fn apply_root(
 /// A root's (and a run's) text when there was nothing to apply.
 pub(super) fn no_changes(ctx: &ApplyCtx) -> String {
     ctx.say("no_changes", context! {})
-}
-
-/// The line of an (already scrubbed) engine report that says what went wrong.
-pub(super) fn first_error_line(ctx: &ApplyCtx, report: &str) -> String {
-    report
-        .lines()
-        .find(|l| l.contains("Error"))
-        .or_else(|| report.lines().next())
-        .map(str::to_string)
-        .unwrap_or_else(|| ctx.say("engine_failed", context! {}))
-        .trim()
-        .trim_start_matches(['│', '╷', '╵', ' '])
-        .to_string()
 }

@@ -402,7 +402,7 @@ fn pages_checks(config: &Config, r: &mut Report) {
         PagesAuth::Gitlab => r.add(
             Status::Ok,
             "pages_gitlab",
-            json!({"callback": format!("{}{}", config.public_url.as_deref().unwrap_or(""), crate::flows::service::session::CALLBACK_PATH)}),
+            json!({"callback": format!("{}{}", config.public_url.as_deref().unwrap_or(""), crate::flows::context::session::CALLBACK_PATH)}),
         ),
         PagesAuth::Loopback => r.add(
             Status::Info,

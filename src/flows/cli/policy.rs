@@ -7,16 +7,14 @@
 
 use crate::core::lint::lint;
 use crate::core::plan::Plan;
-use crate::core::policy::{self, PlanInput, PolicyFile, PolicySet};
+use crate::core::policy::{self, PlanInput, PolicySet};
 use crate::core::redact::{Scrubber, Secrets};
+use crate::flows::review::policies::read_policy_dir;
 use anyhow::{Context, Result};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// The largest `.rego` file read (regorus has its own, larger, limits).
-const MAX_POLICY_FILE: u64 = 1 << 20;
 
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,51 +32,6 @@ pub struct PolicyOptions {
     pub namespace: String,
     pub limit: Duration,
     pub output: Output,
-}
-
-/// Every `.rego` file under `dir` (recursively, in path order), with its path shown as
-/// `dir/sub/file.rego`. A symbolic link is refused rather than followed: a policy directory
-/// must not read files elsewhere (their text would end up in parse errors).
-pub fn read_policy_dir(dir: &Path) -> Result<Vec<PolicyFile>> {
-    let meta = std::fs::symlink_metadata(dir)
-        .with_context(|| format!("cannot read the policy directory {}", dir.display()))?;
-    if !meta.is_dir() {
-        anyhow::bail!("{} is not a directory of .rego files", dir.display());
-    }
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(d) = pending.pop() {
-        let entries =
-            std::fs::read_dir(&d).with_context(|| format!("cannot read {}", d.display()))?;
-        for entry in entries {
-            let path = entry
-                .with_context(|| format!("cannot read {}", d.display()))?
-                .path();
-            let meta = std::fs::symlink_metadata(&path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            if meta.file_type().is_symlink() {
-                anyhow::bail!(
-                    "{} is a symbolic link; policy files must be regular files in the directory",
-                    path.display()
-                );
-            }
-            if meta.is_dir() {
-                pending.push(path);
-            } else if path.extension().is_some_and(|e| e == "rego") {
-                if meta.len() > MAX_POLICY_FILE {
-                    anyhow::bail!("{} is larger than 1 MiB", path.display());
-                }
-                let text = std::fs::read_to_string(&path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                files.push(PolicyFile {
-                    path: path.display().to_string(),
-                    text,
-                });
-            }
-        }
-    }
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(files)
 }
 
 /// `planbot policy test`.

@@ -18,7 +18,7 @@ use crate::core::policy::{
 };
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::RepoConfig;
-use crate::flows::service::app::App;
+use crate::flows::context::app::App;
 use anyhow::{Context, Result};
 use minijinja::context;
 use std::path::Path;
@@ -199,7 +199,7 @@ impl PolicySets {
 /// note); why they cannot be read otherwise.
 fn read_operator_set(spec: &PolicySetSpec) -> Result<Vec<PolicyFile>, String> {
     let dir = Path::new(&spec.path);
-    let files = crate::flows::cli::policy::read_policy_dir(dir).map_err(|e| {
+    let files = read_policy_dir(dir).map_err(|e| {
         format!(
             "planbot's directory of this set cannot be read: {}",
             short_error(&e, dir, &spec.name)
@@ -465,4 +465,49 @@ pub(crate) async fn approve(
         )
     })?;
     Ok(body.trim_end().to_string() + "\n")
+}
+
+/// Every `.rego` file under `dir` (recursively, in path order), with its path shown as
+/// `dir/sub/file.rego`. A symbolic link is refused rather than followed: a policy directory
+/// must not read files elsewhere (their text would end up in parse errors).
+pub fn read_policy_dir(dir: &Path) -> Result<Vec<PolicyFile>> {
+    let meta = std::fs::symlink_metadata(dir)
+        .with_context(|| format!("cannot read the policy directory {}", dir.display()))?;
+    if !meta.is_dir() {
+        anyhow::bail!("{} is not a directory of .rego files", dir.display());
+    }
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let entries =
+            std::fs::read_dir(&d).with_context(|| format!("cannot read {}", d.display()))?;
+        for entry in entries {
+            let path = entry
+                .with_context(|| format!("cannot read {}", d.display()))?
+                .path();
+            let meta = std::fs::symlink_metadata(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            if meta.file_type().is_symlink() {
+                anyhow::bail!(
+                    "{} is a symbolic link; policy files must be regular files in the directory",
+                    path.display()
+                );
+            }
+            if meta.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rego") {
+                if meta.len() > MAX_POLICY_FILE {
+                    anyhow::bail!("{} is larger than 1 MiB", path.display());
+                }
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                files.push(PolicyFile {
+                    path: path.display().to_string(),
+                    text,
+                });
+            }
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
 }

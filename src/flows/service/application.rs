@@ -2,7 +2,7 @@
 
 use crate::core::config::Config;
 use crate::core::events::Job;
-use crate::flows::service::app::{wipe_temp_root, App};
+use crate::flows::context::app::{wipe_temp_root, App};
 use crate::flows::service::{intake, pages, signin};
 use anyhow::{Context, Result};
 use axum::extract::{DefaultBodyLimit, State};
@@ -171,7 +171,7 @@ fn page_routes(app: Arc<App>) -> Router<Arc<App>> {
         .merge(gated)
         .route("/auth/login", get(signin::login))
         .route(
-            crate::flows::service::session::CALLBACK_PATH,
+            crate::flows::context::session::CALLBACK_PATH,
             get(signin::callback),
         )
         .route("/auth/logout", post(signin::logout))
@@ -182,7 +182,7 @@ fn page_routes(app: Arc<App>) -> Router<Arc<App>> {
 /// The CI template infra repos include (`include: remote:`), served as planbot ships it.
 /// The CI/CD component, with this planbot's URL and apply job name as the inputs' defaults.
 async fn ci_template(State(app): State<Arc<App>>) -> Response {
-    let text = crate::flows::cli::apply_job::served_component(
+    let text = crate::core::ci_component::served_component(
         crate::flows::apply::CI_TEMPLATE,
         app.config.public_url.as_deref(),
         &app.config.apply.job_name,

@@ -1,13 +1,7 @@
-//! The long-running service: shared state, HTTP routes, webhook intake, the job queue and its workers.
-//! Also the root locks, metrics, the run pages and who may read them.
-pub mod app;
+//! The long-running service, the top floor: it builds the application, takes webhooks in, serves
+//! the run pages and sign-in, and its workers hand each queued job to review or apply.
 pub mod application;
-pub mod cpu;
 pub mod intake;
-pub mod locks;
-pub mod metrics;
 pub mod pages;
-pub mod queue;
-pub mod session;
 pub mod signin;
 pub mod worker;

@@ -7,8 +7,8 @@
 
 use crate::capabilities::store::{RunQuery, RunRecord, RunState};
 use crate::core::ids::{MrIid, ProjectId, RunId};
-use crate::flows::service::app::App;
-use crate::flows::service::session::Viewer;
+use crate::flows::context::app::App;
+use crate::flows::context::session::Viewer;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;

@@ -1,10 +1,10 @@
 //! Who may read the run pages: the gate in front of them (the loopback-only default, or a
 //! signed-in GitLab user) and the sign-in handlers (`/auth/login`, the OAuth callback, logout).
-//! The state they work on (cookies, sessions, membership cache) is [`super::session::SignIn`].
+//! The state they work on (cookies, sessions, membership cache) is [`crate::flows::context::session::SignIn`].
 
 use crate::capabilities::gitlab::User;
 use crate::core::config::PagesAuth;
-use crate::flows::service::app::App;
+use crate::flows::context::app::App;
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-use crate::flows::service::session::*;
+use crate::flows::context::session::*;
 
 /// Where a sign-in may return to: the landing page or a run page path, nothing else (no open
 /// redirect).

@@ -19,12 +19,12 @@ pub use migrations::PG_SCHEMA_VERSION;
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Ty, Value, TABLES};
-use super::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
     RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe,
 };
+use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{now_ms, ProjectLock};
 use crate::core::events::{Job, PlanJob, Redundant, Supersede};
 use crate::core::fingerprint::Fingerprint;

@@ -2,7 +2,7 @@
 //! approvals (the same rows as SQLite's).
 
 use crate::capabilities::store::now_ms;
-use crate::capabilities::store::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use crate::capabilities::store::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use anyhow::Result;

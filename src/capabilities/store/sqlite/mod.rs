@@ -15,12 +15,12 @@ pub use migrations::SCHEMA_VERSION;
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Value, TABLES};
-use super::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobState, RunEnd, RunQuery, RunRecord,
     ShownFingerprint, StoreProbe,
 };
+use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -358,7 +358,7 @@ impl StoreBackend for SqliteStore {
     }
 
     async fn lock_project(&self, _project: ProjectId) -> Result<ProjectLock> {
-        // One process owns the file: its root locks (`flows::service::locks`) already keep two
+        // One process owns the file: its root locks (`flows::context::locks`) already keep two
         // applies of a root apart, and applies of different roots may run side by side.
         Ok(ProjectLock::none())
     }

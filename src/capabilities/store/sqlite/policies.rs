@@ -1,6 +1,6 @@
 //! SQL for policy checks: each root's verdict per MR head, and the owners' approvals.
 
-use crate::capabilities::store::policy::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use crate::capabilities::store::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use anyhow::Result;

@@ -12,9 +12,9 @@ use crate::core::redact::{Scrubber, Secrets};
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
 use crate::flows::confinement::credentials::Use;
 use crate::flows::confinement::network;
+use crate::flows::context::app::App;
+use crate::flows::context::cpu::cpu_bound;
 use crate::flows::review::policies::{self, PolicySets};
-use crate::flows::service::app::App;
-use crate::flows::service::cpu::cpu_bound;
 use anyhow::Result;
 use std::collections::BTreeMap;
 

@@ -10,8 +10,8 @@ use crate::core::events::{Job, PlanJob, PlanReason};
 use crate::core::ids::NoteId;
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
+use crate::flows::context::app::{App, Trust};
 use crate::flows::review::policies::PolicySets;
-use crate::flows::service::app::{App, Trust};
 use anyhow::{Context, Result};
 
 /// Everything the later stages need, once the run is known to go ahead.

@@ -11,7 +11,7 @@ use crate::capabilities::gitlab::AccessLevel;
 use crate::capabilities::gitlab::GitLab;
 use crate::core::config::{Config, PagesAuth};
 use crate::core::ids::{ProjectId, UserId};
-use crate::flows::service::metrics::Metrics;
+use crate::flows::context::metrics::Metrics;
 use axum::http::{header, HeaderMap, HeaderValue};
 use cookie::{Cookie, CookieJar, Key, SameSite};
 use hmac::{Hmac, Mac};
@@ -29,7 +29,7 @@ pub const SESSION_COOKIE: &str = "planbot_session";
 /// The sign-in in progress: `state`, the PKCE verifier and where to go back (10 minutes).
 pub const LOGIN_COOKIE: &str = "planbot_login";
 /// How long a sign-in may take between planbot and GitLab's consent screen.
-pub(super) const LOGIN_TTL: Duration = Duration::from_secs(600);
+pub(crate) const LOGIN_TTL: Duration = Duration::from_secs(600);
 /// How long a membership answer is trusted.
 pub const ACCESS_TTL: Duration = Duration::from_secs(60);
 /// The GitLab scope planbot asks for.
@@ -37,7 +37,7 @@ pub const SCOPE: &str = "read_user";
 /// Where GitLab sends the user back to (append to `public_url`).
 pub const CALLBACK_PATH: &str = "/auth/callback";
 
-pub(super) type OAuthClient =
+pub(crate) type OAuthClient =
     BasicClient<EndpointSet, EndpointNotSet, EndpointNotSet, EndpointNotSet, EndpointSet>;
 
 /// A signed-in GitLab user, as the session cookie carries it.
@@ -59,7 +59,7 @@ pub enum Viewer {
 }
 
 #[derive(Serialize, Deserialize)]
-pub(super) struct Login {
+pub(crate) struct Login {
     pub state: String,
     pub verifier: String,
     pub next: String,
@@ -68,16 +68,16 @@ pub(super) struct Login {
 
 /// Sign-in state kept by the service (one per process).
 pub struct SignIn {
-    pub(super) client: Option<OAuthClient>,
-    pub(super) http: reqwest::Client,
-    pub(super) user_url: String,
+    pub(crate) client: Option<OAuthClient>,
+    pub(crate) http: reqwest::Client,
+    pub(crate) user_url: String,
     key: Key,
     secure: bool,
-    pub(super) lifetime: Duration,
+    pub(crate) lifetime: Duration,
     access: Mutex<HashMap<(u64, u64), (Instant, bool)>>,
 }
 
-pub(super) fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -132,7 +132,7 @@ impl SignIn {
         })
     }
 
-    pub(super) fn jar(headers: &HeaderMap) -> CookieJar {
+    pub(crate) fn jar(headers: &HeaderMap) -> CookieJar {
         let mut jar = CookieJar::new();
         for v in headers.get_all(header::COOKIE) {
             let Ok(v) = v.to_str() else { continue };
@@ -143,7 +143,7 @@ impl SignIn {
         jar
     }
 
-    pub(super) fn cookie(
+    pub(crate) fn cookie(
         &self,
         name: &'static str,
         value: String,
@@ -159,13 +159,13 @@ impl SignIn {
             .build()
     }
 
-    pub(super) fn removal(&self, name: &'static str, path: &'static str) -> HeaderValue {
+    pub(crate) fn removal(&self, name: &'static str, path: &'static str) -> HeaderValue {
         let c = self.cookie(name, String::new(), path, Duration::ZERO);
         HeaderValue::from_str(&c.to_string()).expect("a cookie is a header value")
     }
 
     /// Encrypt `value` into a `Set-Cookie` header value.
-    pub(super) fn set_cookie(
+    pub(crate) fn set_cookie(
         &self,
         name: &'static str,
         value: &impl Serialize,
@@ -181,7 +181,7 @@ impl SignIn {
     }
 
     /// Decrypt and parse a cookie; `None` when absent, forged, or not ours.
-    pub(super) fn read_cookie<T: for<'de> Deserialize<'de>>(
+    pub(crate) fn read_cookie<T: for<'de> Deserialize<'de>>(
         &self,
         headers: &HeaderMap,
         name: &str,

@@ -42,7 +42,7 @@ impl Queue {
     }
 
     /// Wait until [`Queue::jobs_added`] wakes this worker.
-    pub(super) async fn woken(&self) {
+    pub(crate) async fn woken(&self) {
         self.wake.notified().await
     }
 
@@ -52,7 +52,7 @@ impl Queue {
     }
 
     /// A worker starts running this job: its cancellation token.
-    pub(super) fn register(&self, id: QueueJobId) -> CancellationToken {
+    pub(crate) fn register(&self, id: QueueJobId) -> CancellationToken {
         let t = CancellationToken::new();
         self.running
             .lock()
@@ -62,7 +62,7 @@ impl Queue {
     }
 
     /// The job stopped running.
-    pub(super) fn unregister(&self, id: QueueJobId) {
+    pub(crate) fn unregister(&self, id: QueueJobId) {
         self.running
             .lock()
             .unwrap_or_else(|e| e.into_inner())

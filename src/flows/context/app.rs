@@ -9,9 +9,9 @@ use crate::core::ids::{MrIid, ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
 use crate::flows::confinement::credentials::{self, Use};
-pub use crate::flows::service::locks::RootLocks;
-use crate::flows::service::metrics::Metrics;
-use crate::flows::service::queue::Queue;
+pub use crate::flows::context::locks::RootLocks;
+use crate::flows::context::metrics::Metrics;
+use crate::flows::context::queue::Queue;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,7 +55,7 @@ pub struct App {
     /// The bot user's id (`GET /user`), looked up once: its own notes are ignored.
     bot_user: tokio::sync::OnceCell<UserId>,
     /// Who may read the run pages: GitLab sign-in, sessions, membership cache.
-    pub signin: crate::flows::service::session::SignIn,
+    pub signin: crate::flows::context::session::SignIn,
 }
 
 impl App {
@@ -138,7 +138,7 @@ impl App {
                 .with_timeout(std::time::Duration::from_secs(5))?,
             gitlab,
             bot_user: tokio::sync::OnceCell::new(),
-            signin: crate::flows::service::session::SignIn::new(&config)
+            signin: crate::flows::context::session::SignIn::new(&config)
                 .context("[gitlab.oauth] / public_url")?,
             config,
         })
