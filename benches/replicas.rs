@@ -14,9 +14,7 @@
 //! fresh database is made per run). The engine: `PLANBOT_TEST_ENGINE`, or `tofu`/`terraform`.
 //! Under `cargo test --all-targets` (no `--bench`) it runs once with a few MRs, to stay fast.
 
-#[path = "../tests/service_support/mod.rs"]
-mod service_support;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -87,10 +85,10 @@ impl World {
             .post(format!("http://127.0.0.1:{port}/webhooks/gitlab"))
             .header("content-type", "application/json")
             .body(body);
-        let headers = service_support::token_headers(
+        let headers = support::service::token_headers(
             "Merge Request Hook",
             key,
-            service_support::WEBHOOK_SECRET,
+            support::service::WEBHOOK_SECRET,
         );
         for (k, v) in headers {
             req = req.header(k, v);
@@ -156,7 +154,7 @@ max_concurrent_plans = {workers}
         data = data.display(),
         url = gitlab.url(),
         token = gitlab.bot_token(),
-        secret = service_support::WEBHOOK_SECRET,
+        secret = support::service::WEBHOOK_SECRET,
         engine = engine.display(),
         // GitLab-managed state, as users run it (a root's local state is refused).
         state = gitlab

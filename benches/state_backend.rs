@@ -14,7 +14,7 @@
 //! (no `--bench`) it runs each once, to stay fast. The engine: `PLANBOT_TEST_ENGINE`, or
 //! `tofu`/`terraform` on `PATH`.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use planbot::capabilities::engine::{Engine, PlanRequest};

@@ -6,11 +6,11 @@
 #
 #   PostgreSQL's server programs   the store tests start a throwaway server (initdb, postgres)
 #   openssl                         ... with a TLS certificate made by the openssl CLI
-#   systemd-analyze                 tests/deploy.rs judges the systemd unit
-#   hadolint, kubernetes-validate,  tests/deploy.rs judges the Dockerfile, the Kubernetes
+#   systemd-analyze                 tests/it/deploy.rs judges the systemd unit
+#   hadolint, kubernetes-validate,  tests/it/deploy.rs judges the Dockerfile, the Kubernetes
 #   check-jsonschema (pip)          manifests, the pipeline and the Compose file
-#   chromium                        tests/browser_pages.rs
-#   ssh-agent, sshd                 the SSH upload story of tests/isolation.rs
+#   chromium                        tests/it/browser_pages.rs
+#   ssh-agent, sshd                 the SSH upload story of tests/it/isolation.rs
 #
 # kubectl (1.27 or later, for kustomize 5) is checked, not installed: Debian has none that new;
 # the Kubernetes project's apt repository (pkgs.k8s.io) or the Google Cloud CLI's package has it.

@@ -114,7 +114,7 @@ const SYSTEM_DIRS: &[&str] = &[
 ];
 
 /// The `/etc` files a Go program (the engine, a provider) reads: TLS roots, name resolution,
-/// users, time zone. Found by running `init` + `plan` under the sandbox (`tests/sandbox.rs`).
+/// users, time zone. Found by running `init` + `plan` under the sandbox (`tests/it/sandbox.rs`).
 const ETC_FILES: &[&str] = &[
     "/etc/ssl/certs",
     "/etc/ca-certificates",

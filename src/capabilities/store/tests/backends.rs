@@ -7,7 +7,7 @@
 //! say so on stderr).
 
 /// The throwaway server, shared as a file with the integration tests and the benchmark.
-#[path = "../../../../tests/support/throwaway_postgres.rs"]
+#[path = "../../../../tests/it/support/throwaway_postgres.rs"]
 pub(crate) mod throwaway;
 
 use crate::capabilities::store::{PgOptions, Store};

@@ -1,0 +1,1121 @@
+//! Stories of the apply half: the manual `planbot-apply` job on protected `main` calls planbot
+//! with its job token; planbot checks the job with (fake) GitLab, re-plans with the real
+//! engine against GitLab-managed state (the engine's `http` backend), and applies only the
+//! plan that was reviewed on the merge request.
+
+use crate::support::fake_gitlab::{
+    FakeGitLab, FakeJob, FakeProject, FakeUser, DEVELOPER, MAINTAINER,
+};
+use crate::support::fake_proxmox::{Cluster, FakeProxmox, Fault};
+use crate::support::service::TestService;
+use planbot::core::config::Config;
+use planbot::flows::service::application::Options;
+
+const INFRA: &str = "infra/homelab";
+
+struct World {
+    gitlab: FakeGitLab,
+    project: FakeProject,
+    alice: FakeUser,
+    _data: tempfile::TempDir,
+    config: Config,
+}
+
+fn config_text_for(
+    data_dir: &std::path::Path,
+    gitlab: &FakeGitLab,
+    project: &FakeProject,
+    engine: &std::path::Path,
+    listen: &str,
+) -> String {
+    let state = format!(
+        "{}/api/v4/projects/{}/terraform/state/core",
+        gitlab.url(),
+        project.id
+    );
+    format!(
+        r#"
+listen = "{listen}"
+data_dir = "{data}"
+public_url = "http://planbot.test"
+fingerprint_key = "test-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{url}"
+token = "{token}"
+webhook_secret = "{secret}"
+projects = ["{INFRA}"]
+
+[engine]
+binary = "{engine}"
+timeout = "5m"
+
+# The http backend configured by hand, least privilege per trust level: MR plans read the
+# state with a Developer's token (and never lock it), applies write it with a Maintainer's.
+[engine.env]
+TF_HTTP_ADDRESS = "{state}"
+TF_HTTP_LOCK_ADDRESS = "{state}/lock"
+TF_HTTP_UNLOCK_ADDRESS = "{state}/lock"
+TF_HTTP_LOCK_METHOD = "POST"
+TF_HTTP_UNLOCK_METHOD = "DELETE"
+# A user name is no secret: "planbot" stays in every note and in the verdict line.
+TF_HTTP_USERNAME = "planbot"
+
+[engine.plan.env]
+TF_HTTP_PASSWORD = "{reader}"
+
+[engine.apply.env]
+TF_HTTP_PASSWORD = "{writer}"
+
+[plan]
+max_concurrent_plans = 2
+
+# The engine's sandbox lets it reach the state backend (the fake GitLab) and nothing else.
+[sandbox]
+connect_ports = [443, {gitlab_port}]
+"#,
+        gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap(),
+        reader = gitlab
+            .member_with_role(project, "state-reader", DEVELOPER)
+            .token,
+        writer = gitlab
+            .member_with_role(project, "state-writer", MAINTAINER)
+            .token,
+        data = data_dir.display(),
+        url = gitlab.url(),
+        token = gitlab.bot_token(),
+        secret = crate::support::service::WEBHOOK_SECRET,
+        engine = engine.display(),
+    )
+}
+
+fn world(engine: &std::path::Path) -> World {
+    world_with(engine, "")
+}
+
+/// [`world`] with more service config (e.g. `[proxmox]`) appended.
+fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    let alice = gitlab.create_user("alice");
+    gitlab.add_member(&project, &alice, 40);
+    gitlab.commit_files(
+        &project,
+        "main",
+        &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
+    );
+    let data = tempfile::tempdir().unwrap();
+    let text =
+        config_text_for(data.path(), &gitlab, &project, engine, "127.0.0.1:0") + extra_config;
+    let config =
+        Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid");
+    World {
+        gitlab,
+        project,
+        alice,
+        _data: data,
+        config,
+    }
+}
+
+impl World {
+    /// A running manual job of the newest pipeline on `main`, clicked by alice.
+    fn apply_job(&self, id: u64) -> FakeJob {
+        FakeJob {
+            token: format!("glcbt-job-{id}"),
+            id,
+            name: "planbot-apply".into(),
+            status: "running".into(),
+            ref_: "main".into(),
+            tag: false,
+            user: Some(self.alice.clone()),
+            pipeline_id: 1000 + id,
+            project_id: self.project.id,
+            sha: self.gitlab.branch_head(&self.project, "main").unwrap(),
+        }
+    }
+}
+
+/// What the CI job sees: the HTTP status and the streamed log.
+async fn call_apply(s: &TestService, token: &str, body: &str) -> (u16, String) {
+    let r = s
+        .http
+        .post(s.url("/api/v1/apply"))
+        .header("JOB-TOKEN", token)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("POST /api/v1/apply");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap())
+}
+
+fn last_line(log: &str) -> &str {
+    log.lines()
+        .rev()
+        .find(|l| !l.starts_with("planbot: still working"))
+        .unwrap_or("")
+}
+
+fn no_workers() -> Options {
+    Options {
+        workers: false,
+        reconcile: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_that_may_not_apply_are_refused_each_with_its_own_reason() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+
+    // planbot serves the CI template the infra repo includes.
+    let (status, yaml) = s.get_text("/ci/planbot.gitlab-ci.yml").await;
+    assert_eq!(status, 200);
+    // The CI/CD component, its inputs defaulting to this planbot's URL and apply job name.
+    assert!(yaml.contains("\"$[[ inputs.job_name ]]\":") && yaml.contains("when: manual"));
+    assert!(
+        yaml.contains("      default: \"http://planbot.test\"\n"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("      default: \"planbot-apply\"\n"),
+        "{yaml}"
+    );
+
+    let other = w.gitlab.create_project("someone/else");
+    let cases: Vec<(&str, FakeJob, &str)> = vec![
+        (
+            "a job token of another project",
+            FakeJob {
+                project_id: other.id,
+                ..w.apply_job(1)
+            },
+            "is not one of planbot's allowed projects",
+        ),
+        (
+            "a tag pipeline",
+            FakeJob {
+                tag: true,
+                ref_: "v1.0".into(),
+                ..w.apply_job(2)
+            },
+            "the pipeline is for a tag",
+        ),
+        (
+            "a pipeline on another branch",
+            FakeJob {
+                ref_: "feature".into(),
+                ..w.apply_job(3)
+            },
+            "is not the default branch `main`",
+        ),
+        (
+            "a job with another name",
+            FakeJob {
+                name: "deploy".into(),
+                ..w.apply_job(4)
+            },
+            "the job is named `deploy`; only `planbot-apply` may apply",
+        ),
+    ];
+    for (what, job, reason) in cases {
+        let token = job.token.clone();
+        w.gitlab.register_job(job);
+        let (status, log) = call_apply(&s, &token, "{}").await;
+        assert_eq!(status, 200, "{what}: the refusal is streamed");
+        assert!(
+            last_line(&log).starts_with("planbot: apply refused:")
+                && last_line(&log).contains(reason),
+            "{what}: {log}"
+        );
+    }
+
+    // An older pipeline: main moved on after the job's pipeline started.
+    let old = w.apply_job(5);
+    w.gitlab.register_job(old.clone());
+    w.gitlab
+        .commit_files(&w.project, "main", &[("README.md", "moved on\n")]);
+    let (_, log) = call_apply(&s, &old.token, "{}").await;
+    assert!(
+        last_line(&log).contains("an older pipeline cannot apply"),
+        "{log}"
+    );
+
+    // An unprotected main.
+    w.gitlab.protect_branch(&w.project, "main", false);
+    let job = w.apply_job(6);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).contains("the branch `main` is not protected"),
+        "{log}"
+    );
+    w.gitlab.protect_branch(&w.project, "main", true);
+
+    // A token GitLab does not know, or none at all.
+    let (_, log) = call_apply(&s, "glcbt-made-up", "{}").await;
+    assert!(
+        last_line(&log).contains("the job token is not valid"),
+        "{log}"
+    );
+    let r = s.http.post(s.url("/api/v1/apply")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+
+    // A confirm that is not a fingerprint prefix never reaches the engine.
+    let job = w.apply_job(7);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, r#"{"confirm": "nothex!!"}"#).await;
+    assert!(
+        last_line(&log).contains("`confirm` must be 8 to 64 hexadecimal"),
+        "{log}"
+    );
+
+    // Nothing of that touched the state.
+    assert_eq!(w.gitlab.terraform_state(&w.project, "core").0, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_push_has_nothing_reviewed_and_applies_only_when_confirmed_once_per_job() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+
+    // Someone pushed straight to main: no MR, so no plan was reviewed.
+    let job = w.apply_job(21);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log)
+            .contains("did not come from a merge request, so no plan of it was reviewed"),
+        "{log}"
+    );
+    assert!(
+        log.contains("+ terraform_data.vm[\"blocky\"] (created)"),
+        "the job log shows the plan: {log}"
+    );
+    let fingerprint = fingerprint_in(&log);
+    assert_eq!(
+        w.gitlab.terraform_state(&w.project, "core").0,
+        None,
+        "nothing applied"
+    );
+    let refused = w
+        .gitlab
+        .status(&w.project, &job.sha, "planbot/apply")
+        .expect("a planbot/apply status");
+    assert_eq!(refused.state, "failed");
+    assert!(
+        refused
+            .description
+            .as_deref()
+            .is_some_and(|d| d.starts_with("not applied: ")),
+        "{refused:?}"
+    );
+    assert_eq!(refused.ref_.as_deref(), Some("main"));
+
+    // The same job again: one job id applies (or tries) once.
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).contains("job 21 has already applied once"),
+        "{log}"
+    );
+
+    // A retry (a new job) with the confirm the log printed applies exactly that plan.
+    let retry = w.apply_job(22);
+    w.gitlab.register_job(retry.clone());
+    let (_, log) = call_apply(
+        &s,
+        &retry.token,
+        &format!(r#"{{"confirm": "{fingerprint}"}}"#),
+    )
+    .await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains("Apply complete!"),
+        "the engine's output is streamed: {log}"
+    );
+    assert!(
+        !log.contains("apply-canary-password-7f3a"),
+        "no secret in the job log"
+    );
+    let (state, lock) = w.gitlab.terraform_state(&w.project, "core");
+    let state = String::from_utf8(state.expect("state was written")).unwrap();
+    assert!(state.contains("blocky"));
+    assert!(lock.is_none(), "the state lock is released");
+    let status = w
+        .gitlab
+        .status(&w.project, &retry.sha, "planbot/apply")
+        .expect("a planbot/apply status");
+    assert_eq!(status.state, "success");
+    // The refusal's status stays as it was; the retry's is a new one, and the one shown.
+    let rows: Vec<(String, Option<String>)> = w
+        .gitlab
+        .status_rows(&w.project, &retry.sha)
+        .into_iter()
+        .filter(|r| r.name == "planbot/apply")
+        .map(|r| (r.state, r.ref_))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("failed".to_string(), Some("main".to_string())),
+            ("success".to_string(), Some("main".to_string()))
+        ]
+    );
+
+    // Applying again: the plan is now empty and needs no review.
+    let again = w.apply_job(23);
+    w.gitlab.register_job(again.clone());
+    let (_, log) = call_apply(&s, &again.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(log.contains("no changes, nothing to apply"), "{log}");
+
+    // No plan file and no secret is left in the data dir.
+    assert_nothing_left(&w.config.data_dir);
+}
+
+/// No plan file and no secret is left anywhere in the data dir.
+fn assert_nothing_left(dir: &std::path::Path) {
+    let leftovers = scan(dir);
+    assert!(
+        leftovers.plan_files.is_empty(),
+        "{:?}",
+        leftovers.plan_files
+    );
+    assert!(
+        !leftovers.secret_seen,
+        "a secret was written to the data dir"
+    );
+}
+
+/// The fingerprint the job log names (`... · fingerprint `abc123...``).
+fn fingerprint_in(log: &str) -> String {
+    log.lines()
+        .find_map(|l| l.split("fingerprint `").nth(1))
+        .map(|rest| rest.trim_end_matches('`').to_string())
+        .expect("the log names the fingerprint")
+}
+
+struct Scan {
+    plan_files: Vec<std::path::PathBuf>,
+    secret_seen: bool,
+}
+
+/// Walk the data dir: plan files anywhere, and the canary in any file (the SQLite file included).
+fn scan(dir: &std::path::Path) -> Scan {
+    let mut out = Scan {
+        plan_files: Vec::new(),
+        secret_seen: false,
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                // Provider plug-ins and git objects are not ours to scan.
+                if !p.ends_with("plugin-cache") && !p.ends_with("objects") {
+                    stack.push(p);
+                }
+                continue;
+            }
+            if p.file_name()
+                .is_some_and(|n| n == "plan" || n.to_string_lossy().ends_with(".tfplan"))
+            {
+                out.plan_files.push(p.clone());
+            }
+            if let Ok(bytes) = std::fs::read(&p) {
+                if bytes
+                    .windows(b"apply-canary-password-7f3a".len())
+                    .any(|w| w == b"apply-canary-password-7f3a")
+                {
+                    out.secret_seen = true;
+                    eprintln!("canary found in {}", p.display());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn with_workers() -> Options {
+    Options {
+        workers: true,
+        reconcile: false,
+    }
+}
+
+impl World {
+    /// Alice pushes `vms` on `branch`, opens an MR, and GitLab delivers the webhook.
+    async fn open_mr(&self, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
+        self.gitlab.commit_files(
+            &self.project,
+            branch,
+            &[("main.tf", &crate::support::infra_main_tf(vms))],
+        );
+        let iid = self
+            .gitlab
+            .open_mr_by(&self.project, branch, "main", &self.alice);
+        let body = self
+            .gitlab
+            .mr_webhook(&self.project, iid)
+            .action("open")
+            .body();
+        s.deliver_mr_opened(&body, iid).await;
+        iid
+    }
+
+    /// Wait for the plan of the MR's head to be posted (its status final).
+    async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
+        let head = self.gitlab.mr_sha(&self.project, iid);
+        let (gitlab, project) = (&self.gitlab, &self.project);
+        s.eventually_for(
+            "the plan note and a final planbot/plan status",
+            60,
+            || async {
+                gitlab
+                    .status(project, &head, "planbot/plan")
+                    .is_some_and(|st| st.state == "success" || st.state == "failed")
+            },
+        )
+        .await;
+        let notes = self.gitlab.notes(&self.project, iid);
+        let note = notes
+            .iter()
+            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
+            .expect("a plan note");
+        note.body.clone()
+    }
+
+    fn notes_containing(&self, iid: u64, text: &str) -> Vec<String> {
+        self.gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .map(|n| n.body)
+            .filter(|b| b.contains(text))
+            .collect()
+    }
+
+    /// Someone changes the managed state behind OpenTofu's back (drift): the VM `vm` gets
+    /// `cores` in state, as a hand edit on the Proxmox UI would show up on refresh.
+    async fn drift(&self, vm: &str, cores: u64) {
+        let (state, _) = self.gitlab.terraform_state(&self.project, "core");
+        let mut state: serde_json::Value =
+            serde_json::from_slice(&state.expect("a state")).unwrap();
+        state["serial"] = (state["serial"].as_u64().unwrap() + 1).into();
+        for r in state["resources"].as_array_mut().unwrap() {
+            for i in r["instances"].as_array_mut().unwrap() {
+                if i["index_key"] == vm {
+                    i["attributes"]["input"]["value"]["cores"] = cores.into();
+                }
+            }
+        }
+        let url = format!(
+            "{}/api/v4/projects/{}/terraform/state/core",
+            self.gitlab.url(),
+            self.project.id
+        );
+        let r = reqwest::Client::new()
+            .post(url)
+            .basic_auth("alice", Some(&self.alice.token))
+            .json(&state)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_once_confirmed() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // Review: the MR adds a VM; the note shows the plan and its fingerprint.
+    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    // As GitLab shows it: HTML entities in <summary> render as the characters.
+    let shown = note.replace("&quot;", "\"");
+    assert!(shown.contains("+ terraform_data.vm[\"gitlab\"]"), "{note}");
+    assert!(!note.contains("apply-canary-password-7f3a"));
+
+    // Merge (a merge commit, GitLab's default), then someone clicks the manual job on main.
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(31);
+    assert_eq!(job.sha, landed);
+    w.gitlab.register_job(job.clone());
+    let (status, log) = call_apply(&s, &job.token, "").await;
+    assert_eq!(status, 200);
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains(&format!("the plan is the one reviewed on !{iid}")),
+        "{log}"
+    );
+    assert!(!log.contains("apply-canary-password-7f3a"));
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"gitlab\"") && state.contains("\"blocky\""));
+    let result = w.notes_containing(iid, "planbot · applied");
+    assert_eq!(result.len(), 1, "one result note on the merged MR");
+    assert!(result[0].contains("by @alice"), "{}", result[0]);
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    // A second MR is reviewed; then the state drifts before its apply.
+    let iid2 = w
+        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
+        .await;
+    w.wait_for_plan(&s, iid2).await;
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    w.drift("blocky", 8).await;
+    let job = w.apply_job(32);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).contains("is not the plan reviewed on the merge request"),
+        "{log}"
+    );
+    let confirm = log
+        .lines()
+        .find_map(|l| l.split("PLANBOT_CONFIRM=").nth(1))
+        .map(|c| c.trim_end_matches('.').to_string())
+        .expect("the log says how to confirm");
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(!state.contains("\"backup\""), "nothing was applied");
+    // The MR learns what changed since review, attribute by attribute, and how to confirm.
+    let refused = w.notes_containing(iid2, "apply refused");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        crate::support::gitlab_reading::reading(&refused[0])
+            .visible
+            .contains("terraform_data.vm[\"blocky\"]"),
+        "{}",
+        refused[0]
+    );
+    assert!(refused[0].contains("input.cores = 2"), "{}", refused[0]);
+    assert!(
+        refused[0].contains(&format!("`PLANBOT_CONFIRM` set to `{confirm}`")),
+        "{}",
+        refused[0]
+    );
+    assert!(
+        !refused[0].contains(planbot::core::render::NOTE_MARKER),
+        "not taken for the plan note"
+    );
+
+    // Retry with the confirm: applied, drift repaired by the plan that was read.
+    let retry = w.apply_job(33);
+    w.gitlab.register_job(retry.clone());
+    let (_, log) = call_apply(&s, &retry.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"backup\""));
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed2, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    assert_nothing_left(&w.config.data_dir);
+    for n in w.gitlab.notes(&w.project, iid2) {
+        assert!(!n.body.contains("apply-canary-password-7f3a"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_apply_jobs_for_the_same_root_run_one_after_the_other() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+    let (a, b) = (w.apply_job(41), w.apply_job(42));
+    w.gitlab.register_job(a.clone());
+    w.gitlab.register_job(b.clone());
+    let head = w.gitlab.branch_head(&w.project, "main").unwrap();
+    let fp_body = |fp: &str| format!(r#"{{"confirm":"{fp}"}}"#);
+    // Learn the fingerprint of main's plan (a direct push: it needs a confirm).
+    let probe = w.apply_job(40);
+    w.gitlab.register_job(probe.clone());
+    let (_, log) = call_apply(&s, &probe.token, "{}").await;
+    let fp = fingerprint_in(&log);
+
+    // Hold the root as another apply would, send both jobs, then let go.
+    let guard = s
+        .app
+        .root_locks
+        .lock(planbot::core::ids::ProjectId(w.project.id), "default")
+        .await;
+    let (ra, rb) = (fp_body(&fp), fp_body(&fp));
+    let fa = call_apply(&s, &a.token, &ra);
+    let fb = call_apply(&s, &b.token, &rb);
+    // Let go once both jobs wait for the root (planbot's own signal, not a guess of time).
+    let release = async {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            s.app.root_locks.until_waiting(
+                planbot::core::ids::ProjectId(w.project.id),
+                "default",
+                2,
+            ),
+        )
+        .await
+        .expect("both apply jobs wait for the root");
+        drop(guard);
+    };
+    let ((_, la), (_, lb), ()) = tokio::join!(fa, fb, release);
+    for l in [&la, &lb] {
+        assert!(l.contains("waiting for it"), "{l}");
+        assert_eq!(last_line(l), "planbot: apply succeeded", "{l}");
+    }
+    // Exactly one applied the change; the other found nothing left to do.
+    let applied = [&la, &lb]
+        .iter()
+        .filter(|l| l.contains("Apply complete!"))
+        .count();
+    let nothing = [&la, &lb]
+        .iter()
+        .filter(|l| l.contains("no changes, nothing to apply"))
+        .count();
+    assert_eq!((applied, nothing), (1, 1), "{la}\n---\n{lb}");
+    // Both jobs are recorded as succeeded applies of main's head.
+    for job in [&a, &b] {
+        let r = s
+            .app
+            .store
+            .apply_for_job(planbot::core::ids::JobId(job.id))
+            .await
+            .unwrap()
+            .expect("an apply record");
+        assert_eq!(r.state, planbot::capabilities::store::ApplyState::Succeeded);
+        assert_eq!(r.sha.as_str(), head);
+    }
+}
+
+/// The infra root with a slow resource: its creation takes long enough to crash planbot in it.
+fn slow_tf() -> String {
+    format!(
+        r#"{}
+resource "terraform_data" "slow" {{
+  input = "takes a while"
+  provisioner "local-exec" {{
+    command = "sleep 15"
+  }}
+}}
+"#,
+        crate::support::infra_main_tf(&["blocky"])
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let config_file = w.config.data_dir.with_extension("toml");
+    std::fs::write(
+        &config_file,
+        config_text_for(
+            &w.config.data_dir,
+            &w.gitlab,
+            &w.project,
+            &engine,
+            "127.0.0.1:0",
+        ),
+    )
+    .unwrap();
+    // planbot as its own process, so that it can really be killed.
+    let (mut child, port) = crate::support::spawn_serve(&config_file);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    // It said it serves: its socket is bound and answers.
+    let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert!(health.status().is_success());
+
+    // An MR adds the slow resource; it is reviewed and merged; the apply job starts.
+    // Fast-forward merges, and a branch named to sort before `main`: the landed commit is on
+    // both, and a status without `ref` would land on this branch.
+    w.gitlab.set_merge_method(&w.project, "ff");
+    w.gitlab
+        .commit_files(&w.project, "add-slow", &[("main.tf", &slow_tf())]);
+    let iid = w
+        .gitlab
+        .open_mr_by(&w.project, "add-slow", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    let mut req = http.post(format!("{base}/webhooks/gitlab")).body(body);
+    for (k, v) in crate::support::service::token_headers(
+        "Merge Request Hook",
+        "slow-1",
+        crate::support::service::WEBHOOK_SECRET,
+    ) {
+        req = req.header(k, v);
+    }
+    assert_eq!(req.send().await.unwrap().status(), 200);
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while w
+        .gitlab
+        .status(&w.project, &head, "planbot/plan")
+        .is_none_or(|s| s.state != "success")
+    {
+        assert!(std::time::Instant::now() < deadline, "no plan");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(51);
+    w.gitlab.register_job(job.clone());
+    let mut resp = http
+        .post(format!("{base}/api/v1/apply"))
+        .header("JOB-TOKEN", &job.token)
+        .send()
+        .await
+        .unwrap();
+    // Read the streamed log until the slow resource is being created (bounded: a stream that
+    // stalls or ends first fails the test).
+    let mut log = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        while !log.contains("Provisioning with 'local-exec'") {
+            let chunk = resp.chunk().await.unwrap();
+            let chunk = chunk.unwrap_or_else(|| panic!("the log ended early:\n{log}"));
+            log.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the apply never reached the slow resource"));
+
+    // Crash.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for pid in crate::support::processes_under(&w.config.data_dir) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+
+    // Restarted: the apply is reported interrupted on the MR, its status and its run page.
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let (gitlab, project) = (&w.gitlab, &w.project);
+    // The note is posted first, then the status: wait for both.
+    s.eventually("the interrupted apply on the MR and its status", || async {
+        gitlab
+            .notes(project, iid)
+            .iter()
+            .any(|n| n.body.contains("was interrupted"))
+            && gitlab
+                .status(project, &job.sha, "planbot/apply")
+                .is_some_and(|st| st.state == "failed")
+    })
+    .await;
+    let status = w
+        .gitlab
+        .status(&w.project, &job.sha, "planbot/apply")
+        .unwrap();
+    assert_eq!(status.state, "failed");
+    assert!(status
+        .description
+        .unwrap_or_default()
+        .contains("not re-run"));
+    // The apply's own `running` status moved to `failed`: nothing is left running.
+    let rows: Vec<(String, Option<String>)> = w
+        .gitlab
+        .status_rows(&w.project, &job.sha)
+        .into_iter()
+        .filter(|r| r.name == "planbot/apply")
+        .map(|r| (r.state, r.ref_))
+        .collect();
+    assert_eq!(rows, [("failed".to_string(), Some("main".to_string()))]);
+    let record = s
+        .app
+        .store
+        .apply_for_job(planbot::core::ids::JobId(51))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.state,
+        planbot::capabilities::store::ApplyState::Interrupted
+    );
+    let runs = s.app.store.recent_runs(50).await.unwrap();
+    let applies: Vec<_> = runs
+        .iter()
+        .filter(|r| r.kind == planbot::capabilities::store::RunKind::Apply)
+        .collect();
+    assert_eq!(applies.len(), 1, "never re-run by itself");
+    assert_eq!(
+        applies[0].state,
+        planbot::capabilities::store::RunState::Interrupted
+    );
+    let (_, page) = s.get_text(&format!("/runs/{}", applies[0].id)).await;
+    assert!(page.contains("interrupted"), "{page}");
+    // A crash leaves no plan file: the temp root was wiped at start-up.
+    assert!(scan(&w.config.data_dir).plan_files.is_empty());
+}
+
+/// The whole story for one merge method: the reviewed plan is found from the landed commit
+/// and applied (parity holds); then `main` moves after a review, and the apply is refused.
+async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool) {
+    let w = world(engine);
+    w.gitlab.set_merge_method(&w.project, method);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let what = format!("{method}{}", if squash { " + squash" } else { "" });
+
+    // Reviewed, merged, applied.
+    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    w.wait_for_plan(&s, iid).await;
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    w.gitlab.set_squash(&w.project, iid, squash);
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let mr = w.gitlab.mr_json(&w.project, iid);
+    match (method, squash) {
+        ("ff", false) => assert_eq!(landed, head, "{what}"),
+        ("ff", true) => assert_eq!(mr["squash_commit_sha"], landed.as_str(), "{what}"),
+        _ => {
+            assert_eq!(mr["merge_commit_sha"], landed.as_str(), "{what}");
+            assert_ne!(landed, head, "{what}");
+        }
+    }
+    let job = w.apply_job(31);
+    assert_eq!(job.sha, landed);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{what}: {log}");
+    assert!(
+        log.contains(&format!(
+            "commit `{}` is merge request !{iid}",
+            &landed[..8]
+        )),
+        "{what}: {log}"
+    );
+    assert!(
+        log.contains(&format!("the plan is the one reviewed on !{iid}")),
+        "{what}: {log}"
+    );
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"gitlab\""), "{what}");
+
+    // A second MR is reviewed; then `main` moves: a new resource lands beside it unreviewed.
+    let iid2 = w
+        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
+        .await;
+    w.wait_for_plan(&s, iid2).await;
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[(
+            "extra.tf",
+            "resource \"terraform_data\" \"unreviewed\" {}\n",
+        )],
+    );
+    w.gitlab.set_squash(&w.project, iid2, squash);
+    if method != "merge" {
+        // GitLab refuses until the branch is rebased; the rebased head is not re-reviewed.
+        let err = w.gitlab.try_merge_mr(&w.project, iid2, Some(&w.alice));
+        assert!(err.is_err(), "{what}: {err:?}");
+        w.gitlab.rebase_mr(&w.project, iid2);
+    }
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    let job = w.apply_job(32);
+    assert_eq!(job.sha, landed2);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        log.contains(&format!(
+            "commit `{}` is merge request !{iid2}",
+            &landed2[..8]
+        )),
+        "{what}: {log}"
+    );
+    assert!(
+        last_line(&log).contains("is not the plan reviewed on the merge request"),
+        "{what}: {log}"
+    );
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(
+        !state.contains("unreviewed") && !state.contains("\"backup\""),
+        "{what}: nothing applied"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_commit_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "merge", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_merge_commit_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "merge", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_forward_the_reviewed_plan_is_applied_and_a_rebased_unreviewed_head_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "ff", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_fast_forward_the_reviewed_plan_is_applied_and_a_moved_main_refused() {
+    let engine = require_engine!();
+    merge_method_story(&engine, "ff", true).await;
+}
+
+// ---- With `[proxmox]` configured: the preflight inside the flows, and the credential split. ----
+
+const PLAN_TOKEN: &str = "tofu@pve!plan";
+const PLAN_SECRET: &str = "3c1d5e7f-0a2b-4c6d-8e9f-a1b2c3d4e5f6";
+const APPLY_TOKEN: &str = "tofu@pve!apply";
+const APPLY_SECRET: &str = "9f8e7d6c-5b4a-4321-9876-fedcba012345";
+
+/// A resource whose creation calls the Proxmox API with whatever token the engine was given
+/// (the fake records which), as the provider would.
+const PROBE_TF: &str = r#"
+resource "terraform_data" "pve_probe" {
+  input = "probe"
+  provisioner "local-exec" {
+    command = "curl -s -o /dev/null -H \"Authorization: PVEAPIToken=$PROXMOX_VE_API_TOKEN\" \"$PROXMOX_VE_ENDPOINT/api2/json/engine-probe\" || true"
+  }
+}
+"#;
+
+fn proxmox_config(pve: &FakeProxmox) -> String {
+    format!(
+        "\n[proxmox]\nendpoint = \"{}\"\napi_token = \"{APPLY_TOKEN}={APPLY_SECRET}\"\n\n\
+         [proxmox.plan]\napi_token = \"{PLAN_TOKEN}={PLAN_SECRET}\"\n",
+        pve.url.trim_end_matches('/')
+    )
+}
+
+/// Which tokens the fake Proxmox saw on paths that start with `prefix`.
+fn tokens_seen(pve: &FakeProxmox, prefix: &str) -> std::collections::BTreeSet<String> {
+    pve.with(|c| {
+        c.seen_tokens
+            .iter()
+            .filter(|(_, p)| p.starts_with(prefix))
+            .map(|(t, _)| t.clone())
+            .collect()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_proxmox_the_preflight_runs_in_both_flows_fails_closed_and_each_uses_its_token() {
+    let engine = require_engine!();
+    let pve = FakeProxmox::start(
+        Cluster::homelab()
+            .token(PLAN_TOKEN, PLAN_SECRET, &[("/", "PVEAuditor")])
+            .token_only(APPLY_TOKEN, APPLY_SECRET, true, &[("/", "PVEAdmin")]),
+    )
+    .await;
+    let w = world_with(&engine, &proxmox_config(&pve));
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // An MR plan: the preflight ran with the plan token, and said so in the note.
+    w.gitlab
+        .commit_files(&w.project, "add-probe", &[("probe.tf", PROBE_TF)]);
+    let iid = w.open_mr(&s, "add-probe", &["blocky", "gitlab"]).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    assert!(
+        note.contains(&format!("as `{PLAN_TOKEN}`: all checks passed.")),
+        "{note}"
+    );
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &head, "planbot/plan")
+            .unwrap()
+            .state,
+        "success"
+    );
+    assert_eq!(
+        tokens_seen(&pve, "/api2/json/"),
+        [PLAN_TOKEN.to_string()].into(),
+        "the plan flow used only the plan token"
+    );
+
+    // Merged; then the Proxmox API breaks: the apply is refused, with the reason.
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    pve.with(|c| {
+        c.faults.insert(
+            "/version".into(),
+            Fault::Status(500, "proxy loop detected".into()),
+        )
+    });
+    let job = w.apply_job(61);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).starts_with("planbot: apply refused:")
+            && log.contains("The Proxmox preflight could not run")
+            && log.contains("500 proxy loop detected"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(APPLY_SECRET) && !log.contains(PLAN_SECRET),
+        "{log}"
+    );
+    let state = w.gitlab.terraform_state(&w.project, "core").0;
+    assert!(
+        state.is_none_or(|s| !String::from_utf8_lossy(&s).contains("gitlab")),
+        "nothing applied"
+    );
+    let status = w
+        .gitlab
+        .status(&w.project, &landed, "planbot/apply")
+        .unwrap();
+    assert_eq!(status.state, "failed");
+    assert!(tokens_seen(&pve, "/api2/json/engine-probe").is_empty());
+
+    // Proxmox is back: a new job applies; the engine got the apply token and only that.
+    pve.with(|c| c.faults.clear());
+    let job = w.apply_job(62);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert_eq!(
+        tokens_seen(&pve, "/api2/json/engine-probe"),
+        [APPLY_TOKEN.to_string()].into(),
+        "what the apply's engine process sent to Proxmox"
+    );
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &landed, "planbot/apply")
+            .unwrap()
+            .state,
+        "success"
+    );
+
+    // A plan while Proxmox is unreachable: the note says the preflight could not run, and the
+    // plan fails its status.
+    pve.with(|c| {
+        c.faults.insert(
+            "/version".into(),
+            Fault::Status(503, "Service Unavailable".into()),
+        )
+    });
+    let iid2 = w
+        .open_mr(&s, "add-backup", &["blocky", "gitlab", "backup"])
+        .await;
+    let note = w.wait_for_plan(&s, iid2).await;
+    let head2 = w.gitlab.mr_sha(&w.project, iid2);
+    assert!(
+        note.contains(&format!("as `{PLAN_TOKEN}` could not run: "))
+            && note.contains("The apply is refused until it runs."),
+        "{note}"
+    );
+    assert!(note.contains("PVE101"), "{note}");
+    let st = w.gitlab.status(&w.project, &head2, "planbot/plan").unwrap();
+    assert_eq!(st.state, "failed", "{st:?}");
+    assert!(
+        st.description
+            .as_deref()
+            .is_some_and(|d| d.contains("PVE101")),
+        "{st:?}"
+    );
+}

@@ -1,0 +1,104 @@
+//! A root's drift issue through a sequence of checks, against the fake GitLab that keeps issues
+//! as GitLab does: opened once on drift, edited while the drift lasts, "could not check" written
+//! on it without opening another, closed with a note when the root is clean again.
+
+use crate::support::fake_gitlab::FakeGitLab;
+use planbot::capabilities::gitlab::{GitLab, RetryPolicy};
+use planbot::core::drift::DriftVerdict;
+use planbot::core::ids::ProjectId;
+use planbot::core::plan::Plan;
+use planbot::core::redact::Secrets;
+use planbot::flows::drift::issue::{report, DriftTarget, IssueAction};
+use std::time::{Duration, SystemTime};
+
+fn resized(cores: u32) -> DriftVerdict {
+    let plan = Plan::from_json(
+        format!(
+            r#"{{"format_version":"1.2","resource_changes":[],"resource_drift":[{{"address":"terraform_data.vm","mode":"managed",
+            "type":"terraform_data","name":"vm","change":{{"actions":["update"],
+            "before":{{"input":{{"cores":2}}}},"after":{{"input":{{"cores":{cores}}}}}}}}}]}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    DriftVerdict::of_plan(&plan, None)
+}
+
+#[tokio::test]
+async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean() {
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    let gitlab = GitLab::new(fake.url(), fake.bot_token())
+        .unwrap()
+        .with_retry_policy(RetryPolicy {
+            max_attempts: 2,
+            base_delay: Duration::from_millis(5),
+            max_delay: Duration::from_millis(50),
+        });
+    let labels = vec!["drift".to_string()];
+    let target = |root| DriftTarget {
+        project: ProjectId(project.id),
+        project_path: "infra/homelab",
+        root,
+        branch: "main",
+        sha: "3f9a2c1e0000000000000000000000000000beef",
+        labels: &labels,
+        job_name: "planbot-apply",
+        fingerprint: Some("9c41d07be2aa55f0c1d2e3f4a5b6c7d8"),
+    };
+    let scrubber = Secrets::new().scrubber();
+    let check = |root, verdict: DriftVerdict| {
+        let (gitlab, scrubber, target) = (&gitlab, &scrubber, target(root));
+        async move {
+            report(gitlab, &target, &verdict, scrubber, SystemTime::now())
+                .await
+                .unwrap()
+        }
+    };
+
+    // Clean and "could not check" open nothing.
+    assert_eq!(check("core", DriftVerdict::Clean).await, IssueAction::None);
+    let down = DriftVerdict::CouldNotCheck {
+        error: "Error: Proxmox unreachable".into(),
+    };
+    assert_eq!(check("core", down.clone()).await, IssueAction::None);
+    assert!(fake.issues(&project).is_empty());
+
+    // Drift opens one labelled issue naming the root and the changed attribute.
+    assert_eq!(check("core", resized(4)).await, IssueAction::Opened(1));
+    let issue = &fake.issues(&project)[0];
+    assert_eq!(issue.title, "planbot: drift in infra/homelab root core");
+    assert_eq!(issue.labels, labels);
+    assert!(issue.description.contains("<code>terraform_data.vm</code>"));
+    assert!(issue.description.contains("{&quot;cores&quot;:4}"));
+    assert!(issue.description.contains("PLANBOT_CONFIRM=9c41d07be2aa"));
+
+    // Another root's drift is another issue; the same root's next check edits the first.
+    assert_eq!(check("dns", resized(8)).await, IssueAction::Opened(2));
+    assert_eq!(check("core", resized(6)).await, IssueAction::Edited(1));
+    let issues = fake.issues(&project);
+    assert_eq!(issues.len(), 2);
+    assert!(issues[0].description.contains("{&quot;cores&quot;:6}"));
+    assert!(issues[0].notes.is_empty(), "edited, not reposted");
+
+    // A check that cannot run says so on the open issue and never calls it clean.
+    assert_eq!(check("core", down).await, IssueAction::Edited(1));
+    let issue = &fake.issues(&project)[0];
+    assert!(issue.description.contains("could not check root `core`"));
+    assert!(issue.description.contains("Proxmox unreachable"));
+    assert_eq!(issue.state, "opened");
+
+    // Clean again: a short note, then closed; the other root's issue stays open.
+    assert_eq!(
+        check("core", DriftVerdict::Clean).await,
+        IssueAction::Closed(1)
+    );
+    let issues = fake.issues(&project);
+    assert_eq!(issues[0].state, "closed");
+    assert_eq!(issues[0].notes.len(), 1);
+    assert!(issues[0].notes[0].2.contains("matches `main`"));
+    assert_eq!(issues[1].state, "opened");
+
+    // Drift after the issue closed is a new issue (the closed one is history).
+    assert_eq!(check("core", resized(4)).await, IssueAction::Opened(3));
+}

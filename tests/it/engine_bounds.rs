@@ -1,0 +1,183 @@
+//! What MR code leaves in its checkout, or makes the engine print, cannot block or bloat
+//! planbot: the lock file as a FIFO held open, a link, a file of hundreds of megabytes; a
+//! `show -json` past the cap; a line of megabytes in the log. Stand-in engines (scripts) do
+//! what MR code did in the attack: it runs inside the engine's `plan`, so a fake `plan` does it.
+
+use crate::support::fake_engine as fake;
+
+use fake::{fake_engine, running_with, PLAN_JSON, TERRAFORM_VERSION_JSON, WRITE_PLAN_FILE};
+use planbot::capabilities::checkout_file::CheckoutFileError;
+use planbot::capabilities::engine::{Engine, EngineError, PlanRequest, LINE_MAX_BYTES};
+use std::path::Path;
+use std::time::Duration;
+
+/// A fake engine whose `plan` writes its plan file and then runs `after_plan` in the root, and
+/// whose `show` prints `show` (a shell command).
+fn engine_doing(dir: &Path, after_plan: &str, show: &str) -> std::path::PathBuf {
+    let body = format!(
+        r#"case "$1" in
+  plan)
+    {WRITE_PLAN_FILE}
+    {after_plan}
+    ;;
+  show) {show} ;;
+esac"#
+    );
+    fake_engine(dir, "terraform", TERRAFORM_VERSION_JSON, &body)
+}
+
+/// A fake engine doing `after_plan` and `show` (see [`engine_doing`]), built by `build` from
+/// its builder, with a root and temp root of its own.
+struct Stage {
+    engine: Engine,
+    root: tempfile::TempDir,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+fn stage(
+    after_plan: &str,
+    show: &str,
+    build: impl FnOnce(
+        planbot::capabilities::engine::EngineBuilder,
+    ) -> planbot::capabilities::engine::EngineBuilder,
+) -> Stage {
+    let (bin_dir, temp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bin = engine_doing(bin_dir.path(), after_plan, show);
+    Stage {
+        engine: build(Engine::builder(&bin, temp.path())).build().unwrap(),
+        root: tempfile::tempdir().unwrap(),
+        _dirs: [bin_dir, temp],
+    }
+}
+
+impl Stage {
+    async fn plan(&self) -> Result<planbot::capabilities::engine::PlannedRun, EngineError> {
+        self.engine
+            .plan(self.root.path(), &PlanRequest::default())
+            .await
+    }
+}
+
+fn print_plan() -> String {
+    format!("echo '{PLAN_JSON}'")
+}
+
+/// A command line no other process has: `sleep` for 120 s and this test process's id in
+/// thousandths, so the process a fake engine leaves behind is found again (its own pid is the
+/// sandbox's, which means nothing here).
+fn left_behind_sleep() -> String {
+    format!("sleep 120.{:06}", std::process::id() % 1_000_000)
+}
+
+/// Kill what a fake engine left behind on purpose (found by its command line).
+fn kill_left_behind(marker: &str) {
+    for pid in running_with(marker) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+#[test]
+fn a_fifo_held_open_as_the_lock_file_does_not_block_the_job() {
+    // A process MR code leaves behind (its own session) holds the lock file's FIFO open for
+    // writing and never writes. (Where the sandbox has a PID namespace it ends with the job,
+    // and a plain read waits for a writer that never comes: blocked all the same.)
+    let writer = left_behind_sleep();
+    let s = stage(
+        &format!(
+            r#"rm -f .terraform.lock.hcl; mkfifo .terraform.lock.hcl
+    setsid sh -c 'touch writer.started; exec {writer} 3>.terraform.lock.hcl' </dev/null >/dev/null 2>&1 &
+    while [ ! -e writer.started ]; do sleep 0.01; done"#
+        ),
+        &print_plan(),
+        |b| b.timeout(Duration::from_secs(5)),
+    );
+    // On a thread and runtime of its own: a read that blocks them cannot keep this test from
+    // giving up on it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (engine, dir) = (s.engine.clone(), s.root.path().to_path_buf());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _ = tx.send(rt.block_on(engine.plan(&dir, &PlanRequest::default())));
+    });
+    let planned = rx.recv_timeout(Duration::from_secs(30));
+    kill_left_behind(&writer);
+    let result = planned.expect(
+        "the plan ended within 30 s (a plain read of the FIFO blocks until a writer comes and goes)",
+    );
+    match result {
+        Err(EngineError::CheckoutFile(e @ CheckoutFileError::NotRegular { .. })) => assert_eq!(
+            e.to_string(),
+            "`.terraform.lock.hcl` is a FIFO (named pipe), not a regular file: planbot reads only regular files of a checkout"
+        ),
+        other => panic!("expected the lock file refused, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_lock_file_that_is_a_link_or_of_hundreds_of_megabytes_is_refused_unread() {
+    let cases = [
+        (
+            "ln -sf /etc/passwd .terraform.lock.hcl",
+            "`.terraform.lock.hcl` is a symbolic link, or a directory on its way is: planbot does not follow links in a checkout after the engine ran there",
+        ),
+        (
+            "truncate -s 600M .terraform.lock.hcl",
+            "`.terraform.lock.hcl` is 600 MiB or more: planbot reads at most 1 MiB of it",
+        ),
+    ];
+    for (after_plan, said) in cases {
+        match stage(after_plan, &print_plan(), |b| b).plan().await {
+            Err(e @ EngineError::CheckoutFile(_)) => assert_eq!(e.to_string(), said),
+            other => panic!("{after_plan}: expected the lock file refused, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_show_json_past_the_cap_fails_the_plan_and_says_why() {
+    // 20 MB of output (blanks) against a 1 MiB cap.
+    let s = stage("", "yes ' ' | tr -d '\\n' | head -c 20000000", |b| {
+        b.max_plan_json(1024 * 1024)
+    });
+    match s.plan().await {
+        Err(e @ EngineError::OutputTooLarge { .. }) => assert_eq!(
+            e.to_string(),
+            "the plan is too large: `show -json` printed more than 1 MiB, the most planbot accepts (`engine.max_plan_json_mib`); nothing of it was kept"
+        ),
+        other => panic!("expected the plan refused as too large, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_line_of_megabytes_in_the_engine_output_is_cut_in_the_log() {
+    let s = stage(
+        "echo before; yes x | tr -d '\\n' | head -c 5000000; echo; echo after",
+        &print_plan(),
+        |b| b,
+    );
+    let planned = s.plan().await.expect("planned");
+    let log = planned.log();
+    assert!(log.len() < 2 * LINE_MAX_BYTES, "{} bytes kept", log.len());
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("xxx"))
+        .expect("the long line");
+    assert!(
+        line.ends_with(
+            " (… 4.7 MiB more of this line left out: planbot keeps the first 64 KiB of a line)"
+        ),
+        "{}",
+        &line[LINE_MAX_BYTES - 10..]
+    );
+    assert!(
+        log.contains("before\n") && log.contains("\nafter\n"),
+        "{}",
+        &log[..100]
+    );
+}

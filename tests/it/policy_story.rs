@@ -1,0 +1,486 @@
+//! Stories of the policy gate with the real engine, real git and the fake GitLab: the default
+//! branch's policy checks the MR's plan even when the MR rewrites it, the apply of the reviewed
+//! plan is refused naming the set, an owner's `planbot approve policies` (a member of the
+//! owning group, as GitLab answers) lets a retried apply job apply, a non-owner is told who may
+//! approve, and a push clears an approval. planbot's own (operator) sets check every plan.
+
+use crate::support::fake_gitlab::{
+    FakeGitLab, FakeJob, FakeProject, FakeUser, DEVELOPER, MAINTAINER,
+};
+use crate::support::service::TestService;
+use planbot::core::config::Config;
+use planbot::flows::service::application::Options;
+
+const INFRA: &str = "infra/homelab";
+
+/// The repository's policy: every new VM needs the capacity team's approval.
+const NEW_VMS_REGO: &str = r#"package main
+
+import rego.v1
+
+deny contains msg if {
+	some rc in input.resource_changes
+	rc.type == "terraform_data"
+	rc.name == "vm"
+	"create" in rc.change.actions
+	msg := sprintf("%s is a new VM: the capacity team approves new VMs", [rc.address])
+}
+"#;
+
+/// What the MR writes over it: a policy that lets everything through.
+const RELAXED_REGO: &str = r#"package main
+
+import rego.v1
+
+deny contains msg if {
+	false
+	msg := "never"
+}
+"#;
+
+/// planbot's own set, in the older syntax: a warning on every VM.
+const OPERATOR_REGO: &str = r#"package main
+
+warn[msg] {
+	rc := input.resource_changes[_]
+	rc.type == "terraform_data"
+	rc.name == "vm"
+	msg := sprintf("%s: no backup job is declared for it", [rc.address])
+}
+"#;
+
+const PLANBOT_TOML: &str = r#"[[policy_sets]]
+name = "new-vms"
+path = "policies"
+owners = ["group:infra/capacity"]
+"#;
+
+struct World {
+    gitlab: FakeGitLab,
+    project: FakeProject,
+    /// Maintainer: opens the MRs, merges them and clicks the apply job.
+    alice: FakeUser,
+    /// Developer, not an owner of any set.
+    bob: FakeUser,
+    /// A member of `infra/capacity`, the owning group (no role on the project itself).
+    carol: FakeUser,
+    config: Config,
+    _data: tempfile::TempDir,
+    _operator: tempfile::TempDir,
+}
+
+fn world(engine: &std::path::Path) -> World {
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
+    let bob = gitlab.member_with_role(&project, "bob", DEVELOPER);
+    let carol = gitlab.create_user("carol");
+    // A group the bot can see (internal), as docs/policies.md asks of an owning group.
+    gitlab.create_group("infra/capacity", "internal");
+    gitlab.add_group_member("infra/capacity", &carol, 30);
+    gitlab.commit_files(
+        &project,
+        "main",
+        &[
+            (".planbot.toml", PLANBOT_TOML),
+            ("policies/new_vms.rego", NEW_VMS_REGO),
+            ("main.tf", &crate::support::infra_main_tf(&[])),
+        ],
+    );
+    let operator = tempfile::tempdir().unwrap();
+    std::fs::write(operator.path().join("backups.rego"), OPERATOR_REGO).unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let state = format!(
+        "{}/api/v4/projects/{}/terraform/state/core",
+        gitlab.url(),
+        project.id
+    );
+    let text = format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+public_url = "http://planbot.test"
+fingerprint_key = "test-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{url}"
+token = "{bot}"
+webhook_secret = "{secret}"
+projects = ["{INFRA}"]
+
+[engine]
+binary = "{engine}"
+timeout = "5m"
+
+[engine.env]
+TF_HTTP_ADDRESS = "{state}"
+TF_HTTP_LOCK_ADDRESS = "{state}/lock"
+TF_HTTP_UNLOCK_ADDRESS = "{state}/lock"
+TF_HTTP_LOCK_METHOD = "POST"
+TF_HTTP_UNLOCK_METHOD = "DELETE"
+TF_HTTP_USERNAME = "planbot"
+
+[engine.plan.env]
+TF_HTTP_PASSWORD = "{reader}"
+
+[engine.apply.env]
+TF_HTTP_PASSWORD = "{writer}"
+
+[sandbox]
+connect_ports = [443, {port}]
+
+[[policy_sets]]
+name = "backups"
+path = "{operator}"
+"#,
+        data = data.path().display(),
+        url = gitlab.url(),
+        bot = gitlab.bot_token(),
+        secret = crate::support::service::WEBHOOK_SECRET,
+        engine = engine.display(),
+        port = url::Url::parse(gitlab.url()).unwrap().port().unwrap(),
+        reader = gitlab
+            .member_with_role(&project, "state-reader", DEVELOPER)
+            .token,
+        writer = gitlab
+            .member_with_role(&project, "state-writer", MAINTAINER)
+            .token,
+        operator = operator.path().display(),
+    );
+    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("a valid config");
+    World {
+        gitlab,
+        project,
+        alice,
+        bob,
+        carol,
+        config,
+        _data: data,
+        _operator: operator,
+    }
+}
+
+fn with_workers() -> Options {
+    Options {
+        workers: true,
+        reconcile: false,
+    }
+}
+
+impl World {
+    /// Alice pushes `files` on `branch` and opens an MR; GitLab delivers the webhook.
+    async fn open_mr(&self, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
+        self.gitlab.commit_files(&self.project, branch, files);
+        let iid = self
+            .gitlab
+            .open_mr_by(&self.project, branch, "main", &self.alice);
+        let body = self
+            .gitlab
+            .mr_webhook(&self.project, iid)
+            .action("open")
+            .body();
+        s.deliver_mr_opened(&body, iid).await;
+        iid
+    }
+
+    /// Alice pushes `files` to the MR's branch; GitLab delivers the update.
+    async fn push(&self, s: &TestService, iid: u64, branch: &str, files: &[(&str, &str)]) {
+        let old = self.gitlab.mr_sha(&self.project, iid);
+        self.gitlab.push(&self.project, branch, files);
+        let body = self
+            .gitlab
+            .mr_webhook(&self.project, iid)
+            .action("update")
+            .oldrev(&old)
+            .body();
+        let headers = crate::support::service::token_headers(
+            "Merge Request Hook",
+            &format!("push-{iid}-{old}"),
+            crate::support::service::WEBHOOK_SECRET,
+        );
+        let status = s
+            .deliver(std::str::from_utf8(&body).unwrap(), &headers)
+            .await;
+        assert_eq!(status, 200);
+    }
+
+    /// The plan note of the MR's head once its statuses are final.
+    async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
+        let head = self.gitlab.mr_sha(&self.project, iid);
+        let (gitlab, project) = (&self.gitlab, &self.project);
+        s.eventually_for("the plan of the MR's head", 90, || async {
+            ["planbot/plan", "planbot/policy"].iter().all(|name| {
+                gitlab
+                    .status(project, &head, name)
+                    .is_some_and(|st| st.state == "success" || st.state == "failed")
+            })
+        })
+        .await;
+        self.gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
+            .expect("a plan note")
+            .body
+    }
+
+    /// `user` comments `text` on the MR; planbot's reply (a note mentioning them after it).
+    async fn comment(&self, s: &TestService, iid: u64, user: &FakeUser, text: &str) -> String {
+        let before = self.gitlab.notes(&self.project, iid).len();
+        let hook = self.gitlab.note_webhook(&self.project, iid, user, text);
+        let key = format!("note-{iid}-{before}");
+        let headers = crate::support::service::token_headers(
+            "Note Hook",
+            &key,
+            crate::support::service::WEBHOOK_SECRET,
+        );
+        assert_eq!(s.deliver(&hook.to_string(), &headers).await, 200);
+        let mention = format!("@{} ", user.username);
+        let (gitlab, project) = (&self.gitlab, &self.project);
+        s.eventually_for("planbot's reply", 60, || async {
+            gitlab
+                .notes(project, iid)
+                .iter()
+                .skip(before + 1)
+                .any(|n| n.body.starts_with(&mention))
+        })
+        .await;
+        self.gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .skip(before + 1)
+            .find(|n| n.body.starts_with(&mention))
+            .unwrap()
+            .body
+    }
+
+    fn policy_status(&self, sha: &str) -> (String, String) {
+        let st = self
+            .gitlab
+            .status(&self.project, sha, "planbot/policy")
+            .expect("a planbot/policy status");
+        (st.state, st.description.unwrap_or_default())
+    }
+
+    /// A running apply job of the newest pipeline on `main`, clicked by alice.
+    fn apply_job(&self, id: u64) -> FakeJob {
+        let job = FakeJob {
+            token: format!("glcbt-job-{id}"),
+            id,
+            name: "planbot-apply".into(),
+            status: "running".into(),
+            ref_: "main".into(),
+            tag: false,
+            user: Some(self.alice.clone()),
+            pipeline_id: 1000 + id,
+            project_id: self.project.id,
+            sha: self.gitlab.branch_head(&self.project, "main").unwrap(),
+        };
+        self.gitlab.register_job(job.clone());
+        job
+    }
+
+    fn state(&self) -> String {
+        self.gitlab
+            .terraform_state(&self.project, "core")
+            .0
+            .map(|s| String::from_utf8(s).unwrap())
+            .unwrap_or_default()
+    }
+}
+
+/// What the CI job sees: the streamed log.
+async fn call_apply(s: &TestService, job: &FakeJob) -> String {
+    let r = s
+        .http
+        .post(s.url("/api/v1/apply"))
+        .header("JOB-TOKEN", &job.token)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .expect("POST /api/v1/apply");
+    assert_eq!(r.status().as_u16(), 200);
+    r.text().await.unwrap()
+}
+
+fn verdict(log: &str) -> &str {
+    log.lines()
+        .rev()
+        .find(|l| !l.starts_with("planbot: still working"))
+        .unwrap_or("")
+}
+
+fn unescaped(note: &str) -> String {
+    note.replace("&quot;", "\"")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the_reviewed_plan() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // The MR adds two VMs and rewrites the policy that would stop them.
+    let tf = crate::support::infra_main_tf(&["blocky", "gitlab"]);
+    let iid = w
+        .open_mr(
+            &s,
+            "two-vms",
+            &[("main.tf", &tf), ("policies/new_vms.rego", RELAXED_REGO)],
+        )
+        .await;
+    let note = unescaped(&w.wait_for_plan(&s, iid).await);
+    assert!(
+        note.contains("**Policies** · sets from the default branch `main`"),
+        "{note}"
+    );
+    assert!(
+        note.contains("- ❌ `new-vms` (`policies`): failed"),
+        "the default branch's policy, not the MR's: {note}"
+    );
+    assert!(
+        note.contains(
+            "terraform_data.vm[\"gitlab\"] is a new VM: the capacity team approves new VMs"
+        ),
+        "{note}"
+    );
+    assert!(
+        note.contains("comment `planbot approve policies`: members of `infra/capacity`"),
+        "{note}"
+    );
+    // planbot's own set checks the plan too (older syntax, a warning only).
+    assert!(
+        note.contains("- ✅ `backups` (planbot's): passed"),
+        "{note}"
+    );
+    assert!(
+        note.contains("⚠️ terraform_data.vm[\"blocky\"]: no backup job is declared for it"),
+        "{note}"
+    );
+    assert!(!note.contains("apply-canary-password-7f3a"));
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let (state, description) = w.policy_status(&head);
+    assert_eq!(state, "failed");
+    assert!(
+        description.starts_with("policy set new-vms failed (root default): terraform_data.vm"),
+        "{description}"
+    );
+
+    // Bob is no owner: his approval is refused, and the reply says who may approve.
+    let reply = w.comment(&s, iid, &w.bob, "planbot approve policies").await;
+    assert!(
+        reply.contains("was not recorded: you are not an owner"),
+        "{reply}"
+    );
+    assert!(
+        reply.contains("- `new-vms` (root `default`): members of `infra/capacity`"),
+        "{reply}"
+    );
+
+    // Merged without an approval (the merge also relaxed the policy on main): refused, naming
+    // the set, its message and who may approve. Nothing is applied.
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let log = call_apply(&s, &w.apply_job(41)).await;
+    assert!(
+        verdict(&log).starts_with(
+            "planbot: apply refused: policy set `new-vms` failed on the reviewed plan of root `default`: terraform_data.vm["
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("An owner of `new-vms` (`group:infra/capacity`) may approve this plan by commenting `planbot approve policies` on the merge request; then retry this job."),
+        "{log}"
+    );
+    assert_eq!(w.state(), "", "nothing applied");
+
+    // Carol, a member of the owning group, approves after the merge.
+    let reply = w
+        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .await;
+    assert!(
+        reply.contains("approved, for the plan shown for")
+            && reply.contains("- `new-vms` (root `default`)")
+            && reply.contains("A new push shows a new plan and clears this approval."),
+        "{reply}"
+    );
+    let (state, description) = w.policy_status(&head);
+    assert_eq!(state, "success", "{description}");
+    assert!(
+        description.contains("1 failing policy set approved"),
+        "{description}"
+    );
+
+    // The retried job applies the reviewed plan.
+    let log = call_apply(&s, &w.apply_job(42)).await;
+    assert_eq!(verdict(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains("policy set `new-vms` failed on the reviewed plan; approved for it by @carol"),
+        "{log}"
+    );
+    let state = w.state();
+    assert!(
+        state.contains("\"gitlab\"") && state.contains("\"blocky\""),
+        "{state}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_after_the_approval_clears_it_and_the_apply_waits_again() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    let iid = w
+        .open_mr(
+            &s,
+            "one-vm",
+            &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
+        )
+        .await;
+    let note = w.wait_for_plan(&s, iid).await;
+    assert!(note.contains("- ❌ `new-vms`"), "{note}");
+    let first = w.gitlab.mr_sha(&w.project, iid);
+    let reply = w
+        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .await;
+    assert!(
+        reply.contains("The apply of this plan may proceed"),
+        "{reply}"
+    );
+    assert_eq!(w.policy_status(&first).0, "success");
+
+    // A new push: a new plan, which the approval does not cover; the note says so.
+    w.push(
+        &s,
+        iid,
+        "one-vm",
+        &[(
+            "main.tf",
+            &crate::support::infra_main_tf(&["blocky", "dns"]),
+        )],
+    )
+    .await;
+    let note = w.wait_for_plan(&s, iid).await;
+    assert!(
+        note.contains("- ❌ `new-vms` (`policies`): failed"),
+        "{note}"
+    );
+    assert!(
+        note.contains(&format!(
+            "The approval of `new-vms` by @carol was for the plan of `{}`: the new push cleared it.",
+            &first[..8]
+        )),
+        "{note}"
+    );
+    let second = w.gitlab.mr_sha(&w.project, iid);
+    assert_eq!(w.policy_status(&second).0, "failed");
+
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let log = call_apply(&s, &w.apply_job(51)).await;
+    assert!(
+        verdict(&log).contains("policy set `new-vms` failed on the reviewed plan"),
+        "{log}"
+    );
+    assert_eq!(w.state(), "", "nothing applied");
+}

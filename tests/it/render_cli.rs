@@ -1,0 +1,420 @@
+//! `planbot render` through the real binary: JSON and Markdown output, stdin, the fingerprint
+//! key, the engine named in the footer, and bad input answered with exit code 2 and one line.
+
+use planbot::core::fingerprint::Fingerprint;
+use planbot::core::plan::Plan;
+use planbot::core::render::NOTE_MARKER;
+use planbot::flows::cli::render::LOCAL_FINGERPRINT_KEY;
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn fixture_path(name: &str) -> String {
+    format!(
+        "{}/tests/fixtures/plans/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+fn planbot(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(args)
+        .env_remove("PLANBOT_FINGERPRINT_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("planbot runs");
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(stdin.unwrap_or_default()).unwrap();
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn json_format_gives_the_summary_resources_and_keyed_fingerprint() {
+    let path = fixture_path("changes");
+    let out = planbot(
+        &[
+            "render",
+            &path,
+            "--format",
+            "json",
+            "--fingerprint-key",
+            "server-secret",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "", "no warning when a key is given");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(
+        report["summary"],
+        serde_json::json!({"add": 5, "change": 1, "destroy": 2, "replace": 1, "import": 0, "move": 0, "forget": 0})
+    );
+    assert_eq!(report["errored"], false);
+    let plan = Plan::from_json(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(
+        report["fingerprint"],
+        Fingerprint::of(&plan, b"server-secret").as_hex()
+    );
+    let addresses: Vec<&str> = report["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        addresses,
+        [
+            "terraform_data.app[\"alpha\"]",
+            "terraform_data.app[\"beta\"]",
+            "terraform_data.db",
+            "terraform_data.old_worker",
+            "terraform_data.web",
+            "terraform_data.worker[0]",
+            "terraform_data.worker[1]"
+        ]
+    );
+    let db = &report["resources"][2];
+    assert_eq!(db["actions"], serde_json::json!(["delete", "create"]));
+    assert_eq!(db["action_reason"], "replace_because_cannot_update");
+    assert!(report["findings"].is_array());
+}
+
+#[test]
+fn without_a_key_it_uses_the_documented_local_key_without_a_warning() {
+    let path = fixture_path("moved");
+    let out = planbot(&["render", &path, "--format", "json"], None);
+    assert!(out.status.success());
+    // A local command is not nagged on every run; docs/workflow.md says what the local key means.
+    assert_eq!(text(&out.stderr), "");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = Plan::from_json(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(
+        report["fingerprint"],
+        Fingerprint::of(&plan, LOCAL_FINGERPRINT_KEY.as_bytes()).as_hex()
+    );
+    assert_eq!(
+        report["resources"][0]["previous_address"],
+        "terraform_data.blocky"
+    );
+}
+
+#[test]
+fn markdown_from_stdin_is_the_mr_note_without_secrets() {
+    let plan = std::fs::read(fixture_path("outputs")).unwrap();
+    let out = planbot(&["render", "-", "--fingerprint-key", "k"], Some(&plan));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let note = text(&out.stdout);
+    assert!(note.starts_with(NOTE_MARKER), "{note}");
+    assert!(
+        note.contains("| <code>.</code> | 0 | 1 | 0 | 0 | 0 |"),
+        "{note}"
+    );
+    assert!(note.contains("~ token = (sensitive value)"));
+    // The sensitive variable's value is in clear in the plan JSON; it never reaches the output.
+    assert!(String::from_utf8_lossy(&plan).contains("tok-after-1111-canary"));
+    assert!(!note.contains("tok-after-1111-canary") && !note.contains("tok-before-0000-canary"));
+}
+
+#[test]
+fn input_that_is_not_a_plan_exits_2_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("terraform.tfstate.json");
+    std::fs::write(
+        &state,
+        br#"{"format_version":"1.0","values":{"root_module":{}}}"#,
+    )
+    .unwrap();
+    let garbage = dir.path().join("plan.json");
+    std::fs::write(&garbage, b"Error: no plan here\n").unwrap();
+    for (path, says) in [
+        (state.to_str().unwrap(), "is not a plan document"),
+        (garbage.to_str().unwrap(), "is not JSON"),
+        ("-", "stdin is not JSON"),
+    ] {
+        let out = planbot(&["render", path], Some(b""));
+        assert_eq!(out.status.code(), Some(2), "{path}");
+        let stderr = text(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{path}: {stderr}");
+        assert!(
+            stderr.starts_with("planbot: ") && stderr.contains(says),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked"));
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn a_missing_file_is_one_line_too() {
+    let out = planbot(&["render", "/nonexistent/plan.json"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot read /nonexistent/plan.json"),
+        "{stderr}"
+    );
+}
+
+/// The footer line of a note.
+fn footer(note: &str) -> String {
+    note.lines()
+        .find(|l| l.starts_with("<sub>fingerprint"))
+        .unwrap_or_else(|| panic!("no footer in:\n{note}"))
+        .to_string()
+}
+
+#[test]
+fn the_footer_names_the_engine_that_wrote_a_real_plan() {
+    let engine = require_engine!();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("main.tf"),
+        "resource \"terraform_data\" \"vm\" {\n  input = \"blocky\"\n}\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(&engine)
+            .args(args)
+            .current_dir(dir.path())
+            .env("TF_IN_AUTOMATION", "1")
+            .env_remove("TF_CLI_ARGS")
+            .env_remove("TF_LOG")
+            .output()
+            .expect("engine runs");
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        out.stdout
+    };
+    let version = planbot::capabilities::engine::EngineVersion::from_version_json(
+        &run(&["version", "-json"]),
+        &engine,
+    )
+    .expect("version -json");
+    run(&["init", "-input=false", "-no-color"]);
+    run(&["plan", "-input=false", "-no-color", "-out=plan.bin"]);
+    let json = run(&["show", "-json", "plan.bin"]);
+    let out = planbot(&["render", "-", "--fingerprint-key", "k"], Some(&json));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Terraform (≥ 1.8) writes `applyable`/`complete`; OpenTofu (≥ 1.8) has neither beside its
+    // `timestamp`. Either way the footer says which one, as `planbot plan` would (last: a
+    // local render has no "comment to re-plan" hint after it).
+    assert!(
+        footer(&text(&out.stdout)).contains(&format!(" · {version}</sub>")),
+        "{version}: {}",
+        footer(&text(&out.stdout))
+    );
+}
+
+#[test]
+fn an_opentofu_plan_says_opentofu_and_unsure_stays_neutral() {
+    // OpenTofu's shape: providers from its registry, no `applyable`/`complete`.
+    let drift = fixture_path("drift");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&drift).unwrap()).unwrap();
+    assert!(json.get("applyable").is_none());
+    let out = planbot(&["render", &drift, "--fingerprint-key", "k"], None);
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6</sub>"));
+
+    // Terraform's own output, reshaped as OpenTofu writes it (no `applyable`/`complete`, a
+    // `timestamp`): OpenTofu, also with only built-in providers.
+    let mut tf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture_path("changes")).unwrap()).unwrap();
+    let out = planbot(
+        &["render", "-", "--fingerprint-key", "k"],
+        Some(tf.to_string().as_bytes()),
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4</sub>"));
+    let obj = tf.as_object_mut().unwrap();
+    obj.remove("applyable");
+    obj.remove("complete");
+    assert!(obj.contains_key("timestamp"));
+    let tofu_shaped = tf.to_string();
+    let out = planbot(
+        &["render", "-", "--fingerprint-key", "k"],
+        Some(tofu_shaped.as_bytes()),
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.11.4</sub>"));
+
+    // `--engine-name` wins over what the document seems to say.
+    let out = planbot(
+        &[
+            "render",
+            "-",
+            "--fingerprint-key",
+            "k",
+            "--engine-name",
+            "terraform",
+        ],
+        Some(tofu_shaped.as_bytes()),
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · Terraform 1.11.4</sub>"));
+
+    // Evidence both ways (hand-made: Terraform's fields and OpenTofu's registry): neutral.
+    let mixed = fixture_path("bpg/seed_talos_raw_xz_decompress");
+    let out = planbot(&["render", &mixed, "--fingerprint-key", "k"], None);
+    let f = footer(&text(&out.stdout));
+    assert!(f.contains(" · engine 1.10.6</sub>"), "{f}");
+    let out = planbot(
+        &[
+            "render",
+            &mixed,
+            "--fingerprint-key",
+            "k",
+            "--engine-name",
+            "tofu",
+        ],
+        None,
+    );
+    assert!(footer(&text(&out.stdout)).contains(" · OpenTofu 1.10.6</sub>"));
+
+    let out = planbot(&["render", &mixed, "--engine-name", "pulumi"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("possible values: tofu, terraform"));
+}
+
+#[test]
+fn a_local_render_has_no_hint_to_comment_on_a_merge_request() {
+    let out = planbot(&["render", &fixture_path("changes")], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let note = text(&out.stdout);
+    assert!(note.contains("plan for a local run"), "{note}");
+    assert!(!note.contains("planbot plan`"), "{note}");
+    assert!(!note.contains("re-plan"), "{note}");
+}
+
+#[test]
+fn a_binary_plan_file_is_named_as_such_with_what_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // What `tofu plan -out=plan.tfplan` writes: a zip archive.
+    let planfile = dir.path().join("plan.tfplan");
+    std::fs::write(&planfile, b"PK\x03\x04\x14\x00\x08\x00tfplan...").unwrap();
+    let out = planbot(&["render", planfile.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("is a binary plan file"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "tofu show -json {} > plan.json && planbot render plan.json",
+            planfile.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("planbot plan DIR"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+/// `planbot ARGS` with stdout on a terminal (a pseudo-terminal made by `script`).
+fn planbot_on_a_terminal(args: &[&str]) -> String {
+    let command = std::iter::once(env!("CARGO_BIN_EXE_planbot"))
+        .chain(args.iter().copied())
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = Command::new("script")
+        .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+        .env_remove("PLANBOT_FINGERPRINT_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("`script` (util-linux) runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn render_and_plan_print_the_same_format_by_default_text_on_a_terminal_markdown_when_piped() {
+    let path = fixture_path("changes");
+    let piped = text(&planbot(&["render", &path], None).stdout);
+    assert!(piped.starts_with(NOTE_MARKER), "{piped}");
+    let on_terminal = planbot_on_a_terminal(&["render", &path]);
+    let as_text = text(&planbot(&["render", &path, "--format", "text"], None).stdout);
+    assert!(!on_terminal.contains(NOTE_MARKER), "{on_terminal}");
+    assert_eq!(
+        on_terminal.replace("\r\n", "\n").trim_end(),
+        as_text.trim_end(),
+        "on a terminal, render prints what --format text prints"
+    );
+    // `planbot plan --help` documents the same default.
+    let help = text(&planbot(&["plan", "--help"], None).stdout);
+    assert!(
+        help.contains("Default: `text` on a terminal, `markdown` when piped"),
+        "{help}"
+    );
+}
+
+/// The entries (`  NAME  description`) of the `Arguments:` and `Options:` sections of a help text.
+fn help_entries(help: &str) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    let mut in_list = false;
+    for line in help.lines() {
+        if line == "Arguments:" || line == "Options:" {
+            in_list = true;
+            continue;
+        }
+        if !line.starts_with(' ') {
+            in_list = false;
+            continue;
+        }
+        if !in_list {
+            continue;
+        }
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('-') || trimmed.starts_with('<') || trimmed.starts_with('[') {
+            // An argument (`<DIR>`, `--engine <ENGINE>`, `-h, --help`), maybe with its text.
+            let (name, rest) = trimmed.split_once("  ").unwrap_or((trimmed, ""));
+            entries.push((name.to_string(), rest.trim().to_string()));
+        } else if let Some(last) = entries.last_mut() {
+            // Its description on the lines below (clap's layout for long help texts).
+            if last.1.is_empty() {
+                last.1 = trimmed.to_string();
+            }
+        }
+    }
+    entries
+}
+
+#[test]
+fn every_argument_of_every_command_has_a_description_in_help() {
+    let top = text(&planbot(&["--help"], None).stdout);
+    let mut commands: Vec<Vec<&str>> = Vec::new();
+    let mut in_commands = false;
+    for line in top.lines() {
+        if line == "Commands:" {
+            in_commands = true;
+            continue;
+        }
+        if in_commands {
+            match line.split_whitespace().next() {
+                Some(name) if line.starts_with("  ") && name != "help" => commands.push(vec![name]),
+                _ if !line.starts_with(' ') => in_commands = false,
+                _ => {}
+            }
+        }
+    }
+    assert!(commands.len() >= 7, "{top}");
+    commands.push(vec!["store", "migrate"]);
+    let mut undocumented = Vec::new();
+    for command in &commands {
+        let mut args = command.clone();
+        args.push("--help");
+        let out = planbot(&args, None);
+        let help = text(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        let entries = help_entries(&help);
+        assert!(!entries.is_empty(), "{args:?}:\n{help}");
+        for (name, description) in entries {
+            if description.is_empty() {
+                undocumented.push(format!("planbot {} {name}", command.join(" ")));
+            }
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "arguments without a description in --help: {undocumented:?}"
+    );
+}

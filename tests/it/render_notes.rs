@@ -1,0 +1,681 @@
+//! The plan note as a reviewer sees it, one snapshot per kind of change, rendered from plan JSON
+//! made by the real engine (`tests/fixtures/plans/regen.sh`) or written by hand in the documented
+//! shape (`tests/fixtures/plans/handmade.py`: imports, drift, unknown actions, Proxmox resources).
+//! Every note is also checked for well-formed Markdown (fences, `<details>`, table rows, marker).
+
+use planbot::core::findings::{Finding, Severity};
+use planbot::core::fingerprint::Fingerprint;
+use planbot::core::plan::Plan;
+use planbot::core::redact::{Scrubber, Secrets};
+use planbot::core::render::{
+    render_note, NoteContext, RootOutcome, RootSection, NOTE_BUDGET, NOTE_MARKER,
+};
+use serde_json::json;
+use std::time::Duration;
+
+fn fp() -> Fingerprint {
+    Fingerprint::from_hex("9c41e07a2b3d5f6a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c")
+        .unwrap()
+}
+
+fn ctx() -> NoteContext {
+    NoteContext {
+        sha: Some("3f9a2c1e5b7d9f0a1c3e5b7d9f0a1c3e5b7d9f0a".into()),
+        engine: Some("OpenTofu 1.10.6".into()),
+        duration: Some(Duration::from_millis(8200)),
+        run_url: Some("https://planbot.example.com/runs/118".into()),
+        ..NoteContext::default()
+    }
+}
+
+/// The note for one planned root named `core`, scrubbed with the plan's own secrets.
+fn note_with(plan: &Plan, findings: &[Finding], ctx: &NoteContext) -> String {
+    let fp = fp();
+    let scrubber = Secrets::from_plan(plan).scrubber();
+    let note = render_note(
+        ctx,
+        &[RootSection {
+            name: "core".into(),
+            outcome: RootOutcome::Planned {
+                plan,
+                findings,
+                fingerprint: &fp,
+            },
+        }],
+        &scrubber,
+    );
+    assert_well_formed(&note);
+    note
+}
+
+fn note(name: &str) -> String {
+    note_with(&crate::support::fixtures::plan(name), &[], &ctx())
+}
+
+/// The structure GitLab relies on: the marker once, at the top; fences closed; outside fences no
+/// HTML comment, no `<script>`, balanced `<details>`; every table row has exactly six cells.
+fn assert_well_formed(note: &str) {
+    assert!(note.starts_with(NOTE_MARKER), "marker first:\n{note}");
+    assert_eq!(note.matches("<!--").count(), 1, "one comment only:\n{note}");
+    assert_eq!(note.matches("-->").count(), 1, "one comment only:\n{note}");
+    let mut fence: Option<String> = None;
+    let mut open_details = 0i64;
+    for line in note.lines() {
+        let trimmed = line.trim_start();
+        let ticks = trimmed.bytes().take_while(|b| *b == b'`').count();
+        match &fence {
+            Some(f) => {
+                if ticks >= f.len() && trimmed[ticks..].trim().is_empty() {
+                    fence = None;
+                }
+                continue;
+            }
+            None if ticks >= 3 => {
+                fence = Some("`".repeat(ticks));
+                continue;
+            }
+            None => {}
+        }
+        assert!(
+            !line.contains("<script"),
+            "raw <script> outside a fence: {line}"
+        );
+        open_details += line.matches("<details>").count() as i64;
+        open_details -= line.matches("</details>").count() as i64;
+        assert!(open_details >= 0, "</details> closes nothing: {line}");
+        if line.starts_with('|') {
+            let pipes = line.matches('|').count() - line.matches("\\|").count();
+            assert_eq!(pipes, 7, "table row with a broken cell: {line}");
+        }
+    }
+    assert!(fence.is_none(), "unclosed fence in:\n{note}");
+    assert_eq!(open_details, 0, "unbalanced <details> in:\n{note}");
+}
+
+#[test]
+fn creates_updates_replacements_and_deletes_show_only_what_changes() {
+    let note = note("changes");
+    assert!(note.contains("### 🟡 planbot · plan for `3f9a2c1e` · 1 root with changes"));
+    assert!(note.contains("| <code>core</code> | 5 | 1 | 2 ⚠️ | 0 | 0 |"));
+    assert!(note.contains(
+        "> - `terraform_data.db` will be **replaced** — because `triggers_replace` forces replacement."
+    ));
+    assert!(note.contains("~ input.disk[0].size = 10 -> 20\n"));
+    assert!(note.contains("~ triggers_replace = \"v1\" -> \"v2\"  # forces replacement\n"));
+    assert!(note.contains("  # 5 unchanged attributes hidden\n"));
+    // The unchanged resource is not listed at all.
+    assert!(!note.contains("terraform_data.keep"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn a_move_says_where_the_resource_went() {
+    let note = note("moved");
+    assert!(note.contains("`terraform_data.blocky` has moved to `terraform_data.dns`."));
+    assert!(note.contains("### 🟢"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn imports_say_will_be_imported_with_the_id() {
+    let note = note("import");
+    assert!(note.contains("It will be imported (id `pve02/101`)."));
+    assert!(note.contains("| 0 | 1 | 0 | 2 | 0 |"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn a_removed_block_forgets_instead_of_destroying() {
+    let note = note("forget");
+    assert!(note.contains("removed from state, not destroyed"));
+    assert!(!note.contains("Destructive changes"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn a_root_without_changes_is_one_line() {
+    let note = note("no_changes");
+    assert!(note.contains("### 🟢 planbot · plan for `3f9a2c1e` · no changes"));
+    assert!(note.contains("\nNo changes. Your infrastructure matches the configuration.\n"));
+    assert!(!note.contains("<details>"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn an_errored_plan_is_red_shows_the_error_and_the_partial_changes() {
+    let mut c = ctx();
+    c.plan_errors.insert(
+        "core".into(),
+        "Error: Resource precondition failed\n\n  on main.tf line 9, in resource \"terraform_data\" \"vm\":\n   9:       condition     = var.memory >= 512\n\nA VM needs at least 512 MiB of memory.".into(),
+    );
+    let note = note_with(&crate::support::fixtures::plan("errored"), &[], &c);
+    assert!(note.contains("### 🔴"));
+    assert!(note.contains("<code>core</code> ❌ errored"));
+    assert!(note.contains("```text\nError: Resource precondition failed"));
+    assert!(note.contains("<code>+ terraform_data.extra</code>"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn failed_and_skipped_roots_sit_in_the_table_next_to_planned_ones() {
+    let changes = crate::support::fixtures::plan("changes");
+    let fp = fp();
+    let mut c = ctx();
+    c.draft = true;
+    c.banners = vec!["merged as `3f9a2c1e` — waiting for the `planbot-apply` job on `main`".into()];
+    c.preflight_note = Some("Proxmox preflight skipped: no endpoint configured".into());
+    let roots = [
+        RootSection {
+            name: "dns".into(),
+            outcome: RootOutcome::Planned {
+                plan: &changes,
+                findings: &[],
+                fingerprint: &fp,
+            },
+        },
+        RootSection {
+            name: "core".into(),
+            outcome: RootOutcome::Skipped {
+                reason: "no files changed".into(),
+            },
+        },
+        RootSection {
+            name: "edge".into(),
+            outcome: RootOutcome::Failed {
+                error: "Error: Failed to query available provider packages\n\nCould not retrieve the list of available versions for provider bpg/proxmox".into(),
+            },
+        },
+    ];
+    let note = render_note(&c, &roots, &Scrubber::none());
+    assert_well_formed(&note);
+    assert!(note.contains(
+        "### 🔴 planbot · plan for `3f9a2c1e` · draft · 1 of 3 roots failed, 1 with changes"
+    ));
+    assert!(note.contains("| <code>core</code> | – skipped: no files changed | | | | |"));
+    assert!(note.contains("| <code>edge</code> | ❌ failed | | | | |"));
+    assert!(note.contains("> - `dns`: `terraform_data.db` will be **replaced**"));
+    assert!(note.contains("```text\nError: Failed to query available provider packages"));
+    // Banners come first, right after the marker.
+    assert!(note.starts_with(&format!("{NOTE_MARKER}\nmerged as `3f9a2c1e`")));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn output_changes_are_folded_and_a_sensitive_output_is_hidden_whole() {
+    let note = note("outputs");
+    assert!(note.contains("<details><summary>Output changes (4)</summary>"));
+    assert!(note.contains("~ token = (sensitive value)\n"));
+    assert!(note.contains("~ input.token = (sensitive value)\n"));
+    assert!(!note.contains("tok-before-0000-canary") && !note.contains("tok-after-1111-canary"));
+    assert!(
+        !note.contains("tok-"),
+        "not even a part of the token:\n{note}"
+    );
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn drift_is_shown_as_changed_outside_of_opentofu() {
+    let note = note("drift");
+    assert!(note.contains("<details><summary>Changed outside of OpenTofu (1)</summary>"));
+    assert!(note.contains("~ memory[0].dedicated = 2048 -> 4096\n"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn a_cloud_init_change_is_a_line_diff_inside_the_file() {
+    let note = note("cloudinit");
+    assert!(note.contains("~ input.user_data:\n"));
+    assert!(note.contains("\n-        groups: [sudo]\n+        groups: [sudo, docker]\n"));
+    assert!(note.contains("\n+      - docker.io\n"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn an_ignition_data_url_is_decoded_down_to_the_changed_line() {
+    let note = note("ignition");
+    // Both the plain Ignition JSON and the data: URL form show the one line added in the file.
+    assert_eq!(
+        note.matches("\n+              - https://v.firebog.net/hosts/Easyprivacy.txt\n")
+            .count(),
+        2,
+        "{note}"
+    );
+    assert!(note.contains("file /etc/blocky/config.yml (data: URL, decoded):"));
+    assert!(!note.contains(";base64,"), "no base64 blob left:\n{note}");
+    assert!(note.contains("<code>-/+ terraform_data.blocky_vm</code> — replaced (<code>replace_triggered_by</code> fired)"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn proxmox_vm_replacement_is_red_and_says_the_disks_are_recreated() {
+    let note = note("proxmox");
+    assert!(note.contains("### 🔴"));
+    assert!(note.contains("> - `proxmox_virtual_environment_vm.blocky` (VM 1000 `blocky` on `pve01`) will be **replaced** — because `disk[0].datastore_id` forces replacement. Its disks are recreated"));
+    assert!(note.contains("(container 200 `pihole` on `pve02`) will be **destroyed**"));
+    assert!(note.contains("~ source_raw[0].data (JSON, pretty-printed):  # forces replacement\n"));
+    // A base64 cloud-init blob is decoded; sensitive values never appear, at any depth.
+    assert!(note.contains("+    packages:\n+      - qemu-guest-agent\n+      - unbound\n"));
+    for canary in [
+        "vm-pass-canary",
+        "canary-key",
+        "pve-token-canary",
+        "s-canary",
+    ] {
+        assert!(!note.contains(canary), "{canary} leaked:\n{note}");
+    }
+    assert!(note.contains("~ initialization[0].user_account[0].password = (sensitive value)\n"));
+    assert!(note.contains("+ secret_list[1] = (sensitive value)\n"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn unknown_actions_deposed_objects_and_unknown_reasons_are_shown_not_dropped() {
+    let note = note("unusual");
+    assert!(
+        note.contains("It is changed in a way planbot does not know: `[\"teleport\",\"create\"]`.")
+    );
+    assert!(note
+        .contains("> - `terraform_data.web` (deposed object `a1b2c3d4`) will be **destroyed**."));
+    assert!(note.contains("the engine gives the reason `delete_because_something_new_in_tofu_2`"));
+    // Data sources are read, not changed: not listed.
+    assert!(!note.contains("proxmox_virtual_environment_nodes"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn markdown_hostile_values_cannot_break_the_note() {
+    let note = note("hostile");
+    // assert_well_formed ran: one marker, closed fences, balanced <details>, no <script>.
+    assert!(note.contains(
+        "<code>+ terraform_data.hostile[&quot;&lt;/details&gt;&lt;script&gt;alert(1)&lt;/script&gt;&quot;]</code>"
+    ));
+    // The fence is longer than the longest backtick run inside (5).
+    assert!(note.contains("\n``````diff\n"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn hostile_root_names_findings_and_errors_are_escaped_too() {
+    let plan = crate::support::fixtures::plan("changes");
+    let fp = fp();
+    let findings = [Finding {
+        rule: "PVE999",
+        severity: Severity::Warning,
+        address: "a`b".into(),
+        message: "message with <!-- planbot:mr-note v1 --> and </details>".into(),
+        fix: "line one\n```\n</details>\n<!-- x -->".into(),
+    }];
+    let roots = [
+        RootSection {
+            name: "x|y`<b>".into(),
+            outcome: RootOutcome::Planned {
+                plan: &plan,
+                findings: &findings,
+                fingerprint: &fp,
+            },
+        },
+        RootSection {
+            name: "<!-- planbot:mr-note v1 -->".into(),
+            outcome: RootOutcome::Failed {
+                error: "```\n</details><script>x</script>\n<!-- planbot:mr-note v1 -->".into(),
+            },
+        },
+        RootSection {
+            name: "skip|me".into(),
+            outcome: RootOutcome::Skipped {
+                reason: "a|b <!-- c".into(),
+            },
+        },
+    ];
+    let note = render_note(&ctx(), &roots, &Scrubber::none());
+    assert_well_formed(&note);
+    assert!(note.contains("| <code>x&#124;y`&lt;b&gt;</code> |"));
+}
+
+/// The code spans GitLab's Markdown parser (comrak) finds in `note`, as a reader sees them.
+fn code_spans_as_gitlab_shows_them(note: &str) -> Vec<String> {
+    let mut options = comrak::Options::default();
+    options.extension.table = true;
+    options.extension.autolink = true;
+    options.extension.strikethrough = true;
+    let arena = comrak::Arena::new();
+    let root = comrak::parse_document(&arena, note, &options);
+    root.descendants()
+        .filter_map(|n| match &n.data.borrow().value {
+            comrak::nodes::NodeValue::Code(c) => Some(c.literal.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_findings_message_with_quotes_reads_with_its_real_characters() {
+    // Real lint findings: the messages quote HCL (`content_type = "import"`) in code spans,
+    // where GitLab shows `&quot;` verbatim.
+    let plan = crate::support::fixtures::plan("bpg/seed_talos_raw_xz_decompress");
+    let findings = planbot::core::lint::lint(&plan, &[]);
+    assert_eq!(findings.len(), 2);
+    let note = note_with(&plan, &findings, &ctx());
+    assert!(
+        note.contains("(named after the URL) with `content_type = \"import\"`, but Proxmox"),
+        "{note}"
+    );
+    assert!(
+        note.contains("sets `decompression_algorithm = \"zst\"` with"),
+        "{note}"
+    );
+    let spans = code_spans_as_gitlab_shows_them(&note);
+    for shown in [
+        "content_type = \"import\"",
+        "decompression_algorithm = \"zst\"",
+    ] {
+        assert!(spans.iter().any(|s| s == shown), "{shown} in {spans:?}");
+    }
+    for s in &spans {
+        assert!(
+            !s.contains("&quot;") && !s.contains("&#39;") && !s.contains("&amp;"),
+            "an entity shown verbatim: {s}"
+        );
+    }
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn findings_come_errors_first_each_with_its_fix() {
+    let plan = crate::support::fixtures::plan("proxmox");
+    let f = |rule, severity, fix: &str| Finding {
+        rule,
+        severity,
+        address: "proxmox_virtual_environment_vm.blocky".into(),
+        message: format!("{rule} fired"),
+        fix: fix.into(),
+    };
+    let findings = [
+        f(
+            "PVE008",
+            Severity::Info,
+            "expected for a cattle VM configured by Ignition",
+        ),
+        f("PVE001", Severity::Warning, "set `on_boot = true`"),
+        f(
+            "PVE003",
+            Severity::Error,
+            "lifecycle {\n  prevent_destroy = true\n}",
+        ),
+    ];
+    let mut c = ctx();
+    c.preflight_note = Some("✅ Proxmox token can do what this plan needs".into());
+    let note = note_with(&plan, &findings, &c);
+    let pos = |s: &str| {
+        note.find(s)
+            .unwrap_or_else(|| panic!("{s} missing:\n{note}"))
+    };
+    assert!(pos("**PVE003**") < pos("**PVE001**") && pos("**PVE001**") < pos("**PVE008**"));
+    assert!(note.contains("  ```\n  lifecycle {\n    prevent_destroy = true\n  }\n  ```\n"));
+    assert!(pos("Destructive changes") < pos("**Checks**") && pos("**Checks**") < pos("<details>"));
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn every_known_secret_is_scrubbed_from_the_final_text() {
+    let plan = crate::support::fixtures::plan("outputs");
+    let fp = fp();
+    let mut secrets = Secrets::from_plan(&plan);
+    secrets.add("https://pve02:8006");
+    let note = render_note(
+        &ctx(),
+        &[RootSection {
+            name: "core".into(),
+            outcome: RootOutcome::Planned {
+                plan: &plan,
+                findings: &[],
+                fingerprint: &fp,
+            },
+        }],
+        &secrets.scrubber(),
+    );
+    assert!(!note.contains("pve02:8006"), "{note}");
+    assert!(note.contains("~ endpoint = \"https://pve01:8006\" -> \"(sensitive value)\""));
+}
+
+/// A plan with `n` updated resources, each carrying a multi-line string of about `lines` lines,
+/// plus `destroys` destroyed VMs.
+fn huge_plan(n: usize, lines: usize, destroys: usize) -> Plan {
+    let mut changes = Vec::new();
+    for i in 0..n {
+        let text = |v: &str| -> String {
+            (0..lines)
+                .map(|l| format!("line {l} of the config of vm-{i}: {v}\n"))
+                .collect()
+        };
+        changes.push(json!({
+            "address": format!("terraform_data.vm[{i}]"), "mode": "managed", "type": "terraform_data", "name": "vm",
+            "change": {"actions": ["update"],
+                "before": {"id": format!("id-{i}"), "input": {"name": format!("vm-{i}"), "user_data": text("old")}},
+                "after": {"id": format!("id-{i}"), "input": {"name": format!("vm-{i}"), "user_data": text("new")}},
+                "after_unknown": {"output": true}, "before_sensitive": {}, "after_sensitive": {}}
+        }));
+    }
+    for i in 0..destroys {
+        changes.push(json!({
+            "address": format!("proxmox_virtual_environment_vm.old[{i}]"), "mode": "managed",
+            "type": "proxmox_virtual_environment_vm", "name": "old", "action_reason": "delete_because_count_index",
+            "change": {"actions": ["delete"], "before": {"vm_id": 2000 + i, "name": format!("old-{i}")}, "after": null,
+                "after_unknown": {}, "before_sensitive": {}, "after_sensitive": false}
+        }));
+    }
+    Plan::from_value(json!({"format_version": "1.2", "resource_changes": changes})).unwrap()
+}
+
+#[test]
+fn a_huge_plan_stays_under_the_budget_and_keeps_what_a_reviewer_needs() {
+    let plan = huge_plan(6000, 40, 20);
+    let note = note_with(&plan, &[], &ctx());
+    assert!(note.len() <= NOTE_BUDGET, "{} chars", note.len());
+    // The headline, the table and every destructive change are still there.
+    assert!(note.contains("| <code>core</code> | 0 | 6000 | 20 ⚠️ | 0 | 0 |"));
+    assert_eq!(
+        note.matches("> - `proxmox_virtual_environment_vm.old[")
+            .count(),
+        20
+    );
+    let left_out: usize = note
+        .split("**")
+        .find_map(|s| s.strip_suffix(" resources left out"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no left-out line in the note"));
+    // Every resource is accounted for: shown in full, folded to its summary line, or counted.
+    let shown = note.matches("<details><summary><code>").count();
+    let folded = note
+        .matches("diff left out to keep this note short")
+        .count();
+    assert!(folded > 0 && left_out > 0, "{shown} {folded} {left_out}");
+    assert_eq!(
+        shown + folded + left_out,
+        6000 + 20,
+        "{shown} {folded} {left_out}"
+    );
+    assert!(note.contains(
+        "left out** to keep this note under GitLab's size limit — see the [run page](https://planbot.example.com/runs/118)."
+    ));
+}
+
+#[test]
+fn when_only_some_diffs_fit_the_smallest_are_shown_and_every_larger_one_folds() {
+    // 3,000 updates whose diffs differ in size (a multi-line string of 1 to 30 lines): their
+    // summary lines fit the budget, their diffs do not all fit.
+    let mut changes = Vec::new();
+    let lines_of = |i: usize| 1 + (i * 7) % 30;
+    for i in 0..3000 {
+        let text = |v: &str| -> String {
+            (0..lines_of(i))
+                .map(|l| format!("line {l} of vm-{i}: {v}\n"))
+                .collect()
+        };
+        changes.push(json!({
+            "address": format!("terraform_data.vm[{i}]"), "mode": "managed", "type": "terraform_data", "name": "vm",
+            "change": {"actions": ["update"],
+                "before": {"input": {"user_data": text("old")}}, "after": {"input": {"user_data": text("new")}},
+                "after_unknown": {}, "before_sensitive": {}, "after_sensitive": {}}
+        }));
+    }
+    let plan =
+        Plan::from_value(json!({"format_version": "1.2", "resource_changes": changes})).unwrap();
+    let note = note_with(&plan, &[], &ctx());
+    assert!(note.len() <= NOTE_BUDGET, "{} chars", note.len());
+    assert!(!note.contains("resources left out**"), "every summary fits");
+    let folded_marker =
+        "</code> — updated in place · <em>diff left out to keep this note short</em>";
+    let (mut largest_shown, mut smallest_folded, mut shown) = (0, usize::MAX, 0);
+    for i in 0..3000 {
+        let address = format!("terraform_data.vm[{i}]");
+        if note.contains(&format!("<code>~ {address}{folded_marker}")) {
+            smallest_folded = smallest_folded.min(lines_of(i));
+        } else {
+            assert!(
+                note.contains(&format!("line 0 of vm-{i}: new")),
+                "{address} is neither shown nor folded"
+            );
+            largest_shown = largest_shown.max(lines_of(i));
+            shown += 1;
+        }
+    }
+    assert!(
+        shown > 100 && smallest_folded != usize::MAX,
+        "{shown} shown"
+    );
+    assert!(
+        largest_shown <= smallest_folded,
+        "a diff of {largest_shown} lines is shown while one of {smallest_folded} lines is folded"
+    );
+}
+
+#[test]
+fn thousands_of_destroyed_vms_with_their_findings_still_fit_the_budget() {
+    // 3,000 destroyed VMs: 3,000 destructive changes and 3,000 PVE008 findings, whose lists
+    // alone would be larger than the budget.
+    let plan = huge_plan(0, 0, 3000);
+    let findings = planbot::core::lint::lint(&plan, &[]);
+    assert_eq!(findings.len(), 3000);
+    let note = note_with(&plan, &findings, &ctx());
+    assert!(note.len() <= NOTE_BUDGET, "{} chars", note.len());
+    // The first ones are listed, the rest counted, and nothing is silently lost.
+    let listed = note
+        .matches("> - `proxmox_virtual_environment_vm.old[")
+        .count();
+    let more: usize = note
+        .split("> - … and ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of the destructive changes not listed"));
+    assert!(listed >= 20, "{listed}");
+    assert_eq!(listed + more, 3000);
+    assert!(note.contains("> - `proxmox_virtual_environment_vm.old[0]`"));
+    assert!(note.contains("more findings — see the [run page]"));
+}
+
+#[test]
+fn over_budget_the_largest_diffs_fold_first_then_sections_drop() {
+    let plan = crate::support::fixtures::plan("proxmox");
+    // Enough room for everything but the two largest diffs.
+    let mut c = ctx();
+    let full = note_with(&plan, &[], &c).len();
+    c.budget = full - 900;
+    let folded = note_with(&plan, &[], &c);
+    assert!(folded.len() <= c.budget);
+    assert!(folded.contains("- <code>-/+ proxmox_virtual_environment_file.ignition</code> — replaced (because <code>source_raw[0].data</code> forces replacement) · <em>diff left out to keep this note short</em>"), "{folded}");
+    assert!(!folded.contains("left out** to keep"));
+    insta::assert_snapshot!("budget_folded", folded);
+    // Far too little room: sections are dropped and counted, the callout stays.
+    c.budget = 1500;
+    let dropped = note_with(&plan, &[], &c);
+    assert!(dropped.contains("resources left out**") || dropped.contains("resource left out**"));
+    assert!(dropped.contains("Destructive changes"));
+    insta::assert_snapshot!("budget_dropped", dropped);
+}
+
+#[test]
+fn the_policies_section_lists_each_set_its_messages_owners_and_approvals() {
+    use planbot::core::policy::review::{
+        ApprovalView, ClearedApproval, PolicySection, RecordedSet, RecordedVerdict, SetOrigin,
+        SetState,
+    };
+    use planbot::core::policy::Owner;
+    let set = |name: &str, origin, state, owners: Vec<Owner>| RecordedSet {
+        name: name.into(),
+        origin,
+        path: if origin == SetOrigin::Repository {
+            "policies".into()
+        } else {
+            String::new()
+        },
+        namespace: "main".into(),
+        owners,
+        state,
+        failures: vec![],
+        failures_more: 0,
+        warnings: vec![],
+        warnings_more: 0,
+        error: None,
+    };
+    let verdict = RecordedVerdict {
+        sets: vec![
+            RecordedSet {
+                warnings: vec!["proxmox_virtual_environment_vm.web has no backup job".into()],
+                ..set("backups", SetOrigin::Operator, SetState::Passed, vec![])
+            },
+            RecordedSet {
+                failures: vec![
+                    "proxmox_virtual_environment_vm.db would be destroyed".into(),
+                    "a `code` span, <b>html</b> and | a pipe".into(),
+                ],
+                failures_more: 3,
+                ..set(
+                    "no-deletes",
+                    SetOrigin::Repository,
+                    SetState::Failed,
+                    vec![
+                        Owner::User("alice".into()),
+                        Owner::Group("infra/admins".into()),
+                    ],
+                )
+            },
+            RecordedSet {
+                failures: vec!["VM 101 asks for 65536 MiB; 16384 at most".into()],
+                ..set(
+                    "sizes",
+                    SetOrigin::Repository,
+                    SetState::Failed,
+                    vec![Owner::User("carol".into())],
+                )
+            },
+            RecordedSet {
+                error: Some("policies/broken.rego does not parse: policies/broken.rego:3:1: error: unexpected token".into()),
+                ..set("broken", SetOrigin::Repository, SetState::Error, vec![])
+            },
+        ],
+    };
+    let section = PolicySection::new(
+        &verdict,
+        &[ApprovalView {
+            set: "sizes".into(),
+            approver: "carol".into(),
+        }],
+        &[ClearedApproval {
+            set: "no-deletes".into(),
+            approver: "alice".into(),
+            sha: "1a2b3c4d".into(),
+        }],
+        "main",
+    );
+    let ctx = NoteContext {
+        policies: [("core".to_string(), section)].into_iter().collect(),
+        ..ctx()
+    };
+    let note = note_with(&crate::support::fixtures::plan("no_changes"), &[], &ctx);
+    assert!(note.contains("### 🔴 planbot"), "a set waits: {note}");
+    assert!(note.contains("**Policies** · sets from the default branch `main` and planbot's own"));
+    insta::assert_snapshot!(note);
+}

@@ -1,0 +1,741 @@
+//! Stories of where the state lives, with the setups users run: GitLab-managed state with a
+//! Developer's token for MR plans and a Maintainer's for applies (as the State section of
+//! docs/workflow.md configures it), a lock someone else holds, a root whose state would be lost
+//! in the checkout, a secret that is a common word. Real engine, real git, the fake GitLab's
+//! state API.
+
+use crate::support::fake_gitlab::{
+    FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER, REPORTER,
+};
+use crate::support::service::TestService;
+use planbot::core::config::Config;
+use planbot::flows::service::application::Options;
+
+const INFRA: &str = "infra/homelab";
+
+/// A root with no backend block of its own: planbot gives it GitLab-managed state.
+fn vms_tf(vms: &[&str]) -> String {
+    let vms: Vec<String> = vms.iter().map(|v| format!("\"{v}\"")).collect();
+    format!(
+        r#"variable "vms" {{
+  type    = set(string)
+  default = [{}]
+}}
+
+resource "terraform_data" "vm" {{
+  for_each = var.vms
+  input    = {{ name = each.key }}
+}}
+"#,
+        vms.join(", ")
+    )
+}
+
+/// The fenced block right after `<!-- {marker} -->` in docs/workflow.md: the recipe as written.
+fn documented_block(marker: &str) -> String {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/workflow.md"),
+    )
+    .unwrap();
+    let (_, after) = page
+        .split_once(&format!("<!-- {marker} -->"))
+        .unwrap_or_else(|| panic!("docs/workflow.md has no `<!-- {marker} -->`"));
+    let body = after
+        .split_once("```")
+        .and_then(|(_, b)| b.split_once('\n'))
+        .map(|(_, b)| b)
+        .unwrap();
+    body.split_once("\n```").unwrap().0.to_string()
+}
+
+/// planbot's config for the fake GitLab's `infra/homelab`, its data in `data`, the engine
+/// `engine`, and `rest` (more keys of `[engine]`, then further sections).
+fn service_toml(
+    gitlab: &FakeGitLab,
+    data: &std::path::Path,
+    engine: &std::path::Path,
+    rest: &str,
+) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+public_url = "http://planbot.test"
+fingerprint_key = "test-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{url}"
+token = "{bot}"
+webhook_secret = "{secret}"
+projects = ["{INFRA}"]
+
+[engine]
+binary = "{engine}"
+timeout = "5m"
+{rest}
+"#,
+        data = data.display(),
+        url = gitlab.url(),
+        bot = gitlab.bot_token(),
+        secret = crate::support::service::WEBHOOK_SECRET,
+        engine = engine.display(),
+    )
+}
+
+struct World {
+    gitlab: FakeGitLab,
+    project: FakeProject,
+    alice: FakeUser,
+    config: Config,
+    _data: tempfile::TempDir,
+}
+
+/// The fake GitLab with `infra/homelab` (`.planbot.toml` and `files` on main), and planbot's
+/// config: the documented state recipe as written (its token files holding a Developer's and a
+/// Maintainer's token), plus `extra`.
+fn world(
+    engine: &std::path::Path,
+    planbot_toml: &str,
+    files: &[(&str, &str)],
+    extra: &str,
+) -> World {
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(p, t)| (p.to_string(), t.to_string()))
+        .collect();
+    let extra = extra.to_string();
+    world_with(engine, planbot_toml, move |_| (files, extra))
+}
+
+/// [`world`] whose files and extra config are made once the fake GitLab runs (they name it).
+fn world_with(
+    engine: &std::path::Path,
+    planbot_toml: &str,
+    prepare: impl FnOnce(&FakeGitLab) -> (Vec<(String, String)>, String),
+) -> World {
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
+    let (files, extra) = prepare(&gitlab);
+    let mut all = vec![(".planbot.toml", planbot_toml)];
+    all.extend(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    gitlab.commit_files(&project, "main", &all);
+    let reader = gitlab.member_with_role(
+        &project,
+        "state-reader",
+        crate::support::fake_gitlab::DEVELOPER,
+    );
+    let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
+    let data = tempfile::tempdir().unwrap();
+    let text = service_toml(
+        &gitlab,
+        data.path(),
+        engine,
+        &format!(
+            "{extra}\n{}",
+            documented_block("state recipe: planbot.toml")
+        ),
+    );
+    let (plan_token, apply_token) = (reader.token.clone(), writer.token.clone());
+    // The token files are names in $CREDENTIALS_DIRECTORY, as systemd's LoadCredential= fills it.
+    let env = [(
+        "CREDENTIALS_DIRECTORY".to_string(),
+        "/run/credentials/planbot.service".to_string(),
+    )];
+    let config = Config::load(&text, &env, &move |path| match path {
+        "/run/credentials/planbot.service/state-plan-token" => Ok(format!("{plan_token}\n")),
+        "/run/credentials/planbot.service/state-apply-token" => Ok(format!("{apply_token}\n")),
+        other => Err(format!("no file {other}")),
+    })
+    .expect("the documented state recipe is a valid config");
+    World {
+        gitlab,
+        project,
+        alice,
+        config,
+        _data: data,
+    }
+}
+
+fn with_workers() -> Options {
+    Options {
+        workers: true,
+        reconcile: false,
+    }
+}
+
+impl World {
+    /// Alice pushes `files` on `branch`, opens an MR, and GitLab delivers the webhook.
+    async fn open_mr(&self, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
+        self.gitlab.commit_files(&self.project, branch, files);
+        let iid = self
+            .gitlab
+            .open_mr_by(&self.project, branch, "main", &self.alice);
+        let body = self
+            .gitlab
+            .mr_webhook(&self.project, iid)
+            .action("open")
+            .body();
+        s.deliver_mr_opened(&body, iid).await;
+        iid
+    }
+
+    /// The plan note once the MR head's `planbot/plan` status is final, and that status.
+    async fn plan_of(&self, s: &TestService, iid: u64) -> (String, String) {
+        let head = self.gitlab.mr_sha(&self.project, iid);
+        let (gitlab, project) = (&self.gitlab, &self.project);
+        s.eventually_for("a final planbot/plan status", 90, || async {
+            gitlab
+                .status(project, &head, "planbot/plan")
+                .is_some_and(|st| st.state == "success" || st.state == "failed")
+        })
+        .await;
+        let status = self
+            .gitlab
+            .status(&self.project, &head, "planbot/plan")
+            .unwrap();
+        let note = self
+            .gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
+            .expect("a plan note");
+        (
+            note.body,
+            format!(
+                "{}: {}",
+                status.state,
+                status.description.unwrap_or_default()
+            ),
+        )
+    }
+
+    /// Merge the MR and run the manual apply job of `main`'s new head: the job's log.
+    async fn merge_and_apply(&self, s: &TestService, iid: u64, job_id: u64) -> String {
+        self.gitlab.merge_mr(&self.project, iid, Some(&self.alice));
+        let job = FakeJob {
+            token: format!("glcbt-job-{job_id}"),
+            id: job_id,
+            name: "planbot-apply".into(),
+            status: "running".into(),
+            ref_: "main".into(),
+            tag: false,
+            user: Some(self.alice.clone()),
+            pipeline_id: 1000 + job_id,
+            project_id: self.project.id,
+            sha: self.gitlab.branch_head(&self.project, "main").unwrap(),
+        };
+        self.gitlab.register_job(job.clone());
+        let r = s
+            .http
+            .post(s.url("/api/v1/apply"))
+            .header("JOB-TOKEN", &job.token)
+            .send()
+            .await
+            .expect("POST /api/v1/apply");
+        r.text().await.unwrap()
+    }
+
+    /// The state API's requests so far, as `method target user`.
+    fn state_calls(&self) -> Vec<String> {
+        self.gitlab
+            .state_requests()
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {} {}",
+                    r.method,
+                    r.target,
+                    r.user.as_deref().unwrap_or("-"),
+                    r.status
+                )
+            })
+            .collect()
+    }
+}
+
+fn last_line(log: &str) -> &str {
+    log.lines()
+        .rev()
+        .find(|l| !l.starts_with("planbot: still working"))
+        .unwrap_or("")
+}
+
+const MANAGED: &str =
+    "[[roots]]\nname = \"core\"\ndir = \"stacks/core\"\nstate = { gitlab = \"homelab\" }\n";
+
+/// The world of [`MANAGED`] (one VM on main, `extra` config), its service, and an MR that adds
+/// a second VM, planned: the MR, its note and its status.
+async fn managed_mr(engine: &std::path::Path, extra: &str) -> (World, TestService, u64, String) {
+    let w = world(
+        engine,
+        MANAGED,
+        &[("stacks/core/main.tf", &vms_tf(&["blocky"]))],
+        extra,
+    );
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "add-gitlab",
+            &[("stacks/core/main.tf", &vms_tf(&["blocky", "gitlab"]))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}\n{note}");
+    (w, s, iid, note)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_plan_reads_the_state_with_a_developer_token_and_the_apply_writes_it_with_a_maintainers(
+) {
+    let engine = require_engine!();
+    // The first change: no state yet. The MR's plan reads it (a 404 is "none yet") and
+    // nothing else: no lock, no write, with the Developer's token.
+    let (w, s, iid, note) = managed_mr(&engine, "").await;
+    assert!(note.contains("<code>core</code> | 2 | 0 | 0"), "{note}");
+    let reads = w.state_calls();
+    assert!(
+        !reads.is_empty() && reads.iter().all(|c| c == "GET state state-reader 404"),
+        "{reads:?}"
+    );
+
+    // Merged and applied: the Maintainer's token locks, writes the new state and unlocks.
+    let log = w.merge_and_apply(&s, iid, 41).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    let (state, lock) = w.gitlab.terraform_state(&w.project, "homelab");
+    let state = String::from_utf8(state.expect("the apply wrote the state")).unwrap();
+    assert!(
+        state.contains("\"gitlab\"") && state.contains("\"blocky\""),
+        "{state}"
+    );
+    assert!(lock.is_none(), "the lock is released");
+    let applied: Vec<String> = w.state_calls().split_off(reads.len());
+    assert!(
+        applied
+            .iter()
+            .all(|c| c.contains(" state-writer ") && c.ends_with(" 200") || c.starts_with("GET")),
+        "{applied:?}"
+    );
+    assert!(
+        applied.iter().any(|c| c == "POST lock state-writer 200"),
+        "{applied:?}"
+    );
+    assert!(
+        applied.iter().any(|c| c == "POST state state-writer 200"),
+        "{applied:?}"
+    );
+    assert!(
+        applied.iter().any(|c| c == "DELETE lock state-writer 200"),
+        "{applied:?}"
+    );
+    assert_eq!(
+        w.gitlab
+            .terraform_state_versions(&w.project, "homelab")
+            .len(),
+        1
+    );
+
+    // The next MR plans against that state: one more VM, and again only reads.
+    let before = w.state_calls().len();
+    let iid = w
+        .open_mr(
+            &s,
+            "add-backup",
+            &[(
+                "stacks/core/main.tf",
+                &vms_tf(&["blocky", "gitlab", "backup"]),
+            )],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}\n{note}");
+    assert!(note.contains("<code>core</code> | 1 | 0 | 0"), "{note}");
+    let reads = &w.state_calls()[before..];
+    assert!(
+        !reads.is_empty() && reads.iter().all(|c| c == "GET state state-reader 200"),
+        "{reads:?}"
+    );
+    // No token of any kind reached the note or the statuses.
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let statuses = format!("{:?}", w.gitlab.statuses(&w.project, &head));
+    for token in ["state-reader", "state-writer"].map(|u| w.gitlab.user_named(u).unwrap().token) {
+        assert!(!note.contains(&token) && !statuses.contains(&token) && !log.contains(&token));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_by_someone_else_says_who_since_when_and_how_to_release_it() {
+    let engine = require_engine!();
+    let (w, s, iid, _) = managed_mr(&engine, "lock_timeout = \"2s\"\n").await;
+
+    // Bob's laptop holds the lock (a crashed apply, a local `tofu apply`).
+    let bob = w.gitlab.member_with_role(&w.project, "bob", MAINTAINER);
+    w.gitlab
+        .lock_terraform_state(&w.project, "homelab", &bob, "6c1f0e2a-held-by-bob");
+    let log = w.merge_and_apply(&s, iid, 42).await;
+    let verdict = last_line(&log);
+    assert!(
+        verdict.starts_with("planbot: apply failed: root `core`: the plan failed: the state of root `core` is locked by @bob since 20")
+            && verdict.ends_with("(lock ID `6c1f0e2a-held-by-bob`)"),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "planbot: Another plan or apply holds the state lock; planbot waited 2s for it"
+        ) && log.contains("`tofu force-unlock 6c1f0e2a-held-by-bob`"),
+        "{log}"
+    );
+    // The MR hears it the same way.
+    let result = w
+        .gitlab
+        .notes(&w.project, iid)
+        .into_iter()
+        .map(|n| n.body)
+        .find(|b| b.contains("apply of"))
+        .expect("an apply result note");
+    assert!(result.contains("is locked by @bob since"), "{result}");
+    // Nothing was written, and bob's lock is still his.
+    assert_eq!(w.gitlab.terraform_state(&w.project, "homelab").0, None);
+    let (_, lock) = w.gitlab.terraform_state(&w.project, "homelab");
+    assert_eq!(lock.unwrap()["Who"], "bob");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_with_local_state_gets_the_rule_a_failed_status_and_an_apply_refused_before_the_engine_runs(
+) {
+    let engine = require_engine!();
+    let w = world(
+        &engine,
+        "[[roots]]\nname = \"lab\"\ndir = \"stacks/lab\"\nstate = \"own\"\n",
+        &[("stacks/lab/main.tf", &vms_tf(&["blocky"]))],
+        "",
+    );
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "add-gitlab",
+            &[("stacks/lab/main.tf", &vms_tf(&["blocky", "gitlab"]))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(
+        status.starts_with("failed: STATE001: Root `lab` keeps its state in the checkout"),
+        "{status}"
+    );
+    assert!(
+        note.contains(
+            "**STATE001**: Root `lab` keeps its state in the checkout (it has no backend block"
+        ),
+        "{note}"
+    );
+    assert!(
+        note.contains("state = { gitlab = \"lab\" }"),
+        "the fix to paste: {note}"
+    );
+
+    let log = w.merge_and_apply(&s, iid, 43).await;
+    assert_eq!(
+        last_line(&log),
+        "planbot: apply refused: root `lab` keeps its state in the checkout (a `local` backend, or no backend at all): planbot applies in a throwaway checkout, so the new state would be lost",
+        "{log}"
+    );
+    // Refused before any engine ran: no plan of the root in the job log, no engine output.
+    assert!(!log.contains("planning `stacks/lab`"), "{log}");
+    assert!(!log.contains("Initializing"), "{log}");
+    assert!(w.gitlab.state_requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_that_is_a_common_word_is_hidden_and_planbots_own_lines_stay_whole() {
+    let engine = require_engine!();
+    // A database password "apply", handed to the root as a variable the root does not mark
+    // sensitive; a user name "planbot" (no secret).
+    let root = format!(
+        "{}\nvariable \"db_password\" {{\n  type = string\n}}\n\nresource \"terraform_data\" \"db\" {{\n  input = \"user planbot, password ${{var.db_password}}\"\n}}\n",
+        vms_tf(&["blocky"])
+    );
+    let w = world(
+        &engine,
+        MANAGED,
+        &[("stacks/core/main.tf", &root)],
+        "env = { TF_VAR_db_password = \"apply\", DB_USERNAME = \"planbot\" }\n",
+    );
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "more",
+            &[(
+                "stacks/core/vm.tf",
+                "resource \"terraform_data\" \"extra\" {}\n",
+            )],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success: core: 3 to add"), "{status}");
+    assert!(
+        note.contains("user planbot, password (sensitive value)"),
+        "the password is hidden, the user name is not: {note}"
+    );
+    assert!(!note.contains("password apply"), "{note}");
+    let log = w.merge_and_apply(&s, iid, 44).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains("planbot: root `core`: applying the reviewed plan"),
+        "{log}"
+    );
+    assert!(!log.contains("password apply"), "{log}");
+}
+
+/// Everything under `dir` (the SQLite store included) that holds `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if std::fs::read(&p)
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// A root calling the module `vm` of the private project `infra/modules` as `name`.
+fn module_call(gitlab: &FakeGitLab, name: &str) -> String {
+    format!(
+        "module \"{name}\" {{\n  source = \"git::{}/infra/modules.git//vm?ref=main\"\n  name   = \"{name}\"\n}}\n",
+        gitlab.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_using_a_module_from_a_private_gitlab_project_plans_and_the_token_shows_nowhere() {
+    let engine = require_engine!();
+    let mut reader_token = String::new();
+    let w = world_with(&engine, MANAGED, |gitlab| {
+        // infra/modules: private, readable by its members only (not even planbot's bot).
+        let modules = gitlab.create_project("infra/modules");
+        gitlab.remove_member(&modules, gitlab.bot());
+        gitlab.commit_files(
+            &modules,
+            "main",
+            &[(
+                "vm/main.tf",
+                "variable \"name\" {\n  type = string\n}\n\nresource \"terraform_data\" \"vm\" {\n  input = { name = var.name }\n}\n",
+            )],
+        );
+        let reader = gitlab.member_with_role(&modules, "modules-reader", REPORTER);
+        reader_token = reader.token.clone();
+        let extra = format!(
+            "\n[modules]\nprojects = [\"infra/modules\"]\n[modules.plan]\ntoken = \"{t}\"\n[modules.apply]\ntoken = \"{t}\"\n",
+            t = reader.token
+        );
+        (
+            vec![(
+                "stacks/core/main.tf".to_string(),
+                module_call(gitlab, "blocky"),
+            )],
+            extra,
+        )
+    });
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "second-vm",
+            &[("stacks/core/dns.tf", &module_call(&w.gitlab, "dns"))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}\n{note}");
+    assert!(note.contains("module.dns.terraform_data.vm"), "{note}");
+    // git fetched the private project with the module token (as `planbot`), and only that way.
+    let fetches: Vec<_> = w
+        .gitlab
+        .git_requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/infra/modules.git/"))
+        .collect();
+    assert!(!fetches.is_empty());
+    assert!(
+        fetches
+            .iter()
+            .all(|r| r.auth_user.as_deref() == Some("planbot") && r.status == 200),
+        "{fetches:?}"
+    );
+
+    // Merged and applied: the default branch's `init` fetches the modules too.
+    let log = w.merge_and_apply(&s, iid, 45).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains("module.dns.terraform_data.vm: Creation complete"),
+        "{log}"
+    );
+
+    // The token is in no note, status, job log, run page or stored file.
+    let mut places = vec![("job log".to_string(), log)];
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    places.push((
+        "statuses".into(),
+        format!("{:?}", w.gitlab.statuses(&w.project, &head)),
+    ));
+    for n in w.gitlab.notes(&w.project, iid) {
+        places.push(("a note".into(), n.body));
+    }
+    let (_, runs) = s.get_text("/runs").await;
+    places.push(("/runs".into(), runs));
+    for run in s.app.store.recent_runs(20).await.unwrap() {
+        let (code, page) = s.get_text(&format!("/runs/{}", run.id)).await;
+        assert_eq!(code, 200);
+        places.push((format!("/runs/{}", run.id), page));
+    }
+    for (place, text) in &places {
+        assert!(
+            !text.contains(&reader_token),
+            "the module token is in {place}"
+        );
+    }
+    assert_eq!(
+        files_holding(&w.config.data_dir, &reader_token),
+        Vec::<std::path::PathBuf>::new(),
+        "the module token is stored"
+    );
+}
+
+/// planbot's config with the `http` backend set up by hand in the engine's environment, at the
+/// fake GitLab's state API on its loopback port (not 443), and `sandbox` as given.
+fn hand_made_backend_config(
+    w: &World,
+    data: &std::path::Path,
+    engine: &std::path::Path,
+    sandbox: &str,
+) -> String {
+    let reader = w.gitlab.user_named("state-reader").unwrap();
+    let address = format!(
+        "{}/api/v4/projects/{}/terraform/state/core",
+        w.gitlab.url(),
+        w.project.id
+    );
+    service_toml(
+        &w.gitlab,
+        data,
+        engine,
+        &format!(
+            "\n[engine.env]\nTF_HTTP_ADDRESS = \"{address}\"\nTF_HTTP_USERNAME = \"planbot\"\n\n\
+             [engine.plan.env]\nTF_HTTP_PASSWORD = \"{}\"\n{sandbox}",
+            reader.token
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_backend_on_another_port_is_flagged_by_check_and_its_refused_connect_explained() {
+    let engine = require_engine!();
+    let backend_tf = "terraform {\n  backend \"http\" {}\n}\n";
+    let w = world(
+        &engine,
+        "[[roots]]\nname = \"core\"\ndir = \"stacks/core\"\nstate = \"own\"\n",
+        &[
+            ("stacks/core/backend.tf", backend_tf),
+            ("stacks/core/main.tf", &vms_tf(&["blocky"])),
+        ],
+        "",
+    );
+    let port = url::Url::parse(w.gitlab.url()).unwrap().port().unwrap();
+    let setting = format!("connect_ports = [443, {port}]");
+
+    // `serve --check` names the setting, the port and what would fail.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("planbot.toml");
+    std::fs::write(
+        &file,
+        hand_made_backend_config(&w, &dir.path().join("data"), &engine, ""),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("config key `engine.env.TF_HTTP_ADDRESS`: `127.0.0.1:{port}` (a server the engine's environment names) is on a port the engine's sandbox blocks"))
+            && stderr.contains(&format!("Add the port: `[sandbox] {setting}`")),
+        "{stderr}"
+    );
+
+    // Run anyway, the MR's plan fails; the note says why and which setting allows it.
+    let config = Config::load(
+        &hand_made_backend_config(&w, &dir.path().join("data"), &engine, ""),
+        &[],
+        &|_| Err("no files".into()),
+    )
+    .unwrap();
+    let s = TestService::start(config, with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "add-gitlab",
+            &[("stacks/core/main.tf", &vms_tf(&["blocky", "gitlab"]))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("failed"), "{status}");
+    assert!(note.contains("connect: permission denied"), "{note}");
+    assert!(
+        note.contains(&format!(
+            "sandbox refused a connection to 127.0.0.1, port {port}"
+        )) && note.contains(&format!("`[sandbox] {setting}`")),
+        "{note}"
+    );
+    drop(s);
+
+    // With the port allowed, `--check` is content and the same MR plans.
+    let allowed = format!("\n[sandbox]\n{setting}\n");
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(
+        &file,
+        hand_made_backend_config(&w, data.path(), &engine, &allowed),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["serve", "--check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("- let the engine connect to 127.0.0.1:{port} (a server the engine's environment names, engine.env.TF_HTTP_ADDRESS)")),
+        "{stdout}"
+    );
+    let config = Config::load(
+        &hand_made_backend_config(&w, data.path(), &engine, &allowed),
+        &[],
+        &|_| Err("no files".into()),
+    )
+    .unwrap();
+    let s = TestService::start(config, with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "add-backup",
+            &[("stacks/core/main.tf", &vms_tf(&["blocky", "backup"]))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}\n{note}");
+}
