@@ -236,14 +236,6 @@ impl StatusState {
             StatusState::Canceled => "canceled",
         }
     }
-
-    /// Success, failed and canceled cannot be moved back on GitLab.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            StatusState::Success | StatusState::Failed | StatusState::Canceled
-        )
-    }
 }
 
 /// What [`GitLab::set_commit_status`] posts.
@@ -320,28 +312,6 @@ pub struct Branch {
     #[serde(default, deserialize_with = "null_default")]
     pub default: bool,
     pub commit: BranchCommit,
-}
-
-/// One entry of a protected branch's access lists.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BranchAccess {
-    #[serde(default)]
-    pub access_level: Option<AccessLevel>,
-    #[serde(default)]
-    pub access_level_description: Option<String>,
-}
-
-/// `GET /projects/:id/protected_branches/:name`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProtectedBranch {
-    #[serde(default, deserialize_with = "null_default")]
-    pub name: String,
-    #[serde(default, deserialize_with = "null_default")]
-    pub push_access_levels: Vec<BranchAccess>,
-    #[serde(default, deserialize_with = "null_default")]
-    pub merge_access_levels: Vec<BranchAccess>,
-    #[serde(default, deserialize_with = "null_default")]
-    pub allow_force_push: bool,
 }
 
 /// The pipeline a job belongs to, as `GET /job` reports it.
@@ -433,34 +403,6 @@ pub struct Hook {
     pub alert_status: Option<String>,
     #[serde(default)]
     pub disabled_until: Option<String>,
-}
-
-/// One approver entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Approver {
-    pub user: User,
-}
-
-/// `GET /projects/:id/merge_requests/:iid/approvals`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Approvals {
-    #[serde(default)]
-    pub approvals_required: Option<u32>,
-    #[serde(default)]
-    pub approvals_left: Option<u32>,
-    #[serde(default, deserialize_with = "null_default")]
-    pub approved_by: Vec<Approver>,
-}
-
-impl Approvals {
-    /// Approvers other than the MR's author (self-approval is not a review).
-    pub fn approvers_except(&self, author: Option<UserId>) -> Vec<&User> {
-        self.approved_by
-            .iter()
-            .map(|a| &a.user)
-            .filter(|u| Some(u.id) != author)
-            .collect()
-    }
 }
 
 #[derive(Deserialize)]
@@ -720,17 +662,6 @@ impl GitLab {
         .await
     }
 
-    pub async fn mr_approvals(
-        &self,
-        project: ProjectId,
-        iid: MrIid,
-    ) -> Result<Approvals, GitLabError> {
-        let p = project.to_string();
-        let i = iid.to_string();
-        self.get_json(&["projects", &p, "merge_requests", &i, "approvals"], &[])
-            .await
-    }
-
     // ----- notes -------------------------------------------------------------------------------
 
     /// All notes of an MR, oldest first (every page).
@@ -904,16 +835,6 @@ impl GitLab {
     pub async fn branch(&self, project: ProjectId, name: &str) -> Result<Branch, GitLabError> {
         let p = project.to_string();
         self.get_json(&["projects", &p, "repository", "branches", name], &[])
-            .await
-    }
-
-    pub async fn protected_branch(
-        &self,
-        project: ProjectId,
-        name: &str,
-    ) -> Result<ProtectedBranch, GitLabError> {
-        let p = project.to_string();
-        self.get_json(&["projects", &p, "protected_branches", name], &[])
             .await
     }
 
@@ -1485,18 +1406,6 @@ mod tests {
     }
 
     #[test]
-    fn approvals_fixture_counts_approvers_other_than_the_author() {
-        let a: Approvals =
-            serde_json::from_str(&fixture("api/merge_request_approvals.json")).unwrap();
-        assert_eq!(a.approvals_required, Some(2));
-        assert_eq!(a.approvals_left, Some(1));
-        assert_eq!(a.approved_by.len(), 1);
-        assert_eq!(a.approvers_except(None).len(), 1);
-        // The only approver (root, id 1) approving their own MR does not count.
-        assert!(a.approvers_except(Some(UserId(1))).is_empty());
-    }
-
-    #[test]
     fn commit_status_fixture_parses_with_null_description_and_ref() {
         let s: StatusRecord =
             serde_json::from_str(&fixture("api/commit_status_create_response.json")).unwrap();
@@ -1505,18 +1414,6 @@ mod tests {
         assert_eq!(s.name, "default");
         assert_eq!(s.description, None);
         assert_eq!(s.ref_, None);
-    }
-
-    #[test]
-    fn protected_branch_fixture_parses_access_levels() {
-        let p: ProtectedBranch =
-            serde_json::from_str(&fixture("api/protected_branch_single.json")).unwrap();
-        assert_eq!(p.name, "main");
-        assert_eq!(
-            p.push_access_levels[0].access_level,
-            Some(AccessLevel::MAINTAINER)
-        );
-        assert!(!p.allow_force_push);
     }
 
     #[test]

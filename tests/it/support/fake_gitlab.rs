@@ -1932,10 +1932,6 @@ fn router(state: Shared) -> Router {
             "/api/v4/projects/{id}/merge_requests/{iid}/notes/{note_id}",
             axum::routing::put(edit_note).get(get_note),
         )
-        .route(
-            "/api/v4/projects/{id}/merge_requests/{iid}/approvals",
-            get(get_approvals),
-        )
         .route("/api/v4/projects/{id}/statuses/{sha}", post(post_status))
         .route(
             "/api/v4/projects/{id}/repository/commits/{sha}/statuses",
@@ -1948,10 +1944,6 @@ fn router(state: Shared) -> Router {
         .route(
             "/api/v4/projects/{id}/repository/branches/{branch}",
             get(get_branch),
-        )
-        .route(
-            "/api/v4/projects/{id}/protected_branches/{branch}",
-            get(get_protected_branch),
         )
         .route(
             "/api/v4/projects/{id}/issues",
@@ -2402,35 +2394,6 @@ async fn edit_note(
     Json(note_json(&s, &mr, &n)).into_response()
 }
 
-async fn get_approvals(
-    State(state): State<Shared>,
-    headers: HeaderMap,
-    Path((id, iid)): Path<(String, u64)>,
-) -> Response {
-    let s = lock!(state);
-    let u = tryr!(api_user(&s, &headers));
-    let pid = tryr!(visible_project(&s, &id, &u));
-    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
-        return err(StatusCode::NOT_FOUND, "404 Not found");
-    };
-    let mut v: Value =
-        serde_json::from_str(&super::gitlab_fixture("api/merge_request_approvals.json")).unwrap();
-    v["id"] = json!(mr.id);
-    v["iid"] = json!(mr.iid);
-    v["project_id"] = json!(pid);
-    v["title"] = json!(mr.title);
-    v["state"] = json!(mr.state);
-    v["approvals_required"] = json!(0);
-    v["approvals_left"] = json!(0);
-    v["approved_by"] = Value::Array(
-        mr.approved_by
-            .iter()
-            .map(|u| json!({ "user": user_by_id(&s, *u) }))
-            .collect(),
-    );
-    Json(v).into_response()
-}
-
 #[derive(serde::Deserialize)]
 struct StatusBody {
     state: String,
@@ -2661,23 +2624,6 @@ async fn get_branch(
     v["commit"]["id"] = json!(sha);
     v["commit"]["short_id"] = json!(&sha[..8]);
     v["commit"]["parent_ids"] = json!([]);
-    Json(v).into_response()
-}
-
-async fn get_protected_branch(
-    State(state): State<Shared>,
-    headers: HeaderMap,
-    Path((id, branch)): Path<(String, String)>,
-) -> Response {
-    let s = lock!(state);
-    let u = tryr!(api_user(&s, &headers));
-    let pid = tryr!(visible_project(&s, &id, &u));
-    if !s.projects[&pid].protected.contains(&branch) {
-        return err(StatusCode::NOT_FOUND, "404 Not found");
-    }
-    let mut v: Value =
-        serde_json::from_str(&super::gitlab_fixture("api/protected_branch_single.json")).unwrap();
-    v["name"] = json!(branch);
     Json(v).into_response()
 }
 
