@@ -140,8 +140,10 @@ enum Command {
         #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
         config: PathBuf,
     },
-    /// Validate a repo config file (`.planbot.toml`) and print the roots it defines.
-    CheckConfig {
+    /// Validate a repository's `.planbot.toml` and print the roots it defines (`check-repo-config`,
+    /// its earlier name, still works).
+    #[command(visible_alias = "check-config")]
+    CheckRepoConfig {
         /// The repository's `.planbot.toml`.
         file: PathBuf,
     },
@@ -319,7 +321,7 @@ fn main() -> ExitCode {
             },
         ),
         Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),
-        Command::CheckConfig { file } => planbot::flows::cli::check_config::main(&file),
+        Command::CheckRepoConfig { file } => planbot::flows::cli::check_repo_config::main(&file),
         Command::Store {
             command:
                 StoreCommand::Migrate {

@@ -203,7 +203,7 @@ pub fn is_known_rule(id: &str) -> bool {
     RULES.iter().any(|r| r.id.eq_ignore_ascii_case(id))
 }
 
-/// The entries of a `[lint] disable = [...]` list that name no rule (for `check-config`:
+/// The entries of a `[lint] disable = [...]` list that name no rule (for `check-repo-config`:
 /// a typo must not silently keep a rule on).
 pub fn unknown_rule_ids(disabled: &[String]) -> Vec<String> {
     disabled

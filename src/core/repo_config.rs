@@ -1,7 +1,7 @@
 //! The repo configuration `.planbot.toml` (docs/configuration.md): roots, what triggers them, plan settings.
 //!
 //! Pure: parse + validate a text, decide which roots an MR's changed files affect, and render the
-//! texts (`planbot check-config` output, the MR note saying what is wrong) from `templates/`.
+//! texts (`planbot check-repo-config` output, the MR note saying what is wrong) from `templates/`.
 //!
 //! ```toml
 //! [[roots]]
@@ -1043,7 +1043,7 @@ fn render(name: &str, ctx: minijinja::Value) -> String {
         .unwrap_or_else(|e| format!("(template {name} failed: {e})\n"))
 }
 
-/// `planbot check-config FILE` output for a valid file.
+/// `planbot check-repo-config FILE` output for a valid file.
 pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
     render(
         "check_config.txt.j2",
@@ -1057,7 +1057,7 @@ pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
     )
 }
 
-/// `planbot check-config FILE` output for an invalid file.
+/// `planbot check-repo-config FILE` output for an invalid file.
 pub fn render_check_config_error(file: &str, err: &RepoConfigError) -> String {
     render(
         "check_config_error.txt.j2",

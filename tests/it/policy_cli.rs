@@ -1,6 +1,6 @@
 //! `planbot policy test` and `planbot plan --policy` as a user runs them: conftest's text and
 //! JSON, the exit codes, the errors on stderr; the recipe of docs/policies.md run as written with
-//! the real engine; `planbot check-config` listing and checking `[[policy_sets]]`.
+//! the real engine; `planbot check-repo-config` listing and checking `[[policy_sets]]`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -296,7 +296,7 @@ fn the_documented_recipe_runs_as_written_with_the_real_engine() {
 fn check_config(content: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(".planbot.toml"), content).unwrap();
-    planbot(dir.path(), &["check-config", ".planbot.toml"], None)
+    planbot(dir.path(), &["check-repo-config", ".planbot.toml"], None)
 }
 
 #[test]

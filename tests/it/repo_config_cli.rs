@@ -1,14 +1,19 @@
-//! `planbot check-config FILE` through the real binary: a valid file lists its roots, an invalid
+//! `planbot check-repo-config FILE` through the real binary: a valid file lists its roots, an invalid
 //! one names the line and key and exits 1; plus the MR-note texts for a broken or changed config.
 
 use planbot::core::repo_config::{render_error_note, render_preview, RepoConfig};
 use std::process::Command;
 
 fn check_config(content: &str) -> (i32, String, String) {
+    check_config_as("check-repo-config", content)
+}
+
+/// The command under one of its names (`check-config` is its earlier one).
+fn check_config_as(command: &str, content: &str) -> (i32, String, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(".planbot.toml"), content).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_planbot"))
-        .args(["check-config", ".planbot.toml"])
+        .args([command, ".planbot.toml"])
         .current_dir(dir.path())
         .env_clear()
         .output()
@@ -46,6 +51,16 @@ fn a_valid_file_prints_its_roots_and_exits_0() {
 }
 
 #[test]
+fn the_earlier_name_check_config_still_works() {
+    let (code, stdout, stderr) = check_config_as("check-config", DESIGN_EXAMPLE);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, check_config(DESIGN_EXAMPLE).1);
+    let (code, _, stderr) = check_config_as("check-config", "[[roots]]\nname = 1\n");
+    assert_eq!(code, 1);
+    assert!(stderr.contains("check-repo-config"), "{stderr}");
+}
+
+#[test]
 fn an_unknown_key_is_named_with_its_line_and_exits_1() {
     let (code, stdout, stderr) = check_config(
         "[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/core\"\nwhen_modifed = [\"*.tf\"]\n",
@@ -70,7 +85,7 @@ fn every_validation_problem_is_listed_at_once() {
 fn a_missing_file_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_planbot"))
-        .args(["check-config", "nope.toml"])
+        .args(["check-repo-config", "nope.toml"])
         .current_dir(dir.path())
         .output()
         .unwrap();

@@ -120,7 +120,7 @@ pub fn check_namespace(namespace: &str) -> Result<(), String> {
     }
 }
 
-/// What `check-config` and `serve --check` show of the sets.
+/// What `check-repo-config` and `serve --check` show of the sets.
 #[derive(Serialize)]
 pub struct SetView<'a> {
     pub name: &'a str,

@@ -1,7 +1,7 @@
-//! One-shot commands of the `planbot` binary: `serve`, `render`, `plan`, `check-config`,
+//! One-shot commands of the `planbot` binary: `serve`, `render`, `plan`, `check-repo-config`,
 //! `doctor`, `apply-job` (the CI side of the manual apply), `store migrate` and `policy test`.
 pub mod apply_job;
-pub mod check_config;
+pub mod check_repo_config;
 pub mod doctor;
 pub mod plan;
 pub mod policy;

@@ -1,4 +1,4 @@
-//! `planbot check-config FILE`: validates a repo `.planbot.toml` and prints its roots.
+//! `planbot check-repo-config FILE`: validates a repo `.planbot.toml` and prints its roots.
 
 use crate::core::repo_config::{render_check_config, render_check_config_error, RepoConfig};
 use anyhow::{Context, Result};
