@@ -1,6 +1,6 @@
 //! The store's public types: what callers hand in and get back, independent of SQL.
 
-use crate::core::events::Job;
+use crate::core::events::{Job, Supersede};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId, UserId};
 use crate::core::policy::review::RecordedVerdict;
@@ -530,3 +530,13 @@ pub struct PolicyApproval {
 
 /// A verdict row as the backends hand it over: `(root, fingerprint hex, verdict JSON)`.
 pub(crate) type VerdictRow = (String, String, String);
+
+/// The kinds of its MR's queued and running jobs that enqueuing `job` cancels
+/// ([`Job::supersedes`]): `None` nothing, `Some(None)` every kind, `Some(Some(kind))` one.
+pub(super) fn superseded_kinds(job: &Job) -> Option<Option<QueueJobKind>> {
+    match job.supersedes() {
+        Supersede::None => None,
+        Supersede::OtherHeads => Some(Some(QueueJobKind::Plan)),
+        Supersede::All => Some(None),
+    }
+}

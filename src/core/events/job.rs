@@ -167,4 +167,15 @@ impl Job {
             _ => Supersede::None,
         }
     }
+
+    /// What the jobs this one supersedes say when canceled (their run's and job's reason).
+    pub fn supersede_reason(&self) -> String {
+        match (self.supersedes(), self) {
+            (Supersede::All, _) => "the merge request was closed".to_string(),
+            (_, Job::Plan(PlanJob { head, .. })) => {
+                format!("superseded by a newer plan of {}", head.short())
+            }
+            _ => "superseded".to_string(),
+        }
+    }
 }

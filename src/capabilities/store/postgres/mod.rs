@@ -19,14 +19,14 @@ pub use migrations::PG_SCHEMA_VERSION;
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Ty, Value, TABLES};
+use super::types::{superseded_kinds, PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
     RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe,
 };
-use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{now_ms, ProjectLock};
-use crate::core::events::{Job, PlanJob, Redundant, Supersede};
+use crate::core::events::{Job, Redundant};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;
@@ -361,23 +361,8 @@ async fn enqueue_in(
         return Ok(Enqueued::default());
     }
     let mut cancel_running = Vec::new();
-    if let Some((p, m)) = job.mr() {
-        match job.supersedes() {
-            Supersede::None => {}
-            Supersede::OtherHeads => {
-                let why = match job {
-                    Job::Plan(PlanJob { head, .. }) => {
-                        format!("superseded by a newer plan of {}", head.short())
-                    }
-                    _ => "superseded".to_string(),
-                };
-                cancel_running = cancel_in(c, p, m, Some(QueueJobKind::Plan), &why, now).await?;
-            }
-            Supersede::All => {
-                cancel_running =
-                    cancel_in(c, p, m, None, "the merge request was closed", now).await?;
-            }
-        }
+    if let (Some((p, m)), Some(kind)) = (job.mr(), superseded_kinds(job)) {
+        cancel_running = cancel_in(c, p, m, kind, &job.supersede_reason(), now).await?;
     }
     let insert = c
         .prepare_cached(

@@ -1,9 +1,9 @@
 //! SQL for planbot's durable job queue: enqueue (with supersede), claim, finish, cancel, list.
 
 use crate::capabilities::store::types::{
-    ClaimedJob, Enqueued, JobEnd, JobRow, QueueJobId, QueueJobKind, QueueJobState,
+    superseded_kinds, ClaimedJob, Enqueued, JobEnd, JobRow, QueueJobId, QueueJobKind, QueueJobState,
 };
-use crate::core::events::{Job, PlanJob, Redundant, Supersede};
+use crate::core::events::{Job, Redundant};
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
 use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -34,22 +34,8 @@ pub(super) fn enqueue(
         return Ok(Enqueued::default());
     }
     let mut cancel_running = Vec::new();
-    if let (Some(p), Some(m)) = (project, mr) {
-        match job.supersedes() {
-            Supersede::None => {}
-            Supersede::OtherHeads => {
-                let why = match job {
-                    Job::Plan(PlanJob { head, .. }) => {
-                        format!("superseded by a newer plan of {}", head.short())
-                    }
-                    _ => "superseded".to_string(),
-                };
-                cancel_running = cancel(conn, p, m, Some(QueueJobKind::Plan), &why, now)?;
-            }
-            Supersede::All => {
-                cancel_running = cancel(conn, p, m, None, "the merge request was closed", now)?;
-            }
-        }
+    if let (Some(p), Some(m), Some(kind)) = (project, mr, superseded_kinds(job)) {
+        cancel_running = cancel(conn, p, m, kind, &job.supersede_reason(), now)?;
     }
     conn.execute(
         "INSERT INTO jobs (kind, project_id, mr_iid, sha, payload, state, delivery_id, created_at)
