@@ -8,8 +8,8 @@
 //! namespaces per plan (three engine processes: `init`, `plan`, `show`). Under `cargo test
 //! --all-targets` (no `--bench`) it runs three of each, to stay fast.
 
+use planbot::capabilities::engine::sandbox::{Isolation, Policy, Profile, Support};
 use planbot::capabilities::namespaces::{Limits, NsSupport};
-use planbot::capabilities::sandbox::{Isolation, Policy, Profile, Support};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

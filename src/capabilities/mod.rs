@@ -5,6 +5,5 @@ pub mod engine;
 pub mod gitlab;
 pub mod namespaces;
 pub mod proxmox;
-pub mod sandbox;
 pub mod store;
 pub mod workspace;

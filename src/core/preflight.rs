@@ -1,7 +1,7 @@
 //! Proxmox preflight PVE101–PVE107, the pure half: what a plan needs from the cluster
 //! ([`needs`]), and the findings once the facts have been fetched ([`evaluate`]).
 //!
-//! The fetching (read-only API calls) lives in `flows::review::preflight`.
+//! The fetching (read-only API calls) lives in `flows::preflight`.
 
 use crate::core::findings::{finding_with, render_macro, sort_findings, Facts, Finding, Severity};
 use crate::core::plan::{ActionKind, Plan};
@@ -218,7 +218,7 @@ pub struct StorageFact {
     pub file_based: bool,
 }
 
-/// What the API said, fetched by `flows::review::preflight`.
+/// What the API said, fetched by `flows::preflight`.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterFacts {
     /// `user@realm!name` (never the secret).

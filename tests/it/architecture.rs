@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Every module of the crate (`flows::context::app`) and the file that holds it.
+/// Every module of the crate (`flows::context::app_state`) and the file that holds it.
 fn modules() -> BTreeMap<String, PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {
@@ -306,6 +306,68 @@ fn layers_point_one_way() {
     );
 }
 
+/// The floors of `flows` (docs/architecture.md): a room uses only rooms on lower floors;
+/// review and apply stand side by side and use neither each other nor anything above.
+fn flows_floor(room: &str) -> u8 {
+    match room {
+        "cli" => 5,
+        "service" => 4,
+        "review" | "apply" | "drift" => 3,
+        "context" | "preflight" => 2,
+        "confinement" => 1,
+        other => {
+            panic!("flows::{other} has no floor: give it one here and in docs/architecture.md")
+        }
+    }
+}
+
+fn flows_arrows_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let room = |m: &str| {
+        m.strip_prefix("flows::")
+            .map(|r| r.split("::").next().unwrap().to_string())
+    };
+    let mut wrong = Vec::new();
+    for (m, deps) in g {
+        let Some(from) = room(m) else { continue };
+        for d in deps {
+            let Some(to) = room(d) else { continue };
+            if to != from && flows_floor(&to) >= flows_floor(&from) {
+                wrong.push(format!("{m} → {d}"));
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn flows_rooms_stand_on_lower_floors_only() {
+    let wrong = flows_arrows_up(&graph());
+    assert!(
+        wrong.is_empty(),
+        "a flows room uses one on its own floor or above:\n{}",
+        wrong.join("\n")
+    );
+    let mut g = BTreeMap::new();
+    g.insert(
+        "flows::apply::parity".to_string(),
+        BTreeSet::from([
+            "flows::review::policies".to_string(),
+            "flows::context::cpu".to_string(),
+        ]),
+    );
+    g.insert(
+        "flows::context::app_state".to_string(),
+        BTreeSet::from(["flows::service::server".to_string()]),
+    );
+    assert_eq!(
+        flows_arrows_up(&g),
+        vec![
+            "flows::apply::parity → flows::review::policies",
+            "flows::context::app_state → flows::service::server"
+        ]
+    );
+}
+
 #[test]
 fn every_file_says_what_it_is_for_and_every_folder_what_lives_in_it() {
     let mut missing = Vec::new();
@@ -342,7 +404,7 @@ fn the_architecture_page_names_only_modules_that_exist() {
         named.len() >= 20,
         "the page names the modules in backticks: {named:?}"
     );
-    // `flows::context::app::App` names an item of a module: the module must exist and define it.
+    // `flows::context::app_state::App` names an item of a module: the module must exist and define it.
     let unknown: Vec<_> = named
         .iter()
         .filter(|t| match resolve(&mods, t) {

@@ -10,7 +10,7 @@ use crate::support::fake_gitlab::{FakeGitLab, REPORTER};
 use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
 use planbot::core::config::Config;
 use planbot::core::ids::{CommitSha, MrIid, ProjectId};
-use planbot::flows::service::application::{Application, Options};
+use planbot::flows::service::server::{Application, Options};
 use std::path::PathBuf;
 
 const PUBLIC_URL: &str = "http://planbot.test";

@@ -328,7 +328,7 @@ async fn doctors_pasted_fixes_make_the_apply_token_ok_and_agree_with_the_preflig
         &pve.url,
         format!("{PVE_TOKEN}={PVE_SECRET}"),
     );
-    let findings = planbot::flows::review::preflight::preflight(
+    let findings = planbot::flows::preflight::preflight(
         &planbot::capabilities::proxmox::Proxmox::new(ep).unwrap(),
         &plan,
     )

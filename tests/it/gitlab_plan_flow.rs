@@ -7,7 +7,7 @@ use planbot::core::config::Config;
 use planbot::core::events::{PlanJob, PlanReason};
 use planbot::core::ids::{CommitSha, MrIid, ProjectId};
 use planbot::core::render::NOTE_MARKER;
-use planbot::flows::context::app::App;
+use planbot::flows::context::app_state::App;
 use tokio_util::sync::CancellationToken;
 
 const CANARY: &str = "canary-secret-7f3a9c";
@@ -86,7 +86,7 @@ env = {{ TF_VAR_token = "{CANARY}" }}
     );
     let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
     let app = App::new(config).expect("app");
-    planbot::flows::context::app::wipe_temp_root(&app.temp_root()).unwrap();
+    planbot::flows::context::app_state::wipe_temp_root(&app.temp_root()).unwrap();
     World {
         fake,
         project,

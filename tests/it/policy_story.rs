@@ -9,7 +9,7 @@ use crate::support::fake_gitlab::{
 };
 use crate::support::service::TestService;
 use planbot::core::config::Config;
-use planbot::flows::service::application::Options;
+use planbot::flows::service::server::Options;
 
 const INFRA: &str = "infra/homelab";
 

@@ -6,7 +6,7 @@ use planbot::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
 use planbot::core::findings::{Finding, Severity};
 use planbot::core::plan::Plan;
 use planbot::core::preflight;
-use planbot::flows::review::preflight::preflight;
+use planbot::flows::preflight::preflight;
 use std::time::Duration;
 
 const TOKEN: &str = "tofu@pve!plan";
@@ -463,18 +463,18 @@ async fn a_plan_without_proxmox_resources_only_asks_for_the_version() {
 #[tokio::test]
 async fn the_plan_flow_helper_says_when_it_skipped_and_the_apply_helper_refuses() {
     let plan = crate::support::fixtures::plan("bpg/seed_debian_qcow2_import");
-    let skipped = planbot::flows::review::preflight::for_plan(None, &plan).await;
+    let skipped = planbot::flows::preflight::for_plan(None, &plan).await;
     assert!(skipped.findings.is_empty());
     assert!(skipped
         .note
         .starts_with("Proxmox preflight skipped: no Proxmox endpoint configured"));
-    assert!(planbot::flows::review::preflight::before_apply(None, &plan)
+    assert!(planbot::flows::preflight::before_apply(None, &plan)
         .await
         .is_ok());
 
     let fake = FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "PVEAdmin")])).await;
     let ep = || ProxmoxEndpoint::new(&fake.url, format!("{TOKEN}={SECRET}"));
-    let ran = planbot::flows::review::preflight::for_plan(Some(ep()), &plan).await;
+    let ran = planbot::flows::preflight::for_plan(Some(ep()), &plan).await;
     assert_eq!(rules(&ran.findings), vec![("PVE104", DEBIAN)]);
     assert!(
         ran.note.contains(&format!("as `{TOKEN}`: 1 finding")),
@@ -482,7 +482,7 @@ async fn the_plan_flow_helper_says_when_it_skipped_and_the_apply_helper_refuses(
         ran.note
     );
     assert!(ran.lint_facts.shared_storages.contains("nfs-images"));
-    let refused = planbot::flows::review::preflight::before_apply(Some(ep()), &plan)
+    let refused = planbot::flows::preflight::before_apply(Some(ep()), &plan)
         .await
         .unwrap_err();
     assert!(
@@ -499,7 +499,7 @@ async fn plan_and_apply(
     fake: &FakeProxmox,
     plan: &Plan,
 ) -> (
-    planbot::flows::review::preflight::PlanPreflight,
+    planbot::flows::preflight::PlanPreflight,
     Result<Vec<Finding>, String>,
 ) {
     let ep = || {
@@ -507,8 +507,8 @@ async fn plan_and_apply(
         ep.timeout = Duration::from_millis(500);
         ep
     };
-    let planned = planbot::flows::review::preflight::for_plan(Some(ep()), plan).await;
-    let applied = planbot::flows::review::preflight::before_apply(Some(ep()), plan).await;
+    let planned = planbot::flows::preflight::for_plan(Some(ep()), plan).await;
+    let applied = planbot::flows::preflight::before_apply(Some(ep()), plan).await;
     (planned, applied)
 }
 

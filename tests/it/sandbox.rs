@@ -4,10 +4,10 @@
 //! sandbox can do each of these, so the test proves the sandbox, not the environment. Then the
 //! real engine: hostile HCL, a provider committed to the repository, a symlinked root.
 
+use planbot::capabilities::engine::sandbox::{Policy, Profile, Support};
 use planbot::capabilities::engine::{
     CliConfig, Engine, EngineError, PlanRequest, SandboxMode, SandboxProfile,
 };
-use planbot::capabilities::sandbox::{Policy, Profile, Support};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::process::Command;

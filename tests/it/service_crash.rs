@@ -5,7 +5,7 @@ use crate::support::fake_gitlab::FakeGitLab;
 use crate::support::service::{token_headers, TestService, WEBHOOK_SECRET};
 use planbot::core::config::Config;
 use planbot::core::render::NOTE_MARKER;
-use planbot::flows::service::application::Options;
+use planbot::flows::service::server::Options;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 use crate::support::fake_gitlab::{FakeGitLab, FakeProject, FakeUser};
 use crate::support::service::{fixture, token_headers, TestService, WEBHOOK_SECRET};
 use planbot::core::config::Config;
-use planbot::flows::service::application::Options;
+use planbot::flows::service::server::Options;
 
 const MAIN_TF: &str = r#"resource "terraform_data" "vm" {
   input = "blocky"

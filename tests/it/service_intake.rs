@@ -2,7 +2,7 @@
 
 use crate::support::service::*;
 use planbot::core::events::{Job, PlanReason};
-use planbot::flows::service::application::Options;
+use planbot::flows::service::server::Options;
 
 const MR: &str = "Merge Request Hook";
 

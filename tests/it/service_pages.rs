@@ -8,9 +8,9 @@ use crate::support::fake_gitlab::{FakeGitLab, FakeProject, FakeUser, GUEST, REPO
 use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
 use planbot::core::config::Config;
 use planbot::core::ids::{CommitSha, MrIid, ProjectId, RunId};
-use planbot::flows::context::app::App;
+use planbot::flows::context::app_state::App;
 use planbot::flows::context::session::Session;
-use planbot::flows::service::application::{Application, Options};
+use planbot::flows::service::server::{Application, Options};
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use reqwest::StatusCode;
 use std::sync::Arc;
@@ -640,7 +640,7 @@ async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_
     );
     let sandbox = planbot::flows::confinement::sandbox::service_mode(
         &w.app.config,
-        planbot::flows::confinement::credentials::Use::Plan,
+        planbot::flows::confinement::credentials::Trust::MergeRequest,
     )
     .describe();
     assert!(

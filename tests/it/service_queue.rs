@@ -5,7 +5,7 @@ use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
 use planbot::core::config::Config;
 use planbot::core::events::{Job, PlanReason};
 use planbot::core::ids::{CommitSha, MrIid, ProjectId};
-use planbot::flows::service::application::Options;
+use planbot::flows::service::server::Options;
 
 const MR: &str = "Merge Request Hook";
 const HEAD: &str = "e59094b8de0f2f91abbe4760a52d9137260252d8";

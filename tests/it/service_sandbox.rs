@@ -9,7 +9,7 @@ use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
 use crate::support::service::{token_headers, TestService, WEBHOOK_SECRET};
 use base64::Engine as _;
 use planbot::core::config::Config;
-use planbot::flows::service::application::Options;
+use planbot::flows::service::server::Options;
 
 const FINGERPRINT_KEY: &str = "fingerprint-key-canary-7d41c0e2";
 const APPLY_SECRET: &str = "apply-credential-canary-5be9a3";

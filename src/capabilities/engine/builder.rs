@@ -4,8 +4,8 @@
 use super::cli_config::CliConfig;
 use super::confine::SandboxMode;
 use super::env::forbidden_env_key;
+use super::sandbox::Support;
 use super::{Engine, EngineError, Inner};
-use crate::capabilities::sandbox::Support;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -1,30 +1,30 @@
 //! The engine runner: `tofu`/`terraform` init + plan + show, and apply of that same plan file.
 //! [`Engine`] is the facade; beside it one file per job (build, version, request, env, sandbox, encryption, run dirs, process, output, plan, apply).
 
+mod apply;
 mod builder;
 mod cli_config;
-mod confine;
 mod encryption;
 mod env;
 mod error;
 mod output;
-mod plan_run;
-mod planned_run;
+mod plan;
 mod process;
 mod request;
 mod run_dir;
+pub mod sandbox;
 mod version;
 
+pub use apply::{ApplyOutcome, PlannedRun};
 pub use builder::{default_binary, EngineBuilder, DEFAULT_MAX_PLAN_JSON};
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
-pub use confine::{Limits, Namespaces, SandboxMode, SandboxProfile};
 pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use error::{EngineError, Step};
 pub use output::LINE_MAX_BYTES;
-pub use plan_run::LOCK_FILE_MAX;
-pub use planned_run::{ApplyOutcome, PlannedRun};
+pub use plan::LOCK_FILE_MAX;
 pub use request::{is_variable_name, CancelHandle, CancelToken, PlanRequest, StepProgress};
 pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};
+pub use sandbox::{Limits, Namespaces, Profile as SandboxProfile, SandboxMode};
 /// Which engine a binary is (defined in core, where a plan document's engine is told apart too).
 pub use version::EngineKind;
 pub use version::EngineVersion;

@@ -5,10 +5,10 @@
 //! persisted, lock released), then after the grace period SIGKILL of the whole group; what is
 //! left of the group when the engine exits (a provider plugin that outlived it) is killed too.
 
-use super::confine::Confinement;
 use super::error::{EngineError, Step, StepError, StopHow};
 use super::output::{read_lines, Line, RawLog, LINES_IN_FLIGHT};
 use super::request::CancelToken;
+use super::sandbox::Confinement;
 use super::Engine;
 use crate::core::redact::Scrubber;
 use nix::errno::Errno;

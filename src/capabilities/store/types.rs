@@ -528,6 +528,22 @@ pub struct PolicyApproval {
     pub approved_at: i64,
 }
 
+impl PolicyApproval {
+    /// The names of the sets approved for exactly this plan (`sha`, `fingerprint`) of `root`.
+    pub fn sets_for<'a>(
+        approvals: &'a [PolicyApproval],
+        root: &str,
+        sha: &CommitSha,
+        fingerprint: &Fingerprint,
+    ) -> Vec<&'a str> {
+        approvals
+            .iter()
+            .filter(|a| a.root == root && &a.sha == sha && &a.fingerprint == fingerprint)
+            .map(|a| a.set.as_str())
+            .collect()
+    }
+}
+
 /// A verdict row as the backends hand it over: `(root, fingerprint hex, verdict JSON)`.
 pub(crate) type VerdictRow = (String, String, String);
 

@@ -340,7 +340,7 @@ pub struct MetricsConfig {
     pub token: Option<Secret>,
 }
 
-/// `[sandbox]`: how engine processes are confined (see `capabilities::sandbox`).
+/// `[sandbox]`: how engine processes are confined (see `capabilities::engine::sandbox`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxConfig {
     /// Refuse to run the engine where the kernel offers no Landlock (default `true`).

@@ -3,7 +3,7 @@
 
 use super::{log_text, run, say, ApplyBody, JobLog, Verdict};
 use crate::core::apply::ApplyRefusal;
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use minijinja::context;
 use std::sync::Arc;
 

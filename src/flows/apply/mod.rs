@@ -31,7 +31,7 @@ use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
 use crate::core::policy::PolicySetSpec;
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::{RepoConfig, Root};
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
 use std::sync::Arc;

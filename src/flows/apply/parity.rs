@@ -7,7 +7,7 @@ use super::{refuse, ApplyCtx, JobLog, Verdict};
 use crate::capabilities::engine::{PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::{
-    ApplyId, ApplyState, NewRun, RunKind, RunState, ShownFingerprint,
+    ApplyId, ApplyState, NewRun, PolicyApproval, RunKind, RunState, ShownFingerprint,
 };
 use crate::capabilities::workspace::RootFiles;
 use crate::core::apply::{parity, ApplyRefusal, Parity};
@@ -20,11 +20,9 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::Root;
 use crate::core::state::{self, Backend, HeldLock};
 use crate::core::summary::Summary;
-use crate::flows::confinement::credentials::{self, Use};
-use crate::flows::context::app::Trust;
+use crate::flows::confinement::credentials::{self, Trust};
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::context::locks::RootGuard;
-use crate::flows::review::policies;
 use anyhow::Result;
 use minijinja::context;
 use std::path::Path;
@@ -145,9 +143,11 @@ impl ApplyCtx {
     /// When the engine's sandbox refused what a run needed: why, and the setting that allows
     /// it, in the job log and planbot's log.
     pub(super) fn explain_denial(&self, report: &str) {
-        if let Some(hint) =
-            crate::flows::confinement::network::explain(&self.app.config, Use::Apply, report)
-        {
+        if let Some(hint) = crate::flows::confinement::network::explain(
+            &self.app.config,
+            Trust::DefaultBranch,
+            report,
+        ) {
             tracing::warn!(project = self.project.0, explanation = %hint, "the engine's sandbox refused what an apply needed");
             self.log.say(
                 "hint",
@@ -203,14 +203,14 @@ impl ApplyCtx {
         );
         let engine = self
             .app
-            .engine(Trust::DefaultBranch)
+            .engine_for_default_branch()
             .map_err(|e| format!("{e:#}"))?;
         let extra_env = match credentials::managed_state_env(
             &self.app.config,
             self.project,
             checkout,
             root,
-            Use::Apply,
+            Trust::DefaultBranch,
         ) {
             Ok(env) => env.unwrap_or_default(),
             Err(why) => {
@@ -227,7 +227,7 @@ impl ApplyCtx {
             extra_secrets: self.app.config.secrets(),
             worktree: Some(checkout.to_path_buf()),
             extra_env,
-            init_env: credentials::module_env(&self.app.config, Use::Apply),
+            init_env: credentials::module_env(&self.app.config, Trust::DefaultBranch),
             ..PlanRequest::default()
         };
         match engine.plan(&checkout.join(&root.dir), &request).await {
@@ -451,7 +451,7 @@ impl ApplyCtx {
                 .find(|v| v.root == root && v.fingerprint == r.fingerprint);
             if let Some(v) = verdict {
                 let approvals = store.policy_approvals(self.project, mr.iid).await?;
-                let ok = policies::approved_sets(&approvals, root, &r.sha, &r.fingerprint);
+                let ok = PolicyApproval::sets_for(&approvals, root, &r.sha, &r.fingerprint);
                 for set in v
                     .verdict
                     .blocking()
@@ -499,11 +499,11 @@ impl ApplyCtx {
     /// finding refuses the apply (no endpoint configured: nothing to check).
     async fn preflight_refusal(&self, root: &str, plan: &Plan) -> Option<ApplyRefusal> {
         let config = &self.app.config;
-        let endpoint = crate::flows::review::preflight::endpoint_from_config(
+        let endpoint = crate::flows::preflight::endpoint_from_config(
             &config.proxmox.for_apply(),
             &config.engine.env,
         );
-        match crate::flows::review::preflight::before_apply(endpoint, plan).await {
+        match crate::flows::preflight::before_apply(endpoint, plan).await {
             Ok(findings) => {
                 for f in findings {
                     self.log.say(

@@ -6,7 +6,7 @@ use super::{refuse, JobLog, Verdict};
 use crate::capabilities::gitlab::{GitLabError, MergeRequest, Project};
 use crate::core::apply::{check_job, ApplyRefusal, GateFacts, JobFacts};
 use crate::core::ids::{CommitSha, ProjectId};
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
 

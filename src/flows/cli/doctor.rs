@@ -240,10 +240,10 @@ async fn state_checks(config: &Config, r: &mut Report) {
         return;
     }
     r.section("State and modules");
-    for (use_, cred) in [("plan", &state.plan), ("apply", &state.apply)] {
+    for (section, cred) in [("plan", &state.plan), ("apply", &state.apply)] {
         match cred {
-            Some(c) => state_token(config, use_, c, r).await,
-            None if managed => r.add(Status::Fail, "state_no_token", json!({"use": use_})),
+            Some(c) => state_token(config, section, c, r).await,
+            None if managed => r.add(Status::Fail, "state_no_token", json!({"use": section})),
             None => {}
         }
     }
@@ -317,12 +317,12 @@ async fn credential_user(
 /// state; the apply token is Maintainer or more.
 async fn state_token(
     config: &Config,
-    use_: &str,
+    section: &str,
     cred: &crate::core::config::GitlabCredential,
     r: &mut Report,
 ) {
-    let setting = format!("state.{use_}");
-    let (role, scope) = if use_ == "plan" {
+    let setting = format!("state.{section}");
+    let (role, scope) = if section == "plan" {
         ("Developer", "read_api")
     } else {
         ("Maintainer", "api")
@@ -353,7 +353,7 @@ async fn state_token(
         };
         d["level"] = level.map_or("not a member".into(), level_name).into();
         let n = level.map_or(0, |l| l.0);
-        match use_ {
+        match section {
             "plan" if n < 30 => r.add(Status::Fail, "state_plan_low", d),
             "plan" if n > 30 => r.add(Status::Fail, "state_plan_high", d),
             "plan" => match client.terraform_state_readable(project.id).await {
@@ -634,7 +634,7 @@ async fn engine_checks(config: &Config, r: &mut Report) {
     };
     let mode = crate::flows::confinement::sandbox::service_mode(
         config,
-        crate::flows::confinement::credentials::Use::Plan,
+        crate::flows::confinement::credentials::Trust::MergeRequest,
     );
     match &mode {
         SandboxMode::Landlock {
@@ -730,11 +730,11 @@ async fn store_checks(config: &Config, r: &mut Report) {
 }
 
 async fn proxmox_checks(config: &Config, r: &mut Report) {
-    let plan = crate::flows::review::preflight::endpoint_from_config(
+    let plan = crate::flows::preflight::endpoint_from_config(
         &config.proxmox.for_plan(),
         &config.engine.env,
     );
-    let apply = crate::flows::review::preflight::endpoint_from_config(
+    let apply = crate::flows::preflight::endpoint_from_config(
         &config.proxmox.for_apply(),
         &config.engine.env,
     );

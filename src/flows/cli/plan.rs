@@ -6,11 +6,11 @@
 //! (1 a policy failed, 2 they could not be evaluated). The binary plan file lives in a private
 //! temp dir that is deleted before this returns, also on error, timeout and Ctrl-C.
 
+use crate::capabilities::engine::sandbox::Support;
 use crate::capabilities::engine::{
     self, CancelHandle, CliConfig, Engine, EngineError, PlanRequest, PlannedRun, SandboxMode,
     SandboxProfile, StepProgress,
 };
-use crate::capabilities::sandbox::Support;
 use crate::core::findings::Finding;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::lint::lint;

@@ -2,7 +2,7 @@
 
 use crate::core::config::{Config, Loaded, Problem, StoreUrl};
 use crate::core::store_tls::SslMode;
-use crate::flows::service::application::Application;
+use crate::flows::service::server::Application;
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::ExitCode;
@@ -94,7 +94,7 @@ pub fn check_report(config: &Config) -> String {
         "- run every engine process sandboxed: {}\n",
         crate::flows::confinement::sandbox::service_mode(
             config,
-            crate::flows::confinement::credentials::Use::Plan
+            crate::flows::confinement::credentials::Trust::MergeRequest
         )
         .describe()
     ));

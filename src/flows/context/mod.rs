@@ -1,6 +1,6 @@
 //! What review, apply and the service all stand on: the shared application state (`App`), the
 //! root locks, the CPU pool, the job queue, the metrics and the pages' sign-in sessions.
-pub mod app;
+pub mod app_state;
 pub mod cpu;
 pub mod locks;
 pub mod metrics;

@@ -6,7 +6,7 @@ use crate::core::events::{Command, Job, PlanJob, PlanReason};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, ForkMrs, RepoConfig};
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
 use tokio_util::sync::CancellationToken;

@@ -1,6 +1,5 @@
-//! Merge-request review: the plan of one MR head and its note, the Proxmox preflight, the
-//! policy checks, and the other MR events (merged, closed, comment commands, fork notices…).
+//! Merge-request review: the plan of one MR head and its note, the policy checks, and the
+//! other MR events (merged, closed, comment commands, fork notices…).
 pub mod commands;
 pub mod plan;
 pub mod policies;
-pub mod preflight;

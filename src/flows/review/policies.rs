@@ -18,7 +18,7 @@ use crate::core::policy::{
 };
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::RepoConfig;
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
 use std::path::Path;
@@ -258,20 +258,6 @@ pub(crate) fn section(
     PolicySection::new(verdict, &counting, &cleared, branch)
 }
 
-/// The names of the sets approved for exactly this plan of `root`.
-pub(crate) fn approved_sets<'a>(
-    approvals: &'a [PolicyApproval],
-    root: &str,
-    sha: &CommitSha,
-    fingerprint: &Fingerprint,
-) -> Vec<&'a str> {
-    approvals
-        .iter()
-        .filter(|a| a.root == root && &a.sha == sha && &a.fingerprint == fingerprint)
-        .map(|a| a.set.as_str())
-        .collect()
-}
-
 /// One line of the policy texts (`templates/policy.txt.j2`), its values scrubbed.
 fn text(scrubber: &Scrubber, kind: &str, ctx: minijinja::Value) -> String {
     crate::core::templates::scrubbing(scrubber, || {
@@ -299,7 +285,7 @@ pub(crate) async fn set_status(
     let mut approved = 0;
     let mut passed = 0;
     for (root, fingerprint, v) in verdicts {
-        let ok = approved_sets(approvals, root, sha, fingerprint);
+        let ok = PolicyApproval::sets_for(approvals, root, sha, fingerprint);
         passed += v.sets.iter().filter(|s| !s.blocks()).count();
         approved += v
             .blocking()
@@ -400,7 +386,7 @@ pub(crate) async fn approve(
     let mut approved: Vec<Waiting> = Vec::new();
     let mut waiting: Vec<Waiting> = Vec::new();
     for v in &shown {
-        let ok = approved_sets(&approvals, &v.root, head, &v.fingerprint);
+        let ok = PolicyApproval::sets_for(&approvals, &v.root, head, &v.fingerprint);
         for set in v.verdict.blocking() {
             let entry = Waiting {
                 root: v.root.clone(),

@@ -3,7 +3,7 @@
 use crate::capabilities::store::NewDelivery;
 use crate::core::events;
 use crate::core::webhook::{self, Presented};
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -1,7 +1,7 @@
 //! The long-running service, the top floor: it builds the application, takes webhooks in, serves
 //! the run pages and sign-in, and its workers hand each queued job to review or apply.
-pub mod application;
 pub mod intake;
 pub mod pages;
+pub mod server;
 pub mod signin;
 pub mod worker;

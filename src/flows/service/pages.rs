@@ -7,7 +7,7 @@
 
 use crate::capabilities::store::{RunQuery, RunRecord, RunState};
 use crate::core::ids::{MrIid, ProjectId, RunId};
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use crate::flows::context::session::Viewer;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -545,7 +545,7 @@ pub async fn home(State(app): State<Arc<App>>, Extension(viewer): Extension<View
     let sandbox = tokio::task::spawn_blocking(move || {
         crate::flows::confinement::sandbox::service_mode(
             &config.config,
-            crate::flows::confinement::credentials::Use::Plan,
+            crate::flows::confinement::credentials::Trust::MergeRequest,
         )
         .describe()
     })

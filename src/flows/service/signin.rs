@@ -4,7 +4,7 @@
 
 use crate::capabilities::gitlab::User;
 use crate::core::config::PagesAuth;
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;

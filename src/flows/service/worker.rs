@@ -4,7 +4,7 @@
 
 use crate::capabilities::store::{ClaimedJob, JobEnd, Lease, QueueJobState};
 use crate::core::events::Job;
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;

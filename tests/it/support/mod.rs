@@ -133,7 +133,7 @@ pub fn processes_under(dir: &std::path::Path) -> Vec<i32> {
 pub fn spawn_serve(config_file: &std::path::Path) -> (std::process::Child, u16) {
     let serve = ServeProcess::start(
         config_file,
-        &[("RUST_LOG", "warn,planbot::flows::service::application=info")],
+        &[("RUST_LOG", "warn,planbot::flows::service::server=info")],
     );
     serve.into_child()
 }

@@ -3,8 +3,8 @@
 
 use planbot::core::config::Config;
 use planbot::core::webhook;
-use planbot::flows::context::app::App;
-use planbot::flows::service::application::{Application, Options};
+use planbot::flows::context::app_state::App;
+use planbot::flows::service::server::{Application, Options};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

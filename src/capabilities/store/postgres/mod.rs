@@ -1,5 +1,7 @@
 //! The PostgreSQL backend, for N replicas on one database: a connection pool, leased jobs
-//! (`FOR UPDATE SKIP LOCKED`, heartbeat, expiry), live replicas, per-project apply locks.
+//! (`FOR UPDATE SKIP LOCKED`, heartbeat, expiry), live replicas, per-project apply locks, and
+//! one file of SQL per thing stored, laid out as SQLite's (deliveries, queue, runs, reviews,
+//! applies, policies).
 //!
 //! Every replica registers itself in `replicas` and refreshes its row every third of the lease;
 //! what a replica runs (jobs, runs, applies, project locks) names it as `owner`. A job's own
@@ -11,8 +13,13 @@
 //! The heartbeat also reads the schema version: once a newer planbot has migrated the database
 //! (a rolling upgrade), this replica claims no more jobs and its `/readyz` fails, saying why.
 
+mod applies;
+mod deliveries;
 mod migrations;
 mod policies;
+mod queue;
+mod reviews;
+mod runs;
 mod tls;
 
 pub use migrations::PG_SCHEMA_VERSION;
@@ -326,211 +333,6 @@ fn opt_u64(r: &Row, i: usize) -> Option<u64> {
     r.get::<_, Option<i64>>(i).map(|n| n as u64)
 }
 
-/// SQL true when `owner` is not a live replica (or is this one, which at start-up runs nothing).
-const OWNER_GONE: &str = "(owner IS NULL OR owner = $1 OR owner NOT IN
-    (SELECT owner FROM replicas WHERE expires_at >= $2))";
-
-/// Queue `job` in `c`'s transaction (dedupe, supersede). On the webhook's path, so its
-/// statements are prepared once per pooled connection (`prepare_cached`), not on every call.
-async fn enqueue_in(
-    c: &deadpool_postgres::Transaction<'_>,
-    job: &Job,
-    delivery: Option<i64>,
-    now: i64,
-) -> Result<Enqueued> {
-    let (project, mr) = job
-        .mr()
-        .map(|(p, m)| (Some(p.0 as i64), Some(m.0 as i64)))
-        .unwrap_or((None, None));
-    let sha = job.sha().map(|s| s.0.clone());
-    let payload = serde_json::to_string(job)?;
-    // One MR's enqueues (dedupe, supersede) are serialised across replicas.
-    let lock = c
-        .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .await?;
-    let same = c
-        .prepare_cached(
-            "SELECT id FROM jobs WHERE project_id IS NOT DISTINCT FROM $1
-               AND mr_iid IS NOT DISTINCT FROM $2 AND state = 'queued' AND payload = $3 LIMIT 1",
-        )
-        .await?;
-    c.execute(&lock, &[&format!("planbot-mr:{project:?}:{mr:?}")])
-        .await?;
-    let same = c.query_opt(&same, &[&project, &mr, &payload]).await?;
-    if same.is_some() || redundant_in(c, job).await? {
-        return Ok(Enqueued::default());
-    }
-    let mut cancel_running = Vec::new();
-    if let (Some((p, m)), Some(kind)) = (job.mr(), superseded_kinds(job)) {
-        cancel_running = cancel_in(c, p, m, kind, &job.supersede_reason(), now).await?;
-    }
-    let insert = c
-        .prepare_cached(
-            "INSERT INTO jobs (kind, project_id, mr_iid, sha, payload, state, delivery_id, created_at)
-             VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7) RETURNING id",
-        )
-        .await?;
-    let row = c
-        .query_one(
-            &insert,
-            &[
-                &QueueJobKind::of(job).as_str(),
-                &project,
-                &mr,
-                &sha,
-                &payload,
-                &delivery,
-                &now,
-            ],
-        )
-        .await?;
-    Ok(Enqueued {
-        id: Some(QueueJobId(row.get(0))),
-        cancel_running,
-    })
-}
-
-/// Whether `job` adds nothing to the plans of its head already stored ([`Job::redundant`]);
-/// under the MR's advisory lock, so two replicas enqueuing the same head at once agree.
-async fn redundant_in(c: &deadpool_postgres::Transaction<'_>, job: &Job) -> Result<bool> {
-    let (Some((p, m)), Some(sha)) = (job.mr(), job.sha()) else {
-        return Ok(false);
-    };
-    let states: &[&str] = match job.redundant() {
-        Redundant::Never => return Ok(false),
-        Redundant::WhileHeadQueuedOrRunning => &["queued", "running"],
-        Redundant::OnceHeadPlanned => &["queued", "running", "done"],
-    };
-    let finished_runs = job.redundant() == Redundant::OnceHeadPlanned;
-    let head_plans = c.prepare_cached(HEAD_PLANS).await?;
-    let row = c
-        .query_one(
-            &head_plans,
-            &[
-                &(p.0 as i64),
-                &(m.0 as i64),
-                &sha.0,
-                &states,
-                &finished_runs,
-            ],
-        )
-        .await?;
-    Ok(row.get::<_, i64>(0) > 0)
-}
-
-/// How many plans one head has: its plan jobs in states `$4`, plus (when `$5`) its finished
-/// plan runs.
-const HEAD_PLANS: &str = "SELECT (SELECT COUNT(*) FROM jobs WHERE kind = 'plan' AND project_id = $1
-           AND mr_iid = $2 AND sha = $3 AND state = ANY($4))
-      + (SELECT COUNT(*) FROM runs WHERE $5 AND kind = 'plan' AND project_id = $1
-           AND mr_iid = $2 AND sha = $3 AND state IN ('succeeded', 'failed'))";
-
-async fn cancel_in(
-    c: &deadpool_postgres::Transaction<'_>,
-    p: ProjectId,
-    m: MrIid,
-    kind: Option<QueueJobKind>,
-    why: &str,
-    now: i64,
-) -> Result<Vec<QueueJobId>> {
-    let kind = kind.map(QueueJobKind::as_str);
-    let cancel = c
-        .prepare_cached(
-            "WITH hit AS (
-                 SELECT id, state FROM jobs
-                 WHERE project_id = $1 AND mr_iid = $2 AND ($3::text IS NULL OR kind = $3)
-                   AND state IN ('queued', 'running')
-                 FOR UPDATE)
-             UPDATE jobs SET state = 'canceled', detail = $4, finished_at = $5
-             FROM hit WHERE jobs.id = hit.id
-             RETURNING jobs.id, hit.state",
-        )
-        .await?;
-    let rows = c
-        .query(&cancel, &[&(p.0 as i64), &(m.0 as i64), &kind, &why, &now])
-        .await?;
-    let mut running: Vec<QueueJobId> = rows
-        .iter()
-        .filter(|r| r.get::<_, String>(1) == "running")
-        .map(|r| QueueJobId(r.get(0)))
-        .collect();
-    running.sort();
-    Ok(running)
-}
-
-const JOB_SELECT: &str = "SELECT id, kind, project_id, mr_iid, sha, state, attempts, detail, \
-    created_at, started_at, finished_at, payload FROM jobs";
-
-fn job_row(r: &Row) -> JobRow {
-    JobRow {
-        id: QueueJobId(r.get(0)),
-        kind: r.get(1),
-        project: opt_u64(r, 2).map(ProjectId),
-        mr: opt_u64(r, 3).map(MrIid),
-        sha: r.get(4),
-        state: r.get(5),
-        attempts: r.get::<_, i64>(6) as u32,
-        detail: r.get(7),
-        created_at: r.get(8),
-        started_at: r.get(9),
-        finished_at: r.get(10),
-        job: serde_json::from_str(&r.get::<_, String>(11)).ok(),
-    }
-}
-
-const RUN_SELECT: &str = "SELECT id, job_id, kind, project_id, project_path, mr_iid, root, sha, \
-    state, started_at, finished_at, summary, log, note_markdown, fingerprint FROM runs";
-
-fn run_row(r: &Row) -> RunRecord {
-    RunRecord {
-        id: RunId(r.get::<_, i64>(0) as u64),
-        job: r.get::<_, Option<i64>>(1).map(QueueJobId),
-        kind: RunKind::parse(&r.get::<_, String>(2)),
-        project: ProjectId(r.get::<_, i64>(3) as u64),
-        project_path: r.get(4),
-        mr: opt_u64(r, 5).map(MrIid),
-        root: r.get(6),
-        sha: CommitSha(r.get(7)),
-        state: RunState::parse(&r.get::<_, String>(8)),
-        started_at: r.get(9),
-        finished_at: r.get(10),
-        summary: r.get(11),
-        log: r.get(12),
-        note_markdown: r.get(13),
-        fingerprint: r.get(14),
-    }
-}
-
-const APPLY_COLS: &str =
-    "id, ci_job_id, project_id, mr_iid, sha, roots, state, started_at, finished_at, detail";
-
-fn apply_row(r: &Row) -> ApplyRecord {
-    ApplyRecord {
-        id: ApplyId(r.get(0)),
-        ci_job: JobId(r.get::<_, i64>(1) as u64),
-        project: ProjectId(r.get::<_, i64>(2) as u64),
-        mr: opt_u64(r, 3).map(MrIid),
-        sha: CommitSha(r.get(4)),
-        roots: serde_json::from_str(&r.get::<_, String>(5)).unwrap_or_default(),
-        state: ApplyState::parse(&r.get::<_, String>(6)),
-        started_at: r.get(7),
-        finished_at: r.get(8),
-        detail: r.get(9),
-    }
-}
-
-/// A row whose fingerprint does not parse reads as no fingerprint.
-fn fingerprint_row(r: &Row) -> Option<ShownFingerprint> {
-    Fingerprint::from_hex(&r.get::<_, String>(4)).map(|fingerprint| ShownFingerprint {
-        project: ProjectId(r.get::<_, i64>(0) as u64),
-        mr: MrIid(r.get::<_, i64>(1) as u64),
-        root: r.get(2),
-        sha: CommitSha(r.get(3)),
-        fingerprint,
-        run: opt_u64(r, 5).map(RunId),
-    })
-}
-
 impl StoreBackend for PgStore {
     async fn ping(&self) -> Result<()> {
         self.client().await?.query_one("SELECT 1", &[]).await?;
@@ -538,151 +340,27 @@ impl StoreBackend for PgStore {
     }
 
     async fn record_delivery(&self, d: NewDelivery, jobs: Vec<Job>) -> Result<DeliveryOutcome> {
-        let now = now_ms();
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        // A replica that gets the same key at the same moment waits here for the first
-        // transaction, then finds the row: one row whichever replica got it.
-        let insert = tx
-            .prepare_cached(
-                "INSERT INTO deliveries (key, event, outcome, project_id, mr_iid, received_at)
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (key) DO NOTHING RETURNING id",
-            )
-            .await?;
-        let inserted = tx
-            .query_opt(
-                &insert,
-                &[
-                    &d.key,
-                    &d.event,
-                    &d.outcome,
-                    &d.project.map(|p| p.0 as i64),
-                    &d.mr.map(|m| m.0 as i64),
-                    &now,
-                ],
-            )
-            .await?;
-        let Some(row) = inserted else {
-            return Ok(DeliveryOutcome {
-                duplicate: true,
-                ..Default::default()
-            });
-        };
-        let delivery_id: i64 = row.get(0);
-        let mut out = DeliveryOutcome::default();
-        for job in &jobs {
-            let e = enqueue_in(&tx, job, Some(delivery_id), now).await?;
-            out.enqueued.extend(e.id);
-            out.cancel_running.extend(e.cancel_running);
-        }
-        tx.commit().await?;
-        Ok(out)
+        deliveries::record(self, d, jobs).await
     }
 
     async fn delivery_count(&self) -> Result<u64> {
-        let row = self
-            .client()
-            .await?
-            .query_one("SELECT COUNT(*) FROM deliveries", &[])
-            .await?;
-        Ok(row.get::<_, i64>(0) as u64)
+        deliveries::count(self).await
     }
 
     async fn delivery_outcome(&self, key: String) -> Result<Option<String>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt("SELECT outcome FROM deliveries WHERE key = $1", &[&key])
-            .await?
-            .map(|r| r.get(0)))
+        deliveries::outcome(self, key).await
     }
 
     async fn enqueue(&self, job: Job) -> Result<Enqueued> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let e = enqueue_in(&tx, &job, None, now_ms()).await?;
-        tx.commit().await?;
-        Ok(e)
+        queue::enqueue(self, job).await
     }
 
     async fn claim_next(&self) -> Result<Option<ClaimedJob>> {
-        // The jobs are left to the replicas that know the database's schema.
-        if self.schema_current().is_err() {
-            return Ok(None);
-        }
-        let now = now_ms();
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        // Queued jobs, and running ones whose replica stopped renewing the lease. SKIP LOCKED:
-        // replicas claiming at once take different jobs.
-        let row = tx
-            .query_opt(
-                "WITH next AS (
-                     SELECT id FROM jobs
-                     WHERE state = 'queued' OR (state = 'running' AND lease_expires_at < $1)
-                     ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-                 UPDATE jobs SET state = 'running', started_at = $1, attempts = attempts + 1,
-                        owner = $2, lease_expires_at = $3
-                 FROM next WHERE jobs.id = next.id
-                 RETURNING jobs.id, jobs.payload, jobs.attempts",
-                &[&now, &self.opts.replica, &(now + self.lease_ms())],
-            )
-            .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let (id, payload, attempts): (i64, String, i64) = (row.get(0), row.get(1), row.get(2));
-        // A job taken over from a dead replica: its runs there ended with it.
-        tx.execute(
-            "UPDATE runs SET state = 'interrupted', finished_at = $2
-             WHERE job_id = $1 AND state = 'running'",
-            &[&id, &now],
-        )
-        .await?;
-        let out = match serde_json::from_str::<Job>(&payload) {
-            Ok(job) => Some(ClaimedJob {
-                id: QueueJobId(id),
-                job,
-                attempts: attempts as u32,
-            }),
-            Err(e) => {
-                tx.execute(
-                    "UPDATE jobs SET state = 'failed', finished_at = $2, detail = $3 WHERE id = $1",
-                    &[&id, &now, &format!("unreadable job payload: {e}")],
-                )
-                .await?;
-                None
-            }
-        };
-        tx.commit().await?;
-        Ok(out)
+        queue::claim_next(self).await
     }
 
     async fn heartbeat(&self, id: QueueJobId) -> Result<Lease> {
-        let now = now_ms();
-        let c = self.client().await?;
-        let extended = c
-            .execute(
-                "UPDATE jobs SET lease_expires_at = $3
-                 WHERE id = $1 AND owner = $2 AND state = 'running'",
-                &[&id.0, &self.opts.replica, &(now + self.lease_ms())],
-            )
-            .await?;
-        if extended == 1 {
-            return Ok(Lease::Held);
-        }
-        let row = c
-            .query_opt("SELECT state, owner FROM jobs WHERE id = $1", &[&id.0])
-            .await?;
-        Ok(match row {
-            Some(r)
-                if r.get::<_, String>(0) == QueueJobState::Canceled.as_str()
-                    && r.get::<_, Option<String>>(1).as_deref() == Some(self.replica()) =>
-            {
-                Lease::Canceled
-            }
-            _ => Lease::Lost,
-        })
+        queue::heartbeat(self, id).await
     }
 
     fn heartbeat_every(&self) -> Option<Duration> {
@@ -690,21 +368,7 @@ impl StoreBackend for PgStore {
     }
 
     async fn finish_job(&self, id: QueueJobId, end: JobEnd) -> Result<()> {
-        self.client()
-            .await?
-            .execute(
-                "UPDATE jobs SET state = $2, detail = COALESCE($3, detail), finished_at = $4
-                 WHERE id = $1 AND state = 'running' AND owner = $5",
-                &[
-                    &id.0,
-                    &end.state().as_str(),
-                    &end.detail(),
-                    &now_ms(),
-                    &self.opts.replica,
-                ],
-            )
-            .await?;
-        Ok(())
+        queue::finish(self, id, end).await
     }
 
     async fn cancel_mr(
@@ -713,241 +377,59 @@ impl StoreBackend for PgStore {
         mr: MrIid,
         why: String,
     ) -> Result<Vec<QueueJobId>> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let ids = cancel_in(&tx, project, mr, None, &why, now_ms()).await?;
-        tx.commit().await?;
-        Ok(ids)
+        queue::cancel(self, project, mr, why).await
     }
 
     async fn requeue_interrupted(&self) -> Result<usize> {
-        let now = now_ms();
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        // Only jobs whose replica is gone: the others are running elsewhere right now.
-        let n = tx
-            .execute(
-                "UPDATE jobs SET state = 'queued', detail = 'interrupted by a restart; re-run',
-                        owner = NULL, lease_expires_at = NULL
-                 WHERE state = 'running' AND (owner = $1 OR lease_expires_at < $2)",
-                &[&self.opts.replica, &now],
-            )
-            .await?;
-        tx.execute(
-            &format!(
-                "UPDATE runs SET state = 'interrupted', finished_at = $2
-                 WHERE state = 'running' AND {OWNER_GONE}"
-            ),
-            &[&self.opts.replica, &now],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(n as usize)
+        queue::requeue_interrupted(self).await
     }
 
     async fn queue_depth(&self) -> Result<u64> {
-        let row = self
-            .client()
-            .await?
-            .query_one("SELECT COUNT(*) FROM jobs WHERE state = 'queued'", &[])
-            .await?;
-        Ok(row.get::<_, i64>(0) as u64)
+        queue::depth(self).await
     }
 
     async fn job(&self, id: QueueJobId) -> Result<Option<JobRow>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt(&format!("{JOB_SELECT} WHERE id = $1"), &[&id.0])
-            .await?
-            .map(|r| job_row(&r)))
+        queue::get(self, id).await
     }
 
     async fn recent_jobs(&self, limit: u32) -> Result<Vec<JobRow>> {
-        Ok(self
-            .client()
-            .await?
-            .query(
-                &format!("{JOB_SELECT} ORDER BY id DESC LIMIT $1"),
-                &[&i64::from(limit)],
-            )
-            .await?
-            .iter()
-            .map(job_row)
-            .collect())
+        queue::recent(self, limit).await
     }
 
     async fn head_has_plan(&self, project: ProjectId, mr: MrIid, sha: CommitSha) -> Result<bool> {
-        let row = self
-            .client()
-            .await?
-            .query_one(
-                HEAD_PLANS,
-                &[
-                    &(project.0 as i64),
-                    &(mr.0 as i64),
-                    &sha.0,
-                    &["queued", "running", "done"].as_slice(),
-                    &true,
-                ],
-            )
-            .await?;
-        Ok(row.get::<_, i64>(0) > 0)
+        queue::head_has_plan(self, project, mr, sha).await
     }
 
     async fn start_run(&self, run: NewRun) -> Result<RunId> {
-        let row = self
-            .client()
-            .await?
-            .query_one(
-                "INSERT INTO runs (job_id, kind, project_id, project_path, mr_iid, root, sha,
-                                   state, started_at, owner)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9) RETURNING id",
-                &[
-                    &run.job.map(|j| j.0),
-                    &run.kind.as_str(),
-                    &(run.project.0 as i64),
-                    &run.project_path,
-                    &run.mr.map(|m| m.0 as i64),
-                    &run.root,
-                    &run.sha.0,
-                    &now_ms(),
-                    &self.opts.replica,
-                ],
-            )
-            .await?;
-        Ok(RunId(row.get::<_, i64>(0) as u64))
+        runs::start(self, run).await
     }
 
     async fn finish_run(&self, id: RunId, end: RunEnd) -> Result<()> {
-        self.client()
-            .await?
-            .execute(
-                "UPDATE runs SET state = $2, finished_at = $3, summary = $4, log = $5,
-                        note_markdown = $6, fingerprint = $7
-                 WHERE id = $1",
-                &[
-                    &(id.0 as i64),
-                    &end.state.as_str(),
-                    &now_ms(),
-                    &end.summary,
-                    &end.log,
-                    &end.note_markdown,
-                    &end.fingerprint.as_ref().map(|f| f.as_hex().to_string()),
-                ],
-            )
-            .await?;
-        Ok(())
+        runs::finish(self, id, end).await
     }
 
     async fn run(&self, id: RunId) -> Result<Option<RunRecord>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt(&format!("{RUN_SELECT} WHERE id = $1"), &[&(id.0 as i64)])
-            .await?
-            .map(|r| run_row(&r)))
+        runs::get(self, id).await
     }
 
     async fn recent_runs(&self, limit: u32) -> Result<Vec<RunRecord>> {
-        Ok(self
-            .client()
-            .await?
-            .query(
-                &format!("{RUN_SELECT} ORDER BY id DESC LIMIT $1"),
-                &[&i64::from(limit)],
-            )
-            .await?
-            .iter()
-            .map(run_row)
-            .collect())
+        runs::recent(self, limit).await
     }
 
     async fn run_projects(&self) -> Result<Vec<(ProjectId, Option<String>)>> {
-        Ok(self
-            .client()
-            .await?
-            .query(
-                "SELECT project_id, MAX(project_path) FROM runs GROUP BY project_id
-                 ORDER BY 2 NULLS FIRST",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| (ProjectId(r.get::<_, i64>(0) as u64), r.get(1)))
-            .collect())
+        runs::projects(self).await
     }
 
     async fn runs_page(&self, q: RunQuery) -> Result<Vec<RunRecord>> {
-        if q.projects.is_empty() {
-            return Ok(Vec::new());
-        }
-        let projects: Vec<i64> = q.projects.iter().map(|p| p.0 as i64).collect();
-        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = vec![Box::new(projects)];
-        let mut sql = format!("{RUN_SELECT} WHERE project_id = ANY($1)");
-        if let Some(mr) = q.mr {
-            args.push(Box::new(mr.0 as i64));
-            sql.push_str(&format!(" AND mr_iid = ${}", args.len()));
-        }
-        if let Some(state) = q.state {
-            args.push(Box::new(state.as_str().to_string()));
-            sql.push_str(&format!(" AND state = ${}", args.len()));
-        }
-        if let Some(before) = q.before {
-            args.push(Box::new(before.0 as i64));
-            sql.push_str(&format!(" AND id < ${}", args.len()));
-        }
-        args.push(Box::new(i64::from(q.limit)));
-        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
-        let refs: Vec<&(dyn ToSql + Sync)> = args
-            .iter()
-            .map(|a| a.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        Ok(self
-            .client()
-            .await?
-            .query(&sql, &refs)
-            .await?
-            .iter()
-            .map(run_row)
-            .collect())
+        runs::page(self, q).await
     }
 
     async fn runs_for_mr(&self, project: ProjectId, mr: MrIid) -> Result<Vec<RunRecord>> {
-        Ok(self
-            .client()
-            .await?
-            .query(
-                &format!("{RUN_SELECT} WHERE project_id = $1 AND mr_iid = $2 ORDER BY id DESC"),
-                &[&(project.0 as i64), &(mr.0 as i64)],
-            )
-            .await?
-            .iter()
-            .map(run_row)
-            .collect())
+        runs::for_mr(self, project, mr).await
     }
 
     async fn record_fingerprint(&self, shown: ShownFingerprint) -> Result<()> {
-        self.client()
-            .await?
-            .execute(
-                "INSERT INTO fingerprints (project_id, mr_iid, root, sha, fingerprint, run_id, shown_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
-                 ON CONFLICT (project_id, mr_iid, root, sha) DO UPDATE
-                 SET fingerprint = excluded.fingerprint, run_id = excluded.run_id,
-                     shown_at = excluded.shown_at",
-                &[
-                    &(shown.project.0 as i64),
-                    &(shown.mr.0 as i64),
-                    &shown.root,
-                    &shown.sha.0,
-                    &shown.fingerprint.as_hex(),
-                    &shown.run.map(|r| r.0 as i64),
-                    &now_ms(),
-                ],
-            )
-            .await?;
-        Ok(())
+        reviews::record_fingerprint(self, shown).await
     }
 
     async fn last_shown_fingerprint(
@@ -956,17 +438,7 @@ impl StoreBackend for PgStore {
         mr: MrIid,
         root: String,
     ) -> Result<Option<ShownFingerprint>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt(
-                "SELECT project_id, mr_iid, root, sha, fingerprint, run_id FROM fingerprints
-                 WHERE project_id = $1 AND mr_iid = $2 AND root = $3
-                 ORDER BY shown_at DESC, seq DESC LIMIT 1",
-                &[&(project.0 as i64), &(mr.0 as i64), &root],
-            )
-            .await?
-            .and_then(|r| fingerprint_row(&r)))
+        reviews::last_shown_fingerprint(self, project, mr, root).await
     }
 
     async fn fingerprint_for(
@@ -976,16 +448,7 @@ impl StoreBackend for PgStore {
         root: String,
         sha: CommitSha,
     ) -> Result<Option<ShownFingerprint>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt(
-                "SELECT project_id, mr_iid, root, sha, fingerprint, run_id FROM fingerprints
-                 WHERE project_id = $1 AND mr_iid = $2 AND root = $3 AND sha = $4",
-                &[&(project.0 as i64), &(mr.0 as i64), &root, &sha.0],
-            )
-            .await?
-            .and_then(|r| fingerprint_row(&r)))
+        reviews::fingerprint_for(self, project, mr, root, sha).await
     }
 
     async fn record_digest(
@@ -996,22 +459,7 @@ impl StoreBackend for PgStore {
         sha: CommitSha,
         digest_json: String,
     ) -> Result<()> {
-        self.client()
-            .await?
-            .execute(
-                "INSERT INTO plan_digests (project_id, mr_iid, root, sha, digest)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (project_id, mr_iid, root, sha) DO UPDATE SET digest = excluded.digest",
-                &[
-                    &(project.0 as i64),
-                    &(mr.0 as i64),
-                    &root,
-                    &sha.0,
-                    &digest_json,
-                ],
-            )
-            .await?;
-        Ok(())
+        reviews::record_digest(self, project, mr, root, sha, digest_json).await
     }
 
     async fn digest_for(
@@ -1021,47 +469,15 @@ impl StoreBackend for PgStore {
         root: String,
         sha: CommitSha,
     ) -> Result<Option<PlanDigest>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt(
-                "SELECT digest FROM plan_digests
-                 WHERE project_id = $1 AND mr_iid = $2 AND root = $3 AND sha = $4",
-                &[&(project.0 as i64), &(mr.0 as i64), &root, &sha.0],
-            )
-            .await?
-            .and_then(|r| PlanDigest::from_json(&r.get::<_, String>(0))))
+        reviews::digest_for(self, project, mr, root, sha).await
     }
 
     async fn set_mr_note(&self, project: ProjectId, mr: MrIid, note: NoteId) -> Result<()> {
-        self.client()
-            .await?
-            .execute(
-                "INSERT INTO mr_notes (project_id, mr_iid, note_id, updated_at)
-                 VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (project_id, mr_iid) DO UPDATE
-                 SET note_id = excluded.note_id, updated_at = excluded.updated_at",
-                &[
-                    &(project.0 as i64),
-                    &(mr.0 as i64),
-                    &(note.0 as i64),
-                    &now_ms(),
-                ],
-            )
-            .await?;
-        Ok(())
+        reviews::set_mr_note(self, project, mr, note).await
     }
 
     async fn mr_note(&self, project: ProjectId, mr: MrIid) -> Result<Option<NoteId>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt(
-                "SELECT note_id FROM mr_notes WHERE project_id = $1 AND mr_iid = $2",
-                &[&(project.0 as i64), &(mr.0 as i64)],
-            )
-            .await?
-            .map(|r| NoteId(r.get::<_, i64>(0) as u64)))
+        reviews::mr_note(self, project, mr).await
     }
 
     async fn record_policy_verdict(
@@ -1090,27 +506,7 @@ impl StoreBackend for PgStore {
     }
 
     async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {
-        let roots = serde_json::to_string(&a.roots)?;
-        Ok(self
-            .client()
-            .await?
-            .query_opt(
-                "INSERT INTO applies (ci_job_id, project_id, mr_iid, sha, roots, state,
-                                      started_at, owner)
-                 VALUES ($1, $2, $3, $4, $5, 'running', $6, $7)
-                 ON CONFLICT (ci_job_id) DO NOTHING RETURNING id",
-                &[
-                    &(a.ci_job.0 as i64),
-                    &(a.project.0 as i64),
-                    &a.mr.map(|m| m.0 as i64),
-                    &a.sha.0,
-                    &roots,
-                    &now_ms(),
-                    &self.opts.replica,
-                ],
-            )
-            .await?
-            .map(|r| ApplyId(r.get(0))))
+        applies::begin(self, a).await
     }
 
     async fn finish_apply(
@@ -1119,43 +515,15 @@ impl StoreBackend for PgStore {
         state: ApplyState,
         detail: Option<String>,
     ) -> Result<()> {
-        self.client()
-            .await?
-            .execute(
-                "UPDATE applies SET state = $2, finished_at = $3, detail = $4 WHERE id = $1",
-                &[&id.0, &state.as_str(), &now_ms(), &detail],
-            )
-            .await?;
-        Ok(())
+        applies::finish(self, id, state, detail).await
     }
 
     async fn mark_interrupted_applies(&self) -> Result<Vec<ApplyRecord>> {
-        Ok(self
-            .client()
-            .await?
-            .query(
-                &format!(
-                    "UPDATE applies SET state = 'interrupted', finished_at = $2
-                     WHERE state = 'running' AND {OWNER_GONE} RETURNING {APPLY_COLS}"
-                ),
-                &[&self.opts.replica, &now_ms()],
-            )
-            .await?
-            .iter()
-            .map(apply_row)
-            .collect())
+        applies::mark_interrupted(self).await
     }
 
     async fn apply_for_job(&self, ci_job: JobId) -> Result<Option<ApplyRecord>> {
-        Ok(self
-            .client()
-            .await?
-            .query_opt(
-                &format!("SELECT {APPLY_COLS} FROM applies WHERE ci_job_id = $1"),
-                &[&(ci_job.0 as i64)],
-            )
-            .await?
-            .map(|r| apply_row(&r)))
+        applies::for_job(self, ci_job).await
     }
 
     async fn lock_project(&self, project: ProjectId) -> Result<ProjectLock> {

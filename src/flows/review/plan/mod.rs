@@ -25,7 +25,7 @@ use crate::core::events::PlanJob;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
 use crate::core::redact::Scrubber;
 use crate::core::render::NoteContext;
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use crate::flows::context::metrics::PlanOutcome;
 use anyhow::Result;
 use prepare::Prepared;

@@ -14,7 +14,7 @@ use crate::core::plan_digest::PlanDigest;
 use crate::core::policy::review::RecordedVerdict;
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
-use crate::flows::context::app::App;
+use crate::flows::context::app_state::App;
 use anyhow::Result;
 
 /// What the final status is decided from.

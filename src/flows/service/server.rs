@@ -2,7 +2,7 @@
 
 use crate::core::config::Config;
 use crate::core::events::Job;
-use crate::flows::context::app::{wipe_temp_root, App};
+use crate::flows::context::app_state::{wipe_temp_root, App};
 use crate::flows::service::{intake, pages, signin};
 use anyhow::{Context, Result};
 use axum::extract::{DefaultBodyLimit, State};

@@ -5,12 +5,12 @@
 //! configured env values, the per-call secrets, the plan-encryption key and the plan's own
 //! secrets.
 
-use super::confine::Confinement;
 use super::encryption::PlanEncryption;
 use super::error::{EngineError, Step};
 use super::output::RawLog;
 use super::process::{Capture, StepCall};
 use super::request::CancelToken;
+use super::sandbox::Confinement;
 use super::version::EngineVersion;
 use super::Engine;
 use crate::core::fingerprint::Fingerprint;

@@ -1,10 +1,10 @@
 //! A plan run in named stages: check the request → choose the plan's encryption → make the
 //! private run directory → `init` (serialised per plugin cache) → `plan -out` → `show -json`.
 
+use super::apply::PlannedRun;
 use super::encryption::PlanEncryption;
 use super::error::{EngineError, Step, StepError};
 use super::output::RawLog;
-use super::planned_run::PlannedRun;
 use super::process::{Capture, StepCall, StepOutput};
 use super::request::{self, PlanRequest, StepProgress};
 use super::run_dir::{private_run_dir, RunDirs};
