@@ -105,8 +105,8 @@ token = "{writer}"
     let config = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
     let app = App::new(config.clone()).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let mr_engine = app.engine_for_mr(ProjectId(project.id), MrIid(1)).unwrap();
-    let main_engine = app.engine_for_default_branch().unwrap();
+    let mr_engine = app.mr_engine(ProjectId(project.id), MrIid(1)).unwrap();
+    let main_engine = app.default_branch_engine().unwrap();
     let root = &RepoConfig::absent().roots[0];
 
     // Each variant's root, its state made by applying it once.
@@ -114,8 +114,8 @@ token = "{writer}"
     std::fs::write(local.path().join("main.tf"), ROOT).unwrap();
     let http = tempfile::tempdir().unwrap();
     std::fs::write(http.path().join("main.tf"), ROOT).unwrap();
-    let env = |trust| {
-        credentials::managed_state_env(&config, ProjectId(project.id), http.path(), root, trust)
+    let env = |use_| {
+        credentials::managed_state_env(&config, ProjectId(project.id), http.path(), root, use_)
             .unwrap()
             .unwrap()
     };

@@ -710,10 +710,10 @@ ssh_agent_socket = "{agent}"
     planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
 }
 
-/// The engine the service builds for `trust`: its sandbox and its credentials.
+/// The engine the service builds for `use_`: its sandbox and its credentials.
 fn service_engine(
     config: &planbot::core::config::Config,
-    trust: planbot::flows::confinement::credentials::Trust,
+    use_: planbot::flows::confinement::credentials::Trust,
     mode: SandboxMode,
     temp_root: &Path,
 ) -> Engine {
@@ -721,7 +721,7 @@ fn service_engine(
         .timeout(Duration::from_secs(120))
         .sandbox(mode)
         .env(planbot::flows::confinement::credentials::engine_env(
-            config, trust,
+            config, use_,
         ))
         .cli_config(CliConfig::User)
         .build()

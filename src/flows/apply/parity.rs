@@ -203,7 +203,7 @@ impl ApplyCtx {
         );
         let engine = self
             .app
-            .engine_for_default_branch()
+            .default_branch_engine()
             .map_err(|e| format!("{e:#}"))?;
         let extra_env = match credentials::managed_state_env(
             &self.app.config,

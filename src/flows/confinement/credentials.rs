@@ -18,25 +18,13 @@ use crate::core::repo_config::Root;
 use crate::core::state;
 use std::collections::BTreeMap;
 
-/// Whose code an engine run executes, which decides its credentials (and, in the service, its
-/// plugin cache): the `plan` or the `apply` side of `[state]`, `[modules]`, `[engine]` and
-/// `[proxmox]`.
+/// Whose code an engine run executes, which decides its credentials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trust {
     /// An MR's plan: untrusted code, the plan credentials.
     MergeRequest,
     /// Plans and applies on the protected default branch: reviewed code, the apply credentials.
     DefaultBranch,
-}
-
-impl Trust {
-    /// The config sections' side of this trust level: `plan` or `apply`.
-    pub fn side(self) -> &'static str {
-        match self {
-            Trust::MergeRequest => "plan",
-            Trust::DefaultBranch => "apply",
-        }
-    }
 }
 
 /// A root's GitLab-managed state for one run: its name, and the `http` backend's environment
@@ -47,7 +35,7 @@ pub struct ManagedState {
     pub env: BTreeMap<String, String>,
 }
 
-/// The GitLab-managed state `root` of `project` uses in a run for `trust`: `Ok(None)` when the
+/// The GitLab-managed state `root` of `project` uses in a run for `use_`: `Ok(None)` when the
 /// root keeps its own backend, `Err` (the text for the note and the log) when this trust level
 /// has no token.
 pub fn managed_state(
@@ -70,7 +58,7 @@ pub fn managed_state(
             minijinja::context! {
                 root => &root.name,
                 name => &name,
-                use => trust.side(),
+                use => if trust == Trust::MergeRequest { "plan" } else { "apply" },
             },
         ));
     };
@@ -112,7 +100,7 @@ pub fn uses_gitlab(config: &Config) -> bool {
         || modules.apply.is_some()
 }
 
-/// The module credentials `init` gets in a run for `trust` (none without a token).
+/// The module credentials `init` gets in a run for `use_` (none without a token).
 pub fn module_env(config: &Config, trust: Trust) -> BTreeMap<String, String> {
     let credential: Option<&GitlabCredential> = match trust {
         Trust::MergeRequest => config.modules.plan.as_ref(),
@@ -123,7 +111,7 @@ pub fn module_env(config: &Config, trust: Trust) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// The Proxmox endpoint for `trust`.
+/// The Proxmox endpoint for `use_`.
 pub fn proxmox_for(config: &Config, trust: Trust) -> ProxmoxEndpoint {
     match trust {
         Trust::MergeRequest => config.proxmox.for_plan(),
@@ -140,7 +128,7 @@ pub fn apply_has_ssh(config: &Config) -> bool {
         || env.get("PROXMOX_VE_SSH_AGENT").is_some_and(|v| v == "true")
 }
 
-/// The engine environment for `trust`: `engine.env` plus the matching Proxmox credentials.
+/// The engine environment for `use_`: `engine.env` plus the matching Proxmox credentials.
 pub fn engine_env(config: &Config, trust: Trust) -> BTreeMap<String, String> {
     let per_use = match trust {
         Trust::MergeRequest => &config.engine.plan_env,

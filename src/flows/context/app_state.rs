@@ -131,19 +131,32 @@ impl App {
         self.config.data_dir.join("tmp")
     }
 
-    /// The engine runner for a plan of MR `mr`: the plan credentials and the MR's own plugin
-    /// cache, see [`crate::flows::confinement::credentials`].
-    pub fn engine_for_mr(&self, project: ProjectId, mr: MrIid) -> Result<Engine> {
+    /// The engine runner for a plan of MR `mr`: untrusted code, the plan credentials, the
+    /// MR's own plugin cache (see [`crate::flows::confinement::credentials`]).
+    pub fn mr_engine(&self, project: ProjectId, mr: MrIid) -> Result<Engine> {
         self.engine(Trust::MergeRequest, self.mr_plugin_cache_dir(project, mr))
     }
 
-    /// The engine runner for the default branch's plans and applies: the apply credentials and
-    /// the default branch's plugin cache.
-    pub fn engine_for_default_branch(&self) -> Result<Engine> {
-        self.engine(Trust::DefaultBranch, self.default_branch_plugin_cache_dir())
+    /// The engine runner of the default branch's plans and applies: reviewed code, the apply
+    /// credentials, the plugin cache no MR can write.
+    pub fn default_branch_engine(&self) -> Result<Engine> {
+        let cache = self.config.data_dir.join("plugin-cache").join("main");
+        self.engine(Trust::DefaultBranch, cache)
     }
 
-    fn engine(&self, trust: Trust, plugin_cache_dir: PathBuf) -> Result<Engine> {
+    /// Each MR has its own plugin cache (untrusted code: what one MR's plan puts there reaches
+    /// no other MR's plan), and the default branch's plans and applies share one that no MR can
+    /// write, so an MR can never put a provider where an apply installs from. An MR's cache is
+    /// removed when it is merged or closed.
+    fn mr_plugin_cache_dir(&self, project: ProjectId, mr: MrIid) -> PathBuf {
+        self.config
+            .data_dir
+            .join("plugin-cache")
+            .join("mr")
+            .join(format!("p{}-mr{}", project.0, mr.0))
+    }
+
+    fn engine(&self, trust: Trust, plugin_cache: PathBuf) -> Result<Engine> {
         let engine = &self.config.engine;
         Engine::builder(&engine.binary, self.temp_root())
             .timeout(engine.timeout)
@@ -153,7 +166,7 @@ impl App {
             .max_plan_json(engine.max_plan_json_mib * 1024 * 1024)
             .env(credentials::engine_env(&self.config, trust))
             .secret_env(engine.secret_env.clone())
-            .plugin_cache_dir(plugin_cache_dir)
+            .plugin_cache_dir(plugin_cache)
             .cli_config(CliConfig::Owned {
                 provider_mirror: engine.provider_mirror.as_ref().map(|m| {
                     if m.starts_with('/') {
@@ -169,24 +182,6 @@ impl App {
             ))
             .build()
             .with_context(|| format!("engine.binary = {:?}", engine.binary))
-    }
-
-    /// An MR's plugin cache: each MR has its own (untrusted code: what one MR's plan puts there
-    /// reaches no other MR's plan). It is removed when the MR is merged or closed.
-    pub fn mr_plugin_cache_dir(&self, project: ProjectId, mr: MrIid) -> PathBuf {
-        self.plugin_caches()
-            .join("mr")
-            .join(format!("p{}-mr{}", project.0, mr.0))
-    }
-
-    /// The default branch's plugin cache, shared by its plans and applies and written by no
-    /// MR, so an MR can never put a provider where an apply installs from.
-    pub fn default_branch_plugin_cache_dir(&self) -> PathBuf {
-        self.plugin_caches().join("main")
-    }
-
-    fn plugin_caches(&self) -> PathBuf {
-        self.config.data_dir.join("plugin-cache")
     }
 
     /// Remove an MR's plugin cache (it is merged or closed: no plan of it will run again).

@@ -156,7 +156,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
     let (commit, changed, mut banners) =
         commit_to_plan(app, job, &config, &target, &default_branch).await?;
     let checkout = ws.checkout(project, &commit.sha).await?;
-    let engine = app.engine_for_mr(project, job.mr)?;
+    let engine = app.mr_engine(project, job.mr)?;
     let version = engine.version().await.ok().map(|v| v.to_string());
     banners.extend(crate::flows::confinement::sandbox::note_banner(
         engine.sandbox(),
