@@ -2,8 +2,8 @@
 //! the engine binary, resolved on `PATH` ([`default_binary`]: `tofu`, else `terraform`).
 
 use super::cli_config::CliConfig;
-use super::confine::SandboxMode;
 use super::env::forbidden_env_key;
+use super::sandbox::SandboxMode;
 use super::sandbox::Support;
 use super::{Engine, EngineError, Inner};
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! SQL for apply records on PostgreSQL: one per CI job, so a job id applies once.
 
-use super::queue;
+use super::queue::OWNER_GONE;
 use super::{opt_u64, PgStore};
 use crate::capabilities::store::now_ms;
 use crate::capabilities::store::types::{ApplyId, ApplyRecord, ApplyState, NewApply};
@@ -74,7 +74,7 @@ pub(super) async fn mark_interrupted(store: &PgStore) -> Result<Vec<ApplyRecord>
         .query(
             &format!(
                 "UPDATE applies SET state = 'interrupted', finished_at = $2
-                 WHERE state = 'running' AND {queue::OWNER_GONE} RETURNING {APPLY_COLS}"
+                 WHERE state = 'running' AND {OWNER_GONE} RETURNING {APPLY_COLS}"
             ),
             &[&store.opts.replica, &now_ms()],
         )

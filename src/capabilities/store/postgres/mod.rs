@@ -26,15 +26,14 @@ pub use migrations::PG_SCHEMA_VERSION;
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Ty, Value, TABLES};
-use super::types::{superseded_kinds, PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
-    NewApply, NewDelivery, NewRun, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind,
-    RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe,
+    NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, SchemaError,
+    ShownFingerprint, StoreProbe,
 };
+use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{now_ms, ProjectLock};
-use crate::core::events::{Job, Redundant};
-use crate::core::fingerprint::Fingerprint;
+use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;
 use crate::core::store_tls::{self, SslMode, StoreTls};
