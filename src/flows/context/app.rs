@@ -23,12 +23,15 @@ pub enum Trust {
     MergeRequest { project: ProjectId, mr: MrIid },
     /// Plans and applies on the protected default branch: reviewed code, apply credentials.
     DefaultBranch,
+    /// Drift checks of the default branch: reviewed code, but read-only: plan credentials
+    /// (the state is only read, never locked), the default branch's plugin cache.
+    DriftCheck,
 }
 
 impl Trust {
     fn credentials(self) -> Use {
         match self {
-            Trust::MergeRequest { .. } => Use::Plan,
+            Trust::MergeRequest { .. } | Trust::DriftCheck => Use::Plan,
             Trust::DefaultBranch => Use::Apply,
         }
     }
@@ -190,7 +193,7 @@ impl App {
             Trust::MergeRequest { project, mr } => {
                 caches.join("mr").join(format!("p{}-mr{}", project.0, mr.0))
             }
-            Trust::DefaultBranch => caches.join("main"),
+            Trust::DefaultBranch | Trust::DriftCheck => caches.join("main"),
         }
     }
 
