@@ -161,7 +161,7 @@ async fn closing_an_mr_cancels_its_running_job_and_frees_the_worker() {
     );
 
     // The single worker is freed and runs the close job.
-    s.eventually("the close job to finish on the freed worker", || {
+    s.after_job_ends("the close job to finish on the freed worker", 10, || {
         let store = store.clone();
         async move {
             store
@@ -209,7 +209,7 @@ async fn start_up_reconciliation_plans_open_mrs_whose_head_has_no_plan() {
     )
     .await;
     let store = s.app.store.clone();
-    s.eventually("the reconcile job to finish", || {
+    s.after_job_ends("the reconcile job to finish", 10, || {
         let store = store.clone();
         async move {
             store
