@@ -136,7 +136,7 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
     )
     .await;
     let (f, p) = (&fake, &project);
-    s.eventually_for("a final planbot/plan status", 60, || async {
+    s.after_job_ends("a final planbot/plan status", 60, || async {
         f.status(p, &head, "planbot/plan")
             .is_some_and(|st| st.state == "success")
     })
