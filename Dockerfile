@@ -10,7 +10,8 @@
 # planbot is compiled on the build machine for the target architecture (no emulation), with
 # Cargo's `dist` profile (optimised, symbols stripped: about a fifth of the release build's
 # size). OpenTofu TOFU_VERSION is installed by scripts/install-tofu.sh, which refuses an
-# archive whose SHA-256 is not the one scripts/tofu.sha256sums lists for that architecture.
+# archive whose SHA-256 is not the one scripts/tofu.sha256sums lists for that architecture
+# (amd64 only so far: an arm64 build stops until its line is added; docs/install.md).
 #
 # Run it with the config at /etc/planbot/planbot.toml (deploy/planbot.toml) and each secret as a
 # file in $CREDENTIALS_DIRECTORY (default /run/secrets, where Docker and Compose put secrets).

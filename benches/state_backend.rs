@@ -21,8 +21,8 @@ use planbot::capabilities::engine::{Engine, PlanRequest};
 use planbot::core::config::Config;
 use planbot::core::ids::{MrIid, ProjectId};
 use planbot::core::repo_config::RepoConfig;
-use planbot::flows::confinement::credentials::{self, Use};
-use planbot::flows::context::app::{App, Trust};
+use planbot::flows::confinement::credentials::{self, Trust};
+use planbot::flows::context::app::App;
 use std::time::{Duration, Instant};
 use support::fake_gitlab::{FakeGitLab, DEVELOPER, MAINTAINER};
 
@@ -105,13 +105,8 @@ token = "{writer}"
     let config = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
     let app = App::new(config.clone()).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let mr_engine = app
-        .engine(Trust::MergeRequest {
-            project: ProjectId(project.id),
-            mr: MrIid(1),
-        })
-        .unwrap();
-    let main_engine = app.engine(Trust::DefaultBranch).unwrap();
+    let mr_engine = app.mr_engine(ProjectId(project.id), MrIid(1)).unwrap();
+    let main_engine = app.default_branch_engine().unwrap();
     let root = &RepoConfig::absent().roots[0];
 
     // Each variant's root, its state made by applying it once.
@@ -124,7 +119,7 @@ token = "{writer}"
             .unwrap()
             .unwrap()
     };
-    let (read_env, write_env) = (env(Use::Plan), env(Use::Apply));
+    let (read_env, write_env) = (env(Trust::MergeRequest), env(Trust::DefaultBranch));
     runtime.block_on(async {
         for (dir, extra_env) in [
             (local.path(), Default::default()),

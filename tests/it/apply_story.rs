@@ -474,7 +474,7 @@ impl World {
     async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
         let head = self.gitlab.mr_sha(&self.project, iid);
         let (gitlab, project) = (&self.gitlab, &self.project);
-        s.eventually_for(
+        s.after_job_ends(
             "the plan note and a final planbot/plan status",
             60,
             || async {

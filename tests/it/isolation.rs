@@ -523,8 +523,8 @@ async fn a_provider_from_an_unpacked_filesystem_mirror_runs() {
             }
         }
     };
-    use planbot::flows::confinement::{credentials::Use, sandbox::service_mode};
-    let service = service_mode(&config, Use::Plan);
+    use planbot::flows::confinement::{credentials::Trust, sandbox::service_mode};
+    let service = service_mode(&config, Trust::MergeRequest);
 
     // The mirror only readable (as planbot had it): the engine cannot start the provider.
     let mut read_only = service.clone();
@@ -713,7 +713,7 @@ ssh_agent_socket = "{agent}"
 /// The engine the service builds for `use_`: its sandbox and its credentials.
 fn service_engine(
     config: &planbot::core::config::Config,
-    use_: planbot::flows::confinement::credentials::Use,
+    use_: planbot::flows::confinement::credentials::Trust,
     mode: SandboxMode,
     temp_root: &Path,
 ) -> Engine {
@@ -764,7 +764,7 @@ fn mr_root_trying_the_agent(agent: &Path) -> (tempfile::TempDir, PathBuf) {
 
 #[tokio::test]
 async fn an_mr_plan_cannot_reach_the_apply_agent_and_the_apply_uploads_a_snippet_over_ssh() {
-    use planbot::flows::confinement::{credentials::Use, sandbox::service_mode};
+    use planbot::flows::confinement::{credentials::Trust, sandbox::service_mode};
     kernel();
     let agent = Agent::start();
     let sshd = Sshd::start(&agent.public_key());
@@ -773,13 +773,18 @@ async fn an_mr_plan_cannot_reach_the_apply_agent_and_the_apply_uploads_a_snippet
 
     // Landlock alone (planbot before the namespaces): MR code lists the apply key.
     let (root, report) = mr_root_trying_the_agent(&agent.socket());
-    let mut landlock_only = service_mode(&config, Use::Plan);
+    let mut landlock_only = service_mode(&config, Trust::MergeRequest);
     if let SandboxMode::Landlock { namespaces, .. } = &mut landlock_only {
         *namespaces = planbot::capabilities::engine::Namespaces::Off {
             reason: "this test's control".into(),
         };
     }
-    let eng = service_engine(&config, Use::Plan, landlock_only, temp_root.path());
+    let eng = service_engine(
+        &config,
+        Trust::MergeRequest,
+        landlock_only,
+        temp_root.path(),
+    );
     assert!(eng
         .plan(root.path(), &PlanRequest::default())
         .await
@@ -794,8 +799,8 @@ async fn an_mr_plan_cannot_reach_the_apply_agent_and_the_apply_uploads_a_snippet
     let (root, report) = mr_root_trying_the_agent(&agent.socket());
     let eng = service_engine(
         &config,
-        Use::Plan,
-        service_mode(&config, Use::Plan),
+        Trust::MergeRequest,
+        service_mode(&config, Trust::MergeRequest),
         temp_root.path(),
     );
     assert!(eng
@@ -843,8 +848,8 @@ async fn an_mr_plan_cannot_reach_the_apply_agent_and_the_apply_uploads_a_snippet
     .unwrap();
     let eng = service_engine(
         &config,
-        Use::Apply,
-        service_mode(&config, Use::Apply),
+        Trust::DefaultBranch,
+        service_mode(&config, Trust::DefaultBranch),
         temp_root.path(),
     );
     let planned = eng

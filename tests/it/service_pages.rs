@@ -640,7 +640,7 @@ async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_
     );
     let sandbox = planbot::flows::confinement::sandbox::service_mode(
         &w.app.config,
-        planbot::flows::confinement::credentials::Use::Plan,
+        planbot::flows::confinement::credentials::Trust::MergeRequest,
     )
     .describe();
     assert!(

@@ -20,8 +20,7 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::Root;
 use crate::core::state::{self, Backend, HeldLock};
 use crate::core::summary::Summary;
-use crate::flows::confinement::credentials::{self, Use};
-use crate::flows::context::app::Trust;
+use crate::flows::confinement::credentials::{self, Trust};
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::context::locks::RootGuard;
 use crate::flows::review::policies;
@@ -145,9 +144,11 @@ impl ApplyCtx {
     /// When the engine's sandbox refused what a run needed: why, and the setting that allows
     /// it, in the job log and planbot's log.
     pub(super) fn explain_denial(&self, report: &str) {
-        if let Some(hint) =
-            crate::flows::confinement::network::explain(&self.app.config, Use::Apply, report)
-        {
+        if let Some(hint) = crate::flows::confinement::network::explain(
+            &self.app.config,
+            Trust::DefaultBranch,
+            report,
+        ) {
             tracing::warn!(project = self.project.0, explanation = %hint, "the engine's sandbox refused what an apply needed");
             self.log.say(
                 "hint",
@@ -203,14 +204,14 @@ impl ApplyCtx {
         );
         let engine = self
             .app
-            .engine(Trust::DefaultBranch)
+            .default_branch_engine()
             .map_err(|e| format!("{e:#}"))?;
         let extra_env = match credentials::managed_state_env(
             &self.app.config,
             self.project,
             checkout,
             root,
-            Use::Apply,
+            Trust::DefaultBranch,
         ) {
             Ok(env) => env.unwrap_or_default(),
             Err(why) => {
@@ -227,7 +228,7 @@ impl ApplyCtx {
             extra_secrets: self.app.config.secrets(),
             worktree: Some(checkout.to_path_buf()),
             extra_env,
-            init_env: credentials::module_env(&self.app.config, Use::Apply),
+            init_env: credentials::module_env(&self.app.config, Trust::DefaultBranch),
             ..PlanRequest::default()
         };
         match engine.plan(&checkout.join(&root.dir), &request).await {

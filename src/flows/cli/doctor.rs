@@ -634,7 +634,7 @@ async fn engine_checks(config: &Config, r: &mut Report) {
     };
     let mode = crate::flows::confinement::sandbox::service_mode(
         config,
-        crate::flows::confinement::credentials::Use::Plan,
+        crate::flows::confinement::credentials::Trust::MergeRequest,
     );
     match &mode {
         SandboxMode::Landlock {

@@ -94,7 +94,7 @@ pub fn check_report(config: &Config) -> String {
         "- run every engine process sandboxed: {}\n",
         crate::flows::confinement::sandbox::service_mode(
             config,
-            crate::flows::confinement::credentials::Use::Plan
+            crate::flows::confinement::credentials::Trust::MergeRequest
         )
         .describe()
     ));

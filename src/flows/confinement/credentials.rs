@@ -18,11 +18,13 @@ use crate::core::repo_config::Root;
 use crate::core::state;
 use std::collections::BTreeMap;
 
-/// What a run is for.
+/// Whose code an engine run executes, which decides its credentials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Use {
-    Plan,
-    Apply,
+pub enum Trust {
+    /// An MR's plan: untrusted code, the plan credentials.
+    MergeRequest,
+    /// Plans and applies on the protected default branch: reviewed code, the apply credentials.
+    DefaultBranch,
 }
 
 /// A root's GitLab-managed state for one run: its name, and the `http` backend's environment
@@ -38,16 +40,16 @@ pub struct ManagedState {
 /// has no token.
 pub fn managed_state(
     config: &Config,
-    use_: Use,
+    trust: Trust,
     project: ProjectId,
     root: &Root,
 ) -> Result<Option<ManagedState>, String> {
     let Some(name) = state::gitlab_state_name(root, config.state.default) else {
         return Ok(None);
     };
-    let credential = match use_ {
-        Use::Plan => config.state.plan.as_ref(),
-        Use::Apply => config.state.apply.as_ref(),
+    let credential = match trust {
+        Trust::MergeRequest => config.state.plan.as_ref(),
+        Trust::DefaultBranch => config.state.apply.as_ref(),
     };
     let Some(credential) = credential else {
         return Err(crate::core::templates::text(
@@ -56,7 +58,7 @@ pub fn managed_state(
             minijinja::context! {
                 root => &root.name,
                 name => &name,
-                use => if use_ == Use::Plan { "plan" } else { "apply" },
+                use => if trust == Trust::MergeRequest { "plan" } else { "apply" },
             },
         ));
     };
@@ -76,9 +78,9 @@ pub fn managed_state_env(
     project: ProjectId,
     checkout: &std::path::Path,
     root: &Root,
-    use_: Use,
+    trust: Trust,
 ) -> Result<Option<BTreeMap<String, String>>, String> {
-    let Some(managed) = managed_state(config, use_, project, root)? else {
+    let Some(managed) = managed_state(config, trust, project, root)? else {
         return Ok(None);
     };
     RootFiles::open(checkout, &root.dir)
@@ -99,10 +101,10 @@ pub fn uses_gitlab(config: &Config) -> bool {
 }
 
 /// The module credentials `init` gets in a run for `use_` (none without a token).
-pub fn module_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
-    let credential: Option<&GitlabCredential> = match use_ {
-        Use::Plan => config.modules.plan.as_ref(),
-        Use::Apply => config.modules.apply.as_ref(),
+pub fn module_env(config: &Config, trust: Trust) -> BTreeMap<String, String> {
+    let credential: Option<&GitlabCredential> = match trust {
+        Trust::MergeRequest => config.modules.plan.as_ref(),
+        Trust::DefaultBranch => config.modules.apply.as_ref(),
     };
     credential
         .map(|c| state::module_env(&config.gitlab.url, c))
@@ -110,27 +112,27 @@ pub fn module_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
 }
 
 /// The Proxmox endpoint for `use_`.
-pub fn proxmox_for(config: &Config, use_: Use) -> ProxmoxEndpoint {
-    match use_ {
-        Use::Plan => config.proxmox.for_plan(),
-        Use::Apply => config.proxmox.for_apply(),
+pub fn proxmox_for(config: &Config, trust: Trust) -> ProxmoxEndpoint {
+    match trust {
+        Trust::MergeRequest => config.proxmox.for_plan(),
+        Trust::DefaultBranch => config.proxmox.for_apply(),
     }
 }
 
 /// Whether the default branch's runs get SSH credentials for the bpg provider: from
 /// `[proxmox.apply] ssh_*`, or `PROXMOX_VE_SSH_*` set by the operator in the apply's env.
 pub fn apply_has_ssh(config: &Config) -> bool {
-    let env = engine_env(config, Use::Apply);
+    let env = engine_env(config, Trust::DefaultBranch);
     env.contains_key("PROXMOX_VE_SSH_PRIVATE_KEY")
         || env.contains_key("PROXMOX_VE_SSH_PASSWORD")
         || env.get("PROXMOX_VE_SSH_AGENT").is_some_and(|v| v == "true")
 }
 
 /// The engine environment for `use_`: `engine.env` plus the matching Proxmox credentials.
-pub fn engine_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
-    let per_use = match use_ {
-        Use::Plan => &config.engine.plan_env,
-        Use::Apply => &config.engine.apply_env,
+pub fn engine_env(config: &Config, trust: Trust) -> BTreeMap<String, String> {
+    let per_use = match trust {
+        Trust::MergeRequest => &config.engine.plan_env,
+        Trust::DefaultBranch => &config.engine.apply_env,
     };
     // `[engine] env` is the default for both; `[engine.plan]`/`[engine.apply]` win per key.
     let mut env: BTreeMap<String, String> = config
@@ -140,7 +142,7 @@ pub fn engine_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
         .chain(per_use)
         .map(|(k, v)| (k.clone(), v.expose().to_string()))
         .collect();
-    let pve = proxmox_for(config, use_);
+    let pve = proxmox_for(config, trust);
     if let Some(endpoint) = &pve.endpoint {
         env.insert("PROXMOX_VE_ENDPOINT".into(), endpoint.clone());
     }
@@ -153,7 +155,7 @@ pub fn engine_env(config: &Config, use_: Use) -> BTreeMap<String, String> {
         env.insert("PROXMOX_VE_INSECURE".into(), "true".into());
     }
     // SSH to the nodes (the bpg provider uploads snippets over SSH): applies only.
-    if let (Use::Apply, Some(ssh)) = (use_, &config.proxmox.apply_ssh) {
+    if let (Trust::DefaultBranch, Some(ssh)) = (trust, &config.proxmox.apply_ssh) {
         env.insert("PROXMOX_VE_SSH_USERNAME".into(), ssh.username.clone());
         if let Some(key) = &ssh.private_key {
             env.insert(
@@ -205,8 +207,8 @@ ssh_private_key_file = "/run/secrets/pve-ssh-key"
     #[test]
     fn ssh_and_apply_env_reach_only_the_default_branchs_runs() {
         let c = config("");
-        let plan = engine_env(&c, Use::Plan);
-        let apply = engine_env(&c, Use::Apply);
+        let plan = engine_env(&c, Trust::MergeRequest);
+        let apply = engine_env(&c, Trust::DefaultBranch);
         assert_eq!(plan.get("SHARED").map(String::as_str), Some("both"));
         assert_eq!(apply.get("SHARED").map(String::as_str), Some("both"));
         assert!(plan.contains_key("TF_VAR_plan_only"));

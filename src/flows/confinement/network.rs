@@ -3,7 +3,7 @@
 //! the sandbox caused (`permission denied` on a connect or an open) means, with the setting.
 
 use crate::core::config::Config;
-use crate::flows::confinement::credentials::{self, Use};
+use crate::flows::confinement::credentials::{self, Trust};
 use serde::Serialize;
 
 /// The TCP port of a URL (its scheme's default when none is written).
@@ -18,7 +18,7 @@ pub fn url_port(u: &str) -> Option<u16> {
 /// The TCP ports the engine may connect to in a run for `use_`: `[sandbox] connect_ports`, the
 /// Proxmox endpoint's port, the network provider mirror's, GitLab's when the engine reaches it
 /// for state or modules, and SSH (22) for the default branch's runs with `[proxmox.apply] ssh_*`.
-pub fn connect_ports(config: &Config, use_: Use) -> Vec<u16> {
+pub fn connect_ports(config: &Config, trust: Trust) -> Vec<u16> {
     let mut ports = config.sandbox.connect_ports.clone();
     if let Some(m) = config
         .engine
@@ -28,7 +28,7 @@ pub fn connect_ports(config: &Config, use_: Use) -> Vec<u16> {
     {
         ports.extend(url_port(m));
     }
-    if use_ == Use::Apply && config.proxmox.apply_ssh.is_some() {
+    if trust == Trust::DefaultBranch && config.proxmox.apply_ssh.is_some() {
         // The bpg provider's SSH to the nodes (snippet uploads).
         ports.push(22);
     }
@@ -36,7 +36,7 @@ pub fn connect_ports(config: &Config, use_: Use) -> Vec<u16> {
         // GitLab-managed state, and modules over git or the module registry.
         ports.extend(url_port(&config.gitlab.url));
     }
-    let env = credentials::engine_env(config, use_);
+    let env = credentials::engine_env(config, trust);
     for key in ["PROXMOX_VE_ENDPOINT", "PM_VE_ENDPOINT"] {
         ports.extend(env.get(key).and_then(|u| url_port(u)));
     }
@@ -80,10 +80,10 @@ pub struct Need {
 /// allow-list has its port: GitLab (state, modules), the Proxmox endpoints, the provider mirror,
 /// and the endpoint variables of the engine's environment.
 pub fn needs(config: &Config) -> Vec<Need> {
-    let plan = connect_ports(config, Use::Plan);
-    let apply = connect_ports(config, Use::Apply);
+    let plan = connect_ports(config, Trust::MergeRequest);
+    let apply = connect_ports(config, Trust::DefaultBranch);
     let mut out: Vec<Need> = Vec::new();
-    let mut add = |key: String, what: &'static str, url: &str, uses: &[Use]| {
+    let mut add = |key: String, what: &'static str, url: &str, uses: &[Trust]| {
         let Some(parsed) = url::Url::parse(url).ok() else {
             return;
         };
@@ -91,8 +91,8 @@ pub fn needs(config: &Config) -> Vec<Need> {
             return;
         };
         let allowed = uses.iter().all(|u| match u {
-            Use::Plan => plan.contains(&port),
-            Use::Apply => apply.contains(&port),
+            Trust::MergeRequest => plan.contains(&port),
+            Trust::DefaultBranch => apply.contains(&port),
         });
         let need = Need {
             key,
@@ -105,7 +105,7 @@ pub fn needs(config: &Config) -> Vec<Need> {
             out.push(need);
         }
     };
-    let both = [Use::Plan, Use::Apply];
+    let both = [Trust::MergeRequest, Trust::DefaultBranch];
     if credentials::uses_gitlab(config) {
         add(
             "gitlab.url".into(),
@@ -124,8 +124,16 @@ pub fn needs(config: &Config) -> Vec<Need> {
         }
     } else {
         for (key, ep, uses) in [
-            ("proxmox.plan.endpoint", &pve_plan, &[Use::Plan][..]),
-            ("proxmox.apply.endpoint", &pve_apply, &[Use::Apply][..]),
+            (
+                "proxmox.plan.endpoint",
+                &pve_plan,
+                &[Trust::MergeRequest][..],
+            ),
+            (
+                "proxmox.apply.endpoint",
+                &pve_apply,
+                &[Trust::DefaultBranch][..],
+            ),
         ] {
             if let Some(e) = ep {
                 add(key.into(), "the Proxmox API", e, uses);
@@ -147,11 +155,15 @@ pub fn needs(config: &Config) -> Vec<Need> {
     }
     for (table, env, uses) in [
         ("engine.env", &config.engine.env, &both[..]),
-        ("engine.plan.env", &config.engine.plan_env, &[Use::Plan][..]),
+        (
+            "engine.plan.env",
+            &config.engine.plan_env,
+            &[Trust::MergeRequest][..],
+        ),
         (
             "engine.apply.env",
             &config.engine.apply_env,
-            &[Use::Apply][..],
+            &[Trust::DefaultBranch][..],
         ),
     ] {
         for (name, value) in env {
@@ -204,9 +216,9 @@ pub fn denial(output: &str) -> Option<Denial> {
 
 /// The operator's explanation of an engine failure the sandbox caused (`templates/network.txt.j2`),
 /// naming the setting that would allow it; `None` when the sandbox refused nothing.
-pub fn explain(config: &Config, use_: Use, output: &str) -> Option<String> {
+pub fn explain(config: &Config, trust: Trust, output: &str) -> Option<String> {
     let d = denial(output)?;
-    let ports = connect_ports(config, use_);
+    let ports = connect_ports(config, trust);
     let ctx = match &d {
         Denial::Connect { host, port } => {
             let mut wanted = config.sandbox.connect_ports.clone();
@@ -289,7 +301,7 @@ endpoint = "https://pve01.lab:8006/"
             })
         );
         let c = config("");
-        let text = explain(&c, Use::Plan, out).unwrap();
+        let text = explain(&c, Trust::MergeRequest, out).unwrap();
         assert!(text.contains("port 18929"), "{text}");
         assert!(text.contains("connect_ports = [443, 18929]"), "{text}");
         let open = "Error: Invalid function argument\n  Invalid value for \"path\" parameter: open /opt/corp-ca/ca.pem: permission denied.";
@@ -299,7 +311,9 @@ endpoint = "https://pve01.lab:8006/"
                 path: "/opt/corp-ca/ca.pem".into()
             })
         );
-        assert!(explain(&c, Use::Plan, open).unwrap().contains("read_paths"));
+        assert!(explain(&c, Trust::MergeRequest, open)
+            .unwrap()
+            .contains("read_paths"));
         assert_eq!(denial("Error: no such host"), None);
     }
 }

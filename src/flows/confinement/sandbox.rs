@@ -6,7 +6,7 @@ use crate::capabilities::engine::{Limits, Namespaces, SandboxMode, SandboxProfil
 use crate::capabilities::namespaces::NsSupport;
 use crate::capabilities::sandbox::Support;
 use crate::core::config::{Config, LandlockSetting};
-use crate::flows::confinement::credentials::Use;
+use crate::flows::confinement::credentials::Trust;
 
 /// One text of `templates/sandbox.txt.j2`.
 pub fn text(kind: &str, ctx: minijinja::Value) -> String {
@@ -42,7 +42,7 @@ pub fn namespace_support(config: &Config) -> NsSupport {
 /// `[sandbox] read_paths` (and a filesystem provider mirror), connecting to
 /// `[sandbox] connect_ports`, the Proxmox endpoint's port, the provider mirror's, and
 /// GitLab's when the engine reaches it for state or modules.
-pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
+pub fn service_mode(config: &Config, trust: Trust) -> SandboxMode {
     let mode = SandboxMode::with_support(
         SandboxProfile::Strict,
         support(config),
@@ -69,8 +69,8 @@ pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
         off => off,
     };
     // The SSH agent of the default branch's runs, at a per-run path only they see.
-    let agent_socket = match (use_, &config.proxmox.apply_ssh) {
-        (Use::Apply, Some(ssh)) => ssh.agent_socket.clone(),
+    let agent_socket = match (trust, &config.proxmox.apply_ssh) {
+        (Trust::DefaultBranch, Some(ssh)) => ssh.agent_socket.clone(),
         _ => None,
     };
     let extra_read = config.sandbox.read_paths.clone();
@@ -85,7 +85,7 @@ pub fn service_mode(config: &Config, use_: Use) -> SandboxMode {
         extra_exec.push(m.into());
     }
     // The ports of the endpoints the config names (see `network::connect_ports`).
-    let connect_ports = crate::flows::confinement::network::connect_ports(config, use_);
+    let connect_ports = crate::flows::confinement::network::connect_ports(config, trust);
     SandboxMode::Landlock {
         profile,
         abi,
@@ -140,11 +140,13 @@ connect_ports = [443, 5432]
         if Support::probe().abi().is_none() {
             panic!("this test needs a kernel with Landlock");
         }
-        let SandboxMode::Landlock { connect_ports, .. } = service_mode(&c, Use::Plan) else {
+        let SandboxMode::Landlock { connect_ports, .. } = service_mode(&c, Trust::MergeRequest)
+        else {
             panic!("expected Landlock");
         };
         assert_eq!(connect_ports, vec![443, 5432, 8006, 8443]);
-        let SandboxMode::Landlock { connect_ports, .. } = service_mode(&c, Use::Apply) else {
+        let SandboxMode::Landlock { connect_ports, .. } = service_mode(&c, Trust::DefaultBranch)
+        else {
             panic!("expected Landlock");
         };
         assert_eq!(connect_ports, vec![443, 5432, 8443, 9006]);
@@ -152,7 +154,10 @@ connect_ports = [443, 5432]
 
     #[test]
     fn without_landlock_the_service_refuses_unless_told_otherwise() {
-        let refused = service_mode(&config("[sandbox]\nlandlock = \"off\""), Use::Plan);
+        let refused = service_mode(
+            &config("[sandbox]\nlandlock = \"off\""),
+            Trust::MergeRequest,
+        );
         let SandboxMode::Refused { reason } = &refused else {
             panic!("expected a refusal, got {refused:?}");
         };
@@ -162,7 +167,7 @@ connect_ports = [443, 5432]
 
         let off = service_mode(
             &config("[sandbox]\nlandlock = \"off\"\nrequired = false"),
-            Use::Plan,
+            Trust::MergeRequest,
         );
         assert!(matches!(off, SandboxMode::Off { .. }), "{off:?}");
         let banner = note_banner(&off).unwrap();

@@ -8,34 +8,13 @@ use crate::core::config::{Config, StoreUrl};
 use crate::core::ids::{MrIid, ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
-use crate::flows::confinement::credentials::{self, Use};
+use crate::flows::confinement::credentials::{self, Trust};
 pub use crate::flows::context::locks::RootLocks;
 use crate::flows::context::metrics::Metrics;
 use crate::flows::context::queue::Queue;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// Whose code an engine run executes, which decides its credentials and plugin cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trust {
-    /// An MR's plan: untrusted code, plan credentials, the MR's own plugin cache.
-    MergeRequest { project: ProjectId, mr: MrIid },
-    /// Plans and applies on the protected default branch: reviewed code, apply credentials.
-    DefaultBranch,
-    /// Drift checks of the default branch: reviewed code, but read-only: plan credentials
-    /// (the state is only read, never locked), the default branch's plugin cache.
-    DriftCheck,
-}
-
-impl Trust {
-    fn credentials(self) -> Use {
-        match self {
-            Trust::MergeRequest { .. } | Trust::DriftCheck => Use::Plan,
-            Trust::DefaultBranch => Use::Apply,
-        }
-    }
-}
 
 /// Everything the HTTP handlers, the workers and the flows share. Built once per process.
 pub struct App {
@@ -152,10 +131,40 @@ impl App {
         self.config.data_dir.join("tmp")
     }
 
-    /// The engine runner for a plan of an MR (plan credentials) or the default branch's runs
-    /// (apply credentials), see [`crate::flows::confinement::credentials`].
-    pub fn engine(&self, trust: Trust) -> Result<Engine> {
-        let use_ = trust.credentials();
+    /// The engine runner for a plan of MR `mr`: untrusted code, the plan credentials, the
+    /// MR's own plugin cache (see [`crate::flows::confinement::credentials`]).
+    pub fn mr_engine(&self, project: ProjectId, mr: MrIid) -> Result<Engine> {
+        self.engine(Trust::MergeRequest, self.mr_plugin_cache_dir(project, mr))
+    }
+
+    /// The engine runner of the default branch's plans and applies: reviewed code, the apply
+    /// credentials, the plugin cache no MR can write.
+    pub fn default_branch_engine(&self) -> Result<Engine> {
+        let cache = self.config.data_dir.join("plugin-cache").join("main");
+        self.engine(Trust::DefaultBranch, cache)
+    }
+
+    /// The engine runner of drift checks: the default branch's reviewed code, but read-only:
+    /// the plan credentials and the MR plans' sandbox (the state is only read, never locked),
+    /// and the default branch's plugin cache.
+    pub fn drift_engine(&self) -> Result<Engine> {
+        let cache = self.config.data_dir.join("plugin-cache").join("main");
+        self.engine(Trust::MergeRequest, cache)
+    }
+
+    /// Each MR has its own plugin cache (untrusted code: what one MR's plan puts there reaches
+    /// no other MR's plan), and the default branch's plans and applies share one that no MR can
+    /// write, so an MR can never put a provider where an apply installs from. An MR's cache is
+    /// removed when it is merged or closed.
+    fn mr_plugin_cache_dir(&self, project: ProjectId, mr: MrIid) -> PathBuf {
+        self.config
+            .data_dir
+            .join("plugin-cache")
+            .join("mr")
+            .join(format!("p{}-mr{}", project.0, mr.0))
+    }
+
+    fn engine(&self, trust: Trust, plugin_cache: PathBuf) -> Result<Engine> {
         let engine = &self.config.engine;
         Engine::builder(&engine.binary, self.temp_root())
             .timeout(engine.timeout)
@@ -163,9 +172,9 @@ impl App {
             .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
             .lock_timeout(engine.lock_timeout)
             .max_plan_json(engine.max_plan_json_mib * 1024 * 1024)
-            .env(credentials::engine_env(&self.config, use_))
+            .env(credentials::engine_env(&self.config, trust))
             .secret_env(engine.secret_env.clone())
-            .plugin_cache_dir(self.plugin_cache_dir(trust))
+            .plugin_cache_dir(plugin_cache)
             .cli_config(CliConfig::Owned {
                 provider_mirror: engine.provider_mirror.as_ref().map(|m| {
                     if m.starts_with('/') {
@@ -177,29 +186,15 @@ impl App {
             })
             .sandbox(crate::flows::confinement::sandbox::service_mode(
                 &self.config,
-                use_,
+                trust,
             ))
             .build()
             .with_context(|| format!("engine.binary = {:?}", engine.binary))
     }
 
-    /// The plugin cache of a trust level: each MR has its own (untrusted code: what one MR's
-    /// plan puts there reaches no other MR's plan), and the default branch's plans and applies
-    /// share one that no MR can write, so an MR can never put a provider where an apply
-    /// installs from. An MR's cache is removed when it is merged or closed.
-    pub fn plugin_cache_dir(&self, trust: Trust) -> PathBuf {
-        let caches = self.config.data_dir.join("plugin-cache");
-        match trust {
-            Trust::MergeRequest { project, mr } => {
-                caches.join("mr").join(format!("p{}-mr{}", project.0, mr.0))
-            }
-            Trust::DefaultBranch | Trust::DriftCheck => caches.join("main"),
-        }
-    }
-
     /// Remove an MR's plugin cache (it is merged or closed: no plan of it will run again).
     pub fn drop_mr_plugin_cache(&self, project: ProjectId, mr: MrIid) {
-        let dir = self.plugin_cache_dir(Trust::MergeRequest { project, mr });
+        let dir = self.mr_plugin_cache_dir(project, mr);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => tracing::info!(project = project.0, mr = mr.0, "MR plugin cache removed"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -11,8 +11,8 @@ use crate::core::config::ProjectRef;
 use crate::core::drift::DriftVerdict;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
 use crate::core::repo_config::{self, RepoConfig, Root};
-use crate::flows::confinement::credentials::{self, Use};
-use crate::flows::context::app::{App, Trust};
+use crate::flows::confinement::credentials::{self, Trust};
+use crate::flows::context::app::App;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -177,7 +177,7 @@ async fn check_project(
     }
     let waiting = unapplied_merge(app, info.id, &head).await?;
     let checkout = app.workspace.checkout(info.id, &head).await?;
-    let engine = app.engine(Trust::DriftCheck)?;
+    let engine = app.drift_engine()?;
     let ctx = ProjectCheck {
         app,
         info: &info,
@@ -329,8 +329,13 @@ impl ProjectCheck<'_> {
                 self.head.short()
             ));
         }
-        let state =
-            credentials::managed_state_env(config, self.info.id, checkout, root, Use::Plan)?;
+        let state = credentials::managed_state_env(
+            config,
+            self.info.id,
+            checkout,
+            root,
+            Trust::MergeRequest,
+        )?;
         let req = PlanRequest {
             var_files: root.var_files.iter().map(PathBuf::from).collect(),
             workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
@@ -338,7 +343,7 @@ impl ProjectCheck<'_> {
             worktree: Some(checkout.to_path_buf()),
             // A drift check only reads the state: it never locks or writes it.
             no_lock: true,
-            init_env: credentials::module_env(config, Use::Plan),
+            init_env: credentials::module_env(config, Trust::MergeRequest),
             extra_env: state.unwrap_or_default(),
             ..PlanRequest::default()
         };

@@ -545,7 +545,7 @@ pub async fn home(State(app): State<Arc<App>>, Extension(viewer): Extension<View
     let sandbox = tokio::task::spawn_blocking(move || {
         crate::flows::confinement::sandbox::service_mode(
             &config.config,
-            crate::flows::confinement::credentials::Use::Plan,
+            crate::flows::confinement::credentials::Trust::MergeRequest,
         )
         .describe()
     })

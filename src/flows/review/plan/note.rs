@@ -10,7 +10,7 @@ use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId};
 use crate::core::policy::review::{PolicySection, RecordedVerdict};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
-use crate::flows::confinement::credentials::Use;
+use crate::flows::confinement::credentials::Trust;
 use crate::flows::confinement::network;
 use crate::flows::context::app::App;
 use crate::flows::context::cpu::cpu_bound;
@@ -42,7 +42,7 @@ pub(super) fn sandbox_hints(app: &App, results: &[RootResult]) -> BTreeMap<Strin
             Outcome::Planned { planned, .. } if planned.plan().errored => planned.log(),
             _ => continue,
         };
-        if let Some(hint) = network::explain(&app.config, Use::Plan, output) {
+        if let Some(hint) = network::explain(&app.config, Trust::MergeRequest, output) {
             tracing::warn!(root = %r.name, explanation = %hint, "the engine's sandbox refused what a plan needed");
             hints.insert(r.name.clone(), hint);
         }

@@ -10,7 +10,7 @@ use crate::core::events::{Job, PlanJob, PlanReason};
 use crate::core::ids::NoteId;
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
-use crate::flows::context::app::{App, Trust};
+use crate::flows::context::app::App;
 use crate::flows::review::policies::PolicySets;
 use anyhow::{Context, Result};
 
@@ -156,10 +156,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
     let (commit, changed, mut banners) =
         commit_to_plan(app, job, &config, &target, &default_branch).await?;
     let checkout = ws.checkout(project, &commit.sha).await?;
-    let engine = app.engine(Trust::MergeRequest {
-        project,
-        mr: job.mr,
-    })?;
+    let engine = app.mr_engine(project, job.mr)?;
     let version = engine.version().await.ok().map(|v| v.to_string());
     banners.extend(crate::flows::confinement::sandbox::note_banner(
         engine.sandbox(),

@@ -16,7 +16,7 @@ use crate::core::lint;
 use crate::core::policy::Verdict;
 use crate::core::repo_config::Root;
 use crate::core::state;
-use crate::flows::confinement::credentials::{self, Use};
+use crate::flows::confinement::credentials::{self, Trust};
 use crate::flows::context::app::App;
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::review::preflight;
@@ -205,11 +205,11 @@ async fn plan_root(
         // An MR's plan only reads the state: it never locks or writes it (a Developer's
         // token may not), and the apply's parity check catches a state that moved.
         no_lock: true,
-        init_env: credentials::module_env(&app.config, Use::Plan),
+        init_env: credentials::module_env(&app.config, Trust::MergeRequest),
         ..PlanRequest::default()
     };
     let state = if dir.is_dir() {
-        credentials::managed_state_env(&app.config, project, checkout, root, Use::Plan)
+        credentials::managed_state_env(&app.config, project, checkout, root, Trust::MergeRequest)
     } else {
         Ok(None)
     };
