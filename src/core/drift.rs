@@ -118,7 +118,11 @@ fn drifted(rc: &ResourceChange, change: String, main_side: Side) -> DriftedResou
     names.dedup();
     let attributes = names
         .into_iter()
-        .filter(|name| before.get(*name) != after.get(*name))
+        // A missing attribute and a `null` one are the same: not a difference to show.
+        .filter(|name| {
+            before.get(*name).unwrap_or(&Value::Null) != after.get(*name).unwrap_or(&Value::Null)
+                || marked(&values.after_unknown, name)
+        })
         .map(|name| {
             let sensitive =
                 marked(&values.before_sensitive, name) || marked(&values.after_sensitive, name);
@@ -268,7 +272,7 @@ mod tests {
 
     const APPLY_PENDING: &str = r#"{"format_version":"1.2","resource_changes":[
         {"address":"terraform_data.dns","mode":"managed","type":"terraform_data","name":"dns",
-         "change":{"actions":["create"],"before":null,"after":{"input":"x"}}}]}"#;
+         "change":{"actions":["create"],"before":null,"after":{"input":"x","triggers_replace":null}}}]}"#;
 
     fn plan(text: &str) -> Plan {
         Plan::from_json(text.as_bytes()).unwrap()
@@ -334,6 +338,7 @@ mod tests {
             resources[0].attributes[0].reality, "null",
             "reality lacks it"
         );
+        assert_eq!(resources[0].attributes.len(), 1, "no null = null row");
     }
 
     #[test]
