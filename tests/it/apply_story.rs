@@ -21,7 +21,7 @@ pub(crate) struct World {
     pub(crate) config: Config,
 }
 
-fn config_text_for(
+pub(crate) fn config_text_for(
     data_dir: &std::path::Path,
     gitlab: &FakeGitLab,
     project: &FakeProject,

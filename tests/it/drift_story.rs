@@ -267,3 +267,70 @@ fn the_docs_show(body: &str) {
         );
     }
 }
+
+/// `planbot drift` as cron or a scheduled pipeline runs it: the real binary, the config file.
+#[test]
+fn the_command_prints_the_check_and_exits_2_on_drift_and_dry_run_writes_nothing() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("planbot.toml");
+    let text = crate::apply_story::config_text_for(
+        &w.config.data_dir,
+        &w.gitlab,
+        &w.project,
+        &engine,
+        "127.0.0.1:0",
+    );
+    std::fs::write(&file, text).unwrap();
+    let drift = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .arg("drift")
+            .arg("--config")
+            .arg(&file)
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), stdout, stderr)
+    };
+    let head = w.gitlab.branch_head(&w.project, "main").unwrap();
+
+    // Never applied: drift, printed, but a dry run writes no issue and no status.
+    let (code, stdout, stderr) = drift(&["--dry-run"]);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with(&format!(
+            "infra/homelab · root default · main at {}:\n  DRIFT, 2 resources\n",
+            &head[..8]
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("PLANBOT_CONFIRM="), "{stdout}");
+    assert!(!stdout.contains("apply-canary-password-7f3a"), "{stdout}");
+    assert!(w.gitlab.issues(&w.project).is_empty());
+    assert!(w
+        .gitlab
+        .status(&w.project, &head, "planbot/drift")
+        .is_none());
+
+    // A root that does not exist: nothing to check.
+    let (code, stdout, _) = drift(&["--root", "nope"]);
+    assert_eq!((code, stdout.as_str()), (Some(0), "no root to check\n"));
+
+    // For real: the issue and the status.
+    let (code, stdout, _) = drift(&["--project", "infra/homelab"]);
+    assert_eq!(code, Some(2));
+    assert!(stdout.ends_with("  issue: opened #1\n"), "{stdout}");
+    assert_eq!(w.gitlab.issues(&w.project).len(), 1);
+    assert_eq!(
+        w.gitlab
+            .status(&w.project, &head, "planbot/drift")
+            .unwrap()
+            .state,
+        "failed"
+    );
+}
