@@ -140,6 +140,23 @@ enum Command {
         #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
         config: PathBuf,
     },
+    /// Check every root of the configured projects for drift now, as the schedule does: plan
+    /// the default branch's head, keep each root's drift issue and the `planbot/drift` status
+    /// in step. Exit 0 clean, 2 drift, 1 could not check.
+    Drift {
+        /// The service's config file, as `planbot serve` reads it.
+        #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
+        config: PathBuf,
+        /// Only this project (its path or numeric id, as listed in `gitlab.projects`).
+        #[arg(long)]
+        project: Option<String>,
+        /// Only roots of this name.
+        #[arg(long)]
+        root: Option<String>,
+        /// Plan and print only: no issue, status or run is written.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Validate a repository's `.planbot.toml` and print the roots it defines (`check-repo-config`,
     /// its earlier name, still works).
     #[command(visible_alias = "check-config")]
@@ -321,6 +338,19 @@ fn main() -> ExitCode {
             },
         ),
         Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),
+        Command::Drift {
+            config,
+            project,
+            root,
+            dry_run,
+        } => planbot::flows::cli::drift::main(
+            &config,
+            planbot::flows::drift::check::Selection {
+                project,
+                root,
+                dry_run,
+            },
+        ),
         Command::CheckRepoConfig { file } => planbot::flows::cli::check_repo_config::main(&file),
         Command::Store {
             command:

@@ -118,7 +118,11 @@ fn drifted(rc: &ResourceChange, change: String, main_side: Side) -> DriftedResou
     names.dedup();
     let attributes = names
         .into_iter()
-        .filter(|name| before.get(*name) != after.get(*name))
+        // A missing attribute and a `null` one are the same: not a difference to show.
+        .filter(|name| {
+            before.get(*name).unwrap_or(&Value::Null) != after.get(*name).unwrap_or(&Value::Null)
+                || marked(&values.after_unknown, name)
+        })
         .map(|name| {
             let sensitive =
                 marked(&values.before_sensitive, name) || marked(&values.after_sensitive, name);
@@ -129,14 +133,21 @@ fn drifted(rc: &ResourceChange, change: String, main_side: Side) -> DriftedResou
                     short(v.unwrap_or(&Value::Null))
                 }
             };
+            // An attribute the engine knows only after the apply is not `null`.
+            let after_shown = if marked(&values.after_unknown, name) {
+                "(known after apply)".to_string()
+            } else {
+                shown(after.get(name))
+            };
+            let before_shown = shown(before.get(name));
             let (main, reality) = match main_side {
-                Side::Before => (before.get(name), after.get(name)),
-                Side::After => (after.get(name), before.get(name)),
+                Side::Before => (before_shown, after_shown),
+                Side::After => (after_shown, before_shown),
             };
             DriftedAttribute {
                 name: name.clone(),
-                main: shown(main),
-                reality: shown(reality),
+                main,
+                reality,
             }
         })
         .collect();
@@ -261,7 +272,7 @@ mod tests {
 
     const APPLY_PENDING: &str = r#"{"format_version":"1.2","resource_changes":[
         {"address":"terraform_data.dns","mode":"managed","type":"terraform_data","name":"dns",
-         "change":{"actions":["create"],"before":null,"after":{"input":"x"}}}]}"#;
+         "change":{"actions":["create"],"before":null,"after":{"input":"x","triggers_replace":null}}}]}"#;
 
     fn plan(text: &str) -> Plan {
         Plan::from_json(text.as_bytes()).unwrap()
@@ -327,6 +338,23 @@ mod tests {
             resources[0].attributes[0].reality, "null",
             "reality lacks it"
         );
+        assert_eq!(resources[0].attributes.len(), 1, "no null = null row");
+    }
+
+    #[test]
+    fn an_attribute_known_only_after_the_apply_is_not_null() {
+        let update = r#"{"format_version":"1.2","resource_changes":[
+            {"address":"terraform_data.vm","mode":"managed","type":"terraform_data","name":"vm",
+             "change":{"actions":["update"],"before":{"input":8,"output":2},
+             "after":{"input":2},"after_unknown":{"output":true}}}]}"#;
+        let verdict = DriftVerdict::of_plan(&plan(update), None);
+        let DriftVerdict::Drifted { resources } = &verdict else {
+            panic!("expected drift, got {verdict:?}");
+        };
+        let output = &resources[0].attributes[1];
+        assert_eq!(output.name, "output");
+        assert_eq!(output.main, "(known after apply)");
+        assert_eq!(output.reality, "2");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 pub mod apply;
 pub mod apply_note;
 pub mod ci_component;
+pub mod commit_status;
 pub mod config;
 pub mod defuse;
 pub mod drift;

@@ -116,6 +116,8 @@ pub struct Root {
     pub lint_disable: Vec<String>,
     /// Where its state lives.
     pub state: RootState,
+    /// Whether the drift check covers it (`drift = false` on the root or the file opts out).
+    pub drift: bool,
     matcher: GlobSet,
 }
 
@@ -128,6 +130,7 @@ impl PartialEq for Root {
             && self.workspace == other.workspace
             && self.lint_disable == other.lint_disable
             && self.state == other.state
+            && self.drift == other.drift
     }
 }
 
@@ -232,6 +235,8 @@ struct RawFile {
     lint: Option<RawLint>,
     #[serde(default)]
     policy_sets: Vec<RawPolicySet>,
+    #[serde(default)]
+    drift: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -263,6 +268,8 @@ struct RawRoot {
     lint_disable: Option<Vec<Spanned<String>>>,
     #[serde(default)]
     state: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    drift: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -495,6 +502,7 @@ impl RepoConfig {
                 workspace: "default".into(),
                 lint_disable: Vec::new(),
                 state: RootState::Unset,
+                drift: true,
             }],
             plan: PlanSettings::default(),
             policy_sets: Vec::new(),
@@ -538,6 +546,7 @@ impl RepoConfig {
                     cfg.is_default = false;
                     cfg.plan = plan;
                     cfg.roots[0].lint_disable = global_disable;
+                    cfg.roots[0].drift = raw.drift.unwrap_or(true);
                     cfg.policy_sets = parse_policy_sets(raw.policy_sets, &cfg.roots, &mut problems);
                     return problems.finish(cfg);
                 }
@@ -547,8 +556,10 @@ impl RepoConfig {
         let mut roots = Vec::new();
         let mut dir_valid: Vec<bool> = Vec::new();
         for (i, r) in raw_roots.into_iter().enumerate() {
-            let (root, dir_ok) =
+            let file_drift = raw.drift.unwrap_or(true);
+            let (mut root, dir_ok) =
                 parse_root(i, r, &roots, &dir_valid, &global_disable, &mut problems);
+            root.drift &= file_drift;
             dir_valid.push(dir_ok);
             roots.push(root);
         }
@@ -717,6 +728,7 @@ fn parse_root(
     let lint_disable = root_lint_disable(i, &r, global_disable, problems);
     let state = root_state(i, &r, &workspace, problems);
     let matcher = build_matcher(&patterns).unwrap_or_else(|_| GlobSet::empty());
+    let drift = r.drift.unwrap_or(true);
     let root = Root {
         name,
         dir,
@@ -726,6 +738,7 @@ fn parse_root(
         workspace,
         lint_disable,
         state,
+        drift,
         matcher,
     };
     (root, dir_ok)
@@ -1159,6 +1172,26 @@ disable = ["PVE010"]
         assert!(!core.lint_disabled("PVE003"));
         assert_eq!(cfg.plan.checkout, CheckoutMode::Merge);
         assert_eq!(cfg.plan.fork_mrs, ForkMrs::Comment);
+    }
+
+    #[test]
+    fn drift_is_checked_unless_the_root_or_the_file_opts_out() {
+        let two = |file: &str, root: &str| {
+            RepoConfig::parse(&format!(
+                "{file}\n[[roots]]\nname = \"core\"\ndir = \"core\"\n{root}\n[[roots]]\nname = \"dns\"\ndir = \"dns\"\n"
+            ))
+            .unwrap()
+            .roots
+            .iter()
+            .map(|r| r.drift)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(two("", ""), [true, true]);
+        assert_eq!(two("", "drift = false"), [false, true]);
+        assert_eq!(two("drift = false", ""), [false, false]);
+        assert!(RepoConfig::absent().roots[0].drift);
+        assert!(!RepoConfig::parse("drift = false").unwrap().roots[0].drift);
+        assert!(RepoConfig::parse("drift = \"no\"").is_err());
     }
 
     #[test]

@@ -58,6 +58,7 @@ files![
     ("comments/policy_approval.md.j2", Blocks),
     ("doctor.j2", Blocks),
     ("drift/issue.md.j2", Verbatim),
+    ("drift/terminal.txt.j2", Blocks),
     ("lint.j2", Blocks),
     ("local_progress.txt.j2", Verbatim),
     ("note.md.j2", Blocks),

@@ -13,15 +13,15 @@ use planbot::flows::service::server::Options;
 
 const INFRA: &str = "infra/homelab";
 
-struct World {
-    gitlab: FakeGitLab,
-    project: FakeProject,
-    alice: FakeUser,
+pub(crate) struct World {
+    pub(crate) gitlab: FakeGitLab,
+    pub(crate) project: FakeProject,
+    pub(crate) alice: FakeUser,
     _data: tempfile::TempDir,
-    config: Config,
+    pub(crate) config: Config,
 }
 
-fn config_text_for(
+pub(crate) fn config_text_for(
     data_dir: &std::path::Path,
     gitlab: &FakeGitLab,
     project: &FakeProject,
@@ -89,7 +89,7 @@ connect_ports = [443, {gitlab_port}]
     )
 }
 
-fn world(engine: &std::path::Path) -> World {
+pub(crate) fn world(engine: &std::path::Path) -> World {
     world_with(engine, "")
 }
 
@@ -120,7 +120,7 @@ fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
 
 impl World {
     /// A running manual job of the newest pipeline on `main`, clicked by alice.
-    fn apply_job(&self, id: u64) -> FakeJob {
+    pub(crate) fn apply_job(&self, id: u64) -> FakeJob {
         FakeJob {
             token: format!("glcbt-job-{id}"),
             id,
@@ -137,7 +137,7 @@ impl World {
 }
 
 /// What the CI job sees: the HTTP status and the streamed log.
-async fn call_apply(s: &TestService, token: &str, body: &str) -> (u16, String) {
+pub(crate) async fn call_apply(s: &TestService, token: &str, body: &str) -> (u16, String) {
     let r = s
         .http
         .post(s.url("/api/v1/apply"))
@@ -151,14 +151,14 @@ async fn call_apply(s: &TestService, token: &str, body: &str) -> (u16, String) {
     (status, r.text().await.unwrap())
 }
 
-fn last_line(log: &str) -> &str {
+pub(crate) fn last_line(log: &str) -> &str {
     log.lines()
         .rev()
         .find(|l| !l.starts_with("planbot: still working"))
         .unwrap_or("")
 }
 
-fn no_workers() -> Options {
+pub(crate) fn no_workers() -> Options {
     Options {
         workers: false,
         reconcile: false,
@@ -474,7 +474,7 @@ impl World {
     async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
         let head = self.gitlab.mr_sha(&self.project, iid);
         let (gitlab, project) = (&self.gitlab, &self.project);
-        s.eventually_for(
+        s.after_job_ends(
             "the plan note and a final planbot/plan status",
             60,
             || async {
@@ -503,18 +503,26 @@ impl World {
 
     /// Someone changes the managed state behind OpenTofu's back (drift): the VM `vm` gets
     /// `cores` in state, as a hand edit on the Proxmox UI would show up on refresh.
-    async fn drift(&self, vm: &str, cores: u64) {
+    pub(crate) async fn drift(&self, vm: &str, cores: u64) {
+        self.edit_state(|state| {
+            for r in state["resources"].as_array_mut().unwrap() {
+                for i in r["instances"].as_array_mut().unwrap() {
+                    if i["index_key"] == vm {
+                        i["attributes"]["input"]["value"]["cores"] = cores.into();
+                    }
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Edit the root's managed state by hand (a new serial), as alice.
+    pub(crate) async fn edit_state(&self, edit: impl FnOnce(&mut serde_json::Value)) {
         let (state, _) = self.gitlab.terraform_state(&self.project, "core");
         let mut state: serde_json::Value =
             serde_json::from_slice(&state.expect("a state")).unwrap();
         state["serial"] = (state["serial"].as_u64().unwrap() + 1).into();
-        for r in state["resources"].as_array_mut().unwrap() {
-            for i in r["instances"].as_array_mut().unwrap() {
-                if i["index_key"] == vm {
-                    i["attributes"]["input"]["value"]["cores"] = cores.into();
-                }
-            }
-        }
+        edit(&mut state);
         let url = format!(
             "{}/api/v4/projects/{}/terraform/state/core",
             self.gitlab.url(),

@@ -307,12 +307,14 @@ fn layers_point_one_way() {
 }
 
 /// The floors of `flows` (docs/architecture.md): a room uses only rooms on lower floors;
-/// review and apply stand side by side and use neither each other nor anything above.
+/// review and apply stand side by side and use neither each other nor anything above; drift
+/// stands under apply (the apply posts its result on a root's drift issue).
 fn flows_floor(room: &str) -> u8 {
     match room {
-        "cli" => 5,
-        "service" => 4,
-        "review" | "apply" | "drift" => 3,
+        "cli" => 6,
+        "service" => 5,
+        "review" | "apply" => 4,
+        "drift" => 3,
         "context" | "preflight" => 2,
         "confinement" => 1,
         other => {

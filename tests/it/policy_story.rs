@@ -208,7 +208,7 @@ impl World {
     async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
         let head = self.gitlab.mr_sha(&self.project, iid);
         let (gitlab, project) = (&self.gitlab, &self.project);
-        s.eventually_for("the plan of the MR's head", 90, || async {
+        s.after_job_ends("the plan of the MR's head", 90, || async {
             ["planbot/plan", "planbot/policy"].iter().all(|name| {
                 gitlab
                     .status(project, &head, name)
@@ -237,7 +237,7 @@ impl World {
         assert_eq!(s.deliver(&hook.to_string(), &headers).await, 200);
         let mention = format!("@{} ", user.username);
         let (gitlab, project) = (&self.gitlab, &self.project);
-        s.eventually_for("planbot's reply", 60, || async {
+        s.after_job_ends("planbot's reply", 60, || async {
             gitlab
                 .notes(project, iid)
                 .iter()

@@ -136,7 +136,7 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
     )
     .await;
     let (f, p) = (&fake, &project);
-    s.eventually_for("a final planbot/plan status", 60, || async {
+    s.after_job_ends("a final planbot/plan status", 60, || async {
         f.status(p, &head, "planbot/plan")
             .is_some_and(|st| st.state == "success")
     })
@@ -148,7 +148,7 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
         .collect();
     assert_eq!(notes.len(), 1, "exactly one plan note");
     assert!(notes[0].body.contains("blocky-v2"), "{}", notes[0].body);
-    s.eventually_for("the plan job to be recorded done", 30, || {
+    s.after_job_ends("the plan job to be recorded done", 30, || {
         s.jobs_all_ended()
     })
     .await;

@@ -215,9 +215,10 @@ async fn a_webhook_accepted_before_a_restart_is_planned_after_it_and_the_mr_gets
                 .any(|st| st.name == "planbot/plan" && st.state == "success")
         })
         .await;
-    story
-        .wait_for_async("the plan job to be recorded done", || s.jobs_all_ended())
-        .await;
+    s.after_job_ends("the plan job to be recorded done", 120, || {
+        s.jobs_all_ended()
+    })
+    .await;
     let jobs = s.app.store.recent_jobs(10).await.unwrap();
     assert_eq!(jobs.len(), 1);
     assert_eq!((jobs[0].state.as_str(), jobs[0].attempts), ("done", 1));
@@ -749,8 +750,7 @@ async fn hooks_that_arrive_out_of_order_still_end_with_the_plan_of_the_last_head
     let note = plan_note(&fake, &project, iid).unwrap();
     assert!(note.contains(&second[..8]), "{note}");
     assert!(note.contains("blocky-v3"), "{note}");
-    story
-        .wait_for_async("every job ended", || s.jobs_all_ended())
+    s.after_job_ends("every job ended", 120, || s.jobs_all_ended())
         .await;
     let notes = fake.notes(&project, iid);
     assert_eq!(notes.len(), 1, "one note");

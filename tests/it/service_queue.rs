@@ -53,7 +53,7 @@ async fn a_queued_job_survives_a_restart_and_then_runs() {
     // A new process on the same data_dir, this time with workers.
     let s = TestService::start(config(dir.path(), &gitlab, false), workers()).await;
     let store = s.app.store.clone();
-    s.eventually("the queued plan job to be run", || {
+    s.after_job_ends("the queued plan job to be run", 10, || {
         let store = store.clone();
         async move {
             let jobs = store.recent_jobs(10).await.unwrap();
@@ -91,7 +91,7 @@ async fn a_job_running_when_the_process_died_is_run_again_after_the_restart() {
     let s = TestService::start(config(dir.path(), &gitlab, false), workers()).await;
     let store = s.app.store.clone();
     let id = claimed.id;
-    s.eventually("the interrupted job to run again", || {
+    s.after_job_ends("the interrupted job to run again", 10, || {
         let store = store.clone();
         async move {
             let j = store.job(id).await.unwrap().unwrap();
@@ -161,7 +161,7 @@ async fn closing_an_mr_cancels_its_running_job_and_frees_the_worker() {
     );
 
     // The single worker is freed and runs the close job.
-    s.eventually("the close job to finish on the freed worker", || {
+    s.after_job_ends("the close job to finish on the freed worker", 10, || {
         let store = store.clone();
         async move {
             store
@@ -209,7 +209,7 @@ async fn start_up_reconciliation_plans_open_mrs_whose_head_has_no_plan() {
     )
     .await;
     let store = s.app.store.clone();
-    s.eventually("the reconcile job to finish", || {
+    s.after_job_ends("the reconcile job to finish", 10, || {
         let store = store.clone();
         async move {
             store

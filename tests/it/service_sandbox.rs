@@ -126,7 +126,7 @@ async fn plan_mr(s: &TestService, fake: &FakeGitLab, project: &FakeProject, iid:
         )
         .await;
     assert_eq!(status, 200);
-    s.eventually_for("the plan's final status and recorded end", 180, || async {
+    s.after_job_ends("the plan's final status and recorded end", 180, || async {
         let done = fake.statuses(project, &head).iter().any(|st| {
             st.name == "planbot/plan" && ["success", "failed"].contains(&st.state.as_str())
         });

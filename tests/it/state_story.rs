@@ -184,7 +184,7 @@ impl World {
     async fn plan_of(&self, s: &TestService, iid: u64) -> (String, String) {
         let head = self.gitlab.mr_sha(&self.project, iid);
         let (gitlab, project) = (&self.gitlab, &self.project);
-        s.eventually_for("a final planbot/plan status", 90, || async {
+        s.after_job_ends("a final planbot/plan status", 90, || async {
             gitlab
                 .status(project, &head, "planbot/plan")
                 .is_some_and(|st| st.state == "success" || st.state == "failed")

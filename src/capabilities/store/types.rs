@@ -214,6 +214,8 @@ impl JobRow {
 pub enum RunKind {
     Plan,
     Apply,
+    /// A drift check of the default branch's head (`planbot drift`, the schedule).
+    Drift,
 }
 
 impl RunKind {
@@ -221,15 +223,16 @@ impl RunKind {
         match self {
             RunKind::Plan => "plan",
             RunKind::Apply => "apply",
+            RunKind::Drift => "drift",
         }
     }
 
-    /// Anything but `apply` reads as a plan.
+    /// Anything but `apply` or `drift` reads as a plan.
     pub(super) fn parse(s: &str) -> RunKind {
-        if s == "apply" {
-            RunKind::Apply
-        } else {
-            RunKind::Plan
+        match s {
+            "apply" => RunKind::Apply,
+            "drift" => RunKind::Drift,
+            _ => RunKind::Plan,
         }
     }
 }

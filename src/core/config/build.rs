@@ -200,6 +200,7 @@ pub(super) fn build(v: &mut Values) -> Config {
         job_name: v.get("apply.job_name"),
         open_issue_on_failure: v.get("apply.open_issue_on_failure"),
     };
+    let drift = drift(v);
     let plan = PlanConfig {
         max_concurrent_plans: max_concurrent_plans(v),
     };
@@ -222,6 +223,7 @@ pub(super) fn build(v: &mut Values) -> Config {
         gitlab,
         engine,
         apply,
+        drift,
         plan,
         proxmox,
         sandbox,
@@ -677,6 +679,31 @@ fn state(v: &mut Values) -> StateConfig {
         plan: credential(v, "state.plan"),
         apply: credential(v, "state.apply"),
     }
+}
+
+/// `[drift]`: the drift issue's labels (at least one, none blank).
+fn drift(v: &mut Values) -> DriftConfig {
+    let labels = v.list("drift.labels", |item| match item {
+        Value::String(s) if !s.trim().is_empty() && !s.contains(',') => Ok(s.trim().to_string()),
+        other => Err(format!(
+            "`{other}` is not a label (a non-empty name without a comma)"
+        )),
+    });
+    let labels = match labels {
+        Some(l) if !l.is_empty() => l,
+        Some(_) => {
+            v.invalid(
+                "drift.labels",
+                "the drift issue needs at least one label: it is found again by the first",
+            );
+            vec!["drift".to_string()]
+        }
+        None => {
+            let default: Vec<String> = v.get("drift.labels");
+            default
+        }
+    };
+    DriftConfig { labels }
 }
 
 /// `[modules]`: the module projects (for `doctor`) and the tokens per trust level.

@@ -555,6 +555,14 @@ pub static KEYS: &[Key] = &[
         show: |c| Shown::plain(c.apply.open_issue_on_failure),
     },
     Key {
+        path: "drift.labels",
+        kind: Kind::List,
+        secret: false,
+        unset: Unset::Value("[\"drift\"]"),
+        description: "The labels of a root's drift issue; the first is the one the issue is found again by.",
+        show: |c| Shown::debug(&c.drift.labels),
+    },
+    Key {
         path: "plan.max_concurrent_plans",
         kind: Kind::Int,
         secret: false,

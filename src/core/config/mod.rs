@@ -106,6 +106,7 @@ pub struct Config {
     pub gitlab: GitlabConfig,
     pub engine: EngineConfig,
     pub apply: ApplyConfig,
+    pub drift: DriftConfig,
     pub plan: PlanConfig,
     pub proxmox: ProxmoxConfig,
     pub sandbox: SandboxConfig,
@@ -424,6 +425,13 @@ impl EngineConfig {
 pub struct ApplyConfig {
     pub job_name: String,
     pub open_issue_on_failure: bool,
+}
+
+/// `[drift]`: the drift check of every root (`flows::drift`).
+#[derive(Debug, Clone)]
+pub struct DriftConfig {
+    /// The drift issue's labels; never empty (the first finds the issue again).
+    pub labels: Vec<String>,
 }
 
 #[derive(Debug, Clone)]

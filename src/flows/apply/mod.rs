@@ -40,9 +40,6 @@ use tokio::sync::mpsc;
 /// The CI/CD component with the manual `planbot-apply` job (served at `/ci/planbot.gitlab-ci.yml`).
 pub const CI_TEMPLATE: &str = crate::core::templates::APPLY_CI;
 
-/// The commit status the apply sets on the merged commit.
-pub const APPLY_STATUS: &str = "planbot/apply";
-
 /// The request body of `POST /api/v1/apply` (all optional).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -394,7 +391,7 @@ impl ApplyCtx {
     async fn status(&self, state: StatusState, description: &str) {
         let status = CommitStatus {
             state,
-            name: APPLY_STATUS.into(),
+            name: crate::core::commit_status::APPLY.into(),
             description: Some(description.to_string()),
             target_url: None,
             ref_: Some(self.branch.clone()),

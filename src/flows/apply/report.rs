@@ -4,10 +4,11 @@
 
 use super::parity::Decided;
 use super::run::no_changes;
-use super::{say, ApplyCtx, Verdict, APPLY_STATUS};
+use super::{say, ApplyCtx, Verdict};
 use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::{ApplyId, ApplyRecord, ApplyState, RunState};
 use crate::core::apply_note::{render_result, ApplyOutcome, ResultNote, RootResult};
+use crate::core::commit_status;
 use crate::core::render::markdown::fence_for;
 use crate::flows::context::app_state::App;
 use minijinja::context;
@@ -76,28 +77,28 @@ impl ApplyCtx {
         let run_id = decided.first().map(|d| d.run);
         let run_url = run_id.and_then(|r| self.app.run_url(r));
         let scrubbed_error = error.map(|e| self.app.scrubber.scrub(e).into_owned());
-        if let Some(mr) = self.mr_iid() {
-            let body = render_result(
-                &ResultNote {
-                    outcome,
-                    sha: self.sha.as_str(),
-                    branch: &self.branch,
-                    user: self.user.as_deref(),
-                    summary: if summary.is_empty() {
-                        &nothing
-                    } else {
-                        &summary
-                    },
-                    roots: results,
-                    error: scrubbed_error.as_deref(),
-                    log_excerpt: None,
-                    job_name: &self.app.config.apply.job_name,
-                    job_id: self.job_id.0,
-                    run_id: run_id.map(|r| r.0),
-                    run_url: run_url.as_deref(),
+        let body = render_result(
+            &ResultNote {
+                outcome,
+                sha: self.sha.as_str(),
+                branch: &self.branch,
+                user: self.user.as_deref(),
+                summary: if summary.is_empty() {
+                    &nothing
+                } else {
+                    &summary
                 },
-                &self.app.scrubber,
-            );
+                roots: results,
+                error: scrubbed_error.as_deref(),
+                log_excerpt: None,
+                job_name: &self.app.config.apply.job_name,
+                job_id: self.job_id.0,
+                run_id: run_id.map(|r| r.0),
+                run_url: run_url.as_deref(),
+            },
+            &self.app.scrubber,
+        );
+        if let Some(mr) = self.mr_iid() {
             if let Err(e) = self
                 .app
                 .gitlab
@@ -106,6 +107,21 @@ impl ApplyCtx {
             {
                 self.app.metrics.gitlab_error("create_mr_note");
                 tracing::warn!(error = %e, "could not post the apply result");
+            }
+        }
+        // A root's open drift issue hears how the apply that may repair it ended.
+        for d in decided {
+            if let Err(e) = crate::flows::drift::issue::note_on_open_issue(
+                &self.app.gitlab,
+                self.project,
+                &self.app.config.drift.labels,
+                &d.root,
+                &body,
+            )
+            .await
+            {
+                self.app.metrics.gitlab_error("create_issue_note");
+                tracing::warn!(root = %d.root, error = %e, "could not post the apply result on the drift issue");
             }
         }
         let (status, description) = match verdict {
@@ -219,7 +235,9 @@ pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
         Ok(rows) => rows
             .into_iter()
             .rev()
-            .find(|r| r.name == APPLY_STATUS && matches!(r.status.as_str(), "running" | "pending"))
+            .find(|r| {
+                r.name == commit_status::APPLY && matches!(r.status.as_str(), "running" | "pending")
+            })
             .and_then(|r| r.ref_),
         Err(e) => {
             tracing::warn!(error = %e, "could not read the interrupted apply's status");
@@ -228,7 +246,7 @@ pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
     };
     let status = CommitStatus {
         state: StatusState::Failed,
-        name: APPLY_STATUS.into(),
+        name: commit_status::APPLY.into(),
         description: Some(text),
         target_url: None,
         ref_,

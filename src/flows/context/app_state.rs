@@ -144,6 +144,14 @@ impl App {
         self.engine(Trust::DefaultBranch, cache)
     }
 
+    /// The engine runner of drift checks: the default branch's reviewed code, but read-only:
+    /// the plan credentials and the MR plans' sandbox (the state is only read, never locked),
+    /// and the default branch's plugin cache.
+    pub fn drift_engine(&self) -> Result<Engine> {
+        let cache = self.config.data_dir.join("plugin-cache").join("main");
+        self.engine(Trust::MergeRequest, cache)
+    }
+
     /// Each MR has its own plugin cache (untrusted code: what one MR's plan puts there reaches
     /// no other MR's plan), and the default branch's plans and applies share one that no MR can
     /// write, so an MR can never put a provider where an apply installs from. An MR's cache is

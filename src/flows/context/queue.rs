@@ -1,4 +1,5 @@
-//! The queue's in-process signals: wake idle workers when jobs are added, and cancel running jobs.
+//! The queue's in-process signals: wake idle workers when jobs are added, cancel running jobs,
+//! and count the jobs whose end is recorded.
 //!
 //! Jobs themselves live in the store (see `capabilities::store`); this is only the state that
 //! lets the intake and the flows reach the workers without knowing them (the workers, which
@@ -7,14 +8,16 @@
 use crate::capabilities::store::QueueJobId;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-/// Wakes workers and cancels running jobs.
+/// Wakes workers, cancels running jobs, and marks each job's recorded end.
 #[derive(Default)]
 pub struct Queue {
     wake: Notify,
     running: Mutex<HashMap<QueueJobId, CancellationToken>>,
+    /// How many jobs this process's workers have ended and recorded (done, failed, canceled).
+    ended: watch::Sender<u64>,
 }
 
 impl Queue {
@@ -59,6 +62,17 @@ impl Queue {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, t.clone());
         t
+    }
+
+    /// A worker recorded a job's end in the store (its flow's last word already said).
+    pub(crate) fn job_ended(&self) {
+        self.ended.send_modify(|n| *n += 1);
+    }
+
+    /// Hears each [`Queue::job_ended`]: its value is how many jobs this process has ended, and
+    /// `changed()` wakes the moment the next one is recorded (no polling needed to wait for one).
+    pub fn ended_jobs(&self) -> watch::Receiver<u64> {
+        self.ended.subscribe()
     }
 
     /// The job stopped running.

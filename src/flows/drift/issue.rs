@@ -98,6 +98,26 @@ pub async fn report(
     }
 }
 
+/// Post `body` (an apply's result) on the root's open drift issue, when it has one; returns
+/// the issue's iid.
+pub async fn note_on_open_issue(
+    gitlab: &GitLab,
+    project: ProjectId,
+    labels: &[String],
+    root: &str,
+    body: &str,
+) -> anyhow::Result<Option<u64>> {
+    let label = labels.first().map_or("drift", String::as_str);
+    let Some(issue) = open_issue(gitlab, project, label, root).await? else {
+        return Ok(None);
+    };
+    gitlab
+        .create_issue_note(project, issue.iid, body)
+        .await
+        .context("commenting on the drift issue")?;
+    Ok(Some(issue.iid))
+}
+
 /// The root's open drift issue: labelled `label`, its description holding the root's marker.
 async fn open_issue(
     gitlab: &GitLab,

@@ -5,9 +5,11 @@
 //!
 //! [`issue::report`] keeps a root's issue in step with a check's [`DriftVerdict`]
 //! (`core::drift`): opened on drift, edited in place while it lasts, closed with a note when the
-//! root is clean, "could not check" written on the open issue without ever opening one. The
-//! check itself (`planbot drift`, the schedule) is not built yet.
+//! root is clean, "could not check" written on the open issue without ever opening one.
+//! [`check::tick`] is one check of every configured root (`planbot drift`): planned at the
+//! default branch's head with the plan credentials, classified, reported, recorded.
 //!
 //! [`DriftVerdict`]: crate::core::drift::DriftVerdict
 
+pub mod check;
 pub mod issue;

@@ -23,9 +23,6 @@ use anyhow::{Context, Result};
 use minijinja::context;
 use std::path::Path;
 
-/// The commit status of the policy checks, next to `planbot/plan`.
-pub const POLICY_STATUS: &str = "planbot/policy";
-
 /// The largest `.rego` file read from a repository.
 const MAX_POLICY_FILE: u64 = 1 << 20;
 
@@ -315,7 +312,7 @@ pub(crate) async fn set_status(
     };
     let status = CommitStatus {
         state,
-        name: POLICY_STATUS.into(),
+        name: crate::core::commit_status::POLICY.into(),
         description: Some(description.chars().take(255).collect()),
         target_url: None,
         ref_: status_ref,

@@ -155,6 +155,7 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
     if let Err(e) = app.store.finish_job(id, end).await {
         tracing::error!(job = id.0, error = %format!("{e:#}"), "cannot record the end of a job");
     }
+    app.queue.job_ended();
 }
 
 /// Every `every`, renew this replica's lease of job `id`; fire `token` when the job was

@@ -148,6 +148,33 @@ impl TestService {
             .all(|j| j.state != "queued" && j.state != "running")
     }
 
+    /// Wait until `f` holds, checking it now and again each time a worker records a job's end
+    /// (the queue's marker, not a timer), or panic after `secs` saying what never happened.
+    /// For what holds once a job has ended: its state in the store, its last status or note.
+    pub async fn after_job_ends<F, Fut>(&self, what: &str, secs: u64, mut f: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let mut ended = self.app.queue.ended_jobs();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            // Seen before `f` looks: an end recorded while `f` runs wakes `changed` at once.
+            ended.borrow_and_update();
+            if f().await {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, ended.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => panic!("the service stopped while waiting for: {what}"),
+                Err(_) => panic!(
+                    "timed out after {secs} s waiting for: {what} ({} jobs ended)",
+                    *ended.borrow()
+                ),
+            }
+        }
+    }
+
     /// Like [`TestService::eventually`], with a deadline of `secs` (real engine runs).
     pub async fn eventually_for<F, Fut>(&self, what: &str, secs: u64, f: F)
     where

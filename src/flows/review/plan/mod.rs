@@ -33,9 +33,6 @@ use roots::Outcome;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The commit status planbot sets for plans.
-pub const STATUS_NAME: &str = "planbot/plan";
-
 /// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`): its values
 /// scrubbed with `scrubber`, its words as written (no secret alters a status description).
 fn text(scrubber: &Scrubber, kind: &str, ctx: minijinja::Value) -> String {
@@ -241,7 +238,7 @@ async fn set_status(
     // Planbot's text, its values scrubbed when it was rendered ([`text`]).
     let status = CommitStatus {
         state,
-        name: STATUS_NAME.into(),
+        name: crate::core::commit_status::PLAN.into(),
         description: Some(description.to_string()),
         target_url,
         ref_,

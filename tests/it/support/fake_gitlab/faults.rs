@@ -1,0 +1,113 @@
+//! Faults on demand (an error N times, before or after the work, a rate limit) and the calls counted per route.
+
+use super::*;
+
+#[derive(Debug, Default)]
+pub(super) struct Faults {
+    remaining: u32,
+    status: u16,
+    retry_after: Option<u64>,
+    /// Do the work first, then answer the error.
+    after_write: bool,
+}
+
+pub(super) async fn count_and_fault(
+    State(state): State<Shared>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_default();
+    let key = format!("{} {}", req.method(), route);
+    let fault = {
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        *s.calls.entry(key.clone()).or_default() += 1;
+        match s.faults.get_mut(&key) {
+            Some(f) if f.remaining > 0 => {
+                f.remaining -= 1;
+                Some((f.status, f.retry_after, f.after_write))
+            }
+            _ => None,
+        }
+    };
+    if let Some((code, retry_after, after_write)) = fault {
+        if after_write {
+            // The work is done (and kept); only the answer is lost.
+            let _ = next.run(req).await;
+        }
+        let mut resp = err(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            &format!("{code} injected by the fake GitLab"),
+        );
+        if let Some(secs) = retry_after {
+            resp.headers_mut().insert(
+                "retry-after",
+                HeaderValue::from_str(&secs.to_string()).unwrap(),
+            );
+        }
+        return resp;
+    }
+    next.run(req).await
+}
+
+impl FakeGitLab {
+    /// Answer the next `times` calls of `route` (e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`)
+    /// with `status` and a JSON error, then behave normally.
+    pub fn fail_next(&self, route: &str, times: u32, status: u16) {
+        self.lock().faults.insert(
+            route.to_string(),
+            Faults {
+                remaining: times,
+                status,
+                retry_after: None,
+                after_write: false,
+            },
+        );
+    }
+
+    /// Let the next `times` calls of `route` do their work (store the note, the issue, the
+    /// status), then answer `status` — as when a proxy in front of GitLab times out or answers
+    /// 502 after GitLab committed the write. A client cannot tell this from a failure before
+    /// the write.
+    pub fn fail_next_after_write(&self, route: &str, times: u32, status: u16) {
+        self.lock().faults.insert(
+            route.to_string(),
+            Faults {
+                remaining: times,
+                status,
+                retry_after: None,
+                after_write: true,
+            },
+        );
+    }
+
+    /// Like [`FakeGitLab::fail_next`] with 429 and a `Retry-After: secs` header.
+    pub fn rate_limit_next(&self, route: &str, times: u32, retry_after_secs: u64) {
+        self.lock().faults.insert(
+            route.to_string(),
+            Faults {
+                remaining: times,
+                status: 429,
+                retry_after: Some(retry_after_secs),
+                after_write: false,
+            },
+        );
+    }
+
+    /// How many calls `route` received (failed ones included).
+    pub fn calls(&self, route: &str) -> u32 {
+        self.lock().calls.get(route).copied().unwrap_or(0)
+    }
+
+    /// All calls per route so far.
+    pub fn all_calls(&self) -> BTreeMap<String, u32> {
+        self.lock()
+            .calls
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+}
