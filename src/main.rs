@@ -349,6 +349,7 @@ fn main() -> ExitCode {
                 project,
                 root,
                 dry_run,
+                ..Default::default()
             },
         ),
         Command::CheckRepoConfig { file } => planbot::flows::cli::check_repo_config::main(&file),

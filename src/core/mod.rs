@@ -7,6 +7,7 @@ pub mod commit_status;
 pub mod config;
 pub mod defuse;
 pub mod drift;
+pub mod drift_schedule;
 pub mod engine_kind;
 pub mod events;
 pub mod findings;

@@ -128,6 +128,12 @@ pub(crate) trait StoreBackend: Send + Sync {
     /// Every approval of the MR, oldest first.
     async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>>;
 
+    /// Claim the drift schedule's tick of occurrence `at` (unix ms) and queue its job, at
+    /// once: `None` when it was already claimed (by any replica).
+    async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>>;
+    /// The newest claimed drift tick (unix ms).
+    async fn last_drift_tick(&self) -> Result<Option<i64>>;
+
     /// Every row of every table, for `planbot store migrate`.
     async fn export(&self) -> Result<Dump>;
     /// Load a dump into an empty store, keeping ids.

@@ -142,6 +142,14 @@ pub(crate) const TABLES: &[(&str, &[(&str, Ty)])] = &[
             ("approved_at", Ty::Int),
         ],
     ),
+    (
+        "drift_ticks",
+        &[
+            ("tick_at", Ty::Int),
+            ("job_id", Ty::Int),
+            ("claimed_at", Ty::Int),
+        ],
+    ),
 ];
 
 /// Every row of every table in [`TABLES`], in insertion order.

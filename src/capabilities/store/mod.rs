@@ -353,6 +353,19 @@ impl Store {
         on_backend!(self, b => b.head_has_plan(project, mr, sha).await)
     }
 
+    // ----- drift schedule ---------------------------------------------------------------------
+
+    /// Claim the drift schedule's tick of occurrence `at` (unix ms) and queue its
+    /// `Job::DriftTick`, in one write: `None` when any replica already claimed it.
+    pub async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>> {
+        on_backend!(self, b => b.claim_drift_tick(at).await)
+    }
+
+    /// The newest claimed drift tick (unix ms), if any ever was.
+    pub async fn last_drift_tick(&self) -> Result<Option<i64>> {
+        on_backend!(self, b => b.last_drift_tick().await)
+    }
+
     // ----- runs -----------------------------------------------------------------------------
 
     /// Start a run (one root of one plan or apply); it shows as `running` until finished.

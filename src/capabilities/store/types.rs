@@ -79,6 +79,7 @@ stored_enum!(
         Command => "command",
         ForkNotice => "fork_notice",
         Reconcile => "reconcile",
+        DriftTick => "drift_tick",
     }
 );
 
@@ -91,6 +92,7 @@ impl QueueJobKind {
             Job::Command { .. } => QueueJobKind::Command,
             Job::ForkNotice { .. } => QueueJobKind::ForkNotice,
             Job::Reconcile => QueueJobKind::Reconcile,
+            Job::DriftTick { .. } => QueueJobKind::DriftTick,
         }
     }
 }
@@ -493,6 +495,7 @@ mod tests {
                 head: None,
             },
             Job::Reconcile,
+            Job::DriftTick { at: 1 },
         ];
         for job in &jobs {
             assert_eq!(QueueJobKind::of(job).as_str(), job.kind());

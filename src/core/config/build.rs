@@ -6,6 +6,7 @@
 use super::keys::{self, env_value, Unset, POLICY_SETS};
 use super::problem::ConfigError;
 use super::*;
+use crate::core::drift_schedule::{DriftSchedule, ScheduleError};
 use serde::de::DeserializeOwned;
 use toml::Value;
 
@@ -681,7 +682,8 @@ fn state(v: &mut Values) -> StateConfig {
     }
 }
 
-/// `[drift]`: the drift issue's labels (at least one, none blank).
+/// `[drift]`: the drift issue's labels (at least one, none blank) and the schedule (checked
+/// whether or not it is enabled, so a typo shows before it is switched on).
 fn drift(v: &mut Values) -> DriftConfig {
     let labels = v.list("drift.labels", |item| match item {
         Value::String(s) if !s.trim().is_empty() && !s.contains(',') => Ok(s.trim().to_string()),
@@ -703,7 +705,28 @@ fn drift(v: &mut Values) -> DriftConfig {
             default
         }
     };
-    DriftConfig { labels }
+    let enabled: bool = v.get("drift.enabled");
+    let schedule_text: String = v.get("drift.schedule");
+    let time_zone: String = v.get("drift.time_zone");
+    let schedule = match DriftSchedule::parse(&schedule_text, &time_zone) {
+        Ok(s) => enabled.then_some(s),
+        Err(errors) => {
+            for e in errors {
+                let key = match e {
+                    ScheduleError::Cron { .. } => "drift.schedule",
+                    ScheduleError::TimeZone { .. } => "drift.time_zone",
+                };
+                v.invalid(key, e.to_string());
+            }
+            None
+        }
+    };
+    DriftConfig {
+        labels,
+        schedule,
+        schedule_text,
+        time_zone,
+    }
 }
 
 /// `[modules]`: the module projects (for `doctor`) and the tokens per trust level.

@@ -432,6 +432,11 @@ pub struct ApplyConfig {
 pub struct DriftConfig {
     /// The drift issue's labels; never empty (the first finds the issue again).
     pub labels: Vec<String>,
+    /// When `planbot serve` checks drift: `Some` when `drift.enabled`.
+    pub schedule: Option<crate::core::drift_schedule::DriftSchedule>,
+    /// `drift.schedule` and `drift.time_zone` as written.
+    pub schedule_text: String,
+    pub time_zone: String,
 }
 
 #[derive(Debug, Clone)]

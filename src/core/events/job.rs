@@ -80,6 +80,11 @@ pub enum Job {
     },
     /// Start-up: plan every open MR of the allowed projects whose head has no plan.
     Reconcile,
+    /// A drift check of every root of every configured project, for the `[drift] schedule`'s
+    /// occurrence `at` (unix milliseconds), claimed by exactly one replica.
+    DriftTick {
+        at: i64,
+    },
 }
 
 impl Job {
@@ -92,6 +97,7 @@ impl Job {
             Job::Command { .. } => "command",
             Job::ForkNotice { .. } => "fork_notice",
             Job::Reconcile => "reconcile",
+            Job::DriftTick { .. } => "drift_tick",
         }
     }
 
@@ -103,7 +109,7 @@ impl Job {
             | Job::Closed { project, mr }
             | Job::Command { project, mr, .. }
             | Job::ForkNotice { project, mr, .. } => Some((*project, *mr)),
-            Job::Reconcile => None,
+            Job::Reconcile | Job::DriftTick { .. } => None,
         }
     }
 

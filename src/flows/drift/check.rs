@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-/// Which roots a tick checks and whether it may write anything.
+/// Which roots a tick checks, whether it may write anything, and what stops it.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     /// Only this project (its path or numeric id).
@@ -26,6 +26,8 @@ pub struct Selection {
     pub root: Option<String>,
     /// Plan and print only: no issue, status or run is written.
     pub dry_run: bool,
+    /// Stops the engine runs (SIGTERM, grace, SIGKILL): the service's shutdown.
+    pub cancel: Option<crate::capabilities::engine::CancelToken>,
 }
 
 /// One root after a check.
@@ -342,6 +344,7 @@ impl ProjectCheck<'_> {
             no_lock: true,
             init_env: credentials::module_env(config, Trust::MergeRequest),
             extra_env: state.unwrap_or_default(),
+            cancel: self.selection.cancel.clone(),
             ..PlanRequest::default()
         };
         self.engine.plan(&dir, &req).await.map_err(|e| e.report(60))

@@ -8,8 +8,11 @@
 //! root is clean, "could not check" written on the open issue without ever opening one.
 //! [`check::tick`] is one check of every configured root (`planbot drift`): planned at the
 //! default branch's head with the plan credentials, classified, reported, recorded.
+//! [`schedule`] runs it inside `planbot serve` on `[drift] schedule`: one replica claims each
+//! tick and queues it as a job.
 //!
 //! [`DriftVerdict`]: crate::core::drift::DriftVerdict
 
 pub mod check;
 pub mod issue;
+pub mod schedule;

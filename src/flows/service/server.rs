@@ -39,6 +39,8 @@ pub struct Application {
     listener: Option<TcpListener>,
     port: u16,
     options: Options,
+    /// When this replica started: the drift schedule's "last tick" while none was ever claimed.
+    started: chrono::DateTime<chrono::Utc>,
     shutdown: CancellationToken,
     workers: Vec<JoinHandle<()>>,
 }
@@ -75,6 +77,10 @@ impl Application {
         if options.reconcile {
             app.enqueue(Job::Reconcile).await?;
         }
+        // A drift tick missed while every replica was down is queued now, before any worker
+        // starts (once, whatever number of occurrences were missed).
+        let started = chrono::Utc::now();
+        crate::flows::drift::schedule::look(&app, started, started).await?;
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
@@ -91,6 +97,7 @@ impl Application {
             listener: Some(listener),
             port,
             options,
+            started,
             shutdown: CancellationToken::new(),
             workers: Vec::new(),
         })
@@ -119,6 +126,14 @@ impl Application {
                 n,
                 self.shutdown.clone(),
             );
+        }
+        if self.app.config.drift.schedule.is_some() {
+            self.workers
+                .push(tokio::spawn(crate::flows::drift::schedule::keep(
+                    self.app.clone(),
+                    self.started,
+                    self.shutdown.clone(),
+                )));
         }
         let listener = self.listener.take().context("already running")?;
         let router = router(self.app.clone());

@@ -211,6 +211,7 @@ async fn dispatch(
 ) -> anyhow::Result<()> {
     match job {
         Job::Plan(p) => crate::flows::review::plan::run(app, p, Some(id), token).await,
+        Job::DriftTick { at } => crate::flows::drift::schedule::run_tick(app, *at, token).await,
         other => crate::flows::review::commands::run(app, other, token).await,
     }
 }

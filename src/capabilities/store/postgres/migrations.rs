@@ -31,6 +31,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         name: "policy verdicts and approvals",
         sql: include_str!("migrations/0002_policies.sql"),
     },
+    Migration {
+        version: 3,
+        name: "drift schedule ticks",
+        sql: include_str!("migrations/0003_drift_ticks.sql"),
+    },
 ];
 
 /// The PostgreSQL schema version this binary writes.

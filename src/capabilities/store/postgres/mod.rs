@@ -15,6 +15,7 @@
 
 mod applies;
 mod deliveries;
+mod drift_ticks;
 mod migrations;
 mod policies;
 mod queue;
@@ -502,6 +503,14 @@ impl StoreBackend for PgStore {
 
     async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>> {
         policies::approvals(&**self.client().await?, project, mr).await
+    }
+
+    async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>> {
+        drift_ticks::claim(self, at).await
+    }
+
+    async fn last_drift_tick(&self) -> Result<Option<i64>> {
+        drift_ticks::last(self).await
     }
 
     async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {

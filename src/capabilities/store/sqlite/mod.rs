@@ -4,6 +4,7 @@
 mod applies;
 mod connection;
 mod deliveries;
+mod drift_ticks;
 mod migrations;
 mod policies;
 mod queue;
@@ -333,6 +334,15 @@ impl StoreBackend for SqliteStore {
     async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>> {
         self.read(move |c| policies::approvals(c, project, mr))
             .await
+    }
+
+    async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>> {
+        self.write(move |c| drift_ticks::claim(c, at, now_ms()))
+            .await
+    }
+
+    async fn last_drift_tick(&self) -> Result<Option<i64>> {
+        self.read(drift_ticks::last).await
     }
 
     async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {
