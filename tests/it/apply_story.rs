@@ -94,7 +94,7 @@ pub(crate) fn world(engine: &std::path::Path) -> World {
 }
 
 /// [`world`] with more service config (e.g. `[proxmox]`) appended.
-fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
+pub(crate) fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
     let gitlab = FakeGitLab::start();
     let project = gitlab.create_project(INFRA);
     let alice = gitlab.create_user("alice");

@@ -11,6 +11,7 @@ mod ci_template;
 mod deploy;
 mod doctor_binary;
 mod drift_issue;
+mod drift_schedule;
 mod drift_story;
 mod engine_bounds;
 mod engine_cli;

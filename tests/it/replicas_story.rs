@@ -56,6 +56,43 @@ impl Replicas {
         }
     }
 
+    /// [`Replicas::start`], the processes started all at once (as an orchestrator starts a
+    /// deployment's pods), each waited for on its own thread.
+    fn start_at_once(n: usize, config: impl Fn(&Path) -> String) -> Replicas {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<(PathBuf, PathBuf)> = (0..n)
+            .map(|i| {
+                let data = dir.path().join(format!("replica-{i}"));
+                let file = dir.path().join(format!("replica-{i}.toml"));
+                std::fs::write(&file, config(&data)).unwrap();
+                (data, file)
+            })
+            .collect();
+        let list = std::thread::scope(|scope| {
+            let started: Vec<_> = files
+                .iter()
+                .map(|(_, file)| scope.spawn(|| crate::support::spawn_serve(file)))
+                .collect();
+            started
+                .into_iter()
+                .zip(&files)
+                .map(|(t, (data, _))| {
+                    let (child, port) = t.join().unwrap();
+                    Replica {
+                        child,
+                        port,
+                        data: data.clone(),
+                    }
+                })
+                .collect()
+        });
+        Replicas {
+            list,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
     fn url(&self, i: usize, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.list[i].port)
     }
@@ -828,4 +865,66 @@ async fn a_replica_goes_unready_and_says_why_when_a_newer_planbot_migrates_the_s
         .unwrap()
         .get(0);
     assert_eq!(queued, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_back_after_missed_drift_ticks_run_one_drift_check() {
+    use planbot::capabilities::store::{JobEnd, PgOptions, Store};
+    use planbot::core::config::StoreUrl;
+    let engine = require_engine!();
+    let Some(store) = crate::support::postgres::fresh_database("planbot_drift").await else {
+        return;
+    };
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    gitlab.commit_files(&project, "main", &[("main.tf", &root_tf("main"))]);
+
+    // The replicas' last drift tick ran three New Years ago; then all of them were down.
+    let new_year = crate::drift_schedule::this_new_year();
+    let seen = Store::connect_with(
+        &StoreUrl::Postgres(store.clone()),
+        None,
+        PgOptions::default(),
+    )
+    .await
+    .unwrap();
+    let old = seen
+        .claim_drift_tick(crate::drift_schedule::three_years_before(new_year))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.claim_next().await.unwrap().unwrap().id, old);
+    seen.finish_job(old, JobEnd::Done).await.unwrap();
+    drop(seen);
+
+    // Two replicas start at once, each finding the latest New Year's tick missed.
+    let replicas = Replicas::start_at_once(2, |data| {
+        replica_config(data, &store, &gitlab, &project, &engine, false)
+            + crate::drift_schedule::YEARLY
+    });
+    let db = crate::support::postgres::connect(&store).await;
+    crate::support::eventually("the drift check ends", 120, || all_jobs_ended(&db)).await;
+
+    // Exactly one drift check ran: one tick claimed (not one per replica, not one per missed
+    // year), one drift run of the one root, one issue.
+    let count = |sql: &'static str| {
+        let db = &db;
+        async move { db.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(count("SELECT count(*) FROM drift_ticks").await, 2);
+    assert_eq!(
+        count("SELECT MAX(tick_at) FROM drift_ticks").await,
+        new_year
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM jobs WHERE kind = 'drift_tick' AND state = 'done'").await,
+        2
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM runs WHERE kind = 'drift'").await,
+        1
+    );
+    let issues = gitlab.issues(&project);
+    assert_eq!(issues.len(), 1, "{issues:?}");
+    drop(replicas);
 }

@@ -54,6 +54,10 @@ fn check_prints_the_config_with_secrets_hidden_and_what_it_would_do() {
     );
     assert!(stdout.contains("require X-Gitlab-Token"), "{stdout}");
     assert!(
+        stdout.contains("- check no drift on a schedule (drift.enabled is false"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("- run every engine process sandboxed: Landlock ABI"),
         "{stdout}"
     );
@@ -420,4 +424,75 @@ fn check_reads_planbots_own_policy_sets_and_names_each_that_cannot_run() {
         "{stderr}"
     );
     assert!(!stderr.contains("policy_sets.guardrails"), "{stderr}");
+}
+
+#[test]
+fn a_bad_drift_schedule_or_time_zone_is_a_check_error_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{BASE}\n[drift]\nenabled = true\nschedule = \"every morning\"\ntime_zone = \"Europe/Berln\"\n"
+    );
+    let cfg = write(dir.path(), "planbot.toml", &text);
+    let out = planbot()
+        .args(["serve", "--check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let f = cfg.display().to_string();
+    assert!(
+        stderr.contains("config key `drift.schedule`: `every morning` is not a cron schedule:"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "e.g. \"0 6 * * *\" for 06:00 every day)\n      from {f}, line 14\n"
+                .replace("{f}", &f)
+                .as_str()
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "config key `drift.time_zone`: `Europe/Berln` is not a time zone name (did you mean `Europe/Berlin`?) (an IANA name such as \"UTC\" or \"Europe/Berlin\")\n      from {f}, line 15\n"
+        )),
+        "{stderr}"
+    );
+
+    // docs/drift.md's example, as written: `--check` says when drift is checked.
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/drift.md"),
+    )
+    .unwrap();
+    let example = page
+        .split("<!-- drift-schedule-example:start -->\n```toml\n")
+        .nth(1)
+        .and_then(|rest| {
+            rest.split("```\n<!-- drift-schedule-example:end -->")
+                .next()
+        })
+        .expect("docs/drift.md shows the schedule's settings");
+    let cfg = write(dir.path(), "planbot.toml", &format!("{BASE}\n{example}"));
+    let out = planbot()
+        .args(["serve", "--check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("drift.enabled = true"), "{stdout}");
+    assert!(stdout.contains("drift.schedule = 0 6 * * 1-5"), "{stdout}");
+    assert!(
+        stdout.contains("drift.time_zone = Europe/Berlin"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("- check every root for drift on `0 6 * * 1-5` (Europe/Berlin), one replica per tick; next: 20"),
+        "{stdout}"
+    );
 }

@@ -378,3 +378,22 @@ fn a_log_longer_than_the_store_keeps_is_cut_in_the_middle_and_says_so() {
         &kept[1024 * 1024 - 10..1024 * 1024 + 120]
     );
 }
+
+#[tokio::test]
+async fn a_drift_tick_is_claimed_once_with_its_job_and_is_the_last_tick() {
+    for db in test_dbs().await {
+        let store = db.open().await;
+        assert_eq!(store.last_drift_tick().await.unwrap(), None);
+        let job = store.claim_drift_tick(1_000).await.unwrap().unwrap();
+        assert_eq!(store.claim_drift_tick(1_000).await.unwrap(), None);
+        let claimed = store.claim_next().await.unwrap().unwrap();
+        assert_eq!(claimed.id, job);
+        assert_eq!(claimed.job, Job::DriftTick { at: 1_000 });
+        assert_eq!(store.last_drift_tick().await.unwrap(), Some(1_000));
+        // The claim is kept after a restart: no replica claims that tick again.
+        drop(store);
+        let store = db.open().await;
+        assert_eq!(store.claim_drift_tick(1_000).await.unwrap(), None);
+        assert_eq!(store.last_drift_tick().await.unwrap(), Some(1_000));
+    }
+}

@@ -118,6 +118,20 @@ pub fn check_report(config: &Config) -> String {
         Some(e) => out.push_str(&format!("- run the Proxmox preflight against {e}\n")),
         None => out.push_str("- skip the Proxmox preflight (no [proxmox] endpoint)\n"),
     }
+    match &config.drift.schedule {
+        Some(schedule) => out.push_str(&format!(
+            "- check every root for drift on `{}` ({}), one replica per tick; next: {}\n",
+            config.drift.schedule_text,
+            config.drift.time_zone,
+            schedule
+                .next_after(chrono::Utc::now())
+                .map(|t| schedule.local(t))
+                .unwrap_or_else(|| "never".into())
+        )),
+        None => out.push_str(
+            "- check no drift on a schedule (drift.enabled is false; `planbot drift` checks now)\n",
+        ),
+    }
     out
 }
 

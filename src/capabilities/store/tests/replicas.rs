@@ -459,3 +459,34 @@ async fn a_sqlite_store_copies_into_postgres_with_every_row() {
         .unwrap()
         .is_none());
 }
+
+#[tokio::test]
+async fn replicas_waking_for_one_drift_tick_at_once_queue_it_once() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let tick = 1_796_450_400_000; // 2026-12-05 06:00 UTC
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(async move {
+            store.claim_drift_tick(tick).await.unwrap()
+        }));
+    }
+    let mut claimed = Vec::new();
+    for t in tasks {
+        claimed.extend(t.await.unwrap());
+    }
+    assert_eq!(claimed.len(), 1, "exactly one replica claims the tick");
+    let job = b.job(claimed[0]).await.unwrap().unwrap();
+    assert_eq!(job.kind, "drift_tick");
+    assert_eq!(a.queue_depth().await.unwrap(), 1);
+    assert_eq!(a.last_drift_tick().await.unwrap(), Some(tick));
+    // The next occurrence is a new tick.
+    assert!(b
+        .claim_drift_tick(tick + 86_400_000)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(a.last_drift_tick().await.unwrap(), Some(tick + 86_400_000));
+}
