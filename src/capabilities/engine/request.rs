@@ -28,7 +28,31 @@ impl CancelHandle {
     }
 }
 
+/// Keeps a [`CancelToken::following`] token following; stops when dropped.
+#[derive(Debug)]
+pub struct CancelFollower(tokio::task::JoinHandle<()>);
+
+impl Drop for CancelFollower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl CancelToken {
+    /// A token that fires when `cancel` (a queue job's token) does, for as long as the
+    /// [`CancelFollower`] lives: the job's cancellation bridged to the engine's graceful stop.
+    pub fn following(
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> (CancelToken, CancelFollower) {
+        let (handle, token) = CancelHandle::new();
+        let cancel = cancel.clone();
+        let task = tokio::spawn(async move {
+            cancel.cancelled().await;
+            handle.cancel();
+        });
+        (token, CancelFollower(task))
+    }
+
     pub(super) fn is_cancelled(&self) -> bool {
         *self.0.borrow()
     }

@@ -4,7 +4,7 @@
 //! missed while every replica was down is claimed once at start-up (the latest one only).
 
 use super::check::{self, Selection};
-use crate::capabilities::engine::CancelHandle;
+use crate::capabilities::engine::CancelToken;
 use crate::core::drift_schedule::Due;
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
@@ -84,21 +84,14 @@ pub async fn keep(app: Arc<App>, started: DateTime<Utc>, shutdown: CancellationT
 /// issues, statuses and runs.
 pub async fn run_tick(app: &App, at: i64, cancel: &CancellationToken) -> Result<()> {
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
-    let (handle, token) = CancelHandle::new();
-    let watcher = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            cancel.cancelled().await;
-            handle.cancel();
-        })
-    };
+    let (token, _following) = CancelToken::following(cancel);
     let selection = Selection {
         cancel: Some(token),
         ..Selection::default()
     };
-    let tick = check::tick(app, &selection, std::time::SystemTime::now()).await;
-    watcher.abort();
-    let tick = tick.with_context(|| format!("the drift check of tick {at}"))?;
+    let tick = check::tick(app, &selection, std::time::SystemTime::now())
+        .await
+        .with_context(|| format!("the drift check of tick {at}"))?;
     let drifted = tick
         .roots
         .iter()

@@ -2,9 +2,7 @@
 //! root's lock, each in its own stored run: the engine, then the Proxmox preflight and the lint.
 
 use super::{finish, Prepared};
-use crate::capabilities::engine::{
-    CancelHandle, CancelToken, EngineError, PlanRequest, PlannedRun,
-};
+use crate::capabilities::engine::{CancelToken, EngineError, PlanRequest, PlannedRun};
 use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::events::PlanJob;
@@ -70,14 +68,7 @@ pub(super) async fn plan_roots(
     runs: &mut Vec<RunId>,
 ) -> Result<RootsPlanned> {
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
-    let (handle, token) = CancelHandle::new();
-    let watcher = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            cancel.cancelled().await;
-            handle.cancel();
-        })
-    };
+    let (token, _following) = CancelToken::following(cancel);
     let mut results: Vec<RootResult> = Vec::new();
     // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
     // so, when no endpoint is configured.
@@ -130,7 +121,6 @@ pub(super) async fn plan_roots(
             outcome,
         });
     }
-    watcher.abort();
     Ok(RootsPlanned {
         results,
         preflight_notes,
