@@ -191,6 +191,14 @@ pub fn marker(root: &str) -> String {
     )
 }
 
+/// The root an issue's marker names, if its description holds one.
+pub fn root_of_marker(description: &str) -> Option<String> {
+    let start = description.find("<!-- planbot:drift root=")? + "<!-- planbot:drift root=".len();
+    let rest = &description[start..];
+    let end = rest.find(" -->")?;
+    Some(rest[..end].replace("-\u{2010}", "--"))
+}
+
 /// What the drift issue of one root needs.
 pub struct DriftIssue<'a> {
     pub project: &'a str,
@@ -223,6 +231,12 @@ pub fn render_body(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
 /// The note left when a later check finds the root clean, before the issue is closed.
 pub fn render_closing_note(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
     render(issue, "closed", scrubber)
+}
+
+/// The note left on the open issue of a root no longer checked (gone from `.planbot.toml`, or
+/// `drift = false`), before it is closed.
+pub fn render_unchecked_note(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
+    render(issue, "unchecked", scrubber)
 }
 
 fn render(issue: &DriftIssue<'_>, kind: &str, scrubber: &Scrubber) -> String {

@@ -174,7 +174,7 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
     drop(store);
 
     // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables
-    // and migration 3's drift ticks, now with its version recorded, and the same as a new
+    // and migration 3's drift tables, now with its version recorded, and the same as a new
     // database's.
     assert_eq!(user_version(&path), SCHEMA_VERSION);
     let migrated = schema(&path);
@@ -187,8 +187,10 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
         added,
         [
             "policy_approvals_by_mr",
+            "sqlite_autoindex_drift_roots_1",
             "sqlite_autoindex_policy_approvals_1",
             "sqlite_autoindex_policy_verdicts_1",
+            "drift_roots",
             "drift_ticks",
             "policy_approvals",
             "policy_verdicts"

@@ -5,7 +5,7 @@ use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, ShownFingerprint,
 };
-use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{Dump, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -133,6 +133,12 @@ pub(crate) trait StoreBackend: Send + Sync {
     async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>>;
     /// The newest claimed drift tick (unix ms).
     async fn last_drift_tick(&self) -> Result<Option<i64>>;
+    /// Record a root's drift check, replacing its last one.
+    async fn record_drift_root(&self, root: DriftRootRecord) -> Result<()>;
+    /// Forget the drift checks of `project`'s roots not in `keep`.
+    async fn forget_drift_roots(&self, project: ProjectId, keep: Vec<String>) -> Result<()>;
+    /// Every root's last drift check.
+    async fn drift_roots(&self) -> Result<Vec<DriftRootRecord>>;
 
     /// Every row of every table, for `planbot store migrate`.
     async fn export(&self) -> Result<Dump>;

@@ -150,6 +150,18 @@ pub(crate) const TABLES: &[(&str, &[(&str, Ty)])] = &[
             ("claimed_at", Ty::Int),
         ],
     ),
+    (
+        "drift_roots",
+        &[
+            ("project_id", Ty::Int),
+            ("root", Ty::Text),
+            ("project_path", Ty::Text),
+            ("outcome", Ty::Text),
+            ("drifted", Ty::Int),
+            ("checked_at", Ty::Int),
+            ("checked_ok_at", Ty::Int),
+        ],
+    ),
 ];
 
 /// Every row of every table in [`TABLES`], in insertion order.

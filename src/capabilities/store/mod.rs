@@ -15,10 +15,10 @@ pub use dump::{Dump, Value};
 pub use postgres::{default_replica_name, PgOptions, PG_SCHEMA_VERSION};
 pub use sqlite::SCHEMA_VERSION;
 pub use types::{
-    ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
-    NewApply, NewDelivery, NewRun, PolicyApproval, PolicyVerdictRecord, QueueJobId, QueueJobKind,
-    QueueJobState, RunEnd, RunKind, RunQuery, RunRecord, RunState, SchemaError, ShownFingerprint,
-    StoreProbe, UnknownValue,
+    ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, DriftOutcome, DriftRootRecord,
+    Enqueued, JobEnd, JobRow, Lease, NewApply, NewDelivery, NewRun, PolicyApproval,
+    PolicyVerdictRecord, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind, RunQuery,
+    RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe, UnknownValue,
 };
 
 use crate::core::config::StoreUrl;
@@ -364,6 +364,23 @@ impl Store {
     /// The newest claimed drift tick (unix ms), if any ever was.
     pub async fn last_drift_tick(&self) -> Result<Option<i64>> {
         on_backend!(self, b => b.last_drift_tick().await)
+    }
+
+    /// Record a root's drift check, replacing its last one (a check that could not check
+    /// keeps the time of the last one that could).
+    pub async fn record_drift_root(&self, root: DriftRootRecord) -> Result<()> {
+        on_backend!(self, b => b.record_drift_root(root).await)
+    }
+
+    /// Forget the drift checks of `project`'s roots not in `keep` (removed from its
+    /// `.planbot.toml`, or no longer checked).
+    pub async fn forget_drift_roots(&self, project: ProjectId, keep: Vec<String>) -> Result<()> {
+        on_backend!(self, b => b.forget_drift_roots(project, keep).await)
+    }
+
+    /// Every root's last drift check, by project path and root.
+    pub async fn drift_roots(&self) -> Result<Vec<DriftRootRecord>> {
+        on_backend!(self, b => b.drift_roots().await)
     }
 
     // ----- runs -----------------------------------------------------------------------------

@@ -336,6 +336,31 @@ impl RunRecord {
     }
 }
 
+stored_enum!(
+    /// What a root's last drift check found (`core::drift::DriftVerdict`, without its details).
+    DriftOutcome, "drift outcome" {
+        Clean => "clean",
+        Drifted => "drifted",
+        Waiting => "waiting",
+        CouldNotCheck => "could_not_check",
+    }
+);
+
+/// A root's last drift check, as `/metrics` and `planbot doctor` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriftRootRecord {
+    pub project: ProjectId,
+    pub project_path: String,
+    pub root: String,
+    pub outcome: DriftOutcome,
+    /// Resources that differ (0 unless drifted).
+    pub drifted: u32,
+    /// The last check (unix ms).
+    pub checked_at: i64,
+    /// The last check that could check (unix ms): any outcome but could-not-check.
+    pub checked_ok_at: Option<i64>,
+}
+
 /// A fingerprint shown on an MR.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShownFingerprint {
@@ -438,6 +463,9 @@ pub struct StoreProbe {
     pub known: u32,
     /// The replicas whose heartbeat is current (PostgreSQL).
     pub live_replicas: Vec<String>,
+    /// The newest claimed drift tick (unix ms), and each root's last drift check.
+    pub last_drift_tick: Option<i64>,
+    pub drift_roots: Vec<DriftRootRecord>,
 }
 
 /// What a running job's heartbeat found in the store.

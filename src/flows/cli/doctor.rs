@@ -8,7 +8,7 @@ use crate::capabilities::gitlab::{AccessLevel, GitLab, GitLabError, Hook, User a
 use crate::capabilities::proxmox::{
     Node as ProxmoxNode, Proxmox, ProxmoxEndpoint, ProxmoxError, StorageConfig,
 };
-use crate::capabilities::store::Store;
+use crate::capabilities::store::{Store, StoreProbe};
 use crate::core::config::{env_name, Config, ConfigError, Origin, Problem, StoreUrl};
 use crate::core::pve_access::{self, Privileges};
 use crate::core::redact::Secrets;
@@ -725,6 +725,47 @@ async fn store_checks(config: &Config, r: &mut Report) {
             Status::Info,
             "store_replicas",
             json!({"names": probe.live_replicas}),
+        );
+    }
+    drift_checks(config, &probe, r);
+}
+
+/// When drift was last checked, root by root (from the store), and when the schedule runs next.
+fn drift_checks(config: &Config, probe: &StoreProbe, r: &mut Report) {
+    r.section("Drift");
+    let at = |ms: i64| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+        humantime::format_rfc3339_seconds(t).to_string()
+    };
+    let next = config.drift.schedule.as_ref().map(|s| {
+        s.next_after(chrono::Utc::now())
+            .map_or_else(|| "never".to_string(), |t| s.local(t))
+    });
+    r.add(
+        Status::Info,
+        "drift_schedule",
+        json!({
+            "schedule": config.drift.schedule_text,
+            "time_zone": config.drift.time_zone,
+            "next": next,
+            "last_tick": probe.last_drift_tick.map(at),
+        }),
+    );
+    if probe.drift_roots.is_empty() {
+        r.add(Status::Info, "drift_never", json!({}));
+    }
+    for root in &probe.drift_roots {
+        r.add(
+            Status::Info,
+            "drift_root",
+            json!({
+                "project": root.project_path,
+                "root": root.root,
+                "outcome": root.outcome.as_str(),
+                "drifted": root.drifted,
+                "checked": at(root.checked_at),
+                "checked_ok": root.checked_ok_at.map(at),
+            }),
         );
     }
 }

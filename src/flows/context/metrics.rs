@@ -1,5 +1,6 @@
-//! Prometheus metrics (`GET /metrics`): deliveries by event and outcome, queue depth, plan durations, GitLab API errors.
+//! Prometheus metrics (`GET /metrics`): deliveries by event and outcome, queue depth, plan durations, GitLab API errors, each root's drift.
 
+use crate::capabilities::store::DriftRootRecord;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -59,6 +60,12 @@ struct OperationLabels {
     operation: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RootLabels {
+    project: String,
+    root: String,
+}
+
 /// All of planbot's metrics, registered once.
 pub struct Metrics {
     registry: Registry,
@@ -67,6 +74,9 @@ pub struct Metrics {
     running_jobs: Gauge,
     plan_duration: Family<OutcomeLabels, Histogram>,
     gitlab_errors: Family<OperationLabels, Counter>,
+    drift_resources: Family<RootLabels, Gauge>,
+    drift_checked: Family<RootLabels, Gauge>,
+    drift_checked_ok: Family<RootLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -110,6 +120,24 @@ impl Metrics {
             "Failed GitLab API calls (after retries), by operation",
             gitlab_errors.clone(),
         );
+        let drift_resources = Family::<RootLabels, Gauge>::default();
+        registry.register(
+            "drift_resources",
+            "Resources that differ from the default branch at the root's last drift check",
+            drift_resources.clone(),
+        );
+        let drift_checked = Family::<RootLabels, Gauge>::default();
+        registry.register(
+            "drift_last_check_timestamp_seconds",
+            "When the root was last checked for drift (whatever the outcome), unix seconds",
+            drift_checked.clone(),
+        );
+        let drift_checked_ok = Family::<RootLabels, Gauge>::default();
+        registry.register(
+            "drift_last_success_timestamp_seconds",
+            "When a drift check of the root last ran to the end (clean, drifted or waiting), unix seconds",
+            drift_checked_ok.clone(),
+        );
         Metrics {
             registry,
             deliveries,
@@ -117,6 +145,9 @@ impl Metrics {
             running_jobs,
             plan_duration,
             gitlab_errors,
+            drift_resources,
+            drift_checked,
+            drift_checked_ok,
         }
     }
 
@@ -157,6 +188,29 @@ impl Metrics {
                 operation: operation.to_string(),
             })
             .inc();
+    }
+
+    /// Each root's last drift check, as the store has it (every replica shows the same; a root
+    /// no longer checked has no series).
+    pub fn set_drift(&self, roots: &[DriftRootRecord]) {
+        self.drift_resources.clear();
+        self.drift_checked.clear();
+        self.drift_checked_ok.clear();
+        for r in roots {
+            let labels = RootLabels {
+                project: r.project_path.clone(),
+                root: r.root.clone(),
+            };
+            self.drift_resources
+                .get_or_create(&labels)
+                .set(i64::from(r.drifted));
+            self.drift_checked
+                .get_or_create(&labels)
+                .set(r.checked_at / 1000);
+            if let Some(ok) = r.checked_ok_at {
+                self.drift_checked_ok.get_or_create(&labels).set(ok / 1000);
+            }
+        }
     }
 
     /// The Prometheus/OpenMetrics text exposition.

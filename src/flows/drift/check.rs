@@ -5,7 +5,9 @@
 use super::issue::{self, DriftTarget, IssueAction};
 use crate::capabilities::engine::{PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::{CommitStatus, Project, StatusState};
-use crate::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
+use crate::capabilities::store::{
+    DriftOutcome, DriftRootRecord, NewRun, RunEnd, RunKind, RunState,
+};
 use crate::capabilities::workspace::Checkout;
 use crate::core::config::ProjectRef;
 use crate::core::drift::DriftVerdict;
@@ -171,6 +173,15 @@ async fn check_project(
         .iter()
         .filter(|r| r.drift && selection.root.as_ref().is_none_or(|w| &r.name == w))
         .collect();
+    // A check of the whole project also ends what it no longer checks: the issues and the
+    // recorded checks of roots gone from `.planbot.toml` or set to `drift = false`.
+    if selection.root.is_none() && !selection.dry_run {
+        let checked: Vec<String> = roots.iter().map(|r| r.name.clone()).collect();
+        if let Err(e) = close_unchecked(app, &info, &branch, &head, &checked, now).await {
+            let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+            tracing::warn!(project = info.id.0, error = %error, "could not close the drift issues of roots no longer checked");
+        }
+    }
     if roots.is_empty() {
         return Ok(());
     }
@@ -196,6 +207,38 @@ async fn check_project(
         ctx.set_status(&out[first..]).await;
     }
     Ok(())
+}
+
+/// The open issues and recorded checks of the roots of `info` not in `checked`: each issue gets
+/// a note saying the root is no longer checked and is closed; the records are forgotten.
+async fn close_unchecked(
+    app: &App,
+    info: &Project,
+    branch: &str,
+    head: &CommitSha,
+    checked: &[String],
+    now: SystemTime,
+) -> Result<()> {
+    let target = DriftTarget {
+        project: info.id,
+        project_path: &info.path_with_namespace,
+        root: "",
+        branch,
+        sha: head.as_str(),
+        labels: &app.config.drift.labels,
+        job_name: &app.config.apply.job_name,
+        fingerprint: None,
+    };
+    let closed = issue::close_unchecked(&app.gitlab, &target, checked, &app.scrubber, now)
+        .await
+        .inspect_err(|_| app.metrics.gitlab_error("drift_issue"))?;
+    for (root, iid) in closed {
+        tracing::info!(project = info.id.0, root = %root, issue = iid, "drift issue of a root no longer checked closed");
+    }
+    app.store
+        .forget_drift_roots(info.id, checked.to_vec())
+        .await
+        .context("forgetting the drift checks of roots no longer checked")
 }
 
 /// The newest merge into `head` whose apply has not run: the merged MR that landed `head`,
@@ -308,6 +351,9 @@ impl ProjectCheck<'_> {
                 fingerprint: None,
             };
             app.store.finish_run(run, end).await?;
+            app.store
+                .record_drift_root(root_record(&checked, project, self.now))
+                .await?;
         }
         Ok(checked)
     }
@@ -434,6 +480,28 @@ fn summary(checked: &RootChecked) -> String {
         DriftVerdict::WaitingForApply { mr } => format!("waiting for the apply of !{mr}"),
         DriftVerdict::Drifted { resources } => format!("drift: {} resource(s)", resources.len()),
         DriftVerdict::CouldNotCheck { .. } => "could not check".into(),
+    }
+}
+
+/// What the store keeps of a root's check, for `/metrics` and `planbot doctor`.
+fn root_record(checked: &RootChecked, project: ProjectId, now: SystemTime) -> DriftRootRecord {
+    let at = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let (outcome, drifted) = match &checked.verdict {
+        DriftVerdict::Clean => (DriftOutcome::Clean, 0),
+        DriftVerdict::WaitingForApply { .. } => (DriftOutcome::Waiting, 0),
+        DriftVerdict::Drifted { resources } => (DriftOutcome::Drifted, resources.len() as u32),
+        DriftVerdict::CouldNotCheck { .. } => (DriftOutcome::CouldNotCheck, 0),
+    };
+    DriftRootRecord {
+        project,
+        project_path: checked.project_path.clone(),
+        root: checked.root.clone(),
+        outcome,
+        drifted,
+        checked_at: at,
+        checked_ok_at: (outcome != DriftOutcome::CouldNotCheck).then_some(at),
     }
 }
 

@@ -98,6 +98,62 @@ pub async fn report(
     }
 }
 
+/// Close, with a note saying why, every open drift issue of `project` whose root is not in
+/// `checked` (gone from `.planbot.toml`, or `drift = false`); returns (root, iid) of each.
+pub async fn close_unchecked(
+    gitlab: &GitLab,
+    target: &DriftTarget<'_>,
+    checked: &[String],
+    scrubber: &Scrubber,
+    now: SystemTime,
+) -> anyhow::Result<Vec<(String, u64)>> {
+    let label = target.labels.first().map_or("drift", String::as_str);
+    let issues = gitlab
+        .issues_labelled(target.project, label)
+        .await
+        .with_context(|| format!("listing the issues labelled {label}"))?;
+    let now = humantime::format_rfc3339_seconds(now).to_string();
+    let mut closed = Vec::new();
+    for issue in issues.into_iter().filter(|i| i.state == "opened") {
+        let Some(root) = drift::root_of_marker(&issue.description) else {
+            continue;
+        };
+        if checked.contains(&root) {
+            continue;
+        }
+        let texts = DriftIssue {
+            project: target.project_path,
+            root: &root,
+            branch: target.branch,
+            sha: target.sha,
+            verdict: &DriftVerdict::Clean,
+            first_seen: &issue.created_at,
+            last_seen: &now,
+            fingerprint: None,
+            job_name: target.job_name,
+        };
+        gitlab
+            .create_issue_note(
+                target.project,
+                issue.iid,
+                &drift::render_unchecked_note(&texts, scrubber),
+            )
+            .await
+            .context("commenting on the drift issue of a root no longer checked")?;
+        gitlab
+            .edit_issue(
+                target.project,
+                issue.iid,
+                &issue.description,
+                Some(IssueStateEvent::Close),
+            )
+            .await
+            .context("closing the drift issue of a root no longer checked")?;
+        closed.push((root, issue.iid));
+    }
+    Ok(closed)
+}
+
 /// Post `body` (an apply's result) on the root's open drift issue, when it has one; returns
 /// the issue's iid.
 pub async fn note_on_open_issue(

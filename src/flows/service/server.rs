@@ -258,6 +258,9 @@ async fn metrics(State(app): State<Arc<App>>, headers: axum::http::HeaderMap) ->
     if let Ok(depth) = app.store.queue_depth().await {
         app.metrics.set_queue_depth(depth);
     }
+    if let Ok(roots) = app.store.drift_roots().await {
+        app.metrics.set_drift(&roots);
+    }
     (
         [(
             header::CONTENT_TYPE,

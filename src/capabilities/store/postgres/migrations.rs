@@ -33,8 +33,8 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
-        name: "drift schedule ticks",
-        sql: include_str!("migrations/0003_drift_ticks.sql"),
+        name: "drift schedule ticks and each root's last check",
+        sql: include_str!("migrations/0003_drift.sql"),
     },
 ];
 

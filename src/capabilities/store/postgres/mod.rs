@@ -15,7 +15,7 @@
 
 mod applies;
 mod deliveries;
-mod drift_ticks;
+mod drift;
 mod migrations;
 mod policies;
 mod queue;
@@ -32,7 +32,7 @@ use super::types::{
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, SchemaError,
     ShownFingerprint, StoreProbe,
 };
-use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -316,6 +316,11 @@ pub(crate) async fn probe(
     } else {
         Vec::new()
     };
+    let (last_drift_tick, drift_roots) = if has("drift_roots").await? {
+        (drift::last(&c).await?, drift::roots(&c).await?)
+    } else {
+        (None, Vec::new())
+    };
     Ok(StoreProbe {
         server: Some(format!(
             "PostgreSQL {}",
@@ -325,6 +330,8 @@ pub(crate) async fn probe(
         schema,
         known: PG_SCHEMA_VERSION,
         live_replicas,
+        last_drift_tick,
+        drift_roots,
     })
 }
 
@@ -506,11 +513,23 @@ impl StoreBackend for PgStore {
     }
 
     async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>> {
-        drift_ticks::claim(self, at).await
+        drift::claim(self, at).await
     }
 
     async fn last_drift_tick(&self) -> Result<Option<i64>> {
-        drift_ticks::last(self).await
+        drift::last(&**self.client().await?).await
+    }
+
+    async fn record_drift_root(&self, root: DriftRootRecord) -> Result<()> {
+        drift::record_root(self, &root).await
+    }
+
+    async fn forget_drift_roots(&self, project: ProjectId, keep: Vec<String>) -> Result<()> {
+        drift::forget_roots(self, project, &keep).await
+    }
+
+    async fn drift_roots(&self) -> Result<Vec<DriftRootRecord>> {
+        drift::roots(&**self.client().await?).await
     }
 
     async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {

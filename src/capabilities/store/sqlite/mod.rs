@@ -4,7 +4,7 @@
 mod applies;
 mod connection;
 mod deliveries;
-mod drift_ticks;
+mod drift;
 mod migrations;
 mod policies;
 mod queue;
@@ -21,7 +21,7 @@ use super::types::{
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobState, RunEnd, RunQuery, RunRecord,
     ShownFingerprint, StoreProbe,
 };
-use super::types::{PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -36,23 +36,34 @@ use std::time::Duration;
 /// What `planbot doctor` reads of the SQLite file at `path`, opened read-only (schema 0 when
 /// it does not exist yet: `planbot serve` creates it).
 pub(super) fn probe(path: &Path) -> Result<StoreProbe> {
-    let schema = if path.exists() {
-        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .with_context(|| format!("opening {} read-only", path.display()))?;
-        let v: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .with_context(|| format!("reading the schema version of {}", path.display()))?;
-        u32::try_from(v).unwrap_or(0)
-    } else {
-        0
-    };
-    Ok(StoreProbe {
+    let mut probe = StoreProbe {
         server: None,
         tls: None,
-        schema,
+        schema: 0,
         known: SCHEMA_VERSION,
         live_replicas: Vec::new(),
-    })
+        last_drift_tick: None,
+        drift_roots: Vec::new(),
+    };
+    if !path.exists() {
+        return Ok(probe);
+    }
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .with_context(|| format!("opening {} read-only", path.display()))?;
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .with_context(|| format!("reading the schema version of {}", path.display()))?;
+    probe.schema = u32::try_from(v).unwrap_or(0);
+    let has_drift: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'drift_roots')",
+        [],
+        |r| r.get(0),
+    )?;
+    if has_drift {
+        probe.last_drift_tick = drift::last(&conn)?;
+        probe.drift_roots = drift::roots(&conn)?;
+    }
+    Ok(probe)
 }
 
 /// All writes go through ONE writer thread that batches whatever is waiting into a single
@@ -337,12 +348,24 @@ impl StoreBackend for SqliteStore {
     }
 
     async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>> {
-        self.write(move |c| drift_ticks::claim(c, at, now_ms()))
-            .await
+        self.write(move |c| drift::claim(c, at, now_ms())).await
     }
 
     async fn last_drift_tick(&self) -> Result<Option<i64>> {
-        self.read(drift_ticks::last).await
+        self.read(drift::last).await
+    }
+
+    async fn record_drift_root(&self, root: DriftRootRecord) -> Result<()> {
+        self.write(move |c| drift::record_root(c, &root)).await
+    }
+
+    async fn forget_drift_roots(&self, project: ProjectId, keep: Vec<String>) -> Result<()> {
+        self.write(move |c| drift::forget_roots(c, project, &keep))
+            .await
+    }
+
+    async fn drift_roots(&self) -> Result<Vec<DriftRootRecord>> {
+        self.read(drift::roots).await
     }
 
     async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {

@@ -1,8 +1,0 @@
--- Migration 3: the drift schedule. One row per occurrence of `[drift] schedule` that a replica
--- claimed (unix milliseconds): the primary key lets exactly one replica claim each tick, and the
--- newest row is the last tick, from which a replica starting up finds a tick it missed.
-CREATE TABLE drift_ticks (
-    tick_at    BIGINT PRIMARY KEY,
-    job_id     BIGINT,                   -- the drift_tick job the claim queued
-    claimed_at BIGINT NOT NULL
-);
