@@ -422,6 +422,15 @@ mod tests {
     }
 
     #[test]
+    fn the_root_is_read_back_from_its_marker() {
+        for root in ["core", "a--b", "lab-1"] {
+            let body = format!("text\n\n{}\n", marker(root));
+            assert_eq!(root_of_marker(&body).as_deref(), Some(root));
+        }
+        assert_eq!(root_of_marker("an issue someone wrote"), None);
+    }
+
+    #[test]
     fn the_marker_cannot_be_closed_early_by_a_root_name() {
         assert_eq!(marker("core"), "<!-- planbot:drift root=core -->");
         assert!(!marker("a-->b").contains("-->b"));

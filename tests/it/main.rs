@@ -13,6 +13,7 @@ mod doctor_binary;
 mod drift_issue;
 mod drift_schedule;
 mod drift_story;
+mod drift_visible;
 mod engine_bounds;
 mod engine_cli;
 mod engine_env;

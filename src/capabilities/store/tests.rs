@@ -397,3 +397,50 @@ async fn a_drift_tick_is_claimed_once_with_its_job_and_is_the_last_tick() {
         assert_eq!(store.last_drift_tick().await.unwrap(), Some(1_000));
     }
 }
+
+#[tokio::test]
+async fn a_roots_last_drift_check_is_kept_and_a_failed_check_keeps_the_last_complete_one() {
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let check = |root: &str, outcome, drifted, at, ok| DriftRootRecord {
+            project: ProjectId(7),
+            project_path: "infra/homelab".into(),
+            root: root.into(),
+            outcome,
+            drifted,
+            checked_at: at,
+            checked_ok_at: ok,
+        };
+        store
+            .record_drift_root(check("core", DriftOutcome::Drifted, 3, 1_000, Some(1_000)))
+            .await
+            .unwrap();
+        store
+            .record_drift_root(check("lab", DriftOutcome::Clean, 0, 1_000, Some(1_000)))
+            .await
+            .unwrap();
+        // A later check of core could not run: its last complete check stays the first one.
+        store
+            .record_drift_root(check("core", DriftOutcome::CouldNotCheck, 0, 2_000, None))
+            .await
+            .unwrap();
+        let roots = store.drift_roots().await.unwrap();
+        assert_eq!(
+            roots,
+            vec![
+                check("core", DriftOutcome::CouldNotCheck, 0, 2_000, Some(1_000)),
+                check("lab", DriftOutcome::Clean, 0, 1_000, Some(1_000)),
+            ],
+            "{}",
+            db.kind
+        );
+        // The repository stops checking lab.
+        store
+            .forget_drift_roots(ProjectId(7), vec!["core".into()])
+            .await
+            .unwrap();
+        let roots = store.drift_roots().await.unwrap();
+        assert_eq!(roots.len(), 1, "{}", db.kind);
+        assert_eq!(roots[0].root, "core");
+    }
+}
