@@ -12,6 +12,15 @@ fn planbot() -> Command {
     c
 }
 
+/// `planbot serve --check --config CFG`, run to the end.
+fn serve_check(cfg: &std::path::Path) -> std::process::Output {
+    planbot()
+        .args(["serve", "--check", "--config"])
+        .arg(cfg)
+        .output()
+        .unwrap()
+}
+
 const BASE: &str = r#"
 listen = "127.0.0.1:9999"
 data_dir = "/tmp/planbot-check-test"
@@ -78,11 +87,7 @@ fn an_unknown_key_is_an_error_that_names_it() {
         "planbot.toml",
         &BASE.replace("[gitlab]", "[gitlab]\nwebhook_secert = \"typo\""),
     );
-    let out = planbot()
-        .args(["serve", "--check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = serve_check(&cfg);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     // The file and line of the typo, and the key it was meant to be.
@@ -199,11 +204,7 @@ fn a_missing_config_file_is_named() {
 fn check_runs_the_engine_for_its_version() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write(dir.path(), "planbot.toml", BASE);
-    let out = planbot()
-        .args(["serve", "--check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = serve_check(&cfg);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -407,11 +408,7 @@ fn check_reads_planbots_own_policy_sets_and_names_each_that_cannot_run() {
         dir.path().join("nowhere").display(),
     );
     let cfg = write(dir.path(), "planbot.toml", &sets);
-    let out = planbot()
-        .args(["serve", "--check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = serve_check(&cfg);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
@@ -433,11 +430,7 @@ fn a_bad_drift_schedule_or_time_zone_is_a_check_error_naming_the_setting() {
         "{BASE}\n[drift]\nenabled = true\nschedule = \"every morning\"\ntime_zone = \"Europe/Berln\"\n"
     );
     let cfg = write(dir.path(), "planbot.toml", &text);
-    let out = planbot()
-        .args(["serve", "--check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = serve_check(&cfg);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let f = cfg.display().to_string();
@@ -474,11 +467,7 @@ fn a_bad_drift_schedule_or_time_zone_is_a_check_error_naming_the_setting() {
         })
         .expect("docs/drift.md shows the schedule's settings");
     let cfg = write(dir.path(), "planbot.toml", &format!("{BASE}\n{example}"));
-    let out = planbot()
-        .args(["serve", "--check", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let out = serve_check(&cfg);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

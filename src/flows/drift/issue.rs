@@ -64,19 +64,7 @@ pub async fn report(
     match (verdict, open) {
         (DriftVerdict::Clean, Some(issue)) => {
             let note = drift::render_closing_note(&texts, scrubber);
-            gitlab
-                .create_issue_note(target.project, issue.iid, &note)
-                .await
-                .context("commenting on the drift issue")?;
-            gitlab
-                .edit_issue(
-                    target.project,
-                    issue.iid,
-                    &issue.description,
-                    Some(IssueStateEvent::Close),
-                )
-                .await
-                .context("closing the drift issue")?;
+            close_with_note(gitlab, target.project, &issue, &note).await?;
             Ok(IssueAction::Closed(issue.iid))
         }
         (_, Some(issue)) => {
@@ -132,23 +120,8 @@ pub async fn close_unchecked(
             fingerprint: None,
             job_name: target.job_name,
         };
-        gitlab
-            .create_issue_note(
-                target.project,
-                issue.iid,
-                &drift::render_unchecked_note(&texts, scrubber),
-            )
-            .await
-            .context("commenting on the drift issue of a root no longer checked")?;
-        gitlab
-            .edit_issue(
-                target.project,
-                issue.iid,
-                &issue.description,
-                Some(IssueStateEvent::Close),
-            )
-            .await
-            .context("closing the drift issue of a root no longer checked")?;
+        let note = drift::render_unchecked_note(&texts, scrubber);
+        close_with_note(gitlab, target.project, &issue, &note).await?;
         closed.push((root, issue.iid));
     }
     Ok(closed)
@@ -172,6 +145,29 @@ pub async fn note_on_open_issue(
         .await
         .context("commenting on the drift issue")?;
     Ok(Some(issue.iid))
+}
+
+/// Comment `note` on `issue`, then close it (its description unchanged).
+async fn close_with_note(
+    gitlab: &GitLab,
+    project: ProjectId,
+    issue: &Issue,
+    note: &str,
+) -> anyhow::Result<()> {
+    gitlab
+        .create_issue_note(project, issue.iid, note)
+        .await
+        .with_context(|| format!("commenting on drift issue #{}", issue.iid))?;
+    gitlab
+        .edit_issue(
+            project,
+            issue.iid,
+            &issue.description,
+            Some(IssueStateEvent::Close),
+        )
+        .await
+        .with_context(|| format!("closing drift issue #{}", issue.iid))?;
+    Ok(())
 }
 
 /// The root's open drift issue: labelled `label`, its description holding the root's marker.
