@@ -119,3 +119,41 @@ async fn a_drift_check_shows_on_metrics_doctor_and_run_pages_and_an_opted_out_ro
     let (_, text) = s.get_text("/metrics").await;
     assert!(!text.contains("planbot_drift_resources{"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_that_cannot_be_checked_is_named_and_the_others_are_still_checked() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    // A second project whose default branch has a .planbot.toml that does not parse.
+    let broken = w.gitlab.create_project("infra/broken");
+    w.gitlab.commit_files(
+        &broken,
+        "main",
+        &[("main.tf", "# nothing\n"), (".planbot.toml", "roots = [\n")],
+    );
+    let text = config_text_for(&w.config.data_dir, &w.gitlab, &w.project, &engine, "127.0.0.1:0")
+        .replace(
+            r#"projects = ["infra/homelab"]"#,
+            r#"projects = ["infra/broken", "infra/homelab"]"#,
+        );
+    let config = planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into()))
+        .expect("the config");
+    let s = TestService::start(config, no_workers()).await;
+
+    let t = tick(&s.app, &Selection::default(), SystemTime::now())
+        .await
+        .expect("a tick");
+    assert_eq!(t.failed.len(), 1, "{t:?}");
+    assert_eq!(t.failed[0].project, "infra/broken");
+    assert!(t.failed[0].error.contains(".planbot.toml"), "{t:?}");
+    // The project after it was checked all the same: its root drifted.
+    assert_eq!(t.roots.len(), 1, "{t:?}");
+    assert_eq!(t.roots[0].project_path, "infra/homelab");
+    assert_eq!(t.exit_code(), 2);
+    let text = t.render_text(&s.app.scrubber, "planbot-apply");
+    assert!(
+        text.starts_with("infra/broken: COULD NOT CHECK (this is not \"no drift\"):\n    .planbot.toml"),
+        "{text}"
+    );
+    assert!(text.contains("infra/homelab · root default"), "{text}");
+}

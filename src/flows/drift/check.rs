@@ -49,23 +49,37 @@ pub struct RootChecked {
     pub run: Option<RunId>,
 }
 
-/// What one tick found, root by root.
+/// What one tick found, root by root, and the projects it could not check at all (GitLab or
+/// git unreachable, a broken `.planbot.toml` on the default branch): one project's failure
+/// never stops the check of the others.
 #[derive(Debug, Clone, Default)]
 pub struct Tick {
     pub roots: Vec<RootChecked>,
+    pub failed: Vec<ProjectFailed>,
+}
+
+/// A project a tick could not check, and why (scrubbed).
+#[derive(Debug, Clone)]
+pub struct ProjectFailed {
+    pub project: String,
+    pub error: String,
 }
 
 impl Tick {
     /// The exit code of `planbot drift`: 2 when any root drifted, else 1 when any root could
     /// not be checked (or its issue could not be written), else 0.
     pub fn exit_code(&self) -> i32 {
-        let codes = self.roots.iter().map(|r| {
-            if r.issue_error.is_some() && r.verdict.exit_code() == 0 {
-                1
-            } else {
-                r.verdict.exit_code()
-            }
-        });
+        let codes = self
+            .roots
+            .iter()
+            .map(|r| {
+                if r.issue_error.is_some() && r.verdict.exit_code() == 0 {
+                    1
+                } else {
+                    r.verdict.exit_code()
+                }
+            })
+            .chain(self.failed.iter().map(|_| 1));
         codes.fold(0, |worst, c| match (worst, c) {
             (2, _) | (_, 2) => 2,
             (1, _) | (_, 1) => 1,
@@ -95,7 +109,15 @@ impl Tick {
         crate::core::templates::scrubbing(scrubber, || {
             crate::core::templates::render(
                 "drift/terminal.txt.j2",
-                minijinja::context! { kind => "roots", roots => roots, job_name => job_name },
+                minijinja::context! {
+                    kind => "roots",
+                    roots => roots,
+                    failed => self.failed.iter().map(|f| minijinja::context! {
+                        project => &f.project,
+                        error => &f.error,
+                    }).collect::<Vec<_>>(),
+                    job_name => job_name,
+                },
             )
             .unwrap_or_else(|e| format!("planbot: could not render the drift result: {e}\n"))
         })
@@ -118,9 +140,14 @@ pub async fn tick(app: &App, selection: &Selection, now: SystemTime) -> Result<T
         if !selected(project, selection.project.as_deref()) {
             continue;
         }
-        check_project(app, project, selection, now, &mut tick.roots)
-            .await
-            .with_context(|| format!("checking {project} for drift"))?;
+        if let Err(e) = check_project(app, project, selection, now, &mut tick.roots).await {
+            let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+            tracing::warn!(project = %project, error = %error, "could not check the project for drift");
+            tick.failed.push(ProjectFailed {
+                project: project.to_string(),
+                error,
+            });
+        }
     }
     Ok(tick)
 }

@@ -97,6 +97,11 @@ pub async fn run_tick(app: &App, at: i64, cancel: &CancellationToken) -> Result<
         .iter()
         .filter(|r| r.verdict.exit_code() == 2)
         .count();
-    tracing::info!(roots = tick.roots.len(), drifted, "drift check done");
+    tracing::info!(
+        roots = tick.roots.len(),
+        drifted,
+        projects_not_checked = tick.failed.len(),
+        "drift check done"
+    );
     Ok(())
 }
