@@ -120,6 +120,20 @@ mod tests {
     }
 
     #[test]
+    fn a_time_that_daylight_saving_skips_or_repeats_runs_once_that_day() {
+        let s = DriftSchedule::parse("30 2 * * *", "Europe/Berlin").unwrap();
+        // 2027-03-28 has no 02:30 in Berlin: the check runs when the clock jumps (03:00 CEST).
+        assert_eq!(
+            s.next_after(utc("2027-03-27T12:00:00Z")),
+            Some(utc("2027-03-28T01:00:00Z"))
+        );
+        // 2027-10-31 has 02:30 twice: the check runs at the first, then the next day.
+        let first = s.next_after(utc("2027-10-30T12:00:00Z")).unwrap();
+        assert_eq!(first, utc("2027-10-31T00:30:00Z"));
+        assert_eq!(s.next_after(first), Some(utc("2027-11-01T01:30:00Z")));
+    }
+
+    #[test]
     fn a_first_start_waits_for_the_next_occurrence() {
         let s = DriftSchedule::parse("0 6 * * *", "UTC").unwrap();
         let started = utc("2026-12-05T11:00:00Z");
