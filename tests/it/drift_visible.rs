@@ -131,11 +131,17 @@ async fn a_project_that_cannot_be_checked_is_named_and_the_others_are_still_chec
         "main",
         &[("main.tf", "# nothing\n"), (".planbot.toml", "roots = [\n")],
     );
-    let text = config_text_for(&w.config.data_dir, &w.gitlab, &w.project, &engine, "127.0.0.1:0")
-        .replace(
-            r#"projects = ["infra/homelab"]"#,
-            r#"projects = ["infra/broken", "infra/homelab"]"#,
-        );
+    let text = config_text_for(
+        &w.config.data_dir,
+        &w.gitlab,
+        &w.project,
+        &engine,
+        "127.0.0.1:0",
+    )
+    .replace(
+        r#"projects = ["infra/homelab"]"#,
+        r#"projects = ["infra/broken", "infra/homelab"]"#,
+    );
     let config = planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into()))
         .expect("the config");
     let s = TestService::start(config, no_workers()).await;
@@ -152,7 +158,9 @@ async fn a_project_that_cannot_be_checked_is_named_and_the_others_are_still_chec
     assert_eq!(t.exit_code(), 2);
     let text = t.render_text(&s.app.scrubber, "planbot-apply");
     assert!(
-        text.starts_with("infra/broken: COULD NOT CHECK (this is not \"no drift\"):\n    .planbot.toml"),
+        text.starts_with(
+            "infra/broken: COULD NOT CHECK (this is not \"no drift\"):\n    .planbot.toml"
+        ),
         "{text}"
     );
     assert!(text.contains("infra/homelab · root default"), "{text}");
