@@ -44,6 +44,13 @@ fn text(findings: &[Finding]) -> String {
         .join("\n")
 }
 
+/// The preflight of the plan fixture `name` against `fake`, as the plan flow runs it.
+async fn preflight_of(fake: &FakeProxmox, name: &str) -> Vec<Finding> {
+    preflight(&client(fake), &crate::support::fixtures::plan(name))
+        .await
+        .unwrap()
+}
+
 /// The homelab cluster with `local` allowing `import` (so only privileges are in question).
 fn with_import() -> Cluster {
     let mut c = Cluster::homelab();
@@ -58,12 +65,7 @@ async fn a_storage_without_import_gets_the_full_pvesm_command() {
     let fake =
         FakeProxmox::start(Cluster::homelab().token(TOKEN, SECRET, &[("/", "Administrator")]))
             .await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(
         rules(&findings),
         vec![("PVE103", DEBIAN)],
@@ -104,12 +106,7 @@ async fn a_storage_without_import_gets_the_full_pvesm_command() {
 #[tokio::test]
 async fn pveadmin_alone_cannot_download() {
     let fake = FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "PVEAdmin")])).await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(
         rules(&findings),
         vec![("PVE104", DEBIAN)],
@@ -141,12 +138,7 @@ async fn pveadmin_plus_pvesysadmin_still_lacks_sys_modify() {
         &[("/", "PVEAdmin"), ("/", "PVESysAdmin")],
     ))
     .await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(rules(&findings), vec![("PVE104", DEBIAN)]);
 }
 
@@ -162,12 +154,7 @@ async fn a_custom_role_with_sys_modify_can_download() {
             ),
     )
     .await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(findings, vec![], "{}", text(&findings));
 }
 
@@ -183,12 +170,7 @@ async fn sys_access_network_on_the_node_is_the_narrow_alternative() {
             ),
     )
     .await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(findings, vec![], "{}", text(&findings));
 }
 
@@ -210,12 +192,7 @@ async fn a_node_level_acl_replaces_the_root_one() {
             ),
     )
     .await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(
         rules(&findings),
         vec![("PVE104", DEBIAN)],
@@ -225,12 +202,7 @@ async fn a_node_level_acl_replaces_the_root_one() {
 
     // Without the node's own ACL, the root grant reaches the node again.
     fake.with(|c| c.acls.retain(|a| a.path != "/nodes/pve01"));
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(findings, vec![]);
 }
 
@@ -250,12 +222,7 @@ async fn a_storage_acl_without_allocate_template_blocks_the_download() {
             ),
     )
     .await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(
         rules(&findings),
         vec![("PVE104", DEBIAN)],
@@ -280,12 +247,7 @@ async fn guests_nodes_storages_snippets_and_sys_modify() {
         &[("/", "PVEAdmin"), ("/storage/local", "PVEDatastoreUser")],
     ))
     .await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/preflight_guests"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/preflight_guests").await;
     assert_eq!(
         rules(&findings),
         vec![
@@ -319,12 +281,7 @@ async fn guests_nodes_storages_snippets_and_sys_modify() {
 
     // The fake keeps state: once VM 100 is gone, its id is free.
     fake.with(|c| c.vmids.remove(&100));
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/preflight_guests"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/preflight_guests").await;
     assert!(!findings.iter().any(|f| f.rule == "PVE106"));
 }
 
@@ -334,12 +291,7 @@ async fn an_old_release_without_message_bodies_still_answers_each_check() {
     cluster.version = "8.2.4".into();
     cluster.old_release = true;
     let fake = FakeProxmox::start(cluster).await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(
         rules(&findings),
         vec![("PVE101", DEBIAN)],
@@ -350,12 +302,7 @@ async fn an_old_release_without_message_bodies_still_answers_each_check() {
         .message
         .contains("Proxmox VE 8.2.4 cannot import"));
     // The taken id is found from the status line alone.
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/preflight_guests"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/preflight_guests").await;
     assert!(
         findings.iter().any(|f| f.rule == "PVE106"),
         "{}",
@@ -390,12 +337,7 @@ async fn a_wrong_token_is_a_slow_401_reported_without_the_secret() {
     let mut cluster = Cluster::homelab().token(TOKEN, "the-right-secret", &[("/", "PVEAdmin")]);
     cluster.unauthorized_delay = Duration::from_millis(300);
     let fake = FakeProxmox::start(cluster).await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     assert_eq!(rules(&findings), vec![("PVE101", "")]);
     assert_eq!(findings[0].severity, Severity::Error);
     let t = text(&findings);
@@ -430,12 +372,7 @@ async fn a_timeout_is_a_finding_not_a_hang() {
 #[tokio::test]
 async fn an_apply_is_refused_naming_the_finding() {
     let fake = FakeProxmox::start(with_import().token(TOKEN, SECRET, &[("/", "PVEAdmin")])).await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/seed_debian_qcow2_import"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/seed_debian_qcow2_import").await;
     let why = preflight::apply_refusal(&findings).unwrap();
     assert!(
         why.starts_with(&format!("Proxmox preflight PVE104 on {DEBIAN}: ")),
@@ -450,12 +387,7 @@ async fn an_apply_is_refused_naming_the_finding() {
 async fn a_plan_without_proxmox_resources_only_asks_for_the_version() {
     let fake =
         FakeProxmox::start(Cluster::homelab().token(TOKEN, SECRET, &[("/", "PVEAuditor")])).await;
-    let findings = preflight(
-        &client(&fake),
-        &crate::support::fixtures::plan("bpg/other_provider"),
-    )
-    .await
-    .unwrap();
+    let findings = preflight_of(&fake, "bpg/other_provider").await;
     assert_eq!(findings, vec![]);
     assert_eq!(fake.requests().len(), 1);
 }
