@@ -62,21 +62,27 @@ pub async fn look(
     }
 }
 
-/// Look at the clock at every occurrence until `shutdown`.
-pub async fn keep(app: Arc<App>, started: DateTime<Utc>, shutdown: CancellationToken) {
-    loop {
-        let wait = match look(&app, started, Utc::now()).await {
-            Ok(None) => return,
-            Ok(Some(next)) => (next - Utc::now()).to_std().unwrap_or_default(),
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "the drift schedule could not look at the store; trying again");
-                RETRY_AFTER
-            }
-        };
+/// Look at the clock at every occurrence until `shutdown`, from `next` (what the start-up's
+/// [`look`] said: `None`, the schedule never fires).
+pub async fn keep(
+    app: Arc<App>,
+    started: DateTime<Utc>,
+    mut next: Option<DateTime<Utc>>,
+    shutdown: CancellationToken,
+) {
+    while let Some(at) = next {
+        let wait = (at - Utc::now()).to_std().unwrap_or_default();
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait.min(LOOK_AT_LEAST_EVERY)) => {}
         }
+        next = match look(&app, started, Utc::now()).await {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the drift schedule could not look at the store; trying again");
+                Some(Utc::now() + RETRY_AFTER)
+            }
+        };
     }
 }
 

@@ -41,6 +41,8 @@ pub struct Application {
     options: Options,
     /// When this replica started: the drift schedule's "last tick" while none was ever claimed.
     started: chrono::DateTime<chrono::Utc>,
+    /// When the drift schedule looks at the clock next (start-up's look already ran).
+    drift_next: Option<chrono::DateTime<chrono::Utc>>,
     shutdown: CancellationToken,
     workers: Vec<JoinHandle<()>>,
 }
@@ -80,7 +82,7 @@ impl Application {
         // A drift tick missed while every replica was down is queued now, before any worker
         // starts (once, whatever number of occurrences were missed).
         let started = chrono::Utc::now();
-        crate::flows::drift::schedule::look(&app, started, started).await?;
+        let drift_next = crate::flows::drift::schedule::look(&app, started, started).await?;
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
@@ -98,6 +100,7 @@ impl Application {
             port,
             options,
             started,
+            drift_next,
             shutdown: CancellationToken::new(),
             workers: Vec::new(),
         })
@@ -132,6 +135,7 @@ impl Application {
                 .push(tokio::spawn(crate::flows::drift::schedule::keep(
                     self.app.clone(),
                     self.started,
+                    self.drift_next,
                     self.shutdown.clone(),
                 )));
         }
