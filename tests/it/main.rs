@@ -10,6 +10,7 @@ mod browser_pages;
 mod ci_template;
 mod deploy;
 mod doctor_binary;
+mod drift_hostile;
 mod drift_issue;
 mod drift_schedule;
 mod drift_story;
