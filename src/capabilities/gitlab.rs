@@ -950,6 +950,27 @@ impl GitLab {
             .await
     }
 
+    /// The newest `count` (at most 100) comments on an issue, newest first.
+    pub async fn newest_issue_notes(
+        &self,
+        project: ProjectId,
+        iid: u64,
+        count: u8,
+    ) -> Result<Vec<Note>, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        let per_page = count.clamp(1, 100).to_string();
+        self.get_json(
+            &["projects", &p, "issues", &i, "notes"],
+            &[
+                ("sort", "desc"),
+                ("order_by", "created_at"),
+                ("per_page", per_page.as_str()),
+            ],
+        )
+        .await
+    }
+
     /// Comment on an issue.
     pub async fn create_issue_note(
         &self,

@@ -228,15 +228,23 @@ pub fn render_body(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
     )
 }
 
+/// The hidden line that ends a note planbot leaves before it closes a drift issue: a check
+/// that finds it as planbot's newest note knows the note is there and only the close is left
+/// (GitLab failed between the two).
+pub const CLOSING_MARKER: &str = "<!-- planbot:drift-closing -->";
+
 /// The note left when a later check finds the root clean, before the issue is closed.
 pub fn render_closing_note(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
-    render(issue, "closed", scrubber)
+    format!("{}\n\n{CLOSING_MARKER}", render(issue, "closed", scrubber))
 }
 
 /// The note left on the open issue of a root no longer checked (gone from `.planbot.toml`, or
 /// `drift = false`), before it is closed.
 pub fn render_unchecked_note(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
-    render(issue, "unchecked", scrubber)
+    format!(
+        "{}\n\n{CLOSING_MARKER}",
+        render(issue, "unchecked", scrubber)
+    )
 }
 
 fn render(issue: &DriftIssue<'_>, kind: &str, scrubber: &Scrubber) -> String {

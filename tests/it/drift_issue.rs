@@ -101,4 +101,33 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
 
     // Drift after the issue closed is a new issue (the closed one is history).
     assert_eq!(check("core", resized(4)).await, IssueAction::Opened(3));
+
+    // GitLab stores the closing note, then fails every try of the close: the check fails and
+    // the issue stays open. The next clean check closes it without saying it twice.
+    const CLOSE: &str = "PUT /api/v4/projects/{id}/issues/{iid}";
+    fake.fail_next(CLOSE, 2, 503);
+    let failed = report(
+        &gitlab,
+        &target("core"),
+        &DriftVerdict::Clean,
+        &scrubber,
+        SystemTime::now(),
+    )
+    .await;
+    assert!(failed.is_err(), "{failed:?}");
+    let issue = |iid| {
+        fake.issues(&project)
+            .into_iter()
+            .find(|i| i.iid == iid)
+            .unwrap()
+    };
+    assert_eq!(issue(3).state, "opened");
+    assert_eq!(issue(3).notes.len(), 1, "the closing note was stored");
+    assert_eq!(
+        check("core", DriftVerdict::Clean).await,
+        IssueAction::Closed(3)
+    );
+    assert_eq!(issue(3).state, "closed");
+    assert_eq!(issue(3).notes.len(), 1, "{:?}", issue(3).notes);
+    assert!(issue(3).notes[0].2.contains("matches `main`"));
 }

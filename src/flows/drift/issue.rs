@@ -147,17 +147,21 @@ pub async fn note_on_open_issue(
     Ok(Some(issue.iid))
 }
 
-/// Comment `note` on `issue`, then close it (its description unchanged).
+/// Comment `note` on `issue`, then close it (its description unchanged). When planbot's newest
+/// comment on the issue is already a closing note (GitLab failed after it, before the close),
+/// only the close is left to do: the note is not posted twice.
 async fn close_with_note(
     gitlab: &GitLab,
     project: ProjectId,
     issue: &Issue,
     note: &str,
 ) -> anyhow::Result<()> {
-    gitlab
-        .create_issue_note(project, issue.iid, note)
-        .await
-        .with_context(|| format!("commenting on drift issue #{}", issue.iid))?;
+    if !closing_note_posted(gitlab, project, issue.iid).await? {
+        gitlab
+            .create_issue_note(project, issue.iid, note)
+            .await
+            .with_context(|| format!("commenting on drift issue #{}", issue.iid))?;
+    }
     gitlab
         .edit_issue(
             project,
@@ -168,6 +172,27 @@ async fn close_with_note(
         .await
         .with_context(|| format!("closing drift issue #{}", issue.iid))?;
     Ok(())
+}
+
+/// Whether planbot's newest comment on the issue is a closing note.
+async fn closing_note_posted(
+    gitlab: &GitLab,
+    project: ProjectId,
+    iid: u64,
+) -> anyhow::Result<bool> {
+    let me = gitlab
+        .current_user()
+        .await
+        .context("asking GitLab who the bot is")?
+        .id;
+    let notes = gitlab
+        .newest_issue_notes(project, iid, 20)
+        .await
+        .with_context(|| format!("reading the comments of drift issue #{iid}"))?;
+    Ok(notes
+        .iter()
+        .find(|n| !n.system && n.author.as_ref().is_some_and(|a| a.id == me))
+        .is_some_and(|n| n.body.contains(drift::CLOSING_MARKER)))
 }
 
 /// The root's open drift issue: labelled `label`, its description holding the root's marker.
