@@ -77,16 +77,9 @@ async fn hostile_keys_and_engine_errors_reach_the_drift_issue_as_inert_text() {
     assert_eq!(w.gitlab.take_hazards(), vec![], "nothing GitLab acts on");
 
     // The run page of the check shows the error, escaped.
-    let run = s
-        .app
-        .store
-        .recent_runs(10)
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|r| r.kind == planbot::capabilities::store::RunKind::Drift)
-        .expect("a drift run");
-    let (status, page) = s.get_text(&format!("/runs/{}", run.id.0)).await;
+    let (status, page) = s
+        .newest_run_page(planbot::capabilities::store::RunKind::Drift)
+        .await;
     assert_eq!(status, 200, "{page}");
     assert!(!page.contains("<!-- hidden"), "{page}");
 }

@@ -55,16 +55,9 @@ async fn a_drift_check_shows_on_metrics_doctor_and_run_pages_and_an_opted_out_ro
     let (status, runs) = s.get_text("/runs").await;
     assert_eq!(status, 200, "{runs}");
     assert!(runs.contains("<td>drift</td>"), "{runs}");
-    let run = s
-        .app
-        .store
-        .recent_runs(10)
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|r| r.kind == planbot::capabilities::store::RunKind::Drift)
-        .expect("a drift run");
-    let (status, page) = s.get_text(&format!("/runs/{}", run.id.0)).await;
+    let (status, page) = s
+        .newest_run_page(planbot::capabilities::store::RunKind::Drift)
+        .await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("drift of <code>default</code>"), "{page}");
     assert!(

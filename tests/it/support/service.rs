@@ -121,6 +121,23 @@ impl TestService {
         assert_eq!(status, 200);
     }
 
+    /// The page of the newest run of `kind` among the last ten (`/runs/{id}`): status and text.
+    pub async fn newest_run_page(
+        &self,
+        kind: planbot::capabilities::store::RunKind,
+    ) -> (reqwest::StatusCode, String) {
+        let run = self
+            .app
+            .store
+            .recent_runs(10)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.kind == kind)
+            .unwrap_or_else(|| panic!("no {kind:?} run among the last ten"));
+        self.get_text(&format!("/runs/{}", run.id.0)).await
+    }
+
     pub async fn get_text(&self, path: &str) -> (reqwest::StatusCode, String) {
         let r = self.http.get(self.url(path)).send().await.expect("GET");
         let s = r.status();
