@@ -247,7 +247,25 @@ pub fn render_unchecked_note(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> Str
     )
 }
 
+/// The note left on a second open issue of the same root (two checks that ran at once both
+/// found none and opened one), before it is closed in favour of `kept`.
+pub fn render_duplicate_note(issue: &DriftIssue<'_>, kept: u64, scrubber: &Scrubber) -> String {
+    format!(
+        "{}\n\n{CLOSING_MARKER}",
+        render_with(issue, "duplicate", Some(kept), scrubber)
+    )
+}
+
 fn render(issue: &DriftIssue<'_>, kind: &str, scrubber: &Scrubber) -> String {
+    render_with(issue, kind, None, scrubber)
+}
+
+fn render_with(
+    issue: &DriftIssue<'_>,
+    kind: &str,
+    kept: Option<u64>,
+    scrubber: &Scrubber,
+) -> String {
     let error = match issue.verdict {
         DriftVerdict::CouldNotCheck { error } => error.as_str(),
         _ => "",
@@ -269,6 +287,7 @@ fn render(issue: &DriftIssue<'_>, kind: &str, scrubber: &Scrubber) -> String {
                     prefix => issue.fingerprint.map(|f| &f[..f.len().min(12)]),
                     job_name => issue.job_name,
                     fence => fence,
+                    kept => kept,
                 })
             })
             .unwrap_or_else(|e| format!("planbot: could not render the drift issue: {e}"))
@@ -427,6 +446,15 @@ mod tests {
     fn the_closing_note_says_the_root_matches_main_again() {
         let scrubber = Secrets::new().scrubber();
         insta::assert_snapshot!(render_closing_note(&issue(&DriftVerdict::Clean), &scrubber));
+    }
+
+    #[test]
+    fn a_duplicate_issue_points_to_the_one_kept() {
+        let scrubber = Secrets::new().scrubber();
+        let note = render_duplicate_note(&issue(&DriftVerdict::Clean), 7, &scrubber);
+        assert!(note.contains("#7"), "{note}");
+        assert!(note.ends_with(CLOSING_MARKER), "{note}");
+        insta::assert_snapshot!(note);
     }
 
     #[test]

@@ -130,4 +130,28 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
     assert_eq!(issue(3).state, "closed");
     assert_eq!(issue(3).notes.len(), 1, "{:?}", issue(3).notes);
     assert!(issue(3).notes[0].2.contains("matches `main`"));
+
+    // Two checks at once (the schedule and a `planbot drift` from cron) both found no issue and
+    // opened one each: the next check keeps the older, closes the other pointing to it.
+    assert_eq!(check("core", resized(4)).await, IssueAction::Opened(4));
+    let twin = gitlab
+        .create_labelled_issue(
+            ProjectId(project.id),
+            &issue(4).title,
+            &issue(4).description,
+            &labels,
+        )
+        .await
+        .unwrap();
+    assert_eq!(twin.iid, 5);
+    assert_eq!(check("core", resized(5)).await, IssueAction::Edited(4));
+    assert_eq!(issue(5).state, "closed");
+    assert_eq!(issue(5).notes.len(), 1);
+    assert!(
+        issue(5).notes[0].2.contains("already has drift issue #4"),
+        "{:?}",
+        issue(5).notes
+    );
+    assert_eq!(issue(4).state, "opened");
+    assert!(issue(4).description.contains("{&quot;cores&quot;:5}"));
 }

@@ -42,9 +42,11 @@ pub async fn report(
     now: SystemTime,
 ) -> anyhow::Result<IssueAction> {
     let label = target.labels.first().map_or("drift", String::as_str);
-    let open = open_issue(gitlab, target.project, label, target.root)
+    let mut open = open_issues(gitlab, target.project, label, target.root)
         .await
         .with_context(|| format!("listing the issues labelled {label}"))?;
+    let duplicates = open.split_off(open.len().min(1));
+    let open = open.pop();
     let now = humantime::format_rfc3339_seconds(now).to_string();
     let first_seen = open
         .as_ref()
@@ -60,6 +62,14 @@ pub async fn report(
         fingerprint: target.fingerprint,
         job_name: target.job_name,
     };
+    // Two checks that ran at once (the schedule and a `planbot drift` from cron) both found no
+    // issue and opened one: the oldest is kept, the others are closed pointing to it.
+    if let Some(kept) = &open {
+        for duplicate in &duplicates {
+            let note = drift::render_duplicate_note(&texts, kept.iid, scrubber);
+            close_with_note(gitlab, target.project, duplicate, &note).await?;
+        }
+    }
     let body = drift::render_body(&texts, scrubber);
     match (verdict, open) {
         (DriftVerdict::Clean, Some(issue)) => {
@@ -195,17 +205,34 @@ async fn closing_note_posted(
         .is_some_and(|n| n.body.contains(drift::CLOSING_MARKER)))
 }
 
-/// The root's open drift issue: labelled `label`, its description holding the root's marker.
+/// The root's open drift issue (the oldest, when two checks at once opened two).
 async fn open_issue(
     gitlab: &GitLab,
     project: ProjectId,
     label: &str,
     root: &str,
 ) -> anyhow::Result<Option<Issue>> {
+    Ok(open_issues(gitlab, project, label, root)
+        .await?
+        .into_iter()
+        .next())
+}
+
+/// The root's open drift issues, oldest first: labelled `label`, their description holding the
+/// root's marker.
+async fn open_issues(
+    gitlab: &GitLab,
+    project: ProjectId,
+    label: &str,
+    root: &str,
+) -> anyhow::Result<Vec<Issue>> {
     let marker = drift::marker(root);
-    Ok(gitlab
+    let mut open: Vec<Issue> = gitlab
         .issues_labelled(project, label)
         .await?
         .into_iter()
-        .find(|issue| issue.state == "opened" && issue.description.contains(&marker)))
+        .filter(|issue| issue.state == "opened" && issue.description.contains(&marker))
+        .collect();
+    open.sort_by_key(|issue| issue.iid);
+    Ok(open)
 }
