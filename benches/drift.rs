@@ -55,29 +55,7 @@ fn world(engine: &Path, roots: usize, data: &Path) -> (FakeGitLab, FakeProject, 
         .map(|(p, t)| (p.as_str(), t.as_str()))
         .collect();
     gitlab.commit_files(&project, "main", &refs);
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-fingerprint_key = "bench-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{token}"
-webhook_secret = "{secret}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "10m"
-{state}"#,
-        data = data.display(),
-        url = gitlab.url(),
-        token = gitlab.bot_token(),
-        secret = support::service::WEBHOOK_SECRET,
-        engine = engine.display(),
-        state = gitlab.managed_state_config(&project),
-    );
+    let text = support::service::bench_config_text(data, &gitlab, INFRA, engine, "");
     let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("the bench config");
     (gitlab, project, config)
 }

@@ -130,37 +130,12 @@ fn config(
     let store = store
         .map(|s| format!("[store]\nurl = \"{s}\"\n"))
         .unwrap_or_default();
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "bench-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{token}"
-webhook_secret = "{secret}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "10m"
-
-[plan]
-max_concurrent_plans = {workers}
-{state}
-{store}"#,
-        data = data.display(),
-        url = gitlab.url(),
-        token = gitlab.bot_token(),
-        secret = support::service::WEBHOOK_SECRET,
-        engine = engine.display(),
-        // GitLab-managed state, as users run it (a root's local state is refused).
-        state = gitlab
-            .project_named(INFRA)
-            .map(|p| gitlab.managed_state_config(&p))
-            .unwrap_or_default(),
+    support::service::bench_config_text(
+        data,
+        gitlab,
+        INFRA,
+        engine,
+        &format!("[plan]\nmax_concurrent_plans = {workers}\n{store}"),
     )
 }
 

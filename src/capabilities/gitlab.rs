@@ -985,16 +985,8 @@ impl GitLab {
         let payload = serde_json::json!({ "body": body });
         // After an ambiguous failure: a note by the bot with this body, newer than the issue's
         // newest note before the post.
-        let notes_path = ["projects", p.as_str(), "issues", i.as_str(), "notes"];
-        let newest_first = |per_page| {
-            [
-                ("sort", "desc"),
-                ("order_by", "created_at"),
-                ("per_page", per_page),
-            ]
-        };
         let before: Option<u64> = self
-            .get_json::<Vec<Note>>(&notes_path, &newest_first("1"))
+            .newest_issue_notes(project, iid, 1)
             .await
             .map(|notes| notes.first().map_or(0, |n| n.id.0))
             .ok();
@@ -1003,7 +995,7 @@ impl GitLab {
                 return Ok(None);
             };
             let me = self.current_user().await?.id;
-            let notes: Vec<Note> = self.get_json(&notes_path, &newest_first("20")).await?;
+            let notes = self.newest_issue_notes(project, iid, 20).await?;
             Ok(notes.into_iter().find(|n| {
                 n.id.0 > before && n.author.as_ref().is_some_and(|a| a.id == me) && n.body == body
             }))

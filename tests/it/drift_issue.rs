@@ -36,6 +36,7 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
             max_delay: Duration::from_millis(50),
         });
     let labels = vec!["drift".to_string()];
+    let bot = gitlab.current_user().await.unwrap().id;
     let target = |root| DriftTarget {
         project: ProjectId(project.id),
         project_path: "infra/homelab",
@@ -45,6 +46,7 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
         labels: &labels,
         job_name: "planbot-apply",
         fingerprint: Some("9c41d07be2aa55f0c1d2e3f4a5b6c7d8"),
+        bot,
     };
     let scrubber = Secrets::new().scrubber();
     let check = |root, verdict: DriftVerdict| {

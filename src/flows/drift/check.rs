@@ -255,6 +255,7 @@ async fn close_unchecked(
         labels: &app.config.drift.labels,
         job_name: &app.config.apply.job_name,
         fingerprint: None,
+        bot: app.bot_user().await?,
     };
     let closed = issue::close_unchecked(&app.gitlab, &target, checked, &app.scrubber, now)
         .await
@@ -426,25 +427,31 @@ impl ProjectCheck<'_> {
     /// The root's issue in line with the verdict; a GitLab failure is kept on the result.
     async fn report(&self, checked: &mut RootChecked) {
         let labels = &self.app.config.drift.labels;
-        let target = DriftTarget {
-            project: self.info.id,
-            project_path: &checked.project_path,
-            root: &checked.root,
-            branch: &checked.branch,
-            sha: &checked.sha,
-            labels,
-            job_name: &self.app.config.apply.job_name,
-            fingerprint: checked.fingerprint.as_deref(),
+        let written = match self.app.bot_user().await {
+            Ok(bot) => {
+                let target = DriftTarget {
+                    project: self.info.id,
+                    project_path: &checked.project_path,
+                    root: &checked.root,
+                    branch: &checked.branch,
+                    sha: &checked.sha,
+                    labels,
+                    job_name: &self.app.config.apply.job_name,
+                    fingerprint: checked.fingerprint.as_deref(),
+                    bot,
+                };
+                issue::report(
+                    &self.app.gitlab,
+                    &target,
+                    &checked.verdict,
+                    &self.app.scrubber,
+                    self.now,
+                )
+                .await
+            }
+            Err(e) => Err(e),
         };
-        match issue::report(
-            &self.app.gitlab,
-            &target,
-            &checked.verdict,
-            &self.app.scrubber,
-            self.now,
-        )
-        .await
-        {
+        match written {
             Ok(action) => checked.issue = Some(action),
             Err(e) => {
                 self.app.metrics.gitlab_error("drift_issue");

@@ -3,7 +3,7 @@
 
 use crate::capabilities::gitlab::{GitLab, Issue, IssueStateEvent};
 use crate::core::drift::{self, DriftIssue, DriftVerdict};
-use crate::core::ids::ProjectId;
+use crate::core::ids::{ProjectId, UserId};
 use crate::core::redact::Scrubber;
 use anyhow::Context;
 use std::time::SystemTime;
@@ -20,6 +20,8 @@ pub struct DriftTarget<'a> {
     pub job_name: &'a str,
     /// The fingerprint of the plan that brings reality back to the branch.
     pub fingerprint: Option<&'a str>,
+    /// The bot's GitLab user: whose comments on an issue are planbot's.
+    pub bot: UserId,
 }
 
 /// What [`report`] did to the root's issue.
@@ -42,11 +44,12 @@ pub async fn report(
     now: SystemTime,
 ) -> anyhow::Result<IssueAction> {
     let label = target.labels.first().map_or("drift", String::as_str);
-    let mut open = open_issues(gitlab, target.project, label, target.root)
+    let mut issues = open_issues(gitlab, target.project, label, target.root)
         .await
-        .with_context(|| format!("listing the issues labelled {label}"))?;
-    let duplicates = open.split_off(open.len().min(1));
-    let open = open.pop();
+        .with_context(|| format!("listing the issues labelled {label}"))?
+        .into_iter();
+    let open = issues.next();
+    let duplicates: Vec<Issue> = issues.collect();
     let now = humantime::format_rfc3339_seconds(now).to_string();
     let first_seen = open
         .as_ref()
@@ -67,14 +70,14 @@ pub async fn report(
     if let Some(kept) = &open {
         for duplicate in &duplicates {
             let note = drift::render_duplicate_note(&texts, kept.iid, scrubber);
-            close_with_note(gitlab, target.project, duplicate, &note).await?;
+            close_with_note(gitlab, target, duplicate, &note).await?;
         }
     }
     let body = drift::render_body(&texts, scrubber);
     match (verdict, open) {
         (DriftVerdict::Clean, Some(issue)) => {
             let note = drift::render_closing_note(&texts, scrubber);
-            close_with_note(gitlab, target.project, &issue, &note).await?;
+            close_with_note(gitlab, target, &issue, &note).await?;
             Ok(IssueAction::Closed(issue.iid))
         }
         (_, Some(issue)) => {
@@ -131,7 +134,7 @@ pub async fn close_unchecked(
             job_name: target.job_name,
         };
         let note = drift::render_unchecked_note(&texts, scrubber);
-        close_with_note(gitlab, target.project, &issue, &note).await?;
+        close_with_note(gitlab, target, &issue, &note).await?;
         closed.push((root, issue.iid));
     }
     Ok(closed)
@@ -162,11 +165,12 @@ pub async fn note_on_open_issue(
 /// only the close is left to do: the note is not posted twice.
 async fn close_with_note(
     gitlab: &GitLab,
-    project: ProjectId,
+    target: &DriftTarget<'_>,
     issue: &Issue,
     note: &str,
 ) -> anyhow::Result<()> {
-    if !closing_note_posted(gitlab, project, issue.iid).await? {
+    let project = target.project;
+    if !closing_note_posted(gitlab, project, issue.iid, target.bot).await? {
         gitlab
             .create_issue_note(project, issue.iid, note)
             .await
@@ -184,24 +188,20 @@ async fn close_with_note(
     Ok(())
 }
 
-/// Whether planbot's newest comment on the issue is a closing note.
+/// Whether the bot's newest comment on the issue is a closing note.
 async fn closing_note_posted(
     gitlab: &GitLab,
     project: ProjectId,
     iid: u64,
+    bot: UserId,
 ) -> anyhow::Result<bool> {
-    let me = gitlab
-        .current_user()
-        .await
-        .context("asking GitLab who the bot is")?
-        .id;
     let notes = gitlab
         .newest_issue_notes(project, iid, 20)
         .await
         .with_context(|| format!("reading the comments of drift issue #{iid}"))?;
     Ok(notes
         .iter()
-        .find(|n| !n.system && n.author.as_ref().is_some_and(|a| a.id == me))
+        .find(|n| !n.system && n.author.as_ref().is_some_and(|a| a.id == bot))
         .is_some_and(|n| n.body.contains(drift::CLOSING_MARKER)))
 }
 

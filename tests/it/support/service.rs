@@ -18,6 +18,45 @@ pub fn fixture(rel: &str) -> String {
     super::fixtures::text(&format!("gitlab/{rel}"))
 }
 
+/// The config the benchmarks run planbot with: the fake GitLab's bot watching `project`, the
+/// real `engine`, GitLab-managed state for `project` as users run it (when the project exists),
+/// then `extra` (more TOML tables).
+pub fn bench_config_text(
+    data_dir: &Path,
+    gitlab: &super::fake_gitlab::FakeGitLab,
+    project: &str,
+    engine: &Path,
+    extra: &str,
+) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+public_url = "http://planbot.test"
+fingerprint_key = "bench-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{url}"
+token = "{token}"
+webhook_secret = "{WEBHOOK_SECRET}"
+projects = ["{project}"]
+
+[engine]
+binary = "{engine}"
+timeout = "10m"
+{state}
+{extra}"#,
+        data = data_dir.display(),
+        url = gitlab.url(),
+        token = gitlab.bot_token(),
+        engine = engine.display(),
+        state = gitlab
+            .project_named(project)
+            .map(|p| gitlab.managed_state_config(&p))
+            .unwrap_or_default(),
+    )
+}
+
 /// The config a test service runs with. `gitlab_url` may point at nothing (probes then fail).
 pub fn config_text(data_dir: &Path, gitlab_url: &str, signing: bool, projects: &str) -> String {
     let signing_line = if signing {
