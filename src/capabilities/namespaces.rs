@@ -183,7 +183,7 @@ fn reason(stage: Option<Stage>, errno: i32) -> String {
         ),
         Some(Stage::Limits) => format!("the resource limits could not be set ({err})"),
         Some(Stage::Fork) => format!("the namespace's first process could not start ({err})"),
-        Some(Stage::Seccomp) => format!("the seccomp filter of the engine (no UDP, no namespaces, no kernel keyrings, …) was refused ({err})"),
+        Some(Stage::Seccomp) => format!("the seccomp filter of the engine (only TCP and UNIX sockets, no namespaces, no kernel keyrings, …) was refused ({err})"),
         None => format!("the probe failed ({err})"),
     }
 }
@@ -242,7 +242,7 @@ pub struct Jail {
     cwd: CString,
     limits: Limits,
     /// The seccomp filters ([`engine_filters`]), applied in the engine's process.
-    filters: Option<[seccompiler::BpfProgram; 2]>,
+    filters: Option<Vec<seccompiler::BpfProgram>>,
 }
 
 const PATH_SETGROUPS: &[u8] = b"/proc/self/setgroups\0";
@@ -544,26 +544,71 @@ const CLONE_NAMESPACE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
-/// The seccomp filters of an engine process (applied in order, both stay): the first closes
-/// UDP — `socket(AF_INET or AF_INET6, SOCK_DGRAM, …)` fails with `EPERM` (names are resolved
-/// over TCP: the view's resolv.conf says `options use-vc`) — and fails [`DENIED_CALLS`] and a
-/// `clone` with a namespace flag with `EPERM` (`io_uring_setup` is among them: io_uring can make
-/// sockets past seccomp); the second answers `clone3` with `ENOSYS`, since its flags cannot be
-/// read by a filter, so that libc falls back to `clone`. Everything else is allowed.
-pub fn engine_filters() -> Result<[seccompiler::BpfProgram; 2], JailError> {
+/// The socket types an engine process may make with `AF_INET`/`AF_INET6`: a stream, with or
+/// without `SOCK_NONBLOCK` and `SOCK_CLOEXEC` (the kernel refuses any other flag with `EINVAL`).
+const STREAM_TYPES: [libc::c_int; 4] = [
+    libc::SOCK_STREAM,
+    libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
+    libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+    libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+];
+
+/// The protocols of those streams: the default (TCP) and TCP by name. Not MPTCP (262), whose
+/// sockets Landlock's TCP port rules do not govern, nor SMC (256).
+const STREAM_PROTOCOLS: [libc::c_int; 2] = [0, libc::IPPROTO_TCP];
+
+/// The seccomp filters of an engine process (applied in order, all stay):
+///
+/// 1. **Sockets by allow-list**: `socket()` succeeds only for `AF_UNIX` (the providers'
+///    go-plugin gRPC; pathname sockets exist only in the job's own view, abstract ones are
+///    scoped by Landlock ABI ≥ 6) and for `AF_INET`/`AF_INET6` streams of TCP, the one
+///    protocol Landlock's port rules govern; `socketpair()` only for `AF_UNIX`. Everything
+///    else — UDP (names are resolved over TCP: the view's resolv.conf says `options use-vc`),
+///    MPTCP, SCTP, SMC, raw, packet, netlink, vsock, `SOCK_SEQPACKET`, any other family — fails
+///    with `EPERM`, whatever the kernel has built in. The arguments are compared as the 32-bit
+///    `int`s the kernel reads. The same filter fails [`DENIED_CALLS`] and a `clone` with a
+///    namespace flag with `EPERM` (`io_uring_setup` is among them: io_uring makes sockets past
+///    seccomp). There is no `socketcall` on the architectures seccompiler builds for
+///    (x86_64, aarch64, riscv64), and a 32-bit x86 call (`int 0x80`) kills the process (the
+///    filter's architecture check).
+/// 2. `clone3` answers `ENOSYS`, since its flags cannot be read by a filter, so that libc falls
+///    back to `clone`.
+/// 3. On x86_64, the x32 system calls (numbers with bit 30 set: the same calls under other
+///    numbers, with the same architecture in the filter's view) fail with `EPERM`, so that none
+///    of the above can be had under an x32 number on a kernel built with x32.
+///
+/// Everything else is allowed.
+pub fn engine_filters() -> Result<Vec<seccompiler::BpfProgram>, JailError> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
         SeccompFilter, SeccompRule, TargetArch,
     };
     let failed =
         |e: seccompiler::BackendError| JailError(format!("the engine's seccomp filter: {e}"));
-    let dgram = |family: i32| -> Result<SeccompRule, JailError> {
-        SeccompRule::new(vec![
-            Cond::new(0, Len::Dword, Op::Eq, family as u64).map_err(failed)?,
-            Cond::new(1, Len::Dword, Op::MaskedEq(0xf), libc::SOCK_DGRAM as u64).map_err(failed)?,
-        ])
-        .map_err(failed)
+    let cond = |arg: u8, op: Op, value: libc::c_int| -> Result<Cond, JailError> {
+        Cond::new(arg, Len::Dword, op, value as u32 as u64).map_err(failed)
     };
+    let rule = |conds: Vec<Cond>| SeccompRule::new(conds).map_err(failed);
+    // The rules name what is refused (a rule matches when all its conditions hold), so the
+    // allow-list is written as its complement.
+    let mut socket = vec![rule(vec![
+        cond(0, Op::Ne, libc::AF_UNIX)?,
+        cond(0, Op::Ne, libc::AF_INET)?,
+        cond(0, Op::Ne, libc::AF_INET6)?,
+    ])?];
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        let mut not_a_stream = vec![cond(0, Op::Eq, family)?];
+        for ty in STREAM_TYPES {
+            not_a_stream.push(cond(1, Op::Ne, ty)?);
+        }
+        socket.push(rule(not_a_stream)?);
+        let mut not_tcp = vec![cond(0, Op::Eq, family)?];
+        for protocol in STREAM_PROTOCOLS {
+            not_tcp.push(cond(2, Op::Ne, protocol)?);
+        }
+        socket.push(rule(not_tcp)?);
+    }
+    let socketpair = vec![rule(vec![cond(0, Op::Ne, libc::AF_UNIX)?])?];
     let flag = |flag: libc::c_int| -> Result<SeccompRule, JailError> {
         SeccompRule::new(vec![Cond::new(
             0,
@@ -578,10 +623,8 @@ pub fn engine_filters() -> Result<[seccompiler::BpfProgram; 2], JailError> {
         .map_err(|e| JailError(format!("the engine's seccomp filter: {e}")))?;
     let mut denied: std::collections::BTreeMap<libc::c_long, Vec<SeccompRule>> =
         DENIED_CALLS.iter().map(|(_, nr)| (*nr, vec![])).collect();
-    denied.insert(
-        libc::SYS_socket,
-        vec![dgram(libc::AF_INET)?, dgram(libc::AF_INET6)?],
-    );
+    denied.insert(libc::SYS_socket, socket);
+    denied.insert(libc::SYS_socketpair, socketpair);
     denied.insert(
         libc::SYS_clone,
         CLONE_NAMESPACE_FLAGS
@@ -600,13 +643,50 @@ pub fn engine_filters() -> Result<[seccompiler::BpfProgram; 2], JailError> {
         .try_into()
         .map_err(|e: seccompiler::BackendError| failed(e))
     };
-    Ok([
+    let mut filters = vec![
         program(denied, libc::EPERM)?,
         program(
             [(libc::SYS_clone3, vec![])].into_iter().collect(),
             libc::ENOSYS,
         )?,
-    ])
+    ];
+    if cfg!(target_arch = "x86_64") {
+        filters.push(x32_filter());
+    }
+    Ok(filters)
+}
+
+/// Bit 30 of an x86_64 system call number: the x32 ABI's calls.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// A filter that fails every x32 system call with `EPERM` (seccompiler matches numbers, and an
+/// x32 call reports the x86_64 architecture under another number). Other architectures pass
+/// (the first filter kills them).
+fn x32_filter() -> seccompiler::BpfProgram {
+    use seccompiler::sock_filter;
+    // BPF_LD | BPF_W | BPF_ABS, BPF_JMP | BPF_JEQ | BPF_K, BPF_JMP | BPF_JGE | BPF_K, BPF_RET.
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const JGE_K: u16 = 0x35;
+    const RET_K: u16 = 0x06;
+    /// `AUDIT_ARCH_X86_64`.
+    const ARCH_X86_64: u32 = 0xc000_003e;
+    let stmt = |code, k| sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code, k, jt, jf| sock_filter { code, jt, jf, k };
+    vec![
+        // seccomp_data: nr at 0, arch at 4.
+        stmt(LD_W_ABS, 4),
+        jump(JEQ_K, ARCH_X86_64, 0, 3),
+        stmt(LD_W_ABS, 0),
+        jump(JGE_K, X32_SYSCALL_BIT, 0, 1),
+        stmt(RET_K, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(RET_K, libc::SECCOMP_RET_ALLOW),
+    ]
 }
 
 /// `"INSIDE OUTSIDE 1\n"` for `id` in `buf`, without allocating: the job keeps planbot's id,

@@ -56,13 +56,13 @@ impl Planbot {
 }
 
 /// A job's directories: a worktree (written) and the empty directory its root is mounted on.
-struct Job {
-    work: tempfile::TempDir,
-    jail_root: tempfile::TempDir,
+pub(crate) struct Job {
+    pub(crate) work: tempfile::TempDir,
+    pub(crate) jail_root: tempfile::TempDir,
 }
 
 impl Job {
-    fn new() -> Job {
+    pub(crate) fn new() -> Job {
         let job = Job {
             work: tempfile::tempdir().unwrap(),
             jail_root: tempfile::tempdir().unwrap(),
@@ -74,13 +74,13 @@ impl Job {
         job
     }
 
-    fn policy(&self) -> Policy {
+    pub(crate) fn policy(&self) -> Policy {
         let mut p = Policy::base(Profile::Strict);
         p.allow_write(self.work.path());
         p
     }
 
-    fn isolation(&self, limits: Limits) -> Isolation {
+    pub(crate) fn isolation(&self, limits: Limits) -> Isolation {
         Isolation {
             limits,
             root: Some(self.jail_root.path().to_path_buf()),
@@ -89,9 +89,9 @@ impl Job {
     }
 }
 
-struct Ran {
-    stdout: String,
-    stderr: String,
+pub(crate) struct Ran {
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Ran {
@@ -107,7 +107,9 @@ impl Ran {
 }
 
 /// How a test child is confined.
-enum Confined<'a> {
+pub(crate) enum Confined<'a> {
+    /// Not at all (what an attack does with no sandbox).
+    Nothing,
     /// Landlock alone (what planbot had before the namespaces).
     LandlockOnly(&'a Policy),
     /// Landlock and the namespaces.
@@ -115,7 +117,7 @@ enum Confined<'a> {
 }
 
 /// `bash -c script` as `uid` (when given), confined as asked, in `cwd`.
-async fn bash(script: &str, how: Confined<'_>, cwd: &Path, uid: Option<u32>) -> Ran {
+pub(crate) async fn bash(script: &str, how: Confined<'_>, cwd: &Path, uid: Option<u32>) -> Ran {
     let mut cmd = Command::new("/bin/bash");
     cmd.arg("-c")
         .arg(script)
@@ -129,12 +131,14 @@ async fn bash(script: &str, how: Confined<'_>, cwd: &Path, uid: Option<u32>) -> 
         cmd.uid(uid).gid(uid);
     }
     let landlock = kernel();
-    match how {
-        Confined::LandlockOnly(p) => p.prepare(landlock),
-        Confined::Isolated(p, iso) => p.prepare_isolated(landlock, iso, cwd),
+    let prepared = match how {
+        Confined::Nothing => None,
+        Confined::LandlockOnly(p) => Some(p.prepare(landlock)),
+        Confined::Isolated(p, iso) => Some(p.prepare_isolated(landlock, iso, cwd)),
+    };
+    if let Some(prepared) = prepared {
+        prepared.unwrap().install(&mut cmd);
     }
-    .unwrap()
-    .install(&mut cmd);
     let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
         .await
         .expect("the confined command ends (and whatever holds its output)")

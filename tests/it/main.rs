@@ -42,6 +42,7 @@ mod replicas_story;
 mod repo_config_cli;
 mod repo_docs;
 mod sandbox;
+mod sandbox_network;
 mod service_config;
 mod service_crash;
 mod service_e2e;

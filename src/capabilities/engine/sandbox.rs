@@ -316,8 +316,10 @@ impl Policy {
 pub struct Isolation {
     pub limits: Limits,
     pub root: Option<PathBuf>,
-    /// The seccomp filters: UDP closed (names are then resolved over TCP), and the calls an
-    /// engine never needs refused (`namespaces::DENIED_CALLS`).
+    /// The seccomp filters: only TCP and UNIX sockets (no UDP: names are then resolved over
+    /// TCP; no MPTCP, SCTP, raw, packet, netlink or vsock sockets, which Landlock's TCP rules
+    /// do not govern), and the calls an engine never needs refused
+    /// (`namespaces::DENIED_CALLS`).
     pub seccomp: bool,
 }
 
@@ -498,7 +500,7 @@ impl SandboxMode {
                 }
                 if *profile == Profile::Strict && matches!(namespaces, Namespaces::On { .. }) {
                     text.push_str(
-                        "; no UDP (names resolved over TCP), no new namespaces, mounts, keyrings, BPF or tracing",
+                        "; only TCP and UNIX sockets (names resolved over TCP), no new namespaces, mounts, keyrings, BPF or tracing",
                     );
                 }
                 match namespaces {
