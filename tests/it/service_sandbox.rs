@@ -307,3 +307,61 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
     assert!(note.contains("Planned without a sandbox"), "{note}");
     assert!(note.contains("blocky-b"), "the plan did not run:\n{note}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mr_code_trying_mptcp_to_planbots_own_port_is_refused_and_the_note_says_so() {
+    // A provider that runs a program the root names, as `hashicorp/external` does, from the
+    // operator's filesystem mirror; the MR's program tries MPTCP (which Landlock's TCP rules do
+    // not govern) to planbot's own loopback port and reads `/runs`.
+    let mirror = tempfile::tempdir().unwrap();
+    let dir = mirror
+        .path()
+        .join("registry.terraform.io/example/external/1.0.0/linux_amd64");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("terraform-provider-external_v1.0.0");
+    std::fs::write(&bin, "#!/bin/sh\nexec sh ./probe.sh\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", INNOCENT)]);
+    let data = tempfile::tempdir().unwrap();
+    let (etc, _) = service_config(data.path(), &fake, "");
+    let text = std::fs::read_to_string(etc.config_file()).unwrap().replace(
+        "[engine]\n",
+        &format!(
+            "[engine]\nprovider_mirror = \"{}\"\n",
+            mirror.path().display()
+        ),
+    );
+    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
+    let config = Config::load(&text, &[], &read).expect("config");
+    let s = start(config).await;
+    let port = url::Url::parse(&s.url("/")).unwrap().port().unwrap();
+    let probe = format!(
+        r#"exec perl -MSocket -e '$| = 1; socket(S, 2, 1, 262) or do {{ print "socket: $!\n"; exit 1 }}; connect(S, pack_sockaddr_in({port}, inet_aton("127.0.0.1"))) or do {{ print "connect: $!\n"; exit 1 }}; send(S, "GET /runs HTTP/1.0\r\n\r\n", 0); my $l = <S>; print "runs page: $l"; exit 1'
+"#
+    );
+    fake.commit_files(
+        &project,
+        "feature/probe",
+        &[
+            (
+                "main.tf",
+                "terraform {\n  required_providers {\n    external = { source = \"example/external\" }\n  }\n}\n\
+                 provider \"external\" {}\n",
+            ),
+            ("probe.sh", &probe),
+        ],
+    );
+    let iid = fake.open_mr(&project, "feature/probe", "main");
+    let note = plan_mr(&s, &fake, &project, iid).await;
+
+    // The program ran and its MPTCP socket was refused; planbot's page was not read.
+    assert!(note.contains("socket: Operation not permitted"), "{note}");
+    assert!(!note.contains("runs page"), "{note}");
+    assert!(!note.contains("HTTP/1."), "{note}");
+    // The note says what the sandbox refused and what it allows.
+    assert!(note.contains("sandbox refused a connection"), "{note}");
+    assert!(note.contains("only TCP"), "{note}");
+}

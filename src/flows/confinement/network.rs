@@ -1,6 +1,7 @@
 //! What the engine may connect to: the TCP ports its config implies (its endpoints), the places
 //! the config says it connects to with whether the sandbox lets it, and what an engine error
-//! the sandbox caused (`permission denied` on a connect or an open) means, with the setting.
+//! the sandbox caused (`permission denied` on a connect or an open, `operation not permitted`
+//! on a socket other than TCP or UNIX) means, with the setting.
 
 use crate::core::config::Config;
 use crate::flows::confinement::credentials::{self, Trust};
@@ -187,6 +188,9 @@ pub enum Denial {
     Connect { host: String, port: u16 },
     /// `open PATH: permission denied`: a file outside what the sandbox lets it read.
     Open { path: String },
+    /// `socket: operation not permitted`: a socket other than TCP or UNIX (UDP, MPTCP, SCTP,
+    /// raw, packet, netlink, vsock), which the engine's seccomp filter refuses.
+    Socket,
 }
 
 /// The first thing the sandbox refused in `output`, when it refused something.
@@ -202,6 +206,12 @@ pub fn denial(output: &str) -> Option<Denial> {
                     });
                 }
             }
+        }
+        if line
+            .to_ascii_lowercase()
+            .contains("socket: operation not permitted")
+        {
+            return Some(Denial::Socket);
         }
         if let Some((before, _)) = line.split_once(": permission denied") {
             if let Some(path) = before.rsplit("open ").next().filter(|p| p.starts_with('/')) {
@@ -236,6 +246,10 @@ pub fn explain(config: &Config, trust: Trust, output: &str) -> Option<String> {
         Denial::Open { path } => minijinja::context! {
             kind => "denied_open",
             path => path,
+        },
+        Denial::Socket => minijinja::context! {
+            kind => "denied_socket",
+            allowed => format!("{ports:?}"),
         },
     };
     crate::core::templates::render("network.txt.j2", ctx)
@@ -314,6 +328,16 @@ endpoint = "https://pve01.lab:8006/"
         assert!(explain(&c, Trust::MergeRequest, open)
             .unwrap()
             .contains("read_paths"));
+        // Go's and a program's words for a socket the seccomp filter refused.
+        for refused in [
+            "Error: dial udp 10.0.0.53:53: socket: operation not permitted",
+            "Unrecognized remote plugin message: socket: Operation not permitted",
+        ] {
+            assert_eq!(denial(refused), Some(Denial::Socket), "{refused}");
+            let text = explain(&c, Trust::MergeRequest, refused).unwrap();
+            assert!(text.contains("refused a connection"), "{text}");
+            assert!(text.contains("only TCP"), "{text}");
+        }
         assert_eq!(denial("Error: no such host"), None);
     }
 }
