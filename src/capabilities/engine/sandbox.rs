@@ -622,8 +622,9 @@ impl Engine {
                 policy.allow_scratch(home);
             }
             if let Some(Isolation { seccomp: true, .. }) = &isolation {
-                // UDP is closed: names are resolved over TCP (Go's resolver and glibc's read
-                // `options use-vc`), from a copy of the host's resolv.conf shown in its place.
+                // Only TCP and UNIX sockets (no UDP): names are resolved over TCP (Go's resolver
+                // and glibc's read `options use-vc`), from a copy of the host's resolv.conf shown
+                // in its place.
                 let copy = dirs.private.join("resolv.conf");
                 let mut text = std::fs::read(RESOLV_CONF).unwrap_or_default();
                 text.extend_from_slice(b"\noptions use-vc\n");
