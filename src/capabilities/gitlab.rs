@@ -181,6 +181,20 @@ pub struct MergeRequest {
     pub squash_commit_sha: Option<CommitSha>,
     #[serde(default)]
     pub merged_by: Option<User>,
+    /// The commits of the MR's diff (only in `GET /merge_requests/:iid`, not in lists).
+    #[serde(default)]
+    pub diff_refs: Option<DiffRefs>,
+}
+
+/// `diff_refs` of a merge request: `base_sha` is where its diff starts on the target branch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffRefs {
+    #[serde(default)]
+    pub base_sha: Option<CommitSha>,
+    #[serde(default)]
+    pub head_sha: Option<CommitSha>,
+    #[serde(default)]
+    pub start_sha: Option<CommitSha>,
 }
 
 impl MergeRequest {
@@ -366,6 +380,9 @@ pub struct Issue {
     /// RFC 3339.
     #[serde(default, deserialize_with = "null_default")]
     pub created_at: String,
+    /// Who opened it: planbot's own issues are those its bot user authored.
+    #[serde(default)]
+    pub author: Option<User>,
 }
 
 /// `state_event` of an issue edit.

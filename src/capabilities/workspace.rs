@@ -329,6 +329,33 @@ impl Workspace {
         Ok(Some(CommitSha(sha)))
     }
 
+    /// Whether `ancestor` is `sha` or one of its ancestors in the mirror (`false` also when
+    /// either is not there).
+    pub async fn is_ancestor(
+        &self,
+        project: ProjectId,
+        ancestor: &CommitSha,
+        sha: &CommitSha,
+    ) -> Result<bool> {
+        if !is_full_sha(ancestor.as_str()) || !is_full_sha(sha.as_str()) {
+            return Ok(false);
+        }
+        let mirror = self.existing_mirror(project)?;
+        let out = self
+            .run(
+                Some(&mirror),
+                &[
+                    os("merge-base"),
+                    os("--is-ancestor"),
+                    os(ancestor.as_str()),
+                    os(sha.as_str()),
+                ],
+                false,
+            )
+            .await?;
+        Ok(out.success)
+    }
+
     /// Choose the commit to plan for an MR whose head is `head`. With `prefer_merge`, GitLab's
     /// `refs/merge-requests/IID/merge` is used when it exists and its second parent is `head`
     /// (it was computed for this head); otherwise the head, saying why.

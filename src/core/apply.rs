@@ -102,11 +102,26 @@ pub enum ApplyRefusal {
         /// Who may approve (`alice`, `group:infra/admins`); empty: no one can.
         owners: Vec<String>,
     },
-    /// Policy sets check the root, but the plan to apply is not one they checked at review
-    /// (confirmed by hand, or reviewed before planbot recorded policy verdicts).
-    PolicyNotChecked {
-        root: String,
-    },
+    /// A plan no merge request's verdict covers (confirmed by hand, or on a root the sets did
+    /// not check at review) failed a set when it was checked at apply, with the sets of the
+    /// default branch before the merge and planbot's own, and none of its owners approved it.
+    PolicyFailedAtApply(Box<PolicyAtApply>),
+}
+
+/// A set's failure on a plan checked at apply ([`ApplyRefusal::PolicyFailedAtApply`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyAtApply {
+    pub root: String,
+    pub set: String,
+    /// planbot's own set (else the repository's).
+    pub operator: bool,
+    /// The default branch and the commit (short) the repository's sets were read from.
+    pub branch: String,
+    pub base: String,
+    pub message: String,
+    pub owners: Vec<String>,
+    /// The merge request an owner approves on; none for a direct push.
+    pub mr: Option<u64>,
 }
 
 impl ApplyRefusal {
@@ -491,9 +506,36 @@ mod tests {
                 message: "VM 101 asks for 64 GiB".into(),
                 owners: vec![],
             },
-            ApplyRefusal::PolicyNotChecked {
+            ApplyRefusal::PolicyFailedAtApply(Box::new(PolicyAtApply {
+                root: "core2".into(),
+                set: "new-vms".into(),
+                operator: false,
+                branch: "main".into(),
+                base: "1111aaaa".into(),
+                message: "terraform_data.vm is a new VM".into(),
+                owners: vec!["group:infra/capacity".into()],
+                mr: Some(7),
+            })),
+            ApplyRefusal::PolicyFailedAtApply(Box::new(PolicyAtApply {
                 root: "core".into(),
-            },
+                set: "no-destroy".into(),
+                operator: true,
+                branch: "main".into(),
+                base: "1111aaaa".into(),
+                message: "a VM is destroyed".into(),
+                owners: vec!["group:infra/admins".into()],
+                mr: None,
+            })),
+            ApplyRefusal::PolicyFailedAtApply(Box::new(PolicyAtApply {
+                root: "core".into(),
+                set: "sizes".into(),
+                operator: false,
+                branch: "main".into(),
+                base: "1111aaaa".into(),
+                message: "too big".into(),
+                owners: vec![],
+                mr: Some(7),
+            })),
         ];
         let text: String = all
             .iter()

@@ -157,3 +157,101 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
     assert_eq!(issue(4).state, "opened");
     assert!(issue(4).description.contains("{&quot;cores&quot;:5}"));
 }
+
+/// Anyone who can open an issue can write the drift label and a root's hidden marker into it:
+/// planbot's drift issues are only those its bot user opened. Another user's look-alike is
+/// neither edited, nor closed (as a duplicate, as clean, or as a root no longer checked), nor
+/// commented on; planbot opens its own.
+#[tokio::test]
+async fn an_issue_with_the_marker_that_another_user_opened_is_not_planbots() {
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    let mallory =
+        fake.member_with_role(&project, "mallory", crate::support::fake_gitlab::DEVELOPER);
+    let gitlab = GitLab::new(fake.url(), fake.bot_token()).unwrap();
+    let as_mallory = GitLab::new(fake.url(), &mallory.token).unwrap();
+    let labels = vec!["drift".to_string()];
+    let bot = gitlab.current_user().await.unwrap().id;
+    let target = DriftTarget {
+        project: ProjectId(project.id),
+        project_path: "infra/homelab",
+        root: "core",
+        branch: "main",
+        sha: "3f9a2c1e0000000000000000000000000000beef",
+        labels: &labels,
+        job_name: "planbot-apply",
+        fingerprint: Some("9c41d07be2aa55f0c1d2e3f4a5b6c7d8"),
+        bot,
+    };
+    let scrubber = Secrets::new().scrubber();
+    let fake_body = format!(
+        "{}\nApproved by @security: apply with PLANBOT_CONFIRM=deadbeef",
+        planbot::core::drift::marker("core")
+    );
+    for title in ["planbot: drift in infra/homelab root core", "look-alike 2"] {
+        as_mallory
+            .create_labelled_issue(ProjectId(project.id), title, &fake_body, &labels)
+            .await
+            .unwrap();
+    }
+    let mallorys = |issues: &[crate::support::fake_gitlab::FakeIssue]| {
+        for i in &issues[..2] {
+            assert_eq!(i.author_id, mallory.id);
+            assert_eq!(i.state, "opened", "{i:?}");
+            assert_eq!(i.description, fake_body, "not edited");
+            assert!(i.notes.is_empty(), "not commented on: {:?}", i.notes);
+        }
+    };
+
+    // Drift: planbot opens its own issue (#3) and leaves both look-alikes alone.
+    let action = report(&gitlab, &target, &resized(4), &scrubber, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(action, IssueAction::Opened(3));
+    let issues = fake.issues(&project);
+    mallorys(&issues);
+    assert_eq!(issues[2].author_id, bot.0);
+    // The next check edits planbot's own.
+    let action = report(&gitlab, &target, &resized(6), &scrubber, SystemTime::now())
+        .await
+        .unwrap();
+    assert_eq!(action, IssueAction::Edited(3));
+    mallorys(&fake.issues(&project));
+    // An apply's result goes to planbot's issue only.
+    let noted = planbot::flows::drift::issue::note_on_open_issue(
+        &gitlab,
+        ProjectId(project.id),
+        &labels,
+        "core",
+        "applied",
+        bot,
+    )
+    .await
+    .unwrap();
+    assert_eq!(noted, Some(3));
+    mallorys(&fake.issues(&project));
+    // Clean: planbot closes its own issue, not the look-alikes.
+    let action = report(
+        &gitlab,
+        &target,
+        &DriftVerdict::Clean,
+        &scrubber,
+        SystemTime::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(action, IssueAction::Closed(3));
+    mallorys(&fake.issues(&project));
+    // The root leaves the check: nothing of mallory's is closed as "no longer checked".
+    let closed = planbot::flows::drift::issue::close_unchecked(
+        &gitlab,
+        &target,
+        &[],
+        &scrubber,
+        SystemTime::now(),
+    )
+    .await
+    .unwrap();
+    assert!(closed.is_empty(), "{closed:?}");
+    mallorys(&fake.issues(&project));
+}

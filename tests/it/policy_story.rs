@@ -2,7 +2,9 @@
 //! branch's policy checks the MR's plan even when the MR rewrites it, the apply of the reviewed
 //! plan is refused naming the set, an owner's `planbot approve policies` (a member of the
 //! owning group, as GitLab answers) lets a retried apply job apply, a non-owner is told who may
-//! approve, and a push clears an approval. planbot's own (operator) sets check every plan.
+//! approve, and a push clears an approval. planbot's own (operator) sets check every plan. An MR
+//! that renames its root and drops its set is judged at apply by the sets of the default branch
+//! before the merge, with or without a confirm; an approval binds to the head its comment saw.
 
 use crate::support::fake_gitlab::{
     FakeGitLab, FakeJob, FakeProject, FakeUser, DEVELOPER, MAINTAINER,
@@ -291,12 +293,17 @@ impl World {
 
 /// What the CI job sees: the streamed log.
 async fn call_apply(s: &TestService, job: &FakeJob) -> String {
+    call_apply_with(s, job, "{}").await
+}
+
+/// The same with a request body (`{"confirm": …}`: the job's `PLANBOT_CONFIRM`).
+async fn call_apply_with(s: &TestService, job: &FakeJob, body: &str) -> String {
     let r = s
         .http
         .post(s.url("/api/v1/apply"))
         .header("JOB-TOKEN", &job.token)
         .header("content-type", "application/json")
-        .body("{}")
+        .body(body.to_string())
         .send()
         .await
         .expect("POST /api/v1/apply");
@@ -483,4 +490,191 @@ async fn a_push_after_the_approval_clears_it_and_the_apply_waits_again() {
         "{log}"
     );
     assert_eq!(w.state(), "", "nothing applied");
+}
+
+/// The fingerprint the job log prints for `root`'s fresh plan (what `PLANBOT_CONFIRM` takes).
+fn fingerprint_in(log: &str, root: &str) -> String {
+    let prefix = format!("planbot: root `{root}`: ");
+    log.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .find_map(|l| l.split("· fingerprint `").nth(1))
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("no fingerprint of {root} in: {log}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_that_renames_its_root_and_drops_its_policy_set_is_judged_by_the_sets_before_the_merge(
+) {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // The MR renames the root, deletes the set's files and its `[[policy_sets]]`, and adds the
+    // VM the set forbids.
+    let tf = crate::support::infra_main_tf(&["gitlab"]);
+    w.gitlab.commit_changes(
+        &w.project,
+        "escape",
+        &[
+            (
+                ".planbot.toml",
+                Some("[[roots]]\nname = \"core2\"\ndir = \".\"\n"),
+            ),
+            ("policies/new_vms.rego", None),
+            ("main.tf", Some(tf.as_str())),
+        ],
+        "Rename the root, drop the policy",
+    );
+    let iid = w.gitlab.open_mr_by(&w.project, "escape", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    s.deliver_mr_opened(&body, iid).await;
+    let note = unescaped(&w.wait_for_plan(&s, iid).await);
+    assert!(
+        note.contains("- ❌ `new-vms` (`policies`): failed"),
+        "{note}"
+    );
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+
+    // After the merge the renamed root was never planned on the MR: refused, as before.
+    let log = call_apply(&s, &w.apply_job(61)).await;
+    assert!(
+        verdict(&log)
+            .contains("root `core2` has changes but was not planned on the merged merge request"),
+        "{log}"
+    );
+    let fingerprint = fingerprint_in(&log, "core2");
+    let confirm = format!(r#"{{"confirm": "{}"}}"#, &fingerprint[..12]);
+
+    // With the confirm: the plan is checked by `main`'s set as it was before the merge (which
+    // the merged commit no longer has), and refused until an owner approves.
+    let log = call_apply_with(&s, &w.apply_job(62), &confirm).await;
+    let base = w.gitlab.ref_sha(&w.project, "refs/heads/main^1").unwrap();
+    assert!(
+        log.contains("planbot: root `core2`: no merge request's policy verdict covers this plan; checking it with planbot's own policy sets and those of `main` before the merge"),
+        "{log}"
+    );
+    assert!(
+        verdict(&log).starts_with(&format!(
+            "planbot: apply refused: policy set `new-vms` (`.planbot.toml` of `main` before the merge, at `{}`) failed on the plan of root `core2` to apply, which no merge request's policy verdict covers: terraform_data.vm[\"gitlab\"] is a new VM",
+            &base[..8]
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("planbot: An owner of `new-vms` (`group:infra/capacity`) may approve this plan by commenting `planbot approve policies` on merge request !{iid}; then retry this job")),
+        "{log}"
+    );
+    assert!(
+        log.contains("policy set `backups` passed on the plan to apply"),
+        "planbot's own set checks it too: {log}"
+    );
+    assert_eq!(w.state(), "", "nothing applied");
+
+    // Bob cannot approve it; carol, an owner, can (on the merged MR), and the retry applies.
+    let reply = w.comment(&s, iid, &w.bob, "planbot approve policies").await;
+    assert!(
+        reply.contains("was not recorded: you are not an owner"),
+        "{reply}"
+    );
+    let log = call_apply_with(&s, &w.apply_job(63), &confirm).await;
+    assert!(verdict(&log).contains("policy set `new-vms`"), "{log}");
+    assert_eq!(w.state(), "", "nothing applied");
+    let reply = w
+        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .await;
+    assert!(
+        reply.contains("- `new-vms` (root `core2`, the plan the apply job checked at"),
+        "{reply}"
+    );
+    let log = call_apply_with(&s, &w.apply_job(64), &confirm).await;
+    assert_eq!(verdict(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains("policy set `new-vms` failed on the plan to apply; approved for it by @carol"),
+        "{log}"
+    );
+    assert!(w.state().contains("\"gitlab\""), "{}", w.state());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_written_on_one_head_is_not_recorded_for_a_head_pushed_meanwhile() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    let iid = w
+        .open_mr(
+            &s,
+            "one-vm",
+            &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
+        )
+        .await;
+    w.wait_for_plan(&s, iid).await;
+    let a = w.gitlab.mr_sha(&w.project, iid);
+    assert_eq!(w.policy_status(&a).0, "failed");
+
+    // Carol reads the plan of A and comments; before planbot handles it, B is pushed.
+    let before = w.gitlab.notes(&w.project, iid).len();
+    let hook = w
+        .gitlab
+        .note_webhook(&w.project, iid, &w.carol, "planbot approve policies");
+    w.push(
+        &s,
+        iid,
+        "one-vm",
+        &[(
+            "main.tf",
+            &crate::support::infra_main_tf(&["blocky", "huge"]),
+        )],
+    )
+    .await;
+    w.wait_for_plan(&s, iid).await;
+    let b = w.gitlab.mr_sha(&w.project, iid);
+    assert_ne!(a, b);
+    assert_eq!(w.policy_status(&b).0, "failed");
+
+    let headers = crate::support::service::token_headers(
+        "Note Hook",
+        &format!("note-{iid}-{before}"),
+        crate::support::service::WEBHOOK_SECRET,
+    );
+    assert_eq!(s.deliver(&hook.to_string(), &headers).await, 200);
+    let (gitlab, project) = (&w.gitlab, &w.project);
+    s.after_job_ends("planbot's reply", 60, || async {
+        gitlab
+            .notes(project, iid)
+            .iter()
+            .skip(before + 1)
+            .any(|n| n.body.starts_with("@carol "))
+    })
+    .await;
+    let reply = w
+        .gitlab
+        .notes(&w.project, iid)
+        .into_iter()
+        .skip(before + 1)
+        .find(|n| n.body.starts_with("@carol "))
+        .unwrap()
+        .body;
+    assert!(
+        reply.contains(&format!(
+            "`planbot approve policies` was not recorded: the comment was made when this merge request was at `{}`, and it is now at `{}`",
+            &a[..8],
+            &b[..8]
+        )),
+        "{reply}"
+    );
+    let (state, description) = w.policy_status(&b);
+    assert_eq!(state, "failed", "B was never approved: {description}");
+    assert_eq!(w.policy_status(&a).0, "failed");
+
+    // Her comment on B is recorded for B.
+    let reply = w
+        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .await;
+    assert!(
+        reply.contains("approved, for the plan shown for"),
+        "{reply}"
+    );
+    assert_eq!(w.policy_status(&b).0, "success");
 }

@@ -78,6 +78,21 @@ impl PolicySetSpec {
         self.roots.is_empty() || self.roots.iter().any(|r| r == root)
     }
 
+    /// Whether the set checks root `name` at `dir` of the config to apply, the set and
+    /// `before` (every root's `(name, dir)`) being the default branch's before the merge: a
+    /// merge request can rename a root or move its directory, so the root is checked by every
+    /// set that checked a root of that name or of that directory before; a root that matches
+    /// none by either (new, or renamed and moved at once) cannot be told apart from one that
+    /// escaped its sets, and is checked by every set.
+    pub fn covers(&self, name: &str, dir: &str, before: &[(String, String)]) -> bool {
+        let matching: Vec<&str> = before
+            .iter()
+            .filter(|(n, d)| n == name || d == dir)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        matching.is_empty() || self.applies_to(name) || matching.iter().any(|n| self.applies_to(n))
+    }
+
     /// The set ready to evaluate, with the `.rego` files read from its directory.
     pub fn with_files(&self, files: Vec<PolicyFile>, limit: Duration) -> PolicySet {
         PolicySet {
@@ -174,5 +189,35 @@ mod tests {
         assert!(check_namespace("data.main.").is_err());
         assert!(check_namespace("1abc").is_err());
         assert!(check_namespace("a-b").is_err());
+    }
+
+    #[test]
+    fn a_set_follows_a_root_through_a_rename_or_a_move_and_a_new_root_meets_every_set() {
+        let set = |roots: &[&str]| PolicySetSpec {
+            name: "s".into(),
+            path: "policies".into(),
+            owners: vec![],
+            roots: roots.iter().map(|r| r.to_string()).collect(),
+            namespace: "main".into(),
+        };
+        let before = vec![
+            ("core".to_string(), "stacks/core".to_string()),
+            ("dns".to_string(), "stacks/dns".to_string()),
+        ];
+        let core_only = set(&["core"]);
+        // Unchanged, renamed (same dir), moved (same name).
+        assert!(core_only.covers("core", "stacks/core", &before));
+        assert!(core_only.covers("core2", "stacks/core", &before));
+        assert!(core_only.covers("core", "elsewhere", &before));
+        // Renamed and moved at once, or new: every set.
+        assert!(core_only.covers("core2", "elsewhere", &before));
+        // Another root the set never checked stays unchecked, also renamed.
+        assert!(!core_only.covers("dns", "stacks/dns", &before));
+        assert!(!core_only.covers("dns2", "stacks/dns", &before));
+        // A root that takes dns's name but core's dir is checked (either match counts).
+        assert!(core_only.covers("dns", "stacks/core", &before));
+        assert!(set(&[]).covers("dns", "stacks/dns", &before));
+        // No roots before (no `.planbot.toml`): every set checks everything.
+        assert!(core_only.covers("x", ".", &[]));
     }
 }

@@ -16,6 +16,7 @@
 
 mod endpoint;
 mod parity;
+mod policy;
 mod report;
 mod run;
 mod verify;
@@ -28,7 +29,6 @@ use crate::capabilities::gitlab::{CommitStatus, MergeRequest, StatusState};
 use crate::capabilities::store::{NewApply, RunEnd, RunState};
 use crate::core::apply::{parse_confirm, ApplyRefusal};
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
-use crate::core::policy::PolicySetSpec;
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::{RepoConfig, Root};
 use crate::flows::context::app_state::App;
@@ -220,6 +220,14 @@ async fn verify_and_apply(
         Ok(c) => c,
         Err(verdict) => return Ok(verdict),
     };
+    // The policy sets as the default branch had them before the merge (and planbot's own).
+    let policy =
+        match policy::PolicyGate::load(app, job.project.id, &job.default_branch, &sha, mr.as_ref())
+            .await?
+        {
+            Ok(p) => p,
+            Err(verdict) => return Ok(verdict),
+        };
     let roots: Vec<&Root> = repo_config
         .roots
         .iter()
@@ -270,13 +278,7 @@ async fn verify_and_apply(
         user: job.facts.username.clone(),
         pipeline_id: Some(job.pipeline_id),
         log: log.clone(),
-        policy_sets: app
-            .config
-            .policy_sets
-            .iter()
-            .chain(&repo_config.policy_sets)
-            .cloned()
-            .collect(),
+        policy,
     };
     let verdict = async {
         let mut decided = match parity::plan_and_decide(
@@ -358,9 +360,9 @@ struct ApplyCtx {
     user: Option<String>,
     pipeline_id: Option<u64>,
     log: JobLog,
-    /// Every policy set that checks plans now (planbot's and the merged config's): a plan no
-    /// set checked at review is refused when one of these checks its root.
-    policy_sets: Vec<PolicySetSpec>,
+    /// The policy sets that judge the apply: the default branch's before the merge, and
+    /// planbot's own.
+    policy: policy::PolicyGate,
 }
 
 impl ApplyCtx {

@@ -6,9 +6,7 @@
 use super::{refuse, ApplyCtx, JobLog, Verdict};
 use crate::capabilities::engine::{PlanRequest, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
-use crate::capabilities::store::{
-    ApplyId, ApplyState, NewRun, PolicyApproval, RunKind, RunState, ShownFingerprint,
-};
+use crate::capabilities::store::{ApplyId, ApplyState, NewRun, RunKind, RunState};
 use crate::capabilities::workspace::RootFiles;
 use crate::core::apply::{parity, ApplyRefusal, Parity};
 use crate::core::apply_note::{render_plan_changed, PlanChangedNote};
@@ -380,7 +378,7 @@ impl ApplyCtx {
         let decision = match decision {
             Parity::Apply { confirmed } => {
                 let policy = self
-                    .policy_refusal(&root.name, confirmed, reviewed.as_ref())
+                    .policy_refusal(root, confirmed, reviewed.as_ref(), &planned, &fingerprint)
                     .await
                     .map_err(|e| format!("{e:#}"))?;
                 match policy {
@@ -430,69 +428,6 @@ impl ApplyCtx {
                 },
             );
         }
-    }
-
-    /// The policy gate: the verdict recorded for the reviewed plan (the default branch's sets
-    /// at review time, never the merged config's) and the owners' approvals of that plan. A
-    /// plan no set checked at review (confirmed by hand, or reviewed before verdicts were
-    /// recorded) is refused when a set checks the root now.
-    async fn policy_refusal(
-        &self,
-        root: &str,
-        confirmed: bool,
-        reviewed: Option<&ShownFingerprint>,
-    ) -> Result<Option<ApplyRefusal>> {
-        if let (false, Some(r), Some(mr)) = (confirmed, reviewed, &self.mr) {
-            let store = &self.app.store;
-            let verdict = store
-                .policy_verdicts(self.project, mr.iid, &r.sha)
-                .await?
-                .into_iter()
-                .find(|v| v.root == root && v.fingerprint == r.fingerprint);
-            if let Some(v) = verdict {
-                let approvals = store.policy_approvals(self.project, mr.iid).await?;
-                let ok = PolicyApproval::sets_for(&approvals, root, &r.sha, &r.fingerprint);
-                for set in v
-                    .verdict
-                    .blocking()
-                    .filter(|s| ok.contains(&s.name.as_str()))
-                {
-                    let approvers: Vec<&str> = approvals
-                        .iter()
-                        .filter(|a| a.root == root && a.sha == r.sha && a.set == set.name)
-                        .filter(|a| a.fingerprint == r.fingerprint)
-                        .map(|a| a.approver.as_str())
-                        .collect();
-                    self.log.say(
-                        "policy_approved",
-                        context! { root => root, set => &set.name, approvers => approvers },
-                    );
-                }
-                let passed = v.verdict.sets.iter().filter(|s| !s.blocks()).count();
-                if passed > 0 {
-                    self.log.say(
-                        "policies_passed",
-                        context! { root => root, count => passed },
-                    );
-                }
-                return Ok(v
-                    .verdict
-                    .first_unapproved(&ok)
-                    .map(|set| ApplyRefusal::PolicyFailed {
-                        root: root.to_string(),
-                        set: set.name.clone(),
-                        message: set.first_message(),
-                        owners: set.owners.iter().map(|o| o.to_string()).collect(),
-                    }));
-            }
-        }
-        Ok(self
-            .policy_sets
-            .iter()
-            .any(|s| s.applies_to(root))
-            .then(|| ApplyRefusal::PolicyNotChecked {
-                root: root.to_string(),
-            }))
     }
 
     /// The Proxmox preflight with the apply credentials, just before applying: an error

@@ -111,15 +111,19 @@ impl ApplyCtx {
         }
         // A root's open drift issue hears how the apply that may repair it ended.
         for d in decided {
-            if let Err(e) = crate::flows::drift::issue::note_on_open_issue(
-                &self.app.gitlab,
-                self.project,
-                &self.app.config.drift.labels,
-                &d.root,
-                &body,
-            )
-            .await
-            {
+            let noted = async {
+                let bot = self.app.bot_user().await?;
+                crate::flows::drift::issue::note_on_open_issue(
+                    &self.app.gitlab,
+                    self.project,
+                    &self.app.config.drift.labels,
+                    &d.root,
+                    &body,
+                    bot,
+                )
+                .await
+            };
+            if let Err(e) = noted.await {
                 self.app.metrics.gitlab_error("create_issue_note");
                 tracing::warn!(root = %d.root, error = %e, "could not post the apply result on the drift issue");
             }

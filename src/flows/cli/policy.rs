@@ -9,7 +9,7 @@ use crate::core::lint::lint;
 use crate::core::plan::Plan;
 use crate::core::policy::{self, PlanInput, PolicySet};
 use crate::core::redact::{Scrubber, Secrets};
-use crate::flows::review::policies::read_policy_dir;
+use crate::flows::context::policy_sets::read_policy_dir;
 use anyhow::{Context, Result};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

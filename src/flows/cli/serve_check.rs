@@ -114,7 +114,7 @@ pub fn check_host(loaded: &Loaded, config: &Config) -> HostCheck {
 /// Why an operator's policy set could not be evaluated on any plan: its directory cannot be
 /// read, holds no `.rego` file, a file does not parse, or its package has no rule conftest reads.
 fn policy_set_problem(set: &PolicySetSpec) -> Option<String> {
-    let files = match crate::flows::review::policies::read_policy_dir(Path::new(&set.path)) {
+    let files = match crate::flows::context::policy_sets::read_policy_dir(Path::new(&set.path)) {
         Ok(files) => files,
         Err(e) => return Some(format!("{e:#}")),
     };

@@ -1,5 +1,6 @@
 //! A root's drift issue kept in step with one check: found again by its hidden marker among the
-//! issues carrying the drift label, then opened, edited, closed or left alone.
+//! issues carrying the drift label that planbot's bot user opened (anyone can write the marker
+//! and the label into an issue of their own), then opened, edited, closed or left alone.
 
 use crate::capabilities::gitlab::{GitLab, Issue, IssueStateEvent};
 use crate::core::drift::{self, DriftIssue, DriftVerdict};
@@ -44,7 +45,7 @@ pub async fn report(
     now: SystemTime,
 ) -> anyhow::Result<IssueAction> {
     let label = target.labels.first().map_or("drift", String::as_str);
-    let mut issues = open_issues(gitlab, target.project, label, target.root)
+    let mut issues = open_issues(gitlab, target.project, label, target.root, target.bot)
         .await
         .with_context(|| format!("listing the issues labelled {label}"))?
         .into_iter();
@@ -115,7 +116,10 @@ pub async fn close_unchecked(
         .with_context(|| format!("listing the issues labelled {label}"))?;
     let now = humantime::format_rfc3339_seconds(now).to_string();
     let mut closed = Vec::new();
-    for issue in issues.into_iter().filter(|i| i.state == "opened") {
+    for issue in issues
+        .into_iter()
+        .filter(|i| i.state == "opened" && by_bot(i, target.bot))
+    {
         let Some(root) = drift::root_of_marker(&issue.description) else {
             continue;
         };
@@ -140,17 +144,18 @@ pub async fn close_unchecked(
     Ok(closed)
 }
 
-/// Post `body` (an apply's result) on the root's open drift issue, when it has one; returns
-/// the issue's iid.
+/// Post `body` (an apply's result) on the root's open drift issue (opened by `bot`, planbot's
+/// bot user), when it has one; returns the issue's iid.
 pub async fn note_on_open_issue(
     gitlab: &GitLab,
     project: ProjectId,
     labels: &[String],
     root: &str,
     body: &str,
+    bot: UserId,
 ) -> anyhow::Result<Option<u64>> {
     let label = labels.first().map_or("drift", String::as_str);
-    let Some(issue) = open_issue(gitlab, project, label, root).await? else {
+    let Some(issue) = open_issue(gitlab, project, label, root, bot).await? else {
         return Ok(None);
     };
     gitlab
@@ -211,27 +216,36 @@ async fn open_issue(
     project: ProjectId,
     label: &str,
     root: &str,
+    bot: UserId,
 ) -> anyhow::Result<Option<Issue>> {
-    Ok(open_issues(gitlab, project, label, root)
+    Ok(open_issues(gitlab, project, label, root, bot)
         .await?
         .into_iter()
         .next())
 }
 
-/// The root's open drift issues, oldest first: labelled `label`, their description holding the
-/// root's marker.
+/// Whether `bot` (planbot's bot user) opened the issue: only those are planbot's to edit or close.
+fn by_bot(issue: &Issue, bot: UserId) -> bool {
+    issue.author.as_ref().is_some_and(|a| a.id == bot)
+}
+
+/// The root's open drift issues, oldest first: labelled `label`, opened by `bot`, their
+/// description holding the root's marker.
 async fn open_issues(
     gitlab: &GitLab,
     project: ProjectId,
     label: &str,
     root: &str,
+    bot: UserId,
 ) -> anyhow::Result<Vec<Issue>> {
     let marker = drift::marker(root);
     let mut open: Vec<Issue> = gitlab
         .issues_labelled(project, label)
         .await?
         .into_iter()
-        .filter(|issue| issue.state == "opened" && issue.description.contains(&marker))
+        .filter(|issue| {
+            issue.state == "opened" && by_bot(issue, bot) && issue.description.contains(&marker)
+        })
         .collect();
     open.sort_by_key(|issue| issue.iid);
     Ok(open)

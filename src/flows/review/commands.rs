@@ -276,8 +276,35 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
             let Some(head) = mr_info.sha.clone() else {
                 anyhow::bail!("merge request !{mr} has no head commit yet");
             };
-            let body =
-                crate::flows::review::policies::approve(app, project, mr, author, &head).await?;
+            // An approval binds to the head its comment was made on: when the MR moved since
+            // (or the event named no head), the owner never saw what would be approved.
+            if asked.head.as_ref() != Some(&head) {
+                tracing::info!(
+                    project = project.0,
+                    mr = mr.0,
+                    "`planbot approve policies` refused: the MR moved since the comment"
+                );
+                let user = gl(app, "user", app.gitlab.user(author).await)?;
+                let body = crate::flows::review::policies::moved_reply(
+                    &user.username,
+                    asked.head.as_ref(),
+                    &head,
+                )?;
+                return post_note(app, project, mr, &body).await;
+            }
+            let landed = mr_info
+                .landed_sha()
+                .filter(|_| mr_info.state == "merged")
+                .cloned();
+            let body = crate::flows::review::policies::approve(
+                app,
+                project,
+                mr,
+                author,
+                &head,
+                landed.as_ref(),
+            )
+            .await?;
             gl(
                 app,
                 "create_mr_note",

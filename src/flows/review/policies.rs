@@ -1,227 +1,20 @@
-//! Policy checks of a review: the sets a plan run checks (planbot's own, read from its host,
-//! then the default branch's `[[policy_sets]]`, read from git: never the MR's), each root's
-//! verdict recorded with its plan's fingerprint, the `planbot/policy` status, and the
-//! `planbot approve policies` command an owner of a failing set comments.
+//! Policy checks of a review: each root's verdict (by the sets of
+//! [`crate::flows::context::policy_sets`]: planbot's own and the default branch's, never the
+//! MR's) recorded with its plan's fingerprint, the note's section, the `planbot/policy` status,
+//! and the `planbot approve policies` command an owner of a failing set comments.
 
 use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::PolicyApproval;
-use crate::core::findings::Finding;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::policy::review::{
     owned_by_user, ApprovalView, ClearedApproval, PolicySection, RecordedSet, RecordedVerdict,
-    SetOrigin, SetSource,
 };
-use crate::core::policy::{
-    evaluate_document, InputReads, Outcome, Owner, PlanDocument, PolicyError, PolicyFile,
-    PolicySet, PolicySetSpec, SetVerdict, Verdict, DEFAULT_LIMIT,
-};
+use crate::core::policy::Owner;
 use crate::core::redact::Scrubber;
-use crate::core::repo_config::RepoConfig;
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
-use std::path::Path;
-
-/// The largest `.rego` file read from a repository.
-const MAX_POLICY_FILE: u64 = 1 << 20;
-
-/// One set of a plan run: its configuration, where it comes from, and its files (or why they
-/// could not be read: then the set errors, and blocks the apply like a failure).
-pub(crate) struct LoadedSet {
-    pub spec: PolicySetSpec,
-    pub origin: SetOrigin,
-    pub files: Result<Vec<PolicyFile>, String>,
-}
-
-/// Every set one plan run checks: planbot's own first (no repository can switch them off),
-/// then the default branch's.
-#[derive(Default)]
-pub(crate) struct PolicySets {
-    pub sets: Vec<LoadedSet>,
-    /// The default branch the repository's sets were read from.
-    pub branch: String,
-}
-
-impl PolicySets {
-    /// The operator's sets from planbot's host, and `repo`'s (the DEFAULT branch's config)
-    /// from the project's mirror at `refs/heads/{default_branch}`.
-    pub async fn load(
-        app: &App,
-        project: ProjectId,
-        default_branch: &str,
-        repo: &RepoConfig,
-    ) -> Result<PolicySets> {
-        let mut sets: Vec<LoadedSet> = app
-            .config
-            .policy_sets
-            .iter()
-            .map(|spec| LoadedSet {
-                spec: spec.clone(),
-                origin: SetOrigin::Operator,
-                files: read_operator_set(spec),
-            })
-            .collect();
-        for spec in &repo.policy_sets {
-            let files = if sets.iter().any(|s| s.spec.name == spec.name) {
-                Err(format!(
-                    "the name `{}` is taken by one of planbot's own policy sets: rename this set in .planbot.toml",
-                    spec.name
-                ))
-            } else {
-                let rev = format!("refs/heads/{default_branch}");
-                match app
-                    .workspace
-                    .read_dir_at(project, &rev, &spec.path, ".rego", MAX_POLICY_FILE)
-                    .await
-                {
-                    Ok(Some(files)) => Ok(files
-                        .into_iter()
-                        .map(|(path, text)| PolicyFile {
-                            path,
-                            text: String::from_utf8_lossy(&text).into_owned(),
-                        })
-                        .collect()),
-                    Ok(None) => Err(format!(
-                        "`{}` is not a directory on `{default_branch}`",
-                        spec.path
-                    )),
-                    Err(e) => Err(format!("{e:#}")),
-                }
-            };
-            sets.push(LoadedSet {
-                spec: spec.clone(),
-                origin: SetOrigin::Repository,
-                files,
-            });
-        }
-        Ok(PolicySets {
-            sets,
-            branch: default_branch.to_string(),
-        })
-    }
-
-    fn for_root<'a>(&'a self, root: &'a str) -> impl Iterator<Item = &'a LoadedSet> + 'a {
-        self.sets.iter().filter(move |s| s.spec.applies_to(root))
-    }
-
-    /// The plan document (`show -json`) read for the sets that check `root`; `None` when no
-    /// set does (nothing is read then). The costly part of a check, free to run on another
-    /// thread while lint and the fingerprint run ([`Self::evaluate`] takes it afterwards).
-    pub fn read_document(
-        &self,
-        root: &str,
-        plan_json: &[u8],
-    ) -> Option<Result<PlanDocument, PolicyError>> {
-        self.for_root(root).next()?;
-        let reads = InputReads::of(
-            self.for_root(root)
-                .filter_map(|l| l.files.as_ref().ok())
-                .flatten()
-                .map(|f| f.text.as_str()),
-        );
-        Some(
-            std::str::from_utf8(plan_json)
-                .map_err(|e| PolicyError::Input(e.to_string()))
-                .and_then(|json| PlanDocument::read_for(json, &reads)),
-        )
-    }
-
-    /// The verdict of the sets that check `root` over its plan `document` (from
-    /// [`Self::read_document`]) and findings, in their order; no set in it when none checks the
-    /// root. A set whose files could not be read errors.
-    pub fn evaluate(
-        &self,
-        root: &str,
-        document: Option<Result<PlanDocument, PolicyError>>,
-        findings: &[Finding],
-    ) -> Verdict {
-        let sets: Vec<&LoadedSet> = self.for_root(root).collect();
-        let failed = |loaded: &LoadedSet, e: PolicyError| SetVerdict {
-            name: loaded.spec.name.clone(),
-            namespace: loaded.spec.namespace.clone(),
-            outcome: Outcome::Error(e),
-        };
-        let doc = match document {
-            None if sets.is_empty() => return Verdict { sets: Vec::new() },
-            None => Err(PolicyError::Input("the plan was not read".into())),
-            Some(doc) => doc,
-        };
-        let doc = match doc {
-            Ok(doc) => doc,
-            Err(e) => {
-                return Verdict {
-                    sets: sets.iter().map(|l| failed(l, e.clone())).collect(),
-                }
-            }
-        };
-        // Every readable set in one evaluation (side by side), then each in its place.
-        let readable: Vec<PolicySet> = sets
-            .iter()
-            .filter_map(|l| {
-                let files = l.files.as_ref().ok()?;
-                Some(l.spec.with_files(files.clone(), DEFAULT_LIMIT))
-            })
-            .collect();
-        let mut evaluated = evaluate_document(&doc, findings, root, &readable)
-            .sets
-            .into_iter();
-        let verdicts = sets
-            .iter()
-            .map(|l| match &l.files {
-                Err(why) => failed(l, PolicyError::Unreadable(why.clone())),
-                Ok(_) => evaluated
-                    .next()
-                    .expect("one verdict per readable set, in order"),
-            })
-            .collect();
-        Verdict { sets: verdicts }
-    }
-
-    /// `verdict` (from [`Self::evaluate`] for `root`) as recorded: scrubbed, cut to size, with
-    /// each set's owners and origin.
-    pub fn record(&self, root: &str, verdict: &Verdict, scrubber: &Scrubber) -> RecordedVerdict {
-        let sources: Vec<SetSource<'_>> = self
-            .for_root(root)
-            .map(|s| SetSource {
-                spec: &s.spec,
-                origin: s.origin,
-            })
-            .collect();
-        RecordedVerdict::record(verdict, &sources, &|m| scrubber.scrub(m).into_owned())
-    }
-}
-
-/// An operator set's files, shown as `{set name}/{path in its directory}` (no host path in a
-/// note); why they cannot be read otherwise.
-fn read_operator_set(spec: &PolicySetSpec) -> Result<Vec<PolicyFile>, String> {
-    let dir = Path::new(&spec.path);
-    let files = read_policy_dir(dir).map_err(|e| {
-        format!(
-            "planbot's directory of this set cannot be read: {}",
-            short_error(&e, dir, &spec.name)
-        )
-    })?;
-    Ok(files
-        .into_iter()
-        .map(|f| PolicyFile {
-            path: relative_to(&f.path, dir, &spec.name),
-            text: f.text,
-        })
-        .collect())
-}
-
-fn relative_to(path: &str, dir: &Path, name: &str) -> String {
-    match Path::new(path).strip_prefix(dir) {
-        Ok(rest) => format!("{name}/{}", rest.display()),
-        Err(_) => path.to_string(),
-    }
-}
-
-/// The error without the host's directory (the operator reads it in `serve --check`).
-fn short_error(e: &anyhow::Error, dir: &Path, name: &str) -> String {
-    format!("{e:#}").replace(&dir.display().to_string(), name)
-}
 
 /// The note's section for `verdict` of `root`'s plan (`fingerprint`, shown for `sha`): the
 /// approvals of that very plan count, those of an earlier plan are listed as cleared.
@@ -351,17 +144,22 @@ struct Waiting {
     root: String,
     set: String,
     owners: Vec<Owner>,
+    /// The merged commit, for a plan the apply job checked there (not one shown for the head).
+    at: Option<String>,
 }
 
 /// `planbot approve policies` by `author` on the MR: every failing set of the plans shown for
-/// the MR's head that the author owns is approved for those plans (their fingerprints); a
-/// reply says what was approved and what still waits, or who may approve.
+/// the MR's head that the author owns is approved for those plans (their fingerprints); once
+/// merged (`landed`: the commit that landed on the default branch), also the plans the apply
+/// job checked there (a confirmed plan, or a root the review did not cover). A reply says what
+/// was approved and what still waits, or who may approve.
 pub(crate) async fn approve(
     app: &App,
     project: ProjectId,
     mr: MrIid,
     author: UserId,
     head: &CommitSha,
+    landed: Option<&CommitSha>,
 ) -> Result<String> {
     let user = app
         .gitlab
@@ -379,16 +177,26 @@ pub(crate) async fn approve(
             shown.push(v);
         }
     }
+    // The apply job's verdicts on the merged commit: the newest plan it checked per root.
+    let mut checked_at_apply = Vec::new();
+    if let Some(landed) = landed {
+        for v in app.store.policy_verdicts(project, mr, landed).await? {
+            if !shown.contains(&v) {
+                checked_at_apply.push(v);
+            }
+        }
+    }
     let approvals = app.store.policy_approvals(project, mr).await?;
     let mut approved: Vec<Waiting> = Vec::new();
     let mut waiting: Vec<Waiting> = Vec::new();
-    for v in &shown {
-        let ok = PolicyApproval::sets_for(&approvals, &v.root, head, &v.fingerprint);
+    for v in shown.iter().chain(&checked_at_apply) {
+        let ok = PolicyApproval::sets_for(&approvals, &v.root, &v.sha, &v.fingerprint);
         for set in v.verdict.blocking() {
             let entry = Waiting {
                 root: v.root.clone(),
                 set: set.name.clone(),
                 owners: set.owners.clone(),
+                at: (&v.sha != head).then(|| v.sha.short().to_string()),
             };
             if owns(app, &set.owners, author, &user.username).await? {
                 app.store
@@ -396,7 +204,7 @@ pub(crate) async fn approve(
                         project,
                         mr,
                         root: v.root.clone(),
-                        sha: head.clone(),
+                        sha: v.sha.clone(),
                         fingerprint: v.fingerprint.clone(),
                         set: set.name.clone(),
                         approver_id: author,
@@ -410,7 +218,8 @@ pub(crate) async fn approve(
             }
         }
     }
-    let kind = if shown.is_empty() {
+    let shown_any = !shown.is_empty() || !checked_at_apply.is_empty();
+    let kind = if !shown_any {
         "reply_no_plan"
     } else if approved.is_empty() && waiting.is_empty() {
         "reply_nothing_fails"
@@ -450,47 +259,58 @@ pub(crate) async fn approve(
     Ok(body.trim_end().to_string() + "\n")
 }
 
-/// Every `.rego` file under `dir` (recursively, in path order), with its path shown as
-/// `dir/sub/file.rego`. A symbolic link is refused rather than followed: a policy directory
-/// must not read files elsewhere (their text would end up in parse errors).
-pub fn read_policy_dir(dir: &Path) -> Result<Vec<PolicyFile>> {
-    let meta = std::fs::symlink_metadata(dir)
-        .with_context(|| format!("cannot read the policy directory {}", dir.display()))?;
-    if !meta.is_dir() {
-        anyhow::bail!("{} is not a directory of .rego files", dir.display());
+/// The reply to `planbot approve policies` when the MR is no longer at the head the comment
+/// was made on (`commented`; `None`: the event named no head): nothing is recorded.
+pub(crate) fn moved_reply(
+    username: &str,
+    commented: Option<&CommitSha>,
+    head: &CommitSha,
+) -> Result<String> {
+    let body = crate::core::templates::render(
+        "comments/policy_approval.md.j2",
+        context! {
+            kind => "reply_moved",
+            username => username,
+            commented => commented.map(|c| c.short().to_string()),
+            sha => head.short(),
+        },
+    )?;
+    Ok(body.trim_end().to_string() + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn approval_replies_render() {
+        let head = CommitSha("2222bbbb".repeat(5));
+        let moved = [
+            moved_reply("carol", Some(&CommitSha("1111aaaa".repeat(5))), &head).unwrap(),
+            moved_reply("carol", None, &head).unwrap(),
+        ];
+        insta::assert_snapshot!("approval_moved", moved.join("\n"));
+        let at_apply = crate::core::templates::render(
+            "comments/policy_approval.md.j2",
+            context! {
+                kind => "reply_approved",
+                username => "carol",
+                sha => head.short(),
+                approved => vec![Waiting {
+                    root: "core2".into(),
+                    set: "new-vms".into(),
+                    owners: vec![Owner::Group("infra/capacity".into())],
+                    at: Some("3333cccc".into()),
+                }],
+                waiting => vec![Waiting {
+                    root: "core2".into(),
+                    set: "sizes".into(),
+                    owners: vec![Owner::User("dana".into())],
+                    at: Some("3333cccc".into()),
+                }],
+            },
+        )
+        .unwrap();
+        insta::assert_snapshot!("approval_at_apply", at_apply);
     }
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(d) = pending.pop() {
-        let entries =
-            std::fs::read_dir(&d).with_context(|| format!("cannot read {}", d.display()))?;
-        for entry in entries {
-            let path = entry
-                .with_context(|| format!("cannot read {}", d.display()))?
-                .path();
-            let meta = std::fs::symlink_metadata(&path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            if meta.file_type().is_symlink() {
-                anyhow::bail!(
-                    "{} is a symbolic link; policy files must be regular files in the directory",
-                    path.display()
-                );
-            }
-            if meta.is_dir() {
-                pending.push(path);
-            } else if path.extension().is_some_and(|e| e == "rego") {
-                if meta.len() > MAX_POLICY_FILE {
-                    anyhow::bail!("{} is larger than 1 MiB", path.display());
-                }
-                let text = std::fs::read_to_string(&path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                files.push(PolicyFile {
-                    path: path.display().to_string(),
-                    text,
-                });
-            }
-        }
-    }
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(files)
 }

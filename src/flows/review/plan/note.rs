@@ -14,7 +14,8 @@ use crate::flows::confinement::credentials::Trust;
 use crate::flows::confinement::network;
 use crate::flows::context::app_state::App;
 use crate::flows::context::cpu::cpu_bound;
-use crate::flows::review::policies::{self, PolicySets};
+use crate::flows::context::policy_sets::PolicySets;
+use crate::flows::review::policies;
 use anyhow::Result;
 use std::collections::BTreeMap;
 

@@ -11,7 +11,7 @@ use crate::core::ids::NoteId;
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
 use crate::flows::context::app_state::App;
-use crate::flows::review::policies::PolicySets;
+use crate::flows::context::policy_sets::PolicySets;
 use anyhow::{Context, Result};
 
 /// Everything the later stages need, once the run is known to go ahead.

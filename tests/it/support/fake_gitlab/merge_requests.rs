@@ -82,8 +82,10 @@ pub(super) fn refresh_mr_refs(
 pub(super) fn mr_json(s: &StateInner, pid: u64, mr: &FMr) -> Value {
     let p = &s.projects[&pid];
     let repo = s.repo(pid);
-    let base = rev_parse(&repo, &format!("refs/heads/{}", mr.target_branch))
-        .and_then(|t| try_git(&repo, &["merge-base", &t, &mr.sha], &[], None).ok());
+    let base = mr.merged_base.clone().or_else(|| {
+        rev_parse(&repo, &format!("refs/heads/{}", mr.target_branch))
+            .and_then(|t| try_git(&repo, &["merge-base", &t, &mr.sha], &[], None).ok())
+    });
     json!({
         "id": mr.id,
         "iid": mr.iid,
@@ -228,6 +230,7 @@ impl FakeGitLab {
             merge_ref_pending: false,
             squash_commit_sha: None,
             merged_by: None,
+            merged_base: None,
             notes: Vec::new(),
             approved_by: Vec::new(),
         };
@@ -405,6 +408,7 @@ impl FakeGitLab {
             });
         let target = rev_parse(&repo, &format!("refs/heads/{target_branch}")).expect("target");
         let rebased = is_ancestor(&repo, &target, &head);
+        let diff_base = try_git(&repo, &["merge-base", &target, &head], &[], None).ok();
         if method != "merge" && !rebased {
             return Err("the source branch is behind the target: rebase needed".into());
         }
@@ -466,6 +470,7 @@ impl FakeGitLab {
             mr.merge_commit_sha = merge_commit.clone();
             mr.squash_commit_sha = squashed.clone();
             mr.merged_by = by_id.or(Some(mr.author));
+            mr.merged_base = diff_base.clone();
         });
         self.refresh_after_push(project.id, &target_branch);
         Ok(landed)

@@ -44,7 +44,9 @@
 //! - merge methods (<https://docs.gitlab.com/user/project/merge_requests/methods/>): a merge
 //!   commit by default, semi-linear and fast-forward only on a rebased branch, squash
 //!   (<https://docs.gitlab.com/user/project/merge_requests/squash_and_merge/>), with
-//!   `merge_commit_sha`/`squash_commit_sha` set as GitLab sets them; rebase
+//!   `merge_commit_sha`/`squash_commit_sha` set as GitLab sets them, and `diff_refs` kept as
+//!   the MR's last diff had them (after a fast-forward, `base_sha` is the target before it);
+//!   rebase
 //!   (<https://docs.gitlab.com/api/merge_requests/#rebase-a-merge-request>);
 //! - merge refs computed in the background when asked
 //!   (<https://docs.gitlab.com/api/merge_requests/#merge-status>: `checking` until done);
@@ -167,6 +169,9 @@ struct FMr {
     merge_ref_pending: bool,
     squash_commit_sha: Option<String>,
     merged_by: Option<u64>,
+    /// `diff_refs.base_sha` frozen at the merge (GitLab keeps the MR's last diff; a live
+    /// merge base would be the head itself after a fast-forward).
+    merged_base: Option<String>,
     notes: Vec<FakeNote>,
     approved_by: Vec<u64>,
 }
