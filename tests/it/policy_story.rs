@@ -678,3 +678,66 @@ async fn an_approval_written_on_one_head_is_not_recorded_for_a_head_pushed_meanw
     );
     assert_eq!(w.policy_status(&b).0, "success");
 }
+
+/// The same escape by a fast-forward merge (the MR's own commits become `main`'s first
+/// parents), with the set kept but its rules relaxed and its owners rewritten to the author's
+/// colleague: the set judging the apply is `main`'s before the merge, with its owners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_forwarded_mr_that_rewrites_its_set_and_renames_its_root_is_judged_by_the_sets_before_it(
+) {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.gitlab.set_merge_method(&w.project, "ff");
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let before = w.gitlab.branch_head(&w.project, "main").unwrap();
+
+    let tf = crate::support::infra_main_tf(&["gitlab"]);
+    let toml = "[[roots]]\nname = \"core2\"\ndir = \".\"\n\n[[policy_sets]]\nname = \"new-vms\"\npath = \"policies\"\nowners = [\"bob\"]\n";
+    // Two commits: after the fast-forward, `main`'s first parent is the MR's first commit,
+    // which already has the rewritten set.
+    let iid = w
+        .open_mr(
+            &s,
+            "rewrite",
+            &[
+                (".planbot.toml", toml),
+                ("policies/new_vms.rego", RELAXED_REGO),
+            ],
+        )
+        .await;
+    w.push(&s, iid, "rewrite", &[("main.tf", &tf)]).await;
+    let note = unescaped(&w.wait_for_plan(&s, iid).await);
+    assert!(
+        note.contains("- ❌ `new-vms` (`policies`): failed"),
+        "{note}"
+    );
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    assert_eq!(landed, w.gitlab.mr_sha(&w.project, iid), "a fast-forward");
+
+    let log = call_apply(&s, &w.apply_job(71)).await;
+    let confirm = format!(
+        r#"{{"confirm": "{}"}}"#,
+        &fingerprint_in(&log, "core2")[..12]
+    );
+    let log = call_apply_with(&s, &w.apply_job(72), &confirm).await;
+    assert!(
+        verdict(&log).starts_with(&format!(
+            "planbot: apply refused: policy set `new-vms` (`.planbot.toml` of `main` before the merge, at `{}`) failed on the plan of root `core2` to apply",
+            &before[..8]
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains("An owner of `new-vms` (`group:infra/capacity`) may approve"),
+        "main's owners, not the MR's: {log}"
+    );
+    // Bob, whom the MR made an owner, is none.
+    let reply = w.comment(&s, iid, &w.bob, "planbot approve policies").await;
+    assert!(
+        reply.contains("was not recorded: you are not an owner"),
+        "{reply}"
+    );
+    let log = call_apply_with(&s, &w.apply_job(73), &confirm).await;
+    assert!(verdict(&log).contains("policy set `new-vms`"), "{log}");
+    assert_eq!(w.state(), "", "nothing applied");
+}

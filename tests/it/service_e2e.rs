@@ -465,6 +465,17 @@ async fn a_fork_mr_is_not_planned_until_a_maintainer_asks() {
         store: store.clone(),
     };
 
+    // Someone writes planbot's hidden marker into a comment of their own first: it is not
+    // planbot's notice, which is still posted.
+    fake.add_note(
+        &project,
+        iid,
+        &developer,
+        &format!(
+            "{}\nNothing to see here.",
+            planbot::flows::review::commands::FORK_NOTICE_MARKER
+        ),
+    );
     let hook = fork_mr_hook(&fake, &project, &fork, iid);
     for key in ["fork-open-1", "fork-open-2"] {
         // Opened, then a push: the notice is posted once.

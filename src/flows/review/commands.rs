@@ -150,23 +150,26 @@ async fn mark_merged(
     Ok(())
 }
 
-/// The plan note (or another planbot note) by its marker: the cached id first, else a search.
+/// The plan note (or another planbot note) by its marker: the cached id first, else a search
+/// among the notes the bot user wrote (anyone can write the marker in a comment of their own).
 async fn find_note(
     app: &App,
     project: ProjectId,
     mr: MrIid,
     marker: &str,
 ) -> Result<Option<(crate::core::ids::NoteId, String)>> {
+    let bot = app.bot_user().await?;
     let notes = gl(app, "mr_notes", app.gitlab.mr_notes(project, mr).await)?;
     let cached = if marker == NOTE_MARKER {
         app.store.mr_note(project, mr).await?
     } else {
         None
     };
-    let found = notes
-        .iter()
-        .find(|n| Some(n.id) == cached)
-        .or_else(|| notes.iter().find(|n| !n.system && n.body.contains(marker)));
+    let found = notes.iter().find(|n| Some(n.id) == cached).or_else(|| {
+        notes.iter().find(|n| {
+            !n.system && n.author.as_ref().is_some_and(|a| a.id == bot) && n.body.contains(marker)
+        })
+    });
     Ok(found.map(|n| (n.id, n.body.clone())))
 }
 

@@ -153,10 +153,11 @@ pub async fn upsert_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -
             Err(e) => return gl(app, "edit_mr_note", Err(e)),
         }
     }
-    let bot = app.bot_user().await.ok();
+    // Only a note the bot user wrote is planbot's: anyone can write the marker in a comment.
+    let bot = app.bot_user().await?;
     let notes = gl(app, "mr_notes", app.gitlab.mr_notes(project, mr).await)?;
     let ours = notes.iter().rev().find(|n| {
-        n.body.starts_with(NOTE_MARKER) && (bot.is_none() || n.author.as_ref().map(|a| a.id) == bot)
+        n.body.starts_with(NOTE_MARKER) && n.author.as_ref().is_some_and(|a| a.id == bot)
     });
     let id = match ours {
         Some(n) => match app.gitlab.edit_mr_note(project, mr, n.id, body).await {
