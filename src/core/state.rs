@@ -604,7 +604,7 @@ state = "own"
         );
         assert!(why(&read, "POST", p).contains("write of state `homelab`"));
         assert!(why(&write, "DELETE", p).contains("never deletes a state"));
-        assert!(why(&write, "PUT", p).contains("method"));
+        assert!(why(&write, "PUT", p).contains("forwards only"));
         assert!(why(
             &write,
             "POST",
@@ -631,6 +631,46 @@ state = "own"
                 .op,
             GateOp::Unlock
         );
+    }
+
+    #[test]
+    fn the_gates_texts() {
+        let read = GateGrant {
+            project: 7,
+            state: "homelab".into(),
+            access: GateAccess::Read,
+        };
+        let write = GateGrant {
+            access: GateAccess::ReadWrite,
+            ..read.clone()
+        };
+        let p = "/api/v4/projects/7/terraform/state/homelab";
+        let mut texts: Vec<String> = [
+            (&read, "GET", "/api/v4/projects/42/terraform/state/prod"),
+            (
+                &write,
+                "POST",
+                "/api/v4/projects/42/terraform/state/prod/lock",
+            ),
+            (&read, "POST", p),
+            (&write, "POST", "/api/v4/projects/7/terraform/state/dns"),
+            (&write, "DELETE", p),
+            (&write, "PATCH", p),
+            (&read, "GET", "/metrics"),
+        ]
+        .into_iter()
+        .map(|(g, m, path)| gate_request(g, m, path, None).unwrap_err().0)
+        .collect();
+        for (kind, ctx) in [
+            ("gate_direct", minijinja::context! { own => 7 }),
+            (
+                "shared_plan_token",
+                minijinja::context! { count => 2, projects => "infra/homelab, infra/lab" },
+            ),
+        ] {
+            texts.push(crate::core::templates::text("state.txt.j2", kind, ctx));
+        }
+        insta::assert_snapshot!(texts.join("\n"));
     }
 
     #[test]

@@ -876,3 +876,25 @@ async fn an_mr_reading_another_projects_state_is_refused_and_the_note_says_why()
     assert!(!prod.is_empty(), "the direct read reached GitLab");
     assert!(prod.iter().all(|r| r == "GET state None 401"), "{prod:?}");
 }
+
+#[test]
+fn check_warns_when_one_plan_token_serves_several_projects() {
+    let text = |projects: &str| {
+        format!(
+            "fingerprint_key = \"test-fingerprint-key-0123456789\"\n[gitlab]\nurl = \"https://gitlab.lab.internal\"\n\
+             token = \"glpat-bot\"\nwebhook_secret = \"s\"\nprojects = [{projects}]\n\
+             [state]\ndefault = \"gitlab\"\n[state.plan]\ntoken = \"glpat-reader\"\n"
+        )
+    };
+    let report = |projects: &str| {
+        let config = Config::load(&text(projects), &[], &|_| Err("no files".into())).unwrap();
+        planbot::flows::cli::serve::check_report(&config)
+    };
+    let two = report("\"infra/homelab\", \"infra/lab\"");
+    assert!(
+        two.contains("- WARNING: read the GitLab-managed state of 2 projects (infra/homelab, infra/lab) with one [state.plan] token: MR code never holds it (each job's state gate lets a plan read only its own project's states)"),
+        "{two}"
+    );
+    let one = report("\"infra/homelab\"");
+    assert!(!one.contains("[state.plan] token"), "{one}");
+}
