@@ -898,3 +898,100 @@ fn check_warns_when_one_plan_token_serves_several_projects() {
     let one = report("\"infra/homelab\"");
     assert!(!one.contains("[state.plan] token"), "{one}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_gate_wants_its_own_credential_and_passes_gitlabs_answers_through() {
+    use planbot::capabilities::state_gate::StateGate;
+    use planbot::core::config::{GitlabCredential, Secret};
+    use planbot::core::state::{GateAccess, GateGrant};
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
+    let bob = gitlab.member_with_role(&project, "bob", MAINTAINER);
+    gitlab.lock_terraform_state(&project, "homelab", &bob, "held-by-bob");
+    let upstream = GitlabCredential {
+        username: "planbot".into(),
+        token: Secret::new(writer.token.clone()),
+    };
+    let grant = GateGrant {
+        project: project.id,
+        state: "homelab".into(),
+        access: GateAccess::ReadWrite,
+    };
+    let gate = StateGate::start(grant, gitlab.url(), &upstream)
+        .await
+        .unwrap();
+    let env = gate.env();
+    let (address, user, password) = (
+        env["TF_HTTP_ADDRESS"].clone(),
+        env["TF_HTTP_USERNAME"].clone(),
+        env["TF_HTTP_PASSWORD"].clone(),
+    );
+    assert_eq!(
+        address,
+        format!(
+            "http://127.0.0.1:{}/api/v4/projects/{}/terraform/state/homelab",
+            gate.port(),
+            project.id
+        )
+    );
+    assert!(!address.contains(gitlab.url()) && password != writer.token);
+    let http = reqwest::Client::new();
+
+    // The job's credential, nothing else: a wrong password, or GitLab's own token, is a 401.
+    for (u, p) in [(user.as_str(), "wrong"), ("planbot", writer.token.as_str())] {
+        let r = http
+            .get(&address)
+            .basic_auth(u, Some(p))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    // The job's credential is nothing at GitLab.
+    let at_gitlab = format!(
+        "{}/api/v4/projects/{}/terraform/state/homelab",
+        gitlab.url(),
+        project.id
+    );
+    let r = http
+        .get(&at_gitlab)
+        .basic_auth(&user, Some(&password))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    // GitLab's answers as they are: a held lock's 409 with its lock info.
+    let r = http
+        .post(format!("{address}/lock"))
+        .basic_auth(&user, Some(&password))
+        .json(&serde_json::json!({"ID": "mine", "Operation": "OperationTypeApply"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let held: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (held["ID"].as_str(), held["Who"].as_str()),
+        (Some("held-by-bob"), Some("bob"))
+    );
+    let calls: Vec<String> = gitlab
+        .state_requests()
+        .iter()
+        .map(|r| format!("{} {} {:?} {}", r.method, r.target, r.user, r.status))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "GET state None 401".to_string(),
+            "POST lock Some(\"state-writer\") 409".to_string()
+        ],
+        "the gate forwarded only the allowed call, with the real token"
+    );
+    let refused = gate.refusals();
+    assert_eq!(
+        refused,
+        ["planbot refused a request to this run's state gate without the job's own credential"]
+    );
+}
