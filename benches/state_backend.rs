@@ -5,8 +5,9 @@
 //! strict sandbox, a fresh `.terraform` each time as in a fresh checkout: `init`, `plan -out`,
 //! `show -json`), with its state
 //! 1. in a local `terraform.tfstate` next to the code (what STATE001 refuses in the service),
-//! 2. in GitLab-managed state (the fake GitLab's state API on loopback, the `http` backend),
-//!    read only with the Developer's token and `-lock=false` (an MR's plan),
+//! 2. in GitLab-managed state (the fake GitLab's state API on loopback, the `http` backend,
+//!    through the job's state gate as in the service), read only with the Developer's token
+//!    and `-lock=false` (an MR's plan),
 //! 3. the same with the Maintainer's token and locking (the default branch's plan before an
 //!    apply: lock, read, unlock).
 //!
@@ -114,19 +115,28 @@ token = "{writer}"
     std::fs::write(local.path().join("main.tf"), ROOT).unwrap();
     let http = tempfile::tempdir().unwrap();
     std::fs::write(http.path().join("main.tf"), ROOT).unwrap();
-    let env = |use_| {
-        credentials::managed_state_env(&config, ProjectId(project.id), http.path(), root, use_)
+    // Each variant's state gate (as a job starts one), kept for every run of the variant.
+    let gate = |use_| {
+        runtime
+            .block_on(credentials::managed_state_gate(
+                &config,
+                ProjectId(project.id),
+                http.path(),
+                root,
+                use_,
+            ))
             .unwrap()
             .unwrap()
     };
-    let (read_env, write_env) = (env(Trust::MergeRequest), env(Trust::DefaultBranch));
+    let (read_gate, write_gate) = (gate(Trust::MergeRequest), gate(Trust::DefaultBranch));
     runtime.block_on(async {
-        for (dir, extra_env) in [
-            (local.path(), Default::default()),
-            (http.path(), write_env.clone()),
+        for (dir, state_gate) in [
+            (local.path(), None),
+            (http.path(), Some(write_gate.clone())),
         ] {
             let req = PlanRequest {
-                extra_env,
+                extra_env: state_gate.as_ref().map(|g| g.env()).unwrap_or_default(),
+                state_gate,
                 ..PlanRequest::default()
             };
             main_engine
@@ -158,7 +168,8 @@ token = "{writer}"
             dir: http,
             request: PlanRequest {
                 no_lock: true,
-                extra_env: read_env,
+                extra_env: read_gate.env(),
+                state_gate: Some(read_gate),
                 ..PlanRequest::default()
             },
         },
@@ -167,7 +178,8 @@ token = "{writer}"
             engine: main_engine,
             dir: http_lock,
             request: PlanRequest {
-                extra_env: write_env,
+                extra_env: write_gate.env(),
+                state_gate: Some(write_gate),
                 ..PlanRequest::default()
             },
         },

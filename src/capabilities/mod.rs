@@ -5,5 +5,6 @@ pub mod engine;
 pub mod gitlab;
 pub mod namespaces;
 pub mod proxmox;
+pub mod state_gate;
 pub mod store;
 pub mod workspace;

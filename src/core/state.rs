@@ -64,6 +64,173 @@ pub fn http_backend_env(address: &str, credential: &GitlabCredential) -> BTreeMa
     .collect()
 }
 
+/// What a job's state gate lets its engine do, by the run's trust level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateAccess {
+    /// MR plans and drift checks: read (`GET`) the project's states, nothing else.
+    Read,
+    /// The default branch's plans and applies: read the project's states; lock, write and
+    /// unlock the run's own state.
+    ReadWrite,
+}
+
+/// What one job's state gate grants: the states of one project (its own), the one state the
+/// run may lock and write, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateGrant {
+    pub project: u64,
+    pub state: String,
+    pub access: GateAccess,
+}
+
+/// What a request to the gate asks of GitLab's state API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateOp {
+    Read,
+    Write,
+    Lock,
+    Unlock,
+    Delete,
+}
+
+impl GateOp {
+    fn word(self) -> &'static str {
+        match self {
+            GateOp::Read => "read",
+            GateOp::Write => "write",
+            GateOp::Lock => "lock",
+            GateOp::Unlock => "unlock",
+            GateOp::Delete => "deletion",
+        }
+    }
+}
+
+/// A request the gate forwards: the state's name (decoded), the lock endpoint or the state's
+/// own, and the lock ID a write names (`?ID=`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateCall {
+    pub op: GateOp,
+    pub name: String,
+    pub lock_endpoint: bool,
+    pub lock_id: Option<String>,
+}
+
+impl GateCall {
+    /// Where the gate forwards it: GitLab's state API for the grant's project, the name
+    /// encoded again (nothing of the request's own path or query reaches GitLab).
+    pub fn upstream(&self, gitlab_url: &str, project: u64) -> String {
+        let mut address = state_address(gitlab_url, project, &self.name);
+        if self.lock_endpoint {
+            address.push_str("/lock");
+        }
+        if let Some(id) = &self.lock_id {
+            let query: String = url::form_urlencoded::Serializer::new(String::new())
+                .append_pair("ID", id)
+                .finish();
+            address.push('?');
+            address.push_str(&query);
+        }
+        address
+    }
+}
+
+/// Why the gate refused a request: the text for the note and the job's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRefusal(pub String);
+
+/// The path of GitLab's state API the gate serves (`/api/v4/projects/<id>/terraform/state/`).
+const GATE_PREFIX: [&str; 3] = ["api", "v4", "projects"];
+
+/// Decide one request to a job's state gate (`method`, its raw `path` and `query`): the call
+/// to forward, or why it is refused. Only the grant's own project, by the numeric ID planbot
+/// wrote into the engine's address; for a [`GateAccess::Read`] grant only reads; locks and
+/// writes only of the grant's own state; never a deletion.
+pub fn gate_request(
+    grant: &GateGrant,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+) -> Result<GateCall, GateRefusal> {
+    let run = match grant.access {
+        GateAccess::Read => "plan",
+        GateAccess::ReadWrite => "run",
+    };
+    let refuse = |why: &str, ctx: minijinja::Value| {
+        let ctx = minijinja::context! { why => why, run => run, own => grant.project, ..ctx };
+        GateRefusal(crate::core::templates::text(
+            "state.txt.j2",
+            "gate_refused",
+            ctx,
+        ))
+    };
+    let not_api = || {
+        refuse(
+            "not_state_api",
+            minijinja::context! { path => path.chars().take(200).collect::<String>() },
+        )
+    };
+    let segments: Vec<&str> = path.strip_prefix('/').unwrap_or("").split('/').collect();
+    if segments.len() < 7
+        || segments.len() > 8
+        || segments[..3] != GATE_PREFIX
+        || segments[4] != "terraform"
+        || segments[5] != "state"
+        || (segments.len() == 8 && segments[7] != "lock")
+    {
+        return Err(not_api());
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .ok()
+    };
+    let (Some(asked), Some(name)) = (decode(segments[3]), decode(segments[6])) else {
+        return Err(not_api());
+    };
+    if name.is_empty() {
+        return Err(not_api());
+    }
+    let lock_endpoint = segments.len() == 8;
+    let op = match (lock_endpoint, method) {
+        (false, "GET") => GateOp::Read,
+        (false, "POST") => GateOp::Write,
+        (false, "DELETE") => GateOp::Delete,
+        (true, "POST") => GateOp::Lock,
+        (true, "DELETE") => GateOp::Unlock,
+        _ => {
+            return Err(refuse(
+                "method",
+                minijinja::context! { method => method.chars().take(20).collect::<String>(), name => &name },
+            ))
+        }
+    };
+    let ctx = minijinja::context! { op => op.word(), name => &name, asked => &asked, granted => &grant.state };
+    if asked != grant.project.to_string() {
+        return Err(refuse("other_project", ctx));
+    }
+    match (op, grant.access) {
+        (GateOp::Read, _) => {}
+        (GateOp::Delete, _) => return Err(refuse("delete", ctx)),
+        (_, GateAccess::Read) => return Err(refuse("read_only", ctx)),
+        (_, GateAccess::ReadWrite) if name != grant.state => {
+            return Err(refuse("other_state", ctx))
+        }
+        _ => {}
+    }
+    let lock_id = query.and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "ID")
+            .map(|(_, v)| v.into_owned())
+    });
+    Ok(GateCall {
+        op,
+        name,
+        lock_endpoint,
+        lock_id: lock_id.filter(|_| op != GateOp::Read),
+    })
+}
+
 /// The environment `init` gets to fetch modules from the same GitLab: git's HTTP
 /// `Authorization` header for that GitLab's URL only (through git's environment: nothing is
 /// written into the checkout or a file), and `TF_TOKEN_<host>` for its module registry (not for
@@ -378,6 +545,132 @@ state = "own"
         assert_eq!(env["TF_HTTP_LOCK_ADDRESS"], format!("{address}/lock"));
         assert_eq!(env["TF_HTTP_UNLOCK_METHOD"], "DELETE");
         assert_eq!(env["TF_HTTP_PASSWORD"], "glpat-state-token");
+    }
+
+    #[test]
+    fn the_gate_forwards_only_the_own_projects_states_and_says_why_not() {
+        let read = GateGrant {
+            project: 7,
+            state: "homelab".into(),
+            access: GateAccess::Read,
+        };
+        let write = GateGrant {
+            access: GateAccess::ReadWrite,
+            ..read.clone()
+        };
+        let p = "/api/v4/projects/7/terraform/state/homelab";
+        let call = gate_request(&read, "GET", p, None).unwrap();
+        assert_eq!(call.op, GateOp::Read);
+        assert_eq!(
+            call.upstream("https://gitlab.example.com/", 7),
+            "https://gitlab.example.com/api/v4/projects/7/terraform/state/homelab"
+        );
+        // A sibling state of the same project: read, yes.
+        let sibling = gate_request(
+            &read,
+            "GET",
+            "/api/v4/projects/7/terraform/state/dns%20zone",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            sibling.upstream("https://gitlab.example.com", 7),
+            "https://gitlab.example.com/api/v4/projects/7/terraform/state/dns%20zone"
+        );
+        let why =
+            |g: &GateGrant, m: &str, path: &str| gate_request(g, m, path, None).unwrap_err().0;
+        assert_eq!(
+            why(&read, "GET", "/api/v4/projects/42/terraform/state/prod"),
+            "planbot refused this plan's read of project 42's state `prod`: a plan of project 7 may read only project 7's states"
+        );
+        // By path, encoded, or with dot segments: still another project, or not the API.
+        assert!(why(
+            &read,
+            "GET",
+            "/api/v4/projects/infra%2Fprod/terraform/state/prod"
+        )
+        .contains("project infra/prod's state"));
+        assert!(why(
+            &read,
+            "GET",
+            "/api/v4/projects/7/terraform/state/../../42/terraform/state/prod"
+        )
+        .contains("serves only"));
+        assert!(why(&read, "GET", "/api/v4/projects/7/terraform/state/a/b").contains("serves only"));
+        assert!(why(&read, "GET", "/api/v4/user").contains("serves only"));
+        assert_eq!(
+            why(&read, "POST", &format!("{p}/lock")),
+            "planbot refused this plan's lock of state `homelab`: merge request plans only read the state"
+        );
+        assert!(why(&read, "POST", p).contains("write of state `homelab`"));
+        assert!(why(&write, "DELETE", p).contains("never deletes a state"));
+        assert!(why(&write, "PUT", p).contains("forwards only"));
+        assert!(why(
+            &write,
+            "POST",
+            "/api/v4/projects/7/terraform/state/other/lock"
+        )
+        .contains("may lock and write only its own state `homelab`"));
+        assert!(why(
+            &write,
+            "POST",
+            "/api/v4/projects/8/terraform/state/homelab/lock"
+        )
+        .contains("a run of project 7 may use only project 7's states"));
+        // The default branch's own state: lock, write with the lock's ID, unlock.
+        let lock = gate_request(&write, "POST", &format!("{p}/lock"), None).unwrap();
+        assert_eq!(lock.op, GateOp::Lock);
+        let w = gate_request(&write, "POST", p, Some("ID=6c1f%200e&x=y")).unwrap();
+        assert_eq!(
+            w.upstream("https://gitlab.example.com", 7),
+            "https://gitlab.example.com/api/v4/projects/7/terraform/state/homelab?ID=6c1f+0e"
+        );
+        assert_eq!(
+            gate_request(&write, "DELETE", &format!("{p}/lock"), None)
+                .unwrap()
+                .op,
+            GateOp::Unlock
+        );
+    }
+
+    #[test]
+    fn the_gates_texts() {
+        let read = GateGrant {
+            project: 7,
+            state: "homelab".into(),
+            access: GateAccess::Read,
+        };
+        let write = GateGrant {
+            access: GateAccess::ReadWrite,
+            ..read.clone()
+        };
+        let p = "/api/v4/projects/7/terraform/state/homelab";
+        let mut texts: Vec<String> = [
+            (&read, "GET", "/api/v4/projects/42/terraform/state/prod"),
+            (
+                &write,
+                "POST",
+                "/api/v4/projects/42/terraform/state/prod/lock",
+            ),
+            (&read, "POST", p),
+            (&write, "POST", "/api/v4/projects/7/terraform/state/dns"),
+            (&write, "DELETE", p),
+            (&write, "PATCH", p),
+            (&read, "GET", "/metrics"),
+        ]
+        .into_iter()
+        .map(|(g, m, path)| gate_request(g, m, path, None).unwrap_err().0)
+        .collect();
+        for (kind, ctx) in [
+            ("gate_direct", minijinja::context! { own => 7 }),
+            (
+                "shared_plan_token",
+                minijinja::context! { count => 2, projects => "infra/homelab, infra/lab" },
+            ),
+        ] {
+            texts.push(crate::core::templates::text("state.txt.j2", kind, ctx));
+        }
+        insta::assert_snapshot!(texts.join("\n"));
     }
 
     #[test]

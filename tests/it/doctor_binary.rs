@@ -610,6 +610,8 @@ async fn each_state_and_module_token_is_checked_for_the_role_it_needs_and_no_mor
         [
             "  OK    infra/homelab: [state.plan] token (@state-reader, Developer) reads the state; MR plans never lock it",
             "  OK    infra/lab: [state.plan] token (@state-reader, Developer) reads the state; MR plans never lock it",
+            "  WARN  [state.plan] token (@state-reader) reads the state of 2 projects (infra/homelab, infra/lab): MR code never holds it (planbot's state gate lets a plan read only its own project's states), but whoever reads the token file can read them all",
+            "        fix: Keep the token file readable by planbot alone; to narrow the token itself, give each project's state its own planbot (a project access token each).",
             "  OK    infra/homelab: [state.apply] token (@state-writer, Maintainer) locks and writes the state",
             "  OK    infra/lab: [state.apply] token (@state-writer, Maintainer) locks and writes the state",
             "  OK    [modules.plan] token (@modules-reader) can fetch infra/modules over git",
@@ -620,7 +622,9 @@ async fn each_state_and_module_token_is_checked_for_the_role_it_needs_and_no_mor
     let port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
     assert_eq!(
         network,
-        [format!("  OK    the engine may connect to 127.0.0.1:{port} (GitLab-managed state and modules, gitlab.url)")],
+        [format!(
+            "  OK    the engine may connect to 127.0.0.1:{port} (modules from GitLab, gitlab.url)"
+        )],
         "{stdout}"
     );
 

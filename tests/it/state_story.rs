@@ -739,3 +739,259 @@ async fn a_state_backend_on_another_port_is_flagged_by_check_and_its_refused_con
     let (note, status) = w.plan_of(&s, iid).await;
     assert!(status.starts_with("success"), "{status}\n{note}");
 }
+
+/// Project B's state `prod`: a sensitive output and a plain one.
+const B_SECRET: &str = "B-prod-db-password-7f3a9c";
+const B_IP: &str = "10.9.8.7";
+
+/// An MR file of project A that reads state `prod` of project `b` through the `http` backend at
+/// `address` (HCL), and shows its outputs in a resource (the sensitive one `nonsensitive`).
+fn remote_state_peek(address: &str) -> String {
+    format!(
+        r#"data "terraform_remote_state" "prod" {{
+  backend = "http"
+  config = {{
+    address = {address}
+  }}
+}}
+
+resource "terraform_data" "peek" {{
+  input = "${{nonsensitive(data.terraform_remote_state.prod.outputs.db_password)}} ${{data.terraform_remote_state.prod.outputs.admin_ip}}"
+}}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_reading_another_projects_state_is_refused_and_the_note_says_why() {
+    let engine = require_engine!();
+    // One Developer token (`state-reader`) for MR plans of two projects: infra/homelab (A,
+    // planned here) and infra/prod (B), whose state `prod` holds a password.
+    // The operator's provider mirror holds a provider that runs a program of the root (as
+    // `hashicorp/external` does): MR code runs with the engine's environment.
+    let mirror = tempfile::tempdir().unwrap();
+    let bin = mirror
+        .path()
+        .join("registry.terraform.io/evil/peek/1.0.0/linux_amd64/terraform-provider-peek_v1.0.0");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::write(&bin, "#!/bin/sh\nexec sh ./peek.sh\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mirror_path = mirror.path().display().to_string();
+    let mut b_id = 0;
+    let w = world_with(&engine, MANAGED, |gitlab| {
+        let b = gitlab.create_project("infra/prod");
+        gitlab.member_with_role(&b, "state-reader", crate::support::fake_gitlab::DEVELOPER);
+        gitlab.put_terraform_state(
+            &b,
+            "prod",
+            &serde_json::json!({
+                "version": 4, "terraform_version": "1.11.4", "serial": 3, "lineage": "b-lineage",
+                "outputs": {
+                    "db_password": {"value": B_SECRET, "type": "string", "sensitive": true},
+                    "admin_ip": {"value": B_IP, "type": "string"}
+                },
+                "resources": [], "check_results": null
+            }),
+        );
+        b_id = b.id;
+        let port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
+        (
+            vec![("stacks/core/main.tf".to_string(), vms_tf(&["blocky"]))],
+            // GitLab's port open to the engine: what stops the direct read is the credential.
+            format!(
+                "provider_mirror = \"{mirror_path}\"\n[sandbox]\nconnect_ports = [443, {port}]\n"
+            ),
+        )
+    });
+    let a_id = w.project.id;
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // 1. MR code that runs a program with the engine's environment (a "provider" committed in
+    //    the root) takes the address and credential of A's own state, swaps in B's project and
+    //    state, asks, and prints what it got where the engine quotes it.
+    let peek = format!(
+        "b=$(printf %s \"$TF_HTTP_ADDRESS\" | sed 's#/projects/{a_id}/terraform/state/homelab#/projects/{b_id}/terraform/state/prod#')\n\
+         echo \"peeked $b: $(curl -s -u \"$TF_HTTP_USERNAME:$TF_HTTP_PASSWORD\" \"$b\" | tr -d '\\n')\"\n\
+         exit 1\n"
+    );
+    let iid = w
+        .open_mr(
+            &s,
+            "peek-through-backend",
+            &[
+                ("stacks/core/peek.sh", &peek),
+                (
+                    "stacks/core/peek.tf",
+                    "terraform {\n  required_providers {\n    peek = { source = \"evil/peek\" }\n  }\n}\n\nprovider \"peek\" {}\n",
+                ),
+            ],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("failed"), "{status}\n{note}");
+    assert!(note.contains("peeked"), "the MR's program ran: {note}");
+    assert!(
+        !note.contains(B_SECRET) && !note.contains(B_IP),
+        "B's state reached A's note: {note}"
+    );
+    assert!(
+        note.contains(&format!(
+            "planbot refused this plan's read of project {b_id}'s state `prod`: a plan of project {a_id} may read only project {a_id}'s states"
+        )),
+        "{note}"
+    );
+
+    // 2. B's state straight at GitLab: the engine's credential is no use there.
+    let direct = format!(
+        "\"{}/api/v4/projects/{b_id}/terraform/state/prod\"",
+        w.gitlab.url()
+    );
+    let iid = w
+        .open_mr(
+            &s,
+            "peek-at-gitlab",
+            &[("stacks/core/peek.tf", &remote_state_peek(&direct))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("failed"), "{status}\n{note}");
+    assert!(
+        !note.contains(B_SECRET) && !note.contains(B_IP),
+        "B's state reached A's note: {note}"
+    );
+    assert!(
+        note.contains("valid only at planbot's state gate, for project"),
+        "{note}"
+    );
+
+    // GitLab never answered B's state to anyone: the direct reads came without a token it knows.
+    let prod: Vec<String> = w
+        .gitlab
+        .state_requests()
+        .iter()
+        .filter(|r| r.name == "prod")
+        .map(|r| format!("{} {} {:?} {}", r.method, r.target, r.user, r.status))
+        .collect();
+    assert!(!prod.is_empty(), "the direct read reached GitLab");
+    assert!(prod.iter().all(|r| r == "GET state None 401"), "{prod:?}");
+}
+
+#[test]
+fn check_warns_when_one_plan_token_serves_several_projects() {
+    let text = |projects: &str| {
+        format!(
+            "fingerprint_key = \"test-fingerprint-key-0123456789\"\n[gitlab]\nurl = \"https://gitlab.lab.internal\"\n\
+             token = \"glpat-bot\"\nwebhook_secret = \"s\"\nprojects = [{projects}]\n\
+             [state]\ndefault = \"gitlab\"\n[state.plan]\ntoken = \"glpat-reader\"\n"
+        )
+    };
+    let report = |projects: &str| {
+        let config = Config::load(&text(projects), &[], &|_| Err("no files".into())).unwrap();
+        planbot::flows::cli::serve::check_report(&config)
+    };
+    let two = report("\"infra/homelab\", \"infra/lab\"");
+    assert!(
+        two.contains("- WARNING: read the GitLab-managed state of 2 projects (infra/homelab, infra/lab) with one [state.plan] token: MR code never holds it (each job's state gate lets a plan read only its own project's states)"),
+        "{two}"
+    );
+    let one = report("\"infra/homelab\"");
+    assert!(!one.contains("[state.plan] token"), "{one}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_gate_wants_its_own_credential_and_passes_gitlabs_answers_through() {
+    use planbot::capabilities::state_gate::StateGate;
+    use planbot::core::config::{GitlabCredential, Secret};
+    use planbot::core::state::{GateAccess, GateGrant};
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
+    let bob = gitlab.member_with_role(&project, "bob", MAINTAINER);
+    gitlab.lock_terraform_state(&project, "homelab", &bob, "held-by-bob");
+    let upstream = GitlabCredential {
+        username: "planbot".into(),
+        token: Secret::new(writer.token.clone()),
+    };
+    let grant = GateGrant {
+        project: project.id,
+        state: "homelab".into(),
+        access: GateAccess::ReadWrite,
+    };
+    let gate = StateGate::start(grant, gitlab.url(), &upstream)
+        .await
+        .unwrap();
+    let env = gate.env();
+    let (address, user, password) = (
+        env["TF_HTTP_ADDRESS"].clone(),
+        env["TF_HTTP_USERNAME"].clone(),
+        env["TF_HTTP_PASSWORD"].clone(),
+    );
+    assert_eq!(
+        address,
+        format!(
+            "http://127.0.0.1:{}/api/v4/projects/{}/terraform/state/homelab",
+            gate.port(),
+            project.id
+        )
+    );
+    assert!(!address.contains(gitlab.url()) && password != writer.token);
+    let http = reqwest::Client::new();
+
+    // The job's credential, nothing else: a wrong password, or GitLab's own token, is a 401.
+    for (u, p) in [(user.as_str(), "wrong"), ("planbot", writer.token.as_str())] {
+        let r = http
+            .get(&address)
+            .basic_auth(u, Some(p))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    // The job's credential is nothing at GitLab.
+    let at_gitlab = format!(
+        "{}/api/v4/projects/{}/terraform/state/homelab",
+        gitlab.url(),
+        project.id
+    );
+    let r = http
+        .get(&at_gitlab)
+        .basic_auth(&user, Some(&password))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    // GitLab's answers as they are: a held lock's 409 with its lock info.
+    let r = http
+        .post(format!("{address}/lock"))
+        .basic_auth(&user, Some(&password))
+        .json(&serde_json::json!({"ID": "mine", "Operation": "OperationTypeApply"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let held: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (held["ID"].as_str(), held["Who"].as_str()),
+        (Some("held-by-bob"), Some("bob"))
+    );
+    let calls: Vec<String> = gitlab
+        .state_requests()
+        .iter()
+        .map(|r| format!("{} {} {:?} {}", r.method, r.target, r.user, r.status))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "GET state None 401".to_string(),
+            "POST lock Some(\"state-writer\") 409".to_string()
+        ],
+        "the gate forwarded only the allowed call, with the real token"
+    );
+    let refused = gate.refusals();
+    assert_eq!(
+        refused,
+        ["planbot refused a request to this run's state gate without the job's own credential"]
+    );
+}

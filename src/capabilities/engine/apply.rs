@@ -43,6 +43,8 @@ pub struct PlannedRun {
     pub(super) secrets: Secrets,
     pub(super) scrubber: Scrubber,
     pub(super) duration: Duration,
+    /// The job's state gate, kept running until the apply is done.
+    pub(super) _state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::StateGate>>,
 }
 
 impl fmt::Debug for PlannedRun {

@@ -41,6 +41,9 @@ impl Engine {
         secrets.extend(self.secret_values(&req.extra_env));
         secrets.extend(req.init_env.values().cloned());
         secrets.extend(req.extra_secrets.iter().cloned());
+        if let Some(gate) = &req.state_gate {
+            secrets.extend([gate.password().to_string()]);
+        }
         let version = self.version().await?;
         let (encryption, enc_text) =
             PlanEncryption::choose(&self.inner.env, req, &version, &mut secrets);
@@ -62,7 +65,11 @@ impl Engine {
                 init_env.insert(k.clone(), v.into());
             }
         }
-        let confinement = self.confinement(Some((&place.worktree, &dirs)));
+        let mut confinement = self.confinement(Some((&place.worktree, &dirs)));
+        if let (Some(c), Some(gate)) = (&mut confinement, &req.state_gate) {
+            // The job's state gate: the one place the engine's `http` backend talks to.
+            c.policy.allow_port(gate.port());
+        }
         if let Some(c) = &confinement {
             c.set_env(&mut env);
         }
@@ -127,6 +134,7 @@ impl Engine {
             secrets,
             scrubber,
             duration: started.elapsed(),
+            _state_gate: req.state_gate.clone(),
         })
     }
 }

@@ -203,14 +203,16 @@ impl ApplyCtx {
             .app
             .default_branch_engine()
             .map_err(|e| format!("{e:#}"))?;
-        let extra_env = match credentials::managed_state_env(
+        let gate = match credentials::managed_state_gate(
             &self.app.config,
             self.project,
             checkout,
             root,
             Trust::DefaultBranch,
-        ) {
-            Ok(env) => env.unwrap_or_default(),
+        )
+        .await
+        {
+            Ok(gate) => gate,
             Err(why) => {
                 self.end_run(run, RunState::Failed, &why, "").await;
                 return Err(self.say(
@@ -224,14 +226,20 @@ impl ApplyCtx {
             workspace: Some(root.workspace.clone()).filter(|w| !w.is_empty() && w != "default"),
             extra_secrets: self.app.config.secrets(),
             worktree: Some(checkout.to_path_buf()),
-            extra_env,
+            extra_env: gate.as_ref().map(|g| g.env()).unwrap_or_default(),
+            state_gate: gate.clone(),
             init_env: credentials::module_env(&self.app.config, Trust::DefaultBranch),
             ..PlanRequest::default()
         };
         match engine.plan(&checkout.join(&root.dir), &request).await {
             Ok(p) => Ok(p),
             Err(e) => {
-                let report = self.app.scrubber.scrub(&e.report(40)).into_owned();
+                let mut report = e.report(40);
+                let refused = credentials::gate_explanation(gate.as_deref(), &report);
+                if !refused.is_empty() {
+                    report = format!("{report}\n{refused}");
+                }
+                let report = self.app.scrubber.scrub(&report).into_owned();
                 self.end_run(
                     run,
                     RunState::Failed,

@@ -331,6 +331,7 @@ async fn state_token(
     else {
         return;
     };
+    let mut readable: Vec<String> = Vec::new();
     for project_ref in allowed_projects(config) {
         let mut d = json!({"setting": setting, "project": project_ref, "username": user.username, "role": role});
         let project = match client.project(&project_ref).await {
@@ -357,7 +358,10 @@ async fn state_token(
             "plan" if n < 30 => r.add(Status::Fail, "state_plan_low", d),
             "plan" if n > 30 => r.add(Status::Fail, "state_plan_high", d),
             "plan" => match client.terraform_state_readable(project.id).await {
-                Ok(()) => r.add(Status::Ok, "state_plan_ok", d),
+                Ok(()) => {
+                    readable.push(d["project"].as_str().unwrap_or_default().to_string());
+                    r.add(Status::Ok, "state_plan_ok", d)
+                }
                 Err(e) => {
                     d["error"] = e.to_string().into();
                     r.add(Status::Fail, "state_plan_unreadable", d);
@@ -366,6 +370,15 @@ async fn state_token(
             _ if n >= 40 => r.add(Status::Ok, "state_apply_ok", d),
             _ => r.add(Status::Fail, "state_apply_low", d),
         }
+    }
+    // One plan token that reads several projects' state: the state gate keeps it from MR
+    // code, but whoever holds it reads them all.
+    if readable.len() > 1 {
+        r.add(
+            Status::Warn,
+            "state_plan_shared",
+            json!({"username": user.username, "projects": readable.join(", "), "count": readable.len()}),
+        );
     }
 }
 

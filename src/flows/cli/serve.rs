@@ -109,6 +109,9 @@ pub fn check_report(config: &Config) -> String {
             list.join(", ")
         ));
     }
+    if let Some(line) = shared_state_token(config) {
+        out.push_str(&format!("- {line}\n"));
+    }
     out.push_str(&format!(
         "- accept applies only from the CI job named `{}` on a protected default branch\n",
         config.apply.job_name
@@ -133,6 +136,22 @@ pub fn check_report(config: &Config) -> String {
         ),
     }
     out
+}
+
+/// What `--check` says when one `[state.plan]` token serves several projects: the state gate
+/// keeps it from MR code, but the token itself reads them all (`planbot doctor` asks GitLab).
+fn shared_state_token(config: &Config) -> Option<String> {
+    let projects = &config.gitlab.projects.0;
+    (config.state.plan.is_some() && projects.len() > 1).then(|| {
+        crate::core::templates::text(
+            "state.txt.j2",
+            "shared_plan_token",
+            minijinja::context! {
+                projects => projects.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "),
+                count => projects.len(),
+            },
+        )
+    })
 }
 
 /// What `--check` says about who may read the run pages (a warning for `auth = "none"`).

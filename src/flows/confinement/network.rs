@@ -17,8 +17,9 @@ pub fn url_port(u: &str) -> Option<u16> {
 }
 
 /// The TCP ports the engine may connect to in a run for `trust`: `[sandbox] connect_ports`, the
-/// Proxmox endpoint's port, the network provider mirror's, GitLab's when the engine reaches it
-/// for state or modules, and SSH (22) for the default branch's runs with `[proxmox.apply] ssh_*`.
+/// Proxmox endpoint's port, the network provider mirror's, GitLab's when the engine fetches
+/// modules from it (not for GitLab-managed state: the engine reaches that only through the
+/// job's state gate, whose port each run adds), and SSH (22) for the default branch's runs with `[proxmox.apply] ssh_*`.
 pub fn connect_ports(config: &Config, trust: Trust) -> Vec<u16> {
     let mut ports = config.sandbox.connect_ports.clone();
     if let Some(m) = config
@@ -34,7 +35,7 @@ pub fn connect_ports(config: &Config, trust: Trust) -> Vec<u16> {
         ports.push(22);
     }
     if credentials::uses_gitlab(config) {
-        // GitLab-managed state, and modules over git or the module registry.
+        // Modules over git or the module registry.
         ports.extend(url_port(&config.gitlab.url));
     }
     let env = credentials::engine_env(config, trust);
@@ -78,7 +79,7 @@ pub struct Need {
 }
 
 /// Every place the config says the engine connects to, each with whether the sandbox's
-/// allow-list has its port: GitLab (state, modules), the Proxmox endpoints, the provider mirror,
+/// allow-list has its port: GitLab (modules), the Proxmox endpoints, the provider mirror,
 /// and the endpoint variables of the engine's environment.
 pub fn needs(config: &Config) -> Vec<Need> {
     let plan = connect_ports(config, Trust::MergeRequest);
@@ -110,7 +111,7 @@ pub fn needs(config: &Config) -> Vec<Need> {
     if credentials::uses_gitlab(config) {
         add(
             "gitlab.url".into(),
-            "GitLab-managed state and modules",
+            "modules from GitLab",
             &config.gitlab.url,
             &both,
         );
@@ -284,9 +285,17 @@ endpoint = "https://pve01.lab:8006/"
         );
         let found = needs(&c);
         let by_key = |k: &str| found.iter().find(|n| n.key == k).cloned();
+        // GitLab-managed state alone: the engine reaches only the job's state gate, never
+        // GitLab itself, so GitLab's port stays closed.
+        assert_eq!(by_key("gitlab.url"), None);
+        assert!(!connect_ports(&c, Trust::MergeRequest).contains(&8443));
+        let with_modules = config("[modules.plan]\ntoken = \"glpat-modules\"\n");
         assert_eq!(
-            by_key("gitlab.url").map(|n| (n.port, n.allowed)),
-            Some((8443, true))
+            needs(&with_modules)
+                .iter()
+                .find(|n| n.key == "gitlab.url")
+                .map(|n| (n.port, n.allowed, n.what)),
+            Some((8443, true, "modules from GitLab"))
         );
         assert_eq!(
             by_key("proxmox.endpoint").map(|n| (n.port, n.allowed)),

@@ -41,7 +41,7 @@ pub fn namespace_support(config: &Config) -> NsSupport {
 /// The sandbox of the service's engine runs for `trust`: the strict profile, reading
 /// `[sandbox] read_paths` (and a filesystem provider mirror), connecting to
 /// `[sandbox] connect_ports`, the Proxmox endpoint's port, the provider mirror's, and
-/// GitLab's when the engine reaches it for state or modules.
+/// GitLab's when the engine fetches modules from it (each run adds its state gate's port).
 pub fn service_mode(config: &Config, trust: Trust) -> SandboxMode {
     let mode = SandboxMode::with_support(
         SandboxProfile::Strict,

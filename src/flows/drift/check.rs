@@ -402,13 +402,14 @@ impl ProjectCheck<'_> {
                 self.head.short()
             ));
         }
-        let state = credentials::managed_state_env(
+        let gate = credentials::managed_state_gate(
             config,
             self.info.id,
             checkout,
             root,
             Trust::MergeRequest,
-        )?;
+        )
+        .await?;
         let req = PlanRequest {
             var_files: root.var_files.iter().map(PathBuf::from).collect(),
             workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
@@ -417,11 +418,20 @@ impl ProjectCheck<'_> {
             // A drift check only reads the state: it never locks or writes it.
             no_lock: true,
             init_env: credentials::module_env(config, Trust::MergeRequest),
-            extra_env: state.unwrap_or_default(),
+            extra_env: gate.as_ref().map(|g| g.env()).unwrap_or_default(),
+            state_gate: gate.clone(),
             cancel: self.selection.cancel.clone(),
             ..PlanRequest::default()
         };
-        self.engine.plan(&dir, &req).await.map_err(|e| e.report(60))
+        self.engine.plan(&dir, &req).await.map_err(|e| {
+            let report = e.report(60);
+            let refused = credentials::gate_explanation(gate.as_deref(), &report);
+            if refused.is_empty() {
+                report
+            } else {
+                format!("{report}\n\n{refused}")
+            }
+        })
     }
 
     /// The root's issue in line with the verdict; a GitLab failure is kept on the result.

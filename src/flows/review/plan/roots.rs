@@ -199,7 +199,8 @@ async fn plan_root(
         ..PlanRequest::default()
     };
     let state = if dir.is_dir() {
-        credentials::managed_state_env(&app.config, project, checkout, root, Trust::MergeRequest)
+        credentials::managed_state_gate(&app.config, project, checkout, root, Trust::MergeRequest)
+            .await
     } else {
         Ok(None)
     };
@@ -219,8 +220,9 @@ async fn plan_root(
             end,
         }
     } else {
-        if let Ok(Some(env)) = state {
-            req.extra_env = env;
+        if let Ok(Some(gate)) = &state {
+            req.extra_env = gate.env();
+            req.state_gate = Some(gate.clone());
         }
         match prepared.engine.plan(&dir, &req).await {
             Ok(planned) => {
@@ -278,7 +280,13 @@ async fn plan_root(
                 } else {
                     RunState::Failed
                 };
-                let error = app.scrubber.scrub(&e.report(60)).into_owned();
+                let mut error = e.report(60);
+                // What the job's state gate refused, and why: the note says it.
+                let gate = credentials::gate_explanation(req.state_gate.as_deref(), &error);
+                if !gate.is_empty() {
+                    error = format!("{error}\n\n{gate}");
+                }
+                let error = app.scrubber.scrub(&error).into_owned();
                 let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
                 let end = finish(app, run, state, &e.to_string(), &log, None).await?;
                 Outcome::Failed { run, error, end }

@@ -370,6 +370,23 @@ impl FakeGitLab {
         });
     }
 
+    /// Write state `name` of the project as an apply elsewhere would have (a new version with
+    /// the document's `serial`).
+    pub fn put_terraform_state(&self, project: &FakeProject, name: &str, document: &Value) {
+        let mut s = self.lock();
+        let tf = s
+            .projects
+            .get_mut(&project.id)
+            .unwrap()
+            .tf
+            .entry(name.to_string())
+            .or_default();
+        tf.versions.push(TfVersion {
+            serial: document["serial"].as_u64().unwrap_or(1),
+            data: serde_json::to_vec(document).unwrap(),
+        });
+    }
+
     /// Every request the state API answered, in order.
     pub fn state_requests(&self) -> Vec<StateRequest> {
         self.lock().tf_requests.clone()
