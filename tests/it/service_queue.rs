@@ -349,3 +349,100 @@ async fn run_pages_list_runs_and_show_one() {
     assert_eq!(status, 404);
     assert!(page.contains("Run #999999 does not exist"));
 }
+
+/// A root that plans one `terraform_data` with `input`.
+fn data_root(input: &str) -> String {
+    format!("resource \"terraform_data\" \"vm\" {{\n  input = \"{input}\"\n}}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
+    use crate::support::fake_gitlab::{FakeGitLab, DEVELOPER};
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    let roots = "[[roots]]\nname = \"slow\"\ndir = \"slow\"\n\n[[roots]]\nname = \"fast\"\ndir = \"fast\"\n";
+    fake.commit_files(
+        &project,
+        "main",
+        &[
+            (".planbot.toml", roots),
+            ("slow/main.tf", &data_root("slow")),
+            ("fast/main.tf", &data_root("fast")),
+        ],
+    );
+    let (xavier, yolanda) = (fake.create_user("xavier"), fake.create_user("yolanda"));
+    fake.add_member(&project, &xavier, DEVELOPER);
+    fake.add_member(&project, &yolanda, DEVELOPER);
+    // Xavier's two MRs change the slow root, Yolanda's the fast one.
+    fake.commit_files(&project, "x-one", &[("slow/main.tf", &data_root("x1"))]);
+    fake.commit_files(&project, "x-two", &[("slow/main.tf", &data_root("x2"))]);
+    fake.commit_files(&project, "y-one", &[("fast/main.tf", &data_root("y1"))]);
+    let x1 = fake.open_mr_by(&project, "x-one", "main", &xavier);
+    let x2 = fake.open_mr_by(&project, "x-two", "main", &xavier);
+    let y1 = fake.open_mr_by(&project, "y-one", "main", &yolanda);
+
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[plan]\nmax_concurrent_plans = 2\n",
+    );
+    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(cfg, workers()).await;
+    let pid = ProjectId(project.id);
+
+    // Xavier's plans are slow: the slow root is held (as a long apply of it would hold it), so
+    // each of his jobs keeps its worker while it waits for the root.
+    let held = s.app.root_locks.lock(pid, "slow").await;
+    s.deliver_mr_opened(&fake.mr_webhook(&project, x1).body(), x1)
+        .await;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        s.app.root_locks.until_waiting(pid, "slow", 1),
+    )
+    .await
+    .expect("Xavier's first plan waits for the slow root on its worker");
+    s.deliver_mr_opened(&fake.mr_webhook(&project, x2).body(), x2)
+        .await;
+    s.deliver_mr_opened(&fake.mr_webhook(&project, y1).body(), y1)
+        .await;
+
+    // Yolanda's MR gets a worker and its note while Xavier's plans are still held up.
+    let y_head = fake.mr_sha(&project, y1);
+    s.eventually_for("Yolanda's plan to succeed", 120, || {
+        let done = fake
+            .statuses(&project, &y_head)
+            .iter()
+            .any(|st| st.name == "planbot/plan" && st.state == "success");
+        std::future::ready(done)
+    })
+    .await;
+    let note = fake
+        .plan_note(&project, y1)
+        .expect("Yolanda's MR has its note");
+    assert!(note.contains("fast"), "{note}");
+    let jobs = s.app.store.recent_jobs(10).await.unwrap();
+    let state_of = |iid: u64| {
+        jobs.iter()
+            .find(|j| j.kind == "plan" && j.mr == Some(MrIid(iid)))
+            .map(|j| j.state.clone())
+    };
+    assert_eq!(state_of(x1).as_deref(), Some("running"), "{jobs:?}");
+    // Xavier holds one worker of two: his second MR waits its turn, not Yolanda's.
+    assert_eq!(state_of(x2).as_deref(), Some("queued"), "{jobs:?}");
+    assert!(fake.plan_note(&project, x1).is_none());
+
+    // The root is free again: Xavier's MRs get their notes too, one after the other.
+    drop(held);
+    s.after_job_ends("every plan to end", 240, || s.jobs_all_ended())
+        .await;
+    for iid in [x1, x2] {
+        assert!(
+            fake.plan_note(&project, iid).is_some(),
+            "Xavier's !{iid} has its note"
+        );
+    }
+}
