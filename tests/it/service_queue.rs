@@ -355,11 +355,10 @@ fn data_root(input: &str) -> String {
     format!("resource \"terraform_data\" \"vm\" {{\n  input = \"{input}\"\n}}\n")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
-    use crate::support::fake_gitlab::{FakeGitLab, DEVELOPER};
-    let engine = require_engine!();
-    let fake = FakeGitLab::start();
+/// A project with two roots, `slow` and `fast`, on the fake GitLab.
+fn two_root_project(
+    fake: &crate::support::fake_gitlab::FakeGitLab,
+) -> crate::support::fake_gitlab::FakeProject {
     let project = fake.create_project("infra/homelab");
     let roots = "[[roots]]\nname = \"slow\"\ndir = \"slow\"\n\n[[roots]]\nname = \"fast\"\ndir = \"fast\"\n";
     fake.commit_files(
@@ -371,6 +370,60 @@ async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
             ("fast/main.tf", &data_root("fast")),
         ],
     );
+    project
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_deadline_is_stopped_its_status_says_so_and_its_worker_is_free() {
+    use crate::support::fake_gitlab::FakeGitLab;
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = two_root_project(&fake);
+    fake.commit_files(&project, "x-one", &[("slow/main.tf", &data_root("x1"))]);
+    let x1 = fake.open_mr(&project, "x-one", "main");
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[plan]\nmax_concurrent_plans = 2\njob_timeout = \"2s\"\n",
+    )
+    // A stopped job that does not end by itself is dropped after the grace (and 2 s).
+    .replace("timeout = \"10m\"", "timeout = \"10m\"\ngrace = \"1s\"");
+    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(cfg, workers()).await;
+    // The job never gets its root (held here for the whole test): only its deadline ends it.
+    let held = s.app.root_locks.lock(ProjectId(project.id), "slow").await;
+    s.deliver_mr_opened(&fake.mr_webhook(&project, x1).body(), x1)
+        .await;
+    s.after_job_ends("the job to end at its deadline", 60, || s.jobs_all_ended())
+        .await;
+    let jobs = s.app.store.recent_jobs(10).await.unwrap();
+    assert_eq!(jobs[0].state, "failed", "{jobs:?}");
+    assert_eq!(
+        jobs[0].detail.as_deref(),
+        Some("stopped after the job deadline of 2s (plan.job_timeout)")
+    );
+    let head = fake.mr_sha(&project, x1);
+    let status = fake.status(&project, &head, "planbot/plan").unwrap();
+    assert_eq!(
+        (status.state.as_str(), status.description.as_deref()),
+        (
+            "failed",
+            Some("planbot: stopped after the job deadline of 2s (plan.job_timeout)")
+        )
+    );
+    assert_eq!(s.app.queue.running(), 0, "its worker is free again");
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
+    use crate::support::fake_gitlab::{FakeGitLab, DEVELOPER};
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = two_root_project(&fake);
     let (xavier, yolanda) = (fake.create_user("xavier"), fake.create_user("yolanda"));
     fake.add_member(&project, &xavier, DEVELOPER);
     fake.add_member(&project, &yolanda, DEVELOPER);

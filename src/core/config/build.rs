@@ -604,8 +604,8 @@ fn plan(v: &mut Values) -> PlanConfig {
     v.flat.remove("plan.workers_per_author");
     let job_timeout = v.duration_within(
         "plan.job_timeout",
-        std::time::Duration::from_secs(60)..=std::time::Duration::from_secs(24 * 3600),
-        "expected a duration from 1m to 24h",
+        std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(24 * 3600),
+        "expected a duration from 1s to 24h",
     );
     PlanConfig {
         max_concurrent_plans,

@@ -615,7 +615,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Duration,
         secret: false,
         unset: Unset::Value("2h"),
-        description: "The deadline of a whole job (checkout, every root's init, plan and show, the note): past it the job is stopped as `engine.timeout` stops one run (SIGTERM, SIGKILL after `grace`), its commit status says so, and its worker is free again (1m..24h).",
+        description: "The deadline of a whole job (checkout, every root's init, plan and show, the note): past it the job is stopped as `engine.timeout` stops one run (SIGTERM, SIGKILL after `grace`), its commit status says so, and its worker is free again (1s..24h).",
         show: |c| Shown::duration(c.plan.job_timeout),
     },
     Key {
