@@ -499,3 +499,98 @@ async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
         );
     }
 }
+
+/// What the files under `dir` take on disk (allocated blocks; links not followed).
+fn disk_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        total += meta.blocks() * 512;
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_that_writes_past_the_disk_quota_fails_with_a_note_and_data_dir_keeps_none_of_it() {
+    use crate::support::fake_engine::{fake_engine, TERRAFORM_VERSION_JSON};
+    use crate::support::fake_gitlab::FakeGitLab;
+    const MIB: u64 = 1 << 20;
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", &data_root("main"))]);
+    fake.commit_files(&project, "fill", &[("main.tf", &data_root("fill"))]);
+    let iid = fake.open_mr(&project, "fill", "main");
+    // The MR's code runs in `plan` (a stand-in engine does what it did): 1 GiB into its
+    // checkout, one MiB at a time.
+    let bin = tempfile::tempdir().unwrap();
+    let engine = fake_engine(
+        bin.path(),
+        "terraform",
+        TERRAFORM_VERSION_JSON,
+        r#"if [ "$1" = plan ]; then
+  i=0
+  while [ $i -lt 1024 ]; do head -c 1048576 /dev/urandom > junk.$i || exit 1; i=$((i+1)); done
+  echo "wrote the whole gigabyte"
+fi"#,
+    );
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[sandbox]\ndisk_max = \"64 MiB\"\n",
+    );
+    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(cfg, workers()).await;
+    let before = disk_usage(data.path());
+    // Measured while the job runs: the most data_dir held.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (dir, done) = (data.path().to_path_buf(), done.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(disk_usage(&dir));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    s.deliver_mr_opened(&fake.mr_webhook(&project, iid).body(), iid)
+        .await;
+    s.after_job_ends("the plan job to end", 120, || s.jobs_all_ended())
+        .await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap().saturating_sub(before);
+    let note = fake.plan_note(&project, iid).expect("the MR has its note");
+    assert!(
+        note.contains("took more than 64 MiB, the most a job may write (`sandbox.disk_max`)"),
+        "{note}"
+    );
+    assert!(!note.contains("wrote the whole gigabyte"), "{note}");
+    let head = fake.mr_sha(&project, iid);
+    assert_eq!(
+        fake.status(&project, &head, "planbot/plan").unwrap().state,
+        "failed"
+    );
+    // data_dir held the quota and what was written in the moment before the engine was
+    // killed, far from the gigabyte; once the job ended, nothing of it is left.
+    assert!(peak > 32 * MIB, "the measure saw the writes: {peak}");
+    assert!(
+        peak < 64 * MIB + 192 * MIB,
+        "data_dir grew by {} MiB at most",
+        peak / MIB
+    );
+    let after = disk_usage(data.path()).saturating_sub(before);
+    assert!(after < 4 * MIB, "data_dir kept {} KiB", after / 1024);
+}
