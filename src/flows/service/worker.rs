@@ -187,6 +187,9 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
         tracing::error!(job = id.0, error = %format!("{e:#}"), "cannot record the end of a job");
     }
     app.queue.job_ended();
+    // Its author and its MR hold one job fewer: a job that waited for that share may be taken
+    // by an idle worker now (this one takes the next it can by itself).
+    app.queue.jobs_added(1);
 }
 
 /// Every `every`, renew this replica's lease of job `id`; fire `token` when the job was
