@@ -143,6 +143,31 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
     );
 }
 
+#[test]
+fn a_job_that_runs_the_unit_out_of_memory_does_not_stop_the_service() {
+    // systemd's default, OOMPolicy=stop, stops the whole service when the kernel's OOM killer
+    // ends one of its processes (an engine: each has oom_score_adj 1000); `continue` keeps
+    // planbot running and the job fails with a note. `verify` above checks the value is valid.
+    let unit = read(UNIT);
+    assert_eq!(unit_values(&unit, "OOMPolicy"), ["continue"], "{UNIT}");
+    assert!(
+        !unit_values(&unit, "MemoryMax").is_empty(),
+        "the unit caps its memory"
+    );
+    // No container recipe lets the OOM killer spare the engine: nothing lowers its score or
+    // turns the OOM killer off.
+    for recipe in [
+        COMPOSE,
+        "deploy/kubernetes/single/statefulset.yaml",
+        "deploy/kubernetes/replicas/deployment.yaml",
+    ] {
+        let text = read(recipe);
+        for knob in ["oom_kill_disable", "oom_score_adj", "oomScoreAdj"] {
+            assert!(!text.contains(&format!("{knob}:")), "{recipe} sets {knob}");
+        }
+    }
+}
+
 /// The overall exposure `systemd-analyze security` gives the unit (0 = locked down, 10 = open).
 fn exposure(unit_file: &Path) -> (f64, String) {
     let out = run(Command::new(systemd_analyze())

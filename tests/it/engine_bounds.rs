@@ -181,3 +181,52 @@ async fn a_line_of_megabytes_in_the_engine_output_is_cut_in_the_log() {
         &log[..100]
     );
 }
+
+/// What the files under `dir` take on disk (allocated blocks; links not followed).
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        total += meta.blocks() * 512;
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn a_plan_that_writes_past_the_disk_quota_is_killed_and_says_why() {
+    const MIB: u64 = 1 << 20;
+    let quota = 32 * MIB;
+    // MR code in `plan` writes 1 GiB into its checkout, one MiB at a time (each file well
+    // under the file-size cap: the quota, not `RLIMIT_FSIZE`, must stop it).
+    let s = stage(
+        r#"i=0
+    while [ $i -lt 1024 ]; do head -c 1048576 /dev/urandom > junk.$i || exit 1; i=$((i+1)); done
+    echo "wrote the whole gigabyte""#,
+        &print_plan(),
+        |b| b.disk_max(Some(quota)),
+    );
+    let err = match s.plan().await {
+        Err(e @ EngineError::OverQuota { .. }) => e,
+        other => panic!("expected the plan stopped by the disk quota, got {other:?}"),
+    };
+    assert_eq!(
+        err.to_string(),
+        "`plan` was stopped: the run's files (its checkout, plan file and plugin cache) took more than 32 MiB, the most a job may write (`sandbox.disk_max`)"
+    );
+    assert!(!err.log().unwrap().contains("wrote the whole gigabyte"));
+    // Killed within one look of passing the quota (every 200 ms): far from the gigabyte.
+    let held = disk_usage(s.root.path());
+    assert!(held > quota, "it did write past the quota: {held}");
+    assert!(
+        held < quota + 256 * MIB,
+        "the checkout holds {} MiB against a quota of 32 MiB",
+        held / MIB
+    );
+}

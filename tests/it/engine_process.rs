@@ -367,3 +367,88 @@ esac"#
     assert!(err.to_string().contains("state file"), "{err}");
     assert_eq!(leftovers(s.temp_root.path()), Vec::<String>::new());
 }
+
+/// The `oom_score_adj` of process `pid`, read from outside its namespaces.
+fn oom_score_adj(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+        .unwrap_or_else(|e| format!("unreadable: {e}"))
+        .trim()
+        .to_string()
+}
+
+/// The process group of process `pid` (field 5 of its stat line).
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn every_engine_process_is_the_oom_killers_first_choice_and_planbot_is_not() {
+    // Sandboxed (the service's way: its own namespaces, no /proc inside, so the score is read
+    // from here, the parent's side) and unsandboxed: every process of the engine's group.
+    for sandboxed in [true, false] {
+        let s = setup();
+        let marker = format!("4242.{}{}", std::process::id(), u8::from(sandboxed));
+        let body = format!(r#"if [ "$1" = init ]; then sleep {marker}; fi"#);
+        let bin = fake_engine(s.bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
+        let mut builder =
+            Engine::builder(&bin, s.temp_root.path()).timeout(Duration::from_secs(60));
+        if !sandboxed {
+            builder = builder.sandbox(fake::unsandboxed());
+        }
+        let engine = builder.build().unwrap();
+        let (handle, token) = CancelHandle::new();
+        let req = PlanRequest {
+            cancel: Some(token),
+            ..PlanRequest::default()
+        };
+        let watcher = tokio::spawn(async move {
+            let sleep_marker = format!("sleep\0{marker}");
+            crate::support::eventually("the engine's child to run", 30, || {
+                let found = !running_with(&sleep_marker).is_empty();
+                std::future::ready(found)
+            })
+            .await;
+            let child = running_with(&sleep_marker)[0];
+            let group = process_group(child).expect("the child's process group");
+            let members: Vec<(u32, String)> = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+                .filter(|pid| process_group(*pid) == Some(group))
+                .map(|pid| (pid, oom_score_adj(pid)))
+                .collect();
+            handle.cancel();
+            (child, members)
+        });
+        let err = engine
+            .plan(s.root.path(), &req)
+            .await
+            .expect_err("cancelled");
+        assert!(matches!(err, EngineError::Cancelled { .. }), "{err:?}");
+        let (child, members) = watcher.await.unwrap();
+        assert!(
+            members.iter().any(|(pid, _)| *pid == child),
+            "sandboxed={sandboxed}: {members:?}"
+        );
+        // The namespace's parent and init, the engine, what it started: all of them.
+        assert!(
+            members.len() >= if sandboxed { 3 } else { 1 },
+            "{members:?}"
+        );
+        for (pid, adj) in &members {
+            assert_eq!(
+                adj,
+                std::str::from_utf8(planbot::capabilities::engine::ENGINE_OOM_SCORE_ADJ).unwrap(),
+                "sandboxed={sandboxed}: process {pid} of the engine's group: {members:?}"
+            );
+        }
+        // planbot itself (this process) keeps its own score: the engine is chosen first.
+        assert_ne!(oom_score_adj(std::process::id()), "1000");
+    }
+}

@@ -349,3 +349,248 @@ async fn run_pages_list_runs_and_show_one() {
     assert_eq!(status, 404);
     assert!(page.contains("Run #999999 does not exist"));
 }
+
+/// A root that plans one `terraform_data` with `input`.
+fn data_root(input: &str) -> String {
+    format!("resource \"terraform_data\" \"vm\" {{\n  input = \"{input}\"\n}}\n")
+}
+
+/// A project with two roots, `slow` and `fast`, on the fake GitLab.
+fn two_root_project(
+    fake: &crate::support::fake_gitlab::FakeGitLab,
+) -> crate::support::fake_gitlab::FakeProject {
+    let project = fake.create_project("infra/homelab");
+    let roots = "[[roots]]\nname = \"slow\"\ndir = \"slow\"\n\n[[roots]]\nname = \"fast\"\ndir = \"fast\"\n";
+    fake.commit_files(
+        &project,
+        "main",
+        &[
+            (".planbot.toml", roots),
+            ("slow/main.tf", &data_root("slow")),
+            ("fast/main.tf", &data_root("fast")),
+        ],
+    );
+    project
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_deadline_is_stopped_its_status_says_so_and_its_worker_is_free() {
+    use crate::support::fake_gitlab::FakeGitLab;
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = two_root_project(&fake);
+    fake.commit_files(&project, "x-one", &[("slow/main.tf", &data_root("x1"))]);
+    let x1 = fake.open_mr(&project, "x-one", "main");
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[plan]\nmax_concurrent_plans = 2\njob_timeout = \"2s\"\n",
+    )
+    // A stopped job that does not end by itself is dropped after the grace (and 2 s).
+    .replace("timeout = \"10m\"", "timeout = \"10m\"\ngrace = \"1s\"");
+    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(cfg, workers()).await;
+    // The job never gets its root (held here for the whole test): only its deadline ends it.
+    let held = s.app.root_locks.lock(ProjectId(project.id), "slow").await;
+    s.deliver_mr_opened(&fake.mr_webhook(&project, x1).body(), x1)
+        .await;
+    s.after_job_ends("the job to end at its deadline", 60, || s.jobs_all_ended())
+        .await;
+    let jobs = s.app.store.recent_jobs(10).await.unwrap();
+    assert_eq!(jobs[0].state, "failed", "{jobs:?}");
+    assert_eq!(
+        jobs[0].detail.as_deref(),
+        Some("stopped after the job deadline of 2s (plan.job_timeout)")
+    );
+    let head = fake.mr_sha(&project, x1);
+    let status = fake.status(&project, &head, "planbot/plan").unwrap();
+    assert_eq!(
+        (status.state.as_str(), status.description.as_deref()),
+        (
+            "failed",
+            Some("planbot: stopped after the job deadline of 2s (plan.job_timeout)")
+        )
+    );
+    assert_eq!(s.app.queue.running(), 0, "its worker is free again");
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
+    use crate::support::fake_gitlab::{FakeGitLab, DEVELOPER};
+    let engine = require_engine!();
+    let fake = FakeGitLab::start();
+    let project = two_root_project(&fake);
+    let (xavier, yolanda) = (fake.create_user("xavier"), fake.create_user("yolanda"));
+    fake.add_member(&project, &xavier, DEVELOPER);
+    fake.add_member(&project, &yolanda, DEVELOPER);
+    // Xavier's two MRs change the slow root, Yolanda's the fast one.
+    fake.commit_files(&project, "x-one", &[("slow/main.tf", &data_root("x1"))]);
+    fake.commit_files(&project, "x-two", &[("slow/main.tf", &data_root("x2"))]);
+    fake.commit_files(&project, "y-one", &[("fast/main.tf", &data_root("y1"))]);
+    let x1 = fake.open_mr_by(&project, "x-one", "main", &xavier);
+    let x2 = fake.open_mr_by(&project, "x-two", "main", &xavier);
+    let y1 = fake.open_mr_by(&project, "y-one", "main", &yolanda);
+
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[plan]\nmax_concurrent_plans = 2\n",
+    );
+    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(cfg, workers()).await;
+    let pid = ProjectId(project.id);
+
+    // Xavier's plans are slow: the slow root is held (as a long apply of it would hold it), so
+    // each of his jobs keeps its worker while it waits for the root.
+    let held = s.app.root_locks.lock(pid, "slow").await;
+    s.deliver_mr_opened(&fake.mr_webhook(&project, x1).body(), x1)
+        .await;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        s.app.root_locks.until_waiting(pid, "slow", 1),
+    )
+    .await
+    .expect("Xavier's first plan waits for the slow root on its worker");
+    s.deliver_mr_opened(&fake.mr_webhook(&project, x2).body(), x2)
+        .await;
+    s.deliver_mr_opened(&fake.mr_webhook(&project, y1).body(), y1)
+        .await;
+
+    // Yolanda's MR gets a worker and its note while Xavier's plans are still held up.
+    let y_head = fake.mr_sha(&project, y1);
+    s.eventually_for("Yolanda's plan to succeed", 120, || {
+        let done = fake
+            .statuses(&project, &y_head)
+            .iter()
+            .any(|st| st.name == "planbot/plan" && st.state == "success");
+        std::future::ready(done)
+    })
+    .await;
+    let note = fake
+        .plan_note(&project, y1)
+        .expect("Yolanda's MR has its note");
+    assert!(note.contains("fast"), "{note}");
+    let jobs = s.app.store.recent_jobs(10).await.unwrap();
+    let state_of = |iid: u64| {
+        jobs.iter()
+            .find(|j| j.kind == "plan" && j.mr == Some(MrIid(iid)))
+            .map(|j| j.state.clone())
+    };
+    assert_eq!(state_of(x1).as_deref(), Some("running"), "{jobs:?}");
+    // Xavier holds one worker of two: his second MR waits its turn, not Yolanda's.
+    assert_eq!(state_of(x2).as_deref(), Some("queued"), "{jobs:?}");
+    assert!(fake.plan_note(&project, x1).is_none());
+
+    // The root is free again: Xavier's MRs get their notes too, one after the other.
+    drop(held);
+    s.after_job_ends("every plan to end", 240, || s.jobs_all_ended())
+        .await;
+    for iid in [x1, x2] {
+        assert!(
+            fake.plan_note(&project, iid).is_some(),
+            "Xavier's !{iid} has its note"
+        );
+    }
+}
+
+/// What the files under `dir` take on disk (allocated blocks; links not followed).
+fn disk_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        total += meta.blocks() * 512;
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_that_writes_past_the_disk_quota_fails_with_a_note_and_data_dir_keeps_none_of_it() {
+    use crate::support::fake_engine::{fake_engine, TERRAFORM_VERSION_JSON};
+    use crate::support::fake_gitlab::FakeGitLab;
+    const MIB: u64 = 1 << 20;
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", &data_root("main"))]);
+    fake.commit_files(&project, "fill", &[("main.tf", &data_root("fill"))]);
+    let iid = fake.open_mr(&project, "fill", "main");
+    // The MR's code runs in `plan` (a stand-in engine does what it did): 1 GiB into its
+    // checkout, one MiB at a time.
+    let bin = tempfile::tempdir().unwrap();
+    let engine = fake_engine(
+        bin.path(),
+        "terraform",
+        TERRAFORM_VERSION_JSON,
+        r#"if [ "$1" = plan ]; then
+  i=0
+  while [ $i -lt 1024 ]; do head -c 1048576 /dev/urandom > junk.$i || exit 1; i=$((i+1)); done
+  echo "wrote the whole gigabyte"
+fi"#,
+    );
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[sandbox]\ndisk_max = \"64 MiB\"\n",
+    );
+    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(cfg, workers()).await;
+    let before = disk_usage(data.path());
+    // Measured while the job runs: the most data_dir held.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (dir, done) = (data.path().to_path_buf(), done.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(disk_usage(&dir));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    s.deliver_mr_opened(&fake.mr_webhook(&project, iid).body(), iid)
+        .await;
+    s.after_job_ends("the plan job to end", 120, || s.jobs_all_ended())
+        .await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap().saturating_sub(before);
+    let note = fake.plan_note(&project, iid).expect("the MR has its note");
+    assert!(
+        note.contains("took more than 64 MiB, the most a job may write (`sandbox.disk_max`)"),
+        "{note}"
+    );
+    assert!(!note.contains("wrote the whole gigabyte"), "{note}");
+    let head = fake.mr_sha(&project, iid);
+    assert_eq!(
+        fake.status(&project, &head, "planbot/plan").unwrap().state,
+        "failed"
+    );
+    // data_dir held the quota and what was written in the moment before the engine was
+    // killed, far from the gigabyte; once the job ended, nothing of it is left.
+    assert!(peak > 32 * MIB, "the measure saw the writes: {peak}");
+    assert!(
+        peak < 64 * MIB + 192 * MIB,
+        "data_dir grew by {} MiB at most",
+        peak / MIB
+    );
+    let after = disk_usage(data.path()).saturating_sub(before);
+    assert!(after < 4 * MIB, "data_dir kept {} KiB", after / 1024);
+}

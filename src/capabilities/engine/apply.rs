@@ -160,6 +160,7 @@ impl PlannedRun {
             cancel: self.cancel.clone(),
             scrubber: &self.scrubber,
             confinement: self.confinement.as_ref(),
+            quota: None,
         };
         let result = self
             .engine

@@ -28,6 +28,7 @@ pub struct EngineBuilder {
     sandbox: SandboxMode,
     cli_config: CliConfig,
     max_plan_json: u64,
+    disk_max: Option<u64>,
 }
 
 /// The most of a `show -json` document planbot accepts by default: 32 MiB. The 10,000-resource
@@ -54,6 +55,7 @@ impl EngineBuilder {
             }),
             cli_config: CliConfig::User,
             max_plan_json: DEFAULT_MAX_PLAN_JSON,
+            disk_max: None,
         }
     }
 
@@ -61,6 +63,14 @@ impl EngineBuilder {
     /// [`EngineError::OutputTooLarge`]. Default [`DEFAULT_MAX_PLAN_JSON`].
     pub fn max_plan_json(mut self, bytes: u64) -> Self {
         self.max_plan_json = bytes;
+        self
+    }
+
+    /// The most a plan run's directories (its checkout, plan-file dir and plugin cache) may
+    /// hold together, checked while each step runs; past it the engine is killed and the run
+    /// fails with [`EngineError::OverQuota`]. Default: no quota.
+    pub fn disk_max(mut self, bytes: Option<u64>) -> Self {
+        self.disk_max = bytes;
         self
     }
 
@@ -164,6 +174,7 @@ impl EngineBuilder {
                 sandbox: self.sandbox,
                 cli_config: self.cli_config,
                 max_plan_json: self.max_plan_json,
+                disk_max: self.disk_max,
                 version: tokio::sync::OnceCell::new(),
             }),
         })

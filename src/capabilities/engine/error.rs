@@ -61,6 +61,10 @@ pub enum EngineError {
     /// A file the engine left in the checkout (the lock file) could not be read safely.
     #[error("{0}")]
     CheckoutFile(#[from] crate::capabilities::checkout_file::CheckoutFileError),
+    /// The run's directories (checkout, plan-file dir, plugin cache) held more than its disk
+    /// quota; the engine was killed.
+    #[error("`{step}` was stopped: the run's files (its checkout, plan file and plugin cache) took more than {}, the most a job may write (`sandbox.disk_max`)", crate::capabilities::checkout_file::size_text(*max))]
+    OverQuota { step: Step, max: u64, log: String },
     /// A step printed more than planbot accepts.
     #[error("the plan is too large: `{step}` printed more than {}, the most planbot accepts ({what}); nothing of it was kept", crate::capabilities::checkout_file::size_text(*max))]
     OutputTooLarge {
@@ -79,6 +83,7 @@ impl EngineError {
             | EngineError::TimedOut { log, .. }
             | EngineError::Cancelled { log, .. }
             | EngineError::BadPlanJson { log, .. }
+            | EngineError::OverQuota { log, .. }
             | EngineError::OutputTooLarge { log, .. } => Some(log),
             _ => None,
         }
@@ -130,6 +135,8 @@ pub(super) enum StopHow {
     Cancelled,
     /// The step's result (stdout) went past this many bytes.
     TooLarge(u64),
+    /// The run's directories went past its disk quota of this many bytes.
+    OverQuota(u64),
 }
 
 impl StepError {
@@ -162,6 +169,7 @@ impl StepError {
                     },
                     StopHow::TimedOut(after) => EngineError::TimedOut { step, after, log },
                     StopHow::Cancelled => EngineError::Cancelled { step, log },
+                    StopHow::OverQuota(max) => EngineError::OverQuota { step, max, log },
                     StopHow::TooLarge(max) => EngineError::OutputTooLarge {
                         step,
                         max,

@@ -10,6 +10,7 @@ mod error;
 mod output;
 mod plan;
 mod process;
+mod quota;
 mod request;
 mod run_dir;
 pub mod sandbox;
@@ -22,6 +23,7 @@ pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use error::{EngineError, Step};
 pub use output::LINE_MAX_BYTES;
 pub use plan::LOCK_FILE_MAX;
+pub use process::ENGINE_OOM_SCORE_ADJ;
 pub use request::{is_variable_name, CancelHandle, CancelToken, PlanRequest, StepProgress};
 pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};
 pub use sandbox::{Limits, Namespaces, Profile as SandboxProfile, SandboxMode};
@@ -59,6 +61,8 @@ struct Inner {
     sandbox: SandboxMode,
     cli_config: CliConfig,
     max_plan_json: u64,
+    /// The disk quota of a plan run's directories (`None`: none).
+    disk_max: Option<u64>,
     version: tokio::sync::OnceCell<EngineVersion>,
 }
 

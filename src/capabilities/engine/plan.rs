@@ -6,6 +6,7 @@ use super::encryption::PlanEncryption;
 use super::error::{EngineError, Step, StepError};
 use super::output::RawLog;
 use super::process::{Capture, StepCall, StepOutput};
+use super::quota::Quota;
 use super::request::{self, PlanRequest, StepProgress};
 use super::run_dir::{private_run_dir, RunDirs};
 use super::Engine;
@@ -74,6 +75,13 @@ impl Engine {
             c.set_env(&mut env);
         }
         let plan_file = dirs.out.join("plan");
+        let quota = self.inner.disk_max.map(|max| Quota {
+            dirs: std::iter::once(place.worktree.clone())
+                .chain([dirs.out.clone()])
+                .chain(self.inner.plugin_cache_dir.clone())
+                .collect(),
+            max,
+        });
 
         let env_scrubber = secrets.scrubber();
         let mut steps = PlanSteps {
@@ -87,6 +95,7 @@ impl Engine {
                 cancel: req.cancel.clone(),
                 scrubber: &env_scrubber,
                 confinement: confinement.as_ref(),
+                quota: quota.as_ref(),
             },
             plan_file: &plan_file,
             log: RawLog::default(),

@@ -4,9 +4,14 @@
 //! output captured. On timeout or cancellation it gets ONE SIGTERM (a graceful stop: state
 //! persisted, lock released), then after the grace period SIGKILL of the whole group; what is
 //! left of the group when the engine exits (a provider plugin that outlived it) is killed too.
+//!
+//! Every engine process is also the kernel OOM killer's first choice ([`ENGINE_OOM_SCORE_ADJ`],
+//! set in the child before anything else, inherited by all it starts): when memory runs out —
+//! the host's, or the service cgroup's `MemoryMax=` — an engine process dies, never planbot.
 
 use super::error::{EngineError, Step, StepError, StopHow};
 use super::output::{read_lines, Line, RawLog, LINES_IN_FLIGHT};
+use super::quota::Quota;
 use super::request::CancelToken;
 use super::sandbox::Confinement;
 use super::Engine;
@@ -22,6 +27,38 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// The `oom_score_adj` of every engine process: the most there is, so the kernel's OOM killer
+/// picks an engine (or a provider it started) before planbot. Raising it needs no privilege.
+pub const ENGINE_OOM_SCORE_ADJ: &[u8] = b"1000";
+
+/// Raise this process's `oom_score_adj` to [`ENGINE_OOM_SCORE_ADJ`] (between `fork` and
+/// `exec`: open, write, close, nothing that allocates). An error fails the spawn: an engine
+/// the OOM killer would spare over planbot does not run.
+fn raise_oom_score() -> std::io::Result<()> {
+    // SAFETY: system calls on a static NUL-terminated path and a static buffer.
+    unsafe {
+        let fd = libc::open(
+            c"/proc/self/oom_score_adj".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = libc::write(
+            fd,
+            ENGINE_OOM_SCORE_ADJ.as_ptr().cast(),
+            ENGINE_OOM_SCORE_ADJ.len(),
+        );
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if n == ENGINE_OOM_SCORE_ADJ.len() as isize {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+}
 
 /// After the engine process exits, its output pipes get this long to drain.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(5);
@@ -45,6 +82,8 @@ pub(super) struct StepCall<'a> {
     /// Redacts the lines handed to `on_line` as they come.
     pub(super) scrubber: &'a Scrubber,
     pub(super) confinement: Option<&'a Confinement>,
+    /// The run's disk quota, checked while the step runs (plans; `None`: none).
+    pub(super) quota: Option<&'a Quota>,
 }
 
 /// A successful step: its raw log, and its stdout when captured as the result.
@@ -57,6 +96,8 @@ pub(super) struct StepOutput {
 enum StopReason {
     TimedOut,
     Cancelled,
+    /// The run's directories passed its disk quota: killed at once.
+    OverQuota,
 }
 
 impl Engine {
@@ -84,6 +125,8 @@ impl Engine {
         let mut watch = Supervisor::new(call.deadline, self.inner.grace);
         let mut log = RawLog::default();
         let mut cancel = call.cancel.clone();
+        let mut quota_tick = tokio::time::interval(super::quota::EVERY);
+        quota_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while !watch.done() {
             tokio::select! {
                 line = lines.recv(), if watch.lines_open => match line {
@@ -98,6 +141,15 @@ impl Engine {
                     watch.exited(status);
                 }
                 _ = cancelled(&mut cancel), if watch.may_stop() => watch.stop(StopReason::Cancelled, &group),
+                _ = quota_tick.tick(), if call.quota.is_some() && watch.may_stop() => {
+                    let quota = call.quota.cloned().expect("checked");
+                    let over = tokio::task::spawn_blocking(move || quota.exceeded())
+                        .await
+                        .unwrap_or(false);
+                    if over {
+                        watch.kill(StopReason::OverQuota, &group);
+                    }
+                }
                 _ = tokio::time::sleep_until(watch.wake_at().into()) => watch.on_timer(&group),
             }
         }
@@ -116,6 +168,9 @@ impl Engine {
         let how = match watch.stop {
             Some(StopReason::TimedOut) => StopHow::TimedOut(self.inner.timeout),
             Some(StopReason::Cancelled) => StopHow::Cancelled,
+            Some(StopReason::OverQuota) => {
+                StopHow::OverQuota(call.quota.map(|q| q.max).unwrap_or_default())
+            }
             // Before the exit status: the engine may have died of the pipe planbot closed.
             None if stdout.overflowed => StopHow::TooLarge(max_stdout),
             None if !status.success() => StopHow::Exit(status.code()),
@@ -146,6 +201,12 @@ impl Engine {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        // First in the child (before the namespaces hide `/proc`), for every engine process,
+        // sandboxed or not.
+        // SAFETY: `raise_oom_score` only makes system calls on static data.
+        unsafe {
+            cmd.pre_exec(raise_oom_score);
+        }
         if let Some(c) = call.confinement {
             match &c.isolation {
                 Some(isolation) => c.policy.prepare_isolated(c.support, isolation, call.dir),
@@ -288,6 +349,14 @@ impl Supervisor {
         self.stop = Some(why);
         group.signal(Signal::SIGTERM);
         self.term_sent_at = Some(Instant::now());
+    }
+
+    /// The stop without grace (a disk filling up waits for nobody): SIGKILL to the group now.
+    fn kill(&mut self, why: StopReason, group: &GroupGuard) {
+        self.stop = Some(why);
+        group.signal(Signal::SIGKILL);
+        self.term_sent_at = Some(Instant::now());
+        self.killed = true;
     }
 
     /// The next moment something is due: the end of the drain, the SIGKILL, the deadline.

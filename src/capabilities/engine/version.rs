@@ -67,6 +67,7 @@ impl Engine {
             cancel: None,
             scrubber: &scrubber,
             confinement: confinement.as_ref(),
+            quota: None,
         };
         let args = ["version".into(), "-json".into()];
         let out = self

@@ -31,8 +31,9 @@ pub(crate) trait StoreBackend: Send + Sync {
 
     /// Enqueue a job outside a delivery (with supersede, as [`Job::supersedes`] says).
     async fn enqueue(&self, job: Job) -> Result<Enqueued>;
-    /// Take the oldest claimable job (queued, or running on a replica whose lease expired).
-    async fn claim_next(&self) -> Result<Option<ClaimedJob>>;
+    /// Take the oldest claimable job (queued, or running on a replica whose lease expired) of
+    /// an author and an MR that hold fewer than `share` running jobs ([`Job::author`]).
+    async fn claim_next(&self, share: usize) -> Result<Option<ClaimedJob>>;
     /// Extend this replica's lease of a running job, and say whether it should go on.
     async fn heartbeat(&self, id: QueueJobId) -> Result<Lease>;
     /// How often a running job must call [`StoreBackend::heartbeat`]; `None` when nothing

@@ -286,9 +286,17 @@ impl Store {
         on_backend!(self, b => b.enqueue(job).await)
     }
 
-    /// Take the oldest claimable job and mark it running (leased to this replica).
+    /// Take the oldest claimable job and mark it running (leased to this replica), whoever's
+    /// it is.
     pub async fn claim_next(&self) -> Result<Option<ClaimedJob>> {
-        on_backend!(self, b => b.claim_next().await)
+        self.claim_within(usize::MAX).await
+    }
+
+    /// Take the oldest claimable job whose author, and whose MR, hold fewer than `share`
+    /// running jobs (the fair share of workers: one author's or one MR's jobs leave the other
+    /// workers to everyone else), and mark it running.
+    pub async fn claim_within(&self, share: usize) -> Result<Option<ClaimedJob>> {
+        on_backend!(self, b => b.claim_next(share).await)
     }
 
     /// Extend this replica's lease of a running job; says whether it was canceled meanwhile

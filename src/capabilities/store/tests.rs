@@ -444,3 +444,53 @@ async fn a_roots_last_drift_check_is_kept_and_a_failed_check_keeps_the_last_comp
         assert_eq!(roots[0].root, "core");
     }
 }
+
+/// A plan of MR `mr` (project 1) whose author is `author`.
+fn plan_by(mr: u64, head: char, author: u64) -> Job {
+    let Job::Plan(mut p) = plan(mr, head) else {
+        unreachable!()
+    };
+    p.requested_by = Some(crate::core::ids::UserId(author));
+    Job::Plan(p)
+}
+
+#[tokio::test]
+async fn a_claim_skips_the_jobs_of_an_author_or_an_mr_that_holds_its_share() {
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let id = |e: Enqueued| e.id.unwrap();
+        let x1 = id(store.enqueue(plan_by(1, 'a', 7)).await.unwrap());
+        let x2 = id(store.enqueue(plan_by(2, 'b', 7)).await.unwrap());
+        // Someone else's command on MR 1, and planbot's own re-plan of MR 4.
+        let cmd = id(store
+            .enqueue(Job::Command {
+                project: ProjectId(1),
+                project_path: None,
+                mr: MrIid(1),
+                note: None,
+                author: crate::core::ids::UserId(9),
+                command: crate::core::events::Command::Help,
+                head: None,
+                fork: false,
+            })
+            .await
+            .unwrap());
+        let y = id(store.enqueue(plan_by(3, 'c', 8)).await.unwrap());
+        let own = id(store.enqueue(plan(4, 'd')).await.unwrap());
+        let claim = || async { store.claim_within(1).await.unwrap().map(|c| c.id) };
+        assert_eq!(claim().await, Some(x1));
+        // Author 7 holds one (x2 waits), MR 1 holds one (the command waits).
+        assert_eq!(claim().await, Some(y));
+        assert_eq!(claim().await, Some(own));
+        assert_eq!(
+            claim().await,
+            None,
+            "x2 and the command wait for their share"
+        );
+        assert_eq!(store.queue_depth().await.unwrap(), 2);
+        // Whoever's it is, `claim_next` takes the oldest.
+        store.finish_job(x1, JobEnd::Done).await.unwrap();
+        assert_eq!(claim().await, Some(x2));
+        assert_eq!(store.claim_next().await.unwrap().map(|c| c.id), Some(cmd));
+    }
+}

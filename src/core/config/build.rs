@@ -202,9 +202,7 @@ pub(super) fn build(v: &mut Values) -> Config {
         open_issue_on_failure: v.get("apply.open_issue_on_failure"),
     };
     let drift = drift(v);
-    let plan = PlanConfig {
-        max_concurrent_plans: max_concurrent_plans(v),
-    };
+    let plan = plan(v);
     let proxmox = proxmox(v);
     let state = state(v);
     let modules = modules(v);
@@ -435,6 +433,21 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
             }
         },
     };
+    let disk_max = match v.given::<String>("sandbox.disk_max") {
+        None => defaults.disk_max,
+        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
+            Some(n) => n,
+            None => {
+                v.invalid(
+                    "sandbox.disk_max",
+                    format!(
+                    "`{text}`: expected a size of at least 64 MiB, such as \"2 GiB\" or \"10 GiB\""
+                ),
+                );
+                defaults.disk_max
+            }
+        },
+    };
     SandboxConfig {
         required: v.get("sandbox.required"),
         landlock: switch(v, "sandbox.landlock"),
@@ -452,6 +465,7 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
             .unwrap_or_default(),
         namespaces: switch(v, "sandbox.namespaces"),
         memory_max,
+        disk_max,
     }
 }
 
@@ -573,8 +587,31 @@ fn pages(v: &mut Values, public_url: Option<&str>) -> (PagesConfig, MetricsConfi
 }
 
 /// `plan.max_concurrent_plans`: from 1 to 64.
-fn max_concurrent_plans(v: &mut Values) -> usize {
-    v.number_within("plan.max_concurrent_plans", 1..=64, "a number") as usize
+/// `[plan]`: the worker pool, each author's share of it, the job deadline.
+fn plan(v: &mut Values) -> PlanConfig {
+    let max_concurrent_plans =
+        v.number_within("plan.max_concurrent_plans", 1..=64, "a number") as usize;
+    let workers_per_author = match v.flat.get("plan.workers_per_author") {
+        Some(Value::Integer(n)) if (1..=64).contains(n) => *n as usize,
+        None => max_concurrent_plans.saturating_sub(1).max(1),
+        Some(other) => {
+            let message = format!("expected a number from 1 to 64, found `{other}`");
+            v.flat.remove("plan.workers_per_author");
+            v.invalid("plan.workers_per_author", message);
+            max_concurrent_plans.saturating_sub(1).max(1)
+        }
+    };
+    v.flat.remove("plan.workers_per_author");
+    let job_timeout = v.duration_within(
+        "plan.job_timeout",
+        std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(24 * 3600),
+        "expected a duration from 1s to 24h",
+    );
+    PlanConfig {
+        max_concurrent_plans,
+        workers_per_author,
+        job_timeout,
+    }
 }
 
 /// `[proxmox]`, `[proxmox.plan]`, `[proxmox.apply]`: the endpoints and the apply's SSH.

@@ -539,6 +539,14 @@ pub static KEYS: &[Key] = &[
         show: |c| Shown::plain(format!("{} MiB", c.sandbox.memory_max >> 20)),
     },
     Key {
+        path: "sandbox.disk_max",
+        kind: Kind::Size,
+        secret: false,
+        unset: Unset::Value("4 GiB"),
+        description: "What one plan run may write to disk: its checkout, plan file and plugin cache together (and the largest file). Past it the engine is killed within a fraction of a second, the plan ends with a note that says so, and what it wrote is removed with the checkout.",
+        show: |c| Shown::plain(format!("{} MiB", c.sandbox.disk_max >> 20)),
+    },
+    Key {
         path: "apply.job_name",
         kind: Kind::Str,
         secret: false,
@@ -593,6 +601,22 @@ pub static KEYS: &[Key] = &[
         unset: Unset::Value("2"),
         description: "Bounded worker pool: how many plan jobs run at the same time (1..64).",
         show: |c| Shown::plain(c.plan.max_concurrent_plans),
+    },
+    Key {
+        path: "plan.workers_per_author",
+        kind: Kind::Int,
+        secret: false,
+        unset: Unset::Derived("`max_concurrent_plans` - 1, at least 1"),
+        description: "The most workers one author's jobs (or one MR's) hold at once (1..64): the others stay free for everyone else, so one author's slow plans never make another MR wait for its note. Jobs planbot queues itself (re-plans after a merge, drift) count as one author.",
+        show: |c| Shown::plain(c.plan.workers_per_author),
+    },
+    Key {
+        path: "plan.job_timeout",
+        kind: Kind::Duration,
+        secret: false,
+        unset: Unset::Value("2h"),
+        description: "The deadline of a whole job (checkout, every root's init, plan and show, the note): past it the job is stopped as `engine.timeout` stops one run (SIGTERM, SIGKILL after `grace`), its commit status says so, and its worker is free again (1s..24h).",
+        show: |c| Shown::duration(c.plan.job_timeout),
     },
     Key {
         path: "proxmox.endpoint",

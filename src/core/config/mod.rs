@@ -358,6 +358,9 @@ pub struct SandboxConfig {
     pub namespaces: LandlockSetting,
     /// The memory one engine process may allocate, in bytes (default 4 GiB).
     pub memory_max: u64,
+    /// What one plan run's checkout, plan-file dir and plugin cache may hold, in bytes
+    /// (default 4 GiB).
+    pub disk_max: u64,
 }
 
 /// `sandbox.landlock` and `sandbox.namespaces`: use the kernel feature, or act as if it had none.
@@ -376,6 +379,7 @@ impl Default for SandboxConfig {
             read_paths: Vec::new(),
             namespaces: LandlockSetting::Auto,
             memory_max: 4 << 30,
+            disk_max: 4 << 30,
         }
     }
 }
@@ -442,6 +446,10 @@ pub struct DriftConfig {
 #[derive(Debug, Clone)]
 pub struct PlanConfig {
     pub max_concurrent_plans: usize,
+    /// The most workers one author's (or one MR's) jobs hold at once.
+    pub workers_per_author: usize,
+    /// The deadline of one whole job.
+    pub job_timeout: std::time::Duration,
 }
 
 /// One Proxmox API endpoint and its token.

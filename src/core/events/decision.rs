@@ -267,7 +267,11 @@ fn classify_mr(
         fork: false,
         draft: attrs.draft.or(attrs.work_in_progress).unwrap_or(false),
         reason,
-        requested_by: None,
+        // Whose work this is, for the queue's fair share: the MR's author, else who acted.
+        requested_by: attrs
+            .author_id
+            .or(hook.user.as_ref().and_then(|u| u.id))
+            .map(UserId),
     })])
 }
 

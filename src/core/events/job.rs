@@ -43,6 +43,10 @@ pub struct PlanJob {
     pub requested_by: Option<UserId>,
 }
 
+/// The top-level fields of a job's JSON payload that hold [`Job::author`], in the order the
+/// store's claim reads them (a test here keeps the two in step).
+pub const AUTHOR_FIELDS: [&str; 2] = ["requested_by", "author"];
+
 /// Everything the queue runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -110,6 +114,18 @@ impl Job {
             | Job::Command { project, mr, .. }
             | Job::ForkNotice { project, mr, .. } => Some((*project, *mr)),
             Job::Reconcile | Job::DriftTick { .. } => None,
+        }
+    }
+
+    /// Whose work this job is, for the queue's fair share of workers: a plan's `requested_by`
+    /// (the MR's author, or who commented `planbot plan`), a command's author. `None` for
+    /// planbot's own work (re-plans after a merge, reconcile, drift, notices), which shares
+    /// one bucket. The store reads it from the stored payload by [`AUTHOR_FIELDS`].
+    pub fn author(&self) -> Option<UserId> {
+        match self {
+            Job::Plan(p) => p.requested_by,
+            Job::Command { author, .. } => Some(*author),
+            _ => None,
         }
     }
 
@@ -182,6 +198,60 @@ impl Job {
                 format!("superseded by a newer plan of {}", head.short())
             }
             _ => "superseded".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod author_tests {
+    use super::*;
+
+    /// The store's claim reads a job's author from its stored payload by [`AUTHOR_FIELDS`]:
+    /// the first of them a payload has is [`Job::author`], for every kind of job.
+    #[test]
+    fn the_author_fields_of_a_payload_are_the_jobs_author() {
+        let plan = PlanJob {
+            project: ProjectId(1),
+            project_path: None,
+            mr: MrIid(2),
+            head: CommitSha("a".repeat(40)),
+            target_branch: None,
+            source_project: None,
+            fork: false,
+            draft: false,
+            reason: PlanReason::Opened,
+            requested_by: Some(UserId(7)),
+        };
+        let jobs = [
+            Job::Plan(plan.clone()),
+            Job::Plan(PlanJob {
+                requested_by: None,
+                ..plan
+            }),
+            Job::Command {
+                project: ProjectId(1),
+                project_path: None,
+                mr: MrIid(2),
+                note: None,
+                author: UserId(9),
+                command: Command::Help,
+                head: None,
+                fork: false,
+            },
+            Job::Closed {
+                project: ProjectId(1),
+                mr: MrIid(2),
+            },
+            Job::Reconcile,
+            Job::DriftTick { at: 1 },
+        ];
+        for job in jobs {
+            let v = serde_json::to_value(&job).unwrap();
+            let stored = AUTHOR_FIELDS
+                .iter()
+                .find_map(|f| v.get(f).filter(|a| !a.is_null()))
+                .map(|a| UserId(a.as_u64().expect("a user id is a number")));
+            assert_eq!(stored, job.author(), "{v}");
         }
     }
 }

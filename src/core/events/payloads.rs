@@ -64,6 +64,8 @@ pub struct MrAttributes {
     pub system: Option<bool>,
     pub url: Option<String>,
     pub title: Option<String>,
+    /// The MR's author (the user whose work the MR is: the queue's fair share counts by it).
+    pub author_id: Option<u64>,
 }
 
 /// One `changes` entry: `{previous, current}`.

@@ -63,6 +63,8 @@ pub fn service_mode(config: &Config, trust: Trust) -> SandboxMode {
         Namespaces::On { limits } => Namespaces::On {
             limits: Limits {
                 memory: config.sandbox.memory_max,
+                // No one file larger than the whole quota (`sandbox.disk_max`).
+                file_size: limits.file_size.min(config.sandbox.disk_max),
                 ..limits
             },
         },

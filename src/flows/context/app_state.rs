@@ -172,6 +172,7 @@ impl App {
             .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
             .lock_timeout(engine.lock_timeout)
             .max_plan_json(engine.max_plan_json_mib * 1024 * 1024)
+            .disk_max(Some(self.config.sandbox.disk_max))
             .env(credentials::engine_env(&self.config, trust))
             .secret_env(engine.secret_env.clone())
             .plugin_cache_dir(plugin_cache)

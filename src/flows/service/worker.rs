@@ -1,6 +1,10 @@
 //! The queue's workers: a bounded pool that claims jobs from the store, dispatches each to its
 //! flow (`Job::Plan` → [`crate::flows::review::plan`], the others → [`crate::flows::review::commands`])
-//! and honours cancellation.
+//! and honours cancellation and the job deadline.
+//!
+//! Fair share: a worker claims the oldest job of an author and an MR that hold fewer than
+//! `plan.workers_per_author` running jobs (default: all workers but one), so one author's slow
+//! plans never hold every worker while someone else's MR waits for its note.
 
 use crate::capabilities::store::{ClaimedJob, JobEnd, Lease, QueueJobState};
 use crate::core::events::Job;
@@ -32,7 +36,8 @@ async fn worker(app: Arc<App>, index: usize, shutdown: CancellationToken) {
         if shutdown.is_cancelled() {
             return;
         }
-        let claimed = match app.store.claim_next().await {
+        let share = app.config.plan.workers_per_author;
+        let claimed = match app.store.claim_within(share).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "cannot claim a job from the store");
@@ -90,8 +95,24 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
     let started = Instant::now();
     let job = dispatch(app, &claimed.job, id, &token).instrument(span);
     tokio::pin!(job);
+    let limit = app.config.plan.job_timeout;
+    let mut past_deadline = false;
     let result = tokio::select! {
         r = &mut job => Some(r),
+        _ = tokio::time::sleep(limit) => {
+            // The whole job's deadline: stopped as a cancel stops it (the engine gets SIGTERM,
+            // then SIGKILL after the grace period), then recorded failed, saying why.
+            tracing::warn!(job = id.0, kind = claimed.job.kind(), "job ran past its deadline; stopping it");
+            past_deadline = true;
+            token.cancel();
+            match tokio::time::timeout(cancel_grace(app), &mut job).await {
+                Ok(r) => Some(r),
+                Err(_) => {
+                    tracing::warn!(job = id.0, "job past its deadline did not stop in time; dropped");
+                    Some(Ok(()))
+                }
+            }
+        }
         _ = token.cancelled() => {
             // Superseded or closed: the flow stops on its own (killing the engine, marking its
             // status canceled); if it does not within the grace period, it is dropped.
@@ -132,6 +153,16 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
         return;
     }
     let end = match result {
+        _ if past_deadline => {
+            let why = format!(
+                "stopped after the job deadline of {} (plan.job_timeout)",
+                humantime::format_duration(limit)
+            );
+            if let Job::Plan(p) = &claimed.job {
+                crate::flows::review::plan::past_deadline(app, p, limit).await;
+            }
+            JobEnd::Failed(why)
+        }
         _ if token.is_cancelled() => JobEnd::Canceled("superseded or closed while running".into()),
         Ok(()) => JobEnd::Done,
         Err(e) => {
@@ -156,6 +187,9 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
         tracing::error!(job = id.0, error = %format!("{e:#}"), "cannot record the end of a job");
     }
     app.queue.job_ended();
+    // Its author and its MR hold one job fewer: a job that waited for that share may be taken
+    // by an idle worker now (this one takes the next it can by itself).
+    app.queue.jobs_added(1);
 }
 
 /// Every `every`, renew this replica's lease of job `id`; fire `token` when the job was

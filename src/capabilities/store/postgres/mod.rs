@@ -362,8 +362,8 @@ impl StoreBackend for PgStore {
         queue::enqueue(self, job).await
     }
 
-    async fn claim_next(&self) -> Result<Option<ClaimedJob>> {
-        queue::claim_next(self).await
+    async fn claim_next(&self, share: usize) -> Result<Option<ClaimedJob>> {
+        queue::claim_next(self, share).await
     }
 
     async fn heartbeat(&self, id: QueueJobId) -> Result<Lease> {

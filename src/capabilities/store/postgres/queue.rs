@@ -6,7 +6,7 @@ use crate::capabilities::store::types::{
     superseded_kinds, ClaimedJob, Enqueued, JobEnd, JobRow, Lease, QueueJobId, QueueJobKind,
     QueueJobState,
 };
-use crate::core::events::{Job, Redundant};
+use crate::core::events::{Job, Redundant, AUTHOR_FIELDS};
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
 use anyhow::Result;
 use tokio_postgres::Row;
@@ -176,7 +176,34 @@ pub(super) async fn enqueue(store: &PgStore, job: Job) -> Result<Enqueued> {
     Ok(e)
 }
 
-pub(super) async fn claim_next(store: &PgStore) -> Result<Option<ClaimedJob>> {
+/// The claim: the oldest queued job (or running on a replica whose lease expired) whose author
+/// (NULL: planbot's own work, one bucket) and whose MR each hold fewer than `$4` running jobs
+/// under a live lease. The author is read from the payload ([`AUTHOR_FIELDS`]).
+fn claim_sql() -> String {
+    let author = |t: &str| {
+        let [a, b] = AUTHOR_FIELDS;
+        format!("COALESCE(({t}.payload::jsonb) ->> '{a}', ({t}.payload::jsonb) ->> '{b}')")
+    };
+    format!(
+        "WITH next AS (
+             SELECT q.id FROM jobs q
+             WHERE (q.state = 'queued' OR (q.state = 'running' AND q.lease_expires_at < $1))
+               AND (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running'
+                      AND r.lease_expires_at >= $1 AND {ar} IS NOT DISTINCT FROM {aq}) < $4
+               AND (q.mr_iid IS NULL OR (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running'
+                      AND r.lease_expires_at >= $1 AND r.project_id = q.project_id
+                      AND r.mr_iid = q.mr_iid) < $4)
+             ORDER BY q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
+         UPDATE jobs SET state = 'running', started_at = $1, attempts = attempts + 1,
+                owner = $2, lease_expires_at = $3
+         FROM next WHERE jobs.id = next.id
+         RETURNING jobs.id, jobs.payload, jobs.attempts",
+        ar = author("r"),
+        aq = author("q"),
+    )
+}
+
+pub(super) async fn claim_next(store: &PgStore, share: usize) -> Result<Option<ClaimedJob>> {
     // The jobs are left to the replicas that know the database's schema.
     if store.schema_current().is_err() {
         return Ok(None);
@@ -184,19 +211,19 @@ pub(super) async fn claim_next(store: &PgStore) -> Result<Option<ClaimedJob>> {
     let now = now_ms();
     let mut c = store.client().await?;
     let tx = c.transaction().await?;
-    // Queued jobs, and running ones whose replica stopped renewing the lease. SKIP LOCKED:
-    // replicas claiming at once take different jobs.
+    // Queued jobs, and running ones whose replica stopped renewing the lease. Claims are
+    // serialised across replicas (the fair share counts what the others run); SKIP LOCKED
+    // keeps a claim from waiting on a job a supersede holds.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('planbot-claim', 0))",
+        &[],
+    )
+    .await?;
+    let share = i64::try_from(share).unwrap_or(i64::MAX);
     let row = tx
         .query_opt(
-            "WITH next AS (
-                 SELECT id FROM jobs
-                 WHERE state = 'queued' OR (state = 'running' AND lease_expires_at < $1)
-                 ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-             UPDATE jobs SET state = 'running', started_at = $1, attempts = attempts + 1,
-                    owner = $2, lease_expires_at = $3
-             FROM next WHERE jobs.id = next.id
-             RETURNING jobs.id, jobs.payload, jobs.attempts",
-            &[&now, &store.opts.replica, &(now + store.lease_ms())],
+            &claim_sql(),
+            &[&now, &store.opts.replica, &(now + store.lease_ms()), &share],
         )
         .await?;
     let Some(row) = row else {

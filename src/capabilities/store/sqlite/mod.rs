@@ -173,8 +173,9 @@ impl StoreBackend for SqliteStore {
             .await
     }
 
-    async fn claim_next(&self) -> Result<Option<ClaimedJob>> {
-        self.write(|c| queue::claim_next(c, now_ms())).await
+    async fn claim_next(&self, share: usize) -> Result<Option<ClaimedJob>> {
+        self.write(move |c| queue::claim_next(c, now_ms(), share))
+            .await
     }
 
     async fn heartbeat(&self, id: QueueJobId) -> Result<Lease> {

@@ -3,7 +3,7 @@
 use crate::capabilities::store::types::{
     superseded_kinds, ClaimedJob, Enqueued, JobEnd, JobRow, QueueJobId, QueueJobKind, QueueJobState,
 };
-use crate::core::events::{Job, Redundant};
+use crate::core::events::{Job, Redundant, AUTHOR_FIELDS};
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
 use anyhow::Result;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -83,23 +83,20 @@ pub(super) fn cancel(
     Ok(running)
 }
 
-/// Take the oldest queued job and mark it running. A payload this version cannot read is
-/// failed rather than retried forever.
-pub(super) fn claim_next(conn: &Connection, now: i64) -> Result<Option<ClaimedJob>> {
+/// Take the oldest queued job of an author and an MR that hold fewer than `share` running
+/// jobs, and mark it running. A payload this version cannot read is failed rather than
+/// retried forever.
+pub(super) fn claim_next(conn: &Connection, now: i64, share: usize) -> Result<Option<ClaimedJob>> {
+    let share = i64::try_from(share).unwrap_or(i64::MAX);
     let row = conn
-        .query_row(
-            "UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1
-             WHERE id = (SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1)
-             RETURNING id, payload, attempts",
-            [now],
-            |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            },
-        )
+        .prepare_cached(&claim_sql())?
+        .query_row(params![now, share], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
         .optional()?;
     let Some((id, payload, attempts)) = row else {
         return Ok(None);
@@ -118,6 +115,28 @@ pub(super) fn claim_next(conn: &Connection, now: i64) -> Result<Option<ClaimedJo
             Ok(None)
         }
     }
+}
+
+/// The claim: the oldest queued job whose author (NULL: planbot's own work, one bucket) and
+/// whose MR each hold fewer than `?2` running jobs. The author is read from the payload
+/// ([`AUTHOR_FIELDS`]), so the queue needs no column of its own for it.
+fn claim_sql() -> String {
+    let author = |t: &str| {
+        let [a, b] = AUTHOR_FIELDS;
+        format!("COALESCE(json_extract({t}.payload, '$.{a}'), json_extract({t}.payload, '$.{b}'))")
+    };
+    format!(
+        "UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1
+         WHERE id = (
+             SELECT q.id FROM jobs q WHERE q.state = 'queued'
+               AND (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running' AND {ar} IS {aq}) < ?2
+               AND (q.mr_iid IS NULL OR (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running'
+                      AND r.project_id IS q.project_id AND r.mr_iid = q.mr_iid) < ?2)
+             ORDER BY q.id LIMIT 1)
+         RETURNING id, payload, attempts",
+        ar = author("r"),
+        aq = author("q"),
+    )
 }
 
 /// Record how a running job ended; a job canceled meanwhile stays canceled.

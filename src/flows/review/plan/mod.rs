@@ -193,6 +193,26 @@ async fn plan(
     })
 }
 
+/// The job ran past `plan.job_timeout` and was stopped: the head's status says so (after the
+/// flow's own last word, which took the stop for a supersede).
+pub(crate) async fn past_deadline(app: &App, job: &PlanJob, limit: std::time::Duration) {
+    let limit = humantime::format_duration(limit).to_string();
+    set_status(
+        app,
+        job.project,
+        &job.head,
+        StatusState::Failed,
+        &text(
+            &app.scrubber,
+            "past_deadline",
+            minijinja::context! { limit => limit },
+        ),
+        None,
+        None,
+    )
+    .await;
+}
+
 /// A newer head (or the MR's close) cancelled the run: its planned runs end canceled and the
 /// status says superseded; no note is posted for this head.
 async fn superseded(
@@ -288,6 +308,7 @@ mod tests {
                 "error",
                 context! { error => "fetching the repository: git fetch failed" },
             ),
+            text(&none, "past_deadline", context! { limit => "2h" }),
             text(
                 &none,
                 "invalid_config",
