@@ -426,18 +426,23 @@ async fn the_repo_config_is_read_from_the_default_branch_not_the_mr() {
     );
     s.sync().await;
     let main =
-        s.ws.read_file_at(s.pid(), "refs/heads/main", ".planbot.toml")
+        s.ws.read_file_at(s.pid(), "refs/heads/main", ".planbot.toml", 1 << 20)
             .await
             .unwrap();
     assert_eq!(main.unwrap(), b"[plan]\ncheckout = \"head\"\n");
     let absent =
-        s.ws.read_file_at(s.pid(), "refs/heads/main", "nope.toml")
+        s.ws.read_file_at(s.pid(), "refs/heads/main", "nope.toml", 1 << 20)
             .await
             .unwrap();
     assert!(absent.is_none());
     assert!(s
         .ws
-        .read_file_at(s.pid(), "refs/heads/missing-branch", ".planbot.toml")
+        .read_file_at(
+            s.pid(),
+            "refs/heads/missing-branch",
+            ".planbot.toml",
+            1 << 20
+        )
         .await
         .unwrap()
         .is_none());
