@@ -36,6 +36,11 @@ const DATA_KEYS: &[&[u8]] = &[
     b"constant_value",
 ];
 
+/// How deep a data subtree opens at the least (the document's object is 1): a change's
+/// `before` is at 5, a planned resource's `values` at 6, an output's `after` or a variable's
+/// `value` at 4; `prior_state.values` (the whole prior state) at 3 is not one.
+const DATA_DEPTH: u32 = 4;
+
 /// Why a document was refused; the text is what a note says.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OverBudget {
@@ -141,7 +146,8 @@ impl Budget {
                     self.depth += 1;
                     if self.data.is_none() {
                         if let Some(key) = self.pending_key.take() {
-                            if DATA_KEYS.contains(&key.as_slice()) {
+                            // `prior_state.values` (depth 3) is the whole state, not data.
+                            if self.depth >= DATA_DEPTH && DATA_KEYS.contains(&key.as_slice()) {
                                 self.data = Some((self.depth, key, self.values));
                             }
                         }
@@ -263,6 +269,13 @@ mod tests {
             vec![resource; 4_000].join(",")
         );
         assert!(Budget::check(many.as_bytes()).is_ok());
+        // The whole prior state under `prior_state.values` is not one resource's data.
+        let state_resource = r#"{"address":"a","values":{"n":[1,2,3]}}"#;
+        let state = format!(
+            r#"{{"prior_state":{{"values":{{"root_module":{{"resources":[{}]}}}}}}}}"#,
+            vec![state_resource; 30_000].join(",")
+        );
+        assert!(Budget::check(state.as_bytes()).is_ok());
         // A key that only looks like a data key inside a string value is not one.
         let s = format!(r#"{{"name":"after","x":[{numbers}]}}"#);
         assert!(Budget::check(s.as_bytes()).is_ok());
