@@ -41,17 +41,7 @@ pub enum CheckoutFileError {
 
 /// `12 MiB`, `512 KiB`, `300 bytes`.
 pub fn size_text(bytes: u64) -> String {
-    const KIB: u64 = 1024;
-    const MIB: u64 = 1024 * KIB;
-    if bytes >= MIB && bytes.is_multiple_of(MIB) {
-        format!("{} MiB", bytes / MIB)
-    } else if bytes >= MIB {
-        format!("{:.1} MiB", bytes as f64 / MIB as f64)
-    } else if bytes >= KIB {
-        format!("{} KiB", bytes / KIB)
-    } else {
-        format!("{bytes} bytes")
-    }
+    crate::core::repo_config::byte_size(bytes)
 }
 
 /// The content of `rel` (relative to the trusted directory `checkout`), `None` when it does not

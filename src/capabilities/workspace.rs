@@ -6,7 +6,9 @@
 //! argv, a URL, or the mirror's config. Every git process gets an explicit environment (no
 //! inherited `GIT_*`, no user or system gitconfig, no prompts) and a timeout.
 
+use crate::capabilities::checkout_file::size_text;
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
+use crate::core::repo_config::{self, RepoConfig, RepoConfigError};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine as _;
 use std::collections::HashMap;
@@ -15,6 +17,16 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// A file of the repository larger than planbot reads: refused from its size in git, before a
+/// byte of it is read. The text names the file, its size and the cap.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{path}` is {}: planbot reads at most {} of it", size_text(*size), size_text(*max))]
+pub struct RepoFileTooLarge {
+    pub path: String,
+    pub size: u64,
+    pub max: u64,
+}
 
 /// One git process as the workspace started it (for audits and tests): argv and env names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -524,12 +536,15 @@ impl Workspace {
     }
 
     /// The content of `path` at `rev` (e.g. `.planbot.toml` on the default branch), `None` when
-    /// the file does not exist there.
+    /// the file does not exist there. The blob's size is asked from git first and a blob over
+    /// `max` bytes is refused with [`RepoFileTooLarge`] before a byte of it is read; the read
+    /// itself stops after `max` bytes too. A few MiB of git objects can hold a file of gigabytes.
     pub async fn read_file_at(
         &self,
         project: ProjectId,
         rev: &str,
         path: &str,
+        max: u64,
     ) -> Result<Option<Vec<u8>>> {
         let mirror = self.existing_mirror(project)?;
         let spec = format!("{rev}:{}", path.trim_start_matches("./"));
@@ -550,21 +565,92 @@ impl Workspace {
             return Ok(None);
         }
         let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let size = self.blob_size(&mirror, &oid, path, rev).await?;
+        if size > max {
+            return Err(RepoFileTooLarge {
+                path: path.to_string(),
+                size,
+                max,
+            }
+            .into());
+        }
+        self.read_blob(&mirror, &oid, path, rev, max)
+            .await
+            .map(Some)
+    }
+
+    /// `.planbot.toml` at `rev`, parsed: the default when it does not exist there, a
+    /// [`RepoConfigError`] that says so when it is invalid or larger than
+    /// [`repo_config::MAX_FILE_BYTES`] (then it is not read at all).
+    pub async fn repo_config_at(
+        &self,
+        project: ProjectId,
+        rev: &str,
+    ) -> Result<Result<RepoConfig, RepoConfigError>> {
+        let read = self
+            .read_file_at(
+                project,
+                rev,
+                repo_config::FILE_NAME,
+                repo_config::MAX_FILE_BYTES,
+            )
+            .await;
+        let text = match read {
+            Ok(bytes) => bytes.map(|b| String::from_utf8_lossy(&b).into_owned()),
+            Err(e) => match e.downcast_ref::<RepoFileTooLarge>() {
+                Some(big) => return Ok(Err(RepoConfigError::too_large(big.size, big.max))),
+                None => return Err(e),
+            },
+        };
+        Ok(RepoConfig::from_optional(text.as_deref()))
+    }
+
+    /// The size of blob `oid` (`git cat-file -s`), read from the object's header only.
+    async fn blob_size(&self, mirror: &Path, oid: &str, path: &str, rev: &str) -> Result<u64> {
         let out = self
             .run(
-                Some(&mirror),
-                &[os("cat-file"), os("blob"), os(&oid)],
+                Some(mirror),
+                &[os("cat-file"), os("-s"), os("--end-of-options"), os(oid)],
                 false,
             )
             .await?;
+        check(&out, "git cat-file -s").with_context(|| format!("sizing {path} at {rev}"))?;
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .with_context(|| format!("the size of {path} at {rev}"))
+    }
+
+    /// Blob `oid`, at most `max` bytes of it: git is stopped when it writes more (the object
+    /// was sized first; this holds even if it changed in between).
+    async fn read_blob(
+        &self,
+        mirror: &Path,
+        oid: &str,
+        path: &str,
+        rev: &str,
+        max: u64,
+    ) -> Result<Vec<u8>> {
+        let out = self
+            .run_capped(Some(mirror), &[os("cat-file"), os("blob"), os(oid)], max)
+            .await?;
+        if out.stdout.len() as u64 > max {
+            return Err(RepoFileTooLarge {
+                path: path.to_string(),
+                size: out.stdout.len() as u64,
+                max,
+            }
+            .into());
+        }
         check(&out, "git cat-file").with_context(|| format!("reading {path} at {rev}"))?;
-        Ok(Some(out.stdout))
+        Ok(out.stdout)
     }
 
     /// Every file under directory `dir` at `rev` whose name ends in `suffix`, recursively, in
     /// path order: `(path from the repository top, content)`. `Ok(None)` when `dir` is not a
     /// directory there. A symbolic link, a submodule or a file over `max_bytes` is an error that
-    /// names it (a policy directory holds regular files only).
+    /// names it (a policy directory holds regular files only); one over `max_bytes` is never read
+    /// ([`RepoFileTooLarge`]).
     pub async fn read_dir_at(
         &self,
         project: ProjectId,
@@ -632,14 +718,17 @@ impl Workspace {
             if !name.ends_with(suffix) {
                 continue;
             }
-            if size.parse::<u64>().unwrap_or(u64::MAX) > max_bytes {
-                bail!("{path} is larger than {} KiB", max_bytes / 1024);
+            let size = size.parse::<u64>().unwrap_or(u64::MAX);
+            if size > max_bytes {
+                return Err(RepoFileTooLarge {
+                    path,
+                    size,
+                    max: max_bytes,
+                }
+                .into());
             }
-            let blob = self
-                .run(Some(&mirror), &[os("cat-file"), os("blob"), os(oid)], false)
-                .await?;
-            check(&blob, "git cat-file").with_context(|| format!("reading {path} at {rev}"))?;
-            files.push((path, blob.stdout));
+            let blob = self.read_blob(&mirror, oid, &path, rev, max_bytes).await?;
+            files.push((path, blob));
         }
         files.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Some(files))
@@ -655,6 +744,78 @@ impl Workspace {
 
     /// Run git with an explicit environment; `auth` adds the token header (network calls only).
     async fn run(&self, cwd: Option<&Path>, args: &[OsString], auth: bool) -> Result<Output> {
+        let what = what(args);
+        let child = self
+            .command(cwd, args, auth)
+            .spawn()
+            .with_context(|| format!("starting {} {what}", self.git.display()))?;
+        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
+            Ok(r) => r.with_context(|| format!("running git {what}"))?,
+            Err(_) => bail!(
+                "git {what} timed out after {}",
+                humantime::format_duration(self.timeout)
+            ),
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        Ok(Output {
+            stdout: out.stdout,
+            stderr: self.scrub(&stderr),
+            success: out.status.success(),
+            code: out.status.code(),
+        })
+    }
+
+    /// [`Workspace::run`] (no network) keeping at most `max + 1` bytes of stdout and 64 KiB of
+    /// stderr: past `max` git is killed, and the caller sees more than `max` bytes.
+    async fn run_capped(&self, cwd: Option<&Path>, args: &[OsString], max: u64) -> Result<Output> {
+        use tokio::io::AsyncReadExt;
+        let what = what(args);
+        let mut child = self
+            .command(cwd, args, false)
+            .spawn()
+            .with_context(|| format!("starting {} {what}", self.git.display()))?;
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            bail!("git {what}: no pipes");
+        };
+        let read = async {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let (mut stdout, mut stderr) =
+                (stdout.take(max.saturating_add(1)), stderr.take(64 * 1024));
+            let (o, e) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+            o.and(e).map(|_| (out, err))
+        };
+        let (stdout, stderr) = match tokio::time::timeout(self.timeout, read).await {
+            Ok(r) => r.with_context(|| format!("running git {what}"))?,
+            Err(_) => bail!(
+                "git {what} timed out after {}",
+                humantime::format_duration(self.timeout)
+            ),
+        };
+        if stdout.len() as u64 > max {
+            let _ = child.start_kill();
+        }
+        let status = match tokio::time::timeout(self.timeout, child.wait()).await {
+            Ok(r) => r.with_context(|| format!("running git {what}"))?,
+            Err(_) => bail!(
+                "git {what} timed out after {}",
+                humantime::format_duration(self.timeout)
+            ),
+        };
+        Ok(Output {
+            stdout,
+            stderr: self.scrub(&String::from_utf8_lossy(&stderr)),
+            success: status.success(),
+            code: status.code(),
+        })
+    }
+
+    /// The git command with its explicit environment, logged in [`Workspace::invocations`].
+    fn command(
+        &self,
+        cwd: Option<&Path>,
+        args: &[OsString],
+        auth: bool,
+    ) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.git);
         let mut env: Vec<(String, OsString)> = vec![
             (
@@ -716,27 +877,7 @@ impl Workspace {
                     config: config_keys,
                 });
         }
-        let what = args
-            .first()
-            .map(|a| a.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {} {what}", self.git.display()))?;
-        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
-            Ok(r) => r.with_context(|| format!("running git {what}"))?,
-            Err(_) => bail!(
-                "git {what} timed out after {}",
-                humantime::format_duration(self.timeout)
-            ),
-        };
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        Ok(Output {
-            stdout: out.stdout,
-            stderr: self.scrub(&stderr),
-            success: out.status.success(),
-            code: out.status.code(),
-        })
+        cmd
     }
 
     fn scrub(&self, text: &str) -> String {
@@ -750,6 +891,13 @@ impl Workspace {
         }
         s
     }
+}
+
+/// git's subcommand, for messages.
+fn what(args: &[OsString]) -> String {
+    args.first()
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn os(s: &str) -> OsString {

@@ -16,6 +16,7 @@ pub mod ids;
 pub mod lint;
 pub mod note_html;
 pub mod plan;
+pub mod plan_budget;
 pub mod plan_digest;
 pub mod policy;
 pub mod preflight;

@@ -26,6 +26,9 @@ pub enum PlanParseError {
     NotJson(String),
     #[error("not a plan document: {0}")]
     NotAPlan(String),
+    /// Over the value budget ([`crate::core::plan_budget`]): refused before it was read.
+    #[error("over planbot's value budget: {0}")]
+    TooManyValues(#[from] crate::core::plan_budget::OverBudget),
 }
 
 fn no_format_version() -> PlanParseError {
@@ -1022,7 +1025,11 @@ impl Plan {
     /// `configuration`) are skipped, the changes' values kept as text, `planned_values` and
     /// `prior_state` read for their secrets only; nothing of them is held in memory. A document
     /// that fails is read once more as a tree, only to say why it is not a plan.
+    ///
+    /// A document over the value budget ([`crate::core::plan_budget`]) is refused first, from a
+    /// scan of its bytes: nothing of it is built.
     pub fn from_json(bytes: &[u8]) -> Result<Plan, PlanParseError> {
+        crate::core::plan_budget::Budget::check(bytes)?;
         let _packing = PackingScope::start();
         match serde_json::from_slice::<PlanWire>(bytes) {
             Ok(wire) => wire.into_plan(),
@@ -1036,11 +1043,18 @@ impl Plan {
 
     /// [`Plan::from_json`] from a reader (a file, stdin), so that the document itself is never
     /// held in memory, only the plan read from it.
+    /// The value budget is counted as the document is read.
     pub fn from_json_reader<R: std::io::Read>(reader: R) -> Result<Plan, PlanParseError> {
         let _packing = PackingScope::start();
         use serde_json::error::Category;
-        match serde_json::from_reader::<_, PlanWire>(reader) {
+        // Counted in large pieces: serde_json reads a byte at a time.
+        let mut reader =
+            std::io::BufReader::new(crate::core::plan_budget::BudgetReader::new(reader));
+        match serde_json::from_reader::<_, PlanWire>(&mut reader) {
             Ok(wire) => wire.into_plan(),
+            Err(_) if reader.get_ref().over().is_some() => Err(PlanParseError::TooManyValues(
+                reader.get_ref().over().cloned().expect("checked"),
+            )),
             Err(e) => Err(match e.classify() {
                 Category::Data => PlanParseError::NotAPlan(e.to_string()),
                 Category::Io | Category::Syntax | Category::Eof => {

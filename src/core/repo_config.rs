@@ -42,6 +42,10 @@ use toml::Spanned;
 /// Where the file lives in the repository.
 pub const FILE_NAME: &str = ".planbot.toml";
 
+/// The largest `.planbot.toml` planbot reads (1 MiB: a real one is a few KiB). A larger one is
+/// refused from its size in git, unread ([`RepoConfigError::too_large`]).
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
 /// `when_modified` when a root does not say: anything under its directory.
 pub const DEFAULT_WHEN_MODIFIED: &[&str] = &["**"];
 
@@ -207,6 +211,39 @@ impl fmt::Display for ConfigProblem {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct RepoConfigError {
     pub problems: Vec<ConfigProblem>,
+}
+
+impl RepoConfigError {
+    /// The file is `size` bytes, over the `max` planbot reads: one problem that says so.
+    pub fn too_large(size: u64, max: u64) -> RepoConfigError {
+        RepoConfigError {
+            problems: vec![ConfigProblem {
+                line: None,
+                column: None,
+                key: None,
+                message: format!(
+                    "the file is {}: planbot reads at most {} of it, and did not read this one",
+                    byte_size(size),
+                    byte_size(max)
+                ),
+            }],
+        }
+    }
+}
+
+/// `512 MiB`, `1.5 MiB`, `12 KiB`, `300 bytes`.
+pub fn byte_size(bytes: u64) -> String {
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= MIB {
+        format!("{:.1} MiB", bytes as f64 / MIB as f64)
+    } else if bytes >= KIB {
+        format!("{} KiB", bytes / KIB)
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 impl fmt::Display for RepoConfigError {

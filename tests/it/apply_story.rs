@@ -549,7 +549,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     let note = w.wait_for_plan(&s, iid).await;
     // As GitLab shows it: HTML entities in <summary> render as the characters.
-    let shown = note.replace("&quot;", "\"");
+    let shown = crate::support::gitlab_reading::reading(&note).visible;
     assert!(shown.contains("+ terraform_data.vm[\"gitlab\"]"), "{note}");
     assert!(!note.contains("apply-canary-password-7f3a"));
 

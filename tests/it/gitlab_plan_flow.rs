@@ -377,6 +377,99 @@ async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
     );
 }
 
+/// The size of the huge `.planbot.toml` below: 8 MiB by default (over the 1 MiB cap, cheap);
+/// `PLANBOT_HUGE_CONFIG_BYTES=536870912` measures the attacker's 512 MiB (the test prints how
+/// far this process's resident memory peaked above its size before the plan).
+fn huge_config_bytes() -> u64 {
+    std::env::var("PLANBOT_HUGE_CONFIG_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8 << 20)
+}
+
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_planbot_toml_is_refused_from_its_size_unread_with_a_note_that_says_so() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let bytes = huge_config_bytes();
+    let size = planbot::core::repo_config::byte_size(bytes);
+    // An MR proposing a huge `.planbot.toml` (a comment line a few hundred million times):
+    // the preview says why it is refused; main's config still plans the MR.
+    w.fake.commit_files(
+        &w.project,
+        "feature/huge",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "x"))],
+    );
+    w.fake
+        .commit_generated_file(&w.project, "feature/huge", ".planbot.toml", "# x", bytes);
+    let iid = w.fake.open_mr(&w.project, "feature/huge", "main");
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let before = status_kib("VmRSS:");
+    w.plan(iid).await;
+    eprintln!(
+        "a {size} .planbot.toml in an MR: peak RSS {} MiB above the {} MiB before the plan",
+        status_kib("VmHWM:").saturating_sub(before) >> 10,
+        before >> 10
+    );
+    let body = &w.fake.notes(&w.project, iid)[0].body;
+    assert!(
+        body.contains("`.planbot.toml` changed in this MR and is invalid"),
+        "{body}"
+    );
+    let why =
+        format!("the file is {size}: planbot reads at most 1 MiB of it, and did not read this one");
+    assert!(body.contains(&why), "{body}");
+    assert!(
+        body.contains("<code>core</code>"),
+        "main's roots are planned: {body}"
+    );
+
+    // The same file merged to main: nothing is planned, the status fails and says why.
+    w.fake
+        .commit_generated_file(&w.project, "main", ".planbot.toml", "# x", bytes);
+    w.fake.commit_files(
+        &w.project,
+        "feature/after",
+        &[("tofu/stacks/core/main.tf", &tf("vm", "y"))],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/after", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    let blob_reads = || {
+        w.app
+            .workspace
+            .invocations()
+            .into_iter()
+            .filter(|i| i.argv.iter().any(|a| a == "blob"))
+            .count()
+    };
+    let blobs_before = blob_reads();
+    w.plan(iid).await;
+    let body = &w.fake.notes(&w.project, iid)[0].body;
+    assert!(
+        body.contains("`.planbot.toml` on `main` is invalid"),
+        "{body}"
+    );
+    assert!(body.contains(&why), "{body}");
+    assert_eq!(w.states(&head), ["pending", "running", "failed"]);
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let description = last.description.unwrap();
+    assert!(
+        description.contains("invalid .planbot.toml on main") && description.contains(&size),
+        "{description}"
+    );
+    // Sized, never read: this plan ran no `git cat-file blob`.
+    assert_eq!(blob_reads(), blobs_before, "main's .planbot.toml was read");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_error_fails_the_root_and_the_status_with_the_secret_scrubbed() {
     let engine = require_engine!();

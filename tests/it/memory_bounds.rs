@@ -1,6 +1,7 @@
 //! planbot's memory stays within its caps whatever a plan leaves or prints: a FIFO streaming
-//! zeros as the lock file, a lock file of 512 MiB, 256 MB of `show -json`, a log line of
-//! 256 MB, and a 40 MB value planned by the real engine. Each case measures this process's
+//! zeros as the lock file, a lock file of 512 MiB, 256 MB of `show -json`, a million numbers in
+//! one resource (under the byte cap, over the value budget), a log line of 256 MB, and a 40 MB
+//! value planned by the real engine. Each case measures this process's
 //! peak resident memory (the kernel's high-water mark, reset before the case) against what it
 //! held before; the engine is a child process and does not count.
 //!
@@ -80,7 +81,9 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
     );
     // Each case, and how its plan must end: proof that its hostile part happened.
     type Ends = fn(&Result<PlannedRun, EngineError>) -> bool;
-    let fakes: [(&str, &str, String, Ends); 4] = [
+    // A million one-digit numbers in one resource: 2 MB of JSON, under the byte cap.
+    let million = "printf '{\"format_version\":\"1.2\",\"resource_changes\":[{\"address\":\"terraform_data.x\",\"mode\":\"managed\",\"type\":\"terraform_data\",\"name\":\"x\",\"change\":{\"actions\":[\"create\"],\"after\":{\"input\":['; yes 1, | head -n 999999 | tr -d '\\n'; printf '1]}}}]}'".to_string();
+    let fakes: [(&str, &str, String, Ends); 5] = [
         (
             "a FIFO streaming 256 MB of zeros as the lock file",
             &fifo,
@@ -112,6 +115,15 @@ fn planbot_stays_within_its_caps_whatever_a_plan_leaves_or_prints() {
             "",
             "yes ' ' | tr -d '\\n' | head -c 268435456".to_string(),
             |r| matches!(r, Err(EngineError::OutputTooLarge { .. })),
+        ),
+        (
+            "a million numbers in one resource (2 MB of show -json)",
+            "",
+            million,
+            |r| {
+                matches!(r, Err(e @ EngineError::TooManyValues { .. })
+                    if e.to_string().starts_with("one resource or output of the plan has too many values"))
+            },
         ),
         (
             "a log line of 256 MB",

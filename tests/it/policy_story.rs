@@ -320,6 +320,10 @@ fn verdict(log: &str) -> &str {
 
 fn unescaped(note: &str) -> String {
     note.replace("&quot;", "\"")
+        .replace("&#91;", "[")
+        .replace("&#93;", "]")
+        .replace("&#96;", "`")
+        .replace('\u{200B}', "")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -288,7 +288,7 @@ fn markdown_hostile_values_cannot_break_the_note() {
     let note = note("hostile");
     // assert_well_formed ran: one marker, closed fences, balanced <details>, no <script>.
     assert!(note.contains(
-        "<code>+ terraform_data.hostile[&quot;&lt;/details&gt;&lt;script&gt;alert(1)&lt;/script&gt;&quot;]</code>"
+        "<code>+ terraform_data.hostile&#91;&quot;&lt;/details&gt;&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#93;</code>"
     ));
     // The fence is longer than the longest backtick run inside (5).
     assert!(note.contains("\n``````diff\n"));
@@ -330,7 +330,7 @@ fn hostile_root_names_findings_and_errors_are_escaped_too() {
     ];
     let note = render_note(&ctx(), &roots, &Scrubber::none());
     assert_well_formed(&note);
-    assert!(note.contains("| <code>x&#124;y`&lt;b&gt;</code> |"));
+    assert!(note.contains("| <code>x&#124;y&#96;&lt;b&gt;</code> |"));
 }
 
 /// The code spans GitLab's Markdown parser (comrak) finds in `note`, as a reader sees them.
@@ -530,7 +530,8 @@ fn when_only_some_diffs_fit_the_smallest_are_shown_and_every_larger_one_folds() 
     let (mut largest_shown, mut smallest_folded, mut shown) = (0, usize::MAX, 0);
     for i in 0..3000 {
         let address = format!("terraform_data.vm[{i}]");
-        if note.contains(&format!("<code>~ {address}{folded_marker}")) {
+        let in_code = format!("terraform_data.vm&#91;{i}&#93;");
+        if note.contains(&format!("<code>~ {in_code}{folded_marker}")) {
             smallest_folded = smallest_folded.min(lines_of(i));
         } else {
             assert!(
@@ -585,7 +586,7 @@ fn over_budget_the_largest_diffs_fold_first_then_sections_drop() {
     c.budget = full - 900;
     let folded = note_with(&plan, &[], &c);
     assert!(folded.len() <= c.budget);
-    assert!(folded.contains("- <code>-/+ proxmox_virtual_environment_file.ignition</code> — replaced (because <code>source_raw[0].data</code> forces replacement) · <em>diff left out to keep this note short</em>"), "{folded}");
+    assert!(folded.contains("- <code>-/+ proxmox_virtual_environment_file.ignition</code> — replaced (because <code>source_raw&#91;0&#93;.data</code> forces replacement) · <em>diff left out to keep this note short</em>"), "{folded}");
     assert!(!folded.contains("left out** to keep"));
     insta::assert_snapshot!("budget_folded", folded);
     // Far too little room: sections are dropped and counted, the callout stays.

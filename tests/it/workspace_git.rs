@@ -426,18 +426,23 @@ async fn the_repo_config_is_read_from_the_default_branch_not_the_mr() {
     );
     s.sync().await;
     let main =
-        s.ws.read_file_at(s.pid(), "refs/heads/main", ".planbot.toml")
+        s.ws.read_file_at(s.pid(), "refs/heads/main", ".planbot.toml", 1 << 20)
             .await
             .unwrap();
     assert_eq!(main.unwrap(), b"[plan]\ncheckout = \"head\"\n");
     let absent =
-        s.ws.read_file_at(s.pid(), "refs/heads/main", "nope.toml")
+        s.ws.read_file_at(s.pid(), "refs/heads/main", "nope.toml", 1 << 20)
             .await
             .unwrap();
     assert!(absent.is_none());
     assert!(s
         .ws
-        .read_file_at(s.pid(), "refs/heads/missing-branch", ".planbot.toml")
+        .read_file_at(
+            s.pid(),
+            "refs/heads/missing-branch",
+            ".planbot.toml",
+            1 << 20
+        )
         .await
         .unwrap()
         .is_none());
@@ -511,4 +516,50 @@ async fn a_hook_planted_in_the_mirror_never_runs() {
         "a planted hook ran: {}",
         std::fs::read_to_string(&marker).unwrap_or_default()
     );
+}
+
+#[tokio::test]
+async fn a_policy_file_over_its_cap_is_refused_from_its_size_and_never_read() {
+    let s = story();
+    s.fake.commit_files(
+        &s.project,
+        "main",
+        &[("policies/ok.rego", "package planbot\n")],
+    );
+    s.fake
+        .commit_generated_file(&s.project, "main", "policies/huge.rego", "# x", 64 << 20);
+    s.sync().await;
+    let err =
+        s.ws.read_dir_at(s.pid(), "refs/heads/main", "policies", ".rego", 1 << 20)
+            .await
+            .expect_err("a 64 MiB policy file is refused");
+    let big = err
+        .downcast_ref::<planbot::capabilities::workspace::RepoFileTooLarge>()
+        .unwrap_or_else(|| panic!("{err:#}"));
+    assert_eq!(
+        (big.path.as_str(), big.size),
+        ("policies/huge.rego", 64 << 20)
+    );
+    assert_eq!(
+        err.to_string(),
+        "`policies/huge.rego` is 64 MiB: planbot reads at most 1 MiB of it"
+    );
+    // Sized from the tree listing: not a byte of it was read (`ok.rego` sorts after it).
+    let blobs =
+        s.ws.invocations()
+            .into_iter()
+            .filter(|i| i.argv.iter().any(|a| a == "blob"))
+            .count();
+    assert_eq!(blobs, 0);
+    // The same from `read_file_at`: sized with `cat-file -s`, refused unread.
+    let err =
+        s.ws.read_file_at(s.pid(), "refs/heads/main", "policies/huge.rego", 1 << 20)
+            .await
+            .expect_err("refused");
+    assert!(err.to_string().contains("is 64 MiB"), "{err:#}");
+    assert!(!s
+        .ws
+        .invocations()
+        .iter()
+        .any(|i| i.argv.iter().any(|a| a == "blob")));
 }

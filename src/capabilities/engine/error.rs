@@ -48,6 +48,9 @@ pub enum EngineError {
     Cancelled { step: Step, log: String },
     #[error("the engine's `show -json` output is not a plan: {error}")]
     BadPlanJson { error: String, log: String },
+    /// `show -json` printed a plan over the value budget (`core::plan_budget`): refused unread.
+    #[error("{error}")]
+    TooManyValues { error: String, log: String },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("could not run the engine: {0}")]
@@ -84,6 +87,7 @@ impl EngineError {
             | EngineError::Cancelled { log, .. }
             | EngineError::BadPlanJson { log, .. }
             | EngineError::OverQuota { log, .. }
+            | EngineError::TooManyValues { log, .. }
             | EngineError::OutputTooLarge { log, .. } => Some(log),
             _ => None,
         }

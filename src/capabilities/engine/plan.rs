@@ -257,6 +257,10 @@ impl PlanSteps<'_> {
         };
         match Plan::from_json(&shown) {
             Ok(plan) => Ok((plan, shown)),
+            Err(PlanParseError::TooManyValues(over)) => Err(EngineError::TooManyValues {
+                error: over.to_string(),
+                log: self.log.render(self.call.scrubber),
+            }),
             Err(PlanParseError::NotJson(error) | PlanParseError::NotAPlan(error)) => {
                 Err(EngineError::BadPlanJson {
                     error: self.call.scrubber.scrub(&error).into_owned(),

@@ -77,7 +77,7 @@ pub fn html_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
-            '\n' => out.push(' '),
+            '\n' | '\r' => out.push(' '),
             c => push_prose(&mut out, c),
         }
     }
@@ -122,7 +122,10 @@ pub fn inline_text(text: &str) -> String {
                 // A backslash escape: the next character is literal (never an opener).
                 match b[i + 1] {
                     // `\&lt;` would show `&lt;`: the entity alone shows the `<` meant.
-                    c @ (b'&' | b'<' | b'>' | b'"' | b'\'') => push_prose(&mut out, c as char),
+                    // `\@` shows `@`, which GitLab would still read as a mention: defused too.
+                    c @ (b'&' | b'<' | b'>' | b'"' | b'\'' | b'@' | b'[' | b']') => {
+                        push_prose(&mut out, c as char)
+                    }
                     c => {
                         out.push('\\');
                         out.push(c as char);
@@ -175,7 +178,11 @@ fn push_code(out: &mut String, code: &str) {
 }
 
 /// One character of prose (outside code spans), escaped as [`html_escape`] does (GitLab shows
-/// the entities there as the characters; the scrubber knows this form of every secret).
+/// the entities there as the characters; the scrubber knows this form of every secret,
+/// [`prose_escape`]). Beyond HTML: `[` and `]` as entities, so no link, image, footnote or task
+/// item forms from a value; a zero-width space after every `@`, so no value mentions a user or
+/// a group (`@infra/everyone`) and no e-mail address autolinks; `:` before `//` and `www.` get
+/// one too, so no bare URL becomes a link.
 fn push_prose(out: &mut String, c: char) {
     match c {
         '&' => out.push_str("&amp;"),
@@ -183,8 +190,34 @@ fn push_prose(out: &mut String, c: char) {
         '>' => out.push_str("&gt;"),
         '"' => out.push_str("&quot;"),
         '\'' => out.push_str("&#39;"),
+        '[' => out.push_str("&#91;"),
+        '`' => out.push_str("&#96;"),
+        ']' => out.push_str("&#93;"),
+        '@' => {
+            out.push('@');
+            out.push(ZWSP);
+        }
+        '/' if out.ends_with(':') || out.ends_with("&#58;") => {
+            // `scheme:/` — the autolink needs `://` (and GitLab's, a scheme then `:`).
+            out.push(ZWSP);
+            out.push('/');
+        }
+        '.' if out.ends_with("www") || out.ends_with("WWW") => {
+            out.push(ZWSP);
+            out.push('.');
+        }
         c => out.push(c),
     }
+}
+
+/// `text` as prose escapes it (outside code spans): one of the forms the scrubber knows a
+/// secret by, since a value is scrubbed after it was escaped.
+pub fn prose_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        push_prose(&mut out, c);
+    }
+    out
 }
 
 /// The length of the backtick string starting at `at`.
@@ -291,6 +324,44 @@ mod tests {
     }
 
     #[test]
+    fn outside_text_links_nothing_and_mentions_no_one_in_prose_cells_or_code_tags() {
+        use comrak::nodes::NodeValue;
+        let value = "vm_x[\"@infra/everyone @alice\"] [ok](https://phish.example/b) ![i](https://phish.example/c.png) <https://phish.example/e> https://phish.example/d www.phish.example a@b.example \\@bob \\[x](https://phish.example/f)";
+        let cell = |v: &str| format!("| a |\n|---|\n| {v} |\n");
+        for md in [
+            format!("- {}\n", inline_text(value)),
+            cell(&table_text(value)),
+            cell(&table_code(value)),
+            format!("- <code>{}</code>\n", html_escape(value)),
+        ] {
+            let arena = comrak::Arena::new();
+            let root = comrak::parse_document(&arena, &md, &gitlab_flavour());
+            let mut text = String::new();
+            for node in root.descendants() {
+                match &node.data.borrow().value {
+                    NodeValue::Link(_) | NodeValue::Image(_) | NodeValue::FootnoteReference(_) => {
+                        panic!("a link in {md}")
+                    }
+                    NodeValue::Text(t) => text.push_str(t),
+                    _ => {}
+                }
+            }
+            for mention in ["@infra", "@alice", "@bob", "@b.example"] {
+                assert!(!text.contains(mention), "{mention} in {text:?} from {md}");
+            }
+            // What the reader sees is the value (but for the invisible breaks).
+            assert!(
+                text.replace(ZWSP, "").contains("@infra/everyone @alice"),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            prose_escape("@all [x](https://y) www.z"),
+            "@\u{200B}all &#91;x&#93;(https:\u{200B}//y) www\u{200B}.z"
+        );
+    }
+
+    #[test]
     fn gitlab_reads_a_findings_message_with_its_real_characters() {
         let message = r#"`proxmox_virtual_environment_download_file.talos["v1.9"]` downloads `talos.raw.xz` with `content_type = "iso"` & <no> `'&amp;'`"#;
         let (html, seen) = as_gitlab_reads(&inline_text(message));
@@ -299,9 +370,12 @@ mod tests {
             seen,
             r#"❌ PVE001: ⟦proxmox_virtual_environment_download_file.talos["v1.9"]⟧ downloads ⟦talos.raw.xz⟧ with ⟦content_type = "iso"⟧ & <no> ⟦'&amp;'⟧"#
         );
-        // What the old escaping showed: entities, verbatim, inside the code spans.
-        let (_, old) = as_gitlab_reads(&html_escape(message));
-        assert!(old.contains(r#"⟦content_type = &quot;iso&quot;⟧"#), "{old}");
+        // `html_escape` (for HTML and table cells) makes it all text, backticks included.
+        let (_, all_text) = as_gitlab_reads(&html_escape(message));
+        assert!(
+            !all_text.contains('⟦') && all_text.contains("`talos.raw.xz`"),
+            "{all_text}"
+        );
     }
 
     #[test]
@@ -355,8 +429,9 @@ mod tests {
             // the reader sees exactly what the raw text would show: same spans, same characters.
             // (Not `$…$` math, GitLab's extension: its content is literal like a code span's, so
             // an escaped quote in it would show as an entity. Cosmetic, and no message has it.)
-            // Nor `<http://…>`, an autolink raw and text once escaped.
-            if !t.contains(['&', '\\', '\n', '\r', '$']) && !t.contains("<http") {
+            // Nor `<http://…>`, an autolink raw and text once escaped, nor a link `[…](…)`:
+            // outside text shows its brackets and never links.
+            if !t.contains(['&', '\\', '\n', '\r', '$', '[']) && !t.contains("<http") {
                 let (raw_html, raw_seen) = as_gitlab_reads(&t);
                 if raw_html == 0 {
                     assert_eq!(seen, raw_seen, "{t:?} became {out:?}");

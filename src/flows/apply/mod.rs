@@ -325,17 +325,12 @@ async fn checkout(
         .context("checking out the commit")?;
     // From git, as the plan flow reads it: never through the checkout's file system, where a
     // committed symbolic link would be followed.
-    let config_text = app
+    let repo_config = match app
         .workspace
-        .read_file_at(
-            project.id,
-            sha.as_str(),
-            crate::core::repo_config::FILE_NAME,
-        )
+        .repo_config_at(project.id, sha.as_str())
         .await
         .context("reading .planbot.toml")?
-        .map(|b| String::from_utf8_lossy(&b).into_owned());
-    let repo_config = match RepoConfig::from_optional(config_text.as_deref()) {
+    {
         Ok(c) => c,
         Err(e) => {
             return Ok(Err(Verdict::Failed(say(

@@ -12,7 +12,7 @@ use crate::capabilities::workspace::Checkout;
 use crate::core::config::ProjectRef;
 use crate::core::drift::DriftVerdict;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
-use crate::core::repo_config::{self, RepoConfig, Root};
+use crate::core::repo_config::{self, Root};
 use crate::flows::confinement::credentials::{self, Trust};
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
@@ -184,16 +184,10 @@ async fn check_project(
         .branch_head(info.id, &branch)
         .await?
         .with_context(|| format!("the default branch `{branch}` does not exist"))?;
-    let config_text = app
+    let config = app
         .workspace
-        .read_file_at(
-            info.id,
-            &format!("refs/heads/{branch}"),
-            repo_config::FILE_NAME,
-        )
+        .repo_config_at(info.id, &format!("refs/heads/{branch}"))
         .await?
-        .map(|b| String::from_utf8_lossy(&b).into_owned());
-    let config = RepoConfig::from_optional(config_text.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", repo_config::FILE_NAME))?;
     let roots: Vec<&Root> = config
         .roots

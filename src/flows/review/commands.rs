@@ -5,7 +5,7 @@ use crate::core::config::ProjectRef;
 use crate::core::events::{Command, Job, PlanJob, PlanReason};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::render::NOTE_MARKER;
-use crate::core::repo_config::{self, ForkMrs, RepoConfig};
+use crate::core::repo_config::ForkMrs;
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
@@ -387,16 +387,11 @@ async fn fork_policy(app: &App, project: ProjectId) -> Result<ForkMrs> {
         .sync(project, &info.http_url_to_repo)
         .await
         .context("fetching the repository")?;
-    let text = app
+    let config = app
         .workspace
-        .read_file_at(
-            project,
-            &format!("refs/heads/{default_branch}"),
-            repo_config::FILE_NAME,
-        )
-        .await?
-        .map(|b| String::from_utf8_lossy(&b).into_owned());
-    Ok(match RepoConfig::from_optional(text.as_deref()) {
+        .repo_config_at(project, &format!("refs/heads/{default_branch}"))
+        .await?;
+    Ok(match config {
         Ok(cfg) => cfg.plan.fork_mrs,
         Err(e) => {
             tracing::warn!(project = project.0, error = %e, "invalid repo config: fork MRs are not planned");

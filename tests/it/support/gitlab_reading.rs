@@ -223,6 +223,9 @@ fn html_text(html: &str) -> String {
         .replace("&quot;", "\"")
         .replace("&#39;", "'")
         .replace("&#124;", "|")
+        .replace("&#91;", "[")
+        .replace("&#93;", "]")
+        .replace("&#96;", "`")
         .replace("&amp;", "&")
 }
 

@@ -133,15 +133,10 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
     .await;
 
     // The repo config comes from the default branch only.
-    let config_text = ws
-        .read_file_at(
-            project,
-            &format!("refs/heads/{default_branch}"),
-            repo_config::FILE_NAME,
-        )
+    let config = match ws
+        .repo_config_at(project, &format!("refs/heads/{default_branch}"))
         .await?
-        .map(|b| String::from_utf8_lossy(&b).into_owned());
-    let config = match RepoConfig::from_optional(config_text.as_deref()) {
+    {
         Ok(c) => c,
         Err(err) => {
             invalid_config(app, job, &default_branch, &err, status_ref).await?;
@@ -217,14 +212,8 @@ async fn commit_to_plan(
         },
     )];
     if changed.iter().any(|f| f == repo_config::FILE_NAME) {
-        let proposed = ws
-            .read_file_at(project, head.as_str(), repo_config::FILE_NAME)
-            .await?
-            .map(|b| String::from_utf8_lossy(&b).into_owned());
-        let preview: Result<RepoConfig, RepoConfigError> = match proposed {
-            Some(t) => RepoConfig::parse(&t),
-            None => Ok(RepoConfig::absent()),
-        };
+        let preview: Result<RepoConfig, RepoConfigError> =
+            ws.repo_config_at(project, head.as_str()).await?;
         banners.push(repo_config::render_preview(&preview, default_branch));
     }
 

@@ -235,6 +235,35 @@ impl FakeGitLab {
         sha
     }
 
+    /// A commit on `branch` (which must exist) of a file of `bytes` bytes, `line` repeated, made
+    /// by `yes | head -c | git hash-object` without passing through this process: a file of
+    /// hundreds of MiB that compresses to a few MiB of git objects, as an author can push.
+    pub fn commit_generated_file(
+        &self,
+        project: &FakeProject,
+        branch: &str,
+        path: &str,
+        line: &str,
+        bytes: u64,
+    ) -> String {
+        let repo = self.repo_path(project);
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg("yes \"$1\" | head -c \"$2\" | git hash-object -w --stdin")
+            .arg("sh")
+            .arg(line)
+            .arg(bytes.to_string())
+            .current_dir(&repo);
+        super::git::git_env(&mut cmd);
+        let out = cmd.output().expect("sh runs");
+        assert!(out.status.success(), "{out:?}");
+        let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let line = format!("100644 {oid}\t{path}\n");
+        let sha = commit_in_bare_with_index_lines(&repo, branch, &[line]);
+        self.refresh_after_push(project.id, branch);
+        sha
+    }
+
     /// Same as [`FakeGitLab::commit_files`] (reads better in a story: "the author pushes").
     pub fn push(&self, project: &FakeProject, branch: &str, files: &[(&str, &str)]) -> String {
         self.commit_files(project, branch, files)
