@@ -60,13 +60,12 @@ impl PolicyGate {
                 base: None,
             }));
         };
-        let text = app
+        let before = match app
             .workspace
-            .read_file_at(project, base.as_str(), crate::core::repo_config::FILE_NAME)
+            .repo_config_at(project, base.as_str())
             .await
             .context("reading .planbot.toml before the merge")?
-            .map(|b| String::from_utf8_lossy(&b).into_owned());
-        let before = match RepoConfig::from_optional(text.as_deref()) {
+        {
             Ok(c) => c,
             Err(e) => {
                 return Ok(Err(say(
