@@ -1,8 +1,9 @@
 //! What review, apply and the service all stand on: the shared application state (`App`), the
-//! root locks, the CPU pool, the job queue, the metrics and the pages' sign-in sessions.
+//! root locks, the CPU pool, the job queue, the metrics, the pages' sign-in sessions and the bounded read of request bodies.
 pub mod app_state;
 pub mod cpu;
 pub mod locks;
 pub mod metrics;
 pub mod queue;
+pub mod request_body;
 pub mod session;
