@@ -42,7 +42,8 @@ pub async fn gitlab_webhook(State(app): State<Arc<App>>, request: Request) -> St
         app.metrics.delivery(event, "unauthorized");
         return StatusCode::UNAUTHORIZED;
     }
-    let body = match request_body::read(
+    // `read` holds the body's share of the shared budget until the delivery is recorded.
+    let read = match request_body::read(
         &headers,
         body,
         BODY_LIMIT,
@@ -59,8 +60,7 @@ pub async fn gitlab_webhook(State(app): State<Arc<App>>, request: Request) -> St
             return status;
         }
     };
-    let held = body;
-    let body = held.bytes.clone();
+    let body = read.bytes.clone();
     let verified = match webhook::verify(&presented, &body, &app.webhook, now) {
         Ok(v) => v,
         Err(refusal) => {
