@@ -245,6 +245,23 @@ async fn a_connection_that_never_finishes_its_headers_is_closed_while_healthz_an
 }
 
 #[tokio::test]
+async fn a_request_head_over_64_kib_is_refused_with_431() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestService::start(config(dir.path(), &dead_url(), false), quiet()).await;
+    let mut conn = connect(&s).await;
+    let padding = "a".repeat(100 * 1024);
+    conn.write_all(
+        format!("GET /healthz HTTP/1.1\r\nHost: planbot.test\r\nX-Pad: {padding}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status_of(&mut conn).await, 431);
+    // A head of ordinary size is answered.
+    assert_eq!(s.get_text("/healthz").await.0, 200);
+}
+
+#[tokio::test]
 async fn idle_connections_beyond_the_limit_are_closed_and_a_webhook_still_gets_in() {
     let dir = tempfile::tempdir().unwrap();
     // A header timeout far beyond the test: only the limit can close these connections.

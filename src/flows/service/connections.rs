@@ -22,6 +22,11 @@ use tower::ServiceExt;
 /// Descriptors kept for everything but client connections (store, git, engine pipes, logs).
 pub const RESERVED_FILES: u64 = 256;
 
+/// What one connection buffers of a request's head (and reads of its body at a time): a head
+/// larger than this is answered 431 (hyper's default, ~400 KiB, let 1,000 connections hold
+/// 400 MiB of headers).
+pub const READ_BUFFER: usize = 64 * 1024;
+
 /// The longest pause between accepts that failed for want of descriptors.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -279,6 +284,8 @@ async fn connection(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
+        .max_buf_size(READ_BUFFER)
+        .max_header_size(READ_BUFFER)
         .keep_alive(true);
     let conn = http.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
