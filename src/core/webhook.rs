@@ -59,20 +59,22 @@ pub fn decode_signing_token(token: &str) -> Option<Vec<u8>> {
     (!key.is_empty()).then_some(key)
 }
 
-/// Verify a delivery: the signature when one is presented or a signing key is configured,
-/// else the `X-Gitlab-Token`. `now` is Unix seconds.
-pub fn verify(
-    p: &Presented<'_>,
-    body: &[u8],
-    expected: &Expected,
-    now: i64,
-) -> Result<Verified, Refusal> {
-    if p.webhook_signature.is_some() || expected.signing_key.is_some() {
-        let key = expected
-            .signing_key
-            .as_deref()
-            .ok_or(Refusal::NoSigningKey)?;
-        let (Some(id), Some(ts), Some(sig)) =
+/// Whether a delivery is to be checked by its signature (one presented, or a signing key
+/// configured) rather than by the `X-Gitlab-Token`.
+fn signed(p: &Presented<'_>, expected: &Expected) -> bool {
+    p.webhook_signature.is_some() || expected.signing_key.is_some()
+}
+
+/// Everything that can be checked before one byte of the body is read: the `X-Gitlab-Token`
+/// whole (in constant time), or for a signed delivery the key, the three headers, the
+/// timestamp's window and the signature's shape. `Ok(Verified::Token)` is final;
+/// `Ok(Verified::Signature)` still needs [`verify`] once the body is read. `now` is Unix seconds.
+pub fn precheck(p: &Presented<'_>, expected: &Expected, now: i64) -> Result<Verified, Refusal> {
+    if signed(p, expected) {
+        if expected.signing_key.is_none() {
+            return Err(Refusal::NoSigningKey);
+        }
+        let (Some(_), Some(ts), Some(sig)) =
             (p.webhook_id, p.webhook_timestamp, p.webhook_signature)
         else {
             return Err(Refusal::MissingSignature);
@@ -81,24 +83,12 @@ pub fn verify(
         if (now - ts_num).abs() > TOLERANCE_SECS {
             return Err(Refusal::Stale);
         }
-        let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(ts.as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        let want = mac.finalize().into_bytes();
-        let mut ok = subtle::Choice::from(0u8);
-        for entry in sig.split(' ').filter(|e| !e.is_empty()) {
-            let Some(b64) = entry.strip_prefix("v1,") else {
-                continue; // other schemes (v1a, …) are not ours
-            };
-            if let Ok(given) = STANDARD.decode(b64) {
-                // Every entry is compared; no early exit on a match.
-                ok |= given.as_slice().ct_eq(want.as_slice());
-            }
-        }
-        return if bool::from(ok) {
+        // At least one entry that could be an HMAC-SHA256 (`v1,` and 32 bytes of base64).
+        let plausible = sig
+            .split(' ')
+            .filter_map(|e| e.strip_prefix("v1,"))
+            .any(|b64| STANDARD.decode(b64).is_ok_and(|b| b.len() == 32));
+        return if plausible {
             Ok(Verified::Signature)
         } else {
             Err(Refusal::BadSignature)
@@ -117,6 +107,70 @@ pub fn verify(
     } else {
         Err(Refusal::BadToken)
     }
+}
+
+/// Verify a delivery: the signature when one is presented or a signing key is configured,
+/// else the `X-Gitlab-Token`. `now` is Unix seconds.
+pub fn verify(
+    p: &Presented<'_>,
+    body: &[u8],
+    expected: &Expected,
+    now: i64,
+) -> Result<Verified, Refusal> {
+    if precheck(p, expected, now)? == Verified::Token {
+        return Ok(Verified::Token);
+    }
+    let (Some(key), Some(id), Some(ts), Some(sig)) = (
+        expected.signing_key.as_deref(),
+        p.webhook_id,
+        p.webhook_timestamp,
+        p.webhook_signature,
+    ) else {
+        return Err(Refusal::MissingSignature);
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(ts.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let want = mac.finalize().into_bytes();
+    let mut ok = subtle::Choice::from(0u8);
+    for entry in sig.split(' ').filter(|e| !e.is_empty()) {
+        let Some(b64) = entry.strip_prefix("v1,") else {
+            continue; // other schemes (v1a, …) are not ours
+        };
+        if let Ok(given) = STANDARD.decode(b64) {
+            // Every entry is compared; no early exit on a match.
+            ok |= given.as_slice().ct_eq(want.as_slice());
+        }
+    }
+    if bool::from(ok) {
+        Ok(Verified::Signature)
+    } else {
+        Err(Refusal::BadSignature)
+    }
+}
+
+/// The key a delivery is de-duplicated on. A signed delivery's is its `webhook-id`, which the
+/// signature covers (an `Idempotency-Key` is not signed: a replay could change it); else the
+/// `Idempotency-Key` (GitLab keeps it across retries and resends), the `webhook-id`, or the
+/// body's SHA-256.
+pub fn dedup_key(
+    verified: Verified,
+    p: &Presented<'_>,
+    idempotency_key: Option<&str>,
+    body: &[u8],
+) -> String {
+    let signed_id = match verified {
+        Verified::Signature => p.webhook_id,
+        Verified::Token => None,
+    };
+    signed_id
+        .or(idempotency_key)
+        .or(p.webhook_id)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("sha256:{}", hex::encode(Sha256::digest(body))))
 }
 
 /// Sign a delivery the way GitLab does (`v1,<base64>`), for tests and the load bench.
@@ -197,6 +251,59 @@ mod tests {
         );
         assert_eq!(verify(&with(Some("")), b"", &e, 0), Err(Refusal::BadToken));
         assert_eq!(verify(&with(None), b"", &e, 0), Err(Refusal::MissingToken));
+    }
+
+    #[test]
+    fn the_headers_alone_refuse_a_wrong_token_or_a_stale_or_shapeless_signature() {
+        let token = Expected {
+            webhook_secret: Some("hook-secret".into()),
+            signing_key: None,
+        };
+        let t = |v: &'static str| Presented {
+            gitlab_token: Some(v),
+            ..Default::default()
+        };
+        assert_eq!(precheck(&t("hook-secret"), &token, 0), Ok(Verified::Token));
+        assert_eq!(precheck(&t("nope"), &token, 0), Err(Refusal::BadToken));
+        let e = expected_signing();
+        let good = sign(e.signing_key.as_ref().unwrap(), "id-1", 1000, b"{}");
+        let s = |sig: &'static str, ts: &'static str| Presented {
+            webhook_id: Some("id-1"),
+            webhook_timestamp: Some(ts),
+            webhook_signature: Some(sig),
+            ..Default::default()
+        };
+        let good: &'static str = Box::leak(good.into_boxed_str());
+        assert_eq!(
+            precheck(&s(good, "1000"), &e, 1100),
+            Ok(Verified::Signature)
+        );
+        assert_eq!(precheck(&s(good, "1000"), &e, 1301), Err(Refusal::Stale));
+        assert_eq!(
+            precheck(&s("v1,bm9wZQ==", "1000"), &e, 1000),
+            Err(Refusal::BadSignature)
+        );
+        assert_eq!(
+            precheck(&s(good, "soon"), &e, 1000),
+            Err(Refusal::BadTimestamp)
+        );
+    }
+
+    #[test]
+    fn a_signed_delivery_is_keyed_on_its_signed_id_whatever_its_idempotency_key() {
+        let p = Presented {
+            webhook_id: Some("msg-1"),
+            ..Default::default()
+        };
+        assert_eq!(
+            dedup_key(Verified::Signature, &p, Some("other"), b""),
+            "msg-1"
+        );
+        assert_eq!(dedup_key(Verified::Token, &p, Some("other"), b""), "other");
+        assert_eq!(dedup_key(Verified::Token, &p, None, b""), "msg-1");
+        assert!(
+            dedup_key(Verified::Token, &Presented::default(), None, b"x").starts_with("sha256:")
+        );
     }
 
     #[test]

@@ -70,11 +70,15 @@ TF_HTTP_PASSWORD = "{writer}"
 [plan]
 max_concurrent_plans = 2
 
+[metrics]
+token = "{metrics_token}"
+
 # The engine's sandbox lets it reach the state backend (the fake GitLab) and nothing else.
 [sandbox]
 connect_ports = [443, {gitlab_port}]
 "#,
         gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap(),
+        metrics_token = crate::support::service::METRICS_TOKEN,
         reader = gitlab
             .member_with_role(project, "state-reader", DEVELOPER)
             .token,

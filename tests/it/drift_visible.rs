@@ -35,7 +35,7 @@ async fn a_drift_check_shows_on_metrics_doctor_and_run_pages_and_an_opted_out_ro
     let issues = w.gitlab.issues(&w.project);
     assert_eq!(issues.len(), 1);
     let series = r#"{project="infra/homelab",root="default"}"#;
-    let (_, text) = s.get_text("/metrics").await;
+    let text = s.metrics().await;
     let drifted = metric(&text, &format!("planbot_drift_resources{series}"))
         .unwrap_or_else(|| panic!("no drift gauge:\n{text}"));
     assert!(drifted > 0, "{text}");
@@ -109,7 +109,7 @@ async fn a_drift_check_shows_on_metrics_doctor_and_run_pages_and_an_opted_out_ro
         note.starts_with("planbot: root `default` is no longer checked for drift:"),
         "{note}"
     );
-    let (_, text) = s.get_text("/metrics").await;
+    let text = s.metrics().await;
     assert!(!text.contains("planbot_drift_resources{"), "{text}");
 }
 

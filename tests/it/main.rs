@@ -47,6 +47,7 @@ mod service_config;
 mod service_crash;
 mod service_e2e;
 mod service_intake;
+mod service_limits;
 mod service_logs;
 mod service_pages;
 mod service_queue;

@@ -34,7 +34,7 @@ async fn a_wrong_or_missing_token_is_refused_and_nothing_is_recorded() {
 
     assert_eq!(s.app.store.delivery_count().await.unwrap(), 0);
     assert!(jobs(&s).await.is_empty());
-    let (_, metrics) = s.get_text("/metrics").await;
+    let metrics = s.metrics().await;
     assert!(
         metrics.contains(
             r#"planbot_webhook_deliveries_total{event="merge_request",outcome="unauthorized"} 2"#
@@ -139,7 +139,7 @@ async fn the_same_idempotency_key_twice_makes_one_job() {
     }
     assert_eq!(jobs(&s).await.len(), 1);
     assert_eq!(s.app.store.delivery_count().await.unwrap(), 1);
-    let (_, metrics) = s.get_text("/metrics").await;
+    let metrics = s.metrics().await;
     assert!(metrics.contains(r#"outcome="duplicate"} 1"#), "{metrics}");
 }
 
@@ -163,7 +163,7 @@ async fn an_authentic_body_planbot_cannot_parse_is_answered_200_and_recorded_as_
         .unwrap()
         .unwrap();
     assert!(outcome.starts_with("unparseable:"), "{outcome}");
-    let (_, metrics) = s.get_text("/metrics").await;
+    let metrics = s.metrics().await;
     assert!(
         metrics.contains(r#"{event="merge_request",outcome="unparseable"} 1"#),
         "{metrics}"
@@ -346,5 +346,43 @@ async fn a_body_over_25_mib_is_refused_without_recording() {
         s.deliver(&ok, &token_headers("Push Hook", "big-ok", WEBHOOK_SECRET))
             .await,
         200
+    );
+}
+
+#[tokio::test]
+async fn a_replayed_signed_delivery_with_a_new_idempotency_key_runs_one_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(
+        dir.path(),
+        &dead_url(),
+        true,
+        r#"["gitlab-org/gitlab-test"]"#,
+    );
+    let cfg = planbot::core::config::Config::load(&text, &[], &|_| Err("no".into())).unwrap();
+    let s = TestService::start(cfg, quiet()).await;
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fixture("webhooks/note_merge_request.json")).unwrap();
+    v["object_attributes"]["note"] = "planbot plan".into();
+    let body = v.to_string();
+    // One delivery GitLab signed, captured and sent five times, each with another
+    // Idempotency-Key (a header the signature does not cover).
+    let signed = signed_headers("Note Hook", "msg-captured", &body, unix_now(), &[]);
+    for i in 0..5 {
+        let mut headers = signed.clone();
+        for (k, v) in headers.iter_mut() {
+            if *k == "Idempotency-Key" {
+                *v = format!("replay-{i}");
+            }
+        }
+        assert_eq!(s.deliver(&body, &headers).await, 200, "replay {i}");
+    }
+    let jobs = jobs(&s).await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].kind, "command");
+    assert_eq!(s.app.store.delivery_count().await.unwrap(), 1);
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(r#"{event="note",outcome="duplicate"} 4"#),
+        "{metrics}"
     );
 }

@@ -238,7 +238,11 @@ projects = ["infra/homelab"]
 
 [engine]
 binary = "{engine}"
+
+[metrics]
+token = "{metrics_token}"
 {state}"#,
+            metrics_token = crate::support::service::METRICS_TOKEN,
             data = dir.path().join("data").display(),
             url = fake.url(),
             token = fake.bot_token(),
@@ -303,6 +307,7 @@ binary = "{engine}"
     .await;
     let metrics = http
         .get(serve.url("/metrics"))
+        .bearer_auth(crate::support::service::METRICS_TOKEN)
         .send()
         .await
         .unwrap()

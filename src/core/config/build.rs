@@ -187,6 +187,7 @@ pub(super) const FALLBACK_SECRET: &str = "planbot-fallback-secret-0123456789";
 /// reported in.
 pub(super) fn build(v: &mut Values) -> Config {
     let listen = listen(v);
+    let server = server(v);
     let data_dir = PathBuf::from(v.get::<String>("data_dir"));
     let public_url = v
         .given::<String>("public_url")
@@ -216,6 +217,7 @@ pub(super) fn build(v: &mut Values) -> Config {
     Config {
         log,
         listen,
+        server,
         data_dir,
         public_url,
         fingerprint_key: Secret::new(fingerprint_key),
@@ -584,6 +586,25 @@ fn pages(v: &mut Values, public_url: Option<&str>) -> (PagesConfig, MetricsConfi
             token: token.map(Secret::new),
         },
     )
+}
+
+/// `[server]`: the header and body timeouts (1s to 10m) and the connection limit.
+fn server(v: &mut Values) -> ServerConfig {
+    let range = Duration::from_secs(1)..=Duration::from_secs(600);
+    ServerConfig {
+        header_timeout: v.duration_within(
+            "server.header_timeout",
+            range.clone(),
+            "expected a duration from 1s to 10m, e.g. \"10s\"",
+        ),
+        body_timeout: v.duration_within(
+            "server.body_timeout",
+            range,
+            "expected a duration from 1s to 10m, e.g. \"30s\"",
+        ),
+        max_connections: v.number_within("server.max_connections", 1..=1_000_000, "a number")
+            as usize,
+    }
 }
 
 /// `plan.max_concurrent_plans`: from 1 to 64.

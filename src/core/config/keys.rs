@@ -316,6 +316,30 @@ pub static KEYS: &[Key] = &[
         show: |c| Shown::plain(c.listen),
     },
     Key {
+        path: "server.header_timeout",
+        kind: Kind::Duration,
+        secret: false,
+        unset: Unset::Value("10s"),
+        description: "How long a client has to send a request's headers, from the connection's opening or the end of its previous response; so also how long an idle keep-alive connection stays open (1s to 10m). Then the connection is closed.",
+        show: |c| Shown::duration(c.server.header_timeout),
+    },
+    Key {
+        path: "server.body_timeout",
+        kind: Kind::Duration,
+        secret: false,
+        unset: Unset::Value("30s"),
+        description: "How long a client has to send a whole request body, webhook or apply (1s to 10m); then 408.",
+        show: |c| Shown::duration(c.server.body_timeout),
+    },
+    Key {
+        path: "server.max_connections",
+        kind: Kind::Int,
+        secret: false,
+        unset: Unset::Value("1000"),
+        description: "Connections open at once. At the limit a new connection closes the one idle the longest (none idle: the new one is closed). Keep it under the open-files limit (planbot raises its soft limit to the hard one at start; the unit sets LimitNOFILE=65536).",
+        show: |c| Shown::plain(c.server.max_connections),
+    },
+    Key {
         path: "data_dir",
         kind: Kind::Str,
         secret: false,
@@ -396,7 +420,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Str,
         secret: true,
         unset: Unset::Empty,
-        description: "The webhook's signing token (`whsec_...`, Standard Webhooks `webhook-signature`). When set, every delivery must carry a valid signature no older than 5 minutes.",
+        description: "The webhook's signing token (`whsec_...`, Standard Webhooks `webhook-signature`). When set, every delivery must carry a valid signature no more than 5 minutes from now, and a delivery is recorded once per signed `webhook-id` (a replay with another Idempotency-Key runs nothing).",
         show: |c| Shown::secret(c.gitlab.signing_token.as_ref()),
     },
     Key {
@@ -775,7 +799,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Str,
         secret: true,
         unset: Unset::Empty,
-        description: "When set, GET /metrics answers only `Authorization: Bearer <token>` (Prometheus: `authorization: { credentials_file: ... }`).",
+        description: "GET /metrics answers only `Authorization: Bearer <token>` (Prometheus: `authorization: { credentials_file: ... }`); unset, /metrics answers 404. At least 16 characters (`openssl rand -hex 32`).",
         show: |c| Shown::secret(c.metrics.token.as_ref()),
     },
     Key {

@@ -98,6 +98,8 @@ impl Allowlist {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// `[server]`: what one client may hold of the listener (timeouts, connections).
+    pub server: ServerConfig,
     pub data_dir: PathBuf,
     /// Base URL of planbot itself, for links to run pages (no trailing slash).
     pub public_url: Option<String>,
@@ -334,10 +336,33 @@ impl Default for PagesConfig {
     }
 }
 
+/// `[server]`: the bounds every client of the listener is held to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// The time a client has to send a request's headers, counted from the connection's
+    /// opening or the end of its previous response (so also how long an idle keep-alive
+    /// connection stays open).
+    pub header_timeout: std::time::Duration,
+    /// The time a client has to send a whole request body.
+    pub body_timeout: std::time::Duration,
+    /// Connections open at once; at the limit a new one closes the longest-idle one.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(30),
+            max_connections: 1000,
+        }
+    }
+}
+
 /// `[metrics]`.
 #[derive(Debug, Clone, Default)]
 pub struct MetricsConfig {
-    /// When set, `/metrics` answers only `Authorization: Bearer <token>`.
+    /// `/metrics` answers only `Authorization: Bearer <token>`; unset, it answers 404.
     pub token: Option<Secret>,
 }
 

@@ -176,7 +176,7 @@ fn a_misspelled_key_or_section_is_named_with_its_line_and_the_nearest_known_one(
         [
             "unknown config key `colour` (known keys here: listen, data_dir, public_url, log_format, log_level, fingerprint_key)\n    from planbot.toml, line 1",
             "unknown config key `metrics.bearer` (known keys here: metrics.token)\n    from planbot.toml, line 10",
-            "unknown config section `[zzz]` (known sections: [gitlab], [engine], [sandbox], [apply], [drift], [plan], [proxmox], [pages], [metrics], [store], [state], [modules])\n    from planbot.toml, line 11",
+            "unknown config section `[zzz]` (known sections: [server], [gitlab], [engine], [sandbox], [apply], [drift], [plan], [proxmox], [pages], [metrics], [store], [state], [modules])\n    from planbot.toml, line 11",
         ]
     );
     // A secret's `_file` form is a key; a `_file` of a plain key is not.

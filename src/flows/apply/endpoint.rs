@@ -7,6 +7,9 @@ use crate::flows::context::app_state::App;
 use minijinja::context;
 use std::sync::Arc;
 
+/// The apply's JSON body (`confirm` and `roots`) is small: at most this many bytes.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
 /// How often the stream says it is still alive while the engine is quiet.
 pub const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -15,9 +18,10 @@ pub const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(
 /// a missing token or a body that is not the documented JSON is refused at once with 401/400.
 pub async fn handler(
     axum::extract::State(app): axum::extract::State<Arc<App>>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
+    request: axum::extract::Request,
 ) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     use axum::response::IntoResponse;
     let plain = [(
         axum::http::header::CONTENT_TYPE,
@@ -39,6 +43,27 @@ pub async fn handler(
             format!("{line}\n"),
         )
             .into_response();
+    };
+    // The job token is checked by GitLab, so the body is read first; bounded and in time.
+    let body = match crate::flows::context::request_body::read(
+        &headers,
+        body,
+        BODY_LIMIT,
+        app.config.server.body_timeout,
+        &app.bodies,
+    )
+    .await
+    {
+        Ok(b) => b.bytes,
+        Err(refusal) => {
+            let why = say(
+                &app.scrubber,
+                "bad_body",
+                context! { error => refusal.to_string() },
+            );
+            let line = Verdict::Refused(why).last_line();
+            return (refusal.status(), plain, format!("{line}\n")).into_response();
+        }
     };
     let parsed: ApplyBody = if body.iter().all(u8::is_ascii_whitespace) {
         ApplyBody::default()

@@ -169,7 +169,7 @@ fn pages_line(config: &Config) -> String {
     let metrics = if config.metrics.token.is_some() {
         "/metrics requires the [metrics] bearer token"
     } else {
-        "/metrics answers without a token"
+        "/metrics is off (404): set [metrics] token_file to serve it to a scraper with that bearer token"
     };
     format!("{pages}; {metrics}")
 }

@@ -38,7 +38,15 @@ pub struct App {
     bot_user: tokio::sync::OnceCell<UserId>,
     /// Who may read the run pages: GitLab sign-in, sessions, membership cache.
     pub signin: crate::flows::context::session::SignIn,
+    /// The bytes all request bodies being read or handled may hold at once.
+    pub bodies: crate::flows::context::request_body::Budget,
+    /// GitLab's last answer to the readiness check (`GET /user`) and when it came: probes
+    /// within [`GITLAB_CHECK_TTL`] reuse it, concurrent ones wait for the one in flight.
+    gitlab_check: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
 }
+
+/// How long `/readyz` (and the home page) reuse GitLab's answer to `GET /user`.
+pub const GITLAB_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl App {
     /// Open a SQLite store (creating `data_dir`) and assemble the state; a PostgreSQL
@@ -122,6 +130,10 @@ impl App {
             bot_user: tokio::sync::OnceCell::new(),
             signin: crate::flows::context::session::SignIn::new(&config)
                 .context("[gitlab.oauth] / public_url")?,
+            bodies: crate::flows::context::request_body::Budget::new(
+                crate::flows::context::request_body::BUDGET_BYTES,
+            ),
+            gitlab_check: tokio::sync::Mutex::new(None),
             config,
         })
     }
@@ -251,7 +263,22 @@ impl App {
     }
 
     /// Whether GitLab answers with our token (`GET /user`, asked every time): for `/readyz`.
+    /// Whether GitLab answers the bot's `GET /user`: asked at most once per
+    /// [`GITLAB_CHECK_TTL`] however many probes come (they share the call in flight), so an
+    /// unauthenticated client cannot make planbot call GitLab with the bot token.
     pub async fn gitlab_reachable(&self) -> Result<()> {
+        let mut last = self.gitlab_check.lock().await;
+        if let Some((at, answer)) = last.as_ref() {
+            if at.elapsed() < GITLAB_CHECK_TTL {
+                return answer.clone().map_err(anyhow::Error::msg);
+            }
+        }
+        let answer = self.ask_gitlab().await.map_err(|e| format!("{e:#}"));
+        *last = Some((std::time::Instant::now(), answer.clone()));
+        answer.map_err(anyhow::Error::msg)
+    }
+
+    async fn ask_gitlab(&self) -> Result<()> {
         match self.gitlab_probe.current_user().await {
             Ok(u) => {
                 let _ = self.bot_user.set(u.id);

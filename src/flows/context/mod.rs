@@ -1,10 +1,12 @@
 //! What review, apply and the service all stand on: the shared application state (`App`), the
-//! root locks, the CPU pool, the job queue, the metrics, the pages' sign-in sessions and the
-//! policy sets (loaded and evaluated for a review and for an apply).
+//! root locks, the CPU pool, the job queue, the metrics, the pages' sign-in sessions, the
+//! policy sets (loaded and evaluated for a review and for an apply) and the bounded read of
+//! request bodies.
 pub mod app_state;
 pub mod cpu;
 pub mod locks;
 pub mod metrics;
 pub mod policy_sets;
 pub mod queue;
+pub mod request_body;
 pub mod session;

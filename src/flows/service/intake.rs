@@ -1,13 +1,13 @@
-//! `POST /webhooks/gitlab`: verify, parse, record, enqueue — and answer within milliseconds.
+//! `POST /webhooks/gitlab`: check the headers, read the body (bounded), verify, parse, record,
+//! enqueue — and answer within milliseconds.
 
 use crate::capabilities::store::NewDelivery;
 use crate::core::events;
 use crate::core::webhook::{self, Presented};
 use crate::flows::context::app_state::App;
-use axum::body::Bytes;
-use axum::extract::State;
+use crate::flows::context::request_body;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 /// Webhook bodies are at most 25 MiB (GitLab's own limit).
@@ -20,11 +20,9 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-pub async fn gitlab_webhook(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> StatusCode {
+pub async fn gitlab_webhook(State(app): State<Arc<App>>, request: Request) -> StatusCode {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let event_header = header(&headers, "x-gitlab-event");
     let event = events::event_label(event_header);
     let presented = Presented {
@@ -37,11 +35,40 @@ pub async fn gitlab_webhook(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    if let Err(refusal) = webhook::verify(&presented, &body, &app.webhook, now) {
+    // What the headers can prove is proven before one byte of the body is read: a wrong token
+    // or a stale signature costs planbot nothing but the headers.
+    if let Err(refusal) = webhook::precheck(&presented, &app.webhook, now) {
         tracing::warn!(event, reason = %refusal, "webhook refused (401)");
         app.metrics.delivery(event, "unauthorized");
         return StatusCode::UNAUTHORIZED;
     }
+    // `read` holds the body's share of the shared budget until the delivery is recorded.
+    let read = match request_body::read(
+        &headers,
+        body,
+        BODY_LIMIT,
+        app.config.server.body_timeout,
+        &app.bodies,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(refusal) => {
+            let status = refusal.status();
+            tracing::warn!(event, reason = %refusal, status = status.as_u16(), "webhook body refused");
+            app.metrics.delivery(event, "body_refused");
+            return status;
+        }
+    };
+    let body = read.bytes.clone();
+    let verified = match webhook::verify(&presented, &body, &app.webhook, now) {
+        Ok(v) => v,
+        Err(refusal) => {
+            tracing::warn!(event, reason = %refusal, "webhook refused (401)");
+            app.metrics.delivery(event, "unauthorized");
+            return StatusCode::UNAUTHORIZED;
+        }
+    };
     let decision = if body.len() <= PARSE_INLINE_MAX {
         events::decide(event_header, &body, &app.config.gitlab.projects)
     } else {
@@ -55,10 +82,13 @@ pub async fn gitlab_webhook(
             Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
         }
     };
-    let key = header(&headers, "idempotency-key")
-        .or(presented.webhook_id)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("sha256:{}", hex::encode(Sha256::digest(&body))));
+    // Signed: the signed webhook-id, whatever Idempotency-Key a replay carries.
+    let key = webhook::dedup_key(
+        verified,
+        &presented,
+        header(&headers, "idempotency-key"),
+        &body,
+    );
     if decision.is_unparseable() {
         tracing::warn!(event, key, outcome = %decision.outcome, "authentic webhook that planbot cannot parse (answered 200)");
     }

@@ -5,7 +5,7 @@ use crate::core::events::Job;
 use crate::flows::context::app_state::{wipe_temp_root, App};
 use crate::flows::service::{intake, pages, signin};
 use anyhow::{Context, Result};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -143,12 +143,15 @@ impl Application {
         let router = router(self.app.clone());
         let stop = self.shutdown.clone();
         tracing::info!(port = self.port, "planbot is serving");
-        // The peer address decides the loopback-only run pages (`pages.auth = "loopback"`).
-        let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-        axum::serve(listener, service)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-            .context("HTTP server")?;
+        // Each request carries its peer address: it decides the loopback-only run pages
+        // (`pages.auth = "loopback"`).
+        crate::flows::service::connections::serve(
+            listener,
+            router,
+            self.app.config.server.clone(),
+            stop,
+        )
+        .await;
         Ok(())
     }
 }
@@ -165,10 +168,8 @@ impl Drop for Application {
 /// Every route of the service.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route(
-            "/webhooks/gitlab",
-            post(intake::gitlab_webhook).layer(DefaultBodyLimit::max(intake::BODY_LIMIT)),
-        )
+        // Each reads its body itself, bounded (`flows::context::request_body`).
+        .route("/webhooks/gitlab", post(intake::gitlab_webhook))
         .route("/api/v1/apply", post(crate::flows::apply::handler))
         .route("/ci/planbot.gitlab-ci.yml", get(ci_template))
         .route("/healthz", get(healthz))
@@ -236,22 +237,31 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     (status, body).into_response()
 }
 
-/// Whether the request carries `Authorization: Bearer <metrics.token>` (compared in constant time).
-fn metrics_authorized(app: &App, headers: &axum::http::HeaderMap) -> bool {
+/// Whether the request carries `Authorization: Bearer <metrics.token>` (compared in constant
+/// time, hashed so neither length nor content shows).
+fn metrics_authorized(want: &str, headers: &axum::http::HeaderMap) -> bool {
+    use sha2::{Digest, Sha256};
     use subtle::ConstantTimeEq;
-    let Some(want) = &app.config.metrics.token else {
-        return true;
-    };
+    let want = Sha256::digest(want.as_bytes());
     headers
         .get_all(header::AUTHORIZATION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .filter_map(|v| v.strip_prefix("Bearer "))
-        .any(|got| bool::from(got.trim().as_bytes().ct_eq(want.expose().as_bytes())))
+        .any(|got| bool::from(Sha256::digest(got.trim().as_bytes()).ct_eq(&want)))
 }
 
 async fn metrics(State(app): State<Arc<App>>, headers: axum::http::HeaderMap) -> Response {
-    if !metrics_authorized(&app, &headers) {
+    // No token configured: /metrics is off (planbot serve --check and doctor say how to
+    // turn it on).
+    let Some(want) = &app.config.metrics.token else {
+        return (
+            StatusCode::NOT_FOUND,
+            "/metrics is off: set [metrics] token_file and scrape with Authorization: Bearer <token>\n",
+        )
+            .into_response();
+    };
+    if !metrics_authorized(want.expose(), &headers) {
         return (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer realm=\"planbot metrics\"")],

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const WEBHOOK_SECRET: &str = "hook-secret-for-tests";
+/// The `[metrics] token` of [`config_text`]'s service (sent by [`TestService::metrics`]).
+pub const METRICS_TOKEN: &str = "metrics-token-for-tests-0123456789";
 /// `whsec_` + base64 of 32 bytes, the shape GitLab shows.
 pub const SIGNING_TOKEN: &str = "whsec_dGVzdC1zaWduaW5nLWtleS0zMi1ieXRlcy1sb25nISE=";
 
@@ -79,6 +81,9 @@ webhook_secret = "{WEBHOOK_SECRET}"
 
 [plan]
 max_concurrent_plans = 2
+
+[metrics]
+token = "{METRICS_TOKEN}"
 "#,
         data_dir.display()
     )
@@ -175,6 +180,19 @@ impl TestService {
             .find(|r| r.kind == kind)
             .unwrap_or_else(|| panic!("no {kind:?} run among the last ten"));
         self.get_text(&format!("/runs/{}", run.id.0)).await
+    }
+
+    /// `GET /metrics` with the test config's bearer token: the text (asserting 200).
+    pub async fn metrics(&self) -> String {
+        let r = self
+            .http
+            .get(self.url("/metrics"))
+            .bearer_auth(METRICS_TOKEN)
+            .send()
+            .await
+            .expect("GET /metrics");
+        assert_eq!(r.status(), 200, "GET /metrics with the token");
+        r.text().await.unwrap()
     }
 
     pub async fn get_text(&self, path: &str) -> (reqwest::StatusCode, String) {
