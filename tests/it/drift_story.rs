@@ -63,7 +63,7 @@ async fn drift_of_main_lives_in_one_issue_that_the_apply_job_repairs() {
     assert_eq!(issues[0].labels, vec!["drift".to_string()]);
     let body = &issues[0].description;
     assert!(
-        body.contains("terraform_data.vm[&quot;blocky&quot;]"),
+        body.contains("terraform_data.vm&#91;&quot;blocky&quot;&#93;"),
         "{body}"
     );
     assert!(!body.contains("apply-canary-password-7f3a"), "{body}");

@@ -90,15 +90,48 @@ fn inline(s: &str) -> String {
     decode_entities(&out.replace("**", "").replace('\u{200b}', ""))
 }
 
+/// The entities the Markdown escaping writes, decoded for a terminal: the named ones and every
+/// numeric one (`&#91;`, `&#x27;`, …); `&amp;` last, so `&amp;lt;` reads `&lt;`.
 fn decode_entities(s: &str) -> String {
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&#x27;", "'")
-        .replace("&#96;", "`")
-        .replace("&#124;", "|")
-        .replace("&amp;", "&")
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find('&') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        match decode_one_entity(after) {
+            Some((c, len)) => {
+                out.push(c);
+                rest = &after[len..];
+            }
+            None => {
+                out.push('&');
+                rest = &after[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The character of the entity `text` starts with, and the entity's length.
+fn decode_one_entity(text: &str) -> Option<(char, usize)> {
+    let end = text.bytes().take(12).position(|b| b == b';')?;
+    let name = &text[1..end];
+    let c = match name {
+        "lt" => '<',
+        "gt" => '>',
+        "quot" => '"',
+        "amp" => '&',
+        _ => {
+            let digits = name.strip_prefix('#')?;
+            let code = match digits.strip_prefix(['x', 'X']) {
+                Some(hex) => u32::from_str_radix(hex, 16).ok()?,
+                None => digits.parse::<u32>().ok()?,
+            };
+            char::from_u32(code)?
+        }
+    };
+    Some((c, end + 1))
 }
 
 fn is_separator_row(row: &str) -> bool {
@@ -168,7 +201,7 @@ mod tests {
 \n\
 > - ❌ **PVE104** `x`: use `content_type = &quot;import&quot;` &amp; <b>fix</b>\n\
 \n\
-<details><summary><code>+ terraform_data.vm[&quot;backup&quot;]</code> — created</summary>\n\
+<details><summary><code>+ terraform_data.vm&#91;&quot;backup&quot;&#93;</code> — created</summary>\n\
 \n\
 ```diff\n\
 + input.name = \"a &quot;b&quot; <c>\"\n\
@@ -207,5 +240,6 @@ mod tests {
     fn a_lone_angle_bracket_is_text_not_a_tag() {
         assert_eq!(inline("a < b and c<1"), "a < b and c<1");
         assert_eq!(inline("x &lt;y&gt; <code>z</code>"), "x <y> z");
+        assert_eq!(inline("&amp;lt; &#x5B;&#93; &bogus; & ü&lt;"), "&lt; [] &bogus; & ü<");
     }
 }
