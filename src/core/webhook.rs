@@ -78,7 +78,8 @@ pub fn verify(
             return Err(Refusal::MissingSignature);
         };
         let ts_num: i64 = ts.trim().parse().map_err(|_| Refusal::BadTimestamp)?;
-        if (now - ts_num).abs() > TOLERANCE_SECS {
+        // abs_diff: a timestamp near i64::MIN or MAX cannot overflow the subtraction.
+        if now.abs_diff(ts_num) > TOLERANCE_SECS.unsigned_abs() {
             return Err(Refusal::Stale);
         }
         let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");

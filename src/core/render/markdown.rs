@@ -72,12 +72,13 @@ pub fn fence_for(body: &str) -> String {
     "`".repeat((longest_backtick_run(body) + 1).max(3))
 }
 
-/// HTML-escape text for `<summary>`, `<code>` and other HTML contexts.
+/// HTML-escape text for `<summary>`, `<code>` and other HTML contexts. Line ends (`\n` and `\r`,
+/// which Markdown reads as one too) become spaces: a table row or an HTML block stays whole.
 pub fn html_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
-            '\n' => out.push(' '),
+            '\n' | '\r' => out.push(' '),
             c => push_prose(&mut out, c),
         }
     }
