@@ -8,6 +8,10 @@
 #   scripts/fuzz.sh all SECONDS                          every target in turn, SECONDS each
 #   scripts/fuzz.sh list                                 the targets
 #   scripts/fuzz.sh seed                                 seed fuzz/corpus/* from the fixtures
+#   scripts/fuzz.sh trim TARGET KIB                      shrink fuzz/corpus/TARGET: the inputs
+#                                                       that cover an edge no other covers
+#                                                       (libFuzzer's merge), smallest first, up
+#                                                       to KIB KiB (its seed-* files are kept)
 #   scripts/fuzz.sh keep TARGET FILE NAME                a crash as the replayed fixture
 #                                                       tests/fixtures/fuzz/TARGET/NAME
 #   scripts/fuzz.sh add NAME                             the fuzz target file and [[bin]] of a new
@@ -25,7 +29,10 @@ toolchain="${FUZZ_TOOLCHAIN:-nightly}"
 build_flags="${FUZZ_BUILD_FLAGS--s none -a}"
 targets() { sed -n 's/^name = "\([a-z_]*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^planbot-fuzz$'; }
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+# Fixture directories read as corpora too (not copied into fuzz/corpus).
+fixture_corpora() { case "$1" in plan_note) echo tests/fixtures/plans tests/fixtures/plans/bpg ;; esac; }
 
 # Inputs larger than this are not tried (the largest plan fixture is ~14 KB).
 max_len() { case "$1" in plan_note) echo 16384 ;; *) echo 4096 ;; esac; }
@@ -36,7 +43,8 @@ run() {
   local corpus="fuzz/corpus/$target" scratch="fuzz/target/scratch/$target"
   mkdir -p "$corpus" "$scratch"
   # New inputs go to the scratch directory; the committed corpus only gets what adds coverage.
-  cargo "+$toolchain" fuzz run $build_flags --jobs 1 "$target" "$scratch" "$corpus" -- \
+  # shellcheck disable=SC2046
+  cargo "+$toolchain" fuzz run $build_flags --jobs 1 "$target" "$scratch" "$corpus" $(fixture_corpora "$target") -- \
     -max_total_time="$seconds" -max_len="$(max_len "$target")" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 "$@"
   cargo "+$toolchain" fuzz run $build_flags "$target" "$corpus" "$scratch" -- -merge=1 \
@@ -60,11 +68,7 @@ seed() {
     | openssl dgst -sha256 -hmac planbot-fuzz-signing-key -binary | base64)
   { printf 'X-Gitlab-Event: Merge Request Hook\nwebhook-id: msg_1\nwebhook-timestamp: 1700000000\n'
     printf 'webhook-signature: v1,AAAA v1,%s\n\n' "$sig"; cat "$body"; } > "$d/seed-signed"
-  # plan_note: the plan fixtures (`show -json`).
-  d=fuzz/corpus/plan_note; mkdir -p "$d"
-  for p in tests/fixtures/plans/*.json tests/fixtures/plans/bpg/*.json; do
-    cp "$p" "$d/seed-$(basename "$(dirname "$p")")-$(basename "$p" .json)"
-  done
+  # plan_note: the plan fixtures (`show -json`) are read where they are (fixture_corpora).
   # repo_config and service_config: every ```toml block of the docs, and the shipped configs.
   for t in repo_config service_config; do
     d="fuzz/corpus/$t"; mkdir -p "$d"
@@ -91,6 +95,23 @@ seed() {
     printf '````\n```\n~~~\n\0\r\n' > "$d/seed-fences"
   done
   for t in $(targets); do echo "fuzz/corpus/$t: $(ls "fuzz/corpus/$t" | wc -l) files"; done
+}
+
+trim() {
+  local target="$1" kib="$2" corpus="fuzz/corpus/$1" tmp="fuzz/target/trim/$1"
+  rm -rf "$tmp"; mkdir -p "$tmp/min" "$tmp/all"
+  cp "$corpus"/* "$tmp/all/"
+  cargo "+$toolchain" fuzz run $build_flags "$target" "$tmp/min" "$tmp/all" -- -merge=1 \
+    -use_counters=0 -max_len="$(max_len "$target")" 2>&1 | grep -E '^MERGE-OUTER: [0-9]+ new files' || true
+  rm -f "$corpus"/*
+  local budget=$((kib * 1024)) used=0 f size
+  for f in $(ls -Sr "$tmp/min"); do
+    size=$(stat -c %s "$tmp/min/$f")
+    [ $((used + size)) -le "$budget" ] || break
+    cp "$tmp/min/$f" "$corpus/"; used=$((used + size))
+  done
+  for f in "$tmp/all"/seed-*; do [ -f "$f" ] && cp "$f" "$corpus/"; done
+  echo "fuzz/corpus/$target: $(ls "$corpus" | wc -l) files, $(du -sb "$corpus" | cut -f1) bytes"
 }
 
 keep() {
@@ -122,6 +143,7 @@ case "${1:-}" in
   seed) seed ;;
   all) [ $# -eq 2 ] || usage; for t in $(targets); do run "$t" "$2"; done ;;
   keep) [ $# -eq 4 ] || usage; keep "$2" "$3" "$4" ;;
+  trim) [ $# -eq 3 ] || usage; trim "$2" "$3" ;;
   add) [ $# -eq 2 ] || usage; add "$2" ;;
   *) [ $# -ge 2 ] || usage; run "$@" ;;
 esac

@@ -30,9 +30,12 @@ use hmac::{Hmac, Mac};
 use serde::Serialize;
 use sha2::Sha256;
 
+/// A target's check: panics when a property fails for this input.
+pub type Check = fn(&[u8]);
+
 /// Every target: its name (the file `fuzz/fuzz_targets/NAME.rs`, the corpus `fuzz/corpus/NAME/`)
 /// and its check.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Check)] = &[
     ("webhook", webhook),
     ("plan_note", plan_note),
     ("repo_config", repo_config),
@@ -42,7 +45,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// The check of target `name`.
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Check> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
@@ -373,7 +376,8 @@ pub fn plan_note(data: &[u8]) {
 // ----- repo_config: `.planbot.toml` --------------------------------------------------------------
 
 /// `.planbot.toml` written back from a parsed config (what matters: roots, plan settings,
-/// policy sets), to parse again.
+/// policy sets), to parse again. An empty list is left out (the file's way of saying "none" or
+/// "every root").
 #[derive(Serialize)]
 struct WrittenFile {
     plan: WrittenPlan,
@@ -391,9 +395,12 @@ struct WrittenPlan {
 struct WrittenRoot {
     name: String,
     dir: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     when_modified: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     var_files: Vec<String>,
     workspace: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     lint_disable: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     state: Option<toml::Value>,
@@ -404,7 +411,9 @@ struct WrittenRoot {
 struct WrittenSet {
     name: String,
     path: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     owners: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     roots: Vec<String>,
     namespace: String,
 }
@@ -647,8 +656,15 @@ pub fn markdown(data: &[u8]) {
             })
             .collect();
         assert_eq!(codes.len(), 1, "{span:?} → {nodes:?}");
-        let want = as_read(&neutralise(text).replace(['\n', '\r'], " "));
-        assert_eq!(as_read(codes[0]), want, "{span:?}");
+        let shown = neutralise(text).replace(['\n', '\r'], " ");
+        // An empty value is a span of one space (an empty span is not a code span).
+        let want = as_read(if shown.is_empty() { " " } else { &shown });
+        // Long backtick runs are broken by zero-width spaces (`markdown::code_span`).
+        assert_eq!(
+            as_read(codes[0]).replace(ZWSP, ""),
+            want.replace(ZWSP, ""),
+            "{span:?}"
+        );
         assert!(!nodes.iter().any(is_html), "{span:?} → {nodes:?}");
     });
 

@@ -23,9 +23,20 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Every input of `target`: its corpus, then its crash fixtures.
+/// Every input of `target`: its corpus, then its crash fixtures; for `plan_note` the plan
+/// fixtures too (scripts/fuzz.sh gives them to the fuzzer where they are).
 fn inputs(target: &str) -> Vec<PathBuf> {
     let mut all = files(&Path::new(ROOT).join("fuzz/corpus").join(target));
+    if target == "plan_note" {
+        for dir in ["tests/fixtures/plans", "tests/fixtures/plans/bpg"] {
+            let plans = files(&Path::new(ROOT).join(dir));
+            all.extend(
+                plans
+                    .into_iter()
+                    .filter(|p| p.extension().is_some_and(|e| e == "json")),
+            );
+        }
+    }
     all.extend(files(
         &Path::new(ROOT).join("tests/fixtures/fuzz").join(target),
     ));
