@@ -12,6 +12,7 @@ pub mod engine_kind;
 pub mod events;
 pub mod findings;
 pub mod fingerprint;
+pub mod fuzzing;
 pub mod ids;
 pub mod lint;
 pub mod note_html;

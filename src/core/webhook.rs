@@ -80,7 +80,8 @@ pub fn precheck(p: &Presented<'_>, expected: &Expected, now: i64) -> Result<Veri
             return Err(Refusal::MissingSignature);
         };
         let ts_num: i64 = ts.trim().parse().map_err(|_| Refusal::BadTimestamp)?;
-        if (now - ts_num).abs() > TOLERANCE_SECS {
+        // abs_diff: a timestamp near i64::MIN or MAX cannot overflow the subtraction.
+        if now.abs_diff(ts_num) > TOLERANCE_SECS.unsigned_abs() {
             return Err(Refusal::Stale);
         }
         // At least one entry that could be an HMAC-SHA256 (`v1,` and 32 bytes of base64).

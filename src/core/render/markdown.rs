@@ -6,11 +6,22 @@ use std::borrow::Cow;
 /// or fake planbot's hidden marker. It renders as nothing.
 const ZWSP: char = '\u{200B}';
 
-/// Break every `<!--` and `-->` in `text` (values, error texts, lines of files).
+/// Break every `<!--` and `-->` in `text` (values, error texts, lines of files). Until none is
+/// left: an opener and a closer can share dashes (`<!-->`, `<!--->`), and breaking one leaves
+/// the other whole.
 pub fn neutralise(text: &str) -> Cow<'_, str> {
     if !text.contains("<!--") && !text.contains("-->") {
         return Cow::Borrowed(text);
     }
+    let mut out = neutralise_once(text);
+    while out.contains("<!--") || out.contains("-->") {
+        out = neutralise_once(&out);
+    }
+    Cow::Owned(out)
+}
+
+/// One pass of [`neutralise`]: each `<!--` and `-->` found left to right, without overlaps.
+fn neutralise_once(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     let bytes = text.as_bytes();
     let mut i = 0;
@@ -35,7 +46,7 @@ pub fn neutralise(text: &str) -> Cow<'_, str> {
         }
     }
     out.push_str(&text[start..]);
-    Cow::Owned(out)
+    out
 }
 
 /// How GitLab parses a note: CommonMark with its extensions (tables, strikethrough, autolinks,
@@ -72,7 +83,8 @@ pub fn fence_for(body: &str) -> String {
     "`".repeat((longest_backtick_run(body) + 1).max(3))
 }
 
-/// HTML-escape text for `<summary>`, `<code>` and other HTML contexts.
+/// HTML-escape text for `<summary>`, `<code>` and other HTML contexts. Line ends (`\n` and `\r`,
+/// which Markdown reads as one too) become spaces: a table row or an HTML block stays whole.
 pub fn html_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
@@ -84,16 +96,47 @@ pub fn html_escape(text: &str) -> String {
     out
 }
 
-/// An inline Markdown code span that no backtick, newline or comment inside `text` can break.
+/// An inline Markdown code span that no backtick, newline or comment inside `text` can break,
+/// showing `text` as it is: padded with a space inside when it starts or ends with a backtick,
+/// or starts and ends with a space (CommonMark takes one space off each side of such a span);
+/// an empty text is a span of one space (an empty span is not one, it shows its backticks).
 pub fn code_span(text: &str) -> String {
-    let text = neutralise(text).replace(['\n', '\r'], " ");
+    let text = break_backtick_runs(&neutralise(text).replace(['\n', '\r'], " "));
+    if text.is_empty() {
+        return "` `".to_string();
+    }
     let delim = "`".repeat(longest_backtick_run(&text) + 1);
-    let pad = if text.starts_with('`') || text.ends_with('`') {
+    let spaced = text.starts_with(' ') && text.ends_with(' ') && text.bytes().any(|b| b != b' ');
+    let pad = if text.starts_with('`') || text.ends_with('`') || spaced {
         " "
     } else {
         ""
     };
     format!("{delim}{pad}{text}{pad}{delim}")
+}
+
+/// The longest backtick run a code span's text keeps: GitLab's parser (comrak, as cmark) takes
+/// no backtick string longer than 80 as a code span's opener or closer, so a longer run in a
+/// value would leave its delimiters unmatched and the value outside code.
+const MAX_BACKTICK_RUN: usize = 32;
+
+/// `text` with a zero-width space after every [`MAX_BACKTICK_RUN`] backticks in a row.
+fn break_backtick_runs(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = 0;
+    for c in text.chars() {
+        if c == '`' {
+            if run == MAX_BACKTICK_RUN {
+                out.push(ZWSP);
+                run = 0;
+            }
+            run += 1;
+        } else {
+            run = 0;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// `<code>` for a GFM table cell: HTML-escaped, `|` as an entity so it cannot split the row.
