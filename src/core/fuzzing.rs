@@ -690,6 +690,7 @@ pub fn markdown(data: &[u8]) {
     for md in [format!("- {inline}\n"), format!("x {inline} y\n")] {
         parse_with(&md, |nodes| {
             assert!(!nodes.iter().any(is_html), "{md:?} → {nodes:?}");
+            assert_links_and_mentions_nothing(&md, &nodes);
         });
     }
 
@@ -715,7 +716,29 @@ pub fn markdown(data: &[u8]) {
                 }
                 assert!(!matches!(n, NodeValue::HtmlBlock(_)), "{md:?}");
             }
+            assert_links_and_mentions_nothing(&md, &nodes);
         });
+    }
+}
+
+/// A value shown as prose (a cell, a list item, a paragraph) links nothing — no link, image or
+/// autolink forms from it — and mentions no one: every `@` in its text is followed by a
+/// zero-width space, so GitLab reads no `@user`, `@group/sub` or e-mail address.
+fn assert_links_and_mentions_nothing(md: &str, nodes: &[NodeValue]) {
+    for n in nodes {
+        assert!(
+            !matches!(n, NodeValue::Link(_) | NodeValue::Image(_)),
+            "{md:?} → {n:?}"
+        );
+        if let NodeValue::Text(t) = n {
+            let t: &str = t.as_ref();
+            for (i, _) in t.match_indices('@') {
+                assert!(
+                    t[i + 1..].starts_with(ZWSP),
+                    "{md:?}: a live mention in {t:?}"
+                );
+            }
+        }
     }
 }
 

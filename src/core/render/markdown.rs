@@ -154,7 +154,45 @@ pub fn table_code(text: &str) -> String {
 /// openers get an invisible break (see [`push_code`]). Outside code spans the text is
 /// HTML-escaped as before (GitLab shows those entities as the characters), so no tag, comment,
 /// autolink or entity can form there. Line breaks (`\n`, `\r`) become spaces.
+///
+/// Where GitLab's parser would still find a link, an image, HTML or a live mention in the
+/// result (its extensions end code spans elsewhere than CommonMark: a bare URL's autolink, a
+/// `<…>` autolink, which outrank code spans), the whole text is escaped as prose instead —
+/// backticks too, so no code span is shown, but nothing is live. Checked only when the text
+/// has a code span: without one every character went through [`push_prose`].
 pub fn inline_text(text: &str) -> String {
+    let spans = inline_text_with_spans(text);
+    if !spans.contains('`') || reads_as_plain_text(&spans) {
+        return spans;
+    }
+    prose_escape(&text.replace(['\n', '\r'], " "))
+}
+
+/// `md` read by GitLab's flavour of Markdown, in a paragraph and as a list item, forms no link,
+/// image or HTML, and every `@` of its text is defused (a zero-width space after it).
+fn reads_as_plain_text(md: &str) -> bool {
+    [format!("x {md} y\n"), format!("- {md}\n")]
+        .iter()
+        .all(|doc| {
+            let arena = comrak::Arena::new();
+            let root = comrak::parse_document(&arena, doc, &gitlab_flavour());
+            root.descendants().all(|n| match &n.data.borrow().value {
+                comrak::nodes::NodeValue::Link(_)
+                | comrak::nodes::NodeValue::Image(_)
+                | comrak::nodes::NodeValue::HtmlInline(_)
+                | comrak::nodes::NodeValue::HtmlBlock(_) => false,
+                comrak::nodes::NodeValue::Text(t) => {
+                    let t: &str = t.as_ref();
+                    t.match_indices('@')
+                        .all(|(i, _)| t[i + 1..].starts_with(ZWSP))
+                }
+                _ => true,
+            })
+        })
+}
+
+/// [`inline_text`]'s first try: code spans kept as they are, the prose escaped.
+fn inline_text_with_spans(text: &str) -> String {
     let text = text.replace(['\n', '\r'], " ");
     let b = text.as_bytes();
     let mut out = String::with_capacity(text.len() + 8);

@@ -240,6 +240,9 @@ mod tests {
     fn a_lone_angle_bracket_is_text_not_a_tag() {
         assert_eq!(inline("a < b and c<1"), "a < b and c<1");
         assert_eq!(inline("x &lt;y&gt; <code>z</code>"), "x <y> z");
-        assert_eq!(inline("&amp;lt; &#x5B;&#93; &bogus; & ü&lt;"), "&lt; [] &bogus; & ü<");
+        assert_eq!(
+            inline("&amp;lt; &#x5B;&#93; &bogus; & ü&lt;"),
+            "&lt; [] &bogus; & ü<"
+        );
     }
 }
