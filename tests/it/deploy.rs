@@ -529,7 +529,15 @@ fn documented_kubernetes_site(
     std::os::unix::fs::symlink(repo(), root.path().join("planbot")).unwrap();
     let site = root.path().join("site");
     std::fs::create_dir(&site).unwrap();
-    crate::support::run_recipe(&site, &recipe, "glpat-k8s-test-token-0123456789\n");
+    crate::support::run_recipe_pasting(
+        &site,
+        &recipe,
+        &[
+            "glpat-k8s-test-token-0123456789",
+            "glpat-k8s-state-plan-0123456789",
+            "glpat-k8s-state-apply-012345678",
+        ],
+    );
     let built = std::fs::read_to_string(site.join("built.yaml")).unwrap();
     assert_valid_for_kubernetes(&built, "the kustomization of docs/install.md");
     (root, documents(&built))
@@ -624,7 +632,16 @@ fn the_documented_kubernetes_recipe_builds_and_its_config_loads_from_its_secret(
     );
     assert!(!serde_yaml::to_string(secret).unwrap().contains("change-me"));
     let (dir, keys) = mounted(config, secret);
-    assert_eq!(keys, ["fingerprint-key", "gitlab-token", "webhook-secret"]);
+    assert_eq!(
+        keys,
+        [
+            "fingerprint-key",
+            "gitlab-token",
+            "state-apply-token",
+            "state-plan-token",
+            "webhook-secret"
+        ]
+    );
     let (file, creds) = (
         dir.path().join("planbot.toml"),
         dir.path().join("credentials"),
@@ -1180,8 +1197,8 @@ fn the_documented_three_replica_recipe_builds_and_its_config_loads_from_its_secr
             "  - ../planbot/deploy/kubernetes/replicas ",
         ),
         (
-            "files: [fingerprint-key, gitlab-token, webhook-secret]",
-            "files: [fingerprint-key, gitlab-token, webhook-secret, db-password, db-ca.pem]",
+            "files: [fingerprint-key, gitlab-token, webhook-secret, state-plan-token, state-apply-token]",
+            "files: [fingerprint-key, gitlab-token, webhook-secret, state-plan-token, state-apply-token, db-password, db-ca.pem]",
         ),
         (
             "cat > kustomization.yaml",
@@ -1205,6 +1222,8 @@ fn the_documented_three_replica_recipe_builds_and_its_config_loads_from_its_secr
             "db-password",
             "fingerprint-key",
             "gitlab-token",
+            "state-apply-token",
+            "state-plan-token",
             "webhook-secret"
         ]
     );
@@ -1253,10 +1272,14 @@ fn the_documented_compose_steps_leave_every_file_compose_reads_and_a_config_that
             !l.starts_with("cd ") && !l.starts_with("sudo ") && !l.contains("docker compose up")
         })
         .collect();
-    crate::support::run_recipe(
+    crate::support::run_recipe_pasting(
         &compose_dir,
         &recipe.join("\n"),
-        "glpat-compose-test-token-0123\n",
+        &[
+            "glpat-compose-test-token-0123",
+            "glpat-compose-state-plan-0123",
+            "glpat-compose-state-apply-012",
+        ],
     );
 
     // Every file the Compose file reads exists where it says.

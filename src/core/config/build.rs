@@ -343,7 +343,7 @@ fn projects(v: &mut Values) -> Vec<ProjectRef> {
 /// `[engine]`, `[engine.plan]`, `[engine.apply]`: the binary, its time limits, its environment
 /// and the provider mirror.
 fn engine(v: &mut Values) -> EngineConfig {
-    let binary = v.get("engine.binary");
+    let binary = v.given::<String>("engine.binary");
     let timeout = v.duration("engine.timeout");
     let lock_timeout = v.duration("engine.lock_timeout");
     let grace = v.duration("engine.grace");

@@ -21,7 +21,7 @@ fn minimal_config_gets_defaults() {
     let c = Config::load(MINIMAL, &[], &no_files).unwrap();
     assert_eq!(c.listen.to_string(), "0.0.0.0:8080");
     assert_eq!(c.gitlab.url, "https://gitlab.example.com");
-    assert_eq!(c.engine.binary, "tofu");
+    assert_eq!(c.engine.binary, None);
     assert_eq!(c.engine.timeout, Duration::from_secs(1800));
     assert_eq!(c.apply.job_name, "planbot-apply");
     assert!(!c.apply.open_issue_on_failure);

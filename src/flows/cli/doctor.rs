@@ -627,7 +627,7 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             r.add(
                 Status::Fail,
                 "engine_broken",
-                json!({"path": config.engine.binary, "error": e.to_string()}),
+                json!({"path": config.engine.binary.as_deref().unwrap_or("tofu"), "error": e.to_string()}),
             );
             return;
         }
@@ -656,20 +656,20 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             return;
         }
     }
-    let engine = match Engine::builder(&config.engine.binary, temp.path())
-        .sandbox(mode)
-        .build()
-    {
-        Ok(e) => e,
-        Err(e) => {
-            r.add(
-                Status::Fail,
-                "engine_missing",
-                json!({"error": e.to_string()}),
-            );
-            return;
-        }
-    };
+    let engine =
+        match crate::capabilities::engine::configured_binary(config.engine.binary.as_deref())
+            .and_then(|binary| Engine::builder(binary, temp.path()).sandbox(mode).build())
+        {
+            Ok(e) => e,
+            Err(e) => {
+                r.add(
+                    Status::Fail,
+                    "engine_missing",
+                    json!({"error": e.to_string()}),
+                );
+                return;
+            }
+        };
     let path = engine.binary().display().to_string();
     match engine.version().await {
         Ok(v) => r.add(
