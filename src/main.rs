@@ -157,7 +157,7 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Validate a repository's `.planbot.toml` and print the roots it defines (`check-repo-config`,
+    /// Validate a repository's `.planbot.toml` and print the roots it defines (`check-config`,
     /// its earlier name, still works).
     #[command(visible_alias = "check-config")]
     CheckRepoConfig {

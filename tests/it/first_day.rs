@@ -316,6 +316,15 @@ fn the_readmes_local_plan_of_the_quickstart_prints_its_note() {
     std::os::unix::fs::symlink(&engine, bin.join(name)).unwrap();
     let note = crate::support::run_recipe(clone.path(), &recipe, "");
     assert!(note.contains("plan for a local run"), "{note}");
+    // docs/workflow.md's sample of this output has its headline (the quickstart's local state
+    // is the STATE001 warning: 🟡).
+    let sample = crate::support::doc_block("docs/workflow.md", "...");
+    let headline = sample
+        .lines()
+        .find(|l| l.contains("plan for a local run"))
+        .unwrap();
+    let headline = headline.trim_start_matches('#').trim();
+    assert!(note.contains(headline), "{headline}\n{note}");
     assert!(note.contains("1 root with changes"), "{note}");
     assert!(note.contains("quickstart"), "{note}");
     assert!(!note.contains("quickstart-not-a-real-secret"), "{note}");

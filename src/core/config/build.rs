@@ -53,9 +53,19 @@ impl Values {
         match T::deserialize(value) {
             Ok(v) => Some(v),
             Err(_) => {
+                // A duration or a size is a string with its unit: say how one is written.
+                let example = match decl.kind {
+                    keys::Kind::Duration => {
+                        " (write e.g. \"30m\", \"90s\": a number and its unit, in quotes)"
+                    }
+                    keys::Kind::Size => {
+                        " (write e.g. \"4 GiB\", \"512 MiB\": a number and its unit, in quotes)"
+                    }
+                    _ => "",
+                };
                 self.invalid(
                     key,
-                    format!("expected {}, found {found}", decl.kind.expected()),
+                    format!("expected {}, found {found}{example}", decl.kind.expected()),
                 );
                 None
             }

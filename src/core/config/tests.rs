@@ -629,3 +629,17 @@ fn operator_policy_sets_are_read_and_checked_with_their_line() {
         ]
     );
 }
+
+#[test]
+fn a_duration_given_as_a_bare_number_gets_an_example_of_one() {
+    let text = format!("{MINIMAL}[engine]\ntimeout = 30\n");
+    let shown: Vec<String> = Config::load_all(&text, &[], &no_files)
+        .problems
+        .iter()
+        .map(|p| p.describe("planbot.toml"))
+        .collect();
+    assert_eq!(
+        shown,
+        ["config key `engine.timeout`: expected a string, found integer (write e.g. \"30m\", \"90s\": a number and its unit, in quotes)\n    from planbot.toml, line 9"]
+    );
+}
