@@ -1616,3 +1616,42 @@ fn install_tofu_installs_only_an_archive_whose_checksum_the_repository_lists() {
         .lines()
         .any(|l| l.ends_with(&format!("  tofu_{pinned}_linux_amd64.tar.gz"))));
 }
+
+#[test]
+fn what_cargo_install_builds_is_stripped_and_a_release_says_where_to_download() {
+    // `cargo install --path .` builds the release profile: stripped, no debug info.
+    let cargo: toml::Table = read("Cargo.toml").parse().unwrap();
+    let release = &cargo["profile"]["release"];
+    assert_eq!(release["strip"].as_str(), Some("symbols"), "{release}");
+    assert_eq!(release["debug"].as_bool(), Some(false), "{release}");
+    // The download recipe fetches from where the pipeline uploads: the generic package of the
+    // project whose registry holds the image, under the tag.
+    let recipe = crate::support::doc_block(
+        INSTALL_PAGE,
+        "sha256sum -c planbot-x86_64-linux-musl.sha256",
+    );
+    let ci = read(".gitlab-ci.yml");
+    assert!(
+        ci.contains("PACKAGE_URL: ${CI_API_V4_URL}/projects/${CI_PROJECT_ID}/packages/generic/planbot/${CI_COMMIT_TAG}"),
+        "the pipeline's upload place moved: update docs/install.md"
+    );
+    assert!(
+        recipe.contains(
+            "https://gitlab.com/api/v4/projects/planbot%2Fplanbot/packages/generic/planbot/$v"
+        ),
+        "{recipe}"
+    );
+    // The container section names the registry, as the Kubernetes section does.
+    let page = read(INSTALL_PAGE);
+    let container = page
+        .split("\n## Container image\n")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(
+        container.contains("registry.gitlab.com/planbot/planbot:"),
+        "{container}"
+    );
+}
