@@ -882,10 +882,15 @@ async fn pve_connect(ep: ProxmoxEndpoint, token_id: &str, r: &mut Report) -> Opt
         Err(e) => {
             let error = e.to_string();
             let tls = error.contains("certificate") || error.contains("UnknownIssuer");
+            // The port the endpoint names (8006 is only Proxmox's default).
+            let port = reqwest::Url::parse(&url)
+                .ok()
+                .and_then(|u| u.port_or_known_default())
+                .unwrap_or(8006);
             r.add(
                 Status::Fail,
                 "pve_unreachable",
-                json!({"url": url, "error": error, "tls": tls}),
+                json!({"url": url, "error": error, "tls": tls, "port": port}),
             );
             return None;
         }
