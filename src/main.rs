@@ -44,6 +44,13 @@ impl From<Format> for planbot::flows::cli::render::Format {
 }
 
 /// `--engine-name` of `planbot render`.
+/// `planbot render --budget`: which size limit the note is cut to.
+#[derive(Clone, Copy, ValueEnum)]
+enum BudgetArg {
+    /// GitLab's note size budget, as planbot posts it on a merge request.
+    Gitlab,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum EngineName {
     #[value(alias = "opentofu")]
@@ -86,6 +93,10 @@ enum Command {
         /// it says so clearly, else only the version is shown).
         #[arg(long, value_enum)]
         engine_name: Option<EngineName>,
+        /// `gitlab`: cut the note to GitLab's size budget, as on a merge request (default: the
+        /// whole plan; locally there is no GitLab limit).
+        #[arg(long, value_enum)]
+        budget: Option<BudgetArg>,
     },
     /// Run init + plan + show in DIR with the real engine and print the same output.
     Plan {
@@ -157,7 +168,7 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Validate a repository's `.planbot.toml` and print the roots it defines (`check-repo-config`,
+    /// Validate a repository's `.planbot.toml` and print the roots it defines (`check-config`,
     /// its earlier name, still works).
     #[command(visible_alias = "check-config")]
     CheckRepoConfig {
@@ -270,6 +281,7 @@ fn main() -> ExitCode {
             format,
             fingerprint_key,
             engine_name,
+            budget,
         } => planbot::flows::cli::render::render_command(
             &plan_json,
             format
@@ -277,6 +289,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
             fingerprint_key.as_deref(),
             engine_name.map(Into::into),
+            matches!(budget, Some(BudgetArg::Gitlab)),
         ),
         Command::Plan {
             dir,

@@ -630,6 +630,12 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     w.gitlab.register_job(retry.clone());
     let (_, log) = call_apply(&s, &retry.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    // Confirmed, not reviewed: the log says which.
+    assert!(
+        log.contains("applying the confirmed plan `")
+            && !log.contains("applying the reviewed plan"),
+        "{log}"
+    );
     let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
     assert!(state.contains("\"backup\""));
     assert_eq!(

@@ -554,7 +554,15 @@ fn documented_kubernetes_site(
     std::os::unix::fs::symlink(repo(), root.path().join("planbot")).unwrap();
     let site = root.path().join("site");
     std::fs::create_dir(&site).unwrap();
-    crate::support::run_recipe(&site, &recipe, "glpat-k8s-test-token-0123456789\n");
+    crate::support::run_recipe_pasting(
+        &site,
+        &recipe,
+        &[
+            "glpat-k8s-test-token-0123456789",
+            "glpat-k8s-state-plan-0123456789",
+            "glpat-k8s-state-apply-012345678",
+        ],
+    );
     let built = std::fs::read_to_string(site.join("built.yaml")).unwrap();
     assert_valid_for_kubernetes(&built, "the kustomization of docs/install.md");
     (root, documents(&built))
@@ -649,7 +657,16 @@ fn the_documented_kubernetes_recipe_builds_and_its_config_loads_from_its_secret(
     );
     assert!(!serde_yaml::to_string(secret).unwrap().contains("change-me"));
     let (dir, keys) = mounted(config, secret);
-    assert_eq!(keys, ["fingerprint-key", "gitlab-token", "webhook-secret"]);
+    assert_eq!(
+        keys,
+        [
+            "fingerprint-key",
+            "gitlab-token",
+            "state-apply-token",
+            "state-plan-token",
+            "webhook-secret"
+        ]
+    );
     let (file, creds) = (
         dir.path().join("planbot.toml"),
         dir.path().join("credentials"),
@@ -1205,8 +1222,8 @@ fn the_documented_three_replica_recipe_builds_and_its_config_loads_from_its_secr
             "  - ../planbot/deploy/kubernetes/replicas ",
         ),
         (
-            "files: [fingerprint-key, gitlab-token, webhook-secret]",
-            "files: [fingerprint-key, gitlab-token, webhook-secret, db-password, db-ca.pem]",
+            "files: [fingerprint-key, gitlab-token, webhook-secret, state-plan-token, state-apply-token]",
+            "files: [fingerprint-key, gitlab-token, webhook-secret, state-plan-token, state-apply-token, db-password, db-ca.pem]",
         ),
         (
             "cat > kustomization.yaml",
@@ -1230,6 +1247,8 @@ fn the_documented_three_replica_recipe_builds_and_its_config_loads_from_its_secr
             "db-password",
             "fingerprint-key",
             "gitlab-token",
+            "state-apply-token",
+            "state-plan-token",
             "webhook-secret"
         ]
     );
@@ -1278,10 +1297,14 @@ fn the_documented_compose_steps_leave_every_file_compose_reads_and_a_config_that
             !l.starts_with("cd ") && !l.starts_with("sudo ") && !l.contains("docker compose up")
         })
         .collect();
-    crate::support::run_recipe(
+    crate::support::run_recipe_pasting(
         &compose_dir,
         &recipe.join("\n"),
-        "glpat-compose-test-token-0123\n",
+        &[
+            "glpat-compose-test-token-0123",
+            "glpat-compose-state-plan-0123",
+            "glpat-compose-state-apply-012",
+        ],
     );
 
     // Every file the Compose file reads exists where it says.
@@ -1617,4 +1640,43 @@ fn install_tofu_installs_only_an_archive_whose_checksum_the_repository_lists() {
     assert!(read("scripts/tofu.sha256sums")
         .lines()
         .any(|l| l.ends_with(&format!("  tofu_{pinned}_linux_amd64.tar.gz"))));
+}
+
+#[test]
+fn what_cargo_install_builds_is_stripped_and_a_release_says_where_to_download() {
+    // `cargo install --path .` builds the release profile: stripped, no debug info.
+    let cargo: toml::Table = read("Cargo.toml").parse().unwrap();
+    let release = &cargo["profile"]["release"];
+    assert_eq!(release["strip"].as_str(), Some("symbols"), "{release}");
+    assert_eq!(release["debug"].as_bool(), Some(false), "{release}");
+    // The download recipe fetches from where the pipeline uploads: the generic package of the
+    // project whose registry holds the image, under the tag.
+    let recipe = crate::support::doc_block(
+        INSTALL_PAGE,
+        "sha256sum -c planbot-x86_64-linux-musl.sha256",
+    );
+    let ci = read(".gitlab-ci.yml");
+    assert!(
+        ci.contains("PACKAGE_URL: ${CI_API_V4_URL}/projects/${CI_PROJECT_ID}/packages/generic/planbot/${CI_COMMIT_TAG}"),
+        "the pipeline's upload place moved: update docs/install.md"
+    );
+    assert!(
+        recipe.contains(
+            "https://gitlab.com/api/v4/projects/planbot%2Fplanbot/packages/generic/planbot/$v"
+        ),
+        "{recipe}"
+    );
+    // The container section names the registry, as the Kubernetes section does.
+    let page = read(INSTALL_PAGE);
+    let container = page
+        .split("\n## Container image\n")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(
+        container.contains("registry.gitlab.com/planbot/planbot:"),
+        "{container}"
+    );
 }

@@ -674,3 +674,30 @@ async fn each_state_and_module_token_is_checked_for_the_role_it_needs_and_no_mor
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_proxmox_endpoint_names_its_own_port_in_the_fix() {
+    // A port nothing listens on (bound, then closed), not Proxmox's default 8006.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gitlab = FakeGitLab::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &gitlab,
+        "terraform",
+        &format!(
+            "[proxmox]\nendpoint = \"https://127.0.0.1:{port}/\"\napi_token = \"{PVE_TOKEN}={PVE_SECRET}\"\n"
+        ),
+    );
+    let out = doctor(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("that this host can reach its port {port}.")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("port 8006"), "{stdout}");
+}

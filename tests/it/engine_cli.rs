@@ -424,3 +424,36 @@ fn on_a_terminal_the_note_is_plain_text_and_progress_goes_to_stderr() {
     assert!(note.contains("<details>"), "{note}");
     assert!(!note.contains("re-plan"), "{note}");
 }
+
+#[test]
+fn an_engine_not_found_names_the_flag_that_chose_it() {
+    // `--engine` is how `planbot plan` is told which engine: a misspelt one names the flag, not
+    // the service's `engine.binary`.
+    let root = quickstart_copy();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = planbot_plan(root.path(), tmp.path(), &["--engine", "tofuu"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("`tofuu` is not on PATH") && stderr.contains("--engine"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("engine.binary"), "{stderr}");
+}
+
+#[test]
+fn help_names_check_config_as_check_repo_configs_earlier_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let line = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("check-repo-config"))
+        .unwrap_or_else(|| panic!("{help}"));
+    assert!(
+        line.contains("(`check-config`, its earlier name, still works)"),
+        "{line}"
+    );
+}

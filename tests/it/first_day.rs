@@ -1,19 +1,26 @@
 //! An operator's first day, as the README's five-minute start tells it: from an empty
-//! directory beside the clone, the starting config, the secrets, `serve --check`, `serve`, a
-//! merge request's webhook from the fake GitLab, the plan note, and `planbot doctor` — each
-//! command of the README run as written, by bash, with the planbot just built on `PATH`.
+//! directory beside the clone, the starting config, the secrets (pasted on a terminal, each
+//! ended with Ctrl-D), `serve --check`, `serve`, a merge request's webhook from the fake GitLab,
+//! the plan note, `planbot doctor`, then the merge and the apply job as the CI template planbot
+//! serves runs it, to `planbot: apply succeeded` and the state in GitLab — each command of the
+//! README run as written, by bash, with the planbot just built and the engine (by its own name,
+//! found as `planbot plan` finds it) on `PATH`.
 
-use crate::support::fake_gitlab::{FakeGitLab, MAINTAINER};
+use crate::support::fake_gitlab::{FakeGitLab, FakeJob, DEVELOPER, MAINTAINER};
 
 const MAIN_TF: &str = "resource \"terraform_data\" \"vm\" {\n  input = \"blocky\"\n}\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan_note() {
+async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_an_apply() {
     let engine = require_engine!();
-    // GitLab: the bot (Maintainer, so doctor can read the webhook) and an MR to plan.
+    // GitLab: the bot (Maintainer, so doctor can read the webhook), the two state tokens' users
+    // (a Developer reads, a Maintainer writes), and an MR to plan of a root with no backend block.
     let fake = FakeGitLab::start();
     let project = fake.create_project("infra/homelab");
     fake.add_member(&project, fake.bot(), MAINTAINER);
+    let reader = fake.member_with_role(&project, "state-reader", DEVELOPER);
+    let writer = fake.member_with_role(&project, "state-writer", MAINTAINER);
+    let alice = fake.member_with_role(&project, "alice", MAINTAINER);
     fake.commit_files(&project, "main", &[("main.tf", MAIN_TF)]);
     fake.commit_files(
         &project,
@@ -34,8 +41,19 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan
     let export = lines.iter().position(|l| l.starts_with("export ")).unwrap();
     assert_eq!(lines.last(), Some(&"planbot serve --config planbot.toml"));
 
+    // The engine under its own name on `PATH` (`tofu`, else `terraform`), as on a machine that
+    // has only that one: the starting config does not name it.
+    let bin = here.join(".bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let engine_name = match engine.file_name().unwrap().to_string_lossy().as_ref() {
+        "terraform" => "terraform",
+        _ => "tofu",
+    };
+    std::os::unix::fs::symlink(&engine, bin.join(engine_name)).unwrap();
+
     // The copy, then the edit its comment asks for: gitlab.url, public_url, projects (already
-    // `infra/homelab`); and, for this machine, the engine it has and a port of its own.
+    // `infra/homelab`); and, for this machine, a port of its own. Nothing else: the engine and
+    // the state are the starting config's.
     crate::support::run_recipe(&here, lines[0], "");
     let config = here.join("planbot.toml");
     let mut toml: toml::Table = std::fs::read_to_string(&config).unwrap().parse().unwrap();
@@ -43,16 +61,66 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan
         toml["gitlab"]["projects"][0].as_str(),
         Some("infra/homelab")
     );
+    assert_eq!(toml["state"]["default"].as_str(), Some("gitlab"));
+    assert!(toml["engine"].get("binary").is_none(), "{toml}");
     toml["gitlab"]["url"] = fake.url().into();
     toml["public_url"] = "https://planbot.corp.test".into();
     toml["listen"] = "127.0.0.1:0".into();
-    toml["engine"]["binary"] = engine.display().to_string().into();
     std::fs::write(&config, toml.to_string()).unwrap();
 
-    // The secrets (the bot's token pasted at the prompt).
-    crate::support::run_recipe(&here, &lines[1..export].join("\n"), fake.bot_token());
+    // The secrets: each token pasted at its `cat >` and ended with Ctrl-D, in the recipe's order.
+    let secrets = lines[1..export].join("\n");
+    let pasted: Vec<&str> = secrets
+        .lines()
+        .filter_map(|l| l.strip_prefix("cat > credentials/"))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        pasted,
+        ["gitlab-token", "state-plan-token", "state-apply-token"]
+    );
+    crate::support::run_recipe_pasting(
+        &here,
+        &secrets,
+        &[fake.bot_token(), &reader.token, &writer.token],
+    );
     let webhook_secret = std::fs::read_to_string(here.join("credentials/webhook-secret")).unwrap();
     assert_eq!(webhook_secret.trim().len(), 64);
+    for (file, token) in [
+        ("state-plan-token", &reader.token),
+        ("state-apply-token", &writer.token),
+    ] {
+        let pasted = std::fs::read_to_string(here.join("credentials").join(file)).unwrap();
+        assert_eq!(pasted.trim(), token.as_str(), "{file}");
+    }
+
+    // `--check` names the engine it found on `PATH`.
+    let check = lines
+        .iter()
+        .find(|l| l.ends_with("--check"))
+        .unwrap()
+        .to_string();
+    let out = crate::support::recipe_command(&here, &format!("{}\n{check}", lines[export]))
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let found = format!(
+        "- run the engine {} ",
+        if engine_name == "tofu" {
+            "OpenTofu"
+        } else {
+            "Terraform"
+        }
+    );
+    assert!(
+        report.contains(&found) && report.contains(&format!("/.bin/{engine_name}\n")),
+        "{found}:\n{report}"
+    );
 
     // `export ...`, `planbot serve ... --check` (bash -e: it must pass), then `planbot serve`.
     let serve = crate::support::ServeProcess::spawn(crate::support::recipe_command(
@@ -90,10 +158,18 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan
         async move { note.is_some() }
     })
     .await;
-    let note = fake.plan_note(&project, iid).unwrap();
     let head = fake.mr_sha(&project, iid);
+    crate::support::eventually("a final planbot/plan status", 120, || {
+        let status = fake.status(&project, &head, "planbot/plan");
+        async move { status.is_some_and(|s| s.state == "success" || s.state == "failed") }
+    })
+    .await;
+    let note = fake.plan_note(&project, iid).unwrap();
     assert!(note.contains(&head[..8]), "{note}");
     assert!(note.contains("1 root with changes"), "{note}");
+    assert!(!note.contains("STATE001"), "{note}");
+    let status = fake.status(&project, &head, "planbot/plan").unwrap();
+    assert_eq!(status.state, "success", "{status:?}\n{note}");
 
     // The README's `planbot doctor` step, in the same shell (the same credentials).
     let doctor_step =
@@ -117,6 +193,96 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_a_plan
         assert!(report.contains(ok), "{ok}:\n{report}");
     }
     assert!(!report.contains(fake.bot_token()), "{report}");
+
+    // Step 5: the apply job of the CI template planbot serves, merged, clicked. The runner runs
+    // its script with `sh`, the job's token and the job's PLANBOT_URL (planbot's address here,
+    // as GitLab's webhook above).
+    let template = reqwest::get(serve.url("/ci/planbot.gitlab-ci.yml"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // GitLab's `include: remote` with no inputs: each `$[[ inputs.NAME ]]` is its default.
+    let (spec, jobs) = template.split_once("\n---\n").unwrap();
+    let spec: serde_yaml::Value = serde_yaml::from_str(spec).unwrap();
+    let mut jobs = jobs.to_string();
+    for (name, decl) in spec["spec"]["inputs"].as_mapping().unwrap() {
+        let default = decl["default"]
+            .as_str()
+            .expect("planbot fills in every input");
+        jobs = jobs.replace(
+            &format!("$[[ inputs.{} ]]", name.as_str().unwrap()),
+            default,
+        );
+    }
+    let jobs: serde_yaml::Value = serde_yaml::from_str(&jobs).unwrap();
+    let job = &jobs["planbot-apply"];
+    assert_eq!(
+        job["variables"]["PLANBOT_URL"].as_str(),
+        Some("https://planbot.corp.test")
+    );
+    let script = job["script"][0].as_str().unwrap().to_string();
+    fake.merge_mr(&project, iid, Some(&alice));
+    let sha = fake.branch_head(&project, "main").unwrap();
+    fake.register_job(FakeJob {
+        token: "glcbt-first-day-apply".into(),
+        id: 501,
+        name: "planbot-apply".into(),
+        status: "running".into(),
+        ref_: "main".into(),
+        tag: false,
+        user: Some(alice.clone()),
+        pipeline_id: 1501,
+        project_id: project.id,
+        sha,
+    });
+    let job_dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(script)
+        .current_dir(job_dir.path())
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("PLANBOT_URL", serve.url(""))
+        .env("CI_JOB_TOKEN", "glcbt-first-day-apply");
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    let job_log = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{job_log}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        job_log.lines().last(),
+        Some("planbot: apply succeeded"),
+        "{job_log}"
+    );
+    // The state is in the project's GitLab-managed Terraform state: read with the plan token,
+    // locked and written with the apply token.
+    // (`planbot doctor` read a probe state of its own: it checked the plan token.)
+    let requests: Vec<_> = fake
+        .state_requests()
+        .into_iter()
+        .filter(|r| r.name != "planbot-doctor-probe")
+        .collect();
+    // The root of a repository without `.planbot.toml` is `default`: so is its state.
+    assert!(
+        !requests.is_empty() && requests.iter().all(|r| r.name == "default"),
+        "{requests:?}"
+    );
+    let (state, lock) = fake.terraform_state(&project, "default");
+    let state = String::from_utf8(state.expect("the apply wrote the state")).unwrap();
+    assert!(state.contains("blocky-v2"), "{state}");
+    assert!(lock.is_none(), "the lock is released");
+    assert!(
+        requests.iter().any(|r| r.method == "POST"
+            && r.target == "state"
+            && r.user.as_deref() == Some("state-writer")),
+        "{requests:?}"
+    );
     let log = serve.stop().join("\n");
     assert!(log.contains("note posted"), "{log}");
 }
@@ -150,6 +316,15 @@ fn the_readmes_local_plan_of_the_quickstart_prints_its_note() {
     std::os::unix::fs::symlink(&engine, bin.join(name)).unwrap();
     let note = crate::support::run_recipe(clone.path(), &recipe, "");
     assert!(note.contains("plan for a local run"), "{note}");
+    // docs/workflow.md's sample of this output has its headline (the quickstart's local state
+    // is the STATE001 warning: 🟡).
+    let sample = crate::support::doc_block("docs/workflow.md", "...");
+    let headline = sample
+        .lines()
+        .find(|l| l.contains("plan for a local run"))
+        .unwrap();
+    let headline = headline.trim_start_matches('#').trim();
+    assert!(note.contains(headline), "{headline}\n{note}");
     assert!(note.contains("1 root with changes"), "{note}");
     assert!(note.contains("quickstart"), "{note}");
     assert!(!note.contains("quickstart-not-a-real-secret"), "{note}");

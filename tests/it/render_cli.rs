@@ -418,3 +418,66 @@ fn every_argument_of_every_command_has_a_description_in_help() {
         "arguments without a description in --help: {undocumented:?}"
     );
 }
+
+/// A plan of `n` updates whose diffs together are far past GitLab's note budget.
+fn plan_past_the_note_budget(n: usize) -> String {
+    let text = |w: &str| {
+        (0..40)
+            .map(|l| format!("{w} line {l} of the cloud-init file\n"))
+            .collect::<String>()
+    };
+    let changes: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "address": format!("terraform_data.vm[{i}]"), "mode": "managed",
+                "type": "terraform_data", "name": "vm", "index": i,
+                "change": {"actions": ["update"],
+                    "before": {"id": format!("id-{i}"), "input": {"user_data": text("old")}},
+                    "after": {"id": format!("id-{i}"), "input": {"user_data": text("new")}},
+                    "after_unknown": {}, "before_sensitive": {}, "after_sensitive": {}}
+            })
+        })
+        .collect();
+    serde_json::json!({"format_version": "1.2", "resource_changes": changes}).to_string()
+}
+
+#[test]
+fn a_local_render_prints_the_whole_plan_unless_asked_for_gitlabs_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big-plan.json");
+    std::fs::write(&file, plan_past_the_note_budget(8000)).unwrap();
+    let file_arg = file.to_str().unwrap();
+    // Locally: every resource, nothing left out.
+    let whole = text(&planbot(&["render", file_arg, "--format", "markdown"], None).stdout);
+    assert!(
+        !whole.contains("left out**"),
+        "{}",
+        &whole[..2000.min(whole.len())]
+    );
+    assert!(whole.contains("terraform_data.vm[7999]"));
+    // `--budget gitlab`: the note GitLab would get, and the hint names the file given.
+    let cut = text(
+        &planbot(
+            &[
+                "render", file_arg, "--format", "markdown", "--budget", "gitlab",
+            ],
+            None,
+        )
+        .stdout,
+    );
+    // Under GitLab's note limit (1,000,000 characters), the whole plan is not.
+    let (cut_chars, whole_chars) = (cut.chars().count(), whole.chars().count());
+    assert!(
+        cut_chars < 1_000_000 && whole_chars > 1_000_000,
+        "{cut_chars} / {whole_chars} characters"
+    );
+    assert!(
+        cut.contains("left out**"),
+        "the plan is not past the budget"
+    );
+    assert!(
+        cut.contains(&format!("full plan (`planbot render {file_arg}`)")),
+        "{}",
+        &cut[cut.len().saturating_sub(800)..]
+    );
+}

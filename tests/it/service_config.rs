@@ -485,3 +485,30 @@ fn a_bad_drift_schedule_or_time_zone_is_a_check_error_naming_the_setting() {
         "{stdout}"
     );
 }
+
+#[test]
+fn serve_on_a_port_in_use_fails_before_it_touches_the_store() {
+    // Another process holds the port: `serve` says so and leaves the data directory as it was
+    // (no store made, no reconcile job queued that a later start would run).
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let text = BASE
+        .replace("127.0.0.1:9999", &addr.to_string())
+        .replace("/tmp/planbot-check-test", &data.display().to_string());
+    let cfg = write(dir.path(), "planbot.toml", &text);
+    let out = planbot()
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("binding {addr}")), "{stderr}");
+    assert!(
+        !data.join("planbot.db").exists(),
+        "the store was opened before the bind failed:\n{stderr}"
+    );
+    drop(busy);
+}

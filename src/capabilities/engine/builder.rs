@@ -29,7 +29,13 @@ pub struct EngineBuilder {
     cli_config: CliConfig,
     max_plan_json: u64,
     disk_max: Option<u64>,
+    /// How to name another engine, in the error of one not found (`set engine.binary to its
+    /// path`, or the CLI's `--engine` flag).
+    not_found_hint: String,
 }
+
+/// The service's way to name an engine, in the error of one not found.
+pub const CONFIG_HINT: &str = "set engine.binary to its path";
 
 /// The most of a `show -json` document planbot accepts by default: 32 MiB. The 10,000-resource
 /// benchmark plan is 12 MiB; a real 2,000-resource document with its state and configuration
@@ -56,7 +62,15 @@ impl EngineBuilder {
             cli_config: CliConfig::User,
             max_plan_json: DEFAULT_MAX_PLAN_JSON,
             disk_max: None,
+            not_found_hint: CONFIG_HINT.to_string(),
         }
+    }
+
+    /// How the user names another engine, said when this one is not found (default
+    /// [`CONFIG_HINT`]; the CLI says `pass its path with --engine`).
+    pub fn not_found_hint(mut self, hint: impl Into<String>) -> Self {
+        self.not_found_hint = hint.into();
+        self
     }
 
     /// The most bytes of `show -json` accepted; a plan that prints more fails with
@@ -144,7 +158,7 @@ impl EngineBuilder {
             .path
             .or_else(|| std::env::var_os("PATH"))
             .unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
-        let binary = resolve_binary(&self.binary, &path)?;
+        let binary = resolve_binary(&self.binary, &path, &self.not_found_hint)?;
         let env = self
             .env
             .into_iter()
@@ -182,7 +196,11 @@ impl EngineBuilder {
 }
 
 /// `binary` itself when it holds a `/`, else the first executable `binary` on `path`.
-fn resolve_binary(binary: &Path, path: &std::ffi::OsStr) -> Result<PathBuf, EngineError> {
+fn resolve_binary(
+    binary: &Path,
+    path: &std::ffi::OsStr,
+    hint: &str,
+) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
     let is_exec = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -202,21 +220,29 @@ fn resolve_binary(binary: &Path, path: &std::ffi::OsStr) -> Result<PathBuf, Engi
         .find(|p| is_exec(p))
         .ok_or_else(|| {
             EngineError::NotFound(format!(
-                "`{}` is not on PATH (install OpenTofu, or set engine.binary to its path)",
+                "`{}` is not on PATH (install OpenTofu, or {hint})",
                 binary.display()
             ))
         })
 }
 
-/// The default engine: `tofu` on `PATH`, else `terraform`.
-pub fn default_binary() -> Result<PathBuf, EngineError> {
+/// The default engine: `tofu` on `PATH`, else `terraform`; `hint` says how to name another
+/// when neither is there ([`CONFIG_HINT`] for the service).
+pub fn default_binary(hint: &str) -> Result<PathBuf, EngineError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    resolve_binary(Path::new("tofu"), &path)
-        .or_else(|_| resolve_binary(Path::new("terraform"), &path))
+    resolve_binary(Path::new("tofu"), &path, hint)
+        .or_else(|_| resolve_binary(Path::new("terraform"), &path, hint))
         .map_err(|_| {
-            EngineError::NotFound(
-                "neither `tofu` nor `terraform` is on PATH (install OpenTofu, or pass --engine PATH)"
-                    .to_string(),
-            )
+            EngineError::NotFound(format!(
+                "neither `tofu` nor `terraform` is on PATH (install OpenTofu, or {hint})"
+            ))
         })
+}
+
+/// The engine of the service's config: `engine.binary` when set, else [`default_binary`].
+pub fn configured_binary(binary: Option<&str>) -> Result<PathBuf, EngineError> {
+    match binary {
+        Some(b) => Ok(PathBuf::from(b)),
+        None => default_binary(CONFIG_HINT),
+    }
 }

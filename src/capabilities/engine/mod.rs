@@ -17,7 +17,9 @@ pub mod sandbox;
 mod version;
 
 pub use apply::{ApplyOutcome, PlannedRun};
-pub use builder::{default_binary, EngineBuilder, DEFAULT_MAX_PLAN_JSON};
+pub use builder::{
+    configured_binary, default_binary, EngineBuilder, CONFIG_HINT, DEFAULT_MAX_PLAN_JSON,
+};
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use error::{EngineError, Step};

@@ -53,9 +53,19 @@ impl Values {
         match T::deserialize(value) {
             Ok(v) => Some(v),
             Err(_) => {
+                // A duration or a size is a string with its unit: say how one is written.
+                let example = match decl.kind {
+                    keys::Kind::Duration => {
+                        " (write e.g. \"30m\", \"90s\": a number and its unit, in quotes)"
+                    }
+                    keys::Kind::Size => {
+                        " (write e.g. \"4 GiB\", \"512 MiB\": a number and its unit, in quotes)"
+                    }
+                    _ => "",
+                };
                 self.invalid(
                     key,
-                    format!("expected {}, found {found}", decl.kind.expected()),
+                    format!("expected {}, found {found}{example}", decl.kind.expected()),
                 );
                 None
             }
@@ -343,7 +353,7 @@ fn projects(v: &mut Values) -> Vec<ProjectRef> {
 /// `[engine]`, `[engine.plan]`, `[engine.apply]`: the binary, its time limits, its environment
 /// and the provider mirror.
 fn engine(v: &mut Values) -> EngineConfig {
-    let binary = v.get("engine.binary");
+    let binary = v.given::<String>("engine.binary");
     let timeout = v.duration("engine.timeout");
     let lock_timeout = v.duration("engine.lock_timeout");
     let grace = v.duration("engine.grace");

@@ -438,9 +438,9 @@ pub static KEYS: &[Key] = &[
         path: "engine.binary",
         kind: Kind::Str,
         secret: false,
-        unset: Unset::Value("tofu"),
-        description: "`tofu`, `terraform`, or an absolute path.",
-        show: |c| Shown::plain(&c.engine.binary),
+        unset: Unset::Derived("`tofu` on `PATH`, else `terraform` (as `planbot plan` finds it)"),
+        description: "`tofu`, `terraform`, or an absolute path. Unset, planbot runs `tofu` when it is on `PATH`, else `terraform`; `serve --check` and `planbot doctor` say which they found.",
+        show: |c| Shown::option(c.engine.binary.as_ref()),
     },
     Key {
         path: "engine.timeout",

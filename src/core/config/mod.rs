@@ -420,7 +420,8 @@ pub struct GitlabConfig {
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    pub binary: String,
+    /// `engine.binary`; unset, `tofu` on `PATH`, else `terraform` (resolved where it runs).
+    pub binary: Option<String>,
     pub timeout: Duration,
     pub lock_timeout: Duration,
     /// Time between SIGTERM and SIGKILL when the engine must stop.

@@ -21,7 +21,7 @@ fn minimal_config_gets_defaults() {
     let c = Config::load(MINIMAL, &[], &no_files).unwrap();
     assert_eq!(c.listen.to_string(), "0.0.0.0:8080");
     assert_eq!(c.gitlab.url, "https://gitlab.example.com");
-    assert_eq!(c.engine.binary, "tofu");
+    assert_eq!(c.engine.binary, None);
     assert_eq!(c.engine.timeout, Duration::from_secs(1800));
     assert_eq!(c.apply.job_name, "planbot-apply");
     assert!(!c.apply.open_issue_on_failure);
@@ -627,5 +627,19 @@ fn operator_policy_sets_are_read_and_checked_with_their_line() {
             "config key `policy_sets[1].path`: `policies` is not an absolute path (a directory on planbot's host)\n    from planbot.toml, line 15",
             "config key `policy_sets[1].namespace`: `x-y` is not a Rego package (identifiers joined by dots, like `main` or `terraform.proxmox`)\n    from planbot.toml, line 16",
         ]
+    );
+}
+
+#[test]
+fn a_duration_given_as_a_bare_number_gets_an_example_of_one() {
+    let text = format!("{MINIMAL}[engine]\ntimeout = 30\n");
+    let shown: Vec<String> = Config::load_all(&text, &[], &no_files)
+        .problems
+        .iter()
+        .map(|p| p.describe("planbot.toml"))
+        .collect();
+    assert_eq!(
+        shown,
+        ["config key `engine.timeout`: expected a string, found integer (write e.g. \"30m\", \"90s\": a number and its unit, in quotes)\n    from planbot.toml, line 9"]
     );
 }

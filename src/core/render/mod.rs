@@ -87,6 +87,8 @@ pub struct NoteContext {
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
     pub local_run: bool,
+    /// The plan file a local `planbot render` read: the "full plan" hint names it.
+    pub plan_file: Option<String>,
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -255,6 +257,7 @@ struct NoteView<'a> {
     left_out: usize,
     run_url: Option<&'a str>,
     run_hint: Option<&'a str>,
+    plan_file: Option<&'a str>,
     replan_hint: bool,
     engine: Option<&'a str>,
     engine_name: &'static str,
@@ -712,6 +715,7 @@ fn build_view<'a, 'r>(
         left_out: 0,
         run_url: ctx.run_url.as_deref(),
         run_hint: ctx.run_hint.as_deref(),
+        plan_file: ctx.plan_file.as_deref(),
         replan_hint: !ctx.local_run,
         engine: ctx.engine.as_deref(),
         engine_name,

@@ -37,6 +37,8 @@ pub(super) struct Decided {
     pub guard: Option<RootGuard>,
     pub refusal: Option<ApplyRefusal>,
     pub error: Option<String>,
+    /// Applied on a `PLANBOT_CONFIRM` of its fingerprint, not as the plan reviewed on the MR.
+    pub confirmed: bool,
 }
 
 /// Stage 3: plan every root (each under its lock) and decide. Nothing is applied unless every
@@ -327,6 +329,7 @@ impl ApplyCtx {
                     root: root.name.clone(),
                 }),
                 error: None,
+                confirmed: false,
             });
         }
         let key_bytes = self.app.config.fingerprint_key.expose().as_bytes();
@@ -382,6 +385,7 @@ impl ApplyCtx {
             guard: None,
             refusal: None,
             error: None,
+            confirmed: false,
         };
         let decision = match decision {
             Parity::Apply { confirmed } => {
@@ -403,6 +407,7 @@ impl ApplyCtx {
             Parity::NothingToApply => {}
             Parity::Apply { confirmed } => {
                 self.say_why_applied(root, confirmed, &fingerprint);
+                decided.confirmed = confirmed;
                 decided.planned = Some(planned);
                 decided.guard = Some(guard);
             }

@@ -42,6 +42,7 @@ pub(super) async fn apply_all(
                         root => &d.root,
                         fingerprint => d.fingerprint.short(),
                         summary => d.summary.one_line(),
+                        confirmed => d.confirmed,
                     },
                 );
                 let guard = d.guard.take().expect("a planned root holds its lock");

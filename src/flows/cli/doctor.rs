@@ -640,7 +640,7 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             r.add(
                 Status::Fail,
                 "engine_broken",
-                json!({"path": config.engine.binary, "error": e.to_string()}),
+                json!({"path": config.engine.binary.as_deref().unwrap_or("tofu"), "error": e.to_string()}),
             );
             return;
         }
@@ -669,20 +669,20 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             return;
         }
     }
-    let engine = match Engine::builder(&config.engine.binary, temp.path())
-        .sandbox(mode)
-        .build()
-    {
-        Ok(e) => e,
-        Err(e) => {
-            r.add(
-                Status::Fail,
-                "engine_missing",
-                json!({"error": e.to_string()}),
-            );
-            return;
-        }
-    };
+    let engine =
+        match crate::capabilities::engine::configured_binary(config.engine.binary.as_deref())
+            .and_then(|binary| Engine::builder(binary, temp.path()).sandbox(mode).build())
+        {
+            Ok(e) => e,
+            Err(e) => {
+                r.add(
+                    Status::Fail,
+                    "engine_missing",
+                    json!({"error": e.to_string()}),
+                );
+                return;
+            }
+        };
     let path = engine.binary().display().to_string();
     match engine.version().await {
         Ok(v) => r.add(
@@ -895,10 +895,15 @@ async fn pve_connect(ep: ProxmoxEndpoint, token_id: &str, r: &mut Report) -> Opt
         Err(e) => {
             let error = e.to_string();
             let tls = error.contains("certificate") || error.contains("UnknownIssuer");
+            // The port the endpoint names (8006 is only Proxmox's default).
+            let port = reqwest::Url::parse(&url)
+                .ok()
+                .and_then(|u| u.port_or_known_default())
+                .unwrap_or(8006);
             r.add(
                 Status::Fail,
                 "pve_unreachable",
-                json!({"url": url, "error": error, "tls": tls}),
+                json!({"url": url, "error": error, "tls": tls, "port": port}),
             );
             return None;
         }

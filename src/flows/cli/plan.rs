@@ -109,7 +109,7 @@ async fn run(
     let operator_var_files = resolve_var_files(&variables.var_files)?;
     let binary = match engine {
         Some(b) => PathBuf::from(b),
-        None => engine::default_binary()?,
+        None => engine::default_binary("pass its path with --engine")?,
     };
     // A private temp root of our own (0700, unique), removed with everything in it at the end.
     let temp_root = tempfile::Builder::new()
@@ -149,6 +149,7 @@ fn local_engine(
         }),
     };
     let runner = Engine::builder(binary, temp_root)
+        .not_found_hint("pass its path with --engine")
         .timeout(timeout)
         .grace(GRACE.min(timeout))
         .sandbox(mode)

@@ -156,6 +156,7 @@ pub fn render_command(
     format: Format,
     fingerprint_key: Option<&str>,
     engine_name: Option<EngineKind>,
+    gitlab_budget: bool,
 ) -> Result<ExitCode> {
     // Read straight from the file (or stdin) into the plan: the document itself is never held in
     // memory, which keeps the peak memory of a big plan low.
@@ -190,6 +191,10 @@ pub fn render_command(
         // Rendered here, not on a merge request: no "comment to re-plan" hint.
         local_run: true,
         engine: engine_kind::footer_text(engine, plan.engine_version()),
+        // Locally there is no GitLab limit: the whole plan, unless `--budget gitlab` asks for
+        // the note GitLab would get.
+        budget: if gitlab_budget { 0 } else { usize::MAX },
+        plan_file: Some(name.clone()),
         ..NoteContext::default()
     };
     let out = report(&plan, &ctx, &Secrets::new(), key, format);

@@ -85,9 +85,12 @@ pub fn check_report(config: &Config) -> String {
         ),
     };
     out.push_str(&format!(
-        "- keep {store} and run at most {} plan(s) at a time with `{}` (timeout {})\n",
+        "- keep {store} and run at most {} plan(s) at a time with {} (timeout {})\n",
         config.plan.max_concurrent_plans,
-        config.engine.binary,
+        match &config.engine.binary {
+            Some(b) => format!("`{b}`"),
+            None => "`tofu`, else `terraform` (engine.binary is not set)".to_string(),
+        },
         humantime::format_duration(config.engine.timeout)
     ));
     out.push_str(&format!(

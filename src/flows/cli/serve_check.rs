@@ -32,7 +32,7 @@ pub fn check_host(loaded: &Loaded, config: &Config) -> HostCheck {
     };
 
     if !has_problem("engine.binary") {
-        match engine_version(&config.engine.binary) {
+        match engine_version(config.engine.binary.as_deref()) {
             Ok(v) => out.engine = Some(v),
             Err(message) => push("engine.binary", message),
         }
@@ -123,10 +123,13 @@ fn policy_set_problem(set: &PolicySetSpec) -> Option<String> {
         .map(|e| e.to_string())
 }
 
-/// Resolve `binary` as the service would and ask it for its version.
-fn engine_version(binary: &str) -> Result<String, String> {
+/// Resolve `binary` as the service would (unset: `tofu`, else `terraform`) and ask it for its
+/// version.
+fn engine_version(binary: Option<&str>) -> Result<String, String> {
     let temp =
         tempfile::tempdir().map_err(|e| format!("cannot make a temporary directory: {e}"))?;
+    let binary =
+        crate::capabilities::engine::configured_binary(binary).map_err(|e| e.to_string())?;
     let engine = Engine::builder(binary, temp.path())
         .build()
         .map_err(|e| e.to_string())?;

@@ -178,7 +178,9 @@ impl App {
 
     fn engine(&self, trust: Trust, plugin_cache: PathBuf) -> Result<Engine> {
         let engine = &self.config.engine;
-        Engine::builder(&engine.binary, self.temp_root())
+        let binary = crate::capabilities::engine::configured_binary(engine.binary.as_deref())
+            .context("engine.binary")?;
+        Engine::builder(binary, self.temp_root())
             .timeout(engine.timeout)
             // A grace longer than the timeout itself makes no sense; zero would skip SIGTERM.
             .grace(engine.grace.min(engine.timeout).max(Duration::from_secs(1)))
@@ -202,7 +204,10 @@ impl App {
                 trust,
             ))
             .build()
-            .with_context(|| format!("engine.binary = {:?}", engine.binary))
+            .with_context(|| match &engine.binary {
+                Some(b) => format!("engine.binary = {b:?}"),
+                None => "engine.binary".to_string(),
+            })
     }
 
     /// Remove an MR's plugin cache (it is merged or closed: no plan of it will run again).

@@ -70,6 +70,15 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
     }
 }
 
+/// The engine's name for the help note: `engine.binary`'s file name, else the one on `PATH`
+/// (`tofu`, else `terraform`).
+fn engine_name(binary: Option<&str>) -> String {
+    crate::capabilities::engine::configured_binary(binary)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "OpenTofu or Terraform".to_string())
+}
+
 fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
     r.map_err(|e| {
         app.metrics.gitlab_error(op);
@@ -266,7 +275,7 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
             let body = render(
                 "help",
                 context! {
-                    engine => &app.config.engine.binary,
+                    engine => engine_name(app.config.engine.binary.as_deref()),
                     job_name => &app.config.apply.job_name,
                     target_branch => &mr_info.target_branch,
                     public_url => &app.config.public_url,

@@ -55,6 +55,11 @@ impl Application {
     /// Open the store, recover from a previous crash, and bind `config.listen`.
     pub async fn build_with(config: Config, options: Options) -> Result<Application> {
         let listen = config.listen;
+        // Bind first: a port in use (another planbot, say) fails the start before the store is
+        // touched — no interrupted job requeued, no reconcile queued by a service that never ran.
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
         let app = App::open(config).await?;
         wipe_temp_root(&app.temp_root())?;
         app.workspace
@@ -83,9 +88,6 @@ impl Application {
         // starts (once, whatever number of occurrences were missed).
         let started = chrono::Utc::now();
         let drift_next = crate::flows::drift::schedule::look(&app, started, started).await?;
-        let listener = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
         let port = listener.local_addr()?.port();
         let app = Arc::new(app);
         for record in interrupted {

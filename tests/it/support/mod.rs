@@ -358,6 +358,56 @@ pub fn run_recipe(dir: &std::path::Path, recipe: &str, stdin: &str) -> String {
     stdout
 }
 
+/// Run a recipe of the docs to its end with a terminal as its standard input, on which each of
+/// `pastes` is typed in turn, each followed by Enter and Ctrl-D: what a reader does at each
+/// `cat > FILE   # paste ..., then Ctrl-D` line (one paste per such line, in order). Echo is
+/// off, as for a password prompt. Panics with the recipe and its output when it fails.
+pub fn run_recipe_pasting(dir: &std::path::Path, recipe: &str, pastes: &[&str]) -> String {
+    use std::io::Write;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, slave) = unsafe {
+        let (mut m, mut s) = (0, 0);
+        assert_eq!(
+            libc::openpty(
+                &mut m,
+                &mut s,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null()
+            ),
+            0,
+            "openpty: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut t: libc::termios = std::mem::zeroed();
+        assert_eq!(libc::tcgetattr(s, &mut t), 0);
+        t.c_lflag &= !(libc::ECHO | libc::ECHONL);
+        assert_eq!(libc::tcsetattr(s, libc::TCSANOW, &t), 0);
+        (std::fs::File::from_raw_fd(m), OwnedFd::from_raw_fd(s))
+    };
+    for paste in pastes {
+        // Canonical mode: the line ends at Enter; Ctrl-D on an empty line is `cat`'s EOF.
+        master
+            .write_all(format!("{}\n\x04", paste.trim_end()).as_bytes())
+            .unwrap();
+    }
+    let out = recipe_command(dir, recipe)
+        .stdin(std::process::Stdio::from(slave))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    drop(master);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the recipe failed ({}):\n{recipe}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// A root whose one value, `terraform_data.vm`'s input, is 10 × 2²² bytes (about 40 MB), built
 /// by doubling so that the engine plans it in seconds; `show -json` prints it twice.
 pub fn forty_mb_value_tf() -> String {
