@@ -343,6 +343,55 @@ async fn an_invalid_config_on_main_gets_a_note_saying_what_is_wrong_and_nothing_
     assert!(runs.is_empty(), "nothing was planned");
 }
 
+/// Issue 35 item 2: an MR that breaks `.planbot.toml` (a typo'd key, an unknown rule, a
+/// duplicate root) must not get a green check: the status fails naming the file, the headline
+/// is red, and the note lists every problem at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_breaking_the_config_fails_its_status_and_lists_every_problem() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/typo",
+        &[(
+            ".planbot.toml",
+            "[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/core\"\nwhen_modifed = [\"*.tf\"]\nlint_disable = [\"PVE999\"]\n\n[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/dns\"\n",
+        )],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/typo", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    w.plan(iid).await;
+    let body = &w.fake.notes(&w.project, iid)[0].body;
+    let headline = body
+        .lines()
+        .find(|l| l.starts_with("### "))
+        .expect("a headline");
+    assert!(
+        headline.contains('🔴') && !headline.contains('🟢'),
+        "{headline}"
+    );
+    assert!(
+        headline.contains("`.planbot.toml` in this MR is invalid"),
+        "{headline}"
+    );
+    // Every problem at once: the typo, the unknown rule, the duplicate name.
+    for problem in [
+        "unknown key `when_modifed`",
+        "`PVE999` is not a rule planbot has",
+        "root name `core` is used twice",
+    ] {
+        assert!(body.contains(problem), "{problem} missing from:\n{body}");
+    }
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(last.state, "failed");
+    let description = last.description.unwrap();
+    assert!(
+        description
+            .starts_with(".planbot.toml in this MR is invalid (3 problems, all in the note)"),
+        "{description}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
     let engine = require_engine!();

@@ -87,6 +87,9 @@ pub struct NoteContext {
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
     pub local_run: bool,
+    /// A file the MR changes that is broken (its `.planbot.toml`): it fails the status, so
+    /// the headline is red and names it, whatever the plans say.
+    pub invalid_file: Option<String>,
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -238,6 +241,7 @@ impl minijinja::value::Object for Sections {
 struct NoteView<'a> {
     banners: &'a [String],
     colour: &'static str,
+    invalid_file: Option<&'a str>,
     sha8: Option<String>,
     draft: bool,
     roots_total: usize,
@@ -689,7 +693,8 @@ fn build_view<'a, 'r>(
     };
     let view = NoteView {
         banners: &ctx.banners,
-        colour: if red {
+        invalid_file: ctx.invalid_file.as_deref(),
+        colour: if red || ctx.invalid_file.is_some() {
             "red"
         } else if yellow {
             "yellow"

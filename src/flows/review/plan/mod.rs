@@ -148,6 +148,10 @@ async fn plan(
         banners: prepared.banners.clone(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         hints: note::sandbox_hints(app, &planned.results),
+        invalid_file: prepared
+            .proposed_invalid
+            .as_ref()
+            .map(|_| crate::core::repo_config::FILE_NAME.to_string()),
         ..NoteContext::default()
     };
     let policies = note::policy_verdicts(&prepared.policies, &planned.results, &scrubber);
@@ -166,7 +170,22 @@ async fn plan(
     let recorded = record::record(app, job, planned.results, &policies, &body, &scrubber).await?;
     drop(prepared.checkout);
 
-    let (state, description) = record::final_status(&recorded, &app.scrubber);
+    let (state, description) = match &prepared.proposed_invalid {
+        // The MR breaks `.planbot.toml`: merged as is, nothing could be planned.
+        Some(err) => (
+            StatusState::Failed,
+            text(
+                &app.scrubber,
+                "invalid_proposed",
+                minijinja::context! {
+                    file => crate::core::repo_config::FILE_NAME,
+                    problem => err.problems.first().map(|p| p.to_string()).unwrap_or_default(),
+                    more => err.problems.len().saturating_sub(1),
+                },
+            ),
+        ),
+        None => record::final_status(&recorded, &app.scrubber),
+    };
     set_status(
         app,
         job.project,
@@ -292,6 +311,11 @@ mod tests {
                 &none,
                 "invalid_config",
                 context! { file => ".planbot.toml", branch => "main", problem => "line 3, column 1: key `roots[0].directory`: unknown key" },
+            ),
+            text(
+                &none,
+                "invalid_proposed",
+                context! { file => ".planbot.toml", problem => "line 6, column 1: key `roots[0].when_modifed`: unknown key `when_modifed`", more => 2 },
             ),
             text(
                 &none,
