@@ -167,7 +167,16 @@ async fn plan(
     let body = note::compose_note(ctx, &planned.results, &scrubber);
     note::upsert_note(app, job.project, job.mr, &body).await?;
 
-    let recorded = record::record(app, job, planned.results, &policies, &body, &scrubber).await?;
+    let recorded = record::record(
+        app,
+        job,
+        planned.results,
+        &policies,
+        &body,
+        &scrubber,
+        prepared.proposed_invalid.is_some(),
+    )
+    .await?;
     drop(prepared.checkout);
 
     let (state, description) = match &prepared.proposed_invalid {
