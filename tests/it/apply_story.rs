@@ -889,11 +889,52 @@ async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool
             assert_ne!(landed, head, "{what}");
         }
     }
+    // GitLab says it merged: the plan note's banner waits for the apply job.
+    let hook = w.gitlab.mr_webhook(&w.project, iid).action("merge").body();
+    let status = s
+        .deliver(
+            std::str::from_utf8(&hook).unwrap(),
+            &crate::support::service::token_headers(
+                "Merge Request Hook",
+                &format!("merge-{iid}"),
+                crate::support::service::WEBHOOK_SECRET,
+            ),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let banner = |note: &str| {
+        note.lines()
+            .skip_while(|l| *l != "<!-- planbot:merged -->")
+            .nth(1)
+            .map(str::to_string)
+    };
+    s.after_job_ends("the merged banner", 60, || async {
+        w.gitlab
+            .plan_note(&w.project, iid)
+            .and_then(|n| banner(&n))
+            .is_some_and(|b| b.contains("Merged — waiting for the apply job on `main`"))
+    })
+    .await;
     let job = w.apply_job(31);
     assert_eq!(job.sha, landed);
     w.gitlab.register_job(job.clone());
     let (_, log) = call_apply(&s, &job.token, "{}").await;
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{what}: {log}");
+    // Issue 35 item 4: the plan note's banner says the apply ended, with the job's link.
+    let note = w.gitlab.plan_note(&w.project, iid).unwrap();
+    let said = banner(&note).unwrap();
+    let job_url = "/infra/homelab/-/jobs/31)";
+    assert!(
+        said.starts_with("> **Merged and applied** by the `planbot-apply` [job 31](")
+            && said.contains(job_url)
+            && said.contains(&format!("at `{}`", &landed[..8])),
+        "{what}: {said}"
+    );
+    assert!(
+        !note.contains("waiting for the apply job"),
+        "{what}: {note}"
+    );
+    assert_eq!(note.matches("<!-- planbot:merged -->").count(), 1, "{note}");
     assert!(
         log.contains(&format!(
             "commit `{}` is merge request !{iid}",

@@ -30,6 +30,10 @@ pub const NOTE_BUDGET: usize = 500_000;
 /// The hidden marker by which planbot finds its own note again.
 pub const NOTE_MARKER: &str = "<!-- planbot:mr-note v1 -->";
 
+/// The line before the plan note's merged banner (the banner is the line after it): the merge
+/// puts it there, the apply's end rewrites the banner to say how the apply ended.
+pub const MERGED_BANNER_MARKER: &str = "<!-- planbot:merged -->";
+
 /// At most this many destructive changes and findings are listed one by one (they are always
 /// kept, so they must fit the budget themselves); the rest are counted.
 const MAX_LISTED: usize = 1000;
