@@ -438,11 +438,11 @@ async fn a_root_with_local_state_gets_the_rule_a_failed_status_and_an_apply_refu
     // headline carry (they said "succeeded").
     assert!(note.contains("### 🔴"), "{note}");
     let run = s.app.store.recent_runs(1).await.unwrap()[0].id;
-    let row = format!("<td class=\"state state-failed\">failed</td>");
+    let row = "<td class=\"state state-failed\">failed</td>";
     for path in ["/".to_string(), "/runs".to_string()] {
         let (code, page) = s.get_text(&path).await;
         assert_eq!(code, 200, "{path}");
-        assert!(page.contains(&row), "{path} does not say failed:\n{page}");
+        assert!(page.contains(row), "{path} does not say failed:\n{page}");
         assert!(
             !page.contains("state-succeeded\">succeeded"),
             "{path}:\n{page}"
