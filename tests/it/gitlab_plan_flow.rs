@@ -672,3 +672,64 @@ async fn a_40_mb_value_ends_in_a_clear_note_and_the_store_barely_grows() {
         run.log.len()
     );
 }
+
+/// Issue 35 "green means green", the outcomes of this flow (planned, no root affected, broken
+/// `.planbot.toml`, engine error): the commit status, the note's headline, the stored runs (what
+/// the run pages show) and `/metrics` all say the same thing. Partial: the service-level
+/// outcomes (superseded, cancelled, policy, preflight, applied, refused) are not in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_outcome_says_the_same_on_status_headline_runs_and_metrics() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let broken = "[[roots]]\nname = \"core\"\nwhen_modifed = [\"*.tf\"]\n";
+    let table: [(&str, &str, &str, bool); 4] = [
+        (
+            "planned",
+            "tofu/stacks/core/main.tf",
+            &tf("vm", "blocky2"),
+            true,
+        ),
+        ("no root affected", "README.md", "# homelab\n", true),
+        ("broken .planbot.toml", ".planbot.toml", broken, false),
+        (
+            "engine error",
+            "tofu/stacks/core/main.tf",
+            "resource \"terraform_data\" {\n",
+            false,
+        ),
+    ];
+    for (i, (outcome, file, content, green)) in table.iter().enumerate() {
+        let branch = format!("outcome-{i}");
+        w.fake.commit_files(&w.project, &branch, &[(file, content)]);
+        let iid = w.fake.open_mr(&w.project, &branch, "main");
+        let head = w.fake.mr_sha(&w.project, iid);
+        w.plan(iid).await;
+        let status = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+        let body = &w.fake.notes(&w.project, iid)[0].body;
+        let headline = body
+            .lines()
+            .find(|l| l.starts_with("### "))
+            .unwrap_or_default();
+        let runs = w
+            .app
+            .store
+            .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
+            .await
+            .unwrap();
+        let run_states: Vec<&str> = runs.iter().map(|r| r.state.as_str()).collect();
+        let expected = if *green { "success" } else { "failed" };
+        assert_eq!(status.state, expected, "{outcome}: {status:?}");
+        assert_eq!(!headline.contains('🔴'), *green, "{outcome}: {headline}");
+        let run_state = if *green { "succeeded" } else { "failed" };
+        assert!(
+            run_states.iter().all(|s| *s == run_state),
+            "{outcome}: runs {run_states:?}, status {}",
+            status.state
+        );
+    }
+    let metrics = w.app.metrics.encode();
+    for (outcome, n) in [("succeeded", 2), ("failed", 2)] {
+        let line = format!("planbot_plan_duration_seconds_count{{outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+}
