@@ -84,6 +84,42 @@ fn vmid(rc: &Res) -> Option<u64> {
     None
 }
 
+/// Whether `plan` touches Proxmox, so that the live preflight concerns it: a resource or data
+/// source of the bpg provider (`proxmox_virtual_environment_*`, the short `proxmox_*` names) or
+/// of Telmate's (`proxmox_vm_qemu`, `proxmox_lxc`, …), changed, drifted or in the
+/// configuration (modules included), or a change the engine names as from either provider.
+/// Anything that looks like one counts: a root that may need the preflight keeps it.
+pub fn touches_proxmox(plan: &Plan) -> bool {
+    fn proxmox_type(t: &str) -> bool {
+        t.starts_with("proxmox_")
+    }
+    fn proxmox_provider(p: &str) -> bool {
+        let p = p.to_ascii_lowercase();
+        p.ends_with("bpg/proxmox") || p.ends_with("telmate/proxmox")
+    }
+    fn in_module(m: &crate::core::plan::ConfigModule) -> bool {
+        m.resources.iter().any(|r| {
+            r.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(proxmox_type)
+        }) || m.module_calls.values().any(|c| in_module(&c.module))
+    }
+    plan.resource_changes
+        .iter()
+        .chain(&plan.resource_drift)
+        .any(|rc| {
+            proxmox_type(&rc.resource_type)
+                || rc.provider_name.as_deref().is_some_and(proxmox_provider)
+        })
+        || plan.configuration.as_ref().is_some_and(|c| {
+            in_module(&c.root_module)
+                || c.provider_config
+                    .values()
+                    .filter_map(|p| p.full_name.as_deref())
+                    .any(proxmox_provider)
+        })
+}
+
 /// Read what the plan needs from the cluster (only resources that are created or changed).
 ///
 /// Long on purpose: one arm per resource kind, each recording through the one `storage`
@@ -538,4 +574,56 @@ pub fn apply_refusal(findings: &[Finding]) -> Option<String> {
                 "fix": first.fix, "more": errors.len() - 1}),
     );
     Some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_of(changes: Value) -> Plan {
+        let text = json!({"format_version": "1.2", "resource_changes": changes}).to_string();
+        Plan::from_json(text.as_bytes()).expect("a plan")
+    }
+
+    #[test]
+    fn only_plans_of_the_bpg_or_telmate_provider_touch_proxmox() {
+        let rc = |mode: &str, t: &str, provider: &str| {
+            json!({"address": format!("{t}.x"), "mode": mode, "type": t, "name": "x",
+                   "provider_name": provider,
+                   "change": {"actions": ["no-op"], "before": {}, "after": {}}})
+        };
+        let bpg = "registry.opentofu.org/bpg/proxmox";
+        let telmate = "registry.terraform.io/telmate/proxmox";
+        for (change, touches) in [
+            (rc("managed", "proxmox_virtual_environment_vm", bpg), true),
+            (rc("data", "proxmox_virtual_environment_nodes", bpg), true),
+            (rc("managed", "proxmox_vm", bpg), true),
+            (rc("managed", "proxmox_vm_qemu", telmate), true),
+            (rc("data", "proxmox_lxc", telmate), true),
+            (
+                rc(
+                    "managed",
+                    "terraform_data",
+                    "terraform.io/builtin/terraform",
+                ),
+                false,
+            ),
+            (
+                rc(
+                    "managed",
+                    "dns_a_record_set",
+                    "registry.terraform.io/hashicorp/dns",
+                ),
+                false,
+            ),
+        ] {
+            let what = change.to_string();
+            assert_eq!(
+                touches_proxmox(&plan_of(json!([change]))),
+                touches,
+                "{what}"
+            );
+        }
+        assert!(!touches_proxmox(&plan_of(json!([]))));
+    }
 }

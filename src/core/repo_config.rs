@@ -558,10 +558,13 @@ impl RepoConfig {
     /// Parse and validate a `.planbot.toml`. All problems are reported together: the global
     /// settings first, then each root in turn ([`parse_root`]).
     pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         let mut problems = Problems {
             text,
             list: Vec::new(),
+        };
+        let raw = match read_raw(text, &mut problems) {
+            Some(raw) => raw,
+            None => return problems.finish(RepoConfig::absent()),
         };
         let global_disable = global_lint_disable(raw.lint.as_ref(), &mut problems);
         let plan = plan_settings(raw.plan.as_ref());
@@ -670,6 +673,91 @@ impl RepoConfig {
     }
 }
 
+/// The file's shape, every unknown key reported: serde stops at the first one, so each is
+/// recorded in `problems` and blanked out (spaces, newlines kept: every later offset, line and
+/// column stays right) before reading again, until the file reads or fails otherwise (that
+/// problem recorded too, `None` returned). Bounded by the file's own keys.
+fn read_raw(text: &str, problems: &mut Problems<'_>) -> Option<RawFile> {
+    let mut current = text.to_string();
+    for _ in 0..=text.matches('=').count() + text.matches('[').count() {
+        let e = match toml::from_str::<RawFile>(&current) {
+            Ok(raw) => return Some(raw),
+            Err(e) => e,
+        };
+        let offset = e.span().map_or(0, |s| s.start);
+        let mut found = syntax_error(&current, &e);
+        problems
+            .list
+            .extend(found.problems.drain(..).map(|p| (offset, p)));
+        let unknown = e.message().contains("unknown field");
+        match e
+            .span()
+            .filter(|_| unknown)
+            .and_then(|s| entry_span(&current, s.start))
+        {
+            Some(span) => {
+                let blanked: String = current[span.clone()]
+                    .chars()
+                    .map(|c| if c == '\n' { c } else { ' ' })
+                    .collect();
+                current.replace_range(span, &blanked);
+            }
+            None => return None,
+        }
+    }
+    None
+}
+
+/// The bytes of the `key = value` entry (or `[table]` with its entries) whose key starts at
+/// `key_start`, as the TOML parser reads the file.
+fn entry_span(text: &str, key_start: usize) -> Option<Range<usize>> {
+    fn end_of(item: &toml_edit::Item) -> Option<usize> {
+        match item {
+            toml_edit::Item::Value(v) => v.span().map(|s| s.end),
+            toml_edit::Item::Table(t) => t
+                .iter()
+                .filter_map(|(_, i)| end_of(i))
+                .chain(t.span().map(|s| s.end))
+                .max(),
+            toml_edit::Item::ArrayOfTables(a) => a
+                .iter()
+                .flat_map(|t| {
+                    t.iter()
+                        .filter_map(|(_, i)| end_of(i))
+                        .chain(t.span().map(|s| s.end))
+                })
+                .max(),
+            toml_edit::Item::None => None,
+        }
+    }
+    fn walk(table: &dyn toml_edit::TableLike, at: usize) -> Option<Range<usize>> {
+        for (name, item) in table.iter() {
+            if let Some(k) = table.key(name).and_then(|k| k.span()) {
+                if k.start == at {
+                    // A `[table]` header goes with its key: from its `[`.
+                    let start = match item {
+                        toml_edit::Item::Table(t) if !t.is_implicit() && !t.is_dotted() => {
+                            t.span().map_or(k.start, |s| s.start.min(k.start))
+                        }
+                        _ => k.start,
+                    };
+                    return end_of(item).map(|end| start..end.max(k.end));
+                }
+            }
+            let inner = match item {
+                toml_edit::Item::ArrayOfTables(a) => a.iter().find_map(|t| walk(t, at)),
+                other => other.as_table_like().and_then(|t| walk(t, at)),
+            };
+            if inner.is_some() {
+                return inner;
+            }
+        }
+        None
+    }
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    walk(doc.as_table(), key_start)
+}
+
 /// A file that is not valid TOML (or not of `.planbot.toml`'s shape): one problem, with the
 /// line, column and dotted key when they can be found.
 fn syntax_error(text: &str, e: &toml::de::Error) -> RepoConfigError {
@@ -684,8 +772,8 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> RepoConfigError {
     let key = key_in_message(&message)
         .or_else(|| e.span().and_then(|s| key_on_line(text, s.start)))
         .map(|k| match e.span().and_then(|s| section_at(text, s.start)) {
-            Some(section) => format!("{section}.{k}"),
-            None => k,
+            Some(section) if section != k => format!("{section}.{k}"),
+            _ => k,
         });
     RepoConfigError {
         problems: vec![ConfigProblem {
@@ -1278,6 +1366,36 @@ disable = ["PVE010"]
         assert_eq!(cfg.roots[0].name, "default");
         assert_eq!(cfg.plan.checkout, CheckoutMode::Head);
         assert!(!cfg.is_default);
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_unknown_keys_included() {
+        let text = "[lint]\ndisable = [\"PVE999\"]\n\n[[roots]]\nname = \"core\"\nwhen_modifed = [\n  \"core/**\",\n]\n\n[[roots]]\nname = \"core\"\nlint_disable = [\"PVE998\"]\n\n[lints]\ndisable = []\n\n[plan]\nforks = \"never\"\n";
+        let err = RepoConfig::parse(text).unwrap_err();
+        let found: Vec<(Option<usize>, Option<&str>)> = err
+            .problems
+            .iter()
+            .map(|p| (p.line, p.key.as_deref()))
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                (Some(2), Some("lint.disable")),
+                (Some(6), Some("roots[0].when_modifed")),
+                (Some(11), Some("roots[1].name")),
+                (Some(11), Some("roots[1].dir")),
+                (Some(12), Some("roots[1].lint_disable")),
+                (Some(14), Some("lints")),
+                (Some(18), Some("plan.forks")),
+            ],
+            "{err}"
+        );
+        assert!(
+            err.problems[1]
+                .message
+                .starts_with("unknown key `when_modifed`"),
+            "{err}"
+        );
     }
 
     #[test]

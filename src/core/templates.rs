@@ -55,6 +55,7 @@ files![
     ("comments/fork_notice.md.j2", Verbatim),
     ("comments/help.md.j2", Verbatim),
     ("comments/merged_banner.md.j2", Verbatim),
+    ("comments/applied_banner.md.j2", Verbatim),
     ("comments/policy_approval.md.j2", Blocks),
     ("doctor.j2", Blocks),
     ("drift/issue.md.j2", Verbatim),

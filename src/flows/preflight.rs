@@ -158,8 +158,12 @@ pub struct PlanPreflight {
     pub lint_facts: crate::core::findings::Facts,
 }
 
-/// The plan flow's preflight: skipped (and said so) without an endpoint.
+/// The plan flow's preflight: nothing at all (no line in the note) for a plan that does not
+/// touch Proxmox ([`preflight::touches_proxmox`]); skipped (and said so) without an endpoint.
 pub async fn for_plan(endpoint: Option<ProxmoxEndpoint>, plan: &Plan) -> PlanPreflight {
+    if !preflight::touches_proxmox(plan) {
+        return PlanPreflight::default();
+    }
     let Some(ep) = endpoint else {
         return PlanPreflight {
             note: preflight::skipped_note(),
@@ -193,12 +197,13 @@ pub async fn for_plan(endpoint: Option<ProxmoxEndpoint>, plan: &Plan) -> PlanPre
 
 /// The apply flow's preflight, just before apply: `Err(why)` refuses the apply, naming the
 /// first error finding and its fix — also when the preflight could not read what it needs
-/// (fail closed). Without an endpoint the apply goes ahead (nothing to check).
+/// (fail closed). Without an endpoint, or for a plan that does not touch Proxmox
+/// ([`preflight::touches_proxmox`]), the apply goes ahead (nothing to check, nothing waited for).
 pub async fn before_apply(
     endpoint: Option<ProxmoxEndpoint>,
     plan: &Plan,
 ) -> std::result::Result<Vec<Finding>, String> {
-    let Some(ep) = endpoint else {
+    let Some(ep) = endpoint.filter(|_| preflight::touches_proxmox(plan)) else {
         return Ok(Vec::new());
     };
     let url = ep.url.clone();

@@ -343,6 +343,55 @@ async fn an_invalid_config_on_main_gets_a_note_saying_what_is_wrong_and_nothing_
     assert!(runs.is_empty(), "nothing was planned");
 }
 
+/// Issue 35 item 2: an MR that breaks `.planbot.toml` (a typo'd key, an unknown rule, a
+/// duplicate root) must not get a green check: the status fails naming the file, the headline
+/// is red, and the note lists every problem at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_breaking_the_config_fails_its_status_and_lists_every_problem() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/typo",
+        &[(
+            ".planbot.toml",
+            "[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/core\"\nwhen_modifed = [\"*.tf\"]\nlint_disable = [\"PVE999\"]\n\n[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/dns\"\n",
+        )],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/typo", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    w.plan(iid).await;
+    let body = &w.fake.notes(&w.project, iid)[0].body;
+    let headline = body
+        .lines()
+        .find(|l| l.starts_with("### "))
+        .expect("a headline");
+    assert!(
+        headline.contains('🔴') && !headline.contains('🟢'),
+        "{headline}"
+    );
+    assert!(
+        headline.contains("`.planbot.toml` in this MR is invalid"),
+        "{headline}"
+    );
+    // Every problem at once: the typo, the unknown rule, the duplicate name.
+    for problem in [
+        "unknown key `when_modifed`",
+        "`PVE999` is not a rule planbot has",
+        "root name `core` is used twice",
+    ] {
+        assert!(body.contains(problem), "{problem} missing from:\n{body}");
+    }
+    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(last.state, "failed");
+    let description = last.description.unwrap();
+    assert!(
+        description
+            .starts_with(".planbot.toml in this MR is invalid (3 problems, all in the note)"),
+        "{description}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
     let engine = require_engine!();
@@ -715,4 +764,65 @@ async fn a_40_mb_value_ends_in_a_clear_note_and_the_store_barely_grows() {
         "a stored log of {} bytes",
         run.log.len()
     );
+}
+
+/// Issue 35 "green means green", the outcomes of this flow (planned, no root affected, broken
+/// `.planbot.toml`, engine error): the commit status, the note's headline, the stored runs (what
+/// the run pages show) and `/metrics` all say the same thing. Partial: the service-level
+/// outcomes (superseded, cancelled, policy, preflight, applied, refused) are not in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_outcome_says_the_same_on_status_headline_runs_and_metrics() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let broken = "[[roots]]\nname = \"core\"\nwhen_modifed = [\"*.tf\"]\n";
+    let table: [(&str, &str, &str, bool); 4] = [
+        (
+            "planned",
+            "tofu/stacks/core/main.tf",
+            &tf("vm", "blocky2"),
+            true,
+        ),
+        ("no root affected", "README.md", "# homelab\n", true),
+        ("broken .planbot.toml", ".planbot.toml", broken, false),
+        (
+            "engine error",
+            "tofu/stacks/core/main.tf",
+            "resource \"terraform_data\" {\n",
+            false,
+        ),
+    ];
+    for (i, (outcome, file, content, green)) in table.iter().enumerate() {
+        let branch = format!("outcome-{i}");
+        w.fake.commit_files(&w.project, &branch, &[(file, content)]);
+        let iid = w.fake.open_mr(&w.project, &branch, "main");
+        let head = w.fake.mr_sha(&w.project, iid);
+        w.plan(iid).await;
+        let status = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+        let body = &w.fake.notes(&w.project, iid)[0].body;
+        let headline = body
+            .lines()
+            .find(|l| l.starts_with("### "))
+            .unwrap_or_default();
+        let runs = w
+            .app
+            .store
+            .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
+            .await
+            .unwrap();
+        let run_states: Vec<&str> = runs.iter().map(|r| r.state.as_str()).collect();
+        let expected = if *green { "success" } else { "failed" };
+        assert_eq!(status.state, expected, "{outcome}: {status:?}");
+        assert_eq!(!headline.contains('🔴'), *green, "{outcome}: {headline}");
+        let run_state = if *green { "succeeded" } else { "failed" };
+        assert!(
+            run_states.iter().all(|s| *s == run_state),
+            "{outcome}: runs {run_states:?}, status {}",
+            status.state
+        );
+    }
+    let metrics = w.app.metrics.encode();
+    for (outcome, n) in [("succeeded", 2), ("failed", 2)] {
+        let line = format!("planbot_plan_duration_seconds_count{{outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
 }

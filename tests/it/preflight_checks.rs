@@ -758,3 +758,31 @@ async fn every_pasteable_fix_of_the_guests_plan_clears_its_finding() {
         text(&after)
     );
 }
+
+/// Issue 35 item 5: with an endpoint that does not answer, a plan without any Proxmox resource
+/// or data source gets no preflight at all (no finding, no note line, the apply goes ahead);
+/// a plan with one still fails closed (PVE101, the apply refused).
+#[tokio::test]
+async fn an_unreachable_endpoint_fails_closed_only_for_plans_that_touch_proxmox() {
+    let dead = ProxmoxEndpoint::new("https://127.0.0.1:9/", format!("{TOKEN}={SECRET}"));
+    let plain = crate::support::fixtures::plan("changes");
+    assert!(!planbot::core::preflight::touches_proxmox(&plain));
+    let pf = planbot::flows::preflight::for_plan(Some(dead.clone()), &plain).await;
+    assert!(pf.findings.is_empty(), "{:?}", pf.findings);
+    assert_eq!(pf.note, "");
+    assert_eq!(
+        planbot::flows::preflight::before_apply(Some(dead.clone()), &plain).await,
+        Ok(vec![])
+    );
+
+    let pve = crate::support::fixtures::plan("bpg/seed_debian_qcow2_import");
+    assert!(planbot::core::preflight::touches_proxmox(&pve));
+    let pf = planbot::flows::preflight::for_plan(Some(dead.clone()), &pve).await;
+    assert_eq!(
+        pf.findings.iter().map(|f| f.rule).collect::<Vec<_>>(),
+        ["PVE101"]
+    );
+    assert!(planbot::flows::preflight::before_apply(Some(dead), &pve)
+        .await
+        .is_err());
+}

@@ -128,3 +128,23 @@ fn a_rule_id_planbot_does_not_have_is_refused_with_the_nearest_real_one() {
         "{note}"
     );
 }
+
+/// Issue 35 item 11: one run names every problem, the unknown key with the rest (it used to
+/// stop at the unknown key and show the others only on the next run).
+#[test]
+fn one_run_reports_the_unknown_key_and_every_other_problem() {
+    let (code, _, stderr) = check_config(
+        "[[roots]]\nname = \"core\"\nwhen_modifed = [\"*.tf\"]\nlint_disable = [\"PVE999\"]\n\n[[roots]]\nname = \"core\"\ndir = \"dns\"\n",
+    );
+    assert_eq!(code, 1, "{stderr}");
+    for problem in [
+        "line 3, column 1: key `roots[0].when_modifed`: unknown key `when_modifed`",
+        "line 4, column 17: key `roots[0].lint_disable`: `PVE999` is not a rule planbot has",
+        "line 7, column 8: key `roots[1].name`: root name `core` is used twice",
+    ] {
+        assert!(
+            stderr.contains(problem),
+            "{problem} missing from:\n{stderr}"
+        );
+    }
+}

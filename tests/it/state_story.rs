@@ -434,6 +434,34 @@ async fn a_root_with_local_state_gets_the_rule_a_failed_status_and_an_apply_refu
         note.contains("state = { gitlab = \"lab\" }"),
         "the fix to paste: {note}"
     );
+    // Issue 35 item 3: the run pages and /metrics carry the verdict the status and the red
+    // headline carry (they said "succeeded").
+    assert!(note.contains("### 🔴"), "{note}");
+    let run = s.app.store.recent_runs(1).await.unwrap()[0].id;
+    let row = "<td class=\"state state-failed\">failed</td>";
+    for path in ["/".to_string(), "/runs".to_string()] {
+        let (code, page) = s.get_text(&path).await;
+        assert_eq!(code, 200, "{path}");
+        assert!(page.contains(row), "{path} does not say failed:\n{page}");
+        assert!(
+            !page.contains("state-succeeded\">succeeded"),
+            "{path}:\n{page}"
+        );
+    }
+    let (_, page) = s.get_text(&format!("/runs/{run}")).await;
+    assert!(
+        page.contains("<span class=\"state badge state-failed\">failed</span>"),
+        "{page}"
+    );
+    let (_, metrics) = s.get_text("/metrics").await;
+    assert!(
+        metrics.contains("planbot_plan_duration_seconds_count{outcome=\"failed\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("planbot_plan_duration_seconds_count{outcome=\"succeeded\"}"),
+        "{metrics}"
+    );
 
     let log = w.merge_and_apply(&s, iid, 43).await;
     assert_eq!(

@@ -30,6 +30,10 @@ pub const NOTE_BUDGET: usize = 500_000;
 /// The hidden marker by which planbot finds its own note again.
 pub const NOTE_MARKER: &str = "<!-- planbot:mr-note v1 -->";
 
+/// The line before the plan note's merged banner (the banner is the line after it): the merge
+/// puts it there, the apply's end rewrites the banner to say how the apply ended.
+pub const MERGED_BANNER_MARKER: &str = "<!-- planbot:merged -->";
+
 /// At most this many destructive changes and findings are listed one by one (they are always
 /// kept, so they must fit the budget themselves); the rest are counted.
 const MAX_LISTED: usize = 1000;
@@ -89,6 +93,9 @@ pub struct NoteContext {
     pub local_run: bool,
     /// The plan file a local `planbot render` read: the "full plan" hint names it.
     pub plan_file: Option<String>,
+    /// A file the MR changes that is broken (its `.planbot.toml`): it fails the status, so
+    /// the headline is red and names it, whatever the plans say.
+    pub invalid_file: Option<String>,
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -240,6 +247,7 @@ impl minijinja::value::Object for Sections {
 struct NoteView<'a> {
     banners: &'a [String],
     colour: &'static str,
+    invalid_file: Option<&'a str>,
     sha8: Option<String>,
     draft: bool,
     roots_total: usize,
@@ -692,7 +700,8 @@ fn build_view<'a, 'r>(
     };
     let view = NoteView {
         banners: &ctx.banners,
-        colour: if red {
+        invalid_file: ctx.invalid_file.as_deref(),
+        colour: if red || ctx.invalid_file.is_some() {
             "red"
         } else if yellow {
             "yellow"

@@ -109,6 +109,13 @@ impl ApplyCtx {
                 tracing::warn!(error = %e, "could not post the apply result");
             }
         }
+        let banner = match (verdict, outcome) {
+            (Verdict::Refused(_), _) => "refused",
+            (_, ApplyOutcome::Nothing) => "nothing",
+            (_, ApplyOutcome::Applied) => "applied",
+            _ => "failed",
+        };
+        self.rewrite_merged_banner(banner).await;
         // A root's open drift issue hears how the apply that may repair it ended.
         for d in decided {
             let noted = async {
@@ -146,6 +153,70 @@ impl ApplyCtx {
         if outcome == ApplyOutcome::Failed && self.app.config.apply.open_issue_on_failure {
             self.open_failure_issue(scrubbed_error.as_deref(), run_url, run_id)
                 .await;
+        }
+    }
+
+    /// The plan note's "Merged — waiting for the apply job" banner, rewritten to say how the
+    /// apply ended (`outcome`: applied, nothing, refused, failed), with the job's link. Only
+    /// the bot user's plan note is edited; a note without the merged banner is left alone.
+    async fn rewrite_merged_banner(&self, outcome: &str) {
+        use crate::core::render::{MERGED_BANNER_MARKER, NOTE_MARKER};
+        let Some(mr) = self.mr.as_ref() else { return };
+        let job_url = mr
+            .web_url
+            .split_once("/-/merge_requests/")
+            .map(|(project, _)| format!("{project}/-/jobs/{}", self.job_id.0));
+        let banner = crate::core::templates::scrubbing(&self.app.scrubber, || {
+            crate::core::templates::render(
+                "comments/applied_banner.md.j2",
+                context! {
+                    outcome => outcome,
+                    job_name => &self.app.config.apply.job_name,
+                    job_id => self.job_id.0,
+                    job_url => job_url,
+                    branch => &self.branch,
+                    sha => self.sha.short(),
+                },
+            )
+        });
+        let banner = match banner {
+            Ok(b) => b.trim().to_string(),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not render the applied banner");
+                return;
+            }
+        };
+        let rewritten = async {
+            let bot = self.app.bot_user().await?;
+            let notes = self.app.gitlab.mr_notes(self.project, mr.iid).await?;
+            let Some(note) = notes.iter().find(|n| {
+                !n.system
+                    && n.author.as_ref().is_some_and(|a| a.id == bot)
+                    && n.body.starts_with(NOTE_MARKER)
+                    && n.body.contains(MERGED_BANNER_MARKER)
+            }) else {
+                return anyhow::Ok(());
+            };
+            let (before, after) = note
+                .body
+                .split_once(MERGED_BANNER_MARKER)
+                .expect("the marker is in the body");
+            // The banner is the line after the marker; the plan note follows it.
+            let rest = after
+                .strip_prefix('\n')
+                .unwrap_or(after)
+                .split_once('\n')
+                .map_or("", |(_, rest)| rest);
+            let body = format!("{before}{MERGED_BANNER_MARKER}\n{banner}\n{rest}");
+            self.app
+                .gitlab
+                .edit_mr_note(self.project, mr.iid, note.id, &body)
+                .await?;
+            Ok(())
+        };
+        if let Err(e) = rewritten.await {
+            self.app.metrics.gitlab_error("edit_mr_note");
+            tracing::warn!(error = %e, "could not say on the plan note how the apply ended");
         }
     }
 

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 /// Marks planbot's fork notice so it is posted once per MR.
 pub const FORK_NOTICE_MARKER: &str = "<!-- planbot:fork-notice -->";
 /// Marks the merged banner inside the plan note.
-pub const MERGED_BANNER_MARKER: &str = "<!-- planbot:merged -->";
+pub use crate::core::render::MERGED_BANNER_MARKER;
 
 fn render(name: &str, ctx: minijinja::Value) -> Result<String> {
     Ok(

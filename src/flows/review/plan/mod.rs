@@ -148,6 +148,10 @@ async fn plan(
         banners: prepared.banners.clone(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         hints: note::sandbox_hints(app, &planned.results),
+        invalid_file: prepared
+            .proposed_invalid
+            .as_ref()
+            .map(|_| crate::core::repo_config::FILE_NAME.to_string()),
         ..NoteContext::default()
     };
     let policies = note::policy_verdicts(&prepared.policies, &planned.results, &scrubber);
@@ -163,10 +167,34 @@ async fn plan(
     let body = note::compose_note(ctx, &planned.results, &scrubber);
     note::upsert_note(app, job.project, job.mr, &body).await?;
 
-    let recorded = record::record(app, job, planned.results, &policies, &body, &scrubber).await?;
+    let recorded = record::record(
+        app,
+        job,
+        planned.results,
+        &policies,
+        &body,
+        &scrubber,
+        prepared.proposed_invalid.is_some(),
+    )
+    .await?;
     drop(prepared.checkout);
 
-    let (state, description) = record::final_status(&recorded, &app.scrubber);
+    let (state, description) = match &prepared.proposed_invalid {
+        // The MR breaks `.planbot.toml`: merged as is, nothing could be planned.
+        Some(err) => (
+            StatusState::Failed,
+            text(
+                &app.scrubber,
+                "invalid_proposed",
+                minijinja::context! {
+                    file => crate::core::repo_config::FILE_NAME,
+                    problem => err.problems.first().map(|p| p.to_string()).unwrap_or_default(),
+                    more => err.problems.len().saturating_sub(1),
+                },
+            ),
+        ),
+        None => record::final_status(&recorded, &app.scrubber),
+    };
     set_status(
         app,
         job.project,
@@ -313,6 +341,11 @@ mod tests {
                 &none,
                 "invalid_config",
                 context! { file => ".planbot.toml", branch => "main", problem => "line 3, column 1: key `roots[0].directory`: unknown key" },
+            ),
+            text(
+                &none,
+                "invalid_proposed",
+                context! { file => ".planbot.toml", problem => "line 6, column 1: key `roots[0].when_modifed`: unknown key `when_modifed`", more => 2 },
             ),
             text(
                 &none,

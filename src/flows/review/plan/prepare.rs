@@ -32,6 +32,9 @@ pub(super) struct Prepared {
     pub version: Option<String>,
     /// The policy sets that check the plans (planbot's own and the default branch's).
     pub policies: PolicySets,
+    /// The `.planbot.toml` this MR proposes, when it is broken: every problem of it (the note
+    /// lists them; the status fails, merged as is nothing could be planned).
+    pub proposed_invalid: Option<RepoConfigError>,
 }
 
 /// The MR moved past `job`'s head: make sure its newer head gets a plan even when that head's
@@ -148,7 +151,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
     let policies = PolicySets::load(app, project, &default_branch, &config)
         .await
         .context("reading the policy sets")?;
-    let (commit, changed, mut banners) =
+    let (commit, changed, mut banners, proposed_invalid) =
         commit_to_plan(app, job, &config, &target, &default_branch).await?;
     let checkout = ws.checkout(project, &commit.sha).await?;
     let engine = app.mr_engine(project, job.mr)?;
@@ -171,19 +174,21 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         engine,
         version,
         policies,
+        proposed_invalid,
     }))
 }
 
 /// The commit to plan (GitLab's merge result or the head, as the repo config asks and GitLab
-/// allows), the files the MR changes against its target, and the banner lines that say which
-/// commit was planned and, when the MR edits `.planbot.toml`, what the proposed config means.
+/// allows), the files the MR changes against its target, the banner lines that say which
+/// commit was planned and, when the MR edits `.planbot.toml`, what the proposed config means,
+/// and that proposed config's problems when it is broken.
 async fn commit_to_plan(
     app: &App,
     job: &PlanJob,
     config: &RepoConfig,
     target: &str,
     default_branch: &str,
-) -> Result<(MrCommit, Vec<String>, Vec<String>)> {
+) -> Result<(MrCommit, Vec<String>, Vec<String>, Option<RepoConfigError>)> {
     let (ws, project, iid, head) = (&app.workspace, job.project, job.mr, &job.head);
     let commit = ws
         .mr_commit(
@@ -211,13 +216,15 @@ async fn commit_to_plan(
             reason => &commit.reason,
         },
     )];
+    let mut invalid = None;
     if changed.iter().any(|f| f == repo_config::FILE_NAME) {
         let preview: Result<RepoConfig, RepoConfigError> =
             ws.repo_config_at(project, head.as_str()).await?;
         banners.push(repo_config::render_preview(&preview, default_branch));
+        invalid = preview.err();
     }
 
-    Ok((commit, changed, banners))
+    Ok((commit, changed, banners, invalid))
 }
 
 /// The default branch's `.planbot.toml` is invalid: say what is wrong, plan nothing.

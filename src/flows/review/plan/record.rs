@@ -30,7 +30,8 @@ pub(super) struct Recorded {
     pub roots: Vec<minijinja::Value>,
 }
 
-/// Stage 4: finish every run (its summary, scrubbed log and the note) and, for the clean plans,
+/// Stage 4: finish every run (its summary, scrubbed log and the note; failed when the plan
+/// errored, a finding is an error, or `blocked`: the MR's `.planbot.toml` is broken) and, for the clean plans,
 /// store the fingerprint shown on the MR and the secret-free digest a refused apply compares
 /// with. The plan files go away as the results are consumed.
 pub(super) async fn record(
@@ -40,6 +41,7 @@ pub(super) async fn record(
     policies: &[(String, Fingerprint, RecordedVerdict)],
     note: &str,
     scrubber: &Scrubber,
+    blocked: bool,
 ) -> Result<Recorded> {
     let key = app.config.fingerprint_key.expose().as_bytes();
     let mut rec = Recorded::default();
@@ -56,7 +58,10 @@ pub(super) async fn record(
                 let errored = planned.plan().errored;
                 let summary = Summary::of(planned.plan()).one_line();
                 let log = scrubber.scrub(planned.log()).into_owned();
-                let state = if errored {
+                // The run's outcome is the verdict the status and the headline carry: an
+                // error finding (STATE001, a lint error) or a broken `.planbot.toml` in the MR
+                // fails them, so it fails the run too.
+                let state = if errored || blocked || lint::status_description(&findings).is_some() {
                     RunState::Failed
                 } else {
                     RunState::Succeeded

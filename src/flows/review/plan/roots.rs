@@ -263,7 +263,7 @@ async fn plan_root(
                 let policy = check_policies.then(|| {
                     cpu_bound(|| prepared.policies.evaluate(&root.name, document, &findings))
                 });
-                if !preflight_notes.contains(&pf.note) {
+                if !pf.note.is_empty() && !preflight_notes.contains(&pf.note) {
                     preflight_notes.push(pf.note);
                 }
                 Outcome::Planned {
