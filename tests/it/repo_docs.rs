@@ -723,3 +723,57 @@ fn no_text_cites_a_document_the_repository_does_not_hold() {
         found.join("\n")
     );
 }
+
+/// Where a test named in docs/security.md's threat table lives: `module::name` in the
+/// integration tests (`tests/it/module.rs`), or a path in the library (`core::…::tests::name`,
+/// `capabilities::…::tests::name`, `flows::…::tests::name`) whose file holds `fn name`.
+fn test_is_defined(path: &str) -> bool {
+    let parts: Vec<&str> = path.split("::").collect();
+    let (name, modules) = parts.split_last().expect("a path");
+    let defines = |file: PathBuf| {
+        std::fs::read_to_string(file).is_ok_and(|text| text.contains(&format!("fn {name}(")))
+    };
+    if let [module] = modules {
+        return defines(repo().join(format!("tests/it/{module}.rs")));
+    }
+    let modules: Vec<&str> = modules.iter().copied().filter(|m| *m != "tests").collect();
+    let base = repo().join("src").join(modules.join("/"));
+    [
+        base.with_extension("rs"),
+        base.join("mod.rs"),
+        base.join("tests.rs"),
+    ]
+    .into_iter()
+    .any(defines)
+}
+
+#[test]
+fn every_test_the_threat_table_names_exists() {
+    let page = read("docs/security.md");
+    let table = page
+        .split_once("## The threat table")
+        .and_then(|(_, rest)| rest.split("\n## ").next())
+        .expect("docs/security.md has a section `## The threat table`");
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for row in table
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.ends_with(" |"))
+    {
+        let test_cell = row.trim_end_matches(" |").rsplit(" | ").next().unwrap();
+        for span in test_cell.split('`').skip(1).step_by(2) {
+            if !span.contains("::") || span.contains(' ') {
+                continue;
+            }
+            named += 1;
+            if !test_is_defined(span) {
+                missing.push(span.to_string());
+            }
+        }
+    }
+    assert!(named >= 30, "the threat table names only {named} tests");
+    assert!(
+        missing.is_empty(),
+        "docs/security.md's threat table names tests that do not exist: {missing:?}"
+    );
+}
