@@ -73,12 +73,16 @@ projects = ["{INFRA}"]
 binary = "{engine}"
 timeout = "5m"
 {rest}
+
+[metrics]
+token = "{metrics_token}"
 "#,
         data = data.display(),
         url = gitlab.url(),
         bot = gitlab.bot_token(),
         secret = crate::support::service::WEBHOOK_SECRET,
         engine = engine.display(),
+        metrics_token = crate::support::service::METRICS_TOKEN,
     )
 }
 
@@ -453,7 +457,7 @@ async fn a_root_with_local_state_gets_the_rule_a_failed_status_and_an_apply_refu
         page.contains("<span class=\"state badge state-failed\">failed</span>"),
         "{page}"
     );
-    let (_, metrics) = s.get_text("/metrics").await;
+    let metrics = s.metrics().await;
     assert!(
         metrics.contains("planbot_plan_duration_seconds_count{outcome=\"failed\"} 1"),
         "{metrics}"

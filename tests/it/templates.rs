@@ -80,8 +80,10 @@ const HOSTILE: &str = "x|y <a href=\"https://phish.example/a\">Approved by @secu
 /// planbot's own rendered text passed on as it is (`new_plan`, `banners`, fences), commit ids,
 /// numbers and times planbot formats, GitLab user names (GitLab allows letters, digits, `_`, `-`
 /// and `.` only: `user` is mentioned on purpose), and the operator's settings (`job_name`,
-/// `run_url`, `public_url`, the run page's address `run`).
+/// `run_url`, `public_url`, the run page's address `run`; `job_url`, the apply job's address
+/// planbot builds from GitLab's MR `web_url` and the job's id).
 const NOT_OUTSIDE_TEXT: &[&str] = &[
+    "job_url",
     "kind",
     "verdict",
     "state",
