@@ -1680,3 +1680,77 @@ fn what_cargo_install_builds_is_stripped_and_a_release_says_where_to_download() 
         "{container}"
     );
 }
+
+/// A memory size as systemd (`8G`), Docker Compose (`8g`) or Kubernetes (`8Gi`, or `8G` in
+/// powers of ten) writes it, in bytes.
+fn memory_bytes(text: &str) -> u64 {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().unwrap_or_else(|_| panic!("a size: {text}"));
+    let factor: u64 = match unit {
+        "" | "b" => 1,
+        "K" | "k" | "Ki" => 1 << 10,
+        "M" | "m" | "Mi" => 1 << 20,
+        "G" | "g" | "Gi" => 1 << 30,
+        "T" | "t" | "Ti" => 1 << 40,
+        other => panic!("a unit of memory: {other} in {text}"),
+    };
+    number * factor
+}
+
+#[test]
+fn every_recipe_gives_the_engines_the_memory_planbots_caps_allow() {
+    // At most `max_concurrent_plans` plans at once, each engine process up to `memory_max`:
+    // a recipe whose limit is lower ends a big plan with the OOM killer of its container or
+    // unit, where planbot would have stopped it at its cap with a note that names the cap.
+    let env = [(
+        "CREDENTIALS_DIRECTORY".to_string(),
+        "/run/credentials/planbot.service".to_string(),
+    )];
+    let config = planbot::core::config::Config::load(&read("deploy/planbot.toml"), &env, &|_| {
+        Ok("a-secret-value-for-the-memory-check-0123456789\n".to_string())
+    })
+    .expect("the starting config loads");
+    let plans = config.plan.max_concurrent_plans as u64;
+    let need = plans * config.sandbox.memory_max;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut limits = vec![(
+        UNIT.to_string(),
+        unit_values(&read(UNIT), "MemoryMax")
+            .first()
+            .map(|v| memory_bytes(v))
+            .expect("the unit sets MemoryMax"),
+    )];
+    let compose = yaml(COMPOSE);
+    let services = compose["services"].as_mapping().expect("services");
+    for (name, service) in services {
+        if let Some(limit) = service.get("mem_limit").and_then(|v| v.as_str()) {
+            limits.push((format!("{COMPOSE} ({name:?})"), memory_bytes(limit)));
+        }
+    }
+    assert!(limits.len() == 2, "{COMPOSE} sets mem_limit: {limits:?}");
+    for manifest in [
+        "deploy/kubernetes/single/statefulset.yaml",
+        "deploy/kubernetes/replicas/deployment.yaml",
+    ] {
+        let doc = yaml(manifest);
+        let limit = doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+            ["memory"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{manifest} sets limits.memory"));
+        limits.push((manifest.to_string(), memory_bytes(limit)));
+    }
+    for (recipe, limit) in &limits {
+        assert!(
+            *limit >= need,
+            "{recipe} limits memory to {:.1} GiB, under what planbot's caps let its engines take: \
+             {plans} plans × memory_max {:.1} GiB = {:.1} GiB",
+            gib(*limit),
+            gib(config.sandbox.memory_max),
+            gib(need)
+        );
+    }
+}
