@@ -43,14 +43,14 @@ impl From<Format> for planbot::flows::cli::render::Format {
     }
 }
 
-/// `--engine-name` of `planbot render`.
-/// `planbot render --budget`: which size limit the note is cut to.
+/// `--budget` of `planbot render` and `planbot plan`: which size limit the note is cut to.
 #[derive(Clone, Copy, ValueEnum)]
 enum BudgetArg {
     /// GitLab's note size budget, as planbot posts it on a merge request.
     Gitlab,
 }
 
+/// `--engine-name` of `planbot render`.
 #[derive(Clone, Copy, ValueEnum)]
 enum EngineName {
     #[value(alias = "opentofu")]
@@ -139,6 +139,10 @@ enum Command {
         /// The Rego package of the policies' rules.
         #[arg(long, default_value = "main", requires = "policy")]
         namespace: String,
+        /// `gitlab`: cut the note to GitLab's size budget, as on a merge request (default: the
+        /// whole plan; locally there is no GitLab limit).
+        #[arg(long, value_enum)]
+        budget: Option<BudgetArg>,
     },
     /// Rego policies over plans, as conftest runs them.
     Policy {
@@ -303,6 +307,7 @@ fn main() -> ExitCode {
             no_sandbox,
             policy,
             namespace,
+            budget,
         } => planbot::flows::cli::plan::plan_command(
             &dir,
             engine.as_deref(),
@@ -316,6 +321,7 @@ fn main() -> ExitCode {
                     limit: planbot::core::policy::DEFAULT_LIMIT,
                     output: planbot::flows::cli::policy::Output::Text,
                 }),
+                gitlab_budget: matches!(budget, Some(BudgetArg::Gitlab)),
             },
             fingerprint_key.as_deref(),
             timeout,

@@ -1,6 +1,7 @@
 //! `planbot plan DIR` as a user runs it: the quickstart plans, var files and `--var` change what
 //! is planned, a broken root or a missing var file exits 1 with a clear redacted error, a
-//! non-plan exits 2, a hanging engine is stopped, and no file is left behind.
+//! non-plan exits 2, a hanging engine is stopped, no file is left behind, and a big plan is
+//! printed whole unless `--budget gitlab` asks for the note GitLab would get.
 
 use crate::support::fake_engine as fake;
 
@@ -456,4 +457,57 @@ fn help_names_check_config_as_check_repo_configs_earlier_name() {
         line.contains("(`check-config`, its earlier name, still works)"),
         "{line}"
     );
+}
+
+#[test]
+fn a_local_plan_prints_the_whole_plan_unless_asked_for_gitlabs_budget() {
+    // Issue 35 item 9: locally there is no GitLab note limit. 2,000 creates with a 40-line input
+    // each: a note of about 2.2 million characters, past planbot's note budget (500,000) and
+    // GitLab's limit (1,000,000); the engine plans it in about 3 s.
+    let engine = require_engine!();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        r#"resource "terraform_data" "vm" {
+  count = 2000
+  input = join("\n", [for l in range(40) : "line ${l} of vm ${count.index}"])
+}
+"#,
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let engine_arg = engine.to_str().unwrap();
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["--engine", engine_arg, "--format", "markdown"];
+        args.extend_from_slice(extra);
+        let out = planbot_plan(root.path(), tmp.path(), &args);
+        let note = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}\n{}",
+            &note[..2000.min(note.len())],
+            String::from_utf8_lossy(&out.stderr)
+        );
+        note
+    };
+    let tail = |note: &str| note[note.len().saturating_sub(1500)..].to_string();
+
+    // Without a flag: every resource with its diff, nothing left out.
+    let whole = plan(&[]);
+    assert!(!whole.contains("left out"), "{}", tail(&whole));
+    assert!(
+        whole.contains("terraform_data.vm&#91;1999&#93;") && whole.contains("line 39 of vm 1999"),
+        "the last resource's diff is missing: {}",
+        tail(&whole)
+    );
+
+    // `--budget gitlab`: the note GitLab would get, under its limit, with diffs left out.
+    let cut = plan(&["--budget", "gitlab"]);
+    let (cut_chars, whole_chars) = (cut.chars().count(), whole.chars().count());
+    assert!(
+        cut_chars <= planbot::core::render::NOTE_BUDGET && whole_chars > 1_000_000,
+        "{cut_chars} / {whole_chars} characters"
+    );
+    assert!(cut.contains("left out"), "{}", tail(&cut));
 }

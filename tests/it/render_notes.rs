@@ -680,3 +680,25 @@ fn the_policies_section_lists_each_set_its_messages_owners_and_approvals() {
     assert!(note.contains("**Policies** · sets from the default branch `main` and planbot's own"));
     insta::assert_snapshot!(note);
 }
+
+#[test]
+fn a_local_plan_cut_to_gitlabs_budget_points_to_the_command_that_prints_it_whole() {
+    // `planbot plan DIR --budget gitlab`: no run page and no plan file; the hint names the
+    // command that prints the whole plan, the directory in a code span.
+    let plan = huge_plan(600, 4, 0);
+    let ctx = NoteContext {
+        local_run: true,
+        budget: 20_000,
+        plan_dir: Some("infra/my `core`".into()),
+        ..NoteContext::default()
+    };
+    let note = note_with(&plan, &[], &ctx);
+    assert!(
+        note.contains(
+            "left out** to keep this note under GitLab's size limit — see the full plan \
+             (`` planbot plan infra/my `core` ``, without `--budget`)."
+        ),
+        "{}",
+        &note[note.len().saturating_sub(800)..]
+    );
+}

@@ -93,6 +93,9 @@ pub struct NoteContext {
     pub local_run: bool,
     /// The plan file a local `planbot render` read: the "full plan" hint names it.
     pub plan_file: Option<String>,
+    /// The root a local `planbot plan DIR --budget gitlab` planned: the "full plan" hint names
+    /// the command that prints it whole.
+    pub plan_dir: Option<String>,
     /// A file the MR changes that is broken (its `.planbot.toml`): it fails the status, so
     /// the headline is red and names it, whatever the plans say.
     pub invalid_file: Option<String>,
@@ -266,6 +269,7 @@ struct NoteView<'a> {
     run_url: Option<&'a str>,
     run_hint: Option<&'a str>,
     plan_file: Option<&'a str>,
+    plan_dir: Option<&'a str>,
     replan_hint: bool,
     engine: Option<&'a str>,
     engine_name: &'static str,
@@ -725,6 +729,7 @@ fn build_view<'a, 'r>(
         run_url: ctx.run_url.as_deref(),
         run_hint: ctx.run_hint.as_deref(),
         plan_file: ctx.plan_file.as_deref(),
+        plan_dir: ctx.plan_dir.as_deref(),
         replan_hint: !ctx.local_run,
         engine: ctx.engine.as_deref(),
         engine_name,

@@ -55,11 +55,14 @@ fn resolve_var_files(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
-/// What a local run prints: the note in `format`, then, with `--policy`, the policies' result.
+/// What a local run prints: the note in `format` (the whole plan, or cut to GitLab's note
+/// budget with `gitlab_budget`), then, with `--policy`, the policies' result.
 #[derive(Debug, Clone)]
 pub struct Printed {
     pub format: Format,
     pub policy: Option<PolicyOptions>,
+    /// `--budget gitlab`: cut the note as on a merge request. Locally there is no GitLab limit.
+    pub gitlab_budget: bool,
 }
 
 pub fn plan_command(
@@ -71,7 +74,11 @@ pub fn plan_command(
     variables: Variables,
     sandbox: Option<SandboxProfile>,
 ) -> Result<ExitCode> {
-    let Printed { format, policy } = printed;
+    let Printed {
+        format,
+        policy,
+        gitlab_budget,
+    } = printed;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -81,16 +88,18 @@ pub fn plan_command(
         format,
         key: &key,
         policy: policy.as_ref(),
+        gitlab_budget,
     };
     rt.block_on(run(dir, engine, local, timeout, variables, sandbox))
 }
 
-/// How a local run's result is printed: the note's format, the fingerprint key, and the
-/// policies checked after the plan (`--policy`).
+/// How a local run's result is printed: the note's format, the fingerprint key, the policies
+/// checked after the plan (`--policy`), and whether the note is cut to GitLab's budget.
 struct LocalRun<'a> {
     format: Format,
     key: &'a [u8],
     policy: Option<&'a PolicyOptions>,
+    gitlab_budget: bool,
 }
 
 /// The local plan of `dir`, in steps: the engine for a local run ([`local_engine`]), the plan
@@ -124,6 +133,10 @@ async fn run(
         local_run: true,
         engine: Some(version.to_string()),
         duration: Some(started.elapsed()),
+        // Locally there is no GitLab limit: the whole plan, unless `--budget gitlab` asks for
+        // the note GitLab would get (0 is GitLab's budget).
+        budget: if local.gitlab_budget { 0 } else { usize::MAX },
+        plan_dir: Some(dir.display().to_string()),
         ..NoteContext::default()
     };
     print_result(result, &runner, &root_name(dir), ctx, local)
