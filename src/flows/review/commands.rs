@@ -51,6 +51,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
             author,
             command,
             head,
+            written_at,
             ..
         } => {
             let asked = Asked {
@@ -60,6 +61,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
                 author: *author,
                 command: *command,
                 head: head.clone(),
+                written_at: *written_at,
             };
             run_command(app, asked).await
         }
@@ -167,6 +169,18 @@ async fn find_note(
     mr: MrIid,
     marker: &str,
 ) -> Result<Option<(crate::core::ids::NoteId, String)>> {
+    Ok(find_planbot_note(app, project, mr, marker)
+        .await?
+        .map(|n| (n.id, n.body)))
+}
+
+/// [`find_note`], the whole note (with when GitLab last saw it edited).
+pub(crate) async fn find_planbot_note(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+    marker: &str,
+) -> Result<Option<crate::capabilities::gitlab::Note>> {
     let bot = app.bot_user().await?;
     let notes = gl(app, "mr_notes", app.gitlab.mr_notes(project, mr).await)?;
     let cached = if marker == NOTE_MARKER {
@@ -179,7 +193,7 @@ async fn find_note(
             !n.system && n.author.as_ref().is_some_and(|a| a.id == bot) && n.body.contains(marker)
         })
     });
-    Ok(found.map(|n| (n.id, n.body.clone())))
+    Ok(found.cloned())
 }
 
 fn plan_job_for(
@@ -222,6 +236,8 @@ struct Asked {
     command: Command,
     /// The MR's head when the comment was made (`merge_request.last_commit.id` of the event).
     head: Option<CommitSha>,
+    /// When the comment was written (unix ms, GitLab's clock), when the event said.
+    written_at: Option<i64>,
 }
 
 async fn run_command(app: &App, asked: Asked) -> Result<()> {
@@ -315,6 +331,7 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                 author,
                 &head,
                 landed.as_ref(),
+                asked.written_at,
             )
             .await?;
             gl(
