@@ -227,6 +227,9 @@ pub struct Note {
     /// System notes ("added 1 commit") are written by GitLab itself.
     #[serde(default, deserialize_with = "null_default")]
     pub system: bool,
+    /// When the note was last edited (or written), on GitLab's clock.
+    #[serde(default)]
+    pub updated_at: Option<String>,
 }
 
 /// The state of a commit status (`planbot/plan`, `planbot/apply`).

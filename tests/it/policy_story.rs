@@ -683,6 +683,120 @@ async fn an_approval_written_on_one_head_is_not_recorded_for_a_head_pushed_meanw
     assert_eq!(w.policy_status(&b).0, "success");
 }
 
+/// The default branch's set after it moved: every new VM is also a capacity question, with
+/// another message (the same set and owners, another failing verdict of the same plan).
+const NEW_VMS_STRICTER_REGO: &str = r#"package main
+
+import rego.v1
+
+deny contains msg if {
+	some rc in input.resource_changes
+	rc.type == "terraform_data"
+	rc.name == "vm"
+	"create" in rc.change.actions
+	msg := sprintf("%s needs rack space: the capacity team approves it", [rc.address])
+}
+"#;
+
+/// The same head planned again with another failing verdict between Carol's reading and
+/// planbot's handling of her comment: nothing is recorded for the verdict she never saw, the
+/// reply says why, and a comment written on the new note approves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_written_on_one_plan_is_not_recorded_for_the_same_head_planned_again_meanwhile()
+{
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    let iid = w
+        .open_mr(
+            &s,
+            "one-vm",
+            &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
+        )
+        .await;
+    let p1 = unescaped(&w.wait_for_plan(&s, iid).await);
+    assert!(p1.contains("is a new VM"), "{p1}");
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    assert_eq!(w.policy_status(&head).0, "failed");
+
+    // Carol reads P1 and comments; before planbot handles it, `main`'s set changes and Alice
+    // asks for a new plan of the same head: P2 fails the set with another message.
+    let before = w.gitlab.notes(&w.project, iid).len();
+    let hook = w
+        .gitlab
+        .note_webhook(&w.project, iid, &w.carol, "planbot approve policies");
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[("policies/new_vms.rego", NEW_VMS_STRICTER_REGO)],
+    );
+    let replan = w
+        .gitlab
+        .note_webhook(&w.project, iid, &w.alice, "planbot plan");
+    let headers = crate::support::service::token_headers(
+        "Note Hook",
+        &format!("note-{iid}-replan"),
+        crate::support::service::WEBHOOK_SECRET,
+    );
+    assert_eq!(s.deliver(&replan.to_string(), &headers).await, 200);
+    let (gitlab, project) = (&w.gitlab, &w.project);
+    s.after_job_ends("the new plan of the same head", 90, || async {
+        gitlab.notes(project, iid).iter().any(|n| {
+            n.body.contains(planbot::core::render::NOTE_MARKER)
+                && unescaped(&n.body).contains("needs rack space")
+        })
+    })
+    .await;
+    assert_eq!(w.gitlab.mr_sha(&w.project, iid), head, "the same head");
+    let (state, description) = w.policy_status(&head);
+    assert_eq!(state, "failed", "{description}");
+    assert!(description.contains("needs rack space"), "{description}");
+
+    let headers = crate::support::service::token_headers(
+        "Note Hook",
+        &format!("note-{iid}-{before}"),
+        crate::support::service::WEBHOOK_SECRET,
+    );
+    assert_eq!(s.deliver(&hook.to_string(), &headers).await, 200);
+    s.after_job_ends("planbot's reply", 60, || async {
+        gitlab
+            .notes(project, iid)
+            .iter()
+            .skip(before + 1)
+            .any(|n| n.body.starts_with("@carol "))
+    })
+    .await;
+    let reply = w
+        .gitlab
+        .notes(&w.project, iid)
+        .into_iter()
+        .skip(before + 1)
+        .find(|n| n.body.starts_with("@carol "))
+        .unwrap()
+        .body;
+    assert!(
+        reply.contains(&format!(
+            "`planbot approve policies` was not recorded: the plan note of `{}` was updated at",
+            &head[..8]
+        )) && reply.contains("after the comment was written"),
+        "{reply}"
+    );
+    let (state, description) = w.policy_status(&head);
+    assert_eq!(state, "failed", "P2 was never approved: {description}");
+    assert!(description.contains("needs rack space"), "{description}");
+
+    // Her comment on the note that shows P2 approves P2.
+    let reply = w
+        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .await;
+    assert!(
+        reply.contains("approved, for the plan shown for"),
+        "{reply}"
+    );
+    assert_eq!(w.policy_status(&head).0, "success");
+}
+
 /// The same escape by a fast-forward merge (the MR's own commits become `main`'s first
 /// parents), with the set kept but its rules relaxed and its owners rewritten to the author's
 /// colleague: the set judging the apply is `main`'s before the merge, with its owners.

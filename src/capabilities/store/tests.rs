@@ -471,6 +471,7 @@ async fn a_claim_skips_the_jobs_of_an_author_or_an_mr_that_holds_its_share() {
                 author: crate::core::ids::UserId(9),
                 command: crate::core::events::Command::Help,
                 head: None,
+                written_at: None,
                 fork: false,
             })
             .await

@@ -515,6 +515,7 @@ mod tests {
                 author: crate::core::ids::UserId(4),
                 command: crate::core::events::Command::Help,
                 head: None,
+                written_at: None,
                 fork: false,
             },
             Job::ForkNotice {

@@ -3,7 +3,7 @@
 
 use super::commands::parse_command;
 use super::job::{Job, PlanJob, PlanReason};
-use super::payloads::{is_sha, Commit, MergeRequestHook, MrAttributes, NoteHook};
+use super::payloads::{gitlab_time_ms, is_sha, Commit, MergeRequestHook, MrAttributes, NoteHook};
 use crate::core::config::Allowlist;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, UserId};
 
@@ -341,6 +341,7 @@ fn decide_note(hook: &NoteHook, allow: &Allowlist) -> Decision {
         author: UserId(author),
         command,
         head: mr_attrs.last_commit.as_ref().and_then(Commit::sha),
+        written_at: note.created_at.as_deref().and_then(gitlab_time_ms),
         fork: is_fork(mr_attrs),
     }])
     .about(project, mr)
@@ -594,8 +595,11 @@ mod tests {
                 head,
                 note,
                 fork,
+                written_at,
                 ..
             }] => {
+                // `2015-05-17 18:21:36 UTC`
+                assert_eq!(*written_at, Some(1_431_886_896_000));
                 assert_eq!(
                     (*project, *mr, *author),
                     (ProjectId(5), MrIid(1), UserId(1))

@@ -74,6 +74,10 @@ pub enum Job {
         command: Command,
         /// The MR head at the time of the note, when the payload had it (the job re-reads the MR).
         head: Option<CommitSha>,
+        /// When the note was written (`object_attributes.created_at`, unix ms on GitLab's clock):
+        /// an approval is for the plan note as it was then.
+        #[serde(default)]
+        written_at: Option<i64>,
         fork: bool,
     },
     /// A fork MR was opened/updated: say once that a maintainer must run `planbot plan`.
@@ -236,6 +240,7 @@ mod author_tests {
                 author: UserId(9),
                 command: Command::Help,
                 head: None,
+                written_at: None,
                 fork: false,
             },
             Job::Closed {

@@ -10,6 +10,6 @@ pub use commands::{parse_command, Command};
 pub use decision::{decide, event_label, Decision, EventKind, OutcomeKind};
 pub use job::{Job, PlanJob, PlanReason, Redundant, Supersede, AUTHOR_FIELDS};
 pub use payloads::{
-    Change, Commit, MergeRequestHook, MrAttributes, MrChanges, NoteAttributes, NoteHook, Project,
-    User,
+    gitlab_time_ms, Change, Commit, MergeRequestHook, MrAttributes, MrChanges, NoteAttributes,
+    NoteHook, Project, User,
 };

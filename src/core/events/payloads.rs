@@ -102,6 +102,43 @@ pub struct NoteAttributes {
     pub author_id: Option<u64>,
     pub system: Option<bool>,
     pub action: Option<String>,
+    /// When the note was written, on GitLab's clock (`2015-05-17 18:21:36 UTC` or RFC 3339).
+    pub created_at: Option<String>,
+}
+
+/// A GitLab timestamp in unix milliseconds: RFC 3339 (`2019-06-05T14:32:20.211Z`) or the
+/// webhooks' `2015-05-17 18:21:36 UTC` / `2015-05-17 18:21:36 +0200`; `None` for anything else.
+pub fn gitlab_time_ms(text: &str) -> Option<i64> {
+    let text = text.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Some(t.timestamp_millis());
+    }
+    if let Some(utc) = text.strip_suffix(" UTC") {
+        return chrono::NaiveDateTime::parse_from_str(utc, "%Y-%m-%d %H:%M:%S%.f")
+            .ok()
+            .map(|t| t.and_utc().timestamp_millis());
+    }
+    chrono::DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f %z")
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::gitlab_time_ms;
+
+    #[test]
+    fn gitlab_timestamps_parse_in_each_format_and_nothing_else() {
+        let utc = 1_431_886_896_000; // 2015-05-17 18:21:36 UTC
+        assert_eq!(gitlab_time_ms("2015-05-17 18:21:36 UTC"), Some(utc));
+        assert_eq!(gitlab_time_ms("2015-05-17T18:21:36Z"), Some(utc));
+        assert_eq!(gitlab_time_ms("2015-05-17T18:21:36.211Z"), Some(utc + 211));
+        assert_eq!(gitlab_time_ms("2015-05-17 20:21:36 +0200"), Some(utc));
+        assert_eq!(gitlab_time_ms("2015-05-17T20:21:36+02:00"), Some(utc));
+        for bad in ["", "yesterday", "2015-05-17", "1431886896"] {
+            assert_eq!(gitlab_time_ms(bad), None, "{bad}");
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -313,6 +313,39 @@ impl App {
             .context("GET /user")?;
         Ok(*id)
     }
+
+    /// planbot's own comment on an MR that holds `marker`: the one the store remembers for the
+    /// plan note ([`crate::core::render::NOTE_MARKER`]), else the first one the bot user wrote
+    /// with the marker (a look-alike another user wrote is never planbot's). The whole note,
+    /// with when GitLab last saw it edited.
+    pub async fn planbot_note(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        marker: &str,
+    ) -> Result<Option<crate::capabilities::gitlab::Note>> {
+        let bot = self.bot_user().await?;
+        let notes = match self.gitlab.mr_notes(project, mr).await {
+            Ok(notes) => notes,
+            Err(e) => {
+                self.metrics.gitlab_error("mr_notes");
+                return Err(anyhow::Error::new(e).context("mr_notes"));
+            }
+        };
+        let cached = if marker == crate::core::render::NOTE_MARKER {
+            self.store.mr_note(project, mr).await?
+        } else {
+            None
+        };
+        let found = notes.iter().find(|n| Some(n.id) == cached).or_else(|| {
+            notes.iter().find(|n| {
+                !n.system
+                    && n.author.as_ref().is_some_and(|a| a.id == bot)
+                    && n.body.contains(marker)
+            })
+        });
+        Ok(found.cloned())
+    }
 }
 
 /// At start-up: delete every run directory a crash left in the private (0700) temp root, so no

@@ -51,6 +51,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
             author,
             command,
             head,
+            written_at,
             ..
         } => {
             let asked = Asked {
@@ -60,6 +61,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
                 author: *author,
                 command: *command,
                 head: head.clone(),
+                written_at: *written_at,
             };
             run_command(app, asked).await
         }
@@ -167,19 +169,10 @@ async fn find_note(
     mr: MrIid,
     marker: &str,
 ) -> Result<Option<(crate::core::ids::NoteId, String)>> {
-    let bot = app.bot_user().await?;
-    let notes = gl(app, "mr_notes", app.gitlab.mr_notes(project, mr).await)?;
-    let cached = if marker == NOTE_MARKER {
-        app.store.mr_note(project, mr).await?
-    } else {
-        None
-    };
-    let found = notes.iter().find(|n| Some(n.id) == cached).or_else(|| {
-        notes.iter().find(|n| {
-            !n.system && n.author.as_ref().is_some_and(|a| a.id == bot) && n.body.contains(marker)
-        })
-    });
-    Ok(found.map(|n| (n.id, n.body.clone())))
+    Ok(app
+        .planbot_note(project, mr, marker)
+        .await?
+        .map(|n| (n.id, n.body)))
 }
 
 fn plan_job_for(
@@ -222,6 +215,8 @@ struct Asked {
     command: Command,
     /// The MR's head when the comment was made (`merge_request.last_commit.id` of the event).
     head: Option<CommitSha>,
+    /// When the comment was written (unix ms, GitLab's clock), when the event said.
+    written_at: Option<i64>,
 }
 
 async fn run_command(app: &App, asked: Asked) -> Result<()> {
@@ -315,6 +310,7 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                 author,
                 &head,
                 landed.as_ref(),
+                asked.written_at,
             )
             .await?;
             gl(

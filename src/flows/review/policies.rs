@@ -160,6 +160,7 @@ pub(crate) async fn approve(
     author: UserId,
     head: &CommitSha,
     landed: Option<&CommitSha>,
+    written_at: Option<i64>,
 ) -> Result<String> {
     let user = app
         .gitlab
@@ -185,6 +186,19 @@ pub(crate) async fn approve(
                 checked_at_apply.push(v);
             }
         }
+    }
+    // The same head may have been planned again since the comment was written (a `planbot
+    // plan`, a re-plan after the default branch moved) and show another plan or verdict: the
+    // approval is for the note its owner read. The note is edited before a plan's verdict is
+    // recorded, so read after the verdicts: a verdict read here was shown by a note edit that
+    // this check sees. Both times are GitLab's own.
+    if let Some(edited) = plan_changed_since(app, project, mr, written_at).await? {
+        tracing::info!(
+            project = project.0,
+            mr = mr.0,
+            "`planbot approve policies` refused: the plan note changed since the comment"
+        );
+        return replanned_reply(&user.username, head, edited.as_deref());
     }
     let approvals = app.store.policy_approvals(project, mr).await?;
     let mut approved: Vec<Waiting> = Vec::new();
@@ -259,6 +273,49 @@ pub(crate) async fn approve(
     Ok(body.trim_end().to_string() + "\n")
 }
 
+/// `Some(when the plan note was last edited)` when it was edited at or after the comment was
+/// written (`written_at`, unix ms), or when either time is unknown (the event said none, the note
+/// is gone or GitLab gave no time): the owner cannot be shown to have read what is recorded
+/// now. A second-precision `created_at` counts from the start of its second, so a note edited
+/// in the same second refuses too.
+async fn plan_changed_since(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+    written_at: Option<i64>,
+) -> Result<Option<Option<String>>> {
+    let note = app
+        .planbot_note(project, mr, crate::core::render::NOTE_MARKER)
+        .await?;
+    let edited = note.and_then(|n| n.updated_at);
+    let edited_ms = edited
+        .as_deref()
+        .and_then(crate::core::events::gitlab_time_ms);
+    Ok(match (written_at, edited_ms) {
+        (Some(written), Some(edited_ms)) if edited_ms < written => None,
+        _ => Some(edited),
+    })
+}
+
+/// The reply to `planbot approve policies` when the head's plan note changed after the comment
+/// was written (`edited`: when, as GitLab says): nothing is recorded.
+pub(crate) fn replanned_reply(
+    username: &str,
+    head: &CommitSha,
+    edited: Option<&str>,
+) -> Result<String> {
+    let body = crate::core::templates::render(
+        "comments/policy_approval.md.j2",
+        context! {
+            kind => "reply_replanned",
+            username => username,
+            sha => head.short(),
+            edited => edited,
+        },
+    )?;
+    Ok(body.trim_end().to_string() + "\n")
+}
+
 /// The reply to `planbot approve policies` when the MR is no longer at the head the comment
 /// was made on (`commented`; `None`: the event named no head): nothing is recorded.
 pub(crate) fn moved_reply(
@@ -290,6 +347,11 @@ mod tests {
             moved_reply("carol", None, &head).unwrap(),
         ];
         insta::assert_snapshot!("approval_moved", moved.join("\n"));
+        let replanned = [
+            replanned_reply("carol", &head, Some("2026-12-06T00:51:02.123Z")).unwrap(),
+            replanned_reply("carol", &head, None).unwrap(),
+        ];
+        insta::assert_snapshot!("approval_replanned", replanned.join("\n"));
         let at_apply = crate::core::templates::render(
             "comments/policy_approval.md.j2",
             context! {

@@ -173,6 +173,13 @@ impl FakeGitLab {
         oa["note"] = json!(body);
         oa["author_id"] = json!(user.id);
         oa["project_id"] = json!(p.id);
+        // GitLab's clock: the note's own creation time, the one its API shows.
+        oa["created_at"] = json!(logical_time(
+            mr.notes
+                .iter()
+                .find(|n| n.id == note_id)
+                .map_or(note_id, |n| n.created)
+        ));
         oa["noteable_id"] = json!(mr.id);
         oa["url"] = json!(format!(
             "{}/{}/-/merge_requests/{}#note_{note_id}",
