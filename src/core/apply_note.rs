@@ -1,8 +1,8 @@
 //! The MR notes of the apply half: "plan changed since review" refusals and apply results.
 
+use crate::core::markdown::fence_for;
 use crate::core::plan_digest::PlanDelta;
 use crate::core::redact::Scrubber;
-use crate::core::render::markdown::fence_for;
 use minijinja::context;
 use serde::Serialize;
 

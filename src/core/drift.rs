@@ -7,9 +7,9 @@
 //! apply job: a merged MR whose apply has not run yet explains them, and the issue says so
 //! instead of calling it drift.
 
+use crate::core::markdown::fence_for;
 use crate::core::plan::{Plan, ResourceChange};
 use crate::core::redact::Scrubber;
-use crate::core::render::markdown::fence_for;
 use minijinja::context;
 use serde::Serialize;
 use serde_json::Value;

@@ -11,14 +11,14 @@ use crate::core::defuse::defuse as defuse_text;
 use crate::core::events::{decide, Job, OutcomeKind};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::lint::lint;
+use crate::core::markdown::{
+    code_span, fence_for, gitlab_flavour, html_escape, inline_text, neutralise, table_code,
+    table_text,
+};
 use crate::core::note_html::note_to_html;
 use crate::core::plan::Plan;
 use crate::core::policy::sets::Owner;
 use crate::core::redact::{Secrets, REDACTED};
-use crate::core::render::markdown::{
-    code_span, fence_for, gitlab_flavour, html_escape, inline_text, neutralise, table_code,
-    table_text,
-};
 use crate::core::render::terminal::note_as_text;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
 use crate::core::repo_config::{self, RepoConfig, RootState};

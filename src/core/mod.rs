@@ -15,6 +15,7 @@ pub mod fingerprint;
 pub mod fuzzing;
 pub mod ids;
 pub mod lint;
+pub mod markdown;
 pub mod note_html;
 pub mod plan;
 pub mod plan_budget;

@@ -327,9 +327,9 @@ fn text_forms(s: &str) -> Vec<String> {
         .replace('"', "&quot;");
     forms.push(html.replace('\'', "&#39;"));
     forms.push(html.replace('\'', "&#x27;"));
-    // Markdown prose and table cells (`core::render::markdown`): links, mentions and autolinks
+    // Markdown prose and table cells (`core::markdown`): links, mentions and autolinks
     // broken, `|` as an entity.
-    let prose = crate::core::render::markdown::prose_escape(s);
+    let prose = crate::core::markdown::prose_escape(s);
     forms.push(prose.replace('|', "&#124;"));
     forms.push(prose);
     // URL encodings: form-style (space = `+`) and RFC 3986 percent-encoding, both hex cases.

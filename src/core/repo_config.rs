@@ -31,8 +31,8 @@
 //! Absent file: one root named `default` at `.`, planned when any file changes. Unknown keys are
 //! errors, reported with their line and column.
 
+use crate::core::markdown::code_span;
 use crate::core::policy::{self, PolicySetSpec};
-use crate::core::render::markdown::code_span;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 use std::fmt;

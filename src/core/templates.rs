@@ -11,8 +11,8 @@
 //! A value that is itself planbot's rendered (and scrubbed) text is passed as a safe string
 //! (`Value::from_safe_string`) and written unchanged.
 
+use crate::core::markdown;
 use crate::core::redact::Scrubber;
-use crate::core::render::markdown;
 use minijinja::{AutoEscape, Environment, Error, Output, State, Template, Value};
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -144,7 +144,7 @@ fn hostile(value: &Value, key: &str) -> Value {
 /// attacker's host, an HTML tag of theirs, a mention outside code.
 fn live_parts(markdown: &str) -> Vec<String> {
     let markdown = planbot::core::defuse::defuse(markdown);
-    let mut options = planbot::core::render::markdown::gitlab_flavour();
+    let mut options = planbot::core::markdown::gitlab_flavour();
     options.render.r#unsafe = true;
     let html = comrak::markdown_to_html(&markdown, &options);
     let mut found = Vec::new();

@@ -7,7 +7,7 @@
 
 mod budget;
 pub mod diff;
-pub mod markdown;
+use crate::core::markdown;
 pub mod terminal;
 
 use crate::core::findings::{Finding, Severity};

@@ -9,7 +9,7 @@ use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::{ApplyId, ApplyRecord, ApplyState, RunState};
 use crate::core::apply_note::{render_result, ApplyOutcome, ResultNote, RootResult};
 use crate::core::commit_status;
-use crate::core::render::markdown::fence_for;
+use crate::core::markdown::fence_for;
 use crate::flows::context::app_state::App;
 use minijinja::context;
 

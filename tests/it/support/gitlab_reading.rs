@@ -169,7 +169,7 @@ pub struct Reading {
 /// Parse `md` as GitLab does and say what a reader sees.
 pub fn reading(md: &str) -> Reading {
     use comrak::nodes::NodeValue;
-    let options = planbot::core::render::markdown::gitlab_flavour();
+    let options = planbot::core::markdown::gitlab_flavour();
     let arena = comrak::Arena::new();
     let root = comrak::parse_document(&arena, md, &options);
     let mut out = Reading::default();
