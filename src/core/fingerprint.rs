@@ -86,9 +86,14 @@ impl Fingerprint {
         let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
         mac.update(DOMAIN.as_bytes());
         mac.update(b"\0");
-        encode_projection(plan, key, lock_file, parallelism, plan_secrets, &mut |part| {
-            mac.update(part.as_bytes())
-        });
+        encode_projection(
+            plan,
+            key,
+            lock_file,
+            parallelism,
+            plan_secrets,
+            &mut |part| mac.update(part.as_bytes()),
+        );
         Fingerprint(hex::encode(mac.finalize().into_bytes()))
     }
 
@@ -454,10 +459,7 @@ mod tests {
         let p = plan(BASE);
         let unset = Fingerprint::of_with_lock(&p, key, lock);
         // No setting: the fingerprint every plan had before the setting existed.
-        assert_eq!(
-            Fingerprint::of_with_parallelism(&p, key, lock, None),
-            unset
-        );
+        assert_eq!(Fingerprint::of_with_parallelism(&p, key, lock, None), unset);
         let one = Fingerprint::of_with_parallelism(&p, key, lock, Some(1));
         let two = Fingerprint::of_with_parallelism(&p, key, lock, Some(2));
         assert_ne!(one, unset);

@@ -1390,6 +1390,11 @@ disable = ["PVE010"]
         .unwrap();
         let got: Vec<_> = cfg.roots.iter().map(|r| r.parallelism).collect();
         assert_eq!(got, [Some(2), Some(1)]);
+        let shown = render_check_config(".planbot.toml", &cfg);
+        assert!(
+            shown.contains("parallelism    1 (`-parallelism=1` for its plan and apply)"),
+            "{shown}"
+        );
         assert_eq!(
             RepoConfig::parse("parallelism = 3").unwrap().roots[0].parallelism,
             Some(3)

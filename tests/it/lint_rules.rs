@@ -449,13 +449,21 @@ fn several_full_clones_from_one_storage_warn_and_suggest_parallelism_1() {
     );
     assert_eq!(findings[0].severity, Severity::Warning);
     let text = as_text(&findings);
-    assert!(text.contains("3 VMs are full-cloned from template 9000"), "{text}");
-    assert!(text.contains("storage `local-lvm`"), "{text}");
     assert!(
-        text.contains("can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got timeout"),
+        text.contains("3 VMs are full-cloned from template 9000"),
         "{text}"
     );
-    assert!(findings[0].fix.lines().any(|l| l == "parallelism = 1"), "{text}");
+    assert!(text.contains("storage `local-lvm`"), "{text}");
+    assert!(
+        text.contains(
+            "can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got timeout"
+        ),
+        "{text}"
+    );
+    assert!(
+        findings[0].fix.lines().any(|l| l == "parallelism = 1"),
+        "{text}"
+    );
     insta::assert_snapshot!(text);
     // The root already runs one change at a time: nothing to say.
     let plan = crate::support::fixtures::plan("bpg/clones_parallel");
@@ -469,7 +477,11 @@ fn several_full_clones_from_one_storage_warn_and_suggest_parallelism_1() {
         ..Facts::default()
     };
     let with_two = lint::lint_with(&plan, &[], &two);
-    assert!(with_two[0].message.contains("2 at a time"), "{}", with_two[0].message);
+    assert!(
+        with_two[0].message.contains("2 at a time"),
+        "{}",
+        with_two[0].message
+    );
     // One clone (and a VM that is not cloned): none.
     assert_silent("clones_one");
 }
@@ -518,9 +530,15 @@ fn disk_edits_a_shrink_is_an_error_a_move_a_warning_an_added_disk_a_replacement(
     let by = |a: &str| findings.iter().find(|f| f.address.ends_with(a)).unwrap();
     let shrink = by(".db");
     assert_eq!(shrink.severity, Severity::Error);
-    assert!(shrink.message.contains("from 40 GB to 20 GB"), "{}", shrink.message);
     assert!(
-        shrink.message.contains("`shrinking disks is not supported`"),
+        shrink.message.contains("from 40 GB to 20 GB"),
+        "{}",
+        shrink.message
+    );
+    assert!(
+        shrink
+            .message
+            .contains("`shrinking disks is not supported`"),
         "{}",
         shrink.message
     );
@@ -532,14 +550,24 @@ fn disk_edits_a_shrink_is_an_error_a_move_a_warning_an_added_disk_a_replacement(
         "{}",
         moved.message
     );
-    assert!(moved.fix.contains("qm disk move 131 scsi0 ceph"), "{}", moved.fix);
+    assert!(
+        moved.fix.contains("qm disk move 131 scsi0 ceph"),
+        "{}",
+        moved.fix
+    );
     let added = by(".app");
     assert!(
-        added.message.contains("a `disk {}` block is added (`virtio1`)"),
+        added
+            .message
+            .contains("a `disk {}` block is added (`virtio1`)"),
         "{}",
         added.message
     );
-    assert!(added.fix.contains("ignore_changes = [disk]"), "{}", added.fix);
+    assert!(
+        added.fix.contains("ignore_changes = [disk]"),
+        "{}",
+        added.fix
+    );
     assert!(findings::has_errors(&findings));
     insta::assert_snapshot!(as_text(&findings));
     assert_silent("disk_grown");

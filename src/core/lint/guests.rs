@@ -54,10 +54,9 @@ pub fn pve017(_: &LintInput, rc: &Res) -> Vec<Finding> {
         };
         let Some(old) = old else { continue };
         let size = |v: Option<&Value>| v.and_then(gigabytes);
-        if let (Some(from), Attr::Known(to)) = (
-            size(old.get("size")),
-            after(rc, &format!("disk.{i}.size")),
-        ) {
+        if let (Some(from), Attr::Known(to)) =
+            (size(old.get("size")), after(rc, &format!("disk.{i}.size")))
+        {
             if let Some(to) = gigabytes(to).filter(|to| *to < from) {
                 out.push(finding_with(
                     "PVE017",
@@ -179,7 +178,9 @@ pub fn pve020(_: &LintInput, rc: &Res) -> Vec<Finding> {
     if !is_created(rc) && unchanged(rc, "bios") && unchanged(rc, "efi_disk") {
         return Vec::new();
     }
-    let storage = after(rc, "disk.0.datastore_id").str().unwrap_or("local-lvm");
+    let storage = after(rc, "disk.0.datastore_id")
+        .str()
+        .unwrap_or("local-lvm");
     vec![finding(
         "PVE020",
         &rc.address,
@@ -267,7 +268,9 @@ mod tests {
         for ok in ["web-01", "web01", "a", "db.lab.example", "9lives", "A-b"] {
             assert!(is_dns_name(ok), "{ok}");
         }
-        for bad in ["web_01", "-web", "web-", "a..b", "", "web 01", "wéb", ".a", "a."] {
+        for bad in [
+            "web_01", "-web", "web-", "a..b", "", "web 01", "wéb", ".a", "a.",
+        ] {
             assert!(!is_dns_name(bad), "{bad}");
         }
         assert_eq!(dns_suggestion("web_01"), "web-01");

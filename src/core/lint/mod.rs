@@ -69,10 +69,7 @@ impl<'a> LintInput<'a> {
         let mut findings = Vec::new();
         for &rc in input.index.live() {
             let kind = model::Kind::of(rc);
-            let machine = (!each.is_empty()
-                || gather.file_uses
-                || gather.clones
-                || gather.vm_ids)
+            let machine = (!each.is_empty() || gather.file_uses || gather.clones || gather.vm_ids)
                 && kind.is_some_and(|k| k.is_vm() || k == model::Kind::Container);
             let pairs = refactor::is_candidate(rc, &pairable);
             if !machine && !pairs {

@@ -514,9 +514,8 @@ impl ApplyCtx {
             parallelism: root.parallelism,
             ..Default::default()
         };
-        let findings = cpu_bound(|| {
-            crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts)
-        });
+        let findings =
+            cpu_bound(|| crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts));
         let new_plan = cpu_bound(|| {
             render_note(
                 &NoteContext {

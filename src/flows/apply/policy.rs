@@ -182,9 +182,8 @@ impl ApplyCtx {
             parallelism: root.parallelism,
             ..Default::default()
         };
-        let findings = cpu_bound(|| {
-            crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts)
-        });
+        let findings =
+            cpu_bound(|| crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts));
         let recorded = cpu_bound(|| {
             let document = sets.read_document(&root.name, planned.plan_json());
             let verdict = sets.evaluate(&root.name, document, &findings);
