@@ -1213,3 +1213,70 @@ async fn a_roots_parallelism_reaches_the_apply_and_a_changed_one_is_a_changed_pl
     assert!(!state.contains("\"backup\""), "nothing was applied");
     assert_eq!(w.notes_containing(iid2, "apply refused").len(), 1);
 }
+
+/// Issue 36, PVE023 across roots: an MR that plans two roots asking for the same `vm_id` gets
+/// the finding in both roots' sections of its note, and the plan status fails. The engine here
+/// stands in for `bpg/proxmox` plans (which need the provider): `show -json` prints the plan
+/// committed in the root (`plan.json`, the lint fixtures of `tests/fixtures/plans/bpg/`); the
+/// webhook, checkout, roots, lint, note and status are planbot's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_vm_id_in_two_roots_of_an_mr_fails_the_plan_and_both_roots_say_so() {
+    let bin = tempfile::tempdir().unwrap();
+    let engine = crate::support::fake_engine::fake_engine(
+        bin.path(),
+        "terraform",
+        crate::support::fake_engine::TERRAFORM_VERSION_JSON,
+        r#"case "$1" in
+  init) mkdir -p .terraform && echo '{"backend":{"type":"http"}}' > .terraform/terraform.tfstate; exit 0 ;;
+  plan) for a in "$@"; do case "$a" in -out=*) cp plan.json "${a#-out=}" ;; esac; done; exit 0 ;;
+  show) cat "$3"; exit 0 ;;
+esac
+exit 1"#,
+    );
+    let w = world(&engine);
+    let fixture = |name: &str| {
+        std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("tests/fixtures/plans/bpg/{name}.json")),
+        )
+        .unwrap()
+    };
+    let backend = "terraform {\n  backend \"http\" {}\n}\n";
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[
+            (
+                ".planbot.toml",
+                "[[roots]]\nname = \"lab\"\ndir = \"lab\"\n\n[[roots]]\nname = \"prod\"\ndir = \"prod\"\n",
+            ),
+            ("lab/main.tf", backend),
+            ("prod/main.tf", backend),
+        ],
+    );
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let (lab, prod) = (fixture("vm_id_root_lab"), fixture("vm_id_root_prod"));
+    w.gitlab.commit_files(
+        &w.project,
+        "vm-ids",
+        &[("lab/plan.json", &lab), ("prod/plan.json", &prod)],
+    );
+    let iid = w.gitlab.open_mr_by(&w.project, "vm-ids", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    s.deliver_mr_opened(&body, iid).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    let shown = crate::support::gitlab_reading::reading(&note).visible;
+    assert_eq!(shown.matches("PVE023").count(), 2, "{shown}");
+    // As GitLab shows it (code spans render as plain text).
+    assert!(
+        shown.contains("PVE023 proxmox_virtual_environment_vm.lab_db: proxmox_virtual_environment_vm.lab_db asks for VM id 201, which proxmox_virtual_environment_vm.db in root prod of this MR already has: the apply of root lab fails with unable to create VM 201"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("PVE023 proxmox_virtual_environment_vm.db: proxmox_virtual_environment_vm.db has VM id 201, which proxmox_virtual_environment_vm.lab_db in root lab of this MR also asks for"),
+        "{shown}"
+    );
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let status = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(status.state, "failed", "{status:?}");
+}
