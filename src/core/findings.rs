@@ -1,5 +1,5 @@
 //! What the lint rules and the preflight checks report: [`Finding`], [`Severity`], the registry
-//! of every rule id (lint PVE001–PVE015, preflight PVE101–PVE107, the state rule STATE001), the
+//! of every rule id (lint PVE001–PVE023, preflight PVE101–PVE107, the state rule STATE001), the
 //! `[lint] disable` lists, and the texts of `templates/lint.j2`. Lint and preflight both build on this module and not
 //! on each other.
 
@@ -45,6 +45,10 @@ pub struct Facts {
     /// Whether the apply will have SSH credentials for the bpg provider (snippet uploads go
     /// over SSH); `None` when unknown (a local run), which makes PVE015 stay silent.
     pub apply_ssh: Option<bool>,
+    /// The root's `parallelism` (`.planbot.toml`): how many changes the engine makes at once.
+    /// `Some(1)` makes PVE016 (several full clones at once) stay silent; `None` is the engine's
+    /// default (10).
+    pub parallelism: Option<u16>,
 }
 
 /// Which pass reports a rule.
@@ -154,6 +158,32 @@ pub const RULES: &[Rule] = &[
         "PVE015",
         Severity::Warning,
         "snippet upload without SSH credentials for the apply",
+    ),
+    lint(
+        "PVE016",
+        Severity::Warning,
+        "several full clones onto one storage in one apply",
+    ),
+    lint(
+        "PVE017",
+        Severity::Warning,
+        "disk shrunk (an error) or moved to another storage",
+    ),
+    lint(
+        "PVE019",
+        Severity::Warning,
+        "CPU or memory change that waits for a reboot",
+    ),
+    lint("PVE020", Severity::Warning, "UEFI without an EFI disk"),
+    lint(
+        "PVE022",
+        Severity::Error,
+        "VM name or container hostname that is not a DNS name",
+    ),
+    lint(
+        "PVE023",
+        Severity::Error,
+        "one vm_id asked for twice (in the plan or across the MR's roots)",
     ),
     preflight("PVE101", "API reachable, release supports import"),
     preflight("PVE102", "node exists and is online"),
@@ -284,7 +314,8 @@ mod tests {
     #[test]
     fn ids_are_unique_and_in_catalogue_order() {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
-        let mut expected: Vec<String> = (1..=15)
+        let mut expected: Vec<String> = (1..=17)
+            .chain([19, 20, 22, 23])
             .chain(101..=107)
             .map(|i| format!("PVE{i:03}"))
             .collect();

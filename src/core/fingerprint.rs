@@ -5,7 +5,9 @@
 //! `deposed`, its `actions`, `previous_address`, `importing`, `replace_paths`, the masked `after`
 //! and `after_unknown`; plus every root output change that is not a no-op. Timestamps, versions,
 //! `before`, prior state, variables and configuration are left out, so two plans of the same
-//! code against the same state made at different times have the same fingerprint.
+//! code against the same state made at different times have the same fingerprint. How the apply
+//! runs the plan is bound too where it can change what happens: the provider lock file, and the
+//! root's `parallelism` (`-parallelism=N`) when it is set.
 //!
 //! Sensitive values (under a `true` mask, sensitive outputs, and any string that contains a
 //! secret the plan reveals elsewhere) are replaced by an HMAC of their value: a change of only a
@@ -45,8 +47,21 @@ impl Fingerprint {
     /// part of the projection): the same plan with other provider pins is another fingerprint.
     /// `None` (no lock file) is distinct from every lock file.
     pub fn of_with_lock(plan: &Plan, key: &[u8], lock_file: Option<&[u8]>) -> Fingerprint {
+        Fingerprint::of_with_parallelism(plan, key, lock_file, None)
+    }
+
+    /// [`Fingerprint::of_with_lock`], also binding the root's `parallelism` (the engine's
+    /// `-parallelism=N` for plan and apply): the same plan with another setting is a changed
+    /// plan, so an apply refuses a reviewed plan whose setting changed since. `None` (no
+    /// setting: the engine's default) is exactly [`Fingerprint::of_with_lock`].
+    pub fn of_with_parallelism(
+        plan: &Plan,
+        key: &[u8],
+        lock_file: Option<&[u8]>,
+        parallelism: Option<u16>,
+    ) -> Fingerprint {
         let secrets = Secrets::from_plan(plan).scrubber();
-        Fingerprint::of_with_secrets(plan, key, lock_file, &secrets)
+        Fingerprint::compute(plan, key, lock_file, parallelism, &secrets)
     }
 
     /// [`Fingerprint::of_with_lock`] for a caller that already built the scrubber of the plan's
@@ -58,12 +73,27 @@ impl Fingerprint {
         lock_file: Option<&[u8]>,
         plan_secrets: &Scrubber,
     ) -> Fingerprint {
+        Fingerprint::compute(plan, key, lock_file, None, plan_secrets)
+    }
+
+    fn compute(
+        plan: &Plan,
+        key: &[u8],
+        lock_file: Option<&[u8]>,
+        parallelism: Option<u16>,
+        plan_secrets: &Scrubber,
+    ) -> Fingerprint {
         let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
         mac.update(DOMAIN.as_bytes());
         mac.update(b"\0");
-        encode_projection(plan, key, lock_file, plan_secrets, &mut |part| {
-            mac.update(part.as_bytes())
-        });
+        encode_projection(
+            plan,
+            key,
+            lock_file,
+            parallelism,
+            plan_secrets,
+            &mut |part| mac.update(part.as_bytes()),
+        );
         Fingerprint(hex::encode(mac.finalize().into_bytes()))
     }
 
@@ -108,7 +138,7 @@ impl fmt::Display for Fingerprint {
 pub fn projection(plan: &Plan, key: &[u8], lock_file: Option<&[u8]>) -> String {
     let secrets = Secrets::from_plan(plan).scrubber();
     let mut out = String::new();
-    encode_projection(plan, key, lock_file, &secrets, &mut |part| {
+    encode_projection(plan, key, lock_file, None, &secrets, &mut |part| {
         out.push_str(part)
     });
     out
@@ -116,17 +146,20 @@ pub fn projection(plan: &Plan, key: &[u8], lock_file: Option<&[u8]>) -> String {
 
 /// Encode the projection piece by piece into `out`, one resource change at a time (their values
 /// parsed, projected, encoded and dropped in turn): the same bytes as encoding the projection
-/// as one map `{errored, lock_file_sha256, output_changes, resource_changes}` in key order.
+/// as one map `{errored, lock_file_sha256, output_changes, resource_changes}` in key order
+/// (with `parallelism` between `output_changes` and `resource_changes` when it is set, so a
+/// plan without the setting keeps the fingerprint it always had).
 fn encode_projection(
     plan: &Plan,
     key: &[u8],
     lock_file: Option<&[u8]>,
+    parallelism: Option<u16>,
     secrets: &Scrubber,
     out: &mut dyn FnMut(&str),
 ) {
     let hider = Hider { key, secrets };
     let mut buf = String::new();
-    buf.push_str("m4{");
+    buf.push_str(if parallelism.is_some() { "m5{" } else { "m4{" });
     put_str(&mut buf, "errored");
     buf.push(if plan.errored { 't' } else { 'f' });
     put_str(&mut buf, "lock_file_sha256");
@@ -136,6 +169,10 @@ fn encode_projection(
     }
     put_str(&mut buf, "output_changes");
     encode_outputs(plan, &hider, &mut buf);
+    if let Some(n) = parallelism {
+        put_str(&mut buf, "parallelism");
+        put_str(&mut buf, &n.to_string());
+    }
     put_str(&mut buf, "resource_changes");
 
     let mut changes: Vec<&ResourceChange> = plan
@@ -413,6 +450,28 @@ mod tests {
         assert_ne!(
             Fingerprint::of_with_lock(&plan(BASE), key, Some(b"lock")),
             Fingerprint::of_with_lock(&plan(BASE), key, Some(b"lock2"))
+        );
+    }
+
+    #[test]
+    fn a_parallelism_setting_is_part_of_the_plan() {
+        let (key, lock) = (b"k", Some(&b"lock"[..]));
+        let p = plan(BASE);
+        let unset = Fingerprint::of_with_lock(&p, key, lock);
+        // No setting: the fingerprint every plan had before the setting existed.
+        assert_eq!(Fingerprint::of_with_parallelism(&p, key, lock, None), unset);
+        let one = Fingerprint::of_with_parallelism(&p, key, lock, Some(1));
+        let two = Fingerprint::of_with_parallelism(&p, key, lock, Some(2));
+        assert_ne!(one, unset);
+        assert_ne!(one, two);
+        // The engine's default, said explicitly, is still a setting that was not there.
+        assert_ne!(
+            Fingerprint::of_with_parallelism(&p, key, lock, Some(10)),
+            unset
+        );
+        assert_eq!(
+            one,
+            Fingerprint::of_with_parallelism(&p, key, lock, Some(1))
         );
     }
 

@@ -283,7 +283,7 @@ impl ClusterFacts {
                 .filter(|s| s.shared)
                 .map(|s| s.id.clone())
                 .collect(),
-            apply_ssh: None,
+            ..Facts::default()
         }
     }
 }

@@ -11,6 +11,7 @@
 //! var_files = ["terraform.tfvars"]
 //! workspace = "default"
 //! lint_disable = ["PVE003"]          # lint rules off for this root only
+//! parallelism = 1                     # `-parallelism=1` for its plan and apply (1..=256)
 //! state = { gitlab = "core" }         # the project's GitLab-managed state `core`
 //!
 //! [plan]
@@ -45,6 +46,9 @@ pub const FILE_NAME: &str = ".planbot.toml";
 /// The largest `.planbot.toml` planbot reads (1 MiB: a real one is a few KiB). A larger one is
 /// refused from its size in git, unread ([`RepoConfigError::too_large`]).
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+/// The largest `parallelism` a root may set (the engine's own default is 10).
+pub const MAX_PARALLELISM: u16 = 256;
 
 /// `when_modified` when a root does not say: anything under its directory.
 pub const DEFAULT_WHEN_MODIFIED: &[&str] = &["**"];
@@ -122,6 +126,9 @@ pub struct Root {
     pub state: RootState,
     /// Whether the drift check covers it (`drift = false` on the root or the file opts out).
     pub drift: bool,
+    /// `-parallelism=N` for its plans and applies (1..=[`MAX_PARALLELISM`]); `None`: the
+    /// engine's default. Part of the plan's fingerprint.
+    pub parallelism: Option<u16>,
     matcher: GlobSet,
 }
 
@@ -135,6 +142,7 @@ impl PartialEq for Root {
             && self.lint_disable == other.lint_disable
             && self.state == other.state
             && self.drift == other.drift
+            && self.parallelism == other.parallelism
     }
 }
 
@@ -274,6 +282,8 @@ struct RawFile {
     policy_sets: Vec<RawPolicySet>,
     #[serde(default)]
     drift: Option<bool>,
+    #[serde(default)]
+    parallelism: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -307,6 +317,8 @@ struct RawRoot {
     state: Option<Spanned<toml::Value>>,
     #[serde(default)]
     drift: Option<bool>,
+    #[serde(default)]
+    parallelism: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -540,6 +552,7 @@ impl RepoConfig {
                 lint_disable: Vec::new(),
                 state: RootState::Unset,
                 drift: true,
+                parallelism: None,
             }],
             plan: PlanSettings::default(),
             policy_sets: Vec::new(),
@@ -568,6 +581,10 @@ impl RepoConfig {
         };
         let global_disable = global_lint_disable(raw.lint.as_ref(), &mut problems);
         let plan = plan_settings(raw.plan.as_ref());
+        let file_parallelism = raw
+            .parallelism
+            .as_ref()
+            .and_then(|p| parse_parallelism(p, "parallelism".into(), &mut problems));
 
         let raw_roots = match raw.roots {
             Some(r) => {
@@ -587,6 +604,7 @@ impl RepoConfig {
                     cfg.plan = plan;
                     cfg.roots[0].lint_disable = global_disable;
                     cfg.roots[0].drift = raw.drift.unwrap_or(true);
+                    cfg.roots[0].parallelism = file_parallelism;
                     cfg.policy_sets = parse_policy_sets(raw.policy_sets, &cfg.roots, &mut problems);
                     return problems.finish(cfg);
                 }
@@ -600,6 +618,7 @@ impl RepoConfig {
             let (mut root, dir_ok) =
                 parse_root(i, r, &roots, &dir_valid, &global_disable, &mut problems);
             root.drift &= file_drift;
+            root.parallelism = root.parallelism.or(file_parallelism);
             dir_valid.push(dir_ok);
             roots.push(root);
         }
@@ -854,6 +873,10 @@ fn parse_root(
     let state = root_state(i, &r, &workspace, problems);
     let matcher = build_matcher(&patterns).unwrap_or_else(|_| GlobSet::empty());
     let drift = r.drift.unwrap_or(true);
+    let parallelism = r
+        .parallelism
+        .as_ref()
+        .and_then(|p| parse_parallelism(p, root_key(i, "parallelism"), problems));
     let root = Root {
         name,
         dir,
@@ -864,9 +887,39 @@ fn parse_root(
         lint_disable,
         state,
         drift,
+        parallelism,
         matcher,
     };
     (root, dir_ok)
+}
+
+/// `parallelism` (of the file: every root's default; of `roots[i]`: that root's): a whole
+/// number from 1 to [`MAX_PARALLELISM`].
+fn parse_parallelism(
+    raw: &Spanned<toml::Value>,
+    key: String,
+    problems: &mut Problems<'_>,
+) -> Option<u16> {
+    match raw.get_ref() {
+        toml::Value::Integer(n) if (1..=i64::from(MAX_PARALLELISM)).contains(n) => {
+            u16::try_from(*n).ok()
+        }
+        other => {
+            let written = match other {
+                toml::Value::String(s) => format!("\"{s}\""),
+                v => v.to_string(),
+            };
+            problems.at(
+                raw.span(),
+                key,
+                format!(
+                    "{} is not a parallelism: write a whole number from 1 to {MAX_PARALLELISM} (how many changes the engine makes at once; 1 = one at a time)",
+                    code_span(&written)
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// `roots[i].state`: `"own"` or `{ gitlab = "NAME" }` (a state name GitLab accepts in a URL:
@@ -1152,6 +1205,7 @@ struct RootView<'a> {
     patterns: &'a [String],
     var_files: &'a [String],
     lint_disable: &'a [String],
+    parallelism: Option<u16>,
     /// The GitLab-managed state's name, `own`, or nothing (the service decides).
     state: Option<&'a str>,
 }
@@ -1167,6 +1221,7 @@ fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
             patterns: &r.patterns,
             var_files: &r.var_files,
             lint_disable: &r.lint_disable,
+            parallelism: r.parallelism,
             state: match &r.state {
                 RootState::Unset => None,
                 RootState::Own => Some("own"),
@@ -1317,6 +1372,49 @@ disable = ["PVE010"]
         assert!(RepoConfig::absent().roots[0].drift);
         assert!(!RepoConfig::parse("drift = false").unwrap().roots[0].drift);
         assert!(RepoConfig::parse("drift = \"no\"").is_err());
+    }
+
+    #[test]
+    fn parallelism_is_a_whole_number_from_1_to_256() {
+        let root = |line: &str| {
+            RepoConfig::parse(&format!("[[roots]]\nname = \"core\"\n{line}\n"))
+                .map(|c| c.roots[0].parallelism)
+        };
+        assert_eq!(root("").unwrap(), None);
+        assert_eq!(root("parallelism = 1").unwrap(), Some(1));
+        assert_eq!(root("parallelism = 256").unwrap(), Some(256));
+        // The file's value is every root's default; a root's own wins.
+        let cfg = RepoConfig::parse(
+            "parallelism = 2\n[[roots]]\nname = \"a\"\ndir = \"a\"\n[[roots]]\nname = \"b\"\ndir = \"b\"\nparallelism = 1\n",
+        )
+        .unwrap();
+        let got: Vec<_> = cfg.roots.iter().map(|r| r.parallelism).collect();
+        assert_eq!(got, [Some(2), Some(1)]);
+        let shown = render_check_config(".planbot.toml", &cfg);
+        assert!(
+            shown.contains("parallelism    1 (`-parallelism=1` for its plan and apply)"),
+            "{shown}"
+        );
+        assert_eq!(
+            RepoConfig::parse("parallelism = 3").unwrap().roots[0].parallelism,
+            Some(3)
+        );
+        assert!(RepoConfig::parse("parallelism = 300").is_err());
+        for bad in [
+            "parallelism = 0",
+            "parallelism = 257",
+            "parallelism = -1",
+            "parallelism = \"2\"",
+            "parallelism = 1.5",
+        ] {
+            let err = root(bad).unwrap_err();
+            let text = render_check_config_error(".planbot.toml", &err);
+            assert!(text.contains("roots[0].parallelism"), "{bad}: {text}");
+            assert!(
+                text.contains("a whole number from 1 to 256"),
+                "{bad}: {text}"
+            );
+        }
     }
 
     #[test]

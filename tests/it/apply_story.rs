@@ -1134,3 +1134,149 @@ async fn with_proxmox_down_a_root_without_proxmox_resources_is_green_and_applies
         "what the apply's engine process sent to Proxmox"
     );
 }
+
+/// The real engine behind a wrapper that prints the arguments planbot gives it to `plan` and
+/// `apply` on stderr (which the apply job's log shows), then runs it with them.
+fn argv_engine(dir: &std::path::Path, real: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("argv-tofu");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in plan|apply) echo \"engine argv: $*\" >&2 ;; esac\nexec {} \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Issue 36 item 4: `.planbot.toml`'s `parallelism` reaches the apply's engine as
+/// `-parallelism=N`, and is part of the plan: a setting changed on `main` after the review
+/// makes the same resource changes another plan, and the apply refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roots_parallelism_reaches_the_apply_and_a_changed_one_is_a_changed_plan() {
+    let real = require_engine!();
+    let bin = tempfile::tempdir().unwrap();
+    let engine = argv_engine(bin.path(), &real);
+    let w = world(&engine);
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[(".planbot.toml", "parallelism = 1\n")],
+    );
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // Reviewed with one change at a time, merged, applied with it.
+    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    w.wait_for_plan(&s, iid).await;
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(31);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    let applied: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("engine argv: apply "))
+        .collect();
+    assert_eq!(applied.len(), 1, "{log}");
+    assert!(
+        applied[0].contains(" -parallelism=1 "),
+        "the apply's engine gets the root's setting: {}",
+        applied[0]
+    );
+
+    // A second MR is reviewed with `parallelism = 1`; then `main` says 2 before it lands.
+    let iid2 = w
+        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
+        .await;
+    w.wait_for_plan(&s, iid2).await;
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[(".planbot.toml", "parallelism = 2\n")],
+    );
+    w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    let job = w.apply_job(32);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    assert!(
+        last_line(&log).contains("is not the plan reviewed on the merge request"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("engine argv: apply "),
+        "nothing was applied: {log}"
+    );
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(!state.contains("\"backup\""), "nothing was applied");
+    assert_eq!(w.notes_containing(iid2, "apply refused").len(), 1);
+}
+
+/// Issue 36, PVE023 across roots: an MR that plans two roots asking for the same `vm_id` gets
+/// the finding in both roots' sections of its note, and the plan status fails. The engine here
+/// stands in for `bpg/proxmox` plans (which need the provider): `show -json` prints the plan
+/// committed in the root (`plan.json`, the lint fixtures of `tests/fixtures/plans/bpg/`); the
+/// webhook, checkout, roots, lint, note and status are planbot's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_vm_id_in_two_roots_of_an_mr_fails_the_plan_and_both_roots_say_so() {
+    let bin = tempfile::tempdir().unwrap();
+    let engine = crate::support::fake_engine::fake_engine(
+        bin.path(),
+        "terraform",
+        crate::support::fake_engine::TERRAFORM_VERSION_JSON,
+        r#"case "$1" in
+  init) mkdir -p .terraform && echo '{"backend":{"type":"http"}}' > .terraform/terraform.tfstate; exit 0 ;;
+  plan) for a in "$@"; do case "$a" in -out=*) cp plan.json "${a#-out=}" ;; esac; done; exit 0 ;;
+  show) cat "$3"; exit 0 ;;
+esac
+exit 1"#,
+    );
+    let w = world(&engine);
+    let fixture = |name: &str| {
+        std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("tests/fixtures/plans/bpg/{name}.json")),
+        )
+        .unwrap()
+    };
+    let backend = "terraform {\n  backend \"http\" {}\n}\n";
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[
+            (
+                ".planbot.toml",
+                "[[roots]]\nname = \"lab\"\ndir = \"lab\"\n\n[[roots]]\nname = \"prod\"\ndir = \"prod\"\n",
+            ),
+            ("lab/main.tf", backend),
+            ("prod/main.tf", backend),
+        ],
+    );
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let (lab, prod) = (fixture("vm_id_root_lab"), fixture("vm_id_root_prod"));
+    w.gitlab.commit_files(
+        &w.project,
+        "vm-ids",
+        &[("lab/plan.json", &lab), ("prod/plan.json", &prod)],
+    );
+    let iid = w.gitlab.open_mr_by(&w.project, "vm-ids", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    s.deliver_mr_opened(&body, iid).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    let shown = crate::support::gitlab_reading::reading(&note).visible;
+    assert_eq!(shown.matches("PVE023").count(), 2, "{shown}");
+    // As GitLab shows it (code spans render as plain text).
+    assert!(
+        shown.contains("PVE023 proxmox_virtual_environment_vm.lab_db: proxmox_virtual_environment_vm.lab_db asks for VM id 201, which proxmox_virtual_environment_vm.db in root prod of this MR already has: the apply of root lab fails with unable to create VM 201"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("PVE023 proxmox_virtual_environment_vm.db: proxmox_virtual_environment_vm.db has VM id 201, which proxmox_virtual_environment_vm.lab_db in root lab of this MR also asks for"),
+        "{shown}"
+    );
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let status = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(status.state, "failed", "{status:?}");
+}

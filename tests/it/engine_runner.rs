@@ -314,3 +314,77 @@ resource "terraform_data" "slow" {
     drop(again);
     assert_eq!(fake::leftovers(temp_root.path()), Vec::<String>::new());
 }
+
+/// Issue 36 item 4: a request's `parallelism` is `-parallelism=N` on the engine's `plan` and on
+/// the apply of that plan file (the real engine behind a wrapper that prints its arguments), an
+/// out-of-range value is refused before anything runs, and none is passed without one.
+#[tokio::test]
+async fn parallelism_goes_to_plan_and_apply_and_only_when_set() {
+    let real = require_engine!();
+    let bin_dir = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let bin = bin_dir.path().join("terraform");
+    std::fs::write(
+        &bin,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in plan|apply) echo \"engine argv: $*\" >&2 ;; esac\nexec {} \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let temp_root = tempfile::tempdir().unwrap();
+    let engine = Engine::builder(&bin, temp_root.path())
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let argv = |log: &str, step: &str| -> String {
+        log.lines()
+            .find(|l| l.contains(&format!("engine argv: {step} ")))
+            .unwrap_or_else(|| panic!("no {step} argv in:\n{log}"))
+            .to_string()
+    };
+
+    let root = root_with(&[("main.tf", "resource \"terraform_data\" \"a\" {}\n")]);
+    let req = PlanRequest {
+        parallelism: Some(3),
+        ..PlanRequest::default()
+    };
+    let run = engine.plan(root.path(), &req).await.unwrap();
+    assert_eq!(run.parallelism(), Some(3));
+    assert!(
+        argv(run.log(), "plan").contains(" -parallelism=3 "),
+        "{}",
+        run.log()
+    );
+    let outcome = run.apply().await.unwrap();
+    assert!(
+        argv(&outcome.log, "apply").contains(" -parallelism=3 "),
+        "{}",
+        outcome.log
+    );
+
+    let root = root_with(&[("main.tf", "resource \"terraform_data\" \"b\" {}\n")]);
+    let run = engine
+        .plan(root.path(), &PlanRequest::default())
+        .await
+        .unwrap();
+    assert!(
+        !argv(run.log(), "plan").contains("-parallelism"),
+        "{}",
+        run.log()
+    );
+    let outcome = run.apply().await.unwrap();
+    assert!(!argv(&outcome.log, "apply").contains("-parallelism"));
+
+    for bad in [0, 257] {
+        let req = PlanRequest {
+            parallelism: Some(bad),
+            ..PlanRequest::default()
+        };
+        match engine.plan(root.path(), &req).await {
+            Err(EngineError::InvalidRequest(m)) => assert!(m.contains("parallelism"), "{m}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}

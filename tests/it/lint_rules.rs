@@ -223,6 +223,9 @@ fn a_destroyed_vm_warns_and_an_in_place_update_does_not() {
         expect(&[
             ("PVE008", "proxmox_virtual_environment_vm.old_db"),
             ("PVE008", "proxmox_vm.scratch"),
+            // Not replaced (no PVE008), but its memory grows on a running VM without
+            // memory hotplug: that waits for a reboot.
+            ("PVE019", "proxmox_virtual_environment_vm.web"),
         ])
     );
     assert!(findings[0]
@@ -423,4 +426,286 @@ fn a_snippet_upload_warns_only_when_the_apply_has_no_ssh() {
     );
     assert!(text.contains("over SSH"), "{text}");
     assert!(text.contains("ssh_private_key_file"), "{text}");
+}
+
+// ----- issue 36: the apply failures bpg users still hit (fixtures: bpg/cluster_rules.py) -------
+
+fn lint_fixture(name: &str) -> Vec<Finding> {
+    lint::lint(&crate::support::fixtures::plan(&format!("bpg/{name}")), &[])
+}
+
+/// A healthy twin of a triggering plan gives no finding at all.
+fn assert_silent(name: &str) {
+    let findings = lint_fixture(name);
+    assert_eq!(findings, vec![], "{name}:\n{}", as_text(&findings));
+}
+
+#[test]
+fn several_full_clones_from_one_storage_warn_and_suggest_parallelism_1() {
+    let findings = lint_fixture("clones_parallel");
+    assert_eq!(
+        fired(&findings),
+        expect(&[("PVE016", "proxmox_virtual_environment_vm.k8s[\"w1\"]")])
+    );
+    assert_eq!(findings[0].severity, Severity::Warning);
+    let text = as_text(&findings);
+    assert!(
+        text.contains("3 VMs are full-cloned from template 9000"),
+        "{text}"
+    );
+    assert!(text.contains("storage `local-lvm`"), "{text}");
+    assert!(
+        text.contains(
+            "can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got timeout"
+        ),
+        "{text}"
+    );
+    assert!(
+        findings[0].fix.lines().any(|l| l == "parallelism = 1"),
+        "{text}"
+    );
+    insta::assert_snapshot!(text);
+    // The root already runs one change at a time: nothing to say.
+    let plan = crate::support::fixtures::plan("bpg/clones_parallel");
+    let one_at_a_time = Facts {
+        parallelism: Some(1),
+        ..Facts::default()
+    };
+    assert_eq!(lint::lint_with(&plan, &[], &one_at_a_time), vec![]);
+    let two = Facts {
+        parallelism: Some(2),
+        ..Facts::default()
+    };
+    let with_two = lint::lint_with(&plan, &[], &two);
+    assert!(
+        with_two[0].message.contains("2 at a time"),
+        "{}",
+        with_two[0].message
+    );
+    // One clone (and a VM that is not cloned): none.
+    assert_silent("clones_one");
+}
+
+#[test]
+fn a_changed_snippet_that_replaces_the_vm_names_the_snippet_and_how_to_keep_the_vm() {
+    let findings = lint_fixture("snippet_replaces_vm");
+    assert_eq!(
+        fired(&findings),
+        expect(&[("PVE008", "proxmox_virtual_environment_vm.web")])
+    );
+    let f = &findings[0];
+    assert!(
+        f.message.contains("only because snippet `proxmox_virtual_environment_file.web_user_data` gets new content"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.message
+            .contains("`initialization[0].user_data_file_id` forces replacement"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.fix
+            .contains("ignore_changes = [initialization[0].user_data_file_id]"),
+        "{}",
+        f.fix
+    );
+    insta::assert_snapshot!(as_text(&findings));
+    // The VM ignores the file id: only the snippet is replaced, nothing to say.
+    assert_silent("snippet_replaced_vm_kept");
+}
+
+#[test]
+fn disk_edits_a_shrink_is_an_error_a_move_a_warning_an_added_disk_a_replacement() {
+    let findings = lint_fixture("disk_edits");
+    assert_eq!(
+        fired(&findings),
+        expect(&[
+            ("PVE008", "proxmox_virtual_environment_vm.app"),
+            ("PVE017", "proxmox_virtual_environment_vm.db"),
+            ("PVE017", "proxmox_virtual_environment_vm.files"),
+        ])
+    );
+    let by = |a: &str| findings.iter().find(|f| f.address.ends_with(a)).unwrap();
+    let shrink = by(".db");
+    assert_eq!(shrink.severity, Severity::Error);
+    assert!(
+        shrink.message.contains("from 40 GB to 20 GB"),
+        "{}",
+        shrink.message
+    );
+    assert!(
+        shrink
+            .message
+            .contains("`shrinking disks is not supported`"),
+        "{}",
+        shrink.message
+    );
+    assert!(shrink.fix.starts_with("size = 40"), "{}", shrink.fix);
+    let moved = by(".files");
+    assert_eq!(moved.severity, Severity::Warning);
+    assert!(
+        moved.message.contains("from storage `local-lvm` to `ceph`"),
+        "{}",
+        moved.message
+    );
+    assert!(
+        moved.fix.contains("qm disk move 131 scsi0 ceph"),
+        "{}",
+        moved.fix
+    );
+    let added = by(".app");
+    assert!(
+        added
+            .message
+            .contains("a `disk {}` block is added (`virtio1`)"),
+        "{}",
+        added.message
+    );
+    assert!(
+        added.fix.contains("ignore_changes = [disk]"),
+        "{}",
+        added.fix
+    );
+    assert!(findings::has_errors(&findings));
+    insta::assert_snapshot!(as_text(&findings));
+    assert_silent("disk_grown");
+}
+
+#[test]
+fn cpu_and_memory_changes_without_hotplug_wait_for_a_reboot() {
+    let findings = lint_fixture("cpu_memory_without_hotplug");
+    assert_eq!(
+        fired(&findings),
+        expect(&[("PVE019", "proxmox_virtual_environment_vm.k8s_w1")])
+    );
+    let text = as_text(&findings);
+    assert!(text.contains("`cpu.cores` 2 → 4"), "{text}");
+    assert!(text.contains("`memory.dedicated` 4096 → 8192"), "{text}");
+    assert!(text.contains("`reboot_after_update`"), "{text}");
+    assert!(text.contains("qm reboot 140"), "{text}");
+    insta::assert_snapshot!(text);
+    // CPU and memory hotplug on, NUMA on: the change is live.
+    assert_silent("cpu_memory_hotplug");
+}
+
+#[test]
+fn uefi_without_an_efi_disk_warns_with_the_block_to_add() {
+    let findings = lint_fixture("ovmf_without_efi_disk");
+    assert_eq!(
+        fired(&findings),
+        expect(&[("PVE020", "proxmox_virtual_environment_vm.win11")])
+    );
+    let text = as_text(&findings);
+    assert!(text.contains("`bios = \"ovmf\"`"), "{text}");
+    assert!(text.contains("efi_disk {"), "{text}");
+    insta::assert_snapshot!(text);
+    assert_silent("ovmf_with_efi_disk");
+}
+
+#[test]
+fn names_that_are_not_dns_names_are_errors_with_proxmoxs_text() {
+    let findings = lint_fixture("names_not_dns");
+    assert_eq!(
+        fired(&findings),
+        expect(&[
+            ("PVE022", "proxmox_virtual_environment_container.db"),
+            ("PVE022", "proxmox_virtual_environment_vm.web_01"),
+        ])
+    );
+    assert!(findings.iter().all(|f| f.severity == Severity::Error));
+    let text = as_text(&findings);
+    assert!(
+        text.contains("`name: invalid format - value does not look like a valid DNS name`"),
+        "{text}"
+    );
+    assert!(text.contains("`hostname: invalid format"), "{text}");
+    assert!(text.contains("name = \"web-01\""), "{text}");
+    assert!(text.contains("hostname = \"db-01.lab\""), "{text}");
+    insta::assert_snapshot!(text);
+    assert_silent("names_dns");
+}
+
+#[test]
+fn one_vm_id_asked_for_twice_in_a_plan_is_an_error() {
+    let findings = lint_fixture("vm_id_twice");
+    assert_eq!(
+        fired(&findings),
+        expect(&[("PVE023", "proxmox_virtual_environment_vm.a")])
+    );
+    let text = as_text(&findings);
+    assert!(
+        text.contains("`proxmox_virtual_environment_vm.a` and `proxmox_virtual_environment_container.b` all ask for VM id 201"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`unable to create VM 201 - VM 201 already exists on node"),
+        "{text}"
+    );
+    insta::assert_snapshot!(text);
+    assert_silent("vm_id_distinct");
+}
+
+#[test]
+fn one_vm_id_in_two_roots_of_an_mr_is_an_error_in_both() {
+    let lab = crate::support::fixtures::plan("bpg/vm_id_root_lab");
+    let prod = crate::support::fixtures::plan("bpg/vm_id_root_prod");
+    // Each root alone is fine.
+    assert_eq!(lint::lint(&lab, &[]), vec![]);
+    assert_eq!(lint::lint(&prod, &[]), vec![]);
+    let roots = |prod_disabled: &[String]| {
+        lint::cross_root(&[
+            lint::RootPlan {
+                name: "lab",
+                plan: &lab,
+                disabled: &[],
+            },
+            lint::RootPlan {
+                name: "prod",
+                plan: &prod,
+                disabled: prod_disabled,
+            },
+        ])
+    };
+    let found = roots(&[]);
+    assert_eq!(
+        fired(&found[0]),
+        expect(&[("PVE023", "proxmox_virtual_environment_vm.lab_db")])
+    );
+    assert_eq!(
+        fired(&found[1]),
+        expect(&[("PVE023", "proxmox_virtual_environment_vm.db")])
+    );
+    assert!(
+        found[0][0]
+            .message
+            .contains("`proxmox_virtual_environment_vm.db` in root `prod`"),
+        "{}",
+        found[0][0].message
+    );
+    assert_eq!(found[0][0].severity, Severity::Error);
+    insta::assert_snapshot!(format!(
+        "root lab:\n{}\nroot prod:\n{}",
+        as_text(&found[0]),
+        as_text(&found[1])
+    ));
+    // A root that disables the rule gets nothing, the other still does.
+    let found = roots(&["PVE023".to_string()]);
+    assert_eq!(found[0].len(), 1);
+    assert!(found[1].is_empty());
+    // Distinct ids across roots: nothing.
+    let found = lint::cross_root(&[
+        lint::RootPlan {
+            name: "lab",
+            plan: &lab,
+            disabled: &[],
+        },
+        lint::RootPlan {
+            name: "other",
+            plan: &crate::support::fixtures::plan("bpg/clones_one"),
+            disabled: &[],
+        },
+    ]);
+    assert!(found.iter().all(Vec::is_empty), "{found:?}");
 }

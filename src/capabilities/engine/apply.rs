@@ -37,6 +37,8 @@ pub struct PlannedRun {
     pub(super) plan_file: PathBuf,
     pub(super) private: tempfile::TempDir,
     pub(super) lock_file: Option<Vec<u8>>,
+    /// `-parallelism=N` of the plan, given to its apply too.
+    pub(super) parallelism: Option<u16>,
     pub(super) backend: Backend,
     pub(super) version: EngineVersion,
     pub(super) encryption: PlanEncryption,
@@ -111,9 +113,21 @@ impl PlannedRun {
         self.lock_file.as_deref()
     }
 
-    /// The plan's fingerprint, bound to the provider lock file.
+    /// The plan's fingerprint, bound to the provider lock file and the `-parallelism` it is
+    /// planned and applied with.
     pub fn fingerprint(&self, key: &[u8]) -> Fingerprint {
-        Fingerprint::of_with_lock(&self.plan, key, self.lock_file.as_deref())
+        Fingerprint::of_with_parallelism(
+            &self.plan,
+            key,
+            self.lock_file.as_deref(),
+            self.parallelism,
+        )
+    }
+
+    /// The `-parallelism=N` this plan was made with and is applied with (`None`: the engine's
+    /// default).
+    pub fn parallelism(&self) -> Option<u16> {
+        self.parallelism
     }
 
     /// The backend `init` configured: where the state lives (a local one is in the checkout).
@@ -146,13 +160,16 @@ impl PlannedRun {
     ) -> Result<ApplyOutcome, EngineError> {
         let started = Instant::now();
         let inner = &self.engine.inner;
-        let args: Vec<OsString> = vec![
+        let mut args: Vec<OsString> = vec![
             "apply".into(),
             "-input=false".into(),
             "-no-color".into(),
             format!("-lock-timeout={}s", inner.lock_timeout.as_secs()).into(),
-            self.plan_file.clone().into_os_string(),
         ];
+        if let Some(n) = self.parallelism {
+            args.push(format!("-parallelism={n}").into());
+        }
+        args.push(self.plan_file.clone().into_os_string());
         let call = StepCall {
             dir: &self.dir,
             env: &self.env,

@@ -137,6 +137,7 @@ impl Engine {
             plan_file,
             private,
             lock_file,
+            parallelism: req.parallelism,
             backend,
             version,
             encryption,
@@ -283,6 +284,9 @@ impl PlanSteps<'_> {
                 )
                 .into(),
             );
+        }
+        if let Some(n) = self.req.parallelism {
+            args.push(format!("-parallelism={n}").into());
         }
         let mut out_arg = OsString::from("-out=");
         out_arg.push(self.plan_file);

@@ -98,6 +98,10 @@ pub struct PlanRequest {
     /// directory or var file that resolves outside it (a symbolic link) is refused. `None`:
     /// the root directory itself.
     pub worktree: Option<PathBuf>,
+    /// `-parallelism=N` for `plan` and for the apply of this plan (a root's `parallelism` in
+    /// `.planbot.toml`, 1..=256); `None`: the engine's default (10). Part of the plan's
+    /// fingerprint.
+    pub parallelism: Option<u16>,
     /// Stops the run (SIGTERM, grace, SIGKILL) when cancelled.
     pub cancel: Option<CancelToken>,
     /// Told when each step starts and ends (`planbot plan`'s progress on stderr).
@@ -171,6 +175,14 @@ fn validate_request(req: &PlanRequest) -> Result<(), EngineError> {
         if !vf.is_absolute() {
             return Err(EngineError::InvalidRequest(format!(
                 "operator var file {vf:?} must be an absolute path"
+            )));
+        }
+    }
+    if let Some(n) = req.parallelism {
+        if !(1..=crate::core::repo_config::MAX_PARALLELISM).contains(&n) {
+            return Err(EngineError::InvalidRequest(format!(
+                "parallelism {n}: from 1 to {}",
+                crate::core::repo_config::MAX_PARALLELISM
             )));
         }
     }

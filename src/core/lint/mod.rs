@@ -5,9 +5,13 @@
 //! from `templates/lint.j2` (one `<ID>_message` and one `<ID>_fix` macro per rule).
 
 mod download;
+mod guests;
 mod refactor;
 mod snippets;
+mod together;
 mod vm;
+
+pub use together::{cross_root, RootPlan};
 
 use crate::core::findings::{
     self, finding, is_disabled, render_macro, sort_findings, Facts, Finding, Severity,
@@ -26,6 +30,10 @@ pub struct LintInput<'a> {
     pub file_uses: download::FileUses<'a>,
     /// The destroys and creates a `moved` block could join (for PVE010).
     pub moves: refactor::Candidates<'a>,
+    /// The full clones the plan creates (for PVE016).
+    pub clones: together::Clones,
+    /// The VM ids the plan's guests ask for (for PVE023).
+    pub vm_ids: together::VmIds,
 }
 
 impl<'a> LintInput<'a> {
@@ -48,6 +56,8 @@ impl<'a> LintInput<'a> {
             index: model::Index::new(plan),
             file_uses: download::FileUses::default(),
             moves: refactor::Candidates::default(),
+            clones: together::Clones::default(),
+            vm_ids: together::VmIds::default(),
         };
         let mut file_uses = download::FileUses::default();
         let mut moves = refactor::Candidates::default();
@@ -59,7 +69,7 @@ impl<'a> LintInput<'a> {
         let mut findings = Vec::new();
         for &rc in input.index.live() {
             let kind = model::Kind::of(rc);
-            let machine = (!each.is_empty() || gather.file_uses)
+            let machine = (!each.is_empty() || gather.file_uses || gather.clones || gather.vm_ids)
                 && kind.is_some_and(|k| k.is_vm() || k == model::Kind::Container);
             let pairs = refactor::is_candidate(rc, &pairable);
             if !machine && !pairs {
@@ -80,6 +90,12 @@ impl<'a> LintInput<'a> {
                 if gather.file_uses {
                     file_uses.add(&input.index, res);
                 }
+                if gather.clones {
+                    input.clones.add(res);
+                }
+                if gather.vm_ids {
+                    input.vm_ids.add(res);
+                }
             }
             if pairs {
                 moves.add(res);
@@ -99,12 +115,25 @@ struct Gather {
     file_uses: bool,
     /// Destroys and creates a `moved` block could join (PVE010).
     moves: bool,
+    /// Full clones (PVE016).
+    clones: bool,
+    /// The guests' VM ids (PVE023).
+    vm_ids: bool,
 }
 
 impl Gather {
     const ALL: Gather = Gather {
         file_uses: true,
         moves: true,
+        clones: true,
+        vm_ids: true,
+    };
+    /// Only the VM ids (the check across an MR's roots).
+    const VM_IDS: Gather = Gather {
+        file_uses: false,
+        moves: false,
+        clones: false,
+        vm_ids: true,
     };
 }
 
@@ -193,6 +222,30 @@ pub const RULES: &[Rule] = &[
         id: "PVE015",
         check: Check::Plan(snippets::pve015),
     },
+    Rule {
+        id: "PVE016",
+        check: Check::Plan(together::pve016),
+    },
+    Rule {
+        id: "PVE017",
+        check: Check::Each(guests::pve017),
+    },
+    Rule {
+        id: "PVE019",
+        check: Check::Each(guests::pve019),
+    },
+    Rule {
+        id: "PVE020",
+        check: Check::Each(guests::pve020),
+    },
+    Rule {
+        id: "PVE022",
+        check: Check::Each(guests::pve022),
+    },
+    Rule {
+        id: "PVE023",
+        check: Check::Plan(together::pve023),
+    },
 ];
 
 /// The rule with this id (plan rules only).
@@ -222,6 +275,8 @@ pub fn lint_with(plan: &Plan, disabled: &[String], facts: &Facts) -> Vec<Finding
     let gather = Gather {
         file_uses: runs("PVE009"),
         moves: runs("PVE010"),
+        clones: runs("PVE016"),
+        vm_ids: runs("PVE023"),
     };
     let (input, mut out) = LintInput::scan(plan, facts, &each, gather);
     for r in &enabled {
@@ -261,7 +316,10 @@ mod tests {
     #[test]
     fn rule_ids_are_unique_and_in_catalogue_order() {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
-        let expected: Vec<String> = (1..=15).map(|i| format!("PVE{i:03}")).collect();
+        let expected: Vec<String> = (1..=17)
+            .chain([19, 20, 22, 23])
+            .map(|i| format!("PVE{i:03}"))
+            .collect();
         assert_eq!(ids, expected);
     }
 

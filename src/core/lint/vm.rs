@@ -61,18 +61,33 @@ pub fn pve005(input: &LintInput, rc: &Res) -> Vec<Finding> {
     out
 }
 
-/// PVE008: a VM is replaced or destroyed; say why.
-pub fn pve008(_: &LintInput, rc: &Res) -> Vec<Finding> {
+/// PVE008: a VM is replaced or destroyed; say why. When what forces the replacement is a
+/// cloud-init file id whose snippet the plan replaces (the file resource is immutable: new
+/// content is a new file with an id known only after apply), name the snippet and the
+/// attribute; when it is a `disk {}` block added or removed, say which.
+pub fn pve008(input: &LintInput, rc: &Res) -> Vec<Finding> {
     std::iter::once(rc)
         .filter(|rc| is_vm(rc) && rc.kind().is_destructive())
         .map(|rc| {
-            let paths: Vec<String> = rc
-                .change
-                .replace_paths
-                .iter()
-                .flatten()
-                .map(|p| path_text(p))
-                .collect();
+            let replace_paths: &[Vec<Value>] = rc.change.replace_paths.as_deref().unwrap_or(&[]);
+            let paths: Vec<String> = replace_paths.iter().map(|p| path_text(p)).collect();
+            let snippets = if rc.kind().is_replace() {
+                snippet_causes(input, rc, replace_paths)
+            } else {
+                Vec::new()
+            };
+            // Whether every path forcing the replacement is a snippet's file id.
+            let only_snippets = !snippets.is_empty()
+                && replace_paths.iter().all(|p| {
+                    snippets
+                        .iter()
+                        .any(|s| s["path"].as_str() == Some(path_text(p).as_str()))
+                });
+            let disks = if rc.kind().is_replace() {
+                disk_blocks_changed(rc, replace_paths)
+            } else {
+                None
+            };
             finding(
                 "PVE008",
                 &rc.address,
@@ -81,10 +96,73 @@ pub fn pve008(_: &LintInput, rc: &Res) -> Vec<Finding> {
                     "reason": rc.action_reason,
                     "paths": paths,
                     "name": after(rc, "name").str().or_else(|| before(rc, "name").and_then(Value::as_str)),
+                    "snippets": snippets,
+                    "only_snippets": only_snippets,
+                    "disks": disks,
                 }),
             )
         })
         .collect()
+}
+
+/// The replace paths of `rc` that are a cloud-init file id (`initialization[i].*_file_id`)
+/// pointing at a snippet the plan replaces: `{path, snippet}` for each.
+fn snippet_causes(input: &LintInput, rc: &Res, replace_paths: &[Vec<Value>]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for p in replace_paths {
+        let [Value::String(block), Value::Number(i), Value::String(attr)] = p.as_slice() else {
+            continue;
+        };
+        if block != "initialization" || !CLOUD_INIT_FILES.contains(&attr.as_str()) {
+            continue;
+        }
+        let path = format!("initialization.{i}.{attr}");
+        let replaced: Vec<&Res> = input
+            .index
+            .referenced_files(rc, &path)
+            .into_iter()
+            .filter(|f| f.kind().is_replace())
+            .collect();
+        for f in replaced {
+            out.push(json!({"path": path_text(p), "snippet": f.address}));
+        }
+    }
+    out
+}
+
+/// When a replacement is forced by the `disk` list and the number of disks changes: which
+/// disks are added and which removed (by `interface`).
+fn disk_blocks_changed(rc: &Res, replace_paths: &[Vec<Value>]) -> Option<Value> {
+    let by_disk = replace_paths
+        .iter()
+        .any(|p| p.first().and_then(Value::as_str) == Some("disk"));
+    if !by_disk {
+        return None;
+    }
+    let names = |disks: Option<&Value>| -> Vec<String> {
+        disks
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter_map(|d| d.get("interface").and_then(Value::as_str))
+            .map(str::to_string)
+            .collect()
+    };
+    let old = names(before(rc, "disk"));
+    let new = match after(rc, "disk") {
+        Attr::Known(v) => names(Some(v)),
+        _ => return None,
+    };
+    if old.len() == new.len() {
+        return None;
+    }
+    let added: Vec<&String> = new.iter().filter(|n| !old.contains(n)).collect();
+    let removed: Vec<&String> = old.iter().filter(|n| !new.contains(n)).collect();
+    Some(json!({
+        "added": added,
+        "removed": removed,
+        "vm_id": before(rc, "vm_id"),
+    }))
 }
 
 const CLOUD_INIT_FILES: &[&str] = &[
@@ -151,7 +229,7 @@ pub fn pve011(input: &LintInput, rc: &Res) -> Vec<Finding> {
 }
 
 /// Whether an update leaves `path` as it was (then the rule has nothing new to say).
-fn unchanged(rc: &Res, path: &str) -> bool {
+pub(super) fn unchanged(rc: &Res, path: &str) -> bool {
     rc.kind() == ActionKind::Update
         && before(rc, path)
             == match after(rc, path) {

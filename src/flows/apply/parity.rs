@@ -231,6 +231,7 @@ impl ApplyCtx {
             extra_env: gate.as_ref().map(|g| g.env()).unwrap_or_default(),
             state_gate: gate.clone(),
             init_env: credentials::module_env(&self.app.config, Trust::DefaultBranch),
+            parallelism: root.parallelism,
             ..PlanRequest::default()
         };
         match engine.plan(&checkout.join(&root.dir), &request).await {
@@ -509,7 +510,12 @@ impl ApplyCtx {
             .unwrap_or_default();
         // The run's secrets: the config's (given to the run) and the plan's own.
         let scrubber = planned.scrubber();
-        let findings = cpu_bound(|| crate::core::lint::lint(planned.plan(), &root.lint_disable));
+        let facts = crate::core::findings::Facts {
+            parallelism: root.parallelism,
+            ..Default::default()
+        };
+        let findings =
+            cpu_bound(|| crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts));
         let new_plan = cpu_bound(|| {
             render_note(
                 &NoteContext {

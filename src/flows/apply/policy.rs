@@ -178,7 +178,12 @@ impl ApplyCtx {
                 base => self.policy.base.as_ref().map(|b| b.short().to_string()),
             },
         );
-        let findings = cpu_bound(|| crate::core::lint::lint(planned.plan(), &root.lint_disable));
+        let facts = crate::core::findings::Facts {
+            parallelism: root.parallelism,
+            ..Default::default()
+        };
+        let findings =
+            cpu_bound(|| crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts));
         let recorded = cpu_bound(|| {
             let document = sets.read_document(&root.name, planned.plan_json());
             let verdict = sets.evaluate(&root.name, document, &findings);

@@ -415,6 +415,7 @@ impl ProjectCheck<'_> {
             extra_env: gate.as_ref().map(|g| g.env()).unwrap_or_default(),
             state_gate: gate.clone(),
             cancel: self.selection.cancel.clone(),
+            parallelism: root.parallelism,
             ..PlanRequest::default()
         };
         self.engine.plan(&dir, &req).await.map_err(|e| {

@@ -121,10 +121,62 @@ pub(super) async fn plan_roots(
             outcome,
         });
     }
+    across_roots(prepared, &mut results);
     Ok(RootsPlanned {
         results,
         preflight_notes,
     })
+}
+
+/// The lint rules that need every root's plan (PVE023: one `vm_id` asked for in two roots of
+/// the MR): their findings join each root's own, and a root that got one has its policies
+/// checked again with them, so the verdict sees what the note shows.
+fn across_roots(prepared: &Prepared, results: &mut [RootResult]) {
+    let mut at = Vec::new();
+    let mut plans = Vec::new();
+    for (i, r) in results.iter().enumerate() {
+        let Outcome::Planned { planned, .. } = &r.outcome else {
+            continue;
+        };
+        let Some(root) = prepared.config.roots.iter().find(|c| c.name == r.name) else {
+            continue;
+        };
+        if !planned.plan().errored {
+            at.push(i);
+            plans.push(lint::RootPlan {
+                name: &r.name,
+                plan: planned.plan(),
+                disabled: &root.lint_disable,
+            });
+        }
+    }
+    if plans.len() < 2 {
+        return;
+    }
+    let found = cpu_bound(|| lint::cross_root(&plans));
+    drop(plans);
+    for (i, new) in at.into_iter().zip(found) {
+        if new.is_empty() {
+            continue;
+        }
+        let name = results[i].name.clone();
+        if let Outcome::Planned {
+            planned,
+            findings,
+            policy,
+            ..
+        } = &mut results[i].outcome
+        {
+            findings.extend(new);
+            findings::sort_findings(findings);
+            if policy.is_some() {
+                *policy = Some(cpu_bound(|| {
+                    let document = prepared.policies.read_document(&name, planned.plan_json());
+                    prepared.policies.evaluate(&name, document, findings)
+                }));
+            }
+        }
+    }
 }
 
 /// The log's line for one planned root: `root planned` (with its changes) or a warning.
@@ -196,6 +248,7 @@ async fn plan_root(
         // token may not), and the apply's parity check catches a state that moved.
         no_lock: true,
         init_env: credentials::module_env(&app.config, Trust::MergeRequest),
+        parallelism: root.parallelism,
         ..PlanRequest::default()
     };
     let state = if dir.is_dir() {
@@ -231,6 +284,7 @@ async fn plan_root(
                 facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
                     &app.config,
                 ));
+                facts.parallelism = root.parallelism;
                 // The policies' plan document is read on another core meanwhile.
                 let check_policies = !planned.plan().errored;
                 let (mut findings, fingerprint, document) = cpu_bound(|| {
