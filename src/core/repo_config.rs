@@ -12,6 +12,7 @@
 //! workspace = "default"
 //! lint_disable = ["PVE003"]          # lint rules off for this root only
 //! state = { gitlab = "core" }         # the project's GitLab-managed state `core`
+//! checks = { fmt = false }            # engine checks off for this root (validate, fmt, test)
 //!
 //! [plan]
 //! checkout = "merge"                 # or "head"
@@ -31,6 +32,7 @@
 //! Absent file: one root named `default` at `.`, planned when any file changes. Unknown keys are
 //! errors, reported with their line and column.
 
+use crate::core::engine_checks::CheckSet;
 use crate::core::markdown::code_span;
 use crate::core::policy::{self, PolicySetSpec};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
@@ -122,6 +124,8 @@ pub struct Root {
     pub state: RootState,
     /// Whether the drift check covers it (`drift = false` on the root or the file opts out).
     pub drift: bool,
+    /// The engine's checks run beside its MR plans (`checks = { validate, fmt, test }`).
+    pub checks: CheckSet,
     matcher: GlobSet,
 }
 
@@ -135,6 +139,7 @@ impl PartialEq for Root {
             && self.lint_disable == other.lint_disable
             && self.state == other.state
             && self.drift == other.drift
+            && self.checks == other.checks
     }
 }
 
@@ -307,6 +312,8 @@ struct RawRoot {
     state: Option<Spanned<toml::Value>>,
     #[serde(default)]
     drift: Option<bool>,
+    #[serde(default)]
+    checks: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -540,6 +547,7 @@ impl RepoConfig {
                 lint_disable: Vec::new(),
                 state: RootState::Unset,
                 drift: true,
+                checks: CheckSet::ALL,
             }],
             plan: PlanSettings::default(),
             policy_sets: Vec::new(),
@@ -854,6 +862,7 @@ fn parse_root(
     let state = root_state(i, &r, &workspace, problems);
     let matcher = build_matcher(&patterns).unwrap_or_else(|_| GlobSet::empty());
     let drift = r.drift.unwrap_or(true);
+    let checks = root_checks(i, &r, problems);
     let root = Root {
         name,
         dir,
@@ -864,9 +873,54 @@ fn parse_root(
         lint_disable,
         state,
         drift,
+        checks,
         matcher,
     };
     (root, dir_ok)
+}
+
+/// `roots[i].checks`: a table of `validate`, `fmt`, `test`, each `true` or `false`; a key left
+/// out stays on.
+fn root_checks(i: usize, r: &RawRoot, problems: &mut Problems<'_>) -> CheckSet {
+    let mut set = CheckSet::ALL;
+    let Some(raw) = &r.checks else {
+        return set;
+    };
+    let key = root_key(i, "checks");
+    let form = "write `checks = { validate = false, fmt = false, test = false }` (each key optional, `true` by default)";
+    let toml::Value::Table(t) = raw.get_ref() else {
+        problems.at(raw.span(), key, form);
+        return set;
+    };
+    for (name, value) in t {
+        let slot = match name.as_str() {
+            "validate" => &mut set.validate,
+            "fmt" => &mut set.fmt,
+            "test" => &mut set.test,
+            _ => {
+                problems.at(
+                    raw.span(),
+                    format!("{key}.{name}"),
+                    format!(
+                        "unknown check {}, expected one of {}{}",
+                        code_span(name),
+                        CheckSet::KEYS.map(code_span).join(", "),
+                        crate::core::suggest::did_you_mean(name, CheckSet::KEYS)
+                    ),
+                );
+                continue;
+            }
+        };
+        match value {
+            toml::Value::Boolean(b) => *slot = *b,
+            _ => problems.at(
+                raw.span(),
+                format!("{key}.{name}"),
+                format!("{} is `true` or `false`", code_span(name)),
+            ),
+        }
+    }
+    set
 }
 
 /// `roots[i].state`: `"own"` or `{ gitlab = "NAME" }` (a state name GitLab accepts in a URL:
@@ -1483,5 +1537,39 @@ lint_disable = ["not a rule"]
         assert!(normalize_path("a", "../../x").is_err());
         assert!(normalize_path(".", "/etc").is_err());
         assert!(normalize_path(".", "a\\b").is_err());
+    }
+
+    #[test]
+    fn checks_are_on_unless_a_root_switches_one_off_and_a_typo_is_named() {
+        let cfg = RepoConfig::parse(
+            "[[roots]]\nname = \"core\"\nchecks = { fmt = false }\n\n[[roots]]\nname = \"dns\"\ndir = \"dns\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.roots[0].checks,
+            CheckSet {
+                validate: true,
+                fmt: false,
+                test: true
+            }
+        );
+        assert_eq!(cfg.roots[1].checks, CheckSet::ALL);
+        assert_eq!(RepoConfig::absent().roots[0].checks, CheckSet::ALL);
+
+        let err = RepoConfig::parse(
+            "[[roots]]\nname = \"core\"\nchecks = { tset = false, fmt = \"no\" }\n",
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("line 3, column 10: key `roots[0].checks.tset`: unknown check `tset`, expected one of `validate`, `fmt`, `test` (did you mean `test`?)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("key `roots[0].checks.fmt`: `fmt` is `true` or `false`"),
+            "{text}"
+        );
+        let err = RepoConfig::parse("[[roots]]\nname = \"core\"\nchecks = false\n").unwrap_err();
+        assert!(err.to_string().contains("`roots[0].checks`: write `checks = {"), "{err}");
     }
 }
