@@ -121,8 +121,12 @@ pub enum Check<T> {
     #[default]
     Quiet,
     /// It did not run, or not to its end: why.
-    NotRun { reason: String },
-    Ran { result: T },
+    NotRun {
+        reason: String,
+    },
+    Ran {
+        result: T,
+    },
 }
 
 impl<T> Check<T> {
@@ -334,7 +338,9 @@ pub struct TestsStatus {
 impl TestsStatus {
     /// The status of these roots' tests; `None` when no root has tests to run (none has test
     /// files, or every root with some switched them off): then nothing is posted.
-    pub fn of<'a>(roots: impl IntoIterator<Item = (&'a str, &'a RootChecks)>) -> Option<TestsStatus> {
+    pub fn of<'a>(
+        roots: impl IntoIterator<Item = (&'a str, &'a RootChecks)>,
+    ) -> Option<TestsStatus> {
         let mut st = TestsStatus::default();
         let mut any = false;
         for (name, c) in roots {
@@ -449,7 +455,12 @@ fn read_validate(stdout: &[u8]) -> Option<Vec<Diagnostic>> {
     }
     let v: Validate = serde_json::from_slice(stdout).ok()?;
     let _ = v.valid;
-    Some(v.diagnostics.into_iter().map(WireDiagnostic::read).collect())
+    Some(
+        v.diagnostics
+            .into_iter()
+            .map(WireDiagnostic::read)
+            .collect(),
+    )
 }
 
 /// `fmt -list`'s files, one a line.
@@ -640,7 +651,11 @@ fn read_check_blocks(plan_json: &[u8]) -> Vec<CheckBlock> {
             out.push(CheckBlock {
                 address,
                 status: i.status,
-                messages: i.problems.into_iter().map(|p| one_line(&p.message)).collect(),
+                messages: i
+                    .problems
+                    .into_iter()
+                    .map(|p| one_line(&p.message))
+                    .collect(),
             });
         }
     }
@@ -681,7 +696,11 @@ mod tests {
 
     #[test]
     fn warnings_are_grouped_and_errors_kept_apart() {
-        let w = |line: u32| format!(r#"{{"severity":"warning","summary":"Deprecated Resource","detail":"use proxmox_vm\ninstead","range":{{"filename":"main.tf","start":{{"line":{line}}}}}}}"#);
+        let w = |line: u32| {
+            format!(
+                r#"{{"severity":"warning","summary":"Deprecated Resource","detail":"use proxmox_vm\ninstead","range":{{"filename":"main.tf","start":{{"line":{line}}}}}}}"#
+            )
+        };
         let doc = format!(
             r#"{{"valid":false,"diagnostics":[{},{},{{"severity":"error","summary":"Unsupported argument","detail":"x","range":{{"filename":"a.tf","start":{{"line":4}}}}}}]}}"#,
             w(3),

@@ -1570,6 +1570,10 @@ lint_disable = ["not a rule"]
             "{text}"
         );
         let err = RepoConfig::parse("[[roots]]\nname = \"core\"\nchecks = false\n").unwrap_err();
-        assert!(err.to_string().contains("`roots[0].checks`: write `checks = {"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("`roots[0].checks`: write `checks = {"),
+            "{err}"
+        );
     }
 }

@@ -276,10 +276,23 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
         note.contains("- `plain`: **Redundant empty provider block** (2×)\n  - at `modules/m/main.tf:1`: Earlier versions of Terraform"),
         "{note}"
     );
-    assert_eq!(note.matches("required_providers block of module.one").count(), 1, "{note}");
-    assert_eq!(note.matches("required_providers block of module.two").count(), 1, "{note}");
+    assert_eq!(
+        note.matches("required_providers block of module.one")
+            .count(),
+        1,
+        "{note}"
+    );
+    assert_eq!(
+        note.matches("required_providers block of module.two")
+            .count(),
+        1,
+        "{note}"
+    );
     assert!(note.starts_with(planbot::core::render::NOTE_MARKER));
-    assert!(note.contains("### 🔴"), "failed tests make the headline red: {note}");
+    assert!(
+        note.contains("### 🔴"),
+        "failed tests make the headline red: {note}"
+    );
     insta::assert_snapshot!("engine_checks_note", checks_part(&note));
 
     // The test status: failed, with the counts; the plan status says what it says of plans.
@@ -314,10 +327,7 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
     }
     // `plain` keeps `fmt` and `test` (it has no tests) and its check block (from the plan).
     assert!(note.contains("**check.health** failed"), "{note}");
-    assert!(w
-        .fake
-        .status(&w.project, &head2, "planbot/test")
-        .is_none());
+    assert!(w.fake.status(&w.project, &head2, "planbot/test").is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

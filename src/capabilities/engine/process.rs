@@ -264,9 +264,7 @@ fn stream_output(
             tokio::spawn(read_lines(stdout, tx.clone()));
             None
         }
-        Capture::Stdout | Capture::Verdict => {
-            Some(tokio::spawn(read_capped(stdout, max_stdout)))
-        }
+        Capture::Stdout | Capture::Verdict => Some(tokio::spawn(read_capped(stdout, max_stdout))),
     };
     tokio::spawn(read_lines(stderr, tx));
     (rx, stdout_task)
