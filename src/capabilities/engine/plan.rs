@@ -151,6 +151,25 @@ impl Engine {
             Ok(()) => steps.show().await,
             Err(e) => Err(e),
         };
+        // The lock file as the plan left it, read within the plan's deadline (before the
+        // checks, which have deadlines of their own). The engine (and MR code it ran) may have
+        // left anything in its place.
+        let lock_file = match &shown {
+            Ok(_) => Some(
+                checkout_file::read(
+                    &place.worktree,
+                    &place
+                        .dir
+                        .strip_prefix(&place.worktree)
+                        .unwrap_or(Path::new(""))
+                        .join(LOCK_FILE),
+                    LOCK_FILE_MAX,
+                    started + self.inner.timeout,
+                )
+                .await,
+            ),
+            Err(_) => None,
+        };
         // The engine ran the root's code to its end (a plan, or its error): the checks run.
         let ran_to_end = matches!(
             &shown,
@@ -168,19 +187,7 @@ impl Engine {
         out.scrubber = secrets.scrubber();
         let (plan, plan_json) = shown?;
         let log = steps.log;
-
-        // The engine (and MR code it ran) may have left anything in the lock file's place.
-        let lock_file = checkout_file::read(
-            &place.worktree,
-            &place
-                .dir
-                .strip_prefix(&place.worktree)
-                .unwrap_or(Path::new(""))
-                .join(LOCK_FILE),
-            LOCK_FILE_MAX,
-            started + self.inner.timeout,
-        )
-        .await?;
+        let lock_file = lock_file.expect("read when the plan was shown")?;
         let scrubber = secrets.scrubber();
         Ok(PlannedRun {
             engine: self.clone(),
