@@ -1206,6 +1206,8 @@ struct RootView<'a> {
     patterns: &'a [String],
     var_files: &'a [String],
     lint_disable: &'a [String],
+    /// The engine's checks switched off (`validate`, `fmt`, `test`).
+    checks_off: Vec<&'static str>,
     /// The GitLab-managed state's name, `own`, or nothing (the service decides).
     state: Option<&'a str>,
 }
@@ -1221,6 +1223,12 @@ fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
             patterns: &r.patterns,
             var_files: &r.var_files,
             lint_disable: &r.lint_disable,
+            checks_off: CheckSet::KEYS
+                .into_iter()
+                .zip([r.checks.validate, r.checks.fmt, r.checks.test])
+                .filter(|(_, on)| !on)
+                .map(|(k, _)| k)
+                .collect(),
             state: match &r.state {
                 RootState::Unset => None,
                 RootState::Own => Some("own"),
