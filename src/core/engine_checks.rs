@@ -45,8 +45,9 @@ pub enum StepCheck {
     /// Switched off for the root.
     #[default]
     Off,
-    /// `test` only: the root has no test files (`*.tftest.hcl`, `*.tofutest.hcl`, in the root
-    /// or its `tests/`), so nothing ran.
+    /// `test` only: the root has no test files (`*.tftest.hcl`, `*.tftest.json`, and for
+    /// OpenTofu `*.tofutest.hcl`, `*.tofutest.json`, in the root or its `tests/`), so nothing
+    /// ran.
     NoTests,
     /// It should have run and did not, or stopped before its end: why, in words.
     NotRun(String),

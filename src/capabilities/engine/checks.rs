@@ -22,19 +22,23 @@ pub struct EngineChecks {
     pub scrubber: Scrubber,
 }
 
-/// The endings of the engines' test files (`tofu` reads both, `terraform` the first).
-const TEST_FILE_ENDINGS: &[&str] = &[".tftest.hcl", ".tftest.json", ".tofutest.hcl"];
+/// The endings of the test files both engines read.
+const TEST_FILE_ENDINGS: &[&str] = &[".tftest.hcl", ".tftest.json"];
+/// The endings only OpenTofu reads besides.
+const TOFU_TEST_FILE_ENDINGS: &[&str] = &[".tofutest.hcl", ".tofutest.json"];
 
-/// Whether `dir` (a root) or its `tests/` holds a test file: what `test` reads by default.
-/// Only regular files count (a symbolic link is not followed).
-pub(super) fn has_test_files(dir: &Path) -> bool {
+/// Whether `dir` (a root) or its `tests/` holds a test file the engine reads (`tofu`: OpenTofu's
+/// own endings too): what `test` reads by default. Only regular files count (a symbolic link is
+/// not followed).
+pub(super) fn has_test_files(dir: &Path, tofu: bool) -> bool {
+    let ours = |name: &str| {
+        TEST_FILE_ENDINGS.iter().any(|end| name.ends_with(end))
+            || (tofu && TOFU_TEST_FILE_ENDINGS.iter().any(|end| name.ends_with(end)))
+    };
     [dir.to_path_buf(), dir.join("tests")].iter().any(|d| {
         std::fs::read_dir(d).is_ok_and(|entries| {
             entries.flatten().any(|e| {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                TEST_FILE_ENDINGS.iter().any(|end| name.ends_with(end))
-                    && e.file_type().is_ok_and(|t| t.is_file())
+                ours(&e.file_name().to_string_lossy()) && e.file_type().is_ok_and(|t| t.is_file())
             })
         })
     })

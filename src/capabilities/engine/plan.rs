@@ -51,7 +51,15 @@ impl Engine {
         checks: CheckSet,
     ) -> (Result<PlannedRun, EngineError>, EngineChecks) {
         const BEFORE: &str = "the plan run stopped before it";
-        let has_tests = checks.test && has_test_files(dir);
+        // Which test files the engine reads (the version is asked only of a runner that may
+        // run the engine at all).
+        let tofu = checks.test
+            && self.refuse_unsandboxed().is_ok()
+            && matches!(
+                self.version().await.map(|v| v.name),
+                Ok(super::version::EngineKind::OpenTofu)
+            );
+        let has_tests = checks.test && has_test_files(dir, tofu);
         let mut out = EngineChecks::pending(checks, has_tests, BEFORE);
         let planned = self.plan_run(dir, req, checks, has_tests, &mut out).await;
         if let Err(e) = &planned {
