@@ -5,6 +5,8 @@
 pub const PLAN: &str = "planbot/plan";
 /// The policy verdict of an MR head (`flows::review::policies`).
 pub const POLICY: &str = "planbot/policy";
+/// The engine's tests of an MR head (`test -json` beside its plan; only when a root has tests).
+pub const TEST: &str = "planbot/test";
 /// The apply of a default-branch commit (`flows::apply`).
 pub const APPLY: &str = "planbot/apply";
 /// The drift check of the default branch's head (`flows::drift::check`).

@@ -8,6 +8,7 @@ pub mod config;
 pub mod defuse;
 pub mod drift;
 pub mod drift_schedule;
+pub mod engine_checks;
 pub mod engine_kind;
 pub mod events;
 pub mod findings;

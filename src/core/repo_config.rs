@@ -13,6 +13,7 @@
 //! lint_disable = ["PVE003"]          # lint rules off for this root only
 //! parallelism = 1                     # `-parallelism=1` for its plan and apply (1..=256)
 //! state = { gitlab = "core" }         # the project's GitLab-managed state `core`
+//! checks = { fmt = false }            # engine checks off for this root (validate, fmt, test)
 //!
 //! [plan]
 //! checkout = "merge"                 # or "head"
@@ -32,6 +33,7 @@
 //! Absent file: one root named `default` at `.`, planned when any file changes. Unknown keys are
 //! errors, reported with their line and column.
 
+use crate::core::engine_checks::CheckSet;
 use crate::core::markdown::code_span;
 use crate::core::policy::{self, PolicySetSpec};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
@@ -129,6 +131,8 @@ pub struct Root {
     /// `-parallelism=N` for its plans and applies (1..=[`MAX_PARALLELISM`]); `None`: the
     /// engine's default. Part of the plan's fingerprint.
     pub parallelism: Option<u16>,
+    /// The engine's checks run beside its MR plans (`checks = { validate, fmt, test }`).
+    pub checks: CheckSet,
     matcher: GlobSet,
 }
 
@@ -143,6 +147,7 @@ impl PartialEq for Root {
             && self.state == other.state
             && self.drift == other.drift
             && self.parallelism == other.parallelism
+            && self.checks == other.checks
     }
 }
 
@@ -319,6 +324,7 @@ struct RawRoot {
     drift: Option<bool>,
     #[serde(default)]
     parallelism: Option<Spanned<toml::Value>>,
+    checks: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -553,6 +559,7 @@ impl RepoConfig {
                 state: RootState::Unset,
                 drift: true,
                 parallelism: None,
+                checks: CheckSet::ALL,
             }],
             plan: PlanSettings::default(),
             policy_sets: Vec::new(),
@@ -877,6 +884,7 @@ fn parse_root(
         .parallelism
         .as_ref()
         .and_then(|p| parse_parallelism(p, root_key(i, "parallelism"), problems));
+    let checks = root_checks(i, &r, problems);
     let root = Root {
         name,
         dir,
@@ -888,6 +896,7 @@ fn parse_root(
         state,
         drift,
         parallelism,
+        checks,
         matcher,
     };
     (root, dir_ok)
@@ -920,6 +929,50 @@ fn parse_parallelism(
             None
         }
     }
+}
+
+/// `roots[i].checks`: a table of `validate`, `fmt`, `test`, each `true` or `false`; a key left
+/// out stays on.
+fn root_checks(i: usize, r: &RawRoot, problems: &mut Problems<'_>) -> CheckSet {
+    let mut set = CheckSet::ALL;
+    let Some(raw) = &r.checks else {
+        return set;
+    };
+    let key = root_key(i, "checks");
+    let form = "write `checks = { validate = false, fmt = false, test = false }` (each key optional, `true` by default)";
+    let toml::Value::Table(t) = raw.get_ref() else {
+        problems.at(raw.span(), key, form);
+        return set;
+    };
+    for (name, value) in t {
+        let slot = match name.as_str() {
+            "validate" => &mut set.validate,
+            "fmt" => &mut set.fmt,
+            "test" => &mut set.test,
+            _ => {
+                problems.at(
+                    raw.span(),
+                    format!("{key}.{name}"),
+                    format!(
+                        "unknown check {}, expected one of {}{}",
+                        code_span(name),
+                        CheckSet::KEYS.map(code_span).join(", "),
+                        crate::core::suggest::did_you_mean(name, CheckSet::KEYS)
+                    ),
+                );
+                continue;
+            }
+        };
+        match value {
+            toml::Value::Boolean(b) => *slot = *b,
+            _ => problems.at(
+                raw.span(),
+                format!("{key}.{name}"),
+                format!("{} is `true` or `false`", code_span(name)),
+            ),
+        }
+    }
+    set
 }
 
 /// `roots[i].state`: `"own"` or `{ gitlab = "NAME" }` (a state name GitLab accepts in a URL:
@@ -1206,6 +1259,8 @@ struct RootView<'a> {
     var_files: &'a [String],
     lint_disable: &'a [String],
     parallelism: Option<u16>,
+    /// The engine's checks switched off (`validate`, `fmt`, `test`).
+    checks_off: Vec<&'static str>,
     /// The GitLab-managed state's name, `own`, or nothing (the service decides).
     state: Option<&'a str>,
 }
@@ -1222,6 +1277,12 @@ fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
             var_files: &r.var_files,
             lint_disable: &r.lint_disable,
             parallelism: r.parallelism,
+            checks_off: CheckSet::KEYS
+                .into_iter()
+                .zip([r.checks.validate, r.checks.fmt, r.checks.test])
+                .filter(|(_, on)| !on)
+                .map(|(k, _)| k)
+                .collect(),
             state: match &r.state {
                 RootState::Unset => None,
                 RootState::Own => Some("own"),
@@ -1581,5 +1642,43 @@ lint_disable = ["not a rule"]
         assert!(normalize_path("a", "../../x").is_err());
         assert!(normalize_path(".", "/etc").is_err());
         assert!(normalize_path(".", "a\\b").is_err());
+    }
+
+    #[test]
+    fn checks_are_on_unless_a_root_switches_one_off_and_a_typo_is_named() {
+        let cfg = RepoConfig::parse(
+            "[[roots]]\nname = \"core\"\nchecks = { fmt = false }\n\n[[roots]]\nname = \"dns\"\ndir = \"dns\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.roots[0].checks,
+            CheckSet {
+                validate: true,
+                fmt: false,
+                test: true
+            }
+        );
+        assert_eq!(cfg.roots[1].checks, CheckSet::ALL);
+        assert_eq!(RepoConfig::absent().roots[0].checks, CheckSet::ALL);
+
+        let err = RepoConfig::parse(
+            "[[roots]]\nname = \"core\"\nchecks = { tset = false, fmt = \"no\" }\n",
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("line 3, column 10: key `roots[0].checks.tset`: unknown check `tset`, expected one of `validate`, `fmt`, `test` (did you mean `test`?)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("key `roots[0].checks.fmt`: `fmt` is `true` or `false`"),
+            "{text}"
+        );
+        let err = RepoConfig::parse("[[roots]]\nname = \"core\"\nchecks = false\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`roots[0].checks`: write `checks = {"),
+            "{err}"
+        );
     }
 }

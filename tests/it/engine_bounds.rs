@@ -230,3 +230,51 @@ async fn a_plan_that_writes_past_the_disk_quota_is_killed_and_says_why() {
         held / MIB
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_check_beside_a_plan_is_bounded_in_time_and_output_and_the_plan_stands() {
+    use planbot::core::engine_checks::{CheckSet, StepCheck};
+    // `validate` hangs, `fmt` prints past the output cap, `test` answers: each check has its
+    // own timeout and cap, what stopped says why, and the plan before them is kept.
+    let hang = left_behind_sleep();
+    let body = format!(
+        r#"case "$1" in
+  plan) {WRITE_PLAN_FILE} ;;
+  show) echo '{PLAN_JSON}' ;;
+  validate) exec {hang} ;;
+  fmt) yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx | head -c 300000; exit 3 ;;
+  test) echo '{{"type":"test_run","test_run":{{"path":"a.tftest.hcl","run":"ok","progress":"complete","status":"pass"}}}}' ;;
+esac"#
+    );
+    let (bin_dir, temp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bin = fake_engine(bin_dir.path(), "terraform", TERRAFORM_VERSION_JSON, &body);
+    let engine = Engine::builder(&bin, temp.path())
+        .timeout(Duration::from_secs(3))
+        .grace(Duration::from_millis(500))
+        .max_plan_json(100_000)
+        .build()
+        .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.tftest.hcl"), "run \"ok\" {}\n").unwrap();
+    let started = std::time::Instant::now();
+    let (planned, checks) = engine
+        .plan_checked(root.path(), &PlanRequest::default(), CheckSet::ALL)
+        .await;
+    kill_left_behind(&hang);
+    assert!(planned.is_ok(), "{planned:?}");
+    assert_eq!(
+        checks.validate,
+        StepCheck::NotRun("`validate -json` timed out after 3s".into())
+    );
+    assert!(
+        matches!(&checks.fmt, StepCheck::NotRun(why) if why.starts_with("`fmt -check` printed more than 97 KiB")),
+        "{:?}",
+        checks.fmt
+    );
+    assert!(
+        matches!(&checks.test, StepCheck::Ran { exit: Some(0), stdout } if stdout.starts_with(b"{\"type\":\"test_run\"")),
+        "{:?}",
+        checks.test
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+}

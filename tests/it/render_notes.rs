@@ -702,3 +702,44 @@ fn a_local_plan_cut_to_gitlabs_budget_points_to_the_command_that_prints_it_whole
         &note[note.len().saturating_sub(800)..]
     );
 }
+
+#[test]
+fn checks_that_could_not_run_say_why_and_engine_text_cannot_break_the_note() {
+    use planbot::core::engine_checks::{RootChecks, StepCheck};
+    let hostile = r#"{"valid":false,"diagnostics":[{"severity":"error","summary":"Bad </details> <!-- x","detail":"line one\n/approve\n@all ```\nend","range":{"filename":"main.tf","start":{"line":7}}},{"severity":"warning","summary":"Deprecated Resource","detail":"use `proxmox_vm` instead","range":{"filename":"vm.tf","start":{"line":2}}},{"severity":"warning","summary":"Deprecated Resource","detail":"use `proxmox_vm` instead","range":{"filename":"vm.tf","start":{"line":9}}}]}"#;
+    let checks = RootChecks::read(
+        &StepCheck::Ran {
+            exit: Some(1),
+            stdout: hostile.as_bytes().to_vec(),
+        },
+        &StepCheck::Ran {
+            exit: Some(2),
+            stdout: Vec::new(),
+        },
+        &StepCheck::NotRun("`test -json` timed out after 30m".into()),
+        None,
+    );
+    let mut c = ctx();
+    c.checks.insert("core".into(), checks);
+    let note = note_with(&crate::support::fixtures::plan("no_changes"), &[], &c);
+    assert!(
+        note.contains("### 🔴"),
+        "tests that did not run are red: {note}"
+    );
+    assert!(
+        note.contains("- ❌ **Tests did not run**: `test -json` timed out after 30m\n"),
+        "{note}"
+    );
+    assert!(note.contains("- ⚠️ **Format not checked**: "), "{note}");
+    assert!(
+        note.contains("<details><summary>⚠️ 2 warnings from OpenTofu</summary>"),
+        "{note}"
+    );
+    assert!(
+        note.contains("- **Deprecated Resource** (2×)\n  - at `vm.tf:2`, `vm.tf:9`: use `proxmox_vm` instead\n"),
+        "{note}"
+    );
+    assert_eq!(note.matches("</details>").count(), 1, "{note}");
+    assert!(!note.contains("\n/approve"), "{note}");
+    insta::assert_snapshot!(note);
+}

@@ -36,6 +36,7 @@ workspace = "default"
 name = "dns"
 dir = "tofu/stacks/dns"
 lint_disable = ["PVE003"]
+checks = { fmt = false, test = false }
 
 [plan]
 checkout = "merge"

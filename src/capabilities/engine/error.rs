@@ -13,6 +13,10 @@ pub enum Step {
     Plan,
     Show,
     Apply,
+    /// The checks run beside an MR's plan (`Engine::plan_checked`).
+    Validate,
+    Fmt,
+    Test,
 }
 
 impl fmt::Display for Step {
@@ -23,6 +27,9 @@ impl fmt::Display for Step {
             Step::Plan => "plan",
             Step::Show => "show -json",
             Step::Apply => "apply",
+            Step::Validate => "validate -json",
+            Step::Fmt => "fmt -check",
+            Step::Test => "test -json",
         })
     }
 }
@@ -144,6 +151,34 @@ pub(super) enum StopHow {
 }
 
 impl StepError {
+    /// Why a check step gave no result, in words (its output is not shown: only what it
+    /// printed on stdout is read).
+    pub(super) fn why_not(&self, step: Step) -> String {
+        use crate::capabilities::checkout_file::size_text;
+        match self {
+            StepError::Other(e) => format!("`{step}` could not run: {e}"),
+            StepError::Stopped { how, .. } => match how {
+                StopHow::Exit(code) => format!(
+                    "`{step}` failed (exit code {})",
+                    code.map_or("none: killed by a signal".to_string(), |c| c.to_string())
+                ),
+                StopHow::TimedOut(after) => format!(
+                    "`{step}` timed out after {}",
+                    humantime::format_duration(*after)
+                ),
+                StopHow::Cancelled => format!("`{step}` was cancelled"),
+                StopHow::TooLarge(max) => format!(
+                    "`{step}` printed more than {}, the most planbot reads (`engine.max_plan_json_mib`)",
+                    size_text(*max)
+                ),
+                StopHow::OverQuota(max) => format!(
+                    "`{step}` was stopped: the run's files took more than {} (`sandbox.disk_max`)",
+                    size_text(*max)
+                ),
+            },
+        }
+    }
+
     /// Whether the engine ran to its end and exited unsuccessfully (not stopped by planbot).
     pub(super) fn is_exit(&self) -> bool {
         matches!(

@@ -3,6 +3,7 @@
 
 mod apply;
 mod builder;
+mod checks;
 mod cli_config;
 mod encryption;
 mod env;
@@ -20,6 +21,7 @@ pub use apply::{ApplyOutcome, PlannedRun};
 pub use builder::{
     configured_binary, default_binary, EngineBuilder, CONFIG_HINT, DEFAULT_MAX_PLAN_JSON,
 };
+pub use checks::EngineChecks;
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use error::{EngineError, Step};

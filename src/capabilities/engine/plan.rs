@@ -2,6 +2,7 @@
 //! private run directory → `init` (serialised per plugin cache) → `plan -out` → `show -json`.
 
 use super::apply::PlannedRun;
+use super::checks::{has_test_files, EngineChecks};
 use super::encryption::PlanEncryption;
 use super::error::{EngineError, Step, StepError};
 use super::output::RawLog;
@@ -11,6 +12,7 @@ use super::request::{self, PlanRequest, StepProgress};
 use super::run_dir::{private_run_dir, RunDirs};
 use super::Engine;
 use crate::capabilities::checkout_file;
+use crate::core::engine_checks::{CheckSet, StepCheck};
 use crate::core::plan::{Plan, PlanParseError};
 use crate::core::redact::Secrets;
 use crate::core::state::Backend;
@@ -34,6 +36,52 @@ impl Engine {
     /// `show -json` to learn its secrets (sensitive variables, masked values), so that an error
     /// message quoting one (e.g. a precondition using `nonsensitive()`) is redacted too.
     pub async fn plan(&self, dir: &Path, req: &PlanRequest) -> Result<PlannedRun, EngineError> {
+        self.plan_checked(dir, req, CheckSet::NONE).await.0
+    }
+
+    /// [`Engine::plan`], and the `checks` after it in the same run (its directory, environment,
+    /// sandbox and quota; each step with its own timeout): `validate -json`, `fmt -check
+    /// -list=true -recursive`, `test -json` when the root has test files. They run after the
+    /// plan, also when the plan failed (a validation error's place is what its author needs);
+    /// not when `init` failed or the run was stopped (timeout, cancel, quota).
+    pub async fn plan_checked(
+        &self,
+        dir: &Path,
+        req: &PlanRequest,
+        checks: CheckSet,
+    ) -> (Result<PlannedRun, EngineError>, EngineChecks) {
+        const BEFORE: &str = "the plan run stopped before it";
+        // Which test files the engine reads (the version is asked only of a runner that may
+        // run the engine at all).
+        let tofu = checks.test
+            && self.refuse_unsandboxed().is_ok()
+            && matches!(
+                self.version().await.map(|v| v.name),
+                Ok(super::version::EngineKind::OpenTofu)
+            );
+        let has_tests = checks.test && has_test_files(dir, tofu);
+        let mut out = EngineChecks::pending(checks, has_tests, BEFORE);
+        let planned = self.plan_run(dir, req, checks, has_tests, &mut out).await;
+        if let Err(e) = &planned {
+            // Never reached: they did not run because of this error.
+            let why = e.to_string().lines().next().unwrap_or("").to_string();
+            for step in [&mut out.validate, &mut out.fmt, &mut out.test] {
+                if matches!(step, StepCheck::NotRun(r) if r == BEFORE) {
+                    *step = StepCheck::NotRun(why.clone());
+                }
+            }
+        }
+        (planned, out)
+    }
+
+    async fn plan_run(
+        &self,
+        dir: &Path,
+        req: &PlanRequest,
+        checks: CheckSet,
+        has_tests: bool,
+        out: &mut EngineChecks,
+    ) -> Result<PlannedRun, EngineError> {
         let started = Instant::now();
         self.refuse_unsandboxed()?;
         let place = request::place(dir, req)?;
@@ -107,23 +155,47 @@ impl Engine {
                 .ok()
                 .as_deref(),
         );
-        steps.plan(&mut secrets).await?;
-        let (plan, plan_json) = steps.show().await?;
+        let shown = match steps.plan(&mut secrets).await {
+            Ok(()) => steps.show().await,
+            Err(e) => Err(e),
+        };
+        // The lock file as the plan left it, read within the plan's deadline (before the
+        // checks, which have deadlines of their own). The engine (and MR code it ran) may have
+        // left anything in its place.
+        let lock_file = match &shown {
+            Ok(_) => Some(
+                checkout_file::read(
+                    &place.worktree,
+                    &place
+                        .dir
+                        .strip_prefix(&place.worktree)
+                        .unwrap_or(Path::new(""))
+                        .join(LOCK_FILE),
+                    LOCK_FILE_MAX,
+                    started + self.inner.timeout,
+                )
+                .await,
+            ),
+            Err(_) => None,
+        };
+        // The engine ran the root's code to its end (a plan, or its error): the checks run.
+        let ran_to_end = matches!(
+            &shown,
+            Ok(_)
+                | Err(EngineError::Failed { .. }
+                    | EngineError::BadPlanJson { .. }
+                    | EngineError::TooManyValues { .. })
+        );
+        if ran_to_end {
+            steps.checks(checks, has_tests, out).await;
+        }
+        if let Ok((plan, _)) = &shown {
+            secrets.merge(&Secrets::from_plan(plan));
+        }
+        out.scrubber = secrets.scrubber();
+        let (plan, plan_json) = shown?;
         let log = steps.log;
-
-        // The engine (and MR code it ran) may have left anything in the lock file's place.
-        let lock_file = checkout_file::read(
-            &place.worktree,
-            &place
-                .dir
-                .strip_prefix(&place.worktree)
-                .unwrap_or(Path::new(""))
-                .join(LOCK_FILE),
-            LOCK_FILE_MAX,
-            started + self.inner.timeout,
-        )
-        .await?;
-        secrets.merge(&Secrets::from_plan(&plan));
+        let lock_file = lock_file.expect("read when the plan was shown")?;
         let scrubber = secrets.scrubber();
         Ok(PlannedRun {
             engine: self.clone(),
@@ -244,6 +316,30 @@ impl PlanSteps<'_> {
         }
     }
 
+    /// The checks asked for, one after the other (`validate`'s warnings go with its errors).
+    async fn checks(&mut self, set: CheckSet, has_tests: bool, out: &mut EngineChecks) {
+        let engine = self.engine;
+        if set.validate {
+            let args = vec!["validate".into(), "-json".into(), "-no-color".into()];
+            out.validate = engine.run_check(Step::Validate, args, &self.call).await;
+        }
+        if set.fmt {
+            let args = vec![
+                "fmt".into(),
+                "-check".into(),
+                "-list=true".into(),
+                "-recursive".into(),
+                "-no-color".into(),
+            ];
+            out.fmt = engine.run_check(Step::Fmt, args, &self.call).await;
+        }
+        if set.test && has_tests {
+            let mut args: Vec<OsString> = vec!["test".into(), "-json".into(), "-no-color".into()];
+            args.extend(self.var_args());
+            out.test = engine.run_check(Step::Test, args, &self.call).await;
+        }
+    }
+
     /// `show -json PLAN_FILE`, parsed: the plan and the document as printed.
     async fn show(&mut self) -> Result<(Plan, Vec<u8>), EngineError> {
         let shown = match self
@@ -291,6 +387,14 @@ impl PlanSteps<'_> {
         let mut out_arg = OsString::from("-out=");
         out_arg.push(self.plan_file);
         args.push(out_arg);
+        args.extend(self.var_args());
+        args
+    }
+
+    /// The request's `-var-file=` and `-var=` arguments, in the order that makes the
+    /// operator's win.
+    fn var_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = Vec::new();
         for vf in self
             .req
             .var_files

@@ -70,6 +70,9 @@ pub(super) enum Capture {
     Log,
     /// stdout is the result (kept raw, not logged); stderr goes to the log.
     Stdout,
+    /// Like `Stdout`, and the exit code is part of the result (`validate`, `fmt -check` and
+    /// `test` exit non-zero to say what they found): an exit is no error.
+    Verdict,
 }
 
 /// What every step of one run shares: where and how its commands run.
@@ -90,6 +93,8 @@ pub(super) struct StepCall<'a> {
 pub(super) struct StepOutput {
     pub(super) log: RawLog,
     pub(super) stdout: Vec<u8>,
+    /// The exit code (`None`: killed by a signal); not success only with [`Capture::Verdict`].
+    pub(super) exit: Option<i32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -173,11 +178,14 @@ impl Engine {
             }
             // Before the exit status: the engine may have died of the pipe planbot closed.
             None if stdout.overflowed => StopHow::TooLarge(max_stdout),
-            None if !status.success() => StopHow::Exit(status.code()),
+            None if !status.success() && capture != Capture::Verdict => {
+                StopHow::Exit(status.code())
+            }
             None => {
                 return Ok(StepOutput {
                     log,
                     stdout: stdout.bytes,
+                    exit: status.code(),
                 })
             }
         };
@@ -256,7 +264,7 @@ fn stream_output(
             tokio::spawn(read_lines(stdout, tx.clone()));
             None
         }
-        Capture::Stdout => Some(tokio::spawn(read_capped(stdout, max_stdout))),
+        Capture::Stdout | Capture::Verdict => Some(tokio::spawn(read_capped(stdout, max_stdout))),
     };
     tokio::spawn(read_lines(stderr, tx));
     (rx, stdout_task)

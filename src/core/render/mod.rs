@@ -10,6 +10,7 @@ pub mod diff;
 use crate::core::markdown;
 pub mod terminal;
 
+use crate::core::engine_checks::{Check, RootChecks, TestStatus, LISTED};
 use crate::core::findings::{Finding, Severity};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
@@ -99,6 +100,9 @@ pub struct NoteContext {
     /// A file the MR changes that is broken (its `.planbot.toml`): it fails the status, so
     /// the headline is red and names it, whatever the plans say.
     pub invalid_file: Option<String>,
+    /// What the engine's checks said of each root (already redacted), by root name: tests,
+    /// format and validation in the "Checks" part, warnings folded under the summary.
+    pub checks: BTreeMap<String, RootChecks>,
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -275,6 +279,51 @@ struct NoteView<'a> {
     engine_name: &'static str,
     duration: Option<String>,
     fingerprints: Vec<FingerprintView>,
+    /// The engine's checks of each root that has something to say.
+    engine_checks: Vec<ChecksView>,
+    /// The engine's warnings of every root, each once.
+    warnings: Vec<WarningView>,
+    /// Warning groups past [`LISTED`], counted.
+    warnings_more: usize,
+    /// How many warnings the engine gave in all (a group counts as often as it was given).
+    warnings_total: usize,
+}
+
+/// One root's checks as the note lists them; an empty list or `None` says nothing.
+#[derive(Serialize)]
+struct ChecksView {
+    root: String,
+    test: Option<TestView>,
+    test_not_run: Option<String>,
+    validate: Vec<crate::core::engine_checks::Diagnostic>,
+    validate_more: usize,
+    validate_not_run: Option<String>,
+    fmt: Vec<String>,
+    fmt_more: usize,
+    fmt_not_run: Option<String>,
+    check_blocks: Vec<crate::core::engine_checks::CheckBlock>,
+}
+
+#[derive(Serialize)]
+struct TestView {
+    ok: bool,
+    passed: usize,
+    failed: usize,
+    errored: usize,
+    skipped: usize,
+    runs: Vec<crate::core::engine_checks::TestRun>,
+    runs_more: usize,
+    errors: Vec<crate::core::engine_checks::Diagnostic>,
+}
+
+#[derive(Serialize)]
+struct WarningView {
+    root: String,
+    summary: String,
+    count: usize,
+    details: Vec<crate::core::engine_checks::WarningDetail>,
+    /// Details past [`LISTED`], counted.
+    details_more: usize,
 }
 
 #[derive(Serialize)]
@@ -702,6 +751,12 @@ fn build_view<'a, 'r>(
         Some(e) if e.to_ascii_lowercase().starts_with("terraform") => "Terraform",
         _ => "OpenTofu",
     };
+    let (engine_checks, warnings, checks_red, checks_yellow) = checks_views(ctx, roots);
+    let warnings_total = warnings.iter().map(|w| w.count).sum();
+    let warnings_more = warnings.len().saturating_sub(LISTED);
+    let mut warnings = warnings;
+    warnings.truncate(LISTED);
+    let (red, yellow) = (red || checks_red, yellow || checks_yellow);
     let view = NoteView {
         banners: &ctx.banners,
         invalid_file: ctx.invalid_file.as_deref(),
@@ -735,8 +790,102 @@ fn build_view<'a, 'r>(
         engine_name,
         duration: ctx.duration.map(duration_text),
         fingerprints,
+        engine_checks,
+        warnings,
+        warnings_more,
+        warnings_total,
     };
     (view, pending)
+}
+
+/// The engine's checks of `roots` (in their order) as the note lists them, their warnings, and
+/// whether they make the headline red (a test or validation failed, tests could not run) or
+/// yellow (a `check` block failed, a check could not run).
+fn checks_views(
+    ctx: &NoteContext,
+    roots: &[RootSection<'_>],
+) -> (Vec<ChecksView>, Vec<WarningView>, bool, bool) {
+    let (mut views, mut warnings, mut red, mut yellow) = (Vec::new(), Vec::new(), false, false);
+    fn listed<T: Clone>(items: &[T]) -> (Vec<T>, usize) {
+        let shown: Vec<T> = items.iter().take(LISTED).cloned().collect();
+        let more = items.len() - shown.len();
+        (shown, more)
+    }
+    fn not_run<T>(c: &Check<T>) -> Option<String> {
+        match c {
+            Check::NotRun { reason } => Some(reason.clone()),
+            _ => None,
+        }
+    }
+    for root in roots {
+        let Some(c) = ctx.checks.get(&root.name) else {
+            continue;
+        };
+        for w in &c.warnings {
+            let (details, details_more) = listed(&w.details);
+            warnings.push(WarningView {
+                root: root.name.clone(),
+                summary: w.summary.clone(),
+                count: w.count,
+                details,
+                details_more,
+            });
+        }
+        let test = c.test.result().map(|t| {
+            // Failures first: a long list keeps them.
+            let mut runs: Vec<_> = t
+                .runs
+                .iter()
+                .filter(|r| r.status != TestStatus::Pass)
+                .chain(t.runs.iter().filter(|r| r.status == TestStatus::Pass))
+                .cloned()
+                .collect();
+            let runs_more = runs.len().saturating_sub(LISTED);
+            runs.truncate(LISTED);
+            TestView {
+                ok: t.ok(),
+                passed: t.passed,
+                failed: t.failed,
+                errored: t.errored,
+                skipped: t.skipped,
+                runs,
+                runs_more,
+                errors: t.errors.iter().take(LISTED).cloned().collect(),
+            }
+        });
+        let (validate, validate_more) = listed(c.validate.result().map_or(&[][..], |v| v));
+        let (fmt, fmt_more) = listed(c.fmt.result().map_or(&[][..], |v| v));
+        let view = ChecksView {
+            root: root.name.clone(),
+            test_not_run: not_run(&c.test),
+            test,
+            validate,
+            validate_more,
+            validate_not_run: not_run(&c.validate),
+            fmt,
+            fmt_more,
+            fmt_not_run: not_run(&c.fmt),
+            check_blocks: c.check_blocks.iter().take(LISTED).cloned().collect(),
+        };
+        red |= view.test.as_ref().is_some_and(|t| !t.ok)
+            || view.test_not_run.is_some()
+            || !view.validate.is_empty();
+        // Formatting and warnings alone leave the headline as the plan makes it.
+        yellow |= !view.check_blocks.is_empty()
+            || view.fmt_not_run.is_some()
+            || view.validate_not_run.is_some();
+        let says_something = view.test.is_some()
+            || view.test_not_run.is_some()
+            || !view.validate.is_empty()
+            || view.validate_not_run.is_some()
+            || !view.fmt.is_empty()
+            || view.fmt_not_run.is_some()
+            || !view.check_blocks.is_empty();
+        if says_something {
+            views.push(view);
+        }
+    }
+    (views, warnings, red, yellow)
 }
 
 /// What [`build_view`] gathers over all roots, besides each root's row and details.

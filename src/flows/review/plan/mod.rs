@@ -21,6 +21,7 @@ pub use note::upsert_note;
 
 use crate::capabilities::gitlab::{CommitStatus, GitLabError, StatusState};
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
+use crate::core::engine_checks::TestsStatus;
 use crate::core::events::PlanJob;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
 use crate::core::redact::Scrubber;
@@ -166,6 +167,12 @@ async fn plan(
     };
     let body = note::compose_note(ctx, &planned.results, &scrubber);
     note::upsert_note(app, job.project, job.mr, &body).await?;
+    let tests = TestsStatus::of(
+        planned
+            .results
+            .iter()
+            .filter_map(|r| note::root_checks(r).map(|c| (r.name.as_str(), c))),
+    );
 
     let recorded = record::record(
         app,
@@ -205,6 +212,16 @@ async fn plan(
         prepared.status_ref.clone(),
     )
     .await;
+    if let Some(tests) = &tests {
+        set_test_status(
+            app,
+            job.project,
+            &job.head,
+            tests,
+            prepared.status_ref.clone(),
+        )
+        .await;
+    }
     crate::flows::review::policies::set_status(
         app,
         job.project,
@@ -298,6 +315,34 @@ async fn set_status(
     }
 }
 
+/// `planbot/test`: success when every root's tests ran and passed, failed when one failed,
+/// errored or did not run; the description counts them. Only called when a root has tests.
+async fn set_test_status(
+    app: &App,
+    project: ProjectId,
+    sha: &CommitSha,
+    tests: &TestsStatus,
+    ref_: Option<String>,
+) {
+    let description = text(&app.scrubber, "tests", minijinja::context! { t => tests });
+    let status = CommitStatus {
+        state: if tests.ok {
+            StatusState::Success
+        } else {
+            StatusState::Failed
+        },
+        name: crate::core::commit_status::TEST.into(),
+        description: Some(description.chars().take(255).collect()),
+        target_url: None,
+        ref_,
+        pipeline_id: None,
+    };
+    if let Err(e) = app.gitlab.set_commit_status(project, sha, &status).await {
+        app.metrics.gitlab_error("set_commit_status");
+        tracing::warn!(project = project.0, sha = %sha.short(), error = %e, "could not set the test status");
+    }
+}
+
 /// End a run (scrubbed); returns what was recorded, so it can be recorded again with the note.
 async fn finish(
     app: &App,
@@ -355,6 +400,21 @@ mod tests {
                     context! { name => "dns", state => "failed" },
                     context! { name => "edge", state => "errored" },
                 ] },
+            ),
+            text(
+                &none,
+                "tests",
+                context! { t => TestsStatus { ok: true, roots: 2, passed: 7, skipped: 1, ..TestsStatus::default() } },
+            ),
+            text(
+                &none,
+                "tests",
+                context! { t => TestsStatus { ok: false, roots: 1, passed: 1, failed: 1, failing: vec!["core".into()], not_run: vec!["dns".into()], ..TestsStatus::default() } },
+            ),
+            text(
+                &none,
+                "tests",
+                context! { t => TestsStatus { ok: false, not_run: vec!["dns".into()], ..TestsStatus::default() } },
             ),
             text(
                 &none,

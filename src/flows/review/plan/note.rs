@@ -5,6 +5,7 @@ use super::gl;
 use super::roots::{Outcome, RootResult};
 use crate::capabilities::gitlab::GitLabError;
 use crate::capabilities::store::PolicyApproval;
+use crate::core::engine_checks::RootChecks;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId};
 use crate::core::policy::review::{PolicySection, RecordedVerdict};
@@ -109,6 +110,9 @@ pub(super) fn compose_note(
                     .insert(r.name.clone(), scrubber.scrub(planned.log()).into_owned());
             }
         }
+        if let Some(checks) = root_checks(r) {
+            ctx.checks.insert(r.name.clone(), checks.clone());
+        }
     }
     let sections: Vec<RootSection<'_>> = results
         .iter()
@@ -135,6 +139,14 @@ pub(super) fn compose_note(
         })
         .collect();
     cpu_bound(|| render_note(&ctx, &sections, scrubber))
+}
+
+/// What the engine's checks said of a planned or failed root.
+pub(super) fn root_checks(r: &RootResult) -> Option<&RootChecks> {
+    match &r.outcome {
+        Outcome::Planned { checks, .. } | Outcome::Failed { checks, .. } => Some(checks),
+        Outcome::Skipped { .. } => None,
+    }
 }
 
 /// Create the ONE note once, then edit it: by the stored id, else found again by its marker

@@ -5,6 +5,7 @@ use super::{finish, Prepared};
 use crate::capabilities::engine::{CancelToken, EngineError, PlanRequest, PlannedRun};
 use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
+use crate::core::engine_checks::RootChecks;
 use crate::core::events::PlanJob;
 use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
@@ -32,12 +33,16 @@ pub(super) enum Outcome {
         /// The policy sets' verdict on the plan (no set when none checks the root); `None`
         /// when the plan errored (it cannot be applied, so nothing is checked).
         policy: Option<Verdict>,
+        /// What the engine's checks said (redacted).
+        checks: RootChecks,
     },
     Failed {
         run: RunId,
         error: String,
         /// How the run was ended (before the note existed); recorded again with the note.
         end: RunEnd,
+        /// What the engine's checks said (redacted): they run after a failed plan too.
+        checks: RootChecks,
     },
     Skipped {
         reason: String,
@@ -264,21 +269,38 @@ async fn plan_root(
             prepared.commit.sha.short()
         );
         let end = finish(app, run, RunState::Failed, &error, "", None).await?;
-        Outcome::Failed { run, error, end }
+        Outcome::Failed {
+            run,
+            error,
+            end,
+            checks: RootChecks::default(),
+        }
     } else if let Err(error) = &state {
         let end = finish(app, run, RunState::Failed, error, "", None).await?;
         Outcome::Failed {
             run,
             error: error.clone(),
             end,
+            checks: RootChecks::default(),
         }
     } else {
         if let Ok(Some(gate)) = &state {
             req.extra_env = gate.env();
             req.state_gate = Some(gate.clone());
         }
-        match prepared.engine.plan(&dir, &req).await {
+        let (planned, ran) = prepared.engine.plan_checked(&dir, &req, root.checks).await;
+        // What the checks printed, read and redacted with every secret the run knows, planbot's
+        // configured ones too.
+        let read_checks = |plan_json: Option<&[u8]>| {
+            let checks = cpu_bound(|| {
+                RootChecks::read(&ran.validate, &ran.fmt, &ran.test, plan_json)
+                    .scrubbed(&ran.scrubber)
+            });
+            checks.scrubbed(&app.scrubber)
+        };
+        match planned {
             Ok(planned) => {
+                let checks = read_checks(Some(planned.plan_json()));
                 let pf = preflight::for_plan(pve.clone(), planned.plan()).await;
                 let mut facts = pf.lint_facts.clone();
                 facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
@@ -326,9 +348,11 @@ async fn plan_root(
                     findings,
                     fingerprint,
                     policy,
+                    checks,
                 }
             }
             Err(e) => {
+                let checks = read_checks(None);
                 let state = if matches!(e, EngineError::Cancelled { .. }) {
                     RunState::Canceled
                 } else {
@@ -343,7 +367,12 @@ async fn plan_root(
                 let error = app.scrubber.scrub(&error).into_owned();
                 let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
                 let end = finish(app, run, state, &e.to_string(), &log, None).await?;
-                Outcome::Failed { run, error, end }
+                Outcome::Failed {
+                    run,
+                    error,
+                    end,
+                    checks,
+                }
             }
         }
     };

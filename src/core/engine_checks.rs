@@ -1,0 +1,741 @@
+//! What the engine says of a root besides its plan (docs/workflow.md, "Tests, format,
+//! validation and warnings"): `validate -json`'s diagnostics, `fmt -check -list`'s files,
+//! `test -json`'s runs, and the warnings (validate's, grouped, and the plan's failing `check`
+//! blocks), read into what the plan note and the `planbot/test` status show. Pure: the engine
+//! runs them (`capabilities::engine`), this reads what it printed.
+
+use crate::core::redact::Scrubber;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Which of a root's checks run (`.planbot.toml`'s `checks = { … }`; every one by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckSet {
+    pub validate: bool,
+    pub fmt: bool,
+    pub test: bool,
+}
+
+impl CheckSet {
+    /// Every check: what a root runs unless its `checks` says otherwise.
+    pub const ALL: CheckSet = CheckSet {
+        validate: true,
+        fmt: true,
+        test: true,
+    };
+    /// No check (the drift check's and the apply's plans, `planbot plan`).
+    pub const NONE: CheckSet = CheckSet {
+        validate: false,
+        fmt: false,
+        test: false,
+    };
+    /// The keys of `checks = { … }`, in the order the docs give them.
+    pub const KEYS: [&'static str; 3] = ["validate", "fmt", "test"];
+}
+
+impl Default for CheckSet {
+    fn default() -> CheckSet {
+        CheckSet::ALL
+    }
+}
+
+/// What one check step of the engine gave (kept by the engine runner, read here).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StepCheck {
+    /// Switched off for the root.
+    #[default]
+    Off,
+    /// `test` only: the root has no test files (`*.tftest.hcl`, `*.tftest.json`, and for
+    /// OpenTofu `*.tofutest.hcl`, `*.tofutest.json`, in the root or its `tests/`), so nothing
+    /// ran.
+    NoTests,
+    /// It should have run and did not, or stopped before its end: why, in words.
+    NotRun(String),
+    /// It ran to its end: its exit code and what it printed on stdout (raw, unredacted).
+    Ran { exit: Option<i32>, stdout: Vec<u8> },
+}
+
+/// A diagnostic of the engine, reduced to what a note shows: one line each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    pub summary: String,
+    /// The detail on one line (whitespace runs folded), empty when there is none.
+    pub detail: String,
+    /// `file:line` of the diagnostic's range, when it has one.
+    pub at: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// How a test run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TestStatus {
+    Pass,
+    Fail,
+    Error,
+    Skip,
+    /// Started and never said how it ended (the engine stopped).
+    Pending,
+}
+
+/// One `run` block of a test file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TestRun {
+    pub file: String,
+    pub run: String,
+    pub status: TestStatus,
+    /// The errors of the run: a failed assertion's message and where it is.
+    pub problems: Vec<Diagnostic>,
+}
+
+/// What `test -json` said.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TestReport {
+    pub runs: Vec<TestRun>,
+    /// Errors outside any run (a test file that does not load).
+    pub errors: Vec<Diagnostic>,
+    pub passed: usize,
+    pub failed: usize,
+    pub errored: usize,
+    pub skipped: usize,
+}
+
+impl TestReport {
+    /// No run failed or errored and every test file loaded.
+    pub fn ok(&self) -> bool {
+        self.failed == 0 && self.errored == 0 && self.errors.is_empty()
+    }
+}
+
+/// One check's result as the note shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Check<T> {
+    /// Off, or nothing to check: the note says nothing.
+    #[default]
+    Quiet,
+    /// It did not run, or not to its end: why.
+    NotRun {
+        reason: String,
+    },
+    Ran {
+        result: T,
+    },
+}
+
+impl<T> Check<T> {
+    pub fn result(&self) -> Option<&T> {
+        match self {
+            Check::Ran { result } => Some(result),
+            _ => None,
+        }
+    }
+}
+
+/// A warning, listed once however often the engine gave it: its summary, then each distinct
+/// detail once (a provider's "Deprecated Resource" names the type and its replacement in the
+/// detail: one line per deprecated type, with how many uses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WarningGroup {
+    pub summary: String,
+    /// How many times the engine gave it, all details together.
+    pub count: usize,
+    pub details: Vec<WarningDetail>,
+}
+
+/// One detail of a warning group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WarningDetail {
+    pub detail: String,
+    /// How many times the engine gave this detail (one per place).
+    pub count: usize,
+    /// The first places it was given at (`file:line`), at most [`PLACES_LISTED`].
+    pub at: Vec<String>,
+}
+
+/// A `check {}` block whose assertions failed (or could not be evaluated) in the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckBlock {
+    /// `check.health`, or the instance's address when it has several.
+    pub address: String,
+    /// `fail` or `error`.
+    pub status: String,
+    pub messages: Vec<String>,
+}
+
+/// At most this many places are listed for a warning group.
+pub const PLACES_LISTED: usize = 5;
+
+/// At most this many entries of each list are shown (files, diagnostics, runs); the rest are
+/// counted.
+pub const LISTED: usize = 50;
+
+/// Everything the checks of one root said.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RootChecks {
+    /// `validate -json`'s errors (its warnings go to `warnings`).
+    pub validate: Check<Vec<Diagnostic>>,
+    /// `fmt -check -list`: the files not formatted.
+    pub fmt: Check<Vec<String>>,
+    pub test: Check<TestReport>,
+    /// The engine's warnings, each once.
+    pub warnings: Vec<WarningGroup>,
+    /// The plan's failing `check {}` blocks.
+    pub check_blocks: Vec<CheckBlock>,
+}
+
+impl RootChecks {
+    /// Read what the engine's check steps printed, and the failing `check` blocks of the plan
+    /// (`show -json`'s document, when there is a plan).
+    pub fn read(
+        validate: &StepCheck,
+        fmt: &StepCheck,
+        test: &StepCheck,
+        plan_json: Option<&[u8]>,
+    ) -> RootChecks {
+        let mut warnings = Vec::new();
+        let validate = match validate {
+            StepCheck::Ran { stdout, exit } => match read_validate(stdout) {
+                Some(diags) => {
+                    let (errors, warns): (Vec<_>, Vec<_>) = diags
+                        .into_iter()
+                        .partition(|d| d.severity == Severity::Error);
+                    warnings = warns;
+                    Check::Ran { result: errors }
+                }
+                None => Check::NotRun {
+                    reason: format!(
+                        "`validate -json` printed no validation result ({})",
+                        exit_text(*exit)
+                    ),
+                },
+            },
+            other => quiet_or_not_run(other),
+        };
+        let fmt = match fmt {
+            // 0: every file is formatted; 3: `-check` found some that are not.
+            StepCheck::Ran {
+                exit: Some(0 | 3),
+                stdout,
+            } => Check::Ran {
+                result: read_fmt(stdout),
+            },
+            StepCheck::Ran { exit, .. } => Check::NotRun {
+                reason: format!(
+                    "`fmt -check` could not read every file ({}): a file it cannot parse is shown by `validate`",
+                    exit_text(*exit)
+                ),
+            },
+            other => quiet_or_not_run(other),
+        };
+        let test = match test {
+            StepCheck::Ran { stdout, exit } => {
+                let report = read_test(stdout);
+                if report.runs.is_empty() && report.errors.is_empty() {
+                    Check::NotRun {
+                        reason: format!("`test -json` reported no test run ({})", exit_text(*exit)),
+                    }
+                } else {
+                    Check::Ran { result: report }
+                }
+            }
+            other => quiet_or_not_run(other),
+        };
+        RootChecks {
+            validate,
+            fmt,
+            test,
+            warnings: group_warnings(&warnings),
+            check_blocks: plan_json.map(read_check_blocks).unwrap_or_default(),
+        }
+    }
+
+    /// Whether anything is to be shown.
+    pub fn is_quiet(&self) -> bool {
+        matches!(self.validate, Check::Quiet | Check::Ran { .. })
+            && self.validate.result().is_none_or(Vec::is_empty)
+            && matches!(self.fmt, Check::Quiet | Check::Ran { .. })
+            && self.fmt.result().is_none_or(Vec::is_empty)
+            && matches!(self.test, Check::Quiet)
+            && self.warnings.is_empty()
+            && self.check_blocks.is_empty()
+    }
+
+    /// Every text in it with `scrubber`'s secrets replaced (it came from the engine).
+    pub fn scrubbed(mut self, scrubber: &Scrubber) -> RootChecks {
+        let s = |t: &mut String| {
+            if let std::borrow::Cow::Owned(o) = scrubber.scrub(t) {
+                *t = o;
+            }
+        };
+        let diag = |d: &mut Diagnostic| {
+            s(&mut d.summary);
+            s(&mut d.detail);
+            if let Some(a) = &mut d.at {
+                s(a);
+            }
+        };
+        match &mut self.validate {
+            Check::Ran { result } => result.iter_mut().for_each(diag),
+            Check::NotRun { reason } => s(reason),
+            Check::Quiet => {}
+        }
+        match &mut self.fmt {
+            Check::Ran { result } => result.iter_mut().for_each(s),
+            Check::NotRun { reason } => s(reason),
+            Check::Quiet => {}
+        }
+        match &mut self.test {
+            Check::Ran { result } => {
+                for r in &mut result.runs {
+                    s(&mut r.file);
+                    s(&mut r.run);
+                    r.problems.iter_mut().for_each(diag);
+                }
+                result.errors.iter_mut().for_each(diag);
+            }
+            Check::NotRun { reason } => s(reason),
+            Check::Quiet => {}
+        }
+        for w in &mut self.warnings {
+            s(&mut w.summary);
+            for d in &mut w.details {
+                s(&mut d.detail);
+                d.at.iter_mut().for_each(s);
+            }
+        }
+        for c in &mut self.check_blocks {
+            s(&mut c.address);
+            c.messages.iter_mut().for_each(s);
+        }
+        self
+    }
+}
+
+/// What the `planbot/test` status of an MR head says: the tests of every root that has some.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TestsStatus {
+    /// Every root's tests ran and none failed or errored.
+    pub ok: bool,
+    /// Roots whose tests ran.
+    pub roots: usize,
+    pub passed: usize,
+    pub failed: usize,
+    pub errored: usize,
+    pub skipped: usize,
+    /// Roots with failing or erroring tests, in order.
+    pub failing: Vec<String>,
+    /// Roots whose tests should have run and did not.
+    pub not_run: Vec<String>,
+}
+
+impl TestsStatus {
+    /// The status of these roots' tests; `None` when no root has tests to run (none has test
+    /// files, or every root with some switched them off): then nothing is posted.
+    pub fn of<'a>(
+        roots: impl IntoIterator<Item = (&'a str, &'a RootChecks)>,
+    ) -> Option<TestsStatus> {
+        let mut st = TestsStatus::default();
+        let mut any = false;
+        for (name, c) in roots {
+            match &c.test {
+                Check::Quiet => {}
+                Check::NotRun { .. } => {
+                    any = true;
+                    st.not_run.push(name.to_string());
+                }
+                Check::Ran { result } => {
+                    any = true;
+                    st.roots += 1;
+                    st.passed += result.passed;
+                    st.failed += result.failed;
+                    st.errored += result.errored;
+                    st.skipped += result.skipped;
+                    if !result.ok() {
+                        st.failing.push(name.to_string());
+                    }
+                }
+            }
+        }
+        st.ok = st.failing.is_empty() && st.not_run.is_empty();
+        any.then_some(st)
+    }
+}
+
+fn quiet_or_not_run<T>(step: &StepCheck) -> Check<T> {
+    match step {
+        StepCheck::NotRun(reason) => Check::NotRun {
+            reason: reason.clone(),
+        },
+        _ => Check::Quiet,
+    }
+}
+
+fn exit_text(exit: Option<i32>) -> String {
+    match exit {
+        Some(c) => format!("exit code {c}"),
+        None => "killed by a signal".to_string(),
+    }
+}
+
+// ----- the engine's JSON ---------------------------------------------------------------------
+
+#[derive(Deserialize)]
+struct WireDiagnostic {
+    #[serde(default)]
+    severity: String,
+    #[serde(default)]
+    summary: String,
+    #[serde(default)]
+    detail: String,
+    #[serde(default)]
+    range: Option<WireRange>,
+}
+
+#[derive(Deserialize)]
+struct WireRange {
+    #[serde(default)]
+    filename: String,
+    #[serde(default)]
+    start: Option<WirePos>,
+}
+
+#[derive(Deserialize)]
+struct WirePos {
+    #[serde(default)]
+    line: u64,
+}
+
+/// A detail longer than this many characters is cut (the note lists many).
+const DETAIL_MAX_CHARS: usize = 1000;
+
+/// Whitespace runs (line breaks included) as one space, at most [`DETAIL_MAX_CHARS`]: a
+/// detail is shown on one line.
+fn one_line(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(DETAIL_MAX_CHARS) {
+        Some((at, _)) => format!("{} …", &line[..at]),
+        None => line,
+    }
+}
+
+impl WireDiagnostic {
+    fn read(self) -> Diagnostic {
+        Diagnostic {
+            severity: if self.severity == "warning" {
+                Severity::Warning
+            } else {
+                Severity::Error
+            },
+            summary: one_line(&self.summary),
+            detail: one_line(&self.detail),
+            at: self.range.filter(|r| !r.filename.is_empty()).map(|r| {
+                match r.start.map(|p| p.line).filter(|l| *l > 0) {
+                    Some(line) => format!("{}:{line}", r.filename),
+                    None => r.filename,
+                }
+            }),
+        }
+    }
+}
+
+/// `validate -json`'s diagnostics; `None` when it is not its document.
+fn read_validate(stdout: &[u8]) -> Option<Vec<Diagnostic>> {
+    #[derive(Deserialize)]
+    struct Validate {
+        valid: bool,
+        #[serde(default)]
+        diagnostics: Vec<WireDiagnostic>,
+    }
+    let v: Validate = serde_json::from_slice(stdout).ok()?;
+    let _ = v.valid;
+    Some(
+        v.diagnostics
+            .into_iter()
+            .map(WireDiagnostic::read)
+            .collect(),
+    )
+}
+
+/// `fmt -list`'s files, one a line.
+fn read_fmt(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `test -json`'s lines: each run's end and its errors, the summary's counts.
+fn read_test(stdout: &[u8]) -> TestReport {
+    #[derive(Deserialize)]
+    struct Line {
+        #[serde(default, rename = "type")]
+        kind: String,
+        #[serde(default, rename = "@testfile")]
+        file: Option<String>,
+        #[serde(default, rename = "@testrun")]
+        run: Option<String>,
+        #[serde(default)]
+        test_run: Option<WireRun>,
+        #[serde(default)]
+        diagnostic: Option<WireDiagnostic>,
+    }
+    #[derive(Deserialize)]
+    struct WireRun {
+        #[serde(default)]
+        path: String,
+        #[serde(default)]
+        run: String,
+        #[serde(default)]
+        progress: String,
+        #[serde(default)]
+        status: Option<String>,
+    }
+    let mut report = TestReport::default();
+    let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for line in stdout.split(|b| *b == b'\n') {
+        let Ok(line) = serde_json::from_slice::<Line>(line) else {
+            continue;
+        };
+        match line.kind.as_str() {
+            "test_run" => {
+                let Some(r) = line.test_run else { continue };
+                let status = match (r.progress.as_str(), r.status.as_deref()) {
+                    ("complete", Some("pass")) => TestStatus::Pass,
+                    ("complete", Some("fail")) => TestStatus::Fail,
+                    ("complete", Some("skip")) => TestStatus::Skip,
+                    ("complete", _) => TestStatus::Error,
+                    _ => TestStatus::Pending,
+                };
+                let key = (r.path.clone(), r.run.clone());
+                match index.get(&key) {
+                    Some(&i) => report.runs[i].status = status,
+                    None => {
+                        index.insert(key, report.runs.len());
+                        report.runs.push(TestRun {
+                            file: r.path,
+                            run: r.run,
+                            status,
+                            problems: Vec::new(),
+                        });
+                    }
+                }
+            }
+            "diagnostic" => {
+                let Some(d) = line.diagnostic.map(WireDiagnostic::read) else {
+                    continue;
+                };
+                if d.severity != Severity::Error {
+                    continue;
+                }
+                let at = line.file.zip(line.run).and_then(|k| index.get(&k).copied());
+                match at {
+                    Some(i) => report.runs[i].problems.push(d),
+                    None => report.errors.push(d),
+                }
+            }
+            _ => {}
+        }
+    }
+    for r in &report.runs {
+        match r.status {
+            TestStatus::Pass => report.passed += 1,
+            TestStatus::Fail => report.failed += 1,
+            TestStatus::Error | TestStatus::Pending => report.errored += 1,
+            TestStatus::Skip => report.skipped += 1,
+        }
+    }
+    report
+}
+
+/// The warnings, each summary once and under it each of its details once, with how often and
+/// where, in the order first given.
+fn group_warnings(warnings: &[Diagnostic]) -> Vec<WarningGroup> {
+    let mut groups: Vec<WarningGroup> = Vec::new();
+    for w in warnings {
+        let g = match groups.iter().position(|g| g.summary == w.summary) {
+            Some(i) => &mut groups[i],
+            None => {
+                groups.push(WarningGroup {
+                    summary: w.summary.clone(),
+                    count: 0,
+                    details: Vec::new(),
+                });
+                groups.last_mut().expect("pushed")
+            }
+        };
+        g.count += 1;
+        let d = match g.details.iter().position(|d| d.detail == w.detail) {
+            Some(i) => &mut g.details[i],
+            None => {
+                g.details.push(WarningDetail {
+                    detail: w.detail.clone(),
+                    count: 0,
+                    at: Vec::new(),
+                });
+                g.details.last_mut().expect("pushed")
+            }
+        };
+        d.count += 1;
+        if let Some(at) = &w.at {
+            if d.at.len() < PLACES_LISTED && !d.at.contains(at) {
+                d.at.push(at.clone());
+            }
+        }
+    }
+    groups
+}
+
+/// The failing `check {}` blocks of a `show -json` document (its `checks`): status `fail` or
+/// `error`, with their messages. A document that is not a plan gives none.
+fn read_check_blocks(plan_json: &[u8]) -> Vec<CheckBlock> {
+    #[derive(Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        checks: Vec<Result_>,
+    }
+    #[derive(Deserialize)]
+    struct Result_ {
+        #[serde(default)]
+        address: Address,
+        #[serde(default)]
+        status: String,
+        #[serde(default)]
+        instances: Vec<Instance>,
+    }
+    #[derive(Deserialize, Default)]
+    struct Address {
+        #[serde(default)]
+        kind: String,
+        #[serde(default)]
+        to_display: String,
+    }
+    #[derive(Deserialize)]
+    struct Instance {
+        #[serde(default)]
+        address: Address,
+        #[serde(default)]
+        status: String,
+        #[serde(default)]
+        problems: Vec<Problem>,
+    }
+    #[derive(Deserialize)]
+    struct Problem {
+        #[serde(default)]
+        message: String,
+    }
+    let Ok(doc) = serde_json::from_slice::<Doc>(plan_json) else {
+        return Vec::new();
+    };
+    let failing = |s: &str| s == "fail" || s == "error";
+    let mut out = Vec::new();
+    for c in doc.checks {
+        // Only `check {}` blocks: a resource's failing condition is the plan's error.
+        if c.address.kind != "check" || !failing(&c.status) {
+            continue;
+        }
+        for i in c.instances.into_iter().filter(|i| failing(&i.status)) {
+            let address = if i.address.to_display.is_empty() {
+                c.address.to_display.clone()
+            } else {
+                i.address.to_display
+            };
+            out.push(CheckBlock {
+                address,
+                status: i.status,
+                messages: i
+                    .problems
+                    .into_iter()
+                    .map(|p| one_line(&p.message))
+                    .collect(),
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ran(text: &str, exit: i32) -> StepCheck {
+        StepCheck::Ran {
+            exit: Some(exit),
+            stdout: text.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn tests_are_counted_per_run_with_the_failed_assertion() {
+        // As terraform 1.11.4 printed it for one passing and one failing run.
+        let out = r#"{"@level":"info","@message":"Found 1 file and 2 run blocks","type":"test_abstract","test_abstract":{"tests/a.tftest.hcl":["passes","fails"]}}
+{"@testfile":"tests/a.tftest.hcl","@testrun":"passes","test_run":{"path":"tests/a.tftest.hcl","run":"passes","progress":"starting","elapsed":0},"type":"test_run"}
+{"@testfile":"tests/a.tftest.hcl","@testrun":"passes","test_run":{"path":"tests/a.tftest.hcl","run":"passes","progress":"complete","status":"pass"},"type":"test_run"}
+{"@testfile":"tests/a.tftest.hcl","@testrun":"fails","test_run":{"path":"tests/a.tftest.hcl","run":"fails","progress":"complete","status":"fail"},"type":"test_run"}
+{"@level":"error","@testfile":"tests/a.tftest.hcl","@testrun":"fails","diagnostic":{"severity":"error","summary":"Test assertion failed","detail":"input is not 3","range":{"filename":"tests/a.tftest.hcl","start":{"line":11,"column":21}}},"type":"diagnostic"}
+{"@message":"Failure! 1 passed, 1 failed.","test_summary":{"status":"fail","passed":1,"failed":1,"errored":0,"skipped":0},"type":"test_summary"}
+"#;
+        let c = RootChecks::read(&StepCheck::Off, &StepCheck::Off, &ran(out, 1), None);
+        let t = c.test.result().expect("ran");
+        assert_eq!((t.passed, t.failed, t.errored), (1, 1, 0));
+        assert!(!t.ok());
+        assert_eq!(t.runs[1].problems[0].detail, "input is not 3");
+        assert_eq!(
+            t.runs[1].problems[0].at.as_deref(),
+            Some("tests/a.tftest.hcl:11")
+        );
+    }
+
+    #[test]
+    fn warnings_are_grouped_and_errors_kept_apart() {
+        let w = |line: u32| {
+            format!(
+                r#"{{"severity":"warning","summary":"Deprecated Resource","detail":"use proxmox_vm\ninstead","range":{{"filename":"main.tf","start":{{"line":{line}}}}}}}"#
+            )
+        };
+        let doc = format!(
+            r#"{{"valid":false,"diagnostics":[{},{},{{"severity":"error","summary":"Unsupported argument","detail":"x","range":{{"filename":"a.tf","start":{{"line":4}}}}}}]}}"#,
+            w(3),
+            w(9)
+        );
+        let c = RootChecks::read(&ran(&doc, 1), &StepCheck::Off, &StepCheck::Off, None);
+        assert_eq!(c.warnings.len(), 1);
+        assert_eq!(c.warnings[0].count, 2);
+        assert_eq!(c.warnings[0].details.len(), 1);
+        assert_eq!(c.warnings[0].details[0].detail, "use proxmox_vm instead");
+        assert_eq!(c.warnings[0].details[0].at, ["main.tf:3", "main.tf:9"]);
+        assert_eq!(
+            c.validate.result().unwrap()[0].at.as_deref(),
+            Some("a.tf:4")
+        );
+    }
+
+    #[test]
+    fn what_did_not_run_says_so_and_what_is_off_says_nothing() {
+        let c = RootChecks::read(
+            &ran("not json", 1),
+            &ran("", 2),
+            &StepCheck::NoTests,
+            Some(b"{}"),
+        );
+        assert!(matches!(c.validate, Check::NotRun { .. }));
+        assert!(matches!(c.fmt, Check::NotRun { .. }));
+        assert_eq!(c.test, Check::Quiet);
+        let quiet = RootChecks::read(
+            &StepCheck::Off,
+            &ran("", 0),
+            &StepCheck::NoTests,
+            Some(b"not a plan"),
+        );
+        assert!(quiet.is_quiet(), "{quiet:?}");
+    }
+}

@@ -1,0 +1,356 @@
+//! The engine's checks beside an MR's plan, against the fake GitLab and the real engine: a
+//! root's tests (one passing, one failing run), its unformatted files and validation errors in
+//! the note's "Checks" part; the engine's warnings (grouped) and a failing `check {}` block;
+//! the `planbot/test` status; every check switched off per root in `.planbot.toml`.
+
+use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
+use planbot::core::config::Config;
+use planbot::core::events::{PlanJob, PlanReason};
+use planbot::core::ids::{CommitSha, MrIid, ProjectId};
+use planbot::flows::context::app_state::App;
+use tokio_util::sync::CancellationToken;
+
+const CANARY: &str = "canary-secret-checks-41c7";
+
+const REPO_CONFIG: &str = r#"[[roots]]
+name = "tested"
+dir = "tested"
+
+[[roots]]
+name = "plain"
+dir = "plain"
+
+[[roots]]
+name = "broken"
+dir = "broken"
+"#;
+
+const CHECKS_OFF: &str = r#"[[roots]]
+name = "tested"
+dir = "tested"
+checks = { validate = false, fmt = false, test = false }
+
+[[roots]]
+name = "plain"
+dir = "plain"
+checks = { validate = false }
+
+[[roots]]
+name = "broken"
+dir = "broken"
+checks = { validate = false, fmt = false }
+"#;
+
+/// A root with tests: one run passes, one fails its assertion (which quotes a secret the
+/// engine's env holds: the note must not). `extra.tf` is not formatted.
+const TESTED_MAIN: &str = r#"variable "n" {
+  type    = number
+  default = 2
+}
+
+variable "token" {
+  type      = string
+  sensitive = true
+  default   = "unset"
+}
+
+resource "terraform_data" "a" {
+  input = var.n
+}
+"#;
+
+const TESTED_EXTRA: &str = "output \"doubled\" {\nvalue = terraform_data.a.input * 2\n}\n";
+
+const TESTED_TEST: &str = r#"run "passes" {
+  command = plan
+
+  assert {
+    condition     = terraform_data.a.input == 2
+    error_message = "input is not 2"
+  }
+}
+
+run "fails" {
+  command = plan
+
+  assert {
+    condition     = terraform_data.a.input == 3
+    error_message = "input is not 3 (token ${nonsensitive(var.token)})"
+  }
+}
+"#;
+
+/// No tests; a `check {}` block that fails, and a child module with an empty provider block:
+/// Terraform 1.11 warns that it is deprecated, once per use (two uses here).
+const PLAIN_MAIN: &str = r#"variable "n" {
+  type    = number
+  default = 2
+}
+
+resource "terraform_data" "b" {
+  input = var.n
+}
+
+module "one" {
+  source = "./modules/m"
+}
+
+module "two" {
+  source = "./modules/m2"
+}
+
+check "health" {
+  assert {
+    condition     = var.n > 5
+    error_message = "n must be above 5"
+  }
+}
+"#;
+
+const PLAIN_MODULE: &str = "provider \"terraform\" {}\n\nresource \"terraform_data\" \"m\" {}\n";
+
+/// A validation error on line 3.
+const BROKEN_MAIN: &str = r#"resource "terraform_data" "c" {
+  input  = 1
+  colour = "red"
+}
+"#;
+
+struct World {
+    fake: FakeGitLab,
+    project: FakeProject,
+    app: App,
+    _data: tempfile::TempDir,
+}
+
+fn world(engine: &std::path::Path) -> World {
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/checks");
+    fake.commit_files(
+        &project,
+        "main",
+        &[
+            (".planbot.toml", REPO_CONFIG),
+            ("tested/main.tf", TESTED_MAIN),
+            ("plain/main.tf", PLAIN_MAIN),
+            ("plain/modules/m/main.tf", PLAIN_MODULE),
+            ("plain/modules/m2/main.tf", PLAIN_MODULE),
+            ("broken/README.md", "a root to be\n"),
+        ],
+    );
+    let data = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+listen = "127.0.0.1:0"
+data_dir = "{}"
+public_url = "http://planbot.test"
+fingerprint_key = "test-fingerprint-key-0123456789"
+
+[gitlab]
+url = "{}"
+token = "{}"
+webhook_secret = "whatever-secret-value"
+projects = ["infra/checks"]
+
+[engine]
+binary = "{}"
+timeout = "5m"
+env = {{ TF_VAR_token = "{CANARY}" }}
+{}"#,
+        data.path().display(),
+        fake.url(),
+        fake.bot_token(),
+        engine.display(),
+        fake.managed_state_config(&project)
+    );
+    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
+    let app = App::new(config).expect("app");
+    planbot::flows::context::app_state::wipe_temp_root(&app.temp_root()).unwrap();
+    World {
+        fake,
+        project,
+        app,
+        _data: data,
+    }
+}
+
+impl World {
+    async fn plan(&self, iid: u64) -> String {
+        let job = PlanJob {
+            project: ProjectId(self.project.id),
+            project_path: Some(self.project.path.clone()),
+            mr: MrIid(iid),
+            head: CommitSha(self.fake.mr_sha(&self.project, iid)),
+            target_branch: Some("main".into()),
+            source_project: Some(ProjectId(self.project.id)),
+            fork: false,
+            draft: false,
+            reason: PlanReason::NewCommits,
+            requested_by: None,
+        };
+        planbot::flows::review::plan::run(&self.app, &job, None, &CancellationToken::new())
+            .await
+            .expect("plan flow");
+        let notes = self.fake.notes(&self.project, iid);
+        assert_eq!(notes.len(), 1);
+        notes[0].body.clone()
+    }
+}
+
+/// The note from its warnings to the first root's details: the part this feature adds.
+fn checks_part(note: &str) -> &str {
+    let start = note
+        .find("<details><summary>⚠️")
+        .or_else(|| note.find("**Checks**"))
+        .unwrap_or(0);
+    let end = note[start..]
+        .find("#### Root")
+        .map_or(note.len(), |e| start + e);
+    note[start..end].trim()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_status() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/checks",
+        &[
+            ("tested/extra.tf", TESTED_EXTRA),
+            ("tested/tests/a.tftest.hcl", TESTED_TEST),
+            ("plain/README.md", "changed\n"),
+            ("broken/main.tf", BROKEN_MAIN),
+        ],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/checks", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    let note = w.plan(iid).await;
+    assert!(!note.contains(CANARY), "a secret leaked into the note");
+
+    // The tests: counted, each run listed, the failed assertion with its place.
+    assert!(
+        note.contains("- ❌ `tested`: **Tests: 1 passed, 1 failed**"),
+        "{note}"
+    );
+    assert!(
+        note.contains("  - ✅ `tests/a.tftest.hcl` run `passes` passed"),
+        "{note}"
+    );
+    assert!(
+        note.contains("  - ❌ `tests/a.tftest.hcl` run `fails` failed\n    - Test assertion failed: input is not 3 (token (sensitive value))"),
+        "the assertion's message, the secret it quotes redacted: {note}"
+    );
+    assert!(note.contains("(`tests/a.tftest.hcl:14`)"), "{note}");
+    // A root without tests says nothing of tests.
+    assert!(!note.contains("`plain`: **Tests"), "{note}");
+    assert!(!note.contains("`broken`: **Tests"), "{note}");
+    // The file not formatted, and no other.
+    assert!(
+        note.contains("- ⚠️ `tested`: **Not formatted** (`fmt -check`): `extra.tf`\n"),
+        "{note}"
+    );
+    assert_eq!(note.matches("**Not formatted**").count(), 1, "{note}");
+    // The validation error with its file and line.
+    assert!(
+        note.contains("- ❌ `broken`: **Validation failed** (`validate`):\n  - `main.tf:3`: Unsupported argument: An argument named &quot;colour&quot; is not expected here."),
+        "{note}"
+    );
+    // The failing check block on its own line, the warning once with its count and places.
+    assert!(
+        note.contains("- ⚠️ `plain`: **check.health** failed: n must be above 5"),
+        "{note}"
+    );
+    assert!(
+        note.contains("<details><summary>⚠️ 2 warnings from Terraform</summary>"),
+        "{note}"
+    );
+    // One warning per module call, each given once (the plan's own text repeats them): one
+    // summary line, its two details (each names its module call) under it.
+    assert_eq!(
+        note.matches("**Redundant empty provider block**").count(),
+        1,
+        "{note}"
+    );
+    assert!(
+        note.contains("- `plain`: **Redundant empty provider block** (2×)\n  - at `modules/m/main.tf:1`: Earlier versions of Terraform"),
+        "{note}"
+    );
+    assert_eq!(
+        note.matches("required_providers block of module.one")
+            .count(),
+        1,
+        "{note}"
+    );
+    assert_eq!(
+        note.matches("required_providers block of module.two")
+            .count(),
+        1,
+        "{note}"
+    );
+    assert!(note.starts_with(planbot::core::render::NOTE_MARKER));
+    assert!(
+        note.contains("### 🔴"),
+        "failed tests make the headline red: {note}"
+    );
+    insta::assert_snapshot!("engine_checks_note", checks_part(&note));
+
+    // The test status: failed, with the counts; the plan status says what it says of plans.
+    let test = w
+        .fake
+        .status(&w.project, &head, "planbot/test")
+        .expect("planbot/test is posted when a root has tests");
+    assert_eq!(test.state, "failed");
+    assert_eq!(
+        test.description.as_deref(),
+        Some("tests failed: 1 passed, 1 failed (root tested)")
+    );
+
+    // Every check switched off: nothing of them in the note, no test status for the new head.
+    w.fake
+        .commit_files(&w.project, "main", &[(".planbot.toml", CHECKS_OFF)]);
+    w.fake.push(
+        &w.project,
+        "feature/checks",
+        &[("tested/extra.tf", &format!("{TESTED_EXTRA}\n"))],
+    );
+    let head2 = w.fake.mr_sha(&w.project, iid);
+    assert_ne!(head, head2);
+    let note = w.plan(iid).await;
+    for gone in [
+        "**Tests",
+        "**Not formatted**",
+        "**Validation failed**",
+        "warnings from Terraform",
+    ] {
+        assert!(!note.contains(gone), "{gone}: {note}");
+    }
+    // `plain` keeps `fmt` and `test` (it has no tests) and its check block (from the plan).
+    assert!(note.contains("**check.health** failed"), "{note}");
+    assert!(w.fake.status(&w.project, &head2, "planbot/test").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passing_tests_turn_the_test_status_green_and_say_how_many() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let passing = TESTED_TEST.replace("== 3", "== 2");
+    w.fake.commit_files(
+        &w.project,
+        "feature/green",
+        &[("tested/tests/a.tftest.hcl", &passing)],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/green", "main");
+    let head = w.fake.mr_sha(&w.project, iid);
+    let note = w.plan(iid).await;
+    assert!(
+        note.contains("- ✅ `tested`: **Tests: 2 passed, 0 failed**"),
+        "{note}"
+    );
+    let test = w.fake.status(&w.project, &head, "planbot/test").unwrap();
+    assert_eq!(test.state, "success");
+    assert_eq!(
+        test.description.as_deref(),
+        Some("tests passed: 2 passed, 0 failed")
+    );
+}
