@@ -244,11 +244,13 @@ fn recv_fd(over: RawFd) -> Received {
 /// every listener reports that no process carries its filter any more.
 fn supervise(pair: OwnedFd) {
     let mut pair = Some(pair);
-    let mut listeners: Vec<OwnedFd> = Vec::new();
+    // Each listener with how many `listen()` calls it refused (logged once, then counted: MR
+    // code calling `listen()` in a loop must not flood planbot's log).
+    let mut listeners: Vec<(OwnedFd, u64)> = Vec::new();
     loop {
         let mut polled: Vec<libc::pollfd> = pair
             .iter()
-            .chain(&listeners)
+            .chain(listeners.iter().map(|(fd, _)| fd))
             .map(|fd| libc::pollfd {
                 fd: fd.as_raw_fd(),
                 events: libc::POLLIN,
@@ -277,7 +279,7 @@ fn supervise(pair: OwnedFd) {
             let r = revents.next().unwrap_or(0);
             if r != 0 {
                 match recv_fd(pair.as_ref().map(AsRawFd::as_raw_fd).unwrap_or(-1)) {
-                    Received::Listener(fd) => listeners.push(fd),
+                    Received::Listener(fd) => listeners.push((fd, 0)),
                     Received::Nothing => {}
                     Received::Closed => pair = None,
                 }
@@ -286,27 +288,69 @@ fn supervise(pair: OwnedFd) {
         let mut ended = Vec::new();
         for (i, r) in revents.enumerate() {
             if r & libc::POLLIN != 0 {
-                answer_one(listeners[i].as_raw_fd());
+                let (fd, refused) = &mut listeners[i];
+                if let Some(refusal) = answer_one(fd.as_raw_fd()) {
+                    if *refused == 0 {
+                        refusal.log();
+                    }
+                    *refused += 1;
+                }
             } else if r != 0 {
                 // POLLHUP: no process carries this filter any more.
                 ended.push(i);
             }
         }
         for i in ended.into_iter().rev() {
-            listeners.swap_remove(i);
+            let (_, refused) = listeners.swap_remove(i);
+            if refused > 1 {
+                tracing::warn!(
+                    refused,
+                    "the engine's sandbox refused listen() this many times in one engine process"
+                );
+            }
         }
     }
 }
 
-/// Read one notification from `listener` and answer it.
-fn answer_one(listener: RawFd) {
+/// A `listen()` the guard refused, for the log.
+enum Refusal {
+    /// A socket of another family than `AF_UNIX`.
+    Family {
+        pid: libc::pid_t,
+        family: libc::c_int,
+    },
+    /// planbot could not take the socket from the process.
+    Untaken { pid: libc::pid_t, error: String },
+}
+
+impl Refusal {
+    fn log(&self) {
+        match self {
+            Refusal::Family { pid, family } => tracing::warn!(
+                pid,
+                family,
+                "the engine's sandbox refused listen() on a socket that is not a UNIX socket"
+            ),
+            Refusal::Untaken { pid, error } => tracing::error!(
+                pid,
+                "the engine's listen() guard could not take the socket ({error}): its listen() is refused"
+            ),
+        }
+    }
+}
+
+/// Read one notification from `listener` and answer it; the refusal, when it was one.
+fn answer_one(listener: RawFd) -> Option<Refusal> {
     // SAFETY: the kernel wants a zeroed struct; ioctls on our listener with structs we own.
     let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
     if unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } != 0 {
         // ENOENT: the process was killed meanwhile; EINTR: try again on the next poll.
-        return;
+        return None;
     }
-    let outcome = decide(listener, &req);
+    let (outcome, refusal) = match decide(listener, &req) {
+        Ok(()) => (Ok(()), None),
+        Err((errno, refusal)) => (Err(errno), refusal),
+    };
     let mut resp = libc::seccomp_notif_resp {
         id: req.id,
         val: 0,
@@ -320,60 +364,56 @@ fn answer_one(listener: RawFd) {
     // ENOENT here too when the process was killed while we decided: nothing left to answer.
     // SAFETY: as above.
     unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) };
+    refusal
 }
 
 /// What `listen()` answers: `Ok` when planbot listened on the process's UNIX socket, else the
-/// errno (`EPERM` for every other family).
-fn decide(listener: RawFd, req: &libc::seccomp_notif) -> Result<(), i32> {
+/// errno (`EPERM` for every other family), with the refusal when the guard refused.
+fn decide(listener: RawFd, req: &libc::seccomp_notif) -> Result<(), (i32, Option<Refusal>)> {
+    let kernel = |errno: i32| (errno, None);
     if req.data.nr != libc::SYS_listen as i32 {
-        return Err(libc::ENOSYS);
+        return Err(kernel(libc::ENOSYS));
     }
     // The kernel reads both arguments as `int`s.
     let fd = req.data.args[0] as u32 as i32;
     let backlog = req.data.args[1] as u32 as i32;
     let pid = req.pid as libc::pid_t;
-    let pidfd = open_pidfd(pid).map_err(|_| libc::EPERM)?;
+    let untaken = |error: String| (libc::EPERM, Some(Refusal::Untaken { pid, error }));
+    let pidfd = open_pidfd(pid).map_err(|e| untaken(format!("pidfd_open: {e}")))?;
     // The notification is still pending only while the process that made it waits in it: so
     // the pid was not reused before `pidfd_open`, and the pidfd is that process.
     let mut id = req.id;
     // SAFETY: an ioctl on our listener with a u64 we own.
     if unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &mut id) } != 0 {
-        return Err(libc::EPERM);
+        // The process is gone: nothing will read the answer.
+        return Err(kernel(libc::EPERM));
     }
     // SAFETY: pidfd_getfd makes a new descriptor for us (close-on-exec), owned from here.
     let socket = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if socket < 0 {
         let e = std::io::Error::last_os_error();
         return Err(match e.raw_os_error() {
-            Some(libc::EBADF) => libc::EBADF,
-            _ => {
-                tracing::error!(pid, "the engine's listen() guard could not take the socket ({e}): its listen() is refused");
-                libc::EPERM
-            }
+            Some(libc::EBADF) => kernel(libc::EBADF),
+            _ => untaken(format!("pidfd_getfd: {e}")),
         });
     }
     // SAFETY: the descriptor is new and ours.
     let socket = unsafe { OwnedFd::from_raw_fd(socket as RawFd) };
     match socket_domain(&socket) {
-        Err(e) => Err(e),
+        Err(e) => Err(kernel(e)),
         Ok(libc::AF_UNIX) => {
             // SAFETY: listen on the socket we hold: the very socket the process named.
             if unsafe { libc::listen(socket.as_raw_fd(), backlog) } == 0 {
                 Ok(())
             } else {
-                Err(std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EPERM))
+                Err(kernel(
+                    std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EPERM),
+                ))
             }
         }
-        Ok(family) => {
-            tracing::warn!(
-                pid,
-                family,
-                "the engine's sandbox refused listen() on a socket that is not a UNIX socket"
-            );
-            Err(libc::EPERM)
-        }
+        Ok(family) => Err((libc::EPERM, Some(Refusal::Family { pid, family }))),
     }
 }
 
