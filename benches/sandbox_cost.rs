@@ -7,6 +7,12 @@
 //! all three alike), and prints the median, min and max of each and the median cost of the
 //! namespaces per plan (three engine processes: `init`, `plan`, `show`). Under `cargo test
 //! --all-targets` (no `--bench`) it runs three of each, to stay fast.
+//!
+//! Then the cost of one `listen()` through planbot's guard (the namespaces' seccomp filter hands
+//! every `listen()` to a supervisor thread of planbot, which performs it on the process's UNIX
+//! socket): a Perl process making 1,000 `listen()` calls on one UNIX socket, under Landlock alone
+//! (the kernel's own call) and in the namespaces (each through the guard), interleaved; the
+//! difference of the medians, less the namespaces' own cost, over 1,000.
 
 use planbot::capabilities::engine::sandbox::{Isolation, Policy, Profile, Support};
 use planbot::capabilities::namespaces::{Limits, NsSupport};
@@ -81,6 +87,57 @@ fn main() {
         "namespaces over Landlock: {:.2} ms per engine process, {:.2} ms per plan (init, plan, show)",
         ms(medians[2].saturating_sub(medians[1])),
         3.0 * ms(medians[2].saturating_sub(medians[1]))
+    );
+
+    const LISTENS: u32 = 1000;
+    let script = format!(
+        "unlink 'bench.sock'; socket(S, 1, 1, 0) or die $!; bind(S, pack_sockaddr_un('bench.sock')) or die $!; \
+         for (1..{LISTENS}) {{ listen(S, 5) or die \"listen: $!\" }}"
+    );
+    let runs = if benching { 50 } else { 2 };
+    let mut listen_times: Vec<Vec<Duration>> = vec![Vec::new(); 2];
+    for _ in 0..runs {
+        for (i, isolated) in [false, true].into_iter().enumerate() {
+            let started = Instant::now();
+            let mut cmd = tokio::process::Command::new("/usr/bin/perl");
+            cmd.args(["-MSocket", "-e", &script])
+                .current_dir(work.path())
+                .env_clear();
+            if isolated {
+                policy
+                    .prepare_isolated(landlock, &isolation, work.path())
+                    .unwrap()
+                    .install(&mut cmd);
+            } else {
+                policy.prepare(landlock).unwrap().install(&mut cmd);
+            }
+            let status = rt
+                .block_on(async { cmd.status().await })
+                .expect("perl starts");
+            assert!(
+                status.success(),
+                "listen loop (isolated: {isolated}): {status}"
+            );
+            listen_times[i].push(started.elapsed());
+        }
+    }
+    let mut listen_medians = Vec::new();
+    for (name, t) in ["Landlock", "Namespaces"].iter().zip(&mut listen_times) {
+        t.sort();
+        let median = t[t.len() / 2];
+        listen_medians.push(median);
+        println!(
+            "{LISTENS} listen() calls, {name}: median {:.2} ms ({} runs)",
+            ms(median),
+            t.len()
+        );
+    }
+    let guard = listen_medians[1]
+        .saturating_sub(listen_medians[0])
+        .saturating_sub(medians[2].saturating_sub(medians[1]));
+    println!(
+        "one listen() through planbot's guard: {:.1} µs over the kernel's own",
+        ms(guard) * 1000.0 / LISTENS as f64
     );
 }
 

@@ -3,6 +3,7 @@
 pub mod checkout_file;
 pub mod engine;
 pub mod gitlab;
+pub mod listen_guard;
 pub mod namespaces;
 pub mod proxmox;
 pub mod state_gate;

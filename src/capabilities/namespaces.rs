@@ -26,6 +26,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::capabilities::listen_guard::ListenGuard;
+
 /// Per-process limits of every engine process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -90,6 +92,9 @@ pub enum Stage {
     Pivot,
     Fork,
     Seccomp,
+    ListenGuard,
+    /// The probe's TCP socket could listen: the guard let it through.
+    ListenOpen,
 }
 
 impl Stage {
@@ -102,6 +107,8 @@ impl Stage {
             Stage::Pivot,
             Stage::Fork,
             Stage::Seccomp,
+            Stage::ListenGuard,
+            Stage::ListenOpen,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -133,7 +140,17 @@ fn probe_now() -> NsSupport {
     // the forked child of a multi-threaded process.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        let code = match jail.enter() {
+        // The jail, then the listen() guard end to end: a UNIX socket listens (through
+        // planbot's supervisor), a TCP socket does not.
+        let entered = jail.enter().and_then(|()| {
+            // SAFETY: only system calls, in this forked child.
+            match unsafe { crate::capabilities::listen_guard::probe_in_child() } {
+                Ok(()) => Ok(()),
+                Err(Some(errno)) => Err((Stage::ListenGuard, errno)),
+                Err(None) => Err((Stage::ListenOpen, 0)),
+            }
+        });
+        let code = match entered {
             Ok(()) => 0,
             Err((stage, errno)) => {
                 let mut msg = [0u8; 5];
@@ -184,6 +201,8 @@ fn reason(stage: Option<Stage>, errno: i32) -> String {
         Some(Stage::Limits) => format!("the resource limits could not be set ({err})"),
         Some(Stage::Fork) => format!("the namespace's first process could not start ({err})"),
         Some(Stage::Seccomp) => format!("the seccomp filter of the engine (only TCP and UNIX sockets, no namespaces, no kernel keyrings, …) was refused ({err})"),
+        Some(Stage::ListenOpen) => "the engine's listen() guard let a TCP socket listen in the probe: MR code could accept connections from outside the sandbox".to_string(),
+        Some(Stage::ListenGuard) => format!("the engine's listen() guard (a seccomp filter that hands `listen()` to planbot, `SECCOMP_FILTER_FLAG_NEW_LISTENER`, Linux 5.0 or later) failed ({err}): planbot must be able to take a socket from its engine (`pidfd_getfd`, refused with Yama's `kernel.yama.ptrace_scope = 3`), and in a container its seccomp profile must allow `seccomp`, `pidfd_open` and `pidfd_getfd`"),
         None => format!("the probe failed ({err})"),
     }
 }
@@ -243,6 +262,9 @@ pub struct Jail {
     limits: Limits,
     /// The seccomp filters ([`engine_filters`]), applied in the engine's process.
     filters: Option<Vec<seccompiler::BpfProgram>>,
+    /// With the filters: the `listen()` guard (only UNIX sockets listen), whose supervisor
+    /// thread answers the process's `listen()` calls.
+    listen: Option<ListenGuard>,
 }
 
 const PATH_SETGROUPS: &[u8] = b"/proc/self/setgroups\0";
@@ -274,6 +296,11 @@ impl Jail {
             limits,
             filters: if seccomp {
                 Some(engine_filters()?)
+            } else {
+                None
+            },
+            listen: if seccomp {
+                Some(ListenGuard::start().map_err(|e| JailError(e.to_string()))?)
             } else {
                 None
             },
@@ -371,6 +398,10 @@ impl Jail {
             for filter in filters {
                 seccompiler::apply_filter(filter).map_err(|_| (Stage::Seccomp, errno()))?;
             }
+        }
+        if let Some(guard) = &self.listen {
+            // SAFETY: we are the forked child about to exec the engine; no_new_privs is set.
+            unsafe { guard.install() }.map_err(|e| (Stage::ListenGuard, e))?;
         }
         Ok(())
     }

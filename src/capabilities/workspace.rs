@@ -28,6 +28,20 @@ pub struct RepoFileTooLarge {
     pub max: u64,
 }
 
+/// A git command printed more than planbot reads of one (`Workspace::with_max_output`): a
+/// merge request changing that many files, a directory that large. Nothing past the cap was
+/// read; git was stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("git {what} printed more than {}, the most planbot reads of one git command: a merge request or directory with that many files is refused", size_text(*max))]
+pub struct GitOutputTooLarge {
+    pub what: String,
+    pub max: u64,
+}
+
+/// What planbot reads at most of one git command's output (default of
+/// `Workspace::with_max_output`): `git diff --name-only` of about 300,000 changed files.
+pub const MAX_GIT_OUTPUT: u64 = 16 * 1024 * 1024;
+
 /// One git process as the workspace started it (for audits and tests): argv and env names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
@@ -70,6 +84,8 @@ pub struct Workspace {
     token: String,
     user: String,
     timeout: Duration,
+    /// The most stdout read of one git command ([`MAX_GIT_OUTPUT`]).
+    max_output: u64,
     locks: Arc<Mutex<HashMap<ProjectId, Arc<tokio::sync::Mutex<()>>>>>,
     log: Arc<Mutex<Vec<Invocation>>>,
 }
@@ -206,6 +222,7 @@ impl Workspace {
             token: token.to_string(),
             user: "oauth2".to_string(),
             timeout: Duration::from_secs(600),
+            max_output: MAX_GIT_OUTPUT,
             locks: Arc::default(),
             log: Arc::default(),
         })
@@ -220,6 +237,13 @@ impl Workspace {
     /// Per git process (default 10 minutes); the process is killed after it.
     pub fn with_timeout(mut self, timeout: Duration) -> Workspace {
         self.timeout = timeout;
+        self
+    }
+
+    /// The most planbot reads of one git command's output (default [`MAX_GIT_OUTPUT`]); past it
+    /// git is stopped and the call fails with [`GitOutputTooLarge`].
+    pub fn with_max_output(mut self, bytes: u64) -> Workspace {
+        self.max_output = bytes;
         self
     }
 
@@ -743,46 +767,62 @@ impl Workspace {
     }
 
     /// Run git with an explicit environment; `auth` adds the token header (network calls only).
+    /// At most [`Workspace::with_max_output`] bytes of its stdout are read (past them git is
+    /// stopped and the call fails with [`GitOutputTooLarge`]), 64 KiB of its stderr.
     async fn run(&self, cwd: Option<&Path>, args: &[OsString], auth: bool) -> Result<Output> {
-        let what = what(args);
-        let child = self
-            .command(cwd, args, auth)
-            .spawn()
-            .with_context(|| format!("starting {} {what}", self.git.display()))?;
-        let out = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
-            Ok(r) => r.with_context(|| format!("running git {what}"))?,
-            Err(_) => bail!(
-                "git {what} timed out after {}",
-                humantime::format_duration(self.timeout)
-            ),
-        };
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        Ok(Output {
-            stdout: out.stdout,
-            stderr: self.scrub(&stderr),
-            success: out.status.success(),
-            code: out.status.code(),
-        })
+        let out = self
+            .run_capped_auth(cwd, args, self.max_output, auth)
+            .await?;
+        if out.stdout.len() as u64 > self.max_output {
+            return Err(GitOutputTooLarge {
+                what: what(args),
+                max: self.max_output,
+            }
+            .into());
+        }
+        Ok(out)
     }
 
     /// [`Workspace::run`] (no network) keeping at most `max + 1` bytes of stdout and 64 KiB of
     /// stderr: past `max` git is killed, and the caller sees more than `max` bytes.
     async fn run_capped(&self, cwd: Option<&Path>, args: &[OsString], max: u64) -> Result<Output> {
+        self.run_capped_auth(cwd, args, max, false).await
+    }
+
+    async fn run_capped_auth(
+        &self,
+        cwd: Option<&Path>,
+        args: &[OsString],
+        max: u64,
+        auth: bool,
+    ) -> Result<Output> {
         use tokio::io::AsyncReadExt;
         let what = what(args);
         let mut child = self
-            .command(cwd, args, false)
+            .command(cwd, args, auth)
             .spawn()
             .with_context(|| format!("starting {} {what}", self.git.display()))?;
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             bail!("git {what}: no pipes");
         };
+        // stdout up to `max + 1` bytes, then its pipe is closed (the future that owns it ends:
+        // git's next write fails and it exits, instead of blocking on a full pipe); stderr up to
+        // 64 KiB, the rest read and dropped (so git never blocks on it either).
+        let out = async move {
+            let mut out = Vec::new();
+            let mut stdout = stdout.take(max.saturating_add(1));
+            stdout.read_to_end(&mut out).await.map(|_| out)
+        };
+        let err = async move {
+            let mut err = Vec::new();
+            let mut stderr = stderr;
+            (&mut stderr).take(64 * 1024).read_to_end(&mut err).await?;
+            tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await?;
+            Ok::<_, std::io::Error>(err)
+        };
         let read = async {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            let (mut stdout, mut stderr) =
-                (stdout.take(max.saturating_add(1)), stderr.take(64 * 1024));
-            let (o, e) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
-            o.and(e).map(|_| (out, err))
+            let (o, e) = tokio::join!(out, err);
+            Ok::<_, std::io::Error>((o?, e?))
         };
         let (stdout, stderr) = match tokio::time::timeout(self.timeout, read).await {
             Ok(r) => r.with_context(|| format!("running git {what}"))?,

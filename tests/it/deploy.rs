@@ -281,6 +281,9 @@ fn the_systemd_unit_lets_planbot_run_engines_under_landlock_in_their_namespaces(
         "setrlimit",
         // The seccomp filter that closes the engine's UDP.
         "seccomp",
+        // The listen() guard: the notifications (ioctl), the engine's socket (pidfd_getfd).
+        "ioctl",
+        "pidfd_getfd",
     ] {
         assert!(
             allowed.contains(call) && !denied.contains(call),

@@ -118,6 +118,24 @@ pub(crate) enum Confined<'a> {
 
 /// `bash -c script` as `uid` (when given), confined as asked, in `cwd`.
 pub(crate) async fn bash(script: &str, how: Confined<'_>, cwd: &Path, uid: Option<u32>) -> Ran {
+    let mut cmd = bash_command(script, how, cwd, uid);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("the confined command ends (and whatever holds its output)")
+        .expect("bash starts");
+    Ran {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The command of [`bash`], not started (stdin is `/dev/null`; the caller may pipe it).
+pub(crate) fn bash_command(
+    script: &str,
+    how: Confined<'_>,
+    cwd: &Path,
+    uid: Option<u32>,
+) -> Command {
     let mut cmd = Command::new("/bin/bash");
     cmd.arg("-c")
         .arg(script)
@@ -139,14 +157,7 @@ pub(crate) async fn bash(script: &str, how: Confined<'_>, cwd: &Path, uid: Optio
     if let Some(prepared) = prepared {
         prepared.unwrap().install(&mut cmd);
     }
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the confined command ends (and whatever holds its output)")
-        .expect("bash starts");
-    Ran {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    cmd
 }
 
 /// Perl that connects to the UNIX socket at `path` and says whether it could.

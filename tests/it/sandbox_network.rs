@@ -6,7 +6,7 @@
 //! TCP), then refused in the sandbox. Then the filter alone, call by call, against the kernel's
 //! own answers.
 
-use crate::isolation::{bash, Confined, Job, Ran};
+use crate::isolation::{bash, bash_command, Confined, Job, Ran};
 use planbot::capabilities::engine::Limits;
 use planbot::capabilities::namespaces::engine_filters;
 use std::net::{TcpListener, UdpSocket};
@@ -370,6 +370,189 @@ perl -MIO::Socket::UNIX -e '$l = IO::Socket::UNIX->new(Local => "own.sock", List
     udp.set_nonblocking(true).unwrap();
     let mut buf = [0u8; 64];
     assert!(udp.recv(&mut buf).is_err(), "a datagram from the sandbox");
+}
+
+/// A TCP listener of MR code: socket, (a bind, when `bind` names the address), `listen()`, then
+/// the port `getsockname` gives, held until the test closes the script's stdin.
+fn listener_script(family: i32, bind: Option<&str>) -> String {
+    let bind = bind
+        .map(|addr| format!("bind(S, {addr}) and out \"bound: the case proves nothing\"; "))
+        .unwrap_or_default();
+    perl(&format!(
+        "socket(S, {family}, 1, 0) or out \"socket: $!\"; {bind}\
+         my $said = listen(S, 5) ? \"listening\" : \"listen: $!\"; \
+         my $a = getsockname(S); \
+         my $port = sockaddr_family($a) == AF_INET ? (unpack_sockaddr_in($a))[0] : (unpack_sockaddr_in6($a))[0]; \
+         print \"$said port=$port\\n\"; <STDIN>; exit 0;"
+    ))
+}
+
+/// Runs a [`listener_script`] confined as asked and, while it holds its socket, knocks from
+/// outside (this test process, on loopback over IPv4 and IPv6) on the port it got: its line,
+/// and whether a connection was accepted.
+async fn listen_and_knock(
+    script: &str,
+    how: Confined<'_>,
+    cwd: &std::path::Path,
+) -> (String, bool) {
+    use tokio::io::AsyncBufReadExt;
+    let mut cmd = bash_command(script, how, cwd, None);
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().expect("bash starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the script says what it got")
+        .unwrap()
+        .unwrap_or_default();
+    let port: u16 = line
+        .rsplit_once("port=")
+        .and_then(|(_, p)| p.trim().parse().ok())
+        .unwrap_or(0);
+    let mut reached = false;
+    if port != 0 {
+        for host in ["127.0.0.1", "::1"] {
+            if let Ok(Ok(_)) = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                tokio::net::TcpStream::connect((host, port)),
+            )
+            .await
+            {
+                reached = true;
+            }
+        }
+    }
+    drop(child.stdin.take());
+    tokio::time::timeout(std::time::Duration::from_secs(60), child.wait())
+        .await
+        .expect("the script ends once its stdin closes")
+        .unwrap();
+    (line, reached)
+}
+
+#[tokio::test]
+async fn mr_code_cannot_open_a_tcp_listener_and_unix_sockets_still_listen() {
+    let job = Job::new();
+    let policy = job.policy();
+    let iso = job.isolation(Limits::default());
+    let cwd = job.work.path();
+    // A port the sandbox's Landlock rules refuse to bind.
+    let free = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let inet6 = |port: u16| format!("pack_sockaddr_in6({port}, Socket::inet_pton(10, \"::\"))");
+    // listen() on a TCP socket never bound (or whose bind was refused) binds it to an
+    // ephemeral port of every interface itself: under Landlock alone (what planbot had before
+    // the guard) a client outside the sandbox reaches it.
+    let tcp = [
+        ("IPv4, listen() without bind", listener_script(2, None)),
+        ("IPv6, listen() without bind", listener_script(10, None)),
+        (
+            "IPv4, listen() after a refused bind",
+            listener_script(2, Some(&inet(port))),
+        ),
+        (
+            "IPv6, listen() after a refused bind",
+            listener_script(10, Some(&inet6(port))),
+        ),
+    ];
+    for (case, script) in &tcp {
+        let (without, reached) =
+            listen_and_knock(script, Confined::LandlockOnly(&policy), cwd).await;
+        assert!(
+            without.starts_with("listening port=") && reached,
+            "{case}: under Landlock alone the listener works and is reached from outside (else \
+             this case proves nothing): {without}, reached: {reached}"
+        );
+        let (inside, reached) =
+            listen_and_knock(script, Confined::Isolated(&policy, &iso), cwd).await;
+        assert_eq!(
+            inside, "listen: Operation not permitted port=0",
+            "{case}: in the sandbox"
+        );
+        assert!(
+            !reached,
+            "{case}: a client outside reached the sandbox's socket"
+        );
+    }
+
+    // What the guard lets through answers as the kernel does: UNIX sockets listen (as the
+    // providers' go-plugin servers do) and serve, the kernel's own errors stay; and MR code
+    // cannot stack a seccomp listener of its own in front of planbot's.
+    let listen = libc::SYS_listen;
+    let seccomp = libc::SYS_seccomp;
+    let serve = |addr: &str| {
+        perl(&format!(
+            "socket(S, 1, 1, 0) or out \"socket: $!\"; bind(S, {addr}) or out \"bind: $!\"; \
+             listen(S, 5) or out \"listen: $!\"; socket(C, 1, 1, 0) or out \"socket: $!\"; \
+             connect(C, {addr}) or out \"connect: $!\"; accept(A, S) or out \"accept: $!\"; \
+             send(C, \"ping\\n\", 0); my $l = <A>; out \"served $l\";"
+        ))
+    };
+    let same_as_kernel = [
+        (
+            "UNIX pathname socket",
+            format!("rm -f own.sock; {}", serve("pack_sockaddr_un(\"own.sock\")")),
+            Some("served ping"),
+        ),
+        (
+            "abstract UNIX socket of the job's own",
+            serve("pack_sockaddr_un(\"\\0planbot-listen-$$\")"),
+            Some("served ping"),
+        ),
+        (
+            "UNIX socket never bound",
+            perl("socket(S, 1, 1, 0) or out \"socket: $!\"; listen(S, 5) or out \"listen: $!\"; out \"listening\";"),
+            Some("listen: Invalid argument"),
+        ),
+        (
+            "a descriptor that is not a socket",
+            perl(&format!("my $r = syscall({listen}, 0, 5); out($r < 0 ? \"listen: $!\" : \"listening\");")),
+            Some("listen: Socket operation on non-socket"),
+        ),
+        (
+            "a descriptor that is not open",
+            perl(&format!("my $r = syscall({listen}, 99, 5); out($r < 0 ? \"listen: $!\" : \"listening\");")),
+            Some("listen: Bad file descriptor"),
+        ),
+    ];
+    for (case, script, expected) in &same_as_kernel {
+        let kernel = bash(script, Confined::LandlockOnly(&policy), cwd, None).await;
+        let inside = bash(script, Confined::Isolated(&policy, &iso), cwd, None).await;
+        if let Some(expected) = expected {
+            assert_eq!(
+                first_line(&kernel),
+                *expected,
+                "{case}: the kernel: {}",
+                kernel.stderr
+            );
+        }
+        assert_eq!(
+            first_line(&inside),
+            first_line(&kernel),
+            "{case}: in the sandbox: {}",
+            inside.stderr
+        );
+    }
+    // A filter of MR code's own with a listener (SECCOMP_FILTER_FLAG_NEW_LISTENER), whose
+    // supervisor would let listen() through: the kernel allows one listener per filter chain.
+    let own_listener = perl(&format!(
+        "my $f = pack(\"SCCL\", 6, 0, 0, 0x7fff0000); \
+         my $r = syscall({seccomp}, 1, 8, pack(\"S x6 P8\", 1, $f)); \
+         out($r < 0 ? \"seccomp: $!\" : \"installed\");"
+    ));
+    let without = bash(&own_listener, Confined::LandlockOnly(&policy), cwd, None).await;
+    assert_eq!(first_line(&without), "installed", "{}", without.stderr);
+    let inside = bash(&own_listener, Confined::Isolated(&policy, &iso), cwd, None).await;
+    assert_eq!(
+        first_line(&inside),
+        "seccomp: Device or resource busy",
+        "{}",
+        inside.stderr
+    );
 }
 
 fn first_line(ran: &Ran) -> String {

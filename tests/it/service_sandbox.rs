@@ -308,11 +308,10 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
     assert!(note.contains("blocky-b"), "the plan did not run:\n{note}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mr_code_trying_mptcp_to_planbots_own_port_is_refused_and_the_note_says_so() {
-    // A provider that runs a program the root names, as `hashicorp/external` does, from the
-    // operator's filesystem mirror; the MR's program tries MPTCP (which Landlock's TCP rules do
-    // not govern) to planbot's own loopback port and reads `/runs`.
+/// The note of an MR plan whose provider (one that runs a program the root names, as
+/// `hashicorp/external` does, from the operator's filesystem mirror) runs `probe(port)`, given
+/// planbot's own loopback port.
+async fn note_of_a_probing_mr(probe: impl Fn(u16) -> String) -> String {
     let mirror = tempfile::tempdir().unwrap();
     let dir = mirror
         .path()
@@ -338,10 +337,6 @@ async fn mr_code_trying_mptcp_to_planbots_own_port_is_refused_and_the_note_says_
     let config = Config::load(&text, &[], &read).expect("config");
     let s = start(config).await;
     let port = url::Url::parse(&s.url("/")).unwrap().port().unwrap();
-    let probe = format!(
-        r#"exec perl -MSocket -e '$| = 1; socket(S, 2, 1, 262) or do {{ print "socket: $!\n"; exit 1 }}; connect(S, pack_sockaddr_in({port}, inet_aton("127.0.0.1"))) or do {{ print "connect: $!\n"; exit 1 }}; send(S, "GET /runs HTTP/1.0\r\n\r\n", 0); my $l = <S>; print "runs page: $l"; exit 1'
-"#
-    );
     fake.commit_files(
         &project,
         "feature/probe",
@@ -351,11 +346,24 @@ async fn mr_code_trying_mptcp_to_planbots_own_port_is_refused_and_the_note_says_
                 "terraform {\n  required_providers {\n    external = { source = \"example/external\" }\n  }\n}\n\
                  provider \"external\" {}\n",
             ),
-            ("probe.sh", &probe),
+            ("probe.sh", &probe(port)),
         ],
     );
     let iid = fake.open_mr(&project, "feature/probe", "main");
-    let note = plan_mr(&s, &fake, &project, iid).await;
+    plan_mr(&s, &fake, &project, iid).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mr_code_trying_mptcp_to_planbots_own_port_is_refused_and_the_note_says_so() {
+    // The MR's program tries MPTCP (which Landlock's TCP rules do not govern) to planbot's own
+    // loopback port and reads `/runs`.
+    let note = note_of_a_probing_mr(|port| {
+        format!(
+            r#"exec perl -MSocket -e '$| = 1; socket(S, 2, 1, 262) or do {{ print "socket: $!\n"; exit 1 }}; connect(S, pack_sockaddr_in({port}, inet_aton("127.0.0.1"))) or do {{ print "connect: $!\n"; exit 1 }}; send(S, "GET /runs HTTP/1.0\r\n\r\n", 0); my $l = <S>; print "runs page: $l"; exit 1'
+"#
+        )
+    })
+    .await;
 
     // The program ran and its MPTCP socket was refused; planbot's page was not read.
     assert!(note.contains("socket: Operation not permitted"), "{note}");
@@ -364,4 +372,23 @@ async fn mr_code_trying_mptcp_to_planbots_own_port_is_refused_and_the_note_says_
     // The note says what the sandbox refused and what it allows.
     assert!(note.contains("sandbox refused a connection"), "{note}");
     assert!(note.contains("only TCP"), "{note}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mr_code_opening_a_tcp_listener_is_refused_and_the_note_says_so() {
+    // The MR's program calls listen() on a TCP socket it never bound: the kernel would bind it
+    // to an ephemeral port of every interface (Landlock does not govern listen()).
+    let note = note_of_a_probing_mr(|_| {
+        r#"exec perl -MSocket -e '$| = 1; socket(S, 10, 1, 0) or do { print "socket: $!\n"; exit 1 }; listen(S, 5) or do { print "listen: $!\n"; exit 1 }; my ($port) = unpack_sockaddr_in6(getsockname(S)); print "listening on port $port\n"; exit 1'
+"#
+        .to_string()
+    })
+    .await;
+    assert!(note.contains("listen: Operation not permitted"), "{note}");
+    assert!(!note.contains("listening on port"), "{note}");
+    assert!(
+        note.contains("sandbox refused a listening socket"),
+        "{note}"
+    );
+    assert!(note.contains("only on UNIX sockets"), "{note}");
 }

@@ -3,7 +3,7 @@
 //! out of argv, URLs and the mirror's config.
 
 use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
-use planbot::capabilities::workspace::{PlannedRef, Workspace};
+use planbot::capabilities::workspace::{GitOutputTooLarge, PlannedRef, Workspace};
 use planbot::core::ids::{CommitSha, MrIid, ProjectId};
 
 struct Story {
@@ -562,4 +562,61 @@ async fn a_policy_file_over_its_cap_is_refused_from_its_size_and_never_read() {
         .invocations()
         .iter()
         .any(|i| i.argv.iter().any(|a| a == "blob")));
+}
+
+#[tokio::test]
+async fn a_merge_request_with_more_files_than_planbot_reads_fails_clearly_without_reading_them() {
+    let s = story();
+    let names: Vec<String> = (0..400)
+        .map(|i| format!("stacks/s{i:04}/main.tf"))
+        .collect();
+    let files: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "# x\n")).collect();
+    s.fake.commit_files(&s.project, "feature/many", &files);
+    s.sync().await;
+    let base = s.ws.branch_head(s.pid(), "main").await.unwrap().unwrap();
+    let head =
+        s.ws.branch_head(s.pid(), "feature/many")
+            .await
+            .unwrap()
+            .unwrap();
+    // Under the default cap the 400 files are listed.
+    assert_eq!(
+        s.ws.changed_files(s.pid(), &base, &head)
+            .await
+            .unwrap()
+            .len(),
+        400
+    );
+    // With a cap below their names' size (the default cap stands for an MR of ~300,000 files):
+    // a clear error, not a list read whole.
+    let capped = Workspace::new(s.data.path(), s.fake.bot_token())
+        .unwrap()
+        .with_max_output(4096);
+    let err = capped
+        .changed_files(s.pid(), &base, &head)
+        .await
+        .expect_err("more than the cap of names");
+    assert_eq!(
+        err.downcast_ref::<GitOutputTooLarge>(),
+        Some(&GitOutputTooLarge {
+            what: "diff".into(),
+            max: 4096
+        }),
+        "{err:#}"
+    );
+    assert!(
+        format!("{err:#}").contains("a merge request or directory with that many files is refused"),
+        "{err:#}"
+    );
+    // The same for a directory listed whole (a policy set's): `git ls-tree -r`.
+    let err = capped
+        .read_dir_at(s.pid(), head.as_str(), "stacks", ".rego", 1024)
+        .await
+        .expect_err("more than the cap of entries");
+    assert_eq!(
+        err.downcast_ref::<GitOutputTooLarge>()
+            .map(|e| e.what.as_str()),
+        Some("ls-tree"),
+        "{err:#}"
+    );
 }

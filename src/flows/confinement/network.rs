@@ -1,7 +1,7 @@
 //! What the engine may connect to: the TCP ports its config implies (its endpoints), the places
 //! the config says it connects to with whether the sandbox lets it, and what an engine error
 //! the sandbox caused (`permission denied` on a connect or an open, `operation not permitted`
-//! on a socket other than TCP or UNIX) means, with the setting.
+//! on a socket other than TCP or UNIX, a refused TCP listener) means, with the setting.
 
 use crate::core::config::Config;
 use crate::flows::confinement::credentials::{self, Trust};
@@ -192,6 +192,9 @@ pub enum Denial {
     /// `socket: operation not permitted`: a socket other than TCP or UNIX (UDP, MPTCP, SCTP,
     /// raw, packet, netlink, vsock), which the engine's seccomp filter refuses.
     Socket,
+    /// `listen: operation not permitted` (the `listen()` guard: only UNIX sockets listen) or
+    /// `bind: permission denied` (Landlock refuses every TCP bind): a TCP listener.
+    Listen,
 }
 
 /// The first thing the sandbox refused in `output`, when it refused something.
@@ -208,11 +211,14 @@ pub fn denial(output: &str) -> Option<Denial> {
                 }
             }
         }
-        if line
-            .to_ascii_lowercase()
-            .contains("socket: operation not permitted")
-        {
+        let lower = line.to_ascii_lowercase();
+        if lower.contains("socket: operation not permitted") {
             return Some(Denial::Socket);
+        }
+        if lower.contains("listen: operation not permitted")
+            || lower.contains("bind: permission denied")
+        {
+            return Some(Denial::Listen);
         }
         if let Some((before, _)) = line.split_once(": permission denied") {
             if let Some(path) = before.rsplit("open ").next().filter(|p| p.starts_with('/')) {
@@ -251,6 +257,9 @@ pub fn explain(config: &Config, trust: Trust, output: &str) -> Option<String> {
         Denial::Socket => minijinja::context! {
             kind => "denied_socket",
             allowed => format!("{ports:?}"),
+        },
+        Denial::Listen => minijinja::context! {
+            kind => "denied_listen",
         },
     };
     crate::core::templates::render("network.txt.j2", ctx)
@@ -346,6 +355,17 @@ endpoint = "https://pve01.lab:8006/"
             let text = explain(&c, Trust::MergeRequest, refused).unwrap();
             assert!(text.contains("refused a connection"), "{text}");
             assert!(text.contains("only TCP"), "{text}");
+        }
+        // A TCP listener: the listen() guard's refusal (a socket never bound) and Go's words
+        // for Landlock's refused bind (net.Listen binds first).
+        for refused in [
+            "listen: Operation not permitted port=0",
+            "Error: listen tcp 0.0.0.0:0: bind: permission denied",
+        ] {
+            assert_eq!(denial(refused), Some(Denial::Listen), "{refused}");
+            let text = explain(&c, Trust::MergeRequest, refused).unwrap();
+            assert!(text.contains("refused a listening socket"), "{text}");
+            assert!(text.contains("only on UNIX sockets"), "{text}");
         }
         assert_eq!(denial("Error: no such host"), None);
     }
