@@ -73,7 +73,11 @@ impl Fingerprint {
     /// the plan's own fingerprint bound, under the same key, to the flags and addresses it was
     /// made with, so that a targeted plan never has the fingerprint of the full plan of the same
     /// changes, nor of another targeting. A full plan (no flag) keeps its fingerprint.
-    pub fn with_targeting(self, key: &[u8], targeting: &crate::core::targeting::Targeting) -> Fingerprint {
+    pub fn with_targeting(
+        self,
+        key: &[u8],
+        targeting: &crate::core::targeting::Targeting,
+    ) -> Fingerprint {
         let canonical = targeting.canonical();
         if canonical.is_empty() {
             return self;
@@ -404,14 +408,24 @@ mod tests {
         let target = full.clone().with_targeting(key, &t(&["-target=a.one"]));
         let exclude = full.clone().with_targeting(key, &t(&["-exclude=a.one"]));
         let replace = full.clone().with_targeting(key, &t(&["-replace=a.one"]));
-        assert_eq!(full.clone().with_targeting(key, &Targeting::default()), full);
-        for (a, b) in [(&full, &target), (&full, &exclude), (&target, &exclude), (&full, &replace)] {
+        assert_eq!(
+            full.clone().with_targeting(key, &Targeting::default()),
+            full
+        );
+        for (a, b) in [
+            (&full, &target),
+            (&full, &exclude),
+            (&target, &exclude),
+            (&full, &replace),
+        ] {
             assert_ne!(a, b);
         }
         // The same targeting written in another order is the same plan.
         assert_eq!(
-            full.clone().with_targeting(key, &t(&["-target=a.one", "-target=b.two"])),
-            full.clone().with_targeting(key, &t(&["-target=b.two", "-target=a.one"]))
+            full.clone()
+                .with_targeting(key, &t(&["-target=a.one", "-target=b.two"])),
+            full.clone()
+                .with_targeting(key, &t(&["-target=b.two", "-target=a.one"]))
         );
         // Keyed: another key, another fingerprint.
         assert_ne!(

@@ -297,7 +297,10 @@ mod tests {
         ] {
             assert!(!is_address(bad, true), "{bad:?}");
         }
-        assert!(!is_address(&format!("a.{}", "b".repeat(MAX_ADDRESS_LEN)), true));
+        assert!(!is_address(
+            &format!("a.{}", "b".repeat(MAX_ADDRESS_LEN)),
+            true
+        ));
     }
 
     #[test]
@@ -347,11 +350,10 @@ mod tests {
             Targeting::parse(&["-target=a.b", "-exclude=c.d"]),
             Err(TargetingError::TargetAndExclude)
         );
-        assert_eq!(
-            Targeting::parse::<&str>(&[]),
-            Err(TargetingError::Empty)
-        );
-        let many: Vec<String> = (0..=MAX_ADDRESSES).map(|i| format!("-target=a.b{i}")).collect();
+        assert_eq!(Targeting::parse::<&str>(&[]), Err(TargetingError::Empty));
+        let many: Vec<String> = (0..=MAX_ADDRESSES)
+            .map(|i| format!("-target=a.b{i}"))
+            .collect();
         assert_eq!(Targeting::parse(&many), Err(TargetingError::TooMany));
         let long = format!("-target={}", "x".repeat(500));
         match Targeting::parse(&[long]) {
@@ -397,7 +399,10 @@ mod tests {
     fn the_canonical_text_tells_every_targeting_apart() {
         let c = |w: &[&str]| Targeting::parse(w).unwrap().canonical();
         assert_eq!(Targeting::default().canonical(), "");
-        assert_eq!(c(&["-target=a.b", "-target=c.d"]), c(&["-target=c.d", "-target=a.b"]));
+        assert_eq!(
+            c(&["-target=a.b", "-target=c.d"]),
+            c(&["-target=c.d", "-target=a.b"])
+        );
         assert_ne!(c(&["-target=a.b"]), c(&["-exclude=a.b"]));
         assert_ne!(c(&["-target=a.b"]), c(&["-replace=a.b"]));
         assert_ne!(c(&["-target=a.b", "-target=c.d"]), c(&["-target=a.b"]));

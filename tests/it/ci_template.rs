@@ -324,7 +324,11 @@ fn the_when_input_makes_the_apply_run_by_itself_after_the_merge_or_wait_for_some
     // Anything else is refused when the pipeline is created, as GitLab does with `options`.
     for bad in ["always", "delayed", "never", "on_failure", ""] {
         assert!(
-            interpolate(TEMPLATE, &[("planbot_url", "https://x.test"), ("when", bad)]).is_err(),
+            interpolate(
+                TEMPLATE,
+                &[("planbot_url", "https://x.test"), ("when", bad)]
+            )
+            .is_err(),
             "{bad:?} accepted"
         );
     }
@@ -375,9 +379,7 @@ fn the_component_passes_gitlabs_ci_schema() {
     }
     let out = Command::new(checker)
         .args(["--builtin-schema", "vendor.gitlab-ci"])
-        .args(
-            ["spec.yml", "jobs.yml", "served.yml", "on_success.yml"].map(|f| dir.path().join(f)),
-        )
+        .args(["spec.yml", "jobs.yml", "served.yml", "on_success.yml"].map(|f| dir.path().join(f)))
         .output()
         .unwrap();
     assert!(

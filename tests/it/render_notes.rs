@@ -190,10 +190,16 @@ fn opentofu_forgets_a_vm_that_stays_in_proxmox_and_lists_ephemeral_resources_as_
     assert!(!note.contains("+ ephemeral."), "{note}");
     let text = planbot::core::render::terminal::note_as_text(&note);
     assert!(text.contains("stays in Proxmox"), "{text}");
-    assert!(text.contains("ephemeral.simple_resource.test_ephemeral"), "{text}");
+    assert!(
+        text.contains("ephemeral.simple_resource.test_ephemeral"),
+        "{text}"
+    );
     let html = planbot::core::note_html::note_to_html(&note);
     assert!(html.contains("stays in Proxmox"), "{html}");
-    assert!(html.contains("ephemeral.simple_resource.test_ephemeral"), "{html}");
+    assert!(
+        html.contains("ephemeral.simple_resource.test_ephemeral"),
+        "{html}"
+    );
     insta::assert_snapshot!(note);
 }
 

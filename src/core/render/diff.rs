@@ -678,7 +678,10 @@ mod tests {
         let body = |before: Value, after: Value| {
             Differ::new(&ph)
                 .with_write_only(&wo)
-                .diff("", Node::new(&before, &after, &json!({}), &json!({}), &json!({})))
+                .diff(
+                    "",
+                    Node::new(&before, &after, &json!({}), &json!({}), &json!({})),
+                )
                 .text
         };
         assert_eq!(

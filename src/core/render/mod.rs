@@ -684,7 +684,10 @@ fn markdown_safe_name(name: &str) -> String {
 fn build_view<'a, 'r>(
     ctx: &'a NoteContext,
     roots: &'r [RootSection<'r>],
-) -> (NoteView<'a>, Vec<(UnitId, Option<&'r Plan>, &'r ResourceChange)>) {
+) -> (
+    NoteView<'a>,
+    Vec<(UnitId, Option<&'r Plan>, &'r ResourceChange)>,
+) {
     let mut g = Gathered::default();
     let mut table = Vec::new();
     let mut details = Vec::new();
@@ -884,7 +887,8 @@ fn plan_details<'r>(
             }
             g.destructive.push(v);
         }
-        g.pending.push(((d, 0, detail.resources.len()), Some(plan), rc));
+        g.pending
+            .push(((d, 0, detail.resources.len()), Some(plan), rc));
         detail.resources.push(resource_view(rc, false));
     }
     detail.ephemeral = plan.ephemeral_resources();
