@@ -29,6 +29,8 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// Version tag mixed into every fingerprint: changing the projection changes this tag.
 const DOMAIN: &str = "planbot-fingerprint-v1";
+/// Domain of the binding of a fingerprint to a plan's targeting (`Fingerprint::with_targeting`).
+const TARGETING_DOMAIN: &str = "planbot-targeting-v1";
 /// Domain of the per-value HMACs that stand in for sensitive values.
 const SECRET_DOMAIN: &str = "planbot-sensitive-value-v1";
 
@@ -94,6 +96,28 @@ impl Fingerprint {
             plan_secrets,
             &mut |part| mac.update(part.as_bytes()),
         );
+        Fingerprint(hex::encode(mac.finalize().into_bytes()))
+    }
+
+    /// The fingerprint of a targeted plan (`planbot plan -- -target=…`, `core::targeting`):
+    /// the plan's own fingerprint bound, under the same key, to the flags and addresses it was
+    /// made with, so that a targeted plan never has the fingerprint of the full plan of the same
+    /// changes, nor of another targeting. A full plan (no flag) keeps its fingerprint.
+    pub fn with_targeting(
+        self,
+        key: &[u8],
+        targeting: &crate::core::targeting::Targeting,
+    ) -> Fingerprint {
+        let canonical = targeting.canonical();
+        if canonical.is_empty() {
+            return self;
+        }
+        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+        mac.update(TARGETING_DOMAIN.as_bytes());
+        mac.update(b"\0");
+        mac.update(self.0.as_bytes());
+        mac.update(b"\0");
+        mac.update(canonical.as_bytes());
         Fingerprint(hex::encode(mac.finalize().into_bytes()))
     }
 
@@ -411,6 +435,41 @@ mod tests {
         {"address":"data.d.x","mode":"data","change":{"actions":["read"],"after":{"n":"d"}}}
       ],
       "output_changes":{"o":{"actions":["create"],"after":"out"},"same":{"actions":["no-op"],"after":"x"}}}"#;
+
+    #[test]
+    fn a_targeted_plan_is_another_fingerprint_than_the_full_plan_and_than_another_targeting() {
+        use crate::core::targeting::Targeting;
+        let key = b"k";
+        let full = Fingerprint::of(&plan(BASE), key);
+        let t = |w: &[&str]| Targeting::parse(w).unwrap();
+        let target = full.clone().with_targeting(key, &t(&["-target=a.one"]));
+        let exclude = full.clone().with_targeting(key, &t(&["-exclude=a.one"]));
+        let replace = full.clone().with_targeting(key, &t(&["-replace=a.one"]));
+        assert_eq!(
+            full.clone().with_targeting(key, &Targeting::default()),
+            full
+        );
+        for (a, b) in [
+            (&full, &target),
+            (&full, &exclude),
+            (&target, &exclude),
+            (&full, &replace),
+        ] {
+            assert_ne!(a, b);
+        }
+        // The same targeting written in another order is the same plan.
+        assert_eq!(
+            full.clone()
+                .with_targeting(key, &t(&["-target=a.one", "-target=b.two"])),
+            full.clone()
+                .with_targeting(key, &t(&["-target=b.two", "-target=a.one"]))
+        );
+        // Keyed: another key, another fingerprint.
+        assert_ne!(
+            target,
+            full.with_targeting(b"other", &t(&["-target=a.one"]))
+        );
+    }
 
     #[test]
     fn ignores_order_timestamps_versions_before_and_no_ops() {

@@ -32,5 +32,6 @@ pub mod state;
 pub mod store_tls;
 pub mod suggest;
 pub mod summary;
+pub mod targeting;
 pub mod templates;
 pub mod webhook;

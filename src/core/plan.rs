@@ -1091,6 +1091,112 @@ impl Plan {
         self.terraform_version.as_deref()
     }
 
+    /// The write-only attributes a change sets (Terraform 1.11, OpenTofu 1.11: `password_wo`):
+    /// the engine never keeps their values, so `after` has them as `null`, and neither engine's
+    /// `show -json` marks them (only the provider's schema, `providers schema -json`, does). A
+    /// top-level attribute is taken as write-only when its resource block sets it (an expression
+    /// in `configuration`) while the planned value is `null` and known, and either the block sets
+    /// it to a constant that is not `null` (the engine plans a configured constant as it is
+    /// written, unless the attribute is write-only) or its name ends in `_wo` (the providers'
+    /// convention for write-only attributes, the one way to tell a reference to a write-only
+    /// value from a reference that is `null`). Only managed resources that will exist after the
+    /// apply have any; sorted.
+    pub fn write_only_attributes(&self, rc: &ResourceChange) -> Vec<String> {
+        let v = rc.change.after_values();
+        self.write_only_attributes_of(rc, &v.after, &v.after_unknown)
+    }
+
+    /// [`Plan::write_only_attributes`] given the change's `after` and `after_unknown`, already
+    /// parsed.
+    pub fn write_only_attributes_of(
+        &self,
+        rc: &ResourceChange,
+        after: &Value,
+        after_unknown: &Value,
+    ) -> Vec<String> {
+        if rc.mode != Mode::Managed {
+            return Vec::new();
+        }
+        let Some(after) = after.as_object() else {
+            return Vec::new();
+        };
+        let Some(block) = self.config_block(rc) else {
+            return Vec::new();
+        };
+        let Some(expressions) = block.get("expressions").and_then(Value::as_object) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = expressions
+            .iter()
+            .filter(|(name, expr)| {
+                let constant = expr.get("constant_value");
+                after.get(name.as_str()).is_some_and(Value::is_null)
+                    && after_unknown.get(name.as_str()) != Some(&Value::Bool(true))
+                    && expr.is_object()
+                    && (constant.is_some_and(|c| !c.is_null())
+                        || (constant.is_none() && name.ends_with("_wo")))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The resource block of `configuration` a change comes from (its module found by the call
+    /// names of its module address, the block by mode, type and name).
+    fn config_block(&self, rc: &ResourceChange) -> Option<&Value> {
+        let mut module = &self.configuration.as_ref()?.root_module;
+        for call in module_call_names(rc.module_address.as_deref().unwrap_or_default()) {
+            module = &module.module_calls.get(&call)?.module;
+        }
+        let mode = match rc.mode {
+            Mode::Managed => "managed",
+            Mode::Data => "data",
+            Mode::Ephemeral => "ephemeral",
+            Mode::Other(_) => return None,
+        };
+        module.resources.iter().find(|r| {
+            r.get("mode").and_then(Value::as_str) == Some(mode)
+                && r.get("type").and_then(Value::as_str) == Some(rc.resource_type.as_str())
+                && r.get("name").and_then(Value::as_str) == Some(rc.name.as_str())
+        })
+    }
+
+    /// The ephemeral resources of the plan (OpenTofu 1.11, Terraform 1.11): opened for the run
+    /// and closed after it, never in the plan's changes nor in the state. OpenTofu lists their
+    /// blocks in `configuration` (`"mode": "ephemeral"`), Terraform 1.11 leaves them out of
+    /// `show -json` altogether; a change of mode `ephemeral` in `resource_changes` (written by no
+    /// released engine, but the format allows it) is one too. Their addresses, in order, once.
+    pub fn ephemeral_resources(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(cfg) = &self.configuration {
+            collect_ephemeral(&cfg.root_module, "", &mut out);
+        }
+        for rc in &self.resource_changes {
+            if rc.mode == Mode::Ephemeral {
+                // Its block, when listed, names it without the instance key: the change says more.
+                let block = match &rc.module_address {
+                    Some(m) if !m.is_empty() => format!(
+                        "{}.ephemeral.{}.{}",
+                        module_call_names(m)
+                            .iter()
+                            .map(|c| format!("module.{c}"))
+                            .collect::<Vec<_>>()
+                            .join("."),
+                        rc.resource_type,
+                        rc.name
+                    ),
+                    _ => format!("ephemeral.{}.{}", rc.resource_type, rc.name),
+                };
+                out.retain(|a| *a != block);
+                out.push(rc.address.clone());
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Values of root variables declared `sensitive`: secrets to scrub.
     pub fn sensitive_variable_values(&self) -> Vec<&Value> {
         let Some(cfg) = &self.configuration else {
@@ -1102,6 +1208,57 @@ impl Plan {
             .filter(|(_, v)| v.sensitive)
             .filter_map(|(name, _)| self.variables.get(name).map(|v| &v.value))
             .collect()
+    }
+}
+
+/// The module call names of a module address: `module.a["x"].module.b` is `["a", "b"]` (an
+/// instance key, quoted or not, is skipped).
+fn module_call_names(address: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = address;
+    while let Some(after) = rest.strip_prefix("module.") {
+        let end = after.find(['.', '[']).unwrap_or(after.len());
+        names.push(after[..end].to_string());
+        rest = &after[end..];
+        if rest.starts_with('[') {
+            // Skip the key: a number, or a JSON string (which may hold `]` and `"`).
+            let key = &rest[1..];
+            let len = if key.starts_with('"') {
+                let mut escaped = false;
+                key[1..]
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        let end = c == '"' && !escaped;
+                        escaped = c == '\\' && !escaped;
+                        end
+                    })
+                    .map_or(key.len(), |(i, _)| i + 2)
+            } else {
+                key.find(']').unwrap_or(key.len())
+            };
+            rest = key.get(len..).unwrap_or_default();
+            rest = rest.strip_prefix(']').unwrap_or(rest);
+        }
+        rest = rest.strip_prefix('.').unwrap_or(rest);
+    }
+    names
+}
+
+/// The ephemeral resource blocks of a configuration module and its calls, by address.
+fn collect_ephemeral(module: &ConfigModule, prefix: &str, out: &mut Vec<String>) {
+    for r in &module.resources {
+        if r.get("mode").and_then(Value::as_str) == Some("ephemeral") {
+            let (Some(t), Some(n)) = (
+                r.get("type").and_then(Value::as_str),
+                r.get("name").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            out.push(format!("{prefix}ephemeral.{t}.{n}"));
+        }
+    }
+    for (name, call) in &module.module_calls {
+        collect_ephemeral(&call.module, &format!("{prefix}module.{name}."), out);
     }
 }
 
@@ -1218,6 +1375,16 @@ mod tests {
         assert_eq!(k(&["forget", "create"]), ActionKind::ForgetAndCreate);
         assert_eq!(k(&["create", "forget"]), ActionKind::ForgetAndCreate);
         assert_eq!(k(&["explode"]), ActionKind::Unknown);
+    }
+
+    #[test]
+    fn module_call_names_skip_instance_keys() {
+        assert_eq!(module_call_names(""), Vec::<String>::new());
+        assert_eq!(module_call_names("module.a"), vec!["a"]);
+        assert_eq!(
+            module_call_names(r#"module.a["x.y]\"z"].module.b[3].module.c"#),
+            vec!["a", "b", "c"]
+        );
     }
 
     #[test]

@@ -38,6 +38,12 @@ fn interpolate(template: &str, inputs: &[(&str, &str)]) -> Result<String, String
                 _ => return Err(format!("required input {name} not given")),
             },
         };
+        // GitLab refuses a value that is not one of the input's `options`.
+        if let Some(options) = decl["options"].as_sequence() {
+            if !options.iter().any(|o| o.as_str() == Some(value.as_str())) {
+                return Err(format!("input {name}: `{value}` is not one of {options:?}"));
+            }
+        }
         out = out.replace(&format!("$[[ inputs.{name} ]]"), &value);
     }
     assert!(
@@ -293,6 +299,54 @@ fn the_inputs_set_the_stage_the_job_name_the_image_and_the_url() {
 }
 
 #[test]
+fn the_when_input_makes_the_apply_run_by_itself_after_the_merge_or_wait_for_someone() {
+    // Manual by default: someone runs it.
+    let manual = job();
+    assert_eq!(manual["rules"][0]["when"].as_str(), Some("manual"));
+    // `on_success`: the job runs by itself in the pipeline of the merge on the default branch,
+    // and only there; everything else is the same job (the script that sends the job token and
+    // PLANBOT_CONFIRM, the resource group, the timeout).
+    let auto = jobs(&[
+        ("planbot_url", "https://planbot.example.com"),
+        ("when", "on_success"),
+    ])["planbot-apply"]
+        .clone();
+    let rules = auto["rules"].as_sequence().expect("rules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0]["if"].as_str(),
+        Some("$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH")
+    );
+    assert_eq!(rules[0]["when"].as_str(), Some("on_success"));
+    let mut same = auto.clone();
+    same["rules"] = manual["rules"].clone();
+    assert_eq!(same, manual, "only the rule's `when` differs");
+    // Anything else is refused when the pipeline is created, as GitLab does with `options`.
+    for bad in ["always", "delayed", "never", "on_failure", ""] {
+        assert!(
+            interpolate(
+                TEMPLATE,
+                &[("planbot_url", "https://x.test"), ("when", bad)]
+            )
+            .is_err(),
+            "{bad:?} accepted"
+        );
+    }
+    // Served by planbot, the default stays manual.
+    let served = planbot::core::ci_component::served_component(
+        TEMPLATE,
+        Some("https://planbot.corp.test"),
+        "planbot-apply",
+    );
+    let served: serde_yaml::Value =
+        serde_yaml::from_str(&interpolate(&served, &[]).unwrap()).unwrap();
+    assert_eq!(
+        served["planbot-apply"]["rules"][0]["when"].as_str(),
+        Some("manual")
+    );
+}
+
+#[test]
 fn the_component_passes_gitlabs_ci_schema() {
     let checker = ["check-jsonschema"]
         .iter()
@@ -316,12 +370,16 @@ fn the_component_passes_gitlabs_ci_schema() {
             interpolate(TEMPLATE, &[("planbot_url", "https://x.test")]).unwrap(),
         ),
         ("served.yml", interpolate(&served, &[]).unwrap()),
+        (
+            "on_success.yml",
+            interpolate(&served, &[("when", "on_success")]).unwrap(),
+        ),
     ] {
         std::fs::write(dir.path().join(name), text).unwrap();
     }
     let out = Command::new(checker)
         .args(["--builtin-schema", "vendor.gitlab-ci"])
-        .args(["spec.yml", "jobs.yml", "served.yml"].map(|f| dir.path().join(f)))
+        .args(["spec.yml", "jobs.yml", "served.yml", "on_success.yml"].map(|f| dir.path().join(f)))
         .output()
         .unwrap();
     assert!(

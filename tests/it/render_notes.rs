@@ -133,6 +133,77 @@ fn a_removed_block_forgets_instead_of_destroying() {
 }
 
 #[test]
+fn a_write_only_attribute_says_write_only_in_the_note_the_terminal_and_the_run_page() {
+    // Made by Terraform 1.11.4 with hashicorp/aws 5.100.0 (tests/fixtures/plans/README.md):
+    // `value_wo` is null in the plan, set by a constant in one resource and by a reference to an
+    // ephemeral value in the other; `description` is a reference that is null.
+    let note = note("write_only");
+    for address in [
+        "aws_ssm_parameter.db_password",
+        "aws_ssm_parameter.cluster_token",
+    ] {
+        let section = note
+            .split("<details>")
+            .find(|s| s.contains(&format!("+ {address}</code>")))
+            .unwrap_or_else(|| panic!("{address} in:\n{note}"));
+        assert!(
+            section.contains("\n+ value_wo = (write-only)\n"),
+            "{address}:\n{section}"
+        );
+    }
+    assert!(!note.contains("value_wo = null"), "{note}");
+    assert!(!note.contains("value_wo = (sensitive"), "{note}");
+    assert!(!note.contains("removed"), "{note}");
+    // A null reference is not taken for write-only.
+    assert!(!note.contains("description ="), "{note}");
+    // The write-only value itself is never anywhere.
+    assert!(!note.contains("write-only-fixture-value"), "{note}");
+    // Terraform writes nothing of the ephemeral resource: the note invents none.
+    assert!(!note.contains("Ephemeral"), "{note}");
+    // `planbot plan` / `render` on a terminal, and the run page, are made from the same note.
+    let text = planbot::core::render::terminal::note_as_text(&note);
+    assert!(text.contains("+ value_wo = (write-only)"), "{text}");
+    let html = planbot::core::note_html::note_to_html(&note);
+    assert!(html.contains("+ value_wo = (write-only)"), "{html}");
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn opentofu_forgets_a_vm_that_stays_in_proxmox_and_lists_ephemeral_resources_as_such() {
+    // Shapes from OpenTofu's own sources (tests/fixtures/plans/README.md).
+    let note = note("tofu_shapes");
+    assert!(note.contains(
+        "<code>. proxmox_virtual_environment_vm.legacy</code> — removed from state, not destroyed (its state says <code>lifecycle { destroy = false }</code>)"
+    ), "{note}");
+    assert!(note.contains(
+        "It leaves OpenTofu's state but is not destroyed: the real object stays in Proxmox, no longer managed by this root."
+    ), "{note}");
+    assert!(note.contains(
+        "The object it replaces leaves OpenTofu's state but is not destroyed: it stays in Proxmox, no longer managed, beside the new one created here."
+    ), "{note}");
+    // Neither is a destruction.
+    assert!(!note.contains("Destructive changes"), "{note}");
+    // The ephemeral block is named as what it is, not as a create.
+    assert!(note.contains(
+        "Ephemeral resource (opened for the plan and again for the apply, never stored in the plan or the state; not a change): `ephemeral.simple_resource.test_ephemeral`."
+    ), "{note}");
+    assert!(!note.contains("+ ephemeral."), "{note}");
+    let text = planbot::core::render::terminal::note_as_text(&note);
+    assert!(text.contains("stays in Proxmox"), "{text}");
+    assert!(
+        text.contains("ephemeral.simple_resource.test_ephemeral"),
+        "{text}"
+    );
+    let html = planbot::core::note_html::note_to_html(&note);
+    assert!(html.contains("stays in Proxmox"), "{html}");
+    assert!(
+        html.contains("ephemeral.simple_resource.test_ephemeral"),
+        "{html}"
+    );
+    insta::assert_snapshot!(note);
+}
+
+#[test]
 fn a_root_without_changes_is_one_line() {
     let note = note("no_changes");
     assert!(note.contains("### 🟢 planbot · plan for `3f9a2c1e` · no changes"));

@@ -17,6 +17,8 @@ pub struct Phrases {
     pub pretty_json: String,
     pub embedded_file: String,
     pub shown_below: String,
+    /// What stands for the value of a write-only attribute (never kept, so never shown).
+    pub write_only: String,
 }
 
 /// One side-by-side view of a value: before/after with their masks (any may be missing).
@@ -89,6 +91,8 @@ pub struct DiffBody {
 pub struct Differ<'p> {
     phrases: &'p Phrases,
     replace_paths: Vec<String>,
+    /// Paths of the write-only attributes set (see `Plan::write_only_attributes`).
+    write_only: Vec<String>,
     out: DiffBody,
     path: String,
 }
@@ -98,6 +102,7 @@ impl<'p> Differ<'p> {
         Differ {
             phrases,
             replace_paths: Vec::new(),
+            write_only: Vec::new(),
             out: DiffBody::default(),
             path: String::new(),
         }
@@ -106,6 +111,13 @@ impl<'p> Differ<'p> {
     /// Paths that forced the replacement get a "# forces replacement" remark.
     pub fn with_replace_paths(mut self, paths: &[String]) -> Self {
         self.replace_paths = paths.to_vec();
+        self
+    }
+
+    /// Write-only attributes at these paths: shown as such, `+` where the object is created,
+    /// as a context line where it exists already (its value is sent again, never compared).
+    pub fn with_write_only(mut self, paths: &[String]) -> Self {
+        self.write_only = paths.to_vec();
         self
     }
 
@@ -120,6 +132,12 @@ impl<'p> Differ<'p> {
     /// One node, by what it is: a sensitive value, a value known only after the apply, an
     /// object or a list (walked key by key, index by index), or a leaf.
     fn walk<'a>(&mut self, n: Node<'a>) {
+        if !self.write_only.is_empty() && self.write_only.contains(&self.path) {
+            let sign = if n.before.is_none() { '+' } else { ' ' };
+            let w = self.phrases.write_only.clone();
+            self.line(sign, &format!("= {w}"));
+            return;
+        }
         let before = present(n.before);
         let after = present(n.after);
         let is_obj = |v: Option<&Value>| v.is_none_or(Value::is_object);
@@ -649,7 +667,50 @@ mod tests {
             pretty_json: "JSON".into(),
             embedded_file: "file".into(),
             shown_below: "shown below".into(),
+            write_only: "(write-only)".into(),
         }
+    }
+
+    #[test]
+    fn a_write_only_attribute_is_added_on_create_and_a_context_line_where_the_object_exists() {
+        let ph = phrases();
+        let wo = ["password_wo".to_string()];
+        let body = |before: Value, after: Value| {
+            Differ::new(&ph)
+                .with_write_only(&wo)
+                .diff(
+                    "",
+                    Node::new(&before, &after, &json!({}), &json!({}), &json!({})),
+                )
+                .text
+        };
+        assert_eq!(
+            body(Value::Null, json!({"name": "a", "password_wo": null})),
+            "+ name = \"a\"\n+ password_wo = (write-only)\n"
+        );
+        assert_eq!(
+            body(
+                json!({"name": "a", "password_wo": null}),
+                json!({"name": "b", "password_wo": null})
+            ),
+            "~ name = \"a\" -> \"b\"\n  password_wo = (write-only)\n"
+        );
+        // Without the write-only list, the null attribute says nothing at all.
+        assert_eq!(
+            Differ::new(&ph)
+                .diff(
+                    "",
+                    Node::new(
+                        &Value::Null,
+                        &json!({"password_wo": null}),
+                        &json!({}),
+                        &json!({}),
+                        &json!({})
+                    )
+                )
+                .text,
+            ""
+        );
     }
 
     fn diff(before: Value, after: Value, unknown: Value, bs: Value, as_: Value) -> DiffBody {

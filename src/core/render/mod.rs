@@ -151,7 +151,7 @@ fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
     } else {
         // Even one summary line per resource is too much: no diff can be shown, so none is
         // computed; the budget then drops the largest summaries.
-        for (id, _) in &pending {
+        for (id, _, _) in &pending {
             set_state(&mut view, *id, UnitState::Folded);
         }
     }
@@ -198,6 +198,7 @@ fn phrases() -> &'static Phrases {
                 pretty_json: get("pretty_json"),
                 embedded_file: get("embedded_file"),
                 shown_below: get("shown_below"),
+                write_only: get("write_only"),
             }
         })
         .expect("templates/note_phrases.j2 evaluates")
@@ -395,6 +396,10 @@ struct DetailView {
     drift_left_out: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     policies: Option<PolicySection>,
+    /// The plan's ephemeral resources (`Plan::ephemeral_resources`): not changes, listed as
+    /// what they are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ephemeral: Vec<String>,
 }
 
 impl RowView {
@@ -433,6 +438,7 @@ impl DetailView {
             drift_seq: minijinja::Value::UNDEFINED,
             drift_left_out: 0,
             policies: None,
+            ephemeral: Vec::new(),
         }
     }
 }
@@ -464,6 +470,9 @@ struct ResourceView {
     unchanged: usize,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     drift: bool,
+    /// A Proxmox resource (bpg's or Telmate's provider): a forget says it stays in Proxmox.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pve: bool,
     state: UnitState,
 }
 
@@ -574,20 +583,27 @@ fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
         fence: String::new(),
         unchanged: 0,
         drift,
+        pve: rc.resource_type.starts_with("proxmox_"),
         state: UnitState::Full,
     }
 }
 
-/// The ```diff body of one resource: only changed attributes, through the masks.
-fn fill_body(r: &mut ResourceView, rc: &ResourceChange, phrases: &Phrases) {
+/// The ```diff body of one resource: only changed attributes, through the masks; the
+/// write-only attributes it sets (found in `plan`, given for a planned change, not for drift)
+/// say so.
+fn fill_body(r: &mut ResourceView, plan: Option<&Plan>, rc: &ResourceChange, phrases: &Phrases) {
     let body = match r.kind {
         // A pure move/import/forget has nothing to diff.
         ActionKind::NoOp | ActionKind::Forget | ActionKind::Read => return,
         _ => {
             // This resource's values only, dropped when its diff is written.
             let c = rc.change.values();
+            let write_only = plan
+                .map(|p| p.write_only_attributes_of(rc, &c.after, &c.after_unknown))
+                .unwrap_or_default();
             Differ::new(phrases)
                 .with_replace_paths(&r.replace_paths)
+                .with_write_only(&write_only)
                 .diff(
                     "",
                     Node::new(
@@ -614,7 +630,7 @@ type UnitId = (usize, u8, usize);
 /// memory stays near the note's size however many resources the plan has.
 fn fill_bodies(
     view: &mut NoteView<'_>,
-    pending: &[(UnitId, &ResourceChange)],
+    pending: &[(UnitId, Option<&Plan>, &ResourceChange)],
     phrases: &Phrases,
     room: usize,
 ) {
@@ -623,9 +639,9 @@ fn fill_bodies(
     // (full size, earliest first among equals: the order the budget folds in; extra size, which).
     let mut kept: BinaryHeap<(usize, Reverse<usize>, usize, UnitId)> = BinaryHeap::new();
     let mut held = 0;
-    for (n, &(id, rc)) in pending.iter().enumerate() {
+    for (n, &(id, plan, rc)) in pending.iter().enumerate() {
         let r = resource_at(view, id);
-        fill_body(r, rc, phrases);
+        fill_body(r, plan, rc, phrases);
         let (full, folded) = resource_sizes(r);
         let extra = full.saturating_sub(folded);
         kept.push((full, Reverse(n), extra, id));
@@ -717,7 +733,10 @@ fn markdown_safe_name(name: &str) -> String {
 fn build_view<'a, 'r>(
     ctx: &'a NoteContext,
     roots: &'r [RootSection<'r>],
-) -> (NoteView<'a>, Vec<(UnitId, &'r ResourceChange)>) {
+) -> (
+    NoteView<'a>,
+    Vec<(UnitId, Option<&'r Plan>, &'r ResourceChange)>,
+) {
     let mut g = Gathered::default();
     let mut table = Vec::new();
     let mut details = Vec::new();
@@ -892,7 +911,7 @@ fn checks_views(
 #[derive(Default)]
 struct Gathered<'r> {
     /// The resource changes whose diff bodies are still to render, by where they go.
-    pending: Vec<(UnitId, &'r ResourceChange)>,
+    pending: Vec<(UnitId, Option<&'r Plan>, &'r ResourceChange)>,
     /// Something needs attention before merging (a failure, a stateful destroy, an error).
     red: bool,
     /// Something changes or replaces what exists, or a warning.
@@ -1017,9 +1036,11 @@ fn plan_details<'r>(
             }
             g.destructive.push(v);
         }
-        g.pending.push(((d, 0, detail.resources.len()), rc));
+        g.pending
+            .push(((d, 0, detail.resources.len()), Some(plan), rc));
         detail.resources.push(resource_view(rc, false));
     }
+    detail.ephemeral = plan.ephemeral_resources();
     detail.outputs = outputs_view(plan, phrases());
     if detail.outputs.is_some() {
         g.yellow |= plan
@@ -1032,7 +1053,7 @@ fn plan_details<'r>(
         .iter()
         .filter(|rc| rc.is_managed() && rc.kind() != ActionKind::NoOp)
     {
-        g.pending.push(((d, 2, detail.drift.len()), rc));
+        g.pending.push(((d, 2, detail.drift.len()), None, rc));
         detail.drift.push(resource_view(rc, true));
     }
 }
