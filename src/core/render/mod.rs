@@ -87,6 +87,8 @@ pub struct NoteContext {
     pub hints: BTreeMap<String, String>,
     /// Each root's "Policies" section (its messages already scrubbed), by root name.
     pub policies: BTreeMap<String, PolicySection>,
+    /// What each root's plan takes from the Proxmox cluster next to what is free, by root name.
+    pub capacity: BTreeMap<String, crate::core::capacity::Capacity>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
@@ -346,6 +348,8 @@ struct DetailView {
     drift_left_out: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     policies: Option<PolicySection>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity: Option<crate::core::capacity::Capacity>,
 }
 
 impl RowView {
@@ -384,6 +388,7 @@ impl DetailView {
             drift_seq: minijinja::Value::UNDEFINED,
             drift_left_out: 0,
             policies: None,
+            capacity: None,
         }
     }
 }
@@ -829,6 +834,7 @@ fn root_views<'r>(
                 }
                 detail.policies = Some(section.clone());
             }
+            detail.capacity = ctx.capacity.get(&root.name).cloned();
         }
     }
     (row, detail)
