@@ -143,11 +143,29 @@ enum Command {
         /// whole plan; locally there is no GitLab limit).
         #[arg(long, value_enum)]
         budget: Option<BudgetArg>,
+        /// After the plan, run the service's Proxmox preflight with this service config's
+        /// `[proxmox]` endpoint and plan token (as `planbot preflight`).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Rego policies over plans, as conftest runs them.
     Policy {
         #[command(subcommand)]
         command: PolicyCommand,
+    },
+    /// The Proxmox preflight of the service over a `show -json` plan (`-` = stdin), with the
+    /// config's `[proxmox]` endpoint and plan token: exit 0 without an error finding, 1 with
+    /// one, 2 when it could not run.
+    Preflight {
+        #[arg(value_name = "PLAN_JSON")]
+        plan_json: PathBuf,
+        /// The service's config file (its `[proxmox]`, `[proxmox.plan]` and `engine.env`).
+        #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
+        config: PathBuf,
+        /// `json`: the `findings` array of `planbot render --format json`. Default: `text` on a
+        /// terminal, `markdown` when piped.
+        #[arg(long, value_enum)]
+        format: Option<Format>,
     },
     /// Check the GitLab token, webhook, engine binary and Proxmox token; print fixes.
     Doctor {
@@ -308,6 +326,7 @@ fn main() -> ExitCode {
             policy,
             namespace,
             budget,
+            config,
         } => planbot::flows::cli::plan::plan_command(
             &dir,
             engine.as_deref(),
@@ -322,6 +341,7 @@ fn main() -> ExitCode {
                     output: planbot::flows::cli::policy::Output::Text,
                 }),
                 gitlab_budget: matches!(budget, Some(BudgetArg::Gitlab)),
+                preflight_config: config,
             },
             fingerprint_key.as_deref(),
             timeout,
@@ -355,6 +375,17 @@ fn main() -> ExitCode {
                 limit,
                 output: output.into(),
             },
+        ),
+        Command::Preflight {
+            plan_json,
+            config,
+            format,
+        } => planbot::flows::cli::preflight::main(
+            &plan_json,
+            &config,
+            format
+                .map(Into::into)
+                .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
         ),
         Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),
         Command::Drift {

@@ -199,6 +199,65 @@ pub struct NodeStorage {
     pub shared: bool,
 }
 
+/// One guest of `GET /cluster/resources?type=vm`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Guest {
+    pub vmid: u64,
+    #[serde(default)]
+    pub node: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(rename = "type", default)]
+    pub guest_type: String,
+    #[serde(default, deserialize_with = "flag")]
+    pub template: bool,
+}
+
+/// `memory` of `GET /nodes/{node}/status` (bytes).
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+pub struct NodeMemory {
+    #[serde(default)]
+    pub total: u64,
+    #[serde(default)]
+    pub used: u64,
+    #[serde(default)]
+    pub free: u64,
+    /// PVE 9: what a new guest can have (free plus reclaimable cache); absent before.
+    #[serde(default)]
+    pub available: Option<u64>,
+}
+
+/// `cpuinfo` of `GET /nodes/{node}/status`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+pub struct CpuInfo {
+    #[serde(default)]
+    pub cpus: u64,
+}
+
+/// `GET /nodes/{node}/status`, the parts planbot reads.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+pub struct NodeStatus {
+    #[serde(default)]
+    pub memory: NodeMemory,
+    #[serde(default)]
+    pub cpuinfo: CpuInfo,
+}
+
+/// `GET /nodes/{node}/storage/{storage}/status` (bytes).
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+pub struct StorageStatus {
+    #[serde(rename = "type", default)]
+    pub storage_type: String,
+    #[serde(default, deserialize_with = "flag")]
+    pub shared: bool,
+    #[serde(default)]
+    pub total: u64,
+    #[serde(default)]
+    pub used: u64,
+    #[serde(default)]
+    pub avail: u64,
+}
+
 /// Effective privileges: path → privilege → propagate flag (presence = granted).
 pub type Permissions = BTreeMap<String, BTreeMap<String, u8>>;
 
@@ -413,6 +472,106 @@ impl Proxmox {
     pub async fn node_storage(&self, node: &str) -> Result<Vec<NodeStorage>, ProxmoxError> {
         self.get(&format!("nodes/{}/storage", encode_segment(node)), &[])
             .await
+    }
+
+    /// `GET /nodes/{node}/status`: memory (`total`, `free`, and since PVE 9 `available`) and
+    /// CPUs (`cpuinfo.cpus`). Needs `Sys.Audit` on `/nodes/{node}`.
+    pub async fn node_status(&self, node: &str) -> Result<NodeStatus, ProxmoxError> {
+        self.get(&format!("nodes/{}/status", encode_segment(node)), &[])
+            .await
+    }
+
+    /// `GET /nodes/{node}/storage/{storage}/status`: `total`, `used`, `avail` bytes, `type`,
+    /// `shared`. Needs `Datastore.Audit` or `Datastore.AllocateSpace` on `/storage/{storage}`.
+    pub async fn storage_status(
+        &self,
+        node: &str,
+        storage: &str,
+    ) -> Result<StorageStatus, ProxmoxError> {
+        self.get(
+            &format!(
+                "nodes/{}/storage/{}/status",
+                encode_segment(node),
+                encode_segment(storage)
+            ),
+            &[],
+        )
+        .await
+    }
+
+    /// Whether `iface` is a network interface of `node` (`GET /nodes/{node}/network/{iface}`,
+    /// which PVE answers for bridges even where its list omits them, as 9.2.5's does). `false`
+    /// when PVE says it does not exist (400 `interface does not exist`).
+    pub async fn has_interface(&self, node: &str, iface: &str) -> Result<bool, ProxmoxError> {
+        let path = format!(
+            "nodes/{}/network/{}",
+            encode_segment(node),
+            encode_segment(iface)
+        );
+        match self.get::<Value>(&path, &[]).await {
+            Ok(_) => Ok(true),
+            Err(ProxmoxError::Status { code: 400, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The bridges of `node` as `GET /nodes/{node}/network?type=any_bridge` lists them (for a
+    /// fix's "it has …"; PVE 9.2.5 omits bridges from this list, so it never decides alone).
+    pub async fn bridges(&self, node: &str) -> Result<Vec<String>, ProxmoxError> {
+        let list: Vec<Value> = self
+            .get(
+                &format!("nodes/{}/network", encode_segment(node)),
+                &[("type", "any_bridge")],
+            )
+            .await?;
+        Ok(list
+            .iter()
+            .filter_map(|i| i.get("iface")?.as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// Whether `vnet` is an SDN VNet (`GET /cluster/sdn/vnets/{vnet}`; PVE answers 500
+    /// `sdn vnet '…' does not exist` otherwise).
+    pub async fn has_vnet(&self, vnet: &str) -> Result<bool, ProxmoxError> {
+        match self
+            .get::<Value>(&format!("cluster/sdn/vnets/{}", encode_segment(vnet)), &[])
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(ProxmoxError::Status {
+                code: 500,
+                message,
+                status,
+            }) if message
+                .as_deref()
+                .unwrap_or(&status)
+                .contains("does not exist") =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `GET /cluster/resources?type=vm`: every guest the token may see (`VM.Audit`), with its
+    /// `vmid`, `node`, `name`, `type` (`qemu`, `lxc`) and `template`.
+    pub async fn guests(&self) -> Result<Vec<Guest>, ProxmoxError> {
+        self.get("cluster/resources", &[("type", "vm")]).await
+    }
+
+    /// `GET /nodes/{node}/{qemu|lxc}/{vmid}/pending`: every configuration key with its running
+    /// `value` and, when a change waits for a reboot, its `pending` value (or `delete`).
+    pub async fn pending(
+        &self,
+        node: &str,
+        kind: &str,
+        vmid: u64,
+    ) -> Result<Vec<Value>, ProxmoxError> {
+        self.get(
+            &format!("nodes/{}/{}/{vmid}/pending", encode_segment(node), kind),
+            &[],
+        )
+        .await
     }
 
     /// `GET /access/permissions?path=`: the token's effective privileges on `path`.

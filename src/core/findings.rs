@@ -42,6 +42,8 @@ pub struct Finding {
 pub struct Facts {
     /// Storage ids marked `shared` (a snippet there is visible from every node).
     pub shared_storages: BTreeSet<String>,
+    /// Storage id → its type (`lvmthin`, `zfspool`, `lvm`, `dir`, …), for rules that name it.
+    pub storage_types: std::collections::BTreeMap<String, String>,
     /// Whether the apply will have SSH credentials for the bpg provider (snippet uploads go
     /// over SSH); `None` when unknown (a local run), which makes PVE015 stay silent.
     pub apply_ssh: Option<bool>,
@@ -86,6 +88,13 @@ const fn preflight(id: &'static str, title: &'static str) -> Rule {
         severity: Severity::Error,
         title,
         source: Source::Preflight,
+    }
+}
+
+const fn preflight_warning(id: &'static str, title: &'static str) -> Rule {
+    Rule {
+        severity: Severity::Warning,
+        ..preflight(id, title)
     }
 }
 
@@ -195,6 +204,13 @@ pub const RULES: &[Rule] = &[
     preflight("PVE105", "token may upload snippets"),
     preflight("PVE106", "fixed VM id is free"),
     preflight("PVE107", "token has Sys.Modify on / where needed"),
+    preflight_warning("PVE108", "the plan takes more than the cluster has free"),
+    preflight("PVE109", "bridge exists on the guest's node"),
+    preflight(
+        "PVE110",
+        "container feature flags other than nesting need root@pam",
+    ),
+    preflight("PVE111", "clone from a template on another node"),
     Rule {
         id: STATE_IN_CHECKOUT,
         severity: Severity::Error,
@@ -316,7 +332,7 @@ mod tests {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
         let mut expected: Vec<String> = (1..=17)
             .chain([19, 20, 22, 23])
-            .chain(101..=107)
+            .chain(101..=111)
             .map(|i| format!("PVE{i:03}"))
             .collect();
         expected.push(STATE_IN_CHECKOUT.to_string());

@@ -3,6 +3,7 @@
 //!
 //! The fetching (read-only API calls) lives in `flows::preflight`.
 
+use crate::core::capacity;
 use crate::core::findings::{finding_with, render_macro, sort_findings, Facts, Finding, Severity};
 use crate::core::plan::{ActionKind, Plan};
 use crate::core::pve_access::{self, Need, Privileges};
@@ -38,6 +39,27 @@ pub struct Needs {
     pub vmids: Vec<(String, u64)>,
     /// Privileged containers / VM startup blocks: (address, "container" | "startup").
     pub sys_modify: Vec<(String, &'static str)>,
+    /// What the plan adds to and frees from each node and storage (capacity, PVE108).
+    pub demand: capacity::Demand,
+    /// (node, bridge) → the guests that attach a NIC to it (PVE109).
+    pub bridges: BTreeMap<(String, String), Vec<String>>,
+    /// Containers that set or change feature flags other than `nesting`: (address, flags).
+    pub root_features: Vec<(String, Vec<String>)>,
+    /// VMs created as full clones (PVE111).
+    pub clones: Vec<CloneNeed>,
+}
+
+/// A VM created by cloning `template`: where it goes, and where the plan says the template is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloneNeed {
+    pub address: String,
+    pub template: u64,
+    /// `node_name` of the new VM.
+    pub node: String,
+    /// `clone.node_name`, when set.
+    pub source_node: Option<String>,
+    /// The storages the plan puts its disks on (`disk[*].datastore_id`, `clone.datastore_id`).
+    pub storages: Vec<String>,
 }
 
 impl Needs {
@@ -197,6 +219,10 @@ pub fn needs(plan: &Plan) -> Needs {
                 if startup && startup_changed {
                     n.sys_modify.push((rc.address.clone(), "startup"));
                 }
+                bridges(&mut n, rc, node.as_deref(), "network_device");
+                if let Some(c) = clone_need(rc, node.as_deref()) {
+                    n.clones.push(c);
+                }
             }
             Kind::Container => {
                 for i in 0..block_len(rc, "disk") {
@@ -215,6 +241,11 @@ pub fn needs(plan: &Plan) -> Needs {
                 if privileged && changed {
                     n.sys_modify.push((rc.address.clone(), "container"));
                 }
+                bridges(&mut n, rc, node.as_deref(), "network_interface");
+                let flags = root_only_features(rc);
+                if !flags.is_empty() {
+                    n.root_features.push((rc.address.clone(), flags));
+                }
             }
         }
         if kind != Kind::DownloadFile && kind != Kind::File && rc.kind() == ActionKind::Create {
@@ -223,7 +254,77 @@ pub fn needs(plan: &Plan) -> Needs {
             }
         }
     }
+    n.demand = capacity::demand(plan);
     n
+}
+
+/// A created VM's `clone {}` block, when its template id and node are known.
+fn clone_need(rc: &Res, node: Option<&str>) -> Option<CloneNeed> {
+    if !is_created(rc) || block_len(rc, "clone") == 0 {
+        return None;
+    }
+    let template = match after(rc, "clone.0.vm_id") {
+        Attr::Known(v) => v.as_u64()?,
+        _ => return None,
+    };
+    if after(rc, "clone.0.node_name").is_unknown() {
+        return None;
+    }
+    let mut storages: Vec<String> = (0..block_len(rc, "disk"))
+        .filter_map(|i| known(rc, &format!("disk.{i}.datastore_id")))
+        .chain(known(rc, "clone.0.datastore_id"))
+        .collect();
+    storages.dedup();
+    Some(CloneNeed {
+        address: rc.address.clone(),
+        template,
+        node: node?.to_string(),
+        source_node: known(rc, "clone.0.node_name"),
+        storages,
+    })
+}
+
+/// The container feature flags other than `nesting` that `rc` sets or changes (`keyctl`,
+/// `fuse`, `mount`): Proxmox lets only `root@pam` change them.
+fn root_only_features(rc: &Res) -> Vec<String> {
+    let mut flags = Vec::new();
+    for flag in ["keyctl", "fuse", "mount"] {
+        let path = format!("features.0.{flag}");
+        let set = match after(rc, &path) {
+            Attr::Known(Value::Bool(b)) => *b,
+            Attr::Known(Value::Array(a)) => !a.is_empty(),
+            Attr::Known(Value::String(s)) => !s.is_empty(),
+            _ => false,
+        };
+        let was = before(rc, &path).cloned();
+        let now = after_value(rc, &path).cloned();
+        let changed = rc.kind() != ActionKind::Update || was != now;
+        if set && changed {
+            flags.push(flag.to_string());
+        }
+    }
+    flags
+}
+
+/// Record the bridges a guest's NICs (`block`) attach to on its node, when both are known and
+/// the NICs are new or changed.
+fn bridges(n: &mut Needs, rc: &Res, node: Option<&str>, block: &str) {
+    let Some(node) = node else { return };
+    if rc.kind() == ActionKind::Update
+        && before(rc, block) == after_value(rc, block)
+        && before(rc, "node_name") == after_value(rc, "node_name")
+    {
+        return;
+    }
+    for i in 0..block_len(rc, block) {
+        let enabled = after(rc, &format!("{block}.{i}.enabled")).bool() != Some(false);
+        if let (true, Some(bridge)) = (enabled, known(rc, &format!("{block}.{i}.bridge"))) {
+            let users = n.bridges.entry((node.to_string(), bridge)).or_default();
+            if !users.contains(&rc.address) {
+                users.push(rc.address.clone());
+            }
+        }
+    }
 }
 
 fn after_value<'a>(rc: &'a Res, path: &str) -> Option<&'a Value> {
@@ -271,6 +372,18 @@ pub struct ClusterFacts {
     pub taken_vmids: BTreeSet<u64>,
     /// A free id to suggest.
     pub free_vmid: Option<u64>,
+    /// What is free now on the nodes and storages the plan adds to or frees (capacity).
+    pub free: capacity::Free,
+    /// (node, bridge) pairs the plan uses that the node does not have, neither as an interface
+    /// (`GET /nodes/{n}/network/{iface}`) nor as an SDN VNet; with the bridges it does have,
+    /// when the list could be read.
+    pub missing_bridges: BTreeMap<(String, String), Vec<String>>,
+    /// Who the apply acts as (`user@realm!token` or `user@realm`): its token's id when known,
+    /// else the token the preflight runs with.
+    pub apply_identity: Option<String>,
+    /// vmid → the node it lives on, of the guests `GET /cluster/resources?type=vm` lists (the
+    /// token sees those it has `VM.Audit` on), when the plan clones.
+    pub guest_nodes: BTreeMap<u64, String>,
 }
 
 impl ClusterFacts {
@@ -282,6 +395,11 @@ impl ClusterFacts {
                 .iter()
                 .filter(|s| s.shared)
                 .map(|s| s.id.clone())
+                .collect(),
+            storage_types: self
+                .storages
+                .iter()
+                .map(|s| (s.id.clone(), s.storage_type.clone()))
                 .collect(),
             ..Facts::default()
         }
@@ -333,8 +451,18 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     out.extend(pve105_snippets(needs, facts));
     out.extend(pve106_fixed_vmids(needs, facts));
     out.extend(pve107_sys_modify(needs, facts));
+    out.extend(capacity::findings(&capacity_of(needs, facts)));
+    out.extend(pve109_bridges(needs, facts));
+    out.extend(pve110_root_features(needs, facts));
+    out.extend(pve111_clones(needs, facts));
     sort_findings(&mut out);
     out
+}
+
+/// What the plan takes from the cluster next to what is free (the note's table,
+/// `data.planbot.capacity`); empty when the plan adds and frees nothing.
+pub fn capacity_of(needs: &Needs, facts: &ClusterFacts) -> capacity::Capacity {
+    capacity::report(&needs.demand, &facts.free)
 }
 
 /// PVE101: the release must support `import` content (8.4 or later).
@@ -526,6 +654,101 @@ fn pve106_fixed_vmids(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     out
 }
 
+/// PVE109: every bridge a NIC attaches to exists on the guest's node.
+fn pve109_bridges(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for ((node, bridge), have) in &facts.missing_bridges {
+        for address in needs
+            .bridges
+            .get(&(node.clone(), bridge.clone()))
+            .into_iter()
+            .flatten()
+        {
+            out.push(check(
+                "PVE109",
+                Severity::Error,
+                address,
+                json!({"node": node, "bridge": bridge, "have": have}),
+            ));
+        }
+    }
+    out
+}
+
+/// PVE110: feature flags other than `nesting` need the `root@pam` user itself (a password
+/// login): any API token, `root@pam!x` included, is refused.
+fn pve110_root_features(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let who = facts
+        .apply_identity
+        .clone()
+        .unwrap_or_else(|| facts.token_id.clone());
+    if who == "root@pam" {
+        return Vec::new();
+    }
+    needs
+        .root_features
+        .iter()
+        .map(|(address, flags)| {
+            check(
+                "PVE110",
+                Severity::Error,
+                address,
+                json!({"flags": flags, "who": who}),
+            )
+        })
+        .collect()
+}
+
+/// PVE111: a clone from a template on another node needs `clone.node_name` naming it, and can
+/// only go to another node through shared storage.
+fn pve111_clones(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for c in &needs.clones {
+        // A template the token cannot see is not judged.
+        let Some(home) = facts.guest_nodes.get(&c.template) else {
+            continue;
+        };
+        let d = |problem: &str, storage: Option<&String>| {
+            json!({"problem": problem, "template": c.template, "home": home, "node": c.node,
+                   "source": c.source_node, "storage": storage})
+        };
+        match &c.source_node {
+            Some(src) if src != home => {
+                out.push(check(
+                    "PVE111",
+                    Severity::Error,
+                    &c.address,
+                    d("wrong_source", None),
+                ));
+            }
+            None if home != &c.node => {
+                out.push(check(
+                    "PVE111",
+                    Severity::Error,
+                    &c.address,
+                    d("no_source", None),
+                ));
+            }
+            _ if home != &c.node => {
+                let local = c
+                    .storages
+                    .iter()
+                    .find(|s| facts.storages.iter().any(|f| &&f.id == s && !f.shared));
+                if let Some(storage) = local {
+                    out.push(check(
+                        "PVE111",
+                        Severity::Error,
+                        &c.address,
+                        d("not_shared", Some(storage)),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// PVE107: privileged containers and VM startup order need Sys.Modify on `/`.
 fn pve107_sys_modify(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let token = facts.token_id.as_str();
@@ -538,6 +761,108 @@ fn pve107_sys_modify(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
         }
     }
     out
+}
+
+// ----- after the apply ---------------------------------------------------------------------
+
+/// A guest the plan updates in place, as the API names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestRef {
+    pub address: String,
+    pub node: String,
+    /// `qemu` or `lxc` (the API path's segment).
+    pub kind: &'static str,
+    pub vmid: u64,
+}
+
+/// The bpg guests `plan` updates in place whose node and id are known: after the apply, their
+/// pending configuration says which changes wait for a reboot.
+pub fn updated_guests(plan: &Plan) -> Vec<GuestRef> {
+    let mut out = Vec::new();
+    for rc in plan.managed_changes().filter(|rc| rc.deposed.is_none()) {
+        let Some(kind) = Kind::of(rc) else { continue };
+        if kind.is_file() || rc.kind() != ActionKind::Update {
+            continue;
+        }
+        let rc = &Res::parse(rc);
+        let id = before(rc, "vm_id")
+            .or_else(|| before(rc, "id"))
+            .and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()));
+        let node = known(rc, "node_name");
+        if let (Some(vmid), Some(node)) = (id, node) {
+            out.push(GuestRef {
+                address: rc.address.clone(),
+                node,
+                kind: if kind == Kind::Container {
+                    "lxc"
+                } else {
+                    "qemu"
+                },
+                vmid,
+            });
+        }
+    }
+    out
+}
+
+/// One change of a guest's configuration that waits for a reboot (`GET …/pending`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PendingChange {
+    pub key: String,
+    /// The running value (`None` when the key is new).
+    pub from: Option<String>,
+    /// The value after a reboot (`None` when the key is deleted then).
+    pub to: Option<String>,
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The entries of a `GET /nodes/{n}/{qemu|lxc}/{id}/pending` answer that wait for a reboot:
+/// those with a `pending` value or `delete` set.
+pub fn waiting_changes(entries: &[Value]) -> Vec<PendingChange> {
+    entries
+        .iter()
+        .filter_map(|e| {
+            let key = e.get("key")?.as_str()?.to_string();
+            let from = e.get("value").filter(|v| !v.is_null()).map(scalar);
+            let deleted = e
+                .get("delete")
+                .is_some_and(|d| d.as_i64().unwrap_or(0) != 0 || d == &Value::Bool(true));
+            let to = e.get("pending").filter(|v| !v.is_null()).map(scalar);
+            // Never a password or key in a note: only that it changes.
+            let secret = ["password", "sshkeys", "secret", "token"]
+                .iter()
+                .any(|s| key.contains(s));
+            let hide = |v: Option<String>| {
+                if secret {
+                    v.map(|_| "(hidden)".into())
+                } else {
+                    v
+                }
+            };
+            let (from, to) = (hide(from), hide(to));
+            (deleted || to.is_some()).then_some(PendingChange {
+                key,
+                from,
+                to: if deleted { None } else { to },
+            })
+        })
+        .collect()
+}
+
+/// The apply note's words for the changes that wait for a reboot, per guest (`None`: none wait).
+pub fn pending_note(waiting: &[(String, Vec<PendingChange>)]) -> Option<String> {
+    let guests: Vec<Value> = waiting
+        .iter()
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(address, changes)| json!({"address": address, "changes": changes}))
+        .collect();
+    (!guests.is_empty()).then(|| render_macro("pending_reboot", &json!({"guests": guests})))
 }
 
 /// The note's line when no endpoint is configured.

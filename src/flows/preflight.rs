@@ -2,6 +2,7 @@
 //! pure evaluation in `core::preflight`. Runs in the plan flow and again just before apply.
 
 use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
+use crate::core::capacity::{self, Capacity};
 use crate::core::findings::Finding;
 use crate::core::plan::Plan;
 use crate::core::preflight::{self, ClusterFacts, Needs, NodeFact, StorageFact};
@@ -23,14 +24,27 @@ pub struct Ran {
     pub facts: ClusterFacts,
     /// The API could not give what the checks need; `findings` is then one PVE101 error.
     pub failed: Option<String>,
+    /// What the plan takes from the cluster next to what is free (empty when it takes nothing
+    /// or the preflight could not run).
+    pub capacity: Capacity,
 }
 
 /// [`preflight`] with the facts and the failure, if any.
 pub async fn run(client: &Proxmox, plan: &Plan) -> Ran {
+    run_as(client, plan, None).await
+}
+
+/// [`run`], judging what only some users may do (PVE110) by `apply_identity`, who the apply
+/// acts as (its token's id), rather than by the token the preflight reads with.
+pub async fn run_as(client: &Proxmox, plan: &Plan, apply_identity: Option<String>) -> Ran {
     let needs = preflight::needs(plan);
-    match gather(client, &needs).await {
+    match gather(client, &needs).await.map(|mut f| {
+        f.apply_identity = apply_identity;
+        f
+    }) {
         Ok(facts) => Ran {
             findings: preflight::evaluate(&needs, &facts),
+            capacity: preflight::capacity_of(&needs, &facts),
             facts,
             failed: None,
         },
@@ -44,6 +58,7 @@ pub async fn run(client: &Proxmox, plan: &Plan) -> Ran {
                 ..ClusterFacts::default()
             },
             failed: Some(e.to_string()),
+            capacity: Capacity::default(),
         },
     }
 }
@@ -113,7 +128,126 @@ pub async fn gather(client: &Proxmox, needs: &Needs) -> Result<ClusterFacts, Pro
     if !facts.taken_vmids.is_empty() {
         facts.free_vmid = client.free_id().await.ok();
     }
+    facts.free = free_now(client, needs, &facts).await?;
+    facts.missing_bridges = missing_bridges(client, needs, &facts).await?;
+    if !needs.clones.is_empty() {
+        facts.guest_nodes = client
+            .guests()
+            .await?
+            .into_iter()
+            .map(|g| (g.vmid, g.node))
+            .collect();
+    }
     Ok(facts)
+}
+
+/// The (node, bridge) pairs the plan uses that the node does not have: asked per bridge
+/// (`GET /nodes/{n}/network/{bridge}`, since PVE 9.2.5's list omits bridges), then as an SDN
+/// VNet. A read the token may not make (403) leaves the pair unjudged.
+async fn missing_bridges(
+    client: &Proxmox,
+    needs: &Needs,
+    facts: &ClusterFacts,
+) -> Result<std::collections::BTreeMap<(String, String), Vec<String>>, ProxmoxError> {
+    let mut missing = std::collections::BTreeMap::new();
+    let online = |node: &str| facts.nodes.iter().any(|n| n.name == node && n.online);
+    for (node, bridge) in needs.bridges.keys().filter(|(n, _)| online(n)) {
+        if !matches!(
+            refused(client.has_interface(node, bridge).await)?,
+            Ok(false)
+        ) {
+            continue;
+        }
+        if !matches!(refused(client.has_vnet(bridge).await)?, Ok(false)) {
+            continue;
+        }
+        let have = refused(client.bridges(node).await)?.unwrap_or_default();
+        missing.insert((node.clone(), bridge.clone()), have);
+    }
+    Ok(missing)
+}
+
+/// A read the token may not make (403) is not a failure of the preflight: the capacity row says
+/// why its numbers are unknown. Anything else (a 5xx, a timeout) fails it, as every read does.
+fn refused<T>(r: Result<T, ProxmoxError>) -> Result<Result<T, String>, ProxmoxError> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(ProxmoxError::Status {
+            code: 403,
+            status,
+            message,
+        }) => Ok(Err(message.unwrap_or(status))),
+        Err(e) => Err(e),
+    }
+}
+
+/// What is free now where the plan adds or frees something: one `GET /nodes/{n}/status` per
+/// online node, one `GET /nodes/{n}/storage/{s}/status` per storage of an online node (a shared
+/// storage once, on the first node).
+async fn free_now(
+    client: &Proxmox,
+    needs: &Needs,
+    facts: &ClusterFacts,
+) -> Result<capacity::Free, ProxmoxError> {
+    let mut free = capacity::Free::default();
+    let online = |node: &str| facts.nodes.iter().any(|n| n.name == node && n.online);
+    for node in needs.demand.nodes.keys().filter(|n| online(n)) {
+        let status = refused(client.node_status(node).await)?.map(|s| capacity::NodeStatus {
+            memory_total: s.memory.total,
+            memory_free: s.memory.available.unwrap_or(s.memory.free),
+            cpus: s.cpuinfo.cpus,
+        });
+        free.nodes.insert(node.clone(), status);
+    }
+    let mut shared: std::collections::BTreeMap<String, Result<capacity::StorageStatus, String>> =
+        std::collections::BTreeMap::new();
+    for (node, storage) in needs.demand.storages.keys().filter(|(n, _)| online(n)) {
+        let known_shared = facts.storages.iter().any(|s| &s.id == storage && s.shared);
+        let key = (node.clone(), storage.clone());
+        if let Some(status) = shared.get(storage).filter(|_| known_shared) {
+            free.storages.insert(key, status.clone());
+            continue;
+        }
+        let status =
+            refused(client.storage_status(node, storage).await)?.map(|s| capacity::StorageStatus {
+                storage_type: s.storage_type,
+                shared: s.shared,
+                total: s.total,
+                avail: s.avail,
+            });
+        if known_shared {
+            shared.insert(storage.clone(), status.clone());
+        }
+        free.storages.insert(key, status);
+    }
+    Ok(free)
+}
+
+/// After an apply: which changes of the guests it updated wait for a reboot, read with the
+/// apply's endpoint (`GET /nodes/{n}/{qemu|lxc}/{id}/pending`, read-only). The words for the
+/// apply note, or `None` when nothing waits (or there is no endpoint, or no guest to ask about).
+/// A read that fails says so: a provider reporting success is not proof.
+pub async fn pending_after_apply(
+    endpoint: Option<ProxmoxEndpoint>,
+    guests: &[preflight::GuestRef],
+) -> Option<String> {
+    if guests.is_empty() {
+        return None;
+    }
+    let client = Proxmox::new(endpoint?).ok()?;
+    let mut waiting = Vec::new();
+    for g in guests {
+        match client.pending(&g.node, g.kind, g.vmid).await {
+            Ok(entries) => waiting.push((g.address.clone(), preflight::waiting_changes(&entries))),
+            Err(e) => {
+                return Some(crate::core::findings::render_macro(
+                    "pending_unread",
+                    &serde_json::json!({"error": e.to_string()}),
+                ))
+            }
+        }
+    }
+    preflight::pending_note(&waiting)
 }
 
 /// The Proxmox endpoint for one use (plan or apply): the service config's
@@ -156,11 +290,26 @@ pub struct PlanPreflight {
     pub findings: Vec<Finding>,
     pub note: String,
     pub lint_facts: crate::core::findings::Facts,
+    /// The note's capacity table and `data.planbot.capacity` (`None` when the preflight did not
+    /// run, or the plan takes and frees nothing).
+    pub capacity: Option<Capacity>,
+    /// Why the preflight could not run (then `findings` is one PVE101 error).
+    pub failed: Option<String>,
 }
 
 /// The plan flow's preflight: nothing at all (no line in the note) for a plan that does not
 /// touch Proxmox ([`preflight::touches_proxmox`]); skipped (and said so) without an endpoint.
 pub async fn for_plan(endpoint: Option<ProxmoxEndpoint>, plan: &Plan) -> PlanPreflight {
+    for_plan_as(endpoint, None, plan).await
+}
+
+/// [`for_plan`] knowing who the apply will act as (`apply_identity`, its token's id), for the
+/// checks that depend on it (PVE110).
+pub async fn for_plan_as(
+    endpoint: Option<ProxmoxEndpoint>,
+    apply_identity: Option<String>,
+    plan: &Plan,
+) -> PlanPreflight {
     if !preflight::touches_proxmox(plan) {
         return PlanPreflight::default();
     }
@@ -179,11 +328,12 @@ pub async fn for_plan(endpoint: Option<ProxmoxEndpoint>, plan: &Plan) -> PlanPre
             return PlanPreflight {
                 findings: vec![preflight::could_not_run(&url, &error)],
                 note: preflight::failed_note(&url, &token_id, &error),
+                failed: Some(error),
                 ..PlanPreflight::default()
             };
         }
     };
-    let ran = run(&client, plan).await;
+    let ran = run_as(&client, plan, apply_identity).await;
     let note = match &ran.failed {
         Some(error) => preflight::failed_note(&url, client.token_id(), error),
         None => preflight::ran_note(&url, client.token_id(), ran.findings.len()),
@@ -191,7 +341,9 @@ pub async fn for_plan(endpoint: Option<ProxmoxEndpoint>, plan: &Plan) -> PlanPre
     PlanPreflight {
         note,
         lint_facts: ran.facts.lint_facts(),
+        capacity: Some(ran.capacity).filter(|c| !c.is_empty()),
         findings: ran.findings,
+        failed: ran.failed,
     }
 }
 

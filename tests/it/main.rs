@@ -36,6 +36,7 @@ mod policy_eval;
 mod policy_examples;
 mod policy_story;
 mod preflight_checks;
+mod preflight_cluster;
 mod preflight_tls;
 mod redaction_canaries;
 mod render_cli;

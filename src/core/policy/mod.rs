@@ -13,7 +13,7 @@ mod rego;
 pub mod review;
 pub mod sets;
 
-pub use data::planbot_data;
+pub use data::{planbot_data, planbot_data_with};
 pub use output::{conftest_json, conftest_text, render_errors};
 pub use reads::InputReads;
 pub use rego::PlanDocument;
@@ -224,7 +224,19 @@ pub fn evaluate_document(
     root: &str,
     sets: &[PolicySet],
 ) -> Verdict {
-    let document = rego::Document::new(plan, findings, root);
+    evaluate_document_with(plan, findings, root, None, sets)
+}
+
+/// [`evaluate_document`] with `data.planbot.capacity` (what the plan takes from the Proxmox
+/// cluster, when the preflight read it).
+pub fn evaluate_document_with(
+    plan: &PlanDocument,
+    findings: &[Finding],
+    root: &str,
+    capacity: Option<&serde_json::Value>,
+    sets: &[PolicySet],
+) -> Verdict {
+    let document = rego::Document::new(plan, findings, root, capacity);
     let one = |set: &PolicySet| SetVerdict {
         name: set.name.clone(),
         namespace: set.namespace.clone(),

@@ -71,9 +71,14 @@ pub(super) struct Document<'a> {
 }
 
 impl<'a> Document<'a> {
-    pub(super) fn new(plan: &'a PlanDocument, findings: &[Finding], root: &str) -> Document<'a> {
+    pub(super) fn new(
+        plan: &'a PlanDocument,
+        findings: &[Finding],
+        root: &str,
+        capacity: Option<&serde_json::Value>,
+    ) -> Document<'a> {
         let data = serde_json::json!({
-            "planbot": super::planbot_data(findings, root),
+            "planbot": super::planbot_data_with(findings, root, capacity),
         });
         Document {
             plan,

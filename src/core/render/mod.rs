@@ -88,6 +88,8 @@ pub struct NoteContext {
     pub hints: BTreeMap<String, String>,
     /// Each root's "Policies" section (its messages already scrubbed), by root name.
     pub policies: BTreeMap<String, PolicySection>,
+    /// What each root's plan takes from the Proxmox cluster next to what is free, by root name.
+    pub capacity: BTreeMap<String, crate::core::capacity::Capacity>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
@@ -400,6 +402,8 @@ struct DetailView {
     /// what they are.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     ephemeral: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity: Option<crate::core::capacity::Capacity>,
 }
 
 impl RowView {
@@ -439,6 +443,7 @@ impl DetailView {
             drift_left_out: 0,
             policies: None,
             ephemeral: Vec::new(),
+            capacity: None,
         }
     }
 }
@@ -997,6 +1002,7 @@ fn root_views<'r>(
                 }
                 detail.policies = Some(section.clone());
             }
+            detail.capacity = ctx.capacity.get(&root.name).cloned();
         }
     }
     (row, detail)

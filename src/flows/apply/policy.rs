@@ -186,7 +186,9 @@ impl ApplyCtx {
             cpu_bound(|| crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts));
         let recorded = cpu_bound(|| {
             let document = sets.read_document(&root.name, planned.plan_json());
-            let verdict = sets.evaluate(&root.name, document, &findings);
+            // As with the preflight's findings, what the plan takes from the cluster is read
+            // at plan time: a verdict made here (none was recorded) sees lint findings only.
+            let verdict = sets.evaluate(&root.name, document, &findings, None);
             sets.record(&root.name, &verdict, planned.scrubber())
         });
         let mut approvals = Vec::new();

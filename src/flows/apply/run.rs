@@ -46,13 +46,27 @@ pub(super) async fn apply_all(
                     },
                 );
                 let guard = d.guard.take().expect("a planned root holds its lock");
+                // The guests it updates in place: after the apply, which changes wait for a reboot.
+                let guests = crate::core::preflight::updated_guests(planned.plan());
                 match apply_root(&guard, planned, log).await {
                     Ok(out_log) => {
                         ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
                             .await;
+                        let mut text = ctx.say("applied", context! { s => &d.summary });
+                        let endpoint = crate::flows::preflight::endpoint_from_config(
+                            &ctx.app.config.proxmox.for_apply(),
+                            &ctx.app.config.engine.env,
+                        );
+                        if let Some(pending) =
+                            crate::flows::preflight::pending_after_apply(endpoint, &guests).await
+                        {
+                            let pending = ctx.app.scrubber.scrub(&pending).into_owned();
+                            log.line(&pending);
+                            text = format!("{text}; {pending}");
+                        }
                         results.push(RootResult {
                             name: d.root.clone(),
-                            text: ctx.say("applied", context! { s => &d.summary }),
+                            text,
                         });
                     }
                     Err(e) => {

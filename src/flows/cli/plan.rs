@@ -3,7 +3,9 @@
 //! Exit codes: 0 planned, 1 the engine failed (the note says why, redacted) or a `--var-file`
 //! is missing (said on stderr, before the engine runs), 2 the engine's output was not a plan.
 //! With `--policy DIR`, the policies are checked after the plan as `planbot policy test` does
-//! (1 a policy failed, 2 they could not be evaluated). The binary plan file lives in a private
+//! (1 a policy failed, 2 they could not be evaluated). With `--config FILE`, the service's
+//! Proxmox preflight runs after the plan (its findings and capacity table in the note; 1 an
+//! error finding, 2 it could not run, as `planbot preflight`). The binary plan file lives in a private
 //! temp dir that is deleted before this returns, also on error, timeout and Ctrl-C.
 
 use crate::capabilities::engine::sandbox::Support;
@@ -63,6 +65,9 @@ pub struct Printed {
     pub policy: Option<PolicyOptions>,
     /// `--budget gitlab`: cut the note as on a merge request. Locally there is no GitLab limit.
     pub gitlab_budget: bool,
+    /// `--config FILE`: run the service's Proxmox preflight after the plan, with this service
+    /// config's plan endpoint (as `planbot preflight`).
+    pub preflight_config: Option<PathBuf>,
 }
 
 pub fn plan_command(
@@ -78,6 +83,7 @@ pub fn plan_command(
         format,
         policy,
         gitlab_budget,
+        preflight_config,
     } = printed;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -89,6 +95,7 @@ pub fn plan_command(
         key: &key,
         policy: policy.as_ref(),
         gitlab_budget,
+        preflight_config: preflight_config.as_deref(),
     };
     rt.block_on(run(dir, engine, local, timeout, variables, sandbox))
 }
@@ -100,6 +107,7 @@ struct LocalRun<'a> {
     key: &'a [u8],
     policy: Option<&'a PolicyOptions>,
     gitlab_budget: bool,
+    preflight_config: Option<&'a Path>,
 }
 
 /// The local plan of `dir`, in steps: the engine for a local run ([`local_engine`]), the plan
@@ -129,6 +137,22 @@ async fn run(
     let version = runner.version().await?;
     let (result, started) =
         plan_interruptibly(&runner, dir, operator_var_files, variables.vars).await;
+    // `--config`: the service's preflight over the plan, before anything is printed.
+    let preflight = match (&result, local.preflight_config) {
+        (Ok(run), Some(config)) => {
+            Some(match crate::flows::cli::preflight::plan_endpoint(config) {
+                Ok((ep, apply, _)) => {
+                    crate::flows::preflight::for_plan_as(Some(ep), apply, run.plan()).await
+                }
+                Err(why) => crate::flows::preflight::PlanPreflight {
+                    note: why.clone(),
+                    failed: Some(why),
+                    ..Default::default()
+                },
+            })
+        }
+        _ => None,
+    };
     let ctx = NoteContext {
         local_run: true,
         engine: Some(version.to_string()),
@@ -137,9 +161,18 @@ async fn run(
         // the note GitLab would get (0 is GitLab's budget).
         budget: if local.gitlab_budget { 0 } else { usize::MAX },
         plan_dir: Some(dir.display().to_string()),
+        preflight_note: preflight
+            .as_ref()
+            .map(|p| p.note.clone())
+            .filter(|n| !n.is_empty()),
+        capacity: preflight
+            .as_ref()
+            .and_then(|p| p.capacity.clone())
+            .map(|c| std::collections::BTreeMap::from([(root_name(dir), c)]))
+            .unwrap_or_default(),
         ..NoteContext::default()
     };
-    print_result(result, &runner, &root_name(dir), ctx, local)
+    print_result(result, &runner, &root_name(dir), ctx, local, preflight)
 }
 
 /// The engine for a local run: under the sandbox profile asked for (none with
@@ -226,6 +259,7 @@ fn print_result(
     root: &str,
     mut ctx: NoteContext,
     local: LocalRun<'_>,
+    preflight: Option<crate::flows::preflight::PlanPreflight>,
 ) -> Result<ExitCode> {
     let format = local.format;
     let mut stdout = std::io::stdout().lock();
@@ -238,6 +272,10 @@ fn print_result(
                 .backend()
                 .is_local()
                 .then(|| crate::core::state::state_in_checkout(root, ".", run.backend(), false));
+            let preflight_findings = preflight
+                .as_ref()
+                .map(|p| p.findings.clone())
+                .unwrap_or_default();
             let text = render_planned(
                 run.plan(),
                 root,
@@ -245,11 +283,17 @@ fn print_result(
                 &ctx,
                 run.scrubber(),
                 format,
-                state,
+                state.into_iter().chain(preflight_findings).collect(),
             )?;
             writeln!(stdout, "{text}")?;
+            // With `--config`: the preflight's exit code when it is not 0 (1 an error finding,
+            // 2 it could not run), as `planbot preflight` exits.
+            let preflight_code = preflight
+                .as_ref()
+                .filter(|p| p.failed.is_some() || crate::core::findings::has_errors(&p.findings))
+                .map(crate::flows::cli::preflight::exit_code);
             let Some(policy) = local.policy else {
-                return Ok(ExitCode::SUCCESS);
+                return Ok(preflight_code.unwrap_or(ExitCode::SUCCESS));
             };
             let plan_json = String::from_utf8_lossy(run.plan_json());
             let mut stderr = std::io::stderr().lock();
@@ -266,7 +310,11 @@ fn print_result(
                 root,
                 scrubber: run.scrubber(),
             };
-            crate::flows::cli::policy::check_and_print(&report, policy, out)
+            let code = crate::flows::cli::policy::check_and_print(&report, policy, out)?;
+            Ok(match preflight_code {
+                Some(p) if code == ExitCode::SUCCESS => p,
+                _ => code,
+            })
         }
         Err(e @ EngineError::BadPlanJson { .. }) => {
             let text = render_failed(&e, root, &ctx, &runner.secrets().scrubber(), format)?;
@@ -309,10 +357,10 @@ fn render_planned(
     ctx: &NoteContext,
     scrubber: &Scrubber,
     format: Format,
-    state: Option<Finding>,
+    extra: Vec<Finding>,
 ) -> Result<String> {
     let mut findings = lint(plan, &[]);
-    findings.extend(state);
+    findings.extend(extra);
     crate::core::findings::sort_findings(&mut findings);
     match format {
         Format::Json => {

@@ -7,7 +7,7 @@ use crate::core::findings::Finding;
 use crate::core::ids::ProjectId;
 use crate::core::policy::review::{RecordedVerdict, SetOrigin, SetSource};
 use crate::core::policy::{
-    evaluate_document, InputReads, Outcome, PlanDocument, PolicyError, PolicyFile, PolicySet,
+    evaluate_document_with, InputReads, Outcome, PlanDocument, PolicyError, PolicyFile, PolicySet,
     PolicySetSpec, SetVerdict, Verdict, DEFAULT_LIMIT,
 };
 use crate::core::redact::Scrubber;
@@ -160,6 +160,7 @@ impl PolicySets {
         root: &str,
         document: Option<Result<PlanDocument, PolicyError>>,
         findings: &[Finding],
+        capacity: Option<&serde_json::Value>,
     ) -> Verdict {
         let sets: Vec<&LoadedSet> = self.for_root(root).collect();
         let failed = |loaded: &LoadedSet, e: PolicyError| SetVerdict {
@@ -188,7 +189,7 @@ impl PolicySets {
                 Some(l.spec.with_files(files.clone(), DEFAULT_LIMIT))
             })
             .collect();
-        let mut evaluated = evaluate_document(&doc, findings, root, &readable)
+        let mut evaluated = evaluate_document_with(&doc, findings, root, capacity, &readable)
             .sets
             .into_iter();
         let verdicts = sets

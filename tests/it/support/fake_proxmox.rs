@@ -31,6 +31,9 @@ pub struct FakeStorage {
     pub nodes: Vec<String>,
     pub disabled: bool,
     pub shared: bool,
+    /// Bytes, as `GET /nodes/{n}/storage/{s}/status` reports them (every node alike).
+    pub total: u64,
+    pub used: u64,
 }
 
 impl FakeStorage {
@@ -42,6 +45,62 @@ impl FakeStorage {
             nodes: Vec::new(),
             disabled: false,
             shared: matches!(storage_type, "nfs" | "cifs" | "cephfs" | "rbd"),
+            total: 100 * GIB,
+            used: 20 * GIB,
+        }
+    }
+}
+
+pub const GIB: u64 = 1 << 30;
+
+/// A guest of the cluster (`qemu` or `lxc`), as `/cluster/resources` shows it.
+#[derive(Debug, Clone)]
+pub struct FakeGuest {
+    pub vmid: u64,
+    pub name: String,
+    pub node: String,
+    pub kind: &'static str,
+    pub template: bool,
+    /// The running configuration (`cores`, `memory`, …) and what waits for a reboot.
+    pub config: BTreeMap<String, Value>,
+    pub pending: BTreeMap<String, Value>,
+}
+
+impl Cluster {
+    /// Add a guest (and take its id).
+    pub fn guest(mut self, vmid: u64, name: &str, node: &str, template: bool) -> Cluster {
+        self.vmids.insert(vmid);
+        self.guests.push(FakeGuest {
+            vmid,
+            name: name.into(),
+            node: node.into(),
+            kind: "qemu",
+            template,
+            config: BTreeMap::from([
+                ("name".to_string(), json!(name)),
+                ("cores".to_string(), json!(2)),
+                ("memory".to_string(), json!("2048")),
+            ]),
+            pending: BTreeMap::new(),
+        });
+        self
+    }
+}
+
+/// What `GET /nodes/{node}/status` reports of a node's memory and CPUs.
+#[derive(Debug, Clone)]
+pub struct NodeHardware {
+    pub mem_total: u64,
+    pub mem_used: u64,
+    pub cpus: u64,
+}
+
+impl Default for NodeHardware {
+    fn default() -> NodeHardware {
+        NodeHardware {
+            mem_total: 64 * GIB,
+            mem_used: 16 * GIB,
+            cpus: 16,
         }
     }
 }
@@ -90,6 +149,14 @@ pub struct Cluster {
     /// node → status (`online`, `offline`).
     pub nodes: BTreeMap<String, String>,
     pub storages: Vec<FakeStorage>,
+    /// node → its memory and CPUs (a node missing here has [`NodeHardware::default`]).
+    pub hardware: BTreeMap<String, NodeHardware>,
+    /// node → its bridges (a node missing here has `vmbr0` only).
+    pub bridges: BTreeMap<String, BTreeSet<String>>,
+    /// SDN VNets (applied), usable as a bridge on every node.
+    pub vnets: BTreeSet<String>,
+    /// Guests `GET /cluster/resources?type=vm` lists (their ids are also taken in `vmids`).
+    pub guests: Vec<FakeGuest>,
     pub vmids: BTreeSet<u64>,
     pub roles: BTreeMap<String, BTreeSet<String>>,
     /// user id → the groups it is a member of.
@@ -219,6 +286,10 @@ impl Cluster {
                 FakeStorage::new("local-lvm", "lvmthin", &["images", "rootdir"]),
                 nfs,
             ],
+            hardware: BTreeMap::new(),
+            bridges: BTreeMap::new(),
+            vnets: BTreeSet::new(),
+            guests: Vec::new(),
             vmids: BTreeSet::from([100]),
             roles: builtin_roles(),
             users: BTreeMap::from([("root@pam".to_string(), BTreeSet::new())]),
@@ -559,6 +630,22 @@ impl FakeProxmox {
             .route("/api2/json/nodes", get(nodes))
             .route("/api2/json/storage", get(storage))
             .route("/api2/json/nodes/{node}/storage", get(node_storage))
+            .route("/api2/json/nodes/{node}/status", get(node_status))
+            .route("/api2/json/nodes/{node}/network", get(node_network))
+            .route(
+                "/api2/json/nodes/{node}/network/{iface}",
+                get(node_interface),
+            )
+            .route("/api2/json/cluster/sdn/vnets/{vnet}", get(sdn_vnet))
+            .route("/api2/json/cluster/resources", get(cluster_resources))
+            .route(
+                "/api2/json/nodes/{node}/{kind}/{vmid}/pending",
+                get(guest_pending),
+            )
+            .route(
+                "/api2/json/nodes/{node}/storage/{storage}/status",
+                get(storage_status),
+            )
             .route("/api2/json/access/permissions", get(permissions))
             .route("/api2/json/cluster/nextid", get(nextid))
             .fallback(fallback)
@@ -765,8 +852,333 @@ async fn node_storage(
         .map(|st| {
             json!({"storage": st.id, "type": st.storage_type, "content": st.content.join(","),
                    "enabled": u8::from(!st.disabled), "active": u8::from(!st.disabled),
-                   "shared": u8::from(st.shared), "total": 100_000_000_000u64,
-                   "used": 20_000_000_000u64, "avail": 80_000_000_000u64})
+                   "shared": u8::from(st.shared), "total": st.total,
+                   "used": st.used, "avail": st.total - st.used})
+        })
+        .collect();
+    Json(json!({"data": data})).into_response()
+}
+
+/// A major release ≥ 9 (the shapes that changed in PVE 9).
+fn is_pve9(c: &Cluster) -> bool {
+    c.version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok())
+        .is_some_and(|m| m >= 9)
+}
+
+/// PVE's 403 for a privilege check (`Permission check failed (/nodes/pve01, Sys.Audit)`).
+fn forbidden(c: &Cluster, path: &str, privs: &str) -> Response {
+    pve_error(
+        c,
+        StatusCode::FORBIDDEN,
+        &format!("Permission check failed ({path}, {privs})"),
+        None,
+    )
+}
+
+/// The node errors every `/nodes/{node}/…` call shares: offline (595 from the proxy) or unknown.
+fn node_unreachable(c: &Cluster, node: &str) -> Option<Response> {
+    if c.nodes.get(node).is_some_and(|st| st != "online") {
+        return Some(pve_error(
+            c,
+            StatusCode::from_u16(595).unwrap(),
+            &format!("Connection error 595: No route to host ({node})"),
+            None,
+        ));
+    }
+    if !c.nodes.contains_key(node) {
+        return Some(pve_error(
+            c,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("hostname lookup '{node}' failed - failed to get address info for: {node}: Name or service not known"),
+            None,
+        ));
+    }
+    None
+}
+
+/// `GET /nodes/{node}/status` (needs `Sys.Audit` on `/nodes/{node}`): PVE 8.4's shape, with
+/// `memory.available` from PVE 9 on.
+async fn node_status(
+    State(s): State<Shared>,
+    Path(node): Path<String>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if let Some(r) = node_unreachable(&c, &node) {
+        return r;
+    }
+    let path = format!("/nodes/{node}");
+    if !c.privileges(&token, &path).contains_key("Sys.Audit") {
+        return forbidden(&c, &path, "Sys.Audit");
+    }
+    let hw = c.hardware.get(&node).cloned().unwrap_or_default();
+    let free = hw.mem_total - hw.mem_used;
+    let mut memory = json!({"total": hw.mem_total, "used": hw.mem_used, "free": free});
+    if is_pve9(&c) {
+        // PVE 9 counts reclaimable page cache as available; `free` is what is unused.
+        memory["available"] = (free + GIB / 2).min(hw.mem_total).into();
+        memory["free"] = free.saturating_sub(GIB / 2).into();
+    }
+    Json(json!({"data": {
+        "uptime": 864000, "idle": 0, "cpu": 0.031, "wait": 0.0,
+        "loadavg": ["0.52", "0.61", "0.58"],
+        "kversion": "Linux 6.8.12-9-pve #1 SMP PREEMPT_DYNAMIC PMX 6.8.12-9",
+        "pveversion": format!("pve-manager/{}/2a5fa54a8503f96d", c.version),
+        "cpuinfo": {"model": "AMD EPYC 7302P 16-Core Processor", "cpus": hw.cpus,
+                    "cores": hw.cpus / 2, "sockets": 1, "mhz": "3000.000", "hvm": "1",
+                    "user_hz": 100, "flags": "fpu vme de pse"},
+        "memory": memory,
+        "swap": {"total": 8 * GIB, "used": 0, "free": 8 * GIB},
+        "rootfs": {"total": 100 * GIB, "used": 10 * GIB, "free": 90 * GIB, "avail": 85 * GIB},
+        "ksm": {"shared": 0},
+        "boot-info": {"mode": "efi", "secureboot": 0}
+    }}))
+    .into_response()
+}
+
+/// `GET /nodes/{node}/storage/{storage}/status` (needs `Datastore.Audit` or
+/// `Datastore.AllocateSpace` on `/storage/{storage}`).
+async fn storage_status(
+    State(s): State<Shared>,
+    Path((node, storage)): Path<(String, String)>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if let Some(r) = node_unreachable(&c, &node) {
+        return r;
+    }
+    let path = format!("/storage/{storage}");
+    if !visible(&c, &token, &storage) {
+        return forbidden(&c, &path, "Datastore.Audit|Datastore.AllocateSpace");
+    }
+    let Some(st) = c.storages.iter().find(|st| st.id == storage) else {
+        return pve_error(
+            &c,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("storage '{storage}' does not exist"),
+            None,
+        );
+    };
+    if !(st.nodes.is_empty() || st.nodes.contains(&node)) {
+        return pve_error(
+            &c,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("storage '{storage}' is not available on node '{node}'"),
+            None,
+        );
+    }
+    Json(json!({"data": {
+        "type": st.storage_type, "content": st.content.join(","),
+        "shared": u8::from(st.shared), "enabled": u8::from(!st.disabled),
+        "active": u8::from(!st.disabled), "total": st.total, "used": st.used,
+        "avail": st.total - st.used
+    }}))
+    .into_response()
+}
+
+impl Cluster {
+    /// The bridges of `node`.
+    pub fn bridges_of(&self, node: &str) -> BTreeSet<String> {
+        self.bridges
+            .get(node)
+            .cloned()
+            .unwrap_or_else(|| BTreeSet::from(["vmbr0".to_string()]))
+    }
+}
+
+fn bridge_json(iface: &str) -> Value {
+    json!({"iface": iface, "type": "bridge", "method": "static", "families": ["inet"],
+           "autostart": 1, "active": 1, "bridge_ports": "eno1", "bridge_stp": "off",
+           "bridge_fd": "0", "priority": 4})
+}
+
+/// `GET /nodes/{node}/network[?type=]` (needs `Sys.Audit` on `/nodes/{node}`): the physical NIC
+/// and the bridges — except on PVE 9.2.5, whose list omits bridges (bpg #3029).
+async fn node_network(
+    State(s): State<Shared>,
+    Path(node): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if let Some(r) = node_unreachable(&c, &node) {
+        return r;
+    }
+    let path = format!("/nodes/{node}");
+    if !c.privileges(&token, &path).contains_key("Sys.Audit") {
+        return forbidden(&c, &path, "Sys.Audit");
+    }
+    let mut data = Vec::new();
+    let want = q.get("type").map(String::as_str);
+    if matches!(want, None | Some("eth")) {
+        data.push(
+            json!({"iface": "eno1", "type": "eth", "method": "manual", "active": 1,
+                         "families": ["inet"], "priority": 3}),
+        );
+    }
+    if c.version != "9.2.5" && matches!(want, None | Some("bridge") | Some("any_bridge")) {
+        data.extend(c.bridges_of(&node).iter().map(|b| bridge_json(b)));
+    }
+    Json(json!({"data": data})).into_response()
+}
+
+/// `GET /nodes/{node}/network/{iface}` (needs `Sys.Audit` on `/nodes/{node}`): 400
+/// `interface does not exist` for an unknown one, as PVE's `raise_param_exc` answers.
+async fn node_interface(
+    State(s): State<Shared>,
+    Path((node, iface)): Path<(String, String)>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if let Some(r) = node_unreachable(&c, &node) {
+        return r;
+    }
+    let path = format!("/nodes/{node}");
+    if !c.privileges(&token, &path).contains_key("Sys.Audit") {
+        return forbidden(&c, &path, "Sys.Audit");
+    }
+    if iface == "eno1" {
+        return Json(
+            json!({"data": {"iface": "eno1", "type": "eth", "method": "manual",
+                                    "active": 1, "families": ["inet"]}}),
+        )
+        .into_response();
+    }
+    if !c.bridges_of(&node).contains(&iface) {
+        return pve_error(
+            &c,
+            StatusCode::BAD_REQUEST,
+            "Parameter verification failed.",
+            Some(json!({"iface": "interface does not exist"})),
+        );
+    }
+    Json(json!({"data": bridge_json(&iface)})).into_response()
+}
+
+/// `GET /cluster/sdn/vnets/{vnet}` (needs `SDN.Audit` on `/sdn`): 500 `sdn vnet '…' does not
+/// exist` for an unknown one.
+async fn sdn_vnet(
+    State(s): State<Shared>,
+    Path(vnet): Path<String>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if !c.privileges(&token, "/sdn").contains_key("SDN.Audit") {
+        return forbidden(&c, "/sdn", "SDN.Audit");
+    }
+    if !c.vnets.contains(&vnet) {
+        return pve_error(
+            &c,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("sdn vnet '{vnet}' does not exist"),
+            None,
+        );
+    }
+    Json(json!({"data": {"vnet": vnet, "zone": "lab", "type": "vnet", "digest": "a1b2"}}))
+        .into_response()
+}
+
+/// `GET /cluster/resources[?type=vm]`: the guests the token has `VM.Audit` on (PVE filters the
+/// list, it does not refuse), in PVE 8.4/9's shape.
+async fn cluster_resources(
+    State(s): State<Shared>,
+    Query(q): Query<BTreeMap<String, String>>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if q.get("type").is_some_and(|t| t != "vm") {
+        return pve_error(
+            &c,
+            StatusCode::NOT_IMPLEMENTED,
+            "only type=vm is faked",
+            None,
+        );
+    }
+    let data: Vec<Value> = c
+        .guests
+        .iter()
+        .filter(|g| {
+            c.privileges(&token, &format!("/vms/{}", g.vmid))
+                .contains_key("VM.Audit")
+        })
+        .map(|g| {
+            json!({"id": format!("{}/{}", g.kind, g.vmid), "type": g.kind, "vmid": g.vmid,
+                   "name": g.name, "node": g.node, "status": "stopped",
+                   "template": u8::from(g.template), "maxcpu": 2, "maxmem": 2 * GIB,
+                   "maxdisk": 32 * GIB, "cpu": 0, "mem": 0, "disk": 0, "uptime": 0,
+                   "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0, "hastate": null})
+        })
+        .collect();
+    Json(json!({"data": data})).into_response()
+}
+
+/// `GET /nodes/{node}/{qemu|lxc}/{vmid}/pending` (needs `VM.Audit` on `/vms/{vmid}`): every
+/// key with its running `value`, and `pending` where a change waits for a reboot.
+async fn guest_pending(
+    State(s): State<Shared>,
+    Path((node, kind, vmid)): Path<(String, String, u64)>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if let Some(r) = node_unreachable(&c, &node) {
+        return r;
+    }
+    let path = format!("/vms/{vmid}");
+    if !c.privileges(&token, &path).contains_key("VM.Audit") {
+        return forbidden(&c, &path, "VM.Audit");
+    }
+    let dir = if kind == "lxc" { "lxc" } else { "qemu-server" };
+    let Some(g) = c
+        .guests
+        .iter()
+        .find(|g| g.vmid == vmid && g.node == node && g.kind == kind.as_str())
+    else {
+        return pve_error(
+            &c,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("Configuration file 'nodes/{node}/{dir}/{vmid}.conf' does not exist"),
+            None,
+        );
+    };
+    let mut keys: BTreeSet<&String> = g.config.keys().collect();
+    keys.extend(g.pending.keys());
+    let data: Vec<Value> = keys
+        .into_iter()
+        .map(|k| {
+            let mut e = json!({"key": k});
+            if let Some(v) = g.config.get(k) {
+                e["value"] = v.clone();
+            }
+            match g.pending.get(k) {
+                Some(Value::Null) => e["delete"] = 1.into(),
+                Some(p) => e["pending"] = p.clone(),
+                None => {}
+            }
+            e
         })
         .collect();
     Json(json!({"data": data})).into_response()

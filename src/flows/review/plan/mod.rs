@@ -148,6 +148,7 @@ async fn plan(
         run_hint: first_run.and_then(|r| app.run_hint(r)),
         banners: prepared.banners.clone(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
+        capacity: planned.capacity.clone(),
         hints: note::sandbox_hints(app, &planned.results),
         invalid_file: prepared
             .proposed_invalid

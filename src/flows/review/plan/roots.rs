@@ -59,6 +59,8 @@ pub(super) struct RootResult {
 pub(super) struct RootsPlanned {
     pub results: Vec<RootResult>,
     pub preflight_notes: Vec<String>,
+    /// What each root's plan takes from the Proxmox cluster, by root name (the note's table).
+    pub capacity: std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
@@ -78,6 +80,7 @@ pub(super) async fn plan_roots(
     // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
     // so, when no endpoint is configured.
     let mut preflight_notes: Vec<String> = Vec::new();
+    let mut capacity = std::collections::BTreeMap::new();
     let pve =
         preflight::endpoint_from_config(&app.config.proxmox.for_plan(), &app.config.engine.env);
     for decision in prepared.config.decide(&prepared.changed) {
@@ -118,6 +121,7 @@ pub(super) async fn plan_roots(
             &token,
             &pve,
             &mut preflight_notes,
+            &mut capacity,
         )
         .await?;
         log_root(job, &root.name, run, &outcome, started.elapsed());
@@ -130,6 +134,7 @@ pub(super) async fn plan_roots(
     Ok(RootsPlanned {
         results,
         preflight_notes,
+        capacity,
     })
 }
 
@@ -235,6 +240,7 @@ async fn plan_root(
     cancel: &CancelToken,
     pve: &Option<ProxmoxEndpoint>,
     preflight_notes: &mut Vec<String>,
+    capacity: &mut std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
 ) -> Result<Outcome> {
     let key = app.config.fingerprint_key.expose().as_bytes();
     let checkout = prepared.checkout.path();
@@ -301,7 +307,12 @@ async fn plan_root(
         match planned {
             Ok(planned) => {
                 let checks = read_checks(Some(planned.plan_json()));
-                let pf = preflight::for_plan(pve.clone(), planned.plan()).await;
+                let apply_identity = preflight::endpoint_from_config(
+                    &app.config.proxmox.for_apply(),
+                    &app.config.engine.env,
+                )
+                .map(|ep| ep.api_token.id().to_string());
+                let pf = preflight::for_plan_as(pve.clone(), apply_identity, planned.plan()).await;
                 let mut facts = pf.lint_facts.clone();
                 facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
                     &app.config,
@@ -336,9 +347,20 @@ async fn plan_root(
                     ));
                 }
                 findings::sort_findings(&mut findings);
+                let capacity_data = pf.capacity.as_ref().map(|c| c.to_value());
                 let policy = check_policies.then(|| {
-                    cpu_bound(|| prepared.policies.evaluate(&root.name, document, &findings))
+                    cpu_bound(|| {
+                        prepared.policies.evaluate(
+                            &root.name,
+                            document,
+                            &findings,
+                            capacity_data.as_ref(),
+                        )
+                    })
                 });
+                if let Some(c) = pf.capacity.clone() {
+                    capacity.insert(root.name.clone(), c);
+                }
                 if !pf.note.is_empty() && !preflight_notes.contains(&pf.note) {
                     preflight_notes.push(pf.note);
                 }
