@@ -50,6 +50,8 @@ pub enum ApplyOutcome {
     Applied,
     Nothing,
     Failed,
+    /// Refused before anything was applied (a check said no): the note says why and what to do.
+    Refused,
     Interrupted,
 }
 
@@ -69,6 +71,10 @@ pub struct ResultNote<'a> {
     pub roots: &'a [RootResult],
     pub error: Option<&'a str>,
     pub log_excerpt: Option<&'a str>,
+    /// What to do about a refusal (the job log's hint).
+    pub hint: Option<&'a str>,
+    /// The policy verdicts and approvals the apply relied on, one line each.
+    pub policies: &'a [String],
     pub job_name: &'a str,
     pub job_id: u64,
     pub run_id: Option<u64>,
@@ -94,6 +100,8 @@ pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
                     roots => note.roots,
                     error => note.error,
                     log_excerpt => note.log_excerpt,
+                    hint => note.hint,
+                    policies => note.policies,
                     job_name => note.job_name,
                     job_id => note.job_id,
                     run_id => note.run_id,
@@ -162,6 +170,8 @@ mod tests {
             roots: &roots,
             error: None,
             log_excerpt: Some("Apply complete! Resources: 2 added, 1 changed, 0 destroyed."),
+            hint: None,
+            policies: &[],
             job_name: "planbot-apply",
             job_id: 8,
             run_id: Some(121),
@@ -190,7 +200,34 @@ mod tests {
             "a longer fence around backticks: {failed}"
         );
         insta::assert_snapshot!("applied", applied);
+        let relied = render_result(
+            &ResultNote {
+                policies: &[
+                    "root `core`: policy set `new-vms` failed on the reviewed plan; approved for it by @carol".into(),
+                    "root `core`: 1 policy set passed on the reviewed plan".into(),
+                ],
+                ..base
+            },
+            &s,
+        );
+        insta::assert_snapshot!("applied_relying_on_policies", relied);
         insta::assert_snapshot!("failed", failed);
         insta::assert_snapshot!("interrupted", interrupted);
+        let refused = render_result(
+            &ResultNote {
+                outcome: ApplyOutcome::Refused,
+                summary: "",
+                roots: &[RootResult {
+                    name: "core".into(),
+                    text: "not applied".into(),
+                }],
+                error: Some("policy set `new-vms` failed on the reviewed plan of root `core`: terraform_data.vm is a new VM"),
+                log_excerpt: None,
+                hint: Some("An owner of `new-vms` (`group:infra/capacity`) may approve this plan by commenting `planbot approve policies` on the merge request; then retry this job."),
+                ..base
+            },
+            &s,
+        );
+        insta::assert_snapshot!("refused", refused);
     }
 }

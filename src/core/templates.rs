@@ -56,6 +56,7 @@ files![
     ("comments/help.md.j2", Verbatim),
     ("comments/merged_banner.md.j2", Verbatim),
     ("comments/applied_banner.md.j2", Verbatim),
+    ("comments/approved_banner.md.j2", Verbatim),
     ("comments/policy_approval.md.j2", Blocks),
     ("doctor.j2", Blocks),
     ("drift/issue.md.j2", Verbatim),

@@ -434,6 +434,35 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
         state.contains("\"gitlab\"") && state.contains("\"blocky\""),
         "{state}"
     );
+    // What the apply relied on is on the MR too (issue 34): the result note names the verdict
+    // and the approval, and the status counts it.
+    let result = w
+        .gitlab
+        .notes(&w.project, iid)
+        .into_iter()
+        .rev()
+        .map(|n| unescaped(&n.body))
+        .find(|b| b.starts_with("### 🟢 planbot · applied"))
+        .expect("an apply result note");
+    assert!(
+        result.contains("**Policies** this apply relied on:")
+            && result.contains(
+                "policy set `new-vms` failed on the reviewed plan; approved for it by @carol"
+            ),
+        "{result}"
+    );
+    let landed = w.gitlab.branch_head(&w.project, "main").unwrap();
+    let applied = w
+        .gitlab
+        .status(&w.project, &landed, "planbot/apply")
+        .unwrap();
+    assert!(
+        applied
+            .description
+            .unwrap_or_default()
+            .contains("1 failing policy set approved by its owners"),
+        "the planbot/apply status counts the approval"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -317,6 +317,14 @@ impl PolicySection {
         self.sets.is_empty()
     }
 
+    /// Whether a failing set is let through by its owners' approval: the apply may proceed,
+    /// and the note says so in yellow, not green.
+    pub fn overridden(&self) -> bool {
+        self.sets
+            .iter()
+            .any(|s| s.state != SetState::Passed && !s.approved_by.is_empty())
+    }
+
     /// Whether a set left a warning.
     pub fn has_warnings(&self) -> bool {
         self.sets

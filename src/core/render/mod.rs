@@ -3,8 +3,10 @@
 //!
 //! Rust prepares view structs (diff bodies, escaping, budget decisions); every word the reader
 //! sees comes from `templates/note.md.j2` and `templates/note_phrases.j2`. The template
-//! environment is built once per process.
+//! environment is built once per process. `approved` is the edit of a plan note once every
+//! failing policy set of its plans is approved (`planbot approve policies`).
 
+pub mod approved;
 mod budget;
 pub mod diff;
 use crate::core::markdown;
@@ -997,7 +999,7 @@ fn root_views<'r>(
             if let Some(section) = ctx.policies.get(&root.name) {
                 if section.blocks() {
                     g.red = true;
-                } else if section.has_warnings() {
+                } else if section.has_warnings() || section.overridden() {
                     g.yellow = true;
                 }
                 detail.policies = Some(section.clone());

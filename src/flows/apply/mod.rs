@@ -139,6 +139,11 @@ pub async fn run(app: Arc<App>, job_token: String, body: ApplyBody, log: JobLog)
         Err(e) => Verdict::Failed(app.scrubber.scrub(&format!("{e:#}")).into_owned()),
     };
     job.log_verdict(&verdict);
+    app.metrics.apply_finished(match &verdict {
+        Verdict::Succeeded => "succeeded",
+        Verdict::Refused(_) => "refused",
+        Verdict::Failed(_) => "failed",
+    });
     log.verdict(&verdict);
     verdict
 }
@@ -279,6 +284,7 @@ async fn verify_and_apply(
         pipeline_id: Some(job.pipeline_id),
         log: log.clone(),
         policy,
+        relied: Default::default(),
     };
     let verdict = async {
         let mut decided = match parity::plan_and_decide(
@@ -358,9 +364,26 @@ struct ApplyCtx {
     /// The policy sets that judge the apply: the default branch's before the merge, and
     /// planbot's own.
     policy: policy::PolicyGate,
+    /// The policy verdicts and approvals the apply relied on, one line each (as the job's log
+    /// says them): the result note lists them, the status counts the approvals.
+    relied: std::sync::Mutex<Vec<String>>,
 }
 
 impl ApplyCtx {
+    /// Say a policy verdict or approval the apply relies on: in the job's log, and kept for
+    /// the result note and the status.
+    fn relied_on(&self, kind: &str, ctx: minijinja::Value) {
+        let line =
+            crate::core::templates::scrubbing(&self.log.scrubber, || log_text(kind, ctx.clone()));
+        self.log.say(kind, ctx);
+        let line = line.trim();
+        let line = line.strip_prefix("planbot: ").unwrap_or(line).to_string();
+        self.relied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(line);
+    }
+
     fn mr_iid(&self) -> Option<MrIid> {
         self.mr.as_ref().map(|m| m.iid)
     }

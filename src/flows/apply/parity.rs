@@ -92,19 +92,20 @@ async fn refuse_apply(
     refusal: ApplyRefusal,
     log: &JobLog,
 ) -> Result<Verdict> {
-    for d in decided {
-        ctx.end_run(
-            d.run,
-            RunState::Refused,
-            &ctx.say("refused", context! {}),
-            &d.plan_log,
-        )
-        .await;
-    }
     let verdict = refuse(log, &refusal);
     let Verdict::Refused(why) = &verdict else {
         unreachable!("refuse gives a refusal")
     };
+    // The run pages say why, as the status and the job's log do.
+    let because = ctx.say(
+        "refused_because",
+        context! { refusal => minijinja::Value::from_safe_string(why.clone()) },
+    );
+    for d in decided {
+        ctx.end_run(d.run, RunState::Refused, &because, &d.plan_log)
+            .await;
+    }
+    let hint = crate::core::templates::scrubbing(&ctx.app.scrubber, || refusal.hint());
     ctx.app
         .store
         .finish_apply(apply_id, ApplyState::Refused, Some(why.clone()))
@@ -119,6 +120,7 @@ async fn refuse_apply(
         ),
     )
     .await;
+    ctx.report_refused(decided, why, &hint).await;
     Ok(verdict)
 }
 

@@ -213,7 +213,7 @@ impl ApplyCtx {
         let ok = PolicyApproval::sets_for(&approvals, &root.name, &self.sha, fingerprint);
         for set in &recorded.sets {
             if !set.blocks() {
-                self.log.say(
+                self.relied_on(
                     "policy_now_passed",
                     context! { root => &root.name, set => &set.name },
                 );
@@ -224,7 +224,7 @@ impl ApplyCtx {
                     .filter(|a| &a.fingerprint == fingerprint)
                     .map(|a| a.approver.as_str())
                     .collect();
-                self.log.say(
+                self.relied_on(
                     "policy_now_approved",
                     context! { root => &root.name, set => &set.name, approvers => approvers },
                 );
@@ -270,14 +270,14 @@ impl ApplyCtx {
                 .filter(|a| a.fingerprint == r.fingerprint)
                 .map(|a| a.approver.as_str())
                 .collect();
-            self.log.say(
+            self.relied_on(
                 "policy_approved",
                 context! { root => root, set => &set.name, approvers => approvers },
             );
         }
         let passed = verdict.sets.iter().filter(|s| !s.blocks()).count();
         if passed > 0 {
-            self.log.say(
+            self.relied_on(
                 "policies_passed",
                 context! { root => root, count => passed },
             );

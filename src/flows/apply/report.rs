@@ -64,6 +64,7 @@ impl ApplyCtx {
         if let Err(e) = self.app.store.finish_apply(apply_id, state, detail).await {
             tracing::error!(error = %e, "could not record the end of the apply");
         }
+        let relied = self.relied_lines();
         let nothing = no_changes(self);
         let summary = results
             .iter()
@@ -91,6 +92,8 @@ impl ApplyCtx {
                 roots: results,
                 error: scrubbed_error.as_deref(),
                 log_excerpt: None,
+                hint: None,
+                policies: &relied,
                 job_name: &self.app.config.apply.job_name,
                 job_id: self.job_id.0,
                 run_id: run_id.map(|r| r.0),
@@ -143,7 +146,10 @@ impl ApplyCtx {
                 } else {
                     self.say(
                         "applied_roots",
-                        context! { summary => minijinja::Value::from_safe_string(summary.clone()) },
+                        context! {
+                            summary => minijinja::Value::from_safe_string(summary.clone()),
+                            approved => relied.iter().filter(|l| l.contains("; approved for it by")).count(),
+                        },
                     )
                 },
             ),
@@ -154,6 +160,62 @@ impl ApplyCtx {
             self.open_failure_issue(scrubbed_error.as_deref(), run_url, run_id)
                 .await;
         }
+    }
+
+    /// The policy lines the apply relied on so far ([`ApplyCtx::relied_on`]).
+    fn relied_lines(&self) -> Vec<String> {
+        self.relied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A refusal on the MR (`why`, and `hint`: what to do), as the job's log and the
+    /// `planbot/apply` status say it: the result note (nothing was applied) and the plan note's
+    /// merged banner.
+    pub(super) async fn report_refused(&self, decided: &[Decided], why: &str, hint: &str) {
+        let Some(mr) = self.mr_iid() else {
+            return;
+        };
+        let results: Vec<RootResult> = decided
+            .iter()
+            .map(|d| RootResult {
+                name: d.root.clone(),
+                text: self.say("not_applied", context! {}),
+            })
+            .collect();
+        let run_id = decided.first().map(|d| d.run);
+        let run_url = run_id.and_then(|r| self.app.run_url(r));
+        let relied = self.relied_lines();
+        let body = render_result(
+            &ResultNote {
+                outcome: ApplyOutcome::Refused,
+                sha: self.sha.as_str(),
+                branch: &self.branch,
+                user: self.user.as_deref(),
+                summary: "",
+                roots: &results,
+                error: Some(why),
+                log_excerpt: None,
+                hint: Some(hint).filter(|h| !h.is_empty()),
+                policies: &relied,
+                job_name: &self.app.config.apply.job_name,
+                job_id: self.job_id.0,
+                run_id: run_id.map(|r| r.0),
+                run_url: run_url.as_deref(),
+            },
+            &self.app.scrubber,
+        );
+        if let Err(e) = self
+            .app
+            .gitlab
+            .create_mr_note(self.project, mr, &body)
+            .await
+        {
+            self.app.metrics.gitlab_error("create_mr_note");
+            tracing::warn!(error = %e, "could not post the apply refusal");
+        }
+        self.rewrite_merged_banner("refused").await;
     }
 
     /// The plan note's "Merged — waiting for the apply job" banner, rewritten to say how the
@@ -264,6 +326,7 @@ impl ApplyCtx {
 
 /// At start-up: an apply a crash left `running` is reported as interrupted, never re-run.
 pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
+    app.metrics.apply_finished("interrupted");
     let text = say(
         &app.scrubber,
         "interrupted",
@@ -288,6 +351,8 @@ pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
                 roots: &roots,
                 error: None,
                 log_excerpt: None,
+                hint: None,
+                policies: &[],
                 job_name: &app.config.apply.job_name,
                 job_id: record.ci_job.0,
                 run_id: None,

@@ -1,4 +1,4 @@
-//! Prometheus metrics (`GET /metrics`): deliveries by event and outcome, queue depth, plan durations, GitLab API errors, each root's drift.
+//! Prometheus metrics (`GET /metrics`): deliveries by event and outcome, queue depth, plan durations, applies by outcome, GitLab API errors, each root's drift.
 
 use crate::capabilities::store::DriftRootRecord;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -73,6 +73,7 @@ pub struct Metrics {
     queue_depth: Gauge,
     running_jobs: Gauge,
     plan_duration: Family<OutcomeLabels, Histogram>,
+    applies: Family<OutcomeLabels, Counter>,
     gitlab_errors: Family<OperationLabels, Counter>,
     drift_resources: Family<RootLabels, Gauge>,
     drift_checked: Family<RootLabels, Gauge>,
@@ -114,6 +115,12 @@ impl Metrics {
             "Wall time of plan jobs (all roots of one MR head), by outcome",
             plan_duration.clone(),
         );
+        let applies = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "applies",
+            "Apply requests (the CI job's call) ended, by outcome: succeeded, refused (nothing applied), failed, interrupted (by a restart)",
+            applies.clone(),
+        );
         let gitlab_errors = Family::<OperationLabels, Counter>::default();
         registry.register(
             "gitlab_api_errors",
@@ -144,6 +151,7 @@ impl Metrics {
             queue_depth,
             running_jobs,
             plan_duration,
+            applies,
             gitlab_errors,
             drift_resources,
             drift_checked,
@@ -179,6 +187,16 @@ impl Metrics {
                 outcome: outcome.label().to_string(),
             })
             .observe(d.as_secs_f64());
+    }
+
+    /// One apply request ended `outcome` (`succeeded`, `refused`, `failed`, `interrupted`):
+    /// counted once, by the apply flow, with the verdict its job's log and status show.
+    pub fn apply_finished(&self, outcome: &str) {
+        self.applies
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// A GitLab API call failed (count it where the error is handled).
@@ -234,6 +252,7 @@ mod tests {
         m.set_queue_depth(3);
         m.plan_finished(Duration::from_secs(3), PlanOutcome::Succeeded);
         m.gitlab_error("create_mr_note");
+        m.apply_finished("refused");
         let text = m.encode();
         assert!(
             text.contains(
@@ -246,6 +265,7 @@ mod tests {
         ));
         assert!(text.contains("planbot_queue_depth 3"));
         assert!(text.contains(r#"planbot_plan_duration_seconds_count{outcome="succeeded"} 1"#));
+        assert!(text.contains(r#"planbot_applies_total{outcome="refused"} 1"#));
         assert!(text.contains(r#"planbot_gitlab_api_errors_total{operation="create_mr_note"} 1"#));
     }
 }

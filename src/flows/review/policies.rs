@@ -257,6 +257,9 @@ pub(crate) async fn approve(
             .map(|v| (v.root, v.fingerprint, v.verdict))
             .collect();
         set_status(app, project, head, None, &verdicts, &approvals).await;
+        if let Err(e) = mark_approved(app, project, mr, head, &verdicts, &approvals).await {
+            tracing::warn!(project = project.0, mr = mr.0, error = %format!("{e:#}"), "could not mark the approval on the plan note");
+        }
     }
     let body = crate::core::templates::scrubbing(&app.scrubber, || {
         crate::core::templates::render(
@@ -271,6 +274,72 @@ pub(crate) async fn approve(
         )
     })?;
     Ok(body.trim_end().to_string() + "\n")
+}
+
+/// Once no failing set of the plans shown for `head` waits for an owner (`verdicts`, with the
+/// MR's `approvals`), the plan note says what its statuses say: each failing set approved,
+/// nothing waiting, a banner naming the approvals, and no red headline unless the plans
+/// themselves failed ([`crate::core::render::approved::approved_note`]). While a set still
+/// waits the note is left as it is (it says so already). The edit is the note's newest: an
+/// approval written before it is refused as written on another note (fail closed).
+async fn mark_approved(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+    head: &CommitSha,
+    verdicts: &[(String, Fingerprint, RecordedVerdict)],
+    approvals: &[PolicyApproval],
+) -> Result<()> {
+    let mut approvers: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (root, fingerprint, v) in verdicts {
+        let ok = PolicyApproval::sets_for(approvals, root, head, fingerprint);
+        if v.first_unapproved(&ok).is_some() {
+            return Ok(());
+        }
+        for set in v.blocking() {
+            let names = approvers.entry(set.name.clone()).or_default();
+            for a in approvals.iter().filter(|a| {
+                &a.root == root
+                    && &a.sha == head
+                    && &a.fingerprint == fingerprint
+                    && a.set == set.name
+            }) {
+                if !names.contains(&a.approver) {
+                    names.push(a.approver.clone());
+                }
+            }
+        }
+    }
+    if approvers.is_empty() {
+        return Ok(());
+    }
+    let Some(note) = app
+        .planbot_note(project, mr, crate::core::render::NOTE_MARKER)
+        .await?
+    else {
+        return Ok(());
+    };
+    let runs = app.store.runs_for_mr(project, mr).await?;
+    let plans: Vec<_> = runs
+        .iter()
+        .filter(|r| r.kind == crate::capabilities::store::RunKind::Plan && &r.sha == head)
+        .map(|r| r.state)
+        .collect();
+    let plans_ok = !plans.is_empty()
+        && plans
+            .iter()
+            .all(|s| *s == crate::capabilities::store::RunState::Succeeded);
+    let body = crate::core::templates::scrubbing(&app.scrubber, || {
+        crate::core::render::approved::approved_note(&note.body, head.short(), &approvers, plans_ok)
+    });
+    if body != note.body {
+        app.gitlab
+            .edit_mr_note(project, mr, note.id, &body)
+            .await
+            .inspect_err(|_| app.metrics.gitlab_error("edit_mr_note"))
+            .context("editing the plan note")?;
+    }
+    Ok(())
 }
 
 /// `Some(when the plan note was last edited)` when it was edited at or after the comment was

@@ -259,17 +259,38 @@ pub(crate) async fn past_deadline(app: &App, job: &PlanJob, limit: std::time::Du
     .await;
 }
 
-/// A newer head (or the MR's close) cancelled the run: its planned runs end canceled and the
-/// status says superseded; no note is posted for this head.
+/// A newer head or the MR's close cancelled the run: its runs end canceled and the status
+/// says which of the two stopped it (GitLab is asked: a closed or merged MR was closed, else a
+/// newer commit superseded it); no note is posted for this head.
 async fn superseded(
     app: &App,
     job: &PlanJob,
     prepared: &Prepared,
     results: &[roots::RootResult],
 ) -> Result<PlanOutcome> {
+    let closed = match app.gitlab.merge_request(job.project, job.mr).await {
+        Ok(mr) => mr.state != "opened",
+        Err(e) => {
+            app.metrics.gitlab_error("merge_request");
+            tracing::warn!(project = job.project.0, mr = job.mr.0, error = %e, "could not tell why the plan was stopped");
+            false
+        }
+    };
+    let why = text(
+        &app.scrubber,
+        if closed { "closed" } else { "superseded" },
+        minijinja::context! {},
+    );
     for r in results {
-        if let Outcome::Planned { run, .. } = &r.outcome {
-            finish(app, *run, RunState::Canceled, "superseded", "", None).await?;
+        match &r.outcome {
+            Outcome::Planned { run, .. } => {
+                finish(app, *run, RunState::Canceled, &why, "", None).await?;
+            }
+            // The engine stopped by the cancel: its run says why it was stopped.
+            Outcome::Failed { run, end, .. } if end.state == RunState::Canceled => {
+                finish(app, *run, RunState::Canceled, &why, &end.log, None).await?;
+            }
+            _ => {}
         }
     }
     set_status(
@@ -277,7 +298,7 @@ async fn superseded(
         job.project,
         &job.head,
         StatusState::Canceled,
-        &text(&app.scrubber, "superseded", minijinja::context! {}),
+        &why,
         None,
         prepared.status_ref.clone(),
     )
@@ -376,6 +397,7 @@ mod tests {
             text(&none, "queued", context! {}),
             text(&none, "planning", context! { roots => "" }),
             text(&none, "superseded", context! {}),
+            text(&none, "closed", context! {}),
             text(&none, "no_root", context! {}),
             text(
                 &none,

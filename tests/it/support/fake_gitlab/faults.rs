@@ -1,4 +1,5 @@
-//! Faults on demand (an error N times, before or after the work, a rate limit) and the calls counted per route.
+//! Faults on demand (an error N times, before or after the work, a rate limit, requests held
+//! until released) and the calls counted per route.
 
 use super::*;
 
@@ -22,6 +23,23 @@ pub(super) async fn count_and_fault(
         .map(|m| m.as_str().to_string())
         .unwrap_or_default();
     let key = format!("{} {}", req.method(), route);
+    let exact = format!("{} {}", req.method(), req.uri().path());
+    let hold = {
+        let s = state.lock().unwrap_or_else(|e| e.into_inner());
+        // The newest hold of the path (an earlier one may have been released).
+        s.holds
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == exact)
+            .map(|(_, h)| h.clone())
+    };
+    if let Some(hold) = hold {
+        let mut released = hold.released.subscribe();
+        if !*released.borrow() {
+            hold.arrived.send_modify(|n| *n += 1);
+            let _ = released.wait_for(|r| *r).await;
+        }
+    }
     let fault = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         *s.calls.entry(key.clone()).or_default() += 1;
@@ -53,7 +71,58 @@ pub(super) async fn count_and_fault(
     next.run(req).await
 }
 
+/// The shared half of a [`Hold`]: how many requests arrived, and whether it was released.
+#[derive(Debug)]
+pub(super) struct HoldInner {
+    arrived: tokio::sync::watch::Sender<u32>,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+/// Requests to one path kept waiting until [`Hold::release`] (or the hold is dropped): a
+/// GitLab that is slow exactly while the test acts, and a marker that a request is waiting.
+pub struct Hold {
+    inner: Arc<HoldInner>,
+}
+
+impl Hold {
+    /// Wait (at most `secs`) until a request is held: whether one was.
+    pub async fn arrived(&self, secs: u64) -> bool {
+        let mut rx = self.inner.arrived.subscribe();
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_secs(secs),
+            rx.wait_for(|n| *n > 0),
+        )
+        .await;
+        matches!(waited, Ok(Ok(_)))
+    }
+
+    /// Let every held request (and every later one) through.
+    pub fn release(&self) {
+        self.inner.released.send_replace(true);
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 impl FakeGitLab {
+    /// Keep every `method` request to exactly `path` (e.g. `"GET"`,
+    /// `"/api/v4/projects/101/terraform/state/slow"`) waiting until the returned hold is
+    /// released or dropped.
+    pub fn hold(&self, method: &str, path: &str) -> Hold {
+        let inner = Arc::new(HoldInner {
+            arrived: tokio::sync::watch::channel(0).0,
+            released: tokio::sync::watch::channel(false).0,
+        });
+        self.lock()
+            .holds
+            .push((format!("{method} {path}"), inner.clone()));
+        Hold { inner }
+    }
+
     /// Answer the next `times` calls of `route` (e.g. `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`)
     /// with `status` and a JSON error, then behave normally.
     pub fn fail_next(&self, route: &str, times: u32, status: u16) {

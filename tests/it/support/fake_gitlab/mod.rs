@@ -19,7 +19,8 @@
 //! Faults: [`FakeGitLab::fail_next`] answers a route with an error N times (before it does
 //! anything), [`FakeGitLab::fail_next_after_write`] does the work and then answers with an error
 //! (a 502 from a proxy after GitLab stored the note); [`FakeGitLab::calls`] counts calls per
-//! route. Routes are named `"METHOD /api/v4/path/{param}"` as registered below, e.g.
+//! route; [`FakeGitLab::hold`] keeps the requests of one exact path waiting until the test
+//! releases them (a slow GitLab on demand, and a marker saying a request is waiting). Routes are named `"METHOD /api/v4/path/{param}"` as registered below, e.g.
 //! `"POST /api/v4/projects/{id}/merge_requests/{iid}/notes"`.
 //!
 //! GitLab behaviours followed, each with the page it follows (also cited at the handler):
@@ -235,6 +236,8 @@ struct StateInner {
     projects: BTreeMap<u64, FProject>,
     jobs: HashMap<String, FakeJob>,
     faults: HashMap<String, Faults>,
+    /// Requests held until released ([`FakeGitLab::hold`]), by method and path.
+    holds: Vec<(String, Arc<HoldInner>)>,
     calls: HashMap<String, u32>,
     /// Merge refs are computed only by [`FakeGitLab::compute_merge_refs`], as GitLab's
     /// background mergeability check does.
@@ -538,6 +541,7 @@ impl FakeGitLab {
             projects: BTreeMap::new(),
             jobs: HashMap::new(),
             faults: HashMap::new(),
+            holds: Vec::new(),
             calls: HashMap::new(),
             async_merge_refs: false,
             git_requests: Vec::new(),
