@@ -130,7 +130,7 @@ pub(super) async fn plan_roots(
             outcome,
         });
     }
-    across_roots(prepared, &mut results);
+    across_roots(prepared, &capacity, &mut results);
     Ok(RootsPlanned {
         results,
         preflight_notes,
@@ -141,7 +141,11 @@ pub(super) async fn plan_roots(
 /// The lint rules that need every root's plan (PVE023: one `vm_id` asked for in two roots of
 /// the MR): their findings join each root's own, and a root that got one has its policies
 /// checked again with them, so the verdict sees what the note shows.
-fn across_roots(prepared: &Prepared, results: &mut [RootResult]) {
+fn across_roots(
+    prepared: &Prepared,
+    capacity: &std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
+    results: &mut [RootResult],
+) {
     let mut at = Vec::new();
     let mut plans = Vec::new();
     for (i, r) in results.iter().enumerate() {
@@ -182,7 +186,10 @@ fn across_roots(prepared: &Prepared, results: &mut [RootResult]) {
             if policy.is_some() {
                 *policy = Some(cpu_bound(|| {
                     let document = prepared.policies.read_document(&name, planned.plan_json());
-                    prepared.policies.evaluate(&name, document, findings)
+                    let capacity_data = capacity.get(&name).map(|c| c.to_value());
+                    prepared
+                        .policies
+                        .evaluate(&name, document, findings, capacity_data.as_ref())
                 }));
             }
         }
