@@ -157,9 +157,10 @@ enum Command {
     /// config's `[proxmox]` endpoint and plan token: exit 0 without an error finding, 1 with
     /// one, 2 when it could not run.
     Preflight {
+        /// The plan as `tofu show -json` (or `terraform show -json`) prints it.
         #[arg(value_name = "PLAN_JSON")]
         plan_json: PathBuf,
-        /// The service's config file (its `[proxmox]`, `[proxmox.plan]` and `engine.env`).
+        /// The service's config file: its Proxmox endpoint and plan token.
         #[arg(long, value_name = "FILE", default_value = "/etc/planbot/planbot.toml")]
         config: PathBuf,
         /// `json`: the `findings` array of `planbot render --format json`. Default: `text` on a

@@ -179,7 +179,10 @@ async fn jobs_that_may_not_apply_are_refused_each_with_its_own_reason() {
     let (status, yaml) = s.get_text("/ci/planbot.gitlab-ci.yml").await;
     assert_eq!(status, 200);
     // The CI/CD component, its inputs defaulting to this planbot's URL and apply job name.
-    assert!(yaml.contains("\"$[[ inputs.job_name ]]\":") && yaml.contains("when: manual"));
+    assert!(
+        yaml.contains("\"$[[ inputs.job_name ]]\":") && yaml.contains("when: $[[ inputs.when ]]")
+    );
+    assert!(yaml.contains("      default: manual\n"), "{yaml}");
     assert!(
         yaml.contains("      default: \"http://planbot.test\"\n"),
         "{yaml}"
