@@ -89,6 +89,9 @@ pub struct DiffBody {
 pub struct Differ<'p> {
     phrases: &'p Phrases,
     replace_paths: Vec<String>,
+    /// The unknown mask belongs to the side shown first (a diff read from `after` to `before`:
+    /// drift, from `main`'s code to reality).
+    unknown_first: bool,
     out: DiffBody,
     path: String,
 }
@@ -98,6 +101,7 @@ impl<'p> Differ<'p> {
         Differ {
             phrases,
             replace_paths: Vec::new(),
+            unknown_first: false,
             out: DiffBody::default(),
             path: String::new(),
         }
@@ -106,6 +110,14 @@ impl<'p> Differ<'p> {
     /// Paths that forced the replacement get a "# forces replacement" remark.
     pub fn with_replace_paths(mut self, paths: &[String]) -> Self {
         self.replace_paths = paths.to_vec();
+        self
+    }
+
+    /// The node's `before` is the side the unknown mask marks (the values were swapped to read
+    /// a change backwards): a value known only after the apply is shown first, `(known after
+    /// apply) -> reality`.
+    pub fn unknown_first(mut self) -> Self {
+        self.unknown_first = true;
         self
     }
 
@@ -133,7 +145,7 @@ impl<'p> Differ<'p> {
         if is_true(n.before_sensitive) || is_true(n.after_sensitive) {
             self.sensitive(before, after, is_true(n.unknown));
         } else if is_true(n.unknown) {
-            self.known_after_apply(before);
+            self.known_after_apply(before, after);
         } else if (before.is_some()
             || after.is_some()
             || unknown_obj.is_some_and(|m| !m.is_empty()))
@@ -162,16 +174,32 @@ impl<'p> Differ<'p> {
             return;
         }
         let s = &self.phrases.sensitive;
-        match (before, after.is_some() || unknown) {
-            (None, _) => self.line('+', &format!("= {s}")),
-            (Some(_), false) => self.line('-', &format!("= {s}")),
-            (Some(_), true) => self.line('~', &format!("= {s}")),
+        // The side the unknown mask marks will have a value.
+        let (had, has) = if self.unknown_first {
+            (before.is_some() || unknown, after.is_some())
+        } else {
+            (before.is_some(), after.is_some() || unknown)
+        };
+        match (had, has) {
+            (false, _) => self.line('+', &format!("= {s}")),
+            (true, false) => self.line('-', &format!("= {s}")),
+            (true, true) => self.line('~', &format!("= {s}")),
         }
     }
 
     /// A value the engine knows only after the apply.
-    fn known_after_apply(&mut self, before: Option<&Value>) {
+    fn known_after_apply(&mut self, before: Option<&Value>, after: Option<&Value>) {
         let kaa = self.phrases.known_after_apply.clone();
+        if self.unknown_first {
+            match after {
+                None => self.line('-', &format!("= {kaa}")),
+                Some(a) => {
+                    let a = short_repr(a);
+                    self.line('~', &format!("= {kaa} -> {a}"));
+                }
+            }
+            return;
+        }
         match before {
             None => self.line('+', &format!("= {kaa}")),
             Some(b) => {
