@@ -428,7 +428,7 @@ mod tests {
         }
         let mut reality = big.clone();
         reality.insert("key39".into(), "changed by hand".into());
-        let plan_json = serde_json::json!({"format_version":"1.2","resource_drift":[{
+        let plan_json = serde_json::json!({"format_version":"1.2","resource_changes":[],"resource_drift":[{
             "address":"terraform_data.vm","mode":"managed","type":"terraform_data","name":"vm",
             "change":{"actions":["update"],"before":{"input":{"disks":[{"size":8},{"size":16}],"meta":big}},
             "after":{"input":{"disks":[{"size":8},{"size":32}],"meta":reality}}}}]});
