@@ -73,7 +73,9 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
     let issue = &fake.issues(&project)[0];
     assert_eq!(issue.title, "planbot: drift in infra/homelab root core");
     assert_eq!(issue.labels, labels);
-    assert!(issue.description.contains("`terraform_data.vm` · changed outside"));
+    assert!(issue
+        .description
+        .contains("`terraform_data.vm` · changed outside"));
     assert!(
         issue.description.contains("~ input.cores = 2 -> 4\n"),
         "{}",
