@@ -59,7 +59,7 @@ async fn behind_a_proxy_with_a_prefix_and_a_port_every_link_uses_public_url_and_
     let ours_or_gitlabs = |text: &str| {
         for a in addresses(text) {
             assert!(
-                a.starts_with(&format!("{PUBLIC}/")) || a.starts_with(&gitlab_url),
+                a.starts_with(&format!("{PUBLIC}/")) || a.starts_with(gitlab_url),
                 "a link not built from public_url: {a} in\n{text}"
             );
         }
