@@ -79,6 +79,9 @@ pub struct ResultNote<'a> {
     pub job_id: u64,
     pub run_id: Option<u64>,
     pub run_url: Option<&'a str>,
+    /// Where the run's log is on the planbot host, when its pages cannot be linked
+    /// (`crate::core::links::on_the_host`).
+    pub run_hint: Option<&'a str>,
 }
 
 /// The apply's result note; every value is scrubbed, the template's words never are.
@@ -106,6 +109,7 @@ pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
                     job_id => note.job_id,
                     run_id => note.run_id,
                     run_url => note.run_url,
+                    run_hint => note.run_hint,
                     fence => fence,
                 })
             })
@@ -176,6 +180,7 @@ mod tests {
             job_id: 8,
             run_id: Some(121),
             run_url: Some("https://planbot.example.com/runs/121"),
+            run_hint: None,
         };
         let s = Scrubber::none();
         let applied = render_result(&base, &s);
@@ -229,5 +234,18 @@ mod tests {
             &s,
         );
         insta::assert_snapshot!("refused", refused);
+        let on_the_host = render_result(
+            &ResultNote {
+                run_url: None,
+                run_hint: Some("http://localhost:8080/runs/121"),
+                ..base
+            },
+            &s,
+        );
+        assert!(
+            on_the_host
+                .contains("run #121 (log on the planbot host: `http://localhost:8080/runs/121`)"),
+            "{on_the_host}"
+        );
     }
 }

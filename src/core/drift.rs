@@ -12,20 +12,11 @@ use crate::core::plan::{Plan, ResourceChange};
 use crate::core::redact::Scrubber;
 use minijinja::context;
 use serde::Serialize;
-use serde_json::Value;
 
-/// The longest before/after value shown for one attribute; a longer one is cut with `…`.
-const VALUE_CHARS: usize = 80;
-
-/// One attribute of a drifted resource: its name, what `main` says (the state its last apply
-/// left, or its code) and what reality is, as compact JSON (or `(sensitive)` when the plan marks
-/// either side sensitive).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DriftedAttribute {
-    pub name: String,
-    pub main: String,
-    pub reality: String,
-}
+/// How many characters of attribute diffs the drift issue holds (GitLab takes descriptions of
+/// up to 1,000,000); the resources past it are listed with their diff left out, and
+/// `planbot drift` prints them whole.
+pub const ISSUE_DIFF_CHARS: usize = 200_000;
 
 /// One resource the check found different from `main`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -34,7 +25,12 @@ pub struct DriftedResource {
     /// `changed outside` for a `resource_drift` entry, else the planned actions (`update`,
     /// `delete, create`).
     pub change: String,
-    pub attributes: Vec<DriftedAttribute>,
+    /// What differs, from `main` to reality, as the MR note's diffs show it: one line per
+    /// changed attribute path (`~ input.cores = 2 -> 8`, however deep in an object or list),
+    /// a long text as a line diff, a sensitive value as `(sensitive value)` only.
+    pub diff: String,
+    /// How many attribute paths differ.
+    pub changed: usize,
 }
 
 /// What one check of one root found.
@@ -109,78 +105,57 @@ enum Side {
 }
 
 fn drifted(rc: &ResourceChange, change: String, main_side: Side) -> DriftedResource {
-    let values = rc.change.values();
-    let empty = serde_json::Map::new();
-    let before = values.before.as_object().unwrap_or(&empty);
-    let after = values.after.as_object().unwrap_or(&empty);
-    let mut names: Vec<&String> = before.keys().chain(after.keys()).collect();
-    names.sort();
-    names.dedup();
-    let attributes = names
-        .into_iter()
-        // A missing attribute and a `null` one are the same: not a difference to show.
-        .filter(|name| {
-            before.get(*name).unwrap_or(&Value::Null) != after.get(*name).unwrap_or(&Value::Null)
-                || marked(&values.after_unknown, name)
-        })
-        .map(|name| {
-            let sensitive =
-                marked(&values.before_sensitive, name) || marked(&values.after_sensitive, name);
-            let shown = |v: Option<&Value>| {
-                if sensitive {
-                    "(sensitive)".to_string()
-                } else {
-                    short(v.unwrap_or(&Value::Null))
-                }
-            };
-            // An attribute the engine knows only after the apply is not `null`.
-            let after_shown = if marked(&values.after_unknown, name) {
-                "(known after apply)".to_string()
-            } else {
-                shown(after.get(name))
-            };
-            let before_shown = shown(before.get(name));
-            let (main, reality) = match main_side {
-                Side::Before => (before_shown, after_shown),
-                Side::After => (after_shown, before_shown),
-            };
-            DriftedAttribute {
-                name: name.clone(),
-                main,
-                reality,
-            }
-        })
-        .collect();
+    // Read from `main` to reality: a planned change goes from reality to `main`'s code, so it
+    // is read backwards.
+    let body =
+        crate::core::render::attribute_diff(&rc.change.values(), matches!(main_side, Side::After));
     DriftedResource {
         address: rc.address.clone(),
         change,
-        attributes,
+        diff: body.text,
+        changed: body.changed,
     }
 }
 
-/// Whether a sensitivity mask marks anything under attribute `name`.
-fn marked(mask: &Value, name: &str) -> bool {
-    fn any_true(v: &Value) -> bool {
-        match v {
-            Value::Bool(b) => *b,
-            Value::Array(items) => items.iter().any(any_true),
-            Value::Object(map) => map.values().any(any_true),
-            _ => false,
-        }
-    }
-    match mask {
-        Value::Bool(b) => *b,
-        Value::Object(map) => map.get(name).is_some_and(any_true),
-        _ => false,
-    }
+/// One resource as the issue shows it: its diff neutralised and fenced, or left out past
+/// [`ISSUE_DIFF_CHARS`].
+#[derive(Serialize)]
+struct ResourceView<'a> {
+    address: &'a str,
+    change: &'a str,
+    diff: String,
+    fence: String,
+    changed: usize,
+    left_out: bool,
 }
 
-fn short(v: &Value) -> String {
-    let text = v.to_string();
-    match text.char_indices().nth(VALUE_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
-    }
+fn resource_views(verdict: &DriftVerdict) -> Vec<ResourceView<'_>> {
+    let DriftVerdict::Drifted { resources } = verdict else {
+        return Vec::new();
+    };
+    let mut room = ISSUE_DIFF_CHARS;
+    resources
+        .iter()
+        .map(|r| {
+            let diff = crate::core::markdown::neutralise(r.diff.trim_end()).into_owned();
+            let left_out = diff.len() > room;
+            room = room.saturating_sub(if left_out { 0 } else { diff.len() });
+            let (diff, fence) = if left_out {
+                (String::new(), String::new())
+            } else {
+                let fence = fence_for(&diff);
+                (diff, fence)
+            };
+            ResourceView {
+                address: &r.address,
+                change: &r.change,
+                diff,
+                fence,
+                changed: r.changed,
+                left_out,
+            }
+        })
+        .collect()
 }
 
 /// The hidden line that finds a root's drift issue again among the project's issues.
@@ -212,6 +187,10 @@ pub struct DriftIssue<'a> {
     /// The fingerprint of the plan that brings reality back to `main`, when there is one.
     pub fingerprint: Option<&'a str>,
     pub job_name: &'a str,
+    /// This check's run page (`<public_url>/runs/<id>`), or where its log is on the planbot
+    /// host when the pages cannot be linked.
+    pub run_url: Option<&'a str>,
+    pub run_hint: Option<&'a str>,
 }
 
 /// The issue's title.
@@ -225,6 +204,21 @@ pub fn render_body(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
         "{}\n\n{}\n",
         render(issue, "body", scrubber),
         marker(issue.root)
+    )
+}
+
+/// The check as its run page shows it: the issue's description without the marker or the
+/// first-seen time (known to the issue only).
+pub fn render_run_note(issue: &DriftIssue<'_>, scrubber: &Scrubber) -> String {
+    render(
+        &DriftIssue {
+            first_seen: "",
+            run_url: None,
+            run_hint: None,
+            ..*issue
+        },
+        "body",
+        scrubber,
     )
 }
 
@@ -281,11 +275,14 @@ fn render_with(
                     branch => issue.branch,
                     sha => &issue.sha[..issue.sha.len().min(8)],
                     drift => issue.verdict,
+                    resources => resource_views(issue.verdict),
                     first_seen => issue.first_seen,
                     last_seen => issue.last_seen,
                     fingerprint => issue.fingerprint,
                     prefix => issue.fingerprint.map(|f| &f[..f.len().min(12)]),
                     job_name => issue.job_name,
+                    run_url => issue.run_url,
+                    run_hint => issue.run_hint,
                     fence => fence,
                     kept => kept,
                 })
@@ -330,6 +327,8 @@ mod tests {
             last_seen: "2026-12-05T02:00:00Z",
             fingerprint: Some("9c41d07be2aa55f0c1d2e3f4a5b6c7d8"),
             job_name: "planbot-apply",
+            run_url: Some("https://planbot.example.com:8443/planbot/runs/31"),
+            run_hint: None,
         }
     }
 
@@ -342,14 +341,30 @@ mod tests {
         assert_eq!(resources.len(), 1, "the no-op and the same address once");
         assert_eq!(resources[0].change, "changed outside");
         assert_eq!(
-            resources[0].attributes,
-            vec![DriftedAttribute {
-                name: "input".into(),
-                main: "(sensitive)".into(),
-                reality: "(sensitive)".into(),
-            }]
+            resources[0].diff, "~ input.cores = 2 -> 4\n",
+            "main -> reality, leaf by leaf; the unchanged password is not shown"
         );
+        assert!(!resources[0].diff.contains("pw-one-1234"));
+        assert_eq!(resources[0].changed, 1);
         assert_eq!(verdict.exit_code(), 2);
+    }
+
+    #[test]
+    fn a_sensitive_value_changed_by_hand_shows_only_that_it_changed() {
+        let changed = HAND_RESIZED.replacen(
+            r#""cores":4,"pw":"pw-one-1234""#,
+            r#""cores":4,"pw":"pw-two-5678""#,
+            1,
+        );
+        let verdict = DriftVerdict::of_plan(&plan(&changed), None);
+        let DriftVerdict::Drifted { resources } = &verdict else {
+            panic!("expected drift, got {verdict:?}");
+        };
+        assert_eq!(
+            resources[0].diff,
+            "~ input.cores = 2 -> 4\n~ input.pw = (sensitive value)\n"
+        );
+        assert!(!resources[0].diff.contains("pw-"), "{}", resources[0].diff);
     }
 
     #[test]
@@ -372,14 +387,9 @@ mod tests {
         };
         assert_eq!(resources[0].change, "create");
         assert_eq!(
-            resources[0].attributes[0].main, r#""x""#,
-            "main's code creates it"
+            resources[0].diff, "- input = \"x\"\n",
+            "main's code creates it, reality lacks it; no null = null line"
         );
-        assert_eq!(
-            resources[0].attributes[0].reality, "null",
-            "reality lacks it"
-        );
-        assert_eq!(resources[0].attributes.len(), 1, "no null = null row");
     }
 
     #[test]
@@ -392,10 +402,10 @@ mod tests {
         let DriftVerdict::Drifted { resources } = &verdict else {
             panic!("expected drift, got {verdict:?}");
         };
-        let output = &resources[0].attributes[1];
-        assert_eq!(output.name, "output");
-        assert_eq!(output.main, "(known after apply)");
-        assert_eq!(output.reality, "2");
+        assert_eq!(
+            resources[0].diff,
+            "~ input = 2 -> 8\n~ output = (known after apply) -> 2\n"
+        );
     }
 
     #[test]
@@ -411,11 +421,44 @@ mod tests {
     }
 
     #[test]
-    fn a_long_value_is_cut() {
-        let long = Value::String("x".repeat(200));
-        let shown = short(&long);
-        assert_eq!(shown.chars().count(), VALUE_CHARS + 1);
-        assert!(shown.ends_with('…'));
+    fn a_change_deep_in_a_big_value_is_shown_by_its_path() {
+        let mut big = serde_json::Map::new();
+        for i in 0..40 {
+            big.insert(format!("key{i:02}"), format!("value number {i}").into());
+        }
+        let mut reality = big.clone();
+        reality.insert("key39".into(), "changed by hand".into());
+        let plan_json = serde_json::json!({"format_version":"1.2","resource_changes":[],"resource_drift":[{
+            "address":"terraform_data.vm","mode":"managed","type":"terraform_data","name":"vm",
+            "change":{"actions":["update"],"before":{"input":{"disks":[{"size":8},{"size":16}],"meta":big}},
+            "after":{"input":{"disks":[{"size":8},{"size":32}],"meta":reality}}}}]});
+        let verdict = DriftVerdict::of_plan(&plan(&plan_json.to_string()), None);
+        let DriftVerdict::Drifted { resources } = &verdict else {
+            panic!("expected drift, got {verdict:?}");
+        };
+        assert_eq!(
+            resources[0].diff,
+            "~ input.disks[1].size = 16 -> 32\n~ input.meta.key39 = \"value number 39\" -> \"changed by hand\"\n"
+        );
+    }
+
+    #[test]
+    fn diffs_past_the_issues_budget_are_left_out_and_say_so() {
+        let resource = |n: usize| DriftedResource {
+            address: format!("terraform_data.r{n}"),
+            change: "changed outside".into(),
+            diff: format!("~ input = \"{}\" -> 1\n", "x".repeat(ISSUE_DIFF_CHARS / 4)),
+            changed: 1,
+        };
+        let verdict = DriftVerdict::Drifted {
+            resources: (0..4).map(resource).collect(),
+        };
+        let views = resource_views(&verdict);
+        let left: Vec<bool> = views.iter().map(|v| v.left_out).collect();
+        assert_eq!(left, [false, false, false, true]);
+        let body = render_body(&issue(&verdict), &Secrets::new().scrubber());
+        assert!(body.len() < ISSUE_DIFF_CHARS + 10_000, "{}", body.len());
+        assert!(body.contains("`terraform_data.r3` · changed outside · <em>diff left out"));
     }
 
     #[test]

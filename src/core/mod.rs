@@ -16,6 +16,7 @@ pub mod findings;
 pub mod fingerprint;
 pub mod fuzzing;
 pub mod ids;
+pub mod links;
 pub mod lint;
 pub mod markdown;
 pub mod note_html;

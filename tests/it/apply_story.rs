@@ -450,7 +450,7 @@ fn scan(dir: &std::path::Path) -> Scan {
     out
 }
 
-fn with_workers() -> Options {
+pub(crate) fn with_workers() -> Options {
     Options {
         workers: true,
         reconcile: false,
@@ -459,7 +459,7 @@ fn with_workers() -> Options {
 
 impl World {
     /// Alice pushes `vms` on `branch`, opens an MR, and GitLab delivers the webhook.
-    async fn open_mr(&self, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
+    pub(crate) async fn open_mr(&self, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
         self.gitlab.commit_files(
             &self.project,
             branch,
@@ -478,7 +478,7 @@ impl World {
     }
 
     /// Wait for the plan of the MR's head to be posted (its status final).
-    async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
+    pub(crate) async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
         let head = self.gitlab.mr_sha(&self.project, iid);
         let (gitlab, project) = (&self.gitlab, &self.project);
         s.after_job_ends(
@@ -499,7 +499,7 @@ impl World {
         note.body.clone()
     }
 
-    fn notes_containing(&self, iid: u64, text: &str) -> Vec<String> {
+    pub(crate) fn notes_containing(&self, iid: u64, text: &str) -> Vec<String> {
         self.gitlab
             .notes(&self.project, iid)
             .into_iter()

@@ -47,6 +47,8 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
         job_name: "planbot-apply",
         fingerprint: Some("9c41d07be2aa55f0c1d2e3f4a5b6c7d8"),
         bot,
+        run_url: None,
+        run_hint: None,
     };
     let scrubber = Secrets::new().scrubber();
     let check = |root, verdict: DriftVerdict| {
@@ -71,8 +73,14 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
     let issue = &fake.issues(&project)[0];
     assert_eq!(issue.title, "planbot: drift in infra/homelab root core");
     assert_eq!(issue.labels, labels);
-    assert!(issue.description.contains("<code>terraform_data.vm</code>"));
-    assert!(issue.description.contains("{&quot;cores&quot;:4}"));
+    assert!(issue
+        .description
+        .contains("`terraform_data.vm` · changed outside"));
+    assert!(
+        issue.description.contains("~ input.cores = 2 -> 4\n"),
+        "{}",
+        issue.description
+    );
     assert!(issue.description.contains("PLANBOT_CONFIRM=9c41d07be2aa"));
 
     // Another root's drift is another issue; the same root's next check edits the first.
@@ -80,7 +88,7 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
     assert_eq!(check("core", resized(6)).await, IssueAction::Edited(1));
     let issues = fake.issues(&project);
     assert_eq!(issues.len(), 2);
-    assert!(issues[0].description.contains("{&quot;cores&quot;:6}"));
+    assert!(issues[0].description.contains("~ input.cores = 2 -> 6\n"));
     assert!(issues[0].notes.is_empty(), "edited, not reposted");
 
     // A check that cannot run says so on the open issue and never calls it clean.
@@ -155,7 +163,7 @@ async fn one_issue_per_drifted_root_edited_while_it_lasts_and_closed_when_clean(
         issue(5).notes
     );
     assert_eq!(issue(4).state, "opened");
-    assert!(issue(4).description.contains("{&quot;cores&quot;:5}"));
+    assert!(issue(4).description.contains("~ input.cores = 2 -> 5\n"));
 }
 
 /// Anyone who can open an issue can write the drift label and a root's hidden marker into it:
@@ -182,6 +190,8 @@ async fn an_issue_with_the_marker_that_another_user_opened_is_not_planbots() {
         job_name: "planbot-apply",
         fingerprint: Some("9c41d07be2aa55f0c1d2e3f4a5b6c7d8"),
         bot,
+        run_url: None,
+        run_hint: None,
     };
     let scrubber = Secrets::new().scrubber();
     let fake_body = format!(

@@ -6,6 +6,7 @@
 
 use crate::apply_story::{call_apply, last_line, no_workers, world};
 use crate::support::service::TestService;
+use planbot::capabilities::store::RunKind;
 use planbot::core::drift::DriftVerdict;
 use planbot::flows::drift::check::{tick, Selection, Tick};
 use planbot::flows::drift::issue::IssueAction;
@@ -62,10 +63,7 @@ async fn drift_of_main_lives_in_one_issue_that_the_apply_job_repairs() {
     assert_eq!(issues.len(), 1);
     assert_eq!(issues[0].labels, vec!["drift".to_string()]);
     let body = &issues[0].description;
-    assert!(
-        body.contains("terraform_data.vm&#91;&quot;blocky&quot;&#93;"),
-        "{body}"
-    );
+    assert!(body.contains("`terraform_data.vm[\"blocky\"]`"), "{body}");
     assert!(!body.contains("apply-canary-password-7f3a"), "{body}");
     // The issue's own recipe: the apply job with PLANBOT_CONFIRM=<prefix>.
     let prefix = confirm_in(body);
@@ -114,11 +112,9 @@ async fn drift_of_main_lives_in_one_issue_that_the_apply_job_repairs() {
     };
     let body = issue(2).description;
     the_docs_show(&body);
-    assert!(body.contains("&quot;cores&quot;:8"), "reality: {body}");
-    assert!(body.contains("&quot;cores&quot;:2"), "main: {body}");
     assert!(
-        body.contains("| input |") || body.contains("<code>input</code>"),
-        "{body}"
+        body.contains("~ input.cores = 2 -> 8\n"),
+        "main's 2 cores, reality's 8, by path: {body}"
     );
 
     // The next check edits the same issue: no second issue, no note.
@@ -238,6 +234,7 @@ fn the_docs_show(body: &str) {
         (r"PLANBOT_CONFIRM=[0-9a-f]{12}", "PLANBOT_CONFIRM=<prefix>"),
         (r"`[0-9a-f]{8}`", "`<commit>`"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "<time>"),
+        (r"localhost:\d+/runs/\d+", "localhost:8080/runs/<run>"),
     ] {
         example = regex::Regex::new(pattern)
             .unwrap()
@@ -332,5 +329,116 @@ fn the_command_prints_the_check_and_exits_2_on_drift_and_dry_run_writes_nothing(
             .unwrap()
             .state,
         "failed"
+    );
+}
+
+/// A VM whose one attribute is a big object: a cloud-init text, six disks, twenty tags.
+const BIG_VM_TF: &str = r##"terraform {
+  backend "http" {}
+}
+
+resource "terraform_data" "vm" {
+  input = {
+    name      = "blocky"
+    cores     = 2
+    memory    = 2048
+    user_data = "#cloud-config\n${join("\n", [for i in range(30) : "write_files_${i}: /etc/planbot/${i}.conf"])}\n"
+    disks     = [for i in range(6) : { interface = "scsi${i}", size = 32, datastore = "local-lvm", discard = "on" }]
+    tags      = [for i in range(20) : "tag-${i}"]
+  }
+}
+"##;
+
+/// The issue body with what changes from run to run (commit, times, fingerprint, run, port)
+/// as placeholders.
+fn stable(body: &str) -> String {
+    let mut out = body.to_string();
+    for (pattern, placeholder) in [
+        (r"\b[0-9a-f]{64}\b", "<fingerprint>"),
+        (r"PLANBOT_CONFIRM=[0-9a-f]{12}", "PLANBOT_CONFIRM=<prefix>"),
+        (r"`[0-9a-f]{8}`", "`<commit>`"),
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "<time>"),
+        (r"localhost:\d+/runs/\d+", "localhost:<port>/runs/<run>"),
+    ] {
+        out = regex::Regex::new(pattern)
+            .unwrap()
+            .replace_all(&out, placeholder)
+            .into_owned();
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_deep_in_a_big_object_shows_by_its_path_in_the_output_the_issue_and_the_run_page()
+{
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.gitlab
+        .commit_files(&w.project, "main", &[("main.tf", BIG_VM_TF)]);
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+
+    // Applied as `main` says (the first check finds it never applied; its issue's confirm).
+    check(&s).await;
+    let prefix = confirm_in(&w.gitlab.issues(&w.project)[0].description);
+    let job = w.apply_job(51);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, &format!(r#"{{"confirm":"{prefix}"}}"#)).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+
+    // Someone grows the third disk by hand: one number, far past the first 80 characters of
+    // the attribute's JSON.
+    w.edit_state(|state| {
+        for r in state["resources"].as_array_mut().unwrap() {
+            if r["name"] == "vm" {
+                r["instances"][0]["attributes"]["input"]["value"]["disks"][2]["size"] = 64.into();
+            }
+        }
+    })
+    .await;
+    let drifted = check(&s).await;
+    let (verdict, _) = one_root(&drifted);
+    let DriftVerdict::Drifted { resources } = verdict else {
+        panic!("expected drift: {verdict:?}");
+    };
+    assert_eq!(
+        resources[0].diff,
+        "~ input.disks[2].size = 32 -> 64\n~ output = (known after apply) -> {…}\n",
+        "the one leaf that changed, by its path, main -> reality (and the engine's own output)"
+    );
+
+    // The terminal output of `planbot drift`.
+    let text = drifted.render_text(&s.app.scrubber, "planbot-apply");
+    assert!(
+        text.contains(
+            "    terraform_data.vm (update), main -> reality:\n      ~ input.disks[2].size = 32 -> 64\n"
+        ),
+        "{text}"
+    );
+
+    // The issue: the diff in a fenced block, nothing cut, and where the run's log is.
+    let body = w.gitlab.issues(&w.project)[0].description.clone();
+    assert!(
+        body.contains("```diff\n~ input.disks[2].size = 32 -> 64\n"),
+        "{body}"
+    );
+    for unchanged in ["input.cores", "user_data", "disks[1]", "tags"] {
+        assert!(!body.contains(unchanged), "only what changed: {body}");
+    }
+    let run = drifted.roots[0].run.expect("a drift run");
+    assert!(
+        body.contains(&format!(
+            "log on the planbot host: `http://localhost:{}/runs/{run}`",
+            s.app.config.listen.port()
+        )),
+        "{body}"
+    );
+    insta::assert_snapshot!(stable(&body));
+
+    // The run page shows the same diff.
+    let (status, page) = s.newest_run_page(RunKind::Drift).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    assert!(
+        page.contains("~ input.disks[2].size = 32 -&gt; 64"),
+        "{page}"
     );
 }

@@ -192,6 +192,18 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_an_app
     ] {
         assert!(report.contains(ok), "{ok}:\n{report}");
     }
+    // Published at public_url without [gitlab.oauth]: MR authors could not open the run
+    // pages the notes point to, and doctor names the one step that fixes it.
+    assert!(
+        report.contains(
+            "WARN  run pages need sign-in: planbot is published at https://planbot.corp.test"
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains("redirect URI https://planbot.corp.test/auth/callback"),
+        "{report}"
+    );
     assert!(!report.contains(fake.bot_token()), "{report}");
 
     // Step 5: the apply job of the CI template planbot serves, merged, clicked. The runner runs

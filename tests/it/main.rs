@@ -39,6 +39,7 @@ mod policy_story;
 mod preflight_checks;
 mod preflight_cluster;
 mod preflight_tls;
+mod public_links;
 mod redaction_canaries;
 mod render_cli;
 mod render_notes;

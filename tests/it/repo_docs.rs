@@ -148,7 +148,12 @@ fn markdown_outline(text: &str) -> (Vec<(u8, String)>, Vec<usize>) {
             NodeValue::CodeBlock(c)
                 if c.fenced
                     && (!c.closed
-                        || c.literal.lines().any(|l| l.trim_start().starts_with("```"))) =>
+                        // A line that would close it (an inner fence as long as its own):
+                        // a longer outer fence may hold a shorter one, as an example does.
+                        || c.literal.lines().any(|l| {
+                            let t = l.trim_start();
+                            t.len() - t.trim_start_matches('`').len() >= c.fence_length.max(3)
+                        })) =>
             {
                 open_fences.push(data.sourcepos.start.line)
             }

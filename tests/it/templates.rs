@@ -112,6 +112,8 @@ const NOT_OUTSIDE_TEXT: &[&str] = &[
     "job_name",
     "run_url",
     "public_url",
+    "runs_url",
+    "diff",
     "run_hint",
     "macro",
     "file",

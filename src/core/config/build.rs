@@ -199,15 +199,21 @@ pub(super) fn build(v: &mut Values) -> Config {
     let listen = listen(v);
     let server = server(v);
     let data_dir = PathBuf::from(v.get::<String>("data_dir"));
-    let public_url = v
-        .given::<String>("public_url")
-        .map(|u| u.trim_end_matches('/').to_string());
+    let public_url = v.given::<String>("public_url").and_then(|u| {
+        match crate::core::links::PublicUrl::parse(&u) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                v.invalid("public_url", e);
+                None
+            }
+        }
+    });
     let fingerprint_key = fingerprint_key(v);
     let gitlab = gitlab(v);
     let engine = engine(v);
     let sandbox = sandbox(v);
     let store = store(v, &data_dir);
-    let (pages, metrics) = pages(v, public_url.as_deref());
+    let (pages, metrics) = pages(v, public_url.as_ref());
     let apply = ApplyConfig {
         job_name: v.get("apply.job_name"),
         open_issue_on_failure: v.get("apply.open_issue_on_failure"),
@@ -531,7 +537,10 @@ fn store(v: &mut Values, data_dir: &std::path::Path) -> StoreConfig {
 }
 
 /// `[pages]`, `[gitlab.oauth]` and `[metrics]`.
-fn pages(v: &mut Values, public_url: Option<&str>) -> (PagesConfig, MetricsConfig) {
+fn pages(
+    v: &mut Values,
+    public_url: Option<&crate::core::links::PublicUrl>,
+) -> (PagesConfig, MetricsConfig) {
     let client_id = v.given::<String>("gitlab.oauth.client_id");
     let client_secret = v.given::<String>("gitlab.oauth.client_secret");
     let oauth = match (client_id, client_secret) {

@@ -352,7 +352,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Str,
         secret: false,
         unset: Unset::Empty,
-        description: "How GitLab users reach planbot (links from notes and statuses to the run pages).",
+        description: "How GitLab users reach planbot: every link planbot writes (notes, statuses, issues, run pages, the sign-in's redirect URI) is built from it, with its port and path prefix (`https://example.com:8443/planbot`: planbot answers under the prefix too), never from `listen`.",
         show: |c| Shown::option(c.public_url.as_ref()),
     },
     Key {

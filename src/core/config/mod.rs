@@ -101,8 +101,9 @@ pub struct Config {
     /// `[server]`: what one client may hold of the listener (timeouts, connections).
     pub server: ServerConfig,
     pub data_dir: PathBuf,
-    /// Base URL of planbot itself, for links to run pages (no trailing slash).
-    pub public_url: Option<String>,
+    /// planbot's own address as users reach it: every link it writes is built from it
+    /// ([`crate::core::links`]).
+    pub public_url: Option<crate::core::links::PublicUrl>,
     /// Server secret keying the plan fingerprint (`core::fingerprint`).
     pub fingerprint_key: Secret,
     pub gitlab: GitlabConfig,

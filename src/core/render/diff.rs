@@ -93,6 +93,9 @@ pub struct Differ<'p> {
     replace_paths: Vec<String>,
     /// Paths of the write-only attributes set (see `Plan::write_only_attributes`).
     write_only: Vec<String>,
+    /// The unknown mask belongs to the side shown first (a diff read from `after` to `before`:
+    /// drift, from `main`'s code to reality).
+    unknown_first: bool,
     out: DiffBody,
     path: String,
 }
@@ -103,6 +106,7 @@ impl<'p> Differ<'p> {
             phrases,
             replace_paths: Vec::new(),
             write_only: Vec::new(),
+            unknown_first: false,
             out: DiffBody::default(),
             path: String::new(),
         }
@@ -118,6 +122,14 @@ impl<'p> Differ<'p> {
     /// as a context line where it exists already (its value is sent again, never compared).
     pub fn with_write_only(mut self, paths: &[String]) -> Self {
         self.write_only = paths.to_vec();
+        self
+    }
+
+    /// The node's `before` is the side the unknown mask marks (the values were swapped to read
+    /// a change backwards): a value known only after the apply is shown first, `(known after
+    /// apply) -> reality`.
+    pub fn unknown_first(mut self) -> Self {
+        self.unknown_first = true;
         self
     }
 
@@ -151,7 +163,7 @@ impl<'p> Differ<'p> {
         if is_true(n.before_sensitive) || is_true(n.after_sensitive) {
             self.sensitive(before, after, is_true(n.unknown));
         } else if is_true(n.unknown) {
-            self.known_after_apply(before);
+            self.known_after_apply(before, after);
         } else if (before.is_some()
             || after.is_some()
             || unknown_obj.is_some_and(|m| !m.is_empty()))
@@ -180,16 +192,32 @@ impl<'p> Differ<'p> {
             return;
         }
         let s = &self.phrases.sensitive;
-        match (before, after.is_some() || unknown) {
-            (None, _) => self.line('+', &format!("= {s}")),
-            (Some(_), false) => self.line('-', &format!("= {s}")),
-            (Some(_), true) => self.line('~', &format!("= {s}")),
+        // The side the unknown mask marks will have a value.
+        let (had, has) = if self.unknown_first {
+            (before.is_some() || unknown, after.is_some())
+        } else {
+            (before.is_some(), after.is_some() || unknown)
+        };
+        match (had, has) {
+            (false, _) => self.line('+', &format!("= {s}")),
+            (true, false) => self.line('-', &format!("= {s}")),
+            (true, true) => self.line('~', &format!("= {s}")),
         }
     }
 
     /// A value the engine knows only after the apply.
-    fn known_after_apply(&mut self, before: Option<&Value>) {
+    fn known_after_apply(&mut self, before: Option<&Value>, after: Option<&Value>) {
         let kaa = self.phrases.known_after_apply.clone();
+        if self.unknown_first {
+            match after {
+                None => self.line('-', &format!("= {kaa}")),
+                Some(a) => {
+                    let a = short_repr(a);
+                    self.line('~', &format!("= {kaa} -> {a}"));
+                }
+            }
+            return;
+        }
         match before {
             None => self.line('+', &format!("= {kaa}")),
             Some(b) => {

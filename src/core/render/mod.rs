@@ -628,6 +628,36 @@ fn fill_body(r: &mut ResourceView, plan: Option<&Plan>, rc: &ResourceChange, phr
     r.unchanged = body.unchanged;
 }
 
+/// The attribute diff of one change, as the note's ```diff blocks show it (changed leaves by
+/// path, `~ input.cores = 2 -> 8`, through the masks; long texts as line diffs). `reversed`
+/// reads it from `after` to `before` (drift: from `main`'s code to reality). Not neutralised:
+/// the caller puts it in a fence of its own.
+pub fn attribute_diff(c: &ChangeValues, reversed: bool) -> diff::DiffBody {
+    if reversed {
+        Differ::new(phrases()).unknown_first().diff(
+            "",
+            Node::new(
+                &c.after,
+                &c.before,
+                &c.after_unknown,
+                &c.after_sensitive,
+                &c.before_sensitive,
+            ),
+        )
+    } else {
+        Differ::new(phrases()).diff(
+            "",
+            Node::new(
+                &c.before,
+                &c.after,
+                &c.after_unknown,
+                &c.before_sensitive,
+                &c.after_sensitive,
+            ),
+        )
+    }
+}
+
 type UnitId = (usize, u8, usize);
 
 /// Compute the diff bodies of the `pending` sections, holding no more of them than `room`

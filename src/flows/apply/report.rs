@@ -77,6 +77,7 @@ impl ApplyCtx {
             .join("; ");
         let run_id = decided.first().map(|d| d.run);
         let run_url = run_id.and_then(|r| self.app.run_url(r));
+        let run_hint = run_id.and_then(|r| self.app.run_hint(r));
         let scrubbed_error = error.map(|e| self.app.scrubber.scrub(e).into_owned());
         let body = render_result(
             &ResultNote {
@@ -98,6 +99,7 @@ impl ApplyCtx {
                 job_id: self.job_id.0,
                 run_id: run_id.map(|r| r.0),
                 run_url: run_url.as_deref(),
+                run_hint: run_hint.as_deref(),
             },
             &self.app.scrubber,
         );
@@ -303,9 +305,8 @@ impl ApplyCtx {
                         mr => self.mr_iid(),
                         error => scrubbed_error.unwrap_or(""),
                         fence => fence_for(scrubbed_error.unwrap_or("")),
-                        run => run_url
-                            .clone()
-                            .or_else(|| run_id.and_then(|r| self.app.run_hint(r))),
+                        run => run_url.clone(),
+                        run_hint => run_id.and_then(|r| self.app.run_hint(r)),
                     },
                 )
             })
@@ -357,6 +358,7 @@ pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
                 job_id: record.ci_job.0,
                 run_id: None,
                 run_url: None,
+                run_hint: None,
             },
             &app.scrubber,
         );

@@ -415,13 +415,22 @@ fn pages_checks(config: &Config, r: &mut Report) {
         PagesAuth::Gitlab => r.add(
             Status::Ok,
             "pages_gitlab",
-            json!({"callback": format!("{}{}", config.public_url.as_deref().unwrap_or(""), crate::flows::context::session::CALLBACK_PATH)}),
+            json!({"callback": config.public_url.as_ref().map(|u| u.callback()).unwrap_or_default()}),
         ),
-        PagesAuth::Loopback => r.add(
-            Status::Info,
-            "pages_loopback",
-            json!({"port": config.listen.port()}),
-        ),
+        // Notes say "log on the planbot host" instead of linking: fine for a planbot on a
+        // desk, a dead end for MR authors when planbot is published behind a proxy.
+        PagesAuth::Loopback => match config.public_url.as_ref().filter(|u| !u.is_loopback()) {
+            Some(public) => r.add(
+                Status::Warn,
+                "pages_need_signin",
+                json!({"port": config.listen.port(), "public_url": public.as_str(), "callback": public.callback()}),
+            ),
+            None => r.add(
+                Status::Info,
+                "pages_loopback",
+                json!({"port": config.listen.port()}),
+            ),
+        },
         PagesAuth::None => r.add(Status::Warn, "pages_open", json!({})),
     }
     if config.metrics.token.is_none() {
@@ -451,10 +460,7 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
     let Some(user) = gitlab_user(&client, &url, r).await else {
         return;
     };
-    let hook_url = config
-        .public_url
-        .as_ref()
-        .map(|u| format!("{}/webhooks/gitlab", u.trim_end_matches('/')));
+    let hook_url = config.public_url.as_ref().map(|u| u.webhook());
     if hook_url.is_none() {
         r.add(Status::Skip, "no_public_url", json!({}));
     }

@@ -162,9 +162,8 @@ fn pages_line(config: &Config) -> String {
     use crate::core::config::PagesAuth;
     let pages = match config.pages.auth {
         PagesAuth::Gitlab => format!(
-            "serve /runs to users signed in with GitLab ({}{}), each seeing only the runs of projects where they are Reporter or more",
-            config.public_url.as_deref().unwrap_or(""),
-            crate::flows::context::session::CALLBACK_PATH
+            "serve /runs to users signed in with GitLab ({}), each seeing only the runs of projects where they are Reporter or more",
+            config.public_url.as_ref().map(|u| u.callback()).unwrap_or_default(),
         ),
         PagesAuth::Loopback => "serve /runs only to this host (loopback, no proxy); plan notes say where the log is instead of linking it (set [gitlab.oauth] for sign-in)".into(),
         PagesAuth::None => "WARNING: serve /runs to ANYONE who can reach it ([pages] auth = \"none\"): every plan of every project can be read without signing in".into(),

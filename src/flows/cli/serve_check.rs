@@ -75,7 +75,10 @@ pub fn check_host(loaded: &Loaded, config: &Config) -> HostCheck {
     }
     let mut addresses = vec![
         ("gitlab.url", Some(config.gitlab.url.clone())),
-        ("public_url", config.public_url.clone()),
+        (
+            "public_url",
+            config.public_url.as_ref().map(|u| u.to_string()),
+        ),
         ("proxmox.endpoint", config.proxmox.default.endpoint.clone()),
     ];
     for (section, ep) in [

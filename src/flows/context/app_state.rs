@@ -251,20 +251,23 @@ impl App {
     /// The run page's absolute URL, when `public_url` is set and the page can be opened by the
     /// note's readers (not with the loopback-only default: see [`App::run_hint`]).
     pub fn run_url(&self, run: crate::core::ids::RunId) -> Option<String> {
+        self.page_url(&format!("/runs/{run}"))
+    }
+
+    /// A page's absolute URL (`path` below `public_url`, its prefix kept), when `public_url` is
+    /// set and the pages can be opened by the note's readers.
+    pub fn page_url(&self, path: &str) -> Option<String> {
         if !self.config.pages.auth.links_are_readable() {
             return None;
         }
-        self.config
-            .public_url
-            .as_ref()
-            .map(|u| format!("{u}/runs/{run}"))
+        self.config.public_url.as_ref().map(|u| u.at(path))
     }
 
     /// Where a run's page can be read when it cannot be linked (loopback-only pages): the
     /// address on the planbot host itself, e.g. `http://localhost:8080/runs/12`.
     pub fn run_hint(&self, run: crate::core::ids::RunId) -> Option<String> {
         (!self.config.pages.auth.links_are_readable())
-            .then(|| format!("http://localhost:{}/runs/{run}", self.config.listen.port()))
+            .then(|| crate::core::links::on_the_host(self.config.listen.port(), run.0))
     }
 
     /// Whether GitLab answers with our token (`GET /user`, asked every time): for `/readyz`.

@@ -34,8 +34,8 @@ pub(crate) const LOGIN_TTL: Duration = Duration::from_secs(600);
 pub const ACCESS_TTL: Duration = Duration::from_secs(60);
 /// The GitLab scope planbot asks for.
 pub const SCOPE: &str = "read_user";
-/// Where GitLab sends the user back to (append to `public_url`).
-pub const CALLBACK_PATH: &str = "/auth/callback";
+/// Where GitLab sends the user back to (below `public_url`).
+pub use crate::core::links::CALLBACK_PATH;
 
 pub(crate) type OAuthClient =
     BasicClient<EndpointSet, EndpointNotSet, EndpointNotSet, EndpointNotSet, EndpointSet>;
@@ -73,6 +73,9 @@ pub struct SignIn {
     pub(crate) user_url: String,
     key: Key,
     secure: bool,
+    /// The path prefix planbot is served under (`public_url`'s path, `""` for none): the
+    /// sign-in's redirects and cookies live below it.
+    pub(crate) base: String,
     pub(crate) lifetime: Duration,
     access: Mutex<HashMap<(u64, u64), (Instant, bool)>>,
 }
@@ -104,7 +107,7 @@ impl SignIn {
                         .set_client_secret(ClientSecret::new(o.client_secret.expose().to_string()))
                         .set_auth_uri(AuthUrl::new(format!("{gitlab}/oauth/authorize"))?)
                         .set_token_uri(TokenUrl::new(format!("{gitlab}/oauth/token"))?)
-                        .set_redirect_uri(RedirectUrl::new(format!("{public}{CALLBACK_PATH}"))?)
+                        .set_redirect_uri(RedirectUrl::new(public.callback())?)
                         // GitLab's docs send client_id and client_secret in the form body.
                         .set_auth_type(AuthType::RequestBody),
                 )
@@ -125,8 +128,13 @@ impl SignIn {
             key: cookie_key(config),
             secure: config
                 .public_url
-                .as_deref()
-                .is_some_and(|u| u.starts_with("https://")),
+                .as_ref()
+                .is_some_and(|u| u.as_str().starts_with("https://")),
+            base: config
+                .public_url
+                .as_ref()
+                .map(|u| u.base_path().to_string())
+                .unwrap_or_default(),
             lifetime: config.pages.session_lifetime,
             access: Mutex::new(HashMap::new()),
         })
@@ -143,13 +151,19 @@ impl SignIn {
         jar
     }
 
+    /// `path` below [`SignIn::base`] (`/auth`, or `/` for the session).
     pub(crate) fn cookie(
         &self,
         name: &'static str,
         value: String,
-        path: &'static str,
+        path: &str,
         max_age: Duration,
     ) -> Cookie<'static> {
+        let path = match (self.base.as_str(), path) {
+            ("", p) => p.to_string(),
+            (base, "/") => base.to_string(),
+            (base, p) => format!("{base}{p}"),
+        };
         Cookie::build((name, value))
             .path(path)
             .http_only(true)
@@ -159,7 +173,7 @@ impl SignIn {
             .build()
     }
 
-    pub(crate) fn removal(&self, name: &'static str, path: &'static str) -> HeaderValue {
+    pub(crate) fn removal(&self, name: &'static str, path: &str) -> HeaderValue {
         let c = self.cookie(name, String::new(), path, Duration::ZERO);
         HeaderValue::from_str(&c.to_string()).expect("a cookie is a header value")
     }
@@ -169,7 +183,7 @@ impl SignIn {
         &self,
         name: &'static str,
         value: &impl Serialize,
-        path: &'static str,
+        path: &str,
         max_age: Duration,
     ) -> HeaderValue {
         let mut jar = CookieJar::new();

@@ -250,6 +250,8 @@ async fn close_unchecked(
         job_name: &app.config.apply.job_name,
         fingerprint: None,
         bot: app.bot_user().await?,
+        run_url: None,
+        run_hint: None,
     };
     let closed = issue::close_unchecked(&app.gitlab, &target, checked, &app.scrubber, now)
         .await
@@ -360,6 +362,23 @@ impl ProjectCheck<'_> {
         };
         if let Some(run) = run {
             self.report(&mut checked).await;
+            let now = humantime::format_rfc3339_seconds(self.now).to_string();
+            let note = crate::core::drift::render_run_note(
+                &crate::core::drift::DriftIssue {
+                    project: &checked.project_path,
+                    root: &checked.root,
+                    branch: &checked.branch,
+                    sha: &checked.sha,
+                    verdict: &checked.verdict,
+                    first_seen: "",
+                    last_seen: &now,
+                    fingerprint: checked.fingerprint.as_deref(),
+                    job_name: &app.config.apply.job_name,
+                    run_url: None,
+                    run_hint: None,
+                },
+                &app.scrubber,
+            );
             let end = RunEnd {
                 state: match checked.verdict {
                     DriftVerdict::Clean | DriftVerdict::WaitingForApply { .. } => {
@@ -369,7 +388,8 @@ impl ProjectCheck<'_> {
                 },
                 summary: Some(app.scrubber.scrub(&summary(&checked)).into_owned()),
                 log: app.scrubber.scrub(&log).into_owned(),
-                note_markdown: None,
+                // What the issue shows (the attribute diffs), on the run page.
+                note_markdown: Some(note),
                 fingerprint: None,
             };
             app.store.finish_run(run, end).await?;
@@ -432,6 +452,8 @@ impl ProjectCheck<'_> {
     /// The root's issue in line with the verdict; a GitLab failure is kept on the result.
     async fn report(&self, checked: &mut RootChecked) {
         let labels = &self.app.config.drift.labels;
+        let run_url = checked.run.and_then(|r| self.app.run_url(r));
+        let run_hint = checked.run.and_then(|r| self.app.run_hint(r));
         let written = match self.app.bot_user().await {
             Ok(bot) => {
                 let target = DriftTarget {
@@ -444,6 +466,8 @@ impl ProjectCheck<'_> {
                     job_name: &self.app.config.apply.job_name,
                     fingerprint: checked.fingerprint.as_deref(),
                     bot,
+                    run_url: run_url.as_deref(),
+                    run_hint: run_hint.as_deref(),
                 };
                 issue::report(
                     &self.app.gitlab,
@@ -492,11 +516,22 @@ impl ProjectCheck<'_> {
                 minijinja::context! { drifted => drifted, unknown => unknown },
             )
         });
+        // The run page of the first root that is not clean (else of the first root).
+        let run = checked
+            .iter()
+            .find(|c| {
+                matches!(
+                    c.verdict,
+                    DriftVerdict::Drifted { .. } | DriftVerdict::CouldNotCheck { .. }
+                )
+            })
+            .or(checked.first())
+            .and_then(|c| c.run);
         let status = CommitStatus {
             state,
             name: crate::core::commit_status::DRIFT.into(),
             description: Some(description.trim().to_string()),
-            target_url: None,
+            target_url: run.and_then(|r| self.app.run_url(r)),
             ref_: Some(self.branch.to_string()),
             pipeline_id: None,
         };

@@ -23,6 +23,10 @@ pub struct DriftTarget<'a> {
     pub fingerprint: Option<&'a str>,
     /// The bot's GitLab user: whose comments on an issue are planbot's.
     pub bot: UserId,
+    /// This check's run page, or where its log is on the planbot host
+    /// (`App::run_url`, `App::run_hint`).
+    pub run_url: Option<&'a str>,
+    pub run_hint: Option<&'a str>,
 }
 
 /// What [`report`] did to the root's issue.
@@ -65,6 +69,8 @@ pub async fn report(
         last_seen: &now,
         fingerprint: target.fingerprint,
         job_name: target.job_name,
+        run_url: target.run_url,
+        run_hint: target.run_hint,
     };
     // Two checks that ran at once (the schedule and a `planbot drift` from cron) both found no
     // issue and opened one: the oldest is kept, the others are closed pointing to it.
@@ -136,6 +142,8 @@ pub async fn close_unchecked(
             last_seen: &now,
             fingerprint: None,
             job_name: target.job_name,
+            run_url: None,
+            run_hint: None,
         };
         let note = drift::render_unchecked_note(&texts, scrubber);
         close_with_note(gitlab, target, &issue, &note).await?;

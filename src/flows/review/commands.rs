@@ -273,7 +273,7 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                     engine => engine_name(app.config.engine.binary.as_deref()),
                     job_name => &app.config.apply.job_name,
                     target_branch => &mr_info.target_branch,
-                    public_url => &app.config.public_url,
+                    runs_url => app.page_url("/runs"),
                 },
             )?;
             post_note(app, project, mr, &body).await?;
@@ -482,7 +482,7 @@ mod tests {
     fn comment_templates_render() {
         let help = render(
             "help",
-            context! { engine => "tofu", job_name => "planbot-apply", target_branch => "main", public_url => "https://planbot.example.com" },
+            context! { engine => "tofu", job_name => "planbot-apply", target_branch => "main", runs_url => "https://planbot.example.com/runs" },
         )
         .unwrap();
         insta::assert_snapshot!("help_note", help);

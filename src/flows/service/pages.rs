@@ -80,10 +80,28 @@ fn duration(ms: Option<i64>) -> String {
     }
 }
 
-/// Where pages link to: the GitLab instance (`gitlab.url`), for links back to MRs and commits.
+/// Where pages link to: the GitLab instance (`gitlab.url`), for links back to MRs and commits,
+/// and the path prefix planbot itself is served under (`public_url`'s path, `""` for none), for
+/// its own links.
 #[derive(Clone, Copy)]
 pub struct Links<'a> {
     pub gitlab: &'a str,
+    pub base: &'a str,
+}
+
+impl<'a> Links<'a> {
+    /// This planbot's links: `gitlab.url` and `public_url`'s path prefix.
+    pub fn of(app: &'a App) -> Links<'a> {
+        Links {
+            gitlab: &app.config.gitlab.url,
+            base: base_of(app),
+        }
+    }
+}
+
+/// The path prefix planbot is served under: `public_url`'s path (`""` for none).
+pub fn base_of(app: &App) -> &str {
+    app.config.public_url.as_ref().map_or("", |u| u.base_path())
 }
 
 fn view(r: &RunRecord, links: Links<'_>, with_note: bool) -> RunView {
@@ -151,8 +169,8 @@ impl RunsQuery {
     fn nonempty(v: &Option<String>) -> Option<&str> {
         v.as_deref().map(str::trim).filter(|s| !s.is_empty())
     }
-    /// The query string of these filters, with `before` replaced.
-    fn href(&self, before: Option<u64>) -> String {
+    /// The list's address below `base` with these filters, `before` replaced.
+    fn href(&self, base: &str, before: Option<u64>) -> String {
         let mut s = url::form_urlencoded::Serializer::new(String::new());
         for (k, v) in [
             ("project", &self.project),
@@ -168,9 +186,9 @@ impl RunsQuery {
         }
         let q = s.finish();
         if q.is_empty() {
-            "/runs".into()
+            format!("{base}/runs")
         } else {
-            format!("/runs?{q}")
+            format!("{base}/runs?{q}")
         }
     }
 }
@@ -211,9 +229,10 @@ pub fn render_runs_page(page: &RunsPage<'_>) -> String {
                 q => page.query,
                 filtered => filtered,
                 paged => RunsQuery::nonempty(&page.query.before).is_some(),
-                older => page.older.map(|b| page.query.href(Some(b))),
-                newest => page.query.href(None),
+                older => page.older.map(|b| page.query.href(page.links.base, Some(b))),
+                newest => page.query.href(page.links.base, None),
                 user => page.user,
+                base => page.links.base,
             })
         })
         .unwrap_or_else(|e| format!("template error: {e}"))
@@ -229,6 +248,7 @@ pub fn render_runs(runs: &[RunRecord]) -> String {
         user: None,
         links: Links {
             gitlab: "https://gitlab.example.com",
+            base: "",
         },
     })
 }
@@ -236,7 +256,9 @@ pub fn render_runs(runs: &[RunRecord]) -> String {
 /// The `/runs/{id}` page.
 pub fn render_run_page(run: &RunRecord, links: Links<'_>, user: Option<&str>) -> String {
     crate::core::templates::get("pages/run.html")
-        .and_then(|t| t.render(context! { r => view(run, links, true), user => user }))
+        .and_then(|t| {
+            t.render(context! { r => view(run, links, true), user => user, base => links.base })
+        })
         .unwrap_or_else(|e| format!("template error: {e}"))
 }
 
@@ -246,14 +268,15 @@ pub fn render_run(run: &RunRecord) -> String {
         run,
         Links {
             gitlab: "https://gitlab.example.com",
+            base: "",
         },
         None,
     )
 }
 
-fn not_found(what: &str, user: Option<&str>) -> Response {
+fn not_found(what: &str, user: Option<&str>, base: &str) -> Response {
     let body = crate::core::templates::get("pages/not_found.html")
-        .and_then(|t| t.render(context! { what => what, user => user }))
+        .and_then(|t| t.render(context! { what => what, user => user, base => base }))
         .unwrap_or_else(|e| format!("template error: {e}"));
     (StatusCode::NOT_FOUND, Html(body)).into_response()
 }
@@ -264,6 +287,7 @@ pub fn message(app: &App, status: StatusCode, kind: &str, ctx: minijinja::Value)
         .and_then(|t| {
             t.render(context! {
                 kind => kind,
+                base => base_of(app),
                 listen => app.config.listen.to_string(),
                 port => app.config.listen.port(),
                 ..ctx
@@ -273,9 +297,17 @@ pub fn message(app: &App, status: StatusCode, kind: &str, ctx: minijinja::Value)
     (status, Html(body)).into_response()
 }
 
-/// The answer to a remote client when the pages are for the planbot host only.
-pub fn loopback_only(app: &App) -> Response {
-    message(app, StatusCode::FORBIDDEN, "loopback_only", context! {})
+/// The answer to a remote client when the pages are for the planbot host only: why (no
+/// sign-in configured; a request `relayed` by a proxy is never local) and the fix, with the
+/// redirect URI the GitLab application needs.
+pub fn loopback_only(app: &App, relayed: bool) -> Response {
+    let callback = app.config.public_url.as_ref().map(|u| u.callback());
+    message(
+        app,
+        StatusCode::FORBIDDEN,
+        "loopback_only",
+        context! { relayed => relayed, callback => callback },
+    )
 }
 
 /// Middleware for every page and sign-in route: a strict Content-Security-Policy (no script at
@@ -416,9 +448,7 @@ pub async fn runs(
         query: &q,
         older,
         user: user_of(&viewer),
-        links: Links {
-            gitlab: &app.config.gitlab.url,
-        },
+        links: Links::of(&app),
     }))
 }
 
@@ -429,7 +459,7 @@ pub async fn run(
 ) -> Response {
     let user = user_of(&viewer);
     let Ok(id) = id.parse::<u64>() else {
-        return not_found(&format!("Run {id}"), user);
+        return not_found(&format!("Run {id}"), user, base_of(&app));
     };
     let what = format!("Run #{id}");
     match app.store.run(RunId(id)).await {
@@ -441,18 +471,12 @@ pub async fn run(
                     .can_see(&app.gitlab, &app.metrics, r.project, s.user_id)
                     .await
                 {
-                    return not_found(&what, user);
+                    return not_found(&what, user, base_of(&app));
                 }
             }
-            html(render_run_page(
-                &r,
-                Links {
-                    gitlab: &app.config.gitlab.url,
-                },
-                user,
-            ))
+            html(render_run_page(&r, Links::of(&app), user))
         }
-        Ok(None) => not_found(&what, user),
+        Ok(None) => not_found(&what, user, base_of(&app)),
         Err(e) => unavailable(e, "a run"),
     }
 }
@@ -499,6 +523,7 @@ pub fn render_home_page(page: &HomePage<'_>) -> String {
                 healthy => page.health.iter().all(|(_, e)| e.is_none()),
                 queue_depth => page.queue_depth,
                 user => page.user,
+                base => page.links.base,
             })
         })
         .unwrap_or_else(|e| format!("template error: {e}"))
@@ -569,9 +594,7 @@ pub async fn home(State(app): State<Arc<App>>, Extension(viewer): Extension<View
         health: &health,
         queue_depth: app.store.queue_depth().await.ok(),
         user: user_of(&viewer),
-        links: Links {
-            gitlab: &app.config.gitlab.url,
-        },
+        links: Links::of(&app),
     }))
 }
 
@@ -640,9 +663,13 @@ mod tests {
             before: Some("90".into()),
         };
         assert_eq!(
-            q.href(Some(40)),
+            q.href("", Some(40)),
             "/runs?project=infra%2Fhomelab&state=failed&before=40"
         );
-        assert_eq!(RunsQuery::default().href(None), "/runs");
+        assert_eq!(RunsQuery::default().href("", None), "/runs");
+        assert_eq!(
+            RunsQuery::default().href("/planbot", Some(3)),
+            "/planbot/runs?before=3"
+        );
     }
 }

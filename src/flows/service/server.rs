@@ -167,8 +167,27 @@ impl Drop for Application {
     }
 }
 
-/// Every route of the service.
+/// Every route of the service, at `/` and, when `public_url` has a path (a proxy serving
+/// planbot under `https://example.com/planbot`), under that path too: the proxy may pass the
+/// prefix on or strip it.
 pub fn router(app: Arc<App>) -> Router {
+    let base = pages::base_of(&app).to_string();
+    let routes = routes(app);
+    if base.is_empty() {
+        return routes;
+    }
+    let landing = base.clone();
+    Router::new()
+        // `/planbot/` leads to the landing page, `/planbot`.
+        .route(
+            &format!("{base}/"),
+            get(move || async move { axum::response::Redirect::permanent(&landing) }),
+        )
+        .nest(&base, routes.clone())
+        .merge(routes)
+}
+
+fn routes(app: Arc<App>) -> Router {
     Router::new()
         // Each reads its body itself, bounded (`flows::context::request_body`).
         .route("/webhooks/gitlab", post(intake::gitlab_webhook))
@@ -206,7 +225,7 @@ fn page_routes(app: Arc<App>) -> Router<Arc<App>> {
 async fn ci_template(State(app): State<Arc<App>>) -> Response {
     let text = crate::core::ci_component::served_component(
         crate::flows::apply::CI_TEMPLATE,
-        app.config.public_url.as_deref(),
+        app.config.public_url.as_ref().map(|u| u.as_str()),
         &app.config.apply.job_name,
     );
     ([(header::CONTENT_TYPE, "text/yaml; charset=utf-8")], text).into_response()

@@ -34,18 +34,23 @@ fn safe_next(next: Option<&str>) -> String {
     }
 }
 
-/// Whether the client is the planbot host itself and no proxy relayed the request (a proxy on
-/// the same host would make every client look local).
-fn is_local(peer: Option<SocketAddr>, headers: &HeaderMap) -> bool {
-    let relayed = [
+/// Whether a proxy says it relayed the request.
+fn relayed(headers: &HeaderMap) -> bool {
+    [
         "forwarded",
         "x-forwarded-for",
         "x-real-ip",
         "x-forwarded-host",
     ]
     .iter()
-    .any(|h| headers.contains_key(*h));
-    !relayed && peer.is_some_and(|p| p.ip().is_loopback() || p.ip().to_canonical().is_loopback())
+    .any(|h| headers.contains_key(*h))
+}
+
+/// Whether the client is the planbot host itself and no proxy relayed the request (a proxy on
+/// the same host would make every client look local).
+fn is_local(peer: Option<SocketAddr>, headers: &HeaderMap) -> bool {
+    !relayed(headers)
+        && peer.is_some_and(|p| p.ip().is_loopback() || p.ip().to_canonical().is_loopback())
 }
 
 /// Middleware in front of `/runs` and `/runs/{id}`: puts the [`Viewer`] in the request's
@@ -59,7 +64,7 @@ pub async fn gate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> 
         PagesAuth::None => Viewer::Anyone,
         PagesAuth::Loopback => {
             if !is_local(peer, req.headers()) {
-                return crate::flows::service::pages::loopback_only(&app);
+                return crate::flows::service::pages::loopback_only(&app, relayed(req.headers()));
             }
             Viewer::Anyone
         }
@@ -74,7 +79,7 @@ pub async fn gate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> 
                 let query = url::form_urlencoded::Serializer::new(String::new())
                     .append_pair("next", &safe_next(Some(&next)))
                     .finish();
-                let target = format!("/auth/login?{query}");
+                let target = format!("{}/auth/login?{query}", app.signin.base);
                 let mut r = Redirect::to(&target).into_response();
                 if req.headers().contains_key(header::COOKIE) {
                     // A forged or expired session: drop it.
@@ -217,7 +222,7 @@ pub async fn callback(
         expires: now_secs() + signin.lifetime.as_secs(),
     };
     tracing::info!(user = %session.username, "signed in to the run pages");
-    let mut r = Redirect::to(&login.next).into_response();
+    let mut r = Redirect::to(&format!("{}{}", signin.base, login.next)).into_response();
     let h = r.headers_mut();
     h.append(header::SET_COOKIE, signin.session_cookie(&session));
     h.append(header::SET_COOKIE, signin.removal(LOGIN_COOKIE, "/auth"));
