@@ -188,6 +188,7 @@ impl ApplyCtx {
             .collect();
         let run_id = decided.first().map(|d| d.run);
         let run_url = run_id.and_then(|r| self.app.run_url(r));
+        let run_hint = run_id.and_then(|r| self.app.run_hint(r));
         let relied = self.relied_lines();
         let body = render_result(
             &ResultNote {
@@ -205,6 +206,7 @@ impl ApplyCtx {
                 job_id: self.job_id.0,
                 run_id: run_id.map(|r| r.0),
                 run_url: run_url.as_deref(),
+                run_hint: run_hint.as_deref(),
             },
             &self.app.scrubber,
         );
