@@ -364,7 +364,14 @@ fn help_entries(help: &str) -> Vec<(String, String)> {
             continue;
         }
         let trimmed = line.trim_start();
-        if trimmed.starts_with('-') || trimmed.starts_with('<') || trimmed.starts_with('[') {
+        // clap's notes below a description in the long layout (`[default: …]`, `[env: …]`)
+        // belong to the argument above, they are not one.
+        let note = ["[default:", "[env:", "[possible values:", "[aliases:"]
+            .iter()
+            .any(|n| trimmed.starts_with(n));
+        if !note
+            && (trimmed.starts_with('-') || trimmed.starts_with('<') || trimmed.starts_with('['))
+        {
             // An argument (`<DIR>`, `--engine <ENGINE>`, `-h, --help`), maybe with its text.
             let (name, rest) = trimmed.split_once("  ").unwrap_or((trimmed, ""));
             entries.push((name.to_string(), rest.trim().to_string()));
