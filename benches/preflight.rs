@@ -23,12 +23,16 @@ const SECRET: &str = "5b2f0c1e-3a4d-4e6f-8a9b-0c1d2e3f4a5b";
 const NODES: [&str; 3] = ["pve01", "pve02", "pve03"];
 
 fn guest(i: usize, container: bool, node: &str, cores: u64, mem: u64, gb: u64) -> Value {
-    let store = if i % 3 == 0 {
+    let store = if i.is_multiple_of(3) {
         "nfs-images"
     } else {
         "local-lvm"
     };
-    let bridge = if i % 2 == 0 { "vmbr0" } else { "vmbr1" };
+    let bridge = if i.is_multiple_of(2) {
+        "vmbr0"
+    } else {
+        "vmbr1"
+    };
     let nic = if container {
         json!({"network_interface": [{"name": "eth0", "bridge": bridge, "enabled": true}]})
     } else {

@@ -1223,9 +1223,9 @@ fn module_call_names(address: &str) -> Vec<String> {
         if rest.starts_with('[') {
             // Skip the key: a number, or a JSON string (which may hold `]` and `"`).
             let key = &rest[1..];
-            let len = if key.starts_with('"') {
+            let len = if let Some(quoted) = key.strip_prefix('"') {
                 let mut escaped = false;
-                key[1..]
+                quoted
                     .char_indices()
                     .find(|&(_, c)| {
                         let end = c == '"' && !escaped;

@@ -764,16 +764,17 @@ fn markdown_safe_name(name: &str) -> String {
     name.to_string()
 }
 
+/// A resource change whose diff body is rendered once the note's budget is known: its unit, the
+/// plan it belongs to (for the attributes a replacement forces) and the change.
+type PendingDiff<'r> = (UnitId, Option<&'r Plan>, &'r ResourceChange);
+
 /// The note's view of `roots`, and the resource changes whose diff bodies are still to render
 /// (rendered once the budget is known). Each root is read by [`root_views`]; the lists they
 /// gather are then sorted and cut to [`MAX_LISTED`].
 fn build_view<'a, 'r>(
     ctx: &'a NoteContext,
     roots: &'r [RootSection<'r>],
-) -> (
-    NoteView<'a>,
-    Vec<(UnitId, Option<&'r Plan>, &'r ResourceChange)>,
-) {
+) -> (NoteView<'a>, Vec<PendingDiff<'r>>) {
     let mut g = Gathered::default();
     let mut table = Vec::new();
     let mut details = Vec::new();
@@ -948,7 +949,7 @@ fn checks_views(
 #[derive(Default)]
 struct Gathered<'r> {
     /// The resource changes whose diff bodies are still to render, by where they go.
-    pending: Vec<(UnitId, Option<&'r Plan>, &'r ResourceChange)>,
+    pending: Vec<PendingDiff<'r>>,
     /// Something needs attention before merging (a failure, a stateful destroy, an error).
     red: bool,
     /// Something changes or replaces what exists, or a warning.
