@@ -976,3 +976,59 @@ async fn a_job_cannot_make_namespaces_of_its_own() {
         ran.stderr
     );
 }
+
+/// A provider plugin (go-plugin) makes its UNIX socket in `$TMPDIR`; Go programs write caches
+/// under `$HOME`. Both are the run's size-capped tmpfs mounts in the namespaces, new inodes no
+/// rule opened on the host reached: every real provider failed to start in the service's
+/// sandbox ("Failed to read any lines from plugin's stdout") while `terraform_data` planned.
+#[tokio::test]
+async fn the_engine_writes_in_its_temp_dir_and_home_in_the_services_sandbox() {
+    kernel();
+    let bin_dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "case \"$1\" in\n\
+         init) : ;;\n\
+         plan) if ! echo socket > \"$TMPDIR/plugin123\"; then echo \"cannot write TMPDIR $TMPDIR\" >&2; exit 1; fi\n\
+               if ! mkdir -p \"$HOME/.cache/probe\"; then echo \"cannot write HOME $HOME\" >&2; exit 1; fi\n\
+               {write} ;;\n\
+         show) echo '{plan}' ;;\n\
+         esac",
+        write = crate::support::fake_engine::WRITE_PLAN_FILE,
+        plan = crate::support::fake_engine::PLAN_JSON,
+    );
+    let bin = crate::support::fake_engine::fake_engine(
+        bin_dir.path(),
+        "terraform",
+        crate::support::fake_engine::TERRAFORM_VERSION_JSON,
+        &body,
+    );
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("main.tf"), "").unwrap();
+    let temp_root = tempfile::tempdir().unwrap();
+    let config = config_with_mirror(Path::new("/nonexistent-mirror"));
+    use planbot::flows::confinement::{credentials::Trust, sandbox::service_mode};
+    let mode = service_mode(&config, Trust::MergeRequest);
+    assert!(
+        matches!(
+            &mode,
+            SandboxMode::Landlock {
+                namespaces: planbot::capabilities::engine::Namespaces::On { .. },
+                ..
+            }
+        ),
+        "{mode:?}"
+    );
+    let eng = Engine::builder(bin, temp_root.path())
+        .timeout(Duration::from_secs(60))
+        .sandbox(mode)
+        .cli_config(owned())
+        .build()
+        .unwrap();
+    match eng.plan(root.path(), &PlanRequest::default()).await {
+        Ok(planned) => assert!(planned.plan_json().starts_with(b"{")),
+        Err(e) => panic!(
+            "the engine could not write its scratch space: {}",
+            one_line(&e)
+        ),
+    }
+}

@@ -19,8 +19,9 @@ use super::{Engine, EngineError};
 pub use crate::capabilities::namespaces::Limits;
 use crate::capabilities::namespaces::{Jail, NsSupport, Shown, View};
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset,
-    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    path_beneath_rules, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort,
+    PathBeneath, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI,
 };
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -272,6 +273,8 @@ impl Policy {
         Ok(PreparedSandbox {
             ruleset: Some(created),
             jail: None,
+            scratch: Vec::new(),
+            write_access: AccessFs::from_all(abi),
         })
     }
 
@@ -306,6 +309,16 @@ impl Policy {
         let jail = Jail::prepare(&shown, &view, isolation.limits, cwd, isolation.seccomp)
             .map_err(|e| SandboxError::Namespaces(e.to_string()))?;
         prepared.jail = Some(jail);
+        // The scratch tmpfs mounts are new inodes the rules above (opened on the host's
+        // directories) do not cover: each gets its rule in the child, once mounted.
+        prepared.scratch = self
+            .scratch
+            .iter()
+            .map(|p| {
+                std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+                    .map_err(|_| SandboxError::Namespaces(format!("{}: a NUL byte", p.display())))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(prepared)
     }
 }
@@ -338,6 +351,10 @@ pub enum SandboxError {
 pub struct PreparedSandbox {
     ruleset: Option<RulesetCreated>,
     jail: Option<Jail>,
+    /// The scratch paths the jail mounts a tmpfs on: allowed in the child after the mounts.
+    scratch: Vec<std::ffi::CString>,
+    /// What a write path allows (the ABI's every file-system access).
+    write_access: BitFlags<AccessFs>,
 }
 
 impl PreparedSandbox {
@@ -356,13 +373,36 @@ impl PreparedSandbox {
             }
         }
         let mut ruleset = self.ruleset;
+        let (scratch, write_access) = (self.scratch, self.write_access);
         let confine = move || -> std::io::Result<()> {
-            // Only async-signal-safe work here (we are between fork and exec): two syscalls
-            // (prctl NO_NEW_PRIVS, landlock_restrict_self), no allocation on success or error.
+            // Only async-signal-safe work here (we are between fork and exec): syscalls (open,
+            // landlock_add_rule and close per scratch mount, prctl NO_NEW_PRIVS,
+            // landlock_restrict_self), no allocation on success or error.
             let denied = std::io::Error::from(nix::errno::Errno::EPERM);
-            let Some(r) = ruleset.take() else {
+            let Some(mut r) = ruleset.take() else {
                 return Err(denied);
             };
+            // The jail's tmpfs scratch mounts (the run's HOME and temp dir) are in place now:
+            // rules on them, as the paths resolve in the view (a rule opened on the host's
+            // directory would not reach the tmpfs mounted over it).
+            for path in &scratch {
+                // SAFETY: `path` is a NUL-terminated string made before the fork.
+                let fd = unsafe {
+                    libc::open(
+                        path.as_ptr(),
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    )
+                };
+                if fd < 0 {
+                    return Err(denied);
+                }
+                // SAFETY: `fd` was just opened and stays open until the rule is added.
+                let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                let added = r.add_rule(PathBeneath::new(dir, write_access));
+                // SAFETY: `fd` is ours; the rule holds no reference to it once added.
+                unsafe { libc::close(fd) };
+                r = added.map_err(|_| std::io::Error::from(nix::errno::Errno::EPERM))?;
+            }
             match r.restrict_self() {
                 Ok(status) if status.ruleset != RulesetStatus::NotEnforced => Ok(()),
                 _ => Err(denied),
