@@ -482,6 +482,19 @@ fn several_full_clones_from_one_storage_warn_and_suggest_parallelism_1() {
         "{}",
         with_two[0].message
     );
+    // With the preflight's storage types, the storage is named with its type.
+    let typed = Facts {
+        storage_types: [("local-lvm".to_string(), "lvmthin".to_string())].into(),
+        ..Facts::default()
+    };
+    let with_type = lint::lint_with(&plan, &[], &typed);
+    assert!(
+        with_type[0]
+            .message
+            .contains("onto storage `local-lvm` (`lvmthin`)"),
+        "{}",
+        with_type[0].message
+    );
     // One clone (and a VM that is not cloned): none.
     assert_silent("clones_one");
 }

@@ -85,6 +85,8 @@ pub fn pve016(input: &LintInput) -> Vec<Finding> {
                     "vms": vms,
                     "templates": templates,
                     "storage": storage,
+                    // Its type as the preflight read it (`lvmthin`, `zfspool`, `dir`, …).
+                    "storage_type": storage.and_then(|s| input.facts.storage_types.get(s)),
                     "parallelism": input.facts.parallelism,
                 }),
             )
