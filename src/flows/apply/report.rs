@@ -76,32 +76,19 @@ impl ApplyCtx {
             .collect::<Vec<_>>()
             .join("; ");
         let run_id = decided.first().map(|d| d.run);
-        let run_url = run_id.and_then(|r| self.app.run_url(r));
-        let run_hint = run_id.and_then(|r| self.app.run_hint(r));
         let scrubbed_error = error.map(|e| self.app.scrubber.scrub(e).into_owned());
-        let body = render_result(
-            &ResultNote {
-                outcome,
-                sha: self.sha.as_str(),
-                branch: &self.branch,
-                user: self.user.as_deref(),
-                summary: if summary.is_empty() {
-                    &nothing
-                } else {
-                    &summary
-                },
-                roots: results,
-                error: scrubbed_error.as_deref(),
-                log_excerpt: None,
-                hint: None,
-                policies: &relied,
-                job_name: &self.app.config.apply.job_name,
-                job_id: self.job_id.0,
-                run_id: run_id.map(|r| r.0),
-                run_url: run_url.as_deref(),
-                run_hint: run_hint.as_deref(),
+        let body = self.result_note(
+            outcome,
+            if summary.is_empty() {
+                &nothing
+            } else {
+                &summary
             },
-            &self.app.scrubber,
+            results,
+            scrubbed_error.as_deref(),
+            None,
+            &relied,
+            run_id,
         );
         if let Some(mr) = self.mr_iid() {
             if let Err(e) = self
@@ -159,9 +146,47 @@ impl ApplyCtx {
         };
         self.status(status, &description).await;
         if outcome == ApplyOutcome::Failed && self.app.config.apply.open_issue_on_failure {
+            let run_url = run_id.and_then(|r| self.app.run_url(r));
             self.open_failure_issue(scrubbed_error.as_deref(), run_url, run_id)
                 .await;
         }
+    }
+
+    /// The apply's result note for this job (`run`: the first root's run, linked from
+    /// `public_url` or named on the planbot host).
+    #[allow(clippy::too_many_arguments)]
+    fn result_note(
+        &self,
+        outcome: ApplyOutcome,
+        summary: &str,
+        roots: &[RootResult],
+        error: Option<&str>,
+        hint: Option<&str>,
+        policies: &[String],
+        run: Option<crate::core::ids::RunId>,
+    ) -> String {
+        let run_url = run.and_then(|r| self.app.run_url(r));
+        let run_hint = run.and_then(|r| self.app.run_hint(r));
+        render_result(
+            &ResultNote {
+                outcome,
+                sha: self.sha.as_str(),
+                branch: &self.branch,
+                user: self.user.as_deref(),
+                summary,
+                roots,
+                error,
+                log_excerpt: None,
+                hint,
+                policies,
+                job_name: &self.app.config.apply.job_name,
+                job_id: self.job_id.0,
+                run_id: run.map(|r| r.0),
+                run_url: run_url.as_deref(),
+                run_hint: run_hint.as_deref(),
+            },
+            &self.app.scrubber,
+        )
     }
 
     /// The policy lines the apply relied on so far ([`ApplyCtx::relied_on`]).
@@ -186,29 +211,15 @@ impl ApplyCtx {
                 text: self.say("not_applied", context! {}),
             })
             .collect();
-        let run_id = decided.first().map(|d| d.run);
-        let run_url = run_id.and_then(|r| self.app.run_url(r));
-        let run_hint = run_id.and_then(|r| self.app.run_hint(r));
         let relied = self.relied_lines();
-        let body = render_result(
-            &ResultNote {
-                outcome: ApplyOutcome::Refused,
-                sha: self.sha.as_str(),
-                branch: &self.branch,
-                user: self.user.as_deref(),
-                summary: "",
-                roots: &results,
-                error: Some(why),
-                log_excerpt: None,
-                hint: Some(hint).filter(|h| !h.is_empty()),
-                policies: &relied,
-                job_name: &self.app.config.apply.job_name,
-                job_id: self.job_id.0,
-                run_id: run_id.map(|r| r.0),
-                run_url: run_url.as_deref(),
-                run_hint: run_hint.as_deref(),
-            },
-            &self.app.scrubber,
+        let body = self.result_note(
+            ApplyOutcome::Refused,
+            "",
+            &results,
+            Some(why),
+            Some(hint).filter(|h| !h.is_empty()),
+            &relied,
+            decided.first().map(|d| d.run),
         );
         if let Err(e) = self
             .app
