@@ -879,6 +879,20 @@ fn forbidden(c: &Cluster, path: &str, privs: &str) -> Response {
 }
 
 /// The node errors every `/nodes/{node}/…` call shares: offline (595 from the proxy) or unknown.
+/// A read on `node` that needs `privilege` on `path`: the node's error when it is down or
+/// unknown, else PVE's 403 when the token lacks the privilege.
+fn node_and_privilege(
+    c: &Cluster,
+    token: &str,
+    node: &str,
+    path: &str,
+    privilege: &str,
+) -> Option<Response> {
+    node_unreachable(c, node).or_else(|| {
+        (!c.privileges(token, path).contains_key(privilege)).then(|| forbidden(c, path, privilege))
+    })
+}
+
 fn node_unreachable(c: &Cluster, node: &str) -> Option<Response> {
     if c.nodes.get(node).is_some_and(|st| st != "online") {
         return Some(pve_error(
@@ -910,12 +924,8 @@ async fn node_status(
 ) -> Response {
     let token = authed!(s, m, u, h);
     let c = s.lock().unwrap();
-    if let Some(r) = node_unreachable(&c, &node) {
+    if let Some(r) = node_and_privilege(&c, &token, &node, &format!("/nodes/{node}"), "Sys.Audit") {
         return r;
-    }
-    let path = format!("/nodes/{node}");
-    if !c.privileges(&token, &path).contains_key("Sys.Audit") {
-        return forbidden(&c, &path, "Sys.Audit");
     }
     let hw = c.hardware.get(&node).cloned().unwrap_or_default();
     let free = hw.mem_total - hw.mem_used;
@@ -1013,12 +1023,8 @@ async fn node_network(
 ) -> Response {
     let token = authed!(s, m, u, h);
     let c = s.lock().unwrap();
-    if let Some(r) = node_unreachable(&c, &node) {
+    if let Some(r) = node_and_privilege(&c, &token, &node, &format!("/nodes/{node}"), "Sys.Audit") {
         return r;
-    }
-    let path = format!("/nodes/{node}");
-    if !c.privileges(&token, &path).contains_key("Sys.Audit") {
-        return forbidden(&c, &path, "Sys.Audit");
     }
     let mut data = Vec::new();
     let want = q.get("type").map(String::as_str);
@@ -1045,12 +1051,8 @@ async fn node_interface(
 ) -> Response {
     let token = authed!(s, m, u, h);
     let c = s.lock().unwrap();
-    if let Some(r) = node_unreachable(&c, &node) {
+    if let Some(r) = node_and_privilege(&c, &token, &node, &format!("/nodes/{node}"), "Sys.Audit") {
         return r;
-    }
-    let path = format!("/nodes/{node}");
-    if !c.privileges(&token, &path).contains_key("Sys.Audit") {
-        return forbidden(&c, &path, "Sys.Audit");
     }
     if iface == "eno1" {
         return Json(
@@ -1144,12 +1146,8 @@ async fn guest_pending(
 ) -> Response {
     let token = authed!(s, m, u, h);
     let c = s.lock().unwrap();
-    if let Some(r) = node_unreachable(&c, &node) {
+    if let Some(r) = node_and_privilege(&c, &token, &node, &format!("/vms/{vmid}"), "VM.Audit") {
         return r;
-    }
-    let path = format!("/vms/{vmid}");
-    if !c.privileges(&token, &path).contains_key("VM.Audit") {
-        return forbidden(&c, &path, "VM.Audit");
     }
     let dir = if kind == "lxc" { "lxc" } else { "qemu-server" };
     let Some(g) = c
