@@ -473,6 +473,11 @@ impl World {
                 let head = self.gitlab.mr_sha(&self.project, iid);
                 self.final_status(s, &head, "planbot/plan").await;
                 self.final_status(s, &head, "planbot/policy").await;
+                // The plan job ends before the owner reads the note: an approval written while
+                // the job may still edit its note is (rightly) refused as written on another
+                // note, which made this row fail once in six full runs.
+                s.after_job_ends("the MR's plan job ended", 120, || s.jobs_all_ended())
+                    .await;
                 let reply = self
                     .comment(s, iid, &self.carol, "planbot approve policies")
                     .await;
