@@ -473,6 +473,7 @@ async fn a_claim_skips_the_jobs_of_an_author_or_an_mr_that_holds_its_share() {
                 head: None,
                 written_at: None,
                 fork: false,
+                plan_args: None,
             })
             .await
             .unwrap());
