@@ -1,0 +1,214 @@
+//! Targeted plans from an MR comment (`planbot plan [ROOT] -- -target=ADDR`), as a reviewer
+//! and the apply job see them, with the real engine against GitLab-managed state on the fake
+//! GitLab: flags outside the allow-list are refused with the list, the note and the status
+//! say the plan is targeted, its fingerprint is not the full plan's, a new push plans in full
+//! again, and the apply refuses the targeted plan until `PLANBOT_CONFIRM` names it, then
+//! applies only what it planned.
+//!
+//! The engine here is Terraform, which has no `-exclude` (OpenTofu's): `-target` stands in for
+//! it in the apply (what is left out stays unapplied either way), and `-exclude` is refused
+//! with the reason.
+
+use crate::apply_story::{call_apply, last_line, with_workers, world, World};
+use crate::support::service::{token_headers, TestService, WEBHOOK_SECRET};
+use planbot::core::render::NOTE_MARKER;
+
+impl World {
+    /// Alice writes `body` on the MR; GitLab delivers the Note Hook.
+    async fn comment(&self, s: &TestService, iid: u64, body: &str) {
+        let hook = self
+            .gitlab
+            .note_webhook(&self.project, iid, &self.alice, body);
+        let headers = token_headers(
+            "Note Hook",
+            &format!("note-{}", hook["object_attributes"]["id"]),
+            WEBHOOK_SECRET,
+        );
+        assert_eq!(s.deliver(&hook.to_string(), &headers).await, 200);
+    }
+
+    /// Comment `body` and wait for planbot's answer: a new note that says it was not run.
+    async fn refused(&self, s: &TestService, iid: u64, body: &str) -> String {
+        let before = self.notes_containing(iid, "was not run").len();
+        self.comment(s, iid, body).await;
+        s.after_job_ends("planbot's refusal of the comment", 60, || async {
+            self.notes_containing(iid, "was not run").len() > before
+        })
+        .await;
+        self.notes_containing(iid, "was not run").pop().unwrap()
+    }
+
+    /// Comment `body` and wait for the plan note of the same head to be edited with a plan
+    /// whose note satisfies `done` (the head's status final again).
+    async fn replanned(
+        &self,
+        s: &TestService,
+        iid: u64,
+        body: &str,
+        done: impl Fn(&str) -> bool,
+    ) -> String {
+        let head = self.gitlab.mr_sha(&self.project, iid);
+        self.comment(s, iid, body).await;
+        s.after_job_ends("the re-plan of the same head", 90, || async {
+            self.plan_note(iid).is_some_and(|n| done(&n))
+                && self
+                    .gitlab
+                    .status(&self.project, &head, "planbot/plan")
+                    .is_some_and(|st| st.state == "success")
+        })
+        .await;
+        self.plan_note(iid).unwrap()
+    }
+
+    fn plan_note(&self, iid: u64) -> Option<String> {
+        self.gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .map(|n| n.body)
+            .find(|b| b.contains(NOTE_MARKER))
+    }
+
+    fn plan_status(&self, iid: u64) -> String {
+        let head = self.gitlab.mr_sha(&self.project, iid);
+        self.gitlab
+            .status(&self.project, &head, "planbot/plan")
+            .and_then(|s| s.description)
+            .unwrap_or_default()
+    }
+}
+
+/// The 12 characters of the note's `fingerprint `…`` (one root).
+fn fingerprint(note: &str) -> String {
+    let at = note.find("fingerprint `").expect("a fingerprint") + "fingerprint `".len();
+    note[at..at + 12].to_string()
+}
+
+const TARGET: &str = r#"planbot plan -- -target=terraform_data.vm["gitlab"]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_confirmed() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    // The MR adds two VMs; its full plan creates both (and what `main` has not applied yet).
+    let iid = w
+        .open_mr(&s, "two-vms", &["blocky", "gitlab", "backup"])
+        .await;
+    let full = w.wait_for_plan(&s, iid).await;
+    let shown = crate::support::gitlab_reading::reading(&full).visible;
+    assert!(shown.contains("terraform_data.vm[\"backup\"]"), "{full}");
+    assert!(!full.contains("Targeted plan"), "{full}");
+    let full_fp = fingerprint(&full);
+
+    // A flag outside the allow-list is refused with the list; nothing is planned.
+    let refused = w.refused(&s, iid, "planbot plan -- -chdir=/etc").await;
+    assert!(
+        refused.contains("`-chdir` is not a flag planbot passes to the engine"),
+        "{refused}"
+    );
+    for flag in ["`-target`", "`-exclude`", "`-replace`"] {
+        assert!(refused.contains(flag), "{refused}");
+    }
+    // A value that is not an address is refused too (it could be read as an option).
+    let refused = w.refused(&s, iid, "planbot plan -- -target=-chdir=/etc").await;
+    assert!(refused.contains("is not a resource address"), "{refused}");
+    // `-exclude` needs OpenTofu: Terraform is said so, not asked to fail.
+    let refused = w
+        .refused(&s, iid, r#"planbot plan -- -exclude=terraform_data.vm["backup"]"#)
+        .await;
+    assert!(refused.contains("`-exclude` needs OpenTofu"), "{refused}");
+    // A root the project does not have.
+    let refused = w.refused(&s, iid, "planbot plan dns -- -target=a.b").await;
+    assert!(
+        refused.contains("no root named `dns` (its roots: `default`)"),
+        "{refused}"
+    );
+    assert_eq!(w.plan_note(iid).unwrap(), full, "the plan note is untouched");
+
+    // The targeted plan: the note says so at its top and shows only the targeted VM; its
+    // fingerprint is not the full plan's; the status says it too.
+    let targeted = w
+        .replanned(&s, iid, TARGET, |n| n.contains("Targeted plan"))
+        .await;
+    let visible = crate::support::gitlab_reading::reading(&targeted).visible;
+    let top = targeted.split("### ").next().unwrap();
+    assert!(
+        top.contains("**Targeted plan** — targeted: `terraform_data.vm[\"gitlab\"]`"),
+        "{targeted}"
+    );
+    assert!(top.contains("the apply job refuses this plan unless confirmed"));
+    assert!(visible.contains("terraform_data.vm[\"gitlab\"]"), "{targeted}");
+    assert!(!visible.contains("terraform_data.vm[\"backup\"]"), "{targeted}");
+    let targeted_fp = fingerprint(&targeted);
+    assert_ne!(targeted_fp, full_fp);
+    let status = w.plan_status(iid);
+    assert!(
+        status.starts_with("default (targeted plan: 1 targeted): 1 to add"),
+        "{status}"
+    );
+
+    // A new push drops the targeting: its head is planned in full.
+    let old = w.gitlab.mr_sha(&w.project, iid);
+    w.gitlab
+        .push(&w.project, "two-vms", &[("README.md", "two VMs\n")]);
+    let body = w
+        .gitlab
+        .mr_webhook(&w.project, iid)
+        .action("update")
+        .oldrev(&old)
+        .body();
+    let headers = token_headers("Merge Request Hook", &format!("push-{iid}"), WEBHOOK_SECRET);
+    assert_eq!(
+        s.deliver(std::str::from_utf8(&body).unwrap(), &headers)
+            .await,
+        200
+    );
+    let again = w.wait_for_plan(&s, iid).await;
+    assert!(!again.contains("Targeted plan"), "{again}");
+    let visible = crate::support::gitlab_reading::reading(&again).visible;
+    assert!(visible.contains("terraform_data.vm[\"backup\"]"), "{again}");
+    assert_eq!(fingerprint(&again), full_fp, "the same full plan");
+    assert!(!w.plan_status(iid).contains("targeted"));
+
+    // Targeted again on the new head, then merged.
+    let targeted = w
+        .replanned(&s, iid, TARGET, |n| n.contains("Targeted plan"))
+        .await;
+    assert_eq!(fingerprint(&targeted), targeted_fp);
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+
+    // The apply re-plans with the same flags and refuses without a confirmation, saying why.
+    let job = w.apply_job(41);
+    w.gitlab.register_job(job.clone());
+    let (status, log) = call_apply(&s, &job.token, "").await;
+    assert_eq!(status, 200);
+    assert!(
+        last_line(&log).contains("is a targeted plan (1 targeted")
+            && last_line(&log).contains("the changes it leaves out would remain unapplied"),
+        "{log}"
+    );
+    assert!(
+        log.contains(r#"planning it again with -target=terraform_data.vm["gitlab"]"#),
+        "{log}"
+    );
+    let confirm = log
+        .lines()
+        .find_map(|l| l.split("PLANBOT_CONFIRM=").nth(1))
+        .map(|c| c[..12].to_string())
+        .expect("the log says how to confirm");
+    assert_eq!(confirm, targeted_fp, "the reviewed targeted plan's fingerprint");
+    let (state, _) = w.gitlab.terraform_state(&w.project, "core");
+    let state = state.map(|s| String::from_utf8(s).unwrap()).unwrap_or_default();
+    assert!(!state.contains("\"gitlab\""), "nothing applied: {state}");
+
+    // Confirmed: only the targeted VM is created; the rest stays unapplied.
+    let retry = w.apply_job(42);
+    w.gitlab.register_job(retry.clone());
+    let (_, log) = call_apply(&s, &retry.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(log.contains("the changes it leaves out remain unapplied"), "{log}");
+    let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
+    assert!(state.contains("\"gitlab\""), "{state}");
+    assert!(!state.contains("\"backup\"") && !state.contains("\"blocky\""), "{state}");
+}
