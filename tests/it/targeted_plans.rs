@@ -111,11 +111,17 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         assert!(refused.contains(flag), "{refused}");
     }
     // A value that is not an address is refused too (it could be read as an option).
-    let refused = w.refused(&s, iid, "planbot plan -- -target=-chdir=/etc").await;
+    let refused = w
+        .refused(&s, iid, "planbot plan -- -target=-chdir=/etc")
+        .await;
     assert!(refused.contains("is not a resource address"), "{refused}");
     // `-exclude` needs OpenTofu: Terraform is said so, not asked to fail.
     let refused = w
-        .refused(&s, iid, r#"planbot plan -- -exclude=terraform_data.vm["backup"]"#)
+        .refused(
+            &s,
+            iid,
+            r#"planbot plan -- -exclude=terraform_data.vm["backup"]"#,
+        )
         .await;
     assert!(refused.contains("`-exclude` needs OpenTofu"), "{refused}");
     // A root the project does not have.
@@ -124,7 +130,11 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         refused.contains("no root named `dns` (its roots: `default`)"),
         "{refused}"
     );
-    assert_eq!(w.plan_note(iid).unwrap(), full, "the plan note is untouched");
+    assert_eq!(
+        w.plan_note(iid).unwrap(),
+        full,
+        "the plan note is untouched"
+    );
 
     // The targeted plan: the note says so at its top and shows only the targeted VM; its
     // fingerprint is not the full plan's; the status says it too.
@@ -138,8 +148,14 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         "{targeted}"
     );
     assert!(top.contains("the apply job refuses this plan unless confirmed"));
-    assert!(visible.contains("terraform_data.vm[\"gitlab\"]"), "{targeted}");
-    assert!(!visible.contains("terraform_data.vm[\"backup\"]"), "{targeted}");
+    assert!(
+        visible.contains("terraform_data.vm[\"gitlab\"]"),
+        "{targeted}"
+    );
+    assert!(
+        !visible.contains("terraform_data.vm[\"backup\"]"),
+        "{targeted}"
+    );
     let targeted_fp = fingerprint(&targeted);
     assert_ne!(targeted_fp, full_fp);
     let status = w.plan_status(iid);
@@ -197,9 +213,14 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         .find_map(|l| l.split("PLANBOT_CONFIRM=").nth(1))
         .map(|c| c[..12].to_string())
         .expect("the log says how to confirm");
-    assert_eq!(confirm, targeted_fp, "the reviewed targeted plan's fingerprint");
+    assert_eq!(
+        confirm, targeted_fp,
+        "the reviewed targeted plan's fingerprint"
+    );
     let (state, _) = w.gitlab.terraform_state(&w.project, "core");
-    let state = state.map(|s| String::from_utf8(s).unwrap()).unwrap_or_default();
+    let state = state
+        .map(|s| String::from_utf8(s).unwrap())
+        .unwrap_or_default();
     assert!(!state.contains("\"gitlab\""), "nothing applied: {state}");
 
     // Confirmed: only the targeted VM is created; the rest stays unapplied.
@@ -207,8 +228,14 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
     w.gitlab.register_job(retry.clone());
     let (_, log) = call_apply(&s, &retry.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
-    assert!(log.contains("the changes it leaves out remain unapplied"), "{log}");
+    assert!(
+        log.contains("the changes it leaves out remain unapplied"),
+        "{log}"
+    );
     let state = String::from_utf8(w.gitlab.terraform_state(&w.project, "core").0.unwrap()).unwrap();
     assert!(state.contains("\"gitlab\""), "{state}");
-    assert!(!state.contains("\"backup\"") && !state.contains("\"blocky\""), "{state}");
+    assert!(
+        !state.contains("\"backup\"") && !state.contains("\"blocky\""),
+        "{state}"
+    );
 }
