@@ -163,6 +163,24 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         status.starts_with("default (targeted plan: 1 targeted): 1 to add"),
         "{status}"
     );
+    // Targeting every change plans what the full plan does, and still is not the full plan:
+    // its fingerprint binds the flags.
+    let everything = w
+        .replanned(
+            &s,
+            iid,
+            "planbot plan -- -target=terraform_data.vm -target=terraform_data.password",
+            |n| n.contains("targeted: `terraform_data.vm`"),
+        )
+        .await;
+    let visible = crate::support::gitlab_reading::reading(&everything).visible;
+    assert!(visible.contains("terraform_data.vm[\"backup\"]"), "{everything}");
+    assert_eq!(
+        everything.split("### ").nth(1).and_then(|h| h.lines().next()),
+        full.split("### ").nth(1).and_then(|h| h.lines().next()),
+        "the same changes as the full plan"
+    );
+    assert_ne!(fingerprint(&everything), full_fp);
 
     // A new push drops the targeting: its head is planned in full.
     let old = w.gitlab.mr_sha(&w.project, iid);
