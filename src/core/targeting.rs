@@ -155,7 +155,7 @@ impl Targeting {
         let lists: Vec<minijinja::Value> = self
             .lists()
             .into_iter()
-            .map(|(flag, list)| minijinja::context! { what => past(flag), addresses => list })
+            .map(|(flag, list)| minijinja::context! { kind => past(flag), addresses => list })
             .collect();
         crate::core::templates::render(
             "comments/targeted_banner.md.j2",
