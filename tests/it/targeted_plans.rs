@@ -174,9 +174,15 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         )
         .await;
     let visible = crate::support::gitlab_reading::reading(&everything).visible;
-    assert!(visible.contains("terraform_data.vm[\"backup\"]"), "{everything}");
+    assert!(
+        visible.contains("terraform_data.vm[\"backup\"]"),
+        "{everything}"
+    );
     assert_eq!(
-        everything.split("### ").nth(1).and_then(|h| h.lines().next()),
+        everything
+            .split("### ")
+            .nth(1)
+            .and_then(|h| h.lines().next()),
         full.split("### ").nth(1).and_then(|h| h.lines().next()),
         "the same changes as the full plan"
     );
