@@ -263,3 +263,82 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         "{state}"
     );
 }
+
+/// The engine gets each checked flag as one argv item (an address with a space in its key
+/// stays one item: no shell reads it); a targeting that does not pass the checks again, or
+/// that the engine lacks, runs nothing.
+#[tokio::test]
+async fn the_engine_gets_each_checked_flag_as_one_argv_item_and_a_forged_one_runs_nothing() {
+    use planbot::capabilities::engine::{Engine, EngineError, PlanRequest};
+    use planbot::core::targeting::Targeting;
+    use std::os::unix::fs::PermissionsExt;
+    let real = require_engine!();
+    let bin = tempfile::tempdir().unwrap();
+    let wrapper = bin.path().join("argv-engine");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in plan) for a in \"$@\"; do echo \"argv item: [$a]\" >&2; done ;; esac\nexec {} \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        "resource \"terraform_data\" \"vm\" {\n  for_each = toset([\"a b\", \"c\"])\n  input    = each.key\n}\n",
+    )
+    .unwrap();
+    let temp_root = tempfile::tempdir().unwrap();
+    let engine = Engine::builder(&wrapper, temp_root.path())
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .unwrap();
+
+    let targeting = Targeting::parse(&[r#"-target=terraform_data.vm["a b"]"#]).unwrap();
+    let req = PlanRequest {
+        targeting: targeting.clone(),
+        ..PlanRequest::default()
+    };
+    let run = engine.plan(root.path(), &req).await.unwrap();
+    assert!(
+        run.log()
+            .contains(r#"argv item: [-target=terraform_data.vm["a b"]]"#),
+        "{}",
+        run.log()
+    );
+    let planned: Vec<&str> = run
+        .plan()
+        .managed_changes()
+        .filter(|rc| rc.has_change())
+        .map(|rc| rc.address.as_str())
+        .collect();
+    assert_eq!(planned, [r#"terraform_data.vm["a b"]"#]);
+    assert_eq!(run.targeting(), &targeting);
+
+    // Built by hand past the checks: refused before the engine runs.
+    for forged in [
+        Targeting {
+            target: vec!["terraform_data.vm -chdir=/etc".into()],
+            ..Targeting::default()
+        },
+        Targeting {
+            replace: vec!["-lock=false".into()],
+            ..Targeting::default()
+        },
+        // Terraform has no `-exclude`.
+        Targeting::parse(&["-exclude=terraform_data.vm"]).unwrap(),
+    ] {
+        let req = PlanRequest {
+            targeting: forged.clone(),
+            ..PlanRequest::default()
+        };
+        match engine.plan(root.path(), &req).await {
+            Err(EngineError::InvalidRequest(why)) => {
+                assert!(why.starts_with("targeted plan: "), "{why}")
+            }
+            other => panic!("{forged:?} was not refused: {other:?}"),
+        }
+    }
+}
