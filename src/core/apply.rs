@@ -106,6 +106,16 @@ pub enum ApplyRefusal {
     /// not check at review) failed a set when it was checked at apply, with the sets of the
     /// default branch before the merge and planbot's own, and none of its owners approved it.
     PolicyFailedAtApply(Box<PolicyAtApply>),
+    /// The reviewed plan of the root was targeted (`planbot plan -- -target=…`/`-exclude=…`):
+    /// the changes it left out would remain unapplied; applied only when confirmed.
+    TargetedPlan {
+        root: String,
+        /// What the flags did, in a few words (`1 excluded`).
+        left_out: String,
+        /// The flags, as the engine got them.
+        flags: Vec<String>,
+        fresh: String,
+    },
 }
 
 /// A set's failure on a plan checked at apply ([`ApplyRefusal::PolicyFailedAtApply`]).
@@ -536,6 +546,12 @@ mod tests {
                 owners: vec![],
                 mr: Some(7),
             })),
+            ApplyRefusal::TargetedPlan {
+                root: "core".into(),
+                left_out: "1 excluded".into(),
+                flags: vec!["-exclude=terraform_data.b".into()],
+                fresh: "3".repeat(64),
+            },
         ];
         let text: String = all
             .iter()

@@ -129,6 +129,46 @@ impl Targeting {
         out
     }
 
+    /// The same targeting checked again as a comment's would be (one read back from the store
+    /// or handed to the engine): every flag allowed, every address an address. A full plan
+    /// passes as it is.
+    pub fn recheck(&self) -> Result<Targeting, TargetingError> {
+        if self.is_empty() {
+            return Ok(Targeting::default());
+        }
+        Targeting::parse(&self.engine_args())
+    }
+
+    /// How a status description and the log say it, in a few words: `1 excluded`,
+    /// `2 targeted, 1 replaced`; empty for a full plan.
+    pub fn counts(&self) -> String {
+        self.lists()
+            .iter()
+            .map(|(flag, list)| format!("{} {}", list.len(), past(flag)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The note's line above the headline (`comments/targeted_banner.md.j2`): which flags, which
+    /// addresses, and what it means for the apply; `root` is named when the MR has several.
+    pub fn banner(&self, root: Option<&str>) -> String {
+        let lists: Vec<minijinja::Value> = self
+            .lists()
+            .into_iter()
+            .map(|(flag, list)| minijinja::context! { kind => past(flag), addresses => list })
+            .collect();
+        crate::core::templates::render(
+            "comments/targeted_banner.md.j2",
+            minijinja::context! {
+                root => root,
+                lists => lists,
+                partial => self.is_partial(),
+            },
+        )
+        .map(|t| t.trim_end().to_string())
+        .unwrap_or_else(|e| format!("**Targeted plan** ({e})"))
+    }
+
     /// The flags and their addresses, in [`ALLOWED_FLAGS`] order, the empty ones left out.
     pub fn lists(&self) -> Vec<(&'static str, &[String])> {
         [
@@ -157,18 +197,13 @@ impl Targeting {
     }
 }
 
-/// The words after `planbot plan --` on a comment's command line, as written (`None` for a
-/// plain `planbot plan`): the flags [`Targeting::parse`] reads. (`core::events::parse_command`
-/// does not take such a comment yet: the plan flow does not pass the flags to the engine, and a
-/// full plan in answer to a targeted one would say more than is true.)
-pub fn comment_words(note: &str) -> Option<Vec<String>> {
-    let line = note.lines().map(str::trim).find(|l| !l.is_empty())?;
-    let mut words = line.split_whitespace();
-    words.next()?;
-    if !words.next()?.eq_ignore_ascii_case("plan") || words.next()? != "--" {
-        return None;
+/// `-exclude` → `excluded`: how the note and the status name what a flag did.
+fn past(flag: &str) -> &'static str {
+    match flag {
+        "-target" => "targeted",
+        "-exclude" => "excluded",
+        _ => "replaced",
     }
-    Some(words.map(str::to_string).collect())
 }
 
 /// A word of a comment as a refusal shows it: at most 80 characters.
@@ -363,24 +398,40 @@ mod tests {
     }
 
     #[test]
-    fn the_words_after_a_double_dash_are_the_flags() {
-        let note = "planbot plan -- -target=module.dns.proxmox_virtual_environment_vm.blocky -replace=x.y\nwhy";
-        assert_eq!(
-            comment_words(note),
-            Some(vec![
-                "-target=module.dns.proxmox_virtual_environment_vm.blocky".to_string(),
-                "-replace=x.y".to_string()
-            ])
+    fn a_targeting_read_back_is_checked_again() {
+        let t = Targeting::parse(&["-exclude=a.b", "-replace=c.d[0]"]).unwrap();
+        assert_eq!(t.recheck(), Ok(t.clone()));
+        assert_eq!(t.counts(), "1 excluded, 1 replaced");
+        assert_eq!(Targeting::default().recheck(), Ok(Targeting::default()));
+        let forged = Targeting {
+            target: vec!["a.b -chdir=/etc".into()],
+            ..Targeting::default()
+        };
+        assert!(matches!(
+            forged.recheck(),
+            Err(TargetingError::BadAddress { .. })
+        ));
+    }
+
+    #[test]
+    fn the_banner_says_what_was_left_out_and_what_the_apply_needs() {
+        let one = Targeting::parse(&["-exclude=terraform_data.b"]).unwrap();
+        let many = Targeting::parse(&[
+            "-target=module.dns",
+            "-target=proxmox_virtual_environment_vm.web[\"a`b\"]",
+            "-replace=terraform_data.x[0]",
+        ])
+        .unwrap();
+        let replace = Targeting::parse(&["-replace=terraform_data.x"]).unwrap();
+        insta::assert_snapshot!(
+            "targeted_banners",
+            [
+                one.banner(None),
+                many.banner(Some("dns")),
+                replace.banner(Some("core"))
+            ]
+            .join("\n\n")
         );
-        assert!(Targeting::parse(&comment_words(note).unwrap()).is_ok());
-        assert_eq!(comment_words("planbot plan"), None);
-        assert_eq!(comment_words("planbot plan --"), Some(vec![]));
-        assert_eq!(
-            Targeting::parse(&comment_words("planbot plan -- -chdir=/etc").unwrap()),
-            Err(TargetingError::NotAllowed("-chdir".into()))
-        );
-        // Not a command yet (see `comment_words`).
-        assert_eq!(crate::core::events::parse_command(note), None);
     }
 
     #[test]

@@ -55,6 +55,8 @@ files![
     ("comments/fork_notice.md.j2", Verbatim),
     ("comments/help.md.j2", Verbatim),
     ("comments/merged_banner.md.j2", Verbatim),
+    ("comments/plan_args_refused.md.j2", Verbatim),
+    ("comments/targeted_banner.md.j2", Verbatim),
     ("comments/applied_banner.md.j2", Verbatim),
     ("comments/approved_banner.md.j2", Verbatim),
     ("comments/policy_approval.md.j2", Blocks),

@@ -60,5 +60,6 @@ mod service_sandbox;
 mod state_story;
 mod store_migrate;
 mod store_schema;
+mod targeted_plans;
 mod templates;
 mod workspace_git;

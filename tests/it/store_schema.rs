@@ -173,9 +173,9 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
     assert_eq!(interrupted[0].ci_job, JobId(9002));
     drop(store);
 
-    // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables
-    // and migration 3's drift tables, now with its version recorded, and the same as a new
-    // database's.
+    // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables,
+    // migration 3's drift tables and migration 4's targeted plans, now with its version
+    // recorded, and the same as a new database's.
     assert_eq!(user_version(&path), SCHEMA_VERSION);
     let migrated = schema(&path);
     let added: Vec<&str> = migrated
@@ -188,10 +188,12 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
         [
             "policy_approvals_by_mr",
             "sqlite_autoindex_drift_roots_1",
+            "sqlite_autoindex_plan_targeting_1",
             "sqlite_autoindex_policy_approvals_1",
             "sqlite_autoindex_policy_verdicts_1",
             "drift_roots",
             "drift_ticks",
+            "plan_targeting",
             "policy_approvals",
             "policy_verdicts"
         ]

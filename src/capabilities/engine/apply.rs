@@ -39,6 +39,8 @@ pub struct PlannedRun {
     pub(super) lock_file: Option<Vec<u8>>,
     /// `-parallelism=N` of the plan, given to its apply too.
     pub(super) parallelism: Option<u16>,
+    /// The `-target`/`-exclude`/`-replace` flags of the plan (empty: the full plan).
+    pub(super) targeting: crate::core::targeting::Targeting,
     pub(super) backend: Backend,
     pub(super) version: EngineVersion,
     pub(super) encryption: PlanEncryption,
@@ -122,6 +124,12 @@ impl PlannedRun {
             self.lock_file.as_deref(),
             self.parallelism,
         )
+        .with_targeting(key, &self.targeting)
+    }
+
+    /// The `-target`/`-exclude`/`-replace` flags this plan was made with (empty: the full plan).
+    pub fn targeting(&self) -> &crate::core::targeting::Targeting {
+        &self.targeting
     }
 
     /// The `-parallelism=N` this plan was made with and is applied with (`None`: the engine's

@@ -94,6 +94,12 @@ impl Engine {
             secrets.extend([gate.password().to_string()]);
         }
         let version = self.version().await?;
+        // The flags of a targeted plan: only the allowed ones, each with an address, and none
+        // this engine lacks (`-exclude` is OpenTofu's) — else nothing runs.
+        req.targeting
+            .recheck()
+            .and_then(|t| t.check_engine(version.name).map(|_| t))
+            .map_err(|e| EngineError::InvalidRequest(format!("targeted plan: {e}")))?;
         let (encryption, enc_text) =
             PlanEncryption::choose(&self.inner.env, req, &version, &mut secrets);
         let mut env = self.child_env(
@@ -210,6 +216,7 @@ impl Engine {
             private,
             lock_file,
             parallelism: req.parallelism,
+            targeting: req.targeting.clone(),
             backend,
             version,
             encryption,
@@ -384,6 +391,8 @@ impl PlanSteps<'_> {
         if let Some(n) = self.req.parallelism {
             args.push(format!("-parallelism={n}").into());
         }
+        // One argv item per checked `FLAG=ADDRESS` (no shell reads them).
+        args.extend(self.req.targeting.engine_args().into_iter().map(Into::into));
         let mut out_arg = OsString::from("-out=");
         out_arg.push(self.plan_file);
         args.push(out_arg);

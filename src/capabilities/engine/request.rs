@@ -102,6 +102,10 @@ pub struct PlanRequest {
     /// `.planbot.toml`, 1..=256); `None`: the engine's default (10). Part of the plan's
     /// fingerprint.
     pub parallelism: Option<u16>,
+    /// `-target=`, `-exclude=` and `-replace=` for `plan` (a comment's `planbot plan -- …`,
+    /// `core::targeting`): checked again before the engine runs, passed one argv item each,
+    /// and bound to the plan's fingerprint. Empty: the full plan.
+    pub targeting: crate::core::targeting::Targeting,
     /// Stops the run (SIGTERM, grace, SIGKILL) when cancelled.
     pub cancel: Option<CancelToken>,
     /// Told when each step starts and ends (`planbot plan`'s progress on stderr).

@@ -5,7 +5,9 @@ use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, ShownFingerprint,
 };
-use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{
+    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
+};
 use super::{Dump, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -128,6 +130,17 @@ pub(crate) trait StoreBackend: Send + Sync {
     async fn record_policy_approval(&self, approval: PolicyApproval) -> Result<bool>;
     /// Every approval of the MR, oldest first.
     async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>>;
+
+    /// Replace every targeting of the MR (all heads) by `set`'s, in one transaction.
+    async fn set_plan_targeting(&self, set: PlanTargeting) -> Result<()>;
+    /// One root's targeting (JSON) at one head of the MR, if a comment asked for one.
+    async fn plan_targeting(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+        root: String,
+    ) -> Result<Option<String>>;
 
     /// Claim the drift schedule's tick of occurrence `at` (unix ms) and queue its job, at
     /// once: `None` when it was already claimed (by any replica).

@@ -162,6 +162,18 @@ pub(crate) const TABLES: &[(&str, &[(&str, Ty)])] = &[
             ("checked_ok_at", Ty::Int),
         ],
     ),
+    (
+        "plan_targeting",
+        &[
+            ("project_id", Ty::Int),
+            ("mr_iid", Ty::Int),
+            ("sha", Ty::Text),
+            ("root", Ty::Text),
+            ("targeting", Ty::Text),
+            ("author_id", Ty::Int),
+            ("set_at", Ty::Int),
+        ],
+    ),
 ];
 
 /// Every row of every table in [`TABLES`], in insertion order.

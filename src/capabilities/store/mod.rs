@@ -6,6 +6,7 @@ mod dump;
 mod policy;
 mod postgres;
 mod sqlite;
+mod targeting;
 mod types;
 
 #[cfg(test)]
@@ -16,7 +17,7 @@ pub use postgres::{default_replica_name, PgOptions, PG_SCHEMA_VERSION};
 pub use sqlite::SCHEMA_VERSION;
 pub use types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, DriftOutcome, DriftRootRecord,
-    Enqueued, JobEnd, JobRow, Lease, NewApply, NewDelivery, NewRun, PolicyApproval,
+    Enqueued, JobEnd, JobRow, Lease, NewApply, NewDelivery, NewRun, PlanTargeting, PolicyApproval,
     PolicyVerdictRecord, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind, RunQuery,
     RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe, UnknownValue,
 };

@@ -473,6 +473,7 @@ async fn a_claim_skips_the_jobs_of_an_author_or_an_mr_that_holds_its_share() {
                 head: None,
                 written_at: None,
                 fork: false,
+                plan_args: None,
             })
             .await
             .unwrap());
@@ -493,5 +494,76 @@ async fn a_claim_skips_the_jobs_of_an_author_or_an_mr_that_holds_its_share() {
         store.finish_job(x1, JobEnd::Done).await.unwrap();
         assert_eq!(claim().await, Some(x2));
         assert_eq!(store.claim_next().await.unwrap().map(|c| c.id), Some(cmd));
+    }
+}
+
+#[tokio::test]
+async fn a_targeting_is_kept_per_head_and_root_and_the_next_comment_replaces_it() {
+    use crate::core::targeting::Targeting;
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let (p, mr) = (ProjectId(1), MrIid(6));
+        let (h1, h2) = (CommitSha("1".repeat(40)), CommitSha("2".repeat(40)));
+        let t = Targeting::parse(&["-exclude=terraform_data.b"]).unwrap();
+        let author = crate::core::ids::UserId(7);
+        let both = [("core".to_string(), t.clone()), ("dns".into(), t.clone())];
+        store
+            .set_plan_targeting(p, mr, &h1, author, &both)
+            .await
+            .unwrap();
+        assert_eq!(store.plan_targeting(p, mr, &h1, "core").await.unwrap(), t);
+        assert_eq!(store.plan_targeting(p, mr, &h1, "dns").await.unwrap(), t);
+        // Another head, another root, another MR: a full plan.
+        let full = Targeting::default();
+        assert_eq!(
+            store.plan_targeting(p, mr, &h2, "core").await.unwrap(),
+            full
+        );
+        assert_eq!(
+            store.plan_targeting(p, mr, &h1, "edge").await.unwrap(),
+            full
+        );
+        assert_eq!(
+            store
+                .plan_targeting(p, MrIid(7), &h1, "core")
+                .await
+                .unwrap(),
+            full
+        );
+        // The next comment (on a newer head) replaces every row of the MR.
+        let one = [(
+            "dns".to_string(),
+            Targeting::parse(&["-target=a.b"]).unwrap(),
+        )];
+        store
+            .set_plan_targeting(p, mr, &h2, author, &one)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.plan_targeting(p, mr, &h1, "core").await.unwrap(),
+            full
+        );
+        assert_eq!(
+            store.plan_targeting(p, mr, &h2, "dns").await.unwrap(),
+            one[0].1
+        );
+        // A plain `planbot plan`: every root in full.
+        store
+            .set_plan_targeting(p, mr, &h2, author, &[])
+            .await
+            .unwrap();
+        assert_eq!(store.plan_targeting(p, mr, &h2, "dns").await.unwrap(), full);
+        // `planbot store migrate` copies the rows.
+        store
+            .set_plan_targeting(p, mr, &h2, author, &one)
+            .await
+            .unwrap();
+        let dump = store.export().await.unwrap();
+        let rows = dump
+            .tables
+            .iter()
+            .find(|(t, _)| t == "plan_targeting")
+            .map(|(_, r)| r.len());
+        assert_eq!(rows, Some(1));
     }
 }

@@ -517,6 +517,7 @@ mod tests {
                 head: None,
                 written_at: None,
                 fork: false,
+                plan_args: None,
             },
             Job::ForkNotice {
                 project: p,
@@ -544,6 +545,17 @@ pub struct PolicyVerdictRecord {
     pub fingerprint: Fingerprint,
     /// Its messages already scrubbed.
     pub verdict: RecordedVerdict,
+}
+
+/// The targeting of an MR's plans from one `planbot plan [ROOT] -- …` comment on head `sha`:
+/// each root's `core::targeting::Targeting` as JSON (none: every root in full).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanTargeting {
+    pub project: ProjectId,
+    pub mr: MrIid,
+    pub sha: CommitSha,
+    pub author: UserId,
+    pub roots: Vec<(String, String)>,
 }
 
 /// An owner's approval of one failing set, for one root's plan at one head.

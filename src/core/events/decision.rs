@@ -343,6 +343,7 @@ fn decide_note(hook: &NoteHook, allow: &Allowlist) -> Decision {
         head: mr_attrs.last_commit.as_ref().and_then(Commit::sha),
         written_at: note.created_at.as_deref().and_then(gitlab_time_ms),
         fork: is_fork(mr_attrs),
+        plan_args: note.note.as_deref().and_then(super::commands::plan_args),
     }])
     .about(project, mr)
 }

@@ -79,6 +79,9 @@ pub enum Job {
         #[serde(default)]
         written_at: Option<i64>,
         fork: bool,
+        /// The engine flags of a targeted `planbot plan [ROOT] -- …` (checked by the job).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plan_args: Option<super::commands::PlanArgs>,
     },
     /// A fork MR was opened/updated: say once that a maintainer must run `planbot plan`.
     ForkNotice {
@@ -242,6 +245,7 @@ mod author_tests {
                 head: None,
                 written_at: None,
                 fork: false,
+                plan_args: None,
             },
             Job::Closed {
                 project: ProjectId(1),

@@ -6,7 +6,7 @@ mod decision;
 mod job;
 mod payloads;
 
-pub use commands::{parse_command, Command};
+pub use commands::{parse_command, plan_args, Command, PlanArgs};
 pub use decision::{decide, event_label, Decision, EventKind, OutcomeKind};
 pub use job::{Job, PlanJob, PlanReason, Redundant, Supersede, AUTHOR_FIELDS};
 pub use payloads::{

@@ -18,6 +18,7 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO
 use crate::core::repo_config::Root;
 use crate::core::state::{self, Backend, HeldLock};
 use crate::core::summary::Summary;
+use crate::core::targeting::Targeting;
 use crate::flows::confinement::credentials::{self, Trust};
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::context::locks::RootGuard;
@@ -198,6 +199,7 @@ impl ApplyCtx {
         root: &Root,
         checkout: &Path,
         run: crate::core::ids::RunId,
+        targeting: &Targeting,
     ) -> Result<PlannedRun, String> {
         self.log.say(
             "planning",
@@ -234,6 +236,7 @@ impl ApplyCtx {
             state_gate: gate.clone(),
             init_env: credentials::module_env(&self.app.config, Trust::DefaultBranch),
             parallelism: root.parallelism,
+            targeting: targeting.clone(),
             ..PlanRequest::default()
         };
         match engine.plan(&checkout.join(&root.dir), &request).await {
@@ -316,7 +319,33 @@ impl ApplyCtx {
             })
             .await
             .map_err(|e| format!("recording the run: {e:#}"))?;
-        let planned = self.plan_fresh(root, checkout, run).await?;
+        // The plan reviewed on the MR, and the flags it was made with (a targeted plan is
+        // planned again with the same ones; the head's full plan otherwise).
+        let reviewed = match &self.mr {
+            Some(m) => self
+                .app
+                .store
+                .last_shown_fingerprint(self.project, m.iid, &root.name)
+                .await
+                .map_err(|e| format!("{e:#}"))?,
+            None => None,
+        };
+        let targeting = match (&self.mr, &reviewed) {
+            (Some(m), Some(r)) => self
+                .app
+                .store
+                .plan_targeting(self.project, m.iid, &r.sha, &root.name)
+                .await
+                .map_err(|e| format!("{e:#}"))?,
+            _ => Targeting::default(),
+        };
+        if !targeting.is_empty() {
+            self.log.say(
+                "targeted",
+                context! { root => &root.name, flags => targeting.engine_args().join(" ") },
+            );
+        }
+        let planned = self.plan_fresh(root, checkout, run, &targeting).await?;
         if planned.backend().is_local() {
             // What the files did not tell, `init` did: the state would be lost. Nothing applies.
             return Ok(Decided {
@@ -359,15 +388,6 @@ impl ApplyCtx {
             .await;
             return Err(self.say("root_plan_errored", context! { root => &root.name }));
         }
-        let reviewed = match &self.mr {
-            Some(m) => self
-                .app
-                .store
-                .last_shown_fingerprint(self.project, m.iid, &root.name)
-                .await
-                .map_err(|e| format!("{e:#}"))?,
-            None => None,
-        };
         let decision = parity(
             &root.name,
             &fingerprint,
@@ -406,10 +426,17 @@ impl ApplyCtx {
             }
             other => other,
         };
+        let decision = targeted_gate(decision, &root.name, &targeting, &fingerprint, confirm);
         match decision {
             Parity::NothingToApply => {}
             Parity::Apply { confirmed } => {
                 self.say_why_applied(root, confirmed, &fingerprint);
+                if targeting.is_partial() {
+                    self.log.say(
+                        "targeted_confirmed",
+                        context! { root => &root.name, fingerprint => fingerprint.short() },
+                    );
+                }
                 decided.confirmed = confirmed;
                 decided.planned = Some(planned);
                 decided.guard = Some(guard);
@@ -559,6 +586,32 @@ impl ApplyCtx {
             self.app.metrics.gitlab_error("create_mr_note");
             tracing::warn!(error = %e, "could not post the plan-changed note");
         }
+    }
+}
+
+/// A targeted plan (`-target` or `-exclude`) leaves changes of the root out: applied as
+/// reviewed, they would remain unapplied without anyone having decided so at the apply. So it
+/// is applied only when `PLANBOT_CONFIRM` names its fingerprint; otherwise refused, saying why.
+/// A `-replace` alone plans every change, and passes as reviewed.
+fn targeted_gate(
+    decision: Parity,
+    root: &str,
+    targeting: &Targeting,
+    fresh: &Fingerprint,
+    confirm: Option<&str>,
+) -> Parity {
+    match decision {
+        Parity::Apply { .. }
+            if targeting.is_partial() && !confirm.is_some_and(|c| fresh.matches_prefix(c)) =>
+        {
+            Parity::Refuse(ApplyRefusal::TargetedPlan {
+                root: root.to_string(),
+                left_out: targeting.counts(),
+                flags: targeting.engine_args(),
+                fresh: fresh.as_hex().to_string(),
+            })
+        }
+        other => other,
     }
 }
 

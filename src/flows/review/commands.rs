@@ -2,10 +2,11 @@
 
 use crate::capabilities::gitlab::{AccessLevel, GitLabError, MergeRequest};
 use crate::core::config::ProjectRef;
-use crate::core::events::{Command, Job, PlanJob, PlanReason};
+use crate::core::events::{Command, Job, PlanArgs, PlanJob, PlanReason};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::render::NOTE_MARKER;
-use crate::core::repo_config::ForkMrs;
+use crate::core::repo_config::{ForkMrs, RepoConfig};
+use crate::core::targeting::{Targeting, ALLOWED_FLAGS};
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
@@ -52,6 +53,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
             command,
             head,
             written_at,
+            plan_args,
             ..
         } => {
             let asked = Asked {
@@ -62,6 +64,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
                 command: *command,
                 head: head.clone(),
                 written_at: *written_at,
+                plan_args: plan_args.clone(),
             };
             run_command(app, asked).await
         }
@@ -217,6 +220,8 @@ struct Asked {
     head: Option<CommitSha>,
     /// When the comment was written (unix ms, GitLab's clock), when the event said.
     written_at: Option<i64>,
+    /// The engine flags of a targeted `planbot plan [ROOT] -- …`.
+    plan_args: Option<PlanArgs>,
 }
 
 async fn run_command(app: &App, asked: Asked) -> Result<()> {
@@ -349,6 +354,22 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
                 );
                 return post_note(app, project, mr, &body).await;
             }
+            // The comment decides the head's targeting: a plain `planbot plan` plans in full
+            // again, `planbot plan [ROOT] -- …` plans with its checked flags (else says why).
+            let roots = match targeting_asked(app, project, mr, asked.plan_args.as_ref()).await? {
+                Ok(roots) => roots,
+                Err(body) => {
+                    tracing::info!(
+                        project = project.0,
+                        mr = mr.0,
+                        "`planbot plan --` refused: flags or root not allowed"
+                    );
+                    return post_note(app, project, mr, &body).await;
+                }
+            };
+            app.store
+                .set_plan_targeting(project, mr, &job.head, author, &roots)
+                .await?;
             app.enqueue(Job::Plan(job)).await?;
         }
     }
@@ -377,25 +398,94 @@ fn moved_since_comment(
     .map(Some)
 }
 
-/// `[plan] fork_mrs` of the repo config on the DEFAULT branch (never the MR's own copy).
-/// An unreadable or invalid config counts as `never`: no untrusted code runs on a doubt.
-async fn fork_policy(app: &App, project: ProjectId) -> Result<ForkMrs> {
+/// The targeting a `planbot plan` comment asks for, by root: none for a plain `planbot plan`;
+/// for `planbot plan [ROOT] -- FLAGS`, the checked flags for ROOT, or for every root of the
+/// repo config (the DEFAULT branch's: the MR's own cannot add a root to target). `Err` is the
+/// reply when the flags, the root or the engine refuse it (nothing is planned then).
+async fn targeting_asked(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+    args: Option<&PlanArgs>,
+) -> Result<Result<Vec<(String, Targeting)>, String>> {
+    let Some(args) = args else {
+        return Ok(Ok(Vec::new()));
+    };
+    let refused = |kind: &str, error: String, root: Option<&str>, roots: Vec<String>| {
+        render(
+            "plan_args_refused",
+            context! {
+                kind => kind,
+                error => error,
+                root => root,
+                roots => roots,
+                allowed => ALLOWED_FLAGS,
+            },
+        )
+    };
+    let targeting = match Targeting::parse(&args.words) {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(refused("flags", e.to_string(), None, vec![])?)),
+    };
+    // `-exclude` on an engine without it is said now, not as a failed plan.
+    if let Ok(version) = app.mr_engine(project, mr)?.version().await {
+        if let Err(e) = targeting.check_engine(version.name) {
+            return Ok(Err(refused("flags", e.to_string(), None, vec![])?));
+        }
+    }
+    let config = match default_config(app, project).await? {
+        Some(Ok(config)) => config,
+        _ => {
+            let error = format!(
+                "the default branch's `{}` could not be read, so planbot cannot tell its roots",
+                crate::core::repo_config::FILE_NAME
+            );
+            return Ok(Err(refused("flags", error, None, vec![])?));
+        }
+    };
+    let names: Vec<String> = config.roots.iter().map(|r| r.name.clone()).collect();
+    let roots = match &args.root {
+        Some(root) if names.contains(root) => vec![root.clone()],
+        Some(root) => return Ok(Err(refused("root", String::new(), Some(root), names)?)),
+        None => names,
+    };
+    Ok(Ok(roots
+        .into_iter()
+        .map(|r| (r, targeting.clone()))
+        .collect()))
+}
+
+/// The repo config of the DEFAULT branch (the mirror fetched first); `None` when the project
+/// has no default branch.
+async fn default_config(
+    app: &App,
+    project: ProjectId,
+) -> Result<Option<Result<RepoConfig, crate::core::repo_config::RepoConfigError>>> {
     let info = gl(
         app,
         "project",
         app.gitlab.project(&project.to_string()).await,
     )?;
     let Some(default_branch) = info.default_branch.clone() else {
-        return Ok(ForkMrs::Never);
+        return Ok(None);
     };
     app.workspace
         .sync(project, &info.http_url_to_repo)
         .await
         .context("fetching the repository")?;
-    let config = app
-        .workspace
-        .repo_config_at(project, &format!("refs/heads/{default_branch}"))
-        .await?;
+    Ok(Some(
+        app.workspace
+            .repo_config_at(project, &format!("refs/heads/{default_branch}"))
+            .await?,
+    ))
+}
+
+/// `[plan] fork_mrs` of the repo config on the DEFAULT branch (never the MR's own copy).
+/// An unreadable or invalid config counts as `never`: no untrusted code runs on a doubt.
+async fn fork_policy(app: &App, project: ProjectId) -> Result<ForkMrs> {
+    let Some(config) = default_config(app, project).await? else {
+        return Ok(ForkMrs::Never);
+    };
     Ok(match config {
         Ok(cfg) => cfg.plan.fork_mrs,
         Err(e) => {
@@ -517,6 +607,23 @@ mod tests {
             .unwrap(),
         ];
         insta::assert_snapshot!("command_moved", moved.join("\n"));
+        let args_refused = [
+            render(
+                "plan_args_refused",
+                context! {
+                    kind => "flags",
+                    error => Targeting::parse(&["-chdir=/etc"]).unwrap_err().to_string(),
+                    allowed => ALLOWED_FLAGS,
+                },
+            )
+            .unwrap(),
+            render(
+                "plan_args_refused",
+                context! { kind => "root", root => "nope", roots => ["core", "dns"], allowed => ALLOWED_FLAGS },
+            )
+            .unwrap(),
+        ];
+        insta::assert_snapshot!("plan_args_refused", args_refused.join("\n"));
         assert!(render("fork_notice", context! {})
             .unwrap()
             .starts_with(FORK_NOTICE_MARKER));

@@ -21,6 +21,7 @@ mod policies;
 mod queue;
 mod reviews;
 mod runs;
+mod targeting;
 mod tls;
 
 pub use migrations::PG_SCHEMA_VERSION;
@@ -32,7 +33,9 @@ use super::types::{
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, SchemaError,
     ShownFingerprint, StoreProbe,
 };
-use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{
+    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
+};
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -510,6 +513,20 @@ impl StoreBackend for PgStore {
 
     async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>> {
         policies::approvals(&**self.client().await?, project, mr).await
+    }
+
+    async fn set_plan_targeting(&self, set: PlanTargeting) -> Result<()> {
+        targeting::set(self, &set).await
+    }
+
+    async fn plan_targeting(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+        root: String,
+    ) -> Result<Option<String>> {
+        targeting::get(&**self.client().await?, project, mr, &sha, &root).await
     }
 
     async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>> {

@@ -10,6 +10,7 @@ mod policies;
 mod queue;
 mod reviews;
 mod runs;
+mod targeting;
 mod writer;
 
 pub use migrations::SCHEMA_VERSION;
@@ -21,7 +22,9 @@ use super::types::{
     NewApply, NewDelivery, NewRun, QueueJobId, QueueJobState, RunEnd, RunQuery, RunRecord,
     ShownFingerprint, StoreProbe,
 };
-use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{
+    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
+};
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -345,6 +348,21 @@ impl StoreBackend for SqliteStore {
 
     async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>> {
         self.read(move |c| policies::approvals(c, project, mr))
+            .await
+    }
+
+    async fn set_plan_targeting(&self, set: PlanTargeting) -> Result<()> {
+        self.write(move |c| targeting::set(c, &set, now_ms())).await
+    }
+
+    async fn plan_targeting(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+        root: String,
+    ) -> Result<Option<String>> {
+        self.read(move |c| targeting::get(c, project, mr, &sha, &root))
             .await
     }
 

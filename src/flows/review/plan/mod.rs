@@ -146,7 +146,10 @@ async fn plan(
         duration: Some(started.elapsed()),
         run_url: run_url.clone(),
         run_hint: first_run.and_then(|r| app.run_hint(r)),
-        banners: prepared.banners.clone(),
+        banners: note::targeted_banners(&planned.results, &scrubber)
+            .into_iter()
+            .chain(prepared.banners.iter().cloned())
+            .collect(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         capacity: planned.capacity.clone(),
         hints: note::sandbox_hints(app, &planned.results),
@@ -414,6 +417,14 @@ mod tests {
                 &none,
                 "invalid_proposed",
                 context! { file => ".planbot.toml", problem => "line 6, column 1: key `roots[0].when_modifed`: unknown key `when_modifed`", more => 2 },
+            ),
+            text(
+                &none,
+                "result",
+                context! { roots => vec![
+                    context! { name => "core", state => "planned", summary => "1 to add, 0 to change, 0 to destroy", targeted => "1 excluded" },
+                    context! { name => "edge", state => "planned", summary => "no changes", targeted => "" },
+                ] },
             ),
             text(
                 &none,

@@ -33,6 +33,22 @@ pub(super) fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> S
     cpu_bound(|| secrets.scrubber())
 }
 
+/// The line above the headline for each root planned with a comment's flags (`-target`,
+/// `-exclude`, `-replace`): a targeted plan never reads as the full plan. The root is named
+/// when the repo config has several.
+pub(super) fn targeted_banners(results: &[RootResult], scrubber: &Scrubber) -> Vec<String> {
+    let several = results.len() > 1;
+    results
+        .iter()
+        .filter(|r| !r.targeting.is_empty() && !matches!(r.outcome, Outcome::Skipped { .. }))
+        .map(|r| {
+            crate::core::templates::scrubbing(scrubber, || {
+                r.targeting.banner(several.then_some(r.name.as_str()))
+            })
+        })
+        .collect()
+}
+
 /// For each root that failed because the engine's sandbox refused a connection or a file, the
 /// explanation with the setting that allows it (`network::explain`), also logged for the
 /// operator.

@@ -80,8 +80,7 @@ pub(super) async fn record(
                     .await?;
                 if errored {
                     rec.failed += 1;
-                    rec.roots
-                        .push(minijinja::context! { name => &r.name, state => "errored" });
+                    rec.roots.push(minijinja::context! { name => &r.name, state => "errored", targeted => r.targeting.counts() });
                 } else {
                     // The policy verdict first: a fingerprint the apply can find always has
                     // the verdict it is gated by (with no set when none checked the plan).
@@ -115,7 +114,7 @@ pub(super) async fn record(
                     app.store
                         .record_digest(job.project, job.mr, &r.name, &job.head, &digest)
                         .await?;
-                    rec.roots.push(minijinja::context! { name => &r.name, state => "planned", summary => summary });
+                    rec.roots.push(minijinja::context! { name => &r.name, state => "planned", summary => summary, targeted => r.targeting.counts() });
                 }
                 rec.findings.extend(findings);
                 drop(planned); // the plan file goes with it
@@ -128,8 +127,7 @@ pub(super) async fn record(
                 };
                 app.store.finish_run(run, end).await?;
                 rec.failed += 1;
-                rec.roots
-                    .push(minijinja::context! { name => &r.name, state => "failed" });
+                rec.roots.push(minijinja::context! { name => &r.name, state => "failed", targeted => r.targeting.counts() });
             }
             Outcome::Skipped { .. } => {}
         }

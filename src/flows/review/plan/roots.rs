@@ -15,6 +15,7 @@ use crate::core::lint;
 use crate::core::policy::Verdict;
 use crate::core::repo_config::Root;
 use crate::core::state;
+use crate::core::targeting::Targeting;
 use crate::flows::confinement::credentials::{self, Trust};
 use crate::flows::context::app_state::App;
 use crate::flows::context::cpu::cpu_bound;
@@ -52,6 +53,8 @@ pub(super) enum Outcome {
 pub(super) struct RootResult {
     pub name: String,
     pub outcome: Outcome,
+    /// The flags a `planbot plan [ROOT] -- …` comment asked for at this head (empty: in full).
+    pub targeting: Targeting,
 }
 
 /// What stage 2 hands on: every root's result, in the repo config's order, and the preflight's
@@ -91,6 +94,7 @@ pub(super) async fn plan_roots(
                 outcome: Outcome::Skipped {
                     reason: decision.reason.clone(),
                 },
+                targeting: Targeting::default(),
             });
             continue;
         }
@@ -112,11 +116,16 @@ pub(super) async fn plan_roots(
             .await?;
         runs.push(run);
         let started = std::time::Instant::now();
+        // The targeting a comment asked for at this head (a re-run and a replica read it too).
+        let targeting = app
+            .store
+            .plan_targeting(job.project, job.mr, &job.head, &root.name)
+            .await?;
         let outcome = plan_root(
             app,
             job.project,
             prepared,
-            root,
+            (root, &targeting),
             run,
             &token,
             &pve,
@@ -128,6 +137,7 @@ pub(super) async fn plan_roots(
         results.push(RootResult {
             name: root.name.clone(),
             outcome,
+            targeting,
         });
     }
     across_roots(prepared, &capacity, &mut results);
@@ -242,7 +252,7 @@ async fn plan_root(
     app: &App,
     project: ProjectId,
     prepared: &Prepared,
-    root: &Root,
+    (root, targeting): (&Root, &Targeting),
     run: RunId,
     cancel: &CancelToken,
     pve: &Option<ProxmoxEndpoint>,
@@ -267,6 +277,7 @@ async fn plan_root(
         no_lock: true,
         init_env: credentials::module_env(&app.config, Trust::MergeRequest),
         parallelism: root.parallelism,
+        targeting: targeting.clone(),
         ..PlanRequest::default()
     };
     let state = if dir.is_dir() {
