@@ -8,7 +8,7 @@ use axum::{extract::State, http::HeaderMap, routing::post, Router};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-const TEMPLATE: &str = include_str!("../../templates/planbot-apply.yml");
+pub(crate) const TEMPLATE: &str = include_str!("../../templates/planbot-apply.yml");
 
 /// The component's `spec:` header and its body.
 fn parts(template: &str) -> (serde_yaml::Value, &str) {
@@ -20,7 +20,7 @@ fn parts(template: &str) -> (serde_yaml::Value, &str) {
 
 /// What GitLab makes of the component with `inputs`: every `$[[ inputs.NAME ]]` replaced by the
 /// given value or the input's default; a missing required input or an unknown one is an error.
-fn interpolate(template: &str, inputs: &[(&str, &str)]) -> Result<String, String> {
+pub(crate) fn interpolate(template: &str, inputs: &[(&str, &str)]) -> Result<String, String> {
     let (spec, body) = parts(template);
     let declared = spec["spec"]["inputs"].as_mapping().expect("spec: inputs:");
     for (name, _) in inputs {

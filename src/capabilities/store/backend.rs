@@ -5,7 +5,9 @@ use super::types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, ShownFingerprint,
 };
-use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{
+    DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow, WidgetReports,
+};
 use super::{Dump, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -91,6 +93,20 @@ pub(crate) trait StoreBackend: Send + Sync {
         root: String,
         sha: CommitSha,
     ) -> Result<Option<PlanDigest>>;
+    async fn record_widgets(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: String,
+        sha: CommitSha,
+        report_json: String,
+    ) -> Result<()>;
+    async fn widgets_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<WidgetReports>;
     async fn set_mr_note(&self, project: ProjectId, mr: MrIid, note: NoteId) -> Result<()>;
     async fn mr_note(&self, project: ProjectId, mr: MrIid) -> Result<Option<NoteId>>;
 

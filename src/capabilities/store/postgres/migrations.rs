@@ -36,6 +36,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         name: "drift schedule ticks and each root's last check",
         sql: include_str!("migrations/0003_drift.sql"),
     },
+    Migration {
+        version: 4,
+        name: "the reviewed plans' reports for GitLab's merge request widgets",
+        sql: include_str!("migrations/0004_widgets.sql"),
+    },
 ];
 
 /// The PostgreSQL schema version this binary writes.

@@ -32,7 +32,9 @@ use super::types::{
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, SchemaError,
     ShownFingerprint, StoreProbe,
 };
-use super::types::{DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow};
+use super::types::{
+    DriftRootRecord, PolicyApproval, PolicyVerdictRecord, VerdictRow, WidgetReports,
+};
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
@@ -467,6 +469,26 @@ impl StoreBackend for PgStore {
         digest_json: String,
     ) -> Result<()> {
         reviews::record_digest(self, project, mr, root, sha, digest_json).await
+    }
+
+    async fn record_widgets(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: String,
+        sha: CommitSha,
+        report_json: String,
+    ) -> Result<()> {
+        reviews::record_widgets(self, project, mr, root, sha, report_json).await
+    }
+
+    async fn widgets_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<WidgetReports> {
+        reviews::widgets_for(self, project, mr, sha).await
     }
 
     async fn digest_for(

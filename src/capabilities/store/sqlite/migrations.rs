@@ -44,6 +44,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         name: "drift schedule ticks and each root's last check",
         sql: include_str!("migrations/0003_drift.sql"),
     },
+    Migration {
+        version: 4,
+        name: "the reviewed plans' reports for GitLab's merge request widgets",
+        sql: include_str!("migrations/0004_widgets.sql"),
+    },
 ];
 
 /// The schema version this binary writes.
