@@ -47,6 +47,7 @@ warn[msg] {
 "#;
 
 const CANARY: &str = "widget-canary-d41c9e";
+const NAME_CANARY: &str = "widget-name-canary-5b7e02";
 
 const BACKEND: &str = "terraform {\n  backend \"http\" {}\n}\n";
 /// `web` opens on line 3 of lab/vms.tf.
@@ -107,6 +108,11 @@ fn open_mr_files(w: &World) -> u64 {
         if rc["address"] == "proxmox_virtual_environment_vm.web" {
             rc["change"]["after"]["description"] = CANARY.into();
             rc["change"]["after_sensitive"]["description"] = true.into();
+        }
+        // The deleted VM's name, which PVE008's message quotes, is sensitive.
+        if rc["address"] == "proxmox_virtual_environment_vm.old_db" {
+            rc["change"]["before"]["name"] = NAME_CANARY.into();
+            rc["change"]["before_sensitive"]["name"] = true.into();
         }
     }
     w.gitlab.commit_files(
@@ -292,6 +298,8 @@ async fn the_mr_pipelines_job_downloads_the_reviewed_plan_as_gitlabs_terraform_a
     );
     assert!(!cq_text.contains(CANARY), "{cq_text}");
     assert!(!note.contains(CANARY));
+    assert!(!cq_text.contains(NAME_CANARY), "{cq_text}");
+    assert!(!note.contains(NAME_CANARY));
     // Each issue once, each fingerprint its own.
     let mut prints: Vec<&str> = cq
         .iter()
