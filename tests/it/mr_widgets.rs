@@ -324,6 +324,36 @@ async fn the_mr_pipelines_job_downloads_the_reviewed_plan_as_gitlabs_terraform_a
         std::fs::read_to_string(dir2.path().join("planbot-terraform.json")).unwrap(),
         std::fs::read_to_string(&tf_file).unwrap()
     );
+
+    // An MR that affects no root is planned (nothing to plan) and has no report: the job
+    // fails at once with planbot's reason (it is allowed to: a warning on the pipeline).
+    w.gitlab
+        .commit_files(&w.project, "docs-only", &[("README.md", "notes\n")]);
+    let docs = w
+        .gitlab
+        .open_mr_by(&w.project, "docs-only", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, docs).action("open").body();
+    s.deliver_mr_opened(&body, docs).await;
+    w.wait_for_plan(&s, docs).await;
+    let docs_head = w.gitlab.mr_sha(&w.project, docs);
+    let job = mr_job(
+        w,
+        73,
+        &format!("refs/merge-requests/{docs}/head"),
+        &docs_head,
+    );
+    w.gitlab.register_job(job.clone());
+    let dir3 = tempfile::tempdir().unwrap();
+    let (ok, log) = run_widgets_script(&s.url(""), &job.token, dir3.path()).await;
+    assert!(!ok, "{log}");
+    assert!(
+        log.contains(&format!(
+            "planbot: widgets: no reviewed plan of !{docs} at `{}`",
+            &docs_head[..8]
+        )),
+        "{log}"
+    );
+    assert!(!dir3.path().join("planbot-terraform.json").exists());
 }
 
 /// POST to the widgets endpoint: status, `Retry-After`, body.
@@ -367,14 +397,15 @@ async fn a_job_gets_only_its_own_merge_requests_reviewed_plan_and_is_told_why_no
         got
     };
 
-    // Before any plan: nothing reviewed.
+    // Before the webhook: wait for it.
     let job = mr_job(w, 81, &mr_ref, &head);
     w.gitlab.register_job(job.clone());
-    check(
-        "the head was never planned",
+    let (_, retry, _) = check(
+        "planbot has not heard of the head yet",
         ask(&s, "terraform", Some(&job.token), "").await,
-        404,
+        503,
     );
+    assert_eq!(retry.as_deref(), Some("15"));
     // The plan is queued: wait and ask again.
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     s.deliver_mr_opened(&body, iid).await;

@@ -38,7 +38,7 @@ fn plain(status: StatusCode, text: String) -> Response {
 
 /// The handler: refusals are plain text with their status (401 no or a dead token, 403 a job
 /// that may not have this, 404 nothing reviewed, 503 with `Retry-After` while the head's plan
-/// runs), a report is JSON.
+/// is queued or runs, or before planbot heard of the head), a report is JSON.
 pub async fn handler(
     axum::extract::State(app): axum::extract::State<Arc<App>>,
     axum::extract::Path(report): axum::extract::Path<String>,
@@ -171,12 +171,17 @@ async fn serve(app: &App, token: &str, report: &str) -> anyhow::Result<Response>
         }
     };
     let found = app.store.widgets_for(project.id, mr, sha.clone()).await?;
-    if found.pending {
+    // A commit planbot has not heard of yet: GitLab starts the pipeline and sends the webhook
+    // at the same time, and the job may ask first.
+    let unseen = !found.pending
+        && found.roots.is_empty()
+        && !app.store.head_has_plan(project.id, mr, sha.clone()).await?;
+    if found.pending || unseen {
         let mut r = plain(
             StatusCode::SERVICE_UNAVAILABLE,
             say(
                 app,
-                "pending",
+                if unseen { "unseen" } else { "pending" },
                 context! { mr => mr.0, sha => sha.short(), seconds => RETRY_AFTER_SECONDS },
             ),
         );
