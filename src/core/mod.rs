@@ -37,3 +37,4 @@ pub mod summary;
 pub mod targeting;
 pub mod templates;
 pub mod webhook;
+pub mod widgets;

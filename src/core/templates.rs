@@ -85,6 +85,7 @@ files![
     ("repo_config_preview.md.j2", Blocks),
     ("sandbox.txt.j2", Verbatim),
     ("state.txt.j2", Verbatim),
+    ("widgets.txt.j2", Verbatim),
 ];
 
 /// The pages' stylesheet (`templates/pages/pages.css`).

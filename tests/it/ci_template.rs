@@ -8,7 +8,7 @@ use axum::{extract::State, http::HeaderMap, routing::post, Router};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-const TEMPLATE: &str = include_str!("../../templates/planbot-apply.yml");
+pub(crate) const TEMPLATE: &str = include_str!("../../templates/planbot-apply.yml");
 
 /// The component's `spec:` header and its body.
 fn parts(template: &str) -> (serde_yaml::Value, &str) {
@@ -20,7 +20,7 @@ fn parts(template: &str) -> (serde_yaml::Value, &str) {
 
 /// What GitLab makes of the component with `inputs`: every `$[[ inputs.NAME ]]` replaced by the
 /// given value or the input's default; a missing required input or an unknown one is an error.
-fn interpolate(template: &str, inputs: &[(&str, &str)]) -> Result<String, String> {
+pub(crate) fn interpolate(template: &str, inputs: &[(&str, &str)]) -> Result<String, String> {
     let (spec, body) = parts(template);
     let declared = spec["spec"]["inputs"].as_mapping().expect("spec: inputs:");
     for (name, _) in inputs {
@@ -374,12 +374,25 @@ fn the_component_passes_gitlabs_ci_schema() {
             "on_success.yml",
             interpolate(&served, &[("when", "on_success")]).unwrap(),
         ),
+        (
+            "no_widgets.yml",
+            interpolate(&served, &[("widgets", "never")]).unwrap(),
+        ),
     ] {
         std::fs::write(dir.path().join(name), text).unwrap();
     }
     let out = Command::new(checker)
         .args(["--builtin-schema", "vendor.gitlab-ci"])
-        .args(["spec.yml", "jobs.yml", "served.yml", "on_success.yml"].map(|f| dir.path().join(f)))
+        .args(
+            [
+                "spec.yml",
+                "jobs.yml",
+                "served.yml",
+                "on_success.yml",
+                "no_widgets.yml",
+            ]
+            .map(|f| dir.path().join(f)),
+        )
         .output()
         .unwrap();
     assert!(
@@ -522,4 +535,53 @@ async fn with_planbots_image_the_job_runs_planbot_apply_job() {
         !dir.path().join("planbot-apply.log").exists(),
         "the curl branch ran"
     );
+}
+
+#[test]
+fn the_widgets_job_runs_in_merge_request_pipelines_and_widgets_never_leaves_it_out() {
+    let all = jobs(&[("planbot_url", "https://planbot.example.com")]);
+    let w = &all["planbot-widgets"];
+    // Only merge request pipelines: GitLab shows an MR's widgets from its pipeline's reports.
+    let rules = w["rules"].as_sequence().expect("rules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0]["if"].as_str(),
+        Some("$CI_PIPELINE_SOURCE == \"merge_request_event\"")
+    );
+    assert_eq!(rules[0]["when"].as_str(), Some("on_success"));
+    assert_eq!(w["allow_failure"].as_bool(), Some(true));
+    assert_eq!(w["needs"].as_sequence().map(|n| n.len()), Some(0));
+    assert_eq!(w["stage"].as_str(), Some("test"));
+    assert_eq!(
+        w["image"].as_str(),
+        Some("docker.io/curlimages/curl:8.11.1")
+    );
+    assert_eq!(
+        w["artifacts"]["reports"]["terraform"].as_str(),
+        Some("planbot-terraform.json")
+    );
+    assert_eq!(
+        w["artifacts"]["reports"]["codequality"].as_str(),
+        Some("planbot-codequality.json")
+    );
+    // The job token, and no secret.
+    let script = w["script"][0].as_str().unwrap();
+    assert!(script.contains("JOB-TOKEN: $CI_JOB_TOKEN"), "{script}");
+    // Switched off: the rule says never, whatever the pipeline; the apply job is unchanged.
+    let off = jobs(&[
+        ("planbot_url", "https://planbot.example.com"),
+        ("widgets", "never"),
+        ("widgets_stage", "review"),
+    ]);
+    assert_eq!(
+        off["planbot-widgets"]["rules"][0]["when"].as_str(),
+        Some("never")
+    );
+    assert_eq!(off["planbot-widgets"]["stage"].as_str(), Some("review"));
+    assert_eq!(off["planbot-apply"], all["planbot-apply"]);
+    assert!(interpolate(
+        TEMPLATE,
+        &[("planbot_url", "https://x.test"), ("widgets", "false")]
+    )
+    .is_err());
 }

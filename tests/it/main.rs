@@ -31,6 +31,7 @@ mod gitlab_reading;
 mod isolation;
 mod lint_rules;
 mod memory_bounds;
+mod mr_widgets;
 mod outcome_table;
 mod policy_cli;
 mod policy_eval;

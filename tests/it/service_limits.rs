@@ -220,6 +220,29 @@ async fn the_apply_endpoint_caps_and_times_its_body() {
 }
 
 #[tokio::test]
+async fn the_widgets_endpoint_caps_and_times_its_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = with_server(dir.path(), &dead_url(), false, "body_timeout = \"1s\"");
+    let s = TestService::start(cfg, quiet()).await;
+    let token = [("JOB-TOKEN", "glcbt-any".to_string())];
+    for path in ["/api/v1/widgets/terraform", "/api/v1/widgets/codequality"] {
+        // A body announced over the widgets' 1 KiB: 413 before a byte of it.
+        let mut conn = connect(&s).await;
+        conn.write_all(head(path, &token, Some(2048)).as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(status_of(&mut conn).await, 413, "{path}");
+        // A small body that never comes: 408 after body_timeout.
+        let mut conn = connect(&s).await;
+        conn.write_all(head(path, &token, Some(2)).as_bytes())
+            .await
+            .unwrap();
+        conn.write_all(b"{").await.unwrap();
+        assert_eq!(status_of(&mut conn).await, 408, "{path}");
+    }
+}
+
+#[tokio::test]
 async fn a_connection_that_never_finishes_its_headers_is_closed_while_healthz_answers() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = with_server(dir.path(), &dead_url(), false, "header_timeout = \"1s\"");

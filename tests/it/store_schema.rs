@@ -174,7 +174,8 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
     drop(store);
 
     // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables,
-    // migration 3's drift tables and migration 4's targeted plans, now with its version
+    // migration 3's drift tables, migration 4's targeted plans and migration 5's widget
+    // reports, now with its version
     // recorded, and the same as a new database's.
     assert_eq!(user_version(&path), SCHEMA_VERSION);
     let migrated = schema(&path);
@@ -191,11 +192,13 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
             "sqlite_autoindex_plan_targeting_1",
             "sqlite_autoindex_policy_approvals_1",
             "sqlite_autoindex_policy_verdicts_1",
+            "sqlite_autoindex_widget_reports_1",
             "drift_roots",
             "drift_ticks",
             "plan_targeting",
             "policy_approvals",
-            "policy_verdicts"
+            "policy_verdicts",
+            "widget_reports"
         ]
     );
     assert!(old_schema.iter().all(|row| migrated.contains(row)));

@@ -7,6 +7,7 @@ use super::types::{
 };
 use super::types::{
     DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
+    WidgetReports,
 };
 use super::{Dump, ProjectLock};
 use crate::core::events::Job;
@@ -93,6 +94,20 @@ pub(crate) trait StoreBackend: Send + Sync {
         root: String,
         sha: CommitSha,
     ) -> Result<Option<PlanDigest>>;
+    async fn record_widgets(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: String,
+        sha: CommitSha,
+        report_json: String,
+    ) -> Result<()>;
+    async fn widgets_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<WidgetReports>;
     async fn set_mr_note(&self, project: ProjectId, mr: MrIid, note: NoteId) -> Result<()>;
     async fn mr_note(&self, project: ProjectId, mr: MrIid) -> Result<Option<NoteId>>;
 

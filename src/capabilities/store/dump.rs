@@ -92,6 +92,16 @@ pub(crate) const TABLES: &[(&str, &[(&str, Ty)])] = &[
         ],
     ),
     (
+        "widget_reports",
+        &[
+            ("project_id", Ty::Int),
+            ("mr_iid", Ty::Int),
+            ("root", Ty::Text),
+            ("sha", Ty::Text),
+            ("report", Ty::Text),
+        ],
+    ),
+    (
         "mr_notes",
         &[
             ("project_id", Ty::Int),

@@ -19,13 +19,14 @@ pub use types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, DriftOutcome, DriftRootRecord,
     Enqueued, JobEnd, JobRow, Lease, NewApply, NewDelivery, NewRun, PlanTargeting, PolicyApproval,
     PolicyVerdictRecord, QueueJobId, QueueJobKind, QueueJobState, RunEnd, RunKind, RunQuery,
-    RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe, UnknownValue,
+    RunRecord, RunState, SchemaError, ShownFingerprint, StoreProbe, UnknownValue, WidgetReports,
 };
 
 use crate::core::config::StoreUrl;
 use crate::core::events::Job;
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;
+use crate::core::widgets::RootWidgets;
 use anyhow::{Context, Result};
 use backend::StoreBackend;
 use std::path::Path;
@@ -487,6 +488,31 @@ impl Store {
     ) -> Result<Option<PlanDigest>> {
         let (root, sha) = (root.to_string(), sha.clone());
         on_backend!(self, b => b.digest_for(project, mr, root, sha).await)
+    }
+
+    /// Keep what GitLab's MR widgets show of the plan shown for (root, sha): its counts and
+    /// findings ([`RootWidgets`], every text already scrubbed), recorded with its fingerprint.
+    pub async fn record_widgets(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: &str,
+        sha: &CommitSha,
+        report: &RootWidgets,
+    ) -> Result<()> {
+        let (root, sha, json) = (root.to_string(), sha.clone(), report.to_json());
+        on_backend!(self, b => b.record_widgets(project, mr, root, sha, json).await)
+    }
+
+    /// The widgets' reports of every root planned for (mr, sha), and whether a plan of that
+    /// head is still queued or running.
+    pub async fn widgets_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<WidgetReports> {
+        on_backend!(self, b => b.widgets_for(project, mr, sha).await)
     }
 
     pub async fn set_mr_note(&self, project: ProjectId, mr: MrIid, note: NoteId) -> Result<()> {

@@ -567,3 +567,61 @@ async fn a_targeting_is_kept_per_head_and_root_and_the_next_comment_replaces_it(
         assert_eq!(rows, Some(1));
     }
 }
+
+#[tokio::test]
+async fn widget_reports_are_served_once_the_heads_plan_job_has_ended() {
+    for db in test_dbs().await {
+        let store = db.open().await;
+        let head = CommitSha("a".repeat(40));
+        let (p, mr) = (ProjectId(1), MrIid(1));
+        let none = store.widgets_for(p, mr, head.clone()).await.unwrap();
+        assert_eq!(none, WidgetReports::default(), "{}", db.kind);
+        store.enqueue(plan(1, 'a')).await.unwrap();
+        let claimed = store.claim_next().await.unwrap().unwrap();
+        let report = |create| crate::core::widgets::RootWidgets {
+            terraform: crate::core::widgets::TerraformReport {
+                create,
+                update: 0,
+                delete: 1,
+            },
+            issues: vec![],
+        };
+        store
+            .record_widgets(p, mr, "prod", &head, &report(2))
+            .await
+            .unwrap();
+        store
+            .record_widgets(p, mr, "lab", &head, &report(1))
+            .await
+            .unwrap();
+        // Written while the job runs: the reports are not whole yet.
+        let running = store.widgets_for(p, mr, head.clone()).await.unwrap();
+        assert!(running.pending, "{}", db.kind);
+        store.finish_job(claimed.id, JobEnd::Done).await.unwrap();
+        // Replaced by a second record of the same (root, head); other heads and MRs apart.
+        store
+            .record_widgets(p, mr, "lab", &head, &report(3))
+            .await
+            .unwrap();
+        store
+            .record_widgets(p, MrIid(2), "lab", &head, &report(9))
+            .await
+            .unwrap();
+        let done = store.widgets_for(p, mr, head.clone()).await.unwrap();
+        assert!(!done.pending, "{}", db.kind);
+        assert_eq!(
+            done.roots,
+            vec![
+                ("lab".to_string(), report(3)),
+                ("prod".to_string(), report(2))
+            ],
+            "{}",
+            db.kind
+        );
+        let other_head = store
+            .widgets_for(p, mr, CommitSha("b".repeat(40)))
+            .await
+            .unwrap();
+        assert!(other_head.roots.is_empty(), "{}", db.kind);
+    }
+}

@@ -603,3 +603,26 @@ pub(super) fn superseded_kinds(job: &Job) -> Option<Option<QueueJobKind>> {
         Supersede::All => Some(None),
     }
 }
+
+/// What the store holds for GitLab's MR widgets of one MR head: each root's report (those that
+/// do not parse are left out), and whether a plan of that head is still queued or running.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WidgetReports {
+    pub pending: bool,
+    /// By root name, in name order.
+    pub roots: Vec<(String, crate::core::widgets::RootWidgets)>,
+}
+
+impl WidgetReports {
+    pub(super) fn from_rows(pending: bool, rows: Vec<(String, String)>) -> WidgetReports {
+        WidgetReports {
+            pending,
+            roots: rows
+                .into_iter()
+                .filter_map(|(root, json)| {
+                    crate::core::widgets::RootWidgets::from_json(&json).map(|r| (root, r))
+                })
+                .collect(),
+        }
+    }
+}

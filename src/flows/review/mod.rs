@@ -3,3 +3,4 @@
 pub mod commands;
 pub mod plan;
 pub mod policies;
+pub mod widgets;

@@ -192,6 +192,10 @@ fn routes(app: Arc<App>) -> Router {
         // Each reads its body itself, bounded (`flows::context::request_body`).
         .route("/webhooks/gitlab", post(intake::gitlab_webhook))
         .route("/api/v1/apply", post(crate::flows::apply::handler))
+        .route(
+            "/api/v1/widgets/{report}",
+            post(crate::flows::review::widgets::handler),
+        )
         .route("/ci/planbot.gitlab-ci.yml", get(ci_template))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

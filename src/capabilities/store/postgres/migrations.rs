@@ -41,6 +41,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         name: "targeted plans per MR head and root",
         sql: include_str!("migrations/0004_targeting.sql"),
     },
+    Migration {
+        version: 5,
+        name: "the reviewed plans' reports for GitLab's merge request widgets",
+        sql: include_str!("migrations/0005_widgets.sql"),
+    },
 ];
 
 /// The PostgreSQL schema version this binary writes.

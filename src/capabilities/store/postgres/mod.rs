@@ -35,6 +35,7 @@ use super::types::{
 };
 use super::types::{
     DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
+    WidgetReports,
 };
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
@@ -470,6 +471,26 @@ impl StoreBackend for PgStore {
         digest_json: String,
     ) -> Result<()> {
         reviews::record_digest(self, project, mr, root, sha, digest_json).await
+    }
+
+    async fn record_widgets(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: String,
+        sha: CommitSha,
+        report_json: String,
+    ) -> Result<()> {
+        reviews::record_widgets(self, project, mr, root, sha, report_json).await
+    }
+
+    async fn widgets_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<WidgetReports> {
+        reviews::widgets_for(self, project, mr, sha).await
     }
 
     async fn digest_for(

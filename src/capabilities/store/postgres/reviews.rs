@@ -2,7 +2,7 @@
 
 use super::{opt_u64, PgStore};
 use crate::capabilities::store::now_ms;
-use crate::capabilities::store::types::ShownFingerprint;
+use crate::capabilities::store::types::{ShownFingerprint, WidgetReports};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;
@@ -126,6 +126,65 @@ pub(super) async fn digest_for(
         )
         .await?
         .and_then(|r| PlanDigest::from_json(&r.get::<_, String>(0))))
+}
+
+pub(super) async fn record_widgets(
+    store: &PgStore,
+    project: ProjectId,
+    mr: MrIid,
+    root: String,
+    sha: CommitSha,
+    report_json: String,
+) -> Result<()> {
+    store
+        .client()
+        .await?
+        .execute(
+            "INSERT INTO widget_reports (project_id, mr_iid, root, sha, report)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (project_id, mr_iid, root, sha) DO UPDATE SET report = excluded.report",
+            &[
+                &(project.0 as i64),
+                &(mr.0 as i64),
+                &root,
+                &sha.0,
+                &report_json,
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Every root's widgets report for (mr, sha), and whether a plan job of that head is still
+/// queued or running; in one statement, so one snapshot.
+pub(super) async fn widgets_for(
+    store: &PgStore,
+    project: ProjectId,
+    mr: MrIid,
+    sha: CommitSha,
+) -> Result<WidgetReports> {
+    let rows = store
+        .client()
+        .await?
+        .query(
+            "SELECT NULL::TEXT, NULL::TEXT, (SELECT COUNT(*) FROM jobs WHERE kind = 'plan'
+                 AND project_id = $1 AND mr_iid = $2 AND sha = $3 AND state IN ('queued', 'running'))
+             UNION ALL
+             SELECT root, report, 0::BIGINT FROM widget_reports
+             WHERE project_id = $1 AND mr_iid = $2 AND sha = $3",
+            &[&(project.0 as i64), &(mr.0 as i64), &sha.0],
+        )
+        .await?;
+    let mut pending = false;
+    let mut roots = Vec::new();
+    for r in rows {
+        match (r.get::<_, Option<String>>(0), r.get::<_, Option<String>>(1)) {
+            (Some(root), Some(report)) => roots.push((root, report)),
+            _ => pending = r.get::<_, i64>(2) > 0,
+        }
+    }
+    roots.sort();
+    Ok(WidgetReports::from_rows(pending, roots))
 }
 
 pub(super) async fn set_mr_note(

@@ -24,6 +24,7 @@ use super::types::{
 };
 use super::types::{
     DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
+    WidgetReports,
 };
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
@@ -299,6 +300,28 @@ impl StoreBackend for SqliteStore {
         digest_json: String,
     ) -> Result<()> {
         self.write(move |c| reviews::record_digest(c, project, mr, &root, &sha, &digest_json))
+            .await
+    }
+
+    async fn record_widgets(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: String,
+        sha: CommitSha,
+        report_json: String,
+    ) -> Result<()> {
+        self.write(move |c| reviews::record_widgets(c, project, mr, &root, &sha, &report_json))
+            .await
+    }
+
+    async fn widgets_for(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        sha: CommitSha,
+    ) -> Result<WidgetReports> {
+        self.read(move |c| reviews::widgets_for(c, project, mr, &sha))
             .await
     }
 

@@ -1,6 +1,6 @@
 //! SQL for what was shown on an MR for review: plan fingerprints, plan digests, the note's id.
 
-use crate::capabilities::store::types::ShownFingerprint;
+use crate::capabilities::store::types::{ShownFingerprint, WidgetReports};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
 use crate::core::plan_digest::PlanDigest;
@@ -120,6 +120,52 @@ pub(super) fn digest_for(
         )
         .optional()?
         .and_then(|text| PlanDigest::from_json(&text)))
+}
+
+/// Record (or replace) the widgets' report of the plan shown for (root, sha).
+pub(super) fn record_widgets(
+    conn: &Connection,
+    project: ProjectId,
+    mr: MrIid,
+    root: &str,
+    sha: &CommitSha,
+    report_json: &str,
+) -> Result<()> {
+    conn.execute(
+        "INSERT INTO widget_reports (project_id, mr_iid, root, sha, report) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (project_id, mr_iid, root, sha) DO UPDATE SET report = excluded.report",
+        params![project.0 as i64, mr.0 as i64, root, sha.0, report_json],
+    )?;
+    Ok(())
+}
+
+/// Every root's widgets report for (mr, sha), by root name, and whether a plan job of that
+/// head is still queued or running (then the reports may be incomplete). One read.
+pub(super) fn widgets_for(
+    conn: &Connection,
+    project: ProjectId,
+    mr: MrIid,
+    sha: &CommitSha,
+) -> Result<WidgetReports> {
+    let tx = conn.unchecked_transaction()?;
+    let pending: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM jobs WHERE kind = 'plan' AND project_id = ?1 AND mr_iid = ?2
+           AND sha = ?3 AND state IN ('queued', 'running')",
+        params![project.0 as i64, mr.0 as i64, sha.0],
+        |r| r.get(0),
+    )?;
+    let mut stmt = tx.prepare(
+        "SELECT root, report FROM widget_reports WHERE project_id = ?1 AND mr_iid = ?2 AND sha = ?3
+         ORDER BY root",
+    )?;
+    let roots = stmt
+        .query_map(params![project.0 as i64, mr.0 as i64, sha.0], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    drop(stmt);
+    tx.commit()?;
+    Ok(WidgetReports::from_rows(pending > 0, roots))
 }
 
 pub(super) fn set_mr_note(

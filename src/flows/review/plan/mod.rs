@@ -9,13 +9,15 @@
 //! 2. [`roots::plan_roots`]: per affected root (serialised with other plans/applies of it): the
 //!    engine's plan in a private dir, the Proxmox preflight, lint, a stored run.
 //! 3. [`note::compose_note`] and [`note::upsert_note`]: ONE note, upserted by its marker.
-//! 4. [`record::record`]: runs, fingerprints and digests stored once the note is up.
+//! 4. [`record::record`]: runs, fingerprints and digests stored once the note is up, and
+//!    [`widgets::record`] what GitLab's MR widgets show of each clean plan.
 //! 5. [`record::final_status`]: success/failed with a one-line description and the run page.
 
 mod note;
 mod prepare;
 mod record;
 mod roots;
+mod widgets;
 
 pub use note::upsert_note;
 
@@ -178,6 +180,7 @@ async fn plan(
             .filter_map(|r| note::root_checks(r).map(|c| (r.name.as_str(), c))),
     );
 
+    let widgets = widgets::compute(&prepared, &planned.results, &policies, &scrubber).await;
     let recorded = record::record(
         app,
         job,
@@ -188,6 +191,7 @@ async fn plan(
         prepared.proposed_invalid.is_some(),
     )
     .await?;
+    widgets::record(app, job, widgets).await?;
     drop(prepared.checkout);
 
     let (state, description) = match &prepared.proposed_invalid {
