@@ -30,6 +30,7 @@ pub mod pve_model;
 pub mod redact;
 pub mod render;
 pub mod repo_config;
+pub mod root_graph;
 pub mod state;
 pub mod store_tls;
 pub mod suggest;

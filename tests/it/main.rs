@@ -47,6 +47,7 @@ mod render_notes;
 mod replicas_story;
 mod repo_config_cli;
 mod repo_docs;
+mod roots_together;
 mod sandbox;
 mod sandbox_network;
 mod service_config;

@@ -155,6 +155,7 @@ async fn plan(
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         capacity: planned.capacity.clone(),
         hints: note::sandbox_hints(app, &planned.results),
+        planned_before: note::planned_before(&prepared.config, &planned.results),
         invalid_file: prepared
             .proposed_invalid
             .as_ref()
