@@ -10,7 +10,7 @@ use crate::support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MA
 use crate::support::service::TestService;
 use planbot::core::config::Config;
 
-const INFRA: &str = "infra/layers";
+const INFRA: &str = "infra/homelab";
 
 struct World {
     gitlab: FakeGitLab,
@@ -235,7 +235,9 @@ async fn the_apply_job_applies_network_then_replans_vms_against_its_new_outputs_
         "root `dns`: `vms`, which it depends on, applied: planning it again",
     );
     assert!(
-        network_applied < vms_replanned && vms_replanned < vms_applied && vms_applied < dns_replanned,
+        network_applied < vms_replanned
+            && vms_replanned < vms_applied
+            && vms_applied < dns_replanned,
         "{log}"
     );
     assert!(
@@ -288,9 +290,7 @@ async fn a_failed_network_apply_stops_vms_and_dns_and_says_why_and_backup_still_
         "{log}"
     );
     assert!(
-        log.contains(
-            "planbot: root `vms`: not applied: `network`, which it depends on, failed\n"
-        ),
+        log.contains("planbot: root `vms`: not applied: `network`, which it depends on, failed\n"),
         "{log}"
     );
     assert!(
@@ -301,7 +301,10 @@ async fn a_failed_network_apply_stops_vms_and_dns_and_says_why_and_backup_still_
     );
     assert!(!log.contains("root `vms`: applying"), "{log}");
     // `backup` depends on nothing that failed: applied.
-    assert!(log.contains("root `backup`: applying the reviewed plan"), "{log}");
+    assert!(
+        log.contains("root `backup`: applying the reviewed plan"),
+        "{log}"
+    );
     assert!(w.state("backup").is_some_and(|s| s.contains("02:00")));
     assert!(w.state("vms").is_none(), "vms was not applied");
     assert!(
@@ -327,4 +330,94 @@ async fn a_failed_network_apply_stops_vms_and_dns_and_says_why_and_backup_still_
         "{note}"
     );
     assert!(note.contains("- root `backup`: 1 added"), "{note}");
+}
+
+/// `vms` reading `network`'s subnet when it plans (no deferred read): its reviewed plan holds
+/// the subnet as it was before `network`'s apply.
+fn vms_reading_now_tf(network: &str) -> String {
+    format!(
+        r#"data "terraform_remote_state" "network" {{
+  backend = "http"
+  config = {{
+    address = "{network}"
+  }}
+}}
+
+resource "terraform_data" "vm" {{
+  input = {{
+    name   = "vm1"
+    subnet = data.terraform_remote_state.network.outputs.subnet
+  }}
+}}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replan_whose_known_value_changed_is_refused_below_roots_stop_and_a_confirm_applies_it() {
+    let engine = require_engine!();
+    let w = World::new(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    // First the subnet alone, reviewed and applied.
+    let first = World::network_tf("10.0.1.0/24", false);
+    let iid = w
+        .reviewed_mr(&s, "subnet", &[("stacks/network/main.tf", &first)])
+        .await;
+    let (log, _) = w.merge_and_apply(&s, iid, 43).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+
+    // Then a new subnet, and a VM reviewed on the old one.
+    let network = World::network_tf("10.0.2.0/24", false);
+    let vms = vms_reading_now_tf(&w.state_url("network"));
+    let iid = w
+        .reviewed_mr(
+            &s,
+            "new-subnet-and-vm",
+            &[
+                ("stacks/network/main.tf", &network),
+                ("stacks/vms/main.tf", &vms),
+            ],
+        )
+        .await;
+    let (log, status) = w.merge_and_apply(&s, iid, 44).await;
+    println!("--- the job's log ---\n{log}--- planbot/apply: {status}");
+    assert!(
+        log.contains("planbot: root `vms`: after `network` applied, the new plan differs from the checked one in more than values known after apply: `terraform_data.vm` `input.subnet` has another value\n"),
+        "{log}"
+    );
+    assert!(
+        log.contains("planbot: root `dns`: not applied: `vms`, which it depends on, was refused\n"),
+        "{log}"
+    );
+    assert!(
+        last_line(&log).starts_with("planbot: apply refused: ")
+            && last_line(&log).ends_with("a root below, not applied: `dns`"),
+        "{log}"
+    );
+    assert!(status.starts_with("failed: "), "{status}");
+    assert!(w.state("network").unwrap().contains("10.0.2.0/24"));
+    assert!(w.state("vms").is_none(), "vms was not applied");
+    let confirm = log
+        .lines()
+        .find_map(|l| l.split("PLANBOT_CONFIRM=").nth(1))
+        .map(|c| c.trim_end_matches('.').to_string())
+        .expect("the log says how to confirm");
+
+    // A new job with the confirmation: `network` has nothing left, `vms` applies on the new subnet.
+    let job = FakeJob {
+        token: "glcbt-job-45".into(),
+        id: 45,
+        name: "planbot-apply".into(),
+        status: "running".into(),
+        ref_: "main".into(),
+        tag: false,
+        user: Some(w.alice.clone()),
+        pipeline_id: 1045,
+        project_id: w.project.id,
+        sha: w.gitlab.branch_head(&w.project, "main").unwrap(),
+    };
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(w.state("vms").unwrap().contains("10.0.2.0/24"));
 }

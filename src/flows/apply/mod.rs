@@ -316,17 +316,29 @@ async fn verify_and_apply(
     verdict
 }
 
-/// The roots this apply asked for (`only`: by name; empty: all), upstream roots first, each with
-/// the roots among them it depends on directly.
+/// The roots this apply asked for (`only`: by name; empty: all), upstream roots first
+/// (`depends_on`; among roots with no path between them, the config's order), each with what
+/// it depends on directly and transitively.
 fn dependency_order<'a>(config: &'a RepoConfig, only: &[String]) -> run::Order<'a> {
-    let roots: Vec<&Root> = config
-        .roots
-        .iter()
-        .filter(|r| only.is_empty() || only.contains(&r.name))
+    let graph = config.graph();
+    let asked = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let roots: Vec<&Root> = graph
+        .order()
+        .into_iter()
+        .filter(|name| asked(name))
+        .filter_map(|name| config.roots.iter().find(|r| r.name == name))
         .collect();
+    let names = |list: Vec<&str>| list.into_iter().map(str::to_string).collect::<Vec<_>>();
     run::Order {
+        upstreams: roots
+            .iter()
+            .map(|r| (r.name.clone(), names(graph.depends_on(&r.name))))
+            .collect(),
+        above: roots
+            .iter()
+            .map(|r| (r.name.clone(), names(graph.upstream_of(&r.name))))
+            .collect(),
         roots,
-        upstreams: Default::default(),
     }
 }
 

@@ -161,9 +161,11 @@ impl ApplyCtx {
             .filter(|r| r.fingerprint.ct_eq(&fingerprint));
         if let (Parity::Refuse(_), Some(checked)) = (&decision, d.planned.as_ref()) {
             match cpu_bound(|| compare(checked.plan(), planned.plan())) {
-                Replan::Same => decision = Parity::Apply {
-                    confirmed: d.confirmed,
-                },
+                Replan::Same => {
+                    decision = Parity::Apply {
+                        confirmed: d.confirmed,
+                    }
+                }
                 Replan::Resolved(paths) => {
                     self.log.say(
                         "replan_resolved",
@@ -193,8 +195,7 @@ impl ApplyCtx {
                 .map_err(|e| format!("{e:#}"))?;
             if let Some(refusal) = policy {
                 decision = Parity::Refuse(refusal);
-            } else if let Some(refusal) = self.preflight_refusal(&root.name, planned.plan()).await
-            {
+            } else if let Some(refusal) = self.preflight_refusal(&root.name, planned.plan()).await {
                 decision = Parity::Refuse(refusal);
             }
         }

@@ -9,17 +9,18 @@ use crate::capabilities::engine::{EngineError, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::RunState;
 use crate::core::apply_note::RootResult;
-use crate::flows::context::locks::RootGuard;
 use crate::core::repo_config::Root;
+use crate::flows::context::locks::RootGuard;
 use minijinja::context;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The roots of the apply in dependency order, each with the roots it depends on directly
-/// (among the roots of this apply).
+/// The roots of the apply in dependency order, each with the roots it depends on directly and
+/// transitively (by name; not all of them need be roots of this apply).
 pub(super) struct Order<'a> {
     pub roots: Vec<&'a Root>,
     pub upstreams: BTreeMap<String, Vec<String>>,
+    pub above: BTreeMap<String, Vec<String>>,
 }
 
 /// What stage 4 needs besides the decided roots: the order, the checkout and the confirmation
@@ -53,8 +54,11 @@ pub(super) async fn apply_all(
     let no_upstream = Vec::new();
     for d in decided.iter_mut() {
         let upstreams = stage.order.upstreams.get(&d.root).unwrap_or(&no_upstream);
-        // 1. An upstream failed, was refused or was stopped: this root is not applied.
-        if let Some(why) = stops.stopping(upstreams) {
+        let above = stage.order.above.get(&d.root).unwrap_or(&no_upstream);
+        // 1. An upstream failed, was refused or was stopped: this root is not applied. Its own
+        //    `depends_on` first (to say through which); then any root above it, for an apply
+        //    of some roots only, where the one in between may not be part of it.
+        if let Some(why) = stops.stopping(upstreams).or_else(|| stops.stopping(above)) {
             let text = ctx.stopped_text(&why);
             log.say("stopped", context! { root => &d.root, text => &text });
             ctx.end_run(d.run, RunState::Canceled, &text, &d.plan_log)
