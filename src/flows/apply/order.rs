@@ -90,6 +90,20 @@ impl ApplyCtx {
         )
     }
 
+    /// A re-plan that could not be decided (the store or the policy sets failed): its run
+    /// ends failed, and `error` is the apply's failure text.
+    async fn replan_failed(&self, d: &mut Decided, error: String) -> String {
+        d.planned = None;
+        self.end_run(
+            d.run,
+            RunState::Failed,
+            &self.say("plan_failed", context! {}),
+            &d.plan_log,
+        )
+        .await;
+        error
+    }
+
     /// Plan `d`'s root again now that `upstream` (one it depends on) has applied, and decide
     /// again: `d` then holds the plan to apply (or none), or its refusal. `Err`: the re-plan
     /// failed (already recorded on the run), with the apply's failure text.
@@ -142,8 +156,12 @@ impl ApplyCtx {
                 .store
                 .last_shown_fingerprint(self.project, m.iid, &root.name)
                 .await
-                .map_err(|e| format!("{e:#}"))?,
-            None => None,
+                .map_err(|e| format!("{e:#}")),
+            None => Ok(None),
+        };
+        let reviewed = match reviewed {
+            Ok(r) => r,
+            Err(e) => return Err(self.replan_failed(d, e).await),
         };
         let mut decision = parity(
             &root.name,
@@ -189,10 +207,13 @@ impl ApplyCtx {
             }
         }
         if let Parity::Apply { confirmed } = decision {
-            let policy = self
+            let policy = match self
                 .policy_refusal(root, confirmed, policy_reviewed, &planned, &fingerprint)
                 .await
-                .map_err(|e| format!("{e:#}"))?;
+            {
+                Ok(p) => p,
+                Err(e) => return Err(self.replan_failed(d, format!("{e:#}")).await),
+            };
             if let Some(refusal) = policy {
                 decision = Parity::Refuse(refusal);
             } else if let Some(refusal) = self.preflight_refusal(&root.name, planned.plan()).await {
