@@ -29,6 +29,7 @@ pub mod pve_access;
 pub mod pve_model;
 pub mod redact;
 pub mod render;
+pub mod replan;
 pub mod repo_config;
 pub mod root_graph;
 pub mod state;

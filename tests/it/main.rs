@@ -4,6 +4,7 @@
 #[macro_use]
 mod support;
 
+mod apply_order_story;
 mod apply_story;
 mod architecture;
 mod browser_pages;

@@ -6,15 +6,18 @@
 //! 2. [`verify::find_reviewed_mr`]: the merged MR that landed the commit.
 //! 3. [`checkout`]: the workspace and the repo config at that commit; the apply is recorded
 //!    once per CI job.
-//! 4. [`parity::plan_and_decide`]: every root re-planned with the apply credentials, each
-//!    fingerprint compared with the reviewed one.
-//! 5. [`run::apply_all`]: the checked plan files applied in config order.
+//! 4. [`parity::plan_and_decide`]: every root re-planned with the apply credentials, upstream
+//!    roots first (`depends_on`), each fingerprint compared with the reviewed one.
+//! 5. [`run::apply_all`]: the checked plan files applied upstream roots first; a root whose
+//!    upstream applied is planned again and decided again ([`order`]); a failure stops the
+//!    roots below it, not the others.
 //! 6. [`ApplyCtx::report`]: store, MR note, commit status, failure issue.
 //!
 //! [`endpoint::handler`] streams [`JobLog`] lines to the job as they come; the last line is always
 //! the verdict (`planbot: apply succeeded` / `refused: ...` / `failed: ...`).
 
 mod endpoint;
+mod order;
 mod parity;
 mod policy;
 mod report;
@@ -233,11 +236,8 @@ async fn verify_and_apply(
             Ok(p) => p,
             Err(verdict) => return Ok(verdict),
         };
-    let roots: Vec<&Root> = repo_config
-        .roots
-        .iter()
-        .filter(|r| body.roots.is_empty() || body.roots.contains(&r.name))
-        .collect();
+    let order = dependency_order(&repo_config, &body.roots);
+    let roots = &order.roots;
     if roots.is_empty() {
         return Ok(Verdict::Refused(say(
             &app.scrubber,
@@ -290,7 +290,7 @@ async fn verify_and_apply(
         let mut decided = match parity::plan_and_decide(
             &ctx,
             apply_id,
-            &roots,
+            roots,
             checkout.path(),
             confirm.as_deref(),
             log,
@@ -300,7 +300,12 @@ async fn verify_and_apply(
             Ok(d) => d,
             Err(verdict) => return Ok(verdict),
         };
-        let (results, verdict) = run::apply_all(&ctx, &mut decided, log).await;
+        let stage = run::Stage {
+            order: &order,
+            checkout: checkout.path(),
+            confirm: confirm.as_deref(),
+        };
+        let (results, verdict) = run::apply_all(&ctx, &mut decided, &stage, log).await;
         let error = decided.iter().find_map(|d| d.error.clone());
         ctx.report(apply_id, &results, &decided, &verdict, error.as_deref())
             .await;
@@ -309,6 +314,32 @@ async fn verify_and_apply(
     .await;
     project_lock.release().await;
     verdict
+}
+
+/// The roots this apply asked for (`only`: by name; empty: all), upstream roots first
+/// (`depends_on`; among roots with no path between them, the config's order), each with what
+/// it depends on directly and transitively.
+fn dependency_order<'a>(config: &'a RepoConfig, only: &[String]) -> run::Order<'a> {
+    let graph = config.graph();
+    let asked = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let roots: Vec<&Root> = graph
+        .order()
+        .into_iter()
+        .filter(|name| asked(name))
+        .filter_map(|name| config.roots.iter().find(|r| r.name == name))
+        .collect();
+    let names = |list: Vec<&str>| list.into_iter().map(str::to_string).collect::<Vec<_>>();
+    run::Order {
+        upstreams: roots
+            .iter()
+            .map(|r| (r.name.clone(), names(graph.depends_on(&r.name))))
+            .collect(),
+        above: roots
+            .iter()
+            .map(|r| (r.name.clone(), names(graph.upstream_of(&r.name))))
+            .collect(),
+        roots,
+    }
 }
 
 /// Stage 3: the workspace at the merged commit, and the repo config of the default branch,

@@ -182,7 +182,7 @@ impl ApplyCtx {
     }
 
     /// The root's lock, saying so in the job log when a plan or apply of it holds it.
-    async fn lock_root(&self, root: &Root) -> RootGuard {
+    pub(super) async fn lock_root(&self, root: &Root) -> RootGuard {
         match self.app.root_locks.try_lock(self.project, &root.name) {
             Some(g) => g,
             None => {
@@ -194,7 +194,7 @@ impl ApplyCtx {
 
     /// The engine's plan of the root at the merged commit, with the apply credentials; a
     /// failure ends the run and is the whole apply's failure.
-    async fn plan_fresh(
+    pub(super) async fn plan_fresh(
         &self,
         root: &Root,
         checkout: &Path,
@@ -459,7 +459,7 @@ impl ApplyCtx {
 
     /// Say in the job log why this root may be applied: confirmed by fingerprint, or the plan
     /// reviewed on the MR.
-    fn say_why_applied(&self, root: &Root, confirmed: bool, fingerprint: &Fingerprint) {
+    pub(super) fn say_why_applied(&self, root: &Root, confirmed: bool, fingerprint: &Fingerprint) {
         if confirmed {
             self.log.say(
                 "confirmed",
@@ -478,7 +478,7 @@ impl ApplyCtx {
 
     /// The Proxmox preflight with the apply credentials, just before applying: an error
     /// finding refuses the apply (no endpoint configured: nothing to check).
-    async fn preflight_refusal(&self, root: &str, plan: &Plan) -> Option<ApplyRefusal> {
+    pub(super) async fn preflight_refusal(&self, root: &str, plan: &Plan) -> Option<ApplyRefusal> {
         let config = &self.app.config;
         let endpoint = crate::flows::preflight::endpoint_from_config(
             &config.proxmox.for_apply(),
@@ -502,7 +502,7 @@ impl ApplyCtx {
     }
 
     /// Show the fresh plan in the job log (for a direct push, this is the only review).
-    fn print_plan(&self, planned: &PlannedRun, root: &Root) {
+    pub(super) fn print_plan(&self, planned: &PlannedRun, root: &Root) {
         self.log.say("plan_is", context! { root => &root.name });
         for rc in planned
             .plan()
@@ -520,7 +520,7 @@ impl ApplyCtx {
         }
     }
 
-    async fn post_plan_changed(
+    pub(super) async fn post_plan_changed(
         &self,
         mr: MrIid,
         root: &Root,
