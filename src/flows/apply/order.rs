@@ -123,7 +123,33 @@ impl ApplyCtx {
             Some(g) => g,
             None => self.lock_root(root).await,
         };
-        let planned = self.plan_fresh(root, checkout, d.run).await?;
+        let reviewed = match &self.mr {
+            Some(m) => self
+                .app
+                .store
+                .last_shown_fingerprint(self.project, m.iid, &root.name)
+                .await
+                .map_err(|e| format!("{e:#}")),
+            None => Ok(None),
+        };
+        let reviewed = match reviewed {
+            Ok(r) => r,
+            Err(e) => return Err(self.replan_failed(d, e).await),
+        };
+        // Planned again with the flags the reviewed plan was made with (h-target's targeting).
+        let targeting = match (&self.mr, &reviewed) {
+            (Some(m), Some(r)) => match self
+                .app
+                .store
+                .plan_targeting(self.project, m.iid, &r.sha, &root.name)
+                .await
+            {
+                Ok(t) => t,
+                Err(e) => return Err(self.replan_failed(d, format!("{e:#}")).await),
+            },
+            _ => Default::default(),
+        };
+        let planned = self.plan_fresh(root, checkout, d.run, &targeting).await?;
         let key = self.app.config.fingerprint_key.expose().as_bytes();
         let fingerprint = cpu_bound(|| planned.fingerprint(key));
         let plan = planned.plan();
@@ -150,19 +176,6 @@ impl ApplyCtx {
             d.planned = None;
             return Err(self.say("root_plan_errored", context! { root => &root.name }));
         }
-        let reviewed = match &self.mr {
-            Some(m) => self
-                .app
-                .store
-                .last_shown_fingerprint(self.project, m.iid, &root.name)
-                .await
-                .map_err(|e| format!("{e:#}")),
-            None => Ok(None),
-        };
-        let reviewed = match reviewed {
-            Ok(r) => r,
-            Err(e) => return Err(self.replan_failed(d, e).await),
-        };
         let mut decision = parity(
             &root.name,
             &fingerprint,

@@ -141,9 +141,9 @@ pub(super) async fn apply_all(
                 // The guests it updates in place: after the apply, which changes wait for a reboot.
                 let guests = crate::core::preflight::updated_guests(planned.plan());
                 let slot = ctx.app.engine_slot().await;
-                let applied = apply_root(&guard, planned, log).await;
+                let outcome = apply_root(&guard, planned, log).await;
                 drop(slot);
-                match applied {
+                match outcome {
                     Ok(out_log) => {
                         ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
                             .await;
