@@ -107,6 +107,7 @@ fn build() -> Result<Environment<'static>, Error> {
     env.add_filter("cell", |s: String| markdown::table_code(&s));
     env.add_filter("celltext", |s: String| markdown::table_text(&s));
     env.add_filter("text", |s: String| markdown::inline_text(&s));
+    env.add_filter("mermaid", |s: String| markdown::mermaid_label(&s));
     for layout in [Layout::Verbatim, Layout::Blocks] {
         let blocks = layout == Layout::Blocks;
         env.set_trim_blocks(blocks);

@@ -46,6 +46,7 @@ mod render_notes;
 mod replicas_story;
 mod repo_config_cli;
 mod repo_docs;
+mod root_reach;
 mod sandbox;
 mod sandbox_network;
 mod service_config;

@@ -14,6 +14,7 @@
 
 mod note;
 mod prepare;
+mod reach;
 mod record;
 mod roots;
 
@@ -149,6 +150,7 @@ async fn plan(
         banners: prepared.banners.clone(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         capacity: planned.capacity.clone(),
+        reach: planned.reach.clone(),
         hints: note::sandbox_hints(app, &planned.results),
         invalid_file: prepared
             .proposed_invalid

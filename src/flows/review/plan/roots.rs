@@ -13,6 +13,7 @@ use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
 use crate::core::lint;
 use crate::core::policy::Verdict;
+use crate::core::reach;
 use crate::core::repo_config::Root;
 use crate::core::state;
 use crate::flows::confinement::credentials::{self, Trust};
@@ -61,6 +62,8 @@ pub(super) struct RootsPlanned {
     pub preflight_notes: Vec<String>,
     /// What each root's plan takes from the Proxmox cluster, by root name (the note's table).
     pub capacity: std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
+    /// The roots the changes reach and why each was planned, in plan order (the note's list).
+    pub reach: Vec<crate::core::reach::Reached>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
@@ -83,13 +86,18 @@ pub(super) async fn plan_roots(
     let mut capacity = std::collections::BTreeMap::new();
     let pve =
         preflight::endpoint_from_config(&app.config.proxmox.for_plan(), &app.config.engine.env);
-    for decision in prepared.config.decide(&prepared.changed) {
+    // Which roots the changes reach: their own files, the local modules they use (read from
+    // the checkout), their `when_modified` patterns.
+    let graph = super::reach::module_graph(prepared.checkout.path(), &prepared.config).await;
+    let decisions = reach::decide(&prepared.config, &prepared.changed, &graph);
+    let reached: Vec<reach::Reached> = decisions.iter().filter_map(|d| d.reached()).collect();
+    for decision in decisions {
         let root = decision.root;
         if !decision.affected {
             results.push(RootResult {
                 name: root.name.clone(),
                 outcome: Outcome::Skipped {
-                    reason: decision.reason.clone(),
+                    reason: decision.skipped.clone(),
                 },
             });
             continue;
@@ -135,6 +143,7 @@ pub(super) async fn plan_roots(
         results,
         preflight_notes,
         capacity,
+        reach: reached,
     })
 }
 
