@@ -405,6 +405,8 @@ struct WrittenRoot {
     #[serde(skip_serializing_if = "Option::is_none")]
     state: Option<toml::Value>,
     drift: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    depends_on: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -445,6 +447,7 @@ pub fn write_repo_config(cfg: &RepoConfig) -> String {
                     }
                 },
                 drift: r.drift,
+                depends_on: r.depends_on.clone(),
             })
             .collect(),
         policy_sets: cfg

@@ -31,6 +31,7 @@ pub mod reach;
 pub mod redact;
 pub mod render;
 pub mod repo_config;
+pub mod root_graph;
 pub mod state;
 pub mod store_tls;
 pub mod suggest;

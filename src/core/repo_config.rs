@@ -14,6 +14,7 @@
 //! parallelism = 1                     # `-parallelism=1` for its plan and apply (1..=256)
 //! state = { gitlab = "core" }         # the project's GitLab-managed state `core`
 //! checks = { fmt = false }            # engine checks off for this root (validate, fmt, test)
+//! depends_on = ["network"]            # roots planned and applied before it (`core::root_graph`)
 //!
 //! [plan]
 //! checkout = "merge"                 # or "head"
@@ -36,6 +37,7 @@
 use crate::core::engine_checks::CheckSet;
 use crate::core::markdown::code_span;
 use crate::core::policy::{self, PolicySetSpec};
+use crate::core::root_graph::{GraphProblem, RootGraph};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -133,6 +135,9 @@ pub struct Root {
     pub parallelism: Option<u16>,
     /// The engine's checks run beside its MR plans (`checks = { validate, fmt, test }`).
     pub checks: CheckSet,
+    /// `depends_on`: the roots (by name) it reads from, planned and applied before it; checked
+    /// (known names, no cycle) by [`RepoConfig::parse`], read through [`RepoConfig::graph`].
+    pub depends_on: Vec<String>,
     matcher: GlobSet,
 }
 
@@ -148,6 +153,7 @@ impl PartialEq for Root {
             && self.drift == other.drift
             && self.parallelism == other.parallelism
             && self.checks == other.checks
+            && self.depends_on == other.depends_on
     }
 }
 
@@ -335,6 +341,8 @@ struct RawRoot {
     #[serde(default)]
     parallelism: Option<Spanned<toml::Value>>,
     checks: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    depends_on: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -570,6 +578,7 @@ impl RepoConfig {
                 drift: true,
                 parallelism: None,
                 checks: CheckSet::ALL,
+                depends_on: Vec::new(),
             }],
             plan: PlanSettings::default(),
             policy_sets: Vec::new(),
@@ -630,7 +639,13 @@ impl RepoConfig {
         };
         let mut roots = Vec::new();
         let mut dir_valid: Vec<bool> = Vec::new();
+        // Each root's `depends_on` entries' spans (and the list's), for the graph's problems.
+        let mut depends_spans: Vec<(Range<usize>, Vec<Range<usize>>)> = Vec::new();
         for (i, r) in raw_roots.into_iter().enumerate() {
+            depends_spans.push(match &r.depends_on {
+                Some(d) => (d.span(), d.get_ref().iter().map(|e| e.span()).collect()),
+                None => (r.name.span(), Vec::new()),
+            });
             let file_drift = raw.drift.unwrap_or(true);
             let (mut root, dir_ok) =
                 parse_root(i, r, &roots, &dir_valid, &global_disable, &mut problems);
@@ -639,6 +654,7 @@ impl RepoConfig {
             dir_valid.push(dir_ok);
             roots.push(root);
         }
+        check_graph(&roots, &depends_spans, &mut problems);
         let policy_sets = parse_policy_sets(raw.policy_sets, &roots, &mut problems);
         problems.finish(RepoConfig {
             roots,
@@ -706,6 +722,81 @@ impl RepoConfig {
     /// A root by name.
     pub fn root(&self, name: &str) -> Option<&Root> {
         self.roots.iter().find(|r| r.name == name)
+    }
+
+    /// The roots' `depends_on` as a graph (order, layers, what is above and below a root). A
+    /// configuration from [`RepoConfig::parse`] always has one; roots changed by hand into a
+    /// circle or onto an unknown name since give the roots with no dependencies.
+    pub fn graph(&self) -> RootGraph {
+        let list: Vec<(&str, &[String])> = self
+            .roots
+            .iter()
+            .map(|r| (r.name.as_str(), r.depends_on.as_slice()))
+            .collect();
+        RootGraph::new(&list).unwrap_or_else(|_| {
+            RootGraph::independent(&self.roots.iter().map(|r| &r.name).collect::<Vec<_>>())
+        })
+    }
+}
+
+/// Every root's `depends_on` (`spans[i]`: the list's span and each entry's): unknown names
+/// (with the nearest), a root on itself, a name twice, and each circle, at the entry's line.
+fn check_graph(
+    roots: &[Root],
+    spans: &[(Range<usize>, Vec<Range<usize>>)],
+    problems: &mut Problems<'_>,
+) {
+    let list: Vec<(&str, &[String])> = roots
+        .iter()
+        .map(|r| (r.name.as_str(), r.depends_on.as_slice()))
+        .collect();
+    let Err(found) = RootGraph::new(&list) else {
+        return;
+    };
+    for p in found {
+        let (i, e) = p.at();
+        let span = spans[i]
+            .1
+            .get(e)
+            .cloned()
+            .unwrap_or_else(|| spans[i].0.clone());
+        let message = match p {
+            GraphProblem::Unknown {
+                name, suggestion, ..
+            } => match suggestion {
+                Some(s) => format!(
+                    "no root is named {} (did you mean {}?)",
+                    code_span(&name),
+                    code_span(&s)
+                ),
+                None => format!(
+                    "no root is named {} (roots: {})",
+                    code_span(&name),
+                    roots
+                        .iter()
+                        .map(|r| code_span(&r.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
+            GraphProblem::OnItself { .. } => format!(
+                "root {} cannot depend on itself",
+                code_span(&roots[i].name)
+            ),
+            GraphProblem::Twice { .. } => format!(
+                "{} is listed twice",
+                code_span(&roots[i].depends_on[e])
+            ),
+            GraphProblem::Cycle { cycle, .. } => format!(
+                "the roots depend on each other in a circle: {}; one of them must not depend on the next",
+                cycle
+                    .iter()
+                    .map(|n| code_span(n))
+                    .collect::<Vec<_>>()
+                    .join(" → ")
+            ),
+        };
+        problems.at(span, root_key(i, "depends_on"), message);
     }
 }
 
@@ -895,6 +986,16 @@ fn parse_root(
         .as_ref()
         .and_then(|p| parse_parallelism(p, root_key(i, "parallelism"), problems));
     let checks = root_checks(i, &r, problems);
+    let depends_on = r
+        .depends_on
+        .as_ref()
+        .map(|d| {
+            d.get_ref()
+                .iter()
+                .map(|e| e.get_ref().trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
     let root = Root {
         name,
         dir,
@@ -907,6 +1008,7 @@ fn parse_root(
         drift,
         parallelism,
         checks,
+        depends_on,
         matcher,
     };
     (root, dir_ok)
@@ -1273,6 +1375,7 @@ struct RootView<'a> {
     checks_off: Vec<&'static str>,
     /// The GitLab-managed state's name, `own`, or nothing (the service decides).
     state: Option<&'a str>,
+    depends_on: &'a [String],
 }
 
 fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
@@ -1298,6 +1401,7 @@ fn roots_view(cfg: &RepoConfig) -> Vec<RootView<'_>> {
                 RootState::Own => Some("own"),
                 RootState::Gitlab(name) => Some(name),
             },
+            depends_on: &r.depends_on,
         })
         .collect()
 }
@@ -1314,6 +1418,7 @@ pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
         minijinja::context! {
             file => file,
             roots => roots_view(cfg),
+            layers => cfg.graph().layers(),
             checkout => cfg.plan.checkout.as_str(),
             fork_mrs => cfg.plan.fork_mrs.as_str(),
             policy_sets => policy::sets::views(&cfg.policy_sets),
@@ -1630,6 +1735,40 @@ lint_disable = ["not a rule"]
                 "line 9, column 14: key `roots[1].var_files`: `../../../../secrets.tfvars` leaves the repository",
                 "line 10, column 17: key `roots[1].lint_disable`: `not a rule` is not a rule id (like `PVE003`)",
             ]
+        );
+    }
+
+    #[test]
+    fn depends_on_names_roots_of_the_file_without_a_circle() {
+        let cfg = RepoConfig::parse(
+            "[[roots]]\nname = \"dns\"\ndir = \"dns\"\ndepends_on = [\"vms\"]\n[[roots]]\nname = \"network\"\ndir = \"network\"\n[[roots]]\nname = \"vms\"\ndir = \"vms\"\ndepends_on = [\"network\"]\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.roots[0].depends_on, ["vms"]);
+        assert!(cfg.roots[1].depends_on.is_empty());
+        assert_eq!(cfg.graph().order(), ["network", "vms", "dns"]);
+        assert_eq!(cfg.graph().upstream_of("dns"), ["network", "vms"]);
+        assert!(RepoConfig::absent()
+            .graph()
+            .upstream_of("default")
+            .is_empty());
+
+        let text = "[[roots]]\nname = \"network\"\ndir = \"n\"\ndepends_on = [\"vms\"]\n\n[[roots]]\nname = \"vms\"\ndir = \"v\"\ndepends_on = [\n  \"netwrok\",\n  \"vms\",\n  \"network\",\n]\n";
+        let err = RepoConfig::parse(text).unwrap_err();
+        let shown: Vec<String> = err.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "line 4, column 15: key `roots[0].depends_on`: the roots depend on each other in a circle: `network` → `vms` → `network`; one of them must not depend on the next",
+                "line 10, column 3: key `roots[1].depends_on`: no root is named `netwrok` (did you mean `network`?)",
+                "line 11, column 3: key `roots[1].depends_on`: root `vms` cannot depend on itself",
+            ]
+        );
+        let err =
+            RepoConfig::parse("[[roots]]\nname = \"a\"\ndepends_on = [\"zzz\"]\n").unwrap_err();
+        assert_eq!(
+            err.problems[0].message,
+            "no root is named `zzz` (roots: `a`)"
         );
     }
 

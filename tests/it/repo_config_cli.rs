@@ -149,3 +149,29 @@ fn one_run_reports_the_unknown_key_and_every_other_problem() {
         );
     }
 }
+
+#[test]
+fn depends_on_prints_the_order_and_a_circle_or_an_unknown_name_is_an_error_at_its_line() {
+    let valid = "[[roots]]\nname = \"dns\"\ndir = \"dns\"\ndepends_on = [\"vms\"]\n\n[[roots]]\nname = \"network\"\ndir = \"network\"\n\n[[roots]]\nname = \"vms\"\ndir = \"vms\"\ndepends_on = [\"network\"]\n\n[[roots]]\nname = \"storage\"\ndir = \"storage\"\n";
+    let (code, stdout, stderr) = check_config(valid);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("order: network and storage, then vms, then dns"),
+        "{stdout}"
+    );
+    insta::assert_snapshot!("check_config_depends_on", stdout);
+
+    let circle = "[[roots]]\nname = \"network\"\ndir = \"network\"\ndepends_on = [\"dns\"]\n\n[[roots]]\nname = \"vms\"\ndir = \"vms\"\ndepends_on = [\"network\"]\n\n[[roots]]\nname = \"dns\"\ndir = \"dns\"\ndepends_on = [\"vms\", \"netwrok\"]\n";
+    let (code, stdout, stderr) = check_config(circle);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("line 4, column 15: key `roots[0].depends_on`: the roots depend on each other in a circle: `network` → `dns` → `vms` → `network`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("line 14, column 22: key `roots[2].depends_on`: no root is named `netwrok` (did you mean `network`?)"),
+        "{stderr}"
+    );
+    insta::assert_snapshot!("check_config_depends_on_errors", stderr);
+}
