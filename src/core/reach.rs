@@ -7,6 +7,7 @@
 //! followed only when it is a local path (`./…`, `../…`) that stays inside the repository.
 
 use crate::core::repo_config::{normalize_path, RepoConfig, Root};
+use crate::core::root_graph::RootGraph;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -434,6 +435,40 @@ pub fn decide<'a>(
         .collect()
 }
 
+/// The reached roots in `graph`'s order (upstream first), and the picture's arrows between
+/// them: `(upstream, downstream)` when the one depends on the other, directly or through roots
+/// the MR does not reach, and no reached root stands between them.
+pub fn in_order(
+    graph: &RootGraph,
+    mut reached: Vec<Reached>,
+) -> (Vec<Reached>, Vec<(String, String)>) {
+    let order = graph.order();
+    reached.sort_by_key(|r| {
+        order
+            .iter()
+            .position(|o| *o == r.root)
+            .unwrap_or(usize::MAX)
+    });
+    let names: Vec<&str> = reached.iter().map(|r| r.root.as_str()).collect();
+    let mut edges = Vec::new();
+    for down in &names {
+        let above: Vec<&str> = graph
+            .upstream_of(down)
+            .into_iter()
+            .filter(|u| names.contains(u))
+            .collect();
+        for up in &above {
+            let between = above
+                .iter()
+                .any(|mid| mid != up && graph.upstream_of(mid).contains(up));
+            if !between {
+                edges.push((up.to_string(), down.to_string()));
+            }
+        }
+    }
+    (reached, edges)
+}
+
 fn shown(mut files: Vec<String>) -> (Vec<String>, usize) {
     let more = files.len().saturating_sub(SHOWN_FILES);
     files.truncate(SHOWN_FILES);
@@ -642,6 +677,37 @@ when_modified = ["**", "../../zones/*.txt"]
                 reason: "main.tf does not parse as HCL".into()
             }]
         );
+    }
+
+    #[test]
+    fn the_picture_orders_the_reached_roots_and_draws_only_the_nearest_arrows() {
+        let deps: [(&str, &[&str]); 4] = [
+            ("dns", &["vms"]),
+            ("vms", &["network"]),
+            ("network", &[]),
+            ("backup", &[]),
+        ];
+        let graph = RootGraph::new(&deps).unwrap();
+        let r = |n: &str| Reached {
+            root: n.into(),
+            why: vec![],
+            outside: vec![],
+            unread: vec![],
+        };
+        let names = |v: &[Reached]| v.iter().map(|r| r.root.clone()).collect::<Vec<_>>();
+        let (order, edges) = in_order(&graph, vec![r("dns"), r("backup"), r("vms"), r("network")]);
+        assert_eq!(names(&order), ["network", "vms", "dns", "backup"]);
+        assert_eq!(
+            edges,
+            [
+                ("network".to_string(), "vms".to_string()),
+                ("vms".to_string(), "dns".to_string())
+            ]
+        );
+        // vms not reached: network still comes before dns, one arrow through it.
+        let (order, edges) = in_order(&graph, vec![r("dns"), r("network")]);
+        assert_eq!(names(&order), ["network", "dns"]);
+        assert_eq!(edges, [("network".to_string(), "dns".to_string())]);
     }
 
     #[test]

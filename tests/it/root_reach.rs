@@ -1,8 +1,9 @@
 //! Which roots a change reaches, without globs (issue 38 item 1): a repository of three roots
 //! (`network`, `vms`, `dns`) and shared local modules, no `when_modified` written, the real
 //! engine and GitLab-managed state in the fake GitLab. A change to a module plans exactly the
-//! roots that use it, directly or through another module, and the note says why; a module
-//! source that leaves the repository, by `../` or through a symbolic link, is not followed.
+//! roots that use it, directly or through another module, and the note says why and draws them
+//! in their `depends_on` order (issue 38 item 5); a module source that leaves the repository, by
+//! `../` or through a symbolic link, is not followed.
 
 use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
 use planbot::core::config::Config;
@@ -18,10 +19,12 @@ dir = "stacks/network"
 [[roots]]
 name = "vms"
 dir = "stacks/vms"
+depends_on = ["network"]
 
 [[roots]]
 name = "dns"
 dir = "stacks/dns"
+depends_on = ["vms"]
 "#;
 
 fn vm_module(input: &str) -> String {
@@ -208,7 +211,7 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
     assert!(!note.contains("- `network`:"), "{note}");
     // Two roots planned: their picture, as a Mermaid graph.
     assert!(
-        note.contains("```mermaid\ngraph LR\n  r0[\"vms\"]\n  r1[\"dns\"]\n```"),
+        note.contains("```mermaid\ngraph LR\n  r0[\"vms\"]\n  r1[\"dns\"]\n  r0 --> r1\n```"),
         "{note}"
     );
     let head = w.fake.mr_sha(&w.project, iid);
@@ -239,6 +242,11 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
         "- `network`: its files changed (`stacks/network/main.tf`)"
     );
     assert!(note.contains("ns2-v1"), "{note}");
+    // network before dns (through vms, which this MR does not reach).
+    assert!(
+        note.contains("```mermaid\ngraph LR\n  r0[\"network\"]\n  r1[\"dns\"]\n  r0 --> r1\n```"),
+        "{note}"
+    );
     assert!(note.contains("vmbr1"), "{note}");
 }
 

@@ -140,6 +140,8 @@ async fn plan(
         Outcome::Skipped { .. } => None,
     });
     let run_url = first_run.and_then(|r| app.run_url(r));
+    // The reached roots upstream first, with the arrows of their picture.
+    let reach_order = crate::core::reach::in_order(&prepared.config.graph(), planned.reach.clone());
     let ctx = NoteContext {
         sha: Some(prepared.commit.sha.as_str().to_string()),
         draft: prepared.mr.draft,
@@ -150,7 +152,8 @@ async fn plan(
         banners: prepared.banners.clone(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         capacity: planned.capacity.clone(),
-        reach: planned.reach.clone(),
+        reach: reach_order.0,
+        root_edges: reach_order.1,
         hints: note::sandbox_hints(app, &planned.results),
         invalid_file: prepared
             .proposed_invalid
