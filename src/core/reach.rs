@@ -610,7 +610,7 @@ when_modified = ["**", "../../zones/*.txt"]
                 more: 0
             }]
         );
-        let d = decide(&cfg, &["docs/x.md".to_string()], &g);
+        let d = decide(&cfg, &["notes/readme.txt".to_string()], &g);
         assert!(affected(&d).is_empty());
     }
 
@@ -668,7 +668,7 @@ when_modified = ["**", "../../zones/*.txt"]
         let broken: &[(&str, &str)] = &[("main.tf", "module \"x\" {")];
         r[4] = ("modules/vm", broken);
         let g = graph_of(&r, &["stacks/network", "stacks/vms", "stacks/dns"]);
-        let d = decide(&cfg, &["docs/x.md".to_string()], &g);
+        let d = decide(&cfg, &["notes/readme.txt".to_string()], &g);
         assert_eq!(affected(&d), ["vms", "dns"]);
         assert_eq!(
             d[1].why,
