@@ -47,6 +47,7 @@ mod replicas_story;
 mod repo_config_cli;
 mod repo_docs;
 mod root_reach;
+mod roots_together;
 mod sandbox;
 mod sandbox_network;
 mod service_config;

@@ -814,3 +814,46 @@ fn checks_that_could_not_run_say_why_and_engine_text_cannot_break_the_note() {
     assert!(!note.contains("\n/approve"), "{note}");
     insta::assert_snapshot!(note);
 }
+
+#[test]
+fn a_root_planned_below_a_root_changed_in_the_same_mr_says_so_with_its_output_changes() {
+    use planbot::core::render::planned_before::planned_before;
+    use planbot::core::root_graph::RootGraph;
+    let network = crate::support::fixtures::plan("outputs");
+    let vms = crate::support::fixtures::plan("changes");
+    let fp = fp();
+    let graph =
+        RootGraph::new(&[("network", &[][..]), ("vms", &["network".to_string()][..])]).unwrap();
+    let plans = [("network", &network), ("vms", &vms)].into_iter().collect();
+    let mut c = ctx();
+    c.planned_before = planned_before(&graph, &plans);
+    let roots = [
+        RootSection {
+            name: "network".into(),
+            outcome: RootOutcome::Planned {
+                plan: &network,
+                findings: &[],
+                fingerprint: &fp,
+            },
+        },
+        RootSection {
+            name: "vms".into(),
+            outcome: RootOutcome::Planned {
+                plan: &vms,
+                findings: &[],
+                fingerprint: &fp,
+            },
+        },
+    ];
+    let note = render_note(&c, &roots, &Scrubber::none());
+    assert_well_formed(&note);
+    let vms_section = note.split("#### Root `vms`").nth(1).unwrap();
+    assert!(
+        vms_section.contains(
+            "⏳ Planned against `network` before its apply: re-planned by the apply job."
+        ),
+        "{note}"
+    );
+    assert_eq!(note.matches("⏳ Planned against").count(), 1, "{note}");
+    insta::assert_snapshot!(note);
+}

@@ -14,7 +14,7 @@ use planbot::flows::service::server::Options;
 const INFRA: &str = "infra/homelab";
 
 /// A root with no backend block of its own: planbot gives it GitLab-managed state.
-fn vms_tf(vms: &[&str]) -> String {
+pub(crate) fn vms_tf(vms: &[&str]) -> String {
     let vms: Vec<String> = vms.iter().map(|v| format!("\"{v}\"")).collect();
     format!(
         r#"variable "vms" {{
@@ -86,18 +86,18 @@ token = "{metrics_token}"
     )
 }
 
-struct World {
-    gitlab: FakeGitLab,
-    project: FakeProject,
+pub(crate) struct World {
+    pub(crate) gitlab: FakeGitLab,
+    pub(crate) project: FakeProject,
     alice: FakeUser,
-    config: Config,
+    pub(crate) config: Config,
     _data: tempfile::TempDir,
 }
 
 /// The fake GitLab with `infra/homelab` (`.planbot.toml` and `files` on main), and planbot's
 /// config: the documented state recipe as written (its token files holding a Developer's and a
 /// Maintainer's token), plus `extra`.
-fn world(
+pub(crate) fn world(
     engine: &std::path::Path,
     planbot_toml: &str,
     files: &[(&str, &str)],
@@ -161,7 +161,7 @@ fn world_with(
     }
 }
 
-fn with_workers() -> Options {
+pub(crate) fn with_workers() -> Options {
     Options {
         workers: true,
         reconcile: false,
@@ -170,7 +170,12 @@ fn with_workers() -> Options {
 
 impl World {
     /// Alice pushes `files` on `branch`, opens an MR, and GitLab delivers the webhook.
-    async fn open_mr(&self, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
+    pub(crate) async fn open_mr(
+        &self,
+        s: &TestService,
+        branch: &str,
+        files: &[(&str, &str)],
+    ) -> u64 {
         self.gitlab.commit_files(&self.project, branch, files);
         let iid = self
             .gitlab
@@ -185,7 +190,7 @@ impl World {
     }
 
     /// The plan note once the MR head's `planbot/plan` status is final, and that status.
-    async fn plan_of(&self, s: &TestService, iid: u64) -> (String, String) {
+    pub(crate) async fn plan_of(&self, s: &TestService, iid: u64) -> (String, String) {
         let head = self.gitlab.mr_sha(&self.project, iid);
         let (gitlab, project) = (&self.gitlab, &self.project);
         s.after_job_ends("a final planbot/plan status", 90, || async {

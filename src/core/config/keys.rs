@@ -623,7 +623,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Int,
         secret: false,
         unset: Unset::Value("2"),
-        description: "Bounded worker pool: how many plan jobs run at the same time (1..64).",
+        description: "Bounded worker pool: how many jobs run at the same time (1..64), and how many engines run at once across all of them: the roots of one MR plan side by side up to it ([Several roots](workflow.md#several-roots)).",
         show: |c| Shown::plain(c.plan.max_concurrent_plans),
     },
     Key {

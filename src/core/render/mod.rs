@@ -9,6 +9,7 @@
 pub mod approved;
 mod budget;
 pub mod diff;
+pub mod planned_before;
 use crate::core::markdown;
 pub mod terminal;
 
@@ -92,6 +93,10 @@ pub struct NoteContext {
     pub policies: BTreeMap<String, PolicySection>,
     /// What each root's plan takes from the Proxmox cluster next to what is free, by root name.
     pub capacity: BTreeMap<String, crate::core::capacity::Capacity>,
+    /// For each root planned with an upstream root (`depends_on`) that changes in the same MR,
+    /// those upstream roots and their output changes ([`planned_before::planned_before`]): the
+    /// root's section says it was planned before their apply.
+    pub planned_before: BTreeMap<String, Vec<planned_before::PlannedBefore>>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
@@ -451,6 +456,9 @@ struct DetailView {
     ephemeral: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     capacity: Option<crate::core::capacity::Capacity>,
+    /// The upstream roots changed in the same MR that this root was planned before.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    planned_before: Vec<planned_before::PlannedBefore>,
 }
 
 impl RowView {
@@ -491,6 +499,7 @@ impl DetailView {
             policies: None,
             ephemeral: Vec::new(),
             capacity: None,
+            planned_before: Vec::new(),
         }
     }
 }
@@ -1094,6 +1103,11 @@ fn root_views<'r>(
                 detail.policies = Some(section.clone());
             }
             detail.capacity = ctx.capacity.get(&root.name).cloned();
+            detail.planned_before = ctx
+                .planned_before
+                .get(&root.name)
+                .cloned()
+                .unwrap_or_default();
         }
     }
     (row, detail)

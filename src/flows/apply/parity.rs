@@ -236,7 +236,10 @@ impl ApplyCtx {
             parallelism: root.parallelism,
             ..PlanRequest::default()
         };
-        match engine.plan(&checkout.join(&root.dir), &request).await {
+        let slot = self.app.engine_slot().await;
+        let planned = engine.plan(&checkout.join(&root.dir), &request).await;
+        drop(slot);
+        match planned {
             Ok(p) => Ok(p),
             Err(e) => {
                 let mut report = e.report(40);

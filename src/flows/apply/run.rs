@@ -48,7 +48,10 @@ pub(super) async fn apply_all(
                 let guard = d.guard.take().expect("a planned root holds its lock");
                 // The guests it updates in place: after the apply, which changes wait for a reboot.
                 let guests = crate::core::preflight::updated_guests(planned.plan());
-                match apply_root(&guard, planned, log).await {
+                let slot = ctx.app.engine_slot().await;
+                let applied = apply_root(&guard, planned, log).await;
+                drop(slot);
+                match applied {
                     Ok(out_log) => {
                         ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
                             .await;

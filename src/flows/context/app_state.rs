@@ -26,6 +26,11 @@ pub struct App {
     pub scrubber: Scrubber,
     /// Plans and applies of the same (project, root) never run at the same time.
     pub root_locks: RootLocks,
+    /// The engines this process runs at once, every job's together: `plan.max_concurrent_plans`
+    /// slots. A root's plan (MR, drift) and an apply's plan and apply each hold one while the
+    /// engine runs, taken after the root's lock and never held while waiting for a lock, so
+    /// the roots of one MR plan side by side without more engines than the memory is sized for.
+    pub engine_slots: tokio::sync::Semaphore,
     /// Git mirrors and per-job checkouts under `data_dir` (the bot token authenticates git).
     pub workspace: Workspace,
     /// What the webhook intake accepts.
@@ -49,6 +54,14 @@ pub struct App {
 pub const GITLAB_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl App {
+    /// One of the [`App::engine_slots`], waited for: hold it while the engine runs.
+    pub async fn engine_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.engine_slots
+            .acquire()
+            .await
+            .expect("the engine slots are never closed")
+    }
+
     /// Open a SQLite store (creating `data_dir`) and assemble the state; a PostgreSQL
     /// `store.url` needs [`App::open`].
     pub fn new(config: Config) -> Result<App> {
@@ -118,6 +131,7 @@ impl App {
             metrics: Metrics::new(),
             scrubber: secrets.scrubber(),
             root_locks: RootLocks::new(),
+            engine_slots: tokio::sync::Semaphore::new(config.plan.max_concurrent_plans.max(1)),
             webhook,
             gitlab_probe: gitlab
                 .clone()

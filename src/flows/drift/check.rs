@@ -306,6 +306,7 @@ impl ProjectCheck<'_> {
         let app = self.app;
         let project = self.info.id;
         let _guard = app.root_locks.lock(project, &root.name).await;
+        let _slot = app.engine_slot().await;
         let run = if self.selection.dry_run {
             None
         } else {

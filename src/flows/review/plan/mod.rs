@@ -155,6 +155,7 @@ async fn plan(
         reach: reach_order.0,
         root_edges: reach_order.1,
         hints: note::sandbox_hints(app, &planned.results),
+        planned_before: note::planned_before(&prepared.config, &planned.results),
         invalid_file: prepared
             .proposed_invalid
             .as_ref()

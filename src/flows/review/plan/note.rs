@@ -52,6 +52,24 @@ pub(super) fn sandbox_hints(app: &App, results: &[RootResult]) -> BTreeMap<Strin
     hints
 }
 
+/// Each root planned in this MR below a root (`depends_on`) whose plan here changes something:
+/// those roots and their output changes, for the note's mark.
+pub(super) fn planned_before(
+    config: &crate::core::repo_config::RepoConfig,
+    results: &[RootResult],
+) -> BTreeMap<String, Vec<crate::core::render::planned_before::PlannedBefore>> {
+    let plans: BTreeMap<&str, &crate::core::plan::Plan> = results
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Planned { planned, .. } if !planned.plan().errored => {
+                Some((r.name.as_str(), planned.plan()))
+            }
+            _ => None,
+        })
+        .collect();
+    crate::core::render::planned_before::planned_before(&config.graph(), &plans)
+}
+
 /// Each cleanly planned root's policy verdict as recorded (scrubbed with `scrubber`), with
 /// its plan's fingerprint: `(root, fingerprint, verdict)`, no set in it when none checks the
 /// root.

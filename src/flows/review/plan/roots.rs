@@ -1,5 +1,6 @@
-//! Stage 2 of a plan run: plan every affected root of the repo config, one at a time under the
-//! root's lock, each in its own stored run: the engine, then the Proxmox preflight and the lint.
+//! Stage 2 of a plan run: plan every affected root of the repo config in `depends_on` order
+//! (independent roots at once, each under its root's lock and one engine slot), each in its own
+//! stored run: the engine, then the Proxmox preflight and the lint.
 
 use super::{finish, Prepared};
 use crate::capabilities::engine::{CancelToken, EngineError, PlanRequest, PlannedRun};
@@ -22,6 +23,7 @@ use crate::flows::context::cpu::cpu_bound;
 use crate::flows::preflight;
 use anyhow::Result;
 use std::path::PathBuf;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// One root's result, kept until the note is rendered and the runs are recorded.
@@ -62,13 +64,17 @@ pub(super) struct RootsPlanned {
     pub preflight_notes: Vec<String>,
     /// What each root's plan takes from the Proxmox cluster, by root name (the note's table).
     pub capacity: std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
-    /// The roots the changes reach and why each was planned, in plan order (the note's list).
+    /// The roots the changes reach and why each was planned (the note's list and picture).
     pub reach: Vec<crate::core::reach::Reached>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
-/// reason. Stops between roots, and kills the engine within a root, when `cancel` fires. Every
-/// run started is pushed to `runs` as soon as it exists, so a failure later still closes it.
+/// reason. The affected roots plan in their `depends_on` order ([`crate::core::root_graph`]): a
+/// root starts once every affected root above it has finished, roots with no path between them
+/// plan at once, each holding one of the service's engine slots ([`App::engine_slot`], shared
+/// with every other job) after its root's lock. Results stay in the repo config's order. A root
+/// not started yet when `cancel` fires is left out, and a running engine is killed. Every run
+/// started is pushed to `runs` as soon as it exists, so a failure later still closes it.
 pub(super) async fn plan_roots(
     app: &App,
     job: &PlanJob,
@@ -79,19 +85,96 @@ pub(super) async fn plan_roots(
 ) -> Result<RootsPlanned> {
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
     let (token, _following) = CancelToken::following(cancel);
-    let mut results: Vec<RootResult> = Vec::new();
     // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
     // so, when no endpoint is configured.
-    let mut preflight_notes: Vec<String> = Vec::new();
-    let mut capacity = std::collections::BTreeMap::new();
     let pve =
         preflight::endpoint_from_config(&app.config.proxmox.for_plan(), &app.config.engine.env);
     // Which roots the changes reach: their own files, the local modules they use (read from
     // the checkout), their `when_modified` patterns.
-    let graph = super::reach::module_graph(prepared.checkout.path(), &prepared.config).await;
-    let decisions = reach::decide(&prepared.config, &prepared.changed, &graph);
+    let modules = super::reach::module_graph(prepared.checkout.path(), &prepared.config).await;
+    let decisions = reach::decide(&prepared.config, &prepared.changed, &modules);
     let reached: Vec<reach::Reached> = decisions.iter().filter_map(|d| d.reached()).collect();
-    for decision in decisions {
+    let graph = prepared.config.graph();
+    let affected: Vec<&str> = decisions
+        .iter()
+        .filter(|d| d.affected)
+        .map(|d| d.root.name.as_str())
+        .collect();
+    // Each affected root's "finished" signal: its sender is dropped when it ends, however it
+    // ends (planned, failed, cancelled, an error), which lets the roots below it start.
+    let mut finished: std::collections::BTreeMap<&str, watch::Receiver<()>> = Default::default();
+    let mut senders: std::collections::BTreeMap<&str, watch::Sender<()>> = Default::default();
+    for name in &affected {
+        let (tx, rx) = watch::channel(());
+        senders.insert(name, tx);
+        finished.insert(name, rx);
+    }
+    let started_runs = std::sync::Mutex::new(&mut *runs);
+    let root_plans = decisions.iter().filter(|d| d.affected).map(|decision| {
+        let root = decision.root;
+        let done = senders.remove(root.name.as_str());
+        let upstream: Vec<watch::Receiver<()>> = graph
+            .upstream_of(&root.name)
+            .into_iter()
+            .filter_map(|u| finished.get(u).cloned())
+            .collect();
+        let (token, pve, started_runs) = (&token, &pve, &started_runs);
+        async move {
+            let _done = done;
+            for mut up in upstream {
+                // Closed (the upstream root ended): nothing more to wait for.
+                let _ = up.changed().await;
+            }
+            if cancel.is_cancelled() {
+                return Ok(None);
+            }
+            let _guard = app.root_locks.lock(job.project, &root.name).await;
+            let _slot = app.engine_slot().await;
+            if cancel.is_cancelled() {
+                return Ok(None);
+            }
+            let run = app
+                .store
+                .start_run(NewRun {
+                    job: queue_job,
+                    kind: RunKind::Plan,
+                    project: job.project,
+                    project_path: prepared.project_path.clone(),
+                    mr: Some(job.mr),
+                    root: root.name.clone(),
+                    sha: job.head.clone(),
+                })
+                .await?;
+            started_runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(run);
+            let started = std::time::Instant::now();
+            let mut notes = Vec::new();
+            let mut capacity = std::collections::BTreeMap::new();
+            let outcome = plan_root(
+                app,
+                job.project,
+                prepared,
+                root,
+                run,
+                token,
+                pve,
+                &mut notes,
+                &mut capacity,
+            )
+            .await?;
+            log_root(job, &root.name, run, &outcome, started.elapsed());
+            anyhow::Ok(Some((outcome, notes, capacity)))
+        }
+    });
+    let mut planned = futures::future::join_all(root_plans).await.into_iter();
+
+    let mut results: Vec<RootResult> = Vec::new();
+    let mut preflight_notes: Vec<String> = Vec::new();
+    let mut capacity = std::collections::BTreeMap::new();
+    let mut first_error = None;
+    for decision in &decisions {
         let root = decision.root;
         if !decision.affected {
             results.push(RootResult {
@@ -102,41 +185,28 @@ pub(super) async fn plan_roots(
             });
             continue;
         }
-        if cancel.is_cancelled() {
-            break;
+        match planned.next().expect("one result per affected root") {
+            Ok(Some((outcome, notes, cap))) => {
+                for note in notes {
+                    if !preflight_notes.contains(&note) {
+                        preflight_notes.push(note);
+                    }
+                }
+                capacity.extend(cap);
+                results.push(RootResult {
+                    name: root.name.clone(),
+                    outcome,
+                });
+            }
+            // Not started: the job was cancelled.
+            Ok(None) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
         }
-        let _guard = app.root_locks.lock(job.project, &root.name).await;
-        let run = app
-            .store
-            .start_run(NewRun {
-                job: queue_job,
-                kind: RunKind::Plan,
-                project: job.project,
-                project_path: prepared.project_path.clone(),
-                mr: Some(job.mr),
-                root: root.name.clone(),
-                sha: job.head.clone(),
-            })
-            .await?;
-        runs.push(run);
-        let started = std::time::Instant::now();
-        let outcome = plan_root(
-            app,
-            job.project,
-            prepared,
-            root,
-            run,
-            &token,
-            &pve,
-            &mut preflight_notes,
-            &mut capacity,
-        )
-        .await?;
-        log_root(job, &root.name, run, &outcome, started.elapsed());
-        results.push(RootResult {
-            name: root.name.clone(),
-            outcome,
-        });
+    }
+    if let Some(e) = first_error {
+        return Err(e);
     }
     across_roots(prepared, &capacity, &mut results);
     Ok(RootsPlanned {

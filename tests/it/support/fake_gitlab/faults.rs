@@ -33,6 +33,16 @@ pub(super) async fn count_and_fault(
             .find(|(k, _)| *k == exact)
             .map(|(_, h)| h.clone())
     };
+    // The requests a hold lets through first ([`FakeGitLab::hold_after`]) pass untouched.
+    let hold = hold.filter(|h| {
+        h.pass
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_err()
+    });
     if let Some(hold) = hold {
         let mut released = hold.released.subscribe();
         if !*released.borrow() {
@@ -76,6 +86,8 @@ pub(super) async fn count_and_fault(
 pub(super) struct HoldInner {
     arrived: tokio::sync::watch::Sender<u32>,
     released: tokio::sync::watch::Sender<bool>,
+    /// How many more requests pass before the hold keeps them.
+    pass: std::sync::atomic::AtomicU32,
 }
 
 /// Requests to one path kept waiting until [`Hold::release`] (or the hold is dropped): a
@@ -113,9 +125,16 @@ impl FakeGitLab {
     /// `"/api/v4/projects/101/terraform/state/slow"`) waiting until the returned hold is
     /// released or dropped.
     pub fn hold(&self, method: &str, path: &str) -> Hold {
+        self.hold_after(method, path, 0)
+    }
+
+    /// [`FakeGitLab::hold`] from the request after the first `pass` ones: e.g. an engine's
+    /// second read of a state (its `plan`'s, after its `init`'s).
+    pub fn hold_after(&self, method: &str, path: &str, pass: u32) -> Hold {
         let inner = Arc::new(HoldInner {
             arrived: tokio::sync::watch::channel(0).0,
             released: tokio::sync::watch::channel(false).0,
+            pass: std::sync::atomic::AtomicU32::new(pass),
         });
         self.lock()
             .holds
