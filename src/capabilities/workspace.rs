@@ -125,6 +125,8 @@ impl Checkout {
 #[derive(Debug, Clone)]
 pub struct RootFiles {
     dir: PathBuf,
+    /// The directory from the checkout's top, links resolved (`.` for the top).
+    repo_dir: String,
 }
 
 /// The largest configuration file [`RootFiles::config_files`] reads.
@@ -140,12 +142,36 @@ impl RootFiles {
         if !real.starts_with(&top) || !real.is_dir() {
             bail!("the root directory `{dir}` resolves outside the repository checkout (through a symbolic link), or is no directory: refused");
         }
-        Ok(RootFiles { dir: real })
+        let repo_dir = real
+            .strip_prefix(&top)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let repo_dir = if repo_dir.is_empty() {
+            ".".to_string()
+        } else {
+            repo_dir
+        };
+        Ok(RootFiles {
+            dir: real,
+            repo_dir,
+        })
+    }
+
+    /// Where the directory really is, from the checkout's top (links inside it resolved).
+    pub fn repo_dir(&self) -> &str {
+        &self.repo_dir
     }
 
     /// The root's `.tf`, `.tofu`, `.tf.json` and `.tofu.json` files (regular files only), by
     /// name: what the engine reads as its configuration.
     pub fn config_files(&self) -> Result<Vec<(String, String)>> {
+        self.config_files_within(u64::MAX)
+    }
+
+    /// [`RootFiles::config_files`], refused once they hold more than `max_total` bytes
+    /// together (each file is sized before it is read).
+    pub fn config_files_within(&self, max_total: u64) -> Result<Vec<(String, String)>> {
+        let mut total: u64 = 0;
         let mut files = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
@@ -160,8 +186,19 @@ impl RootFiles {
             if meta.len() > MAX_CONFIG_FILE {
                 bail!("{name} is larger than {MAX_CONFIG_FILE} bytes");
             }
-            let text =
-                std::fs::read_to_string(entry.path()).with_context(|| format!("reading {name}"))?;
+            total = total.saturating_add(meta.len());
+            if total > max_total {
+                bail!("its configuration files hold more than {max_total} bytes");
+            }
+            let mut text = String::new();
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(
+                    std::fs::File::open(entry.path()).with_context(|| format!("reading {name}"))?,
+                    MAX_CONFIG_FILE,
+                ),
+                &mut text,
+            )
+            .with_context(|| format!("reading {name}"))?;
             files.push((name, text));
         }
         files.sort();

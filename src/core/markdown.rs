@@ -139,6 +139,34 @@ fn break_backtick_runs(text: &str) -> String {
     out
 }
 
+/// The longest node label a Mermaid picture shows (longer ones end in `…`).
+const MAX_MERMAID_LABEL: usize = 64;
+
+/// A node label for a Mermaid graph, written between double quotes (`r0["label"]`): only
+/// letters, digits, space and `. _ - /` stay, every other character becomes `_`, so no quote,
+/// bracket, backtick, entity, HTML tag, line break or Markdown can leave the label, the node
+/// or the fenced block around it.
+pub fn mermaid_label(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .take(MAX_MERMAID_LABEL)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, ' ' | '.' | '_' | '-' | '/') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if text.chars().count() > MAX_MERMAID_LABEL {
+        out.push_str("...");
+    }
+    if out.trim().is_empty() {
+        out = "_".to_string();
+    }
+    out
+}
+
 /// `<code>` for a GFM table cell: HTML-escaped, `|` as an entity so it cannot split the row.
 pub fn table_code(text: &str) -> String {
     format!("<code>{}</code>", html_escape(text).replace('|', "&#124;"))
@@ -331,6 +359,19 @@ pub fn table_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mermaid_label_keeps_names_and_nothing_that_leaves_the_label() {
+        assert_eq!(mermaid_label("network-1.prod_eu/x"), "network-1.prod_eu/x");
+        let hostile = "a\"] --> b[\"<img src=x onerror=alert(1)>\n```\n/approve @all #quot; &amp; click r0 call x()";
+        let label = mermaid_label(hostile);
+        assert!(
+            !label.chars().any(|c| "\"[]<>`\n&#;(){}|:".contains(c)),
+            "{label}"
+        );
+        assert_eq!(mermaid_label(""), "_");
+        assert_eq!(mermaid_label(&"x".repeat(100)).len(), 67);
+    }
 
     #[test]
     fn neutralises_comment_openers_and_closers() {

@@ -27,6 +27,7 @@ pub mod policy;
 pub mod preflight;
 pub mod pve_access;
 pub mod pve_model;
+pub mod reach;
 pub mod redact;
 pub mod render;
 pub mod replan;

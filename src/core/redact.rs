@@ -184,6 +184,16 @@ pub struct Scrubber {
     matchers: Vec<AhoCorasick>,
 }
 
+impl crate::core::templates::Scrub for Scrubber {
+    fn is_empty(&self) -> bool {
+        Scrubber::is_empty(self)
+    }
+
+    fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        Scrubber::scrub(self, text)
+    }
+}
+
 impl Scrubber {
     pub fn new(secrets: &Secrets) -> Scrubber {
         let build = |chunk: &mut Vec<String>| {

@@ -163,6 +163,16 @@ impl Root {
         self.matcher.is_match(path.trim_start_matches("./"))
     }
 
+    /// The first pattern (repo-relative, of [`Root::patterns`]) that matches `path`.
+    pub fn matching_pattern(&self, path: &str) -> Option<&str> {
+        let first = self
+            .matcher
+            .matches(path.trim_start_matches("./"))
+            .into_iter()
+            .min()?;
+        self.patterns.get(first).map(String::as_str)
+    }
+
     /// Is lint rule `rule` switched off for this root?
     pub fn lint_disabled(&self, rule: &str) -> bool {
         self.lint_disable

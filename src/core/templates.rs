@@ -12,11 +12,32 @@
 //! (`Value::from_safe_string`) and written unchanged.
 
 use crate::core::markdown;
-use crate::core::redact::Scrubber;
 use minijinja::{AutoEscape, Environment, Error, Output, State, Template, Value};
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::LazyLock;
+
+/// What scrubs the values a template prints (`core::redact::Scrubber` is the one): the template
+/// environment stands on core's ground floor, below the scrubber, and knows it by this only.
+pub trait Scrub {
+    /// Nothing to scrub: values are written as they are.
+    fn is_empty(&self) -> bool;
+    /// `text` with every secret hidden.
+    fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str>;
+}
+
+/// A shared scrubber scrubs as the one it shares.
+impl<T: Scrub + ?Sized> Scrub for std::sync::Arc<T> {
+    fn is_empty(&self) -> bool {
+        (**self).is_empty()
+    }
+
+    fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        (**self).scrub(text)
+    }
+}
 
 /// How a file of `templates/` is read. minijinja applies its whitespace settings when a template
 /// is loaded, so templates of both layouts live in the one environment.
@@ -110,6 +131,7 @@ fn build() -> Result<Environment<'static>, Error> {
     env.add_filter("cell", |s: String| markdown::table_code(&s));
     env.add_filter("celltext", |s: String| markdown::table_text(&s));
     env.add_filter("text", |s: String| markdown::inline_text(&s));
+    env.add_filter("mermaid", |s: String| markdown::mermaid_label(&s));
     for layout in [Layout::Verbatim, Layout::Blocks] {
         let blocks = layout == Layout::Blocks;
         env.set_trim_blocks(blocks);
@@ -124,7 +146,7 @@ fn build() -> Result<Environment<'static>, Error> {
 
 thread_local! {
     /// The scrubber of the render running on this thread, set by [`scrubbing`].
-    static SCRUBBER: RefCell<Option<Scrubber>> = const { RefCell::new(None) };
+    static SCRUBBER: RefCell<Option<Rc<dyn Scrub>>> = const { RefCell::new(None) };
 }
 
 /// minijinja's own formatter, with every printed value (not the template's text) scrubbed when
@@ -149,15 +171,16 @@ fn scrubbing_formatter(out: &mut Output, state: &State, value: &Value) -> Result
 /// Run `f` (which renders templates on this thread) with every value the templates print
 /// scrubbed by `scrubber`; the templates' own words are never touched. Scopes nest: the inner
 /// scrubber applies inside, the outer one again after.
-pub fn scrubbing<R>(scrubber: &Scrubber, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Scrubber>);
+pub fn scrubbing<R, S: Scrub + Clone + 'static>(scrubber: &S, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Rc<dyn Scrub>>);
     impl Drop for Restore {
         fn drop(&mut self) {
             let previous = self.0.take();
             SCRUBBER.with(|s| *s.borrow_mut() = previous);
         }
     }
-    let previous = SCRUBBER.with(|s| s.borrow_mut().replace(scrubber.clone()));
+    let scrubber: Rc<dyn Scrub> = Rc::new(scrubber.clone());
+    let previous = SCRUBBER.with(|s| s.borrow_mut().replace(scrubber));
     let _restore = Restore(previous);
     f()
 }

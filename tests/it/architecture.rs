@@ -324,8 +324,18 @@ fn flows_floor(room: &str) -> u8 {
 }
 
 fn flows_arrows_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    arrows_up(g, "flows::", flows_floor)
+}
+
+/// The arrows of `g` between two rooms of a layer (`flows::`, `core::`) that do not go down
+/// a floor.
+fn arrows_up(
+    g: &BTreeMap<String, BTreeSet<String>>,
+    layer: &str,
+    floor: fn(&str) -> u8,
+) -> Vec<String> {
     let room = |m: &str| {
-        m.strip_prefix("flows::")
+        m.strip_prefix(layer)
             .map(|r| r.split("::").next().unwrap().to_string())
     };
     let mut wrong = Vec::new();
@@ -333,12 +343,60 @@ fn flows_arrows_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
         let Some(from) = room(m) else { continue };
         for d in deps {
             let Some(to) = room(d) else { continue };
-            if to != from && flows_floor(&to) >= flows_floor(&from) {
+            if to != from && floor(&to) >= floor(&from) {
                 wrong.push(format!("{m} → {d}"));
             }
         }
     }
     wrong
+}
+
+/// The floors of `core` (docs/architecture.md): a room uses only rooms on lower floors. On
+/// the ground floor what every text needs (a value's Markdown escaping, `defuse`, ids); the
+/// template environment right on it (it knows the scrubber by `templates::Scrub` only, so the
+/// scrubber stands above it); the plan model; what reads a plan; the configurations; what
+/// decides; the note; and on top what puts it all together (drift, the fuzz properties).
+fn core_floor(room: &str) -> u8 {
+    match room {
+        "drift" | "fuzzing" => 8,
+        "render" => 7,
+        "apply" | "reach" | "events" | "state" => 6,
+        "fingerprint" | "repo_config" | "config" | "preflight" => 5,
+        "targeting" | "apply_note" | "policy" | "engine_checks" | "summary" | "lint"
+        | "capacity" => 4,
+        "engine_kind" | "redact" | "plan_digest" | "findings" | "pve_model" | "pve_access" => 3,
+        "templates" | "root_graph" | "plan" | "drift_schedule" | "note_html" => 2,
+        "markdown" | "defuse" | "ids" | "suggest" | "links" | "webhook" | "store_tls"
+        | "plan_budget" | "ci_component" | "commit_status" => 1,
+        other => {
+            panic!("core::{other} has no floor: give it one here and in docs/architecture.md")
+        }
+    }
+}
+
+#[test]
+fn core_rooms_stand_on_lower_floors_only() {
+    let wrong = arrows_up(&graph(), "core::", core_floor);
+    assert!(
+        wrong.is_empty(),
+        "a core room uses one on its own floor or above:\n{}",
+        wrong.join("\n")
+    );
+    // Every room of core has a floor (a new one without panics above only if it imports).
+    for m in modules().keys() {
+        if let Some(room) = m.strip_prefix("core::") {
+            core_floor(room.split("::").next().unwrap());
+        }
+    }
+    let mut g = BTreeMap::new();
+    g.insert(
+        "core::templates".to_string(),
+        BTreeSet::from(["core::redact".to_string(), "core::markdown".to_string()]),
+    );
+    assert_eq!(
+        arrows_up(&g, "core::", core_floor),
+        vec!["core::templates → core::redact"]
+    );
 }
 
 #[test]

@@ -48,6 +48,7 @@ mod render_notes;
 mod replicas_story;
 mod repo_config_cli;
 mod repo_docs;
+mod root_reach;
 mod roots_together;
 mod sandbox;
 mod sandbox_network;

@@ -112,6 +112,12 @@ pub struct NoteContext {
     /// What the engine's checks said of each root (already redacted), by root name: tests,
     /// format and validation in the "Checks" part, warnings folded under the summary.
     pub checks: BTreeMap<String, RootChecks>,
+    /// The roots the MR reaches and why each is planned (`core::reach`), in plan order: the
+    /// note lists them when the repository has several roots or a reason is not the root's
+    /// own files, and draws them when more than one is planned.
+    pub reach: Vec<crate::core::reach::Reached>,
+    /// Dependencies between roots, `(upstream, downstream)` by name: the picture's arrows.
+    pub root_edges: Vec<(String, String)>,
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -297,6 +303,45 @@ struct NoteView<'a> {
     warnings_more: usize,
     /// How many warnings the engine gave in all (a group counts as often as it was given).
     warnings_total: usize,
+    /// Why each root was planned (empty: nothing worth saying).
+    reach: &'a [crate::core::reach::Reached],
+    /// The planned roots and their order, when more than one is planned.
+    picture: Option<PictureView>,
+}
+
+/// The roots an MR reaches as a Mermaid graph: node ids are `r0`, `r1`… (never a name), each
+/// label passes the `mermaid` filter.
+#[derive(Serialize)]
+struct PictureView {
+    nodes: Vec<(String, String)>,
+    edges: Vec<(String, String)>,
+}
+
+/// The picture of the roots in `reach` with the `edges` between two of them.
+fn picture(
+    reach: &[crate::core::reach::Reached],
+    edges: &[(String, String)],
+) -> Option<PictureView> {
+    if reach.len() < 2 {
+        return None;
+    }
+    let id = |name: &str| {
+        reach
+            .iter()
+            .position(|r| r.root == name)
+            .map(|i| format!("r{i}"))
+    };
+    Some(PictureView {
+        nodes: reach
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("r{i}"), r.root.clone()))
+            .collect(),
+        edges: edges
+            .iter()
+            .filter_map(|(from, to)| Some((id(from)?, id(to)?)))
+            .collect(),
+    })
 }
 
 /// One root's checks as the note lists them; an empty list or `None` says nothing.
@@ -860,6 +905,19 @@ fn build_view<'a, 'r>(
         warnings,
         warnings_more,
         warnings_total,
+        reach: if roots.len() > 1
+            || ctx.reach.iter().any(|r| {
+                !r.outside.is_empty()
+                    || !r.unread.is_empty()
+                    || r.why
+                        .iter()
+                        .any(|w| !matches!(w, crate::core::reach::Why::OwnFiles { .. }))
+            }) {
+            &ctx.reach
+        } else {
+            &[]
+        },
+        picture: picture(&ctx.reach, &ctx.root_edges),
     };
     (view, pending)
 }

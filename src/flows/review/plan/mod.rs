@@ -15,6 +15,7 @@
 
 mod note;
 mod prepare;
+mod reach;
 mod record;
 mod roots;
 mod widgets;
@@ -141,6 +142,8 @@ async fn plan(
         Outcome::Skipped { .. } => None,
     });
     let run_url = first_run.and_then(|r| app.run_url(r));
+    // The reached roots upstream first, with the arrows of their picture.
+    let reach_order = crate::core::reach::in_order(&prepared.config.graph(), planned.reach.clone());
     let ctx = NoteContext {
         sha: Some(prepared.commit.sha.as_str().to_string()),
         draft: prepared.mr.draft,
@@ -154,6 +157,8 @@ async fn plan(
             .collect(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
         capacity: planned.capacity.clone(),
+        reach: reach_order.0,
+        root_edges: reach_order.1,
         hints: note::sandbox_hints(app, &planned.results),
         planned_before: note::planned_before(&prepared.config, &planned.results),
         invalid_file: prepared

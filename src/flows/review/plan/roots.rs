@@ -14,6 +14,7 @@ use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
 use crate::core::lint;
 use crate::core::policy::Verdict;
+use crate::core::reach;
 use crate::core::repo_config::Root;
 use crate::core::state;
 use crate::core::targeting::Targeting;
@@ -66,6 +67,8 @@ pub(super) struct RootsPlanned {
     pub preflight_notes: Vec<String>,
     /// What each root's plan takes from the Proxmox cluster, by root name (the note's table).
     pub capacity: std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
+    /// The roots the changes reach and why each was planned (the note's list and picture).
+    pub reach: Vec<crate::core::reach::Reached>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
@@ -89,7 +92,11 @@ pub(super) async fn plan_roots(
     // so, when no endpoint is configured.
     let pve =
         preflight::endpoint_from_config(&app.config.proxmox.for_plan(), &app.config.engine.env);
-    let decisions = prepared.config.decide(&prepared.changed);
+    // Which roots the changes reach: their own files, the local modules they use (read from
+    // the checkout), their `when_modified` patterns.
+    let modules = super::reach::module_graph(prepared.checkout.path(), &prepared.config).await;
+    let decisions = reach::decide(&prepared.config, &prepared.changed, &modules);
+    let reached: Vec<reach::Reached> = decisions.iter().filter_map(|d| d.reached()).collect();
     let graph = prepared.config.graph();
     let affected: Vec<&str> = decisions
         .iter()
@@ -181,7 +188,7 @@ pub(super) async fn plan_roots(
             results.push(RootResult {
                 name: root.name.clone(),
                 outcome: Outcome::Skipped {
-                    reason: decision.reason.clone(),
+                    reason: decision.skipped.clone(),
                 },
                 targeting: Targeting::default(),
             });
@@ -216,6 +223,7 @@ pub(super) async fn plan_roots(
         results,
         preflight_notes,
         capacity,
+        reach: reached,
     })
 }
 
