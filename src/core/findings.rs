@@ -179,6 +179,11 @@ pub const RULES: &[Rule] = &[
         "disk shrunk (an error) or moved to another storage",
     ),
     lint(
+        "PVE018",
+        Severity::Warning,
+        "SDN change that nothing in the plan applies",
+    ),
+    lint(
         "PVE019",
         Severity::Warning,
         "CPU or memory change that waits for a reboot",
@@ -211,6 +216,15 @@ pub const RULES: &[Rule] = &[
         "container feature flags other than nesting need root@pam",
     ),
     preflight("PVE111", "clone from a template on another node"),
+    preflight(
+        "PVE112",
+        "an HA-managed guest moved to another node (through HA)",
+    ),
+    preflight_warning("PVE113", "an HA group created on Proxmox VE 9 (rules)"),
+    preflight(
+        "PVE114",
+        "SDN VNet applied and usable by the apply (SDN.Use)",
+    ),
     Rule {
         id: STATE_IN_CHECKOUT,
         severity: Severity::Error,
