@@ -1,4 +1,4 @@
-//! Proxmox preflight PVE101–PVE107, the pure half: what a plan needs from the cluster
+//! Proxmox preflight PVE101–PVE114, the pure half: what a plan needs from the cluster
 //! ([`needs`]), and the findings once the facts have been fetched ([`evaluate`]).
 //!
 //! The fetching (read-only API calls) lives in `flows::preflight`.
@@ -523,7 +523,7 @@ fn grant(need: &Need, path: &str, token: &str) -> Value {
            "user": token_user(token)})
 }
 
-/// The findings of PVE101–PVE107 for `needs`, given what the API said: one step per rule.
+/// The findings of PVE101–PVE114 for `needs`, given what the API said: one step per rule.
 pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     out.extend(pve101_import_needs_8_4(needs, facts));
