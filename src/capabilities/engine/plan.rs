@@ -194,6 +194,7 @@ impl Engine {
         }
         out.scrubber = secrets.scrubber();
         let (plan, plan_json) = shown?;
+        let var_args = steps.var_args();
         let log = steps.log;
         let lock_file = lock_file.expect("read when the plan was shown")?;
         let scrubber = secrets.scrubber();
@@ -210,6 +211,7 @@ impl Engine {
             private,
             lock_file,
             parallelism: req.parallelism,
+            var_args,
             backend,
             version,
             encryption,
