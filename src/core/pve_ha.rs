@@ -144,7 +144,7 @@ pub fn pve112(moves: &[HaMove], ha: Option<&Result<HaFacts, String>>, token: &st
 pub fn pve113(groups: &[String], version: Option<&str>) -> Vec<Finding> {
     let Some(v) = version else { return Vec::new() };
     let major: Option<u64> = v.split('.').next().and_then(|m| m.parse().ok());
-    if !major.is_some_and(|m| m >= 9) {
+    if major.is_none_or(|m| m < 9) {
         return Vec::new();
     }
     groups
