@@ -1,12 +1,14 @@
-//! Preflight cost against a real-sized cluster: 3 nodes, 50 guests (VMs and containers,
-//! created, resized and deleted, on local and shared storage, on two bridges) in one plan,
-//! checked by the service's preflight (`flows::preflight::for_plan`) against the stateful fake
-//! Proxmox API of the tests over loopback HTTP.
+//! Preflight cost against a real-sized cluster: 3 nodes holding 50 guests, and a plan of 50
+//! guests (VMs and containers, 30 created with fixed ids, 10 resized, 10 deleted, on local and
+//! shared storage, on two bridges), checked by the service's preflight
+//! (`flows::preflight::for_plan`) against the stateful fake Proxmox API of the tests over
+//! loopback HTTP, then by `planbot preflight PLAN --config CFG --format json` (the binary).
 //!
 //! `cargo bench --bench preflight` prints the API calls one preflight makes (by endpoint) and
-//! the wall time of 30 preflights (min, median, max). Under `cargo test --all-targets` (no
-//! `--bench`) it runs once, to stay fast. The fake answers at once: the time is planbot's own
-//! cost plus loopback HTTP; against a real cluster add one round trip per call.
+//! the wall time of 30 preflights (min, median, max), in process and as the command. Under
+//! `cargo test --all-targets` (no `--bench`) it runs once, to stay fast. The fake answers at
+//! once: the time is planbot's own cost plus loopback HTTP; against a real cluster add one round
+//! trip per call.
 
 #[path = "../tests/it/support/fake_proxmox.rs"]
 mod fake_proxmox;
@@ -48,8 +50,8 @@ fn guest(i: usize, container: bool, node: &str, cores: u64, mem: u64, gb: u64) -
     v
 }
 
-/// 50 guests on 3 nodes: 30 created, 10 resized (memory and disk), 10 deleted.
-fn plan() -> Plan {
+/// 50 guests on 3 nodes: 30 created, 10 resized (memory and disk), 10 deleted (`show -json`).
+fn plan_json() -> String {
     let mut changes = Vec::new();
     for i in 0..50 {
         let container = i % 5 == 4;
@@ -83,8 +85,7 @@ fn plan() -> Plan {
                        "after_unknown": {}}}),
         );
     }
-    let text = json!({"format_version": "1.2", "resource_changes": changes}).to_string();
-    Plan::from_json(text.as_bytes()).expect("a plan")
+    json!({"format_version": "1.2", "resource_changes": changes}).to_string()
 }
 
 fn cluster() -> Cluster {
@@ -105,8 +106,94 @@ fn cluster() -> Cluster {
     }
     for s in &mut c.storages {
         s.total = 4096 * GIB;
+        if s.id == "nfs-images" {
+            s.content.push("rootdir".into());
+        }
     }
+    // The cluster's 50 guests: the 20 the plan resizes or deletes, and 30 it does not know.
+    c.guests.clear();
+    for i in 30..50 {
+        c = if i % 5 == 4 {
+            c.container(1000 + i as u64, &format!("g{i}"), NODES[i % 3])
+        } else {
+            c.guest(1000 + i as u64, &format!("g{i}"), NODES[i % 3], false)
+        };
+    }
+    for i in 0..30u64 {
+        c = c.guest(
+            2000 + i,
+            &format!("other{i}"),
+            NODES[i as usize % 3],
+            i == 0,
+        );
+    }
+    assert_eq!(c.guests.len(), 50);
     c
+}
+
+/// `planbot preflight` (the binary) on the same plan and cluster: its wall time per run.
+fn cli_runs(url: &str, plan_json: &str, runs: usize) -> Vec<Duration> {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_file = dir.path().join("plan.json");
+    std::fs::write(&plan_file, plan_json).unwrap();
+    let config = dir.path().join("planbot.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"data_dir = "{data}"
+public_url = "https://planbot.example.com"
+fingerprint_key = "a-long-random-server-secret-0123456789"
+
+[gitlab]
+url = "https://gitlab.example.com"
+token = "glpat-not-used-by-the-preflight-0000"
+webhook_secret = "hook-secret-5f3a"
+projects = ["infra/homelab"]
+
+[proxmox]
+endpoint = "{url}"
+api_token = "{TOKEN}={SECRET}"
+"#,
+            data = dir.path().join("data").display(),
+        ),
+    )
+    .unwrap();
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
+                .arg("preflight")
+                .arg(&plan_file)
+                .arg("--config")
+                .arg(&config)
+                .args(["--format", "json"])
+                .env_remove("PROXMOX_VE_ENDPOINT")
+                .env_remove("PROXMOX_VE_API_TOKEN")
+                .env_remove("PM_VE_ENDPOINT")
+                .env_remove("PM_VE_API_TOKEN")
+                .output()
+                .unwrap();
+            let took = t.elapsed();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            took
+        })
+        .collect()
+}
+
+fn summary(mut times: Vec<Duration>) -> String {
+    times.sort();
+    format!(
+        "min {:?}, median {:?}, max {:?}",
+        times[0],
+        times[times.len() / 2],
+        times[times.len() - 1]
+    )
 }
 
 fn main() {
@@ -118,7 +205,7 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         let fake = FakeProxmox::start(cluster()).await;
-        let plan = plan();
+        let plan = Plan::from_json(plan_json().as_bytes()).expect("a plan");
         let ep = || {
             let mut ep = ProxmoxEndpoint::new(&fake.url, format!("{TOKEN}={SECRET}"));
             ep.timeout = Duration::from_secs(10);
@@ -161,12 +248,14 @@ fn main() {
             times.push(t.elapsed());
             assert!(pf.failed.is_none());
         }
-        times.sort();
+        println!("wall time over {runs} preflights: {}", summary(times));
+        let url = fake.url.clone();
+        let cli = tokio::task::spawn_blocking(move || cli_runs(&url, &plan_json(), runs))
+            .await
+            .unwrap();
         println!(
-            "wall time over {runs} preflights: min {:?}, median {:?}, max {:?}",
-            times[0],
-            times[times.len() / 2],
-            times[times.len() - 1]
+            "wall time over {runs} runs of `planbot preflight plan.json --config planbot.toml --format json`: {}",
+            summary(cli)
         );
     });
 }

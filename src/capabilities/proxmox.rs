@@ -553,6 +553,30 @@ impl Proxmox {
         }
     }
 
+    /// `GET /cluster/sdn/vnets?pending=1`: the VNets the token may audit, with `state`
+    /// (`new`, `changed`, `deleted`) and the `pending` values while the SDN configuration is not
+    /// applied.
+    pub async fn vnets_pending(&self) -> Result<Vec<Value>, ProxmoxError> {
+        self.get("cluster/sdn/vnets", &[("pending", "1")]).await
+    }
+
+    /// `GET /cluster/ha/resources` (needs `Sys.Audit` on `/`): the HA-managed services
+    /// (`sid` = `vm:105`), with their `group` before PVE 9.
+    pub async fn ha_resources(&self) -> Result<Vec<Value>, ProxmoxError> {
+        self.get("cluster/ha/resources", &[]).await
+    }
+
+    /// `GET /cluster/ha/rules` (PVE 9; `Sys.Audit` on `/`): node-affinity and resource-affinity
+    /// rules, which replaced HA groups.
+    pub async fn ha_rules(&self) -> Result<Vec<Value>, ProxmoxError> {
+        self.get("cluster/ha/rules", &[]).await
+    }
+
+    /// `GET /cluster/ha/groups` (before PVE 9; `Sys.Audit` on `/`).
+    pub async fn ha_groups(&self) -> Result<Vec<Value>, ProxmoxError> {
+        self.get("cluster/ha/groups", &[]).await
+    }
+
     /// `GET /cluster/resources?type=vm`: every guest the token may see (`VM.Audit`), with its
     /// `vmid`, `node`, `name`, `type` (`qemu`, `lxc`) and `template`.
     pub async fn guests(&self) -> Result<Vec<Guest>, ProxmoxError> {
@@ -576,7 +600,43 @@ impl Proxmox {
 
     /// `GET /access/permissions?path=`: the token's effective privileges on `path`.
     pub async fn permissions(&self, path: &str) -> Result<Permissions, ProxmoxError> {
-        let v: Value = self.get("access/permissions", &[("path", path)]).await?;
+        self.permissions_query(&[("path", path)]).await
+    }
+
+    /// `GET /access/permissions` without a path: the token's effective privileges on PVE's
+    /// top-level paths and on every path an ACL is set on.
+    pub async fn permissions_all(&self) -> Result<Permissions, ProxmoxError> {
+        self.permissions_query(&[]).await
+    }
+
+    /// `GET /access/permissions?path=&userid=`: the effective privileges of `userid` (a user or
+    /// token id) on `path`. Asking about another user needs `Sys.Audit` on `/access` (403).
+    pub async fn permissions_of(
+        &self,
+        userid: &str,
+        path: &str,
+    ) -> Result<std::collections::BTreeSet<String>, ProxmoxError> {
+        let perms = self
+            .permissions_query(&[("path", path), ("userid", userid)])
+            .await?;
+        Ok(perms
+            .get(path)
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    /// `GET /access/acl`: the path of every ACL entry (all of them with `Sys.Audit` on
+    /// `/access`; otherwise PVE lists only those the caller may modify).
+    pub async fn acl_paths(&self) -> Result<Vec<String>, ProxmoxError> {
+        let entries: Vec<Value> = self.get("access/acl", &[]).await?;
+        Ok(entries
+            .iter()
+            .filter_map(|e| e.get("path")?.as_str().map(str::to_string))
+            .collect())
+    }
+
+    async fn permissions_query(&self, query: &[(&str, &str)]) -> Result<Permissions, ProxmoxError> {
+        let v: Value = self.get("access/permissions", query).await?;
         // An empty answer is `[]` on some releases, `{}` on others.
         if v.as_array().is_some_and(Vec::is_empty) || v.is_null() {
             return Ok(Permissions::new());

@@ -1,5 +1,5 @@
 //! What the lint rules and the preflight checks report: [`Finding`], [`Severity`], the registry
-//! of every rule id (lint PVE001–PVE023, preflight PVE101–PVE107, the state rule STATE001), the
+//! of every rule id (lint PVE001–PVE023, preflight PVE101–PVE114, the state rule STATE001), the
 //! `[lint] disable` lists, and the texts of `templates/lint.j2`. Lint and preflight both build on this module and not
 //! on each other.
 
@@ -179,6 +179,11 @@ pub const RULES: &[Rule] = &[
         "disk shrunk (an error) or moved to another storage",
     ),
     lint(
+        "PVE018",
+        Severity::Warning,
+        "SDN change that nothing in the plan applies",
+    ),
+    lint(
         "PVE019",
         Severity::Warning,
         "CPU or memory change that waits for a reboot",
@@ -211,6 +216,15 @@ pub const RULES: &[Rule] = &[
         "container feature flags other than nesting need root@pam",
     ),
     preflight("PVE111", "clone from a template on another node"),
+    preflight(
+        "PVE112",
+        "an HA-managed guest moved to another node (through HA)",
+    ),
+    preflight_warning("PVE113", "an HA group created on Proxmox VE 9 (rules)"),
+    preflight(
+        "PVE114",
+        "SDN VNet applied and usable by the apply (SDN.Use)",
+    ),
     Rule {
         id: STATE_IN_CHECKOUT,
         severity: Severity::Error,
@@ -330,9 +344,9 @@ mod tests {
     #[test]
     fn ids_are_unique_and_in_catalogue_order() {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
-        let mut expected: Vec<String> = (1..=17)
-            .chain([19, 20, 22, 23])
-            .chain(101..=111)
+        let mut expected: Vec<String> = (1..=20)
+            .chain([22, 23])
+            .chain(101..=114)
             .map(|i| format!("PVE{i:03}"))
             .collect();
         expected.push(STATE_IN_CHECKOUT.to_string());

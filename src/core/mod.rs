@@ -26,6 +26,7 @@ pub mod plan_digest;
 pub mod policy;
 pub mod preflight;
 pub mod pve_access;
+pub mod pve_ha;
 pub mod pve_model;
 pub mod reach;
 pub mod redact;

@@ -1,4 +1,4 @@
-//! Proxmox preflight PVE101–PVE107, the pure half: what a plan needs from the cluster
+//! Proxmox preflight PVE101–PVE114, the pure half: what a plan needs from the cluster
 //! ([`needs`]), and the findings once the facts have been fetched ([`evaluate`]).
 //!
 //! The fetching (read-only API calls) lives in `flows::preflight`.
@@ -7,6 +7,7 @@ use crate::core::capacity;
 use crate::core::findings::{finding_with, render_macro, sort_findings, Facts, Finding, Severity};
 use crate::core::plan::{ActionKind, Plan};
 use crate::core::pve_access::{self, Need, Privileges};
+use crate::core::pve_ha;
 use crate::core::pve_model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +48,13 @@ pub struct Needs {
     pub root_features: Vec<(String, Vec<String>)>,
     /// VMs created as full clones (PVE111).
     pub clones: Vec<CloneNeed>,
+    /// Guests moved to another node in place (PVE112: through HA when HA manages them).
+    pub ha_moves: Vec<pve_ha::HaMove>,
+    /// HA groups created (PVE113: replaced by rules on PVE 9).
+    pub ha_groups: Vec<String>,
+    /// The SDN objects the plan changes, the VNets it creates, and whether it applies them
+    /// (PVE114; a bridge named after a VNet the plan creates is not missing).
+    pub sdn: crate::core::pve_model::SdnChanges,
 }
 
 /// A VM created by cloning `template`: where it goes, and where the plan says the template is.
@@ -253,9 +261,44 @@ pub fn needs(plan: &Plan) -> Needs {
                 n.vmids.push((rc.address.clone(), id));
             }
         }
+        if kind.is_vm() || kind == Kind::Container {
+            n.ha_moves.extend(ha_move(rc, kind));
+        }
     }
+    n.ha_groups = plan
+        .managed_changes()
+        .filter(|rc| is_created(rc))
+        .filter(|rc| {
+            let t = rc.resource_type.as_str();
+            t == "proxmox_virtual_environment_hagroup" || t == "proxmox_hagroup"
+        })
+        .map(|rc| rc.address.clone())
+        .collect();
+    n.sdn = crate::core::pve_model::sdn_changes(plan);
     n.demand = capacity::demand(plan);
     n
+}
+
+/// A guest updated in place whose `node_name` changes: the provider migrates it (PVE112).
+fn ha_move(rc: &Res, kind: Kind) -> Option<pve_ha::HaMove> {
+    if rc.kind() != ActionKind::Update {
+        return None;
+    }
+    let from = before(rc, "node_name")?.as_str()?.to_string();
+    let to = known(rc, "node_name")?;
+    let vmid = before(rc, "vm_id")
+        .or_else(|| before(rc, "id"))
+        .and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()))?;
+    (from != to).then(|| pve_ha::HaMove {
+        address: rc.address.clone(),
+        sid: format!(
+            "{}:{vmid}",
+            if kind == Kind::Container { "ct" } else { "vm" }
+        ),
+        vmid,
+        from,
+        to,
+    })
 }
 
 /// A created VM's `clone {}` block, when its template id and node are known.
@@ -381,9 +424,49 @@ pub struct ClusterFacts {
     /// Who the apply acts as (`user@realm!token` or `user@realm`): its token's id when known,
     /// else the token the preflight runs with.
     pub apply_identity: Option<String>,
-    /// vmid → the node it lives on, of the guests `GET /cluster/resources?type=vm` lists (the
-    /// token sees those it has `VM.Audit` on), when the plan clones.
-    pub guest_nodes: BTreeMap<u64, String>,
+    /// The guests `GET /cluster/resources?type=vm` lists (the token sees those it has
+    /// `VM.Audit` on), by vmid, when the plan creates a guest with a fixed id or clones.
+    pub guests: BTreeMap<u64, GuestFact>,
+    /// The SDN VNets the plan's guests attach to (found as bridges): their zone, pending state
+    /// and whether the apply may use them (PVE114).
+    pub vnets: BTreeMap<String, VnetFact>,
+    /// Why `GET /cluster/sdn/vnets?pending=1` could not be read (refused), when it could not.
+    pub vnets_unread: Option<String>,
+    /// What HA says about the guests the plan moves (PVE112), or why it could not be read (a
+    /// refused read); `None` when nothing was asked.
+    pub ha: Option<Result<pve_ha::HaFacts, String>>,
+    /// The ids that list may hide from the token ([`pve_access::hidden_guests`]); `None`: any.
+    /// An id it does not show and may hide is asked about one by one
+    /// (`GET /cluster/nextid?vmid=`), and a template it does not show and may hide is not judged.
+    pub hidden_guests: Option<BTreeSet<u64>>,
+}
+
+impl ClusterFacts {
+    /// Whether guest `id` may exist without the guest list showing it.
+    pub fn may_hide(&self, id: u64) -> bool {
+        self.hidden_guests.as_ref().is_none_or(|h| h.contains(&id))
+    }
+}
+
+/// An SDN VNet a guest attaches to, as `GET /cluster/sdn/vnets?pending=1` lists it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VnetFact {
+    pub zone: Option<String>,
+    /// `new`, `changed` or `deleted` while the SDN configuration is not applied.
+    pub state: Option<String>,
+    /// Whether the apply's identity has `SDN.Use` on `/sdn/zones/{zone}/{vnet}`, or why that
+    /// could not be read; `None` when not asked (zone unknown).
+    pub may_use: Option<Result<bool, String>>,
+}
+
+/// A guest as `GET /cluster/resources?type=vm` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestFact {
+    pub node: String,
+    pub name: String,
+    /// `qemu` or `lxc`.
+    pub kind: String,
+    pub template: bool,
 }
 
 impl ClusterFacts {
@@ -440,7 +523,7 @@ fn grant(need: &Need, path: &str, token: &str) -> Value {
            "user": token_user(token)})
 }
 
-/// The findings of PVE101–PVE107 for `needs`, given what the API said: one step per rule.
+/// The findings of PVE101–PVE114 for `needs`, given what the API said: one step per rule.
 pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     out.extend(pve101_import_needs_8_4(needs, facts));
@@ -455,6 +538,13 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     out.extend(pve109_bridges(needs, facts));
     out.extend(pve110_root_features(needs, facts));
     out.extend(pve111_clones(needs, facts));
+    out.extend(pve114_vnets(needs, facts));
+    out.extend(pve_ha::pve112(
+        &needs.ha_moves,
+        facts.ha.as_ref(),
+        &facts.token_id,
+    ));
+    out.extend(pve_ha::pve113(&needs.ha_groups, facts.version.as_deref()));
     sort_findings(&mut out);
     out
 }
@@ -643,11 +733,15 @@ fn pve106_fixed_vmids(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     for (address, id) in &needs.vmids {
         if facts.taken_vmids.contains(id) {
+            let holder = facts.guests.get(id).map(|g| {
+                json!({"name": g.name, "node": g.node, "template": g.template,
+                       "what": if g.kind == "lxc" { "CT" } else { "VM" }})
+            });
             out.push(check(
                 "PVE106",
                 Severity::Error,
                 address,
-                json!({"vmid": id, "free": facts.free_vmid}),
+                json!({"vmid": id, "free": facts.free_vmid, "holder": holder}),
             ));
         }
     }
@@ -704,8 +798,17 @@ fn pve110_root_features(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
 fn pve111_clones(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     for c in &needs.clones {
-        // A template the token cannot see is not judged.
-        let Some(home) = facts.guest_nodes.get(&c.template) else {
+        // A template the token cannot see is not judged; one the cluster does not have fails.
+        let Some(home) = facts.guests.get(&c.template).map(|g| &g.node) else {
+            if !facts.may_hide(c.template) {
+                out.push(check(
+                    "PVE111",
+                    Severity::Error,
+                    &c.address,
+                    json!({"problem": "missing", "template": c.template, "node": c.node,
+                           "source": c.source_node.as_ref().unwrap_or(&c.node)}),
+                ));
+            }
             continue;
         };
         let d = |problem: &str, storage: Option<&String>| {
@@ -744,6 +847,52 @@ fn pve111_clones(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
                 }
             }
             _ => {}
+        }
+    }
+    out
+}
+
+/// PVE114: a VNet a guest attaches to must be applied (not pending) and usable by the apply
+/// (`SDN.Use`); a read that was refused says the check could not run.
+fn pve114_vnets(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
+    let who = facts
+        .apply_identity
+        .clone()
+        .unwrap_or_else(|| facts.token_id.clone());
+    let mut out = Vec::new();
+    for ((node, bridge), guests) in &needs.bridges {
+        let Some(v) = facts.vnets.get(bridge) else {
+            continue;
+        };
+        let base = json!({"vnet": bridge, "node": node, "zone": v.zone, "who": who,
+                          "user": token_user(&who), "token": facts.token_id,
+                          "plan_user": token_user(&facts.token_id)});
+        let with = |problem: &str, extra: Value| {
+            let mut d = base.clone();
+            d["problem"] = problem.into();
+            if let (Some(o), Some(e)) = (d.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            d
+        };
+        let mut found = Vec::new();
+        if let Some(why) = &facts.vnets_unread {
+            found.push((Severity::Warning, with("list_unread", json!({"why": why}))));
+        }
+        if v.state.as_deref() == Some("new") && !needs.sdn.applied {
+            found.push((Severity::Error, with("pending", json!({"state": v.state}))));
+        }
+        match &v.may_use {
+            Some(Ok(false)) => found.push((Severity::Error, with("sdn_use", json!({})))),
+            Some(Err(why)) => {
+                found.push((Severity::Warning, with("use_unread", json!({"why": why}))))
+            }
+            _ => {}
+        }
+        for (severity, d) in found {
+            for address in guests {
+                out.push(check("PVE114", severity, address, d.clone()));
+            }
         }
     }
     out

@@ -126,6 +126,40 @@ impl Privileges {
     }
 }
 
+/// Which guests `GET /cluster/resources?type=vm` may hide from the token: it lists only those
+/// with `VM.Audit`. `all` is `GET /access/permissions` without a path (path → privilege →
+/// propagate flag; PVE leaves out paths where nothing is left, so a `NoAccess` ACL does not show
+/// there); `acl_paths` the paths of `GET /access/acl`, complete only with `Sys.Audit` on
+/// `/access` (else PVE filters it). `Some(ids)`: the list shows every guest but those with an ACL
+/// of their own (`/vms/{id}`); `None`: any guest may be missing from it (no propagating
+/// `VM.Audit` on `/vms`, the ACL list unread or filtered, or an ACL on a pool, whose members
+/// inherit it).
+pub fn hidden_guests(
+    all: &BTreeMap<String, BTreeMap<String, u8>>,
+    acl_paths: Option<&[String]>,
+) -> Option<BTreeSet<u64>> {
+    let has = |path: &str, privilege: &str| all.get(path).and_then(|p| p.get(privilege)).copied();
+    if has("/vms", "VM.Audit") != Some(1) || has("/access", "Sys.Audit").is_none() {
+        return None;
+    }
+    let mut ids = BTreeSet::new();
+    for path in acl_paths? {
+        if path == "/pool" || path.starts_with("/pool/") {
+            return None;
+        }
+        if let Some(id) = path.strip_prefix("/vms/") {
+            ids.insert(id.parse().ok()?);
+        }
+    }
+    Some(ids)
+}
+
+/// Whether the token can read every ACL (`Sys.Audit` on `/access`), from the same answer.
+pub fn reads_every_acl(all: &BTreeMap<String, BTreeMap<String, u8>>) -> bool {
+    all.get("/access")
+        .is_some_and(|p| p.contains_key("Sys.Audit"))
+}
+
 /// What a download of a file to `storage` on `node` lacks; `None` when it may download.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DownloadGap {

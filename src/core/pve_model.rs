@@ -218,6 +218,52 @@ pub fn is_created(rc: &ResourceChange) -> bool {
     rc.change.actions.iter().any(|a| a == "create")
 }
 
+/// The SDN side of a plan (PVE018, PVE114): the bpg SDN objects it creates, changes or destroys
+/// (zones, VNets, subnets, …: `proxmox_virtual_environment_sdn_*`, `proxmox_sdn_*`), the VNet
+/// names it creates or changes (`id`, or `vnet_id`, when known), and whether an SDN applier
+/// (`…_sdn_applier`) changes with them — Proxmox keeps SDN changes pending until something applies
+/// the SDN configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SdnChanges {
+    pub changed: Vec<String>,
+    pub vnets: Vec<String>,
+    pub applied: bool,
+}
+
+pub fn sdn_changes(plan: &Plan) -> SdnChanges {
+    let mut out = SdnChanges::default();
+    for rc in plan.managed_changes().filter(|rc| rc.deposed.is_none()) {
+        let t = rc.resource_type.as_str();
+        let Some(rest) = t
+            .strip_prefix("proxmox_virtual_environment_sdn_")
+            .or_else(|| t.strip_prefix("proxmox_sdn_"))
+        else {
+            continue;
+        };
+        if matches!(
+            rc.kind(),
+            ActionKind::NoOp | ActionKind::Read | ActionKind::Forget
+        ) {
+            continue;
+        }
+        if rest == "applier" {
+            out.applied = true;
+            continue;
+        }
+        out.changed.push(rc.address.clone());
+        if rest == "vnet" && is_planned(rc) {
+            let res = Res::parse(rc);
+            let name = after(&res, "vnet_id")
+                .str()
+                .or_else(|| after(&res, "id").str());
+            if let Some(name) = name {
+                out.vnets.push(name.to_string());
+            }
+        }
+    }
+    out
+}
+
 /// A Proxmox volume id `storage:content/name` (`local:iso/debian.img`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeId {

@@ -38,10 +38,7 @@ pub async fn run(client: &Proxmox, plan: &Plan) -> Ran {
 /// acts as (its token's id), rather than by the token the preflight reads with.
 pub async fn run_as(client: &Proxmox, plan: &Plan, apply_identity: Option<String>) -> Ran {
     let needs = preflight::needs(plan);
-    match gather(client, &needs).await.map(|mut f| {
-        f.apply_identity = apply_identity;
-        f
-    }) {
+    match gather_as(client, &needs, apply_identity).await {
         Ok(facts) => Ran {
             findings: preflight::evaluate(&needs, &facts),
             capacity: preflight::capacity_of(&needs, &facts),
@@ -66,8 +63,19 @@ pub async fn run_as(client: &Proxmox, plan: &Plan, apply_identity: Option<String
 /// Fetch what `needs` asks about: version, nodes, storages (cluster-wide and per node),
 /// one `/access/permissions?path=` per needed path, and whether fixed VM ids are taken.
 pub async fn gather(client: &Proxmox, needs: &Needs) -> Result<ClusterFacts, ProxmoxError> {
+    gather_as(client, needs, None).await
+}
+
+/// [`gather`], asking what the apply may do (`SDN.Use`, PVE114) for `apply_identity` (its
+/// token's id), else for the token the preflight reads with.
+pub async fn gather_as(
+    client: &Proxmox,
+    needs: &Needs,
+    apply_identity: Option<String>,
+) -> Result<ClusterFacts, ProxmoxError> {
     let mut facts = ClusterFacts {
         token_id: client.token_id().to_string(),
+        apply_identity,
         ..ClusterFacts::default()
     };
     facts.version = Some(client.version().await?.version);
@@ -120,51 +128,193 @@ pub async fn gather(client: &Proxmox, needs: &Needs) -> Result<ClusterFacts, Pro
         let privs = client.privileges_on(&path).await?;
         facts.privileges.insert(path, privs);
     }
-    for (_, id) in &needs.vmids {
-        if !client.next_id(*id).await? {
-            facts.taken_vmids.insert(*id);
+    if !needs.vmids.is_empty() || !needs.clones.is_empty() {
+        guests_and_ids(client, needs, &mut facts).await?;
+    }
+    facts.free = free_now(client, needs, &facts).await?;
+    let (missing, vnets) = missing_bridges(client, needs, &facts).await?;
+    facts.missing_bridges = missing;
+    if !vnets.is_empty() {
+        sdn_vnets(client, vnets, &mut facts).await?;
+    }
+    if !needs.ha_moves.is_empty() {
+        let pve9 = facts
+            .version
+            .as_deref()
+            .and_then(|v| v.split('.').next()?.parse::<u64>().ok())
+            .is_some_and(|major| major >= 9);
+        facts.ha = Some(ha(client, pve9).await?);
+    }
+    Ok(facts)
+}
+
+/// What HA says (PVE112): its resources, and the rules (PVE 9) or groups (before) that place
+/// them. A refused read (403) is `Err(why)`: the finding then says the check could not run.
+async fn ha(
+    client: &Proxmox,
+    pve9: bool,
+) -> Result<Result<crate::core::pve_ha::HaFacts, String>, ProxmoxError> {
+    let resources = match refused(client.ha_resources().await)? {
+        Ok(r) => r,
+        Err(why) => return Ok(Err(why)),
+    };
+    let placement = if pve9 {
+        refused(client.ha_rules().await)?
+    } else {
+        refused(client.ha_groups().await)?
+    };
+    Ok(placement.map(|p| crate::core::pve_ha::ha_facts(&resources, &p, pve9)))
+}
+
+/// The cluster's guests (`GET /cluster/resources?type=vm`, once) and which of the plan's fixed
+/// ids are taken (PVE106) — all of them checked against that one list. The list shows only the
+/// guests the token may audit: unless the token's privileges (`GET /access/permissions`) and the
+/// cluster's ACLs (`GET /access/acl`) prove the list complete, an id the list does not show is
+/// asked about one by one (`GET /cluster/nextid?vmid=`), so a guest hidden from the token still
+/// counts.
+async fn guests_and_ids(
+    client: &Proxmox,
+    needs: &Needs,
+    facts: &mut ClusterFacts,
+) -> Result<(), ProxmoxError> {
+    facts.guests = client
+        .guests()
+        .await?
+        .into_iter()
+        .map(|g| {
+            let fact = preflight::GuestFact {
+                node: g.node,
+                name: g.name.unwrap_or_default(),
+                kind: g.guest_type,
+                template: g.template,
+            };
+            (g.vmid, fact)
+        })
+        .collect();
+    let ids: BTreeSet<u64> = needs.vmids.iter().map(|(_, id)| *id).collect();
+    let unlisted = ids
+        .iter()
+        .chain(needs.clones.iter().map(|c| &c.template))
+        .any(|id| !facts.guests.contains_key(id));
+    if unlisted {
+        let perms = client.permissions_all().await?;
+        let acl = if crate::core::pve_access::reads_every_acl(&perms) {
+            Some(client.acl_paths().await?)
+        } else {
+            None
+        };
+        facts.hidden_guests = crate::core::pve_access::hidden_guests(&perms, acl.as_deref());
+    }
+    for id in ids {
+        let taken =
+            facts.guests.contains_key(&id) || (facts.may_hide(id) && !client.next_id(id).await?);
+        if taken {
+            facts.taken_vmids.insert(id);
         }
     }
     if !facts.taken_vmids.is_empty() {
         facts.free_vmid = client.free_id().await.ok();
     }
-    facts.free = free_now(client, needs, &facts).await?;
-    facts.missing_bridges = missing_bridges(client, needs, &facts).await?;
-    if !needs.clones.is_empty() {
-        facts.guest_nodes = client
-            .guests()
-            .await?
-            .into_iter()
-            .map(|g| (g.vmid, g.node))
-            .collect();
-    }
-    Ok(facts)
+    Ok(())
 }
+
+type MissingBridges = std::collections::BTreeMap<(String, String), Vec<String>>;
 
 /// The (node, bridge) pairs the plan uses that the node does not have: asked per bridge
 /// (`GET /nodes/{n}/network/{bridge}`, since PVE 9.2.5's list omits bridges), then as an SDN
-/// VNet. A read the token may not make (403) leaves the pair unjudged.
+/// VNet (those found are returned too, for PVE114). A VNet the plan creates is not missing
+/// (PVE018 says when nothing applies it). A read the token may not make (403) leaves the pair
+/// unjudged.
 async fn missing_bridges(
     client: &Proxmox,
     needs: &Needs,
     facts: &ClusterFacts,
-) -> Result<std::collections::BTreeMap<(String, String), Vec<String>>, ProxmoxError> {
+) -> Result<(MissingBridges, BTreeSet<String>), ProxmoxError> {
     let mut missing = std::collections::BTreeMap::new();
+    let mut vnets = BTreeSet::new();
     let online = |node: &str| facts.nodes.iter().any(|n| n.name == node && n.online);
     for (node, bridge) in needs.bridges.keys().filter(|(n, _)| online(n)) {
+        if needs.sdn.vnets.contains(bridge) {
+            continue;
+        }
         if !matches!(
             refused(client.has_interface(node, bridge).await)?,
             Ok(false)
         ) {
             continue;
         }
-        if !matches!(refused(client.has_vnet(bridge).await)?, Ok(false)) {
-            continue;
+        match refused(client.has_vnet(bridge).await)? {
+            Ok(false) => {}
+            Ok(true) => {
+                vnets.insert(bridge.clone());
+                continue;
+            }
+            Err(_) => continue,
         }
         let have = refused(client.bridges(node).await)?.unwrap_or_default();
         missing.insert((node.clone(), bridge.clone()), have);
     }
-    Ok(missing)
+    Ok((missing, vnets))
+}
+
+/// The VNets the plan's guests attach to (PVE114): their zone and pending state
+/// (`GET /cluster/sdn/vnets?pending=1`, once), and whether the apply may use each
+/// (`GET /access/permissions?path=/sdn/zones/{zone}/{vnet}&userid=…`). Refused reads are kept
+/// as the reason, for the finding to say the check could not run.
+async fn sdn_vnets(
+    client: &Proxmox,
+    vnets: BTreeSet<String>,
+    facts: &mut ClusterFacts,
+) -> Result<(), ProxmoxError> {
+    let listed = match refused(client.vnets_pending().await)? {
+        Ok(list) => list,
+        Err(why) => {
+            facts.vnets_unread = Some(why);
+            Vec::new()
+        }
+    };
+    let who = facts
+        .apply_identity
+        .clone()
+        .unwrap_or_else(|| facts.token_id.clone());
+    for vnet in vnets {
+        let entry = listed
+            .iter()
+            .find(|e| e.get("vnet").and_then(serde_json::Value::as_str) == Some(&vnet));
+        let field = |k: &str| {
+            entry.and_then(|e| {
+                e.get(k)
+                    .or_else(|| e.get("pending").and_then(|p| p.get(k)))
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_string)
+            })
+        };
+        let zone = field("zone");
+        let may_use = match &zone {
+            Some(z) => Some(
+                refused(
+                    client
+                        .permissions_of(&who, &format!("/sdn/zones/{z}/{vnet}"))
+                        .await,
+                )?
+                .map(|privs| privs.contains("SDN.Use")),
+            ),
+            None => None,
+        };
+        let state = entry
+            .and_then(|e| e.get("state"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string);
+        facts.vnets.insert(
+            vnet,
+            preflight::VnetFact {
+                zone,
+                state,
+                may_use,
+            },
+        );
+    }
+    Ok(())
 }
 
 /// A read the token may not make (403) is not a failure of the preflight: the capacity row says

@@ -388,3 +388,56 @@ async fn parallelism_goes_to_plan_and_apply_and_only_when_set() {
         }
     }
 }
+
+/// Issue 36 item 5: after a successful apply, a plan of the root again (same variables) lists
+/// what the apply left. `uuid()` stands for a provider that reports success without converging:
+/// its value is unknown at every plan, so the plan right after the apply still wants to change
+/// that resource — deterministically, every time. The twin converges: nothing is left.
+#[tokio::test]
+async fn the_plan_after_an_apply_lists_what_it_left_and_nothing_when_it_converged() {
+    let bin = require_engine!();
+    let temp_root = tempfile::tempdir().unwrap();
+    let engine = Engine::builder(&bin, temp_root.path())
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    // A required variable: a plan after the apply without the apply's `-var` would fail.
+    let req = PlanRequest {
+        vars: vec![("name".to_string(), "web".to_string())],
+        ..PlanRequest::default()
+    };
+    let kept = r#"
+variable "name" {
+  type = string
+}
+resource "terraform_data" "kept" {
+  input = var.name
+}
+"#;
+    let root = root_with(&[(
+        "main.tf",
+        &format!(
+            "{kept}\nresource \"terraform_data\" \"never_converges\" {{\n  input = uuid()\n}}\n"
+        ),
+    )]);
+    let run = engine.plan(root.path(), &req).await.unwrap();
+    let private = run.private_dir().to_path_buf();
+    let (outcome, left) = run.apply_and_replan(|_| {}).await.unwrap();
+    assert!(
+        outcome.log.contains("Apply complete! Resources: 2 added"),
+        "{}",
+        outcome.log
+    );
+    assert_eq!(
+        left,
+        Ok(vec!["terraform_data.never_converges (update)".to_string()])
+    );
+    assert!(!private.exists(), "the plan files are gone after the apply");
+    assert_eq!(fake::leftovers(temp_root.path()), Vec::<String>::new());
+
+    // The healthy twin: a root whose apply converges leaves nothing.
+    let root = root_with(&[("main.tf", kept)]);
+    let run = engine.plan(root.path(), &req).await.unwrap();
+    let (_, left) = run.apply_and_replan(|_| {}).await.unwrap();
+    assert_eq!(left, Ok(vec![]));
+}

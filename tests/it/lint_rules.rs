@@ -722,3 +722,81 @@ fn one_vm_id_in_two_roots_of_an_mr_is_an_error_in_both() {
     ]);
     assert!(found.iter().all(Vec::is_empty), "{found:?}");
 }
+
+/// A VNet created with a VM on it (bpg-shaped: `proxmox_virtual_environment_sdn_vnet` whose `id`
+/// is the VNet's name), with or without an SDN applier in the same plan.
+fn vnet_plan(with_applier: bool) -> planbot::core::plan::Plan {
+    let provider = "registry.opentofu.org/bpg/proxmox";
+    let mut changes = vec![
+        serde_json::json!({
+            "address": "proxmox_virtual_environment_sdn_vnet.lab10", "mode": "managed",
+            "type": "proxmox_virtual_environment_sdn_vnet", "name": "lab10",
+            "provider_name": provider,
+            "change": {"actions": ["create"], "before": null,
+                       "after": {"id": "lab10", "zone": "lab", "alias": null, "tag": null,
+                                 "vlan_aware": false, "isolate_ports": false},
+                       "after_unknown": {}}
+        }),
+        serde_json::json!({
+            "address": "proxmox_virtual_environment_vm.app", "mode": "managed",
+            "type": "proxmox_virtual_environment_vm", "name": "app",
+            "provider_name": provider,
+            "change": {"actions": ["create"], "before": null,
+                       "after": {"name": "app", "node_name": "pve01", "vm_id": 310,
+                                 "started": true, "bios": "seabios",
+                                 "network_device": [{"bridge": "lab10", "enabled": true,
+                                                     "model": "virtio"}],
+                                 "disk": [{"datastore_id": "local-lvm", "size": 20,
+                                           "interface": "virtio0"}]},
+                       "after_unknown": {"id": true}}
+        }),
+    ];
+    if with_applier {
+        changes.push(serde_json::json!({
+            "address": "proxmox_virtual_environment_sdn_applier.sdn", "mode": "managed",
+            "type": "proxmox_virtual_environment_sdn_applier", "name": "sdn",
+            "provider_name": provider,
+            "change": {"actions": ["create"], "before": null, "after": {},
+                       "after_unknown": {"id": true}}
+        }));
+    }
+    let text =
+        serde_json::json!({"format_version": "1.2", "resource_changes": changes}).to_string();
+    planbot::core::plan::Plan::from_json(text.as_bytes()).unwrap()
+}
+
+#[test]
+fn an_sdn_vnet_created_without_an_applier_warns_naming_the_vm_on_it() {
+    let findings = lint::lint(&vnet_plan(false), &[]);
+    assert_eq!(
+        fired(&findings),
+        expect(&[("PVE018", "proxmox_virtual_environment_sdn_vnet.lab10")]),
+        "{}",
+        as_text(&findings)
+    );
+    let f = &findings[0];
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(
+        f.message.contains(
+            "`proxmox_virtual_environment_sdn_vnet.lab10` changes the SDN configuration (VNet \
+             `lab10`), but nothing in this plan applies it"
+        ) && f.message.contains(
+            "so `proxmox_virtual_environment_vm.app` cannot start on the new VNet \
+             (`bridge 'lab10' does not exist`)"
+        ),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.fix
+            .contains("resource \"proxmox_virtual_environment_sdn_applier\" \"sdn\"")
+            && f.fix
+                .contains("replace_triggered_by = [proxmox_virtual_environment_sdn_vnet.lab10]")
+            && f.fix.contains("pvesh set /cluster/sdn"),
+        "{}",
+        f.fix
+    );
+    // The healthy twin: an applier changes with it.
+    let findings = lint::lint(&vnet_plan(true), &[]);
+    assert_eq!(findings, vec![], "{}", as_text(&findings));
+}

@@ -275,12 +275,18 @@ async fn guests_nodes_storages_snippets_and_sys_modify() {
         t.contains("storage `ceph-fast`, which does not exist"),
         "{t}"
     );
-    assert!(t.contains("VM id 100, which is taken"), "{t}");
+    assert!(
+        t.contains(
+            "VM id 100, which the VM `dns-old` on node `pve01` already has: the apply fails with \
+             `VM 100 already exists on node 'pve01'`"
+        ),
+        "{t}"
+    );
     assert!(t.contains("vm_id = 101"), "{t}");
     insta::assert_snapshot!(t);
 
     // The fake keeps state: once VM 100 is gone, its id is free.
-    fake.with(|c| c.vmids.remove(&100));
+    fake.with(|c| c.guests.retain(|g| g.vmid != 100));
     let findings = preflight_of(&fake, "bpg/preflight_guests").await;
     assert!(!findings.iter().any(|f| f.rule == "PVE106"));
 }

@@ -339,10 +339,15 @@ async fn a_bridge_missing_on_the_vms_node_is_an_error_naming_the_ones_it_has() {
          but cannot start (`bridge 'vmbr2' does not exist`)."
     );
     assert!(f.fix.contains("create `vmbr2` on `pve01`"), "{}", f.fix);
-    // An applied SDN VNet of that name is a bridge on every node.
+    // An applied SDN VNet of that name is a bridge on every node (that the plan token, an
+    // auditor, may not use it is PVE114's business).
     fake.with(|c| c.vnets.insert("vmbr2".into()));
     let pf = for_plan(Some(endpoint(&fake)), &three_vms_with_web3_on("vmbr2")).await;
-    assert_eq!(rules(&pf.findings), vec![], "{:#?}", pf.findings);
+    assert!(
+        !pf.findings.iter().any(|f| f.rule == "PVE109"),
+        "{:#?}",
+        pf.findings
+    );
 }
 
 // ---- planbot preflight PLAN_JSON --config FILE ----
@@ -605,6 +610,403 @@ async fn a_clone_from_a_template_on_another_node_needs_its_node_and_shared_stora
         .any(|(_, p)| p == "/api2/json/cluster/resources?type=vm"));
 }
 
+// ---- PVE106 against /cluster/resources: every fixed id checked against one list ----
+
+/// The three-VM plan (web1–3 created with the fixed ids 301–303 on pve01).
+fn three_vms() -> planbot::core::plan::Plan {
+    crate::support::fixtures::plan("bpg/capacity_three_vms")
+}
+
+fn nextid_calls(fake: &FakeProxmox) -> usize {
+    fake.requests()
+        .iter()
+        .filter(|(_, p)| p.starts_with("/api2/json/cluster/nextid?vmid="))
+        .count()
+}
+
+#[tokio::test]
+async fn fixed_ids_are_checked_against_one_cluster_resources_read() {
+    // 302 is a container the plan does not know, on pve02.
+    let fake = FakeProxmox::start(roomy("9.1.2").container(302, "mqtt", "pve02")).await;
+    let pf = for_plan(Some(endpoint(&fake)), &three_vms()).await;
+    assert_eq!(
+        rules(&pf.findings),
+        vec![(
+            "PVE106",
+            Severity::Error,
+            "proxmox_virtual_environment_vm.web2"
+        )],
+        "{:#?}",
+        pf.findings
+    );
+    let f = &pf.findings[0];
+    assert!(
+        f.message.contains(
+            "creates VM id 302, which the container `mqtt` on node `pve02` already has: the apply \
+             fails with `CT 302 already exists on node 'pve02'`"
+        ),
+        "{}",
+        f.message
+    );
+    assert!(f.fix.contains("vm_id = 101"), "{}", f.fix);
+    // One read of the guests for the three ids, no per-id call.
+    let reqs = fake.requests();
+    let resources = reqs
+        .iter()
+        .filter(|(_, p)| p == "/api2/json/cluster/resources?type=vm")
+        .count();
+    assert_eq!((resources, nextid_calls(&fake)), (1, 0), "{reqs:?}");
+
+    // The healthy twin: the container gone, every id free, still no per-id call.
+    fake.with(|c| c.guests.retain(|g| g.vmid != 302));
+    let pf = for_plan(Some(endpoint(&fake)), &three_vms()).await;
+    assert_eq!(rules(&pf.findings), vec![], "{:#?}", pf.findings);
+    assert_eq!(nextid_calls(&fake), 0);
+}
+
+#[tokio::test]
+async fn an_id_taken_by_a_guest_the_token_cannot_see_is_still_found() {
+    // The plan token may not audit VM 302 (NoAccess on /vms/302): the list does not show it, so
+    // the list is not trusted for ids it does not show, and those are asked about one by one.
+    let mut c = roomy("8.4.1").container(302, "mqtt", "pve02");
+    c.acls.push(crate::support::fake_proxmox::Acl {
+        path: "/vms/302".into(),
+        subject: crate::support::fake_proxmox::Subject::Token(TOKEN.into()),
+        role: "NoAccess".into(),
+        propagate: true,
+    });
+    let fake = FakeProxmox::start(c).await;
+    let pf = for_plan(Some(endpoint(&fake)), &three_vms()).await;
+    assert_eq!(
+        rules(&pf.findings),
+        vec![(
+            "PVE106",
+            Severity::Error,
+            "proxmox_virtual_environment_vm.web2"
+        )],
+        "{:#?}",
+        pf.findings
+    );
+    assert!(
+        pf.findings[0]
+            .message
+            .contains("which is taken (by a guest the token cannot see)"),
+        "{}",
+        pf.findings[0].message
+    );
+    // Only the id with an ACL of its own is asked about (the ACL list shows the rest are seen).
+    assert_eq!(nextid_calls(&fake), 1);
+}
+
+#[tokio::test]
+async fn a_clone_of_a_template_the_cluster_does_not_have_fails() {
+    let fake = FakeProxmox::start(roomy("9.1.2")).await;
+    let pf = for_plan(
+        Some(endpoint(&fake)),
+        &clone_of_8000(Some("pve01"), "nfs-images"),
+    )
+    .await;
+    let f: Vec<&Finding> = pf.findings.iter().filter(|f| f.rule == "PVE111").collect();
+    assert_eq!(f.len(), 1, "{:#?}", pf.findings);
+    assert!(
+        f[0].message.contains(
+            "clones VM 8000, which the cluster does not have: the apply fails with \
+             `unable to find configuration file for VM 8000 on node 'pve01'`"
+        ),
+        "{}",
+        f[0].message
+    );
+    // A token that cannot see every guest does not judge a template it does not see.
+    let mut c = roomy("9.1.2");
+    c.acls.push(crate::support::fake_proxmox::Acl {
+        path: "/vms/8000".into(),
+        subject: crate::support::fake_proxmox::Subject::Token(TOKEN.into()),
+        role: "NoAccess".into(),
+        propagate: true,
+    });
+    let fake = FakeProxmox::start(c.guest(8000, "debian-12-tpl", "pve01", true)).await;
+    let pf = for_plan(
+        Some(endpoint(&fake)),
+        &clone_of_8000(Some("pve01"), "nfs-images"),
+    )
+    .await;
+    assert!(
+        !pf.findings.iter().any(|f| f.rule == "PVE111"),
+        "{:#?}",
+        pf.findings
+    );
+}
+
+// ---- PVE114: SDN VNets pending, and SDN.Use for the apply ----
+
+#[tokio::test]
+async fn a_vm_on_a_pending_vnet_or_on_one_the_apply_may_not_use_fails() {
+    const APPLY: &str = "tofu@pve!apply";
+    const WEB3: &str = "proxmox_virtual_environment_vm.web3";
+    // The apply token may manage VMs but not use SDN; lab10 is created but never applied.
+    let mut c = roomy("9.1.2").token_only(APPLY, "apply-secret", true, &[("/", "PVEVMAdmin")]);
+    c.pending_vnets.insert("lab10".into());
+    let fake = FakeProxmox::start(c).await;
+    let plan = three_vms_with_web3_on("lab10");
+    let run =
+        || planbot::flows::preflight::for_plan_as(Some(endpoint(&fake)), Some(APPLY.into()), &plan);
+    let pf = run().await;
+    let f: Vec<Finding> = pf
+        .findings
+        .iter()
+        .filter(|f| f.rule == "PVE114")
+        .cloned()
+        .collect();
+    assert_eq!(
+        rules(&f),
+        vec![
+            ("PVE114", Severity::Error, WEB3),
+            ("PVE114", Severity::Error, WEB3)
+        ],
+        "{:#?}",
+        pf.findings
+    );
+    let text: Vec<&str> = f.iter().map(|f| f.message.as_str()).collect();
+    assert!(
+        text.iter().any(|m| m.contains(
+            "attaches to VNet `lab10`, which is pending in the SDN configuration (`new`: created \
+             but never applied)"
+        )),
+        "{text:#?}"
+    );
+    let use_finding = f
+        .iter()
+        .find(|f| f.message.contains("lacks `SDN.Use`"))
+        .expect("the SDN.Use finding");
+    assert!(
+        use_finding.message.contains(
+            "the apply acts as `tofu@pve!apply`, which lacks `SDN.Use` on `/sdn/zones/lab/lab10`: \
+             the apply fails with `403 Permission check failed (/sdn/zones/lab/lab10, SDN.Use)`"
+        ),
+        "{}",
+        use_finding.message
+    );
+    // Paste the fix, apply the SDN configuration: nothing left.
+    let fix = use_finding.fix.clone();
+    fake.with(|c| {
+        c.paste(&fix).unwrap();
+        c.pending_vnets.clear();
+        c.vnets.insert("lab10".into());
+    });
+    let pf = run().await;
+    assert!(
+        !pf.findings.iter().any(|f| f.rule == "PVE114"),
+        "{:#?}",
+        pf.findings
+    );
+    // A plan token that may not read the apply token's privileges (no Sys.Audit on /access):
+    // the check says it could not run.
+    fake.with(|c| {
+        c.acls.push(crate::support::fake_proxmox::Acl {
+            path: "/access".into(),
+            subject: crate::support::fake_proxmox::Subject::Token(TOKEN.into()),
+            role: "NoAccess".into(),
+            propagate: true,
+        })
+    });
+    let pf = run().await;
+    let f: Vec<&Finding> = pf.findings.iter().filter(|f| f.rule == "PVE114").collect();
+    assert_eq!(f.len(), 1, "{:#?}", pf.findings);
+    assert_eq!(f[0].severity, Severity::Warning);
+    assert!(
+        f[0].message
+            .contains("could not be checked: reading its privileges was refused")
+            && f[0]
+                .message
+                .contains("Permission check failed (/access, Sys.Audit)"),
+        "{}",
+        f[0].message
+    );
+}
+
+// ---- PVE112/PVE113: HA-managed guests and PVE 9's rules ----
+
+/// `web1` (VM 105) moved in place from `pve01` to `pve02` (`migrate = true`), alone in the plan.
+fn web1_moved_to(node: &str) -> planbot::core::plan::Plan {
+    let mut v: serde_json::Value = serde_json::from_str(&crate::support::fixtures::text(
+        "plans/bpg/capacity_three_vms.json",
+    ))
+    .unwrap();
+    let changes = v["resource_changes"].as_array_mut().unwrap();
+    changes.truncate(1);
+    let rc = &mut changes[0]["change"];
+    rc["actions"] = serde_json::json!(["update"]);
+    rc["after"]["vm_id"] = 105.into();
+    rc["after"]["migrate"] = true.into();
+    let mut before = rc["after"].clone();
+    before["node_name"] = "pve01".into();
+    rc["before"] = before;
+    rc["after"]["node_name"] = node.into();
+    planbot::core::plan::Plan::from_json(v.to_string().as_bytes()).unwrap()
+}
+
+fn ha_findings(pf: &PlanPreflight) -> Vec<Finding> {
+    pf.findings
+        .iter()
+        .filter(|f| f.rule == "PVE112" || f.rule == "PVE113")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn an_ha_managed_vm_moved_by_the_plan_must_go_through_ha_on_8_and_9() {
+    const WEB1: &str = "proxmox_virtual_environment_vm.web1";
+    for (version, kind, placement_read, other_read) in [
+        (
+            "8.4.1",
+            "group",
+            "/api2/json/cluster/ha/groups",
+            "/api2/json/cluster/ha/rules",
+        ),
+        (
+            "9.1.2",
+            "rule",
+            "/api2/json/cluster/ha/rules",
+            "/api2/json/cluster/ha/groups",
+        ),
+    ] {
+        let c = roomy(version)
+            .guest(105, "web1", "pve01", false)
+            .ha("vm:105", Some(("prod", &["pve01", "pve03"], true)));
+        let fake = FakeProxmox::start(c).await;
+        let pf = for_plan(Some(endpoint(&fake)), &web1_moved_to("pve02")).await;
+        let f = ha_findings(&pf);
+        assert_eq!(
+            rules(&f),
+            vec![("PVE112", Severity::Error, WEB1)],
+            "{version}: {:#?}",
+            pf.findings
+        );
+        assert!(
+            f[0].message.contains(&format!(
+                "moves from `pve01` to `pve02`, but it is an HA resource (`vm:105`) placed by HA \
+                 {kind} `prod` (only on `pve01`, `pve03`)"
+            )) && f[0]
+                .message
+                .contains("`Requesting HA migration for VM 105 to node pve02`")
+                && f[0]
+                    .message
+                    .contains("HA will not run it on `pve02` at all"),
+            "{version}: {}",
+            f[0].message
+        );
+        assert!(
+            f[0].fix.contains("ha-manager migrate vm:105 pve02")
+                && f[0]
+                    .fix
+                    .contains("lifecycle { ignore_changes = [node_name] }"),
+            "{}",
+            f[0].fix
+        );
+        let reqs = fake.requests();
+        let asked = |p: &str| reqs.iter().any(|(_, q)| q == p);
+        assert!(asked("/api2/json/cluster/ha/resources") && asked(placement_read));
+        assert!(!asked(other_read), "{version}: {reqs:?}");
+
+        // Moved to a node the placement allows: still through HA, a warning.
+        let pf = for_plan(Some(endpoint(&fake)), &web1_moved_to("pve03")).await;
+        assert_eq!(
+            rules(&ha_findings(&pf)),
+            vec![("PVE112", Severity::Warning, WEB1)],
+            "{version}"
+        );
+        // The healthy twin: not an HA resource.
+        fake.with(|c| c.ha.clear());
+        let pf = for_plan(Some(endpoint(&fake)), &web1_moved_to("pve02")).await;
+        assert_eq!(ha_findings(&pf), vec![], "{version}");
+    }
+}
+
+#[tokio::test]
+async fn a_token_that_may_not_read_ha_gets_a_warning_that_the_check_could_not_run() {
+    // Auditor on the nodes, storages and guests, but not on `/`: the HA reads are refused.
+    let mut c = Cluster::homelab().token(
+        TOKEN,
+        SECRET,
+        &[
+            ("/nodes", "PVEAuditor"),
+            ("/storage", "PVEAuditor"),
+            ("/vms", "PVEAuditor"),
+        ],
+    );
+    c.version = "9.1.2".into();
+    let fake = FakeProxmox::start(c.ha("vm:105", None)).await;
+    let pf = for_plan(Some(endpoint(&fake)), &web1_moved_to("pve02")).await;
+    let f = ha_findings(&pf);
+    assert_eq!(
+        rules(&f),
+        vec![(
+            "PVE112",
+            Severity::Warning,
+            "proxmox_virtual_environment_vm.web1"
+        )],
+        "{:#?}",
+        pf.findings
+    );
+    assert!(
+        f[0].message
+            .contains("could not be checked: reading `/cluster/ha/resources` was refused")
+            && f[0]
+                .message
+                .contains("Permission check failed (/, Sys.Audit)"),
+        "{}",
+        f[0].message
+    );
+    assert!(
+        f[0].fix
+            .contains("pveum acl modify / --tokens 'tofu@pve!plan' --roles PVEAuditor"),
+        "{}",
+        f[0].fix
+    );
+}
+
+#[tokio::test]
+async fn an_ha_group_created_on_pve_9_gets_a_warning_and_on_8_none() {
+    let group = |version: &str| {
+        let _ = version;
+        let rc = serde_json::json!({
+            "address": "proxmox_virtual_environment_hagroup.prod", "mode": "managed",
+            "type": "proxmox_virtual_environment_hagroup", "name": "prod",
+            "provider_name": "registry.opentofu.org/bpg/proxmox",
+            "change": {"actions": ["create"], "before": null,
+                       "after": {"group": "prod", "nodes": {"pve01": 2, "pve02": 1},
+                                 "restricted": true, "no_failback": false, "comment": null},
+                       "after_unknown": {"id": true}}
+        });
+        let text =
+            serde_json::json!({"format_version": "1.2", "resource_changes": [rc]}).to_string();
+        planbot::core::plan::Plan::from_json(text.as_bytes()).unwrap()
+    };
+    let fake = FakeProxmox::start(roomy("9.1.2")).await;
+    let pf = for_plan(Some(endpoint(&fake)), &group("9.1.2")).await;
+    let f = ha_findings(&pf);
+    assert_eq!(
+        rules(&f),
+        vec![(
+            "PVE113",
+            Severity::Warning,
+            "proxmox_virtual_environment_hagroup.prod"
+        )],
+        "{:#?}",
+        pf.findings
+    );
+    assert!(
+        f[0].message
+            .contains("Proxmox VE 9.1.2: since 9.0 HA groups are replaced by node-affinity rules"),
+        "{}",
+        f[0].message
+    );
+    assert!(f[0].fix.contains("proxmox_virtual_environment_harule"));
+    let fake = FakeProxmox::start(roomy("8.4.1")).await;
+    let pf = for_plan(Some(endpoint(&fake)), &group("8.4.1")).await;
+    assert_eq!(ha_findings(&pf), vec![], "{:#?}", pf.findings);
+}
+
 // ---- After the apply: changes that wait for a reboot ----
 
 #[tokio::test]
@@ -626,9 +1028,9 @@ async fn after_the_apply_a_pending_cores_change_is_named_for_the_apply_note() {
     assert_eq!((guests[0].vmid, guests[0].kind), (301, "qemu"));
 
     let mut c = roomy("9.1.2").guest(301, "web1", "pve01", false);
-    c.guests[0].pending.insert("cores".into(), 4.into());
-    c.guests[0]
-        .pending
+    let web1 = c.guests.iter_mut().find(|g| g.vmid == 301).unwrap();
+    web1.pending.insert("cores".into(), 4.into());
+    web1.pending
         .insert("cipassword".into(), "s3cr3t-hash".into());
     let fake = FakeProxmox::start(c).await;
     let note = planbot::flows::preflight::pending_after_apply(Some(endpoint(&fake)), &guests)
@@ -646,7 +1048,7 @@ async fn after_the_apply_a_pending_cores_change_is_named_for_the_apply_note() {
     assert!(fake.requests().iter().all(|(m, _)| m == "GET"));
 
     // Nothing pending: nothing to say.
-    fake.with(|c| c.guests[0].pending.clear());
+    fake.with(|c| c.guests.iter_mut().for_each(|g| g.pending.clear()));
     assert_eq!(
         planbot::flows::preflight::pending_after_apply(Some(endpoint(&fake)), &guests).await,
         None

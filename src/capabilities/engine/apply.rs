@@ -41,6 +41,8 @@ pub struct PlannedRun {
     pub(super) parallelism: Option<u16>,
     /// The `-target`/`-exclude`/`-replace` flags of the plan (empty: the full plan).
     pub(super) targeting: crate::core::targeting::Targeting,
+    /// The plan's `-var-file=`/`-var=` arguments, for the plan after the apply.
+    pub(super) var_args: Vec<OsString>,
     pub(super) backend: Backend,
     pub(super) version: EngineVersion,
     pub(super) encryption: PlanEncryption,
@@ -164,6 +166,94 @@ impl PlannedRun {
     /// unbounded sender.
     pub async fn apply_streaming(
         self,
+        on_line: impl FnMut(&str) + Send,
+    ) -> Result<ApplyOutcome, EngineError> {
+        let out = self.apply_steps(on_line).await;
+        drop(self.private);
+        out
+    }
+
+    /// [`PlannedRun::apply_streaming`], then, when the apply succeeded, a plan of the root again
+    /// (the same directory, environment, sandbox, variables and `-parallelism`; its plan file in
+    /// the private directory, read with `show -json`): what it would still change. The apply
+    /// reported success; a provider that did not do the work shows up here. `Err(report)` (the
+    /// engine's redacted output, at most 20 lines) when the plan after the apply could not run
+    /// (then nothing says the apply left no changes).
+    pub async fn apply_and_replan(
+        self,
+        on_line: impl FnMut(&str) + Send,
+    ) -> Result<(ApplyOutcome, Result<Vec<String>, String>), EngineError> {
+        let out = self.apply_steps(on_line).await?;
+        let left = self.replan().await;
+        drop(self.private);
+        Ok((out, left))
+    }
+
+    /// The plan after the apply: `address (actions)` of every change it still has.
+    async fn replan(&self) -> Result<Vec<String>, String> {
+        let started = Instant::now();
+        let inner = &self.engine.inner;
+        // Beside the applied plan file: the directory the sandbox lets the engine write.
+        let file = self.plan_file.with_file_name("after-apply");
+        let mut args: Vec<OsString> = vec![
+            "plan".into(),
+            "-input=false".into(),
+            "-no-color".into(),
+            format!("-lock-timeout={}s", inner.lock_timeout.as_secs()).into(),
+        ];
+        if let Some(n) = self.parallelism {
+            args.push(format!("-parallelism={n}").into());
+        }
+        let mut out_arg = OsString::from("-out=");
+        out_arg.push(&file);
+        args.push(out_arg);
+        args.extend(self.var_args.iter().cloned());
+        // A targeted plan is checked within its own scope (`-target`/`-exclude`: what it left
+        // out is not "left by the apply"); `-replace` is not repeated, it would replace again.
+        let scope = crate::core::targeting::Targeting {
+            replace: Vec::new(),
+            ..self.targeting.clone()
+        };
+        args.extend(scope.engine_args().into_iter().map(OsString::from));
+        let call = StepCall {
+            dir: &self.dir,
+            env: &self.env,
+            deadline: started + inner.timeout,
+            cancel: self.cancel.clone(),
+            scrubber: &self.scrubber,
+            confinement: self.confinement.as_ref(),
+            quota: None,
+        };
+        let why = |e: super::error::StepError| {
+            e.into_engine_error(&RawLog::default(), &self.scrubber)
+                .report(20)
+        };
+        self.engine
+            .run_step(Step::Plan, &args, Capture::Log, &call, &mut |_| {})
+            .await
+            .map_err(why)?;
+        let show = vec!["show".into(), "-json".into(), file.into_os_string()];
+        let shown = self
+            .engine
+            .run_step(Step::Show, &show, Capture::Stdout, &call, &mut |_| {})
+            .await
+            .map_err(why)?;
+        let plan = Plan::from_json(&shown.stdout).map_err(|e| e.to_string())?;
+        Ok(plan
+            .managed_changes()
+            .filter(|rc| {
+                !matches!(
+                    rc.kind(),
+                    crate::core::plan::ActionKind::NoOp | crate::core::plan::ActionKind::Read
+                )
+            })
+            .map(|rc| format!("{} ({})", rc.address, rc.change.actions.join(", ")))
+            .collect())
+    }
+
+    /// The apply itself; the private directory is kept (the caller drops it).
+    async fn apply_steps(
+        &self,
         mut on_line: impl FnMut(&str) + Send,
     ) -> Result<ApplyOutcome, EngineError> {
         let started = Instant::now();
@@ -193,7 +283,6 @@ impl PlannedRun {
             .await;
         let out = result.map_err(|e| e.into_engine_error(&RawLog::default(), &self.scrubber))?;
         let log = out.log.render(&self.scrubber);
-        drop(self.private);
         Ok(ApplyOutcome {
             log,
             duration: started.elapsed(),

@@ -200,6 +200,7 @@ impl Engine {
         }
         out.scrubber = secrets.scrubber();
         let (plan, plan_json) = shown?;
+        let var_args = steps.var_args();
         let log = steps.log;
         let lock_file = lock_file.expect("read when the plan was shown")?;
         let scrubber = secrets.scrubber();
@@ -217,6 +218,7 @@ impl Engine {
             lock_file,
             parallelism: req.parallelism,
             targeting: req.targeting.clone(),
+            var_args,
             backend,
             version,
             encryption,

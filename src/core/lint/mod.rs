@@ -7,6 +7,7 @@
 mod download;
 mod guests;
 mod refactor;
+mod sdn;
 mod snippets;
 mod together;
 mod vm;
@@ -231,6 +232,10 @@ pub const RULES: &[Rule] = &[
         check: Check::Each(guests::pve017),
     },
     Rule {
+        id: "PVE018",
+        check: Check::Plan(sdn::pve018),
+    },
+    Rule {
         id: "PVE019",
         check: Check::Each(guests::pve019),
     },
@@ -316,8 +321,8 @@ mod tests {
     #[test]
     fn rule_ids_are_unique_and_in_catalogue_order() {
         let ids: Vec<&str> = RULES.iter().map(|r| r.id).collect();
-        let expected: Vec<String> = (1..=17)
-            .chain([19, 20, 22, 23])
+        let expected: Vec<String> = (1..=20)
+            .chain([22, 23])
             .map(|i| format!("PVE{i:03}"))
             .collect();
         assert_eq!(ids, expected);

@@ -144,7 +144,7 @@ pub(super) async fn apply_all(
                 let outcome = apply_root(&guard, planned, log).await;
                 drop(slot);
                 match outcome {
-                    Ok(out_log) => {
+                    Ok((out_log, left)) => {
                         ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
                             .await;
                         applied.insert(d.root.clone());
@@ -159,6 +159,10 @@ pub(super) async fn apply_all(
                             let pending = ctx.app.scrubber.scrub(&pending).into_owned();
                             log.line(&pending);
                             text = format!("{text}; {pending}");
+                        }
+                        if let Some(left) = left_changes(ctx, &left) {
+                            log.line(&left);
+                            text = format!("{text}; {left}");
                         }
                         results.push(RootResult {
                             name: d.root.clone(),
@@ -211,14 +215,29 @@ pub(super) async fn apply_all(
     (results, verdict)
 }
 
-/// Apply-style work needs the root's lock: the guard is the proof.
+/// Apply-style work needs the root's lock: the guard is the proof. The apply's log, and what a
+/// plan of the root right after it would still change ([`PlannedRun::apply_and_replan`]).
 async fn apply_root(
     _guard: &RootGuard,
     planned: PlannedRun,
     log: &JobLog,
-) -> Result<String, EngineError> {
-    let out = planned.apply_streaming(|line| log.line(line)).await?;
-    Ok(out.log)
+) -> Result<(String, Result<Vec<String>, String>), EngineError> {
+    let (out, left) = planned.apply_and_replan(|line| log.line(line)).await?;
+    Ok((out.log, left))
+}
+
+/// The apply note's words when the plan after a successful apply is not empty ("the apply left
+/// changes", with the list: a provider reported success without doing the work), or could not
+/// run; `None` when it is empty.
+fn left_changes(ctx: &ApplyCtx, left: &Result<Vec<String>, String>) -> Option<String> {
+    match left {
+        Ok(changes) if changes.is_empty() => None,
+        Ok(changes) => Some(ctx.say("apply_left_changes", context! { changes => changes })),
+        Err(report) => {
+            let error = ctx.first_error_line(report);
+            Some(ctx.say("replan_failed", context! { error => error }))
+        }
+    }
 }
 
 /// A root's (and a run's) text when there was nothing to apply.

@@ -68,13 +68,29 @@ pub struct FakeGuest {
 
 impl Cluster {
     /// Add a guest (and take its id).
-    pub fn guest(mut self, vmid: u64, name: &str, node: &str, template: bool) -> Cluster {
-        self.vmids.insert(vmid);
+    pub fn guest(self, vmid: u64, name: &str, node: &str, template: bool) -> Cluster {
+        self.guest_of("qemu", vmid, name, node, template)
+    }
+
+    /// Add a container (and take its id).
+    pub fn container(self, vmid: u64, name: &str, node: &str) -> Cluster {
+        self.guest_of("lxc", vmid, name, node, false)
+    }
+
+    fn guest_of(
+        mut self,
+        kind: &'static str,
+        vmid: u64,
+        name: &str,
+        node: &str,
+        template: bool,
+    ) -> Cluster {
+        self.guests.retain(|g| g.vmid != vmid);
         self.guests.push(FakeGuest {
             vmid,
             name: name.into(),
             node: node.into(),
-            kind: "qemu",
+            kind,
             template,
             config: BTreeMap::from([
                 ("name".to_string(), json!(name)),
@@ -82,6 +98,34 @@ impl Cluster {
                 ("memory".to_string(), json!("2048")),
             ]),
             pending: BTreeMap::new(),
+        });
+        self
+    }
+}
+
+/// An HA-managed guest (`sid` = `vm:105`) and where HA may run it: one state shown in both
+/// releases' shapes — before PVE 9 as the resource's `group` (`GET /cluster/ha/groups`, a
+/// `restricted` group), from PVE 9 on as a node-affinity rule (`GET /cluster/ha/rules`, `strict`),
+/// since 9.0 migrates groups to rules.
+#[derive(Debug, Clone)]
+pub struct FakeHa {
+    pub sid: String,
+    /// (group or rule name, nodes, restricted/strict).
+    pub placement: Option<(String, Vec<String>, bool)>,
+}
+
+impl Cluster {
+    /// Make `sid` an HA resource, placed on `nodes` by group/rule `name` when given.
+    pub fn ha(mut self, sid: &str, placement: Option<(&str, &[&str], bool)>) -> Cluster {
+        self.ha.push(FakeHa {
+            sid: sid.into(),
+            placement: placement.map(|(name, nodes, strict)| {
+                (
+                    name.into(),
+                    nodes.iter().map(|n| n.to_string()).collect(),
+                    strict,
+                )
+            }),
         });
         self
     }
@@ -153,11 +197,16 @@ pub struct Cluster {
     pub hardware: BTreeMap<String, NodeHardware>,
     /// node → its bridges (a node missing here has `vmbr0` only).
     pub bridges: BTreeMap<String, BTreeSet<String>>,
-    /// SDN VNets (applied), usable as a bridge on every node.
+    /// SDN VNets (applied, in zone `lab`), usable as a bridge on every node.
     pub vnets: BTreeSet<String>,
-    /// Guests `GET /cluster/resources?type=vm` lists (their ids are also taken in `vmids`).
+    /// SDN VNets created in the SDN configuration but not applied yet (`state: new`, zone `lab`):
+    /// `GET /cluster/sdn/vnets/{vnet}` shows them, no node has their bridge.
+    pub pending_vnets: BTreeSet<String>,
+    /// Every guest of the cluster: `GET /cluster/resources?type=vm` lists those the token has
+    /// `VM.Audit` on, `GET /cluster/nextid?vmid=` refuses the id of any of them.
     pub guests: Vec<FakeGuest>,
-    pub vmids: BTreeSet<u64>,
+    /// HA resources and their placement.
+    pub ha: Vec<FakeHa>,
     pub roles: BTreeMap<String, BTreeSet<String>>,
     /// user id → the groups it is a member of.
     pub users: BTreeMap<String, BTreeSet<String>>,
@@ -259,13 +308,18 @@ pub fn builtin_roles() -> BTreeMap<String, BTreeSet<String>> {
         ),
         ("PVEVMAdmin".to_string(), set(&vm_admin)),
         ("NoAccess".to_string(), BTreeSet::new()),
+        ("PVESDNUser".to_string(), set(&["SDN.Audit", "SDN.Use"])),
+        (
+            "PVESDNAdmin".to_string(),
+            set(&["SDN.Allocate", "SDN.Audit", "SDN.Use"]),
+        ),
     ])
 }
 
 impl Cluster {
     /// Two online nodes, `local` (dir: iso, vztmpl, backup — no import, no snippets),
     /// `local-lvm` (lvmthin: images, rootdir), `nfs-images` (shared nfs, everything),
-    /// VM 100 existing, PVE 8.4.1, no users or tokens yet (but `root@pam`).
+    /// VM 100 (`dns-old` on `pve01`) existing, PVE 8.4.1, no users or tokens yet (but `root@pam`).
     pub fn homelab() -> Cluster {
         let mut nfs = FakeStorage::new(
             "nfs-images",
@@ -289,8 +343,9 @@ impl Cluster {
             hardware: BTreeMap::new(),
             bridges: BTreeMap::new(),
             vnets: BTreeSet::new(),
+            pending_vnets: BTreeSet::new(),
             guests: Vec::new(),
-            vmids: BTreeSet::from([100]),
+            ha: Vec::new(),
             roles: builtin_roles(),
             users: BTreeMap::from([("root@pam".to_string(), BTreeSet::new())]),
             groups: BTreeSet::new(),
@@ -300,6 +355,7 @@ impl Cluster {
             requests: Vec::new(),
             seen_tokens: Vec::new(),
         }
+        .guest(100, "dns-old", "pve01", false)
     }
 
     fn acl(&mut self, subject: Subject, grants: &[(&str, &str)]) {
@@ -637,6 +693,7 @@ impl FakeProxmox {
                 get(node_interface),
             )
             .route("/api2/json/cluster/sdn/vnets/{vnet}", get(sdn_vnet))
+            .route("/api2/json/cluster/sdn/vnets", get(sdn_vnets))
             .route("/api2/json/cluster/resources", get(cluster_resources))
             .route(
                 "/api2/json/nodes/{node}/{kind}/{vmid}/pending",
@@ -648,6 +705,10 @@ impl FakeProxmox {
             )
             .route("/api2/json/access/permissions", get(permissions))
             .route("/api2/json/cluster/nextid", get(nextid))
+            .route("/api2/json/access/acl", get(acl_list))
+            .route("/api2/json/cluster/ha/resources", get(ha_resources))
+            .route("/api2/json/cluster/ha/groups", get(ha_groups))
+            .route("/api2/json/cluster/ha/rules", get(ha_rules))
             .fallback(fallback)
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1086,7 +1147,7 @@ async fn sdn_vnet(
     if !c.privileges(&token, "/sdn").contains_key("SDN.Audit") {
         return forbidden(&c, "/sdn", "SDN.Audit");
     }
-    if !c.vnets.contains(&vnet) {
+    if !c.vnets.contains(&vnet) && !c.pending_vnets.contains(&vnet) {
         return pve_error(
             &c,
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -1096,6 +1157,41 @@ async fn sdn_vnet(
     }
     Json(json!({"data": {"vnet": vnet, "zone": "lab", "type": "vnet", "digest": "a1b2"}}))
         .into_response()
+}
+
+/// `GET /cluster/sdn/vnets[?pending=1]`: the VNets the token has `SDN.Audit` or `SDN.Allocate`
+/// on (`/sdn/zones/{zone}/{vnet}`). With `pending=1`, pve-network's pending view: a VNet not yet
+/// applied has `state: new` and its values under `pending`; without it, the configuration as
+/// written (pending ones included, without a state).
+async fn sdn_vnets(
+    State(s): State<Shared>,
+    Query(q): Query<BTreeMap<String, String>>,
+    m: Method,
+    u: Uri,
+    h: HeaderMap,
+) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    let pending = q.get("pending").is_some_and(|v| v == "1");
+    let may = |vnet: &str| {
+        let p = c.privileges(&token, &format!("/sdn/zones/lab/{vnet}"));
+        p.contains_key("SDN.Audit") || p.contains_key("SDN.Allocate")
+    };
+    let mut data: Vec<Value> = c
+        .vnets
+        .iter()
+        .filter(|v| may(v))
+        .map(|v| json!({"vnet": v, "zone": "lab", "type": "vnet", "digest": "a1b2"}))
+        .collect();
+    data.extend(c.pending_vnets.iter().filter(|v| may(v)).map(|v| {
+        if pending {
+            json!({"vnet": v, "type": "vnet", "state": "new",
+                   "pending": {"zone": "lab"}, "digest": "c3d4"})
+        } else {
+            json!({"vnet": v, "zone": "lab", "type": "vnet", "digest": "c3d4"})
+        }
+    }));
+    Json(json!({"data": data})).into_response()
 }
 
 /// `GET /cluster/resources[?type=vm]`: the guests the token has `VM.Audit` on (PVE filters the
@@ -1182,6 +1278,10 @@ async fn guest_pending(
     Json(json!({"data": data})).into_response()
 }
 
+/// `GET /access/permissions[?path=][&userid=]`: the effective privileges of the caller, or of
+/// `userid` (a user or token id; asking about anyone but oneself or one's own tokens needs
+/// `Sys.Audit` on `/access`). Without `path`, PVE's top-level paths and every path an ACL is set
+/// on, those with no privilege left out.
 async fn permissions(
     State(s): State<Shared>,
     Query(q): Query<BTreeMap<String, String>>,
@@ -1191,19 +1291,154 @@ async fn permissions(
 ) -> Response {
     let token = authed!(s, m, u, h);
     let c = s.lock().unwrap();
+    let who = match q.get("userid") {
+        Some(other) if other != &token => {
+            let own_user = token.split('!').next().unwrap_or_default();
+            let owned = other.split('!').next() == Some(own_user) && !token.contains('!');
+            if !owned && !c.privileges(&token, "/access").contains_key("Sys.Audit") {
+                return forbidden(&c, "/access", "Sys.Audit");
+            }
+            other.clone()
+        }
+        _ => token.clone(),
+    };
     let mut data = serde_json::Map::new();
     match q.get("path") {
         Some(p) => {
-            data.insert(p.clone(), json!(c.privileges(&token, p)));
+            data.insert(p.clone(), json!(c.privileges(&who, p)));
         }
         None => {
             let mut paths: BTreeSet<String> = c.acls.iter().map(|a| a.path.clone()).collect();
-            paths.insert("/".into());
+            paths.extend(
+                [
+                    "/",
+                    "/access",
+                    "/access/groups",
+                    "/nodes",
+                    "/pool",
+                    "/sdn",
+                    "/storage",
+                    "/vms",
+                ]
+                .map(String::from),
+            );
             for p in paths {
-                data.insert(p.clone(), json!(c.privileges(&token, &p)));
+                let privs = c.privileges(&who, &p);
+                if !privs.is_empty() {
+                    data.insert(p.clone(), json!(privs));
+                }
             }
         }
     }
+    Json(json!({"data": data})).into_response()
+}
+
+/// The HA reads need `Sys.Audit` on `/` (pve-ha-manager's API).
+fn ha_refused(c: &Cluster, token: &str) -> Option<Response> {
+    (!c.privileges(token, "/").contains_key("Sys.Audit")).then(|| forbidden(c, "/", "Sys.Audit"))
+}
+
+/// `GET /cluster/ha/resources`: PVE 8 names each resource's `group`; PVE 9 has no groups (its
+/// placement is in the rules) and a `failback` flag.
+async fn ha_resources(State(s): State<Shared>, m: Method, u: Uri, h: HeaderMap) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if let Some(r) = ha_refused(&c, &token) {
+        return r;
+    }
+    let data: Vec<Value> =
+        c.ha.iter()
+            .map(|r| {
+                let kind = r.sid.split(':').next().unwrap_or_default();
+                let mut v = json!({"sid": r.sid, "type": kind, "state": "started",
+                               "max_restart": 1, "max_relocate": 1, "digest": "7c1e"});
+                if is_pve9(&c) {
+                    v["failback"] = 1.into();
+                } else if let Some((group, _, _)) = &r.placement {
+                    v["group"] = group.clone().into();
+                }
+                v
+            })
+            .collect();
+    Json(json!({"data": data})).into_response()
+}
+
+/// `GET /cluster/ha/groups`: before PVE 9 the groups (`nodes` with priorities, `restricted`);
+/// on PVE 9 none are left (migrated to rules).
+async fn ha_groups(State(s): State<Shared>, m: Method, u: Uri, h: HeaderMap) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if let Some(r) = ha_refused(&c, &token) {
+        return r;
+    }
+    let data: Vec<Value> = if is_pve9(&c) {
+        Vec::new()
+    } else {
+        c.ha.iter()
+            .filter_map(|r| r.placement.as_ref())
+            .map(|(name, nodes, restricted)| {
+                json!({"group": name, "type": "group", "nodes": nodes.iter().enumerate()
+                           .map(|(i, n)| if i == 0 { format!("{n}:2") } else { n.clone() })
+                           .collect::<Vec<_>>().join(","),
+                       "restricted": u8::from(*restricted), "nofailback": 0, "digest": "5a0b"})
+            })
+            .collect()
+    };
+    Json(json!({"data": data})).into_response()
+}
+
+/// `GET /cluster/ha/rules` (PVE 9 only; older releases do not have it): node-affinity rules.
+async fn ha_rules(State(s): State<Shared>, m: Method, u: Uri, h: HeaderMap) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    if !is_pve9(&c) {
+        return pve_error(
+            &c,
+            StatusCode::NOT_IMPLEMENTED,
+            &format!("Method 'GET {}' not implemented", u.path()),
+            None,
+        );
+    }
+    if let Some(r) = ha_refused(&c, &token) {
+        return r;
+    }
+    let data: Vec<Value> =
+        c.ha.iter()
+            .filter_map(|r| r.placement.as_ref().map(|p| (r, p)))
+            .enumerate()
+            .map(|(i, (r, (name, nodes, strict)))| {
+                json!({"rule": name, "type": "node-affinity", "resources": r.sid,
+                   "nodes": nodes.join(","), "strict": u8::from(*strict), "order": i + 1,
+                   "digest": "9d2f"})
+            })
+            .collect();
+    Json(json!({"data": data})).into_response()
+}
+
+/// `GET /access/acl`: every ACL entry for a caller with `Sys.Audit` on `/access`; otherwise only
+/// those on paths where it may modify permissions (`Permissions.Modify`), as PVE filters it.
+async fn acl_list(State(s): State<Shared>, m: Method, u: Uri, h: HeaderMap) -> Response {
+    let token = authed!(s, m, u, h);
+    let c = s.lock().unwrap();
+    let audit = c.privileges(&token, "/access").contains_key("Sys.Audit");
+    let data: Vec<Value> = c
+        .acls
+        .iter()
+        .filter(|a| {
+            audit
+                || c.privileges(&token, &a.path)
+                    .contains_key("Permissions.Modify")
+        })
+        .map(|a| {
+            let (kind, ugid) = match &a.subject {
+                Subject::User(u) => ("user", u.clone()),
+                Subject::Group(g) => ("group", g.clone()),
+                Subject::Token(t) => ("token", t.clone()),
+            };
+            json!({"path": a.path, "type": kind, "ugid": ugid, "roleid": a.role,
+                   "propagate": u8::from(a.propagate)})
+        })
+        .collect();
     Json(json!({"data": data})).into_response()
 }
 
@@ -1217,7 +1452,7 @@ async fn nextid(
     let _ = authed!(s, m, u, h);
     let c = s.lock().unwrap();
     match q.get("vmid").and_then(|v| v.parse::<u64>().ok()) {
-        Some(id) if c.vmids.contains(&id) => pve_error(
+        Some(id) if c.guests.iter().any(|g| g.vmid == id) => pve_error(
             &c,
             StatusCode::BAD_REQUEST,
             "Parameter verification failed.",
@@ -1225,7 +1460,9 @@ async fn nextid(
         ),
         Some(id) => Json(json!({"data": id.to_string()})).into_response(),
         None => {
-            let free = (100..).find(|i| !c.vmids.contains(i)).unwrap();
+            let free = (100..)
+                .find(|i| !c.guests.iter().any(|g| g.vmid == *i))
+                .unwrap();
             Json(json!({"data": free.to_string()})).into_response()
         }
     }
