@@ -218,3 +218,75 @@ if [ "$1" = show ]; then echo '{json}'; fi"#,
     );
     drop(planned);
 }
+
+/// The service story: an MR whose plan starts eight processes of 250 MiB (the service's
+/// sandbox, its per-run cgroup capped at 512 MiB) fails with a note that names the cap, its
+/// status fails, and planbot goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_whose_processes_pass_the_job_memory_cap_gets_a_note_naming_it() {
+    use crate::support::fake_gitlab::FakeGitLab;
+    use crate::support::service::{bench_config_text, TestService};
+    if cgroups(512 * MIB, 256).is_none() {
+        return;
+    }
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    let root =
+        |input: &str| format!("resource \"terraform_data\" \"vm\" {{\n  input = \"{input}\"\n}}\n");
+    fake.commit_files(&project, "main", &[("main.tf", &root("main"))]);
+    fake.commit_files(&project, "hog", &[("main.tf", &root("hog"))]);
+    let iid = fake.open_mr(&project, "hog", "main");
+    let bin = tempfile::tempdir().unwrap();
+    let engine = fake_engine(
+        bin.path(),
+        "terraform",
+        TERRAFORM_VERSION_JSON,
+        r#"if [ "$1" = plan ]; then
+  for i in 1 2 3 4 5 6 7 8; do
+    perl -e '$x = "a" x (250 * 1024 * 1024); sleep 2' &
+    pids="$pids $!"
+  done
+  failed=0
+  for p in $pids; do wait $p || failed=1; done
+  [ $failed = 0 ] && echo "all eight kept their memory"
+  exit $failed
+fi"#,
+    );
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[sandbox]\njob_memory_max = \"512 MiB\"\n",
+    );
+    let cfg = planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(
+        cfg,
+        planbot::flows::service::server::Options {
+            workers: true,
+            reconcile: false,
+        },
+    )
+    .await;
+    s.deliver_mr_opened(&fake.mr_webhook(&project, iid).body(), iid)
+        .await;
+    s.after_job_ends("the plan job to end", 120, || s.jobs_all_ended())
+        .await;
+    let note = fake.plan_note(&project, iid).expect("the MR has its note");
+    assert!(
+        note.contains(
+            "used more than 512 MiB, the most one job may use (`sandbox.job_memory_max`)"
+        ),
+        "{note}"
+    );
+    assert!(!note.contains("all eight kept their memory"), "{note}");
+    let head = fake.mr_sha(&project, iid);
+    assert_eq!(
+        fake.status(&project, &head, "planbot/plan").unwrap().state,
+        "failed"
+    );
+    // planbot lives on and answers.
+    let r = s.http.get(s.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
