@@ -290,3 +290,40 @@ fi"#,
     let r = s.http.get(s.url("/healthz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// A run cgroup left by a planbot that is gone (killed before it removed it) is removed when
+/// the next one prepares its cgroups; one of a live process is kept.
+#[test]
+fn run_cgroups_of_a_planbot_that_is_gone_are_swept_at_start() {
+    if cgroups(512 * MIB, 256).is_none() {
+        return;
+    }
+    // A pid that no longer runs: a child that has exited and been reaped.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let bases = match CgroupSupport::prepare() {
+        CgroupSupport::V2 { parent } => vec![parent],
+        CgroupSupport::V1 { memory, pids } => vec![memory, pids],
+        CgroupSupport::Unavailable { .. } => unreachable!(),
+    };
+    let stale: Vec<PathBuf> = bases
+        .iter()
+        .map(|b| b.join(format!("planbot-run-{dead}-0")))
+        .collect();
+    let live: Vec<PathBuf> = bases
+        .iter()
+        .map(|b| b.join(format!("planbot-run-{}-999999", std::process::id())))
+        .collect();
+    for d in stale.iter().chain(&live) {
+        std::fs::create_dir(d).unwrap();
+    }
+    planbot::capabilities::engine::sweep_stale_run_cgroups();
+    for d in &stale {
+        assert!(!d.exists(), "{} was left", d.display());
+    }
+    for d in &live {
+        assert!(d.exists(), "{} of a live planbot was removed", d.display());
+        std::fs::remove_dir(d).unwrap();
+    }
+}

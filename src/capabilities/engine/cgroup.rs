@@ -80,12 +80,16 @@ impl CgroupSupport {
     pub fn prepare() -> CgroupSupport {
         static PREPARED: OnceLock<CgroupSupport> = OnceLock::new();
         PREPARED
-            .get_or_init(|| match CgroupSupport::probe() {
-                CgroupSupport::V2 { parent } => match v2_layout(&parent) {
-                    Ok(()) => CgroupSupport::V2 { parent },
-                    Err(reason) => CgroupSupport::Unavailable { reason },
-                },
-                other => other,
+            .get_or_init(|| {
+                let prepared = match CgroupSupport::probe() {
+                    CgroupSupport::V2 { parent } => match v2_layout(&parent) {
+                        Ok(()) => CgroupSupport::V2 { parent },
+                        Err(reason) => CgroupSupport::Unavailable { reason },
+                    },
+                    other => other,
+                };
+                sweep(&prepared);
+                prepared
             })
             .clone()
     }
@@ -100,6 +104,49 @@ impl CgroupSupport {
                 format!("cgroup v1: {} and {}", memory.display(), pids.display())
             }
             CgroupSupport::Unavailable { reason } => format!("none: {reason}"),
+        }
+    }
+}
+
+/// [`sweep`] now (done once when the cgroups are prepared).
+pub fn sweep_stale_run_cgroups() {
+    sweep(&CgroupSupport::prepare());
+}
+
+/// Remove the run cgroups a planbot that is gone left behind (it was killed, or a run was never
+/// dropped): `planbot-run-<pid>-<n>` of a pid that no longer runs; what is left in one is killed.
+fn sweep(support: &CgroupSupport) {
+    let bases = match support {
+        CgroupSupport::V2 { parent } => vec![parent.clone()],
+        CgroupSupport::V1 { memory, pids } => vec![memory.clone(), pids.clone()],
+        CgroupSupport::Unavailable { .. } => return,
+    };
+    for base in bases {
+        let Ok(entries) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(pid) = name
+                .strip_prefix("planbot-run-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let stale = JobCgroup {
+                dirs: vec![e.path()],
+                procs: Vec::new(),
+                memory_events: PathBuf::new(),
+                pids_events: PathBuf::new(),
+                v2: matches!(support, CgroupSupport::V2 { .. }),
+                memory_max: 0,
+                tasks_max: 0,
+            };
+            drop(stale);
         }
     }
 }

@@ -22,7 +22,7 @@ pub use apply::{ApplyOutcome, PlannedRun};
 pub use builder::{
     configured_binary, default_binary, EngineBuilder, CONFIG_HINT, DEFAULT_MAX_PLAN_JSON,
 };
-pub use cgroup::{CgroupSupport, JobCgroups};
+pub use cgroup::{sweep_stale_run_cgroups, CgroupSupport, JobCgroups};
 pub use checks::EngineChecks;
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use encryption::{plan_encryption_config, PlanEncryption};
