@@ -222,6 +222,12 @@ async fn every_problem_is_a_fail_line_with_its_fix_and_exit_1() {
         .replace(&format!("127.0.0.1:{pve_port} "), "PVE:PVE_PORT ");
     let stdout = stdout.replace(&config.display().to_string(), "planbot.toml");
     let stdout = stdout.replace(&dir.path().display().to_string(), "/TMP");
+    // The per-run cgroup line names this host's cgroup directories (or why it has none).
+    let cgroups = match planbot::capabilities::engine::CgroupSupport::probe() {
+        planbot::capabilities::engine::CgroupSupport::Unavailable { reason } => reason,
+        s => s.describe(),
+    };
+    let stdout = stdout.replace(&cgroups, "CGROUPS");
     insta::assert_snapshot!(stdout);
 }
 

@@ -17,6 +17,7 @@ mod drift_schedule;
 mod drift_story;
 mod drift_visible;
 mod engine_bounds;
+mod engine_cgroup;
 mod engine_checks;
 mod engine_cli;
 mod engine_env;

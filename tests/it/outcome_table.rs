@@ -5,12 +5,16 @@
 //! pages (read as a signed-in member) and `/metrics` (the plan outcome counted once, the apply
 //! outcome counted once). A new outcome is a new row.
 //!
-//! Not produced here (said in the rows' place below): the Proxmox preflight outcomes need a
-//! plan that touches Proxmox, i.e. the bpg or Telmate provider, which the real engine cannot
-//! load on this machine (no provider mirror, no registry): `tests/it/preflight_checks.rs` and
-//! `tests/it/apply_story.rs` cover them below the service.
+//! The Proxmox preflight rows need a plan that touches Proxmox (a resource of the bpg or
+//! Telmate provider). The real engine cannot plan one here: every resource needs its provider's
+//! schema, and this machine has neither a registry nor a provider mirror holding `bpg/proxmox`
+//! (a provider is a go-plugin gRPC server, which no stand-in script can be). So the service's
+//! engine is a wrapper: in a root that commits a `plan.json` (only `pve`), `init`/`plan`/`show`
+//! hand that plan JSON over, as `apply_story`'s PVE023 test does; everywhere else it `exec`s the
+//! real engine. The preflight itself is planbot's, against the stateful fake Proxmox API.
 
 use crate::support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER};
+use crate::support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 use crate::support::service::{token_headers, TestService, METRICS_TOKEN, WEBHOOK_SECRET};
 use planbot::core::config::Config;
 use planbot::core::ids::{MrIid, ProjectId};
@@ -39,6 +43,10 @@ state = "own"
 name = "slow"
 dir = "slow"
 
+[[roots]]
+name = "pve"
+dir = "pve"
+
 [[policy_sets]]
 name = "new-vms"
 path = "policies"
@@ -65,6 +73,8 @@ fn data(name: &str, input: &str) -> String {
 
 /// How a row's outcome is produced.
 enum Produce {
+    /// Like `MergedAndApplied`, with files made at run time, applying root `pve`.
+    MergedAndAppliedPve(fn() -> Vec<(String, String)>),
     /// An MR pushing these files, planned.
     Mr(&'static [(&'static str, &'static str)]),
     /// An MR pushing these files, planned; then `core`'s new VM approved by an owner.
@@ -83,6 +93,8 @@ type Status = Option<(&'static str, &'static str)>;
 /// A row: an outcome, how to produce it, and what each surface must say.
 struct Row {
     outcome: &'static str,
+    /// The Proxmox API does not answer while the row is produced (`GET /version` fails).
+    pve_down: bool,
     produce: Produce,
     /// `planbot/plan` of the (first) head.
     plan: Status,
@@ -120,6 +132,38 @@ const LOCAL_STATE: &[(&str, &str)] = &[(
     "lab/main.tf",
     "resource \"terraform_data\" \"lab\" {\n  input = \"two\"\n}\n",
 )];
+/// A bpg VM: `pve/plan.json` is the plan the wrapper engine shows (see the module's doc).
+fn bpg_vm(name: &str, node: &str, vm_id: u32) -> String {
+    format!(
+        r#"{{"format_version":"1.2","terraform_version":"1.11.4","resource_changes":[{{"address":"proxmox_virtual_environment_vm.{name}","mode":"managed","type":"proxmox_virtual_environment_vm","name":"{name}","provider_name":"registry.opentofu.org/bpg/proxmox","change":{{"actions":["create"],"before":null,"after":{{"name":"{name}","node_name":"{node}","vm_id":{vm_id},"started":true,"template":false,"cpu":[{{"cores":2,"sockets":1,"type":"x86-64-v2-AES"}}],"memory":[{{"dedicated":2048,"floating":0}}],"disk":[{{"datastore_id":"local-lvm","interface":"virtio0","size":20,"file_id":"","import_from":""}}],"network_device":[{{"bridge":"vmbr0","enabled":true,"model":"virtio"}}]}},"after_unknown":{{"id":true}},"before_sensitive":false,"after_sensitive":{{}}}}}}],"errored":false}}"#
+    )
+}
+
+/// The `pve` root's code: only a backend (the wrapper engine shows `plan.json`).
+const PVE_MAIN: &str = "terraform {\n  backend \"http\" {}\n}\n";
+
+/// A VM on `pve03`, a node the cluster does not have: PVE102, an error.
+fn ghost_vm() -> Vec<(String, String)> {
+    vec![
+        ("pve/main.tf".into(), PVE_MAIN.into()),
+        ("pve/plan.json".into(), bpg_vm("ghost", "pve03", 190)),
+    ]
+}
+
+/// A VM on `pve01`, which exists: fine, when the preflight can run.
+fn web_vm() -> Vec<(String, String)> {
+    vec![
+        ("pve/main.tf".into(), PVE_MAIN.into()),
+        ("pve/plan.json".into(), bpg_vm("web", "pve01", 191)),
+    ]
+}
+
+/// `core` gains a resource (`a` as main has it after the `applied` row).
+const PLANNED_AGAIN: &[(&str, &str)] = &[(
+    "core/main.tf",
+    "resource \"terraform_data\" \"a\" {\n  input = \"two\"\n}\nresource \"terraform_data\" \"probe\" {\n  input = \"x\"\n}\n",
+)];
+
 const NEW_VM: &[(&str, &str)] = &[(
     "core/main.tf",
     "resource \"terraform_data\" \"a\" {\n  input = \"one\"\n}\nresource \"terraform_data\" \"vm\" {\n  input = \"blocky\"\n}\n",
@@ -128,6 +172,7 @@ const NEW_VM: &[(&str, &str)] = &[(
 fn table() -> Vec<Row> {
     vec![
         Row {
+            pve_down: false,
             outcome: "planned (changes)",
             produce: Produce::Mr(PLANNED),
             plan: Some(("success", "core: 1 to add")),
@@ -141,6 +186,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "no changes",
             produce: Produce::Mr(NO_CHANGES),
             plan: Some(("success", "dns: no changes")),
@@ -154,6 +200,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "no root affected",
             produce: Produce::Mr(README),
             plan: Some(("success", "no root affected by this change")),
@@ -167,6 +214,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "broken .planbot.toml",
             produce: Produce::Mr(BROKEN),
             plan: Some(("failed", ".planbot.toml in this MR is invalid (2 problems")),
@@ -180,6 +228,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "engine error",
             produce: Produce::Mr(ENGINE_ERROR),
             plan: Some(("failed", "core: failed")),
@@ -193,6 +242,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "STATE001",
             produce: Produce::Mr(LOCAL_STATE),
             plan: Some(("failed", "STATE001")),
@@ -206,8 +256,8 @@ fn table() -> Vec<Row> {
             plan_metric: "failed",
             apply_metric: "",
         },
-        // Preflight error, preflight could not run: not produced end to end (the module's doc).
         Row {
+            pve_down: false,
             outcome: "policy failed",
             produce: Produce::Mr(NEW_VM),
             plan: Some(("success", "core: 2 to add")),
@@ -221,6 +271,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "policy approved",
             produce: Produce::Approved(NEW_VM),
             plan: Some(("success", "core: 2 to add")),
@@ -234,6 +285,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "superseded",
             produce: Produce::Superseded,
             plan: Some(("canceled", "superseded by a newer commit")),
@@ -247,6 +299,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "cancelled (MR closed)",
             produce: Produce::Closed,
             plan: Some(("canceled", "the merge request was closed")),
@@ -260,6 +313,7 @@ fn table() -> Vec<Row> {
             apply_metric: "",
         },
         Row {
+            pve_down: false,
             outcome: "applied",
             produce: Produce::MergedAndApplied(PLANNED),
             plan: Some(("success", "core: 1 to add")),
@@ -273,6 +327,7 @@ fn table() -> Vec<Row> {
             apply_metric: "succeeded",
         },
         Row {
+            pve_down: false,
             outcome: "apply refused (policy not approved)",
             produce: Produce::MergedAndApplied(NEW_VM),
             // `a` was applied by the row above: the VM is the one new resource.
@@ -289,6 +344,48 @@ fn table() -> Vec<Row> {
             plan_metric: "succeeded",
             apply_metric: "refused",
         },
+        Row {
+            pve_down: false,
+            outcome: "preflight error (PVE102)",
+            produce: Produce::MergedAndAppliedPve(ghost_vm),
+            plan: Some(("failed", "PVE102 proxmox_virtual_environment_vm.ghost: `proxmox_virtual_environment_vm.ghost` uses node `pve03`, which the cluster does not have")),
+            policy: Some(("success", "passed")),
+            apply: Some(("failed", "not applied")),
+            headline: Some("🔴 planbot · plan for"),
+            banner: "the apply was refused",
+            runs: &[("failed", "PVE102"), ("refused", "not applied")],
+            apply_note: Some("🔴 planbot · apply of `"),
+            plan_metric: "failed",
+            apply_metric: "refused",
+        },
+        Row {
+            pve_down: true,
+            outcome: "preflight could not run (Proxmox down, a plan that touches Proxmox)",
+            produce: Produce::MergedAndAppliedPve(web_vm),
+            plan: Some(("failed", "PVE101: The Proxmox preflight could not run: the Proxmox API answered 503")),
+            policy: Some(("success", "passed")),
+            apply: Some(("failed", "not applied")),
+            headline: Some("🔴 planbot · plan for"),
+            banner: "the apply was refused",
+            runs: &[("failed", "could not run"), ("refused", "not applied")],
+            apply_note: Some("🔴 planbot · apply of `"),
+            plan_metric: "failed",
+            apply_metric: "refused",
+        },
+        Row {
+            pve_down: true,
+            outcome: "planned, Proxmox down, a plan without Proxmox resources",
+            produce: Produce::Mr(PLANNED_AGAIN),
+            plan: Some(("success", "core: 1 to add")),
+            policy: Some(("success", "passed")),
+            apply: None,
+            headline: Some("🟢 planbot · plan for"),
+            banner: "",
+            runs: &[("succeeded", "1 to add")],
+            apply_note: None,
+            plan_metric: "succeeded",
+            apply_metric: "",
+        },
     ]
 }
 
@@ -303,7 +400,38 @@ struct World {
     _data: tempfile::TempDir,
 }
 
-fn world(engine: &std::path::Path) -> World {
+/// The service's engine: the real one, except in a root that commits a `plan.json` (see the
+/// module's doc), where `init`, `plan` and `show` hand that plan over.
+fn wrapper_engine(dir: &std::path::Path, real: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("terraform");
+    std::fs::write(
+        &path,
+        format!(
+            r#"#!/bin/sh
+if [ "$1" != version ] && [ -f plan.json ]; then
+  case "$1" in
+    init) mkdir -p .terraform && echo '{{"backend":{{"type":"http"}}}}' > .terraform/terraform.tfstate; exit 0 ;;
+    plan) for a in "$@"; do case "$a" in -out=*) cp plan.json "${{a#-out=}}" ;; esac; done; exit 0 ;;
+    show) cat "$3"; exit 0 ;;
+  esac
+  echo "the plan.json stand-in does not run $1" >&2
+  exit 1
+fi
+exec {real} "$@"
+"#,
+            real = real.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+const PVE_TOKEN: &str = "tofu@pve!planbot";
+const PVE_SECRET: &str = "5e5b7b1e-0000-4000-8000-00000000pve0";
+
+fn world(engine: &std::path::Path, pve: &FakeProxmox) -> World {
     let gitlab = FakeGitLab::start();
     let project = gitlab.create_project(INFRA);
     let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
@@ -320,6 +448,7 @@ fn world(engine: &std::path::Path) -> World {
             ("dns/main.tf", "locals {\n  zone = \"home.arpa\"\n}\n"),
             ("lab/main.tf", &data("lab", "one")),
             ("slow/main.tf", &data("slow", "one")),
+            ("pve/main.tf", PVE_MAIN),
         ],
     );
     let oauth = gitlab.register_oauth_app("http://planbot.test/auth/callback", &["read_user"]);
@@ -348,7 +477,12 @@ grace = "2s"
 
 [metrics]
 token = "{METRICS_TOKEN}"
+
+[proxmox]
+endpoint = "{pve_url}"
+api_token = "{PVE_TOKEN}={PVE_SECRET}"
 {state}"#,
+        pve_url = pve.url.trim_end_matches('/'),
         data = data.path().display(),
         url = gitlab.url(),
         bot = gitlab.bot_token(),
@@ -542,8 +676,21 @@ impl World {
                 }
                 (iid, head, None)
             }
-            Produce::MergedAndApplied(files) => {
-                let iid = self.open_mr(s, &branch, files).await;
+            Produce::MergedAndApplied(_) | Produce::MergedAndAppliedPve(_) => {
+                let owned: Vec<(String, String)> = match &row.produce {
+                    Produce::MergedAndAppliedPve(make) => make(),
+                    Produce::MergedAndApplied(files) => files
+                        .iter()
+                        .map(|(p, t)| (p.to_string(), t.to_string()))
+                        .collect(),
+                    _ => unreachable!(),
+                };
+                let files: Vec<(&str, &str)> = owned
+                    .iter()
+                    .map(|(p, t)| (p.as_str(), t.as_str()))
+                    .collect();
+                let root = files[0].0.split('/').next().unwrap().to_string();
+                let iid = self.open_mr(s, &branch, &files).await;
                 let head = self.gitlab.mr_sha(&self.project, iid);
                 self.final_status(s, &head, "planbot/plan").await;
                 self.final_status(s, &head, "planbot/policy").await;
@@ -568,8 +715,9 @@ impl World {
                     .post(s.url("/api/v1/apply"))
                     .header("JOB-TOKEN", &job.token)
                     .header("content-type", "application/json")
-                    // `lab` keeps its state in the checkout: its apply would be refused.
-                    .body(r#"{"roots": ["core"]}"#)
+                    // Only the row's root (`lab` keeps its state in the checkout: its apply
+                    // would be refused).
+                    .body(format!(r#"{{"roots": ["{root}"]}}"#))
                     .send()
                     .await
                     .expect("POST /api/v1/apply");
@@ -617,8 +765,13 @@ fn check_status(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_outcome_says_the_same_on_statuses_note_run_pages_and_metrics() {
-    let engine = require_engine!();
-    let w = world(&engine);
+    let real = require_engine!();
+    let bin = tempfile::tempdir().unwrap();
+    let engine = wrapper_engine(bin.path(), &real);
+    let pve =
+        FakeProxmox::start(Cluster::homelab().token(PVE_TOKEN, PVE_SECRET, &[("/", "PVEAdmin")]))
+            .await;
+    let w = world(&engine, &pve);
     let s = TestService::start(
         w.config.clone(),
         Options {
@@ -644,6 +797,16 @@ async fn every_outcome_says_the_same_on_statuses_note_run_pages_and_metrics() {
     let mut problems: Vec<String> = Vec::new();
     for (n, row) in table().iter().enumerate() {
         let before = s.metrics().await;
+        pve.with(|c| {
+            if row.pve_down {
+                c.faults.insert(
+                    "/version".into(),
+                    Fault::Status(503, "Service Unavailable".into()),
+                );
+            } else {
+                c.faults.remove("/version");
+            }
+        });
         let (iid, head, landed) = w.produce(&s, n, row).await;
         let mut p: Vec<String> = Vec::new();
 
@@ -819,7 +982,10 @@ async fn every_outcome_says_the_same_on_statuses_note_run_pages_and_metrics() {
         }
         problems.extend(p.into_iter().map(|x| format!("{}: {x}", row.outcome)));
         // Closed quietly (no webhook): a later row's merge re-plans no MR of this one.
-        if !matches!(row.produce, Produce::MergedAndApplied(_) | Produce::Closed) {
+        if !matches!(
+            row.produce,
+            Produce::MergedAndApplied(_) | Produce::MergedAndAppliedPve(_) | Produce::Closed
+        ) {
             w.gitlab.close_mr(&w.project, iid);
         }
     }

@@ -512,3 +512,41 @@ fn serve_on_a_port_in_use_fails_before_it_touches_the_store() {
     );
     drop(busy);
 }
+
+/// Issue 34: `--check` says which per-run cgroup mode planbot would use, or why none; `off`
+/// says so; a tasks cap out of range is an error naming its key.
+#[test]
+fn check_says_which_per_run_cgroup_is_in_use_or_why_none() {
+    use planbot::capabilities::engine::CgroupSupport;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &str| {
+        let cfg = write(dir.path(), "planbot.toml", &format!("{BASE}{extra}"));
+        let out = serve_check(&cfg);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, text) = run("\n[sandbox]\njob_memory_max = \"2 GiB\"\njob_tasks_max = 512\n");
+    assert!(ok, "{text}");
+    let want = match CgroupSupport::probe() {
+        CgroupSupport::Unavailable { reason } => format!("- cgroup: NO per-run cgroup ({reason})"),
+        s => format!(
+            "- cgroup: each run's engine processes in a cgroup of their own ({}): 2048 MiB of memory and 512 tasks per run",
+            s.describe()
+        ),
+    };
+    assert!(text.contains(&want), "want {want:?} in:\n{text}");
+
+    let (ok, text) = run("\n[sandbox]\ncgroup = \"off\"\n");
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("- cgroup: no per-run cgroup: `[sandbox] cgroup = \"off\"`"),
+        "{text}"
+    );
+
+    let (ok, text) = run("\n[sandbox]\njob_tasks_max = 3\n");
+    assert!(!ok, "{text}");
+    assert!(text.contains("sandbox.job_tasks_max"), "{text}");
+}

@@ -51,6 +51,8 @@ pub struct PlannedRun {
     pub(super) duration: Duration,
     /// The job's state gate, kept running until the apply is done.
     pub(super) _state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::StateGate>>,
+    /// The run's cgroup (the apply runs in it too); dropped last: what is left in it is killed.
+    pub(super) cgroup: Option<super::cgroup::JobCgroup>,
 }
 
 impl fmt::Debug for PlannedRun {
@@ -276,6 +278,7 @@ impl PlannedRun {
             scrubber: &self.scrubber,
             confinement: self.confinement.as_ref(),
             quota: None,
+            cgroup: self.cgroup.as_ref(),
         };
         let result = self
             .engine

@@ -29,6 +29,7 @@ pub struct EngineBuilder {
     cli_config: CliConfig,
     max_plan_json: u64,
     disk_max: Option<u64>,
+    job_cgroups: Option<super::cgroup::JobCgroups>,
     /// How to name another engine, in the error of one not found (`set engine.binary to its
     /// path`, or the CLI's `--engine` flag).
     not_found_hint: String,
@@ -62,6 +63,7 @@ impl EngineBuilder {
             cli_config: CliConfig::User,
             max_plan_json: DEFAULT_MAX_PLAN_JSON,
             disk_max: None,
+            job_cgroups: None,
             not_found_hint: CONFIG_HINT.to_string(),
         }
     }
@@ -90,6 +92,13 @@ impl EngineBuilder {
 
     /// How engine processes are confined. Default: the strict profile, required (every run
     /// refused on a kernel without Landlock).
+    /// Run all engine processes of each run in a cgroup of their own, made and capped as
+    /// `cgroups` says (see [`super::JobCgroups`]). Default: none.
+    pub fn job_cgroups(mut self, cgroups: Option<super::cgroup::JobCgroups>) -> Self {
+        self.job_cgroups = cgroups;
+        self
+    }
+
     pub fn sandbox(mut self, mode: SandboxMode) -> Self {
         self.sandbox = mode;
         self
@@ -189,6 +198,7 @@ impl EngineBuilder {
                 cli_config: self.cli_config,
                 max_plan_json: self.max_plan_json,
                 disk_max: self.disk_max,
+                job_cgroups: self.job_cgroups,
                 version: tokio::sync::OnceCell::new(),
             }),
         })

@@ -75,6 +75,13 @@ pub enum EngineError {
     /// quota; the engine was killed.
     #[error("`{step}` was stopped: the run's files (its checkout, plan file and plugin cache) took more than {}, the most a job may write (`sandbox.disk_max`)", crate::capabilities::checkout_file::size_text(*max))]
     OverQuota { step: Step, max: u64, log: String },
+    /// The run's engine processes together reached the memory limit of its cgroup; the
+    /// kernel's OOM killer ended them.
+    #[error("`{step}` was stopped: the job's engine processes together used more than {}, the most one job may use (`sandbox.job_memory_max`), and the kernel ended them; raise the cap if the plan is legitimate", crate::capabilities::checkout_file::size_text(*max))]
+    OverMemory { step: Step, max: u64, log: String },
+    /// The run's cgroup refused forks at its tasks limit.
+    #[error("`{step}` failed: the job's engine processes reached {max} processes and threads, the most one job may have at once (`sandbox.job_tasks_max`)")]
+    TooManyTasks { step: Step, max: u64, log: String },
     /// A step printed more than planbot accepts.
     #[error("the plan is too large: `{step}` printed more than {}, the most planbot accepts ({what}); nothing of it was kept", crate::capabilities::checkout_file::size_text(*max))]
     OutputTooLarge {
@@ -94,6 +101,8 @@ impl EngineError {
             | EngineError::Cancelled { log, .. }
             | EngineError::BadPlanJson { log, .. }
             | EngineError::OverQuota { log, .. }
+            | EngineError::OverMemory { log, .. }
+            | EngineError::TooManyTasks { log, .. }
             | EngineError::TooManyValues { log, .. }
             | EngineError::OutputTooLarge { log, .. } => Some(log),
             _ => None,
@@ -148,6 +157,10 @@ pub(super) enum StopHow {
     TooLarge(u64),
     /// The run's directories went past its disk quota of this many bytes.
     OverQuota(u64),
+    /// The run's cgroup reached its memory limit (bytes): the kernel ended its processes.
+    OverMemory(u64),
+    /// The run's cgroup refused a fork at its tasks limit.
+    TooManyTasks(u64),
 }
 
 impl StepError {
@@ -174,6 +187,13 @@ impl StepError {
                 StopHow::OverQuota(max) => format!(
                     "`{step}` was stopped: the run's files took more than {} (`sandbox.disk_max`)",
                     size_text(*max)
+                ),
+                StopHow::OverMemory(max) => format!(
+                    "`{step}` was stopped: the run's processes together used more than {} (`sandbox.job_memory_max`)",
+                    size_text(*max)
+                ),
+                StopHow::TooManyTasks(max) => format!(
+                    "`{step}` failed: the run reached {max} processes and threads (`sandbox.job_tasks_max`)"
                 ),
             },
         }
@@ -209,6 +229,8 @@ impl StepError {
                     StopHow::TimedOut(after) => EngineError::TimedOut { step, after, log },
                     StopHow::Cancelled => EngineError::Cancelled { step, log },
                     StopHow::OverQuota(max) => EngineError::OverQuota { step, max, log },
+                    StopHow::OverMemory(max) => EngineError::OverMemory { step, max, log },
+                    StopHow::TooManyTasks(max) => EngineError::TooManyTasks { step, max, log },
                     StopHow::TooLarge(max) => EngineError::OutputTooLarge {
                         step,
                         max,

@@ -3,6 +3,7 @@
 
 mod apply;
 mod builder;
+mod cgroup;
 mod checks;
 mod cli_config;
 mod encryption;
@@ -21,6 +22,7 @@ pub use apply::{ApplyOutcome, PlannedRun};
 pub use builder::{
     configured_binary, default_binary, EngineBuilder, CONFIG_HINT, DEFAULT_MAX_PLAN_JSON,
 };
+pub use cgroup::{sweep_stale_run_cgroups, CgroupSupport, JobCgroups};
 pub use checks::EngineChecks;
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use encryption::{plan_encryption_config, PlanEncryption};
@@ -67,6 +69,8 @@ struct Inner {
     max_plan_json: u64,
     /// The disk quota of a plan run's directories (`None`: none).
     disk_max: Option<u64>,
+    /// Where each run's cgroup is made (`None`: none).
+    job_cgroups: Option<cgroup::JobCgroups>,
     version: tokio::sync::OnceCell<EngineVersion>,
 }
 
@@ -84,6 +88,21 @@ impl Engine {
 
     pub fn binary(&self) -> &Path {
         &self.inner.binary
+    }
+
+    /// The per-run cgroups this runner makes, if any.
+    pub fn job_cgroups(&self) -> Option<&JobCgroups> {
+        self.inner.job_cgroups.as_ref()
+    }
+
+    /// A new run's cgroup, when this runner makes them.
+    fn run_cgroup(&self) -> Result<Option<cgroup::JobCgroup>, EngineError> {
+        self.inner
+            .job_cgroups
+            .as_ref()
+            .map(|c| c.create())
+            .transpose()
+            .map_err(|e| EngineError::Sandbox(format!("could not make the run's cgroup: {e}")))
     }
 
     pub fn temp_root(&self) -> &Path {

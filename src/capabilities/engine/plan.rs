@@ -110,6 +110,8 @@ impl Engine {
 
         // The private directory (0700) that holds the plan file; deleted when it drops.
         let private = private_run_dir(&self.inner.temp_root)?;
+        // The run's cgroup: every engine process of this run, and all they start, in it.
+        let cgroup = self.run_cgroup()?;
         let dirs = RunDirs::create(private.path(), &self.inner.cli_config)
             .map_err(|e| EngineError::Io(format!("private run dir: {e}")))?;
         dirs.set_env(&mut env);
@@ -150,6 +152,7 @@ impl Engine {
                 scrubber: &env_scrubber,
                 confinement: confinement.as_ref(),
                 quota: quota.as_ref(),
+                cgroup: cgroup.as_ref(),
             },
             plan_file: &plan_file,
             log: RawLog::default(),
@@ -226,6 +229,7 @@ impl Engine {
             scrubber,
             duration: started.elapsed(),
             _state_gate: req.state_gate.clone(),
+            cgroup,
         })
     }
 }

@@ -9,6 +9,7 @@
 //! set in the child before anything else, inherited by all it starts): when memory runs out —
 //! the host's, or the service cgroup's `MemoryMax=` — an engine process dies, never planbot.
 
+use super::cgroup::JobCgroup;
 use super::error::{EngineError, Step, StepError, StopHow};
 use super::output::{read_lines, Line, RawLog, LINES_IN_FLIGHT};
 use super::quota::Quota;
@@ -87,6 +88,8 @@ pub(super) struct StepCall<'a> {
     pub(super) confinement: Option<&'a Confinement>,
     /// The run's disk quota, checked while the step runs (plans; `None`: none).
     pub(super) quota: Option<&'a Quota>,
+    /// The run's cgroup the step's processes join before they exec (`None`: none).
+    pub(super) cgroup: Option<&'a JobCgroup>,
 }
 
 /// A successful step: its raw log, and its stdout when captured as the result.
@@ -123,6 +126,7 @@ impl Engine {
                 log: RawLog::default(),
             });
         }
+        let counted = call.cgroup.map(|c| c.counts()).unwrap_or_default();
         let mut child = self.spawn(step, args, call)?;
         let mut group = GroupGuard::of(&child);
         let max_stdout = self.inner.max_plan_json;
@@ -159,8 +163,21 @@ impl Engine {
             }
         }
         group.disarm();
-        // Stragglers in the group (a provider plugin that outlived the engine) are not kept.
+        // Stragglers in the group (a provider plugin that outlived the engine) are not kept,
+        // nor anything left in the run's cgroup (a process that left the group).
         group.signal(Signal::SIGKILL);
+        if let Some(c) = call.cgroup {
+            c.kill_all();
+        }
+        // What the run's cgroup refused during this step: memory (the OOM killer ended a
+        // process at the run's limit) or a fork (the tasks limit).
+        let hit = call.cgroup.map(|c| {
+            let now = c.counts();
+            (
+                (now.oom_kills > counted.oom_kills).then_some(c.memory_max),
+                (now.forks_refused > counted.forks_refused).then_some(c.tasks_max),
+            )
+        });
         let stdout = match stdout_task {
             Some(task) => tokio::time::timeout(DRAIN_AFTER_EXIT, task)
                 .await
@@ -170,24 +187,30 @@ impl Engine {
             None => Captured::default(),
         };
         let status = watch.exit.expect("the loop ends after the exit");
-        let how = match watch.stop {
-            Some(StopReason::TimedOut) => StopHow::TimedOut(self.inner.timeout),
-            Some(StopReason::Cancelled) => StopHow::Cancelled,
-            Some(StopReason::OverQuota) => {
-                StopHow::OverQuota(call.quota.map(|q| q.max).unwrap_or_default())
-            }
-            // Before the exit status: the engine may have died of the pipe planbot closed.
-            None if stdout.overflowed => StopHow::TooLarge(max_stdout),
-            None if !status.success() && capture != Capture::Verdict => {
-                StopHow::Exit(status.code())
-            }
-            None => {
-                return Ok(StepOutput {
-                    log,
-                    stdout: stdout.bytes,
-                    exit: status.code(),
-                })
-            }
+        let failed = watch.stop.is_some() || !status.success();
+        let how = match (watch.stop, hit) {
+            (Some(StopReason::Cancelled), _) => StopHow::Cancelled,
+            (_, Some((Some(max), _))) if failed => StopHow::OverMemory(max),
+            (_, Some((_, Some(max)))) if failed => StopHow::TooManyTasks(max),
+            _ => match watch.stop {
+                Some(StopReason::TimedOut) => StopHow::TimedOut(self.inner.timeout),
+                Some(StopReason::Cancelled) => StopHow::Cancelled,
+                Some(StopReason::OverQuota) => {
+                    StopHow::OverQuota(call.quota.map(|q| q.max).unwrap_or_default())
+                }
+                // Before the exit status: the engine may have died of the pipe planbot closed.
+                None if stdout.overflowed => StopHow::TooLarge(max_stdout),
+                None if !status.success() && capture != Capture::Verdict => {
+                    StopHow::Exit(status.code())
+                }
+                None => {
+                    return Ok(StepOutput {
+                        log,
+                        stdout: stdout.bytes,
+                        exit: status.code(),
+                    })
+                }
+            },
         };
         Err(StepError::Stopped { step, how, log })
     }
@@ -212,6 +235,15 @@ impl Engine {
         // First in the child (before the namespaces hide `/proc`), for every engine process,
         // sandboxed or not.
         // SAFETY: `raise_oom_score` only makes system calls on static data.
+        // Before that, before anything: into the run's cgroup (no instant of the engine
+        // outside it).
+        if let Some(c) = call.cgroup {
+            let fds = c.enter_fds();
+            // SAFETY: `enter` only writes to descriptors planbot holds open.
+            unsafe {
+                cmd.pre_exec(move || super::cgroup::enter(&fds));
+            }
+        }
         unsafe {
             cmd.pre_exec(raise_oom_score);
         }

@@ -68,6 +68,7 @@ impl Engine {
             scrubber: &scrubber,
             confinement: confinement.as_ref(),
             quota: None,
+            cgroup: None,
         };
         let args = ["version".into(), "-json".into()];
         let out = self

@@ -466,6 +466,23 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
             }
         },
     };
+    let job_memory_max = match v.given::<String>("sandbox.job_memory_max") {
+        None => defaults.job_memory_max,
+        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
+            Some(n) => n,
+            None => {
+                v.invalid(
+                    "sandbox.job_memory_max",
+                    format!(
+                    "`{text}`: expected a size of at least 64 MiB, such as \"2 GiB\" or \"6 GiB\""
+                ),
+                );
+                defaults.job_memory_max
+            }
+        },
+    };
+    let job_tasks_max =
+        v.number_within("sandbox.job_tasks_max", 16..=4_194_304, "a number of tasks") as u64;
     SandboxConfig {
         required: v.get("sandbox.required"),
         landlock: switch(v, "sandbox.landlock"),
@@ -484,6 +501,9 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
         namespaces: switch(v, "sandbox.namespaces"),
         memory_max,
         disk_max,
+        cgroup: switch(v, "sandbox.cgroup"),
+        job_memory_max,
+        job_tasks_max,
     }
 }
 

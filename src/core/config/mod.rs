@@ -387,6 +387,13 @@ pub struct SandboxConfig {
     /// What one plan run's checkout, plan-file dir and plugin cache may hold, in bytes
     /// (default 4 GiB).
     pub disk_max: u64,
+    /// `auto` (each run's engine processes in a cgroup of their own where the host delegates
+    /// one) or `off`.
+    pub cgroup: LandlockSetting,
+    /// The memory all engine processes of one run may use together, in bytes (default 4 GiB).
+    pub job_memory_max: u64,
+    /// The tasks (processes and threads) one run may have at once (default 4096).
+    pub job_tasks_max: u64,
 }
 
 /// `sandbox.landlock` and `sandbox.namespaces`: use the kernel feature, or act as if it had none.
@@ -406,6 +413,9 @@ impl Default for SandboxConfig {
             namespaces: LandlockSetting::Auto,
             memory_max: 4 << 30,
             disk_max: 4 << 30,
+            cgroup: LandlockSetting::Auto,
+            job_memory_max: 4 << 30,
+            job_tasks_max: 4096,
         }
     }
 }

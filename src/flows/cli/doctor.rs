@@ -675,6 +675,18 @@ async fn engine_checks(config: &Config, r: &mut Report) {
             return;
         }
     }
+    {
+        use crate::capabilities::engine::CgroupSupport;
+        use crate::flows::confinement::sandbox::CgroupStatus;
+        let status = CgroupStatus::probe(config);
+        let line = status.describe(config);
+        match status {
+            CgroupStatus::Auto(CgroupSupport::Unavailable { .. }) => {
+                r.add(Status::Warn, "cgroup_none", json!({"line": line}))
+            }
+            _ => r.add(Status::Ok, "cgroup_ok", json!({"line": line})),
+        }
+    }
     let engine =
         match crate::capabilities::engine::configured_binary(config.engine.binary.as_deref())
             .and_then(|binary| Engine::builder(binary, temp.path()).sandbox(mode).build())

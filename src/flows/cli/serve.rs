@@ -101,6 +101,10 @@ pub fn check_report(config: &Config) -> String {
         )
         .describe()
     ));
+    out.push_str(&format!(
+        "- cgroup: {}\n",
+        crate::flows::confinement::sandbox::CgroupStatus::probe(config).describe(config)
+    ));
     let needs = crate::flows::confinement::network::needs(config);
     if !needs.is_empty() {
         let list: Vec<String> = needs

@@ -3,7 +3,9 @@
 //! happens on a kernel without Landlock or namespaces.
 
 use crate::capabilities::engine::sandbox::Support;
-use crate::capabilities::engine::{Limits, Namespaces, SandboxMode, SandboxProfile};
+use crate::capabilities::engine::{
+    CgroupSupport, JobCgroups, Limits, Namespaces, SandboxMode, SandboxProfile,
+};
 use crate::capabilities::namespaces::NsSupport;
 use crate::core::config::{Config, LandlockSetting};
 use crate::flows::confinement::credentials::Trust;
@@ -174,5 +176,64 @@ connect_ports = [443, 5432]
         assert!(matches!(off, SandboxMode::Off { .. }), "{off:?}");
         let banner = note_banner(&off).unwrap();
         assert!(banner.contains("Planned without a sandbox"), "{banner}");
+    }
+}
+
+/// Which per-run cgroups the service's engine runs get (`[sandbox] cgroup`), or why none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupStatus {
+    /// `[sandbox] cgroup = "off"`.
+    Off,
+    /// Where they are made (`CgroupSupport::V1`/`V2`) or why none can be (`Unavailable`).
+    Auto(CgroupSupport),
+}
+
+impl CgroupStatus {
+    /// For `planbot doctor` and `--check`: what the host offers, changing nothing.
+    pub fn probe(config: &Config) -> CgroupStatus {
+        match config.sandbox.cgroup {
+            LandlockSetting::Off => CgroupStatus::Off,
+            LandlockSetting::Auto => CgroupStatus::Auto(CgroupSupport::probe()),
+        }
+    }
+
+    /// For the service: what it uses, the v2 layout made (once per process).
+    pub fn prepare(config: &Config) -> CgroupStatus {
+        match config.sandbox.cgroup {
+            LandlockSetting::Off => CgroupStatus::Off,
+            LandlockSetting::Auto => CgroupStatus::Auto(CgroupSupport::prepare()),
+        }
+    }
+
+    /// The line `serve --check` prints and the service logs at start.
+    pub fn describe(&self, config: &Config) -> String {
+        let caps = format!(
+            "{} of memory and {} tasks per run (`sandbox.job_memory_max`, `sandbox.job_tasks_max`)",
+            crate::capabilities::checkout_file::size_text(config.sandbox.job_memory_max),
+            config.sandbox.job_tasks_max
+        );
+        match self {
+            CgroupStatus::Off => text("cgroup_off", minijinja::context! {}),
+            CgroupStatus::Auto(CgroupSupport::Unavailable { reason }) => {
+                text("cgroup_none", minijinja::context! { reason => reason })
+            }
+            CgroupStatus::Auto(s) => text(
+                "cgroup_on",
+                minijinja::context! { level => s.describe(), caps => caps },
+            ),
+        }
+    }
+}
+
+/// The per-run cgroups of the service's engines: made where the host delegates them and
+/// `[sandbox] cgroup` is `auto`.
+pub fn job_cgroups(config: &Config) -> Option<JobCgroups> {
+    match CgroupStatus::prepare(config) {
+        CgroupStatus::Auto(s) => JobCgroups::new(
+            s,
+            config.sandbox.job_memory_max,
+            config.sandbox.job_tasks_max,
+        ),
+        CgroupStatus::Off => None,
     }
 }

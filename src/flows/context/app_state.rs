@@ -201,6 +201,9 @@ impl App {
             .lock_timeout(engine.lock_timeout)
             .max_plan_json(engine.max_plan_json_mib * 1024 * 1024)
             .disk_max(Some(self.config.sandbox.disk_max))
+            .job_cgroups(crate::flows::confinement::sandbox::job_cgroups(
+                &self.config,
+            ))
             .env(credentials::engine_env(&self.config, trust))
             .secret_env(engine.secret_env.clone())
             .plugin_cache_dir(plugin_cache)

@@ -61,6 +61,17 @@ impl Application {
             .await
             .with_context(|| format!("binding {listen}"))?;
         let app = App::open(config).await?;
+        {
+            use crate::flows::confinement::sandbox::CgroupStatus;
+            let status = CgroupStatus::prepare(&app.config);
+            let line = status.describe(&app.config);
+            match status {
+                CgroupStatus::Auto(crate::capabilities::engine::CgroupSupport::Unavailable {
+                    ..
+                }) => tracing::warn!("{line}"),
+                _ => tracing::info!("{line}"),
+            }
+        }
         wipe_temp_root(&app.temp_root())?;
         app.workspace
             .wipe_checkouts()
