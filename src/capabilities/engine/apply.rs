@@ -225,6 +225,7 @@ impl PlannedRun {
             scrubber: &self.scrubber,
             confinement: self.confinement.as_ref(),
             quota: None,
+            cgroup: self.cgroup.as_ref(),
         };
         let why = |e: super::error::StepError| {
             e.into_engine_error(&RawLog::default(), &self.scrubber)
