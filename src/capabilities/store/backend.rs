@@ -6,8 +6,7 @@ use super::types::{
     NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, ShownFingerprint,
 };
 use super::types::{
-    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
-    WidgetReports,
+    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow, WidgetReports,
 };
 use super::{Dump, ProjectLock};
 use crate::core::events::Job;

@@ -23,8 +23,7 @@ use super::types::{
     ShownFingerprint, StoreProbe,
 };
 use super::types::{
-    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow,
-    WidgetReports,
+    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow, WidgetReports,
 };
 use super::{now_ms, ProjectLock};
 use crate::core::events::Job;
