@@ -511,16 +511,11 @@ pub fn could_not_run(url: &str, error: &str) -> Finding {
     )
 }
 
-/// The user a token belongs to (`tofu@pve` of `tofu@pve!plan`).
-pub fn token_user(token: &str) -> &str {
-    token.split_once('!').map_or(token, |(user, _)| user)
-}
-
 /// The fix's details for `need` on `path`: the role and an ACL for the token and for its user
 /// (a privilege-separated token gets only what both have; a full-privilege token, its user's).
 fn grant(need: &Need, path: &str, token: &str) -> Value {
     json!({"role": need.role, "privs": need.grants, "path": path, "token": token,
-           "user": token_user(token)})
+           "user": pve_access::token_user(token)})
 }
 
 /// The findings of PVE101–PVE114 for `needs`, given what the API said: one step per rule.
@@ -633,7 +628,7 @@ fn storage_problem(
         if !visible && facts.privileges.knows(&path) {
             return finding(
                 json!({"problem": "hidden", "storage": need.storage, "token": token,
-                       "user": token_user(token), "role": pve_access::STORAGE_VISIBLE_ROLE,
+                       "user": pve_access::token_user(token), "role": pve_access::STORAGE_VISIBLE_ROLE,
                        "privs": pve_access::STORAGE_VISIBLE_ANY}),
             );
         }
@@ -865,8 +860,8 @@ fn pve114_vnets(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             continue;
         };
         let base = json!({"vnet": bridge, "node": node, "zone": v.zone, "who": who,
-                          "user": token_user(&who), "token": facts.token_id,
-                          "plan_user": token_user(&facts.token_id)});
+                          "user": pve_access::token_user(&who), "token": facts.token_id,
+                          "plan_user": pve_access::token_user(&facts.token_id)});
         let with = |problem: &str, extra: Value| {
             let mut d = base.clone();
             d["problem"] = problem.into();

@@ -203,6 +203,11 @@ fn phrase(name: &str, d: serde_json::Value) -> String {
         .unwrap_or_else(|e| panic!("privileges.j2 macro {name}: {e}"))
 }
 
+/// The user a token belongs to (`tofu@pve` of `tofu@pve!plan`).
+pub fn token_user(token: &str) -> &str {
+    token.split_once('!').map_or(token, |(user, _)| user)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

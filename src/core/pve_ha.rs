@@ -112,7 +112,7 @@ pub fn pve112(moves: &[HaMove], ha: Option<&Result<HaFacts, String>>, token: &st
             Err(why) => (
                 Severity::Warning,
                 json!({"unread": why, "token": token,
-                       "user": crate::core::preflight::token_user(token)}),
+                       "user": crate::core::pve_access::token_user(token)}),
             ),
             Ok(facts) => match facts.resources.get(&m.sid) {
                 None => continue,

@@ -575,7 +575,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Str,
         secret: false,
         unset: Unset::Value("auto"),
-        description: "`auto` runs all engine processes of one run (a root's plan, or its apply) in a cgroup of their own, capped by `job_memory_max` and `job_tasks_max`, where the host gives planbot one (cgroup v2 delegated, e.g. systemd's `Delegate=yes`; or cgroup v1 `memory` and `pids` it may write); without one planbot warns at start and `planbot doctor` says why. `off` makes none.",
+        description: "`auto` runs all engine processes of one run (a root's plan, or its apply) in a cgroup of their own, capped by `job_memory_max` and `job_tasks_max`, where the host gives planbot one (cgroup v2 delegated, as the shipped unit's `Delegate=memory pids` does; or cgroup v1 `memory` and `pids` it may write); without one planbot warns at start and `planbot doctor` says why. `off` makes none.",
         show: |c| Shown::switch(c.sandbox.cgroup),
     },
     Key {

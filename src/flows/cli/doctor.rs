@@ -990,7 +990,7 @@ fn pve_read_access(
     can_write: bool,
     r: &mut Report,
 ) {
-    let user = crate::core::preflight::token_user(token_id).to_string();
+    let user = crate::core::pve_access::token_user(token_id).to_string();
     let read_missing: Vec<String> = pve_access::READ
         .missing(perms, "/")
         .iter()
@@ -1038,7 +1038,7 @@ fn pve_write_access(
     no_template: &[&str],
     r: &mut Report,
 ) {
-    let user = crate::core::preflight::token_user(token_id).to_string();
+    let user = crate::core::pve_access::token_user(token_id).to_string();
     let vm_missing: Vec<&str> = pve_access::VMS.missing(perms, "/vms");
     let root_download = pve_access::DOWNLOAD_ROOT.met(perms, "/");
     let nodes_without_net: Vec<&str> = nodes
