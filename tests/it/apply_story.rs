@@ -1283,3 +1283,135 @@ exit 1"#,
     let status = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(status.state, "failed", "{status:?}");
 }
+
+/// Issue 36 item 5, as the user sees it: an MR changes two roots, each on its own managed
+/// state; `vms` has a resource that never converges (`input = uuid()`: unknown at every plan,
+/// so the plan right after the apply still updates it, as a provider that reports success
+/// without doing the work would leave it), `dns` converges. The reviewed plan is applied (the
+/// fingerprint holds: `uuid()` is unknown in the review's plan and in the apply's alike), the
+/// apply succeeds and its status is green, and the apply note's line for `vms` (and the status
+/// text, which repeats the root lines) says the apply left changes, with the address; the line
+/// for `dns` does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_that_leaves_changes_says_so_on_its_roots_line_and_the_converged_root_does_not() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let backend = |name: &str| {
+        let url = format!(
+            "{}/api/v4/projects/{}/terraform/state/{name}",
+            w.gitlab.url(),
+            w.project.id
+        );
+        format!(
+            "terraform {{\n  backend \"http\" {{\n    address        = \"{url}\"\n    lock_address   = \"{url}/lock\"\n    unlock_address = \"{url}/lock\"\n  }}\n}}\n"
+        )
+    };
+    let (vms_backend, dns_backend) = (backend("vms"), backend("dns"));
+    w.gitlab.commit_files(
+        &w.project,
+        "main",
+        &[
+            (
+                ".planbot.toml",
+                "[[roots]]\nname = \"vms\"\ndir = \"vms\"\n\n[[roots]]\nname = \"dns\"\ndir = \"dns\"\n",
+            ),
+            ("vms/backend.tf", &vms_backend),
+            ("dns/backend.tf", &dns_backend),
+        ],
+    );
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+
+    w.gitlab.commit_files(
+        &w.project,
+        "never-converges",
+        &[
+            (
+                "vms/main.tf",
+                "resource \"terraform_data\" \"vm\" {\n  input = \"web\"\n}\n\nresource \"terraform_data\" \"never_converges\" {\n  input = uuid()\n}\n",
+            ),
+            (
+                "dns/main.tf",
+                "resource \"terraform_data\" \"record\" {\n  input = \"web.lab\"\n}\n",
+            ),
+        ],
+    );
+    let iid = w
+        .gitlab
+        .open_mr_by(&w.project, "never-converges", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    s.deliver_mr_opened(&body, iid).await;
+    let note = w.wait_for_plan(&s, iid).await;
+    let shown = crate::support::gitlab_reading::reading(&note).visible;
+    assert!(
+        shown.contains("terraform_data.never_converges") && shown.contains("terraform_data.record"),
+        "{shown}"
+    );
+
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let job = w.apply_job(71);
+    w.gitlab.register_job(job.clone());
+    let (status, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(status, 200);
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.contains(&format!("the plan is the one reviewed on !{iid}")),
+        "parity held, nothing was confirmed: {log}"
+    );
+    let left = "the apply left changes: a plan right after it still has terraform_data.never_converges (update)";
+    assert_eq!(log.matches(left).count(), 1, "the job's log says it: {log}");
+    for state in ["vms", "dns"] {
+        assert!(
+            w.gitlab.terraform_state(&w.project, state).0.is_some(),
+            "root {state} applied"
+        );
+    }
+
+    // The apply note: green, `vms`'s line names what is left, `dns`'s line is just its result.
+    let notes = w.notes_containing(iid, "planbot · applied");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let shown = crate::support::gitlab_reading::reading(&notes[0]).visible;
+    assert!(shown.contains("🟢"), "{shown}");
+    let line = |root: &str| {
+        shown
+            .lines()
+            .find(|l| l.starts_with(&format!("root {root}:")))
+            .unwrap_or_else(|| panic!("a line for root {root}: {shown}"))
+            .to_string()
+    };
+    let vms = line("vms");
+    assert!(vms.starts_with("root vms: 2 added; "), "{vms}");
+    assert!(vms.contains(left), "{vms}");
+    assert!(
+        vms.contains("(the provider reported success without doing all the work)"),
+        "{vms}"
+    );
+    assert_eq!(line("dns"), "root dns: 1 added", "{shown}");
+    assert_eq!(
+        shown.matches("the apply left changes").count(),
+        2,
+        "headline and line: {shown}"
+    );
+
+    // The status: the apply succeeded (success, as it is), and its text says what it left.
+    let st = w
+        .gitlab
+        .status(&w.project, &landed, "planbot/apply")
+        .unwrap();
+    assert_eq!(st.state, "success", "{st:?}");
+    let description = st.description.clone().unwrap_or_default();
+    // It leads with the root (a long text is cut at 255 characters, from the end).
+    assert!(
+        description.starts_with("applied, but the apply left changes in `vms`: vms: 2 added; "),
+        "{description}"
+    );
+    assert!(
+        description.contains(&format!("vms: 2 added; {left}")),
+        "{description}"
+    );
+    assert!(description.contains("dns: 1 added"), "{description}");
+    assert_eq!(
+        description.matches("left changes").count(),
+        2,
+        "the lead and the line of `vms`, none for `dns`: {description}"
+    );
+}

@@ -285,6 +285,7 @@ async fn verify_and_apply(
         log: log.clone(),
         policy,
         relied: Default::default(),
+        left: Default::default(),
     };
     let verdict = async {
         let mut decided = match parity::plan_and_decide(
@@ -398,6 +399,16 @@ struct ApplyCtx {
     /// The policy verdicts and approvals the apply relied on, one line each (as the job's log
     /// says them): the result note lists them, the status counts the approvals.
     relied: std::sync::Mutex<Vec<String>>,
+    /// The roots whose plan right after their apply was not empty, and those where that plan
+    /// could not run ([`run::left_changes`]): the status text leads with them.
+    left: std::sync::Mutex<Left>,
+}
+
+/// The roots an apply left changes in, and those it could not check.
+#[derive(Debug, Default, Clone)]
+struct Left {
+    changes: Vec<String>,
+    unknown: Vec<String>,
 }
 
 impl ApplyCtx {

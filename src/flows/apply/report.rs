@@ -127,6 +127,8 @@ impl ApplyCtx {
                 tracing::warn!(root = %d.root, error = %e, "could not post the apply result on the drift issue");
             }
         }
+        // Green means the apply succeeded; what it left (or could not check) leads the text.
+        let left = self.left.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (status, description) = match verdict {
             Verdict::Succeeded => (
                 StatusState::Success,
@@ -138,6 +140,8 @@ impl ApplyCtx {
                         context! {
                             summary => minijinja::Value::from_safe_string(summary.clone()),
                             approved => relied.iter().filter(|l| l.contains("; approved for it by")).count(),
+                            left => &left.changes,
+                            unknown => &left.unknown,
                         },
                     )
                 },

@@ -160,7 +160,7 @@ pub(super) async fn apply_all(
                             log.line(&pending);
                             text = format!("{text}; {pending}");
                         }
-                        if let Some(left) = left_changes(ctx, &left) {
+                        if let Some(left) = left_changes(ctx, &d.root, &left) {
                             log.line(&left);
                             text = format!("{text}; {left}");
                         }
@@ -228,12 +228,22 @@ async fn apply_root(
 
 /// The apply note's words when the plan after a successful apply is not empty ("the apply left
 /// changes", with the list: a provider reported success without doing the work), or could not
-/// run; `None` when it is empty.
-fn left_changes(ctx: &ApplyCtx, left: &Result<Vec<String>, String>) -> Option<String> {
+/// run; `None` when it is empty. The root is kept for the status text, which leads with it
+/// (a long description is cut at GitLab's 255 characters; this must not be what is cut).
+pub(super) fn left_changes(
+    ctx: &ApplyCtx,
+    root: &str,
+    left: &Result<Vec<String>, String>,
+) -> Option<String> {
+    let mut kept = ctx.left.lock().unwrap_or_else(|e| e.into_inner());
     match left {
         Ok(changes) if changes.is_empty() => None,
-        Ok(changes) => Some(ctx.say("apply_left_changes", context! { changes => changes })),
+        Ok(changes) => {
+            kept.changes.push(root.to_string());
+            Some(ctx.say("apply_left_changes", context! { changes => changes }))
+        }
         Err(report) => {
+            kept.unknown.push(root.to_string());
             let error = ctx.first_error_line(report);
             Some(ctx.say("replan_failed", context! { error => error }))
         }
