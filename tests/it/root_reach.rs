@@ -330,7 +330,7 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
 // ---------------------------------------------------------------------------------------------
 // The note's reasons and picture, rendered (no engine).
 
-use planbot::core::reach::{Reached, Why};
+use planbot::core::reach::{DependsHint, Reached, Why};
 use planbot::core::redact::Scrubber;
 use planbot::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 
@@ -346,6 +346,15 @@ fn reached(root: &str, why: Vec<Why>) -> Reached {
 /// A note of three roots: two reached (one through a nested module), one skipped; `names`
 /// are the roots' names as the repo config wrote them.
 fn reach_note(names: [&str; 3], edges: Vec<(String, String)>) -> String {
+    reach_note_with(names, edges, Vec::new())
+}
+
+/// [`reach_note`] with `depends_on` hints.
+fn reach_note_with(
+    names: [&str; 3],
+    edges: Vec<(String, String)>,
+    depends_hints: Vec<DependsHint>,
+) -> String {
     let plan = crate::support::fixtures::plan("changes");
     let fp = planbot::core::fingerprint::Fingerprint::from_hex(
         "9c41e07a2b3d5f6a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c",
@@ -405,6 +414,7 @@ fn reach_note(names: [&str; 3], edges: Vec<(String, String)>) -> String {
             dns,
         ],
         root_edges: edges,
+        depends_hints,
         ..NoteContext::default()
     };
     render_note(&ctx, &roots, &Scrubber::none())
@@ -444,6 +454,23 @@ fn the_note_says_why_each_root_was_planned_and_draws_the_roots_it_reaches() {
     assert_eq!(
         mermaid,
         ["graph LR\n  r0[\"vms\"]\n  r1[\"dns\"]\n  r0 --> r1\n"],
+        "{note}"
+    );
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn the_note_suggests_the_depends_on_line_of_a_root_reading_another_roots_state() {
+    let note = reach_note_with(
+        ["network", "vms", "dns"],
+        vec![("vms".into(), "dns".into())],
+        vec![DependsHint {
+            root: "vms".into(),
+            reads: "network".into(),
+        }],
+    );
+    assert!(
+        note.contains("- 💡 `vms` reads `network`'s state: add `depends_on = [\"network\"]` to root `vms` in `.planbot.toml` so it plans and applies after it\n"),
         "{note}"
     );
     insta::assert_snapshot!(note);
