@@ -489,6 +489,8 @@ pub fn depends_on_hints(
                         && states[j].as_deref() == Some(read.name.as_str())
                         && states[i].as_deref() != Some(read.name.as_str())
                         && !upstream.contains(&other.name.as_str())
+                        // Below it already: the line would make a circle.
+                        && !roots.upstream_of(&other.name).contains(&root.name.as_str())
                         && !hints.contains(&hint)
                     {
                         hints.push(hint);
@@ -1036,6 +1038,10 @@ state = { gitlab = "homelab" }
             "dir = \"stacks/vms\"\ndepends_on = [\"network\"]\n",
         );
         assert!(hints_for(&depends, &read_network, &read_network).is_empty());
+        // A root below the reader: the line would make a circle (`vms` reading `dns`).
+        let read_dns =
+            remote("\"https://gitlab.example.com/api/v4/projects/7/terraform/state/dns\"");
+        assert!(hints_for(NETWORK_VMS_DNS, &read_dns, "").is_empty());
         // Without `vms` → `network`, `dns` gets the hint too.
         assert_eq!(
             hints_for(NETWORK_VMS_DNS, "", &read_network),

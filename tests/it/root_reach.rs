@@ -251,6 +251,40 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_reading_another_roots_managed_state_gets_the_depends_on_line_in_the_note() {
+    let engine = require_engine!();
+    // `vms` says nothing of `network` in `.planbot.toml`.
+    let w = world(
+        &engine,
+        &[(".planbot.toml", &REPO_CONFIG.replace("depends_on = [\"network\"]\n", ""))],
+    );
+    // The MR makes `vms` read `network`'s managed state of this project, and the state of
+    // another project that has a state of that name too (`count = 0`: the plan reads neither,
+    // the hint comes from the configuration as written).
+    let read = |project: u64| {
+        format!(
+            "data \"terraform_remote_state\" \"p{project}\" {{\n  count   = 0\n  backend = \"http\"\n  config = {{\n    address = \"{}/api/v4/projects/{project}/terraform/state/network\"\n  }}\n}}\n",
+            w.fake.url()
+        )
+    };
+    let other = w.project.id + 1000;
+    let text = format!("{}{}", read(w.project.id), read(other));
+    w.fake
+        .commit_files(&w.project, "feature/read", &[("stacks/vms/state.tf", &text)]);
+    let iid = w.fake.open_mr(&w.project, "feature/read", "main");
+    let note = w.plan(iid).await;
+    let hints: Vec<&str> = note.lines().filter(|l| l.starts_with("- 💡")).collect();
+    assert_eq!(
+        hints,
+        ["- 💡 `vms` reads `network`'s state: add `depends_on = [\"network\"]` to root `vms` in `.planbot.toml` so it plans and applies after it"],
+        "{note}"
+    );
+    let head = w.fake.mr_sha(&w.project, iid);
+    let status = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(status.state, "success", "{status:?}\n{note}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing_of_it() {
     let engine = require_engine!();
     // Outside the repository, on planbot's host: a configuration that names a canary.
