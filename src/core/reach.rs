@@ -468,7 +468,10 @@ pub fn depends_on_hints(
     let roots = config.graph();
     let states: Vec<Option<String>> = config.roots.iter().map(&state_of).collect();
     let own = |p: &str| {
-        p == project.id.to_string() || project.path.is_some_and(|path| path.eq_ignore_ascii_case(p))
+        p == project.id.to_string()
+            || project
+                .path
+                .is_some_and(|path| path.eq_ignore_ascii_case(p))
     };
     let mut hints = Vec::new();
     for (i, root) in config.roots.iter().enumerate() {
@@ -971,14 +974,17 @@ state = { gitlab = "homelab" }
         assert_eq!(
             hints_for(
                 NETWORK_VMS_DNS,
-                &remote("\"https://gitlab.example.com/api/v4/projects/7/terraform/state/home%6cab\""),
+                &remote(
+                    "\"https://gitlab.example.com/api/v4/projects/7/terraform/state/home%6cab\""
+                ),
                 ""
             ),
             pair("vms", "core")
         );
         // Read through a local module the root uses.
         let via_module = "module \"r\" {\n  source = \"../../modules/reader\"\n}\n";
-        let reader = remote("\"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"");
+        let reader =
+            remote("\"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"");
         let cfg = config(NETWORK_VMS_DNS);
         let vms_files = [("main.tf", via_module)];
         let reader_files = [("main.tf", reader.as_str())];
@@ -1007,7 +1013,10 @@ state = { gitlab = "homelab" }
             "/api/v4/projects/8/terraform/state/network",
             "/api/v4/projects/infra%2Fother/terraform/state/network",
         ] {
-            assert!(hints_for(NETWORK_VMS_DNS, &at(other), "").is_empty(), "{other}");
+            assert!(
+                hints_for(NETWORK_VMS_DNS, &at(other), "").is_empty(),
+                "{other}"
+            );
         }
         // No root's state, its own state, or not the state API at all.
         for name in [
@@ -1016,7 +1025,10 @@ state = { gitlab = "homelab" }
             "/api/v4/projects/7/terraform/state/network/lock",
             "/api/v4/projects/7/repository/files/network",
         ] {
-            assert!(hints_for(NETWORK_VMS_DNS, &at(name), "").is_empty(), "{name}");
+            assert!(
+                hints_for(NETWORK_VMS_DNS, &at(name), "").is_empty(),
+                "{name}"
+            );
         }
         // Not over `http`.
         let s3 = "data \"terraform_remote_state\" \"up\" {\n  backend = \"s3\"\n  config = {\n    address = \"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"\n  }\n}\n";
@@ -1027,7 +1039,10 @@ state = { gitlab = "homelab" }
             "\"https://gitlab.example.com/api/v4/projects/7/terraform/state/${var.upstream}\"",
             "\"https://gitlab.example.com/api/v4/projects/${var.project}/terraform/state/network\"",
         ] {
-            assert!(hints_for(NETWORK_VMS_DNS, &remote(address), "").is_empty(), "{address}");
+            assert!(
+                hints_for(NETWORK_VMS_DNS, &remote(address), "").is_empty(),
+                "{address}"
+            );
         }
         // Already in depends_on: directly (`vms` → `network`), or through another root (`dns`
         // reads `network`, below it through `vms`).
@@ -1048,5 +1063,4 @@ state = { gitlab = "homelab" }
             pair("dns", "network")
         );
     }
-
 }

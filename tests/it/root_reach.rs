@@ -256,7 +256,10 @@ async fn a_root_reading_another_roots_managed_state_gets_the_depends_on_line_in_
     // `vms` says nothing of `network` in `.planbot.toml`.
     let w = world(
         &engine,
-        &[(".planbot.toml", &REPO_CONFIG.replace("depends_on = [\"network\"]\n", ""))],
+        &[(
+            ".planbot.toml",
+            &REPO_CONFIG.replace("depends_on = [\"network\"]\n", ""),
+        )],
     );
     // The MR makes `vms` read `network`'s managed state of this project, and the state of
     // another project that has a state of that name too (`count = 0`: the plan reads neither,
@@ -269,8 +272,11 @@ async fn a_root_reading_another_roots_managed_state_gets_the_depends_on_line_in_
     };
     let other = w.project.id + 1000;
     let text = format!("{}{}", read(w.project.id), read(other));
-    w.fake
-        .commit_files(&w.project, "feature/read", &[("stacks/vms/state.tf", &text)]);
+    w.fake.commit_files(
+        &w.project,
+        "feature/read",
+        &[("stacks/vms/state.tf", &text)],
+    );
     let iid = w.fake.open_mr(&w.project, "feature/read", "main");
     let note = w.plan(iid).await;
     let hints: Vec<&str> = note.lines().filter(|l| l.starts_with("- 💡")).collect();
