@@ -145,6 +145,11 @@ pub fn state_reads(files: &[(String, String)]) -> Vec<StateRead> {
     let mut reads = Vec::new();
     for (name, text) in files {
         if name.ends_with(".json") {
+            for read in json_state_reads(text) {
+                if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
+                    reads.push(read);
+                }
+            }
             continue;
         }
         let Ok(body) = hcl::parse(text) else { continue };
@@ -188,6 +193,44 @@ pub fn state_reads(files: &[(String, String)]) -> Vec<StateRead> {
             if let Some(read) = read {
                 if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
                     reads.push(read);
+                }
+            }
+        }
+    }
+    reads
+}
+
+/// The JSON form: `{"data": {"terraform_remote_state": {"x": {"backend": "http", "config":
+/// {"address": "…"}}}}}`, each level an object or a list of objects. A JSON string is a
+/// template, as in HCL: the literal end after the last interpolation counts.
+fn json_state_reads(text: &str) -> Vec<StateRead> {
+    use serde_json::Value;
+    fn each(v: Option<&Value>) -> Vec<&Value> {
+        match v {
+            Some(Value::Array(items)) => items.iter().collect(),
+            Some(v) => vec![v],
+            None => Vec::new(),
+        }
+    }
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    let mut reads = Vec::new();
+    for data in each(v.get("data")) {
+        for states in each(data.get("terraform_remote_state")) {
+            for block in states.as_object().into_iter().flat_map(|o| o.values()) {
+                for block in each(Some(block)) {
+                    if block.get("backend").and_then(Value::as_str) != Some("http") {
+                        continue;
+                    }
+                    let address = block
+                        .get("config")
+                        .and_then(|c| c.get("address"))
+                        .and_then(Value::as_str);
+                    if let Some(raw) = address {
+                        let tail = raw.rfind('}').map_or(raw, |i| &raw[i + 1..]);
+                        reads.extend(state_address_read(tail));
+                    }
                 }
             }
         }
@@ -1030,6 +1073,17 @@ state = { gitlab = "homelab" }
                 "{name}"
             );
         }
+        // The JSON form, read the same way (a list of blocks, too).
+        let json = r#"{"data": [{"terraform_remote_state": {"up": {"backend": "http", "config": {"address": "${var.gate}/api/v4/projects/7/terraform/state/network"}}}}]}"#;
+        assert_eq!(
+            state_reads(&[("state.tf.json".into(), json.into())]),
+            [StateRead {
+                project: "7".into(),
+                name: "network".into()
+            }]
+        );
+        let json_var = r#"{"data": {"terraform_remote_state": {"up": {"backend": "http", "config": {"address": "${var.address}"}}}}}"#;
+        assert!(state_reads(&[("state.tf.json".into(), json_var.into())]).is_empty());
         // Not over `http`.
         let s3 = "data \"terraform_remote_state\" \"up\" {\n  backend = \"s3\"\n  config = {\n    address = \"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"\n  }\n}\n";
         assert!(hints_for(NETWORK_VMS_DNS, s3, "").is_empty());
