@@ -18,6 +18,9 @@ pub const MAX_DIRS: usize = 256;
 /// At most this many bytes of configuration files are read in one directory.
 pub const MAX_DIR_BYTES: u64 = 16 * 1024 * 1024;
 
+/// At most this many `terraform_remote_state` reads are kept of one directory.
+pub const MAX_STATE_READS: usize = 64;
+
 /// How many changed files a reason names before it counts the rest.
 const SHOWN_FILES: usize = 3;
 
@@ -124,6 +127,139 @@ fn json_calls(text: &str) -> Option<Vec<ModuleCall>> {
     Some(calls)
 }
 
+/// A `data "terraform_remote_state"` over `backend = "http"` that reads GitLab-managed state:
+/// the project as its address names it (a numeric id or a path, decoded) and the state's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRead {
+    pub project: String,
+    pub name: String,
+}
+
+/// The GitLab-managed states a directory's HCL files read with `data "terraform_remote_state"`
+/// (`backend = "http"`, `config = { address = "…" }`), at most [`MAX_STATE_READS`]. Only what
+/// the address writes literally counts: its end `/api/v4/projects/<project>/terraform/state/<name>`
+/// after any interpolation (`"${var.gate}/api/v4/projects/7/terraform/state/network"` names
+/// `network`; `var.address`, or a project or name interpolated, names nothing). A file that
+/// does not parse reads nothing (the module calls already say so).
+pub fn state_reads(files: &[(String, String)]) -> Vec<StateRead> {
+    let mut reads = Vec::new();
+    for (name, text) in files {
+        if name.ends_with(".json") {
+            for read in json_state_reads(text) {
+                if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
+                    reads.push(read);
+                }
+            }
+            continue;
+        }
+        let Ok(body) = hcl::parse(text) else { continue };
+        for block in body.blocks().filter(|b| {
+            b.identifier() == "data"
+                && b.labels().first().map(|l| l.as_str()) == Some("terraform_remote_state")
+        }) {
+            let attr = |key: &str| {
+                block
+                    .body()
+                    .attributes()
+                    .find(|a| a.key() == key)
+                    .map(|a| a.expr())
+            };
+            if !matches!(attr("backend"), Some(hcl::Expression::String(b)) if b == "http") {
+                continue;
+            }
+            let Some(hcl::Expression::Object(config)) = attr("config") else {
+                continue;
+            };
+            let address = config.iter().find_map(|(k, v)| {
+                let key = match k {
+                    hcl::ObjectKey::Identifier(i) => i.as_str(),
+                    hcl::ObjectKey::Expression(hcl::Expression::String(s)) => s.as_str(),
+                    _ => return None,
+                };
+                (key == "address").then_some(v)
+            });
+            let read = match address {
+                Some(hcl::Expression::String(s)) => state_address_read(s),
+                Some(hcl::Expression::TemplateExpr(t)) => match t.as_ref() {
+                    hcl::TemplateExpr::QuotedString(raw) => {
+                        // The literal end after the last interpolation or directive.
+                        let tail = raw.rfind('}').map_or(raw.as_str(), |i| &raw[i + 1..]);
+                        state_address_read(tail)
+                    }
+                    hcl::TemplateExpr::Heredoc(_) => None,
+                },
+                _ => None,
+            };
+            if let Some(read) = read {
+                if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
+                    reads.push(read);
+                }
+            }
+        }
+    }
+    reads
+}
+
+/// The JSON form: `{"data": {"terraform_remote_state": {"x": {"backend": "http", "config":
+/// {"address": "…"}}}}}`, each level an object or a list of objects. A JSON string is a
+/// template, as in HCL: the literal end after the last interpolation counts.
+fn json_state_reads(text: &str) -> Vec<StateRead> {
+    use serde_json::Value;
+    fn each(v: Option<&Value>) -> Vec<&Value> {
+        match v {
+            Some(Value::Array(items)) => items.iter().collect(),
+            Some(v) => vec![v],
+            None => Vec::new(),
+        }
+    }
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    let mut reads = Vec::new();
+    for data in each(v.get("data")) {
+        for states in each(data.get("terraform_remote_state")) {
+            for block in states.as_object().into_iter().flat_map(|o| o.values()) {
+                for block in each(Some(block)) {
+                    if block.get("backend").and_then(Value::as_str) != Some("http") {
+                        continue;
+                    }
+                    let address = block
+                        .get("config")
+                        .and_then(|c| c.get("address"))
+                        .and_then(Value::as_str);
+                    if let Some(raw) = address {
+                        let tail = raw.rfind('}').map_or(raw, |i| &raw[i + 1..]);
+                        reads.extend(state_address_read(tail));
+                    }
+                }
+            }
+        }
+    }
+    reads
+}
+
+/// `…/api/v4/projects/<project>/terraform/state/<name>` (GitLab's state API, at GitLab or at
+/// planbot's state gate): the project and name, decoded; anything else is no state read.
+fn state_address_read(address: &str) -> Option<StateRead> {
+    const API: &str = "/api/v4/projects/";
+    let rest = &address[address.rfind(API)? + API.len()..];
+    let parts: Vec<&str> = rest.split('/').collect();
+    let [project, "terraform", "state", name] = parts.as_slice() else {
+        return None;
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .ok()
+            .map(|c| c.into_owned())
+            .filter(|c| !c.is_empty())
+    };
+    Some(StateRead {
+        project: decode(project)?,
+        name: decode(name)?,
+    })
+}
+
 /// One directory as read: where it really is and where its calls lead, or why it was not read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dir {
@@ -132,6 +268,8 @@ pub enum Dir {
         /// resolved): a change under it counts too.
         real: String,
         calls: Vec<(String, Source)>,
+        /// The GitLab-managed states its `terraform_remote_state` blocks read.
+        states: Vec<StateRead>,
     },
     /// Not a directory at the commit: no calls (a root's own plan says it is missing).
     Missing,
@@ -197,7 +335,12 @@ impl ModuleGraph {
                                 queue.push_back(next.clone());
                             }
                         }
-                        Dir::Read { real, calls }
+                        let states = state_reads(&files);
+                        Dir::Read {
+                            real,
+                            calls,
+                            states,
+                        }
                     }
                 },
             };
@@ -337,6 +480,72 @@ impl Decision<'_> {
                 .collect(),
         })
     }
+}
+
+/// The project a plan runs for: the states its roots' reads are matched against (GitLab names
+/// a project by its numeric id or its path).
+#[derive(Debug, Clone, Copy)]
+pub struct OwnProject<'a> {
+    pub id: u64,
+    pub path: Option<&'a str>,
+}
+
+/// Config advice: root `root` reads root `reads`'s GitLab-managed state and does not depend on
+/// it, so it may plan and apply before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DependsHint {
+    pub root: String,
+    pub reads: String,
+}
+
+/// For each root of `config`, the other roots whose GitLab-managed state (by `state_of`: a
+/// root's state name, or none) it reads through a `terraform_remote_state` of its own files or
+/// of a local module it uses, in `project`, and that are not above it in `depends_on` (directly
+/// or through others). In configuration order, each pair once.
+pub fn depends_on_hints(
+    config: &RepoConfig,
+    graph: &ModuleGraph,
+    project: OwnProject<'_>,
+    state_of: impl Fn(&Root) -> Option<String>,
+) -> Vec<DependsHint> {
+    let roots = config.graph();
+    let states: Vec<Option<String>> = config.roots.iter().map(&state_of).collect();
+    let own = |p: &str| {
+        p == project.id.to_string()
+            || project
+                .path
+                .is_some_and(|path| path.eq_ignore_ascii_case(p))
+    };
+    let mut hints = Vec::new();
+    for (i, root) in config.roots.iter().enumerate() {
+        let upstream = roots.upstream_of(&root.name);
+        let dirs = std::iter::once(root.dir.clone())
+            .chain(graph.uses(&root.dir).modules.into_iter().map(|m| m.dir));
+        for dir in dirs {
+            let Some(Dir::Read { states: reads, .. }) = graph.dirs.get(&dir) else {
+                continue;
+            };
+            for read in reads.iter().filter(|r| own(&r.project)) {
+                for (j, other) in config.roots.iter().enumerate() {
+                    let hint = DependsHint {
+                        root: root.name.clone(),
+                        reads: other.name.clone(),
+                    };
+                    if j != i
+                        && states[j].as_deref() == Some(read.name.as_str())
+                        && states[i].as_deref() != Some(read.name.as_str())
+                        && !upstream.contains(&other.name.as_str())
+                        // Below it already: the line would make a circle.
+                        && !roots.upstream_of(&other.name).contains(&root.name.as_str())
+                        && !hints.contains(&hint)
+                    {
+                        hints.push(hint);
+                    }
+                }
+            }
+        }
+    }
+    hints
 }
 
 /// One root's decision.
@@ -730,5 +939,182 @@ when_modified = ["**", "../../zones/*.txt"]
             .dirs
             .values()
             .any(|d| matches!(d, Dir::Unreadable { reason } if reason.contains("more than"))));
+    }
+
+    /// A `terraform_remote_state` over `http` at `address` (HCL, quotes included when literal).
+    fn remote(address: &str) -> String {
+        format!(
+            "data \"terraform_remote_state\" \"up\" {{\n  backend = \"http\"\n  config = {{\n    address = {address}\n  }}\n}}\n"
+        )
+    }
+
+    const NETWORK_VMS_DNS: &str = r#"
+[[roots]]
+name = "network"
+dir = "stacks/network"
+
+[[roots]]
+name = "vms"
+dir = "stacks/vms"
+
+[[roots]]
+name = "dns"
+dir = "stacks/dns"
+depends_on = ["vms"]
+
+[[roots]]
+name = "core"
+dir = "stacks/core"
+state = { gitlab = "homelab" }
+"#;
+
+    /// The hints for a repository where `vms` has `vms_tf` (project 7, `infra/homelab`; every
+    /// root's state is its name, `core`'s is `homelab`), with `toml` as the repo config.
+    fn hints_for(toml: &str, vms_tf: &str, dns_tf: &str) -> Vec<(String, String)> {
+        let cfg = config(toml);
+        let repo: Vec<(&str, Vec<(&str, &str)>)> = vec![
+            ("stacks/network", vec![("main.tf", "")]),
+            ("stacks/vms", vec![("main.tf", vms_tf)]),
+            ("stacks/dns", vec![("main.tf", dns_tf)]),
+            ("stacks/core", vec![("main.tf", "")]),
+            ("modules/reader", vec![("main.tf", vms_tf)]),
+        ];
+        let repo: Vec<(&str, &[(&str, &str)])> =
+            repo.iter().map(|(d, f)| (*d, f.as_slice())).collect();
+        let dirs: Vec<&str> = cfg.roots.iter().map(|r| r.dir.as_str()).collect();
+        let g = graph_of(&repo, &dirs);
+        let project = OwnProject {
+            id: 7,
+            path: Some("infra/homelab"),
+        };
+        depends_on_hints(&cfg, &g, project, |r| match &r.state {
+            crate::core::repo_config::RootState::Gitlab(n) => Some(n.clone()),
+            _ => Some(r.name.clone()),
+        })
+        .into_iter()
+        .map(|h| (h.root, h.reads))
+        .collect()
+    }
+
+    fn pair(a: &str, b: &str) -> Vec<(String, String)> {
+        vec![(a.to_string(), b.to_string())]
+    }
+
+    #[test]
+    fn a_root_reading_another_roots_managed_state_gets_the_depends_on_hint() {
+        // At GitLab, by id; at the gate, by path (encoded), the host interpolated.
+        for address in [
+            "\"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"",
+            "\"http://127.0.0.1:${var.gate_port}/api/v4/projects/infra%2Fhomelab/terraform/state/network\"",
+        ] {
+            assert_eq!(
+                hints_for(NETWORK_VMS_DNS, &remote(address), ""),
+                pair("vms", "network"),
+                "{address}"
+            );
+        }
+        // A state named other than its root (`state = { gitlab = "homelab" }`), URL-encoded.
+        assert_eq!(
+            hints_for(
+                NETWORK_VMS_DNS,
+                &remote(
+                    "\"https://gitlab.example.com/api/v4/projects/7/terraform/state/home%6cab\""
+                ),
+                ""
+            ),
+            pair("vms", "core")
+        );
+        // Read through a local module the root uses.
+        let via_module = "module \"r\" {\n  source = \"../../modules/reader\"\n}\n";
+        let reader =
+            remote("\"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"");
+        let cfg = config(NETWORK_VMS_DNS);
+        let vms_files = [("main.tf", via_module)];
+        let reader_files = [("main.tf", reader.as_str())];
+        let repo: Vec<(&str, &[(&str, &str)])> = vec![
+            ("stacks/vms", &vms_files),
+            ("modules/reader", &reader_files),
+        ];
+        let g = graph_of(&repo, &["stacks/network", "stacks/vms"]);
+        let hints = depends_on_hints(&cfg, &g, OwnProject { id: 7, path: None }, |r| {
+            Some(r.name.clone())
+        });
+        assert_eq!(
+            hints,
+            [DependsHint {
+                root: "vms".into(),
+                reads: "network".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn no_hint_for_another_projects_state_a_root_already_below_or_an_address_not_written_out() {
+        let at = |a: &str| remote(&format!("\"https://gitlab.example.com{a}\""));
+        // Another project's state of the same name, by id or path.
+        for other in [
+            "/api/v4/projects/8/terraform/state/network",
+            "/api/v4/projects/infra%2Fother/terraform/state/network",
+        ] {
+            assert!(
+                hints_for(NETWORK_VMS_DNS, &at(other), "").is_empty(),
+                "{other}"
+            );
+        }
+        // No root's state, its own state, or not the state API at all.
+        for name in [
+            "/api/v4/projects/7/terraform/state/storage",
+            "/api/v4/projects/7/terraform/state/vms",
+            "/api/v4/projects/7/terraform/state/network/lock",
+            "/api/v4/projects/7/repository/files/network",
+        ] {
+            assert!(
+                hints_for(NETWORK_VMS_DNS, &at(name), "").is_empty(),
+                "{name}"
+            );
+        }
+        // The JSON form, read the same way (a list of blocks, too).
+        let json = r#"{"data": [{"terraform_remote_state": {"up": {"backend": "http", "config": {"address": "${var.gate}/api/v4/projects/7/terraform/state/network"}}}}]}"#;
+        assert_eq!(
+            state_reads(&[("state.tf.json".into(), json.into())]),
+            [StateRead {
+                project: "7".into(),
+                name: "network".into()
+            }]
+        );
+        let json_var = r#"{"data": {"terraform_remote_state": {"up": {"backend": "http", "config": {"address": "${var.address}"}}}}}"#;
+        assert!(state_reads(&[("state.tf.json".into(), json_var.into())]).is_empty());
+        // Not over `http`.
+        let s3 = "data \"terraform_remote_state\" \"up\" {\n  backend = \"s3\"\n  config = {\n    address = \"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"\n  }\n}\n";
+        assert!(hints_for(NETWORK_VMS_DNS, s3, "").is_empty());
+        // Not literal: a variable, the name or the project interpolated.
+        for address in [
+            "var.network_state",
+            "\"https://gitlab.example.com/api/v4/projects/7/terraform/state/${var.upstream}\"",
+            "\"https://gitlab.example.com/api/v4/projects/${var.project}/terraform/state/network\"",
+        ] {
+            assert!(
+                hints_for(NETWORK_VMS_DNS, &remote(address), "").is_empty(),
+                "{address}"
+            );
+        }
+        // Already in depends_on: directly (`vms` → `network`), or through another root (`dns`
+        // reads `network`, below it through `vms`).
+        let read_network =
+            remote("\"https://gitlab.example.com/api/v4/projects/7/terraform/state/network\"");
+        let depends = NETWORK_VMS_DNS.replace(
+            "dir = \"stacks/vms\"\n",
+            "dir = \"stacks/vms\"\ndepends_on = [\"network\"]\n",
+        );
+        assert!(hints_for(&depends, &read_network, &read_network).is_empty());
+        // A root below the reader: the line would make a circle (`vms` reading `dns`).
+        let read_dns =
+            remote("\"https://gitlab.example.com/api/v4/projects/7/terraform/state/dns\"");
+        assert!(hints_for(NETWORK_VMS_DNS, &read_dns, "").is_empty());
+        // Without `vms` → `network`, `dns` gets the hint too.
+        assert_eq!(
+            hints_for(NETWORK_VMS_DNS, "", &read_network),
+            pair("dns", "network")
+        );
     }
 }

@@ -251,6 +251,46 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_reading_another_roots_managed_state_gets_the_depends_on_line_in_the_note() {
+    let engine = require_engine!();
+    // `vms` says nothing of `network` in `.planbot.toml`.
+    let w = world(
+        &engine,
+        &[(
+            ".planbot.toml",
+            &REPO_CONFIG.replace("depends_on = [\"network\"]\n", ""),
+        )],
+    );
+    // The MR makes `vms` read `network`'s managed state of this project, and the state of
+    // another project that has a state of that name too (`count = 0`: the plan reads neither,
+    // the hint comes from the configuration as written).
+    let read = |project: u64| {
+        format!(
+            "data \"terraform_remote_state\" \"p{project}\" {{\n  count   = 0\n  backend = \"http\"\n  config = {{\n    address = \"{}/api/v4/projects/{project}/terraform/state/network\"\n  }}\n}}\n",
+            w.fake.url()
+        )
+    };
+    let other = w.project.id + 1000;
+    let text = format!("{}{}", read(w.project.id), read(other));
+    w.fake.commit_files(
+        &w.project,
+        "feature/read",
+        &[("stacks/vms/state.tf", &text)],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/read", "main");
+    let note = w.plan(iid).await;
+    let hints: Vec<&str> = note.lines().filter(|l| l.starts_with("- 💡")).collect();
+    assert_eq!(
+        hints,
+        ["- 💡 `vms` reads `network`'s state: add `depends_on = [\"network\"]` to root `vms` in `.planbot.toml` so it plans and applies after it"],
+        "{note}"
+    );
+    let head = w.fake.mr_sha(&w.project, iid);
+    let status = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    assert_eq!(status.state, "success", "{status:?}\n{note}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing_of_it() {
     let engine = require_engine!();
     // Outside the repository, on planbot's host: a configuration that names a canary.
@@ -330,7 +370,7 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
 // ---------------------------------------------------------------------------------------------
 // The note's reasons and picture, rendered (no engine).
 
-use planbot::core::reach::{Reached, Why};
+use planbot::core::reach::{DependsHint, Reached, Why};
 use planbot::core::redact::Scrubber;
 use planbot::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 
@@ -346,6 +386,15 @@ fn reached(root: &str, why: Vec<Why>) -> Reached {
 /// A note of three roots: two reached (one through a nested module), one skipped; `names`
 /// are the roots' names as the repo config wrote them.
 fn reach_note(names: [&str; 3], edges: Vec<(String, String)>) -> String {
+    reach_note_with(names, edges, Vec::new())
+}
+
+/// [`reach_note`] with `depends_on` hints.
+fn reach_note_with(
+    names: [&str; 3],
+    edges: Vec<(String, String)>,
+    depends_hints: Vec<DependsHint>,
+) -> String {
     let plan = crate::support::fixtures::plan("changes");
     let fp = planbot::core::fingerprint::Fingerprint::from_hex(
         "9c41e07a2b3d5f6a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c",
@@ -405,6 +454,7 @@ fn reach_note(names: [&str; 3], edges: Vec<(String, String)>) -> String {
             dns,
         ],
         root_edges: edges,
+        depends_hints,
         ..NoteContext::default()
     };
     render_note(&ctx, &roots, &Scrubber::none())
@@ -444,6 +494,23 @@ fn the_note_says_why_each_root_was_planned_and_draws_the_roots_it_reaches() {
     assert_eq!(
         mermaid,
         ["graph LR\n  r0[\"vms\"]\n  r1[\"dns\"]\n  r0 --> r1\n"],
+        "{note}"
+    );
+    insta::assert_snapshot!(note);
+}
+
+#[test]
+fn the_note_suggests_the_depends_on_line_of_a_root_reading_another_roots_state() {
+    let note = reach_note_with(
+        ["network", "vms", "dns"],
+        vec![("vms".into(), "dns".into())],
+        vec![DependsHint {
+            root: "vms".into(),
+            reads: "network".into(),
+        }],
+    );
+    assert!(
+        note.contains("- 💡 `vms` reads `network`'s state: add `depends_on = [\"network\"]` to root `vms` in `.planbot.toml` so it plans and applies after it\n"),
         "{note}"
     );
     insta::assert_snapshot!(note);

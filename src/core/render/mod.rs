@@ -118,6 +118,9 @@ pub struct NoteContext {
     pub reach: Vec<crate::core::reach::Reached>,
     /// Dependencies between roots, `(upstream, downstream)` by name: the picture's arrows.
     pub root_edges: Vec<(String, String)>,
+    /// Config advice: roots that read another root's GitLab-managed state without depending on
+    /// it (`core::reach::depends_on_hints`).
+    pub depends_hints: Vec<crate::core::reach::DependsHint>,
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -307,6 +310,8 @@ struct NoteView<'a> {
     reach: &'a [crate::core::reach::Reached],
     /// The planned roots and their order, when more than one is planned.
     picture: Option<PictureView>,
+    /// The `depends_on` lines the repo config lacks.
+    depends_hints: &'a [crate::core::reach::DependsHint],
 }
 
 /// The roots an MR reaches as a Mermaid graph: node ids are `r0`, `r1`… (never a name), each
@@ -918,6 +923,7 @@ fn build_view<'a, 'r>(
             &[]
         },
         picture: picture(&ctx.reach, &ctx.root_edges),
+        depends_hints: &ctx.depends_hints,
     };
     (view, pending)
 }

@@ -159,6 +159,7 @@ async fn plan(
         capacity: planned.capacity.clone(),
         reach: reach_order.0,
         root_edges: reach_order.1,
+        depends_hints: planned.depends_hints.clone(),
         hints: note::sandbox_hints(app, &planned.results),
         planned_before: note::planned_before(&prepared.config, &planned.results),
         invalid_file: prepared

@@ -69,6 +69,8 @@ pub(super) struct RootsPlanned {
     pub capacity: std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
     /// The roots the changes reach and why each was planned (the note's list and picture).
     pub reach: Vec<crate::core::reach::Reached>,
+    /// The `depends_on` lines the repo config lacks (a root reads another's managed state).
+    pub depends_hints: Vec<reach::DependsHint>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
@@ -97,6 +99,15 @@ pub(super) async fn plan_roots(
     let modules = super::reach::module_graph(prepared.checkout.path(), &prepared.config).await;
     let decisions = reach::decide(&prepared.config, &prepared.changed, &modules);
     let reached: Vec<reach::Reached> = decisions.iter().filter_map(|d| d.reached()).collect();
+    let depends_hints = reach::depends_on_hints(
+        &prepared.config,
+        &modules,
+        reach::OwnProject {
+            id: job.project.0,
+            path: prepared.project_path.as_deref(),
+        },
+        |root| crate::core::state::gitlab_state_name(root, app.config.state.default),
+    );
     let graph = prepared.config.graph();
     let affected: Vec<&str> = decisions
         .iter()
@@ -224,6 +235,7 @@ pub(super) async fn plan_roots(
         preflight_notes,
         capacity,
         reach: reached,
+        depends_hints,
     })
 }
 
