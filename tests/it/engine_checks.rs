@@ -3,12 +3,7 @@
 //! the note's "Checks" part; the engine's warnings (grouped) and a failing `check {}` block;
 //! the `planbot/test` status; every check switched off per root in `.planbot.toml`.
 
-use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
-use planbot::core::config::Config;
-use planbot::core::events::{PlanJob, PlanReason};
-use planbot::core::ids::{CommitSha, MrIid, ProjectId};
-use planbot::flows::context::app_state::App;
-use tokio_util::sync::CancellationToken;
+use crate::support::plan_world::PlanWorld;
 
 const CANARY: &str = "canary-secret-checks-41c7";
 
@@ -116,19 +111,12 @@ const BROKEN_MAIN: &str = r#"resource "terraform_data" "c" {
 }
 "#;
 
-struct World {
-    fake: FakeGitLab,
-    project: FakeProject,
-    app: App,
-    _data: tempfile::TempDir,
-}
+type World = PlanWorld;
 
 fn world(engine: &std::path::Path) -> World {
-    let fake = FakeGitLab::start();
-    let project = fake.create_project("infra/checks");
-    fake.commit_files(
-        &project,
-        "main",
+    PlanWorld::start(
+        engine,
+        "infra/checks",
         &[
             (".planbot.toml", REPO_CONFIG),
             ("tested/main.tf", TESTED_MAIN),
@@ -137,64 +125,8 @@ fn world(engine: &std::path::Path) -> World {
             ("plain/modules/m2/main.tf", PLAIN_MODULE),
             ("broken/README.md", "a root to be\n"),
         ],
-    );
-    let data = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{}"
-token = "{}"
-webhook_secret = "whatever-secret-value"
-projects = ["infra/checks"]
-
-[engine]
-binary = "{}"
-timeout = "5m"
-env = {{ TF_VAR_token = "{CANARY}" }}
-{}"#,
-        data.path().display(),
-        fake.url(),
-        fake.bot_token(),
-        engine.display(),
-        fake.managed_state_config(&project)
-    );
-    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
-    let app = App::new(config).expect("app");
-    planbot::flows::context::app_state::wipe_temp_root(&app.temp_root()).unwrap();
-    World {
-        fake,
-        project,
-        app,
-        _data: data,
-    }
-}
-
-impl World {
-    async fn plan(&self, iid: u64) -> String {
-        let job = PlanJob {
-            project: ProjectId(self.project.id),
-            project_path: Some(self.project.path.clone()),
-            mr: MrIid(iid),
-            head: CommitSha(self.fake.mr_sha(&self.project, iid)),
-            target_branch: Some("main".into()),
-            source_project: Some(ProjectId(self.project.id)),
-            fork: false,
-            draft: false,
-            reason: PlanReason::NewCommits,
-            requested_by: None,
-        };
-        planbot::flows::review::plan::run(&self.app, &job, None, &CancellationToken::new())
-            .await
-            .expect("plan flow");
-        let notes = self.fake.notes(&self.project, iid);
-        assert_eq!(notes.len(), 1);
-        notes[0].body.clone()
-    }
+        &format!("env = {{ TF_VAR_token = \"{CANARY}\" }}"),
+    )
 }
 
 /// The note from its warnings to the first root's details: the part this feature adds.
@@ -225,7 +157,7 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
     );
     let iid = w.fake.open_mr(&w.project, "feature/checks", "main");
     let head = w.fake.mr_sha(&w.project, iid);
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
     assert!(!note.contains(CANARY), "a secret leaked into the note");
 
     // The tests: counted, each run listed, the failed assertion with its place.
@@ -316,7 +248,7 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
     );
     let head2 = w.fake.mr_sha(&w.project, iid);
     assert_ne!(head, head2);
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
     for gone in [
         "**Tests",
         "**Not formatted**",
@@ -342,7 +274,7 @@ async fn passing_tests_turn_the_test_status_green_and_say_how_many() {
     );
     let iid = w.fake.open_mr(&w.project, "feature/green", "main");
     let head = w.fake.mr_sha(&w.project, iid);
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
     assert!(
         note.contains("- ✅ `tested`: **Tests: 2 passed, 0 failed**"),
         "{note}"

@@ -2,12 +2,9 @@
 //! plan note (edited in place, re-created when deleted), commit statuses, stored fingerprints;
 //! only the roots the change touches are planned; the config comes from the default branch.
 
-use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
-use planbot::core::config::Config;
-use planbot::core::events::{PlanJob, PlanReason};
-use planbot::core::ids::{CommitSha, MrIid, ProjectId};
+use crate::support::plan_world::PlanWorld;
+use planbot::core::ids::{MrIid, ProjectId};
 use planbot::core::render::NOTE_MARKER;
-use planbot::flows::context::app_state::App;
 use tokio_util::sync::CancellationToken;
 
 const CANARY: &str = "canary-secret-7f3a9c";
@@ -39,89 +36,22 @@ resource "terraform_data" "{name}" {{
     )
 }
 
-struct World {
-    fake: FakeGitLab,
-    project: FakeProject,
-    app: App,
-    _data: tempfile::TempDir,
-}
+type World = PlanWorld;
 
 fn world(engine: &std::path::Path) -> World {
-    let fake = FakeGitLab::start();
-    let project = fake.create_project("infra/homelab");
-    fake.commit_files(
-        &project,
-        "main",
+    PlanWorld::start(
+        engine,
+        "infra/homelab",
         &[
             (".planbot.toml", REPO_CONFIG),
             ("tofu/stacks/core/main.tf", &tf("vm", "blocky")),
             ("tofu/stacks/dns/main.tf", &tf("zone", "home.arpa")),
         ],
-    );
-    let data = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{}"
-token = "{}"
-webhook_secret = "whatever-secret-value"
-projects = ["infra/homelab"]
-
-[engine]
-binary = "{}"
-timeout = "5m"
-env = {{ TF_VAR_token = "{CANARY}" }}
-{}"#,
-        data.path().display(),
-        fake.url(),
-        fake.bot_token(),
-        engine.display(),
-        // GitLab-managed state, as users run it (a root's local state is refused).
-        fake.managed_state_config(&project)
-    );
-    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
-    let app = App::new(config).expect("app");
-    planbot::flows::context::app_state::wipe_temp_root(&app.temp_root()).unwrap();
-    World {
-        fake,
-        project,
-        app,
-        _data: data,
-    }
+        &format!("env = {{ TF_VAR_token = \"{CANARY}\" }}"),
+    )
 }
 
-impl World {
-    fn job(&self, iid: u64) -> PlanJob {
-        PlanJob {
-            project: ProjectId(self.project.id),
-            project_path: Some(self.project.path.clone()),
-            mr: MrIid(iid),
-            head: CommitSha(self.fake.mr_sha(&self.project, iid)),
-            target_branch: Some("main".into()),
-            source_project: Some(ProjectId(self.project.id)),
-            fork: false,
-            draft: false,
-            reason: PlanReason::NewCommits,
-            requested_by: None,
-        }
-    }
-
-    async fn plan(&self, iid: u64) {
-        planbot::flows::review::plan::run(
-            &self.app,
-            &self.job(iid),
-            None,
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("plan flow");
-    }
-
+impl PlanWorld {
     fn states(&self, sha: &str) -> Vec<String> {
         self.fake
             .statuses(&self.project, sha)
@@ -717,7 +647,7 @@ resource "terraform_data" "vm" {
 
 /// Bytes of the SQLite store on disk (the database and its write-ahead log).
 fn store_bytes(w: &World) -> u64 {
-    std::fs::read_dir(w._data.path())
+    std::fs::read_dir(w.data_dir())
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("planbot.db"))

@@ -5,12 +5,7 @@
 //! in their `depends_on` order (issue 38 item 5); a module source that leaves the repository, by
 //! `../` or through a symbolic link, is not followed.
 
-use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
-use planbot::core::config::Config;
-use planbot::core::events::{PlanJob, PlanReason};
-use planbot::core::ids::{CommitSha, MrIid, ProjectId};
-use planbot::flows::context::app_state::App;
-use tokio_util::sync::CancellationToken;
+use crate::support::plan_world::PlanWorld;
 
 const REPO_CONFIG: &str = r#"[[roots]]
 name = "network"
@@ -68,16 +63,9 @@ const DNS: &str = r#"module "rec" {
 }
 "#;
 
-struct World {
-    fake: FakeGitLab,
-    project: FakeProject,
-    app: App,
-    _data: tempfile::TempDir,
-}
+type World = PlanWorld;
 
 fn world(engine: &std::path::Path, extra: &[(&str, &str)]) -> World {
-    let fake = FakeGitLab::start();
-    let project = fake.create_project("infra/homelab");
     let mut files: Vec<(&str, String)> = vec![
         (".planbot.toml", REPO_CONFIG.to_string()),
         ("modules/vm/main.tf", vm_module("v1")),
@@ -91,63 +79,7 @@ fn world(engine: &std::path::Path, extra: &[(&str, &str)]) -> World {
         files.push((path, text.to_string()));
     }
     let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
-    fake.commit_files(&project, "main", &files);
-    let data = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{}"
-token = "{}"
-webhook_secret = "whatever-secret-value"
-projects = ["infra/homelab"]
-
-[engine]
-binary = "{}"
-timeout = "5m"
-{}"#,
-        data.path().display(),
-        fake.url(),
-        fake.bot_token(),
-        engine.display(),
-        fake.managed_state_config(&project)
-    );
-    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
-    let app = App::new(config).expect("app");
-    planbot::flows::context::app_state::wipe_temp_root(&app.temp_root()).unwrap();
-    World {
-        fake,
-        project,
-        app,
-        _data: data,
-    }
-}
-
-impl World {
-    async fn plan(&self, iid: u64) -> String {
-        let job = PlanJob {
-            project: ProjectId(self.project.id),
-            project_path: Some(self.project.path.clone()),
-            mr: MrIid(iid),
-            head: CommitSha(self.fake.mr_sha(&self.project, iid)),
-            target_branch: Some("main".into()),
-            source_project: Some(ProjectId(self.project.id)),
-            fork: false,
-            draft: false,
-            reason: PlanReason::NewCommits,
-            requested_by: None,
-        };
-        planbot::flows::review::plan::run(&self.app, &job, None, &CancellationToken::new())
-            .await
-            .expect("plan flow");
-        let notes = self.fake.notes(&self.project, iid);
-        assert_eq!(notes.len(), 1, "one note");
-        notes[0].body.clone()
-    }
+    PlanWorld::start(engine, "infra/homelab", &files, "")
 }
 
 /// The line of the "Why these roots were planned" list for `root`.
@@ -182,7 +114,7 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
         &[("modules/vm/main.tf", &vm_module("v2"))],
     );
     let iid = w.fake.open_mr(&w.project, "feature/vm", "main");
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
 
     // network does not use the module: skipped with its reason; vms and dns are planned with
     // the module's new value.
@@ -231,7 +163,7 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
         ],
     );
     let iid = w.fake.open_mr(&w.project, "feature/record", "main");
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
     assert!(row(&note, "vms").contains("skipped"), "{note}");
     assert_eq!(
         why_line(&note, "dns"),
@@ -278,7 +210,7 @@ async fn a_root_reading_another_roots_managed_state_gets_the_depends_on_line_in_
         &[("stacks/vms/state.tf", &text)],
     );
     let iid = w.fake.open_mr(&w.project, "feature/read", "main");
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
     let hints: Vec<&str> = note.lines().filter(|l| l.starts_with("- 💡")).collect();
     assert_eq!(
         hints,
@@ -329,7 +261,7 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
         &[("stacks/network/main.tf", &NETWORK.replace("vmbr0", "vmbr2"))],
     );
     let iid = w.fake.open_mr(&w.project, "feature/net", "main");
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
     assert_eq!(
         why_line(&note, "vms"),
         "- `vms`: it reaches `modules/evil`, which could not be read (it resolves outside the repository through a symbolic link: not followed): planned, as a change may reach it"
@@ -346,7 +278,7 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
         )],
     );
     let iid = w.fake.open_mr(&w.project, "feature/dns", "main");
-    let note = w.plan(iid).await;
+    let note = w.plan_note(iid).await;
     assert_eq!(
         why_line(&note, "dns"),
         format!("- `dns`: its files changed (`stacks/dns/main.tf`); not followed, outside the repository: `../../../elsewhere`")
