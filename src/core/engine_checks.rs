@@ -558,7 +558,10 @@ fn read_test(stdout: &[u8]) -> TestReport {
 }
 
 /// The warnings, each summary once and under it each of its details once, with how often and
-/// where, in the order first given.
+/// where. The engine gives them in no fixed order (Terraform walks modules in parallel), so the
+/// result is sorted: the most frequent warning first (then by summary), each group's details
+/// by their first place (then by text), places by file and line. The same plan gives the same
+/// note, and a push that changes nothing does not rewrite it.
 fn group_warnings(warnings: &[Diagnostic]) -> Vec<WarningGroup> {
     let mut groups: Vec<WarningGroup> = Vec::new();
     for w in warnings {
@@ -587,12 +590,43 @@ fn group_warnings(warnings: &[Diagnostic]) -> Vec<WarningGroup> {
         };
         d.count += 1;
         if let Some(at) = &w.at {
-            if d.at.len() < PLACES_LISTED && !d.at.contains(at) {
+            if !d.at.contains(at) {
                 d.at.push(at.clone());
             }
         }
     }
+    for g in &mut groups {
+        for d in &mut g.details {
+            d.at.sort_by(|a, b| place_key(a).cmp(&place_key(b)));
+            d.at.truncate(PLACES_LISTED);
+        }
+        g.details.sort_by(|a, b| {
+            // A detail with no place after those with one.
+            let (pa, pb) = (a.at.first(), b.at.first());
+            (pa.is_none(), pa.map(|p| place_key(p)), &a.detail).cmp(&(
+                pb.is_none(),
+                pb.map(|p| place_key(p)),
+                &b.detail,
+            ))
+        });
+    }
+    groups.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.summary.cmp(&b.summary))
+    });
     groups
+}
+
+/// A `file:line` place as (file, line number), so `main.tf:9` comes before `main.tf:10`.
+fn place_key(place: &str) -> (&str, u64) {
+    match place.rsplit_once(':') {
+        Some((file, line)) => match line.parse() {
+            Ok(n) => (file, n),
+            Err(_) => (place, 0),
+        },
+        None => (place, 0),
+    }
 }
 
 /// The failing `check {}` blocks of a `show -json` document (its `checks`): status `fail` or
@@ -717,6 +751,50 @@ mod tests {
             c.validate.result().unwrap()[0].at.as_deref(),
             Some("a.tf:4")
         );
+    }
+
+    #[test]
+    fn warnings_given_in_any_order_group_the_same() {
+        // Terraform walks modules in parallel: the same plan gives its warnings in any order.
+        let d = |summary: &str, detail: &str, at: &str| Diagnostic {
+            severity: Severity::Warning,
+            summary: summary.into(),
+            detail: detail.into(),
+            at: Some(at.into()),
+        };
+        let given = [
+            d(
+                "Redundant empty provider block",
+                "module.two",
+                "modules/m2/main.tf:1",
+            ),
+            d("Deprecated attribute", "use x", "main.tf:10"),
+            d(
+                "Redundant empty provider block",
+                "module.one",
+                "modules/m/main.tf:1",
+            ),
+            d("Deprecated attribute", "use x", "main.tf:9"),
+            d(
+                "Redundant empty provider block",
+                "module.one",
+                "modules/m/main.tf:1",
+            ),
+        ];
+        let grouped = group_warnings(&given);
+        let mut reversed = given.clone();
+        reversed.reverse();
+        assert_eq!(group_warnings(&reversed), grouped);
+        let mut rotated = given.clone();
+        rotated.rotate_left(2);
+        assert_eq!(group_warnings(&rotated), grouped);
+        // The most frequent first; details by first place; places by file, then line number.
+        assert_eq!(grouped[0].summary, "Redundant empty provider block");
+        assert_eq!(grouped[0].count, 3);
+        assert_eq!(grouped[0].details[0].detail, "module.one");
+        assert_eq!(grouped[0].details[0].count, 2);
+        assert_eq!(grouped[0].details[1].at, ["modules/m2/main.tf:1"]);
+        assert_eq!(grouped[1].details[0].at, ["main.tf:9", "main.tf:10"]);
     }
 
     #[test]
