@@ -418,8 +418,8 @@ struct WireDiagnostic {
     detail: String,
     #[serde(default)]
     range: Option<WireRange>,
-    /// Only its `context` (the enclosing block's header) is read: its `code` and `values`
-    /// (the line and the values it refers to) are never shown.
+    /// Its `context` (the enclosing block's header) and `code` (the source lines) are read;
+    /// its `values` (what the expression's references held) are never shown.
     #[serde(default)]
     snippet: Option<WireSnippet>,
 }
@@ -428,6 +428,10 @@ struct WireDiagnostic {
 struct WireSnippet {
     #[serde(default)]
     context: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    start_line: u64,
 }
 
 #[derive(Deserialize)]
@@ -523,9 +527,10 @@ pub struct ViewLine {
     pub diagnostic: Option<Diagnostic>,
 }
 
-/// Read one line `plan -json` printed (at most the line bound the engine runner reads).
-/// Snippets (the source line, the values it refers to) are not shown; the text still holds
-/// whatever the engine put in a message or detail, and is redacted with the run's log.
+/// Read one line `plan -json` printed (at most the line bound the engine runner reads). Of a
+/// diagnostic's snippet, the source lines are shown as the human view shows them, never the
+/// values its references held (the human view prints those too); the text holds whatever the
+/// engine put in a message, a detail or the source, and is redacted with the run's log.
 pub fn view_line(line: &str) -> ViewLine {
     #[derive(Deserialize)]
     struct Wire {
@@ -574,6 +579,13 @@ pub fn view_line(line: &str) -> ViewLine {
             .unwrap_or_default();
         text.push(String::new());
         text.push(format!("  on {} line {line_no}{context}:", r.filename));
+        // The source lines, numbered as the human view numbers them.
+        if let Some(s) = d.snippet.as_ref().filter(|s| s.start_line > 0) {
+            let code = s.code.as_deref().unwrap_or("");
+            for (i, l) in code.lines().enumerate() {
+                text.push(format!("{:4}: {l}", s.start_line + i as u64));
+            }
+        }
     }
     if !d.detail.trim().is_empty() {
         text.push(String::new());
@@ -1060,6 +1072,7 @@ Plan: 1 to add, 0 to change, 0 to destroy.
 Warning: Check block assertion failed
 
   on main.tf line 10, in check \"health\":
+  10:     condition     = var.v == \"b\"
 
 v is not b
 
@@ -1077,7 +1090,10 @@ Lock Info:
   Who:       root@vm
 a line on stderr"
         );
-        assert!(!text.contains("snippet-value") && !text.contains("condition     ="));
+        assert!(
+            !text.contains("snippet-value"),
+            "a snippet's values are not shown"
+        );
         // The state lock rule reads the rebuilt text as it read the human view's.
         assert_eq!(
             crate::core::state::HeldLock::from_engine_output(&text).map(|l| l.id),

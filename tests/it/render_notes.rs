@@ -847,7 +847,7 @@ fn warnings_a_plan_gave_past_those_planbot_keeps_are_counted_and_said() {
         "{note}"
     );
     assert!(
-        note.contains("- … and 3 more warnings the plan gave, not read: planbot reads the first 1000 different ones of a plan — see the engine's output.\n"),
+        note.contains("- … and 3 more warnings the plan gave, not read: planbot reads the first 1000 different ones of a plan — see the [run page](https://planbot.example.com/runs/118).\n"),
         "{note}"
     );
 }
