@@ -1,8 +1,10 @@
 //! What the engine says of a root besides its plan (docs/workflow.md, "Tests, format,
 //! validation and warnings"): `validate -json`'s diagnostics, `fmt -check -list`'s files,
-//! `test -json`'s runs, and the warnings (validate's, grouped, and the plan's failing `check`
-//! blocks), read into what the plan note and the `planbot/test` status show. Pure: the engine
-//! runs them (`capabilities::engine`), this reads what it printed.
+//! `test -json`'s runs, the lines of `plan -json` (its machine-readable view: read back into
+//! the human log, its warnings kept, [`view_line`]), and the warnings (validate's and the
+//! plan's, each once, grouped, and the plan's failing `check` blocks), read into what the plan
+//! note and the `planbot/test` status show. Pure: the engine runs them
+//! (`capabilities::engine`), this reads what it printed.
 
 use crate::core::redact::Scrubber;
 use serde::{Deserialize, Serialize};
@@ -185,19 +187,27 @@ pub struct RootChecks {
     /// `fmt -check -list`: the files not formatted.
     pub fmt: Check<Vec<String>>,
     pub test: Check<TestReport>,
-    /// The engine's warnings, each once.
+    /// The engine's warnings, each once: `validate -json`'s and the plan's.
     pub warnings: Vec<WarningGroup>,
+    /// Warnings the plan gave past the [`PLAN_WARNINGS_KEPT`] different ones planbot keeps:
+    /// counted, not read.
+    pub warnings_unread: usize,
     /// The plan's failing `check {}` blocks.
     pub check_blocks: Vec<CheckBlock>,
 }
 
 impl RootChecks {
-    /// Read what the engine's check steps printed, and the failing `check` blocks of the plan
-    /// (`show -json`'s document, when there is a plan).
+    /// Read what the engine's check steps printed, the warnings its `plan` gave, and the
+    /// failing `check` blocks of the plan (`show -json`'s document, when there is a plan).
+    ///
+    /// The warnings are validation's: with `validate` switched off, none are shown (the
+    /// plan's neither). A warning both `validate` and `plan` give (same summary, detail and
+    /// place) is counted as often as the one that gave it most often, not once per command.
     pub fn read(
         validate: &StepCheck,
         fmt: &StepCheck,
         test: &StepCheck,
+        plan: &PlanWarnings,
         plan_json: Option<&[u8]>,
     ) -> RootChecks {
         let mut warnings = Vec::new();
@@ -248,12 +258,22 @@ impl RootChecks {
             }
             other => quiet_or_not_run(other),
         };
+        let check_blocks = plan_json.map(read_check_blocks);
+        let (warnings, warnings_unread) = if matches!(validate, Check::Quiet) {
+            (Vec::new(), 0)
+        } else {
+            (
+                merge_warnings(&warnings, plan, check_blocks.is_some()),
+                plan.unread,
+            )
+        };
         RootChecks {
             validate,
             fmt,
             test,
-            warnings: group_warnings(&warnings),
-            check_blocks: plan_json.map(read_check_blocks).unwrap_or_default(),
+            warnings,
+            warnings_unread,
+            check_blocks: check_blocks.unwrap_or_default(),
         }
     }
 
@@ -265,6 +285,7 @@ impl RootChecks {
             && self.fmt.result().is_none_or(Vec::is_empty)
             && matches!(self.test, Check::Quiet)
             && self.warnings.is_empty()
+            && self.warnings_unread == 0
             && self.check_blocks.is_empty()
     }
 
@@ -397,6 +418,20 @@ struct WireDiagnostic {
     detail: String,
     #[serde(default)]
     range: Option<WireRange>,
+    /// Its `context` (the enclosing block's header) and `code` (the source lines) are read;
+    /// its `values` (what the expression's references held) are never shown.
+    #[serde(default)]
+    snippet: Option<WireSnippet>,
+}
+
+#[derive(Deserialize)]
+struct WireSnippet {
+    #[serde(default)]
+    context: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    start_line: u64,
 }
 
 #[derive(Deserialize)]
@@ -444,6 +479,170 @@ impl WireDiagnostic {
             }),
         }
     }
+}
+
+/// At most this many different warnings (summary, detail and place) of one plan are kept; more
+/// are counted ([`PlanWarnings::unread`]) and the note says so.
+pub const PLAN_WARNINGS_KEPT: usize = 1000;
+
+/// The warnings `plan -json` gave: each different one (summary, detail, place) once, with how
+/// often it was given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanWarnings {
+    given: BTreeMap<(String, String, Option<String>), usize>,
+    /// Warnings past [`PLAN_WARNINGS_KEPT`] different ones: counted, not kept.
+    pub unread: usize,
+}
+
+impl PlanWarnings {
+    /// Keep `d` if it is a warning (the plan's errors are its failure, shown with it).
+    pub fn add(&mut self, d: Diagnostic) {
+        if d.severity != Severity::Warning {
+            return;
+        }
+        let key = (d.summary, d.detail, d.at);
+        if let Some(n) = self.given.get_mut(&key) {
+            *n += 1;
+        } else if self.given.len() < PLAN_WARNINGS_KEPT {
+            self.given.insert(key, 1);
+        } else {
+            self.unread += 1;
+        }
+    }
+
+    /// Whether the plan gave no warning.
+    pub fn is_empty(&self) -> bool {
+        self.given.is_empty() && self.unread == 0
+    }
+}
+
+/// One line of the engine's machine-readable view (`plan -json`), read: the text its human
+/// view prints for it, and its diagnostic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewLine {
+    /// The human lines: the line's `@message`; for a diagnostic, "Error: …" or "Warning: …",
+    /// its place (`on main.tf line 3, in resource "x" "y":`) and its detail as given. A line
+    /// that is not the view's JSON (stderr, a line cut at the length bound) is kept as it is.
+    pub text: Vec<String>,
+    pub diagnostic: Option<Diagnostic>,
+}
+
+/// Read one line `plan -json` printed (at most the line bound the engine runner reads). Of a
+/// diagnostic's snippet, the source lines are shown as the human view shows them, never the
+/// values its references held (the human view prints those too); the text holds whatever the
+/// engine put in a message, a detail or the source, and is redacted with the run's log.
+pub fn view_line(line: &str) -> ViewLine {
+    #[derive(Deserialize)]
+    struct Wire {
+        #[serde(default, rename = "@message")]
+        message: Option<String>,
+        #[serde(default)]
+        diagnostic: Option<WireDiagnostic>,
+    }
+    let raw = || ViewLine {
+        text: vec![line.to_string()],
+        diagnostic: None,
+    };
+    if !line.trim_start().starts_with('{') {
+        return raw();
+    }
+    let Ok(wire) = serde_json::from_str::<Wire>(line) else {
+        return raw();
+    };
+    let Some(d) = wire.diagnostic else {
+        return match wire.message {
+            Some(m) => ViewLine {
+                text: m.lines().map(str::to_string).collect(),
+                diagnostic: None,
+            },
+            None => raw(),
+        };
+    };
+    // As the human view prints it (`-no-color`), without the source snippet.
+    let mut text = vec![String::new()];
+    let label = if d.severity == "warning" {
+        "Warning"
+    } else {
+        "Error"
+    };
+    let mut summary = d.summary.lines();
+    text.push(format!("{label}: {}", summary.next().unwrap_or("")));
+    text.extend(summary.map(str::to_string));
+    if let Some(r) = d.range.as_ref().filter(|r| !r.filename.is_empty()) {
+        let line_no = r.start.as_ref().map_or(0, |p| p.line);
+        let context = d
+            .snippet
+            .as_ref()
+            .and_then(|s| s.context.as_deref())
+            .filter(|c| !c.is_empty())
+            .map(|c| format!(", in {}", c.lines().next().unwrap_or("")))
+            .unwrap_or_default();
+        text.push(String::new());
+        text.push(format!("  on {} line {line_no}{context}:", r.filename));
+        // The source lines, numbered as the human view numbers them.
+        if let Some(s) = d.snippet.as_ref().filter(|s| s.start_line > 0) {
+            let code = s.code.as_deref().unwrap_or("");
+            for (i, l) in code.lines().enumerate() {
+                text.push(format!("{:4}: {l}", s.start_line + i as u64));
+            }
+        }
+    }
+    if !d.detail.trim().is_empty() {
+        text.push(String::new());
+        text.extend(d.detail.trim_end().lines().map(str::to_string));
+    }
+    ViewLine {
+        text,
+        diagnostic: Some(d.read()),
+    }
+}
+
+/// The summary of the warning each failing `check {}` assertion gives at plan time (both
+/// engines): the note lists these from the plan's `checks` instead.
+const CHECK_BLOCK_WARNING: &str = "Check block assertion failed";
+
+/// `validate`'s warnings and the plan's, grouped ([`group_warnings`]): a warning both give
+/// (same summary, detail and place) counts as often as the one that gave it most often (each
+/// is given once per place, the plan repeats what validation found); warnings only the plan
+/// gives are added. With `checks_read` (the plan's `checks` were read), the plan's "Check block
+/// assertion failed" warnings are left out: each failing `check {}` is listed once, from the
+/// plan's `checks`, which name the block and say `fail` or `error`.
+fn merge_warnings(
+    validate: &[Diagnostic],
+    plan: &PlanWarnings,
+    checks_read: bool,
+) -> Vec<WarningGroup> {
+    let mut by_validate: BTreeMap<(&str, &str, Option<&str>), usize> = BTreeMap::new();
+    for w in validate {
+        *by_validate
+            .entry((&w.summary, &w.detail, w.at.as_deref()))
+            .or_default() += 1;
+    }
+    let mut counted: Vec<(&Diagnostic, usize)> = validate.iter().map(|w| (w, 1)).collect();
+    let plan_only: Vec<(Diagnostic, usize)> = plan
+        .given
+        .iter()
+        .filter(|((summary, ..), _)| !(checks_read && summary == CHECK_BLOCK_WARNING))
+        .filter_map(|((summary, detail, at), n)| {
+            let seen = by_validate
+                .get(&(summary.as_str(), detail.as_str(), at.as_deref()))
+                .copied()
+                .unwrap_or(0);
+            (*n > seen).then(|| {
+                (
+                    Diagnostic {
+                        severity: Severity::Warning,
+                        summary: summary.clone(),
+                        detail: detail.clone(),
+                        at: at.clone(),
+                    },
+                    n - seen,
+                )
+            })
+        })
+        .collect();
+    counted.extend(plan_only.iter().map(|(d, n)| (d, *n)));
+    group_counted(&counted)
 }
 
 /// `validate -json`'s diagnostics; `None` when it is not its document.
@@ -562,9 +761,16 @@ fn read_test(stdout: &[u8]) -> TestReport {
 /// result is sorted: the most frequent warning first (then by summary), each group's details
 /// by their first place (then by text), places by file and line. The same plan gives the same
 /// note, and a push that changes nothing does not rewrite it.
+#[cfg(test)]
 fn group_warnings(warnings: &[Diagnostic]) -> Vec<WarningGroup> {
+    let counted: Vec<(&Diagnostic, usize)> = warnings.iter().map(|w| (w, 1)).collect();
+    group_counted(&counted)
+}
+
+/// [`group_warnings`] of warnings each given `n` times.
+fn group_counted(warnings: &[(&Diagnostic, usize)]) -> Vec<WarningGroup> {
     let mut groups: Vec<WarningGroup> = Vec::new();
-    for w in warnings {
+    for &(w, n) in warnings {
         let g = match groups.iter().position(|g| g.summary == w.summary) {
             Some(i) => &mut groups[i],
             None => {
@@ -576,7 +782,7 @@ fn group_warnings(warnings: &[Diagnostic]) -> Vec<WarningGroup> {
                 groups.last_mut().expect("pushed")
             }
         };
-        g.count += 1;
+        g.count += n;
         let d = match g.details.iter().position(|d| d.detail == w.detail) {
             Some(i) => &mut g.details[i],
             None => {
@@ -588,7 +794,7 @@ fn group_warnings(warnings: &[Diagnostic]) -> Vec<WarningGroup> {
                 g.details.last_mut().expect("pushed")
             }
         };
-        d.count += 1;
+        d.count += n;
         if let Some(at) = &w.at {
             if !d.at.contains(at) {
                 d.at.push(at.clone());
@@ -718,7 +924,13 @@ mod tests {
 {"@level":"error","@testfile":"tests/a.tftest.hcl","@testrun":"fails","diagnostic":{"severity":"error","summary":"Test assertion failed","detail":"input is not 3","range":{"filename":"tests/a.tftest.hcl","start":{"line":11,"column":21}}},"type":"diagnostic"}
 {"@message":"Failure! 1 passed, 1 failed.","test_summary":{"status":"fail","passed":1,"failed":1,"errored":0,"skipped":0},"type":"test_summary"}
 "#;
-        let c = RootChecks::read(&StepCheck::Off, &StepCheck::Off, &ran(out, 1), None);
+        let c = RootChecks::read(
+            &StepCheck::Off,
+            &StepCheck::Off,
+            &ran(out, 1),
+            &PlanWarnings::default(),
+            None,
+        );
         let t = c.test.result().expect("ran");
         assert_eq!((t.passed, t.failed, t.errored), (1, 1, 0));
         assert!(!t.ok());
@@ -741,7 +953,13 @@ mod tests {
             w(3),
             w(9)
         );
-        let c = RootChecks::read(&ran(&doc, 1), &StepCheck::Off, &StepCheck::Off, None);
+        let c = RootChecks::read(
+            &ran(&doc, 1),
+            &StepCheck::Off,
+            &StepCheck::Off,
+            &PlanWarnings::default(),
+            None,
+        );
         assert_eq!(c.warnings.len(), 1);
         assert_eq!(c.warnings[0].count, 2);
         assert_eq!(c.warnings[0].details.len(), 1);
@@ -803,6 +1021,7 @@ mod tests {
             &ran("not json", 1),
             &ran("", 2),
             &StepCheck::NoTests,
+            &PlanWarnings::default(),
             Some(b"{}"),
         );
         assert!(matches!(c.validate, Check::NotRun { .. }));
@@ -812,8 +1031,164 @@ mod tests {
             &StepCheck::Off,
             &ran("", 0),
             &StepCheck::NoTests,
+            &PlanWarnings::default(),
             Some(b"not a plan"),
         );
         assert!(quiet.is_quiet(), "{quiet:?}");
+    }
+
+    /// Lines as terraform 1.11.4's `plan -json` printed them.
+    const PLAN_LINES: &str = r#"{"@level":"info","@message":"Terraform 1.11.4","@module":"terraform.ui","@timestamp":"2026-12-06T07:35:56.512544Z","terraform":"1.11.4","type":"version","ui":"1.2"}
+{"@level":"info","@message":"terraform_data.x: Plan to create","@module":"terraform.ui","@timestamp":"2026-12-06T07:35:56.531724Z","change":{"resource":{"addr":"terraform_data.x","module":"","resource":"terraform_data.x","implied_provider":"terraform","resource_type":"terraform_data","resource_name":"x","resource_key":null},"action":"create"},"type":"planned_change"}
+{"@level":"info","@message":"Plan: 1 to add, 0 to change, 0 to destroy.","@module":"terraform.ui","@timestamp":"2026-12-06T07:35:56.531811Z","changes":{"add":1,"change":0,"import":0,"remove":0,"operation":"plan"},"type":"change_summary"}
+{"@level":"warn","@message":"Warning: Check block assertion failed","@module":"terraform.ui","@timestamp":"2026-12-06T07:35:56.571186Z","diagnostic":{"severity":"warning","summary":"Check block assertion failed","detail":"v is not b","range":{"filename":"main.tf","start":{"line":10,"column":21,"byte":150},"end":{"line":10,"column":33,"byte":162}},"snippet":{"context":"check \"health\"","code":"    condition     = var.v == \"b\"","start_line":10,"highlight_start_offset":20,"highlight_end_offset":32,"values":[{"traversal":"var.v","statement":"is \"snippet-value\""}]}},"type":"diagnostic"}
+{"@level":"warn","@message":"Warning: Value for undeclared variable","@module":"terraform.ui","@timestamp":"2026-12-06T07:37:25.010858Z","diagnostic":{"severity":"warning","summary":"Value for undeclared variable","detail":"The root module does not declare a variable named \"old_setting\" but a value was found in file \"terraform.tfvars\".\n\nTo silence these warnings, use TF_VAR_... environment variables."},"type":"diagnostic"}
+{"@level":"error","@message":"Error: Error acquiring the state lock","@module":"terraform.ui","diagnostic":{"severity":"error","summary":"Error acquiring the state lock","detail":"Error message: HTTP remote state already locked: ID=6c1f0e2a-held\nLock Info:\n  ID:        d3912e86-own\n  Who:       root@vm\n"},"type":"diagnostic"}
+a line on stderr
+"#;
+
+    fn read_plan(lines: &str) -> (String, PlanWarnings) {
+        let mut text = Vec::new();
+        let mut warnings = PlanWarnings::default();
+        for l in lines.lines() {
+            let v = view_line(l);
+            text.extend(v.text);
+            if let Some(d) = v.diagnostic {
+                warnings.add(d);
+            }
+        }
+        (text.join("\n"), warnings)
+    }
+
+    #[test]
+    fn the_plan_view_reads_back_into_the_human_log_without_snippets() {
+        let (text, warnings) = read_plan(PLAN_LINES);
+        assert_eq!(
+            text,
+            "Terraform 1.11.4
+terraform_data.x: Plan to create
+Plan: 1 to add, 0 to change, 0 to destroy.
+
+Warning: Check block assertion failed
+
+  on main.tf line 10, in check \"health\":
+  10:     condition     = var.v == \"b\"
+
+v is not b
+
+Warning: Value for undeclared variable
+
+The root module does not declare a variable named \"old_setting\" but a value was found in file \"terraform.tfvars\".
+
+To silence these warnings, use TF_VAR_... environment variables.
+
+Error: Error acquiring the state lock
+
+Error message: HTTP remote state already locked: ID=6c1f0e2a-held
+Lock Info:
+  ID:        d3912e86-own
+  Who:       root@vm
+a line on stderr"
+        );
+        assert!(
+            !text.contains("snippet-value"),
+            "a snippet's values are not shown"
+        );
+        // The state lock rule reads the rebuilt text as it read the human view's.
+        assert_eq!(
+            crate::core::state::HeldLock::from_engine_output(&text).map(|l| l.id),
+            Some("6c1f0e2a-held".to_string())
+        );
+        // Warnings only; the error is the plan's failure.
+        assert_eq!(warnings.given.len(), 2);
+        // Not the view's JSON: kept as it came.
+        assert_eq!(view_line("{not json").text, ["{not json"]);
+    }
+
+    #[test]
+    fn plan_warnings_join_validates_once_each_and_a_failing_check_is_listed_once() {
+        let provider = |module: &str| {
+            format!(
+                r#"{{"severity":"warning","summary":"Redundant empty provider block","detail":"module.{module}","range":{{"filename":"modules/{module}/main.tf","start":{{"line":1}}}}}}"#
+            )
+        };
+        let doc = format!(
+            r#"{{"valid":true,"diagnostics":[{},{}]}}"#,
+            provider("one"),
+            provider("two")
+        );
+        // The plan gives validation's warnings again, `one` twice (a module called twice).
+        let plan_lines: String = [provider("one"), provider("one"), provider("two")]
+            .iter()
+            .map(|d| format!("{{\"type\":\"diagnostic\",\"diagnostic\":{d}}}\n"))
+            .collect::<String>()
+            + PLAN_LINES;
+        let (_, plan) = read_plan(&plan_lines);
+        let plan_doc = br#"{"checks":[{"address":{"kind":"check","to_display":"check.health"},"status":"fail","instances":[{"address":{"to_display":"check.health"},"status":"fail","problems":[{"message":"v is not b"}]}]}]}"#;
+        let c = RootChecks::read(
+            &ran(&doc, 0),
+            &StepCheck::Off,
+            &StepCheck::Off,
+            &plan,
+            Some(plan_doc),
+        );
+        let summaries: Vec<(&str, usize)> = c
+            .warnings
+            .iter()
+            .map(|g| (g.summary.as_str(), g.count))
+            .collect();
+        assert_eq!(
+            summaries,
+            [
+                ("Redundant empty provider block", 3),
+                ("Value for undeclared variable", 1)
+            ]
+        );
+        assert_eq!(c.warnings[0].details[0].count, 2);
+        assert_eq!(c.warnings[0].details[1].count, 1);
+        assert_eq!(c.check_blocks.len(), 1);
+        // Without the plan's `checks` (the plan failed), the plan's warning says it.
+        let c = RootChecks::read(&ran(&doc, 0), &StepCheck::Off, &StepCheck::Off, &plan, None);
+        assert!(c
+            .warnings
+            .iter()
+            .any(|g| g.summary == "Check block assertion failed"));
+        // Validation switched off: no warnings at all, the plan's neither.
+        let c = RootChecks::read(
+            &StepCheck::Off,
+            &StepCheck::Off,
+            &StepCheck::Off,
+            &plan,
+            Some(plan_doc),
+        );
+        assert!(c.warnings.is_empty() && c.check_blocks.len() == 1);
+    }
+
+    #[test]
+    fn a_plan_past_the_warnings_kept_counts_the_rest() {
+        let mut plan = PlanWarnings::default();
+        let w = |i: usize| Diagnostic {
+            severity: Severity::Warning,
+            summary: "Deprecated attribute".into(),
+            detail: "use y".into(),
+            at: Some(format!("main.tf:{i}")),
+        };
+        for i in 0..PLAN_WARNINGS_KEPT + 7 {
+            plan.add(w(i));
+        }
+        // Already kept: counted again, not left out.
+        plan.add(w(0));
+        assert_eq!(plan.given.len(), PLAN_WARNINGS_KEPT);
+        assert_eq!(plan.unread, 7);
+        let c = RootChecks::read(
+            &ran(r#"{"valid":true}"#, 0),
+            &StepCheck::Off,
+            &StepCheck::Off,
+            &plan,
+            None,
+        );
+        assert_eq!(c.warnings[0].count, PLAN_WARNINGS_KEPT + 1);
+        assert_eq!(c.warnings_unread, 7);
+        assert!(!c.is_quiet());
     }
 }

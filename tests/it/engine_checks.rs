@@ -286,3 +286,67 @@ async fn passing_tests_turn_the_test_status_green_and_say_how_many() {
         Some("tests passed: 2 passed, 0 failed")
     );
 }
+
+/// A value in `terraform.tfvars` for a variable the root does not declare (one removed from
+/// the code, left in the file): Terraform warns when `plan` reads the file; `validate` reads no
+/// var files and says nothing of it.
+const UNDECLARED_TFVARS: &str = "n = 2\nold_setting = \"x\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warning_only_the_plan_gives_is_in_the_note_once() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    w.fake.commit_files(
+        &w.project,
+        "feature/tfvars",
+        &[("plain/terraform.tfvars", UNDECLARED_TFVARS)],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/tfvars", "main");
+    let note = w.plan_note(iid).await;
+
+    // The plan's own warning, once; validation's two (the plan gives them again) not twice.
+    assert!(
+        note.contains("<details><summary>⚠️ 3 warnings from Terraform</summary>"),
+        "{note}"
+    );
+    assert_eq!(
+        note.matches("**Value for undeclared variable**").count(),
+        1,
+        "{note}"
+    );
+    assert!(
+        note.contains("**Value for undeclared variable**\n  - The root module does not declare a variable named &quot;old_setting&quot; but a value was found in file &quot;terraform.tfvars&quot;."),
+        "{note}"
+    );
+    assert!(
+        note.contains("**Redundant empty provider block** (2×)"),
+        "{note}"
+    );
+    // The failing check block on its own line only: not again as the plan's warning.
+    assert_eq!(note.matches("**check.health** failed").count(), 1, "{note}");
+    assert!(!note.contains("Check block assertion failed"), "{note}");
+
+    // The run's log (its page, the job's log) reads as the engine's human view.
+    let runs = w
+        .app
+        .store
+        .runs_for_mr(
+            planbot::core::ids::ProjectId(w.project.id),
+            planbot::core::ids::MrIid(iid),
+        )
+        .await
+        .unwrap();
+    let mut logs = String::new();
+    for r in runs {
+        logs.push_str(&w.app.store.run(r.id).await.unwrap().unwrap().log);
+    }
+    assert!(
+        logs.contains("\nWarning: Value for undeclared variable\n\nThe root module does not declare a variable named \"old_setting\""),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("Plan: 3 to add, 0 to change, 0 to destroy."),
+        "{logs}"
+    );
+    assert!(!logs.contains("\"@message\""), "{logs}");
+}

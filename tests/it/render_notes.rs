@@ -788,6 +788,7 @@ fn checks_that_could_not_run_say_why_and_engine_text_cannot_break_the_note() {
             stdout: Vec::new(),
         },
         &StepCheck::NotRun("`test -json` timed out after 30m".into()),
+        &planbot::core::engine_checks::PlanWarnings::default(),
         None,
     );
     let mut c = ctx();
@@ -813,6 +814,42 @@ fn checks_that_could_not_run_say_why_and_engine_text_cannot_break_the_note() {
     assert_eq!(note.matches("</details>").count(), 1, "{note}");
     assert!(!note.contains("\n/approve"), "{note}");
     insta::assert_snapshot!(note);
+}
+
+#[test]
+fn warnings_a_plan_gave_past_those_planbot_keeps_are_counted_and_said() {
+    use planbot::core::engine_checks::{
+        Diagnostic, PlanWarnings, RootChecks, Severity, StepCheck, PLAN_WARNINGS_KEPT,
+    };
+    let mut plan = PlanWarnings::default();
+    for i in 0..PLAN_WARNINGS_KEPT + 3 {
+        plan.add(Diagnostic {
+            severity: Severity::Warning,
+            summary: "Deprecated attribute".into(),
+            detail: "use `cpu` instead".into(),
+            at: Some(format!("vm{i}.tf:4")),
+        });
+    }
+    let validated = StepCheck::Ran {
+        exit: Some(0),
+        stdout: br#"{"valid":true,"diagnostics":[]}"#.to_vec(),
+    };
+    let checks = RootChecks::read(&validated, &StepCheck::Off, &StepCheck::Off, &plan, None);
+    let mut c = ctx();
+    c.checks.insert("core".into(), checks);
+    let note = note_with(&crate::support::fixtures::plan("no_changes"), &[], &c);
+    assert!(
+        note.contains("<details><summary>⚠️ 1003 warnings from OpenTofu</summary>"),
+        "{note}"
+    );
+    assert!(
+        note.contains("- **Deprecated attribute** (1000×)\n"),
+        "{note}"
+    );
+    assert!(
+        note.contains("- … and 3 more warnings the plan gave, not read: planbot reads the first 1000 different ones of a plan — see the [run page](https://planbot.example.com/runs/118).\n"),
+        "{note}"
+    );
 }
 
 #[test]

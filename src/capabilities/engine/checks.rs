@@ -1,11 +1,12 @@
 //! The checks run beside an MR's plan, in its sandbox, with its environment and bounds:
 //! `validate -json`, `fmt -check -list=true -recursive` and, when the root has test files,
-//! `test -json` ([`EngineChecks`]). What they printed is read by `core::engine_checks`.
+//! `test -json` ([`EngineChecks`]), and the warnings the plan itself gave. What they printed is
+//! read by `core::engine_checks`.
 
 use super::error::Step;
 use super::process::{Capture, StepCall};
 use super::Engine;
-use crate::core::engine_checks::{CheckSet, StepCheck};
+use crate::core::engine_checks::{CheckSet, PlanWarnings, StepCheck};
 use crate::core::redact::Scrubber;
 use std::ffi::OsString;
 use std::path::Path;
@@ -19,6 +20,8 @@ pub struct EngineChecks {
     pub validate: StepCheck,
     pub fmt: StepCheck,
     pub test: StepCheck,
+    /// The warnings `plan -json` gave (read as it ran, also when it failed; raw).
+    pub plan: PlanWarnings,
     pub scrubber: Scrubber,
 }
 
@@ -70,6 +73,7 @@ impl EngineChecks {
             } else {
                 not_run(set.test)
             },
+            plan: PlanWarnings::default(),
             scrubber: Scrubber::none(),
         }
     }

@@ -1,5 +1,6 @@
 //! A plan run in named stages: check the request → choose the plan's encryption → make the
-//! private run directory → `init` (serialised per plugin cache) → `plan -out` → `show -json`.
+//! private run directory → `init` (serialised per plugin cache) → `plan -json -out` (its
+//! machine-readable view, read back into the human log, its warnings kept) → `show -json`.
 
 use super::apply::PlannedRun;
 use super::checks::{has_test_files, EngineChecks};
@@ -12,7 +13,7 @@ use super::request::{self, PlanRequest, StepProgress};
 use super::run_dir::{private_run_dir, RunDirs};
 use super::Engine;
 use crate::capabilities::checkout_file;
-use crate::core::engine_checks::{CheckSet, StepCheck};
+use crate::core::engine_checks::{CheckSet, PlanWarnings, StepCheck};
 use crate::core::plan::{Plan, PlanParseError};
 use crate::core::redact::Secrets;
 use crate::core::state::Backend;
@@ -156,6 +157,7 @@ impl Engine {
             },
             plan_file: &plan_file,
             log: RawLog::default(),
+            warnings: PlanWarnings::default(),
         };
         steps.init().await?;
         // What `init` configured: its backend (none at all is the local one).
@@ -168,6 +170,7 @@ impl Engine {
             Ok(()) => steps.show().await,
             Err(e) => Err(e),
         };
+        out.plan = std::mem::take(&mut steps.warnings);
         // The lock file as the plan left it, read within the plan's deadline (before the
         // checks, which have deadlines of their own). The engine (and MR code it ran) may have
         // left anything in its place.
@@ -244,15 +247,19 @@ struct PlanSteps<'a> {
     call: StepCall<'a>,
     plan_file: &'a Path,
     log: RawLog,
+    /// The warnings `plan -json` gave.
+    warnings: PlanWarnings,
 }
 
 impl PlanSteps<'_> {
-    /// Run one step, telling the request's progress channel when it starts and ends.
+    /// Run one step, telling the request's progress channel when it starts and ends; with
+    /// `view`, a step printing the engine's machine-readable view ([`Engine::run_step_viewed`]).
     async fn run(
         &self,
         step: Step,
         args: Vec<OsString>,
         capture: Capture,
+        view: Option<&mut PlanWarnings>,
     ) -> Result<StepOutput, StepError> {
         let init_call;
         let call = if step == Step::Init {
@@ -274,7 +281,7 @@ impl PlanSteps<'_> {
         tell(None);
         let out = self
             .engine
-            .run_step(step, &args, capture, call, &mut |_| {})
+            .run_step_viewed(step, &args, capture, call, &mut |_| {}, view)
             .await;
         tell(Some(started.elapsed()));
         out
@@ -296,7 +303,7 @@ impl PlanSteps<'_> {
         if self.req.no_lock {
             args.push("-lock=false".into());
         }
-        match self.run(Step::Init, args, Capture::Log).await {
+        match self.run(Step::Init, args, Capture::Log, None).await {
             Ok(o) => {
                 self.log.append(o.log);
                 Ok(())
@@ -305,10 +312,22 @@ impl PlanSteps<'_> {
         }
     }
 
-    /// `plan -out=PLAN_FILE` with the request's var files and vars. When the engine fails,
-    /// the errored plan's secrets are learnt (into `secrets`) before its error is shown.
+    /// `plan -json -out=PLAN_FILE` with the request's var files and vars: its lines read back
+    /// into the log as the human view prints them, its warnings kept (`self.warnings`). When
+    /// the engine fails, the errored plan's secrets are learnt (into `secrets`) before its
+    /// error is shown.
     async fn plan(&mut self, secrets: &mut Secrets) -> Result<(), EngineError> {
-        match self.run(Step::Plan, self.plan_args(), Capture::Log).await {
+        let mut warnings = PlanWarnings::default();
+        let planned = self
+            .run(
+                Step::Plan,
+                self.plan_args(),
+                Capture::Log,
+                Some(&mut warnings),
+            )
+            .await;
+        self.warnings = warnings;
+        match planned {
             Ok(o) => {
                 self.log.append(o.log);
                 Ok(())
@@ -316,7 +335,7 @@ impl PlanSteps<'_> {
             Err(e) => {
                 if e.is_exit() && self.plan_file.exists() {
                     if let Ok(o) = self
-                        .run(Step::Show, self.show_args(), Capture::Stdout)
+                        .run(Step::Show, self.show_args(), Capture::Stdout, None)
                         .await
                     {
                         if let Ok(p) = Plan::from_json(&o.stdout) {
@@ -356,7 +375,7 @@ impl PlanSteps<'_> {
     /// `show -json PLAN_FILE`, parsed: the plan and the document as printed.
     async fn show(&mut self) -> Result<(Plan, Vec<u8>), EngineError> {
         let shown = match self
-            .run(Step::Show, self.show_args(), Capture::Stdout)
+            .run(Step::Show, self.show_args(), Capture::Stdout, None)
             .await
         {
             Ok(o) => {
@@ -381,8 +400,14 @@ impl PlanSteps<'_> {
     }
 
     fn plan_args(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> =
-            vec!["plan".into(), "-input=false".into(), "-no-color".into()];
+        // The machine-readable view: each warning with its summary, detail and place (the
+        // human view prints them only as text); the log is rebuilt from it.
+        let mut args: Vec<OsString> = vec![
+            "plan".into(),
+            "-json".into(),
+            "-input=false".into(),
+            "-no-color".into(),
+        ];
         if self.req.no_lock {
             args.push("-lock=false".into());
         } else {

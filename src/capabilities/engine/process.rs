@@ -16,6 +16,7 @@ use super::quota::Quota;
 use super::request::CancelToken;
 use super::sandbox::Confinement;
 use super::Engine;
+use crate::core::engine_checks::{view_line, PlanWarnings};
 use crate::core::redact::Scrubber;
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
@@ -119,6 +120,23 @@ impl Engine {
         call: &StepCall<'_>,
         on_line: &mut (dyn FnMut(&str) + Send),
     ) -> Result<StepOutput, StepError> {
+        self.run_step_viewed(step, args, capture, call, on_line, None)
+            .await
+    }
+
+    /// [`Engine::run_step`]; with `view`, the command prints the engine's machine-readable
+    /// view (`plan -json`): each line is read back into the text the human view prints
+    /// (`core::engine_checks::view_line`) for the log and `on_line`, and its warnings are kept
+    /// in `view` (also when the step fails).
+    pub(super) async fn run_step_viewed(
+        &self,
+        step: Step,
+        args: &[OsString],
+        capture: Capture,
+        call: &StepCall<'_>,
+        on_line: &mut (dyn FnMut(&str) + Send),
+        mut view: Option<&mut PlanWarnings>,
+    ) -> Result<StepOutput, StepError> {
         if call.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
             return Err(StepError::Stopped {
                 step,
@@ -139,10 +157,22 @@ impl Engine {
         while !watch.done() {
             tokio::select! {
                 line = lines.recv(), if watch.lines_open => match line {
-                    Some(Line(text)) => {
-                        on_line(&call.scrubber.scrub(&text));
-                        log.push(text);
-                    }
+                    Some(Line(text)) => match view.as_deref_mut() {
+                        Some(warnings) => {
+                            let read = view_line(&text);
+                            if let Some(d) = read.diagnostic {
+                                warnings.add(d);
+                            }
+                            for l in read.text {
+                                on_line(&call.scrubber.scrub(&l));
+                                log.push(l);
+                            }
+                        }
+                        None => {
+                            on_line(&call.scrubber.scrub(&text));
+                            log.push(text);
+                        }
+                    },
                     None => watch.lines_open = false,
                 },
                 status = child.wait(), if watch.exit.is_none() => {

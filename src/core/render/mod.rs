@@ -304,6 +304,10 @@ struct NoteView<'a> {
     warnings: Vec<WarningView>,
     /// Warning groups past [`LISTED`], counted.
     warnings_more: usize,
+    /// Warnings the plans gave past the different ones planbot keeps of a plan, counted.
+    warnings_unread: usize,
+    /// How many different warnings of a plan planbot keeps.
+    warnings_kept: usize,
     /// How many warnings the engine gave in all (a group counts as often as it was given).
     warnings_total: usize,
     /// Why each root was planned (empty: nothing worth saying).
@@ -868,7 +872,13 @@ fn build_view<'a, 'r>(
         _ => "OpenTofu",
     };
     let (engine_checks, warnings, checks_red, checks_yellow) = checks_views(ctx, roots);
-    let warnings_total = warnings.iter().map(|w| w.count).sum();
+    // Warnings a plan gave past those planbot keeps: counted in the total, said below it.
+    let warnings_unread: usize = roots
+        .iter()
+        .filter_map(|r| ctx.checks.get(&r.name))
+        .map(|c| c.warnings_unread)
+        .sum();
+    let warnings_total = warnings.iter().map(|w| w.count).sum::<usize>() + warnings_unread;
     let warnings_more = warnings.len().saturating_sub(LISTED);
     let mut warnings = warnings;
     warnings.truncate(LISTED);
@@ -909,6 +919,8 @@ fn build_view<'a, 'r>(
         engine_checks,
         warnings,
         warnings_more,
+        warnings_unread,
+        warnings_kept: crate::core::engine_checks::PLAN_WARNINGS_KEPT,
         warnings_total,
         reach: if roots.len() > 1
             || ctx.reach.iter().any(|r| {

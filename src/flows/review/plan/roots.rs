@@ -408,7 +408,7 @@ async fn plan_root(
         // configured ones too.
         let read_checks = |plan_json: Option<&[u8]>| {
             let checks = cpu_bound(|| {
-                RootChecks::read(&ran.validate, &ran.fmt, &ran.test, plan_json)
+                RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, plan_json)
                     .scrubbed(&ran.scrubber)
             });
             checks.scrubbed(&app.scrubber)
