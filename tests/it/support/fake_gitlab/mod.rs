@@ -235,6 +235,9 @@ struct StateInner {
     users: BTreeMap<u64, FakeUser>,
     projects: BTreeMap<u64, FProject>,
     jobs: HashMap<String, FakeJob>,
+    /// When each job (by token) was created, unix ms: when it was registered, unless a test
+    /// set it ([`FakeGitLab::set_job_created_ago`]).
+    job_created: HashMap<String, i64>,
     faults: HashMap<String, Faults>,
     /// Requests held until released ([`FakeGitLab::hold`]), by method and path.
     holds: Vec<(String, Arc<HoldInner>)>,
@@ -540,6 +543,7 @@ impl FakeGitLab {
             users: BTreeMap::new(),
             projects: BTreeMap::new(),
             jobs: HashMap::new(),
+            job_created: HashMap::new(),
             faults: HashMap::new(),
             holds: Vec::new(),
             calls: HashMap::new(),
