@@ -247,6 +247,9 @@ struct StateInner {
     async_merge_refs: bool,
     git_requests: Vec<GitRequest>,
     tf_requests: Vec<StateRequest>,
+    /// Reads of a managed state (by project id and name) that fail from its next write on
+    /// ([`FakeGitLab::fail_state_reads_after_next_write`]).
+    tf_read_faults: HashMap<(u64, String), terraform_state::ReadFault>,
     /// Groups by full path (`infra/admins`).
     groups: BTreeMap<String, FGroup>,
     /// Sign-in with GitLab (see `oauth`).
@@ -550,6 +553,7 @@ impl FakeGitLab {
             async_merge_refs: false,
             git_requests: Vec::new(),
             tf_requests: Vec::new(),
+            tf_read_faults: HashMap::new(),
             groups: BTreeMap::new(),
             oauth: OAuthState::default(),
             hazards: Vec::new(),
