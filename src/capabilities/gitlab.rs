@@ -362,6 +362,9 @@ pub struct Job {
     pub pipeline: JobPipeline,
     #[serde(default)]
     pub web_url: Option<String>,
+    /// When GitLab created the job (with its pipeline, or at a retry), GitLab's ISO 8601 time.
+    #[serde(default)]
+    pub created_at: Option<String>,
 }
 
 /// An issue planbot opened.
@@ -1436,6 +1439,8 @@ mod tests {
             j.pipeline.sha.as_str(),
             "0ff3ae198f8601a285adcf5c0fff204ee6fba5fd"
         );
+        // The widgets endpoint bounds its wait for the webhook by it.
+        assert_eq!(j.created_at.as_deref(), Some("2015-12-24T15:51:21.880Z"));
     }
 
     #[test]

@@ -55,6 +55,32 @@ pub enum ApplyOutcome {
     Interrupted,
 }
 
+/// What a policy line the apply relied on stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reliance {
+    /// Policy sets that passed on the plan.
+    Passed,
+    /// A failing policy set its owners approved for the plan.
+    Approved,
+}
+
+/// A policy verdict or approval the apply relied on: its line, as the job's log says it (for
+/// the result note), and what it stands for, as data. The line holds names from the
+/// repository and GitLab; it is shown, never read back to tell what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relied {
+    pub reliance: Reliance,
+    pub line: String,
+}
+
+/// How many failing policy sets the apply relied on an approval of (the status counts them).
+pub fn approvals(relied: &[Relied]) -> usize {
+    relied
+        .iter()
+        .filter(|r| r.reliance == Reliance::Approved)
+        .count()
+}
+
 /// One root's line in the result note.
 #[derive(Debug, Clone, Serialize)]
 pub struct RootResult {
@@ -120,6 +146,31 @@ pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_approval_counts_as_one_whatever_a_lines_text_says() {
+        let line = |reliance, line: &str| Relied {
+            reliance,
+            line: line.to_string(),
+        };
+        let relied = [
+            // Text that looks like an approval (names come from the repository): not one.
+            line(
+                Reliance::Passed,
+                "root `vms`: 2 policy sets passed on the reviewed plan; approved for it by @mallory",
+            ),
+            line(
+                Reliance::Passed,
+                "root `dns`: policy set `a; approved for it by @x` passed on the plan to apply",
+            ),
+            line(
+                Reliance::Approved,
+                "root `vms`: policy set `new-vms` failed on the reviewed plan; approved for it by @carol",
+            ),
+        ];
+        assert_eq!(approvals(&relied), 1);
+        assert_eq!(approvals(&relied[..2]), 0);
+    }
     use crate::core::plan::Plan;
     use crate::core::plan_digest::{delta, PlanDigest};
     use crate::core::redact::Secrets;

@@ -460,3 +460,186 @@ mod ref_tests {
         }
     }
 }
+
+/// How long after its job was created a merge request head planbot has no plan job or run of
+/// may still be waiting for GitLab's webhook: GitLab starts the pipeline and sends the webhook
+/// at the same time (the webhook through its background queue, which can lag a few minutes).
+/// Past it, the webhook is not coming: the widgets job is told so instead of waiting its hour.
+pub const WEBHOOK_GRACE_MS: i64 = 10 * 60 * 1000;
+
+/// What GitLab says of a merge request head planbot has no plan job or run of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnplannedHead<'a> {
+    /// The commit the widgets job asks for.
+    pub sha: &'a crate::core::ids::CommitSha,
+    /// The MR's `state` (`opened`, `closed`, `locked`, `merged`).
+    pub state: &'a str,
+    /// The MR's current head.
+    pub head: Option<&'a crate::core::ids::CommitSha>,
+    /// Where the MR comes from, and for a fork what the repo config says of forks.
+    pub source: MrSource,
+    /// How long ago the job was created (ms; negative for a clock ahead of planbot's), `None`
+    /// when GitLab did not say.
+    pub job_age_ms: Option<i64>,
+}
+
+/// Where a merge request comes from, as far as planning it by itself goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MrSource {
+    /// The project itself: planned on every push.
+    Project,
+    /// A fork, `fork_mrs = "comment"`: planned when a Maintainer comments `planbot plan`.
+    ForkOnComment,
+    /// A fork, `fork_mrs = "never"`: never planned.
+    ForkNever,
+}
+
+/// Whether a plan of an unplanned head may still come, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unplanned {
+    /// GitLab's webhook may still be on its way (the job is younger than
+    /// [`WEBHOOK_GRACE_MS`], or GitLab gave no creation time): ask again.
+    Expected,
+    /// The MR is closed or merged: planbot plans open merge requests.
+    NotOpen(String),
+    /// The commit is no longer the MR's head: its plan was superseded (or never started).
+    Moved(Option<crate::core::ids::CommitSha>),
+    /// A fork MR: planned only when a Maintainer comments `planbot plan`.
+    ForkOnComment,
+    /// A fork MR of a project whose repo config says `fork_mrs = "never"`.
+    ForkNever,
+    /// The job is older than [`WEBHOOK_GRACE_MS`] and planbot never heard of the head.
+    NeverHeard,
+}
+
+impl Unplanned {
+    /// The kind of its line in `templates/widgets.txt.j2`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Unplanned::Expected => "unseen",
+            Unplanned::NotOpen(_) => "not_open",
+            Unplanned::Moved(_) => "moved",
+            Unplanned::ForkOnComment => "fork",
+            Unplanned::ForkNever => "fork_never",
+            Unplanned::NeverHeard => "never_heard",
+        }
+    }
+}
+
+/// Decide for an unplanned head: a plan is expected only for the open MR's current head from
+/// the project itself, and only within [`WEBHOOK_GRACE_MS`] of the job's creation.
+pub fn unplanned(h: &UnplannedHead<'_>) -> Unplanned {
+    if h.state != "opened" {
+        return Unplanned::NotOpen(h.state.to_string());
+    }
+    if h.head != Some(h.sha) {
+        return Unplanned::Moved(h.head.cloned());
+    }
+    match h.source {
+        MrSource::ForkNever => return Unplanned::ForkNever,
+        MrSource::ForkOnComment => return Unplanned::ForkOnComment,
+        MrSource::Project => {}
+    }
+    match h.job_age_ms {
+        Some(age) if age >= WEBHOOK_GRACE_MS => Unplanned::NeverHeard,
+        _ => Unplanned::Expected,
+    }
+}
+
+#[cfg(test)]
+mod unplanned_tests {
+    use super::*;
+    use crate::core::ids::CommitSha;
+
+    #[test]
+    fn only_an_open_mrs_current_head_from_the_project_itself_is_waited_for_and_only_a_while() {
+        let sha = CommitSha("a".repeat(40));
+        let newer = CommitSha("b".repeat(40));
+        let base = UnplannedHead {
+            sha: &sha,
+            state: "opened",
+            head: Some(&sha),
+            source: MrSource::Project,
+            job_age_ms: Some(0),
+        };
+        assert_eq!(unplanned(&base), Unplanned::Expected);
+        let young = WEBHOOK_GRACE_MS - 1;
+        for (what, h, want) in [
+            (
+                "young job",
+                UnplannedHead {
+                    job_age_ms: Some(young),
+                    ..base.clone()
+                },
+                Unplanned::Expected,
+            ),
+            (
+                "GitLab's clock ahead",
+                UnplannedHead {
+                    job_age_ms: Some(-5_000),
+                    ..base.clone()
+                },
+                Unplanned::Expected,
+            ),
+            (
+                "no creation time",
+                UnplannedHead {
+                    job_age_ms: None,
+                    ..base.clone()
+                },
+                Unplanned::Expected,
+            ),
+            (
+                "past the grace",
+                UnplannedHead {
+                    job_age_ms: Some(WEBHOOK_GRACE_MS),
+                    ..base.clone()
+                },
+                Unplanned::NeverHeard,
+            ),
+            (
+                "a fork, young job",
+                UnplannedHead {
+                    source: MrSource::ForkOnComment,
+                    ..base.clone()
+                },
+                Unplanned::ForkOnComment,
+            ),
+            (
+                "a fork, never planned",
+                UnplannedHead {
+                    source: MrSource::ForkNever,
+                    ..base.clone()
+                },
+                Unplanned::ForkNever,
+            ),
+            (
+                "a newer head",
+                UnplannedHead {
+                    head: Some(&newer),
+                    source: MrSource::ForkOnComment,
+                    ..base.clone()
+                },
+                Unplanned::Moved(Some(newer.clone())),
+            ),
+            (
+                "no head",
+                UnplannedHead {
+                    head: None,
+                    ..base.clone()
+                },
+                Unplanned::Moved(None),
+            ),
+            (
+                "merged",
+                UnplannedHead {
+                    state: "merged",
+                    ..base.clone()
+                },
+                Unplanned::NotOpen("merged".into()),
+            ),
+        ] {
+            assert_eq!(unplanned(&h), want, "{what}");
+        }
+    }
+}

@@ -1284,18 +1284,9 @@ exit 1"#,
     assert_eq!(status.state, "failed", "{status:?}");
 }
 
-/// Issue 36 item 5, as the user sees it: an MR changes two roots, each on its own managed
-/// state; `vms` has a resource that never converges (`input = uuid()`: unknown at every plan,
-/// so the plan right after the apply still updates it, as a provider that reports success
-/// without doing the work would leave it), `dns` converges. The reviewed plan is applied (the
-/// fingerprint holds: `uuid()` is unknown in the review's plan and in the apply's alike), the
-/// apply succeeds and its status is green, and the apply note's line for `vms` (and the status
-/// text, which repeats the root lines) says the apply left changes, with the address; the line
-/// for `dns` does not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_apply_that_leaves_changes_says_so_on_its_roots_line_and_the_converged_root_does_not() {
-    let engine = require_engine!();
-    let w = world(&engine);
+/// Two roots on `main`, `vms` and `dns`, each with its own GitLab-managed state (named after
+/// it).
+fn vms_and_dns_roots(w: &World) {
     let backend = |name: &str| {
         let url = format!(
             "{}/api/v4/projects/{}/terraform/state/{name}",
@@ -1319,6 +1310,21 @@ async fn an_apply_that_leaves_changes_says_so_on_its_roots_line_and_the_converge
             ("dns/backend.tf", &dns_backend),
         ],
     );
+}
+
+/// Issue 36 item 5, as the user sees it: an MR changes two roots, each on its own managed
+/// state; `vms` has a resource that never converges (`input = uuid()`: unknown at every plan,
+/// so the plan right after the apply still updates it, as a provider that reports success
+/// without doing the work would leave it), `dns` converges. The reviewed plan is applied (the
+/// fingerprint holds: `uuid()` is unknown in the review's plan and in the apply's alike), the
+/// apply succeeds and its status is green, and the apply note's line for `vms` (and the status
+/// text, which repeats the root lines) says the apply left changes, with the address; the line
+/// for `dns` does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_that_leaves_changes_says_so_on_its_roots_line_and_the_converged_root_does_not() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    vms_and_dns_roots(&w);
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     w.gitlab.commit_files(
@@ -1414,4 +1420,122 @@ async fn an_apply_that_leaves_changes_says_so_on_its_roots_line_and_the_converge
         2,
         "the lead and the line of `vms`, none for `dns`: {description}"
     );
+}
+
+/// The plan right after an apply cannot run: an MR changes `vms` and `dns`; once the apply has
+/// written `vms`'s state, GitLab fails every read of it (`500`, its API's error body), so the
+/// check after the apply fails (after the engine's own retries) while `dns`'s passes. The apply
+/// did succeed — the state holds what was applied — so the job ends in `planbot: apply
+/// succeeded` and the status is green; but nothing says or implies that `vms` converged: its
+/// line in the apply note, the job's log and the status text (which leads with it) say the
+/// check after the apply could not run, and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_whose_check_after_it_cannot_run_says_it_succeeded_and_the_check_could_not_run() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    vms_and_dns_roots(&w);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    w.gitlab.commit_files(
+        &w.project,
+        "two-roots",
+        &[
+            (
+                "vms/main.tf",
+                "resource \"terraform_data\" \"vm\" {\n  input = \"web\"\n}\n",
+            ),
+            (
+                "dns/main.tf",
+                "resource \"terraform_data\" \"record\" {\n  input = \"web.lab\"\n}\n",
+            ),
+        ],
+    );
+    let iid = w
+        .gitlab
+        .open_mr_by(&w.project, "two-roots", "main", &w.alice);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    s.deliver_mr_opened(&body, iid).await;
+    w.wait_for_plan(&s, iid).await;
+
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    w.gitlab
+        .fail_state_reads_after_next_write(&w.project, "vms", 500);
+    let job = w.apply_job(72);
+    w.gitlab.register_job(job.clone());
+    let (status, log) = call_apply(&s, &job.token, "{}").await;
+    assert_eq!(status, 200);
+
+    // Both roots were applied: their states hold what was reviewed.
+    for (state, resource) in [("vms", "\"vm\""), ("dns", "\"record\"")] {
+        let written = w.gitlab.terraform_state(&w.project, state).0;
+        let written = String::from_utf8(written.expect("state written")).unwrap();
+        assert!(written.contains(resource), "{state}: {written}");
+    }
+    // The only reads GitLab failed were of `vms`, after the apply wrote it: the check's.
+    let requests = w.gitlab.state_requests();
+    let written_at = requests
+        .iter()
+        .position(|r| r.name == "vms" && r.method == "POST" && r.target == "state")
+        .expect("the apply wrote vms's state");
+    let failed: Vec<usize> = requests
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.status == 500)
+        .map(|(i, r)| {
+            assert_eq!((r.name.as_str(), r.method.as_str()), ("vms", "GET"));
+            i
+        })
+        .collect();
+    assert!(
+        !failed.is_empty() && failed.iter().all(|i| *i > written_at),
+        "{requests:?}"
+    );
+
+    // The job: the apply succeeded (its last word, the verdict), and planbot's line for `vms`
+    // says the check after it could not run.
+    let unknown =
+        "the check after the apply could not run, so whether it left changes is unknown: \
+                   the plan right after it failed: Error: error loading state: Failed to get state";
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with(&format!("planbot: root `vms`: {unknown}"))),
+        "planbot says the check could not run: {log}"
+    );
+    assert!(!log.contains("the apply left changes:"), "{log}");
+
+    // The apply note: green (applied), `vms`'s line says the check after it could not run
+    // and why; `dns`'s line is just its result.
+    let notes = w.notes_containing(iid, "planbot · applied");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let shown = crate::support::gitlab_reading::reading(&notes[0]).visible;
+    assert!(shown.contains("🟢"), "{shown}");
+    let line = |root: &str| {
+        shown
+            .lines()
+            .find(|l| l.starts_with(&format!("root {root}:")))
+            .unwrap_or_else(|| panic!("a line for root {root}: {shown}"))
+            .to_string()
+    };
+    let vms = line("vms");
+    assert!(
+        vms.starts_with(&format!("root vms: 1 added; {unknown}")),
+        "{vms}"
+    );
+    assert_eq!(line("dns"), "root dns: 1 added", "{shown}");
+
+    // The status: success (the apply succeeded), its text leading with the root it could not
+    // check.
+    let st = w
+        .gitlab
+        .status(&w.project, &landed, "planbot/apply")
+        .unwrap();
+    assert_eq!(st.state, "success", "{st:?}");
+    let description = st.description.clone().unwrap_or_default();
+    assert!(
+        description.starts_with(&format!(
+            "applied, but could not check what it left in `vms`: vms: 1 added; {unknown}"
+        )),
+        "{description}"
+    );
+    assert!(!description.contains("left changes in"), "{description}");
 }

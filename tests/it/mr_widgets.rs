@@ -128,6 +128,23 @@ fn open_mr_files(w: &World) -> u64 {
     w.gitlab.open_mr_by(&w.project, "widgets", "main", &w.alice)
 }
 
+/// Alice's MR of [`open_mr_files`]' changes from `outsider/homelab`, a fork of the project
+/// (the parent project runs its pipelines, so the job's project is one planbot reviews).
+fn open_fork_mr(w: &World) -> u64 {
+    let fork = w.gitlab.fork_project(&w.project, "outsider/homelab");
+    w.gitlab.commit_files(
+        &fork,
+        "from-fork",
+        &[
+            ("lab/plan.json", &fixture("vm_destroyed_and_updated")),
+            ("lab/vms.tf", LAB_VMS_TF),
+        ],
+    );
+    let outsider = w.gitlab.create_user("outsider");
+    w.gitlab
+        .open_mr_from(&fork, "from-fork", &w.project, "main", &outsider)
+}
+
 /// A running job of the MR's pipeline (`refs/merge-requests/IID/head`, or `/merge` for a
 /// merged-results pipeline, whose commit is not the head).
 fn mr_job(w: &World, id: u64, git_ref: &str, sha: &str) -> FakeJob {
@@ -467,9 +484,151 @@ async fn a_job_gets_only_its_own_merge_requests_reviewed_plan_and_is_told_why_no
         ask(&s, "terraform", Some(&gone.token), "").await,
         404,
     );
+
+    // Heads no plan will come for, each told why at once (404), not after an hour of 503s.
+    // Alice pushes again: the queued plan of the old head is superseded (canceled), and the
+    // old pipeline's job asks.
+    let newer = w
+        .gitlab
+        .commit_files(&w.project, "widgets", &[("lab/notes.txt", "again\n")]);
+    let body = w.gitlab.mr_webhook(&w.project, iid).oldrev(&head).body();
+    assert_eq!(
+        s.deliver(
+            std::str::from_utf8(&body).unwrap(),
+            &crate::support::service::token_headers(
+                "Merge Request Hook",
+                "push-2",
+                crate::support::service::WEBHOOK_SECRET
+            ),
+        )
+        .await,
+        200
+    );
+    check(
+        "a head superseded before its plan ran",
+        ask(&s, "terraform", Some(&job.token), "").await,
+        404,
+    );
+    // An MR whose webhook never came: waited for while its job is young, not after.
+    w.gitlab
+        .commit_files(&w.project, "lost-hook", &[("lab/main.tf", BACKEND)]);
+    let lost = w
+        .gitlab
+        .open_mr_by(&w.project, "lost-hook", "main", &w.alice);
+    let lost_head = w.gitlab.mr_sha(&w.project, lost);
+    let lost_ref = format!("refs/merge-requests/{lost}/head");
+    let young = mr_job(w, 86, &lost_ref, &lost_head);
+    w.gitlab.register_job(young.clone());
+    w.gitlab.set_job_created_ago(&young.token, 9 * 60);
+    let (_, retry, _) = check(
+        "a head planbot has not heard of, its job 9 minutes old",
+        ask(&s, "terraform", Some(&young.token), "").await,
+        503,
+    );
+    assert_eq!(retry.as_deref(), Some("15"));
+    let old = mr_job(w, 87, &lost_ref, &lost_head);
+    w.gitlab.register_job(old.clone());
+    w.gitlab.set_job_created_ago(&old.token, 10 * 60 + 1);
+    check(
+        "a head planbot has not heard of, its job over 10 minutes old",
+        ask(&s, "terraform", Some(&old.token), "").await,
+        404,
+    );
+    w.gitlab.close_mr(&w.project, lost);
+    check(
+        "a closed MR's head",
+        ask(&s, "terraform", Some(&young.token), "").await,
+        404,
+    );
+
     let text = seen
         .join("\n")
         .replace(&head[..8], "<head>")
+        .replace(&newer[..8], "<newer>")
+        .replace(&lost_head[..8], "<lost>")
+        .replace(&format!("!{lost} "), "!<lost> ")
         .replace(&format!("(id {})", other.id), "(id <other>)");
     insta::assert_snapshot!(text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_mrs_widgets_job_is_told_at_once_that_a_maintainer_must_ask_and_gets_the_plan_after()
+{
+    let setup = setup();
+    let w = &setup.w;
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = open_fork_mr(w);
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    // GitLab sends the webhook: planbot posts its fork notice and plans nothing.
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    s.deliver_mr_opened(&body, iid).await;
+    let (gitlab, project) = (&w.gitlab, &w.project);
+    s.after_job_ends("the fork notice", 60, || async {
+        gitlab
+            .notes(project, iid)
+            .iter()
+            .any(|n| n.body.contains("comes from a fork"))
+    })
+    .await;
+
+    // The widgets job (the real script, curl retrying up to 55 minutes on a 503) ends at its
+    // first request, with planbot's reason and what to do.
+    let mr_ref = format!("refs/merge-requests/{iid}/head");
+    let job = mr_job(w, 91, &mr_ref, &head);
+    w.gitlab.register_job(job.clone());
+    // The answer is definitive: 404, no Retry-After (asked directly first, so that a planbot
+    // that has it wait fails here rather than keeping the script below retrying for an hour).
+    let (status, retry, _) = ask(&s, "terraform", Some(&job.token), "").await;
+    assert_eq!((status, retry), (404, None));
+    let asked_before = w.gitlab.calls("GET /api/v4/job");
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, log) = run_widgets_script(&s.url(""), &job.token, dir.path()).await;
+    assert!(!ok, "{log}");
+    let reason = format!(
+        "planbot: widgets: !{iid} comes from a fork, so planbot plans it only when a \
+             Maintainer of this project comments `planbot plan` on it (its code would run with \
+             this project's credentials): run this job again once the plan note shows the plan \
+             of `{}`",
+        &head[..8]
+    );
+    assert!(log.lines().any(|l| l == reason), "{log}");
+    assert!(log.contains("returned error: 404"), "{log}");
+    assert_eq!(
+        w.gitlab.calls("GET /api/v4/job") - asked_before,
+        1,
+        "one request, no retry"
+    );
+    assert!(!dir.path().join("planbot-terraform.json").exists());
+
+    // A Maintainer asks; the plan runs; the job run again gets the reviewed plan.
+    let hook = w
+        .gitlab
+        .note_webhook(&w.project, iid, &w.alice, "planbot plan");
+    assert_eq!(
+        s.deliver(
+            &hook.to_string(),
+            &crate::support::service::token_headers(
+                "Note Hook",
+                "fork-plan",
+                crate::support::service::WEBHOOK_SECRET
+            ),
+        )
+        .await,
+        200
+    );
+    let note = w.wait_for_plan(&s, iid).await;
+    let again = mr_job(w, 92, &mr_ref, &head);
+    w.gitlab.register_job(again.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, log) = run_widgets_script(&s.url(""), &again.token, dir.path()).await;
+    assert!(ok, "{log}");
+    let tf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("planbot-terraform.json")).unwrap(),
+    )
+    .unwrap();
+    let lab = table_row(&note, "lab");
+    assert_eq!(
+        tf,
+        serde_json::json!({"create": lab.0, "update": lab.1, "delete": lab.2})
+    );
 }

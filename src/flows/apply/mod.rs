@@ -31,6 +31,7 @@ pub use report::report_interrupted;
 use crate::capabilities::gitlab::{CommitStatus, MergeRequest, StatusState};
 use crate::capabilities::store::{NewApply, RunEnd, RunState};
 use crate::core::apply::{parse_confirm, ApplyRefusal};
+use crate::core::apply_note::{Reliance, Relied};
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::{RepoConfig, Root};
@@ -397,8 +398,9 @@ struct ApplyCtx {
     /// planbot's own.
     policy: policy::PolicyGate,
     /// The policy verdicts and approvals the apply relied on, one line each (as the job's log
-    /// says them): the result note lists them, the status counts the approvals.
-    relied: std::sync::Mutex<Vec<String>>,
+    /// says them) with what it is: the result note lists the lines, the status counts the
+    /// approvals by their [`Reliance`], never by a line's text.
+    relied: std::sync::Mutex<Vec<Relied>>,
     /// The roots whose plan right after their apply was not empty, and those where that plan
     /// could not run ([`run::left_changes`]): the status text leads with them.
     left: std::sync::Mutex<Left>,
@@ -412,9 +414,9 @@ struct Left {
 }
 
 impl ApplyCtx {
-    /// Say a policy verdict or approval the apply relies on: in the job's log, and kept for
-    /// the result note and the status.
-    fn relied_on(&self, kind: &str, ctx: minijinja::Value) {
+    /// Say a policy verdict or approval (`reliance`) the apply relies on: in the job's log, and
+    /// kept for the result note and the status.
+    fn relied_on(&self, reliance: Reliance, kind: &str, ctx: minijinja::Value) {
         let line =
             crate::core::templates::scrubbing(&self.log.scrubber, || log_text(kind, ctx.clone()));
         self.log.say(kind, ctx);
@@ -423,7 +425,7 @@ impl ApplyCtx {
         self.relied
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(line);
+            .push(Relied { reliance, line });
     }
 
     fn mr_iid(&self) -> Option<MrIid> {

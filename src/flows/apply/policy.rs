@@ -11,6 +11,7 @@ use crate::capabilities::engine::PlannedRun;
 use crate::capabilities::gitlab::MergeRequest;
 use crate::capabilities::store::{PolicyApproval, PolicyVerdictRecord, ShownFingerprint};
 use crate::core::apply::{ApplyRefusal, PolicyAtApply};
+use crate::core::apply_note::Reliance;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, ProjectId};
 use crate::core::policy::review::{RecordedVerdict, SetOrigin};
@@ -214,6 +215,7 @@ impl ApplyCtx {
         for set in &recorded.sets {
             if !set.blocks() {
                 self.relied_on(
+                    Reliance::Passed,
                     "policy_now_passed",
                     context! { root => &root.name, set => &set.name },
                 );
@@ -225,6 +227,7 @@ impl ApplyCtx {
                     .map(|a| a.approver.as_str())
                     .collect();
                 self.relied_on(
+                    Reliance::Approved,
                     "policy_now_approved",
                     context! { root => &root.name, set => &set.name, approvers => approvers },
                 );
@@ -271,6 +274,7 @@ impl ApplyCtx {
                 .map(|a| a.approver.as_str())
                 .collect();
             self.relied_on(
+                Reliance::Approved,
                 "policy_approved",
                 context! { root => root, set => &set.name, approvers => approvers },
             );
@@ -278,6 +282,7 @@ impl ApplyCtx {
         let passed = verdict.sets.iter().filter(|s| !s.blocks()).count();
         if passed > 0 {
             self.relied_on(
+                Reliance::Passed,
                 "policies_passed",
                 context! { root => root, count => passed },
             );

@@ -7,7 +7,7 @@ use super::run::no_changes;
 use super::{say, ApplyCtx, Verdict};
 use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::{ApplyId, ApplyRecord, ApplyState, RunState};
-use crate::core::apply_note::{render_result, ApplyOutcome, ResultNote, RootResult};
+use crate::core::apply_note::{render_result, ApplyOutcome, Relied, ResultNote, RootResult};
 use crate::core::commit_status;
 use crate::core::markdown::fence_for;
 use crate::flows::context::app_state::App;
@@ -64,7 +64,8 @@ impl ApplyCtx {
         if let Err(e) = self.app.store.finish_apply(apply_id, state, detail).await {
             tracing::error!(error = %e, "could not record the end of the apply");
         }
-        let relied = self.relied_lines();
+        let relied = self.relied();
+        let relied_lines: Vec<String> = relied.iter().map(|r| r.line.clone()).collect();
         let nothing = no_changes(self);
         let summary = results
             .iter()
@@ -87,7 +88,7 @@ impl ApplyCtx {
             results,
             scrubbed_error.as_deref(),
             None,
-            &relied,
+            &relied_lines,
             run_id,
         );
         if let Some(mr) = self.mr_iid() {
@@ -139,7 +140,7 @@ impl ApplyCtx {
                         "applied_roots",
                         context! {
                             summary => minijinja::Value::from_safe_string(summary.clone()),
-                            approved => relied.iter().filter(|l| l.contains("; approved for it by")).count(),
+                            approved => crate::core::apply_note::approvals(&relied),
                             left => &left.changes,
                             unknown => &left.unknown,
                         },
@@ -193,12 +194,17 @@ impl ApplyCtx {
         )
     }
 
-    /// The policy lines the apply relied on so far ([`ApplyCtx::relied_on`]).
-    fn relied_lines(&self) -> Vec<String> {
+    /// The policy verdicts and approvals the apply relied on so far ([`ApplyCtx::relied_on`]).
+    fn relied(&self) -> Vec<Relied> {
         self.relied
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Their lines, for the result note.
+    fn relied_lines(&self) -> Vec<String> {
+        self.relied().into_iter().map(|r| r.line).collect()
     }
 
     /// A refusal on the MR (`why`, and `hint`: what to do), as the job's log and the

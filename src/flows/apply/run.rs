@@ -161,7 +161,7 @@ pub(super) async fn apply_all(
                             text = format!("{text}; {pending}");
                         }
                         if let Some(left) = left_changes(ctx, &d.root, &left) {
-                            log.line(&left);
+                            log.say("after_apply", context! { root => &d.root, text => &left });
                             text = format!("{text}; {left}");
                         }
                         results.push(RootResult {

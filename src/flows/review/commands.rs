@@ -482,7 +482,7 @@ async fn default_config(
 
 /// `[plan] fork_mrs` of the repo config on the DEFAULT branch (never the MR's own copy).
 /// An unreadable or invalid config counts as `never`: no untrusted code runs on a doubt.
-async fn fork_policy(app: &App, project: ProjectId) -> Result<ForkMrs> {
+pub(crate) async fn fork_policy(app: &App, project: ProjectId) -> Result<ForkMrs> {
     let Some(config) = default_config(app, project).await? else {
         return Ok(ForkMrs::Never);
     };

@@ -5,9 +5,13 @@
 //! merge request, the one of its pipeline, at the commit of its pipeline (the MR's head for a
 //! merged-results pipeline).
 
-use crate::capabilities::gitlab::GitLabError;
-use crate::core::ids::{CommitSha, MrIid};
-use crate::core::widgets::{mr_pipeline_ref, MrPipelineRef, TerraformReport};
+use crate::capabilities::gitlab::{GitLabError, MergeRequest};
+use crate::core::ids::{CommitSha, MrIid, ProjectId};
+use crate::core::repo_config::ForkMrs;
+use crate::core::widgets::{
+    mr_pipeline_ref, unplanned, MrPipelineRef, MrSource, TerraformReport, Unplanned, UnplannedHead,
+    WEBHOOK_GRACE_MS,
+};
 use crate::flows::context::app_state::App;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -37,8 +41,10 @@ fn plain(status: StatusCode, text: String) -> Response {
 }
 
 /// The handler: refusals are plain text with their status (401 no or a dead token, 403 a job
-/// that may not have this, 404 nothing reviewed, 503 with `Retry-After` while the head's plan
-/// is queued or runs, or before planbot heard of the head), a report is JSON.
+/// that may not have this, 404 nothing reviewed and nothing coming: a fork's head, a
+/// superseded head, a closed MR, a webhook that never came; 503 with `Retry-After` while the
+/// head's plan is queued or runs, or for [`WEBHOOK_GRACE_MS`] after the job was created while
+/// planbot has not heard of the head), a report is JSON.
 pub async fn handler(
     axum::extract::State(app): axum::extract::State<Arc<App>>,
     axum::extract::Path(report): axum::extract::Path<String>,
@@ -145,19 +151,20 @@ async fn serve(app: &App, token: &str, report: &str) -> anyhow::Result<Response>
     {
         return not_allowed();
     }
+    // The MR as GitLab has it now: read for a merged-results pipeline (its head is the commit
+    // reviewed), and for a head planbot never heard of (whether a plan may still come).
+    let mut mr_info = None;
     let (mr, sha) = match mr_pipeline_ref(&job.pipeline.ref_) {
         Some(MrPipelineRef::Head(iid)) => (MrIid(iid), job.pipeline.sha.clone()),
         Some(MrPipelineRef::MergedResult(iid)) => {
-            match app.gitlab.merge_request(project.id, MrIid(iid)).await {
-                Ok(m) => match m.sha {
-                    Some(sha) => (MrIid(iid), sha),
-                    None => return Ok(mr_not_found(app, iid)),
-                },
-                Err(GitLabError::NotFound) | Err(GitLabError::Forbidden) => {
-                    return Ok(mr_not_found(app, iid))
-                }
-                Err(e) => return Err(e).context("GET /merge_requests/:iid"),
-            }
+            let Some(m) = merge_request(app, project.id, MrIid(iid)).await? else {
+                return Ok(mr_not_found(app, iid));
+            };
+            let Some(sha) = m.sha.clone() else {
+                return Ok(mr_not_found(app, iid));
+            };
+            mr_info = Some(m);
+            (MrIid(iid), sha)
         }
         None => {
             return Ok(plain(
@@ -171,26 +178,80 @@ async fn serve(app: &App, token: &str, report: &str) -> anyhow::Result<Response>
         }
     };
     let found = app.store.widgets_for(project.id, mr, sha.clone()).await?;
-    // A commit planbot has not heard of yet: GitLab starts the pipeline and sends the webhook
-    // at the same time, and the job may ask first.
-    let unseen = !found.pending
-        && found.roots.is_empty()
-        && !app.store.head_has_plan(project.id, mr, sha.clone()).await?;
-    if found.pending || unseen {
+    let retry = |kind: &str| {
         let mut r = plain(
             StatusCode::SERVICE_UNAVAILABLE,
             say(
                 app,
-                if unseen { "unseen" } else { "pending" },
+                kind,
                 context! { mr => mr.0, sha => sha.short(), seconds => RETRY_AFTER_SECONDS },
             ),
         );
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
-        return Ok(r);
+        r
+    };
+    if found.pending {
+        return Ok(retry("pending"));
     }
     if found.roots.is_empty() {
-        return Ok(no_plan(app, mr, &sha));
+        if app.store.head_has_plan(project.id, mr, sha.clone()).await? {
+            return Ok(no_plan(app, mr, &sha));
+        }
+        // No plan job or run of this head. GitLab starts the pipeline and sends the webhook at
+        // the same time, and the job may ask first; but some heads are never planned by
+        // themselves (a fork's, a superseded one, a closed MR's), and a webhook does not come
+        // after ten minutes: those get a definitive answer rather than an hour of retries.
+        let m = match mr_info {
+            Some(m) => m,
+            None => match merge_request(app, project.id, mr).await? {
+                Some(m) => m,
+                None => return Ok(mr_not_found(app, mr.0)),
+            },
+        };
+        let source = if !m.is_fork() {
+            MrSource::Project
+        } else {
+            match crate::flows::review::commands::fork_policy(app, project.id).await? {
+                ForkMrs::Comment => MrSource::ForkOnComment,
+                ForkMrs::Never => MrSource::ForkNever,
+            }
+        };
+        let job_age_ms = job
+            .created_at
+            .as_deref()
+            .and_then(crate::core::events::gitlab_time_ms)
+            .map(|created| crate::capabilities::store::now_ms() - created);
+        let why = unplanned(&UnplannedHead {
+            sha: &sha,
+            state: &m.state,
+            head: m.sha.as_ref(),
+            source,
+            job_age_ms,
+        });
+        if why == Unplanned::Expected {
+            return Ok(retry(why.kind()));
+        }
+        tracing::info!(project = project.id.0, mr = mr.0, sha = %sha.short(), why = why.kind(), "widgets: no plan will come for this head");
+        let (state, head) = match &why {
+            Unplanned::NotOpen(state) => (Some(state.as_str()), None),
+            Unplanned::Moved(head) => (None, head.as_ref().map(|h| h.short().to_string())),
+            _ => (None, None),
+        };
+        return Ok(plain(
+            StatusCode::NOT_FOUND,
+            say(
+                app,
+                why.kind(),
+                context! {
+                    mr => mr.0,
+                    sha => sha.short(),
+                    state => state,
+                    head => head,
+                    minutes => WEBHOOK_GRACE_MS / 60_000,
+                },
+            ),
+        ));
     }
     tracing::info!(project = project.id.0, mr = mr.0, sha = %sha.short(), report, roots = found.roots.len(), "widgets: report served");
     let json = if report == "terraform" {
@@ -202,6 +263,20 @@ async fn serve(app: &App, token: &str, report: &str) -> anyhow::Result<Response>
         serde_json::to_string(&issues)?
     };
     Ok(([(header::CONTENT_TYPE, "application/json")], json + "\n").into_response())
+}
+
+/// The merge request, `None` when GitLab has none by that iid in the project (or hides it).
+async fn merge_request(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+) -> anyhow::Result<Option<MergeRequest>> {
+    use anyhow::Context;
+    match app.gitlab.merge_request(project, mr).await {
+        Ok(m) => Ok(Some(m)),
+        Err(GitLabError::NotFound) | Err(GitLabError::Forbidden) => Ok(None),
+        Err(e) => Err(e).context("GET /merge_requests/:iid"),
+    }
 }
 
 fn mr_not_found(app: &App, iid: u64) -> Response {

@@ -46,12 +46,30 @@ pub(super) async fn get_job(State(state): State<Shared>, headers: HeaderMap) -> 
         None => Value::Null,
     };
     v["web_url"] = json!(format!("{}/-/jobs/{}", s.base_url, job.id));
+    // GitLab's own format: UTC, milliseconds, `Z`.
+    let created = s.job_created.get(&job.token).copied().unwrap_or(0);
+    v["created_at"] = json!(chrono::DateTime::from_timestamp_millis(created)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    v["started_at"] = v["created_at"].clone();
     Json(v).into_response()
 }
 
 impl FakeGitLab {
+    /// A job GitLab just created (its `created_at` is now).
     pub fn register_job(&self, job: FakeJob) {
-        self.lock().jobs.insert(job.token.clone(), job);
+        let mut s = self.lock();
+        s.job_created
+            .insert(job.token.clone(), planbot::capabilities::store::now_ms());
+        s.jobs.insert(job.token.clone(), job);
+    }
+
+    /// The job was created `secs` seconds ago (its pipeline started then).
+    pub fn set_job_created_ago(&self, token: &str, secs: i64) {
+        self.lock().job_created.insert(
+            token.to_string(),
+            planbot::capabilities::store::now_ms() - secs * 1000,
+        );
     }
 
     pub fn set_job_status(&self, token: &str, status: &str) {

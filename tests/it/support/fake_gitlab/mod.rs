@@ -235,6 +235,9 @@ struct StateInner {
     users: BTreeMap<u64, FakeUser>,
     projects: BTreeMap<u64, FProject>,
     jobs: HashMap<String, FakeJob>,
+    /// When each job (by token) was created, unix ms: when it was registered, unless a test
+    /// set it ([`FakeGitLab::set_job_created_ago`]).
+    job_created: HashMap<String, i64>,
     faults: HashMap<String, Faults>,
     /// Requests held until released ([`FakeGitLab::hold`]), by method and path.
     holds: Vec<(String, Arc<HoldInner>)>,
@@ -244,6 +247,9 @@ struct StateInner {
     async_merge_refs: bool,
     git_requests: Vec<GitRequest>,
     tf_requests: Vec<StateRequest>,
+    /// Reads of a managed state (by project id and name) that fail from its next write on
+    /// ([`FakeGitLab::fail_state_reads_after_next_write`]).
+    tf_read_faults: HashMap<(u64, String), terraform_state::ReadFault>,
     /// Groups by full path (`infra/admins`).
     groups: BTreeMap<String, FGroup>,
     /// Sign-in with GitLab (see `oauth`).
@@ -540,12 +546,14 @@ impl FakeGitLab {
             users: BTreeMap::new(),
             projects: BTreeMap::new(),
             jobs: HashMap::new(),
+            job_created: HashMap::new(),
             faults: HashMap::new(),
             holds: Vec::new(),
             calls: HashMap::new(),
             async_merge_refs: false,
             git_requests: Vec::new(),
             tf_requests: Vec::new(),
+            tf_read_faults: HashMap::new(),
             groups: BTreeMap::new(),
             oauth: OAuthState::default(),
             hazards: Vec::new(),

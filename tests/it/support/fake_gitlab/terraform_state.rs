@@ -37,6 +37,15 @@ pub(super) fn basic_user(
     None
 }
 
+/// Reads of one state that fail once it is written: armed with a status, failing with it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ReadFault {
+    /// The status every read answers from the next successful write on.
+    after_write: Option<u16>,
+    /// The status every read answers now.
+    failing: Option<u16>,
+}
+
 /// One request to the state API, as the fake answered it (for "never sends a lock" checks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateRequest {
@@ -130,9 +139,33 @@ pub(super) async fn tf_state(
         match tf_auth(&s, &headers, &id, needed) {
             Err(r) => (r.status(), who, r),
             Ok((pid, user)) => {
-                let tfs = &mut s.projects.get_mut(&pid).unwrap().tf;
-                let resp = tf_state_answer(tfs, &method, &name, q.id.as_deref(), &body);
-                (resp.status(), Some(user), resp)
+                let key = (pid, name.clone());
+                let failing = s.tf_read_faults.get(&key).and_then(|f| f.failing);
+                match failing {
+                    // GitLab failing to read the state: its API's error shape.
+                    Some(code) if method == Method::GET => {
+                        let code = StatusCode::from_u16(code).unwrap();
+                        let message = format!(
+                            "{} {}",
+                            code.as_u16(),
+                            code.canonical_reason().unwrap_or("Error")
+                        );
+                        (code, Some(user), err(code, &message))
+                    }
+                    _ => {
+                        let tfs = &mut s.projects.get_mut(&pid).unwrap().tf;
+                        let resp = tf_state_answer(tfs, &method, &name, q.id.as_deref(), &body);
+                        let written = method == Method::POST
+                            && resp.status() == StatusCode::OK
+                            && !body.is_empty();
+                        if written {
+                            if let Some(f) = s.tf_read_faults.get_mut(&key) {
+                                f.failing = f.failing.or(f.after_write.take());
+                            }
+                        }
+                        (resp.status(), Some(user), resp)
+                    }
+                }
             }
         }
     };
@@ -385,6 +418,32 @@ impl FakeGitLab {
             serial: document["serial"].as_u64().unwrap_or(1),
             data: serde_json::to_vec(document).unwrap(),
         });
+    }
+
+    /// From the next successful write of state `name` on, every read of it answers `status`
+    /// with GitLab's error body (`{"message": "500 Internal Server Error"}`), as a GitLab whose
+    /// state storage fails would, until [`FakeGitLab::heal_state_reads`]. Writes and locks
+    /// still work: an apply writes, and the plan right after it cannot read.
+    pub fn fail_state_reads_after_next_write(
+        &self,
+        project: &FakeProject,
+        name: &str,
+        status: u16,
+    ) {
+        self.lock().tf_read_faults.insert(
+            (project.id, name.to_string()),
+            ReadFault {
+                after_write: Some(status),
+                failing: None,
+            },
+        );
+    }
+
+    /// Reads of state `name` work again.
+    pub fn heal_state_reads(&self, project: &FakeProject, name: &str) {
+        self.lock()
+            .tf_read_faults
+            .remove(&(project.id, name.to_string()));
     }
 
     /// Every request the state API answered, in order.
