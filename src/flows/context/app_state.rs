@@ -133,7 +133,9 @@ impl App {
             &config.data_dir.join("workspaces"),
             config.gitlab.token.expose(),
         )
-        .context("preparing the git workspace")?;
+        .context("preparing the git workspace")?
+        // A checkout is a job's file too: no commit's files may take more than a job may write.
+        .with_max_checkout(config.sandbox.disk_max);
         Ok(App {
             workspace,
             store,
