@@ -74,26 +74,32 @@ pub fn module_calls(files: &[(String, String)]) -> Result<Vec<ModuleCall>, Strin
         if name.ends_with(".json") {
             calls.extend(json_calls(text).ok_or_else(|| format!("{name} is not valid JSON"))?);
         } else {
-            let body = hcl::parse(text).map_err(|_| format!("{name} does not parse as HCL"))?;
-            for block in body.blocks().filter(|b| b.identifier() == "module") {
-                let Some(label) = block.labels().first() else {
-                    continue;
-                };
-                let source = block
-                    .body()
-                    .attributes()
-                    .find(|a| a.key() == "source")
-                    .and_then(|a| match a.expr() {
-                        hcl::Expression::String(s) => Some(s.clone()),
-                        _ => None,
-                    });
-                if let Some(source) = source {
-                    calls.push(ModuleCall {
-                        name: label.as_str().to_string(),
-                        source,
-                    });
+            // Parsed without letting its nesting overflow planbot's stack (`core::hcl`).
+            let found = crate::core::hcl::with_body(text, |body| {
+                let mut calls = Vec::new();
+                for block in body.blocks().filter(|b| b.identifier() == "module") {
+                    let Some(label) = block.labels().first() else {
+                        continue;
+                    };
+                    let source = block
+                        .body()
+                        .attributes()
+                        .find(|a| a.key() == "source")
+                        .and_then(|a| match a.expr() {
+                            hcl::Expression::String(s) => Some(s.clone()),
+                            _ => None,
+                        });
+                    if let Some(source) = source {
+                        calls.push(ModuleCall {
+                            name: label.as_str().to_string(),
+                            source,
+                        });
+                    }
                 }
-            }
+                calls
+            })
+            .map_err(|e| format!("{name} {e}"))?;
+            calls.extend(found);
         }
     }
     Ok(calls)
@@ -152,48 +158,57 @@ pub fn state_reads(files: &[(String, String)]) -> Vec<StateRead> {
             }
             continue;
         }
-        let Ok(body) = hcl::parse(text) else { continue };
-        for block in body.blocks().filter(|b| {
-            b.identifier() == "data"
-                && b.labels().first().map(|l| l.as_str()) == Some("terraform_remote_state")
-        }) {
-            let attr = |key: &str| {
-                block
-                    .body()
-                    .attributes()
-                    .find(|a| a.key() == key)
-                    .map(|a| a.expr())
-            };
-            if !matches!(attr("backend"), Some(hcl::Expression::String(b)) if b == "http") {
-                continue;
-            }
-            let Some(hcl::Expression::Object(config)) = attr("config") else {
-                continue;
-            };
-            let address = config.iter().find_map(|(k, v)| {
-                let key = match k {
-                    hcl::ObjectKey::Identifier(i) => i.as_str(),
-                    hcl::ObjectKey::Expression(hcl::Expression::String(s)) => s.as_str(),
-                    _ => return None,
+        // Parsed without letting its nesting overflow planbot's stack (`core::hcl`).
+        let Ok(found) = crate::core::hcl::with_body(text, |body| {
+            let mut found = Vec::new();
+            for block in body.blocks().filter(|b| {
+                b.identifier() == "data"
+                    && b.labels().first().map(|l| l.as_str()) == Some("terraform_remote_state")
+            }) {
+                let attr = |key: &str| {
+                    block
+                        .body()
+                        .attributes()
+                        .find(|a| a.key() == key)
+                        .map(|a| a.expr())
                 };
-                (key == "address").then_some(v)
-            });
-            let read = match address {
-                Some(hcl::Expression::String(s)) => state_address_read(s),
-                Some(hcl::Expression::TemplateExpr(t)) => match t.as_ref() {
-                    hcl::TemplateExpr::QuotedString(raw) => {
-                        // The literal end after the last interpolation or directive.
-                        let tail = raw.rfind('}').map_or(raw.as_str(), |i| &raw[i + 1..]);
-                        state_address_read(tail)
-                    }
-                    hcl::TemplateExpr::Heredoc(_) => None,
-                },
-                _ => None,
-            };
-            if let Some(read) = read {
-                if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
-                    reads.push(read);
+                if !matches!(attr("backend"), Some(hcl::Expression::String(b)) if b == "http") {
+                    continue;
                 }
+                let Some(hcl::Expression::Object(config)) = attr("config") else {
+                    continue;
+                };
+                let address = config.iter().find_map(|(k, v)| {
+                    let key = match k {
+                        hcl::ObjectKey::Identifier(i) => i.as_str(),
+                        hcl::ObjectKey::Expression(hcl::Expression::String(s)) => s.as_str(),
+                        _ => return None,
+                    };
+                    (key == "address").then_some(v)
+                });
+                let read = match address {
+                    Some(hcl::Expression::String(s)) => state_address_read(s),
+                    Some(hcl::Expression::TemplateExpr(t)) => match t.as_ref() {
+                        hcl::TemplateExpr::QuotedString(raw) => {
+                            // The literal end after the last interpolation or directive.
+                            let tail = raw.rfind('}').map_or(raw.as_str(), |i| &raw[i + 1..]);
+                            state_address_read(tail)
+                        }
+                        hcl::TemplateExpr::Heredoc(_) => None,
+                    },
+                    _ => None,
+                };
+                if let Some(read) = read {
+                    found.push(read);
+                }
+            }
+            found
+        }) else {
+            continue;
+        };
+        for read in found {
+            if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
+                reads.push(read);
             }
         }
     }
