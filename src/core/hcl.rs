@@ -156,7 +156,9 @@ pub fn depth(text: &str) -> Result<(), HclError> {
                         j += 1;
                     }
                     let start = j;
-                    while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                    while j < b.len()
+                        && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] == b'-')
+                    {
                         j += 1;
                     }
                     if j > start && matches!(b.get(j), Some(b'\n') | Some(b'\r')) {
