@@ -38,6 +38,19 @@ pub struct GitOutputTooLarge {
     pub max: u64,
 }
 
+/// A commit whose files, checked out, would take more than a job may write
+/// (`Workspace::with_max_checkout`, `sandbox.disk_max`): sized from git (`git ls-tree -r
+/// --long`) and refused before a byte is written. A few MiB of git objects can hold gigabytes
+/// of files (one blob of zeros, named a thousand times).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("commit `{sha}` would take {} on disk checked out ({files} files), more than a job may write (`sandbox.disk_max`, {}): planbot did not check it out", size_text(*size), size_text(*max))]
+pub struct CheckoutTooLarge {
+    pub sha: String,
+    pub size: u64,
+    pub files: u64,
+    pub max: u64,
+}
+
 /// What planbot reads at most of one git command's output (default of
 /// `Workspace::with_max_output`): `git diff --name-only` of about 300,000 changed files.
 pub const MAX_GIT_OUTPUT: u64 = 16 * 1024 * 1024;
@@ -86,6 +99,8 @@ pub struct Workspace {
     timeout: Duration,
     /// The most stdout read of one git command ([`MAX_GIT_OUTPUT`]).
     max_output: u64,
+    /// The most a checkout's files may take ([`CheckoutTooLarge`]); `None`: no bound.
+    max_checkout: Option<u64>,
     locks: Arc<Mutex<HashMap<ProjectId, Arc<tokio::sync::Mutex<()>>>>>,
     log: Arc<Mutex<Vec<Invocation>>>,
 }
@@ -260,6 +275,7 @@ impl Workspace {
             user: "oauth2".to_string(),
             timeout: Duration::from_secs(600),
             max_output: MAX_GIT_OUTPUT,
+            max_checkout: None,
             locks: Arc::default(),
             log: Arc::default(),
         })
@@ -281,6 +297,13 @@ impl Workspace {
     /// git is stopped and the call fails with [`GitOutputTooLarge`].
     pub fn with_max_output(mut self, bytes: u64) -> Workspace {
         self.max_output = bytes;
+        self
+    }
+
+    /// The most the files of one checkout may take (the service: `sandbox.disk_max`): a commit
+    /// holding more is refused from its sizes in git, unwritten ([`CheckoutTooLarge`]).
+    pub fn with_max_checkout(mut self, bytes: u64) -> Workspace {
+        self.max_checkout = Some(bytes);
         self
     }
 
@@ -511,6 +534,18 @@ impl Workspace {
             );
         }
         let mirror = self.existing_mirror(project)?;
+        if let Some(max) = self.max_checkout {
+            let (size, files) = self.tree_size(&mirror, sha).await?;
+            if size > max {
+                return Err(CheckoutTooLarge {
+                    sha: sha.short().to_string(),
+                    size,
+                    files,
+                    max,
+                }
+                .into());
+            }
+        }
         let dir = tempfile::Builder::new()
             .prefix(&format!("p{project}-{}-", sha.short()))
             .tempdir_in(self.data_dir.join("work"))
@@ -539,6 +574,47 @@ impl Workspace {
             path,
             sha: sha.clone(),
         })
+    }
+
+    /// What the files of commit `sha` take on disk checked out, and how many there are: every
+    /// blob's size as git lists it (`git ls-tree -r -t --long`, read from the objects' headers;
+    /// the listing itself within [`MAX_GIT_OUTPUT`]) in whole 4 KiB blocks, and a block for each
+    /// directory, so that many small files or directories count too.
+    async fn tree_size(&self, mirror: &Path, sha: &CommitSha) -> Result<(u64, u64)> {
+        let out = self
+            .run(
+                Some(mirror),
+                &[
+                    os("ls-tree"),
+                    os("-r"),
+                    os("-t"),
+                    os("-z"),
+                    os("--long"),
+                    os("--end-of-options"),
+                    os(&format!("{}^{{tree}}", sha.as_str())),
+                ],
+                false,
+            )
+            .await?;
+        check(&out, "git ls-tree").with_context(|| format!("sizing {}", sha.short()))?;
+        let (mut size, mut files) = (0u64, 0u64);
+        for entry in out.stdout.split(|b| *b == 0).filter(|e| !e.is_empty()) {
+            // `<mode> SP <type> SP <object> SP+ <size> TAB <path>`
+            let meta = entry.split(|b| *b == b'\t').next().unwrap_or_default();
+            let meta = String::from_utf8_lossy(meta);
+            let fields: Vec<&str> = meta.split_whitespace().collect();
+            const BLOCK: u64 = 4096;
+            match fields[..] {
+                [_mode, "blob", _oid, bytes] => {
+                    files += 1;
+                    let bytes = bytes.parse::<u64>().unwrap_or(u64::MAX);
+                    size = size.saturating_add(bytes.div_ceil(BLOCK).saturating_mul(BLOCK));
+                }
+                [_mode, "tree", ..] => size = size.saturating_add(BLOCK),
+                _ => {}
+            }
+        }
+        Ok((size, files))
     }
 
     /// Files changed on `head` since it forked from `base` (the target branch's commit):

@@ -118,6 +118,62 @@ fn defuse_line(line: &str, out: &mut String) {
     out.push_str(&line[start..]);
 }
 
+/// The CI job log (the apply's, streamed to the job) is read twice: by the job's script, which
+/// passes only when the last line is planbot's verdict (`planbot: apply succeeded`), and by
+/// GitLab's log viewer, which acts on a carriage return (only what follows it is shown), on
+/// terminal escapes (erase a line, move the cursor, set a title) and on `section_start:`
+/// markers. Outside text there — the engine's output, which prints values from the code and
+/// from remote APIs — must never read as one of planbot's lines. [`ci_log_outside`] makes each
+/// line of it one line with its control characters shown as escapes (`\r`, `\u{1b}`), and puts
+/// [`CI_LOG_GUTTER`] in front of a line that would start with `planbot` (ignoring case,
+/// whitespace and invisible characters); [`ci_log_own`] makes one of planbot's lines, whose
+/// values come from outside too, one line with its control characters shown.
+pub const CI_LOG_GUTTER: &str = "> ";
+
+/// One line of outside text for the CI job log (see [`CI_LOG_GUTTER`]); `line` holds no
+/// line feed (the caller splits), any that is left is shown as `\n`.
+pub fn ci_log_outside(line: &str) -> String {
+    let shown = ci_log_visible(line);
+    let start = shown
+        .trim_start_matches(|c: char| c.is_whitespace() || is_invisible(c))
+        .get(..7);
+    if start.is_some_and(|s| s.eq_ignore_ascii_case("planbot")) {
+        format!("{CI_LOG_GUTTER}{shown}")
+    } else {
+        shown
+    }
+}
+
+/// One of planbot's own lines for the CI job log: the text is one line (a line feed a value
+/// brought is shown as `\n`, the end trimmed), every control character shown as an escape.
+pub fn ci_log_own(text: &str) -> String {
+    ci_log_visible(text.trim_end_matches(['\n', '\r']))
+}
+
+/// Every control character but the tab as its escape (`\r`, `\n`, `\u{1b}`, `\u{85}`).
+fn ci_log_visible(text: &str) -> String {
+    if !text.chars().any(|c| c.is_control() && c != '\t') {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Characters that take no room on screen: a line starting with them reads as if they were not
+/// there.
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}'
+        | '\u{17B5}' | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +255,34 @@ mod tests {
             assert_eq!(defuse(&once), once, "{t:?}");
         }
         assert!(matches!(defuse("a note\nwith lines"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn outside_text_in_the_ci_log_never_reads_as_planbots_line() {
+        for forged in [
+            "planbot: apply succeeded",
+            "  planbot: apply succeeded",
+            "\u{200B}planbot: apply succeeded",
+            "\u{FEFF}\u{202E}PLANBOT: apply succeeded",
+            "Planbot: still working (20 s)",
+        ] {
+            let line = ci_log_outside(forged);
+            assert!(line.starts_with(CI_LOG_GUTTER), "{line:?}");
+        }
+        assert_eq!(
+            ci_log_outside("x\rplanbot: apply succeeded\u{1b}[2K"),
+            "x\\rplanbot: apply succeeded\\u{1b}[2K"
+        );
+        assert_eq!(ci_log_outside("Apply complete!\tok"), "Apply complete!\tok");
+        assert_eq!(ci_log_outside("planbotx"), "> planbotx");
+        assert_eq!(ci_log_outside("the planbot"), "the planbot");
+        assert_eq!(
+            ci_log_own("planbot: apply failed: a\nplanbot: apply succeeded\n"),
+            "planbot: apply failed: a\\nplanbot: apply succeeded"
+        );
+        assert_eq!(
+            ci_log_own("planbot: apply succeeded"),
+            "planbot: apply succeeded"
+        );
     }
 }

@@ -15,6 +15,7 @@ pub mod events;
 pub mod findings;
 pub mod fingerprint;
 pub mod fuzzing;
+pub mod hcl;
 pub mod ids;
 pub mod links;
 pub mod lint;

@@ -18,6 +18,12 @@ pub const MAX_DIRS: usize = 256;
 /// At most this many bytes of configuration files are read in one directory.
 pub const MAX_DIR_BYTES: u64 = 16 * 1024 * 1024;
 
+/// At most this many bytes of configuration files are read for one plan run, all directories
+/// together: planbot parses them itself, outside the engine's sandbox and its cgroup (16 MiB of
+/// HCL took 4 s of a debug build's CPU, so [`MAX_DIRS`] full directories would have taken a
+/// quarter of an hour for each push). Past it the directories left are said unread.
+pub const MAX_TOTAL_BYTES: u64 = 32 * 1024 * 1024;
+
 /// At most this many `terraform_remote_state` reads are kept of one directory.
 pub const MAX_STATE_READS: usize = 64;
 
@@ -74,26 +80,32 @@ pub fn module_calls(files: &[(String, String)]) -> Result<Vec<ModuleCall>, Strin
         if name.ends_with(".json") {
             calls.extend(json_calls(text).ok_or_else(|| format!("{name} is not valid JSON"))?);
         } else {
-            let body = hcl::parse(text).map_err(|_| format!("{name} does not parse as HCL"))?;
-            for block in body.blocks().filter(|b| b.identifier() == "module") {
-                let Some(label) = block.labels().first() else {
-                    continue;
-                };
-                let source = block
-                    .body()
-                    .attributes()
-                    .find(|a| a.key() == "source")
-                    .and_then(|a| match a.expr() {
-                        hcl::Expression::String(s) => Some(s.clone()),
-                        _ => None,
-                    });
-                if let Some(source) = source {
-                    calls.push(ModuleCall {
-                        name: label.as_str().to_string(),
-                        source,
-                    });
+            // Parsed without letting its nesting overflow planbot's stack (`core::hcl`).
+            let found = crate::core::hcl::with_body(text, |body| {
+                let mut calls = Vec::new();
+                for block in body.blocks().filter(|b| b.identifier() == "module") {
+                    let Some(label) = block.labels().first() else {
+                        continue;
+                    };
+                    let source = block
+                        .body()
+                        .attributes()
+                        .find(|a| a.key() == "source")
+                        .and_then(|a| match a.expr() {
+                            hcl::Expression::String(s) => Some(s.clone()),
+                            _ => None,
+                        });
+                    if let Some(source) = source {
+                        calls.push(ModuleCall {
+                            name: label.as_str().to_string(),
+                            source,
+                        });
+                    }
                 }
-            }
+                calls
+            })
+            .map_err(|e| format!("{name} {e}"))?;
+            calls.extend(found);
         }
     }
     Ok(calls)
@@ -152,48 +164,57 @@ pub fn state_reads(files: &[(String, String)]) -> Vec<StateRead> {
             }
             continue;
         }
-        let Ok(body) = hcl::parse(text) else { continue };
-        for block in body.blocks().filter(|b| {
-            b.identifier() == "data"
-                && b.labels().first().map(|l| l.as_str()) == Some("terraform_remote_state")
-        }) {
-            let attr = |key: &str| {
-                block
-                    .body()
-                    .attributes()
-                    .find(|a| a.key() == key)
-                    .map(|a| a.expr())
-            };
-            if !matches!(attr("backend"), Some(hcl::Expression::String(b)) if b == "http") {
-                continue;
-            }
-            let Some(hcl::Expression::Object(config)) = attr("config") else {
-                continue;
-            };
-            let address = config.iter().find_map(|(k, v)| {
-                let key = match k {
-                    hcl::ObjectKey::Identifier(i) => i.as_str(),
-                    hcl::ObjectKey::Expression(hcl::Expression::String(s)) => s.as_str(),
-                    _ => return None,
+        // Parsed without letting its nesting overflow planbot's stack (`core::hcl`).
+        let Ok(found) = crate::core::hcl::with_body(text, |body| {
+            let mut found = Vec::new();
+            for block in body.blocks().filter(|b| {
+                b.identifier() == "data"
+                    && b.labels().first().map(|l| l.as_str()) == Some("terraform_remote_state")
+            }) {
+                let attr = |key: &str| {
+                    block
+                        .body()
+                        .attributes()
+                        .find(|a| a.key() == key)
+                        .map(|a| a.expr())
                 };
-                (key == "address").then_some(v)
-            });
-            let read = match address {
-                Some(hcl::Expression::String(s)) => state_address_read(s),
-                Some(hcl::Expression::TemplateExpr(t)) => match t.as_ref() {
-                    hcl::TemplateExpr::QuotedString(raw) => {
-                        // The literal end after the last interpolation or directive.
-                        let tail = raw.rfind('}').map_or(raw.as_str(), |i| &raw[i + 1..]);
-                        state_address_read(tail)
-                    }
-                    hcl::TemplateExpr::Heredoc(_) => None,
-                },
-                _ => None,
-            };
-            if let Some(read) = read {
-                if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
-                    reads.push(read);
+                if !matches!(attr("backend"), Some(hcl::Expression::String(b)) if b == "http") {
+                    continue;
                 }
+                let Some(hcl::Expression::Object(config)) = attr("config") else {
+                    continue;
+                };
+                let address = config.iter().find_map(|(k, v)| {
+                    let key = match k {
+                        hcl::ObjectKey::Identifier(i) => i.as_str(),
+                        hcl::ObjectKey::Expression(hcl::Expression::String(s)) => s.as_str(),
+                        _ => return None,
+                    };
+                    (key == "address").then_some(v)
+                });
+                let read = match address {
+                    Some(hcl::Expression::String(s)) => state_address_read(s),
+                    Some(hcl::Expression::TemplateExpr(t)) => match t.as_ref() {
+                        hcl::TemplateExpr::QuotedString(raw) => {
+                            // The literal end after the last interpolation or directive.
+                            let tail = raw.rfind('}').map_or(raw.as_str(), |i| &raw[i + 1..]);
+                            state_address_read(tail)
+                        }
+                        hcl::TemplateExpr::Heredoc(_) => None,
+                    },
+                    _ => None,
+                };
+                if let Some(read) = read {
+                    found.push(read);
+                }
+            }
+            found
+        }) else {
+            continue;
+        };
+        for read in found {
+            if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
+                reads.push(read);
             }
         }
     }
@@ -289,6 +310,16 @@ pub enum Read {
     Unreadable(String),
 }
 
+/// A directory not read because the run's directories before it hold `max` bytes.
+fn over_total(max: u64) -> Dir {
+    Dir::Unreadable {
+        reason: format!(
+            "the directories read before it hold more than {} MiB of configuration, the most planbot reads for one plan",
+            max / (1024 * 1024)
+        ),
+    }
+}
+
 /// Every directory reached from the roots, by repo-relative path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModuleGraph {
@@ -300,8 +331,19 @@ impl ModuleGraph {
     /// `read` (at most [`MAX_DIRS`] directories; the rest are unreadable, said so).
     pub fn build<'a>(
         roots: impl IntoIterator<Item = &'a str>,
-        mut read: impl FnMut(&str) -> Read,
+        read: impl FnMut(&str) -> Read,
     ) -> ModuleGraph {
+        ModuleGraph::build_within(roots, read, MAX_TOTAL_BYTES)
+    }
+
+    /// [`ModuleGraph::build`], parsing at most `max_total` bytes of configuration in all: a
+    /// directory that would pass it is unreadable, and so is every one after it.
+    pub fn build_within<'a>(
+        roots: impl IntoIterator<Item = &'a str>,
+        mut read: impl FnMut(&str) -> Read,
+        max_total: u64,
+    ) -> ModuleGraph {
+        let mut total: u64 = 0;
         let mut dirs = BTreeMap::new();
         let mut queue: VecDeque<String> = roots.into_iter().map(str::to_string).collect();
         while let Some(dir) = queue.pop_front() {
@@ -317,9 +359,23 @@ impl ModuleGraph {
                 );
                 continue;
             }
+            if total > max_total {
+                dirs.insert(dir, over_total(max_total));
+                continue;
+            }
             let entry = match read(&dir) {
                 Read::Missing => Dir::Missing,
                 Read::Unreadable(reason) => Dir::Unreadable { reason },
+                Read::Files { files, .. }
+                    if {
+                        total = files
+                            .iter()
+                            .fold(total, |t, (_, text)| t.saturating_add(text.len() as u64));
+                        total > max_total
+                    } =>
+                {
+                    over_total(max_total)
+                }
                 Read::Files { real, files } => match module_calls(&files) {
                     Err(reason) => Dir::Unreadable { reason },
                     Ok(found) => {
@@ -917,6 +973,41 @@ when_modified = ["**", "../../zones/*.txt"]
         let (order, edges) = in_order(&graph, vec![r("dns"), r("network")]);
         assert_eq!(names(&order), ["network", "dns"]);
         assert_eq!(edges, [("network".to_string(), "dns".to_string())]);
+    }
+
+    #[test]
+    fn the_reading_stops_at_the_total_bytes_and_says_why() {
+        // a calls b calls c; each directory holds 60 bytes, the cap is 100: b passes it.
+        let text = |next: &str| {
+            let t = format!("module \"m\" {{\n  source = \"../{next}\"\n}}\n");
+            format!("{t}{}", "#".repeat(60 - t.len() - 1) + "\n")
+        };
+        let mut read = Vec::new();
+        let g = ModuleGraph::build_within(
+            ["a"],
+            |dir| {
+                read.push(dir.to_string());
+                let next = match dir {
+                    "a" => "b",
+                    "b" => "c",
+                    _ => "d",
+                };
+                Read::Files {
+                    real: dir.to_string(),
+                    files: vec![("main.tf".to_string(), text(next))],
+                }
+            },
+            100,
+        );
+        assert!(matches!(g.dirs["a"], Dir::Read { .. }));
+        let Dir::Unreadable { reason } = &g.dirs["b"] else {
+            panic!("{:?}", g.dirs["b"]);
+        };
+        assert!(
+            reason.starts_with("the directories read before it hold more than"),
+            "{reason}"
+        );
+        assert_eq!(read, ["a", "b"], "nothing is read past the cap");
     }
 
     #[test]

@@ -380,7 +380,18 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 struct Problems<'t> {
     text: &'t str,
     list: Vec<(usize, ConfigProblem)>,
+    /// Problems past [`MAX_PROBLEMS`]: counted, neither located nor worded.
+    more: usize,
 }
+
+/// At most this many problems of one file are listed (each is located by a scan of the text
+/// and worded, some with every root's name); the rest are counted. A hostile file of a MiB
+/// holds hundreds of thousands of `depends_on` entries.
+pub const MAX_PROBLEMS: usize = 100;
+
+/// At most this many roots in a repository: each is a plan of every merge request it reaches,
+/// and the checks of `depends_on` (circles, what each root reaches) grow with their square.
+pub const MAX_ROOTS: usize = 1000;
 
 impl Problems<'_> {
     /// The configuration, or every problem in file order.
@@ -390,12 +401,33 @@ impl Problems<'_> {
         }
         let mut list = self.list;
         list.sort_by_key(|(offset, _)| *offset);
-        Err(RepoConfigError {
-            problems: list.into_iter().map(|(_, p)| p).collect(),
-        })
+        let mut problems: Vec<ConfigProblem> = list.into_iter().map(|(_, p)| p).collect();
+        if self.more > 0 {
+            problems.push(ConfigProblem {
+                line: None,
+                column: None,
+                key: None,
+                message: format!(
+                    "… and {} more problem{} (planbot lists the first {MAX_PROBLEMS})",
+                    self.more,
+                    if self.more == 1 { "" } else { "s" }
+                ),
+            });
+        }
+        Err(RepoConfigError { problems })
+    }
+
+    /// Whether no more problems are listed: a caller skips the work of wording one
+    /// ([`Problems::at`] counts it).
+    fn is_full(&self) -> bool {
+        self.list.len() >= MAX_PROBLEMS
     }
 
     fn at(&mut self, span: Range<usize>, key: impl Into<String>, message: impl Into<String>) {
+        if self.is_full() {
+            self.more += 1;
+            return;
+        }
         let (line, column) = line_col(self.text, span.start);
         self.list.push((
             span.start,
@@ -600,6 +632,7 @@ impl RepoConfig {
         let mut problems = Problems {
             text,
             list: Vec::new(),
+            more: 0,
         };
         let raw = match read_raw(text, &mut problems) {
             Some(raw) => raw,
@@ -620,6 +653,18 @@ impl RepoConfig {
                         "roots",
                         "no roots defined; remove the key to plan the repository's top directory",
                     );
+                }
+                if r.get_ref().len() > MAX_ROOTS {
+                    // Refused before any root is read: nothing of them is worth its cost.
+                    problems.at(
+                        r.span(),
+                        "roots",
+                        format!(
+                            "{} roots: planbot plans at most {MAX_ROOTS} roots of a repository",
+                            r.get_ref().len()
+                        ),
+                    );
+                    return problems.finish(RepoConfig::absent());
                 }
                 r.into_inner()
             }
@@ -754,6 +799,11 @@ fn check_graph(
         return;
     };
     for p in found {
+        if problems.is_full() {
+            // Counted, not worded: an unknown name's message lists every root.
+            problems.more += 1;
+            continue;
+        }
         let (i, e) = p.at();
         let span = spans[i]
             .1
@@ -1828,6 +1878,67 @@ lint_disable = ["not a rule"]
             err.to_string()
                 .contains("`roots[0].checks`: write `checks = {"),
             "{err}"
+        );
+    }
+
+    /// A proposed `.planbot.toml` is hostile input: its checks cost what its size costs, not
+    /// its square. Thousands of roots in a chain made the circle check hold every root each
+    /// reaches (17,000 roots fit in a MiB: 145 million entries), and every unknown `depends_on`
+    /// name was compared with every root's name, located by a scan of the whole text and worded
+    /// with every root's name.
+    #[test]
+    fn a_hostile_config_is_refused_at_the_cost_of_its_size() {
+        let mut chain = String::new();
+        for i in 0..5000 {
+            chain.push_str(&format!("[[roots]]\nname = \"r{i}\"\ndir = \"d{i}\"\n"));
+            if i > 0 {
+                chain.push_str(&format!("depends_on = [\"r{}\"]\n", i - 1));
+            }
+        }
+        let err = RepoConfig::parse(&chain).unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert!(
+            err.to_string()
+                .contains("5000 roots: planbot plans at most 1000 roots of a repository"),
+            "{err}"
+        );
+
+        // 300 roots, each naming ten roots that do not exist.
+        let mut unknown = String::new();
+        for i in 0..300 {
+            let deps: Vec<String> = (0..10).map(|k| format!("\"x{i}-{k}\"")).collect();
+            unknown.push_str(&format!(
+                "[[roots]]\nname = \"r{i}\"\ndir = \"d{i}\"\ndepends_on = [{}]\n",
+                deps.join(", ")
+            ));
+        }
+        let err = RepoConfig::parse(&unknown).unwrap_err();
+        assert_eq!(err.problems.len(), MAX_PROBLEMS + 1, "{err}");
+        assert_eq!(
+            err.problems.last().unwrap().message,
+            format!("… and 2900 more problems (planbot lists the first {MAX_PROBLEMS})")
+        );
+        // The listed ones are the first, each still with its place and words.
+        assert_eq!(err.problems[0].line, Some(4));
+        assert!(
+            err.problems[0]
+                .message
+                .starts_with("no root is named `x0-0`"),
+            "{err}"
+        );
+
+        // A name a MiB long is never compared with the roots' names (a root name has at most
+        // 64 characters): no suggestion, and the same answer as a short stranger.
+        let long = format!(
+            "[[roots]]\nname = \"a\"\ndir = \"a\"\ndepends_on = [\"{}\"]\n[[roots]]\nname = \"b\"\ndir = \"b\"\n",
+            "b".repeat(1 << 20)
+        );
+        let err = RepoConfig::parse(&long).unwrap_err();
+        assert_eq!(err.problems.len(), 1);
+        assert!(
+            err.problems[0].message.ends_with("(roots: `a`, `b`)"),
+            "{}",
+            &err.problems[0].message[err.problems[0].message.len() - 40..]
         );
     }
 }

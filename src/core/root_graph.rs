@@ -67,6 +67,9 @@ impl GraphProblem {
     }
 }
 
+/// How many unknown `depends_on` names [`RootGraph::new`] looks for a near name for.
+pub const MAX_SUGGESTIONS: usize = 20;
+
 impl RootGraph {
     /// The graph of `roots` (name, its `depends_on`), in configuration order; or every problem,
     /// ordered by root and entry. A name given twice counts as its first root.
@@ -74,8 +77,15 @@ impl RootGraph {
         roots: &[(N, &[D])],
     ) -> Result<RootGraph, Vec<GraphProblem>> {
         let names: Vec<String> = roots.iter().map(|(n, _)| n.as_ref().to_string()).collect();
-        let index = |name: &str| names.iter().position(|n| n == name);
+        // The first root of each name.
+        let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (i, n) in names.iter().enumerate() {
+            first.entry(n.as_str()).or_insert(i);
+        }
+        let index = |name: &str| first.get(name).copied();
         let mut problems = Vec::new();
+        // Unknown names get a suggestion up to this many (each is compared with every name).
+        let mut suggestions_left = MAX_SUGGESTIONS;
         // Edges kept with the entry that wrote them, for the cycle's line.
         let mut edges: Vec<Vec<(usize, usize)>> = vec![Vec::new(); names.len()];
         for (i, (name, deps)) in roots.iter().enumerate() {
@@ -86,14 +96,19 @@ impl RootGraph {
                         root: i,
                         entry: e,
                         name: dep.to_string(),
-                        suggestion: crate::core::suggest::nearest(
-                            dep,
-                            names
-                                .iter()
-                                .map(String::as_str)
-                                .filter(|n| *n != name.as_ref()),
-                        )
-                        .map(str::to_string),
+                        suggestion: (suggestions_left > 0)
+                            .then(|| {
+                                suggestions_left -= 1;
+                                crate::core::suggest::nearest(
+                                    dep,
+                                    names
+                                        .iter()
+                                        .map(String::as_str)
+                                        .filter(|n| *n != name.as_ref()),
+                                )
+                            })
+                            .flatten()
+                            .map(str::to_string),
                     }),
                     Some(_) if dep == name.as_ref() => {
                         problems.push(GraphProblem::OnItself { root: i, entry: e })

@@ -346,7 +346,12 @@ impl Backend {
 
 /// The backend of one HCL file: `Some(None)` when it declares none, `None` when it does not parse.
 fn hcl_backend(text: &str) -> Option<Option<Backend>> {
-    let body = hcl::parse(text).ok()?;
+    // Parsed without letting its nesting overflow planbot's stack (`core::hcl`).
+    crate::core::hcl::with_body(text, body_backend).ok()
+}
+
+/// The backend an HCL body declares (the last one), `None` when it declares none.
+fn body_backend(body: &hcl::Body) -> Option<Backend> {
     let mut found = None;
     for block in body.blocks().filter(|b| b.identifier() == "terraform") {
         for inner in block.body().blocks() {
@@ -368,7 +373,7 @@ fn hcl_backend(text: &str) -> Option<Option<Backend>> {
             }
         }
     }
-    Some(found)
+    found
 }
 
 /// The backend of one JSON configuration file (`{"terraform": {"backend": {"s3": {...}}}}`).

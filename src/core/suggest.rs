@@ -6,9 +6,14 @@
 /// (a swap of two neighbours counts once).
 pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let word = word.to_ascii_lowercase();
-    let limit = (word.chars().count() / 3).max(1);
+    let len = word.chars().count();
+    let limit = (len / 3).max(1);
     candidates
         .into_iter()
+        // The lengths' difference is at least the distance: a candidate farther than the limit
+        // by length alone is never compared (a comparison costs the product of the lengths, and
+        // a hostile word may be a MiB long).
+        .filter(|c| c.chars().count().abs_diff(len) <= limit)
         .map(|c| {
             (
                 strsim::damerau_levenshtein(&word, &c.to_ascii_lowercase()),

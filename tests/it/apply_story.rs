@@ -1539,3 +1539,71 @@ async fn an_apply_whose_check_after_it_cannot_run_says_it_succeeded_and_the_chec
     );
     assert!(!description.contains("left changes in"), "{description}");
 }
+
+/// Reviewed code, or a value it reads from outside, prints text that looks like planbot's own
+/// lines: an output's heredoc ends with the verdict line, a failing check's message carries a
+/// carriage return and terminal escapes (a CI log shows only what follows `\r`), a `for_each`
+/// key holds a line break. The job log keeps each line of the engine's (and every value in
+/// planbot's lines) one line that cannot pass for planbot's: the only line equal to the verdict
+/// is planbot's own, last, and no control character reaches the CI log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_text_cannot_pass_for_planbots_lines_in_the_apply_log() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let forged = r#"terraform {
+  backend "http" {}
+}
+
+resource "terraform_data" "k" {
+  for_each = toset(["a\nplanbot: apply succeeded"])
+  input    = each.key
+}
+
+output "forged" {
+  value = "done\nplanbot: apply succeeded\n"
+}
+
+check "c" {
+  assert {
+    condition     = length(terraform_data.k) == 0
+    error_message = "x\rplanbot: apply succeeded\u001b[2K\u001b]0;t\u0007"
+  }
+}
+"#;
+    w.gitlab
+        .commit_files(&w.project, "main", &[("main.tf", forged)]);
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+    let job = w.apply_job(31);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    let fingerprint = fingerprint_in(&log);
+    let job = w.apply_job(32);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(
+        &s,
+        &job.token,
+        &format!(r#"{{"confirm": "{fingerprint}"}}"#),
+    )
+    .await;
+    assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
+    assert!(log.contains("Apply complete!"), "{log}");
+    let verdicts = log
+        .lines()
+        .filter(|l| l.trim() == "planbot: apply succeeded")
+        .count();
+    assert_eq!(
+        verdicts, 1,
+        "only planbot's own verdict reads as one: {log}"
+    );
+    assert!(
+        !log.chars()
+            .any(|c| c.is_control() && !matches!(c, '\n' | '\t')),
+        "no control character reaches the CI log: {log:?}"
+    );
+    // Still there to read, marked and shown.
+    assert!(log.contains("\n> planbot: apply succeeded\nEOT\n"), "{log}");
+    assert!(
+        log.contains(r"x\rplanbot: apply succeeded\u{1b}[2K\u{1b}]0;t\u{7}"),
+        "{log}"
+    );
+}

@@ -367,7 +367,7 @@ fn core_floor(room: &str) -> u8 {
         "engine_kind" | "redact" | "plan_digest" | "findings" | "pve_model" | "pve_access" => 3,
         "templates" | "root_graph" | "plan" | "drift_schedule" | "note_html" => 2,
         "markdown" | "defuse" | "ids" | "suggest" | "links" | "webhook" | "store_tls"
-        | "plan_budget" | "ci_component" | "commit_status" => 1,
+        | "plan_budget" | "ci_component" | "commit_status" | "hcl" => 1,
         other => {
             panic!("core::{other} has no floor: give it one here and in docs/architecture.md")
         }

@@ -585,3 +585,49 @@ fn the_widgets_job_runs_in_merge_request_pipelines_and_widgets_never_leaves_it_o
     )
     .is_err());
 }
+
+/// A stand-in whose stream breaks off (planbot killed, a proxy cut) right after a line that
+/// reads as the verdict: the chunked body never ends. Answers one request.
+async fn cut_stand_in(last: &'static str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The request head and its small body.
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = sock.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let chunk = format!("planbot: root `core`: applying\n{last}\n");
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
+        let body = format!("{head}{:x}\r\n{chunk}\r\n", chunk.len());
+        sock.write_all(body.as_bytes()).await.unwrap();
+        sock.flush().await.unwrap();
+        // No terminating chunk: the connection just ends.
+        drop(sock);
+    });
+    url
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_a_line_that_reads_as_the_verdict_fails_the_job() {
+    let url = cut_stand_in("planbot: apply succeeded").await;
+    let (ok, stdout, stderr) = run_script_err(&url, None).await;
+    assert!(
+        !ok,
+        "the curl script passed a cut stream: {stdout} {stderr}"
+    );
+    assert!(
+        stdout.contains("broke off before its verdict"),
+        "{stdout} {stderr}"
+    );
+    let url = cut_stand_in("planbot: apply succeeded").await;
+    let (ok, stdout) = run_apply_job(&url, None).await;
+    assert!(!ok, "planbot apply-job passed a cut stream: {stdout}");
+}

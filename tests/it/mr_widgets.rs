@@ -632,3 +632,47 @@ async fn a_fork_mrs_widgets_job_is_told_at_once_that_a_maintainer_must_ask_and_g
         serde_json::json!({"create": lab.0, "update": lab.1, "delete": lab.2})
     );
 }
+
+/// Anyone with a running CI job anywhere on the GitLab instance (their own project's) holds a
+/// valid job token. Asked with it over and over, planbot must not spend its bot token on each
+/// request: GitLab rate-limits the bot per user, and its notes and statuses would then fail.
+/// The project of such a job is looked up once (and refused from memory afterwards), by the
+/// widgets and the apply endpoint alike; a job of an allowed project is still asked about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_projects_job_asking_again_and_again_costs_planbot_one_bot_call() {
+    let setup = setup();
+    let w = &setup.w;
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+    let other = w.gitlab.create_project("mallory/anything");
+    let head = w.gitlab.branch_head(&w.project, "main").unwrap();
+    let mut foreign = mr_job(w, 91, "refs/merge-requests/1/head", &head);
+    foreign.project_id = other.id;
+    foreign.ref_ = "main".into();
+    w.gitlab.register_job(foreign.clone());
+    let before = w.gitlab.all_calls();
+    for i in 0..20 {
+        let report = if i % 2 == 0 {
+            "terraform"
+        } else {
+            "codequality"
+        };
+        let (status, _, text) = ask(&s, report, Some(&foreign.token), "").await;
+        assert_eq!(status, 403, "{text}");
+        let (_, log) = crate::apply_story::call_apply(&s, &foreign.token, "{}").await;
+        assert!(
+            log.contains("is not one of planbot's allowed projects"),
+            "{log}"
+        );
+    }
+    let after = w.gitlab.all_calls();
+    let spent: std::collections::BTreeMap<&String, u32> = after
+        .iter()
+        .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(k, v)| *v > 0 && k.as_str() != "GET /api/v4/job")
+        .collect();
+    assert_eq!(
+        spent.values().sum::<u32>(),
+        1,
+        "40 requests of a foreign project's job cost planbot one bot-token call: {spent:?}"
+    );
+}

@@ -480,3 +480,32 @@ fn a_hostile_root_name_cannot_leave_the_picture() {
     let clean = reach_note(["network", "vms", "dns"], vec![]);
     assert_eq!(blocks, mermaid_blocks(&clean).1, "{note}");
 }
+
+/// A few KiB of `.tf` nesting a list thousands deep overflowed the stack of the thread reading
+/// the module calls (`hcl::parse` recurses per level), and a stack overflow aborts the process:
+/// every job and apply of planbot ended, and the job, queued again at the next start, ended it
+/// again. The text is refused unparsed now: the directory is unreadable, the roots reaching it
+/// are planned and the note says why, and the engine plans the MR as it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_nested_thousands_deep_is_refused_unparsed_and_planbot_lives() {
+    let engine = require_engine!();
+    let w = world(&engine, &[]);
+    let deep = format!(
+        "{RECORD_MODULE}locals {{\n  deep = {}1{}\n}}\n",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    w.fake.commit_files(
+        &w.project,
+        "feature/deep",
+        &[("modules/record/main.tf", &deep)],
+    );
+    let iid = w.fake.open_mr(&w.project, "feature/deep", "main");
+    let note = w.plan_note(iid).await;
+    assert_eq!(
+        why_line(&note, "dns"),
+        "- `dns`: uses `modules/record`, changed (`modules/record/main.tf`); `modules/record` not read (main.tf nests deeper than 500 levels (brackets, blocks, templates or chained operators) at line 9: planbot does not read it)"
+    );
+    assert!(!row(&note, "dns").contains("skipped"), "{note}");
+    assert!(row(&note, "network").contains("skipped"), "{note}");
+}

@@ -593,3 +593,72 @@ fi"#,
     let after = disk_usage(data.path()).saturating_sub(before);
     assert!(after < 4 * MIB, "data_dir kept {} KiB", after / 1024);
 }
+
+/// A few KiB of git objects can hold gigabytes of files: one blob named many times. The MR's
+/// commit is sized from git before it is checked out, and refused when its files would take
+/// more than a job may write: data_dir never holds them, and the note says why. (Before, the
+/// checkout wrote every copy, unwatched: `sandbox.disk_max` is counted only while the engine
+/// runs, and an MR of a few MiB of objects could fill the disk planbot's store lives on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_whose_files_would_take_more_than_the_disk_quota_is_never_checked_out() {
+    use crate::support::fake_engine::{fake_engine, TERRAFORM_VERSION_JSON};
+    use crate::support::fake_gitlab::FakeGitLab;
+    const MIB: u64 = 1 << 20;
+    let fake = FakeGitLab::start();
+    let project = fake.create_project("infra/homelab");
+    fake.commit_files(&project, "main", &[("main.tf", &data_root("main"))]);
+    fake.commit_files(&project, "bomb", &[("main.tf", &data_root("bomb"))]);
+    // 48 names of one 4 MiB blob: 192 MiB checked out, from a few KiB of objects.
+    fake.commit_blob_copies(&project, "bomb", "junk", "0000000000000000", 4 * MIB, 48);
+    let iid = fake.open_mr(&project, "bomb", "main");
+    let bin = tempfile::tempdir().unwrap();
+    let engine = fake_engine(bin.path(), "terraform", TERRAFORM_VERSION_JSON, "");
+    let data = tempfile::tempdir().unwrap();
+    let text = bench_config_text(
+        data.path(),
+        &fake,
+        "infra/homelab",
+        &engine,
+        "[sandbox]\ndisk_max = \"64 MiB\"\n",
+    );
+    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let s = TestService::start(cfg, workers()).await;
+    let before = disk_usage(data.path());
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (dir, done) = (data.path().to_path_buf(), done.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(disk_usage(&dir));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    s.deliver_mr_opened(&fake.mr_webhook(&project, iid).body(), iid)
+        .await;
+    s.after_job_ends("the plan job to end", 120, || s.jobs_all_ended())
+        .await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap().saturating_sub(before);
+    assert!(
+        peak < 32 * MIB,
+        "data_dir grew by {} MiB while the MR was handled",
+        peak / MIB
+    );
+    let head = fake.mr_sha(&project, iid);
+    let status = fake.status(&project, &head, "planbot/plan").unwrap();
+    assert_eq!(status.state, "failed", "{status:?}");
+    let said = format!(
+        "{}\n{}",
+        status.description.clone().unwrap_or_default(),
+        fake.plan_note(&project, iid).unwrap_or_default()
+    );
+    assert!(
+        said.contains("planbot could not plan: commit `")
+            && said.contains("would take 192.0 MiB on disk checked out (")
+            && said.contains("more than a job may write (`sandbox.disk_max`, 64 MiB)"),
+        "{said}"
+    );
+}

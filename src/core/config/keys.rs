@@ -567,7 +567,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Size,
         secret: false,
         unset: Unset::Value("4 GiB"),
-        description: "What one plan run may write to disk: its checkout, plan file and plugin cache together (and the largest file). Past it the engine is killed within a fraction of a second, the plan ends with a note that says so, and what it wrote is removed with the checkout.",
+        description: "What one plan run may write to disk: its checkout, plan file and plugin cache together (and the largest file). Past it the engine is killed within a fraction of a second, the plan ends with a note that says so, and what it wrote is removed with the checkout. A commit whose files alone would take more (sized from git) is never checked out (plans, drift checks and applies).",
         show: |c| Shown::plain(format!("{} MiB", c.sandbox.disk_max >> 20)),
     },
     Key {

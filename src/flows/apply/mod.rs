@@ -75,10 +75,13 @@ impl JobLog {
         )
     }
 
-    /// Lines from outside planbot (the engine's output, its error report): scrubbed whole.
+    /// Lines from outside planbot (the engine's output, its error report): scrubbed whole, and
+    /// each kept one line that cannot read as planbot's ([`crate::core::defuse::ci_log_outside`]:
+    /// control characters shown, a gutter before a line that would start with `planbot`).
     pub fn line(&self, text: impl AsRef<str>) {
         for l in text.as_ref().lines() {
-            let _ = self.tx.send(format!("{}\n", self.scrubber.scrub(l)));
+            let l = crate::core::defuse::ci_log_outside(&self.scrubber.scrub(l));
+            let _ = self.tx.send(format!("{l}\n"));
         }
     }
 
@@ -94,10 +97,12 @@ impl JobLog {
         self.planbot_text(&verdict.last_line());
     }
 
+    /// One of planbot's lines: a template kind is one line, so a line break a value brought
+    /// stays in it, shown ([`crate::core::defuse::ci_log_own`]).
     fn planbot_text(&self, text: &str) {
-        for l in text.lines() {
-            let _ = self.tx.send(format!("{l}\n"));
-        }
+        let _ = self
+            .tx
+            .send(format!("{}\n", crate::core::defuse::ci_log_own(text)));
     }
 }
 
@@ -111,13 +116,15 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The line itself: one line, whatever its reason holds (a line break, a carriage return
+    /// or a terminal escape from outside is shown, never acted on).
     pub fn last_line(&self) -> String {
         let safe = |why: &str| minijinja::Value::from_safe_string(why.to_string());
-        match self {
+        crate::core::defuse::ci_log_own(&match self {
             Verdict::Succeeded => log_text("succeeded", context! {}),
             Verdict::Refused(why) => log_text("refused", context! { why => safe(why) }),
             Verdict::Failed(why) => log_text("failed", context! { why => safe(why) }),
-        }
+        })
     }
 }
 

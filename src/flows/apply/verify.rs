@@ -68,13 +68,11 @@ pub(super) async fn verify_job(
             },
         )));
     }
-    let project = match app
-        .gitlab
-        .project(&facts.pipeline_project_id.to_string())
-        .await
-    {
-        Ok(p) => p,
-        Err(GitLabError::NotFound) | Err(GitLabError::Forbidden) => {
+    // Refused here, before the branch lookups (the gate's order: running, then the project),
+    // and from memory after the first time: see `App::served_project`.
+    let project = match app.served_project(facts.pipeline_project_id).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
             return Ok(Err(refuse(
                 log,
                 &ApplyRefusal::ProjectNotAllowed {
@@ -84,11 +82,6 @@ pub(super) async fn verify_job(
         }
         Err(e) => return Err(e).context("GET /projects/:id"),
     };
-    let allowed = app
-        .config
-        .gitlab
-        .projects
-        .allows(Some(project.id.0), Some(&project.path_with_namespace));
     let default_branch = project
         .default_branch
         .clone()
@@ -112,7 +105,8 @@ pub(super) async fn verify_job(
             .context("GET /repository/branches/:default")?
     };
     let gate = GateFacts {
-        allowed_projects: if allowed { vec![project.id] } else { vec![] },
+        // `served_project` found it in `gitlab.projects`, under the pipeline's project id.
+        allowed_projects: vec![project.id],
         default_branch: default_branch.clone(),
         ref_protected,
         default_branch_head: default_head,

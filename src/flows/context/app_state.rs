@@ -48,7 +48,17 @@ pub struct App {
     /// GitLab's last answer to the readiness check (`GET /user`) and when it came: probes
     /// within [`GITLAB_CHECK_TTL`] reuse it, concurrent ones wait for the one in flight.
     gitlab_check: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+    /// Projects a CI job asked about that planbot does not serve, and when GitLab said so:
+    /// see [`App::served_project`].
+    foreign_projects: std::sync::Mutex<std::collections::HashMap<u64, std::time::Instant>>,
 }
+
+/// How long a project found not to be one of `gitlab.projects` (or hidden from the bot) is
+/// refused without asking GitLab again.
+pub const FOREIGN_PROJECT_TTL: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// At most this many such projects are remembered (the oldest is forgotten first).
+pub const FOREIGN_PROJECTS_KEPT: usize = 10_000;
 
 /// How long `/readyz` (and the home page) reuse GitLab's answer to `GET /user`.
 pub const GITLAB_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
@@ -123,7 +133,9 @@ impl App {
             &config.data_dir.join("workspaces"),
             config.gitlab.token.expose(),
         )
-        .context("preparing the git workspace")?;
+        .context("preparing the git workspace")?
+        // A checkout is a job's file too: no commit's files may take more than a job may write.
+        .with_max_checkout(config.sandbox.disk_max);
         Ok(App {
             workspace,
             store,
@@ -148,6 +160,7 @@ impl App {
                 crate::flows::context::request_body::BUDGET_BYTES,
             ),
             gitlab_check: tokio::sync::Mutex::new(None),
+            foreign_projects: std::sync::Mutex::default(),
             config,
         })
     }
@@ -285,6 +298,64 @@ impl App {
     pub fn run_hint(&self, run: crate::core::ids::RunId) -> Option<String> {
         (!self.config.pages.auth.links_are_readable())
             .then(|| crate::core::links::on_the_host(self.config.listen.port(), run.0))
+    }
+
+    /// The project of a CI job that called planbot (`GET /projects/:id` with the bot token),
+    /// when it is one of `gitlab.projects`; `None` when it is not, or the bot cannot see it.
+    /// Any running job of the GitLab instance holds a valid job token, so anyone with a
+    /// pipeline of their own could otherwise make planbot spend a bot-token call (and GitLab's
+    /// per-user rate limit) on every request: a project found foreign is refused from memory
+    /// for [`FOREIGN_PROJECT_TTL`]. A served project is always asked (its default branch and
+    /// path are read fresh).
+    pub async fn served_project(
+        &self,
+        id: crate::core::ids::ProjectId,
+    ) -> Result<
+        Option<crate::capabilities::gitlab::Project>,
+        crate::capabilities::gitlab::GitLabError,
+    > {
+        use crate::capabilities::gitlab::GitLabError;
+        let now = std::time::Instant::now();
+        {
+            let mut foreign = self
+                .foreign_projects
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match foreign.get(&id.0) {
+                Some(at) if now.duration_since(*at) < FOREIGN_PROJECT_TTL => return Ok(None),
+                Some(_) => {
+                    foreign.remove(&id.0);
+                }
+                None => {}
+            }
+        }
+        let served = match self.gitlab.project(&id.to_string()).await {
+            Ok(p) => (p.id == id
+                && self
+                    .config
+                    .gitlab
+                    .projects
+                    .allows(Some(p.id.0), Some(&p.path_with_namespace)))
+            .then_some(p),
+            Err(GitLabError::NotFound) | Err(GitLabError::Forbidden) => None,
+            Err(e) => return Err(e),
+        };
+        if served.is_none() {
+            let mut foreign = self
+                .foreign_projects
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if foreign.len() >= FOREIGN_PROJECTS_KEPT {
+                foreign.retain(|_, at| now.duration_since(*at) < FOREIGN_PROJECT_TTL);
+            }
+            if foreign.len() >= FOREIGN_PROJECTS_KEPT {
+                if let Some(oldest) = foreign.iter().min_by_key(|(_, at)| **at).map(|(k, _)| *k) {
+                    foreign.remove(&oldest);
+                }
+            }
+            foreign.insert(id.0, now);
+        }
+        Ok(served)
     }
 
     /// Whether GitLab answers with our token (`GET /user`, asked every time): for `/readyz`.

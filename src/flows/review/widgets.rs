@@ -137,20 +137,12 @@ async fn serve(app: &App, token: &str, report: &str) -> anyhow::Result<Response>
             ),
         ))
     };
-    let project = match app.gitlab.project(&project_id.to_string()).await {
-        Ok(p) => p,
-        Err(GitLabError::NotFound) | Err(GitLabError::Forbidden) => return not_allowed(),
+    // A job of a project planbot does not serve is refused from memory after the first time.
+    let project = match app.served_project(project_id).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return not_allowed(),
         Err(e) => return Err(e).context("GET /projects/:id"),
     };
-    if project.id != project_id
-        || !app
-            .config
-            .gitlab
-            .projects
-            .allows(Some(project.id.0), Some(&project.path_with_namespace))
-    {
-        return not_allowed();
-    }
     // The MR as GitLab has it now: read for a merged-results pipeline (its head is the commit
     // reviewed), and for a head planbot never heard of (whether a plan may still come).
     let mut mr_info = None;

@@ -264,6 +264,38 @@ impl FakeGitLab {
         sha
     }
 
+    /// A commit on `branch` of `copies` files `dir/f0`, `dir/f1`, … that are all one blob of
+    /// `bytes` bytes (`line` repeated): what an author can push as a few KiB of git objects
+    /// that check out to `copies × bytes`.
+    pub fn commit_blob_copies(
+        &self,
+        project: &FakeProject,
+        branch: &str,
+        dir: &str,
+        line: &str,
+        bytes: u64,
+        copies: usize,
+    ) -> String {
+        let repo = self.repo_path(project);
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg("yes \"$1\" | head -c \"$2\" | git hash-object -w --stdin")
+            .arg("sh")
+            .arg(line)
+            .arg(bytes.to_string())
+            .current_dir(&repo);
+        super::git::git_env(&mut cmd);
+        let out = cmd.output().expect("sh runs");
+        assert!(out.status.success(), "{out:?}");
+        let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let lines: Vec<String> = (0..copies)
+            .map(|i| format!("100644 {oid}\t{dir}/f{i}\n"))
+            .collect();
+        let sha = commit_in_bare_with_index_lines(&repo, branch, &[lines.concat()]);
+        self.refresh_after_push(project.id, branch);
+        sha
+    }
+
     /// Same as [`FakeGitLab::commit_files`] (reads better in a story: "the author pushes").
     pub fn push(&self, project: &FakeProject, branch: &str, files: &[(&str, &str)]) -> String {
         self.commit_files(project, branch, files)

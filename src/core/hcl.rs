@@ -1,0 +1,301 @@
+//! HCL from the repository, parsed without letting it overflow planbot's stack.
+//!
+//! `hcl::parse` (a recursive-descent parser) and the tree it builds recurse once per nesting
+//! level of brackets, blocks and templates and once per operator of a chain (`1 + 1 + …`, `!!…`,
+//! `a ? b : a ? …`): a `.tf` file of a few KiB (`x = [[[…]]]` a thousand deep) overflowed the
+//! stack of the thread reading an MR's module calls, and a stack overflow aborts the whole
+//! process — every job and apply with it, and again at the next start, which queues the job
+//! again. [`parse`] first scans the text ([`depth`]: a bound on that recursion, counted without
+//! parsing, never below what the parser will need) and refuses past [`MAX_DEPTH`]; then it
+//! parses on a thread of its own with [`STACK`] of stack, ample for that depth.
+
+use std::fmt;
+
+/// The deepest text [`parse`] takes: far beyond real configuration (a few levels of blocks,
+/// collections and templates, operator chains of a few terms per value).
+pub const MAX_DEPTH: usize = 500;
+
+/// The parsing thread's stack: a level costs a few KiB of it in a debug build (a
+/// thousand-deep list overflowed 2 MiB, two hundred did not), so this leaves a wide margin.
+pub const STACK: usize = 64 << 20;
+
+/// Why [`parse`] did not give a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HclError {
+    /// The text nests (or chains operators) deeper than [`MAX_DEPTH`]; at `line`.
+    TooDeep { line: usize },
+    /// The text is not HCL.
+    Syntax,
+}
+
+impl fmt::Display for HclError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HclError::TooDeep { line } => write!(
+                f,
+                "nests deeper than {MAX_DEPTH} levels (brackets, blocks, templates or chained operators) at line {line}: planbot does not read it"
+            ),
+            HclError::Syntax => f.write_str("does not parse as HCL"),
+        }
+    }
+}
+
+impl std::error::Error for HclError {}
+
+/// `text` parsed as an HCL body, and `f`'s answer about it, both on a thread with [`STACK`] of
+/// stack (the body is dropped there too: dropping it recurses as deep as building it); a text
+/// deeper than [`MAX_DEPTH`] is refused unparsed.
+pub fn with_body<R: Send>(
+    text: &str,
+    f: impl FnOnce(&hcl::Body) -> R + Send,
+) -> Result<R, HclError> {
+    depth(text)?;
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("planbot-hcl".into())
+            .stack_size(STACK)
+            .spawn_scoped(s, || hcl::parse(text).map(|body| f(&body)))
+            .ok()
+            // Without a thread (none can be made), the text is not read.
+            .and_then(|h| h.join().ok())
+            .and_then(Result::ok)
+            .ok_or(HclError::Syntax)
+    })
+}
+
+/// A frame of the scan: what the text is inside of.
+enum Frame {
+    /// Expressions, closed by this byte (`0`: the file's top level); `ops` operators in its
+    /// current element, `lines` whether a line break ends an element (bodies, objects).
+    Code { closer: u8, ops: usize, lines: bool },
+    /// A quoted string.
+    Quoted,
+    /// A heredoc, ended by a line that is this marker.
+    Heredoc(Vec<u8>),
+}
+
+/// Refuse `text` when the recursion its parse would need may pass [`MAX_DEPTH`]: one level per
+/// open bracket, block, string, heredoc and template, plus one per operator character in the
+/// element being read at each level (a `,` ends an element; a line break ends one in a body or
+/// an object). Comments are skipped; strings and heredocs are read for their templates. Where
+/// the scan is unsure it counts more, never less.
+pub fn depth(text: &str) -> Result<(), HclError> {
+    let b = text.as_bytes();
+    let mut stack = vec![Frame::Code {
+        closer: 0,
+        ops: 0,
+        lines: true,
+    }];
+    let mut line = 1;
+    let mut i = 0;
+    let mut at_line_start = true;
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        let starts_line = at_line_start;
+        at_line_start = c == b'\n';
+        if c == b'\n' {
+            line += 1;
+        }
+        match stack.last_mut().expect("the top level is never left") {
+            Frame::Quoted => match c {
+                b'\\' => i += 1,
+                b'"' | b'\n' => {
+                    stack.pop();
+                }
+                b'$' | b'%' if next == Some(c) => i += 1,
+                b'$' | b'%' if next == Some(b'{') => {
+                    i += 1;
+                    push_template(&mut stack);
+                }
+                _ => {}
+            },
+            Frame::Heredoc(marker) => {
+                if starts_line {
+                    let end = b[i..]
+                        .iter()
+                        .position(|x| *x == b'\n')
+                        .map_or(b.len(), |p| i + p);
+                    if b[i..end].trim_ascii() == marker.as_slice() {
+                        stack.pop();
+                        i = end;
+                        continue;
+                    }
+                }
+                match c {
+                    b'$' | b'%' if next == Some(c) => i += 1,
+                    b'$' | b'%' if next == Some(b'{') => {
+                        i += 1;
+                        push_template(&mut stack);
+                    }
+                    _ => {}
+                }
+            }
+            Frame::Code { closer, ops, lines } => match c {
+                b'#' => {
+                    i = skip_line(b, i);
+                    continue;
+                }
+                b'/' if next == Some(b'/') => {
+                    i = skip_line(b, i);
+                    continue;
+                }
+                b'/' if next == Some(b'*') => {
+                    let end = b[i + 2..]
+                        .windows(2)
+                        .position(|w| w == b"*/")
+                        .map_or(b.len(), |p| i + 2 + p + 2);
+                    line += b[i..end].iter().filter(|x| **x == b'\n').count();
+                    i = end;
+                    continue;
+                }
+                b'"' => stack.push(Frame::Quoted),
+                b'<' if next == Some(b'<') => {
+                    let mut j = i + 2;
+                    if b.get(j) == Some(&b'-') {
+                        j += 1;
+                    }
+                    let start = j;
+                    while j < b.len()
+                        && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] == b'-')
+                    {
+                        j += 1;
+                    }
+                    if j > start && matches!(b.get(j), Some(b'\n') | Some(b'\r')) {
+                        stack.push(Frame::Heredoc(b[start..j].to_vec()));
+                        i = j;
+                        continue;
+                    }
+                    *ops += 2;
+                    i += 1;
+                }
+                b'(' => stack.push(code(b')', false)),
+                b'[' => stack.push(code(b']', false)),
+                b'{' => stack.push(code(b'}', true)),
+                b')' | b']' | b'}' if c == *closer => {
+                    stack.pop();
+                }
+                b',' => *ops = 0,
+                b'\n' if *lines => *ops = 0,
+                b'+' | b'-' | b'*' | b'/' | b'%' | b'!' | b'?' | b':' | b'<' | b'>' | b'='
+                | b'&' | b'|' => *ops += 1,
+                _ => {}
+            },
+        }
+        let levels = stack.len()
+            + stack
+                .iter()
+                .map(|f| match f {
+                    Frame::Code { ops, .. } => *ops,
+                    _ => 0,
+                })
+                .sum::<usize>();
+        if levels > MAX_DEPTH {
+            return Err(HclError::TooDeep { line });
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+fn code(closer: u8, lines: bool) -> Frame {
+    Frame::Code {
+        closer,
+        ops: 0,
+        lines,
+    }
+}
+
+/// A `${` or `%{` template: expressions up to its `}`.
+fn push_template(stack: &mut Vec<Frame>) {
+    stack.push(code(b'}', false));
+}
+
+/// The index of the line break ending the line at `i` (or the end).
+fn skip_line(b: &[u8], i: usize) -> usize {
+    b[i..]
+        .iter()
+        .position(|x| *x == b'\n')
+        .map_or(b.len(), |p| i + p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nested(case: &str, d: usize) -> String {
+        let expr = match case {
+            "list" => format!("{}1{}", "[".repeat(d), "]".repeat(d)),
+            "paren" => format!("{}1{}", "(".repeat(d), ")".repeat(d)),
+            "not" => format!("{}true", "!".repeat(d)),
+            "neg" => format!("{}1", "- ".repeat(d)),
+            "cond" => format!("{}1", "a ? 1 : ".repeat(d)),
+            "plus" => format!("1{}", " + 1".repeat(d)),
+            "lines" => format!("(1{})", "\n + 1".repeat(d)),
+            "tmpl" => format!("{}x{}", "\"${".repeat(d), "}\"".repeat(d)),
+            "heredoc" => format!("<<EOT\n${{{}1{}}}\nEOT", "[".repeat(d), "]".repeat(d)),
+            "obj" => format!("{}1{}", "{a=".repeat(d), "}".repeat(d)),
+            "call" => format!("{}1{}", "f(".repeat(d), ")".repeat(d)),
+            "hidden" => format!("{}1{}", "[\"]\", ".repeat(d), "]".repeat(d)),
+            "block" => return format!("{}{}", "a {\n".repeat(d), "}\n".repeat(d)),
+            _ => unreachable!(),
+        };
+        format!("x = {expr}\n")
+    }
+
+    const CASES: [&str; 13] = [
+        "list", "paren", "not", "neg", "cond", "plus", "lines", "tmpl", "heredoc", "obj", "call",
+        "hidden", "block",
+    ];
+
+    #[test]
+    fn text_that_would_overflow_the_parser_is_refused_unparsed_and_the_rest_parses() {
+        // Each of these overflowed a 2 MiB stack (the blocking threads' own) a thousand deep,
+        // aborting the process; refused now, whatever the construct.
+        for case in CASES {
+            let deep = nested(case, 20_000);
+            assert!(
+                matches!(with_body(&deep, |_| ()), Err(HclError::TooDeep { .. })),
+                "{case} 20000 deep"
+            );
+        }
+        // Within the bound each parses, on the parser's own thread.
+        for case in CASES {
+            let text = nested(case, 100);
+            assert_eq!(depth(&text), Ok(()), "{case} 100 deep");
+            assert_eq!(with_body(&text, |_| ()), Ok(()), "{case} 100 deep parses");
+        }
+    }
+
+    #[test]
+    fn real_configuration_is_far_from_the_bound() {
+        let text = r##"
+# a comment with [[[[ and (((( and !!!! in it
+/* a block comment ((((( */
+terraform {
+  backend "http" {}
+}
+locals {
+  names = ["a", "b", "c"]
+  msg   = "x ${join(", ", [for n in local.names : upper(n) if n != "b"])} ((( "
+  doc   = <<-EOT
+    ${local.msg} [[[ ((( !!!
+    EOT
+  ok = var.a > 1 && var.b < 2 || !var.c ? "yes" : "no"
+}
+module "vms" {
+  source   = "./modules/vms"
+  for_each = { for k, v in var.vms : k => v if v.enabled }
+}
+"##;
+        assert_eq!(depth(text), Ok(()));
+        let blocks = with_body(text, |b| b.blocks().count()).unwrap();
+        assert_eq!(blocks, 3);
+        // Many values one after another are no nesting.
+        let long: String = (0..50_000)
+            .map(|i| format!("v{i} = [{i}, {i} + 1]\n"))
+            .collect();
+        assert_eq!(depth(&format!("locals {{\n{long}}}\n")), Ok(()));
+        assert_eq!(with_body("x = [", |_| ()), Err(HclError::Syntax));
+    }
+}
