@@ -621,6 +621,39 @@ async fn metrics_require_the_bearer_token_when_one_is_configured() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_of_every_route_says_nosniff_refusals_and_echoes_included() {
+    let w = world(false, "").await;
+    let http = reqwest::Client::new();
+    // A widgets report name a browser could sniff as HTML if it were echoed without the header.
+    let sniffable = "/api/v1/widgets/%3Chtml%3E%3Cscript%3Ealert(1)%3C%2Fscript%3E";
+    for (method, path) in [
+        ("POST", "/webhooks/gitlab"),
+        ("POST", "/api/v1/apply"),
+        ("POST", "/api/v1/widgets/terraform"),
+        ("POST", sniffable),
+        ("GET", "/ci/planbot.gitlab-ci.yml"),
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/runs"),
+        ("GET", "/no-such-route"),
+    ] {
+        let r = match method {
+            "POST" => http.post(w.url(path)).body("{}").send().await.unwrap(),
+            _ => http.get(w.url(path)).send().await.unwrap(),
+        };
+        assert_eq!(
+            r.headers()
+                .get("x-content-type-options")
+                .map(|v| v.to_str().unwrap().to_string()),
+            Some("nosniff".to_string()),
+            "{method} {path} answered {} without nosniff",
+            r.status()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_health() {
     let w = world(false, "").await;
     let homelab = w.fake.create_project("infra/homelab");

@@ -336,6 +336,17 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
     r
 }
 
+/// Middleware for every route: no content sniffing (an API answer or a refusal that echoes a
+/// caller's text stays the `text/plain` or JSON it says it is).
+pub async fn no_sniff(req: Request, next: Next) -> Response {
+    let mut r = next.run(req).await;
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
 /// `GET /assets/pages.css`.
 pub async fn stylesheet() -> Response {
     (

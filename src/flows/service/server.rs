@@ -212,6 +212,9 @@ fn routes(app: Arc<App>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(page_routes(app.clone()))
+        // Every answer, not only the pages': some echo a caller's text (a report name, a
+        // refusal) as `text/plain`, which a browser must never read as anything else.
+        .layer(axum::middleware::from_fn(pages::no_sniff))
         .with_state(app)
 }
 
