@@ -813,7 +813,13 @@ fn check_graph(
         let message = match p {
             GraphProblem::Unknown {
                 name, suggestion, ..
-            } => match suggestion {
+            } => {
+                // No root name is longer than 64 characters: a longer entry is quoted cut.
+                let name = match name.char_indices().nth(64) {
+                    Some((at, _)) => format!("{}…", &name[..at]),
+                    None => name,
+                };
+                match suggestion {
                 Some(s) => format!(
                     "no root is named {} (did you mean {}?)",
                     code_span(&name),
@@ -828,7 +834,8 @@ fn check_graph(
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
-            },
+                }
+            }
             GraphProblem::OnItself { .. } => format!(
                 "root {} cannot depend on itself",
                 code_span(&roots[i].name)
@@ -1939,6 +1946,11 @@ lint_disable = ["not a rule"]
             err.problems[0].message.ends_with("(roots: `a`, `b`)"),
             "{}",
             &err.problems[0].message[err.problems[0].message.len() - 40..]
+        );
+        // And it is quoted cut, not a MiB into the note.
+        assert_eq!(
+            err.problems[0].message,
+            format!("no root is named `{}…` (roots: `a`, `b`)", "b".repeat(64))
         );
     }
 }
