@@ -38,6 +38,7 @@ use crate::core::repo_config::{RepoConfig, Root};
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -61,32 +62,67 @@ pub struct ApplyBody {
 pub struct JobLog {
     tx: mpsc::UnboundedSender<String>,
     scrubber: Arc<Scrubber>,
+    /// Bytes sent and not yet taken by the job's connection ([`JobLogLines::recv`]).
+    pending: Arc<AtomicUsize>,
+    /// Outside lines not sent since the last one that was: the connection did not read them.
+    dropped: Arc<AtomicUsize>,
+}
+
+/// The most bytes of the job's log planbot holds for a connection that does not read them
+/// (a client that stays connected and stops reading): past it the engine's lines are counted,
+/// not kept, and the log says how many; planbot's own lines and the verdict always go.
+pub const JOB_LOG_PENDING_MAX: usize = 8 << 20;
+
+/// The receiving end of a [`JobLog`], for the job's connection.
+pub struct JobLogLines {
+    rx: mpsc::UnboundedReceiver<String>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl JobLogLines {
+    /// The next line, once written; `None` when the log is closed.
+    pub async fn recv(&mut self) -> Option<String> {
+        let line = self.rx.recv().await?;
+        self.pending.fetch_sub(line.len(), Ordering::Relaxed);
+        Some(line)
+    }
 }
 
 impl JobLog {
-    pub fn new(scrubber: Scrubber) -> (JobLog, mpsc::UnboundedReceiver<String>) {
+    pub fn new(scrubber: Scrubber) -> (JobLog, JobLogLines) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let pending = Arc::new(AtomicUsize::new(0));
         (
             JobLog {
                 tx,
                 scrubber: Arc::new(scrubber),
+                pending: pending.clone(),
+                dropped: Arc::new(AtomicUsize::new(0)),
             },
-            rx,
+            JobLogLines { rx, pending },
         )
     }
 
     /// Lines from outside planbot (the engine's output, its error report): scrubbed whole, and
     /// each kept one line that cannot read as planbot's ([`crate::core::defuse::ci_log_outside`]:
     /// control characters shown, a gutter before a line that would start with `planbot`).
+    /// While the connection holds [`JOB_LOG_PENDING_MAX`] unread, they are counted instead.
     pub fn line(&self, text: impl AsRef<str>) {
         for l in text.as_ref().lines() {
             let l = crate::core::defuse::ci_log_outside(&self.scrubber.scrub(l));
-            let _ = self.tx.send(format!("{l}\n"));
+            let line = format!("{l}\n");
+            if self.pending.load(Ordering::Relaxed) + line.len() > JOB_LOG_PENDING_MAX {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.say_dropped();
+            self.send(line);
         }
     }
 
     /// One of planbot's own lines (`templates/apply/log.txt.j2`), its values scrubbed.
     pub fn say(&self, kind: &str, ctx: minijinja::Value) {
+        self.say_dropped();
         self.planbot_text(&crate::core::templates::scrubbing(&self.scrubber, || {
             log_text(kind, ctx)
         }));
@@ -94,15 +130,31 @@ impl JobLog {
 
     /// The verdict, the log's last line: its reason was scrubbed when it was written.
     pub fn verdict(&self, verdict: &Verdict) {
+        self.say_dropped();
         self.planbot_text(&verdict.last_line());
+    }
+
+    /// How many outside lines were not sent since the last that was, when any.
+    fn say_dropped(&self) {
+        let n = self.dropped.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            self.planbot_text(&log_text("lines_not_sent", context! { n => n }));
+        }
     }
 
     /// One of planbot's lines: a template kind is one line, so a line break a value brought
     /// stays in it, shown ([`crate::core::defuse::ci_log_own`]).
     fn planbot_text(&self, text: &str) {
-        let _ = self
-            .tx
-            .send(format!("{}\n", crate::core::defuse::ci_log_own(text)));
+        self.send(format!("{}\n", crate::core::defuse::ci_log_own(text)));
+    }
+
+    fn send(&self, line: String) {
+        // Counted before it can be taken, so the count never goes below zero.
+        let len = line.len();
+        self.pending.fetch_add(len, Ordering::Relaxed);
+        if self.tx.send(line).is_err() {
+            self.pending.fetch_sub(len, Ordering::Relaxed);
+        }
     }
 }
 
@@ -490,5 +542,58 @@ impl ApplyCtx {
         if let Err(e) = self.app.store.finish_run(run, end).await {
             tracing::error!(error = %e, "could not record the end of an apply run");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_that_does_not_read_holds_a_bounded_log_and_still_gets_the_verdict() {
+        let (log, mut lines) = JobLog::new(crate::core::redact::Secrets::default().scrubber());
+        // 20 MiB of engine output (lines of 1 KiB with their newline), none read meanwhile.
+        let line = "x".repeat(1023);
+        for _ in 0..20_000 {
+            log.line(&line);
+        }
+        assert!(log.pending.load(Ordering::Relaxed) <= JOB_LOG_PENDING_MAX);
+        log.verdict(&Verdict::Succeeded);
+        drop(log);
+        let mut got = Vec::new();
+        while let Some(l) = lines.recv().await {
+            got.push(l);
+        }
+        // What fitted, then how many were not sent, then the verdict: always the last line.
+        assert_eq!(got.len(), 8192 + 2);
+        assert!(got[..8192].iter().all(|l| l.len() == 1024));
+        assert!(
+            got[8192].starts_with(
+                "planbot: 11808 lines of the engine's output not sent here: this connection did not read them"
+            ),
+            "{}",
+            got[8192]
+        );
+        assert_eq!(got[8193], "planbot: apply succeeded\n");
+    }
+
+    #[tokio::test]
+    async fn lines_flow_again_once_read_and_the_gap_is_said_where_it_was() {
+        let (log, mut lines) = JobLog::new(crate::core::redact::Secrets::default().scrubber());
+        let line = "y".repeat(1023);
+        for _ in 0..8193 {
+            log.line(&line);
+        }
+        // The connection reads one line: room for the next.
+        assert_eq!(lines.recv().await.unwrap().len(), 1024);
+        log.line("after the gap");
+        drop(log);
+        let mut rest = Vec::new();
+        while let Some(l) = lines.recv().await {
+            rest.push(l);
+        }
+        assert_eq!(rest.len(), 8191 + 2);
+        assert!(rest[8191].starts_with("planbot: 1 line of the engine's output not sent here"));
+        assert_eq!(rest[8192], "after the gap\n");
     }
 }
