@@ -247,17 +247,7 @@ impl FakeGitLab {
         bytes: u64,
     ) -> String {
         let repo = self.repo_path(project);
-        let mut cmd = std::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg("yes \"$1\" | head -c \"$2\" | git hash-object -w --stdin")
-            .arg("sh")
-            .arg(line)
-            .arg(bytes.to_string())
-            .current_dir(&repo);
-        super::git::git_env(&mut cmd);
-        let out = cmd.output().expect("sh runs");
-        assert!(out.status.success(), "{out:?}");
-        let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let oid = generated_blob(&repo, line, bytes);
         let line = format!("100644 {oid}\t{path}\n");
         let sha = commit_in_bare_with_index_lines(&repo, branch, &[line]);
         self.refresh_after_push(project.id, branch);
@@ -277,17 +267,7 @@ impl FakeGitLab {
         copies: usize,
     ) -> String {
         let repo = self.repo_path(project);
-        let mut cmd = std::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg("yes \"$1\" | head -c \"$2\" | git hash-object -w --stdin")
-            .arg("sh")
-            .arg(line)
-            .arg(bytes.to_string())
-            .current_dir(&repo);
-        super::git::git_env(&mut cmd);
-        let out = cmd.output().expect("sh runs");
-        assert!(out.status.success(), "{out:?}");
-        let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let oid = generated_blob(&repo, line, bytes);
         let lines: Vec<String> = (0..copies)
             .map(|i| format!("100644 {oid}\t{dir}/f{i}\n"))
             .collect();
@@ -377,4 +357,20 @@ impl FakeGitLab {
             "disabled_until": null, "created_at": now()
         }));
     }
+}
+
+/// Write a blob of `bytes` bytes (`line` repeated) into the bare repository `repo`, streamed
+/// (never held in memory); its object id.
+fn generated_blob(repo: &std::path::Path, line: &str, bytes: u64) -> String {
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("yes \"$1\" | head -c \"$2\" | git hash-object -w --stdin")
+        .arg("sh")
+        .arg(line)
+        .arg(bytes.to_string())
+        .current_dir(repo);
+    super::git::git_env(&mut cmd);
+    let out = cmd.output().expect("sh runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
