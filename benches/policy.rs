@@ -16,12 +16,12 @@
 
 use criterion::{black_box, Criterion};
 use planbot::core::fingerprint::Fingerprint;
-use planbot::core::lint::lint;
 use planbot::core::plan::Plan;
 use planbot::core::policy::{
     evaluate, evaluate_document, reads_of, InputReads, PlanDocument, PlanInput, PolicyFile,
     PolicySet, DEFAULT_LIMIT,
 };
+use planbot::core::proxmox::lint::lint;
 use planbot::core::redact::Secrets;
 use planbot::core::render::NoteContext;
 use planbot::flows::cli::render::{report, Format};

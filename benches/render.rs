@@ -179,7 +179,7 @@ fn main() {
     let _ = Fingerprint::of_with_secrets(&plan, b"bench-key", None, &scrubber);
     let fingerprint = t.elapsed();
     let t = Instant::now();
-    let _ = planbot::core::lint::lint(&plan, &[]);
+    let _ = planbot::core::proxmox::lint::lint(&plan, &[]);
     let lint = t.elapsed();
     let mut err = std::io::stderr().lock();
     let _ = writeln!(
@@ -219,7 +219,7 @@ fn main() {
         |b| b.iter(|| black_box(render(&small_plan, &fp, &small_scrubber))),
     );
     c.bench_function(&format!("lint {big} resources"), |b| {
-        b.iter(|| black_box(planbot::core::lint::lint(&plan, &[])))
+        b.iter(|| black_box(planbot::core::proxmox::lint::lint(&plan, &[])))
     });
     c.final_summary();
 }

@@ -10,7 +10,6 @@ use crate::core::config::{Allowlist, Config, ProjectRef};
 use crate::core::defuse::defuse as defuse_text;
 use crate::core::events::{decide, Job, OutcomeKind};
 use crate::core::fingerprint::Fingerprint;
-use crate::core::lint::lint;
 use crate::core::markdown::{
     code_span, fence_for, gitlab_flavour, html_escape, inline_text, neutralise, table_code,
     table_text,
@@ -18,6 +17,7 @@ use crate::core::markdown::{
 use crate::core::note_html::note_to_html;
 use crate::core::plan::Plan;
 use crate::core::policy::sets::Owner;
+use crate::core::proxmox::lint::lint;
 use crate::core::redact::{Secrets, REDACTED};
 use crate::core::render::terminal::note_as_text;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};

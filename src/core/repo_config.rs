@@ -524,10 +524,10 @@ fn rule_id_problem(s: &str) -> Option<String> {
     if !valid_rule_id(s) {
         return Some(format!("{} is not a rule id (like `PVE003`)", code_span(s)));
     }
-    if crate::core::findings::is_known_rule(s) {
+    if crate::core::proxmox::findings::is_known_rule(s) {
         return None;
     }
-    let ids = crate::core::findings::RULES.iter().map(|r| r.id);
+    let ids = crate::core::proxmox::findings::RULES.iter().map(|r| r.id);
     Some(format!(
         "{} is not a rule planbot has{}",
         code_span(s),

@@ -4,7 +4,7 @@
 //! Pure: the flows read the files and hand their text in.
 
 use crate::core::config::{GitlabCredential, StateDefault};
-use crate::core::findings::{self, Finding, Severity};
+use crate::core::proxmox::findings::{self, Finding, Severity};
 use crate::core::repo_config::{Root, RootState};
 use base64::Engine as _;
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! The plan summary: counts exactly as OpenTofu's own summary line, plus the JSON report shape.
 
-use crate::core::findings::Finding;
 use crate::core::plan::{ActionKind, Plan};
+use crate::core::proxmox::findings::Finding;
 use serde::Serialize;
 
 /// Counts over managed `resource_changes`: the note's table and the JSON report's `summary`.

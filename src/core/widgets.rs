@@ -8,8 +8,8 @@
 //! of the plan. Every text is scrubbed by the caller's scrubber (the plan's sensitive values,
 //! the configured secrets) and defused like a note.
 
-use crate::core::findings::{Finding, Severity};
 use crate::core::policy::review::{RecordedVerdict, SetOrigin};
+use crate::core::proxmox::findings::{Finding, Severity};
 use crate::core::summary::Summary;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -1,11 +1,11 @@
 //! Proxmox preflight, the fetching half: read-only API calls for what the plan needs, then the
-//! pure evaluation in `core::preflight`. Runs in the plan flow and again just before apply.
+//! pure evaluation in `core::proxmox::preflight`. Runs in the plan flow and again just before apply.
 
 use crate::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
-use crate::core::capacity::{self, Capacity};
-use crate::core::findings::Finding;
 use crate::core::plan::Plan;
-use crate::core::preflight::{self, ClusterFacts, Needs, NodeFact, StorageFact};
+use crate::core::proxmox::capacity::{self, Capacity};
+use crate::core::proxmox::findings::Finding;
+use crate::core::proxmox::preflight::{self, ClusterFacts, Needs, NodeFact, StorageFact};
 use anyhow::Result;
 use std::collections::BTreeSet;
 
@@ -153,7 +153,7 @@ pub async fn gather_as(
 async fn ha(
     client: &Proxmox,
     pve9: bool,
-) -> Result<Result<crate::core::pve_ha::HaFacts, String>, ProxmoxError> {
+) -> Result<Result<crate::core::proxmox::ha::HaFacts, String>, ProxmoxError> {
     let resources = match refused(client.ha_resources().await)? {
         Ok(r) => r,
         Err(why) => return Ok(Err(why)),
@@ -163,7 +163,7 @@ async fn ha(
     } else {
         refused(client.ha_groups().await)?
     };
-    Ok(placement.map(|p| crate::core::pve_ha::ha_facts(&resources, &p, pve9)))
+    Ok(placement.map(|p| crate::core::proxmox::ha::ha_facts(&resources, &p, pve9)))
 }
 
 /// The cluster's guests (`GET /cluster/resources?type=vm`, once) and which of the plan's fixed
@@ -198,12 +198,12 @@ async fn guests_and_ids(
         .any(|id| !facts.guests.contains_key(id));
     if unlisted {
         let perms = client.permissions_all().await?;
-        let acl = if crate::core::pve_access::reads_every_acl(&perms) {
+        let acl = if crate::core::proxmox::access::reads_every_acl(&perms) {
             Some(client.acl_paths().await?)
         } else {
             None
         };
-        facts.hidden_guests = crate::core::pve_access::hidden_guests(&perms, acl.as_deref());
+        facts.hidden_guests = crate::core::proxmox::access::hidden_guests(&perms, acl.as_deref());
     }
     for id in ids {
         let taken =
@@ -390,7 +390,7 @@ pub async fn pending_after_apply(
         match client.pending(&g.node, g.kind, g.vmid).await {
             Ok(entries) => waiting.push((g.address.clone(), preflight::waiting_changes(&entries))),
             Err(e) => {
-                return Some(crate::core::findings::render_macro(
+                return Some(crate::core::proxmox::findings::render_macro(
                     "pending_unread",
                     &serde_json::json!({"error": e.to_string()}),
                 ))
@@ -439,7 +439,7 @@ pub fn endpoint_from_config(
 pub struct PlanPreflight {
     pub findings: Vec<Finding>,
     pub note: String,
-    pub lint_facts: crate::core::findings::Facts,
+    pub lint_facts: crate::core::proxmox::findings::Facts,
     /// The note's capacity table and `data.planbot.capacity` (`None` when the preflight did not
     /// run, or the plan takes and frees nothing).
     pub capacity: Option<Capacity>,

@@ -1,8 +1,8 @@
 //! The Proxmox plan lint rules against bpg-shaped `show -json` fixtures: each rule fires
 //! exactly where the catalogue says, stays silent otherwise, and tells the user what to paste.
 
-use planbot::core::findings::{self, Facts, Finding, Severity};
-use planbot::core::lint;
+use planbot::core::proxmox::findings::{self, Facts, Finding, Severity};
+use planbot::core::proxmox::lint;
 
 fn fired(findings: &[Finding]) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = findings

@@ -3,12 +3,12 @@
 //! `msg`, `data.planbot` holds the lint findings, and a policy that loops, errors or produces
 //! something that is not a message gives a clear error, never a pass.
 
-use planbot::core::findings::Finding;
-use planbot::core::lint::lint;
 use planbot::core::plan::Plan;
 use planbot::core::policy::{
     evaluate, Message, Outcome, PlanInput, PolicyError, PolicyFile, PolicySet, Results, Verdict,
 };
+use planbot::core::proxmox::findings::Finding;
+use planbot::core::proxmox::lint::lint;
 use std::path::PathBuf;
 use std::time::Duration;
 

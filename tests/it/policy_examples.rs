@@ -3,9 +3,9 @@
 //! the memory or core cap fails, a guest on another node or a disk on another storage fails, a
 //! planbot finding becomes a blocker, and a plan that respects all of it passes.
 
-use planbot::core::lint::lint;
 use planbot::core::plan::Plan;
 use planbot::core::policy::{evaluate, PlanInput, PolicyFile, PolicySet, Results};
+use planbot::core::proxmox::lint::lint;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

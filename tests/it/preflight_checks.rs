@@ -3,9 +3,9 @@
 
 use crate::support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 use planbot::capabilities::proxmox::{Proxmox, ProxmoxEndpoint, ProxmoxError};
-use planbot::core::findings::{Finding, Severity};
 use planbot::core::plan::Plan;
-use planbot::core::preflight;
+use planbot::core::proxmox::findings::{Finding, Severity};
+use planbot::core::proxmox::preflight;
 use planbot::flows::preflight::preflight;
 use std::time::Duration;
 
@@ -772,7 +772,7 @@ async fn every_pasteable_fix_of_the_guests_plan_clears_its_finding() {
 async fn an_unreachable_endpoint_fails_closed_only_for_plans_that_touch_proxmox() {
     let dead = ProxmoxEndpoint::new("https://127.0.0.1:9/", format!("{TOKEN}={SECRET}"));
     let plain = crate::support::fixtures::plan("changes");
-    assert!(!planbot::core::preflight::touches_proxmox(&plain));
+    assert!(!planbot::core::proxmox::preflight::touches_proxmox(&plain));
     let pf = planbot::flows::preflight::for_plan(Some(dead.clone()), &plain).await;
     assert!(pf.findings.is_empty(), "{:?}", pf.findings);
     assert_eq!(pf.note, "");
@@ -782,7 +782,7 @@ async fn an_unreachable_endpoint_fails_closed_only_for_plans_that_touch_proxmox(
     );
 
     let pve = crate::support::fixtures::plan("bpg/seed_debian_qcow2_import");
-    assert!(planbot::core::preflight::touches_proxmox(&pve));
+    assert!(planbot::core::proxmox::preflight::touches_proxmox(&pve));
     let pf = planbot::flows::preflight::for_plan(Some(dead.clone()), &pve).await;
     assert_eq!(
         pf.findings.iter().map(|f| f.rule).collect::<Vec<_>>(),

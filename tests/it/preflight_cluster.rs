@@ -4,9 +4,9 @@
 
 use crate::support::fake_proxmox::{Cluster, FakeProxmox, NodeHardware, GIB};
 use planbot::capabilities::proxmox::ProxmoxEndpoint;
-use planbot::core::findings::{Finding, Severity};
 use planbot::core::fingerprint::Fingerprint;
 use planbot::core::policy::{evaluate_document_with, Outcome, PlanDocument, PolicyFile, PolicySet};
+use planbot::core::proxmox::findings::{Finding, Severity};
 use planbot::core::redact::Secrets;
 use planbot::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use planbot::flows::preflight::{for_plan, PlanPreflight};
@@ -1023,7 +1023,7 @@ async fn after_the_apply_a_pending_cores_change_is_named_for_the_apply_note() {
     before["cpu"][0]["cores"] = 2.into();
     rc["before"] = before;
     let plan = planbot::core::plan::Plan::from_json(v.to_string().as_bytes()).unwrap();
-    let guests = planbot::core::preflight::updated_guests(&plan);
+    let guests = planbot::core::proxmox::preflight::updated_guests(&plan);
     assert_eq!(guests.len(), 1, "{guests:?}");
     assert_eq!((guests[0].vmid, guests[0].kind), (301, "qemu"));
 

@@ -217,7 +217,7 @@ async fn every_surface_of_a_real_plan_is_scrubbed() {
     let report = planbot::core::summary::PlanReport::new(
         plan,
         run.fingerprint(b"k").to_string(),
-        planbot::core::lint::lint(plan, &[]),
+        planbot::core::proxmox::lint::lint(plan, &[]),
     );
     let report = serde_json::to_string(
         &run.scrubber()

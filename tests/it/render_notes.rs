@@ -3,9 +3,9 @@
 //! shape (`tests/fixtures/plans/handmade.py`: imports, drift, unknown actions, Proxmox resources).
 //! Every note is also checked for well-formed Markdown (fences, `<details>`, table rows, marker).
 
-use planbot::core::findings::{Finding, Severity};
 use planbot::core::fingerprint::Fingerprint;
 use planbot::core::plan::Plan;
+use planbot::core::proxmox::findings::{Finding, Severity};
 use planbot::core::redact::{Scrubber, Secrets};
 use planbot::core::render::{
     render_note, NoteContext, RootOutcome, RootSection, NOTE_BUDGET, NOTE_MARKER,
@@ -425,7 +425,7 @@ fn a_findings_message_with_quotes_reads_with_its_real_characters() {
     // Real lint findings: the messages quote HCL (`content_type = "import"`) in code spans,
     // where GitLab shows `&quot;` verbatim.
     let plan = crate::support::fixtures::plan("bpg/seed_talos_raw_xz_decompress");
-    let findings = planbot::core::lint::lint(&plan, &[]);
+    let findings = planbot::core::proxmox::lint::lint(&plan, &[]);
     assert_eq!(findings.len(), 2);
     let note = note_with(&plan, &findings, &ctx());
     assert!(
@@ -628,7 +628,7 @@ fn thousands_of_destroyed_vms_with_their_findings_still_fit_the_budget() {
     // 3,000 destroyed VMs: 3,000 destructive changes and 3,000 PVE008 findings, whose lists
     // alone would be larger than the budget.
     let plan = huge_plan(0, 0, 3000);
-    let findings = planbot::core::lint::lint(&plan, &[]);
+    let findings = planbot::core::proxmox::lint::lint(&plan, &[]);
     assert_eq!(findings.len(), 3000);
     let note = note_with(&plan, &findings, &ctx());
     assert!(note.len() <= NOTE_BUDGET, "{} chars", note.len());

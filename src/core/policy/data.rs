@@ -3,9 +3,9 @@
 //!
 //! The shape (documented in docs/policies.md, kept stable):
 //! `{"root": "core", "findings": [{"rule", "severity", "title", "address", "message", "fix"}]}`,
-//! and `"capacity"` (`core::capacity::Capacity`) when the Proxmox preflight read it.
+//! and `"capacity"` (`core::proxmox::capacity::Capacity`) when the Proxmox preflight read it.
 
-use crate::core::findings::{self, Finding};
+use crate::core::proxmox::findings::{self, Finding};
 use serde_json::{json, Value};
 
 /// The `data.planbot` object for one root's plan.

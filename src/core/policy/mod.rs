@@ -19,7 +19,7 @@ pub use reads::InputReads;
 pub use rego::PlanDocument;
 pub use sets::{Owner, PolicySetSpec, DEFAULT_NAMESPACE};
 
-use crate::core::findings::Finding;
+use crate::core::proxmox::findings::Finding;
 use serde::Serialize;
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! evaluated one by one within the set's time budget, their values read as messages.
 
 use super::{InputReads, Message, PolicyError, PolicyFile, PolicySet, Results};
-use crate::core::findings::Finding;
+use crate::core::proxmox::findings::Finding;
 use regorus::utils::limits::ExecutionTimerConfig;
 use regorus::{Engine, LimitError, Value};
 use std::collections::BTreeMap;

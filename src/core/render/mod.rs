@@ -14,10 +14,10 @@ use crate::core::markdown;
 pub mod terminal;
 
 use crate::core::engine_checks::{Check, RootChecks, TestStatus, LISTED};
-use crate::core::findings::{Finding, Severity};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
 use crate::core::policy::review::PolicySection;
+use crate::core::proxmox::findings::{Finding, Severity};
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
 use budget::{Unit, UnitState};
@@ -92,7 +92,7 @@ pub struct NoteContext {
     /// Each root's "Policies" section (its messages already scrubbed), by root name.
     pub policies: BTreeMap<String, PolicySection>,
     /// What each root's plan takes from the Proxmox cluster next to what is free, by root name.
-    pub capacity: BTreeMap<String, crate::core::capacity::Capacity>,
+    pub capacity: BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
     /// For each root planned with an upstream root (`depends_on`) that changes in the same MR,
     /// those upstream roots and their output changes ([`planned_before::planned_before`]): the
     /// root's section says it was planned before their apply.
@@ -464,7 +464,7 @@ struct DetailView {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     ephemeral: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    capacity: Option<crate::core::capacity::Capacity>,
+    capacity: Option<crate::core::proxmox::capacity::Capacity>,
     /// The upstream roots changed in the same MR that this root was planned before.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     planned_before: Vec<planned_before::PlannedBefore>,

@@ -542,12 +542,13 @@ impl ApplyCtx {
             .unwrap_or_default();
         // The run's secrets: the config's (given to the run) and the plan's own.
         let scrubber = planned.scrubber();
-        let facts = crate::core::findings::Facts {
+        let facts = crate::core::proxmox::findings::Facts {
             parallelism: root.parallelism,
             ..Default::default()
         };
-        let findings =
-            cpu_bound(|| crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts));
+        let findings = cpu_bound(|| {
+            crate::core::proxmox::lint::lint_with(planned.plan(), &root.lint_disable, &facts)
+        });
         let new_plan = cpu_bound(|| {
             render_note(
                 &NoteContext {

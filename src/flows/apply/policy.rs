@@ -179,12 +179,13 @@ impl ApplyCtx {
                 base => self.policy.base.as_ref().map(|b| b.short().to_string()),
             },
         );
-        let facts = crate::core::findings::Facts {
+        let facts = crate::core::proxmox::findings::Facts {
             parallelism: root.parallelism,
             ..Default::default()
         };
-        let findings =
-            cpu_bound(|| crate::core::lint::lint_with(planned.plan(), &root.lint_disable, &facts));
+        let findings = cpu_bound(|| {
+            crate::core::proxmox::lint::lint_with(planned.plan(), &root.lint_disable, &facts)
+        });
         let recorded = cpu_bound(|| {
             let document = sets.read_document(&root.name, planned.plan_json());
             // As with the preflight's findings, what the plan takes from the cluster is read

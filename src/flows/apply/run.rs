@@ -139,7 +139,7 @@ pub(super) async fn apply_all(
                 );
                 let guard = d.guard.take().expect("a planned root holds its lock");
                 // The guests it updates in place: after the apply, which changes wait for a reboot.
-                let guests = crate::core::preflight::updated_guests(planned.plan());
+                let guests = crate::core::proxmox::preflight::updated_guests(planned.plan());
                 let slot = ctx.app.engine_slot().await;
                 let outcome = apply_root(&guard, planned, log).await;
                 drop(slot);

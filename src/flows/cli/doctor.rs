@@ -10,7 +10,7 @@ use crate::capabilities::proxmox::{
 };
 use crate::capabilities::store::{Store, StoreProbe};
 use crate::core::config::{env_name, Config, ConfigError, Origin, Problem, StoreUrl};
-use crate::core::pve_access::{self, Privileges};
+use crate::core::proxmox::access::{self, Privileges};
 use crate::core::redact::Secrets;
 use anyhow::Result;
 use serde::Serialize;
@@ -862,10 +862,10 @@ async fn proxmox_endpoint(ep: ProxmoxEndpoint, for_plan: bool, for_apply: bool, 
         .collect();
     let no_template: Vec<&str> = template_storages
         .iter()
-        .filter(|s| !pve_access::DOWNLOAD_STORAGE.met(&perms, &format!("/storage/{}", s.storage)))
+        .filter(|s| !access::DOWNLOAD_STORAGE.met(&perms, &format!("/storage/{}", s.storage)))
         .map(|s| s.storage.as_str())
         .collect();
-    let can_write = pve_access::VMS
+    let can_write = access::VMS
         .requires
         .iter()
         .any(|p| *p != "VM.Audit" && perms.has("/vms", p))
@@ -990,11 +990,11 @@ fn pve_read_access(
     can_write: bool,
     r: &mut Report,
 ) {
-    let user = crate::core::pve_access::token_user(token_id).to_string();
-    let read_missing: Vec<String> = pve_access::READ
+    let user = crate::core::proxmox::access::token_user(token_id).to_string();
+    let read_missing: Vec<String> = access::READ
         .missing(perms, "/")
         .iter()
-        .map(|p| pve_access::all_on(&[*p], "/"))
+        .map(|p| access::all_on(&[*p], "/"))
         .collect();
     if read_missing.is_empty() {
         r.add(
@@ -1006,12 +1006,12 @@ fn pve_read_access(
         r.add(
             Status::Fail,
             "pve_read_missing",
-            json!({"token": token_id, "user": user, "role": pve_access::READ.role,
+            json!({"token": token_id, "user": user, "role": access::READ.role,
                    "missing": read_missing}),
         );
     }
     if plan_only && can_write {
-        let mut extra: Vec<String> = pve_access::VMS
+        let mut extra: Vec<String> = access::VMS
             .requires
             .iter()
             .filter(|p| **p != "VM.Audit" && perms.has("/vms", p))
@@ -1038,12 +1038,12 @@ fn pve_write_access(
     no_template: &[&str],
     r: &mut Report,
 ) {
-    let user = crate::core::pve_access::token_user(token_id).to_string();
-    let vm_missing: Vec<&str> = pve_access::VMS.missing(perms, "/vms");
-    let root_download = pve_access::DOWNLOAD_ROOT.met(perms, "/");
+    let user = crate::core::proxmox::access::token_user(token_id).to_string();
+    let vm_missing: Vec<&str> = access::VMS.missing(perms, "/vms");
+    let root_download = access::DOWNLOAD_ROOT.met(perms, "/");
     let nodes_without_net: Vec<&str> = nodes
         .iter()
-        .filter(|n| !pve_access::DOWNLOAD_NODE.met(perms, &format!("/nodes/{}", n.node)))
+        .filter(|n| !access::DOWNLOAD_NODE.met(perms, &format!("/nodes/{}", n.node)))
         .map(|n| n.node.as_str())
         .collect();
     let download_blocked = !root_download && !nodes_without_net.is_empty();
@@ -1051,33 +1051,30 @@ fn pve_write_access(
     let mut grants = Vec::new();
     // Each role is created once (`pveum role add` fails for an existing role).
     let mut roles_added = BTreeSet::new();
-    let mut grant = |need: &pve_access::Need, path: &str| {
+    let mut grant = |need: &access::Need, path: &str| {
         json!({"role": need.role, "privs": need.grants, "path": path,
                "add_role": roles_added.insert(need.role)})
     };
     if !vm_missing.is_empty() {
-        missing.push(pve_access::each_on(&vm_missing, "/vms"));
-        grants.push(grant(&pve_access::VMS, "/vms"));
+        missing.push(access::each_on(&vm_missing, "/vms"));
+        grants.push(grant(&access::VMS, "/vms"));
     }
     for s in no_template {
         let path = format!("/storage/{s}");
-        missing.push(pve_access::all_on(
-            pve_access::DOWNLOAD_STORAGE.requires,
-            &path,
-        ));
-        grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &path));
+        missing.push(access::all_on(access::DOWNLOAD_STORAGE.requires, &path));
+        grants.push(grant(&access::DOWNLOAD_STORAGE, &path));
     }
     if download_blocked {
         let node_paths: Vec<String> = nodes_without_net
             .iter()
             .map(|n| format!("/nodes/{n}"))
             .collect();
-        missing.push(pve_access::all_on_root_or_nodes(
-            pve_access::DOWNLOAD_ROOT.requires,
-            pve_access::DOWNLOAD_NODE.requires,
+        missing.push(access::all_on_root_or_nodes(
+            access::DOWNLOAD_ROOT.requires,
+            access::DOWNLOAD_NODE.requires,
             &node_paths,
         ));
-        grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/"));
+        grants.push(grant(&access::DOWNLOAD_ROOT, "/"));
     }
     if missing.is_empty() {
         r.add(Status::Ok, "pve_write_ok", json!({"token": token_id}));

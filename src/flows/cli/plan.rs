@@ -13,10 +13,10 @@ use crate::capabilities::engine::{
     self, CancelHandle, CliConfig, Engine, EngineError, PlanRequest, PlannedRun, SandboxMode,
     SandboxProfile, StepProgress,
 };
-use crate::core::findings::Finding;
 use crate::core::fingerprint::Fingerprint;
-use crate::core::lint::lint;
 use crate::core::plan::Plan;
+use crate::core::proxmox::findings::Finding;
+use crate::core::proxmox::lint::lint;
 use crate::core::redact::Scrubber;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;
@@ -290,7 +290,9 @@ fn print_result(
             // 2 it could not run), as `planbot preflight` exits.
             let preflight_code = preflight
                 .as_ref()
-                .filter(|p| p.failed.is_some() || crate::core::findings::has_errors(&p.findings))
+                .filter(|p| {
+                    p.failed.is_some() || crate::core::proxmox::findings::has_errors(&p.findings)
+                })
                 .map(crate::flows::cli::preflight::exit_code);
             let Some(policy) = local.policy else {
                 return Ok(preflight_code.unwrap_or(ExitCode::SUCCESS));
@@ -361,7 +363,7 @@ fn render_planned(
 ) -> Result<String> {
     let mut findings = lint(plan, &[]);
     findings.extend(extra);
-    crate::core::findings::sort_findings(&mut findings);
+    crate::core::proxmox::findings::sort_findings(&mut findings);
     match format {
         Format::Json => {
             let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);

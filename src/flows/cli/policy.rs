@@ -5,9 +5,9 @@
 //! the policies could not be read or evaluated (a symbolic link, a parse error, no rule in the
 //! package, the time limit).
 
-use crate::core::lint::lint;
 use crate::core::plan::Plan;
 use crate::core::policy::{self, PlanInput, PolicySet};
+use crate::core::proxmox::lint::lint;
 use crate::core::redact::{Scrubber, Secrets};
 use crate::flows::context::policy_sets::read_policy_dir;
 use anyhow::{Context, Result};

@@ -8,8 +8,8 @@
 //! refusing or not answering).
 
 use crate::capabilities::proxmox::ProxmoxEndpoint;
-use crate::core::findings::{has_errors, render_macro};
 use crate::core::plan::Plan;
+use crate::core::proxmox::findings::{has_errors, render_macro};
 use crate::core::redact::Secrets;
 use crate::flows::cli::render::Format;
 use crate::flows::preflight::{endpoint_from_config, for_plan_as, PlanPreflight};

@@ -2,8 +2,8 @@
 
 use crate::core::engine_kind::{self, EngineKind};
 use crate::core::fingerprint::Fingerprint;
-use crate::core::lint::lint;
 use crate::core::plan::Plan;
+use crate::core::proxmox::lint::lint;
 use crate::core::redact::Secrets;
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;

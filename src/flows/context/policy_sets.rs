@@ -3,13 +3,13 @@
 //! commit (the default branch's head for a review, the commit before the merge for an apply;
 //! never the MR's), and the sets that check one root.
 
-use crate::core::findings::Finding;
 use crate::core::ids::ProjectId;
 use crate::core::policy::review::{RecordedVerdict, SetOrigin, SetSource};
 use crate::core::policy::{
     evaluate_document_with, InputReads, Outcome, PlanDocument, PolicyError, PolicyFile, PolicySet,
     PolicySetSpec, SetVerdict, Verdict, DEFAULT_LIMIT,
 };
+use crate::core::proxmox::findings::Finding;
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::RepoConfig;
 use crate::flows::context::app_state::App;

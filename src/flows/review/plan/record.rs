@@ -7,11 +7,11 @@ use super::text;
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::{PolicyVerdictRecord, RunEnd, RunState, ShownFingerprint};
 use crate::core::events::PlanJob;
-use crate::core::findings::Finding;
 use crate::core::fingerprint::Fingerprint;
-use crate::core::lint;
 use crate::core::plan_digest::PlanDigest;
 use crate::core::policy::review::RecordedVerdict;
+use crate::core::proxmox::findings::Finding;
+use crate::core::proxmox::lint;
 use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
 use crate::flows::context::app_state::App;
@@ -172,7 +172,7 @@ pub(super) fn final_status(rec: &Recorded, scrubber: &Scrubber) -> (StatusState,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::findings::Severity;
+    use crate::core::proxmox::findings::Severity;
 
     fn planned(name: &str) -> minijinja::Value {
         minijinja::context! { name => name, state => "planned", summary => "1 to add, 0 to change, 0 to destroy" }

@@ -8,12 +8,12 @@ use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::engine_checks::RootChecks;
 use crate::core::events::PlanJob;
-use crate::core::findings::{self, Finding};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
-use crate::core::lint;
 use crate::core::policy::Verdict;
+use crate::core::proxmox::findings::{self, Finding};
+use crate::core::proxmox::lint;
 use crate::core::reach;
 use crate::core::repo_config::Root;
 use crate::core::state;
@@ -66,7 +66,7 @@ pub(super) struct RootsPlanned {
     pub results: Vec<RootResult>,
     pub preflight_notes: Vec<String>,
     /// What each root's plan takes from the Proxmox cluster, by root name (the note's table).
-    pub capacity: std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
+    pub capacity: std::collections::BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
     /// The roots the changes reach and why each was planned (the note's list and picture).
     pub reach: Vec<crate::core::reach::Reached>,
     /// The `depends_on` lines the repo config lacks (a root reads another's managed state).
@@ -244,7 +244,7 @@ pub(super) async fn plan_roots(
 /// checked again with them, so the verdict sees what the note shows.
 fn across_roots(
     prepared: &Prepared,
-    capacity: &std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
+    capacity: &std::collections::BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
     results: &mut [RootResult],
 ) {
     let mut at = Vec::new();
@@ -348,7 +348,7 @@ async fn plan_root(
     cancel: &CancelToken,
     pve: &Option<ProxmoxEndpoint>,
     preflight_notes: &mut Vec<String>,
-    capacity: &mut std::collections::BTreeMap<String, crate::core::capacity::Capacity>,
+    capacity: &mut std::collections::BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
 ) -> Result<Outcome> {
     let key = app.config.fingerprint_key.expose().as_bytes();
     let checkout = prepared.checkout.path();

@@ -7,8 +7,8 @@
 use super::model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
 use super::vm::unchanged;
 use super::{finding, Finding, LintInput};
-use crate::core::findings::{finding_with, Severity};
 use crate::core::plan::ActionKind;
+use crate::core::proxmox::findings::{finding_with, Severity};
 use serde_json::{json, Value};
 
 fn is_vm(rc: &Res) -> bool {

@@ -8,9 +8,9 @@
 //! which the provider calls GB and Proxmox reads as `G`). The report's numbers are what
 //! policies see as `data.planbot.capacity` (docs/policies.md).
 
-use crate::core::findings::{finding, Finding};
 use crate::core::plan::{ActionKind, Plan, ResourceChange};
-use crate::core::pve_model::{unknown_at, Kind};
+use crate::core::proxmox::findings::{finding, Finding};
+use crate::core::proxmox::model::{unknown_at, Kind};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};

@@ -6,8 +6,8 @@
 
 use super::model::{after, block_len, is_created, Attr, Kind, Res};
 use super::{finding, Finding, Gather, LintInput};
-use crate::core::findings::{is_disabled, sort_findings, Facts};
 use crate::core::plan::{ActionKind, Plan};
+use crate::core::proxmox::findings::{is_disabled, sort_findings, Facts};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 

@@ -3,12 +3,16 @@
 //!
 //! The fetching (read-only API calls) lives in `flows::preflight`.
 
-use crate::core::capacity;
-use crate::core::findings::{finding_with, render_macro, sort_findings, Facts, Finding, Severity};
 use crate::core::plan::{ActionKind, Plan};
-use crate::core::pve_access::{self, Need, Privileges};
-use crate::core::pve_ha;
-use crate::core::pve_model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res};
+use crate::core::proxmox::access::{self, Need, Privileges};
+use crate::core::proxmox::capacity;
+use crate::core::proxmox::findings::{
+    finding_with, render_macro, sort_findings, Facts, Finding, Severity,
+};
+use crate::core::proxmox::ha;
+use crate::core::proxmox::model::{
+    after, before, block_len, is_created, is_planned, Attr, Kind, Res,
+};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -49,12 +53,12 @@ pub struct Needs {
     /// VMs created as full clones (PVE111).
     pub clones: Vec<CloneNeed>,
     /// Guests moved to another node in place (PVE112: through HA when HA manages them).
-    pub ha_moves: Vec<pve_ha::HaMove>,
+    pub ha_moves: Vec<ha::HaMove>,
     /// HA groups created (PVE113: replaced by rules on PVE 9).
     pub ha_groups: Vec<String>,
     /// The SDN objects the plan changes, the VNets it creates, and whether it applies them
     /// (PVE114; a bridge named after a VNet the plan creates is not missing).
-    pub sdn: crate::core::pve_model::SdnChanges,
+    pub sdn: crate::core::proxmox::model::SdnChanges,
 }
 
 /// A VM created by cloning `template`: where it goes, and where the plan says the template is.
@@ -274,13 +278,13 @@ pub fn needs(plan: &Plan) -> Needs {
         })
         .map(|rc| rc.address.clone())
         .collect();
-    n.sdn = crate::core::pve_model::sdn_changes(plan);
+    n.sdn = crate::core::proxmox::model::sdn_changes(plan);
     n.demand = capacity::demand(plan);
     n
 }
 
 /// A guest updated in place whose `node_name` changes: the provider migrates it (PVE112).
-fn ha_move(rc: &Res, kind: Kind) -> Option<pve_ha::HaMove> {
+fn ha_move(rc: &Res, kind: Kind) -> Option<ha::HaMove> {
     if rc.kind() != ActionKind::Update {
         return None;
     }
@@ -289,7 +293,7 @@ fn ha_move(rc: &Res, kind: Kind) -> Option<pve_ha::HaMove> {
     let vmid = before(rc, "vm_id")
         .or_else(|| before(rc, "id"))
         .and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()))?;
-    (from != to).then(|| pve_ha::HaMove {
+    (from != to).then(|| ha::HaMove {
         address: rc.address.clone(),
         sid: format!(
             "{}:{vmid}",
@@ -434,8 +438,8 @@ pub struct ClusterFacts {
     pub vnets_unread: Option<String>,
     /// What HA says about the guests the plan moves (PVE112), or why it could not be read (a
     /// refused read); `None` when nothing was asked.
-    pub ha: Option<Result<pve_ha::HaFacts, String>>,
-    /// The ids that list may hide from the token ([`pve_access::hidden_guests`]); `None`: any.
+    pub ha: Option<Result<ha::HaFacts, String>>,
+    /// The ids that list may hide from the token ([`access::hidden_guests`]); `None`: any.
     /// An id it does not show and may hide is asked about one by one
     /// (`GET /cluster/nextid?vmid=`), and a template it does not show and may hide is not judged.
     pub hidden_guests: Option<BTreeSet<u64>>,
@@ -515,7 +519,7 @@ pub fn could_not_run(url: &str, error: &str) -> Finding {
 /// (a privilege-separated token gets only what both have; a full-privilege token, its user's).
 fn grant(need: &Need, path: &str, token: &str) -> Value {
     json!({"role": need.role, "privs": need.grants, "path": path, "token": token,
-           "user": pve_access::token_user(token)})
+           "user": access::token_user(token)})
 }
 
 /// The findings of PVE101–PVE114 for `needs`, given what the API said: one step per rule.
@@ -534,12 +538,12 @@ pub fn evaluate(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     out.extend(pve110_root_features(needs, facts));
     out.extend(pve111_clones(needs, facts));
     out.extend(pve114_vnets(needs, facts));
-    out.extend(pve_ha::pve112(
+    out.extend(ha::pve112(
         &needs.ha_moves,
         facts.ha.as_ref(),
         &facts.token_id,
     ));
-    out.extend(pve_ha::pve113(&needs.ha_groups, facts.version.as_deref()));
+    out.extend(ha::pve113(&needs.ha_groups, facts.version.as_deref()));
     sort_findings(&mut out);
     out
 }
@@ -628,8 +632,8 @@ fn storage_problem(
         if !visible && facts.privileges.knows(&path) {
             return finding(
                 json!({"problem": "hidden", "storage": need.storage, "token": token,
-                       "user": pve_access::token_user(token), "role": pve_access::STORAGE_VISIBLE_ROLE,
-                       "privs": pve_access::STORAGE_VISIBLE_ANY}),
+                       "user": access::token_user(token), "role": access::STORAGE_VISIBLE_ROLE,
+                       "privs": access::STORAGE_VISIBLE_ANY}),
             );
         }
         return finding(json!({"problem": "missing", "storage": need.storage,
@@ -678,7 +682,7 @@ fn pve104_downloads(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let token = facts.token_id.as_str();
     let mut out = Vec::new();
     for (address, storage, node) in &needs.downloads {
-        let Some(gap) = pve_access::download_gap(&facts.privileges, storage, node) else {
+        let Some(gap) = access::download_gap(&facts.privileges, storage, node) else {
             continue;
         };
         let sp = format!("/storage/{storage}");
@@ -686,16 +690,16 @@ fn pve104_downloads(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
         let mut missing = Vec::new();
         let mut grants = Vec::new();
         if !gap.storage.is_empty() {
-            missing.push(pve_access::all_on(&gap.storage, &sp));
-            grants.push(grant(&pve_access::DOWNLOAD_STORAGE, &sp, token));
+            missing.push(access::all_on(&gap.storage, &sp));
+            grants.push(grant(&access::DOWNLOAD_STORAGE, &sp, token));
         }
         if !gap.root.is_empty() {
-            missing.push(pve_access::all_on_root_or_nodes(
+            missing.push(access::all_on_root_or_nodes(
                 &gap.root,
-                pve_access::DOWNLOAD_NODE.requires,
+                access::DOWNLOAD_NODE.requires,
                 &[np],
             ));
-            grants.push(grant(&pve_access::DOWNLOAD_ROOT, "/", token));
+            grants.push(grant(&access::DOWNLOAD_ROOT, "/", token));
         }
         out.push(check(
             "PVE104",
@@ -713,10 +717,10 @@ fn pve105_snippets(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     for (address, storage) in &needs.snippets {
         let sp = format!("/storage/{storage}");
-        if pve_access::SNIPPETS.met(&facts.privileges, &sp) {
+        if access::SNIPPETS.met(&facts.privileges, &sp) {
             continue;
         }
-        let mut d = grant(&pve_access::SNIPPETS, &sp, token);
+        let mut d = grant(&access::SNIPPETS, &sp, token);
         d["storage"] = storage.as_str().into();
         out.push(check("PVE105", Severity::Error, address, d));
     }
@@ -860,8 +864,8 @@ fn pve114_vnets(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
             continue;
         };
         let base = json!({"vnet": bridge, "node": node, "zone": v.zone, "who": who,
-                          "user": pve_access::token_user(&who), "token": facts.token_id,
-                          "plan_user": pve_access::token_user(&facts.token_id)});
+                          "user": access::token_user(&who), "token": facts.token_id,
+                          "plan_user": access::token_user(&facts.token_id)});
         let with = |problem: &str, extra: Value| {
             let mut d = base.clone();
             d["problem"] = problem.into();
@@ -897,9 +901,9 @@ fn pve114_vnets(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
 fn pve107_sys_modify(needs: &Needs, facts: &ClusterFacts) -> Vec<Finding> {
     let token = facts.token_id.as_str();
     let mut out = Vec::new();
-    if !pve_access::SYS_MODIFY.met(&facts.privileges, "/") {
+    if !access::SYS_MODIFY.met(&facts.privileges, "/") {
         for (address, what) in &needs.sys_modify {
-            let mut d = grant(&pve_access::SYS_MODIFY, "/", token);
+            let mut d = grant(&access::SYS_MODIFY, "/", token);
             d["what"] = (*what).into();
             out.push(check("PVE107", Severity::Error, address, d));
         }

@@ -56,9 +56,9 @@ pub struct Facts {
 /// Which pass reports a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// A lint rule over the plan alone (`core::lint`).
+    /// A lint rule over the plan alone (`core::proxmox::lint`).
     Lint,
-    /// A preflight check against the Proxmox API (`core::preflight`).
+    /// A preflight check against the Proxmox API (`core::proxmox::preflight`).
     Preflight,
     /// Where the root's state lives, learnt after `init` (`core::state`); never switched off.
     State,

@@ -3,7 +3,7 @@
 //! `GET /cluster/ha/groups`) or PVE 9 (node-affinity rules, `GET /cluster/ha/rules`) say about
 //! them, and the findings.
 
-use crate::core::findings::{finding_with, Finding, Severity};
+use crate::core::proxmox::findings::{finding_with, Finding, Severity};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -112,7 +112,7 @@ pub fn pve112(moves: &[HaMove], ha: Option<&Result<HaFacts, String>>, token: &st
             Err(why) => (
                 Severity::Warning,
                 json!({"unread": why, "token": token,
-                       "user": crate::core::pve_access::token_user(token)}),
+                       "user": crate::core::proxmox::access::token_user(token)}),
             ),
             Ok(facts) => match facts.resources.get(&m.sid) {
                 None => continue,

@@ -1,5 +1,5 @@
 //! The Proxmox VE privileges planbot's checks need, defined once: the live preflight
-//! (`core::preflight`) and `planbot doctor` (`flows::cli::doctor`) both test and grant exactly these.
+//! (`core::proxmox::preflight`) and `planbot doctor` (`flows::cli::doctor`) both test and grant exactly these.
 //!
 //! Each [`Need`] names the privileges Proxmox checks for an API call (`requires`, from the API
 //! viewer's "Required permissions") and the role planbot tells the user to create (`grants`:

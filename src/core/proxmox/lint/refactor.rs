@@ -317,8 +317,8 @@ fn group_key(rc: &ResourceChange) -> GroupKey<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::findings::Facts;
     use crate::core::plan::Plan;
+    use crate::core::proxmox::findings::Facts;
 
     /// The pairing as first written (every destroy scans every create): the reference the
     /// bucketed pairing must agree with.

@@ -14,11 +14,11 @@ mod vm;
 
 pub use together::{cross_root, RootPlan};
 
-use crate::core::findings::{
+use crate::core::plan::Plan;
+use crate::core::proxmox::findings::{
     self, finding, is_disabled, render_macro, sort_findings, Facts, Finding, Severity,
 };
-use crate::core::plan::Plan;
-use crate::core::pve_model as model;
+use crate::core::proxmox::model;
 
 /// What a rule sees: the plan, the optional cluster facts, the plan's lookups
 /// ([`model::Index`], built once per lint call), and what the one pass over the plan's VMs and
@@ -316,7 +316,7 @@ pub fn status_description(findings: &[Finding]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::findings::{has_errors, unknown_rule_ids};
+    use crate::core::proxmox::findings::{has_errors, unknown_rule_ids};
 
     #[test]
     fn rule_ids_are_unique_and_in_catalogue_order() {
