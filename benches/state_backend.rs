@@ -22,7 +22,8 @@ use planbot::capabilities::engine::{Engine, PlanRequest};
 use planbot::core::config::Config;
 use planbot::core::ids::{MrIid, ProjectId};
 use planbot::core::repo_config::RepoConfig;
-use planbot::flows::confinement::credentials::{self, Trust};
+use planbot::flows::confinement::credentials::Trust;
+use planbot::flows::confinement::plan_request::JobRuns;
 use planbot::flows::context::app_state::App;
 use std::time::{Duration, Instant};
 use support::fake_gitlab::{FakeGitLab, DEVELOPER, MAINTAINER};
@@ -115,18 +116,23 @@ token = "{writer}"
     std::fs::write(local.path().join("main.tf"), ROOT).unwrap();
     let http = tempfile::tempdir().unwrap();
     std::fs::write(http.path().join("main.tf"), ROOT).unwrap();
-    // Each variant's state gate (as a job starts one), kept for every run of the variant.
-    let gate = |use_| {
-        runtime
-            .block_on(credentials::managed_state_gate(
-                &config,
-                ProjectId(project.id),
-                http.path(),
-                root,
-                use_,
-            ))
-            .unwrap()
-            .unwrap()
+    // Each variant's pass through a state gate (as a job's runs get one), kept for every run
+    // of the variant.
+    let sha = planbot::core::ids::CommitSha("0".repeat(40));
+    let gate = |trust| {
+        let project = planbot::capabilities::state_gate::GateProject {
+            id: project.id,
+            path: None,
+        };
+        runtime.block_on(async {
+            JobRuns::new(&config, trust, project, &sha, http.path())
+                .request(root, &Default::default())
+                .await
+                .unwrap()
+                .request
+                .state_gate
+                .unwrap()
+        })
     };
     let (read_gate, write_gate) = (gate(Trust::MergeRequest), gate(Trust::DefaultBranch));
     runtime.block_on(async {

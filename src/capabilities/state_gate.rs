@@ -2,21 +2,24 @@
 //! to instead of GitLab, so the real state token never enters the sandbox.
 //!
 //! One gate per job (its own listener on `127.0.0.1`, an ephemeral port, stopped when the last
-//! handle drops): the engine gets `http://127.0.0.1:<port>/api/v4/projects/<id>/terraform/state/
-//! <name>` and a random credential good for this gate alone (checked in constant time, useless
-//! at GitLab). The gate forwards with the real token of the run's trust level only what
-//! [`crate::core::state::gate_request`] allows (the job's own project's states; reads only for
-//! MR plans), streams both ways within [`STATE_MAX`], keeps GitLab's status codes and bodies
-//! (a held lock's `409` and its lock info reach the engine as GitLab sent them), and refuses
-//! everything else with `403` and a reason it keeps for the note.
+//! handle drops), and a [`GatePass`] per root run of the job: the engine gets
+//! `http://127.0.0.1:<port>/api/v4/projects/<id>/terraform/state/<name>` and a random
+//! credential good for this gate alone, while its pass lives (checked in constant time, useless
+//! at GitLab). The gate forwards with the real token of the job's trust level only what
+//! [`crate::core::state::gate_request`] allows the pass (the job's own project's states, by id
+//! or path; reads only for MR plans; writes only of the run's own state), streams both ways
+//! within [`STATE_MAX`], keeps GitLab's status codes and bodies (a held lock's `409` and its lock
+//! info reach the engine as GitLab sent them), and refuses everything else with `403` and a
+//! reason it keeps for the note.
 //!
 //! Why one listener per job rather than one for the service keyed by credential: the port is
-//! allowed only in that job's sandbox (Landlock's connect rule), so even a credential another
-//! job's MR code learned would not reach this gate; and a gate's life is its job's (no table of
-//! grants to expire).
+//! allowed only in that job's sandboxes (Landlock's connect rule), so even a credential another
+//! job's MR code learned would not reach this gate; and a gate's life is its job's. Why one per
+//! job rather than per root: the roots of a job share a checkout, and a module they share holds
+//! one override naming the gate ([`crate::core::state::remote`]).
 
 use crate::core::config::{GitlabCredential, Secret};
-use crate::core::state::{self, GateCall, GateGrant, GateRefusal};
+use crate::core::state::{self, GateAccess, GateCall, GateGrant, GateRefusal};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -24,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use futures::{Stream, StreamExt};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use subtle::ConstantTimeEq;
 
@@ -34,12 +38,13 @@ pub const STATE_MAX: u64 = 256 * 1024 * 1024;
 /// How long the gate waits to connect to GitLab.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// One job's running gate. Cheap to share (`Arc`); the listener stops when the last handle is
-/// dropped.
+/// At most this many refusals are kept for a pass (the same reason once).
+const MAX_REFUSALS: usize = 20;
+
+/// One job's running gate. Cheap to share (`Arc`); the listener stops when the last handle
+/// (the job's, or a pass's) is dropped.
 pub struct StateGate {
     port: u16,
-    grant: GateGrant,
-    credential: GitlabCredential,
     inner: Arc<Inner>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -48,31 +53,104 @@ impl std::fmt::Debug for StateGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateGate")
             .field("port", &self.port)
+            .field("project", &self.inner.project)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whose states a job's gate serves.
+#[derive(Debug, Clone)]
+pub struct GateProject {
+    /// The project's numeric id (what GitLab is asked with).
+    pub id: u64,
+    /// Its path (`group/project`), when known: an address may name the project by it.
+    pub path: Option<String>,
+}
+
+struct Inner {
+    project: GateProject,
+    /// What the job's runs may do (its trust level's).
+    access: GateAccess,
+    gitlab_url: String,
+    upstream: GitlabCredential,
+    passes: Mutex<Vec<PassEntry>>,
+    /// Refusals of requests that carried no pass's credential: every pass reports them.
+    unknown: Mutex<Vec<String>>,
+    next: AtomicU64,
+    client: reqwest::Client,
+}
+
+/// What the gate knows of one pass.
+struct PassEntry {
+    id: u64,
+    /// `Basic base64(user:password)` of the pass's credential.
+    expected: String,
+    grant: GateGrant,
+    refusals: Vec<String>,
+}
+
+/// One root run's way through the job's gate: its credential and what it may do. The pass
+/// (and the gate with it) lives as long as the run holds it, through its apply.
+pub struct GatePass {
+    gate: Arc<StateGate>,
+    id: u64,
+    grant: GateGrant,
+    credential: GitlabCredential,
+}
+
+impl std::fmt::Debug for GatePass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatePass")
+            .field("port", &self.gate.port)
             .field("grant", &self.grant)
             .finish_non_exhaustive()
     }
 }
 
-struct Inner {
-    grant: GateGrant,
-    gitlab_url: String,
-    upstream: GitlabCredential,
-    /// `Basic base64(user:password)` of the job's own credential.
-    expected: String,
-    refusals: Mutex<Vec<String>>,
-    client: reqwest::Client,
-}
-
 impl StateGate {
-    /// Start the gate for `grant` on an ephemeral loopback port, forwarding to `gitlab_url`'s
-    /// state API with `upstream` (the token of the run's trust level).
+    /// Start a job's gate for `project`'s states on an ephemeral loopback port, forwarding to
+    /// `gitlab_url`'s state API with `upstream` (the token of the job's trust level), for runs
+    /// that may do `access`.
     pub async fn start(
-        grant: GateGrant,
+        project: GateProject,
+        access: GateAccess,
         gitlab_url: &str,
         upstream: &GitlabCredential,
     ) -> std::io::Result<Arc<StateGate>> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let port = listener.local_addr()?.port();
+        let inner = Arc::new(Inner {
+            project,
+            access,
+            gitlab_url: gitlab_url.to_string(),
+            upstream: upstream.clone(),
+            passes: Mutex::new(Vec::new()),
+            unknown: Mutex::new(Vec::new()),
+            next: AtomicU64::new(1),
+            client: client().map_err(std::io::Error::other)?,
+        });
+        let router = axum::Router::new()
+            .fallback(handle)
+            .with_state(inner.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(Arc::new(StateGate { port, inner, task }))
+    }
+
+    /// The gate's TCP port (the job's sandboxes must allow it).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:<port>`: where the engine finds the gate.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A pass for one root run: its own credential, good at this gate for `state` (the run's
+    /// own state, the one it may lock and write when the job's runs may).
+    pub fn pass(self: &Arc<Self>, state: &str) -> Arc<GatePass> {
         let credential = GitlabCredential {
             username: format!("planbot-job-{}", random_hex(6)),
             token: Secret::new(random_hex(32)),
@@ -85,62 +163,71 @@ impl StateGate {
                 credential.token.expose()
             ))
         );
-        let inner = Arc::new(Inner {
-            grant: grant.clone(),
-            gitlab_url: gitlab_url.to_string(),
-            upstream: upstream.clone(),
+        let grant = GateGrant {
+            project: self.inner.project.id,
+            project_path: self.inner.project.path.clone(),
+            state: state.to_string(),
+            access: self.inner.access,
+        };
+        let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.inner.passes).push(PassEntry {
+            id,
             expected,
-            refusals: Mutex::new(Vec::new()),
-            client: client().map_err(std::io::Error::other)?,
+            grant: grant.clone(),
+            refusals: Vec::new(),
         });
-        let router = axum::Router::new()
-            .fallback(handle)
-            .with_state(inner.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
-        Ok(Arc::new(StateGate {
-            port,
+        Arc::new(GatePass {
+            gate: self.clone(),
+            id,
             grant,
             credential,
-            inner,
-            task,
-        }))
+        })
     }
+}
 
-    /// The gate's TCP port (the job's sandbox must allow it).
+impl GatePass {
+    /// The gate's TCP port (the run's sandbox must allow it).
     pub fn port(&self) -> u16 {
-        self.port
+        self.gate.port
     }
 
-    /// The `http` backend's environment for the job: the gate's address of the grant's state,
-    /// its lock address, and the job's own credential.
+    /// The `http` backend's environment for the run: the gate's address of its own state, its
+    /// lock address, and the pass's credential.
     pub fn env(&self) -> BTreeMap<String, String> {
-        let address = state::state_address(
-            &format!("http://127.0.0.1:{}", self.port),
-            self.grant.project,
-            &self.grant.state,
-        );
+        let address = state::state_address(&self.gate.url(), self.grant.project, &self.grant.state);
         state::http_backend_env(&address, &self.credential)
     }
 
-    /// The job's credential (a secret of the run: scrubbed from its output).
+    /// The pass's credential (a secret of the run: scrubbed from its output).
     pub fn password(&self) -> &str {
         self.credential.token.expose()
     }
 
-    /// The project whose states this gate serves.
+    /// The project whose states the gate serves.
     pub fn project(&self) -> u64 {
         self.grant.project
     }
 
-    /// What the gate refused so far, each with why, in order (the same reason once).
+    /// What the gate refused this run so far (and requests with no pass's credential), each
+    /// with why, in order (the same reason once).
     pub fn refusals(&self) -> Vec<String> {
-        self.inner
-            .refusals
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or_default()
+        let mut all = lock(&self.gate.inner.passes)
+            .iter()
+            .find(|p| p.id == self.id)
+            .map(|p| p.refusals.clone())
+            .unwrap_or_default();
+        for r in lock(&self.gate.inner.unknown).iter() {
+            if !all.contains(r) {
+                all.push(r.clone());
+            }
+        }
+        all
+    }
+}
+
+impl Drop for GatePass {
+    fn drop(&mut self) {
+        lock(&self.gate.inner.passes).retain(|p| p.id != self.id);
     }
 }
 
@@ -148,6 +235,11 @@ impl Drop for StateGate {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A lock of the gate's tables (a panic elsewhere leaves them usable).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The client every gate forwards with (built once: TLS roots are read once per process).
@@ -173,22 +265,45 @@ fn random_hex(bytes: usize) -> String {
 }
 
 impl Inner {
-    fn refuse(&self, status: StatusCode, refusal: GateRefusal) -> Response {
-        tracing::warn!(project = self.grant.project, reason = %refusal.0, "state gate refused a request");
-        if let Ok(mut r) = self.refusals.lock() {
-            if !r.contains(&refusal.0) && r.len() < 20 {
-                r.push(refusal.0.clone());
+    /// Refuse with `refusal`, kept for the pass `pass` (or for every pass when no pass's
+    /// credential came with the request).
+    fn refuse(&self, status: StatusCode, pass: Option<u64>, refusal: GateRefusal) -> Response {
+        tracing::warn!(project = self.project.id, reason = %refusal.0, "state gate refused a request");
+        let keep = |list: &mut Vec<String>| {
+            if !list.contains(&refusal.0) && list.len() < MAX_REFUSALS {
+                list.push(refusal.0.clone());
             }
+        };
+        match pass {
+            Some(id) => {
+                if let Some(p) = lock(&self.passes).iter_mut().find(|p| p.id == id) {
+                    keep(&mut p.refusals);
+                }
+            }
+            None => keep(&mut lock(&self.unknown)),
         }
         (status, refusal.0).into_response()
     }
 
-    fn refusal(&self, why: &str, ctx: minijinja::Value) -> GateRefusal {
-        let run = match self.grant.access {
-            state::GateAccess::Read => "plan",
-            state::GateAccess::ReadWrite => "run",
+    /// The pass whose credential `authorization` is, compared in constant time with every
+    /// pass's (no early end).
+    fn pass_of(&self, authorization: Option<&[u8]>) -> Option<(u64, GateGrant)> {
+        let given = authorization?;
+        let mut found = None;
+        for p in lock(&self.passes).iter() {
+            if bool::from(given.ct_eq(p.expected.as_bytes())) {
+                found = Some((p.id, p.grant.clone()));
+            }
+        }
+        found
+    }
+
+    fn refusal(&self, access: GateAccess, why: &str, ctx: minijinja::Value) -> GateRefusal {
+        let run = match access {
+            GateAccess::Read => "plan",
+            GateAccess::ReadWrite => "run",
         };
-        let ctx = minijinja::context! { why => why, run => run, own => self.grant.project, ..ctx };
+        let ctx = minijinja::context! { why => why, run => run, own => self.project.id, ..ctx };
         GateRefusal(crate::core::templates::text(
             "state.txt.j2",
             "gate_refused",
@@ -198,26 +313,26 @@ impl Inner {
 }
 
 async fn handle(State(gate): State<Arc<Inner>>, req: Request) -> Response {
-    let authorized = req
+    let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
-        .map(|v| bool::from(v.as_bytes().ct_eq(gate.expected.as_bytes())))
-        .unwrap_or(false);
-    if !authorized {
-        let r = gate.refusal("credential", minijinja::context! {});
-        return gate.refuse(StatusCode::UNAUTHORIZED, r);
-    }
+        .map(|v| v.as_bytes());
+    let Some((pass, grant)) = gate.pass_of(authorization) else {
+        let r = gate.refusal(gate.access, "credential", minijinja::context! {});
+        return gate.refuse(StatusCode::UNAUTHORIZED, None, r);
+    };
     let call = match state::gate_request(
-        &gate.grant,
+        &grant,
         req.method().as_str(),
         req.uri().path(),
         req.uri().query(),
     ) {
         Ok(c) => c,
-        Err(r) => return gate.refuse(StatusCode::FORBIDDEN, r),
+        Err(r) => return gate.refuse(StatusCode::FORBIDDEN, Some(pass), r),
     };
     let too_large = |call: &GateCall| {
         gate.refusal(
+            grant.access,
             "too_large",
             minijinja::context! { op => format!("{:?}", call.op).to_lowercase(), name => &call.name, max => "256 MiB" },
         )
@@ -229,14 +344,14 @@ async fn handle(State(gate): State<Arc<Inner>>, req: Request) -> Response {
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > STATE_MAX) {
         let r = too_large(&call);
-        return gate.refuse(StatusCode::PAYLOAD_TOO_LARGE, r);
+        return gate.refuse(StatusCode::PAYLOAD_TOO_LARGE, Some(pass), r);
     }
     let method = req.method().clone();
     let content_type = req.headers().get(header::CONTENT_TYPE).cloned();
     let body = bounded(req.into_body().into_data_stream());
     let mut upstream = gate
         .client
-        .request(method, call.upstream(&gate.gitlab_url, gate.grant.project))
+        .request(method, call.upstream(&gate.gitlab_url, grant.project))
         .basic_auth(&gate.upstream.username, Some(gate.upstream.token.expose()))
         .body(reqwest::Body::wrap_stream(body));
     if let Some(ct) = content_type {
@@ -248,7 +363,7 @@ async fn handle(State(gate): State<Arc<Inner>>, req: Request) -> Response {
     let answer = match upstream.send().await {
         Ok(a) => a,
         Err(e) => {
-            tracing::warn!(project = gate.grant.project, error = %e.without_url(), "state gate: GitLab did not answer");
+            tracing::warn!(project = grant.project, error = %e.without_url(), "state gate: GitLab did not answer");
             return (
                 StatusCode::BAD_GATEWAY,
                 "planbot's state gate could not reach GitLab",
@@ -258,7 +373,7 @@ async fn handle(State(gate): State<Arc<Inner>>, req: Request) -> Response {
     };
     if answer.content_length().is_some_and(|n| n > STATE_MAX) {
         let r = too_large(&call);
-        return gate.refuse(StatusCode::BAD_GATEWAY, r);
+        return gate.refuse(StatusCode::BAD_GATEWAY, Some(pass), r);
     }
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();

@@ -8,6 +8,7 @@
 
 use crate::capabilities::checkout_file::size_text;
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
+use crate::core::reach::{self, ModuleGraph};
 use crate::core::repo_config::{self, RepoConfig, RepoConfigError};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine as _;
@@ -220,23 +221,59 @@ impl RootFiles {
         Ok(files)
     }
 
-    /// Write planbot's file `name` into the root (replacing whatever the repository has under
-    /// that name, a symbolic link included, without following it).
+    /// Write planbot's file `name` into the root, replacing whatever the repository has under
+    /// that name (a symbolic link included, without following it): written aside, then renamed
+    /// over it, so runs of one job that write the same file at once each leave it whole.
     pub fn write(&self, name: &str, text: &str) -> Result<()> {
         use std::io::Write;
-        let path = self.dir.join(name);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("replacing {name}")),
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let mut aside = tempfile::Builder::new()
+            .prefix(".planbot-")
+            .tempfile_in(&self.dir)
             .with_context(|| format!("writing {name}"))?;
-        f.write_all(text.as_bytes())
-            .with_context(|| format!("writing {name}"))
+        aside
+            .write_all(text.as_bytes())
+            .with_context(|| format!("writing {name}"))?;
+        aside
+            .persist(self.dir.join(name))
+            .map(drop)
+            .with_context(|| format!("replacing {name}"))
+    }
+}
+
+/// The module graph (`core::reach`) of the directories `dirs` of the checkout at `checkout`
+/// and every local module they reach, read bounded and never through a link out of it.
+/// Blocking: call it off the async workers.
+pub fn module_graph(checkout: &Path, dirs: &[String]) -> ModuleGraph {
+    ModuleGraph::build(dirs.iter().map(String::as_str), |dir| {
+        read_dir(checkout, dir)
+    })
+}
+
+/// One directory of the checkout: its configuration files, or why not. No path of the
+/// server's disk is put in a reason.
+fn read_dir(top: &Path, dir: &str) -> reach::Read {
+    let path = if dir == "." {
+        top.to_path_buf()
+    } else {
+        top.join(dir)
+    };
+    if !path.is_dir() {
+        return reach::Read::Missing;
+    }
+    let files = match RootFiles::open(top, dir) {
+        Ok(files) => files,
+        Err(_) => {
+            return reach::Read::Unreadable(
+                "it resolves outside the repository through a symbolic link: not followed".into(),
+            )
+        }
+    };
+    match files.config_files_within(reach::MAX_DIR_BYTES) {
+        Ok(read) => reach::Read::Files {
+            real: files.repo_dir().to_string(),
+            files: read,
+        },
+        Err(e) => reach::Read::Unreadable(e.to_string()),
     }
 }
 

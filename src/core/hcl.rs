@@ -49,16 +49,38 @@ pub fn with_body<R: Send>(
     text: &str,
     f: impl FnOnce(&hcl::Body) -> R + Send,
 ) -> Result<R, HclError> {
+    on_parse_stack(text, || hcl::parse(text).map(|body| f(&body)).ok())
+}
+
+/// [`with_body`] for the body as written (`hcl::edit`): every expression keeps its place in
+/// `text` (its span), for what must quote the repository's own expressions.
+pub fn with_edit_body<R: Send>(
+    text: &str,
+    f: impl FnOnce(&hcl::edit::structure::Body) -> R + Send,
+) -> Result<R, HclError> {
+    on_parse_stack(text, || {
+        hcl::edit::parser::parse_body(text)
+            .map(|body| f(&body))
+            .ok()
+    })
+}
+
+/// `parse` run on a thread with [`STACK`] of stack once [`depth`] allows `text`; `None` from
+/// it, or no thread, is [`HclError::Syntax`].
+fn on_parse_stack<R: Send>(
+    text: &str,
+    parse: impl FnOnce() -> Option<R> + Send,
+) -> Result<R, HclError> {
     depth(text)?;
     std::thread::scope(|s| {
         std::thread::Builder::new()
             .name("planbot-hcl".into())
             .stack_size(STACK)
-            .spawn_scoped(s, || hcl::parse(text).map(|body| f(&body)))
+            .spawn_scoped(s, parse)
             .ok()
             // Without a thread (none can be made), the text is not read.
             .and_then(|h| h.join().ok())
-            .and_then(Result::ok)
+            .flatten()
             .ok_or(HclError::Syntax)
     })
 }

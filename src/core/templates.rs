@@ -96,6 +96,7 @@ files![
     ("pages/pages.css", Raw),
     ("pages/run.html", Verbatim),
     ("pages/runs.html", Verbatim),
+    ("plan_request.txt.j2", Verbatim),
     ("plan_status.txt.j2", Verbatim),
     ("policy.txt.j2", Verbatim),
     ("policy_test.txt.j2", Blocks),

@@ -879,16 +879,53 @@ async fn an_mr_reading_another_projects_state_is_refused_and_the_note_says_why()
         "{note}"
     );
 
-    // 2. B's state straight at GitLab: the engine's credential is no use there.
+    // 2. B's state at GitLab's address, as GitLab's docs write it (a token of the author's
+    //    own from a variable): planbot's override reads it through the gate, which refuses
+    //    another project's state.
     let direct = format!(
         "\"{}/api/v4/projects/{b_id}/terraform/state/prod\"",
         w.gitlab.url()
+    );
+    let with_token = remote_state_peek(&format!(
+        "{direct}\n    username = \"author\"\n    password = var.my_token"
+    )) + "variable \"my_token\" {\n  default = \"glpat-the-authors-own\"\n}\n";
+    let iid = w
+        .open_mr(
+            &s,
+            "peek-as-gitlab-docs-write-it",
+            &[("stacks/core/peek.tf", &with_token)],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("failed"), "{status}\n{note}");
+    assert!(
+        !note.contains(B_SECRET) && !note.contains(B_IP),
+        "B's state reached A's note: {note}"
+    );
+    assert!(
+        note.contains(&format!(
+            "planbot refused this plan's read of project {b_id}'s state `prod`: a plan of project {a_id} may read only project {a_id}'s states"
+        )),
+        "{note}"
+    );
+    assert!(
+        w.gitlab.state_requests().iter().all(|r| r.name != "prod"),
+        "the gate refused it: nothing reached GitLab"
+    );
+
+    // 3. Code that overrides planbot's override (a later `*_override.tf`) reads B's state
+    //    straight at GitLab: the engine's credential is no use there.
+    let undo = format!(
+        "data \"terraform_remote_state\" \"prod\" {{\n  config = {{\n    address = {direct}\n  }}\n}}\n"
     );
     let iid = w
         .open_mr(
             &s,
             "peek-at-gitlab",
-            &[("stacks/core/peek.tf", &remote_state_peek(&direct))],
+            &[
+                ("stacks/core/peek.tf", &remote_state_peek(&direct)),
+                ("stacks/core/zz_override.tf", &undo),
+            ],
         )
         .await;
     let (note, status) = w.plan_of(&s, iid).await;
@@ -938,9 +975,9 @@ fn check_warns_when_one_plan_token_serves_several_projects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_state_gate_wants_its_own_credential_and_passes_gitlabs_answers_through() {
-    use planbot::capabilities::state_gate::StateGate;
+    use planbot::capabilities::state_gate::{GateProject, StateGate};
     use planbot::core::config::{GitlabCredential, Secret};
-    use planbot::core::state::{GateAccess, GateGrant};
+    use planbot::core::state::GateAccess;
     let gitlab = FakeGitLab::start();
     let project = gitlab.create_project(INFRA);
     let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
@@ -950,14 +987,14 @@ async fn the_state_gate_wants_its_own_credential_and_passes_gitlabs_answers_thro
         username: "planbot".into(),
         token: Secret::new(writer.token.clone()),
     };
-    let grant = GateGrant {
-        project: project.id,
-        state: "homelab".into(),
-        access: GateAccess::ReadWrite,
+    let own = GateProject {
+        id: project.id,
+        path: Some(INFRA.into()),
     };
-    let gate = StateGate::start(grant, gitlab.url(), &upstream)
+    let gate = StateGate::start(own, GateAccess::ReadWrite, gitlab.url(), &upstream)
         .await
-        .unwrap();
+        .unwrap()
+        .pass("homelab");
     let env = gate.env();
     let (address, user, password) = (
         env["TF_HTTP_ADDRESS"].clone(),

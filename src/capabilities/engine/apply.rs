@@ -50,7 +50,7 @@ pub struct PlannedRun {
     pub(super) scrubber: Scrubber,
     pub(super) duration: Duration,
     /// The job's state gate, kept running until the apply is done.
-    pub(super) _state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::StateGate>>,
+    pub(super) _state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::GatePass>>,
     /// The run's cgroup (the apply runs in it too); dropped last: what is left in it is killed.
     pub(super) cgroup: Option<super::cgroup::JobCgroup>,
 }

@@ -90,7 +90,7 @@ pub struct PlanRequest {
     pub init_env: BTreeMap<String, String>,
     /// The job's state gate, when the root's state is GitLab-managed: its port is allowed in
     /// the run's sandbox, and it lives as long as the planned run (through its apply).
-    pub state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::StateGate>>,
+    pub state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::GatePass>>,
     /// `-lock=false` for `init` and `plan`: the run only reads the state (an MR's plan). Its
     /// apply, if any, still locks.
     pub no_lock: bool,

@@ -29,12 +29,15 @@ pub use parity::plan_has_changes;
 pub use report::report_interrupted;
 
 use crate::capabilities::gitlab::{CommitStatus, MergeRequest, StatusState};
+use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewApply, RunEnd, RunState};
 use crate::core::apply::{parse_confirm, ApplyRefusal};
 use crate::core::apply_note::{Reliance, Relied};
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
 use crate::core::redact::Scrubber;
 use crate::core::repo_config::{RepoConfig, Root};
+use crate::flows::confinement::credentials::Trust;
+use crate::flows::confinement::plan_request::JobRuns;
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
@@ -332,7 +335,19 @@ async fn verify_and_apply(
             app.store.lock_project(job.project.id).await?
         }
     };
+    // The apply credentials, and the job's one state gate for every root's plan and apply.
+    let runs = JobRuns::new(
+        &app.config,
+        Trust::DefaultBranch,
+        GateProject {
+            id: job.project.id.0,
+            path: Some(job.project.path_with_namespace.clone()),
+        },
+        &sha,
+        checkout.path(),
+    );
     let ctx = ApplyCtx {
+        runs,
         app: app.clone(),
         project: job.project.id,
         project_path: job.project.path_with_namespace.clone(),
@@ -443,6 +458,8 @@ async fn checkout(
 
 /// What every stage after the gate works with: the verified job, its project and commit.
 struct ApplyCtx {
+    /// Every root's plan request (`flows::confinement::plan_request`).
+    runs: JobRuns,
     app: Arc<App>,
     project: ProjectId,
     project_path: String,

@@ -4,7 +4,7 @@
 //! and shows what changed.
 
 use super::{refuse, ApplyCtx, JobLog, Verdict};
-use crate::capabilities::engine::{PlanRequest, PlannedRun};
+use crate::capabilities::engine::PlannedRun;
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::{ApplyId, ApplyState, NewRun, RunKind, RunState};
 use crate::capabilities::workspace::RootFiles;
@@ -19,7 +19,8 @@ use crate::core::repo_config::Root;
 use crate::core::state::{self, Backend, HeldLock};
 use crate::core::summary::Summary;
 use crate::core::targeting::Targeting;
-use crate::flows::confinement::credentials::{self, Trust};
+use crate::flows::confinement::credentials::Trust;
+use crate::flows::confinement::plan_request;
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::context::locks::RootGuard;
 use anyhow::Result;
@@ -197,7 +198,7 @@ impl ApplyCtx {
     pub(super) async fn plan_fresh(
         &self,
         root: &Root,
-        checkout: &Path,
+        _checkout: &Path,
         run: crate::core::ids::RunId,
         targeting: &Targeting,
     ) -> Result<PlannedRun, String> {
@@ -209,17 +210,10 @@ impl ApplyCtx {
             .app
             .default_branch_engine()
             .map_err(|e| format!("{e:#}"))?;
-        let gate = match credentials::managed_state_gate(
-            &self.app.config,
-            self.project,
-            checkout,
-            root,
-            Trust::DefaultBranch,
-        )
-        .await
-        {
-            Ok(gate) => gate,
-            Err(why) => {
+        let run_of_root = match self.runs.request(root, targeting).await {
+            Ok(r) => r,
+            Err(not_planned) => {
+                let why = not_planned.to_string();
                 self.end_run(run, RunState::Failed, &why, "").await;
                 return Err(self.say(
                     "root_plan_failed",
@@ -227,29 +221,14 @@ impl ApplyCtx {
                 ));
             }
         };
-        let request = PlanRequest {
-            var_files: root.var_files.iter().map(Into::into).collect(),
-            workspace: Some(root.workspace.clone()).filter(|w| !w.is_empty() && w != "default"),
-            extra_secrets: self.app.config.secrets(),
-            worktree: Some(checkout.to_path_buf()),
-            extra_env: gate.as_ref().map(|g| g.env()).unwrap_or_default(),
-            state_gate: gate.clone(),
-            init_env: credentials::module_env(&self.app.config, Trust::DefaultBranch),
-            parallelism: root.parallelism,
-            targeting: targeting.clone(),
-            ..PlanRequest::default()
-        };
+        let request = run_of_root.request;
         let slot = self.app.engine_slot().await;
-        let planned = engine.plan(&checkout.join(&root.dir), &request).await;
+        let planned = engine.plan(&run_of_root.dir, &request).await;
         drop(slot);
         match planned {
             Ok(p) => Ok(p),
             Err(e) => {
-                let mut report = e.report(40);
-                let refused = credentials::gate_explanation(gate.as_deref(), &report);
-                if !refused.is_empty() {
-                    report = format!("{report}\n{refused}");
-                }
+                let report = plan_request::failure_report(&request, &e);
                 let report = self.app.scrubber.scrub(&report).into_owned();
                 self.end_run(
                     run,

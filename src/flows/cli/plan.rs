@@ -22,6 +22,7 @@ use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::core::summary::PlanReport;
 use crate::flows::cli::policy::PolicyOptions;
 use crate::flows::cli::render::{local_fingerprint_key, Format};
+use crate::flows::confinement::plan_request;
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -234,12 +235,16 @@ async fn plan_interruptibly(
             eprintln!("{}", progress_line(&p));
         }
     });
+    // The directory as one root of its own (`.planbot.toml`'s absence), with the operator's
+    // var files and variables: nothing of the service's credentials, the state locked as the
+    // operator's own tools would.
+    let whole = crate::core::repo_config::RepoConfig::absent();
     let req = PlanRequest {
         operator_var_files,
         vars,
         cancel: Some(token),
         progress: Some(progress),
-        ..PlanRequest::default()
+        ..plan_request::root_request(&whole.roots[0], &Default::default(), false)
     };
     let started = std::time::Instant::now();
     let result = runner.plan(dir, &req).await;

@@ -10,17 +10,13 @@
 //! GitLab-managed state and modules follow the same split: `[state.plan]` (a Developer's
 //! token: MR plans only read the state) or `[state.apply]` (a Maintainer's: lock and write),
 //! `[modules.plan]` or `[modules.apply]` (read-only, for `init` only). Never the bot's token.
-//! The state tokens never reach the engine: it gets the job's state gate
-//! ([`crate::capabilities::state_gate`]) and a credential good there alone.
+//! The state tokens never reach the engine: it gets a pass through the job's state gate
+//! ([`crate::capabilities::state_gate`], set up by [`super::plan_request`]), good there alone.
 
-use crate::capabilities::state_gate::StateGate;
-use crate::capabilities::workspace::RootFiles;
+use crate::capabilities::state_gate::GatePass;
 use crate::core::config::{Config, GitlabCredential, ProxmoxEndpoint};
-use crate::core::ids::ProjectId;
-use crate::core::repo_config::Root;
-use crate::core::state::{self, GateAccess, GateGrant};
+use crate::core::state;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Whose code an engine run executes, which decides its credentials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,86 +27,11 @@ pub enum Trust {
     DefaultBranch,
 }
 
-/// A root's GitLab-managed state for one run: its name, and the credential of the run's trust
-/// level (which stays in planbot: the engine gets the job's state gate).
-#[derive(Debug, Clone)]
-pub struct ManagedState {
-    pub name: String,
-    pub credential: GitlabCredential,
-}
-
-/// The GitLab-managed state `root` uses in a run for `trust`: `Ok(None)` when the root keeps
-/// its own backend, `Err` (the text for the note and the log) when this trust level has no
-/// token.
-pub fn managed_state(
-    config: &Config,
-    trust: Trust,
-    root: &Root,
-) -> Result<Option<ManagedState>, String> {
-    let Some(name) = state::gitlab_state_name(root, config.state.default) else {
-        return Ok(None);
-    };
-    let credential = match trust {
-        Trust::MergeRequest => config.state.plan.as_ref(),
-        Trust::DefaultBranch => config.state.apply.as_ref(),
-    };
-    let Some(credential) = credential else {
-        return Err(crate::core::templates::text(
-            "state.txt.j2",
-            "no_token",
-            minijinja::context! {
-                root => &root.name,
-                name => &name,
-                use => if trust == Trust::MergeRequest { "plan" } else { "apply" },
-            },
-        ));
-    };
-    Ok(Some(ManagedState {
-        name,
-        credential: credential.clone(),
-    }))
-}
-
-/// [`managed_state`] made ready in a job's checkout: the override that makes the root use the
-/// `http` backend is written into its directory (which must resolve inside the checkout), and
-/// the job's state gate started: the engine's backend talks to it, with a credential of the
-/// job's own, and the gate forwards to GitLab, with the token of the run's trust level, only
-/// what `project`'s run may do (reads for MR plans and drift checks; lock, write and unlock
-/// of the root's own state for the default branch). `Ok(None)` when the root keeps its own
-/// backend; `Err` says why the root cannot run (no token for this trust level, a root outside
-/// the checkout, no loopback port).
-pub async fn managed_state_gate(
-    config: &Config,
-    project: ProjectId,
-    checkout: &std::path::Path,
-    root: &Root,
-    trust: Trust,
-) -> Result<Option<Arc<StateGate>>, String> {
-    let Some(managed) = managed_state(config, trust, root)? else {
-        return Ok(None);
-    };
-    RootFiles::open(checkout, &root.dir)
-        .and_then(|files| files.write(state::OVERRIDE_FILE, state::OVERRIDE_TEXT))
-        .map_err(|e| format!("{e:#}"))?;
-    let grant = GateGrant {
-        project: project.0,
-        state: managed.name,
-        access: match trust {
-            Trust::MergeRequest => GateAccess::Read,
-            Trust::DefaultBranch => GateAccess::ReadWrite,
-        },
-    };
-    StateGate::start(grant, &config.gitlab.url, &managed.credential)
-        .await
-        .map(Some)
-        .map_err(|e| format!("starting the state gate on 127.0.0.1: {e}"))
-}
-
 /// What the job's state gate refused, for the note: each refusal with why, and when the
 /// engine's output says a state endpoint refused its credential (a `terraform_remote_state`
 /// pointed at GitLab itself, where the job's credential is no use), what that credential is.
 /// Empty when the gate refused nothing and the engine saw no refused credential.
-pub fn gate_explanation(gate: Option<&StateGate>, output: &str) -> String {
+pub fn gate_explanation(gate: Option<&GatePass>, output: &str) -> String {
     let Some(gate) = gate else {
         return String::new();
     };

@@ -3,20 +3,21 @@
 //! the root's issue, recorded as a `drift` run and summed up in the `planbot/drift` status.
 
 use super::issue::{self, DriftTarget, IssueAction};
-use crate::capabilities::engine::{PlanRequest, PlannedRun};
+use crate::capabilities::engine::PlannedRun;
 use crate::capabilities::gitlab::{CommitStatus, Project, StatusState};
+use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{
     DriftOutcome, DriftRootRecord, NewRun, RunEnd, RunKind, RunState,
 };
-use crate::capabilities::workspace::Checkout;
 use crate::core::config::ProjectRef;
 use crate::core::drift::DriftVerdict;
 use crate::core::ids::{CommitSha, ProjectId, RunId};
 use crate::core::repo_config::{self, Root};
-use crate::flows::confinement::credentials::{self, Trust};
+use crate::core::targeting::Targeting;
+use crate::flows::confinement::credentials::Trust;
+use crate::flows::confinement::plan_request::{self, JobRuns};
 use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
-use std::path::PathBuf;
 use std::time::SystemTime;
 
 /// Which roots a tick checks, whether it may write anything, and what stops it.
@@ -209,12 +210,26 @@ async fn check_project(
     let waiting = unapplied_merge(app, info.id, &head).await?;
     let checkout = app.workspace.checkout(info.id, &head).await?;
     let engine = app.drift_engine()?;
+    // The default branch's code with the plan credentials: the state only read.
+    let mut runs = JobRuns::new(
+        &app.config,
+        Trust::MergeRequest,
+        GateProject {
+            id: info.id.0,
+            path: Some(info.path_with_namespace.clone()),
+        },
+        &head,
+        checkout.path(),
+    );
+    if let Some(cancel) = &selection.cancel {
+        runs = runs.cancelled_by(cancel.clone());
+    }
     let ctx = ProjectCheck {
         app,
         info: &info,
         branch: &branch,
         head: &head,
-        checkout: &checkout,
+        runs: &runs,
         engine: &engine,
         waiting,
         selection,
@@ -294,7 +309,7 @@ struct ProjectCheck<'a> {
     info: &'a Project,
     branch: &'a str,
     head: &'a CommitSha,
-    checkout: &'a Checkout,
+    runs: &'a JobRuns,
     engine: &'a crate::capabilities::engine::Engine,
     waiting: Option<u64>,
     selection: &'a Selection,
@@ -403,51 +418,15 @@ impl ProjectCheck<'_> {
 
     /// The engine's plan of the root at the head: plan credentials, the state only read.
     async fn plan(&self, root: &Root) -> Result<PlannedRun, String> {
-        let config = &self.app.config;
-        let checkout = self.checkout.path();
-        let dir: PathBuf = if root.dir == "." {
-            checkout.to_path_buf()
-        } else {
-            checkout.join(&root.dir)
-        };
-        if !dir.is_dir() {
-            return Err(format!(
-                "the root directory `{}` does not exist at {}",
-                root.dir,
-                self.head.short()
-            ));
-        }
-        let gate = credentials::managed_state_gate(
-            config,
-            self.info.id,
-            checkout,
-            root,
-            Trust::MergeRequest,
-        )
-        .await?;
-        let req = PlanRequest {
-            var_files: root.var_files.iter().map(PathBuf::from).collect(),
-            workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
-            extra_secrets: config.secrets(),
-            worktree: Some(checkout.to_path_buf()),
-            // A drift check only reads the state: it never locks or writes it.
-            no_lock: true,
-            init_env: credentials::module_env(config, Trust::MergeRequest),
-            extra_env: gate.as_ref().map(|g| g.env()).unwrap_or_default(),
-            state_gate: gate.clone(),
-            cancel: self.selection.cancel.clone(),
-            parallelism: root.parallelism,
-            ..PlanRequest::default()
-        };
-        self.engine.plan(&dir, &req).await.map_err(|e| {
-            let report = e.report(60);
-            let refused = credentials::gate_explanation(gate.as_deref(), &report);
-            if refused.is_empty() {
-                report
-            } else {
-                format!("{report}\n\n{refused}")
-            }
-        })
+        let run = self
+            .runs
+            .request(root, &Targeting::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        self.engine
+            .plan(&run.dir, &run.request)
+            .await
+            .map_err(|e| plan_request::failure_report(&run.request, &e))
     }
 
     /// The root's issue in line with the verdict; a GitLab failure is kept on the result.

@@ -3,13 +3,13 @@
 //! stored run: the engine, then the Proxmox preflight and the lint.
 
 use super::{finish, Prepared};
-use crate::capabilities::engine::{CancelToken, EngineError, PlanRequest, PlannedRun};
+use crate::capabilities::engine::{CancelToken, EngineError, PlannedRun};
 use crate::capabilities::proxmox::ProxmoxEndpoint;
+use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::engine_checks::RootChecks;
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
-use crate::core::ids::ProjectId;
 use crate::core::ids::RunId;
 use crate::core::policy::Verdict;
 use crate::core::proxmox::findings::{self, Finding};
@@ -18,12 +18,12 @@ use crate::core::reach;
 use crate::core::repo_config::Root;
 use crate::core::state;
 use crate::core::targeting::Targeting;
-use crate::flows::confinement::credentials::{self, Trust};
+use crate::flows::confinement::credentials::Trust;
+use crate::flows::confinement::plan_request::{self, JobRuns, RootRun};
 use crate::flows::context::app_state::App;
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::preflight;
 use anyhow::Result;
-use std::path::PathBuf;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -90,6 +90,18 @@ pub(super) async fn plan_roots(
 ) -> Result<RootsPlanned> {
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
     let (token, _following) = CancelToken::following(cancel);
+    // Every root's request, with the plan credentials and the job's one state gate.
+    let job_runs = JobRuns::new(
+        &app.config,
+        Trust::MergeRequest,
+        GateProject {
+            id: job.project.0,
+            path: prepared.project_path.clone(),
+        },
+        &prepared.commit.sha,
+        prepared.checkout.path(),
+    )
+    .cancelled_by(token);
     // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
     // so, when no endpoint is configured.
     let pve =
@@ -132,7 +144,7 @@ pub(super) async fn plan_roots(
             .into_iter()
             .filter_map(|u| finished.get(u).cloned())
             .collect();
-        let (token, pve, started_runs) = (&token, &pve, &started_runs);
+        let (job_runs, pve, started_runs) = (&job_runs, &pve, &started_runs);
         async move {
             let _done = done;
             for mut up in upstream {
@@ -173,11 +185,10 @@ pub(super) async fn plan_roots(
             let mut capacity = std::collections::BTreeMap::new();
             let outcome = plan_root(
                 app,
-                job.project,
                 prepared,
                 (root, &targeting),
                 run,
-                token,
+                job_runs,
                 pve,
                 &mut notes,
                 &mut capacity,
@@ -336,173 +347,132 @@ fn log_root(job: &PlanJob, root: &str, run: RunId, outcome: &Outcome, took: std:
     }
 }
 
-/// One affected root: the engine's plan in its directory (a missing directory is a failed run),
-/// then the Proxmox preflight and lint; the preflight's note is added to `notes` once.
+/// One affected root: the engine's plan in its directory (a root that cannot be planned, as
+/// its directory is missing, is a failed run), then the Proxmox preflight and lint; the
+/// preflight's note is added to `notes` once.
 #[allow(clippy::too_many_arguments)]
 async fn plan_root(
     app: &App,
-    project: ProjectId,
     prepared: &Prepared,
     (root, targeting): (&Root, &Targeting),
     run: RunId,
-    cancel: &CancelToken,
+    runs: &JobRuns,
     pve: &Option<ProxmoxEndpoint>,
     preflight_notes: &mut Vec<String>,
     capacity: &mut std::collections::BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
 ) -> Result<Outcome> {
     let key = app.config.fingerprint_key.expose().as_bytes();
-    let checkout = prepared.checkout.path();
-    let dir: PathBuf = if root.dir == "." {
-        checkout.to_path_buf()
-    } else {
-        checkout.join(&root.dir)
-    };
-    let mut req = PlanRequest {
-        var_files: root.var_files.iter().map(PathBuf::from).collect(),
-        workspace: Some(root.workspace.clone()).filter(|w| w != "default"),
-        extra_secrets: app.config.secrets(),
-        cancel: Some(cancel.clone()),
-        worktree: Some(checkout.to_path_buf()),
-        // An MR's plan only reads the state: it never locks or writes it (a Developer's
-        // token may not), and the apply's parity check catches a state that moved.
-        no_lock: true,
-        init_env: credentials::module_env(&app.config, Trust::MergeRequest),
-        parallelism: root.parallelism,
-        targeting: targeting.clone(),
-        ..PlanRequest::default()
-    };
-    let state = if dir.is_dir() {
-        credentials::managed_state_gate(&app.config, project, checkout, root, Trust::MergeRequest)
-            .await
-    } else {
-        Ok(None)
-    };
-    let outcome = if !dir.is_dir() {
-        let error = format!(
-            "the root directory `{}` does not exist at {}",
-            root.dir,
-            prepared.commit.sha.short()
-        );
-        let end = finish(app, run, RunState::Failed, &error, "", None).await?;
-        Outcome::Failed {
-            run,
-            error,
-            end,
-            checks: RootChecks::default(),
-        }
-    } else if let Err(error) = &state {
-        let end = finish(app, run, RunState::Failed, error, "", None).await?;
-        Outcome::Failed {
-            run,
-            error: error.clone(),
-            end,
-            checks: RootChecks::default(),
-        }
-    } else {
-        if let Ok(Some(gate)) = &state {
-            req.extra_env = gate.env();
-            req.state_gate = Some(gate.clone());
-        }
-        let (planned, ran) = prepared.engine.plan_checked(&dir, &req, root.checks).await;
-        // What the checks printed, read and redacted with every secret the run knows, planbot's
-        // configured ones too.
-        let read_checks = |plan_json: Option<&[u8]>| {
-            let checks = cpu_bound(|| {
-                RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, plan_json)
-                    .scrubbed(&ran.scrubber)
-            });
-            checks.scrubbed(&app.scrubber)
-        };
-        match planned {
-            Ok(planned) => {
-                let checks = read_checks(Some(planned.plan_json()));
-                let apply_identity = preflight::endpoint_from_config(
-                    &app.config.proxmox.for_apply(),
-                    &app.config.engine.env,
-                )
-                .map(|ep| ep.api_token.id().to_string());
-                let pf = preflight::for_plan_as(pve.clone(), apply_identity, planned.plan()).await;
-                let mut facts = pf.lint_facts.clone();
-                facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
-                    &app.config,
-                ));
-                facts.parallelism = root.parallelism;
-                // The policies' plan document is read on another core meanwhile.
-                let check_policies = !planned.plan().errored;
-                let (mut findings, fingerprint, document) = cpu_bound(|| {
-                    std::thread::scope(|scope| {
-                        let document = scope.spawn(|| {
-                            check_policies
-                                .then(|| {
-                                    prepared
-                                        .policies
-                                        .read_document(&root.name, planned.plan_json())
-                                })
-                                .flatten()
-                        });
-                        let findings = lint::lint_with(planned.plan(), &root.lint_disable, &facts);
-                        let fingerprint = planned.fingerprint(key);
-                        let document = document.join().expect("reading the plan document");
-                        (findings, fingerprint, document)
-                    })
-                });
-                findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
-                if planned.backend().is_local() {
-                    findings.push(state::state_in_checkout(
-                        &root.name,
-                        &root.dir,
-                        planned.backend(),
-                        true,
-                    ));
-                }
-                findings::sort_findings(&mut findings);
-                let capacity_data = pf.capacity.as_ref().map(|c| c.to_value());
-                let policy = check_policies.then(|| {
-                    cpu_bound(|| {
-                        prepared.policies.evaluate(
-                            &root.name,
-                            document,
-                            &findings,
-                            capacity_data.as_ref(),
-                        )
-                    })
-                });
-                if let Some(c) = pf.capacity.clone() {
-                    capacity.insert(root.name.clone(), c);
-                }
-                if !pf.note.is_empty() && !preflight_notes.contains(&pf.note) {
-                    preflight_notes.push(pf.note);
-                }
-                Outcome::Planned {
-                    run,
-                    planned: Box::new(planned),
-                    findings,
-                    fingerprint,
-                    policy,
-                    checks,
-                }
+    let outcome = match runs.request(root, targeting).await {
+        Err(not_planned) => {
+            let error = not_planned.to_string();
+            let end = finish(app, run, RunState::Failed, &error, "", None).await?;
+            Outcome::Failed {
+                run,
+                error,
+                end,
+                checks: RootChecks::default(),
             }
-            Err(e) => {
-                let checks = read_checks(None);
-                let state = if matches!(e, EngineError::Cancelled { .. }) {
-                    RunState::Canceled
-                } else {
-                    RunState::Failed
-                };
-                let mut error = e.report(60);
-                // What the job's state gate refused, and why: the note says it.
-                let gate = credentials::gate_explanation(req.state_gate.as_deref(), &error);
-                if !gate.is_empty() {
-                    error = format!("{error}\n\n{gate}");
+        }
+        Ok(RootRun { dir, request: req }) => {
+            let (planned, ran) = prepared.engine.plan_checked(&dir, &req, root.checks).await;
+            // What the checks printed, read and redacted with every secret the run knows, planbot's
+            // configured ones too.
+            let read_checks = |plan_json: Option<&[u8]>| {
+                let checks = cpu_bound(|| {
+                    RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, plan_json)
+                        .scrubbed(&ran.scrubber)
+                });
+                checks.scrubbed(&app.scrubber)
+            };
+            match planned {
+                Ok(planned) => {
+                    let checks = read_checks(Some(planned.plan_json()));
+                    let apply_identity = preflight::endpoint_from_config(
+                        &app.config.proxmox.for_apply(),
+                        &app.config.engine.env,
+                    )
+                    .map(|ep| ep.api_token.id().to_string());
+                    let pf =
+                        preflight::for_plan_as(pve.clone(), apply_identity, planned.plan()).await;
+                    let mut facts = pf.lint_facts.clone();
+                    facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
+                        &app.config,
+                    ));
+                    facts.parallelism = root.parallelism;
+                    // The policies' plan document is read on another core meanwhile.
+                    let check_policies = !planned.plan().errored;
+                    let (mut findings, fingerprint, document) = cpu_bound(|| {
+                        std::thread::scope(|scope| {
+                            let document = scope.spawn(|| {
+                                check_policies
+                                    .then(|| {
+                                        prepared
+                                            .policies
+                                            .read_document(&root.name, planned.plan_json())
+                                    })
+                                    .flatten()
+                            });
+                            let findings =
+                                lint::lint_with(planned.plan(), &root.lint_disable, &facts);
+                            let fingerprint = planned.fingerprint(key);
+                            let document = document.join().expect("reading the plan document");
+                            (findings, fingerprint, document)
+                        })
+                    });
+                    findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
+                    if planned.backend().is_local() {
+                        findings.push(state::state_in_checkout(
+                            &root.name,
+                            &root.dir,
+                            planned.backend(),
+                            true,
+                        ));
+                    }
+                    findings::sort_findings(&mut findings);
+                    let capacity_data = pf.capacity.as_ref().map(|c| c.to_value());
+                    let policy = check_policies.then(|| {
+                        cpu_bound(|| {
+                            prepared.policies.evaluate(
+                                &root.name,
+                                document,
+                                &findings,
+                                capacity_data.as_ref(),
+                            )
+                        })
+                    });
+                    if let Some(c) = pf.capacity.clone() {
+                        capacity.insert(root.name.clone(), c);
+                    }
+                    if !pf.note.is_empty() && !preflight_notes.contains(&pf.note) {
+                        preflight_notes.push(pf.note);
+                    }
+                    Outcome::Planned {
+                        run,
+                        planned: Box::new(planned),
+                        findings,
+                        fingerprint,
+                        policy,
+                        checks,
+                    }
                 }
-                let error = app.scrubber.scrub(&error).into_owned();
-                let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
-                let end = finish(app, run, state, &e.to_string(), &log, None).await?;
-                Outcome::Failed {
-                    run,
-                    error,
-                    end,
-                    checks,
+                Err(e) => {
+                    let checks = read_checks(None);
+                    let state = if matches!(e, EngineError::Cancelled { .. }) {
+                        RunState::Canceled
+                    } else {
+                        RunState::Failed
+                    };
+                    // With what the job's state gate refused, and why: the note says it.
+                    let error = plan_request::failure_report(&req, &e);
+                    let error = app.scrubber.scrub(&error).into_owned();
+                    let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
+                    let end = finish(app, run, state, &e.to_string(), &log, None).await?;
+                    Outcome::Failed {
+                        run,
+                        error,
+                        end,
+                        checks,
+                    }
                 }
             }
         }

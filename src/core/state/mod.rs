@@ -1,5 +1,6 @@
 //! What planbot knows about a root's state: GitLab-managed state (the engine's `http` backend,
-//! its address and environment), the backend a root declares or `init` chose, a held lock.
+//! its address and environment), the backend a root declares or `init` chose, a held lock;
+//! and in [`remote`], another root's state read through the job's state gate.
 //!
 //! Pure: the flows read the files and hand their text in.
 
@@ -7,6 +8,8 @@ use crate::core::config::{GitlabCredential, StateDefault};
 use crate::core::proxmox::findings::{self, Finding, Severity};
 use crate::core::repo_config::{Root, RootState};
 use base64::Engine as _;
+
+pub mod remote;
 use std::collections::BTreeMap;
 
 /// The override file planbot writes into a root with GitLab-managed state: an override's
@@ -74,13 +77,26 @@ pub enum GateAccess {
     ReadWrite,
 }
 
-/// What one job's state gate grants: the states of one project (its own), the one state the
-/// run may lock and write, and how.
+/// What one job's state gate grants a run: the states of one project (its own, named by its
+/// numeric id or, when known, its path), the one state the run may lock and write, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateGrant {
     pub project: u64,
+    pub project_path: Option<String>,
     pub state: String,
     pub access: GateAccess,
+}
+
+impl GateGrant {
+    /// Whether `asked` (an address's project, decoded) names the grant's project: its id, or
+    /// its path in any case (GitLab finds a project by its path whatever the case).
+    fn names_project(&self, asked: &str) -> bool {
+        asked == self.project.to_string()
+            || self
+                .project_path
+                .as_deref()
+                .is_some_and(|p| p.eq_ignore_ascii_case(asked))
+    }
 }
 
 /// What a request to the gate asks of GitLab's state API.
@@ -142,8 +158,8 @@ pub struct GateRefusal(pub String);
 const GATE_PREFIX: [&str; 3] = ["api", "v4", "projects"];
 
 /// Decide one request to a job's state gate (`method`, its raw `path` and `query`): the call
-/// to forward, or why it is refused. Only the grant's own project, by the numeric ID planbot
-/// wrote into the engine's address; for a [`GateAccess::Read`] grant only reads; locks and
+/// to forward, or why it is refused. Only the grant's own project, by its numeric ID or its
+/// path (the gate asks GitLab by the ID whatever the address said); for a [`GateAccess::Read`] grant only reads; locks and
 /// writes only of the grant's own state; never a deletion.
 pub fn gate_request(
     grant: &GateGrant,
@@ -206,7 +222,7 @@ pub fn gate_request(
         }
     };
     let ctx = minijinja::context! { op => op.word(), name => &name, asked => &asked, granted => &grant.state };
-    if asked != grant.project.to_string() {
+    if !grant.names_project(&asked) {
         return Err(refuse("other_project", ctx));
     }
     match (op, grant.access) {
@@ -556,6 +572,7 @@ state = "own"
     fn the_gate_forwards_only_the_own_projects_states_and_says_why_not() {
         let read = GateGrant {
             project: 7,
+            project_path: Some("infra/homelab".into()),
             state: "homelab".into(),
             access: GateAccess::Read,
         };
@@ -588,7 +605,16 @@ state = "own"
             why(&read, "GET", "/api/v4/projects/42/terraform/state/prod"),
             "planbot refused this plan's read of project 42's state `prod`: a plan of project 7 may read only project 7's states"
         );
-        // By path, encoded, or with dot segments: still another project, or not the API.
+        // Its own project by path, in any case, as GitLab finds it: read, yes.
+        for own in ["infra%2Fhomelab", "Infra%2FHomeLab"] {
+            let by_path = format!("/api/v4/projects/{own}/terraform/state/network");
+            let call = gate_request(&read, "GET", &by_path, None).unwrap();
+            assert_eq!(
+                call.upstream("https://gitlab.example.com", 7),
+                "https://gitlab.example.com/api/v4/projects/7/terraform/state/network"
+            );
+        }
+        // Another path, encoded, or with dot segments: still another project, or not the API.
         assert!(why(
             &read,
             "GET",
@@ -642,6 +668,7 @@ state = "own"
     fn the_gates_texts() {
         let read = GateGrant {
             project: 7,
+            project_path: Some("infra/homelab".into()),
             state: "homelab".into(),
             access: GateAccess::Read,
         };
