@@ -60,6 +60,7 @@ pub mod gitlab_reading;
 pub mod plan_world;
 pub mod service;
 pub mod tf_root;
+pub mod world;
 
 /// Wait until `f` holds (checked every 25 ms), or panic after `secs` saying what never happened.
 pub async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)
