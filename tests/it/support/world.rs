@@ -731,6 +731,12 @@ impl World {
         self.gitlab.status(&self.project, sha, name)
     }
 
+    /// The status `name` of `sha` as `(state, description)`, if GitLab has one.
+    pub fn status_of(&self, sha: &str, name: &str) -> Option<(String, String)> {
+        self.status(sha, name)
+            .map(|st| (st.state, st.description.unwrap_or_default()))
+    }
+
     /// The status says: `state: description` of the status `name` of `sha`. Panics, naming the
     /// statuses `sha` has, when it has no `name`.
     pub fn status_says(&self, sha: &str, name: &str) -> String {
