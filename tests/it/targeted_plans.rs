@@ -11,7 +11,6 @@
 
 use crate::apply_story::{call_apply, last_line, with_workers, world, World};
 use crate::support::service::TestService;
-use planbot::core::render::NOTE_MARKER;
 
 impl World {
     /// Comment `body` and wait for planbot's answer: a new note that says it was not run.
@@ -37,22 +36,16 @@ impl World {
         let head = self.gitlab.mr_sha(&self.project, iid);
         self.say(s, iid, &self.alice(), body).await;
         s.after_job_ends("the re-plan of the same head", 90, || async {
-            self.plan_note(iid).is_some_and(|n| done(&n))
+            self.gitlab
+                .plan_note(&self.project, iid)
+                .is_some_and(|n| done(&n))
                 && self
                     .gitlab
                     .status(&self.project, &head, "planbot/plan")
                     .is_some_and(|st| st.state == "success")
         })
         .await;
-        self.plan_note(iid).unwrap()
-    }
-
-    fn plan_note(&self, iid: u64) -> Option<String> {
-        self.gitlab
-            .notes(&self.project, iid)
-            .into_iter()
-            .map(|n| n.body)
-            .find(|b| b.contains(NOTE_MARKER))
+        self.gitlab.plan_note(&self.project, iid).unwrap()
     }
 
     fn plan_status(&self, iid: u64) -> String {
@@ -125,7 +118,7 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         "{refused}"
     );
     assert_eq!(
-        w.plan_note(iid).unwrap(),
+        w.gitlab.plan_note(&w.project, iid).unwrap(),
         full,
         "the plan note is untouched"
     );

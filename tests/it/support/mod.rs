@@ -57,7 +57,6 @@ pub mod fake_engine;
 pub mod fake_gitlab;
 pub mod fixtures;
 pub mod gitlab_reading;
-pub mod plan_world;
 pub mod service;
 pub mod tf_root;
 pub mod world;

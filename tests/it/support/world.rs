@@ -8,6 +8,8 @@ use crate::support::fake_gitlab::{
 };
 use crate::support::service::{token_headers, TestService, METRICS_TOKEN, WEBHOOK_SECRET};
 use planbot::core::config::Config;
+use planbot::core::events::{PlanJob, PlanReason};
+use planbot::core::ids::{CommitSha, MrIid, ProjectId};
 use planbot::flows::context::app_state::App;
 use planbot::flows::service::server::Options;
 use std::collections::BTreeMap;
@@ -571,6 +573,42 @@ impl World {
             planbot::flows::context::app_state::wipe_temp_root(&app.temp_root()).unwrap();
             app
         })
+    }
+
+    /// The plan job of MR `iid`'s head, as a push queues it.
+    pub fn job(&self, iid: u64) -> PlanJob {
+        PlanJob {
+            project: ProjectId(self.project.id),
+            project_path: Some(self.project.path.clone()),
+            mr: MrIid(iid),
+            head: CommitSha(self.gitlab.mr_sha(&self.project, iid)),
+            target_branch: Some("main".into()),
+            source_project: Some(ProjectId(self.project.id)),
+            fork: false,
+            draft: false,
+            reason: PlanReason::NewCommits,
+            requested_by: None,
+        }
+    }
+
+    /// Run the plan flow for MR `iid`'s head in [`World::app`], as a worker runs it.
+    pub async fn plan(&self, iid: u64) {
+        planbot::flows::review::plan::run(
+            self.app(),
+            &self.job(iid),
+            None,
+            &tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+        .expect("plan flow");
+    }
+
+    /// Run the plan flow for MR `iid`'s head and return the MR's one note (of any author).
+    pub async fn plan_note(&self, iid: u64) -> String {
+        self.plan(iid).await;
+        let notes = self.gitlab.notes(&self.project, iid);
+        assert_eq!(notes.len(), 1, "one note");
+        notes[0].body.clone()
     }
 
     /// planbot's `data_dir` (the store, workspaces).
