@@ -21,10 +21,9 @@ pub fn fixture(rel: &str) -> String {
     super::fixtures::text(&format!("gitlab/{rel}"))
 }
 
-/// The config the benchmarks run planbot with: the fake GitLab's bot watching `project`, the
-/// real `engine` (10 minutes at most), GitLab-managed state for `project` as users run it (when
-/// the project exists).
-pub fn bench_config(
+/// The config of a planbot on the fake GitLab: its bot watching `project`, the real `engine`,
+/// GitLab-managed state for `project` as users run it (when the project exists).
+pub fn config_for(
     data_dir: &Path,
     gitlab: &super::fake_gitlab::FakeGitLab,
     project: &str,
@@ -32,12 +31,21 @@ pub fn bench_config(
 ) -> PlanbotConfig {
     let config = PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data_dir)
         .projects(&[project])
-        .engine(engine)
-        .set("engine", "timeout", "\"10m\"");
+        .engine(engine);
     match gitlab.project_named(project) {
         Some(p) => config.managed_state(gitlab, &p),
         None => config,
     }
+}
+
+/// [`config_for`] as the benchmarks run it: the engine may take 10 minutes.
+pub fn bench_config(
+    data_dir: &Path,
+    gitlab: &super::fake_gitlab::FakeGitLab,
+    project: &str,
+    engine: &Path,
+) -> PlanbotConfig {
+    config_for(data_dir, gitlab, project, engine).set("engine", "timeout", "\"10m\"")
 }
 
 /// The config a test service of [`MiniGitLab`] runs with (`gitlab_url` may point at nothing:
