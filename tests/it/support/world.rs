@@ -57,6 +57,24 @@ impl PlanbotConfig {
             .set("", "public_url", &quoted("http://planbot.test"))
     }
 
+    /// [`PlanbotConfig::for_gitlab`] as an operator deploys it at `https://planbot.example.com`
+    /// (a long fingerprint key, its own webhook secret), its data in `dir/data`.
+    pub fn deployed(url: &str, token: &str, dir: &Path) -> PlanbotConfig {
+        PlanbotConfig::for_gitlab(url, token)
+            .set(
+                "",
+                "data_dir",
+                &quoted(&dir.join("data").display().to_string()),
+            )
+            .set("", "public_url", &quoted("https://planbot.example.com"))
+            .set(
+                "",
+                "fingerprint_key",
+                &quoted("a-long-random-server-secret-0123456789"),
+            )
+            .set("gitlab", "webhook_secret", &quoted("hook-secret-5f3a"))
+    }
+
     /// `key = value` (value as TOML) in `table` ("" for the top level, e.g. "engine.env").
     pub fn set(mut self, table: &str, key: &str, value: &str) -> PlanbotConfig {
         let i = match self.tables.iter().position(|(t, _)| t == table) {
