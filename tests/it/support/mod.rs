@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: finding the engine and the shared GitLab fixtures.
+//! Helpers shared by the integration tests: the world builder (`world`), the fakes (GitLab,
+//! Proxmox, engines, PostgreSQL), the running service, the engine to test with, the docs' recipes.
 #![allow(dead_code)]
 
 pub mod fake_proxmox;

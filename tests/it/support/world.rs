@@ -193,21 +193,7 @@ impl PlanbotConfig {
         let reader = gitlab.member_with_role(project, "state-reader", DEVELOPER);
         let writer = gitlab.member_with_role(project, "state-writer", MAINTAINER);
         let port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
-        self.set("engine.env", "TF_HTTP_ADDRESS", &quoted(&state))
-            .set(
-                "engine.env",
-                "TF_HTTP_LOCK_ADDRESS",
-                &quoted(&format!("{state}/lock")),
-            )
-            .set(
-                "engine.env",
-                "TF_HTTP_UNLOCK_ADDRESS",
-                &quoted(&format!("{state}/lock")),
-            )
-            .set("engine.env", "TF_HTTP_LOCK_METHOD", &quoted("POST"))
-            .set("engine.env", "TF_HTTP_UNLOCK_METHOD", &quoted("DELETE"))
-            // A user name is no secret: "planbot" stays in every note and in the verdict line.
-            .set("engine.env", "TF_HTTP_USERNAME", &quoted("planbot"))
+        self.http_backend(&state)
             .set(
                 "engine.plan.env",
                 "TF_HTTP_PASSWORD",
@@ -219,6 +205,19 @@ impl PlanbotConfig {
                 &quoted(&writer.token),
             )
             .sandbox_reaches(port)
+    }
+
+    /// The engine's `http` backend at `address` (its lock at `…/lock`) as user `planbot`, in
+    /// `[engine.env]`; the password is the caller's to set.
+    pub fn http_backend(self, address: &str) -> PlanbotConfig {
+        let lock = quoted(&format!("{address}/lock"));
+        self.set("engine.env", "TF_HTTP_ADDRESS", &quoted(address))
+            .set("engine.env", "TF_HTTP_LOCK_ADDRESS", &lock)
+            .set("engine.env", "TF_HTTP_UNLOCK_ADDRESS", &lock)
+            .set("engine.env", "TF_HTTP_LOCK_METHOD", &quoted("POST"))
+            .set("engine.env", "TF_HTTP_UNLOCK_METHOD", &quoted("DELETE"))
+            // A user name is no secret: "planbot" stays in every note and in the verdict line.
+            .set("engine.env", "TF_HTTP_USERNAME", &quoted("planbot"))
     }
 
     /// One of planbot's own (operator) policy sets.
