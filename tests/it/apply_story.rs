@@ -10,6 +10,13 @@ pub(crate) use crate::support::world::{
     call_apply, no_workers, verdict as last_line, with_workers, World,
 };
 
+/// Alice pushes `main.tf` with the VMs `vms` on `branch` and opens an MR; GitLab delivers the
+/// webhook.
+pub(crate) async fn vms_mr(w: &World, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
+    let main_tf = crate::support::infra_main_tf(vms);
+    w.open_mr(s, branch, &[("main.tf", &main_tf)]).await
+}
+
 /// The apply stories' world ([`World::homelab`]).
 pub(crate) fn world(engine: &std::path::Path) -> World {
     World::homelab(engine).build()
@@ -303,16 +310,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     // Review: the MR adds a VM; the note shows the plan and its fingerprint.
-    let iid = w
-        .open_mr(
-            &s,
-            "add-gitlab-vm",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab"]),
-            )],
-        )
-        .await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     let note = w.wait_for_plan(&s, iid).await;
     // As GitLab shows it: HTML entities in <summary> render as the characters.
     let shown = crate::support::gitlab_reading::reading(&note).visible;
@@ -346,16 +344,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     );
 
     // A second MR is reviewed; then the state drifts before its apply.
-    let iid2 = w
-        .open_mr(
-            &s,
-            "add-backup-vm",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab", "backup"]),
-            )],
-        )
-        .await;
+    let iid2 = vms_mr(&w, &s, "add-backup-vm", &["blocky", "gitlab", "backup"]).await;
     w.wait_for_plan(&s, iid2).await;
     let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice()));
     w.drift("blocky", 8).await;
@@ -644,16 +633,7 @@ async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool
     let what = format!("{method}{}", if squash { " + squash" } else { "" });
 
     // Reviewed, merged, applied.
-    let iid = w
-        .open_mr(
-            &s,
-            "add-gitlab-vm",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab"]),
-            )],
-        )
-        .await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     w.wait_for_plan(&s, iid).await;
     let head = w.gitlab.mr_sha(&w.project, iid);
     w.gitlab.set_squash(&w.project, iid, squash);
@@ -728,16 +708,7 @@ async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool
     assert!(state.contains("\"gitlab\""), "{what}");
 
     // A second MR is reviewed; then `main` moves: a new resource lands beside it unreviewed.
-    let iid2 = w
-        .open_mr(
-            &s,
-            "add-backup-vm",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab", "backup"]),
-            )],
-        )
-        .await;
+    let iid2 = vms_mr(&w, &s, "add-backup-vm", &["blocky", "gitlab", "backup"]).await;
     w.wait_for_plan(&s, iid2).await;
     w.gitlab.commit_files(
         &w.project,
@@ -865,16 +836,7 @@ async fn with_proxmox_down_a_root_without_proxmox_resources_is_green_and_applies
 
     w.gitlab
         .commit_files(&w.project, "add-probe", &[("probe.tf", PROBE_TF)]);
-    let iid = w
-        .open_mr(
-            &s,
-            "add-probe",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab"]),
-            )],
-        )
-        .await;
+    let iid = vms_mr(&w, &s, "add-probe", &["blocky", "gitlab"]).await;
     let note = w.wait_for_plan(&s, iid).await;
     let head = w.gitlab.mr_sha(&w.project, iid);
     assert!(!note.contains("Proxmox"), "{note}");
@@ -954,16 +916,7 @@ async fn a_roots_parallelism_reaches_the_apply_and_a_changed_one_is_a_changed_pl
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     // Reviewed with one change at a time, merged, applied with it.
-    let iid = w
-        .open_mr(
-            &s,
-            "add-gitlab-vm",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab"]),
-            )],
-        )
-        .await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     w.wait_for_plan(&s, iid).await;
     w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let job = w.apply_job(31);
@@ -982,16 +935,7 @@ async fn a_roots_parallelism_reaches_the_apply_and_a_changed_one_is_a_changed_pl
     );
 
     // A second MR is reviewed with `parallelism = 1`; then `main` says 2 before it lands.
-    let iid2 = w
-        .open_mr(
-            &s,
-            "add-backup-vm",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab", "backup"]),
-            )],
-        )
-        .await;
+    let iid2 = vms_mr(&w, &s, "add-backup-vm", &["blocky", "gitlab", "backup"]).await;
     w.wait_for_plan(&s, iid2).await;
     w.gitlab.commit_files(
         &w.project,

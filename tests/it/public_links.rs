@@ -3,7 +3,7 @@
 //! the apply's result note, the sign-in's redirect URI, the run pages' own links — is built from
 //! `public_url`, never from the bind address, and the pages answer under the prefix.
 
-use crate::apply_story::{call_apply, last_line, with_workers, world};
+use crate::apply_story::{call_apply, last_line, vms_mr, with_workers, world};
 use crate::support::service::TestService;
 use planbot::flows::context::session::Session;
 use planbot::flows::drift::check::{tick, Selection};
@@ -65,16 +65,7 @@ async fn behind_a_proxy_with_a_prefix_and_a_port_every_link_uses_public_url_and_
     };
 
     // The plan note and its status link the run page under the prefix, on the proxy's port.
-    let iid = w
-        .open_mr(
-            &s,
-            "add-gitlab-vm",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab"]),
-            )],
-        )
-        .await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     let note = w.wait_for_plan(&s, iid).await;
     let run = run_linked(&note);
     assert!(

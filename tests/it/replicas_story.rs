@@ -616,18 +616,12 @@ async fn taken_over(db: &tokio_postgres::Client, replicas: &Replicas, sha: &str,
 
 /// A running manual `planbot-apply` job on `main`'s head, clicked by `user`.
 fn apply_job(gitlab: &FakeGitLab, project: &FakeProject, user: &FakeUser, id: u64) -> FakeJob {
-    FakeJob {
-        token: format!("glcbt-job-{id}"),
+    FakeJob::apply(
         id,
-        name: "planbot-apply".into(),
-        status: "running".into(),
-        ref_: "main".into(),
-        tag: false,
-        user: Some(user.clone()),
-        pipeline_id: 1000 + id,
-        project_id: project.id,
-        sha: gitlab.branch_head(project, "main").unwrap(),
-    }
+        project,
+        user,
+        &gitlab.branch_head(project, "main").unwrap(),
+    )
 }
 
 /// The CI job's call: its streamed log grows in `log` as planbot writes it.

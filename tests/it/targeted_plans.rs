@@ -9,7 +9,7 @@
 //! it in the apply (what is left out stays unapplied either way), and `-exclude` is refused
 //! with the reason.
 
-use crate::apply_story::{call_apply, last_line, with_workers, world, World};
+use crate::apply_story::{call_apply, last_line, vms_mr, with_workers, world, World};
 use crate::support::service::TestService;
 
 impl World {
@@ -72,16 +72,7 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     // The MR adds two VMs; its full plan creates both (and what `main` has not applied yet).
-    let iid = w
-        .open_mr(
-            &s,
-            "two-vms",
-            &[(
-                "main.tf",
-                &crate::support::infra_main_tf(&["blocky", "gitlab", "backup"]),
-            )],
-        )
-        .await;
+    let iid = vms_mr(&w, &s, "two-vms", &["blocky", "gitlab", "backup"]).await;
     let full = w.wait_for_plan(&s, iid).await;
     let shown = crate::support::gitlab_reading::reading(&full).visible;
     assert!(shown.contains("terraform_data.vm[\"backup\"]"), "{full}");

@@ -810,18 +810,7 @@ impl World {
     /// A running manual `planbot-apply` job of the newest pipeline on `main`, clicked by alice
     /// (not yet known to GitLab: see [`World::click_apply`]).
     pub fn apply_job(&self, id: u64) -> FakeJob {
-        FakeJob {
-            token: format!("glcbt-job-{id}"),
-            id,
-            name: "planbot-apply".into(),
-            status: "running".into(),
-            ref_: "main".into(),
-            tag: false,
-            user: Some(self.alice()),
-            pipeline_id: 1000 + id,
-            project_id: self.project.id,
-            sha: self.head("main"),
-        }
+        FakeJob::apply(id, &self.project, &self.alice(), &self.head("main"))
     }
 
     /// Alice clicks the apply job `id` of `main`'s head: the job, known to GitLab.
