@@ -5,20 +5,9 @@
 //! read at apply time (its `depends_on` on a resource of `vms` that the MR changes defers the
 //! read): applied after `network`, `vms` gets the subnet `network` just wrote.
 
-use crate::apply_story::{call_apply, config_text_for, last_line, with_workers};
-use crate::support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER};
+use crate::apply_story::{call_apply, last_line, with_workers};
 use crate::support::service::TestService;
-use planbot::core::config::Config;
-
-const INFRA: &str = "infra/homelab";
-
-struct World {
-    gitlab: FakeGitLab,
-    project: FakeProject,
-    alice: FakeUser,
-    _data: tempfile::TempDir,
-    config: Config,
-}
+use crate::support::world::World;
 
 /// `.planbot.toml`: the roots listed dependents first, so config order is not the apply order.
 const PLANBOT_TOML: &str = r#"
@@ -41,71 +30,52 @@ name = "backup"
 dir = "stacks/backup"
 "#;
 
-impl World {
-    fn new(engine: &std::path::Path) -> World {
-        let gitlab = FakeGitLab::start();
-        let project = gitlab.create_project(INFRA);
-        let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
-        let data = tempfile::tempdir().unwrap();
-        let text = config_text_for(data.path(), &gitlab, &project, engine, "127.0.0.1:0");
-        let config =
-            Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid");
-        let w = World {
-            gitlab,
-            project,
-            alice,
-            _data: data,
-            config,
-        };
-        // On main: every root with its state backend and nothing to manage yet.
-        let files: Vec<(String, String)> = ["network", "vms", "dns", "backup"]
-            .iter()
-            .map(|r| (format!("stacks/{r}/backend.tf"), w.backend(r)))
-            .chain([(".planbot.toml".to_string(), PLANBOT_TOML.to_string())])
-            .collect();
-        let files: Vec<(&str, &str)> = files
-            .iter()
-            .map(|(p, t)| (p.as_str(), t.as_str()))
-            .collect();
-        w.gitlab.commit_files(&w.project, "main", &files);
-        w
-    }
+/// Every root on `main` with its state backend and nothing to manage yet.
+fn world(engine: &std::path::Path) -> World {
+    World::builder()
+        .engine(engine)
+        .state_by_hand()
+        .prepare(|gitlab, p| {
+            for r in ["network", "vms", "dns", "backup"] {
+                let url = state_url(gitlab.url(), p.project.id, r);
+                p.files
+                    .push((format!("stacks/{r}/backend.tf"), backend(&url)));
+            }
+        })
+        .planbot_toml(PLANBOT_TOML)
+        .build()
+}
 
-    /// The address of state `name` in the fake GitLab.
-    fn state_url(&self, name: &str) -> String {
-        format!(
-            "{}/api/v4/projects/{}/terraform/state/{name}",
-            self.gitlab.url(),
-            self.project.id
-        )
-    }
+/// The address of state `name` of project `id` in the fake GitLab at `gitlab`.
+fn state_url(gitlab: &str, id: u64, name: &str) -> String {
+    format!("{gitlab}/api/v4/projects/{id}/terraform/state/{name}")
+}
 
-    /// Root `name`'s `backend "http"` on its own managed state (user and password come from
-    /// the engine's environment: a reader's token for MR plans, a writer's for applies).
-    fn backend(&self, name: &str) -> String {
-        let url = self.state_url(name);
-        format!(
-            "terraform {{\n  backend \"http\" {{\n    address        = \"{url}\"\n    lock_address   = \"{url}/lock\"\n    unlock_address = \"{url}/lock\"\n  }}\n}}\n"
-        )
-    }
+/// A root's `backend "http"` on its own managed state at `url` (user and password come from
+/// the engine's environment: a reader's token for MR plans, a writer's for applies).
+fn backend(url: &str) -> String {
+    format!(
+        "terraform {{\n  backend \"http\" {{\n    address        = \"{url}\"\n    lock_address   = \"{url}/lock\"\n    unlock_address = \"{url}/lock\"\n  }}\n}}\n"
+    )
+}
 
-    /// `network`: the subnet, as an output (`fail`: its apply fails after the subnet).
-    fn network_tf(subnet: &str, fail: bool) -> String {
-        let mut tf = format!(
-            "resource \"terraform_data\" \"subnet\" {{\n  input = \"{subnet}\"\n}}\n\noutput \"subnet\" {{\n  value = terraform_data.subnet.output\n}}\n"
+/// `network`: the subnet, as an output (`fail`: its apply fails after the subnet).
+fn network_tf(subnet: &str, fail: bool) -> String {
+    let mut tf = format!(
+        "resource \"terraform_data\" \"subnet\" {{\n  input = \"{subnet}\"\n}}\n\noutput \"subnet\" {{\n  value = terraform_data.subnet.output\n}}\n"
+    );
+    if fail {
+        tf.push_str(
+            "\nresource \"terraform_data\" \"router\" {\n  input = terraform_data.subnet.output\n  provisioner \"local-exec\" {\n    command = \"echo the router refused the subnet >&2; exit 3\"\n  }\n}\n",
         );
-        if fail {
-            tf.push_str(
-                "\nresource \"terraform_data\" \"router\" {\n  input = terraform_data.subnet.output\n  provisioner \"local-exec\" {\n    command = \"echo the router refused the subnet >&2; exit 3\"\n  }\n}\n",
-            );
-        }
-        tf
     }
+    tf
+}
 
-    /// `vms`: one VM on `network`'s subnet, read from its state when `vms` applies.
-    fn vms_tf(&self, release: &str) -> String {
-        format!(
-            r#"resource "terraform_data" "release" {{
+/// `vms`: one VM on `network`'s subnet, read from its state when `vms` applies.
+fn vms_tf(w: &World, release: &str) -> String {
+    format!(
+        r#"resource "terraform_data" "release" {{
   input = "{release}"
 }}
 
@@ -124,74 +94,24 @@ resource "terraform_data" "vm" {{
   }}
 }}
 "#,
-            network = self.state_url("network"),
-        )
-    }
+        network = w.state_url("network"),
+    )
+}
 
-    /// Alice pushes `files` on `branch`, opens an MR, GitLab delivers the webhook; the plan
-    /// note once the head's `planbot/plan` status is final.
-    async fn reviewed_mr(&self, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
-        self.gitlab.commit_files(&self.project, branch, files);
-        let iid = self
-            .gitlab
-            .open_mr_by(&self.project, branch, "main", &self.alice);
-        let body = self
-            .gitlab
-            .mr_webhook(&self.project, iid)
-            .action("open")
-            .body();
-        s.deliver_mr_opened(&body, iid).await;
-        let head = self.gitlab.mr_sha(&self.project, iid);
-        let (gitlab, project) = (&self.gitlab, &self.project);
-        s.after_job_ends("a final planbot/plan status", 120, || async {
-            gitlab
-                .status(project, &head, "planbot/plan")
-                .is_some_and(|st| st.state == "success" || st.state == "failed")
-        })
-        .await;
-        let status = self
-            .gitlab
-            .status(&self.project, &head, "planbot/plan")
-            .unwrap();
-        assert_eq!(status.state, "success", "{status:?}");
-        iid
-    }
+/// Alice pushes `files` on `branch`, opens an MR, GitLab delivers the webhook; the MR once its
+/// plan succeeded.
+async fn reviewed_mr(w: &World, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
+    let iid = w.open_mr(s, branch, files).await;
+    let (note, status) = w.plan_of(s, iid).await;
+    assert!(status.starts_with("success: "), "{status}\n{note}");
+    iid
+}
 
-    /// Merge the MR and run the manual apply job of `main`'s new head: its log, and the
-    /// `planbot/apply` status of the merged commit (`state: description`).
-    async fn merge_and_apply(&self, s: &TestService, iid: u64, job_id: u64) -> (String, String) {
-        let landed = self.gitlab.merge_mr(&self.project, iid, Some(&self.alice));
-        let job = FakeJob {
-            token: format!("glcbt-job-{job_id}"),
-            id: job_id,
-            name: "planbot-apply".into(),
-            status: "running".into(),
-            ref_: "main".into(),
-            tag: false,
-            user: Some(self.alice.clone()),
-            pipeline_id: 1000 + job_id,
-            project_id: self.project.id,
-            sha: landed.clone(),
-        };
-        self.gitlab.register_job(job.clone());
-        let (status, log) = call_apply(s, &job.token, "").await;
-        assert_eq!(status, 200, "{log}");
-        let st = self
-            .gitlab
-            .status(&self.project, &landed, "planbot/apply")
-            .expect("a planbot/apply status");
-        (
-            log,
-            format!("{}: {}", st.state, st.description.unwrap_or_default()),
-        )
-    }
-
-    fn state(&self, name: &str) -> Option<String> {
-        self.gitlab
-            .terraform_state(&self.project, name)
-            .0
-            .map(|s| String::from_utf8(s).unwrap())
-    }
+/// Merge the MR and run the manual apply job of `main`'s new head: its log, and what the
+/// `planbot/apply` status of the merged commit says (`state: description`).
+async fn merge_and_apply(w: &World, s: &TestService, iid: u64, job_id: u64) -> (String, String) {
+    let log = w.merge_and_apply(s, iid, job_id).await;
+    (log, w.status_says(&w.head("main"), "planbot/apply"))
 }
 
 /// The position of the first line of `log` containing `text` (the test fails without one).
@@ -204,22 +124,22 @@ fn line_of(log: &str, text: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_apply_job_applies_network_then_replans_vms_against_its_new_outputs_then_dns() {
     let engine = require_engine!();
-    let w = World::new(&engine);
+    let w = world(&engine);
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
-    let network = World::network_tf("10.0.2.0/24", false);
-    let vms = w.vms_tf("v1");
-    let iid = w
-        .reviewed_mr(
-            &s,
-            "subnet-and-vm",
-            &[
-                ("stacks/network/main.tf", &network),
-                ("stacks/vms/main.tf", &vms),
-            ],
-        )
-        .await;
-    let (log, status) = w.merge_and_apply(&s, iid, 41).await;
+    let network = network_tf("10.0.2.0/24", false);
+    let vms = vms_tf(&w, "v1");
+    let iid = reviewed_mr(
+        &w,
+        &s,
+        "subnet-and-vm",
+        &[
+            ("stacks/network/main.tf", &network),
+            ("stacks/vms/main.tf", &vms),
+        ],
+    )
+    .await;
+    let (log, status) = merge_and_apply(&w, &s, iid, 41).await;
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
     assert!(status.starts_with("success"), "{status}");
 
@@ -262,24 +182,24 @@ async fn the_apply_job_applies_network_then_replans_vms_against_its_new_outputs_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_network_apply_stops_vms_and_dns_and_says_why_and_backup_still_applies() {
     let engine = require_engine!();
-    let w = World::new(&engine);
+    let w = world(&engine);
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
-    let network = World::network_tf("10.0.2.0/24", true);
-    let vms = w.vms_tf("v1");
+    let network = network_tf("10.0.2.0/24", true);
+    let vms = vms_tf(&w, "v1");
     let backup = "resource \"terraform_data\" \"nightly\" {\n  input = \"02:00\"\n}\n";
-    let iid = w
-        .reviewed_mr(
-            &s,
-            "subnet-vm-and-backup",
-            &[
-                ("stacks/network/main.tf", &network),
-                ("stacks/vms/main.tf", &vms),
-                ("stacks/backup/main.tf", backup),
-            ],
-        )
-        .await;
-    let (log, status) = w.merge_and_apply(&s, iid, 42).await;
+    let iid = reviewed_mr(
+        &w,
+        &s,
+        "subnet-vm-and-backup",
+        &[
+            ("stacks/network/main.tf", &network),
+            ("stacks/vms/main.tf", &vms),
+            ("stacks/backup/main.tf", backup),
+        ],
+    )
+    .await;
+    let (log, status) = merge_and_apply(&w, &s, iid, 42).await;
     println!("--- the job's log ---\n{log}--- planbot/apply: {status}");
 
     assert!(log.contains("the router refused the subnet"), "{log}");
@@ -356,30 +276,28 @@ resource "terraform_data" "vm" {{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replan_whose_known_value_changed_is_refused_below_roots_stop_and_a_confirm_applies_it() {
     let engine = require_engine!();
-    let w = World::new(&engine);
+    let w = world(&engine);
     let s = TestService::start(w.config.clone(), with_workers()).await;
     // First the subnet alone, reviewed and applied.
-    let first = World::network_tf("10.0.1.0/24", false);
-    let iid = w
-        .reviewed_mr(&s, "subnet", &[("stacks/network/main.tf", &first)])
-        .await;
-    let (log, _) = w.merge_and_apply(&s, iid, 43).await;
+    let first = network_tf("10.0.1.0/24", false);
+    let iid = reviewed_mr(&w, &s, "subnet", &[("stacks/network/main.tf", &first)]).await;
+    let (log, _) = merge_and_apply(&w, &s, iid, 43).await;
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
 
     // Then a new subnet, and a VM reviewed on the old one.
-    let network = World::network_tf("10.0.2.0/24", false);
+    let network = network_tf("10.0.2.0/24", false);
     let vms = vms_reading_now_tf(&w.state_url("network"));
-    let iid = w
-        .reviewed_mr(
-            &s,
-            "new-subnet-and-vm",
-            &[
-                ("stacks/network/main.tf", &network),
-                ("stacks/vms/main.tf", &vms),
-            ],
-        )
-        .await;
-    let (log, status) = w.merge_and_apply(&s, iid, 44).await;
+    let iid = reviewed_mr(
+        &w,
+        &s,
+        "new-subnet-and-vm",
+        &[
+            ("stacks/network/main.tf", &network),
+            ("stacks/vms/main.tf", &vms),
+        ],
+    )
+    .await;
+    let (log, status) = merge_and_apply(&w, &s, iid, 44).await;
     println!("--- the job's log ---\n{log}--- planbot/apply: {status}");
     assert!(
         log.contains("planbot: root `vms`: after `network` applied, the new plan differs from the checked one in more than values known after apply: `terraform_data.vm` `input.subnet` has another value\n"),
@@ -404,19 +322,7 @@ async fn a_replan_whose_known_value_changed_is_refused_below_roots_stop_and_a_co
         .expect("the log says how to confirm");
 
     // A new job with the confirmation: `network` has nothing left, `vms` applies on the new subnet.
-    let job = FakeJob {
-        token: "glcbt-job-45".into(),
-        id: 45,
-        name: "planbot-apply".into(),
-        status: "running".into(),
-        ref_: "main".into(),
-        tag: false,
-        user: Some(w.alice.clone()),
-        pipeline_id: 1045,
-        project_id: w.project.id,
-        sha: w.gitlab.branch_head(&w.project, "main").unwrap(),
-    };
-    w.gitlab.register_job(job.clone());
+    let job = w.click_apply(45);
     let (_, log) = call_apply(&s, &job.token, &format!(r#"{{"confirm":"{confirm}"}}"#)).await;
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
     assert!(w.state("vms").unwrap().contains("10.0.2.0/24"));

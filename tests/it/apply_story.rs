@@ -3,170 +3,23 @@
 //! engine against GitLab-managed state (the engine's `http` backend), and applies only the
 //! plan that was reviewed on the merge request.
 
-use crate::support::fake_gitlab::{
-    FakeGitLab, FakeJob, FakeProject, FakeUser, DEVELOPER, MAINTAINER,
-};
+use crate::support::fake_gitlab::FakeJob;
 use crate::support::fake_proxmox::{Cluster, FakeProxmox, Fault};
 use crate::support::service::TestService;
-use planbot::core::config::Config;
-use planbot::flows::service::server::Options;
+pub(crate) use crate::support::world::{
+    call_apply, no_workers, verdict as last_line, with_workers, World,
+};
 
-const INFRA: &str = "infra/homelab";
-
-pub(crate) struct World {
-    pub(crate) gitlab: FakeGitLab,
-    pub(crate) project: FakeProject,
-    pub(crate) alice: FakeUser,
-    _data: tempfile::TempDir,
-    pub(crate) config: Config,
+/// Alice pushes `main.tf` with the VMs `vms` on `branch` and opens an MR; GitLab delivers the
+/// webhook.
+pub(crate) async fn vms_mr(w: &World, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
+    let main_tf = crate::support::infra_main_tf(vms);
+    w.open_mr(s, branch, &[("main.tf", &main_tf)]).await
 }
 
-pub(crate) fn config_text_for(
-    data_dir: &std::path::Path,
-    gitlab: &FakeGitLab,
-    project: &FakeProject,
-    engine: &std::path::Path,
-    listen: &str,
-) -> String {
-    let state = format!(
-        "{}/api/v4/projects/{}/terraform/state/core",
-        gitlab.url(),
-        project.id
-    );
-    format!(
-        r#"
-listen = "{listen}"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{token}"
-webhook_secret = "{secret}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-
-# The http backend configured by hand, least privilege per trust level: MR plans read the
-# state with a Developer's token (and never lock it), applies write it with a Maintainer's.
-[engine.env]
-TF_HTTP_ADDRESS = "{state}"
-TF_HTTP_LOCK_ADDRESS = "{state}/lock"
-TF_HTTP_UNLOCK_ADDRESS = "{state}/lock"
-TF_HTTP_LOCK_METHOD = "POST"
-TF_HTTP_UNLOCK_METHOD = "DELETE"
-# A user name is no secret: "planbot" stays in every note and in the verdict line.
-TF_HTTP_USERNAME = "planbot"
-
-[engine.plan.env]
-TF_HTTP_PASSWORD = "{reader}"
-
-[engine.apply.env]
-TF_HTTP_PASSWORD = "{writer}"
-
-[plan]
-max_concurrent_plans = 2
-
-[metrics]
-token = "{metrics_token}"
-
-# The engine's sandbox lets it reach the state backend (the fake GitLab) and nothing else.
-[sandbox]
-connect_ports = [443, {gitlab_port}]
-"#,
-        gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap(),
-        metrics_token = crate::support::service::METRICS_TOKEN,
-        reader = gitlab
-            .member_with_role(project, "state-reader", DEVELOPER)
-            .token,
-        writer = gitlab
-            .member_with_role(project, "state-writer", MAINTAINER)
-            .token,
-        data = data_dir.display(),
-        url = gitlab.url(),
-        token = gitlab.bot_token(),
-        secret = crate::support::service::WEBHOOK_SECRET,
-        engine = engine.display(),
-    )
-}
-
+/// The apply stories' world ([`World::homelab`]).
 pub(crate) fn world(engine: &std::path::Path) -> World {
-    world_with(engine, "")
-}
-
-/// [`world`] with more service config (e.g. `[proxmox]`) appended.
-pub(crate) fn world_with(engine: &std::path::Path, extra_config: &str) -> World {
-    let gitlab = FakeGitLab::start();
-    let project = gitlab.create_project(INFRA);
-    let alice = gitlab.create_user("alice");
-    gitlab.add_member(&project, &alice, 40);
-    gitlab.commit_files(
-        &project,
-        "main",
-        &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
-    );
-    let data = tempfile::tempdir().unwrap();
-    let text =
-        config_text_for(data.path(), &gitlab, &project, engine, "127.0.0.1:0") + extra_config;
-    let config =
-        Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid");
-    World {
-        gitlab,
-        project,
-        alice,
-        _data: data,
-        config,
-    }
-}
-
-impl World {
-    /// A running manual job of the newest pipeline on `main`, clicked by alice.
-    pub(crate) fn apply_job(&self, id: u64) -> FakeJob {
-        FakeJob {
-            token: format!("glcbt-job-{id}"),
-            id,
-            name: "planbot-apply".into(),
-            status: "running".into(),
-            ref_: "main".into(),
-            tag: false,
-            user: Some(self.alice.clone()),
-            pipeline_id: 1000 + id,
-            project_id: self.project.id,
-            sha: self.gitlab.branch_head(&self.project, "main").unwrap(),
-        }
-    }
-}
-
-/// What the CI job sees: the HTTP status and the streamed log.
-pub(crate) async fn call_apply(s: &TestService, token: &str, body: &str) -> (u16, String) {
-    let r = s
-        .http
-        .post(s.url("/api/v1/apply"))
-        .header("JOB-TOKEN", token)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("POST /api/v1/apply");
-    let status = r.status().as_u16();
-    (status, r.text().await.unwrap())
-}
-
-pub(crate) fn last_line(log: &str) -> &str {
-    log.lines()
-        .rev()
-        .find(|l| !l.starts_with("planbot: still working"))
-        .unwrap_or("")
-}
-
-pub(crate) fn no_workers() -> Options {
-    Options {
-        workers: false,
-        reconcile: false,
-    }
+    World::homelab(engine).build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -450,102 +303,6 @@ fn scan(dir: &std::path::Path) -> Scan {
     out
 }
 
-pub(crate) fn with_workers() -> Options {
-    Options {
-        workers: true,
-        reconcile: false,
-    }
-}
-
-impl World {
-    /// Alice pushes `vms` on `branch`, opens an MR, and GitLab delivers the webhook.
-    pub(crate) async fn open_mr(&self, s: &TestService, branch: &str, vms: &[&str]) -> u64 {
-        self.gitlab.commit_files(
-            &self.project,
-            branch,
-            &[("main.tf", &crate::support::infra_main_tf(vms))],
-        );
-        let iid = self
-            .gitlab
-            .open_mr_by(&self.project, branch, "main", &self.alice);
-        let body = self
-            .gitlab
-            .mr_webhook(&self.project, iid)
-            .action("open")
-            .body();
-        s.deliver_mr_opened(&body, iid).await;
-        iid
-    }
-
-    /// Wait for the plan of the MR's head to be posted (its status final).
-    pub(crate) async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
-        let head = self.gitlab.mr_sha(&self.project, iid);
-        let (gitlab, project) = (&self.gitlab, &self.project);
-        s.after_job_ends(
-            "the plan note and a final planbot/plan status",
-            60,
-            || async {
-                gitlab
-                    .status(project, &head, "planbot/plan")
-                    .is_some_and(|st| st.state == "success" || st.state == "failed")
-            },
-        )
-        .await;
-        let notes = self.gitlab.notes(&self.project, iid);
-        let note = notes
-            .iter()
-            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
-            .expect("a plan note");
-        note.body.clone()
-    }
-
-    pub(crate) fn notes_containing(&self, iid: u64, text: &str) -> Vec<String> {
-        self.gitlab
-            .notes(&self.project, iid)
-            .into_iter()
-            .map(|n| n.body)
-            .filter(|b| b.contains(text))
-            .collect()
-    }
-
-    /// Someone changes the managed state behind OpenTofu's back (drift): the VM `vm` gets
-    /// `cores` in state, as a hand edit on the Proxmox UI would show up on refresh.
-    pub(crate) async fn drift(&self, vm: &str, cores: u64) {
-        self.edit_state(|state| {
-            for r in state["resources"].as_array_mut().unwrap() {
-                for i in r["instances"].as_array_mut().unwrap() {
-                    if i["index_key"] == vm {
-                        i["attributes"]["input"]["value"]["cores"] = cores.into();
-                    }
-                }
-            }
-        })
-        .await;
-    }
-
-    /// Edit the root's managed state by hand (a new serial), as alice.
-    pub(crate) async fn edit_state(&self, edit: impl FnOnce(&mut serde_json::Value)) {
-        let (state, _) = self.gitlab.terraform_state(&self.project, "core");
-        let mut state: serde_json::Value =
-            serde_json::from_slice(&state.expect("a state")).unwrap();
-        state["serial"] = (state["serial"].as_u64().unwrap() + 1).into();
-        edit(&mut state);
-        let url = format!(
-            "{}/api/v4/projects/{}/terraform/state/core",
-            self.gitlab.url(),
-            self.project.id
-        );
-        let r = reqwest::Client::new()
-            .post(url)
-            .basic_auth("alice", Some(&self.alice.token))
-            .json(&state)
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_once_confirmed() {
     let engine = require_engine!();
@@ -553,7 +310,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     // Review: the MR adds a VM; the note shows the plan and its fingerprint.
-    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     let note = w.wait_for_plan(&s, iid).await;
     // As GitLab shows it: HTML entities in <summary> render as the characters.
     let shown = crate::support::gitlab_reading::reading(&note).visible;
@@ -561,7 +318,7 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     assert!(!note.contains("apply-canary-password-7f3a"));
 
     // Merge (a merge commit, GitLab's default), then someone clicks the manual job on main.
-    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let job = w.apply_job(31);
     assert_eq!(job.sha, landed);
     w.gitlab.register_job(job.clone());
@@ -587,11 +344,9 @@ async fn the_reviewed_plan_is_applied_after_the_merge_and_a_drifted_one_only_onc
     );
 
     // A second MR is reviewed; then the state drifts before its apply.
-    let iid2 = w
-        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
-        .await;
+    let iid2 = vms_mr(&w, &s, "add-backup-vm", &["blocky", "gitlab", "backup"]).await;
     w.wait_for_plan(&s, iid2).await;
-    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice()));
     w.drift("blocky", 8).await;
     let job = w.apply_job(32);
     w.gitlab.register_job(job.clone());
@@ -743,17 +498,7 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
     let engine = require_engine!();
     let w = world(&engine);
     let config_file = w.config.data_dir.with_extension("toml");
-    std::fs::write(
-        &config_file,
-        config_text_for(
-            &w.config.data_dir,
-            &w.gitlab,
-            &w.project,
-            &engine,
-            "127.0.0.1:0",
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config_file, w.planbot.text()).unwrap();
     // planbot as its own process, so that it can really be killed.
     let (mut child, port) = crate::support::spawn_serve(&config_file);
     let base = format!("http://127.0.0.1:{port}");
@@ -770,7 +515,7 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
         .commit_files(&w.project, "add-slow", &[("main.tf", &slow_tf())]);
     let iid = w
         .gitlab
-        .open_mr_by(&w.project, "add-slow", "main", &w.alice);
+        .open_mr_by(&w.project, "add-slow", "main", &w.alice());
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     let mut req = http.post(format!("{base}/webhooks/gitlab")).body(body);
     for (k, v) in crate::support::service::token_headers(
@@ -791,7 +536,7 @@ async fn planbot_killed_mid_apply_reports_it_interrupted_and_never_re_runs_it() 
         assert!(std::time::Instant::now() < deadline, "no plan");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let job = w.apply_job(51);
     w.gitlab.register_job(job.clone());
     let mut resp = http
@@ -888,11 +633,11 @@ async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool
     let what = format!("{method}{}", if squash { " + squash" } else { "" });
 
     // Reviewed, merged, applied.
-    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     w.wait_for_plan(&s, iid).await;
     let head = w.gitlab.mr_sha(&w.project, iid);
     w.gitlab.set_squash(&w.project, iid, squash);
-    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let mr = w.gitlab.mr_json(&w.project, iid);
     match (method, squash) {
         ("ff", false) => assert_eq!(landed, head, "{what}"),
@@ -963,9 +708,7 @@ async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool
     assert!(state.contains("\"gitlab\""), "{what}");
 
     // A second MR is reviewed; then `main` moves: a new resource lands beside it unreviewed.
-    let iid2 = w
-        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
-        .await;
+    let iid2 = vms_mr(&w, &s, "add-backup-vm", &["blocky", "gitlab", "backup"]).await;
     w.wait_for_plan(&s, iid2).await;
     w.gitlab.commit_files(
         &w.project,
@@ -978,11 +721,11 @@ async fn merge_method_story(engine: &std::path::Path, method: &str, squash: bool
     w.gitlab.set_squash(&w.project, iid2, squash);
     if method != "merge" {
         // GitLab refuses until the branch is rebased; the rebased head is not re-reviewed.
-        let err = w.gitlab.try_merge_mr(&w.project, iid2, Some(&w.alice));
+        let err = w.gitlab.try_merge_mr(&w.project, iid2, Some(&w.alice()));
         assert!(err.is_err(), "{what}: {err:?}");
         w.gitlab.rebase_mr(&w.project, iid2);
     }
-    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    let landed2 = w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice()));
     let job = w.apply_job(32);
     assert_eq!(job.sha, landed2);
     w.gitlab.register_job(job.clone());
@@ -1047,14 +790,6 @@ resource "terraform_data" "pve_probe" {
 }
 "#;
 
-fn proxmox_config(pve: &FakeProxmox) -> String {
-    format!(
-        "\n[proxmox]\nendpoint = \"{}\"\napi_token = \"{APPLY_TOKEN}={APPLY_SECRET}\"\n\n\
-         [proxmox.plan]\napi_token = \"{PLAN_TOKEN}={PLAN_SECRET}\"\n",
-        pve.url.trim_end_matches('/')
-    )
-}
-
 /// Which tokens the fake Proxmox saw on paths that start with `prefix`.
 fn tokens_seen(pve: &FakeProxmox, prefix: &str) -> std::collections::BTreeSet<String> {
     pve.with(|c| {
@@ -1087,12 +822,21 @@ async fn with_proxmox_down_a_root_without_proxmox_resources_is_green_and_applies
             Fault::Status(503, "Service Unavailable".into()),
         )
     });
-    let w = world_with(&engine, &proxmox_config(&pve));
+    let w = World::homelab(&engine)
+        .config(|c| {
+            c.proxmox(&pve.url, &format!("{APPLY_TOKEN}={APPLY_SECRET}"))
+                .set(
+                    "proxmox.plan",
+                    "api_token",
+                    &format!("\"{PLAN_TOKEN}={PLAN_SECRET}\""),
+                )
+        })
+        .build();
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     w.gitlab
         .commit_files(&w.project, "add-probe", &[("probe.tf", PROBE_TF)]);
-    let iid = w.open_mr(&s, "add-probe", &["blocky", "gitlab"]).await;
+    let iid = vms_mr(&w, &s, "add-probe", &["blocky", "gitlab"]).await;
     let note = w.wait_for_plan(&s, iid).await;
     let head = w.gitlab.mr_sha(&w.project, iid);
     assert!(!note.contains("Proxmox"), "{note}");
@@ -1111,7 +855,7 @@ async fn with_proxmox_down_a_root_without_proxmox_resources_is_green_and_applies
     );
 
     // Merged: the apply neither runs nor waits for the preflight, and applies.
-    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let job = w.apply_job(61);
     w.gitlab.register_job(job.clone());
     let (_, log) = call_apply(&s, &job.token, "{}").await;
@@ -1172,9 +916,9 @@ async fn a_roots_parallelism_reaches_the_apply_and_a_changed_one_is_a_changed_pl
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     // Reviewed with one change at a time, merged, applied with it.
-    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     w.wait_for_plan(&s, iid).await;
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let job = w.apply_job(31);
     w.gitlab.register_job(job.clone());
     let (_, log) = call_apply(&s, &job.token, "{}").await;
@@ -1191,16 +935,14 @@ async fn a_roots_parallelism_reaches_the_apply_and_a_changed_one_is_a_changed_pl
     );
 
     // A second MR is reviewed with `parallelism = 1`; then `main` says 2 before it lands.
-    let iid2 = w
-        .open_mr(&s, "add-backup-vm", &["blocky", "gitlab", "backup"])
-        .await;
+    let iid2 = vms_mr(&w, &s, "add-backup-vm", &["blocky", "gitlab", "backup"]).await;
     w.wait_for_plan(&s, iid2).await;
     w.gitlab.commit_files(
         &w.project,
         "main",
         &[(".planbot.toml", "parallelism = 2\n")],
     );
-    w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice));
+    w.gitlab.merge_mr(&w.project, iid2, Some(&w.alice()));
     let job = w.apply_job(32);
     w.gitlab.register_job(job.clone());
     let (_, log) = call_apply(&s, &job.token, "{}").await;
@@ -1264,7 +1006,9 @@ exit 1"#,
         "vm-ids",
         &[("lab/plan.json", &lab), ("prod/plan.json", &prod)],
     );
-    let iid = w.gitlab.open_mr_by(&w.project, "vm-ids", "main", &w.alice);
+    let iid = w
+        .gitlab
+        .open_mr_by(&w.project, "vm-ids", "main", &w.alice());
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     s.deliver_mr_opened(&body, iid).await;
     let note = w.wait_for_plan(&s, iid).await;
@@ -1343,7 +1087,7 @@ async fn an_apply_that_leaves_changes_says_so_on_its_roots_line_and_the_converge
     );
     let iid = w
         .gitlab
-        .open_mr_by(&w.project, "never-converges", "main", &w.alice);
+        .open_mr_by(&w.project, "never-converges", "main", &w.alice());
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     s.deliver_mr_opened(&body, iid).await;
     let note = w.wait_for_plan(&s, iid).await;
@@ -1353,7 +1097,7 @@ async fn an_apply_that_leaves_changes_says_so_on_its_roots_line_and_the_converge
         "{shown}"
     );
 
-    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let job = w.apply_job(71);
     w.gitlab.register_job(job.clone());
     let (status, log) = call_apply(&s, &job.token, "{}").await;
@@ -1451,12 +1195,12 @@ async fn an_apply_whose_check_after_it_cannot_run_says_it_succeeded_and_the_chec
     );
     let iid = w
         .gitlab
-        .open_mr_by(&w.project, "two-roots", "main", &w.alice);
+        .open_mr_by(&w.project, "two-roots", "main", &w.alice());
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     s.deliver_mr_opened(&body, iid).await;
     w.wait_for_plan(&s, iid).await;
 
-    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     w.gitlab
         .fail_state_reads_after_next_write(&w.project, "vms", 500);
     let job = w.apply_job(72);

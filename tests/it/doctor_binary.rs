@@ -4,6 +4,7 @@
 
 use crate::support::fake_gitlab::FakeGitLab;
 use crate::support::fake_proxmox::{Cluster, FakeProxmox, Fault};
+use crate::support::world::PlanbotConfig;
 use std::path::Path;
 use std::process::Output;
 
@@ -30,35 +31,14 @@ async fn doctor(config: &Path) -> Output {
     .unwrap()
 }
 
-fn write_config(
-    dir: &Path,
-    gitlab: &FakeGitLab,
-    engine: &str,
-    proxmox: &str,
-) -> std::path::PathBuf {
-    let path = dir.join("planbot.toml");
-    let text = format!(
-        r#"data_dir = "{data}"
-public_url = "https://planbot.example.com"
-fingerprint_key = "a-long-random-server-secret-0123456789"
-
-[gitlab]
-url = "{gitlab}"
-token = "{token}"
-webhook_secret = "hook-secret-5f3a"
-projects = ["infra/homelab", "infra/lab"]
-
-[engine]
-binary = "{engine}"
-
-{proxmox}
-"#,
-        data = dir.join("data").display(),
-        gitlab = gitlab.url(),
-        token = gitlab.bot_token(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+/// `dir/planbot.toml`: the operator's config for `infra/homelab` and `infra/lab` on `gitlab`,
+/// the engine `engine`, then `extra` (whole tables: `[proxmox]`, `[store]`).
+fn write_config(dir: &Path, gitlab: &FakeGitLab, engine: &str, extra: &str) -> std::path::PathBuf {
+    PlanbotConfig::deployed(gitlab.url(), gitlab.bot_token(), dir)
+        .projects(&["infra/homelab", "infra/lab"])
+        .set("engine", "binary", &format!("\"{engine}\""))
+        .raw(extra)
+        .write(dir)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -3,8 +3,9 @@
 //! replicas on one PostgreSQL wake for one tick and exactly one drift check runs; a bad
 //! schedule or time zone is a `serve --check` error naming the setting.
 
-use crate::apply_story::{no_workers, world_with};
+use crate::apply_story::no_workers;
 use crate::support::service::TestService;
+use crate::support::world::World;
 use chrono::{Datelike, TimeZone, Utc};
 use planbot::capabilities::store::{JobEnd, RunKind};
 use planbot::flows::service::server::Options;
@@ -28,7 +29,7 @@ pub(crate) fn three_years_before(ms: i64) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_back_after_missed_ticks_checks_drift_once_and_a_first_start_waits() {
     let engine = require_engine!();
-    let w = world_with(&engine, YEARLY);
+    let w = World::homelab(&engine).extra_toml(YEARLY).build();
 
     // First start, no tick ever claimed: nothing runs before the schedule's next occurrence.
     let s = TestService::start(w.config.clone(), no_workers()).await;

@@ -19,7 +19,7 @@ async fn check(s: &TestService) -> Tick {
 }
 
 /// Someone sets the (sensitive) password in the state by hand.
-async fn hand_set_password(w: &crate::apply_story::World, value: &str) {
+async fn hand_set_password(w: &crate::support::world::World, value: &str) {
     w.edit_state(|state| {
         for r in state["resources"].as_array_mut().unwrap() {
             if r["name"] == "password" {
@@ -197,8 +197,8 @@ async fn drift_of_main_lives_in_one_issue_that_the_apply_job_repairs() {
     );
     let iid = w
         .gitlab
-        .open_mr_by(&w.project, "add-gitlab-vm", "main", &w.alice);
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+        .open_mr_by(&w.project, "add-gitlab-vm", "main", &w.alice());
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let waiting = check(&s).await;
     assert_eq!(
         one_root(&waiting),
@@ -272,14 +272,7 @@ fn the_command_prints_the_check_and_exits_2_on_drift_and_dry_run_writes_nothing(
     let w = world(&engine);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("planbot.toml");
-    let text = crate::apply_story::config_text_for(
-        &w.config.data_dir,
-        &w.gitlab,
-        &w.project,
-        &engine,
-        "127.0.0.1:0",
-    );
-    std::fs::write(&file, text).unwrap();
+    std::fs::write(&file, w.planbot.text()).unwrap();
     let drift = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
             .env_clear()

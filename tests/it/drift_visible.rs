@@ -2,7 +2,7 @@
 //! Drift section, the drift runs on the run pages; and what happens to the issue of a root the
 //! repository stops checking (`drift = false`): closed with a note saying why, its gauges gone.
 
-use crate::apply_story::{config_text_for, no_workers, world};
+use crate::apply_story::{no_workers, world};
 use crate::support::service::TestService;
 use planbot::flows::drift::check::{tick, Selection};
 use std::time::SystemTime;
@@ -68,17 +68,7 @@ async fn a_drift_check_shows_on_metrics_doctor_and_run_pages_and_an_opted_out_ro
     // `planbot doctor` on the same config says when drift ran and what it found.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("planbot.toml");
-    std::fs::write(
-        &file,
-        config_text_for(
-            &w.config.data_dir,
-            &w.gitlab,
-            &w.project,
-            &engine,
-            "127.0.0.1:0",
-        ),
-    )
-    .unwrap();
+    std::fs::write(&file, w.planbot.text()).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
         .args(["doctor", "--config"])
         .arg(&file)
@@ -124,19 +114,11 @@ async fn a_project_that_cannot_be_checked_is_named_and_the_others_are_still_chec
         "main",
         &[("main.tf", "# nothing\n"), (".planbot.toml", "roots = [\n")],
     );
-    let text = config_text_for(
-        &w.config.data_dir,
-        &w.gitlab,
-        &w.project,
-        &engine,
-        "127.0.0.1:0",
-    )
-    .replace(
-        r#"projects = ["infra/homelab"]"#,
-        r#"projects = ["infra/broken", "infra/homelab"]"#,
-    );
-    let config = planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into()))
-        .expect("the config");
+    let config = w
+        .planbot
+        .clone()
+        .projects(&["infra/broken", "infra/homelab"])
+        .load();
     let s = TestService::start(config, no_workers()).await;
 
     let t = tick(&s.app, &Selection::default(), SystemTime::now())

@@ -225,7 +225,7 @@ if [ "$1" = show ]; then echo '{json}'; fi"#,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mr_whose_processes_pass_the_job_memory_cap_gets_a_note_naming_it() {
     use crate::support::fake_gitlab::FakeGitLab;
-    use crate::support::service::{bench_config_text, TestService};
+    use crate::support::service::{bench_config, TestService};
     if cgroups(512 * MIB, 256).is_none() {
         return;
     }
@@ -253,14 +253,9 @@ async fn an_mr_whose_processes_pass_the_job_memory_cap_gets_a_note_naming_it() {
 fi"#,
     );
     let data = tempfile::tempdir().unwrap();
-    let text = bench_config_text(
-        data.path(),
-        &fake,
-        "infra/homelab",
-        &engine,
-        "[sandbox]\njob_memory_max = \"512 MiB\"\n",
-    );
-    let cfg = planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let cfg = bench_config(data.path(), &fake, "infra/homelab", &engine)
+        .set("sandbox", "job_memory_max", "\"512 MiB\"")
+        .load();
     let s = TestService::start(
         cfg,
         planbot::flows::service::server::Options {

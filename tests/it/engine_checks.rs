@@ -3,7 +3,7 @@
 //! the note's "Checks" part; the engine's warnings (grouped) and a failing `check {}` block;
 //! the `planbot/test` status; every check switched off per root in `.planbot.toml`.
 
-use crate::support::plan_world::PlanWorld;
+use crate::support::world::World;
 
 const CANARY: &str = "canary-secret-checks-41c7";
 
@@ -111,22 +111,28 @@ const BROKEN_MAIN: &str = r#"resource "terraform_data" "c" {
 }
 "#;
 
-type World = PlanWorld;
-
 fn world(engine: &std::path::Path) -> World {
-    PlanWorld::start(
-        engine,
-        "infra/checks",
-        &[
-            (".planbot.toml", REPO_CONFIG),
+    World::builder()
+        .project("infra/checks")
+        .no_members()
+        .engine(engine)
+        .managed_state()
+        .config(|c| {
+            c.set(
+                "engine",
+                "env",
+                &format!("{{ TF_VAR_token = \"{CANARY}\" }}"),
+            )
+        })
+        .planbot_toml(REPO_CONFIG)
+        .files(&[
             ("tested/main.tf", TESTED_MAIN),
             ("plain/main.tf", PLAIN_MAIN),
             ("plain/modules/m/main.tf", PLAIN_MODULE),
             ("plain/modules/m2/main.tf", PLAIN_MODULE),
             ("broken/README.md", "a root to be\n"),
-        ],
-        &format!("env = {{ TF_VAR_token = \"{CANARY}\" }}"),
-    )
+        ])
+        .build()
 }
 
 /// The note from its warnings to the first root's details: the part this feature adds.
@@ -145,7 +151,7 @@ fn checks_part(note: &str) -> &str {
 async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_status() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/checks",
         &[
@@ -155,8 +161,8 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
             ("broken/main.tf", BROKEN_MAIN),
         ],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/checks", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/checks", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     let note = w.plan_note(iid).await;
     assert!(!note.contains(CANARY), "a secret leaked into the note");
 
@@ -229,7 +235,7 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
 
     // The test status: failed, with the counts; the plan status says what it says of plans.
     let test = w
-        .fake
+        .gitlab
         .status(&w.project, &head, "planbot/test")
         .expect("planbot/test is posted when a root has tests");
     assert_eq!(test.state, "failed");
@@ -239,14 +245,14 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
     );
 
     // Every check switched off: nothing of them in the note, no test status for the new head.
-    w.fake
+    w.gitlab
         .commit_files(&w.project, "main", &[(".planbot.toml", CHECKS_OFF)]);
-    w.fake.push(
+    w.gitlab.push(
         &w.project,
         "feature/checks",
         &[("tested/extra.tf", &format!("{TESTED_EXTRA}\n"))],
     );
-    let head2 = w.fake.mr_sha(&w.project, iid);
+    let head2 = w.gitlab.mr_sha(&w.project, iid);
     assert_ne!(head, head2);
     let note = w.plan_note(iid).await;
     for gone in [
@@ -259,7 +265,10 @@ async fn tests_format_validation_and_warnings_are_in_the_note_and_the_test_statu
     }
     // `plain` keeps `fmt` and `test` (it has no tests) and its check block (from the plan).
     assert!(note.contains("**check.health** failed"), "{note}");
-    assert!(w.fake.status(&w.project, &head2, "planbot/test").is_none());
+    assert!(w
+        .gitlab
+        .status(&w.project, &head2, "planbot/test")
+        .is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,19 +276,19 @@ async fn passing_tests_turn_the_test_status_green_and_say_how_many() {
     let engine = require_engine!();
     let w = world(&engine);
     let passing = TESTED_TEST.replace("== 3", "== 2");
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/green",
         &[("tested/tests/a.tftest.hcl", &passing)],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/green", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/green", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     let note = w.plan_note(iid).await;
     assert!(
         note.contains("- ✅ `tested`: **Tests: 2 passed, 0 failed**"),
         "{note}"
     );
-    let test = w.fake.status(&w.project, &head, "planbot/test").unwrap();
+    let test = w.gitlab.status(&w.project, &head, "planbot/test").unwrap();
     assert_eq!(test.state, "success");
     assert_eq!(
         test.description.as_deref(),
@@ -296,12 +305,12 @@ const UNDECLARED_TFVARS: &str = "n = 2\nold_setting = \"x\"\n";
 async fn a_warning_only_the_plan_gives_is_in_the_note_once() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/tfvars",
         &[("plain/terraform.tfvars", UNDECLARED_TFVARS)],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/tfvars", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/tfvars", "main");
     let note = w.plan_note(iid).await;
 
     // The plan's own warning, once; validation's two (the plan gives them again) not twice.
@@ -328,7 +337,7 @@ async fn a_warning_only_the_plan_gives_is_in_the_note_once() {
 
     // The run's log (its page, the job's log) reads as the engine's human view.
     let runs = w
-        .app
+        .app()
         .store
         .runs_for_mr(
             planbot::core::ids::ProjectId(w.project.id),
@@ -338,7 +347,7 @@ async fn a_warning_only_the_plan_gives_is_in_the_note_once() {
         .unwrap();
     let mut logs = String::new();
     for r in runs {
-        logs.push_str(&w.app.store.run(r.id).await.unwrap().unwrap().log);
+        logs.push_str(&w.app().store.run(r.id).await.unwrap().unwrap().log);
     }
     assert!(
         logs.contains("\nWarning: Value for undeclared variable\n\nThe root module does not declare a variable named \"old_setting\""),

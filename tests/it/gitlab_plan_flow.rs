@@ -2,7 +2,7 @@
 //! plan note (edited in place, re-created when deleted), commit statuses, stored fingerprints;
 //! only the roots the change touches are planned; the config comes from the default branch.
 
-use crate::support::plan_world::PlanWorld;
+use crate::support::world::World;
 use planbot::core::ids::{MrIid, ProjectId};
 use planbot::core::render::NOTE_MARKER;
 use tokio_util::sync::CancellationToken;
@@ -36,24 +36,27 @@ resource "terraform_data" "{name}" {{
     )
 }
 
-type World = PlanWorld;
-
 fn world(engine: &std::path::Path) -> World {
-    PlanWorld::start(
-        engine,
-        "infra/homelab",
-        &[
-            (".planbot.toml", REPO_CONFIG),
-            ("tofu/stacks/core/main.tf", &tf("vm", "blocky")),
-            ("tofu/stacks/dns/main.tf", &tf("zone", "home.arpa")),
-        ],
-        &format!("env = {{ TF_VAR_token = \"{CANARY}\" }}"),
-    )
+    World::builder()
+        .no_members()
+        .engine(engine)
+        .managed_state()
+        .planbot_toml(REPO_CONFIG)
+        .file("tofu/stacks/core/main.tf", &tf("vm", "blocky"))
+        .file("tofu/stacks/dns/main.tf", &tf("zone", "home.arpa"))
+        .config(|c| {
+            c.set(
+                "engine",
+                "env",
+                &format!("{{ TF_VAR_token = \"{CANARY}\" }}"),
+            )
+        })
+        .build()
 }
 
-impl PlanWorld {
+impl World {
     fn states(&self, sha: &str) -> Vec<String> {
-        self.fake
+        self.gitlab
             .statuses(&self.project, sha)
             .into_iter()
             .filter(|s| s.name == "planbot/plan")
@@ -66,19 +69,19 @@ impl PlanWorld {
 async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/vm",
         &[("tofu/stacks/core/main.tf", &tf("vm", "blocky-v2"))],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/vm", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/vm", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     w.plan(iid).await;
 
-    let notes = w.fake.notes(&w.project, iid);
+    let notes = w.gitlab.notes(&w.project, iid);
     assert_eq!(notes.len(), 1, "exactly one note");
     let note = &notes[0];
-    assert_eq!(note.author_id, w.fake.bot().id);
+    assert_eq!(note.author_id, w.gitlab.bot().id);
     assert!(note.body.starts_with(NOTE_MARKER), "{}", note.body);
     assert!(note.body.contains("core"), "{}", note.body);
     assert!(
@@ -95,7 +98,7 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
     assert!(!note.body.contains(CANARY), "a secret leaked into the note");
 
     assert_eq!(w.states(&head), ["pending", "running", "success"]);
-    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let last = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     // Without [gitlab.oauth] the run pages answer only on the planbot host: the status links
     // nowhere and the note says where the log can be read.
     assert_eq!(last.target_url, None, "{last:?}");
@@ -112,7 +115,7 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
     assert_eq!(last.ref_.as_deref(), Some("feature/vm"));
 
     let fp = w
-        .app
+        .app()
         .store
         .last_shown_fingerprint(ProjectId(w.project.id), MrIid(iid), "core")
         .await
@@ -126,12 +129,12 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
     // merge result.
     assert_eq!(fp.sha.as_str(), head);
     let merge = w
-        .fake
+        .gitlab
         .ref_sha(&w.project, &format!("refs/merge-requests/{iid}/merge"))
         .unwrap();
     assert!(note.body.contains(&merge[..8]), "{}", note.body);
     let runs = w
-        .app
+        .app()
         .store
         .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
         .await
@@ -140,7 +143,7 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
     assert_eq!(runs[0].root, "core");
     assert_eq!(runs[0].sha.as_str(), head);
     assert!(w
-        .app
+        .app()
         .store
         .last_shown_fingerprint(ProjectId(w.project.id), MrIid(iid), "dns")
         .await
@@ -148,30 +151,30 @@ async fn an_mr_push_gets_one_plan_note_statuses_and_a_stored_fingerprint() {
         .is_none());
 
     // A new push: the same note is edited, not a second one posted.
-    w.fake.push(
+    w.gitlab.push(
         &w.project,
         "feature/vm",
         &[("tofu/stacks/core/main.tf", &tf("vm", "blocky-v3"))],
     );
     w.plan(iid).await;
-    let notes = w.fake.notes(&w.project, iid);
+    let notes = w.gitlab.notes(&w.project, iid);
     assert_eq!(notes.len(), 1);
     assert_eq!(notes[0].id, note.id);
     assert_eq!(notes[0].edits, 1);
     assert!(notes[0].body.contains("blocky-v3"));
 
     // Someone deletes the note: the next plan posts it again.
-    w.fake.delete_note(&w.project, iid, note.id);
+    w.gitlab.delete_note(&w.project, iid, note.id);
     w.plan(iid).await;
-    let notes = w.fake.notes(&w.project, iid);
+    let notes = w.gitlab.notes(&w.project, iid);
     assert_eq!(notes.len(), 1);
     assert_ne!(notes[0].id, note.id);
     assert!(notes[0].body.starts_with(NOTE_MARKER));
 
     // Nothing of the job is left on disk.
-    let work = w.app.workspaces_dir().join("work");
+    let work = w.app().workspaces_dir().join("work");
     assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
-    assert_eq!(std::fs::read_dir(w.app.temp_root()).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(w.app().temp_root()).unwrap().count(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,22 +183,22 @@ async fn a_502_after_gitlab_stored_the_plan_note_leaves_one_plan_note() {
     // finds the note instead of posting it again.
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/vm",
         &[("tofu/stacks/core/main.tf", &tf("vm", "blocky-v2"))],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/vm", "main");
-    w.fake.fail_next_after_write(
+    let iid = w.gitlab.open_mr(&w.project, "feature/vm", "main");
+    w.gitlab.fail_next_after_write(
         "POST /api/v4/projects/{id}/merge_requests/{iid}/notes",
         1,
         502,
     );
     w.plan(iid).await;
-    let notes = w.fake.notes(&w.project, iid);
+    let notes = w.gitlab.notes(&w.project, iid);
     assert_eq!(notes.len(), 1, "exactly one note: {notes:#?}");
     assert!(notes[0].body.starts_with(NOTE_MARKER));
-    let head = w.fake.mr_sha(&w.project, iid);
+    let head = w.gitlab.mr_sha(&w.project, iid);
     assert_eq!(w.states(&head), ["pending", "running", "success"]);
 }
 
@@ -203,21 +206,21 @@ async fn a_502_after_gitlab_stored_the_plan_note_leaves_one_plan_note() {
 async fn a_lost_note_id_is_found_again_by_its_marker() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/dns",
         &[("tofu/stacks/dns/main.tf", &tf("zone", "lan"))],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/dns", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/dns", "main");
     // A note posted earlier by the bot (e.g. before the database was lost).
-    let old = w.fake.add_note(
+    let old = w.gitlab.add_note(
         &w.project,
         iid,
-        &w.fake.bot().clone(),
+        &w.gitlab.bot().clone(),
         &format!("{NOTE_MARKER}\nold plan"),
     );
     w.plan(iid).await;
-    let notes = w.fake.notes(&w.project, iid);
+    let notes = w.gitlab.notes(&w.project, iid);
     assert_eq!(
         notes.len(),
         1,
@@ -232,7 +235,7 @@ async fn a_lost_note_id_is_found_again_by_its_marker() {
 async fn an_invalid_config_on_main_gets_a_note_saying_what_is_wrong_and_nothing_is_planned() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "main",
         &[(
@@ -240,15 +243,15 @@ async fn an_invalid_config_on_main_gets_a_note_saying_what_is_wrong_and_nothing_
             "[[roots]]\nname = \"core\"\ndirectory = \"x\"\n",
         )],
     );
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/x",
         &[("tofu/stacks/core/main.tf", &tf("vm", "x"))],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/x", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/x", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     w.plan(iid).await;
-    let notes = w.fake.notes(&w.project, iid);
+    let notes = w.gitlab.notes(&w.project, iid);
     assert_eq!(notes.len(), 1);
     let body = &notes[0].body;
     assert!(body.starts_with(NOTE_MARKER));
@@ -259,13 +262,13 @@ async fn an_invalid_config_on_main_gets_a_note_saying_what_is_wrong_and_nothing_
     assert!(body.contains("line 3"), "{body}");
     assert!(body.contains("roots[0].directory"), "{body}");
     assert_eq!(w.states(&head), ["pending", "running", "failed"]);
-    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let last = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert!(last
         .description
         .unwrap()
         .contains("invalid .planbot.toml on main"));
     let runs = w
-        .app
+        .app()
         .store
         .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
         .await
@@ -280,7 +283,7 @@ async fn an_invalid_config_on_main_gets_a_note_saying_what_is_wrong_and_nothing_
 async fn an_mr_breaking_the_config_fails_its_status_and_lists_every_problem() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/typo",
         &[(
@@ -288,10 +291,10 @@ async fn an_mr_breaking_the_config_fails_its_status_and_lists_every_problem() {
             "[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/core\"\nwhen_modifed = [\"*.tf\"]\nlint_disable = [\"PVE999\"]\n\n[[roots]]\nname = \"core\"\ndir = \"tofu/stacks/dns\"\n",
         )],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/typo", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/typo", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     w.plan(iid).await;
-    let body = &w.fake.notes(&w.project, iid)[0].body;
+    let body = &w.gitlab.notes(&w.project, iid)[0].body;
     let headline = body
         .lines()
         .find(|l| l.starts_with("### "))
@@ -312,7 +315,7 @@ async fn an_mr_breaking_the_config_fails_its_status_and_lists_every_problem() {
     ] {
         assert!(body.contains(problem), "{problem} missing from:\n{body}");
     }
-    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let last = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(last.state, "failed");
     let description = last.description.unwrap();
     assert!(
@@ -326,7 +329,7 @@ async fn an_mr_breaking_the_config_fails_its_status_and_lists_every_problem() {
 async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/cfg",
         &[(
@@ -334,21 +337,21 @@ async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
             "[[roots]]\nname = \"everything\"\ndir = \".\"\n",
         )],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/cfg", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/cfg", "main");
     w.plan(iid).await;
-    let body = &w.fake.notes(&w.project, iid)[0].body;
+    let body = &w.gitlab.notes(&w.project, iid)[0].body;
     assert!(body.contains("changed in this MR: preview"), "{body}");
     assert!(body.contains("<code>everything</code>"), "{body}");
     // Main's config still rules: neither root is touched by a .planbot.toml change.
     let runs = w
-        .app
+        .app()
         .store
         .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
         .await
         .unwrap();
     assert!(runs.is_empty(), "{runs:?}");
-    let head = w.fake.mr_sha(&w.project, iid);
-    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let last = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(last.state, "success");
     assert_eq!(
         last.description.as_deref(),
@@ -383,14 +386,14 @@ async fn a_huge_planbot_toml_is_refused_from_its_size_unread_with_a_note_that_sa
     let size = planbot::core::repo_config::byte_size(bytes);
     // An MR proposing a huge `.planbot.toml` (a comment line a few hundred million times):
     // the preview says why it is refused; main's config still plans the MR.
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/huge",
         &[("tofu/stacks/core/main.tf", &tf("vm", "x"))],
     );
-    w.fake
+    w.gitlab
         .commit_generated_file(&w.project, "feature/huge", ".planbot.toml", "# x", bytes);
-    let iid = w.fake.open_mr(&w.project, "feature/huge", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/huge", "main");
     std::fs::write("/proc/self/clear_refs", "5").unwrap();
     let before = status_kib("VmRSS:");
     w.plan(iid).await;
@@ -399,7 +402,7 @@ async fn a_huge_planbot_toml_is_refused_from_its_size_unread_with_a_note_that_sa
         status_kib("VmHWM:").saturating_sub(before) >> 10,
         before >> 10
     );
-    let body = &w.fake.notes(&w.project, iid)[0].body;
+    let body = &w.gitlab.notes(&w.project, iid)[0].body;
     assert!(
         body.contains("`.planbot.toml` changed in this MR and is invalid"),
         "{body}"
@@ -413,17 +416,17 @@ async fn a_huge_planbot_toml_is_refused_from_its_size_unread_with_a_note_that_sa
     );
 
     // The same file merged to main: nothing is planned, the status fails and says why.
-    w.fake
+    w.gitlab
         .commit_generated_file(&w.project, "main", ".planbot.toml", "# x", bytes);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/after",
         &[("tofu/stacks/core/main.tf", &tf("vm", "y"))],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/after", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/after", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     let blob_reads = || {
-        w.app
+        w.app()
             .workspace
             .invocations()
             .into_iter()
@@ -432,14 +435,14 @@ async fn a_huge_planbot_toml_is_refused_from_its_size_unread_with_a_note_that_sa
     };
     let blobs_before = blob_reads();
     w.plan(iid).await;
-    let body = &w.fake.notes(&w.project, iid)[0].body;
+    let body = &w.gitlab.notes(&w.project, iid)[0].body;
     assert!(
         body.contains("`.planbot.toml` on `main` is invalid"),
         "{body}"
     );
     assert!(body.contains(&why), "{body}");
     assert_eq!(w.states(&head), ["pending", "running", "failed"]);
-    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let last = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     let description = last.description.unwrap();
     assert!(
         description.contains("invalid .planbot.toml on main") && description.contains(&size),
@@ -457,21 +460,21 @@ async fn an_engine_error_fails_the_root_and_the_status_with_the_secret_scrubbed(
         "{}\nresource \"terraform_data\" \"bad\" {{\n  input = nonexistent_function(var.token)\n}}\n",
         tf("vm", "x")
     );
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/broken",
         &[("tofu/stacks/core/main.tf", &broken)],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/broken", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/broken", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     w.plan(iid).await;
-    let body = &w.fake.notes(&w.project, iid)[0].body;
+    let body = &w.gitlab.notes(&w.project, iid)[0].body;
     assert!(
         body.contains("nonexistent_function"),
         "the engine's error is shown: {body}"
     );
     assert!(!body.contains(CANARY));
-    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let last = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(last.state, "failed");
     assert!(last.description.unwrap().contains("core: failed"));
 }
@@ -480,33 +483,33 @@ async fn an_engine_error_fails_the_root_and_the_status_with_the_secret_scrubbed(
 async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
     let engine = require_engine!();
     let w = world(&engine);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/a",
         &[("tofu/stacks/core/main.tf", &tf("vm", "a"))],
     );
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/b",
         &[("tofu/stacks/dns/main.tf", &tf("zone", "b"))],
     );
-    let a = w.fake.open_mr(&w.project, "feature/a", "main");
-    let b = w.fake.open_mr(&w.project, "feature/b", "main");
+    let a = w.gitlab.open_mr(&w.project, "feature/a", "main");
+    let b = w.gitlab.open_mr(&w.project, "feature/b", "main");
     let (ja, jb) = (w.job(a), w.job(b));
     let none = CancellationToken::new();
     let (ra, rb) = tokio::join!(
-        planbot::flows::review::plan::run(&w.app, &ja, None, &none),
-        planbot::flows::review::plan::run(&w.app, &jb, None, &none)
+        planbot::flows::review::plan::run(&w.app(), &ja, None, &none),
+        planbot::flows::review::plan::run(&w.app(), &jb, None, &none)
     );
     ra.expect("MR a planned");
     rb.expect("MR b planned");
     for (iid, text) in [(a, "\"a\""), (b, "\"b\"")] {
-        let notes = w.fake.notes(&w.project, iid);
+        let notes = w.gitlab.notes(&w.project, iid);
         assert_eq!(notes.len(), 1);
         assert!(notes[0].body.contains(text), "{}", notes[0].body);
-        let head = w.fake.mr_sha(&w.project, iid);
+        let head = w.gitlab.mr_sha(&w.project, iid);
         assert_eq!(
-            w.fake
+            w.gitlab
                 .status(&w.project, &head, "planbot/plan")
                 .unwrap()
                 .state,
@@ -521,9 +524,9 @@ async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
 /// visible (not hidden in a comment, not run as a command).
 fn assert_note_reads_safely(w: &World, iid: u64, shown: &[&str]) {
     use crate::support::gitlab_reading::{is_planbots_html, reading};
-    let hazards = w.fake.take_hazards();
+    let hazards = w.gitlab.take_hazards();
     assert!(hazards.is_empty(), "GitLab would act on: {hazards:#?}");
-    let body = w.fake.plan_note(&w.project, iid).expect("a plan note");
+    let body = w.gitlab.plan_note(&w.project, iid).expect("a plan note");
     let seen = reading(&body);
     let verdicts: Vec<&String> = seen
         .headings
@@ -581,7 +584,7 @@ when_modified = ["*.tf", "x | <b>bold</b> <!-- @all"]
     ];
     for (i, config) in attacks.iter().enumerate() {
         let branch = format!("feature/cfg-{i}");
-        w.fake.commit_files(
+        w.gitlab.commit_files(
             &w.project,
             &branch,
             &[
@@ -589,7 +592,7 @@ when_modified = ["*.tf", "x | <b>bold</b> <!-- @all"]
                 ("tofu/stacks/core/main.tf", &tf("vm", &format!("v{i}"))),
             ],
         );
-        let iid = w.fake.open_mr(&w.project, &branch, "main");
+        let iid = w.gitlab.open_mr(&w.project, &branch, "main");
         w.plan(iid).await;
         let shown: &[&str] = match i {
             0 => &[
@@ -627,12 +630,12 @@ resource "terraform_data" "vm" {
   }
 }
 "#;
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/out",
         &[("tofu/stacks/core/main.tf", hostile)],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/out", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/out", "main");
     w.plan(iid).await;
     assert_note_reads_safely(
         &w,
@@ -660,35 +663,35 @@ async fn a_40_mb_value_ends_in_a_clear_note_and_the_store_barely_grows() {
     let engine = require_engine!();
     let w = world(&engine);
     let tf = crate::support::forty_mb_value_tf();
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/big",
         &[("tofu/stacks/core/main.tf", &tf)],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/big", "main");
-    let head = w.fake.mr_sha(&w.project, iid);
+    let iid = w.gitlab.open_mr(&w.project, "feature/big", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
     let before = store_bytes(&w);
     w.plan(iid).await;
     let grew = store_bytes(&w) - before;
 
-    let body = w.fake.plan_note(&w.project, iid).expect("a plan note");
+    let body = w.gitlab.plan_note(&w.project, iid).expect("a plan note");
     assert!(
         body.contains("the plan is too large: `show -json` printed more than 32 MiB, the most planbot accepts (`engine.max_plan_json_mib`)"),
         "{}",
         &body[..body.len().min(3000)]
     );
     assert!(body.len() < 100_000, "the note is {} bytes", body.len());
-    let last = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let last = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(last.state, "failed");
     assert!(grew < 4 * 1024 * 1024, "the store grew by {grew} bytes");
     let runs = w
-        .app
+        .app()
         .store
         .runs_for_mr(ProjectId(w.project.id), MrIid(iid))
         .await
         .unwrap();
     assert_eq!(runs.len(), 1);
-    let run = w.app.store.run(runs[0].id).await.unwrap().unwrap();
+    let run = w.app().store.run(runs[0].id).await.unwrap().unwrap();
     assert!(
         run.log.len() < 2 * 1024 * 1024,
         "a stored log of {} bytes",

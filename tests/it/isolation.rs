@@ -4,6 +4,7 @@
 //! without end) works under Landlock alone — each test shows that first, so it proves the
 //! namespaces and not the machine — and fails inside the namespaces.
 
+use crate::support::world::PlanbotConfig;
 use planbot::capabilities::engine::sandbox::{Isolation, Policy, Profile, Support};
 use planbot::capabilities::engine::{
     CliConfig, Engine, Limits, PlanRequest, SandboxMode, SandboxProfile,
@@ -473,20 +474,13 @@ async fn hcl_reading_dev_zero_fails_at_once_and_a_value_past_the_memory_cap_ends
 
 /// A service config with a filesystem provider mirror at `mirror`.
 fn config_with_mirror(mirror: &Path) -> planbot::core::config::Config {
-    let text = format!(
-        r#"
-fingerprint_key = "0123456789abcdef0123"
-[gitlab]
-url = "https://gitlab.example.com/"
-token = "glpat-secret-token"
-webhook_secret = "hook-secret"
-projects = ["infra/homelab"]
-[engine]
-provider_mirror = "{}"
-"#,
-        mirror.display()
-    );
-    planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
+    PlanbotConfig::for_gitlab("https://gitlab.example.com/", "glpat-secret-token")
+        .set(
+            "engine",
+            "provider_mirror",
+            &format!("\"{}\"", mirror.display()),
+        )
+        .load()
 }
 
 #[tokio::test]
@@ -706,23 +700,15 @@ impl Drop for Sshd {
 
 /// The service config of this story: the apply's SSH agent, the test sshd's port allowed.
 fn config_with_agent(agent: &Path, port: u16) -> planbot::core::config::Config {
-    let text = format!(
-        r#"
-fingerprint_key = "0123456789abcdef0123"
-[gitlab]
-url = "https://gitlab.example.com/"
-token = "glpat-secret-token"
-webhook_secret = "hook-secret"
-projects = ["infra/homelab"]
-[sandbox]
-connect_ports = [443, {port}]
-[proxmox.apply]
-ssh_username = "root"
-ssh_agent_socket = "{agent}"
-"#,
-        agent = agent.display()
-    );
-    planbot::core::config::Config::load(&text, &[], &|_| Err("no files".into())).unwrap()
+    PlanbotConfig::for_gitlab("https://gitlab.example.com/", "glpat-secret-token")
+        .sandbox_reaches(port)
+        .set("proxmox.apply", "ssh_username", "\"root\"")
+        .set(
+            "proxmox.apply",
+            "ssh_agent_socket",
+            &format!("\"{}\"", agent.display()),
+        )
+        .load()
 }
 
 /// The engine the service builds for `use_`: its sandbox and its credentials.

@@ -5,7 +5,7 @@
 //! findings sit at the line of their resource. The endpoint gives a job only its own merge
 //! request's reviewed plan, and says why not otherwise.
 
-use crate::apply_story::{no_workers, with_workers, world_with, World};
+use crate::apply_story::{no_workers, with_workers, World};
 use crate::ci_template::{interpolate, TEMPLATE};
 use crate::support::fake_gitlab::FakeJob;
 use crate::support::service::TestService;
@@ -66,37 +66,20 @@ fn fixture(name: &str) -> String {
 struct Setup {
     w: World,
     _bin: tempfile::TempDir,
-    _policies: tempfile::TempDir,
 }
 
 /// Two roots (`lab`, `prod`) on `main`, planbot's policy set configured.
 fn setup() -> Setup {
     let bin = tempfile::tempdir().unwrap();
     let engine = fake_engine(bin.path());
-    let policies = tempfile::tempdir().unwrap();
-    std::fs::write(policies.path().join("backups.rego"), OPERATOR_REGO).unwrap();
-    let extra = format!(
-        "\n[[policy_sets]]\nname = \"backups\"\npath = \"{}\"\n",
-        policies.path().display()
-    );
-    let w = world_with(&engine, &extra);
-    w.gitlab.commit_files(
-        &w.project,
-        "main",
-        &[
-            (
-                ".planbot.toml",
-                "[[roots]]\nname = \"lab\"\ndir = \"lab\"\n\n[[roots]]\nname = \"prod\"\ndir = \"prod\"\n",
-            ),
-            ("lab/main.tf", BACKEND),
-            ("prod/main.tf", BACKEND),
-        ],
-    );
-    Setup {
-        w,
-        _bin: bin,
-        _policies: policies,
-    }
+    let w = World::homelab(&engine)
+        .operator_policy("backups", &[("backups.rego", OPERATOR_REGO)])
+        .planbot_toml(
+            "[[roots]]\nname = \"lab\"\ndir = \"lab\"\n\n[[roots]]\nname = \"prod\"\ndir = \"prod\"\n",
+        )
+        .files(&[("lab/main.tf", BACKEND), ("prod/main.tf", BACKEND)])
+        .build();
+    Setup { w, _bin: bin }
 }
 
 /// Alice's MR: lab deletes two VMs and updates `web` (its description a sensitive canary),
@@ -125,7 +108,8 @@ fn open_mr_files(w: &World) -> u64 {
             ("prod/main.tf", PROD_TF),
         ],
     );
-    w.gitlab.open_mr_by(&w.project, "widgets", "main", &w.alice)
+    w.gitlab
+        .open_mr_by(&w.project, "widgets", "main", &w.alice())
 }
 
 /// Alice's MR of [`open_mr_files`]' changes from `outsider/homelab`, a fork of the project
@@ -155,7 +139,7 @@ fn mr_job(w: &World, id: u64, git_ref: &str, sha: &str) -> FakeJob {
         status: "running".into(),
         ref_: git_ref.into(),
         tag: false,
-        user: Some(w.alice.clone()),
+        user: Some(w.alice().clone()),
         pipeline_id: 5000 + id,
         project_id: w.project.id,
         sha: sha.into(),
@@ -348,7 +332,7 @@ async fn the_mr_pipelines_job_downloads_the_reviewed_plan_as_gitlabs_terraform_a
         .commit_files(&w.project, "docs-only", &[("README.md", "notes\n")]);
     let docs = w
         .gitlab
-        .open_mr_by(&w.project, "docs-only", "main", &w.alice);
+        .open_mr_by(&w.project, "docs-only", "main", &w.alice());
     let body = w.gitlab.mr_webhook(&w.project, docs).action("open").body();
     s.deliver_mr_opened(&body, docs).await;
     w.wait_for_plan(&s, docs).await;
@@ -514,7 +498,7 @@ async fn a_job_gets_only_its_own_merge_requests_reviewed_plan_and_is_told_why_no
         .commit_files(&w.project, "lost-hook", &[("lab/main.tf", BACKEND)]);
     let lost = w
         .gitlab
-        .open_mr_by(&w.project, "lost-hook", "main", &w.alice);
+        .open_mr_by(&w.project, "lost-hook", "main", &w.alice());
     let lost_head = w.gitlab.mr_sha(&w.project, lost);
     let lost_ref = format!("refs/merge-requests/{lost}/head");
     let young = mr_job(w, 86, &lost_ref, &lost_head);
@@ -603,7 +587,7 @@ async fn a_fork_mrs_widgets_job_is_told_at_once_that_a_maintainer_must_ask_and_g
     // A Maintainer asks; the plan runs; the job run again gets the reviewed plan.
     let hook = w
         .gitlab
-        .note_webhook(&w.project, iid, &w.alice, "planbot plan");
+        .note_webhook(&w.project, iid, &w.alice(), "planbot plan");
     assert_eq!(
         s.deliver(
             &hook.to_string(),

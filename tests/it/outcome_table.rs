@@ -13,15 +13,11 @@
 //! hand that plan JSON over, as `apply_story`'s PVE023 test does; everywhere else it `exec`s the
 //! real engine. The preflight itself is planbot's, against the stateful fake Proxmox API.
 
-use crate::support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER};
 use crate::support::fake_proxmox::{Cluster, FakeProxmox, Fault};
-use crate::support::service::{token_headers, TestService, METRICS_TOKEN, WEBHOOK_SECRET};
-use planbot::core::config::Config;
+use crate::support::service::TestService;
+use crate::support::world::{with_workers, World};
 use planbot::core::ids::{MrIid, ProjectId};
 use planbot::flows::context::session::Session;
-use planbot::flows::service::server::Options;
-
-const INFRA: &str = "infra/homelab";
 
 /// `main`'s repository config: `core` (GitLab-managed state, checked by the `new-vms` policy),
 /// `dns` (no resources: its plans have no changes), `lab` (state kept in the checkout:
@@ -389,17 +385,6 @@ fn table() -> Vec<Row> {
     ]
 }
 
-struct World {
-    gitlab: FakeGitLab,
-    project: FakeProject,
-    /// Maintainer: opens, merges, clicks the apply job, reads the run pages.
-    alice: FakeUser,
-    /// A member of `infra/capacity`, the owners of `new-vms`.
-    carol: FakeUser,
-    config: Config,
-    _data: tempfile::TempDir,
-}
-
 /// The service's engine: the real one, except in a root that commits a `plan.json` (see the
 /// module's doc), where `init`, `plan` and `show` hand that plan over.
 fn wrapper_engine(dir: &std::path::Path, real: &std::path::Path) -> std::path::PathBuf {
@@ -431,166 +416,29 @@ exec {real} "$@"
 const PVE_TOKEN: &str = "tofu@pve!planbot";
 const PVE_SECRET: &str = "5e5b7b1e-0000-4000-8000-00000000pve0";
 
+/// `main` with every root and the `new-vms` policy (owned by `infra/capacity`, carol in it),
+/// GitLab-managed state, planbot signing users in for its run pages, the fake Proxmox.
 fn world(engine: &std::path::Path, pve: &FakeProxmox) -> World {
-    let gitlab = FakeGitLab::start();
-    let project = gitlab.create_project(INFRA);
-    let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
-    let carol = gitlab.create_user("carol");
-    gitlab.create_group("infra/capacity", "internal");
-    gitlab.add_group_member("infra/capacity", &carol, 30);
-    gitlab.commit_files(
-        &project,
-        "main",
-        &[
-            (".planbot.toml", PLANBOT_TOML),
+    World::builder()
+        .engine(engine)
+        .engine_lines("grace = \"2s\"")
+        .managed_state()
+        .signin()
+        .group_member("infra/capacity", "carol", 30)
+        .planbot_toml(PLANBOT_TOML)
+        .files(&[
             ("policies/new_vms.rego", NEW_VMS_REGO),
             ("core/main.tf", &data("a", "one")),
             ("dns/main.tf", "locals {\n  zone = \"home.arpa\"\n}\n"),
             ("lab/main.tf", &data("lab", "one")),
             ("slow/main.tf", &data("slow", "one")),
             ("pve/main.tf", PVE_MAIN),
-        ],
-    );
-    let oauth = gitlab.register_oauth_app("http://planbot.test/auth/callback", &["read_user"]);
-    let data = tempfile::tempdir().unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{bot}"
-webhook_secret = "{WEBHOOK_SECRET}"
-projects = ["{INFRA}"]
-
-[gitlab.oauth]
-client_id = "{client}"
-client_secret = "{secret}"
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-grace = "2s"
-
-[metrics]
-token = "{METRICS_TOKEN}"
-
-[proxmox]
-endpoint = "{pve_url}"
-api_token = "{PVE_TOKEN}={PVE_SECRET}"
-{state}"#,
-        pve_url = pve.url.trim_end_matches('/'),
-        data = data.path().display(),
-        url = gitlab.url(),
-        bot = gitlab.bot_token(),
-        client = oauth.client_id,
-        secret = oauth.secret,
-        engine = engine.display(),
-        state = gitlab.managed_state_config(&project),
-    );
-    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("a valid config");
-    World {
-        gitlab,
-        project,
-        alice,
-        carol,
-        config,
-        _data: data,
-    }
+        ])
+        .config(|c| c.proxmox(&pve.url, &format!("{PVE_TOKEN}={PVE_SECRET}")))
+        .build()
 }
 
 impl World {
-    async fn hook(&self, s: &TestService, event: &str, key: String, body: &[u8]) {
-        let headers = token_headers(event, &key, WEBHOOK_SECRET);
-        let status = s
-            .deliver(std::str::from_utf8(body).unwrap(), &headers)
-            .await;
-        assert_eq!(status, 200, "{event} {key}");
-    }
-
-    /// Alice pushes `files` on `branch` and opens an MR; GitLab delivers the webhook.
-    async fn open_mr(&self, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
-        self.gitlab.commit_files(&self.project, branch, files);
-        let iid = self
-            .gitlab
-            .open_mr_by(&self.project, branch, "main", &self.alice);
-        let body = self
-            .gitlab
-            .mr_webhook(&self.project, iid)
-            .action("open")
-            .body();
-        s.deliver_mr_opened(&body, iid).await;
-        iid
-    }
-
-    /// Wait until `name` on `sha` is no longer pending or running.
-    async fn final_status(&self, s: &TestService, sha: &str, name: &str) {
-        let (gitlab, project) = (&self.gitlab, &self.project);
-        s.after_job_ends(&format!("a final {name} on {sha}"), 120, || async {
-            gitlab
-                .status(project, sha, name)
-                .is_some_and(|st| !matches!(st.state.as_str(), "pending" | "running"))
-        })
-        .await;
-    }
-
-    fn status(&self, sha: &str, name: &str) -> Option<(String, String)> {
-        self.gitlab
-            .status(&self.project, sha, name)
-            .map(|st| (st.state, st.description.unwrap_or_default()))
-    }
-
-    /// `user` comments `text`; planbot's reply (a note mentioning them after it).
-    async fn comment(&self, s: &TestService, iid: u64, user: &FakeUser, text: &str) -> String {
-        let before = self.gitlab.notes(&self.project, iid).len();
-        let hook = self.gitlab.note_webhook(&self.project, iid, user, text);
-        self.hook(
-            s,
-            "Note Hook",
-            format!("note-{iid}-{before}"),
-            hook.to_string().as_bytes(),
-        )
-        .await;
-        let mention = format!("@{} ", user.username);
-        let (gitlab, project) = (&self.gitlab, &self.project);
-        s.after_job_ends("planbot's reply", 60, || async {
-            gitlab
-                .notes(project, iid)
-                .iter()
-                .skip(before + 1)
-                .any(|n| n.body.starts_with(&mention))
-        })
-        .await;
-        self.gitlab
-            .notes(&self.project, iid)
-            .into_iter()
-            .skip(before + 1)
-            .find(|n| n.body.starts_with(&mention))
-            .unwrap()
-            .body
-    }
-
-    /// The running apply job of `main`'s head, clicked by alice.
-    fn apply_job(&self, id: u64) -> FakeJob {
-        let job = FakeJob {
-            token: format!("glcbt-job-{id}"),
-            id,
-            name: "planbot-apply".into(),
-            status: "running".into(),
-            ref_: "main".into(),
-            tag: false,
-            user: Some(self.alice.clone()),
-            pipeline_id: 1000 + id,
-            project_id: self.project.id,
-            sha: self.gitlab.branch_head(&self.project, "main").unwrap(),
-        };
-        self.gitlab.register_job(job.clone());
-        job
-    }
-
     /// Produce `row`'s outcome; returns the MR, the head whose statuses the row checks and
     /// `main`'s head after the merge (for apply rows).
     async fn produce(&self, s: &TestService, n: usize, row: &Row) -> (u64, String, Option<String>) {
@@ -599,21 +447,21 @@ impl World {
             Produce::Mr(files) => {
                 let iid = self.open_mr(s, &branch, files).await;
                 let head = self.gitlab.mr_sha(&self.project, iid);
-                self.final_status(s, &head, "planbot/plan").await;
+                self.final_statuses(s, &head, &["planbot/plan"]).await;
                 (iid, head, None)
             }
             Produce::Approved(files) => {
                 let iid = self.open_mr(s, &branch, files).await;
                 let head = self.gitlab.mr_sha(&self.project, iid);
-                self.final_status(s, &head, "planbot/plan").await;
-                self.final_status(s, &head, "planbot/policy").await;
+                self.final_statuses(s, &head, &["planbot/plan"]).await;
+                self.final_statuses(s, &head, &["planbot/policy"]).await;
                 // The plan job ends before the owner reads the note: an approval written while
                 // the job may still edit its note is (rightly) refused as written on another
                 // note, which made this row fail once in six full runs.
                 s.after_job_ends("the MR's plan job ended", 120, || s.jobs_all_ended())
                     .await;
                 let reply = self
-                    .comment(s, iid, &self.carol, "planbot approve policies")
+                    .comment(s, iid, &self.user("carol"), "planbot approve policies")
                     .await;
                 assert!(
                     reply.contains("approved, for the plan shown for"),
@@ -640,7 +488,9 @@ impl World {
                     );
                 }
                 assert_eq!(
-                    self.status(&head, "planbot/plan").map(|s| s.0).as_deref(),
+                    self.status_of(&head, "planbot/plan")
+                        .map(|s| s.0)
+                        .as_deref(),
                     Some("running")
                 );
                 if matches!(row.produce, Produce::Superseded) {
@@ -655,7 +505,7 @@ impl World {
                         .action("update")
                         .oldrev(&head)
                         .body();
-                    self.hook(s, "Merge Request Hook", format!("push-{iid}"), &body)
+                    self.hook(s, "Merge Request Hook", &format!("push-{iid}"), &body)
                         .await;
                 } else {
                     self.gitlab.close_mr(&self.project, iid);
@@ -664,15 +514,15 @@ impl World {
                         .mr_webhook(&self.project, iid)
                         .action("close")
                         .body();
-                    self.hook(s, "Merge Request Hook", format!("close-{iid}"), &body)
+                    self.hook(s, "Merge Request Hook", &format!("close-{iid}"), &body)
                         .await;
                 }
                 hold.release();
-                self.final_status(s, &head, "planbot/plan").await;
+                self.final_statuses(s, &head, &["planbot/plan"]).await;
                 if matches!(row.produce, Produce::Superseded) {
                     // The newer head is planned to the end (its own, ordinary outcome).
                     let newer = self.gitlab.mr_sha(&self.project, iid);
-                    self.final_status(s, &newer, "planbot/plan").await;
+                    self.final_statuses(s, &newer, &["planbot/plan"]).await;
                 }
                 (iid, head, None)
             }
@@ -692,15 +542,17 @@ impl World {
                 let root = files[0].0.split('/').next().unwrap().to_string();
                 let iid = self.open_mr(s, &branch, &files).await;
                 let head = self.gitlab.mr_sha(&self.project, iid);
-                self.final_status(s, &head, "planbot/plan").await;
-                self.final_status(s, &head, "planbot/policy").await;
-                let landed = self.gitlab.merge_mr(&self.project, iid, Some(&self.alice));
+                self.final_statuses(s, &head, &["planbot/plan"]).await;
+                self.final_statuses(s, &head, &["planbot/policy"]).await;
+                let landed = self
+                    .gitlab
+                    .merge_mr(&self.project, iid, Some(&self.alice()));
                 let body = self
                     .gitlab
                     .mr_webhook(&self.project, iid)
                     .action("merge")
                     .body();
-                self.hook(s, "Merge Request Hook", format!("merge-{iid}"), &body)
+                self.hook(s, "Merge Request Hook", &format!("merge-{iid}"), &body)
                     .await;
                 let (gitlab, project) = (&self.gitlab, &self.project);
                 s.after_job_ends("the merged banner", 60, || async {
@@ -709,7 +561,7 @@ impl World {
                         .is_some_and(|n| n.contains("<!-- planbot:merged -->"))
                 })
                 .await;
-                let job = self.apply_job(900 + n as u64);
+                let job = self.click_apply(900 + n as u64);
                 let r = s
                     .http
                     .post(s.url("/api/v1/apply"))
@@ -724,7 +576,7 @@ impl World {
                 assert_eq!(r.status().as_u16(), 200);
                 let log = r.text().await.unwrap();
                 assert!(log.contains("planbot: apply "), "{log}");
-                self.final_status(s, &landed, "planbot/apply").await;
+                self.final_statuses(s, &landed, &["planbot/apply"]).await;
                 (iid, head, Some(landed))
             }
         }
@@ -772,18 +624,11 @@ async fn every_outcome_says_the_same_on_statuses_note_run_pages_and_metrics() {
         FakeProxmox::start(Cluster::homelab().token(PVE_TOKEN, PVE_SECRET, &[("/", "PVEAdmin")]))
             .await;
     let w = world(&engine, &pve);
-    let s = TestService::start(
-        w.config.clone(),
-        Options {
-            workers: true,
-            reconcile: false,
-        },
-    )
-    .await;
+    let s = w.serve(with_workers()).await;
     // Alice, signed in (the session cookie planbot gives her after GitLab's sign-in).
     let cookie = s.app.signin.session_cookie(&Session {
-        user_id: w.alice.id,
-        username: w.alice.username.clone(),
+        user_id: w.alice().id,
+        username: w.alice().username,
         expires: u64::MAX / 2,
     });
     let cookie = cookie
@@ -814,16 +659,18 @@ async fn every_outcome_says_the_same_on_statuses_note_run_pages_and_metrics() {
         check_status(
             &mut p,
             "planbot/plan",
-            w.status(&head, "planbot/plan"),
+            w.status_of(&head, "planbot/plan"),
             row.plan,
         );
         check_status(
             &mut p,
             "planbot/policy",
-            w.status(&head, "planbot/policy"),
+            w.status_of(&head, "planbot/policy"),
             row.policy,
         );
-        let apply = landed.as_ref().and_then(|l| w.status(l, "planbot/apply"));
+        let apply = landed
+            .as_ref()
+            .and_then(|l| w.status_of(l, "planbot/apply"));
         check_status(&mut p, "planbot/apply", apply, row.apply);
 
         // The note: its headline and banner. A head that was stopped has no note of its own.
@@ -888,7 +735,7 @@ async fn every_outcome_says_the_same_on_statuses_note_run_pages_and_metrics() {
         // Whatever the colour, a red headline goes with a failed status and back.
         let failed_status = ["planbot/plan", "planbot/policy"]
             .iter()
-            .any(|name| w.status(&head, name).is_some_and(|st| st.0 == "failed"));
+            .any(|name| w.status_of(&head, name).is_some_and(|st| st.0 == "failed"));
         if row.headline.is_some() && headline.starts_with('🔴') != failed_status {
             p.push(format!(
                 "headline \"{headline}\" with a failed status: {failed_status}"

@@ -6,14 +6,9 @@
 //! that renames its root and drops its set is judged at apply by the sets of the default branch
 //! before the merge, with or without a confirm; an approval binds to the head its comment saw.
 
-use crate::support::fake_gitlab::{
-    FakeGitLab, FakeJob, FakeProject, FakeUser, DEVELOPER, MAINTAINER,
-};
+use crate::support::fake_gitlab::{FakeJob, DEVELOPER};
 use crate::support::service::TestService;
-use planbot::core::config::Config;
-use planbot::flows::service::server::Options;
-
-const INFRA: &str = "infra/homelab";
+use crate::support::world::{verdict, with_workers, World};
 
 /// The repository's policy: every new VM needs the capacity team's approval.
 const NEW_VMS_REGO: &str = r#"package main
@@ -57,238 +52,40 @@ path = "policies"
 owners = ["group:infra/capacity"]
 "#;
 
-struct World {
-    gitlab: FakeGitLab,
-    project: FakeProject,
-    /// Maintainer: opens the MRs, merges them and clicks the apply job.
-    alice: FakeUser,
-    /// Developer, not an owner of any set.
-    bob: FakeUser,
-    /// A member of `infra/capacity`, the owning group (no role on the project itself).
-    carol: FakeUser,
-    config: Config,
-    _data: tempfile::TempDir,
-    _operator: tempfile::TempDir,
-}
-
+/// `main` with the policy `new-vms` (owned by `infra/capacity`: carol is in it) and a root
+/// with no VM; bob a Developer; planbot's own set `backups`; the state backend by hand.
 fn world(engine: &std::path::Path) -> World {
-    let gitlab = FakeGitLab::start();
-    let project = gitlab.create_project(INFRA);
-    let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
-    let bob = gitlab.member_with_role(&project, "bob", DEVELOPER);
-    let carol = gitlab.create_user("carol");
-    // A group the bot can see (internal), as docs/policies.md asks of an owning group.
-    gitlab.create_group("infra/capacity", "internal");
-    gitlab.add_group_member("infra/capacity", &carol, 30);
-    gitlab.commit_files(
-        &project,
-        "main",
-        &[
-            (".planbot.toml", PLANBOT_TOML),
+    World::builder()
+        .engine(engine)
+        .state_by_hand()
+        .member("bob", DEVELOPER)
+        .group_member("infra/capacity", "carol", 30)
+        .planbot_toml(PLANBOT_TOML)
+        .files(&[
             ("policies/new_vms.rego", NEW_VMS_REGO),
             ("main.tf", &crate::support::infra_main_tf(&[])),
-        ],
-    );
-    let operator = tempfile::tempdir().unwrap();
-    std::fs::write(operator.path().join("backups.rego"), OPERATOR_REGO).unwrap();
-    let data = tempfile::tempdir().unwrap();
-    let state = format!(
-        "{}/api/v4/projects/{}/terraform/state/core",
-        gitlab.url(),
-        project.id
-    );
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{bot}"
-webhook_secret = "{secret}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-
-[engine.env]
-TF_HTTP_ADDRESS = "{state}"
-TF_HTTP_LOCK_ADDRESS = "{state}/lock"
-TF_HTTP_UNLOCK_ADDRESS = "{state}/lock"
-TF_HTTP_LOCK_METHOD = "POST"
-TF_HTTP_UNLOCK_METHOD = "DELETE"
-TF_HTTP_USERNAME = "planbot"
-
-[engine.plan.env]
-TF_HTTP_PASSWORD = "{reader}"
-
-[engine.apply.env]
-TF_HTTP_PASSWORD = "{writer}"
-
-[sandbox]
-connect_ports = [443, {port}]
-
-[[policy_sets]]
-name = "backups"
-path = "{operator}"
-"#,
-        data = data.path().display(),
-        url = gitlab.url(),
-        bot = gitlab.bot_token(),
-        secret = crate::support::service::WEBHOOK_SECRET,
-        engine = engine.display(),
-        port = url::Url::parse(gitlab.url()).unwrap().port().unwrap(),
-        reader = gitlab
-            .member_with_role(&project, "state-reader", DEVELOPER)
-            .token,
-        writer = gitlab
-            .member_with_role(&project, "state-writer", MAINTAINER)
-            .token,
-        operator = operator.path().display(),
-    );
-    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("a valid config");
-    World {
-        gitlab,
-        project,
-        alice,
-        bob,
-        carol,
-        config,
-        _data: data,
-        _operator: operator,
-    }
+        ])
+        .operator_policy("backups", &[("backups.rego", OPERATOR_REGO)])
+        .build()
 }
 
-fn with_workers() -> Options {
-    Options {
-        workers: true,
-        reconcile: false,
-    }
+/// The plan note of the MR's head once its plan and policy statuses are final.
+async fn planned(w: &World, s: &TestService, iid: u64) -> String {
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    w.final_statuses(s, &head, &["planbot/plan", "planbot/policy"])
+        .await;
+    w.note(iid)
 }
 
-impl World {
-    /// Alice pushes `files` on `branch` and opens an MR; GitLab delivers the webhook.
-    async fn open_mr(&self, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
-        self.gitlab.commit_files(&self.project, branch, files);
-        let iid = self
-            .gitlab
-            .open_mr_by(&self.project, branch, "main", &self.alice);
-        let body = self
-            .gitlab
-            .mr_webhook(&self.project, iid)
-            .action("open")
-            .body();
-        s.deliver_mr_opened(&body, iid).await;
-        iid
-    }
+/// What `sha`'s `planbot/policy` status says: `(state, description)`.
+fn policy_status(w: &World, sha: &str) -> (String, String) {
+    w.status_of(sha, "planbot/policy")
+        .expect("a planbot/policy status")
+}
 
-    /// Alice pushes `files` to the MR's branch; GitLab delivers the update.
-    async fn push(&self, s: &TestService, iid: u64, branch: &str, files: &[(&str, &str)]) {
-        let old = self.gitlab.mr_sha(&self.project, iid);
-        self.gitlab.push(&self.project, branch, files);
-        let body = self
-            .gitlab
-            .mr_webhook(&self.project, iid)
-            .action("update")
-            .oldrev(&old)
-            .body();
-        let headers = crate::support::service::token_headers(
-            "Merge Request Hook",
-            &format!("push-{iid}-{old}"),
-            crate::support::service::WEBHOOK_SECRET,
-        );
-        let status = s
-            .deliver(std::str::from_utf8(&body).unwrap(), &headers)
-            .await;
-        assert_eq!(status, 200);
-    }
-
-    /// The plan note of the MR's head once its statuses are final.
-    async fn wait_for_plan(&self, s: &TestService, iid: u64) -> String {
-        let head = self.gitlab.mr_sha(&self.project, iid);
-        let (gitlab, project) = (&self.gitlab, &self.project);
-        s.after_job_ends("the plan of the MR's head", 90, || async {
-            ["planbot/plan", "planbot/policy"].iter().all(|name| {
-                gitlab
-                    .status(project, &head, name)
-                    .is_some_and(|st| st.state == "success" || st.state == "failed")
-            })
-        })
-        .await;
-        self.gitlab
-            .notes(&self.project, iid)
-            .into_iter()
-            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
-            .expect("a plan note")
-            .body
-    }
-
-    /// `user` comments `text` on the MR; planbot's reply (a note mentioning them after it).
-    async fn comment(&self, s: &TestService, iid: u64, user: &FakeUser, text: &str) -> String {
-        let before = self.gitlab.notes(&self.project, iid).len();
-        let hook = self.gitlab.note_webhook(&self.project, iid, user, text);
-        let key = format!("note-{iid}-{before}");
-        let headers = crate::support::service::token_headers(
-            "Note Hook",
-            &key,
-            crate::support::service::WEBHOOK_SECRET,
-        );
-        assert_eq!(s.deliver(&hook.to_string(), &headers).await, 200);
-        let mention = format!("@{} ", user.username);
-        let (gitlab, project) = (&self.gitlab, &self.project);
-        s.after_job_ends("planbot's reply", 60, || async {
-            gitlab
-                .notes(project, iid)
-                .iter()
-                .skip(before + 1)
-                .any(|n| n.body.starts_with(&mention))
-        })
-        .await;
-        self.gitlab
-            .notes(&self.project, iid)
-            .into_iter()
-            .skip(before + 1)
-            .find(|n| n.body.starts_with(&mention))
-            .unwrap()
-            .body
-    }
-
-    fn policy_status(&self, sha: &str) -> (String, String) {
-        let st = self
-            .gitlab
-            .status(&self.project, sha, "planbot/policy")
-            .expect("a planbot/policy status");
-        (st.state, st.description.unwrap_or_default())
-    }
-
-    /// A running apply job of the newest pipeline on `main`, clicked by alice.
-    fn apply_job(&self, id: u64) -> FakeJob {
-        let job = FakeJob {
-            token: format!("glcbt-job-{id}"),
-            id,
-            name: "planbot-apply".into(),
-            status: "running".into(),
-            ref_: "main".into(),
-            tag: false,
-            user: Some(self.alice.clone()),
-            pipeline_id: 1000 + id,
-            project_id: self.project.id,
-            sha: self.gitlab.branch_head(&self.project, "main").unwrap(),
-        };
-        self.gitlab.register_job(job.clone());
-        job
-    }
-
-    fn state(&self) -> String {
-        self.gitlab
-            .terraform_state(&self.project, "core")
-            .0
-            .map(|s| String::from_utf8(s).unwrap())
-            .unwrap_or_default()
-    }
+/// The state `core`, "" when there is none.
+fn core_state(w: &World) -> String {
+    w.state("core").unwrap_or_default()
 }
 
 /// What the CI job sees: the streamed log.
@@ -298,24 +95,9 @@ async fn call_apply(s: &TestService, job: &FakeJob) -> String {
 
 /// The same with a request body (`{"confirm": …}`: the job's `PLANBOT_CONFIRM`).
 async fn call_apply_with(s: &TestService, job: &FakeJob, body: &str) -> String {
-    let r = s
-        .http
-        .post(s.url("/api/v1/apply"))
-        .header("JOB-TOKEN", &job.token)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("POST /api/v1/apply");
-    assert_eq!(r.status().as_u16(), 200);
-    r.text().await.unwrap()
-}
-
-fn verdict(log: &str) -> &str {
-    log.lines()
-        .rev()
-        .find(|l| !l.starts_with("planbot: still working"))
-        .unwrap_or("")
+    let (status, log) = crate::support::world::call_apply(s, &job.token, body).await;
+    assert_eq!(status, 200);
+    log
 }
 
 fn unescaped(note: &str) -> String {
@@ -341,7 +123,7 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
             &[("main.tf", &tf), ("policies/new_vms.rego", RELAXED_REGO)],
         )
         .await;
-    let note = unescaped(&w.wait_for_plan(&s, iid).await);
+    let note = unescaped(&planned(&w, &s, iid).await);
     assert!(
         note.contains("**Policies** · sets from the default branch `main`"),
         "{note}"
@@ -371,7 +153,7 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
     );
     assert!(!note.contains("apply-canary-password-7f3a"));
     let head = w.gitlab.mr_sha(&w.project, iid);
-    let (state, description) = w.policy_status(&head);
+    let (state, description) = policy_status(&w, &head);
     assert_eq!(state, "failed");
     assert!(
         description.starts_with("policy set new-vms failed (root default): terraform_data.vm"),
@@ -379,7 +161,9 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
     );
 
     // Bob is no owner: his approval is refused, and the reply says who may approve.
-    let reply = w.comment(&s, iid, &w.bob, "planbot approve policies").await;
+    let reply = w
+        .comment(&s, iid, &w.user("bob"), "planbot approve policies")
+        .await;
     assert!(
         reply.contains("was not recorded: you are not an owner"),
         "{reply}"
@@ -391,8 +175,8 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
 
     // Merged without an approval (the merge also relaxed the policy on main): refused, naming
     // the set, its message and who may approve. Nothing is applied.
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
-    let log = call_apply(&s, &w.apply_job(41)).await;
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
+    let log = call_apply(&s, &w.click_apply(41)).await;
     assert!(
         verdict(&log).starts_with(
             "planbot: apply refused: policy set `new-vms` failed on the reviewed plan of root `default`: terraform_data.vm["
@@ -403,11 +187,11 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
         log.contains("An owner of `new-vms` (`group:infra/capacity`) may approve this plan by commenting `planbot approve policies` on the merge request; then retry this job."),
         "{log}"
     );
-    assert_eq!(w.state(), "", "nothing applied");
+    assert_eq!(core_state(&w), "", "nothing applied");
 
     // Carol, a member of the owning group, approves after the merge.
     let reply = w
-        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .comment(&s, iid, &w.user("carol"), "planbot approve policies")
         .await;
     assert!(
         reply.contains("approved, for the plan shown for")
@@ -415,7 +199,7 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
             && reply.contains("A new push shows a new plan and clears this approval."),
         "{reply}"
     );
-    let (state, description) = w.policy_status(&head);
+    let (state, description) = policy_status(&w, &head);
     assert_eq!(state, "success", "{description}");
     assert!(
         description.contains("1 failing policy set approved"),
@@ -423,13 +207,13 @@ async fn the_default_branchs_policy_blocks_the_apply_until_an_owner_approves_the
     );
 
     // The retried job applies the reviewed plan.
-    let log = call_apply(&s, &w.apply_job(42)).await;
+    let log = call_apply(&s, &w.click_apply(42)).await;
     assert_eq!(verdict(&log), "planbot: apply succeeded", "{log}");
     assert!(
         log.contains("policy set `new-vms` failed on the reviewed plan; approved for it by @carol"),
         "{log}"
     );
-    let state = w.state();
+    let state = core_state(&w);
     assert!(
         state.contains("\"gitlab\"") && state.contains("\"blocky\""),
         "{state}"
@@ -478,17 +262,17 @@ async fn a_push_after_the_approval_clears_it_and_the_apply_waits_again() {
             &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
         )
         .await;
-    let note = w.wait_for_plan(&s, iid).await;
+    let note = planned(&w, &s, iid).await;
     assert!(note.contains("- ❌ `new-vms`"), "{note}");
     let first = w.gitlab.mr_sha(&w.project, iid);
     let reply = w
-        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .comment(&s, iid, &w.user("carol"), "planbot approve policies")
         .await;
     assert!(
         reply.contains("The apply of this plan may proceed"),
         "{reply}"
     );
-    assert_eq!(w.policy_status(&first).0, "success");
+    assert_eq!(policy_status(&w, &first).0, "success");
 
     // A new push: a new plan, which the approval does not cover; the note says so.
     w.push(
@@ -501,7 +285,7 @@ async fn a_push_after_the_approval_clears_it_and_the_apply_waits_again() {
         )],
     )
     .await;
-    let note = w.wait_for_plan(&s, iid).await;
+    let note = planned(&w, &s, iid).await;
     assert!(
         note.contains("- ❌ `new-vms` (`policies`): failed"),
         "{note}"
@@ -514,15 +298,15 @@ async fn a_push_after_the_approval_clears_it_and_the_apply_waits_again() {
         "{note}"
     );
     let second = w.gitlab.mr_sha(&w.project, iid);
-    assert_eq!(w.policy_status(&second).0, "failed");
+    assert_eq!(policy_status(&w, &second).0, "failed");
 
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
-    let log = call_apply(&s, &w.apply_job(51)).await;
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
+    let log = call_apply(&s, &w.click_apply(51)).await;
     assert!(
         verdict(&log).contains("policy set `new-vms` failed on the reviewed plan"),
         "{log}"
     );
-    assert_eq!(w.state(), "", "nothing applied");
+    assert_eq!(core_state(&w), "", "nothing applied");
 }
 
 /// The fingerprint the job log prints for `root`'s fresh plan (what `PLANBOT_CONFIRM` takes).
@@ -559,18 +343,20 @@ async fn an_mr_that_renames_its_root_and_drops_its_policy_set_is_judged_by_the_s
         ],
         "Rename the root, drop the policy",
     );
-    let iid = w.gitlab.open_mr_by(&w.project, "escape", "main", &w.alice);
+    let iid = w
+        .gitlab
+        .open_mr_by(&w.project, "escape", "main", &w.alice());
     let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
     s.deliver_mr_opened(&body, iid).await;
-    let note = unescaped(&w.wait_for_plan(&s, iid).await);
+    let note = unescaped(&planned(&w, &s, iid).await);
     assert!(
         note.contains("- ❌ `new-vms` (`policies`): failed"),
         "{note}"
     );
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
 
     // After the merge the renamed root was never planned on the MR: refused, as before.
-    let log = call_apply(&s, &w.apply_job(61)).await;
+    let log = call_apply(&s, &w.click_apply(61)).await;
     assert!(
         verdict(&log)
             .contains("root `core2` has changes but was not planned on the merged merge request"),
@@ -581,7 +367,7 @@ async fn an_mr_that_renames_its_root_and_drops_its_policy_set_is_judged_by_the_s
 
     // With the confirm: the plan is checked by `main`'s set as it was before the merge (which
     // the merged commit no longer has), and refused until an owner approves.
-    let log = call_apply_with(&s, &w.apply_job(62), &confirm).await;
+    let log = call_apply_with(&s, &w.click_apply(62), &confirm).await;
     let base = w.gitlab.ref_sha(&w.project, "refs/heads/main^1").unwrap();
     assert!(
         log.contains("planbot: root `core2`: no merge request's policy verdict covers this plan; checking it with planbot's own policy sets and those of `main` before the merge"),
@@ -602,31 +388,33 @@ async fn an_mr_that_renames_its_root_and_drops_its_policy_set_is_judged_by_the_s
         log.contains("policy set `backups` passed on the plan to apply"),
         "planbot's own set checks it too: {log}"
     );
-    assert_eq!(w.state(), "", "nothing applied");
+    assert_eq!(core_state(&w), "", "nothing applied");
 
     // Bob cannot approve it; carol, an owner, can (on the merged MR), and the retry applies.
-    let reply = w.comment(&s, iid, &w.bob, "planbot approve policies").await;
+    let reply = w
+        .comment(&s, iid, &w.user("bob"), "planbot approve policies")
+        .await;
     assert!(
         reply.contains("was not recorded: you are not an owner"),
         "{reply}"
     );
-    let log = call_apply_with(&s, &w.apply_job(63), &confirm).await;
+    let log = call_apply_with(&s, &w.click_apply(63), &confirm).await;
     assert!(verdict(&log).contains("policy set `new-vms`"), "{log}");
-    assert_eq!(w.state(), "", "nothing applied");
+    assert_eq!(core_state(&w), "", "nothing applied");
     let reply = w
-        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .comment(&s, iid, &w.user("carol"), "planbot approve policies")
         .await;
     assert!(
         reply.contains("- `new-vms` (root `core2`, the plan the apply job checked at"),
         "{reply}"
     );
-    let log = call_apply_with(&s, &w.apply_job(64), &confirm).await;
+    let log = call_apply_with(&s, &w.click_apply(64), &confirm).await;
     assert_eq!(verdict(&log), "planbot: apply succeeded", "{log}");
     assert!(
         log.contains("policy set `new-vms` failed on the plan to apply; approved for it by @carol"),
         "{log}"
     );
-    assert!(w.state().contains("\"gitlab\""), "{}", w.state());
+    assert!(core_state(&w).contains("\"gitlab\""), "{}", core_state(&w));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -642,15 +430,18 @@ async fn an_approval_written_on_one_head_is_not_recorded_for_a_head_pushed_meanw
             &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
         )
         .await;
-    w.wait_for_plan(&s, iid).await;
+    planned(&w, &s, iid).await;
     let a = w.gitlab.mr_sha(&w.project, iid);
-    assert_eq!(w.policy_status(&a).0, "failed");
+    assert_eq!(policy_status(&w, &a).0, "failed");
 
     // Carol reads the plan of A and comments; before planbot handles it, B is pushed.
     let before = w.gitlab.notes(&w.project, iid).len();
-    let hook = w
-        .gitlab
-        .note_webhook(&w.project, iid, &w.carol, "planbot approve policies");
+    let hook = w.gitlab.note_webhook(
+        &w.project,
+        iid,
+        &w.user("carol"),
+        "planbot approve policies",
+    );
     w.push(
         &s,
         iid,
@@ -661,10 +452,10 @@ async fn an_approval_written_on_one_head_is_not_recorded_for_a_head_pushed_meanw
         )],
     )
     .await;
-    w.wait_for_plan(&s, iid).await;
+    planned(&w, &s, iid).await;
     let b = w.gitlab.mr_sha(&w.project, iid);
     assert_ne!(a, b);
-    assert_eq!(w.policy_status(&b).0, "failed");
+    assert_eq!(policy_status(&w, &b).0, "failed");
 
     let headers = crate::support::service::token_headers(
         "Note Hook",
@@ -697,19 +488,19 @@ async fn an_approval_written_on_one_head_is_not_recorded_for_a_head_pushed_meanw
         )),
         "{reply}"
     );
-    let (state, description) = w.policy_status(&b);
+    let (state, description) = policy_status(&w, &b);
     assert_eq!(state, "failed", "B was never approved: {description}");
-    assert_eq!(w.policy_status(&a).0, "failed");
+    assert_eq!(policy_status(&w, &a).0, "failed");
 
     // Her comment on B is recorded for B.
     let reply = w
-        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .comment(&s, iid, &w.user("carol"), "planbot approve policies")
         .await;
     assert!(
         reply.contains("approved, for the plan shown for"),
         "{reply}"
     );
-    assert_eq!(w.policy_status(&b).0, "success");
+    assert_eq!(policy_status(&w, &b).0, "success");
 }
 
 /// The default branch's set after it moved: every new VM is also a capacity question, with
@@ -744,17 +535,20 @@ async fn an_approval_written_on_one_plan_is_not_recorded_for_the_same_head_plann
             &[("main.tf", &crate::support::infra_main_tf(&["blocky"]))],
         )
         .await;
-    let p1 = unescaped(&w.wait_for_plan(&s, iid).await);
+    let p1 = unescaped(&planned(&w, &s, iid).await);
     assert!(p1.contains("is a new VM"), "{p1}");
     let head = w.gitlab.mr_sha(&w.project, iid);
-    assert_eq!(w.policy_status(&head).0, "failed");
+    assert_eq!(policy_status(&w, &head).0, "failed");
 
     // Carol reads P1 and comments; before planbot handles it, `main`'s set changes and Alice
     // asks for a new plan of the same head: P2 fails the set with another message.
     let before = w.gitlab.notes(&w.project, iid).len();
-    let hook = w
-        .gitlab
-        .note_webhook(&w.project, iid, &w.carol, "planbot approve policies");
+    let hook = w.gitlab.note_webhook(
+        &w.project,
+        iid,
+        &w.user("carol"),
+        "planbot approve policies",
+    );
     w.gitlab.commit_files(
         &w.project,
         "main",
@@ -762,7 +556,7 @@ async fn an_approval_written_on_one_plan_is_not_recorded_for_the_same_head_plann
     );
     let replan = w
         .gitlab
-        .note_webhook(&w.project, iid, &w.alice, "planbot plan");
+        .note_webhook(&w.project, iid, &w.alice(), "planbot plan");
     let headers = crate::support::service::token_headers(
         "Note Hook",
         &format!("note-{iid}-replan"),
@@ -778,7 +572,7 @@ async fn an_approval_written_on_one_plan_is_not_recorded_for_the_same_head_plann
     })
     .await;
     assert_eq!(w.gitlab.mr_sha(&w.project, iid), head, "the same head");
-    let (state, description) = w.policy_status(&head);
+    let (state, description) = policy_status(&w, &head);
     assert_eq!(state, "failed", "{description}");
     assert!(description.contains("needs rack space"), "{description}");
 
@@ -811,19 +605,19 @@ async fn an_approval_written_on_one_plan_is_not_recorded_for_the_same_head_plann
         )) && reply.contains("after the comment was written"),
         "{reply}"
     );
-    let (state, description) = w.policy_status(&head);
+    let (state, description) = policy_status(&w, &head);
     assert_eq!(state, "failed", "P2 was never approved: {description}");
     assert!(description.contains("needs rack space"), "{description}");
 
     // Her comment on the note that shows P2 approves P2.
     let reply = w
-        .comment(&s, iid, &w.carol, "planbot approve policies")
+        .comment(&s, iid, &w.user("carol"), "planbot approve policies")
         .await;
     assert!(
         reply.contains("approved, for the plan shown for"),
         "{reply}"
     );
-    assert_eq!(w.policy_status(&head).0, "success");
+    assert_eq!(policy_status(&w, &head).0, "success");
 }
 
 /// The same escape by a fast-forward merge (the MR's own commits become `main`'s first
@@ -853,20 +647,20 @@ async fn a_fast_forwarded_mr_that_rewrites_its_set_and_renames_its_root_is_judge
         )
         .await;
     w.push(&s, iid, "rewrite", &[("main.tf", &tf)]).await;
-    let note = unescaped(&w.wait_for_plan(&s, iid).await);
+    let note = unescaped(&planned(&w, &s, iid).await);
     assert!(
         note.contains("- ❌ `new-vms` (`policies`): failed"),
         "{note}"
     );
-    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    let landed = w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     assert_eq!(landed, w.gitlab.mr_sha(&w.project, iid), "a fast-forward");
 
-    let log = call_apply(&s, &w.apply_job(71)).await;
+    let log = call_apply(&s, &w.click_apply(71)).await;
     let confirm = format!(
         r#"{{"confirm": "{}"}}"#,
         &fingerprint_in(&log, "core2")[..12]
     );
-    let log = call_apply_with(&s, &w.apply_job(72), &confirm).await;
+    let log = call_apply_with(&s, &w.click_apply(72), &confirm).await;
     assert!(
         verdict(&log).starts_with(&format!(
             "planbot: apply refused: policy set `new-vms` (`.planbot.toml` of `main` before the merge, at `{}`) failed on the plan of root `core2` to apply",
@@ -879,12 +673,14 @@ async fn a_fast_forwarded_mr_that_rewrites_its_set_and_renames_its_root_is_judge
         "main's owners, not the MR's: {log}"
     );
     // Bob, whom the MR made an owner, is none.
-    let reply = w.comment(&s, iid, &w.bob, "planbot approve policies").await;
+    let reply = w
+        .comment(&s, iid, &w.user("bob"), "planbot approve policies")
+        .await;
     assert!(
         reply.contains("was not recorded: you are not an owner"),
         "{reply}"
     );
-    let log = call_apply_with(&s, &w.apply_job(73), &confirm).await;
+    let log = call_apply_with(&s, &w.click_apply(73), &confirm).await;
     assert!(verdict(&log).contains("policy set `new-vms`"), "{log}");
-    assert_eq!(w.state(), "", "nothing applied");
+    assert_eq!(core_state(&w), "", "nothing applied");
 }

@@ -3,6 +3,7 @@
 //! `data.planbot.capacity` for policies), and the read-only checks PVE109–PVE114.
 
 use crate::support::fake_proxmox::{Cluster, FakeProxmox, NodeHardware, GIB};
+use crate::support::world::PlanbotConfig;
 use planbot::capabilities::proxmox::ProxmoxEndpoint;
 use planbot::core::fingerprint::Fingerprint;
 use planbot::core::policy::{evaluate_document_with, Outcome, PlanDocument, PolicyFile, PolicySet};
@@ -352,25 +353,16 @@ async fn a_bridge_missing_on_the_vms_node_is_an_error_naming_the_ones_it_has() {
 
 // ---- planbot preflight PLAN_JSON --config FILE ----
 
+/// `dir/planbot.toml`: the operator's config (a GitLab the preflight never asks), then
+/// `proxmox` (the `[proxmox]` tables).
 fn write_config(dir: &std::path::Path, proxmox: &str) -> std::path::PathBuf {
-    let path = dir.join("planbot.toml");
-    let text = format!(
-        r#"data_dir = "{data}"
-public_url = "https://planbot.example.com"
-fingerprint_key = "a-long-random-server-secret-0123456789"
-
-[gitlab]
-url = "https://gitlab.example.com"
-token = "glpat-not-used-by-the-preflight-0000"
-webhook_secret = "hook-secret-5f3a"
-projects = ["infra/homelab"]
-
-{proxmox}
-"#,
-        data = dir.join("data").display(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    PlanbotConfig::deployed(
+        "https://gitlab.example.com",
+        "glpat-not-used-by-the-preflight-0000",
+        dir,
+    )
+    .raw(proxmox)
+    .write(dir)
 }
 
 fn pve_config(fake: &FakeProxmox) -> String {

@@ -3,9 +3,8 @@
 //! the apply's result note, the sign-in's redirect URI, the run pages' own links — is built from
 //! `public_url`, never from the bind address, and the pages answer under the prefix.
 
-use crate::apply_story::{call_apply, config_text_for, last_line, with_workers, world};
+use crate::apply_story::{call_apply, last_line, vms_mr, with_workers, world};
 use crate::support::service::TestService;
-use planbot::core::config::Config;
 use planbot::flows::context::session::Session;
 use planbot::flows::drift::check::{tick, Selection};
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
@@ -39,21 +38,21 @@ async fn behind_a_proxy_with_a_prefix_and_a_port_every_link_uses_public_url_and_
     let oauth = w
         .gitlab
         .register_oauth_app(&format!("{PUBLIC}/auth/callback"), &["read_user"]);
-    let text = config_text_for(
-        &w.config.data_dir,
-        &w.gitlab,
-        &w.project,
-        &engine,
-        "127.0.0.1:0",
-    )
-    .replace(
-        "public_url = \"http://planbot.test\"",
-        &format!("public_url = \"{PUBLIC}/\""),
-    ) + &format!(
-        "\n[gitlab.oauth]\nclient_id = \"{}\"\nclient_secret = \"{}\"\n",
-        oauth.client_id, oauth.secret
-    );
-    let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("config");
+    let config = w
+        .planbot
+        .clone()
+        .set("", "public_url", &format!("\"{PUBLIC}/\""))
+        .set(
+            "gitlab.oauth",
+            "client_id",
+            &format!("\"{}\"", oauth.client_id),
+        )
+        .set(
+            "gitlab.oauth",
+            "client_secret",
+            &format!("\"{}\"", oauth.secret),
+        )
+        .load();
     let s = TestService::start(config, with_workers()).await;
     let gitlab_url = w.gitlab.url();
     let ours_or_gitlabs = |text: &str| {
@@ -66,7 +65,7 @@ async fn behind_a_proxy_with_a_prefix_and_a_port_every_link_uses_public_url_and_
     };
 
     // The plan note and its status link the run page under the prefix, on the proxy's port.
-    let iid = w.open_mr(&s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
+    let iid = vms_mr(&w, &s, "add-gitlab-vm", &["blocky", "gitlab"]).await;
     let note = w.wait_for_plan(&s, iid).await;
     let run = run_linked(&note);
     assert!(
@@ -82,7 +81,7 @@ async fn behind_a_proxy_with_a_prefix_and_a_port_every_link_uses_public_url_and_
     );
 
     // The apply's result note.
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
     let job = w.apply_job(61);
     w.gitlab.register_job(job.clone());
     let (_, log) = call_apply(&s, &job.token, "").await;
@@ -127,7 +126,7 @@ async fn behind_a_proxy_with_a_prefix_and_a_port_every_link_uses_public_url_and_
         .build()
         .unwrap();
     let session = s.app.signin.session_cookie(&Session {
-        user_id: w.alice.id,
+        user_id: w.alice().id,
         username: "alice".into(),
         expires: u64::MAX / 2,
     });

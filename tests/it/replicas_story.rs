@@ -10,6 +10,7 @@
 
 use crate::support::fake_gitlab::{FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER};
 use crate::support::service::{token_headers, WEBHOOK_SECRET};
+use crate::support::world::PlanbotConfig;
 use planbot::core::render::NOTE_MARKER;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -171,63 +172,29 @@ fn replica_config(
     state: bool,
 ) -> String {
     let gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
-    let state_env = if state {
-        let addr = format!(
+    let config = PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data)
+        .engine(engine)
+        .plan_slots(2)
+        .sandbox_reaches(gitlab_port)
+        .set("store", "url", &format!("\"{store}\""))
+        .set("store", "lease", &format!("\"{LEASE}\""));
+    let config = if state {
+        let writer = gitlab.member_with_role(project, "state-writer", MAINTAINER);
+        let address = format!(
             "{}/api/v4/projects/{}/terraform/state/core",
             gitlab.url(),
             project.id
         );
-        format!(
-            r#"
-[engine.env]
-TF_HTTP_ADDRESS = "{addr}"
-TF_HTTP_LOCK_ADDRESS = "{addr}/lock"
-TF_HTTP_UNLOCK_ADDRESS = "{addr}/lock"
-TF_HTTP_LOCK_METHOD = "POST"
-TF_HTTP_UNLOCK_METHOD = "DELETE"
-TF_HTTP_USERNAME = "planbot"
-TF_HTTP_PASSWORD = "{token}"
-"#,
-            token = gitlab
-                .member_with_role(project, "state-writer", MAINTAINER)
-                .token
+        config.http_backend(&address).set(
+            "engine.env",
+            "TF_HTTP_PASSWORD",
+            &format!("\"{}\"", writer.token),
         )
     } else {
         // GitLab-managed state, as users run it (a root's local state is refused).
-        gitlab.managed_state_config(project)
+        config.managed_state(gitlab, project)
     };
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{token}"
-webhook_secret = "{WEBHOOK_SECRET}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-{state_env}
-[plan]
-max_concurrent_plans = 2
-
-[sandbox]
-connect_ports = [443, {gitlab_port}]
-
-[store]
-url = "{store}"
-lease = "{LEASE}"
-"#,
-        data = data.display(),
-        url = gitlab.url(),
-        token = gitlab.bot_token(),
-        engine = engine.display(),
-    )
+    config.text()
 }
 
 /// A root whose only resource holds `input`: every push changes the plan.
@@ -649,18 +616,12 @@ async fn taken_over(db: &tokio_postgres::Client, replicas: &Replicas, sha: &str,
 
 /// A running manual `planbot-apply` job on `main`'s head, clicked by `user`.
 fn apply_job(gitlab: &FakeGitLab, project: &FakeProject, user: &FakeUser, id: u64) -> FakeJob {
-    FakeJob {
-        token: format!("glcbt-job-{id}"),
+    FakeJob::apply(
         id,
-        name: "planbot-apply".into(),
-        status: "running".into(),
-        ref_: "main".into(),
-        tag: false,
-        user: Some(user.clone()),
-        pipeline_id: 1000 + id,
-        project_id: project.id,
-        sha: gitlab.branch_head(project, "main").unwrap(),
-    }
+        project,
+        user,
+        &gitlab.branch_head(project, "main").unwrap(),
+    )
 }
 
 /// The CI job's call: its streamed log grows in `log` as planbot writes it.

@@ -5,7 +5,7 @@
 //! in their `depends_on` order (issue 38 item 5); a module source that leaves the repository, by
 //! `../` or through a symbolic link, is not followed.
 
-use crate::support::plan_world::PlanWorld;
+use crate::support::world::World;
 
 const REPO_CONFIG: &str = r#"[[roots]]
 name = "network"
@@ -63,8 +63,6 @@ const DNS: &str = r#"module "rec" {
 }
 "#;
 
-type World = PlanWorld;
-
 fn world(engine: &std::path::Path, extra: &[(&str, &str)]) -> World {
     let mut files: Vec<(&str, String)> = vec![
         (".planbot.toml", REPO_CONFIG.to_string()),
@@ -78,8 +76,14 @@ fn world(engine: &std::path::Path, extra: &[(&str, &str)]) -> World {
         files.retain(|(p, _)| p != path);
         files.push((path, text.to_string()));
     }
-    let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
-    PlanWorld::start(engine, "infra/homelab", &files, "")
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, &t[..])).collect();
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, &t[..])).collect();
+    World::builder()
+        .no_members()
+        .engine(engine)
+        .managed_state()
+        .files(&files)
+        .build()
 }
 
 /// The line of the "Why these roots were planned" list for `root`.
@@ -108,12 +112,12 @@ fn row<'a>(note: &'a str, root: &str) -> &'a str {
 async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_why() {
     let engine = require_engine!();
     let w = world(&engine, &[]);
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/vm",
         &[("modules/vm/main.tf", &vm_module("v2"))],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/vm", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/vm", "main");
     let note = w.plan_note(iid).await;
 
     // network does not use the module: skipped with its reason; vms and dns are planned with
@@ -146,12 +150,12 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
         note.contains("```mermaid\ngraph LR\n  r0[\"vms\"]\n  r1[\"dns\"]\n  r0 --> r1\n```"),
         "{note}"
     );
-    let head = w.fake.mr_sha(&w.project, iid);
-    let status = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let status = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(status.state, "success", "{status:?}");
 
     // A change to the nested module alone reaches dns only; a root's own file, that root.
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/record",
         &[
@@ -162,7 +166,7 @@ async fn a_module_change_plans_exactly_the_roots_that_use_it_and_the_note_says_w
             ("stacks/network/main.tf", &NETWORK.replace("vmbr0", "vmbr1")),
         ],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/record", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/record", "main");
     let note = w.plan_note(iid).await;
     assert!(row(&note, "vms").contains("skipped"), "{note}");
     assert_eq!(
@@ -199,17 +203,17 @@ async fn a_root_reading_another_roots_managed_state_gets_the_depends_on_line_in_
     let read = |project: u64| {
         format!(
             "data \"terraform_remote_state\" \"p{project}\" {{\n  count   = 0\n  backend = \"http\"\n  config = {{\n    address = \"{}/api/v4/projects/{project}/terraform/state/network\"\n  }}\n}}\n",
-            w.fake.url()
+            w.gitlab.url()
         )
     };
     let other = w.project.id + 1000;
     let text = format!("{}{}", read(w.project.id), read(other));
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/read",
         &[("stacks/vms/state.tf", &text)],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/read", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/read", "main");
     let note = w.plan_note(iid).await;
     let hints: Vec<&str> = note.lines().filter(|l| l.starts_with("- 💡")).collect();
     assert_eq!(
@@ -217,8 +221,8 @@ async fn a_root_reading_another_roots_managed_state_gets_the_depends_on_line_in_
         ["- 💡 `vms` reads `network`'s state: add `depends_on = [\"network\"]` to root `vms` in `.planbot.toml` so it plans and applies after it"],
         "{note}"
     );
-    let head = w.fake.mr_sha(&w.project, iid);
-    let status = w.fake.status(&w.project, &head, "planbot/plan").unwrap();
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let status = w.gitlab.status(&w.project, &head, "planbot/plan").unwrap();
     assert_eq!(status.state, "success", "{status:?}\n{note}");
 }
 
@@ -250,17 +254,17 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
         ],
     );
     let target = outside.path().to_string_lossy().into_owned();
-    w.fake
+    w.gitlab
         .commit_with_mode(&w.project, "main", "modules/evil", "120000", &target);
 
     // An MR that changes only network: vms reaches a directory that could not be read, so it is
     // planned (a change may reach it) and the note says why; dns reaches nothing changed.
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/net",
         &[("stacks/network/main.tf", &NETWORK.replace("vmbr0", "vmbr2"))],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/net", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/net", "main");
     let note = w.plan_note(iid).await;
     assert_eq!(
         why_line(&note, "vms"),
@@ -269,7 +273,7 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
     assert!(row(&note, "dns").contains("skipped"), "{note}");
 
     // An MR that changes dns: planned for its files, the escaping source named as not followed.
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/dns",
         &[(
@@ -277,7 +281,7 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
             &format!("{DNS}module \"up\" {{\n  source = \"../../../elsewhere\"\n}}\n# v2\n"),
         )],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/dns", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/dns", "main");
     let note = w.plan_note(iid).await;
     assert_eq!(
         why_line(&note, "dns"),
@@ -285,7 +289,7 @@ async fn a_module_source_leaving_the_repository_is_not_followed_and_says_nothing
     );
     // Nothing of the outside directory is in either note: not its path, not what it holds.
     for iid in [1, 2] {
-        let notes = w.fake.notes(&w.project, iid);
+        let notes = w.gitlab.notes(&w.project, iid);
         let reasons = notes[0]
             .body
             .split_once("**Why these roots were planned**")
@@ -495,12 +499,12 @@ async fn a_module_nested_thousands_deep_is_refused_unparsed_and_planbot_lives() 
         "[".repeat(5000),
         "]".repeat(5000)
     );
-    w.fake.commit_files(
+    w.gitlab.commit_files(
         &w.project,
         "feature/deep",
         &[("modules/record/main.tf", &deep)],
     );
-    let iid = w.fake.open_mr(&w.project, "feature/deep", "main");
+    let iid = w.gitlab.open_mr(&w.project, "feature/deep", "main");
     let note = w.plan_note(iid).await;
     assert_eq!(
         why_line(&note, "dns"),

@@ -33,16 +33,13 @@ fn state_order(w: &World) -> Vec<String> {
 async fn independent_roots_plan_at_the_same_time_and_a_dependent_waits_for_its_upstream() {
     let engine = require_engine!();
     let config = "[[roots]]\nname = \"a\"\ndir = \"a\"\n\n[[roots]]\nname = \"b\"\ndir = \"b\"\n\n[[roots]]\nname = \"c\"\ndir = \"c\"\ndepends_on = [\"a\"]\n";
-    let w = world(
-        &engine,
-        config,
-        &[
+    let w = world(&engine, config)
+        .files(&[
             ("a/main.tf", &vms_tf(&["a1"])),
             ("b/main.tf", &vms_tf(&["b1"])),
             ("c/main.tf", &vms_tf(&["c1"])),
-        ],
-        "",
-    );
+        ])
+        .build();
     assert_eq!(w.config.plan.max_concurrent_plans, 2, "two engine slots");
     let s = TestService::start(w.config.clone(), with_workers()).await;
     // Each engine's `plan` reads its root's state (after `init` read it once, and inits take
@@ -104,16 +101,13 @@ async fn independent_roots_plan_at_the_same_time_and_a_dependent_waits_for_its_u
 async fn an_mr_changing_network_and_vms_marks_vms_as_planned_before_networks_apply() {
     let engine = require_engine!();
     let config = "[[roots]]\nname = \"network\"\ndir = \"network\"\n\n[[roots]]\nname = \"vms\"\ndir = \"vms\"\ndepends_on = [\"network\"]\n\n[[roots]]\nname = \"dns\"\ndir = \"dns\"\ndepends_on = [\"vms\"]\n";
-    let w = world(
-        &engine,
-        config,
-        &[
+    let w = world(&engine, config)
+        .files(&[
             ("network/main.tf", &vms_tf(&["lan"])),
             ("vms/main.tf", &vms_tf(&["web"])),
             ("dns/main.tf", &vms_tf(&["web.lan"])),
-        ],
-        "",
-    );
+        ])
+        .build();
     let s = TestService::start(w.config.clone(), with_workers()).await;
     let iid = w
         .open_mr(

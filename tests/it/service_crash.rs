@@ -2,8 +2,7 @@
 //! again after the restart, and the MR ends with exactly one plan note and a final status.
 
 use crate::support::fake_gitlab::FakeGitLab;
-use crate::support::service::{token_headers, TestService, WEBHOOK_SECRET};
-use planbot::core::config::Config;
+use crate::support::service::{config_for, token_headers, TestService, WEBHOOK_SECRET};
 use planbot::core::render::NOTE_MARKER;
 use planbot::flows::service::server::Options;
 use std::os::unix::fs::PermissionsExt;
@@ -22,40 +21,6 @@ fn slow_engine(dir: &std::path::Path, real: &std::path::Path) -> std::path::Path
     .unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
-}
-
-fn config_text(
-    data: &std::path::Path,
-    fake: &FakeGitLab,
-    engine: &std::path::Path,
-    listen: &str,
-) -> String {
-    format!(
-        r#"
-listen = "{listen}"
-data_dir = "{}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{}"
-token = "{}"
-webhook_secret = "{WEBHOOK_SECRET}"
-projects = ["infra/homelab"]
-
-[engine]
-binary = "{}"
-timeout = "5m"
-{}"#,
-        data.display(),
-        fake.url(),
-        fake.bot_token(),
-        engine.display(),
-        // GitLab-managed state, as users run it (a root's local state is refused).
-        fake.project_named("infra/homelab")
-            .map(|p| fake.managed_state_config(&p))
-            .unwrap_or_default()
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,11 +52,8 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
 
     // planbot as a real process, so that it can be SIGKILLed.
     let config_file = tools.path().join("planbot.toml");
-    std::fs::write(
-        &config_file,
-        config_text(data.path(), &fake, &engine, "127.0.0.1:0"),
-    )
-    .unwrap();
+    let config = config_for(data.path(), &fake, "infra/homelab", &engine);
+    std::fs::write(&config_file, config.text()).unwrap();
     let (mut child, port) = crate::support::spawn_serve(&config_file);
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
@@ -125,10 +87,8 @@ async fn killed_mid_plan_and_restarted_the_mr_gets_exactly_one_plan_note() {
         .all(|n| !n.body.contains(NOTE_MARKER)));
 
     // Restarted on the same data dir: the interrupted job runs again, to one final note.
-    let text = config_text(data.path(), &fake, &engine, "127.0.0.1:0");
-    let config = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
     let s = TestService::start(
-        config,
+        config.load(),
         Options {
             workers: true,
             reconcile: false,

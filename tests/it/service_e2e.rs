@@ -3,7 +3,7 @@
 //! that times out prints the queue and what the fake GitLab received.
 
 use crate::support::fake_gitlab::{FakeGitLab, FakeProject, FakeUser};
-use crate::support::service::{fixture, token_headers, TestService, WEBHOOK_SECRET};
+use crate::support::service::{config_for, fixture, token_headers, TestService, WEBHOOK_SECRET};
 use planbot::core::config::Config;
 use planbot::flows::service::server::Options;
 
@@ -12,37 +12,11 @@ const MAIN_TF: &str = r#"resource "terraform_data" "vm" {
 }
 "#;
 
+/// planbot on the fake GitLab's `infra/homelab` with the real engine, two plans at a time.
 fn service_config(data: &std::path::Path, fake: &FakeGitLab, engine: &std::path::Path) -> Config {
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{}"
-token = "{}"
-webhook_secret = "{WEBHOOK_SECRET}"
-projects = ["infra/homelab"]
-
-[engine]
-binary = "{}"
-timeout = "5m"
-
-[plan]
-max_concurrent_plans = 2
-{}"#,
-        data.display(),
-        fake.url(),
-        fake.bot_token(),
-        engine.display(),
-        // GitLab-managed state, as users run it (a root's local state is refused).
-        fake.project_named("infra/homelab")
-            .map(|p| fake.managed_state_config(&p))
-            .unwrap_or_default()
-    );
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("config")
+    config_for(data, fake, "infra/homelab", engine)
+        .plan_slots(2)
+        .load()
 }
 
 /// The documented Merge Request Hook payload, pointed at the fake's project and MR.

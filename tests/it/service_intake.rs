@@ -173,8 +173,9 @@ async fn an_authentic_body_planbot_cannot_parse_is_answered_200_and_recorded_as_
 #[tokio::test]
 async fn events_of_projects_outside_the_allowlist_are_ignored_with_200() {
     let dir = tempfile::tempdir().unwrap();
-    let text = config_text(dir.path(), &dead_url(), false, r#"["infra/homelab", 4242]"#);
-    let cfg = planbot::core::config::Config::load(&text, &[], &|_| Err("no".into())).unwrap();
+    let cfg = test_config(dir.path(), &dead_url())
+        .set("gitlab", "projects", r#"["infra/homelab", 4242]"#)
+        .load();
     let s = TestService::start(cfg, quiet()).await;
     let body = fixture("webhooks/merge_request_open.json");
     assert_eq!(
@@ -294,13 +295,9 @@ async fn closing_the_mr_drops_its_queued_plan() {
 #[tokio::test]
 async fn a_planbot_plan_comment_queues_a_command_job_and_other_comments_do_not() {
     let dir = tempfile::tempdir().unwrap();
-    let text = config_text(
-        dir.path(),
-        &dead_url(),
-        false,
-        r#"["gitlab-org/gitlab-test"]"#,
-    );
-    let cfg = planbot::core::config::Config::load(&text, &[], &|_| Err("no".into())).unwrap();
+    let cfg = test_config(dir.path(), &dead_url())
+        .projects(&["gitlab-org/gitlab-test"])
+        .load();
     let s = TestService::start(cfg, quiet()).await;
     let note = fixture("webhooks/note_merge_request.json");
     assert_eq!(
@@ -352,13 +349,10 @@ async fn a_body_over_25_mib_is_refused_without_recording() {
 #[tokio::test]
 async fn a_replayed_signed_delivery_with_a_new_idempotency_key_runs_one_job() {
     let dir = tempfile::tempdir().unwrap();
-    let text = config_text(
-        dir.path(),
-        &dead_url(),
-        true,
-        r#"["gitlab-org/gitlab-test"]"#,
-    );
-    let cfg = planbot::core::config::Config::load(&text, &[], &|_| Err("no".into())).unwrap();
+    let cfg = test_config(dir.path(), &dead_url())
+        .signing()
+        .projects(&["gitlab-org/gitlab-test"])
+        .load();
     let s = TestService::start(cfg, quiet()).await;
     let mut v: serde_json::Value =
         serde_json::from_str(&fixture("webhooks/note_merge_request.json")).unwrap();

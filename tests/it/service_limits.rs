@@ -23,16 +23,12 @@ fn quiet() -> Options {
 
 /// The test service's config with `[server]` settings.
 fn with_server(dir: &std::path::Path, gitlab: &str, signing: bool, server: &str) -> Config {
-    let text = format!(
-        "{}\n[server]\n{server}\n",
-        config_text(
-            dir,
-            gitlab,
-            signing,
-            r#"["flightjs/flight-management", "gitlab-org/gitlab-test"]"#
-        )
-    );
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
+    let config = test_config(dir, gitlab).lines("server", server);
+    match signing {
+        true => config.signing(),
+        false => config,
+    }
+    .load()
 }
 
 async fn connect(s: &TestService) -> TcpStream {
@@ -366,9 +362,10 @@ async fn many_readyz_calls_ask_gitlab_once_within_the_cache_time() {
 #[tokio::test]
 async fn metrics_are_off_without_a_token_and_refused_without_the_right_one() {
     let dir = tempfile::tempdir().unwrap();
-    let text = config_text(dir.path(), &dead_url(), false, r#"["infra/homelab"]"#)
-        .replace(&format!("[metrics]\ntoken = \"{METRICS_TOKEN}\"\n"), "");
-    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let cfg = test_config(dir.path(), &dead_url())
+        .projects(&["infra/homelab"])
+        .unset("metrics", "token")
+        .load();
     assert!(cfg.metrics.token.is_none());
     let s = TestService::start(cfg, quiet()).await;
     let (status, body) = s.get_text("/metrics").await;
@@ -405,15 +402,10 @@ async fn a_planbot_with_few_open_files_keeps_accepting_under_a_flood_of_idle_con
     let file = dir.path().join("planbot.toml");
     std::fs::write(
         &file,
-        format!(
-            "{}\n[server]\nheader_timeout = \"10m\"\n",
-            config_text(
-                &dir.path().join("data"),
-                &dead_url(),
-                false,
-                r#"["flightjs/flight-management"]"#
-            )
-        ),
+        test_config(&dir.path().join("data"), &dead_url())
+            .projects(&["flightjs/flight-management"])
+            .set("server", "header_timeout", "\"10m\"")
+            .text(),
     )
     .unwrap();
     let mut cmd = std::process::Command::new("prlimit");

@@ -2,42 +2,40 @@
 //! plain text without ANSI colour codes, or one JSON object per line with `log_format = "json"`;
 //! at `info` it tells the story of every webhook, job, plan, note, status and apply, with ids.
 
+use crate::support::world::PlanbotConfig;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// A config for a planbot that starts and serves; GitLab is a closed port (it only logs that).
+/// A config for a planbot that starts and serves, `extra` top-level keys (e.g. `log_level`);
+/// GitLab is a closed port (it only logs that).
 fn config(dir: &std::path::Path, port: u16, extra: &str) -> std::path::PathBuf {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let text = format!(
-        r#"{extra}
-listen = "127.0.0.1:{port}"
-data_dir = "{data}"
-fingerprint_key = "fingerprint-key-0123456789abcdef"
-
-[gitlab]
-url = "http://127.0.0.1:{closed}"
-token = "glpat-log-test-token"
-webhook_secret = "webhook-secret-log-test"
-projects = ["infra/homelab"]
-
-[engine]
-binary = "{engine}"
-
-[sandbox]
-required = false
-"#,
-        data = dir.join("data").display(),
-        engine = crate::support::engine().display(),
-    );
-    let path = dir.join("planbot.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    let closed = free_port();
+    PlanbotConfig::for_gitlab(
+        &format!("http://127.0.0.1:{closed}"),
+        "glpat-log-test-token",
+    )
+    .set(
+        "",
+        "fingerprint_key",
+        "\"fingerprint-key-0123456789abcdef\"",
+    )
+    .set("gitlab", "webhook_secret", "\"webhook-secret-log-test\"")
+    .set("", "listen", &format!("\"127.0.0.1:{port}\""))
+    .set(
+        "",
+        "data_dir",
+        &format!("\"{}\"", dir.join("data").display()),
+    )
+    .lines("", extra)
+    .set(
+        "engine",
+        "binary",
+        &format!("\"{}\"", crate::support::engine().display()),
+    )
+    .set("sandbox", "required", "false")
+    .write(dir)
 }
 
 fn free_port() -> u16 {
@@ -220,38 +218,18 @@ async fn three_plans_and_a_comment(log_format: &str) -> Told {
     fake.add_member(&project, &dev, DEVELOPER);
 
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("planbot.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "fingerprint-key-0123456789abcdef"
-log_format = "{log_format}"
-
-[gitlab]
-url = "{url}"
-token = "{token}"
-webhook_secret = "webhook-secret-log-test"
-projects = ["infra/homelab"]
-
-[engine]
-binary = "{engine}"
-
-[metrics]
-token = "{metrics_token}"
-{state}"#,
-            metrics_token = crate::support::service::METRICS_TOKEN,
-            data = dir.path().join("data").display(),
-            url = fake.url(),
-            token = fake.bot_token(),
-            engine = engine.display(),
-            // GitLab-managed state, as users run it (a root's local state is refused).
-            state = fake.managed_state_config(&project),
-        ),
-    )
-    .unwrap();
+    let config = PlanbotConfig::serving(fake.url(), fake.bot_token(), &dir.path().join("data"))
+        .set(
+            "",
+            "fingerprint_key",
+            "\"fingerprint-key-0123456789abcdef\"",
+        )
+        .set("", "log_format", &format!("\"{log_format}\""))
+        .set("gitlab", "webhook_secret", "\"webhook-secret-log-test\"")
+        .set("engine", "binary", &format!("\"{}\"", engine.display()))
+        .metrics()
+        .managed_state(&fake, &project)
+        .write(dir.path());
     let serve = crate::support::ServeProcess::start(&config, &[]);
     let http = reqwest::Client::new();
     let deliver = |event: &'static str, key: String, body: Vec<u8>| {

@@ -4,186 +4,135 @@
 //! `state` is refused; hostile plan values are inert; without sign-in the pages are loopback-only;
 //! `/metrics` can require a bearer token.
 
-use crate::support::fake_gitlab::{FakeGitLab, FakeProject, FakeUser, GUEST, REPORTER};
+use crate::support::fake_gitlab::{FakeProject, FakeUser, GUEST, REPORTER};
+use crate::support::service::{TestService, METRICS_TOKEN};
+use crate::support::world::{no_workers, World};
 use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
-use planbot::core::config::Config;
 use planbot::core::ids::{CommitSha, MrIid, ProjectId, RunId};
-use planbot::flows::context::app_state::App;
 use planbot::flows::context::session::Session;
-use planbot::flows::service::server::{Application, Options};
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
 use reqwest::StatusCode;
 use std::sync::Arc;
 
 const PUBLIC_URL: &str = "http://planbot.test";
-const METRICS_TOKEN: &str = "metrics-token-0123456789abcdef";
 
 /// A plan note as planbot writes it (table, folded diff, footer).
 const NOTE: &str = "<!-- planbot:mr-note v1 -->\n### 🟡 planbot · plan for `3f9a2c1e` · 1 root with changes\n\n| root | add | change | destroy |\n|---|---:|---:|---:|\n| `dns` | 2 | 0 | 2 ⚠️ |\n\n<details><summary><code>-/+ proxmox_virtual_environment_vm.blocky</code> — replace</summary>\n\n```diff\n  name    = \"blocky\"\n~ id      = \"1000\" -> (known after apply)\n```\n</details>\n\n<sub>fingerprint `9c41e07a2b3d` · re-plan: comment `planbot plan`</sub>\n";
 
-struct World {
-    fake: FakeGitLab,
-    app: Arc<App>,
-    base: String,
-    _server: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _data: tempfile::TempDir,
+/// planbot serving its pages (no workers) for `infra/homelab` and `infra/other`, nobody a
+/// member yet; with `signin`, planbot is registered in the fake GitLab as an OAuth application.
+async fn world(signin: bool, extra: &str) -> (World, TestService) {
+    let mut b = World::builder()
+        .no_members()
+        .config(|c| c.projects(&["infra/homelab", "infra/other"]).raw(extra));
+    if signin {
+        b = b.signin();
+    }
+    let w = b.build();
+    let s = w.serve(no_workers()).await;
+    (w, s)
 }
 
-fn config(data: &std::path::Path, fake: &FakeGitLab, extra: &str) -> Config {
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{}"
-public_url = "{PUBLIC_URL}"
-fingerprint_key = "test-fingerprint-key-0123456789"
+/// A finished plan run of `project`'s MR !`mr`, as the plan flow stores it.
+async fn run(s: &TestService, project: &FakeProject, mr: u64, note: &str, log: &str) -> RunId {
+    let id = s
+        .app
+        .store
+        .start_run(NewRun {
+            job: None,
+            kind: RunKind::Plan,
+            project: ProjectId(project.id),
+            project_path: Some(project.path.clone()),
+            mr: Some(MrIid(mr)),
+            root: "dns".into(),
+            sha: CommitSha("3f9a2c1e5b7d9f0a1c3e5b7d9f0a1c3e5b7d9f0a".into()),
+        })
+        .await
+        .unwrap();
+    s.app
+        .store
+        .finish_run(
+            id,
+            RunEnd {
+                state: RunState::Succeeded,
+                summary: Some("2 to add, 0 to change, 2 to destroy".into()),
+                log: log.into(),
+                note_markdown: Some(note.into()),
+                fingerprint: None,
+            },
+        )
+        .await
+        .unwrap();
+    id
+}
 
-[gitlab]
-url = "{}"
-token = "{}"
-webhook_secret = "whatever-secret-value"
-projects = ["infra/homelab", "infra/other"]
-
-[metrics]
-token = "{METRICS_TOKEN}"
-{extra}
-"#,
-        data.display(),
-        fake.url(),
-        fake.bot_token(),
+/// A browser where `user` is signed in to GitLab (not yet to planbot).
+fn browser(w: &World, user: &FakeUser) -> reqwest::Client {
+    let jar = Arc::new(reqwest::cookie::Jar::default());
+    jar.add_cookie_str(
+        &format!("_gitlab_session={}", w.gitlab.browser_session(user)),
+        &w.gitlab.url().parse().unwrap(),
     );
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("config")
+    reqwest::Client::builder()
+        .cookie_provider(jar)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
 }
 
-/// The service; with `signin`, planbot is registered in the fake GitLab as an OAuth application.
-async fn world(signin: bool, extra: &str) -> World {
-    let fake = FakeGitLab::start();
-    let data = tempfile::tempdir().unwrap();
-    let oauth = signin
-        .then(|| fake.register_oauth_app(&format!("{PUBLIC_URL}/auth/callback"), &["read_user"]));
-    let extra = match &oauth {
-        Some(o) => format!(
-            "{extra}\n[gitlab.oauth]\nclient_id = \"{}\"\nclient_secret = \"{}\"\n",
-            o.client_id, o.secret
-        ),
-        None => extra.to_string(),
-    };
-    let application = Application::build_with(
-        config(data.path(), &fake, &extra),
-        Options {
-            workers: false,
-            reconcile: false,
-        },
-    )
-    .await
-    .expect("build");
-    let base = format!("http://127.0.0.1:{}", application.port());
-    let app = application.app();
-    let server = tokio::spawn(application.run_until_stopped());
-    World {
-        fake,
-        app,
-        base,
-        _server: server,
-        _data: data,
-    }
+/// Where GitLab sends the browser back to, as the browser reaches this planbot.
+fn local(s: &TestService, url: &str) -> String {
+    url.replacen(PUBLIC_URL, &s.base, 1)
 }
 
-impl World {
-    /// A finished plan run of `project`'s MR !`mr`, as the plan flow stores it.
-    async fn run(&self, project: &FakeProject, mr: u64, note: &str, log: &str) -> RunId {
-        let id = self
-            .app
-            .store
-            .start_run(NewRun {
-                job: None,
-                kind: RunKind::Plan,
-                project: ProjectId(project.id),
-                project_path: Some(project.path.clone()),
-                mr: Some(MrIid(mr)),
-                root: "dns".into(),
-                sha: CommitSha("3f9a2c1e5b7d9f0a1c3e5b7d9f0a1c3e5b7d9f0a".into()),
-            })
-            .await
-            .unwrap();
-        self.app
-            .store
-            .finish_run(
-                id,
-                RunEnd {
-                    state: RunState::Succeeded,
-                    summary: Some("2 to add, 0 to change, 2 to destroy".into()),
-                    log: log.into(),
-                    note_markdown: Some(note.into()),
-                    fingerprint: None,
-                },
-            )
-            .await
-            .unwrap();
-        id
-    }
+/// Open `path` signed out, follow the sign-in through GitLab by hand, and answer the
+/// callback's response (before following its redirect) and the authorize redirect's target.
+async fn sign_in_from(
+    w: &World,
+    s: &TestService,
+    b: &reqwest::Client,
+    path: &str,
+) -> reqwest::Response {
+    let r = b.get(s.url(path)).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::SEE_OTHER,
+        "{path} redirects to sign-in"
+    );
+    let login = location(&r);
+    assert!(login.starts_with("/auth/login?next="), "{login}");
+    let r = b.get(s.url(&login)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let authorize = location(&r);
+    assert!(
+        authorize.starts_with(&format!("{}/oauth/authorize?", w.gitlab.url())),
+        "{authorize}"
+    );
+    let r = b.get(&authorize).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::FOUND,
+        "GitLab sends the browser back"
+    );
+    let callback = location(&r);
+    assert!(
+        callback.starts_with(&format!("{PUBLIC_URL}/auth/callback?")),
+        "{callback}"
+    );
+    b.get(local(s, &callback)).send().await.unwrap()
+}
 
-    /// A browser where `user` is signed in to GitLab (not yet to planbot).
-    fn browser(&self, user: &FakeUser) -> reqwest::Client {
-        let jar = Arc::new(reqwest::cookie::Jar::default());
-        jar.add_cookie_str(
-            &format!("_gitlab_session={}", self.fake.browser_session(user)),
-            &self.fake.url().parse().unwrap(),
-        );
-        reqwest::Client::builder()
-            .cookie_provider(jar)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap()
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// Where GitLab sends the browser back to, as the browser reaches this planbot.
-    fn local(&self, url: &str) -> String {
-        url.replacen(PUBLIC_URL, &self.base, 1)
-    }
-
-    /// Open `path` signed out, follow the sign-in through GitLab by hand, and answer the
-    /// callback's response (before following its redirect) and the authorize redirect's target.
-    async fn sign_in_from(&self, b: &reqwest::Client, path: &str) -> reqwest::Response {
-        let r = b.get(self.url(path)).send().await.unwrap();
-        assert_eq!(
-            r.status(),
-            StatusCode::SEE_OTHER,
-            "{path} redirects to sign-in"
-        );
-        let login = location(&r);
-        assert!(login.starts_with("/auth/login?next="), "{login}");
-        let r = b.get(self.url(&login)).send().await.unwrap();
-        assert_eq!(r.status(), StatusCode::SEE_OTHER);
-        let authorize = location(&r);
-        assert!(
-            authorize.starts_with(&format!("{}/oauth/authorize?", self.fake.url())),
-            "{authorize}"
-        );
-        let r = b.get(&authorize).send().await.unwrap();
-        assert_eq!(
-            r.status(),
-            StatusCode::FOUND,
-            "GitLab sends the browser back"
-        );
-        let callback = location(&r);
-        assert!(
-            callback.starts_with(&format!("{PUBLIC_URL}/auth/callback?")),
-            "{callback}"
-        );
-        b.get(self.local(&callback)).send().await.unwrap()
-    }
-
-    /// Sign in from `path` and land on it: the page the user sees.
-    async fn sign_in_and_open(&self, b: &reqwest::Client, path: &str) -> (StatusCode, String) {
-        let r = self.sign_in_from(b, path).await;
-        assert_eq!(r.status(), StatusCode::SEE_OTHER, "the callback signs in");
-        assert_eq!(location(&r), path, "back where the user started");
-        get(b, &self.url(path)).await
-    }
+/// Sign in from `path` and land on it: the page the user sees.
+async fn sign_in_and_open(
+    w: &World,
+    s: &TestService,
+    b: &reqwest::Client,
+    path: &str,
+) -> (StatusCode, String) {
+    let r = sign_in_from(w, s, b, path).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER, "the callback signs in");
+    assert_eq!(location(&r), path, "back where the user started");
+    get(b, &s.url(path)).await
 }
 
 fn location(r: &reqwest::Response) -> String {
@@ -211,21 +160,21 @@ fn tags(page: &str) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_signs_in_and_reads_the_run_rendered_like_the_mr_note() {
-    let w = world(true, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let alice = w.fake.create_user("alice");
-    w.fake.add_member(&homelab, &alice, REPORTER);
-    let id = w
-        .run(
-            &homelab,
-            7,
-            NOTE,
-            "Plan: 2 to add, 0 to change, 2 to destroy.",
-        )
-        .await;
-    let b = w.browser(&alice);
+    let (w, s) = world(true, "").await;
+    let homelab = w.project.clone();
+    let alice = w.gitlab.create_user("alice");
+    w.gitlab.add_member(&homelab, &alice, REPORTER);
+    let id = run(
+        &s,
+        &homelab,
+        7,
+        NOTE,
+        "Plan: 2 to add, 0 to change, 2 to destroy.",
+    )
+    .await;
+    let b = browser(&w, &alice);
 
-    let r = w.sign_in_from(&b, &format!("/runs/{id}")).await;
+    let r = sign_in_from(&w, &s, &b, &format!("/runs/{id}")).await;
     let cookie = r
         .headers()
         .get_all(SET_COOKIE)
@@ -243,7 +192,7 @@ async fn a_member_signs_in_and_reads_the_run_rendered_like_the_mr_note() {
     );
     assert_eq!(location(&r), format!("/runs/{id}"));
 
-    let (status, page) = get(&b, &w.url(&format!("/runs/{id}"))).await;
+    let (status, page) = get(&b, &s.url(&format!("/runs/{id}"))).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(
         page.contains("Signed in as <strong>@alice</strong>"),
@@ -261,7 +210,7 @@ async fn a_member_signs_in_and_reads_the_run_rendered_like_the_mr_note() {
     assert!(
         page.contains(&format!(
             "href=\"{}/infra/homelab/-/merge_requests/7\"",
-            w.fake.url()
+            w.gitlab.url()
         )),
         "{page}"
     );
@@ -270,42 +219,47 @@ async fn a_member_signs_in_and_reads_the_run_rendered_like_the_mr_note() {
         "{page}"
     );
 
-    let (status, list) = get(&b, &w.url("/runs")).await;
+    let (status, list) = get(&b, &s.url("/runs")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(list.contains(&format!("href=\"/runs/{id}\"")), "{list}");
-    assert_eq!(w.fake.oauth_tokens_issued(), 1);
+    assert_eq!(w.gitlab.oauth_tokens_issued(), 1);
 
     // Signing out forgets the session.
-    let r = b.post(w.url("/auth/logout")).send().await.unwrap();
+    let r = b.post(s.url("/auth/logout")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    let r = b.get(w.url("/runs")).send().await.unwrap();
+    let r = b.get(s.url("/runs")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER, "signed out");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn someone_who_cannot_see_the_project_gets_404_and_an_empty_list() {
-    let w = world(true, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let other = w.fake.create_project("infra/other");
-    let fork = w.fake.fork_project(&homelab, "bob/homelab");
-    let bob = w.fake.create_user("bob");
+    let (w, s) = world(true, "").await;
+    let homelab = w.project.clone();
+    let other = w.gitlab.create_project("infra/other");
+    let fork = w.gitlab.fork_project(&homelab, "bob/homelab");
+    let bob = w.gitlab.create_user("bob");
     // Bob is Guest on homelab (cannot read its code), owns a fork of it, and is Reporter on other.
-    w.fake.add_member(&homelab, &bob, GUEST);
-    w.fake.add_member(&fork, &bob, REPORTER);
-    w.fake.add_member(&other, &bob, REPORTER);
+    w.gitlab.add_member(&homelab, &bob, GUEST);
+    w.gitlab.add_member(&fork, &bob, REPORTER);
+    w.gitlab.add_member(&other, &bob, REPORTER);
     // A plan of bob's fork MR is a run of the target project, homelab.
-    let hidden = w
-        .run(&homelab, 7, "### plan of infra/homelab secret-vm-name", "")
-        .await;
-    let visible = w.run(&other, 3, "### plan of infra/other", "").await;
-    let b = w.browser(&bob);
+    let hidden = run(
+        &s,
+        &homelab,
+        7,
+        "### plan of infra/homelab secret-vm-name",
+        "",
+    )
+    .await;
+    let visible = run(&s, &other, 3, "### plan of infra/other", "").await;
+    let b = browser(&w, &bob);
 
-    let (status, page) = w.sign_in_and_open(&b, &format!("/runs/{visible}")).await;
+    let (status, page) = sign_in_and_open(&w, &s, &b, &format!("/runs/{visible}")).await;
     assert_eq!(status, StatusCode::OK, "{page}");
 
-    let (status, page) = get(&b, &w.url(&format!("/runs/{hidden}"))).await;
+    let (status, page) = get(&b, &s.url(&format!("/runs/{hidden}"))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (_, missing) = get(&b, &w.url("/runs/999999")).await;
+    let (_, missing) = get(&b, &s.url("/runs/999999")).await;
     assert_eq!(
         page.replace(&format!("#{hidden}"), "#N"),
         missing.replace("#999999", "#N"),
@@ -313,7 +267,7 @@ async fn someone_who_cannot_see_the_project_gets_404_and_an_empty_list() {
     );
     assert!(!page.contains("secret-vm-name"));
 
-    let (_, list) = get(&b, &w.url("/runs")).await;
+    let (_, list) = get(&b, &s.url("/runs")).await;
     assert!(
         list.contains(&format!("href=\"/runs/{visible}\"")),
         "{list}"
@@ -327,7 +281,7 @@ async fn someone_who_cannot_see_the_project_gets_404_and_an_empty_list() {
         "not even in the filter: {list}"
     );
     // Filtering by the hidden project shows nothing either.
-    let (_, list) = get(&b, &w.url("/runs?project=infra%2Fhomelab")).await;
+    let (_, list) = get(&b, &s.url("/runs?project=infra%2Fhomelab")).await;
     assert!(
         !list.contains(&format!("href=\"/runs/{hidden}\"")),
         "{list}"
@@ -337,22 +291,22 @@ async fn someone_who_cannot_see_the_project_gets_404_and_an_empty_list() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_forged_and_expired_sessions_go_back_to_sign_in() {
-    let w = world(true, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let id = w.run(&homelab, 7, NOTE, "").await;
+    let (w, s) = world(true, "").await;
+    let homelab = w.project.clone();
+    let id = run(&s, &homelab, 7, NOTE, "").await;
     let plain = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
     let path = format!("/runs/{id}");
 
-    let r = plain.get(w.url(&path)).send().await.unwrap();
+    let r = plain.get(s.url(&path)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(location(&r), format!("/auth/login?next=%2Fruns%2F{id}"));
 
-    let alice = w.fake.create_user("alice");
-    w.fake.add_member(&homelab, &alice, REPORTER);
-    let expired = w.app.signin.session_cookie(&Session {
+    let alice = w.gitlab.create_user("alice");
+    w.gitlab.add_member(&homelab, &alice, REPORTER);
+    let expired = s.app.signin.session_cookie(&Session {
         user_id: alice.id,
         username: "alice".into(),
         expires: 1_000_000,
@@ -364,7 +318,7 @@ async fn missing_forged_and_expired_sessions_go_back_to_sign_in() {
         .next()
         .unwrap()
         .to_string();
-    let fresh = w.app.signin.session_cookie(&Session {
+    let fresh = s.app.signin.session_cookie(&Session {
         user_id: alice.id,
         username: "alice".into(),
         expires: u64::MAX / 2,
@@ -391,7 +345,7 @@ async fn missing_forged_and_expired_sessions_go_back_to_sign_in() {
         ("tampered", &flipped),
     ] {
         let r = plain
-            .get(w.url(&path))
+            .get(s.url(&path))
             .header("cookie", cookie.as_str())
             .send()
             .await
@@ -407,7 +361,7 @@ async fn missing_forged_and_expired_sessions_go_back_to_sign_in() {
     }
     // The same key with a live expiry is accepted: the refusals above are about the cookie.
     let r = plain
-        .get(w.url(&path))
+        .get(s.url(&path))
         .header("cookie", fresh.as_str())
         .send()
         .await
@@ -417,12 +371,12 @@ async fn missing_forged_and_expired_sessions_go_back_to_sign_in() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_state_is_refused_without_asking_gitlab_for_a_token() {
-    let w = world(true, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let alice = w.fake.create_user("alice");
-    w.fake.add_member(&homelab, &alice, REPORTER);
-    let b = w.browser(&alice);
-    let r = b.get(w.url("/auth/login?next=/runs")).send().await.unwrap();
+    let (w, s) = world(true, "").await;
+    let homelab = w.project.clone();
+    let alice = w.gitlab.create_user("alice");
+    w.gitlab.add_member(&homelab, &alice, REPORTER);
+    let b = browser(&w, &alice);
+    let r = b.get(s.url("/auth/login?next=/runs")).send().await.unwrap();
     let r = b.get(location(&r)).send().await.unwrap();
     let callback = location(&r);
     let url = url::Url::parse(&callback).unwrap();
@@ -432,7 +386,7 @@ async fn a_tampered_state_is_refused_without_asking_gitlab_for_a_token() {
         .map(|(_, v)| v.into_owned())
         .expect("GitLab hands the state back");
     let tampered = callback.replace(&state, &format!("{state}x"));
-    let r = b.get(w.local(&tampered)).send().await.unwrap();
+    let r = b.get(local(&s, &tampered)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let set: Vec<String> = r
         .headers()
@@ -449,30 +403,30 @@ async fn a_tampered_state_is_refused_without_asking_gitlab_for_a_token() {
     assert!(page.contains("Sign-in refused"), "{page}");
     assert!(page.contains("does not match"), "{page}");
     assert_eq!(
-        w.fake.oauth_tokens_issued(),
+        w.gitlab.oauth_tokens_issued(),
         0,
         "the code was not exchanged"
     );
     // A callback without the browser's login cookie (another browser) is refused too.
     let other = reqwest::Client::new();
-    let (status, _) = get(&other, &w.local(&callback)).await;
+    let (status, _) = get(&other, &local(&s, &callback)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(w.fake.oauth_tokens_issued(), 0);
+    assert_eq!(w.gitlab.oauth_tokens_issued(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_plan_values_are_inert_on_the_page() {
-    let w = world(true, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let alice = w.fake.create_user("alice");
-    w.fake.add_member(&homelab, &alice, REPORTER);
+    let (w, s) = world(true, "").await;
+    let homelab = w.project.clone();
+    let alice = w.gitlab.create_user("alice");
+    w.gitlab.add_member(&homelab, &alice, REPORTER);
     let note = "### plan\n\n| root | value |\n|---|---|\n| `dns` | <script>alert('note')</script> |\n\n[click me](javascript:alert('link')) <img src=x onerror=\"alert('img')\"> <a href=\"javascript:alert('a')\" onmouseover=\"alert('hover')\">x</a>\n\n```\n</code></pre><script>alert('fence')</script>\n```\n";
     let log = "Error: <script>alert('log')</script> <img src=x onerror=alert('logimg')>";
-    let id = w.run(&homelab, 7, note, log).await;
-    let b = w.browser(&alice);
-    let r = w.sign_in_from(&b, &format!("/runs/{id}")).await;
+    let id = run(&s, &homelab, 7, note, log).await;
+    let b = browser(&w, &alice);
+    let r = sign_in_from(&w, &s, &b, &format!("/runs/{id}")).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let r = b.get(w.url(&format!("/runs/{id}"))).send().await.unwrap();
+    let r = b.get(s.url(&format!("/runs/{id}"))).send().await.unwrap();
     let csp = r.headers()[CONTENT_SECURITY_POLICY]
         .to_str()
         .unwrap()
@@ -505,16 +459,16 @@ async fn hostile_plan_values_are_inert_on_the_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_sign_in_the_pages_answer_only_the_planbot_host_and_notes_do_not_link_them() {
-    let w = world(false, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let id = w.run(&homelab, 7, NOTE, "").await;
+    let (w, s) = world(false, "").await;
+    let homelab = w.project.clone();
+    let id = run(&s, &homelab, 7, NOTE, "").await;
     let http = reqwest::Client::new();
-    let (status, page) = get(&http, &w.url(&format!("/runs/{id}"))).await;
+    let (status, page) = get(&http, &s.url(&format!("/runs/{id}"))).await;
     assert_eq!(status, StatusCode::OK, "a loopback client reads it");
     assert!(page.contains("<td><code>dns</code></td>"), "{page}");
     // Through a proxy on the same host, every client would look local: refused.
     let r = http
-        .get(w.url("/runs"))
+        .get(s.url("/runs"))
         .header("x-forwarded-for", "203.0.113.7")
         .send()
         .await
@@ -524,18 +478,18 @@ async fn without_sign_in_the_pages_answer_only_the_planbot_host_and_notes_do_not
     assert!(page.contains("only served on the planbot host"), "{page}");
     assert!(!page.contains("dns"), "{page}");
     // Sign-in is off.
-    let (status, _) = get(&http, &w.url("/auth/login")).await;
+    let (status, _) = get(&http, &s.url("/auth/login")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     // Notes and statuses get no link nobody could open, but say where the log is.
-    assert_eq!(w.app.run_url(RunId(12)), None);
-    let port = w.app.config.listen.port();
+    assert_eq!(s.app.run_url(RunId(12)), None);
+    let port = s.app.config.listen.port();
     assert_eq!(
-        w.app.run_hint(RunId(12)).as_deref(),
+        s.app.run_hint(RunId(12)).as_deref(),
         Some(format!("http://localhost:{port}/runs/12").as_str())
     );
     let ctx = planbot::core::render::NoteContext {
-        run_url: w.app.run_url(RunId(12)),
-        run_hint: w.app.run_hint(RunId(12)),
+        run_url: s.app.run_url(RunId(12)),
+        run_hint: s.app.run_hint(RunId(12)),
         ..Default::default()
     };
     let note = planbot::core::render::render_note(
@@ -554,26 +508,26 @@ async fn without_sign_in_the_pages_answer_only_the_planbot_host_and_notes_do_not
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_none_serves_anyone_and_check_warns() {
-    let w = world(false, "[pages]\nauth = \"none\"\n").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let id = w.run(&homelab, 7, NOTE, "").await;
+    let (w, s) = world(false, "[pages]\nauth = \"none\"\n").await;
+    let homelab = w.project.clone();
+    let id = run(&s, &homelab, 7, NOTE, "").await;
     let r = reqwest::Client::new()
-        .get(w.url(&format!("/runs/{id}")))
+        .get(s.url(&format!("/runs/{id}")))
         .header("x-forwarded-for", "203.0.113.7")
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(
-        w.app.run_url(RunId(12)).as_deref(),
+        s.app.run_url(RunId(12)).as_deref(),
         Some("http://planbot.test/runs/12")
     );
-    let report = planbot::flows::cli::serve::check_report(&w.app.config);
+    let report = planbot::flows::cli::serve::check_report(&s.app.config);
     assert!(
         report.contains("WARNING: serve /runs to ANYONE"),
         "{report}"
     );
-    let checks = planbot::flows::cli::doctor::run_checks(&w.app.config).await;
+    let checks = planbot::flows::cli::doctor::run_checks(&s.app.config).await;
     let pages = checks
         .iter()
         .find(|c| c.section == "Run pages")
@@ -588,9 +542,9 @@ async fn auth_none_serves_anyone_and_check_warns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_require_the_bearer_token_when_one_is_configured() {
-    let w = world(false, "").await;
+    let (_w, s) = world(false, "").await;
     let http = reqwest::Client::new();
-    let (status, body) = get(&http, &w.url("/metrics")).await;
+    let (status, body) = get(&http, &s.url("/metrics")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(!body.contains("planbot_"), "{body}");
     for wrong in [
@@ -599,7 +553,7 @@ async fn metrics_require_the_bearer_token_when_one_is_configured() {
         METRICS_TOKEN,
     ] {
         let r = http
-            .get(w.url("/metrics"))
+            .get(s.url("/metrics"))
             .header("authorization", wrong)
             .send()
             .await
@@ -607,7 +561,7 @@ async fn metrics_require_the_bearer_token_when_one_is_configured() {
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{wrong}");
     }
     let r = http
-        .get(w.url("/metrics"))
+        .get(s.url("/metrics"))
         .bearer_auth(METRICS_TOKEN)
         .send()
         .await
@@ -615,14 +569,14 @@ async fn metrics_require_the_bearer_token_when_one_is_configured() {
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.text().await.unwrap().contains("# EOF"));
     // The token is a secret: never in --check.
-    let report = planbot::flows::cli::serve::check_report(&w.app.config);
+    let report = planbot::flows::cli::serve::check_report(&s.app.config);
     assert!(!report.contains(METRICS_TOKEN));
     assert!(report.contains("metrics.token = (set)"), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answer_of_every_route_says_nosniff_refusals_and_echoes_included() {
-    let w = world(false, "").await;
+    let (_w, s) = world(false, "").await;
     let http = reqwest::Client::new();
     // A widgets report name a browser could sniff as HTML if it were echoed without the header.
     let sniffable = "/api/v1/widgets/%3Chtml%3E%3Cscript%3Ealert(1)%3C%2Fscript%3E";
@@ -639,8 +593,8 @@ async fn every_answer_of_every_route_says_nosniff_refusals_and_echoes_included()
         ("GET", "/no-such-route"),
     ] {
         let r = match method {
-            "POST" => http.post(w.url(path)).body("{}").send().await.unwrap(),
-            _ => http.get(w.url(path)).send().await.unwrap(),
+            "POST" => http.post(s.url(path)).body("{}").send().await.unwrap(),
+            _ => http.get(s.url(path)).send().await.unwrap(),
         };
         assert_eq!(
             r.headers()
@@ -655,12 +609,12 @@ async fn every_answer_of_every_route_says_nosniff_refusals_and_echoes_included()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_health() {
-    let w = world(false, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let first = w.run(&homelab, 7, NOTE, "").await;
-    let second = w.run(&homelab, 8, NOTE, "").await;
+    let (w, s) = world(false, "").await;
+    let homelab = w.project.clone();
+    let first = run(&s, &homelab, 7, NOTE, "").await;
+    let second = run(&s, &homelab, 8, NOTE, "").await;
     let http = reqwest::Client::new();
-    let (status, page) = get(&http, &w.url("/")).await;
+    let (status, page) = get(&http, &s.url("/")).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     // What it serves: the version, the configured projects, the sandbox, the store.
     assert!(
@@ -672,7 +626,7 @@ async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_
         "{page}"
     );
     let sandbox = planbot::flows::confinement::sandbox::service_mode(
-        &w.app.config,
+        &s.app.config,
         planbot::flows::confinement::credentials::Trust::MergeRequest,
     )
     .describe();
@@ -683,7 +637,7 @@ async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_
     assert!(
         page.contains(&format!(
             "<code>sqlite://{}/planbot.db</code>",
-            w.app.config.data_dir.display()
+            s.app.config.data_dir.display()
         )),
         "{page}"
     );
@@ -707,7 +661,7 @@ async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_
     assert!(page.contains(">healthy<"), "{page}");
     // Like the run pages, only for this host without sign-in.
     let r = http
-        .get(w.url("/"))
+        .get(s.url("/"))
         .header("x-forwarded-for", "203.0.113.7")
         .send()
         .await
@@ -718,18 +672,18 @@ async fn the_landing_page_says_what_this_planbot_serves_its_latest_runs_and_its_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_sign_in_the_landing_page_is_for_members_and_shows_only_their_projects() {
-    let w = world(true, "").await;
-    let homelab = w.fake.create_project("infra/homelab");
-    let other = w.fake.create_project("infra/other");
-    w.fake.add_member(&homelab, w.fake.bot(), 30);
-    w.fake.add_member(&other, w.fake.bot(), 30);
-    let mine = w.run(&homelab, 7, NOTE, "").await;
-    let theirs = w.run(&other, 9, NOTE, "").await;
-    let alice = w.fake.create_user("alice");
-    w.fake.add_member(&homelab, &alice, REPORTER);
+    let (w, s) = world(true, "").await;
+    let homelab = w.project.clone();
+    let other = w.gitlab.create_project("infra/other");
+    w.gitlab.add_member(&homelab, w.gitlab.bot(), 30);
+    w.gitlab.add_member(&other, w.gitlab.bot(), 30);
+    let mine = run(&s, &homelab, 7, NOTE, "").await;
+    let theirs = run(&s, &other, 9, NOTE, "").await;
+    let alice = w.gitlab.create_user("alice");
+    w.gitlab.add_member(&homelab, &alice, REPORTER);
     // Signed out: sent to sign in, like every run page.
-    let b = w.browser(&alice);
-    let (status, page) = w.sign_in_and_open(&b, "/").await;
+    let b = browser(&w, &alice);
+    let (status, page) = sign_in_and_open(&w, &s, &b, "/").await;
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(
         page.contains(&format!("<a href=\"/runs/{mine}\">")),

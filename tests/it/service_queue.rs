@@ -1,6 +1,7 @@
 //! Stories of the durable queue: restarts, crashes, supersede of running jobs, reconcile, probes.
 
 use crate::support::service::*;
+use crate::support::world::PlanbotConfig;
 use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
 use planbot::core::config::Config;
 use planbot::core::events::{Job, PlanReason};
@@ -24,14 +25,13 @@ fn workers() -> Options {
     }
 }
 
-fn with(text_edit: impl Fn(String) -> String, dir: &std::path::Path, gitlab: &str) -> Config {
-    let text = text_edit(config_text(
-        dir,
-        gitlab,
-        false,
-        r#"["flightjs/flight-management"]"#,
-    ));
-    Config::load(&text, &[], &|_| Err("no".into())).unwrap()
+/// The test service's config watching `flightjs/flight-management`, as `edit` varies it.
+fn with(
+    edit: impl Fn(PlanbotConfig) -> PlanbotConfig,
+    dir: &std::path::Path,
+    gitlab: &str,
+) -> Config {
+    edit(test_config(dir, gitlab).projects(&["flightjs/flight-management"])).load()
 }
 
 #[tokio::test]
@@ -107,13 +107,10 @@ async fn closing_an_mr_cancels_its_running_job_and_frees_the_worker() {
     // GitLab stops answering: the command job hangs on its first API call.
     let hung = MiniGitLab::start(vec![], true).await;
     let cfg = with(
-        |t| {
-            t.replace("max_concurrent_plans = 2", "max_concurrent_plans = 1")
-                .replace("[plan]", "[engine]\ngrace = \"0s\"\n\n[plan]")
-                .replace(
-                    r#"["flightjs/flight-management"]"#,
-                    r#"["gitlab-org/gitlab-test"]"#,
-                )
+        |c| {
+            c.plan_slots(1)
+                .set("engine", "grace", "\"0s\"")
+                .projects(&["gitlab-org/gitlab-test"])
         },
         dir.path(),
         &hung.url,
@@ -196,12 +193,12 @@ async fn start_up_reconciliation_plans_open_mrs_whose_head_has_no_plan() {
     )
     .await;
     // Before the downtime, MR !16 was planned at its head.
-    let s = TestService::start(with(|t| t, dir.path(), &gitlab.url), quiet()).await;
+    let s = TestService::start(with(|c| c, dir.path(), &gitlab.url), quiet()).await;
     finished_run(&s, 16, planned, RunState::Succeeded, "").await;
     s.kill().await;
 
     let s = TestService::start(
-        with(|t| t, dir.path(), &gitlab.url),
+        with(|c| c, dir.path(), &gitlab.url),
         Options {
             workers: true,
             reconcile: true,
@@ -381,16 +378,12 @@ async fn a_job_past_its_deadline_is_stopped_its_status_says_so_and_its_worker_is
     fake.commit_files(&project, "x-one", &[("slow/main.tf", &data_root("x1"))]);
     let x1 = fake.open_mr(&project, "x-one", "main");
     let data = tempfile::tempdir().unwrap();
-    let text = bench_config_text(
-        data.path(),
-        &fake,
-        "infra/homelab",
-        &engine,
-        "[plan]\nmax_concurrent_plans = 2\njob_timeout = \"2s\"\n",
-    )
-    // A stopped job that does not end by itself is dropped after the grace (and 2 s).
-    .replace("timeout = \"10m\"", "timeout = \"10m\"\ngrace = \"1s\"");
-    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let cfg = bench_config(data.path(), &fake, "infra/homelab", &engine)
+        .plan_slots(2)
+        .set("plan", "job_timeout", "\"2s\"")
+        // A stopped job that does not end by itself is dropped after the grace (and 2 s).
+        .set("engine", "grace", "\"1s\"")
+        .load();
     let s = TestService::start(cfg, workers()).await;
     // The job never gets its root (held here for the whole test): only its deadline ends it.
     let held = s.app.root_locks.lock(ProjectId(project.id), "slow").await;
@@ -435,14 +428,9 @@ async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
     let y1 = fake.open_mr_by(&project, "y-one", "main", &yolanda);
 
     let data = tempfile::tempdir().unwrap();
-    let text = bench_config_text(
-        data.path(),
-        &fake,
-        "infra/homelab",
-        &engine,
-        "[plan]\nmax_concurrent_plans = 2\n",
-    );
-    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let cfg = bench_config(data.path(), &fake, "infra/homelab", &engine)
+        .plan_slots(2)
+        .load();
     let s = TestService::start(cfg, workers()).await;
     let pid = ProjectId(project.id);
 
@@ -542,14 +530,9 @@ async fn an_mr_that_writes_past_the_disk_quota_fails_with_a_note_and_data_dir_ke
 fi"#,
     );
     let data = tempfile::tempdir().unwrap();
-    let text = bench_config_text(
-        data.path(),
-        &fake,
-        "infra/homelab",
-        &engine,
-        "[sandbox]\ndisk_max = \"64 MiB\"\n",
-    );
-    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let cfg = bench_config(data.path(), &fake, "infra/homelab", &engine)
+        .set("sandbox", "disk_max", "\"64 MiB\"")
+        .load();
     let s = TestService::start(cfg, workers()).await;
     let before = disk_usage(data.path());
     // Measured while the job runs: the most data_dir held.
@@ -602,14 +585,9 @@ async fn an_mr_whose_files_would_take_more_than_the_disk_quota_is_never_checked_
     let bin = tempfile::tempdir().unwrap();
     let engine = fake_engine(bin.path(), "terraform", TERRAFORM_VERSION_JSON, "");
     let data = tempfile::tempdir().unwrap();
-    let text = bench_config_text(
-        data.path(),
-        &fake,
-        "infra/homelab",
-        &engine,
-        "[sandbox]\ndisk_max = \"64 MiB\"\n",
-    );
-    let cfg = Config::load(&text, &[], &|_| Err("no files".into())).unwrap();
+    let cfg = bench_config(data.path(), &fake, "infra/homelab", &engine)
+        .set("sandbox", "disk_max", "\"64 MiB\"")
+        .load();
     let s = TestService::start(cfg, workers()).await;
     let before = disk_usage(data.path());
     let sampler = PeakSampler::start(data.path());

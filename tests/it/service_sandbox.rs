@@ -7,6 +7,7 @@
 
 use crate::support::fake_gitlab::{FakeGitLab, FakeProject};
 use crate::support::service::{token_headers, TestService, WEBHOOK_SECRET};
+use crate::support::world::PlanbotConfig;
 use base64::Engine as _;
 use planbot::core::config::Config;
 use planbot::flows::service::server::Options;
@@ -31,43 +32,31 @@ impl Etc {
     }
 }
 
-/// Write the config file (secrets in it and in a secret file) and load it as `serve` does.
-fn service_config(data: &std::path::Path, fake: &FakeGitLab, sandbox: &str) -> (Etc, Config) {
+/// Write the config file (secrets in it and in a secret file; `edit` varies it) and load it
+/// as `serve` does.
+fn service_config(
+    data: &std::path::Path,
+    fake: &FakeGitLab,
+    edit: impl FnOnce(PlanbotConfig) -> PlanbotConfig,
+) -> (Etc, Config) {
     let etc = Etc {
         dir: tempfile::tempdir().unwrap(),
     };
     std::fs::write(etc.token_file(), fake.bot_token()).unwrap();
-    let text = format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "{FINGERPRINT_KEY}"
-
-[gitlab]
-url = "{url}"
-token_file = "{token_file}"
-webhook_secret = "{WEBHOOK_SECRET}"
-projects = ["infra/homelab"]
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-
-[engine.apply]
-env = {{ TF_VAR_apply_secret = "{APPLY_SECRET}" }}
-
-{sandbox}
-"#,
-        data = data.display(),
-        url = fake.url(),
-        token_file = etc.token_file().display(),
-        engine = crate::support::engine().display(),
-    );
-    std::fs::write(etc.config_file(), &text).unwrap();
-    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
-    let config = Config::load(&text, &[], &read).expect("config");
-    (etc, config)
+    let token_file = format!("\"{}\"", etc.token_file().display());
+    let config = PlanbotConfig::serving(fake.url(), "", data)
+        .set("", "fingerprint_key", &format!("\"{FINGERPRINT_KEY}\""))
+        .unset("gitlab", "token")
+        .set("gitlab", "token_file", &token_file)
+        .engine(&crate::support::engine())
+        .set(
+            "engine.apply",
+            "env",
+            &format!("{{ TF_VAR_apply_secret = \"{APPLY_SECRET}\" }}"),
+        );
+    let config = edit(config);
+    std::fs::write(etc.config_file(), config.text()).unwrap();
+    (etc, config.load())
 }
 
 /// HCL that tries to read each of `paths` (reversed base64, so a naive scrubber would miss it)
@@ -154,7 +143,7 @@ async fn a_hostile_mr_reads_none_of_planbots_secrets_and_a_symlinked_root_is_ref
         ],
     );
     let data = tempfile::tempdir().unwrap();
-    let (etc, config) = service_config(data.path(), &fake, "");
+    let (etc, config) = service_config(data.path(), &fake, |c| c);
     let store = data.path().join("planbot.db");
     let me = std::process::id();
     let hcl = hostile_hcl(&[
@@ -270,7 +259,9 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
 
     // Required (the default) on a machine without it: refused, and the note says why and how.
     let data = tempfile::tempdir().unwrap();
-    let (_etc, config) = service_config(data.path(), &fake, "[sandbox]\nlandlock = \"off\"\n");
+    let (_etc, config) = service_config(data.path(), &fake, |c| {
+        c.set("sandbox", "landlock", "\"off\"")
+    });
     let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, a).await;
     assert!(
@@ -297,11 +288,10 @@ async fn without_landlock_an_mr_plan_is_refused_with_a_note_unless_the_operator_
     );
     let b = fake.open_mr(&project, "feature/b", "main");
     let data = tempfile::tempdir().unwrap();
-    let (_etc, config) = service_config(
-        data.path(),
-        &fake,
-        "[sandbox]\nlandlock = \"off\"\nrequired = false\n",
-    );
+    let (_etc, config) = service_config(data.path(), &fake, |c| {
+        c.set("sandbox", "landlock", "\"off\"")
+            .set("sandbox", "required", "false")
+    });
     let s = start(config).await;
     let note = plan_mr(&s, &fake, &project, b).await;
     assert!(note.contains("Planned without a sandbox"), "{note}");
@@ -325,16 +315,10 @@ async fn note_of_a_probing_mr(probe: impl Fn(u16) -> String) -> String {
     let project = fake.create_project("infra/homelab");
     fake.commit_files(&project, "main", &[("main.tf", INNOCENT)]);
     let data = tempfile::tempdir().unwrap();
-    let (etc, _) = service_config(data.path(), &fake, "");
-    let text = std::fs::read_to_string(etc.config_file()).unwrap().replace(
-        "[engine]\n",
-        &format!(
-            "[engine]\nprovider_mirror = \"{}\"\n",
-            mirror.path().display()
-        ),
-    );
-    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| e.to_string());
-    let config = Config::load(&text, &[], &read).expect("config");
+    let mirror_path = format!("\"{}\"", mirror.path().display());
+    let (_etc, config) = service_config(data.path(), &fake, |c| {
+        c.set("engine", "provider_mirror", &mirror_path)
+    });
     let s = start(config).await;
     let port = url::Url::parse(&s.url("/")).unwrap().port().unwrap();
     fake.commit_files(

@@ -4,14 +4,10 @@
 //! in the checkout, a secret that is a common word. Real engine, real git, the fake GitLab's
 //! state API.
 
-use crate::support::fake_gitlab::{
-    FakeGitLab, FakeJob, FakeProject, FakeUser, MAINTAINER, REPORTER,
-};
+use crate::support::fake_gitlab::{FakeGitLab, MAINTAINER, REPORTER};
 use crate::support::service::TestService;
-use planbot::core::config::Config;
-use planbot::flows::service::server::Options;
-
-const INFRA: &str = "infra/homelab";
+pub(crate) use crate::support::world::{verdict as last_line, with_workers, World};
+use crate::support::world::{PlanbotConfig, WorldBuilder};
 
 /// A root with no backend block of its own: planbot gives it GitLab-managed state.
 pub(crate) fn vms_tf(vms: &[&str]) -> String {
@@ -31,243 +27,14 @@ resource "terraform_data" "vm" {{
     )
 }
 
-/// The fenced block right after `<!-- {marker} -->` in docs/workflow.md: the recipe as written.
-fn documented_block(marker: &str) -> String {
-    let page = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/workflow.md"),
-    )
-    .unwrap();
-    let (_, after) = page
-        .split_once(&format!("<!-- {marker} -->"))
-        .unwrap_or_else(|| panic!("docs/workflow.md has no `<!-- {marker} -->`"));
-    let body = after
-        .split_once("```")
-        .and_then(|(_, b)| b.split_once('\n'))
-        .map(|(_, b)| b)
-        .unwrap();
-    body.split_once("\n```").unwrap().0.to_string()
-}
-
-/// planbot's config for the fake GitLab's `infra/homelab`, its data in `data`, the engine
-/// `engine`, and `rest` (more keys of `[engine]`, then further sections).
-fn service_toml(
-    gitlab: &FakeGitLab,
-    data: &std::path::Path,
-    engine: &std::path::Path,
-    rest: &str,
-) -> String {
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{bot}"
-webhook_secret = "{secret}"
-projects = ["{INFRA}"]
-
-[engine]
-binary = "{engine}"
-timeout = "5m"
-{rest}
-
-[metrics]
-token = "{metrics_token}"
-"#,
-        data = data.display(),
-        url = gitlab.url(),
-        bot = gitlab.bot_token(),
-        secret = crate::support::service::WEBHOOK_SECRET,
-        engine = engine.display(),
-        metrics_token = crate::support::service::METRICS_TOKEN,
-    )
-}
-
-pub(crate) struct World {
-    pub(crate) gitlab: FakeGitLab,
-    pub(crate) project: FakeProject,
-    alice: FakeUser,
-    pub(crate) config: Config,
-    _data: tempfile::TempDir,
-}
-
-/// The fake GitLab with `infra/homelab` (`.planbot.toml` and `files` on main), and planbot's
-/// config: the documented state recipe as written (its token files holding a Developer's and a
-/// Maintainer's token), plus `extra`.
-pub(crate) fn world(
-    engine: &std::path::Path,
-    planbot_toml: &str,
-    files: &[(&str, &str)],
-    extra: &str,
-) -> World {
-    let files: Vec<(String, String)> = files
-        .iter()
-        .map(|(p, t)| (p.to_string(), t.to_string()))
-        .collect();
-    let extra = extra.to_string();
-    world_with(engine, planbot_toml, move |_| (files, extra))
-}
-
-/// [`world`] whose files and extra config are made once the fake GitLab runs (they name it).
-fn world_with(
-    engine: &std::path::Path,
-    planbot_toml: &str,
-    prepare: impl FnOnce(&FakeGitLab) -> (Vec<(String, String)>, String),
-) -> World {
-    let gitlab = FakeGitLab::start();
-    let project = gitlab.create_project(INFRA);
-    let alice = gitlab.member_with_role(&project, "alice", MAINTAINER);
-    let (files, extra) = prepare(&gitlab);
-    let mut all = vec![(".planbot.toml", planbot_toml)];
-    all.extend(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
-    gitlab.commit_files(&project, "main", &all);
-    let reader = gitlab.member_with_role(
-        &project,
-        "state-reader",
-        crate::support::fake_gitlab::DEVELOPER,
-    );
-    let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
-    let data = tempfile::tempdir().unwrap();
-    let text = service_toml(
-        &gitlab,
-        data.path(),
-        engine,
-        &format!(
-            "{extra}\n{}",
-            documented_block("state recipe: planbot.toml")
-        ),
-    );
-    let (plan_token, apply_token) = (reader.token.clone(), writer.token.clone());
-    // The token files are names in $CREDENTIALS_DIRECTORY, as systemd's LoadCredential= fills it.
-    let env = [(
-        "CREDENTIALS_DIRECTORY".to_string(),
-        "/run/credentials/planbot.service".to_string(),
-    )];
-    let config = Config::load(&text, &env, &move |path| match path {
-        "/run/credentials/planbot.service/state-plan-token" => Ok(format!("{plan_token}\n")),
-        "/run/credentials/planbot.service/state-apply-token" => Ok(format!("{apply_token}\n")),
-        other => Err(format!("no file {other}")),
-    })
-    .expect("the documented state recipe is a valid config");
-    World {
-        gitlab,
-        project,
-        alice,
-        config,
-        _data: data,
-    }
-}
-
-pub(crate) fn with_workers() -> Options {
-    Options {
-        workers: true,
-        reconcile: false,
-    }
-}
-
-impl World {
-    /// Alice pushes `files` on `branch`, opens an MR, and GitLab delivers the webhook.
-    pub(crate) async fn open_mr(
-        &self,
-        s: &TestService,
-        branch: &str,
-        files: &[(&str, &str)],
-    ) -> u64 {
-        self.gitlab.commit_files(&self.project, branch, files);
-        let iid = self
-            .gitlab
-            .open_mr_by(&self.project, branch, "main", &self.alice);
-        let body = self
-            .gitlab
-            .mr_webhook(&self.project, iid)
-            .action("open")
-            .body();
-        s.deliver_mr_opened(&body, iid).await;
-        iid
-    }
-
-    /// The plan note once the MR head's `planbot/plan` status is final, and that status.
-    pub(crate) async fn plan_of(&self, s: &TestService, iid: u64) -> (String, String) {
-        let head = self.gitlab.mr_sha(&self.project, iid);
-        let (gitlab, project) = (&self.gitlab, &self.project);
-        s.after_job_ends("a final planbot/plan status", 90, || async {
-            gitlab
-                .status(project, &head, "planbot/plan")
-                .is_some_and(|st| st.state == "success" || st.state == "failed")
-        })
-        .await;
-        let status = self
-            .gitlab
-            .status(&self.project, &head, "planbot/plan")
-            .unwrap();
-        let note = self
-            .gitlab
-            .notes(&self.project, iid)
-            .into_iter()
-            .find(|n| n.body.contains(planbot::core::render::NOTE_MARKER))
-            .expect("a plan note");
-        (
-            note.body,
-            format!(
-                "{}: {}",
-                status.state,
-                status.description.unwrap_or_default()
-            ),
-        )
-    }
-
-    /// Merge the MR and run the manual apply job of `main`'s new head: the job's log.
-    async fn merge_and_apply(&self, s: &TestService, iid: u64, job_id: u64) -> String {
-        self.gitlab.merge_mr(&self.project, iid, Some(&self.alice));
-        let job = FakeJob {
-            token: format!("glcbt-job-{job_id}"),
-            id: job_id,
-            name: "planbot-apply".into(),
-            status: "running".into(),
-            ref_: "main".into(),
-            tag: false,
-            user: Some(self.alice.clone()),
-            pipeline_id: 1000 + job_id,
-            project_id: self.project.id,
-            sha: self.gitlab.branch_head(&self.project, "main").unwrap(),
-        };
-        self.gitlab.register_job(job.clone());
-        let r = s
-            .http
-            .post(s.url("/api/v1/apply"))
-            .header("JOB-TOKEN", &job.token)
-            .send()
-            .await
-            .expect("POST /api/v1/apply");
-        r.text().await.unwrap()
-    }
-
-    /// The state API's requests so far, as `method target user`.
-    fn state_calls(&self) -> Vec<String> {
-        self.gitlab
-            .state_requests()
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {} {} {}",
-                    r.method,
-                    r.target,
-                    r.user.as_deref().unwrap_or("-"),
-                    r.status
-                )
-            })
-            .collect()
-    }
-}
-
-fn last_line(log: &str) -> &str {
-    log.lines()
-        .rev()
-        .find(|l| !l.starts_with("planbot: still working"))
-        .unwrap_or("")
+/// The state stories' world: the fake GitLab's `infra/homelab` with `.planbot.toml` on main
+/// (and the files said next), and planbot's config with the documented state recipe as written,
+/// its token files holding a Developer's and a Maintainer's token.
+pub(crate) fn world<'a>(engine: &std::path::Path, planbot_toml: &str) -> WorldBuilder<'a> {
+    World::builder()
+        .engine(engine)
+        .documented_state()
+        .planbot_toml(planbot_toml)
 }
 
 const MANAGED: &str =
@@ -276,12 +43,10 @@ const MANAGED: &str =
 /// The world of [`MANAGED`] (one VM on main, `extra` config), its service, and an MR that adds
 /// a second VM, planned: the MR, its note and its status.
 async fn managed_mr(engine: &std::path::Path, extra: &str) -> (World, TestService, u64, String) {
-    let w = world(
-        engine,
-        MANAGED,
-        &[("stacks/core/main.tf", &vms_tf(&["blocky"]))],
-        extra,
-    );
+    let w = world(engine, MANAGED)
+        .file("stacks/core/main.tf", &vms_tf(&["blocky"]))
+        .engine_lines(extra)
+        .build();
     let s = TestService::start(w.config.clone(), with_workers()).await;
     let iid = w
         .open_mr(
@@ -417,9 +182,9 @@ async fn a_root_with_local_state_gets_the_rule_a_failed_status_and_an_apply_refu
     let w = world(
         &engine,
         "[[roots]]\nname = \"lab\"\ndir = \"stacks/lab\"\nstate = \"own\"\n",
-        &[("stacks/lab/main.tf", &vms_tf(&["blocky"]))],
-        "",
-    );
+    )
+    .file("stacks/lab/main.tf", &vms_tf(&["blocky"]))
+    .build();
     let s = TestService::start(w.config.clone(), with_workers()).await;
     let iid = w
         .open_mr(
@@ -493,12 +258,10 @@ async fn a_password_that_is_a_common_word_is_hidden_and_planbots_own_lines_stay_
         "{}\nvariable \"db_password\" {{\n  type = string\n}}\n\nresource \"terraform_data\" \"db\" {{\n  input = \"user planbot, password ${{var.db_password}}\"\n}}\n",
         vms_tf(&["blocky"])
     );
-    let w = world(
-        &engine,
-        MANAGED,
-        &[("stacks/core/main.tf", &root)],
-        "env = { TF_VAR_db_password = \"apply\", DB_USERNAME = \"planbot\" }\n",
-    );
+    let w = world(&engine, MANAGED)
+        .file("stacks/core/main.tf", &root)
+        .engine_lines("env = { TF_VAR_db_password = \"apply\", DB_USERNAME = \"planbot\" }\n")
+        .build();
     let s = TestService::start(w.config.clone(), with_workers()).await;
     let iid = w
         .open_mr(
@@ -557,32 +320,30 @@ fn module_call(gitlab: &FakeGitLab, name: &str) -> String {
 async fn a_root_using_a_module_from_a_private_gitlab_project_plans_and_the_token_shows_nowhere() {
     let engine = require_engine!();
     let mut reader_token = String::new();
-    let w = world_with(&engine, MANAGED, |gitlab| {
-        // infra/modules: private, readable by its members only (not even planbot's bot).
-        let modules = gitlab.create_project("infra/modules");
-        gitlab.remove_member(&modules, gitlab.bot());
-        gitlab.commit_files(
-            &modules,
-            "main",
-            &[(
-                "vm/main.tf",
-                "variable \"name\" {\n  type = string\n}\n\nresource \"terraform_data\" \"vm\" {\n  input = { name = var.name }\n}\n",
-            )],
-        );
-        let reader = gitlab.member_with_role(&modules, "modules-reader", REPORTER);
-        reader_token = reader.token.clone();
-        let extra = format!(
-            "\n[modules]\nprojects = [\"infra/modules\"]\n[modules.plan]\ntoken = \"{t}\"\n[modules.apply]\ntoken = \"{t}\"\n",
-            t = reader.token
-        );
-        (
-            vec![(
-                "stacks/core/main.tf".to_string(),
-                module_call(gitlab, "blocky"),
-            )],
-            extra,
-        )
-    });
+    let w = world(&engine, MANAGED)
+        .prepare(|gitlab, p| {
+            // infra/modules: private, readable by its members only (not even planbot's bot).
+            let modules = gitlab.create_project("infra/modules");
+            gitlab.remove_member(&modules, gitlab.bot());
+            gitlab.commit_files(
+                &modules,
+                "main",
+                &[(
+                    "vm/main.tf",
+                    "variable \"name\" {\n  type = string\n}\n\nresource \"terraform_data\" \"vm\" {\n  input = { name = var.name }\n}\n",
+                )],
+            );
+            let reader = gitlab.member_with_role(&modules, "modules-reader", REPORTER);
+            reader_token = reader.token.clone();
+            let token = format!("\"{}\"", reader.token);
+            p.config = std::mem::take(&mut p.config)
+                .set("modules", "projects", "[\"infra/modules\"]")
+                .set("modules.plan", "token", &token)
+                .set("modules.apply", "token", &token);
+            p.files
+                .push(("stacks/core/main.tf".to_string(), module_call(gitlab, "blocky")));
+        })
+        .build();
     let s = TestService::start(w.config.clone(), with_workers()).await;
     let iid = w
         .open_mr(
@@ -648,29 +409,27 @@ async fn a_root_using_a_module_from_a_private_gitlab_project_plans_and_the_token
 }
 
 /// planbot's config with the `http` backend set up by hand in the engine's environment, at the
-/// fake GitLab's state API on its loopback port (not 443), and `sandbox` as given.
+/// fake GitLab's state API on its loopback port (not 443), its data in `data`.
 fn hand_made_backend_config(
     w: &World,
     data: &std::path::Path,
     engine: &std::path::Path,
-    sandbox: &str,
-) -> String {
-    let reader = w.gitlab.user_named("state-reader").unwrap();
-    let address = format!(
-        "{}/api/v4/projects/{}/terraform/state/core",
-        w.gitlab.url(),
-        w.project.id
-    );
-    service_toml(
-        &w.gitlab,
-        data,
-        engine,
-        &format!(
-            "\n[engine.env]\nTF_HTTP_ADDRESS = \"{address}\"\nTF_HTTP_USERNAME = \"planbot\"\n\n\
-             [engine.plan.env]\nTF_HTTP_PASSWORD = \"{}\"\n{sandbox}",
-            reader.token
-        ),
-    )
+) -> PlanbotConfig {
+    let reader = w.user("state-reader");
+    PlanbotConfig::serving(w.gitlab.url(), w.gitlab.bot_token(), data)
+        .engine(engine)
+        .metrics()
+        .set(
+            "engine.env",
+            "TF_HTTP_ADDRESS",
+            &format!("\"{}\"", w.state_url("core")),
+        )
+        .set("engine.env", "TF_HTTP_USERNAME", "\"planbot\"")
+        .set(
+            "engine.plan.env",
+            "TF_HTTP_PASSWORD",
+            &format!("\"{}\"", reader.token),
+        )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -680,23 +439,19 @@ async fn a_state_backend_on_another_port_is_flagged_by_check_and_its_refused_con
     let w = world(
         &engine,
         "[[roots]]\nname = \"core\"\ndir = \"stacks/core\"\nstate = \"own\"\n",
-        &[
-            ("stacks/core/backend.tf", backend_tf),
-            ("stacks/core/main.tf", &vms_tf(&["blocky"])),
-        ],
-        "",
-    );
+    )
+    .files(&[
+        ("stacks/core/backend.tf", backend_tf),
+        ("stacks/core/main.tf", &vms_tf(&["blocky"])),
+    ])
+    .build();
     let port = url::Url::parse(w.gitlab.url()).unwrap().port().unwrap();
     let setting = format!("connect_ports = [443, {port}]");
 
     // `serve --check` names the setting, the port and what would fail.
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("planbot.toml");
-    std::fs::write(
-        &file,
-        hand_made_backend_config(&w, &dir.path().join("data"), &engine, ""),
-    )
-    .unwrap();
+    let blocked = hand_made_backend_config(&w, &dir.path().join("data"), &engine);
+    let file = blocked.write(dir.path());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
         .args(["serve", "--check", "--config"])
         .arg(&file)
@@ -711,13 +466,7 @@ async fn a_state_backend_on_another_port_is_flagged_by_check_and_its_refused_con
     );
 
     // Run anyway, the MR's plan fails; the note says why and which setting allows it.
-    let config = Config::load(
-        &hand_made_backend_config(&w, &dir.path().join("data"), &engine, ""),
-        &[],
-        &|_| Err("no files".into()),
-    )
-    .unwrap();
-    let s = TestService::start(config, with_workers()).await;
+    let s = TestService::start(blocked.load(), with_workers()).await;
     let iid = w
         .open_mr(
             &s,
@@ -737,13 +486,9 @@ async fn a_state_backend_on_another_port_is_flagged_by_check_and_its_refused_con
     drop(s);
 
     // With the port allowed, `--check` is content and the same MR plans.
-    let allowed = format!("\n[sandbox]\n{setting}\n");
     let data = tempfile::tempdir().unwrap();
-    std::fs::write(
-        &file,
-        hand_made_backend_config(&w, data.path(), &engine, &allowed),
-    )
-    .unwrap();
+    let allowed = hand_made_backend_config(&w, data.path(), &engine).sandbox_reaches(port);
+    allowed.write(dir.path());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_planbot"))
         .args(["serve", "--check", "--config"])
         .arg(&file)
@@ -759,13 +504,7 @@ async fn a_state_backend_on_another_port_is_flagged_by_check_and_its_refused_con
         stdout.contains(&format!("- let the engine connect to 127.0.0.1:{port} (a server the engine's environment names, engine.env.TF_HTTP_ADDRESS)")),
         "{stdout}"
     );
-    let config = Config::load(
-        &hand_made_backend_config(&w, data.path(), &engine, &allowed),
-        &[],
-        &|_| Err("no files".into()),
-    )
-    .unwrap();
-    let s = TestService::start(config, with_workers()).await;
+    let s = TestService::start(allowed.load(), with_workers()).await;
     let iid = w
         .open_mr(
             &s,
@@ -816,31 +555,32 @@ async fn an_mr_reading_another_projects_state_is_refused_and_the_note_says_why()
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mirror_path = mirror.path().display().to_string();
     let mut b_id = 0;
-    let w = world_with(&engine, MANAGED, |gitlab| {
-        let b = gitlab.create_project("infra/prod");
-        gitlab.member_with_role(&b, "state-reader", crate::support::fake_gitlab::DEVELOPER);
-        gitlab.put_terraform_state(
-            &b,
-            "prod",
-            &serde_json::json!({
-                "version": 4, "terraform_version": "1.11.4", "serial": 3, "lineage": "b-lineage",
-                "outputs": {
-                    "db_password": {"value": B_SECRET, "type": "string", "sensitive": true},
-                    "admin_ip": {"value": B_IP, "type": "string"}
-                },
-                "resources": [], "check_results": null
-            }),
-        );
-        b_id = b.id;
-        let port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
-        (
-            vec![("stacks/core/main.tf".to_string(), vms_tf(&["blocky"]))],
+    let w = world(&engine, MANAGED)
+        .prepare(|gitlab, p| {
+            let b = gitlab.create_project("infra/prod");
+            gitlab.member_with_role(&b, "state-reader", crate::support::fake_gitlab::DEVELOPER);
+            gitlab.put_terraform_state(
+                &b,
+                "prod",
+                &serde_json::json!({
+                    "version": 4, "terraform_version": "1.11.4", "serial": 3, "lineage": "b-lineage",
+                    "outputs": {
+                        "db_password": {"value": B_SECRET, "type": "string", "sensitive": true},
+                        "admin_ip": {"value": B_IP, "type": "string"}
+                    },
+                    "resources": [], "check_results": null
+                }),
+            );
+            b_id = b.id;
+            let port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
+            p.files
+                .push(("stacks/core/main.tf".to_string(), vms_tf(&["blocky"])));
             // GitLab's port open to the engine: what stops the direct read is the credential.
-            format!(
-                "provider_mirror = \"{mirror_path}\"\n[sandbox]\nconnect_ports = [443, {port}]\n"
-            ),
-        )
-    });
+            p.config = std::mem::take(&mut p.config)
+                .set("engine", "provider_mirror", &format!("\"{mirror_path}\""))
+                .sandbox_reaches(port);
+        })
+        .build();
     let a_id = w.project.id;
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
@@ -953,23 +693,21 @@ async fn an_mr_reading_another_projects_state_is_refused_and_the_note_says_why()
 
 #[test]
 fn check_warns_when_one_plan_token_serves_several_projects() {
-    let text = |projects: &str| {
-        format!(
-            "fingerprint_key = \"test-fingerprint-key-0123456789\"\n[gitlab]\nurl = \"https://gitlab.lab.internal\"\n\
-             token = \"glpat-bot\"\nwebhook_secret = \"s\"\nprojects = [{projects}]\n\
-             [state]\ndefault = \"gitlab\"\n[state.plan]\ntoken = \"glpat-reader\"\n"
-        )
-    };
-    let report = |projects: &str| {
-        let config = Config::load(&text(projects), &[], &|_| Err("no files".into())).unwrap();
+    let report = |projects: &[&str]| {
+        let config = PlanbotConfig::for_gitlab("https://gitlab.lab.internal", "glpat-bot")
+            .set("gitlab", "webhook_secret", "\"s\"")
+            .projects(projects)
+            .set("state", "default", "\"gitlab\"")
+            .set("state.plan", "token", "\"glpat-reader\"")
+            .load();
         planbot::flows::cli::serve::check_report(&config)
     };
-    let two = report("\"infra/homelab\", \"infra/lab\"");
+    let two = report(&["infra/homelab", "infra/lab"]);
     assert!(
         two.contains("- WARNING: read the GitLab-managed state of 2 projects (infra/homelab, infra/lab) with one [state.plan] token: MR code never holds it (each job's state gate lets a plan read only its own project's states)"),
         "{two}"
     );
-    let one = report("\"infra/homelab\"");
+    let one = report(&["infra/homelab"]);
     assert!(!one.contains("[state.plan] token"), "{one}");
 }
 
@@ -979,7 +717,7 @@ async fn the_state_gate_wants_its_own_credential_and_passes_gitlabs_answers_thro
     use planbot::core::config::{GitlabCredential, Secret};
     use planbot::core::state::GateAccess;
     let gitlab = FakeGitLab::start();
-    let project = gitlab.create_project(INFRA);
+    let project = gitlab.create_project(crate::support::world::INFRA);
     let writer = gitlab.member_with_role(&project, "state-writer", MAINTAINER);
     let bob = gitlab.member_with_role(&project, "bob", MAINTAINER);
     gitlab.lock_terraform_state(&project, "homelab", &bob, "held-by-bob");

@@ -9,28 +9,14 @@
 //! it in the apply (what is left out stays unapplied either way), and `-exclude` is refused
 //! with the reason.
 
-use crate::apply_story::{call_apply, last_line, with_workers, world, World};
-use crate::support::service::{token_headers, TestService, WEBHOOK_SECRET};
-use planbot::core::render::NOTE_MARKER;
+use crate::apply_story::{call_apply, last_line, vms_mr, with_workers, world, World};
+use crate::support::service::TestService;
 
 impl World {
-    /// Alice writes `body` on the MR; GitLab delivers the Note Hook.
-    async fn comment(&self, s: &TestService, iid: u64, body: &str) {
-        let hook = self
-            .gitlab
-            .note_webhook(&self.project, iid, &self.alice, body);
-        let headers = token_headers(
-            "Note Hook",
-            &format!("note-{}", hook["object_attributes"]["id"]),
-            WEBHOOK_SECRET,
-        );
-        assert_eq!(s.deliver(&hook.to_string(), &headers).await, 200);
-    }
-
     /// Comment `body` and wait for planbot's answer: a new note that says it was not run.
     async fn refused(&self, s: &TestService, iid: u64, body: &str) -> String {
         let before = self.notes_containing(iid, "was not run").len();
-        self.comment(s, iid, body).await;
+        self.say(s, iid, &self.alice(), body).await;
         s.after_job_ends("planbot's refusal of the comment", 60, || async {
             self.notes_containing(iid, "was not run").len() > before
         })
@@ -48,24 +34,18 @@ impl World {
         done: impl Fn(&str) -> bool,
     ) -> String {
         let head = self.gitlab.mr_sha(&self.project, iid);
-        self.comment(s, iid, body).await;
+        self.say(s, iid, &self.alice(), body).await;
         s.after_job_ends("the re-plan of the same head", 90, || async {
-            self.plan_note(iid).is_some_and(|n| done(&n))
+            self.gitlab
+                .plan_note(&self.project, iid)
+                .is_some_and(|n| done(&n))
                 && self
                     .gitlab
                     .status(&self.project, &head, "planbot/plan")
                     .is_some_and(|st| st.state == "success")
         })
         .await;
-        self.plan_note(iid).unwrap()
-    }
-
-    fn plan_note(&self, iid: u64) -> Option<String> {
-        self.gitlab
-            .notes(&self.project, iid)
-            .into_iter()
-            .map(|n| n.body)
-            .find(|b| b.contains(NOTE_MARKER))
+        self.gitlab.plan_note(&self.project, iid).unwrap()
     }
 
     fn plan_status(&self, iid: u64) -> String {
@@ -92,9 +72,7 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     // The MR adds two VMs; its full plan creates both (and what `main` has not applied yet).
-    let iid = w
-        .open_mr(&s, "two-vms", &["blocky", "gitlab", "backup"])
-        .await;
+    let iid = vms_mr(&w, &s, "two-vms", &["blocky", "gitlab", "backup"]).await;
     let full = w.wait_for_plan(&s, iid).await;
     let shown = crate::support::gitlab_reading::reading(&full).visible;
     assert!(shown.contains("terraform_data.vm[\"backup\"]"), "{full}");
@@ -131,7 +109,7 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         "{refused}"
     );
     assert_eq!(
-        w.plan_note(iid).unwrap(),
+        w.gitlab.plan_note(&w.project, iid).unwrap(),
         full,
         "the plan note is untouched"
     );
@@ -189,21 +167,8 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
     assert_ne!(fingerprint(&everything), full_fp);
 
     // A new push drops the targeting: its head is planned in full.
-    let old = w.gitlab.mr_sha(&w.project, iid);
-    w.gitlab
-        .push(&w.project, "two-vms", &[("README.md", "two VMs\n")]);
-    let body = w
-        .gitlab
-        .mr_webhook(&w.project, iid)
-        .action("update")
-        .oldrev(&old)
-        .body();
-    let headers = token_headers("Merge Request Hook", &format!("push-{iid}"), WEBHOOK_SECRET);
-    assert_eq!(
-        s.deliver(std::str::from_utf8(&body).unwrap(), &headers)
-            .await,
-        200
-    );
+    w.push(&s, iid, "two-vms", &[("README.md", "two VMs\n")])
+        .await;
     let again = w.wait_for_plan(&s, iid).await;
     assert!(!again.contains("Targeted plan"), "{again}");
     let visible = crate::support::gitlab_reading::reading(&again).visible;
@@ -216,7 +181,7 @@ async fn a_targeted_plan_says_so_is_fingerprinted_apart_and_applies_only_once_co
         .replanned(&s, iid, TARGET, |n| n.contains("Targeted plan"))
         .await;
     assert_eq!(fingerprint(&targeted), targeted_fp);
-    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice));
+    w.gitlab.merge_mr(&w.project, iid, Some(&w.alice()));
 
     // The apply re-plans with the same flags and refuses without a confirmation, saying why.
     let job = w.apply_job(41);

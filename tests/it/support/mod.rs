@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: finding the engine and the shared GitLab fixtures.
+//! Helpers shared by the integration tests: the world builder (`world`), the fakes (GitLab,
+//! Proxmox, engines, PostgreSQL), the running service, the engine to test with, the docs' recipes.
 #![allow(dead_code)]
 
 pub mod fake_proxmox;
@@ -57,9 +58,9 @@ pub mod fake_engine;
 pub mod fake_gitlab;
 pub mod fixtures;
 pub mod gitlab_reading;
-pub mod plan_world;
 pub mod service;
 pub mod tf_root;
+pub mod world;
 
 /// Wait until `f` holds (checked every 25 ms), or panic after `secs` saying what never happened.
 pub async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F)

@@ -1,6 +1,7 @@
 //! Shared by the `service_*` tests: a real `planbot serve` application on 127.0.0.1:0 with a temp data_dir.
 #![allow(dead_code)]
 
+use super::world::PlanbotConfig;
 use planbot::core::config::Config;
 use planbot::core::webhook;
 use planbot::flows::context::app_state::App;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const WEBHOOK_SECRET: &str = "hook-secret-for-tests";
-/// The `[metrics] token` of [`config_text`]'s service (sent by [`TestService::metrics`]).
+/// The `[metrics] token` of [`test_config`]'s service (sent by [`TestService::metrics`]).
 pub const METRICS_TOKEN: &str = "metrics-token-for-tests-0123456789";
 /// `whsec_` + base64 of 32 bytes, the shape GitLab shows.
 pub const SIGNING_TOKEN: &str = "whsec_dGVzdC1zaWduaW5nLWtleS0zMi1ieXRlcy1sb25nISE=";
@@ -20,83 +21,50 @@ pub fn fixture(rel: &str) -> String {
     super::fixtures::text(&format!("gitlab/{rel}"))
 }
 
-/// The config the benchmarks run planbot with: the fake GitLab's bot watching `project`, the
-/// real `engine`, GitLab-managed state for `project` as users run it (when the project exists),
-/// then `extra` (more TOML tables).
-pub fn bench_config_text(
+/// The config of a planbot on the fake GitLab: its bot watching `project`, the real `engine`,
+/// GitLab-managed state for `project` as users run it (when the project exists).
+pub fn config_for(
     data_dir: &Path,
     gitlab: &super::fake_gitlab::FakeGitLab,
     project: &str,
     engine: &Path,
-    extra: &str,
-) -> String {
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-public_url = "http://planbot.test"
-fingerprint_key = "bench-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{url}"
-token = "{token}"
-webhook_secret = "{WEBHOOK_SECRET}"
-projects = ["{project}"]
-
-[engine]
-binary = "{engine}"
-timeout = "10m"
-{state}
-{extra}"#,
-        data = data_dir.display(),
-        url = gitlab.url(),
-        token = gitlab.bot_token(),
-        engine = engine.display(),
-        state = gitlab
-            .project_named(project)
-            .map(|p| gitlab.managed_state_config(&p))
-            .unwrap_or_default(),
-    )
+) -> PlanbotConfig {
+    let config = PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data_dir)
+        .projects(&[project])
+        .engine(engine);
+    match gitlab.project_named(project) {
+        Some(p) => config.managed_state(gitlab, &p),
+        None => config,
+    }
 }
 
-/// The config a test service runs with. `gitlab_url` may point at nothing (probes then fail).
-pub fn config_text(data_dir: &Path, gitlab_url: &str, signing: bool, projects: &str) -> String {
-    let signing_line = if signing {
-        format!("signing_token = \"{SIGNING_TOKEN}\"\n")
-    } else {
-        String::new()
-    };
-    format!(
-        r#"
-listen = "127.0.0.1:0"
-data_dir = "{}"
-public_url = "http://planbot.test"
-fingerprint_key = "test-fingerprint-key-0123456789"
-
-[gitlab]
-url = "{gitlab_url}"
-token = "glpat-test-token-not-real"
-webhook_secret = "{WEBHOOK_SECRET}"
-{signing_line}projects = {projects}
-
-[plan]
-max_concurrent_plans = 2
-
-[metrics]
-token = "{METRICS_TOKEN}"
-"#,
-        data_dir.display()
-    )
+/// [`config_for`] as the benchmarks run it: the engine may take 10 minutes.
+pub fn bench_config(
+    data_dir: &Path,
+    gitlab: &super::fake_gitlab::FakeGitLab,
+    project: &str,
+    engine: &Path,
+) -> PlanbotConfig {
+    config_for(data_dir, gitlab, project, engine).set("engine", "timeout", "\"10m\"")
 }
 
+/// The config a test service of [`MiniGitLab`] runs with (`gitlab_url` may point at nothing:
+/// probes then fail), watching `flightjs/flight-management` and `gitlab-org/gitlab-test`.
+pub fn test_config(data_dir: &Path, gitlab_url: &str) -> PlanbotConfig {
+    PlanbotConfig::serving(gitlab_url, "glpat-test-token-not-real", data_dir)
+        .projects(&["flightjs/flight-management", "gitlab-org/gitlab-test"])
+        .plan_slots(2)
+        .metrics()
+}
+
+/// [`test_config`], deliveries signed when `signing`, loaded.
 pub fn config(data_dir: &Path, gitlab_url: &str, signing: bool) -> Config {
-    let text = config_text(
-        data_dir,
-        gitlab_url,
-        signing,
-        r#"["flightjs/flight-management", "gitlab-org/gitlab-test"]"#,
-    );
-    Config::load(&text, &[], &|_| Err("no files".into())).expect("test config is valid")
+    let config = test_config(data_dir, gitlab_url);
+    match signing {
+        true => config.signing(),
+        false => config,
+    }
+    .load()
 }
 
 /// A URL where nothing listens (a port we bound and released).

@@ -19,6 +19,25 @@ pub struct FakeJob {
     pub sha: String,
 }
 
+impl FakeJob {
+    /// A running manual `planbot-apply` job `id` of `project`'s newest pipeline on `main`
+    /// (its head `sha`), clicked by `user`.
+    pub fn apply(id: u64, project: &FakeProject, user: &FakeUser, sha: &str) -> FakeJob {
+        FakeJob {
+            token: format!("glcbt-job-{id}"),
+            id,
+            name: "planbot-apply".into(),
+            status: "running".into(),
+            ref_: "main".into(),
+            tag: false,
+            user: Some(user.clone()),
+            pipeline_id: 1000 + id,
+            project_id: project.id,
+            sha: sha.to_string(),
+        }
+    }
+}
+
 pub(super) async fn get_job(State(state): State<Shared>, headers: HeaderMap) -> Response {
     let s = lock!(state);
     let token = headers.get("job-token").and_then(|v| v.to_str().ok());
