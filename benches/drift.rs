@@ -55,7 +55,7 @@ fn world(engine: &Path, roots: usize, data: &Path) -> (FakeGitLab, FakeProject, 
         .map(|(p, t)| (p.as_str(), t.as_str()))
         .collect();
     gitlab.commit_files(&project, "main", &refs);
-    let text = support::service::bench_config_text(data, &gitlab, INFRA, engine, "");
+    let text = support::service::bench_config(data, &gitlab, INFRA, engine).text();
     let config = Config::load(&text, &[], &|_| Err("no files".into())).expect("the bench config");
     (gitlab, project, config)
 }

@@ -127,16 +127,12 @@ fn config(
     store: Option<&str>,
     workers: usize,
 ) -> String {
-    let store = store
-        .map(|s| format!("[store]\nurl = \"{s}\"\n"))
-        .unwrap_or_default();
-    support::service::bench_config_text(
-        data,
-        gitlab,
-        INFRA,
-        engine,
-        &format!("[plan]\nmax_concurrent_plans = {workers}\n{store}"),
-    )
+    let config = support::service::bench_config(data, gitlab, INFRA, engine).plan_slots(workers);
+    match store {
+        Some(url) => config.set("store", "url", &format!("\"{url}\"")),
+        None => config,
+    }
+    .text()
 }
 
 /// `mrs` MRs opened at once, their hooks spread over the replicas: plans per minute.

@@ -727,7 +727,7 @@ async fn the_state_gate_wants_its_own_credential_and_passes_gitlabs_answers_thro
     };
     let own = GateProject {
         id: project.id,
-        path: Some(INFRA.into()),
+        path: Some(crate::support::world::INFRA.into()),
     };
     let gate = StateGate::start(own, GateAccess::ReadWrite, gitlab.url(), &upstream)
         .await
