@@ -63,9 +63,12 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_an_app
     );
     assert_eq!(toml["state"]["default"].as_str(), Some("gitlab"));
     assert!(toml["engine"].get("binary").is_none(), "{toml}");
-    toml["gitlab"]["url"] = fake.url().into();
-    toml["public_url"] = "https://planbot.corp.test".into();
-    toml["listen"] = "127.0.0.1:0".into();
+    crate::support::world::five_minute_edits(
+        &mut toml,
+        fake.url(),
+        "https://planbot.corp.test",
+        &["infra/homelab"],
+    );
     std::fs::write(&config, toml.to_string()).unwrap();
 
     // The secrets: each token pasted at its `cat >` and ended with Ctrl-D, in the recipe's order.

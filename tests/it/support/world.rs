@@ -75,6 +75,79 @@ impl PlanbotConfig {
             .set("gitlab", "webhook_secret", &quoted("hook-secret-5f3a"))
     }
 
+    /// The README's five-minute start (its step 3) as an operator runs it in the directory
+    /// `dir`: `deploy/planbot.toml` copied, with the edits the README names
+    /// ([`five_minute_edits`]: `gitlab.url` the fake GitLab, `projects` the project); its
+    /// secrets as files in `dir/credentials` (`$CREDENTIALS_DIRECTORY`): the fingerprint key,
+    /// the webhook secret (the tests' [`WEBHOOK_SECRET`]), the bot's token, a Developer's token
+    /// for MR plans to read the state and a Maintainer's for applies to write it
+    /// (`state-reader`, `state-writer`); its data in `dir/data` (`$PLANBOT_DATA_DIR`). The
+    /// engine is the one planbot finds on `PATH`, as the starting config names none.
+    pub fn five_minute_start(
+        gitlab: &FakeGitLab,
+        project: &FakeProject,
+        dir: &Path,
+    ) -> PlanbotConfig {
+        let copied = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/planbot.toml"),
+        )
+        .unwrap();
+        let mut toml: toml::Table = copied.parse().unwrap();
+        five_minute_edits(
+            &mut toml,
+            gitlab.url(),
+            "https://planbot.corp.test",
+            &[&project.path],
+        );
+        let reader = gitlab.member_with_role(project, "state-reader", DEVELOPER);
+        let writer = gitlab.member_with_role(project, "state-writer", MAINTAINER);
+        let (credentials, data) = (dir.join("credentials"), dir.join("data"));
+        for d in [&credentials, &data] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        for (file, secret) in [
+            ("fingerprint-key", FINGERPRINT_KEY),
+            ("webhook-secret", WEBHOOK_SECRET),
+            ("gitlab-token", gitlab.bot_token()),
+            ("state-plan-token", &reader.token),
+            ("state-apply-token", &writer.token),
+        ] {
+            std::fs::write(credentials.join(file), format!("{secret}\n")).unwrap();
+        }
+        let mut config = PlanbotConfig::from_toml(&toml);
+        config.env = vec![
+            (
+                "CREDENTIALS_DIRECTORY".into(),
+                credentials.display().to_string(),
+            ),
+            ("PLANBOT_DATA_DIR".into(), data.display().to_string()),
+        ];
+        config
+    }
+
+    /// A config file as `toml` reads it, key by key (top-level keys first, then each table,
+    /// `[a.b]` as table "a.b"); arrays of tables are not taken.
+    pub fn from_toml(toml: &toml::Table) -> PlanbotConfig {
+        fn keys(mut config: PlanbotConfig, table: &str, t: &toml::Table) -> PlanbotConfig {
+            for (k, v) in t.iter().filter(|(_, v)| !v.is_table()) {
+                let tables = v.as_array().is_some_and(|a| a.iter().any(|x| x.is_table()));
+                assert!(!tables, "an array of tables: {table}.{k}");
+                config = config.set(table, k, &v.to_string());
+            }
+            for (k, v) in t {
+                if let Some(sub) = v.as_table() {
+                    let name = match table {
+                        "" => k.clone(),
+                        _ => format!("{table}.{k}"),
+                    };
+                    config = keys(config, &name, sub);
+                }
+            }
+            config
+        }
+        keys(PlanbotConfig::default(), "", toml)
+    }
+
     /// `key = value` (value as TOML) in `table` ("" for the top level, e.g. "engine.env").
     pub fn set(mut self, table: &str, key: &str, value: &str) -> PlanbotConfig {
         let i = match self.tables.iter().position(|(t, _)| t == table) {
@@ -279,6 +352,21 @@ impl PlanbotConfig {
     }
 }
 
+/// The edits the README's five-minute start asks of the copied `deploy/planbot.toml` ("edit:
+/// gitlab.url, public_url, projects"), and `listen` on a port of its own (the machine runs
+/// other services).
+pub fn five_minute_edits(
+    toml: &mut toml::Table,
+    gitlab_url: &str,
+    public_url: &str,
+    projects: &[&str],
+) {
+    toml["gitlab"]["url"] = gitlab_url.into();
+    toml["gitlab"]["projects"] = projects.to_vec().into();
+    toml["public_url"] = public_url.into();
+    toml["listen"] = "127.0.0.1:0".into();
+}
+
 /// The fenced block right after `<!-- {marker} -->` in docs/workflow.md: the recipe as written.
 pub fn documented_block(marker: &str) -> String {
     let page =
@@ -299,6 +387,8 @@ pub fn documented_block(marker: &str) -> String {
 #[derive(Clone, Copy, PartialEq)]
 enum State {
     None,
+    /// The whole config is the README's ([`PlanbotConfig::five_minute_start`]).
+    FiveMinuteStart,
     Managed,
     Documented,
     ByHand,
@@ -423,6 +513,14 @@ impl<'a> WorldBuilder<'a> {
         self
     }
 
+    /// planbot's config is the README's five-minute start, state included
+    /// ([`PlanbotConfig::five_minute_start`]); nothing of the tests' own is added (no engine
+    /// binary unless [`WorldBuilder::engine`] names one, no plan slots, no metrics token).
+    pub fn five_minute_start(mut self) -> Self {
+        self.state = State::FiveMinuteStart;
+        self
+    }
+
     /// GitLab-managed state ([`PlanbotConfig::managed_state`]).
     pub fn managed_state(mut self) -> Self {
         self.state = State::Managed;
@@ -497,11 +595,17 @@ impl<'a> WorldBuilder<'a> {
             gitlab.add_group_member(group, &user, *level);
         }
         let data = tempfile::tempdir().unwrap();
+        let config = match self.state {
+            State::FiveMinuteStart => {
+                PlanbotConfig::five_minute_start(&gitlab, &project, data.path())
+            }
+            _ => PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data.path())
+                .projects(&[&self.project]),
+        };
         let mut prepared = Prepared {
             project: project.clone(),
             files: self.files,
-            config: PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data.path())
-                .projects(&[&self.project]),
+            config,
         };
         for f in self.prepare {
             f(&gitlab, &mut prepared);
@@ -519,12 +623,14 @@ impl<'a> WorldBuilder<'a> {
             config = config.engine(engine);
         }
         config = match self.state {
-            State::None => config,
+            State::None | State::FiveMinuteStart => config,
             State::Managed => config.managed_state(&gitlab, &project),
             State::Documented => config.documented_state(&gitlab, &project),
             State::ByHand => config.state_by_hand(&gitlab, &project),
         };
-        config = config.plan_slots(2).metrics();
+        if self.state != State::FiveMinuteStart {
+            config = config.plan_slots(2).metrics();
+        }
         if self.signin {
             let o = gitlab.register_oauth_app("http://planbot.test/auth/callback", &["read_user"]);
             config = config
