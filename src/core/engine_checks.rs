@@ -663,12 +663,19 @@ fn read_validate(stdout: &[u8]) -> Option<Vec<Diagnostic>> {
     )
 }
 
-/// `fmt -list`'s files, one a line.
+/// `fmt -list`'s files, one a line, but planbot's own: the state overrides it writes into the
+/// checkout beside the repository's files (the remote-state one keeps each block's `config` as
+/// the code wrote it, so it is formatted only when that was) are no file of the MR to format.
 fn read_fmt(stdout: &[u8]) -> Vec<String> {
+    let planbot_file = |path: &str| {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        name == crate::core::state::OVERRIDE_FILE
+            || name == crate::core::state::remote::OVERRIDE_FILE
+    };
     String::from_utf8_lossy(stdout)
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.is_empty() && !planbot_file(l))
         .map(str::to_string)
         .collect()
 }
@@ -939,6 +946,30 @@ mod tests {
             t.runs[1].problems[0].at.as_deref(),
             Some("tests/a.tftest.hcl:11")
         );
+    }
+
+    #[test]
+    fn planbots_own_override_files_are_not_the_mrs_files_to_format() {
+        // `fmt -check -list=true -recursive` in a root whose code reads another root's state:
+        // planbot's overrides there (and in a module inside the root) are not listed.
+        let out = "main.tf\nplanbot_remote_state_override.tf\nplanbot_state_override.tf\n\
+                   modules/dns/planbot_remote_state_override.tf\nmodules/dns/zone.tf\n";
+        let c = RootChecks::read(
+            &StepCheck::Off,
+            &ran(out, 3),
+            &StepCheck::Off,
+            &PlanWarnings::default(),
+            None,
+        );
+        assert_eq!(c.fmt.result().unwrap(), &["main.tf", "modules/dns/zone.tf"]);
+        let only_ours = RootChecks::read(
+            &StepCheck::Off,
+            &ran("planbot_remote_state_override.tf\n", 3),
+            &StepCheck::Off,
+            &PlanWarnings::default(),
+            None,
+        );
+        assert!(only_ours.is_quiet());
     }
 
     #[test]
