@@ -73,12 +73,26 @@ pub struct Relied {
     pub line: String,
 }
 
-/// How many failing policy sets the apply relied on an approval of (the status counts them).
+/// How many failing policy sets the apply relied on an approval of (the status counts them):
+/// each once, however often the apply checked the same plan (a root planned again after its
+/// upstream applied is checked again, and says the same line again).
 pub fn approvals(relied: &[Relied]) -> usize {
-    relied
+    let approved: Vec<&Relied> = relied
         .iter()
         .filter(|r| r.reliance == Reliance::Approved)
-        .count()
+        .collect();
+    distinct(&approved).len()
+}
+
+/// `items` without repeats, each where it first came.
+fn distinct<T: PartialEq + Clone>(items: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(items.len());
+    for i in items {
+        if !out.contains(i) {
+            out.push(i.clone());
+        }
+    }
+    out
 }
 
 /// One root's line in the result note.
@@ -130,7 +144,7 @@ pub fn render_result(note: &ResultNote<'_>, scrubber: &Scrubber) -> String {
                     error => note.error,
                     log_excerpt => note.log_excerpt,
                     hint => note.hint,
-                    policies => note.policies,
+                    policies => distinct(note.policies),
                     job_name => note.job_name,
                     job_id => note.job_id,
                     run_id => note.run_id,
@@ -170,6 +184,48 @@ mod tests {
         ];
         assert_eq!(approvals(&relied), 1);
         assert_eq!(approvals(&relied[..2]), 0);
+    }
+
+    #[test]
+    fn a_verdict_said_again_after_a_replan_counts_and_shows_once() {
+        // `vms` checked before `network` applied, and again once planned again after it.
+        let approved = Relied {
+            reliance: Reliance::Approved,
+            line: "root `vms`: policy set `vm-sizes` failed on the reviewed plan; approved for it by @carol".into(),
+        };
+        let passed = Relied {
+            reliance: Reliance::Passed,
+            line: "root `network`: 1 policy set passed on the reviewed plan".into(),
+        };
+        let relied = [passed.clone(), approved.clone(), approved.clone()];
+        assert_eq!(approvals(&relied), 1);
+        let lines: Vec<String> = relied.iter().map(|r| r.line.clone()).collect();
+        let note = render_result(
+            &ResultNote {
+                outcome: ApplyOutcome::Applied,
+                sha: "3f9a2c1e00000000000000000000000000000000",
+                branch: "main",
+                user: Some("alice"),
+                summary: "network: 1 changed; vms: 2 changed",
+                roots: &[],
+                error: None,
+                log_excerpt: None,
+                hint: None,
+                policies: &lines,
+                job_name: "planbot-apply",
+                job_id: 8,
+                run_id: None,
+                run_url: None,
+                run_hint: None,
+            },
+            &Scrubber::none(),
+        );
+        assert_eq!(note.matches(&passed.line).count(), 1, "{note}");
+        assert_eq!(
+            note.matches("failed on the reviewed plan").count(),
+            1,
+            "{note}"
+        );
     }
     use crate::core::plan::Plan;
     use crate::core::plan_digest::{delta, PlanDigest};
