@@ -9,6 +9,7 @@ mod apply_story;
 mod architecture;
 mod browser_pages;
 mod ci_template;
+mod combination_story;
 mod deploy;
 mod doctor_binary;
 mod drift_hostile;
