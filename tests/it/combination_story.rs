@@ -10,28 +10,18 @@
 //! against its new outputs and applies it, then `dns`, each behind the policy gate.
 
 use crate::support::service::TestService;
-use crate::support::world::{call_apply, log_shows, verdict, with_workers, World};
+use crate::support::world::{
+    call_apply, documented_block, log_shows, verdict, with_workers, World,
+};
 
-/// `main`'s `.planbot.toml`: the three roots, in order, and the policy set.
-const PLANBOT_TOML: &str = r#"[[roots]]
-name = "network"
-dir = "stacks/network"
-
-[[roots]]
-name = "vms"
-dir = "stacks/vms"
-depends_on = ["network"]
-
-[[roots]]
-name = "dns"
-dir = "stacks/dns"
-depends_on = ["vms"]
-
-[[policy_sets]]
-name = "vm-sizes"
-path = "policy"
-owners = ["group:infra/capacity"]
-"#;
+/// `main`'s `.planbot.toml`: the roots as docs/workflow.md ("Several roots") writes them, and the
+/// policy set.
+fn planbot_toml() -> String {
+    let roots = crate::support::doc_block("docs/workflow.md", r#"depends_on = ["vms"]"#);
+    format!(
+        "{roots}\n[[policy_sets]]\nname = \"vm-sizes\"\npath = \"policy\"\nowners = [\"group:infra/capacity\"]\n"
+    )
+}
 
 /// `main`'s policy: no VM above 8 cores.
 const VM_SIZES_REGO: &str = r#"package main
@@ -65,7 +55,7 @@ fn world(how: Method) -> World {
     let w = World::builder()
         .five_minute_start()
         .group_member("infra/capacity", "carol", 30)
-        .planbot_toml(PLANBOT_TOML)
+        .planbot_toml(&planbot_toml())
         .file("policy/vm_sizes.rego", VM_SIZES_REGO)
         .build();
     let method = match how {
@@ -159,10 +149,21 @@ output "domain" {{
     )
 }
 
-/// `vms`: the template VM, then `web` on `network`'s subnet. `network`'s state is read as
-/// GitLab's docs write it (the project by id, the credentials from variables, which planbot's
-/// runs leave unset), once the template is made: when the template changes, at apply time.
+/// `vms`: the template VM, then `web` on `network`'s subnet. `network`'s state is read with the
+/// recipe of docs/workflow.md ("Reading another root's outputs") as written — GitLab's address,
+/// the project by id, the credentials from variables (which planbot's runs leave unset) — at
+/// this GitLab and project, once the template is made (its `depends_on`): when the template
+/// changes, at apply time, after `network` applied.
 fn vms_tf(w: &World) -> String {
+    let recipe = documented_block("remote state recipe: stacks/vms/network.tf");
+    let (read, _) = recipe
+        .split_once("\n\nresource ")
+        .expect("the recipe's data block, then its resource");
+    let read = read
+        .replace("https://gitlab.example.com", w.gitlab.url())
+        .replace("/projects/42/", &format!("/projects/{}/", w.project.id));
+    let (read, end) = read.rsplit_once('}').unwrap();
+    assert_eq!(end, "", "the data block ends the recipe's first part");
     format!(
         r#"variable "gitlab_username" {{
   type    = string
@@ -181,14 +182,7 @@ module "template" {{
   name   = "template"
 }}
 
-data "terraform_remote_state" "network" {{
-  backend = "http"
-  config = {{
-    address  = "{address}"
-    username = var.gitlab_username
-    password = var.gitlab_token
-  }}
-  depends_on = [module.template]
+{read}  depends_on = [module.template]
 }}
 
 module "web" {{
@@ -203,8 +197,7 @@ output "web" {{
     subnet = module.web.subnet
   }}
 }}
-"#,
-        address = gitlab_state(w, &w.project.id.to_string(), "network"),
+"#
     )
 }
 
@@ -407,8 +400,8 @@ async fn review(w: &World, s: &TestService) -> (u64, String) {
     );
     // Each root reads the states it depends on: no `depends_on` to suggest.
     assert!(!note.contains("💡"), "{note}");
-    // planbot's own files in the checkout are not the MR's: nothing of them to format.
-    assert!(!note.contains("planbot_remote_state_override.tf"), "{note}");
+    // Every file is formatted, planbot's own in the checkout being none of the MR's.
+    assert!(!note.contains("Not formatted"), "{note}");
 
     let network = section(&note, "network");
     log_shows(
