@@ -71,6 +71,9 @@ fn render(name: &str, d: &Value) -> Option<String> {
 struct Report {
     section: String,
     checks: Vec<Check>,
+    /// GitLab did not answer the GitLab section's first call: every later check that needs it
+    /// says "not checked" instead of blaming its token.
+    gitlab_down: bool,
 }
 
 impl Report {
@@ -290,6 +293,17 @@ async fn credential_user(
             json!({"setting": setting, "error": error, "role": role, "scope": scope}),
         )
     };
+    let unreachable = |r: &mut Report| {
+        r.add(
+            Status::Skip,
+            "needs_gitlab",
+            json!({"setting": setting, "url": config.gitlab.url}),
+        )
+    };
+    if r.gitlab_down {
+        unreachable(r);
+        return None;
+    }
     let client = match GitLab::new(&config.gitlab.url, cred.token.expose()).and_then(|c| {
         c.with_retry_policy(crate::capabilities::gitlab::RetryPolicy {
             max_attempts: 1,
@@ -306,6 +320,11 @@ async fn credential_user(
     };
     match client.current_user().await {
         Ok(u) => Some((client, u)),
+        // No answer is not a refusal: nothing is known of the token.
+        Err(GitLabError::Transport(_)) => {
+            unreachable(r);
+            None
+        }
         Err(e) => {
             refused(r, e.to_string());
             None
@@ -455,6 +474,7 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
     r.section("GitLab");
     let url = config.gitlab.url.clone();
     let Some(client) = gitlab_client(config, &url, r) else {
+        r.gitlab_down = true;
         return;
     };
     let Some(user) = gitlab_user(&client, &url, r).await else {
@@ -528,6 +548,7 @@ async fn gitlab_user(client: &GitLab, url: &str, r: &mut Report) -> Option<GitLa
                 "gitlab_unreachable",
                 json!({"url": url, "error": e}),
             );
+            r.gitlab_down = true;
             None
         }
         Err(e) => {
