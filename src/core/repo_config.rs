@@ -40,6 +40,7 @@ use crate::core::policy::{self, PolicySetSpec};
 use crate::core::root_graph::{GraphProblem, RootGraph};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::Range;
 use toml::Spanned;
@@ -629,6 +630,20 @@ impl RepoConfig {
     /// Parse and validate a `.planbot.toml`. All problems are reported together: the global
     /// settings first, then each root in turn ([`parse_root`]).
     pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {
+        Self::parse_with(text, None)
+    }
+
+    /// [`RepoConfig::parse`] for the branch whose directories are `dirs` (repo-relative, every
+    /// directory of the tree): a root whose `dir` is not one of them is a problem too, at its
+    /// line, with the nearest directory that is (`did you mean`).
+    pub fn parse_in(text: &str, dirs: &BTreeSet<String>) -> Result<RepoConfig, RepoConfigError> {
+        Self::parse_with(text, Some(dirs))
+    }
+
+    fn parse_with(
+        text: &str,
+        tree: Option<&BTreeSet<String>>,
+    ) -> Result<RepoConfig, RepoConfigError> {
         let mut problems = Problems {
             text,
             list: Vec::new(),
@@ -692,8 +707,14 @@ impl RepoConfig {
                 None => (r.name.span(), Vec::new()),
             });
             let file_drift = raw.drift.unwrap_or(true);
+            let dir_span = r.dir.as_ref().map(|d| d.span());
             let (mut root, dir_ok) =
                 parse_root(i, r, &roots, &dir_valid, &global_disable, &mut problems);
+            if let (true, Some(tree), Some(span)) = (dir_ok, tree, dir_span) {
+                if let Some(message) = absent_dir(&root.dir, tree) {
+                    problems.at(span, format!("roots[{i}].dir"), message);
+                }
+            }
             root.drift &= file_drift;
             root.parallelism = root.parallelism.or(file_parallelism);
             dir_valid.push(dir_ok);
@@ -782,6 +803,27 @@ impl RepoConfig {
             RootGraph::independent(&self.roots.iter().map(|r| &r.name).collect::<Vec<_>>())
         })
     }
+}
+
+/// Why root directory `dir` is not in the branch whose directories are `tree`, with the
+/// nearest one that is; `None` when it is there (the top always is).
+fn absent_dir(dir: &str, tree: &BTreeSet<String>) -> Option<String> {
+    if dir == "." || tree.contains(dir) {
+        return None;
+    }
+    Some(
+        match crate::core::suggest::nearest(dir, tree.iter().map(String::as_str)) {
+            Some(near) => format!(
+                "the directory {} does not exist on this branch (did you mean {}?)",
+                code_span(dir),
+                code_span(near)
+            ),
+            None => format!(
+                "the directory {} does not exist on this branch",
+                code_span(dir)
+            ),
+        },
+    )
 }
 
 /// Every root's `depends_on` (`spans[i]`: the list's span and each entry's): unknown names

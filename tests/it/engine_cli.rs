@@ -223,7 +223,10 @@ fn the_shells_tf_var_variables_are_named_with_how_to_pass_them() {
         stderr.contains("these variables of your shell are not passed to it: TF_VAR_region. Pass them with `--var region=VALUE` or in a file with `--var-file FILE`."),
         "{stderr}"
     );
-    assert!(!stderr.contains("eu-shell-value-41"), "a value was printed: {stderr}");
+    assert!(
+        !stderr.contains("eu-shell-value-41"),
+        "a value was printed: {stderr}"
+    );
     let out = plan(&["--var", "region=eu-central"]);
     assert_eq!(
         out.status.code(),
