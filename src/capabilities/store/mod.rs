@@ -3,6 +3,7 @@
 
 mod backend;
 mod dump;
+mod migrations;
 mod policy;
 mod postgres;
 mod sqlite;
@@ -13,8 +14,8 @@ mod types;
 pub(crate) mod tests;
 
 pub use dump::{Dump, Value};
-pub use postgres::{default_replica_name, PgOptions, PG_SCHEMA_VERSION};
-pub use sqlite::SCHEMA_VERSION;
+pub use migrations::{PG_SCHEMA_VERSION, SCHEMA_VERSION};
+pub use postgres::{default_replica_name, PgOptions};
 pub use types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, DriftOutcome, DriftRootRecord,
     Enqueued, JobEnd, JobRow, Lease, NewApply, NewDelivery, NewRun, PlanTargeting, PolicyApproval,

@@ -437,13 +437,8 @@ pub enum SchemaError {
          it was written by a newer planbot; run that version, or restore a backup made by this one"
     )]
     TooNew { found: u32, known: u32 },
-    #[error("store migration {version} ({name}) failed")]
-    Migration {
-        version: u32,
-        name: &'static str,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error("running the store's migrations")]
+    Runner(#[from] refinery::Error),
     #[error("reading or recording the store's schema version")]
     Sqlite(#[from] rusqlite::Error),
     #[error("reading or recording the store's schema version")]

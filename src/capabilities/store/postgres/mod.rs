@@ -16,7 +16,6 @@
 mod applies;
 mod deliveries;
 mod drift;
-mod migrations;
 mod policies;
 mod queue;
 mod reviews;
@@ -24,7 +23,7 @@ mod runs;
 mod targeting;
 mod tls;
 
-pub use migrations::PG_SCHEMA_VERSION;
+use super::migrations::{self, PG_SCHEMA_VERSION};
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Ty, Value, TABLES};
@@ -108,7 +107,7 @@ impl PgStore {
         let pool = pool(url, password, ca_file, opts.pool_size)?;
         {
             let mut client = pool.first_client().await?;
-            migrations::migrate(&mut client)
+            migrations::migrate_postgres(&mut client)
                 .await
                 .context("migrating the PostgreSQL store")?;
         }
@@ -187,7 +186,7 @@ impl PgStore {
             &[&(now - 86_400_000)],
         )
         .await?;
-        let found = migrations::schema_version(&**c).await?;
+        let found = migrations::postgres_version(&**c).await?;
         if found > PG_SCHEMA_VERSION && self.newer_schema.swap(found, Ordering::SeqCst) != found {
             tracing::warn!(
                 found,
@@ -302,11 +301,7 @@ pub(crate) async fn probe(
             Ok::<bool, anyhow::Error>(row.get(0))
         }
     };
-    let schema = if has("schema_migrations").await? {
-        migrations::schema_version(&**c).await?
-    } else {
-        0
-    };
+    let schema = migrations::postgres_version(&**c).await?;
     let live_replicas = if has("replicas").await? {
         c.query(
             "SELECT owner FROM replicas WHERE expires_at >= $1 ORDER BY owner",

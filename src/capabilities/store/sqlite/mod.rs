@@ -5,7 +5,6 @@ mod applies;
 mod connection;
 mod deliveries;
 mod drift;
-mod migrations;
 mod policies;
 mod queue;
 mod reviews;
@@ -13,7 +12,7 @@ mod runs;
 mod targeting;
 mod writer;
 
-pub use migrations::SCHEMA_VERSION;
+use super::migrations::{self, SCHEMA_VERSION};
 
 use super::backend::StoreBackend;
 use super::dump::{self, Dump, Value, TABLES};
@@ -53,10 +52,8 @@ pub(super) fn probe(path: &Path) -> Result<StoreProbe> {
     }
     let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .with_context(|| format!("opening {} read-only", path.display()))?;
-    let v: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
+    probe.schema = migrations::sqlite_version(&conn)
         .with_context(|| format!("reading the schema version of {}", path.display()))?;
-    probe.schema = u32::try_from(v).unwrap_or(0);
     let has_drift: bool = conn.query_row(
         "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'drift_roots')",
         [],
@@ -89,7 +86,7 @@ impl SqliteStore {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         let mut writer = connection::open(path)?;
-        migrations::migrate(&mut writer)
+        migrations::migrate_sqlite(&mut writer)
             .with_context(|| format!("migrating the store {}", path.display()))?;
         let reader = connection::open(path)?;
         // Checkpoints run on their own thread (see `connection::spawn_checkpointer`).
