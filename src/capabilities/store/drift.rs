@@ -90,14 +90,14 @@ impl Store {
             r.checked_at,
             r.checked_ok_at
         ];
-        write!(self, |c| c.execute(&RECORD_ROOT, &args).await.map(drop))
+        self.write_one(&RECORD_ROOT, args).await
     }
 
     /// Forget the drift checks of `project`'s roots not in `keep` (removed from its
     /// `.planbot.toml`, or no longer checked).
     pub async fn forget_drift_roots(&self, project: ProjectId, keep: Vec<String>) -> Result<()> {
         let args = args![project, serde_json::to_string(&keep)?];
-        write!(self, |c| c.execute(&FORGET_ROOTS, &args).await.map(drop))
+        self.write_one(&FORGET_ROOTS, args).await
     }
 
     /// Every root's last drift check, by project path and root.

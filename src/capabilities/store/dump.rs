@@ -1,7 +1,7 @@
 //! Every row of every table, the same on either database: what `planbot store migrate` copies
 //! ([`Store::export`] from one store, [`Store::import`] into another).
 
-use super::sql::{built, Arg, Conn};
+use super::sql::{built, Arg, Conn, Value};
 use super::{read, write, Store};
 use anyhow::{anyhow, Context, Result};
 
@@ -10,14 +10,6 @@ use anyhow::{anyhow, Context, Result};
 pub(crate) enum Ty {
     Int,
     Text,
-}
-
-/// One stored value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Value {
-    Null,
-    Int(i64),
-    Text(String),
 }
 
 /// The tables a dump holds, parents first, each with its columns (the SQLite schema's).

@@ -21,9 +21,10 @@ mod types;
 pub(crate) mod tests;
 
 pub use applies::ProjectLock;
-pub use dump::{Dump, Value};
+pub use dump::Dump;
 pub use migrations::{PG_SCHEMA_VERSION, SCHEMA_VERSION};
 pub use postgres::{default_replica_name, PgOptions};
+pub use sql::Value;
 pub use types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, DriftOutcome, DriftRootRecord,
     Enqueued, JobEnd, JobRow, Lease, NewApply, NewDelivery, NewRun, PolicyApproval,
@@ -33,7 +34,7 @@ pub use types::{
 
 use crate::core::config::StoreUrl;
 use anyhow::{Context, Result};
-use sql::{Conn, Sql};
+use sql::{Arg, Conn, Sql};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -235,5 +236,15 @@ impl Store {
             Db::Sqlite(db) => db.write(|_| Ok(())).await,
             Db::Postgres(db) => Ok(db.schema_current()?),
         }
+    }
+
+    /// The count `sql` reads (`SELECT COUNT(*) …`).
+    async fn count(&self, sql: &'static Sql, args: Vec<Arg>) -> Result<u64> {
+        read!(self, |c| Ok(c.one(sql, &args).await?.get::<i64>(0)? as u64))
+    }
+
+    /// Run one statement that writes, with `args`.
+    async fn write_one(&self, sql: &'static Sql, args: Vec<Arg>) -> Result<()> {
+        write!(self, |c| c.execute(sql, &args).await.map(drop))
     }
 }

@@ -48,7 +48,7 @@ impl Store {
             r.verdict.to_json(),
             now_ms()
         ];
-        write!(self, |c| c.execute(&RECORD_VERDICT, &args).await.map(drop))
+        self.write_one(&RECORD_VERDICT, args).await
     }
 
     /// The verdicts recorded for the plans shown for head `sha` of the MR, one per root. A row

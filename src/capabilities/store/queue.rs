@@ -468,10 +468,6 @@ impl Store {
         mr: MrIid,
         sha: CommitSha,
     ) -> Result<bool> {
-        read!(self, |c| Ok(c
-            .one(&HEAD_PLANS, &args![project, mr, &sha])
-            .await?
-            .get::<i64>(0)?
-            > 0))
+        Ok(self.count(&HEAD_PLANS, args![project, mr, &sha]).await? > 0)
     }
 }

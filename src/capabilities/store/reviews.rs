@@ -132,7 +132,7 @@ impl Store {
         digest: &PlanDigest,
     ) -> Result<()> {
         let args = args![project, mr, root, sha, digest.to_json()];
-        write!(self, |c| c.execute(&RECORD_DIGEST, &args).await.map(drop))
+        self.write_one(&RECORD_DIGEST, args).await
     }
 
     /// The digest recorded for (root, sha), if any; one that does not parse reads as none.
@@ -162,7 +162,7 @@ impl Store {
         report: &RootWidgets,
     ) -> Result<()> {
         let args = args![project, mr, root, sha, report.to_json()];
-        write!(self, |c| c.execute(&RECORD_WIDGETS, &args).await.map(drop))
+        self.write_one(&RECORD_WIDGETS, args).await
     }
 
     /// The widgets' reports of every root planned for (mr, sha), and whether a plan of that

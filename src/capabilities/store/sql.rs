@@ -3,7 +3,6 @@
 //! they differ), [`Arg`] and [`Row`] (what goes in and comes out, the same for both), and
 //! [`Conn`], a connection of either database (inside its transaction, where it has one).
 
-use super::dump::Value;
 use super::migrations::Kind;
 use super::types::{ApplyId, QueueJobId};
 use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId, UserId};
@@ -67,6 +66,14 @@ pub(super) fn built(kind: Kind, text: &str) -> Cow<'_, str> {
         Kind::Sqlite => Cow::Borrowed(text),
         Kind::Postgres => Cow::Owned(dollars(text)),
     }
+}
+
+/// One stored value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Text(String),
 }
 
 /// One parameter. Its type is known even when it is NULL, as PostgreSQL wants it.

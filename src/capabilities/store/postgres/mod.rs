@@ -14,10 +14,9 @@
 mod tls;
 
 use super::drift;
-use super::dump::Value;
 use super::migrations::{self, Kind, PG_SCHEMA_VERSION};
 use super::now_ms;
-use super::sql::{Arg, Conn, Row};
+use super::sql::{Arg, Conn, Row, Value};
 use super::types::{SchemaError, StoreProbe};
 use crate::core::store_tls::{self, SslMode, StoreTls};
 use anyhow::{anyhow, bail, Context, Result};

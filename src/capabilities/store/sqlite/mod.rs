@@ -6,9 +6,8 @@ mod connection;
 mod writer;
 
 use super::drift;
-use super::dump::Value;
 use super::migrations::{self, Kind, SCHEMA_VERSION};
-use super::sql::{self, Arg, Conn, Row};
+use super::sql::{self, Arg, Conn, Row, Value};
 use super::types::StoreProbe;
 use anyhow::{anyhow, bail, Context, Result};
 use rusqlite::types::{ToSqlOutput, ValueRef};

@@ -21,8 +21,8 @@ async fn lease_expires() {
     tokio::time::sleep(TEST_LEASE + Duration::from_millis(400)).await;
 }
 
-/// What a newer planbot's start-up leaves in the database: one more migration recorded.
-async fn a_newer_planbot_migrates(db: &TestDb) {
+/// A plain client of the test database, to read and write it behind the store's back.
+async fn client_of(db: &TestDb) -> tokio_postgres::Client {
     let StoreUrl::Postgres(url) = &db.url else {
         unreachable!()
     };
@@ -30,6 +30,12 @@ async fn a_newer_planbot_migrates(db: &TestDb) {
         .await
         .unwrap();
     tokio::spawn(conn);
+    client
+}
+
+/// What a newer planbot's start-up leaves in the database: one more migration recorded.
+async fn a_newer_planbot_migrates(db: &TestDb) {
+    let client = client_of(db).await;
     client
         .execute(
             "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
@@ -375,13 +381,7 @@ async fn replicas_starting_together_migrate_once() {
         }
     }
     // The database's own record: each migration once, all in one transaction (one replica's).
-    let StoreUrl::Postgres(url) = &db.url else {
-        unreachable!()
-    };
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = client_of(&db).await;
     let rows = client
         .query(
             "SELECT version, xmin::text FROM refinery_schema_history ORDER BY version",
