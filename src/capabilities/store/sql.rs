@@ -165,7 +165,9 @@ impl IntoArg for &CommitSha {
 /// The parameters of a statement, in order.
 macro_rules! args {
     ($($a:expr),* $(,)?) => {
-        vec![$($crate::capabilities::store::sql::IntoArg::into_arg($a)),*]
+        Vec::<$crate::capabilities::store::sql::Arg>::from([
+            $($crate::capabilities::store::sql::IntoArg::into_arg($a)),*
+        ])
     };
 }
 pub(super) use args;
