@@ -467,7 +467,8 @@ async fn the_store_is_read_never_created_and_its_schema_and_replicas_are_shown()
     // A newer planbot migrated it: this one would not start, and doctor says what to do.
     client
         .execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'newer', 0)",
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES ($1, 'newer', '2030-01-01T00:00:00Z', '0')",
             &[&(known as i32 + 1)],
         )
         .await
