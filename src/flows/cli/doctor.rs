@@ -405,10 +405,14 @@ async fn state_token(
 /// network calls).
 fn network_checks(config: &Config, r: &mut Report) {
     let needs = crate::flows::confinement::network::needs(config);
-    if needs.is_empty() {
+    let own = crate::flows::confinement::network::own_port_reachable(config);
+    if needs.is_empty() && own.is_none() {
         return;
     }
     r.section("Network");
+    if let Some(text) = own {
+        r.add(Status::Fail, "net_own_port", json!({ "text": text }));
+    }
     for n in needs {
         let mut wanted = config.sandbox.connect_ports.clone();
         wanted.push(n.port);

@@ -227,6 +227,10 @@ pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
     let cfg = loaded
         .into_result()
         .map_err(|problems| anyhow::anyhow!(format_problems(&file, &problems)))?;
+    // Never serve where the engines' sandbox can reach planbot (`serve --check` says so too).
+    if let Some(text) = crate::flows::confinement::network::own_port_reachable(&cfg) {
+        anyhow::bail!("{file}: {text}");
+    }
     init_logging(&cfg.log);
     for w in &warnings {
         tracing::warn!(config = %file, "{}", w.describe(&file).replace("\n    ", "; "));
