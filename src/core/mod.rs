@@ -12,6 +12,7 @@ pub mod engine_checks;
 pub mod engine_kind;
 pub mod events;
 pub mod fingerprint;
+pub mod freeze;
 pub mod fuzzing;
 pub mod hcl;
 pub mod ids;
