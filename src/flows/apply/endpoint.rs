@@ -1,7 +1,8 @@
 //! `POST /api/v1/apply`: the HTTP side of the apply — the job token and the optional body in,
 //! the job log streamed out as plain text with keep-alive lines, the verdict last.
 
-use super::{log_text, run, say, ApplyBody, JobLog, Verdict};
+use super::job::{run, ApplyBody};
+use super::log::{log_text, say, JobLog, Verdict};
 use crate::core::apply::ApplyRefusal;
 use crate::flows::context::app_state::App;
 use minijinja::context;

@@ -1,0 +1,152 @@
+//! The engine's plan of one root at the merged commit, with the apply credentials
+//! ([`Trust::DefaultBranch`]): the request ([`plan_request`], with the gate of GitLab-managed
+//! state), the run, and a failed plan's run ended with why (who holds a state lock).
+
+use super::ctx::ApplyCtx;
+use super::log::{lock_text, ApplyFailure};
+use crate::capabilities::engine::{EngineError, PlanRequest, PlannedRun};
+use crate::capabilities::store::RunState;
+use crate::core::ids::RunId;
+use crate::core::repo_config::Root;
+use crate::core::state::{self, HeldLock};
+use crate::core::targeting::Targeting;
+use crate::flows::confinement::credentials::{self, Trust};
+use minijinja::context;
+use std::path::Path;
+
+/// Whose credentials an apply's plans run with: the default branch's, reviewed code.
+const TRUST: Trust = Trust::DefaultBranch;
+
+/// The engine's request for `root` in `checkout` with `trust`'s credentials, planned with the
+/// reviewed plan's flags (`targeting`); with its state gate when the root's state is
+/// GitLab-managed.
+async fn plan_request(
+    ctx: &ApplyCtx,
+    root: &Root,
+    checkout: &Path,
+    targeting: &Targeting,
+    trust: Trust,
+) -> Result<PlanRequest, ApplyFailure> {
+    let config = &ctx.app.config;
+    let gate = credentials::managed_state_gate(config, ctx.project, checkout, root, trust)
+        .await
+        .map_err(|why| ApplyFailure::StateGate {
+            root: root.name.clone(),
+            why,
+        })?;
+    Ok(PlanRequest {
+        var_files: root.var_files.iter().map(Into::into).collect(),
+        workspace: Some(root.workspace.clone()).filter(|w| !w.is_empty() && w != "default"),
+        extra_secrets: config.secrets(),
+        worktree: Some(checkout.to_path_buf()),
+        extra_env: gate.as_ref().map(|g| g.env()).unwrap_or_default(),
+        state_gate: gate,
+        init_env: credentials::module_env(config, trust),
+        parallelism: root.parallelism,
+        targeting: targeting.clone(),
+        ..PlanRequest::default()
+    })
+}
+
+/// The engine's plan of `root` at the merged commit, with the apply credentials. A failure
+/// ends the root's `run`, and is said in the job's log.
+pub(super) async fn plan(
+    ctx: &ApplyCtx,
+    root: &Root,
+    checkout: &Path,
+    run: RunId,
+    targeting: &Targeting,
+) -> Result<PlannedRun, ApplyFailure> {
+    ctx.log.say(
+        "planning",
+        context! { root => &root.name, dir => &root.dir },
+    );
+    let prepared = async {
+        let engine = ctx
+            .app
+            .default_branch_engine()
+            .map_err(ApplyFailure::Internal)?;
+        Ok::<_, ApplyFailure>((
+            engine,
+            plan_request(ctx, root, checkout, targeting, TRUST).await?,
+        ))
+    }
+    .await;
+    let (engine, request) = match prepared {
+        Ok(prepared) => prepared,
+        Err(failure) => {
+            let summary = failure.run_summary(&ctx.app.scrubber);
+            ctx.end_run(run, RunState::Failed, &summary, "").await;
+            return Err(failure);
+        }
+    };
+    let slot = ctx.app.engine_slot().await;
+    let planned = engine.plan(&checkout.join(&root.dir), &request).await;
+    drop(slot);
+    match planned {
+        Ok(p) => Ok(p),
+        Err(e) => Err(plan_failed(ctx, root, run, &request, e).await),
+    }
+}
+
+/// A plan the engine could not make: its run ended with the engine's report, which the job's
+/// log shows; when someone else holds the state's lock, who, since when, and how to free it.
+async fn plan_failed(
+    ctx: &ApplyCtx,
+    root: &Root,
+    run: RunId,
+    request: &PlanRequest,
+    e: EngineError,
+) -> ApplyFailure {
+    let mut report = e.report(40);
+    let refused = credentials::gate_explanation(request.state_gate.as_deref(), &report);
+    if !refused.is_empty() {
+        report = format!("{report}\n{refused}");
+    }
+    let report = ctx.app.scrubber.scrub(&report).into_owned();
+    ctx.end_run(
+        run,
+        RunState::Failed,
+        &ctx.say("plan_failed", context! {}),
+        &report,
+    )
+    .await;
+    ctx.log.line(&report);
+    ctx.explain_denial(&report);
+    let Some(lock) = HeldLock::from_engine_output(&report) else {
+        let error = ctx.first_error_line(&report);
+        let root = root.name.clone();
+        return ApplyFailure::PlanFailed { root, error };
+    };
+    let lock = who_holds(ctx, root, lock).await;
+    let root = root.name.clone();
+    let waited = humantime::format_duration(ctx.app.config.engine.lock_timeout).to_string();
+    let hint = lock_text(&ctx.app.scrubber, "locked_hint", &root, &lock, &waited);
+    ctx.log.say(
+        "hint",
+        context! { hint => minijinja::Value::from_safe_string(hint) },
+    );
+    ApplyFailure::StateLocked { root, lock, waited }
+}
+
+/// `lock` with who holds it and since when, from GitLab for GitLab-managed state (the
+/// engine's `http` backend names only the lock's ID); as it is when GitLab cannot tell.
+async fn who_holds(ctx: &ApplyCtx, root: &Root, lock: HeldLock) -> HeldLock {
+    let Some(name) = state::gitlab_state_name(root, ctx.app.config.state.default) else {
+        return lock;
+    };
+    match ctx
+        .app
+        .gitlab
+        .terraform_state_lock(&ctx.project_path, &name)
+        .await
+    {
+        Ok(Some(held)) => lock.held_by(&held.username, &held.locked_at),
+        Ok(None) => lock,
+        Err(e) => {
+            ctx.app.metrics.gitlab_error("terraform_state_lock");
+            tracing::warn!(error = %e, "could not ask GitLab who holds a state lock");
+            lock
+        }
+    }
+}
