@@ -186,6 +186,24 @@ resource "terraform_data" "vm" {{
         )
     }
 
+    /// Alice's reviewed MR of `network` and a VM on its subnet (`vms`), merged and applied by
+    /// job `job_id`: the MR, the job's log and the `planbot/apply` status.
+    async fn network_and_vms_applied(
+        &self,
+        s: &TestService,
+        network: &str,
+        job_id: u64,
+    ) -> (u64, String, String) {
+        let vms = self.vms_tf("v1");
+        let files = [
+            ("stacks/network/main.tf", network),
+            ("stacks/vms/main.tf", vms.as_str()),
+        ];
+        let iid = self.reviewed_mr(s, "subnet-and-vm", &files).await;
+        let (log, status) = self.merge_and_apply(s, iid, job_id).await;
+        (iid, log, status)
+    }
+
     fn state(&self, name: &str) -> Option<String> {
         self.gitlab
             .terraform_state(&self.project, name)
@@ -208,18 +226,7 @@ async fn the_apply_job_applies_network_then_replans_vms_against_its_new_outputs_
     let s = TestService::start(w.config.clone(), with_workers()).await;
 
     let network = World::network_tf("10.0.2.0/24", false);
-    let vms = w.vms_tf("v1");
-    let iid = w
-        .reviewed_mr(
-            &s,
-            "subnet-and-vm",
-            &[
-                ("stacks/network/main.tf", &network),
-                ("stacks/vms/main.tf", &vms),
-            ],
-        )
-        .await;
-    let (log, status) = w.merge_and_apply(&s, iid, 41).await;
+    let (iid, log, status) = w.network_and_vms_applied(&s, &network, 41).await;
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
     assert!(status.starts_with("success"), "{status}");
 
@@ -446,18 +453,7 @@ async fn a_replan_that_finds_the_state_in_the_checkout_is_refused_as_the_first_p
     let w = World::new(&engine);
     let s = TestService::start(w.config.clone(), with_workers()).await;
     let network = network_moving_vms_state_tf();
-    let vms = w.vms_tf("v1");
-    let iid = w
-        .reviewed_mr(
-            &s,
-            "subnet-and-vm",
-            &[
-                ("stacks/network/main.tf", &network),
-                ("stacks/vms/main.tf", &vms),
-            ],
-        )
-        .await;
-    let (log, status) = w.merge_and_apply(&s, iid, 46).await;
+    let (iid, log, status) = w.network_and_vms_applied(&s, &network, 46).await;
     println!("--- the job's log ---\n{log}--- planbot/apply: {status}");
 
     // `vms` was checked with its state in GitLab; after `network` applied, its state would

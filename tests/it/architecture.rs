@@ -440,19 +440,20 @@ fn flows_rooms_stand_on_lower_floors_only() {
 /// The floors of `flows::apply` (docs/architecture.md): a room uses only rooms on lower
 /// floors, and none uses `flows::apply` itself, whose `mod.rs` stands on top and re-exports.
 /// At the bottom the job's log, the verdict and the texts; the policy gate and the job's
-/// verification on it; the context every stage works with; what the one decision stands on (the
-/// engine's plan, the policy and preflight judgments, what a refused plan shows); the one
-/// decision; the dependency order and the report; the two stages that ask the decision (parity,
+/// verification on it; the context every stage works with; the engine's plan (and its lint
+/// findings); what the one decision judges a plan with (the policy sets and the preflight) and
+/// what a refused plan shows; the one decision; the dependency order and the report; the two stages that ask the decision (parity,
 /// run); the request's stages in order; and the endpoint.
 fn apply_floor(room: &str) -> u8 {
     match room {
-        "mod" => 9,
-        "endpoint" => 8,
-        "job" => 7,
-        "parity" | "run" => 6,
-        "order" | "report" => 5,
-        "decide" => 4,
-        "plan" | "judge" | "shown" => 3,
+        "mod" => 10,
+        "endpoint" => 9,
+        "job" => 8,
+        "parity" | "run" => 7,
+        "order" | "report" => 6,
+        "decide" => 5,
+        "judge" | "shown" => 4,
+        "plan" => 3,
         "ctx" => 2,
         "policy" | "verify" => 1,
         "log" => 0,

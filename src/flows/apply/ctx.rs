@@ -2,7 +2,7 @@
 //! project, commit and merge request, the job's log and the policy gate; and the small things
 //! every stage does with them (a text, a run's end, the `planbot/apply` status, a root's lock).
 
-use super::log::{say, JobLog};
+use super::log::{say, ApplyFailure, JobLog};
 use super::policy::PolicyGate;
 use crate::capabilities::gitlab::{CommitStatus, MergeRequest, StatusState};
 use crate::capabilities::store::{RunEnd, RunState};
@@ -87,6 +87,13 @@ impl ApplyCtx {
         if let Err(e) = self.app.store.finish_run(run, end).await {
             tracing::error!(error = %e, "could not record the end of an apply run");
         }
+    }
+
+    /// End a failed root's `run` (`log`: the engine's log so far) with what `failure` says.
+    pub async fn fail_run(&self, run: RunId, failure: ApplyFailure, log: &str) -> ApplyFailure {
+        let summary = failure.run_summary(&self.app.scrubber);
+        self.end_run(run, RunState::Failed, &summary, log).await;
+        failure
     }
 
     /// The root's lock, saying so in the job log when a plan or apply of it holds it.

@@ -10,7 +10,7 @@ use super::log::ApplyFailure;
 use super::plan;
 use super::shown;
 use crate::capabilities::engine::PlannedRun;
-use crate::capabilities::store::{RunState, ShownFingerprint};
+use crate::capabilities::store::ShownFingerprint;
 use crate::capabilities::workspace::RootFiles;
 use crate::core::apply::{parity, ApplyRefusal, Parity};
 use crate::core::apply_note::Relied;
@@ -24,7 +24,6 @@ use crate::core::summary::Summary;
 use crate::core::targeting::Targeting;
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::context::locks::RootGuard;
-use anyhow::Context;
 use minijinja::context;
 use std::path::Path;
 
@@ -52,28 +51,18 @@ pub(super) struct CheckedPlan<'a> {
 
 /// What becomes of a root's plan.
 pub(super) enum Outcome {
-    /// Apply it: the reviewed plan, or `confirmed` with `PLANBOT_CONFIRM`.
+    /// Apply it (the reviewed plan, or `confirmed` with `PLANBOT_CONFIRM`) under `guard`, the
+    /// root's lock it was planned under.
     Apply {
         planned: Box<PlannedRun>,
         confirmed: bool,
+        guard: RootGuard,
     },
     Nothing,
     Refused(ApplyRefusal),
 }
 
-/// A root's plan and what becomes of it.
-pub(super) struct Decision {
-    pub outcome: Outcome,
-    pub fingerprint: Fingerprint,
-    pub summary: Summary,
-    /// The engine's log of the plan.
-    pub plan_log: String,
-    /// The policy verdicts and approvals the decision relied on (said in the job's log).
-    pub relied: Vec<Relied>,
-}
-
-/// One root of the apply once decided: its run, the decision's plan and outcome, and the lock
-/// its plan was made under while that plan is to be applied.
+/// One root of the apply once decided: its run, its plan and what becomes of it.
 pub(super) struct Decided {
     pub root: String,
     pub run: RunId,
@@ -82,33 +71,12 @@ pub(super) struct Decided {
     /// The engine's log of every plan of the root in this apply.
     pub plan_log: String,
     pub outcome: Outcome,
-    pub guard: Option<RootGuard>,
+    /// The policy verdicts and approvals the decision relied on (said in the job's log), for
+    /// its caller to collect.
+    pub relied: Vec<Relied>,
 }
 
 impl Decided {
-    /// `root`'s first decision; `guard` is kept while its plan is to be applied.
-    pub fn new(root: String, run: RunId, guard: RootGuard, decision: Decision) -> Decided {
-        Decided {
-            root,
-            run,
-            fingerprint: decision.fingerprint,
-            summary: decision.summary,
-            plan_log: decision.plan_log,
-            guard: matches!(decision.outcome, Outcome::Apply { .. }).then_some(guard),
-            outcome: decision.outcome,
-        }
-    }
-
-    /// A later decision of the root (its re-plan) replaces the last one; its log follows.
-    pub fn decided_again(&mut self, decision: Decision, guard: RootGuard) {
-        let plan_log = format!("{}\n{}", self.plan_log, decision.plan_log);
-        let root = std::mem::take(&mut self.root);
-        *self = Decided {
-            plan_log,
-            ..Decided::new(root, self.run, guard, decision)
-        };
-    }
-
     pub fn refusal(&self) -> Option<&ApplyRefusal> {
         match &self.outcome {
             Outcome::Refused(r) => Some(r),
@@ -117,24 +85,20 @@ impl Decided {
     }
 }
 
-/// Decide `root` of the merged commit (its `run`): what was reviewed of it on the MR, then
-/// [`decide`]. A failure has ended the run.
+/// Decide `root` of the merged commit (its `run`, its lock `guard`): what was reviewed of it on
+/// the MR, then [`decide`]. A failure has ended the run.
 pub(super) async fn decide_root(
     ctx: &ApplyCtx,
     root: &Root,
-    checkout: &Path,
     run: RunId,
+    guard: RootGuard,
+    checkout: &Path,
     confirm: Option<&str>,
     checked: Option<CheckedPlan<'_>>,
-) -> Result<Decision, ApplyFailure> {
+) -> Result<Decided, ApplyFailure> {
     let (reviewed, targeting) = match reviewed_plan(ctx, root).await {
         Ok(r) => r,
-        Err(e) => {
-            let failure = ApplyFailure::Internal(e);
-            let summary = failure.run_summary(&ctx.app.scrubber);
-            ctx.end_run(run, RunState::Failed, &summary, "").await;
-            return Err(failure);
-        }
+        Err(e) => return Err(ctx.fail_run(run, ApplyFailure::Internal(e), "").await),
     };
     let ask = Ask {
         root,
@@ -143,7 +107,7 @@ pub(super) async fn decide_root(
         confirm,
         checked,
     };
-    decide(ctx, &ask, checkout, run).await
+    decide(ctx, &ask, checkout, run, guard).await
 }
 
 /// The plan reviewed on the MR for `root`, and the flags it was made with (a targeted plan is
@@ -158,28 +122,29 @@ async fn reviewed_plan(
     let store = &ctx.app.store;
     let reviewed = store
         .last_shown_fingerprint(ctx.project, mr.iid, &root.name)
-        .await
-        .context("reading the plan reviewed on the merge request")?;
+        .await?;
     let targeting = match &reviewed {
-        Some(r) => store
-            .plan_targeting(ctx.project, mr.iid, &r.sha, &root.name)
-            .await
-            .context("reading the reviewed plan's flags")?,
+        Some(r) => {
+            store
+                .plan_targeting(ctx.project, mr.iid, &r.sha, &root.name)
+                .await?
+        }
         None => Targeting::default(),
     };
     Ok((reviewed, targeting))
 }
 
-/// The one decision: plan `ask.root` (its `run`) in `checkout` with the reviewed plan's flags,
-/// and judge the plan: a state kept in the checkout is refused; then parity with the reviewed
-/// plan (or, for a re-plan, the checked plan), the policy sets, the preflight and the targeted
-/// gate. A failure has ended the run.
+/// The one decision: plan `ask.root` (its `run`, under its lock `guard`) in `checkout` with the
+/// reviewed plan's flags, and judge the plan: a state kept in the checkout is refused; then
+/// parity with the reviewed plan (or, for a re-plan, the checked plan), the policy sets, the
+/// preflight and the targeted gate. A failure has ended the run.
 pub(super) async fn decide(
     ctx: &ApplyCtx,
     ask: &Ask<'_>,
     checkout: &Path,
     run: RunId,
-) -> Result<Decision, ApplyFailure> {
+    guard: RootGuard,
+) -> Result<Decided, ApplyFailure> {
     let root = ask.root;
     if !ask.targeting.is_empty() {
         ctx.log.say(
@@ -192,7 +157,9 @@ pub(super) async fn decide(
     let fingerprint = cpu_bound(|| planned.fingerprint(key));
     let summary = Summary::of(planned.plan());
     let plan_log = planned.log().to_string();
-    let decision = |outcome, relied| Decision {
+    let decided = |outcome, relied| Decided {
+        root: root.name.clone(),
+        run,
         outcome,
         fingerprint: fingerprint.clone(),
         summary,
@@ -204,7 +171,7 @@ pub(super) async fn decide(
         let refusal = ApplyRefusal::StateInCheckout {
             root: root.name.clone(),
         };
-        return Ok(decision(Outcome::Refused(refusal), Vec::new()));
+        return Ok(decided(Outcome::Refused(refusal), Vec::new()));
     }
     ctx.log.say(
         "planned",
@@ -224,15 +191,10 @@ pub(super) async fn decide(
     };
     let (parity, relied) = match judged {
         Ok(j) => j,
-        Err(failure) => {
-            let summary = failure.run_summary(&ctx.app.scrubber);
-            ctx.end_run(run, RunState::Failed, &summary, &plan_log)
-                .await;
-            return Err(failure);
-        }
+        Err(failure) => return Err(ctx.fail_run(run, failure, &plan_log).await),
     };
-    let outcome = conclude(ctx, ask, parity, planned, &fingerprint).await;
-    Ok(decision(outcome, relied))
+    let outcome = conclude(ctx, ask, parity, planned, guard, &fingerprint).await;
+    Ok(decided(outcome, relied))
 }
 
 /// Parity with the reviewed plan; for a re-plan that parity refuses, the plan checked before
@@ -317,13 +279,15 @@ fn say_replan(ctx: &ApplyCtx, root: &str, upstream: &str, replan: &Replan) {
     }
 }
 
-/// The judged plan's outcome, said: why it is applied, or the refused plan shown (and, when it
-/// changed since the review, the plan-changed note on the MR).
+/// The judged plan's outcome, said: why it is applied (under the lock it was planned under), or
+/// the refused plan shown (and, when it changed since the review, the plan-changed note on the
+/// MR).
 async fn conclude(
     ctx: &ApplyCtx,
     ask: &Ask<'_>,
     decision: Parity,
     planned: PlannedRun,
+    guard: RootGuard,
     fingerprint: &Fingerprint,
 ) -> Outcome {
     let root = ask.root;
@@ -340,6 +304,7 @@ async fn conclude(
             Outcome::Apply {
                 planned: Box::new(planned),
                 confirmed,
+                guard,
             }
         }
         Parity::Refuse(refusal) => {

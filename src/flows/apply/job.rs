@@ -6,7 +6,7 @@
 use super::ctx::ApplyCtx;
 use super::log::{refuse, say, JobLog, Verdict};
 use super::order::{dependency_order, Order};
-use super::report::{self, Ending};
+use super::report;
 use super::{parity, policy, run as stage, verify};
 use crate::capabilities::gitlab::MergeRequest;
 use crate::capabilities::store::{ApplyId, NewApply, ProjectLock};
@@ -206,18 +206,10 @@ async fn plan_apply_report(
         checkout,
         confirm,
     };
-    let applied = stage::apply_all(ctx, &mut planned.decided, &stage).await;
-    let relied = [planned.relied, applied.relied].concat();
-    let ending = Ending {
-        results: &applied.results,
-        decided: &planned.decided,
-        verdict: &applied.verdict,
-        error: applied.error.as_deref(),
-        relied: &relied,
-        left: &applied.left,
-    };
-    report::report(ctx, apply_id, &ending).await;
-    Ok(applied.verdict)
+    let mut ending = stage::apply_all(ctx, &mut planned.decided, &stage).await;
+    ending.relied.splice(0..0, planned.relied);
+    report::report(ctx, apply_id, &planned.decided, &ending).await;
+    Ok(ending.verdict)
 }
 
 /// Stage 3: the workspace at the merged commit, and the repo config of the default branch,

@@ -5,6 +5,7 @@
 //! sets did not check at review) is checked here, and waits for an owner where a set fails.
 
 use super::ctx::ApplyCtx;
+use super::plan::lint;
 use crate::capabilities::engine::PlannedRun;
 use crate::capabilities::store::{PolicyApproval, PolicyVerdictRecord, ShownFingerprint};
 use crate::core::apply::{ApplyRefusal, PolicyAtApply};
@@ -121,13 +122,7 @@ async fn check_now(
             base => ctx.policy.base.as_ref().map(|b| b.short().to_string()),
         },
     );
-    let facts = crate::core::proxmox::findings::Facts {
-        parallelism: root.parallelism,
-        ..Default::default()
-    };
-    let findings = cpu_bound(|| {
-        crate::core::proxmox::lint::lint_with(planned.plan(), &root.lint_disable, &facts)
-    });
+    let findings = lint(root, planned);
     let recorded = cpu_bound(|| {
         let document = sets.read_document(&root.name, planned.plan_json());
         // As with the preflight's findings, what the plan takes from the cluster is read

@@ -90,6 +90,29 @@ impl JobLog {
         self.planbot_text(&verdict.last_line());
     }
 
+    /// Say the refusal's hint; its reason, for the verdict, the runs and the note (its values
+    /// scrubbed, its words intact).
+    pub(super) fn refusal(&self, r: &ApplyRefusal) -> String {
+        let (why, hint) =
+            crate::core::templates::scrubbing(&self.scrubber, || (r.to_string(), r.hint()));
+        self.say(
+            "hint",
+            context! { hint => minijinja::Value::from_safe_string(hint) },
+        );
+        why
+    }
+
+    /// Say a policy verdict or approval (`reliance`) the apply relies on, and return it for the
+    /// result note and the status (its line as the job's log says it, without `planbot: `).
+    pub(super) fn rely(&self, reliance: Reliance, kind: &str, ctx: minijinja::Value) -> Relied {
+        let line =
+            crate::core::templates::scrubbing(&self.scrubber, || log_text(kind, ctx.clone()));
+        self.say(kind, ctx);
+        let line = line.trim();
+        let line = line.strip_prefix("planbot: ").unwrap_or(line).to_string();
+        Relied { reliance, line }
+    }
+
     /// How many outside lines were not sent since the last that was, when any.
     fn say_dropped(&self) {
         let n = self.dropped.swap(0, Ordering::Relaxed);
@@ -153,31 +176,6 @@ pub(super) fn say(scrubber: &Scrubber, kind: &str, ctx: minijinja::Value) -> Str
 /// The refusal's hint in the log, and its verdict (its values scrubbed, its words intact).
 pub(super) fn refuse(log: &JobLog, r: &ApplyRefusal) -> Verdict {
     Verdict::Refused(log.refusal(r))
-}
-
-impl JobLog {
-    /// Say the refusal's hint; its reason, for the verdict, the runs and the note (its values
-    /// scrubbed, its words intact).
-    pub(super) fn refusal(&self, r: &ApplyRefusal) -> String {
-        let (why, hint) =
-            crate::core::templates::scrubbing(&self.scrubber, || (r.to_string(), r.hint()));
-        self.say(
-            "hint",
-            context! { hint => minijinja::Value::from_safe_string(hint) },
-        );
-        why
-    }
-
-    /// Say a policy verdict or approval (`reliance`) the apply relies on, and return it for the
-    /// result note and the status (its line as the job's log says it, without `planbot: `).
-    pub(super) fn rely(&self, reliance: Reliance, kind: &str, ctx: minijinja::Value) -> Relied {
-        let line =
-            crate::core::templates::scrubbing(&self.scrubber, || log_text(kind, ctx.clone()));
-        self.say(kind, ctx);
-        let line = line.trim();
-        let line = line.strip_prefix("planbot: ").unwrap_or(line).to_string();
-        Relied { reliance, line }
-    }
 }
 
 /// What made an apply fail (a refusal is an [`ApplyRefusal`]): what failed, with its values;

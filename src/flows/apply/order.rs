@@ -146,7 +146,7 @@ impl Stopped {
 /// Plan `d`'s root again now that `upstream` (one it depends on) has applied, and decide
 /// again, with the plan checked before: `d` then holds the new decision (a plan to apply, none,
 /// or its refusal), and the policy reliances it said are returned. `Err`: the re-plan failed
-/// (its run ended).
+/// (its run ended; `d` has nothing to apply).
 pub(super) async fn replan(
     ctx: &ApplyCtx,
     d: &mut Decided,
@@ -159,27 +159,22 @@ pub(super) async fn replan(
         "replanning",
         context! { root => &root.name, upstream => upstream },
     );
-    let guard = match d.guard.take() {
-        Some(g) => g,
-        None => ctx.lock_root(root).await,
+    let (checked, guard) = match std::mem::replace(&mut d.outcome, Outcome::Nothing) {
+        Outcome::Apply {
+            planned,
+            confirmed,
+            guard,
+        } => (Some((planned, confirmed)), guard),
+        _ => (None, ctx.lock_root(root).await),
     };
-    let checked = match &d.outcome {
-        Outcome::Apply { planned, confirmed } => Some(CheckedPlan {
-            plan: planned,
-            confirmed: *confirmed,
-            upstream,
-        }),
-        _ => None,
-    };
-    match decide_root(ctx, root, checkout, d.run, confirm, checked).await {
-        Ok(mut decision) => {
-            let relied = std::mem::take(&mut decision.relied);
-            d.decided_again(decision, guard);
-            Ok(relied)
-        }
-        Err(failure) => {
-            d.outcome = Outcome::Nothing;
-            Err(failure)
-        }
-    }
+    let checked = checked.as_ref().map(|(plan, confirmed)| CheckedPlan {
+        plan,
+        confirmed: *confirmed,
+        upstream,
+    });
+    let mut again = decide_root(ctx, root, d.run, guard, checkout, confirm, checked).await?;
+    let relied = std::mem::take(&mut again.relied);
+    again.plan_log = format!("{}\n{}", d.plan_log, again.plan_log);
+    *d = again;
+    Ok(relied)
 }

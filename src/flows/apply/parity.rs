@@ -44,9 +44,9 @@ pub(super) async fn plan_and_decide(
     }
     for root in roots {
         match plan_root(ctx, root, checkout, confirm).await {
-            Ok((d, mut relied)) => {
+            Ok(mut d) => {
+                planned.relied.append(&mut d.relied);
                 planned.decided.push(d);
-                planned.relied.append(&mut relied);
             }
             Err(failure) => {
                 let failure = failure.text(&ctx.app.scrubber);
@@ -63,13 +63,13 @@ pub(super) async fn plan_and_decide(
     Ok(Ok(planned))
 }
 
-/// Lock the root, record its run, and decide it; the reliances the decision said.
+/// Lock the root, record its run, and decide it.
 async fn plan_root(
     ctx: &ApplyCtx,
     root: &Root,
     checkout: &Path,
     confirm: Option<&str>,
-) -> Result<(Decided, Vec<Relied>), ApplyFailure> {
+) -> Result<Decided, ApplyFailure> {
     let guard = ctx.lock_root(root).await;
     let run = ctx
         .app
@@ -86,12 +86,7 @@ async fn plan_root(
         .await
         .context("recording the run")
         .map_err(ApplyFailure::Internal)?;
-    let mut decision = decide_root(ctx, root, checkout, run, confirm, None).await?;
-    let relied = std::mem::take(&mut decision.relied);
-    Ok((
-        Decided::new(root.name.clone(), run, guard, decision),
-        relied,
-    ))
+    decide_root(ctx, root, run, guard, checkout, confirm, None).await
 }
 
 /// End the apply refused: its runs, the job log's hint and verdict, the stored apply and the

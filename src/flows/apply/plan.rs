@@ -1,16 +1,18 @@
 //! The engine's plan of one root at the merged commit, with the apply credentials
 //! ([`Trust::DefaultBranch`]): the request ([`plan_request`], with the gate of GitLab-managed
-//! state), the run, and a failed plan's run ended with why (who holds a state lock).
+//! state), the run, a failed plan's run ended with why (who holds a state lock), and the plan's
+//! lint findings ([`lint`]).
 
 use super::ctx::ApplyCtx;
 use super::log::{lock_text, ApplyFailure};
 use crate::capabilities::engine::{EngineError, PlanRequest, PlannedRun};
-use crate::capabilities::store::RunState;
 use crate::core::ids::RunId;
+use crate::core::proxmox::findings::{Facts, Finding};
 use crate::core::repo_config::Root;
 use crate::core::state::{self, HeldLock};
 use crate::core::targeting::Targeting;
 use crate::flows::confinement::credentials::{self, Trust};
+use crate::flows::context::cpu::cpu_bound;
 use minijinja::context;
 use std::path::Path;
 
@@ -74,11 +76,7 @@ pub(super) async fn plan(
     .await;
     let (engine, request) = match prepared {
         Ok(prepared) => prepared,
-        Err(failure) => {
-            let summary = failure.run_summary(&ctx.app.scrubber);
-            ctx.end_run(run, RunState::Failed, &summary, "").await;
-            return Err(failure);
-        }
+        Err(failure) => return Err(ctx.fail_run(run, failure, "").await),
     };
     let slot = ctx.app.engine_slot().await;
     let planned = engine.plan(&checkout.join(&root.dir), &request).await;
@@ -104,19 +102,15 @@ async fn plan_failed(
         report = format!("{report}\n{refused}");
     }
     let report = ctx.app.scrubber.scrub(&report).into_owned();
-    ctx.end_run(
-        run,
-        RunState::Failed,
-        &ctx.say("plan_failed", context! {}),
-        &report,
-    )
-    .await;
+    let failure = ApplyFailure::PlanFailed {
+        root: root.name.clone(),
+        error: ctx.first_error_line(&report),
+    };
+    let failure = ctx.fail_run(run, failure, &report).await;
     ctx.log.line(&report);
     ctx.explain_denial(&report);
     let Some(lock) = HeldLock::from_engine_output(&report) else {
-        let error = ctx.first_error_line(&report);
-        let root = root.name.clone();
-        return ApplyFailure::PlanFailed { root, error };
+        return failure;
     };
     let lock = who_holds(ctx, root, lock).await;
     let root = root.name.clone();
@@ -149,4 +143,14 @@ async fn who_holds(ctx: &ApplyCtx, root: &Root, lock: HeldLock) -> HeldLock {
             lock
         }
     }
+}
+
+/// The lint findings of `root`'s plan, as the MR's note shows them (the root's `lint_disable`
+/// and `parallelism` applied).
+pub(super) fn lint(root: &Root, planned: &PlannedRun) -> Vec<Finding> {
+    let facts = Facts {
+        parallelism: root.parallelism,
+        ..Default::default()
+    };
+    cpu_bound(|| crate::core::proxmox::lint::lint_with(planned.plan(), &root.lint_disable, &facts))
 }

@@ -23,15 +23,14 @@ pub(super) struct Left {
 
 /// How the apply ended, for the report: each root's line, the verdict, and what the stages
 /// found on the way.
-pub(super) struct Ending<'a> {
-    pub results: &'a [RootResult],
-    pub decided: &'a [Decided],
-    pub verdict: &'a Verdict,
+pub(super) struct Ending {
+    pub results: Vec<RootResult>,
+    pub verdict: Verdict,
     /// The failure's text or the engine's report, for the note and the failure issue.
-    pub error: Option<&'a str>,
+    pub error: Option<String>,
     /// The policy verdicts and approvals the apply relied on, in the order the log said them.
-    pub relied: &'a [Relied],
-    pub left: &'a Left,
+    pub relied: Vec<Relied>,
+    pub left: Left,
 }
 
 /// Record, note, status after a failure before any apply ran (the roots decided so far, and
@@ -44,21 +43,19 @@ pub(super) async fn finish(
     verdict: &Verdict,
     error: Option<&str>,
 ) {
-    let results = not_applied(ctx, decided);
     let canceled = ctx.say("other_root_failed", context! {});
     for d in decided {
         ctx.end_run(d.run, RunState::Canceled, &canceled, &d.plan_log)
             .await;
     }
     let ending = Ending {
-        results: &results,
-        decided,
-        verdict,
-        error,
-        relied,
-        left: &Left::default(),
+        results: not_applied(ctx, decided),
+        verdict: verdict.clone(),
+        error: error.map(str::to_string),
+        relied: relied.to_vec(),
+        left: Left::default(),
     };
-    report(ctx, apply_id, &ending).await;
+    report(ctx, apply_id, decided, &ending).await;
 }
 
 /// Each root's line when none was applied.
@@ -73,13 +70,13 @@ fn not_applied(ctx: &ApplyCtx, decided: &[Decided]) -> Vec<RootResult> {
 }
 
 /// The result on every surface: store, MR note, commit status, optionally an issue.
-pub(super) async fn report(ctx: &ApplyCtx, apply_id: ApplyId, ending: &Ending<'_>) {
-    let Ending {
-        results,
-        decided,
-        verdict,
-        ..
-    } = *ending;
+pub(super) async fn report(
+    ctx: &ApplyCtx,
+    apply_id: ApplyId,
+    decided: &[Decided],
+    ending: &Ending,
+) {
+    let (results, verdict) = (&ending.results, &ending.verdict);
     let nothing = ctx.say("no_changes", context! {});
     let (state, outcome) = match verdict {
         Verdict::Succeeded
@@ -108,7 +105,10 @@ pub(super) async fn report(ctx: &ApplyCtx, apply_id: ApplyId, ending: &Ending<'_
         .collect::<Vec<_>>()
         .join("; ");
     let run_id = decided.first().map(|d| d.run);
-    let scrubbed_error = ending.error.map(|e| ctx.app.scrubber.scrub(e).into_owned());
+    let scrubbed_error = ending
+        .error
+        .as_deref()
+        .map(|e| ctx.app.scrubber.scrub(e).into_owned());
     let body = result_note(
         ctx,
         outcome,
@@ -120,7 +120,7 @@ pub(super) async fn report(ctx: &ApplyCtx, apply_id: ApplyId, ending: &Ending<'_
         results,
         scrubbed_error.as_deref(),
         None,
-        &lines(ending.relied),
+        &lines(&ending.relied),
         run_id,
     );
     post_note(ctx, &body, "could not post the apply result").await;
@@ -148,12 +148,12 @@ pub(super) async fn report(ctx: &ApplyCtx, apply_id: ApplyId, ending: &Ending<'_
 
 /// The status of an apply that succeeded: green means the apply succeeded; what it left (or
 /// could not check) leads the text, then each root's line (`summary`) and the approvals.
-fn applied_roots(ctx: &ApplyCtx, summary: &str, ending: &Ending<'_>) -> String {
+fn applied_roots(ctx: &ApplyCtx, summary: &str, ending: &Ending) -> String {
     ctx.say(
         "applied_roots",
         context! {
             summary => minijinja::Value::from_safe_string(summary.to_string()),
-            approved => crate::core::apply_note::approvals(ending.relied),
+            approved => crate::core::apply_note::approvals(&ending.relied),
             left => &ending.left.changes,
             unknown => &ending.left.unknown,
         },

@@ -8,7 +8,7 @@ use super::ctx::ApplyCtx;
 use super::decide::{Decided, Outcome};
 use super::log::{ApplyFailure, JobLog, Verdict};
 use super::order::{replan, How, Order, Stopped, Stops};
-use super::report::Left;
+use super::report::{Ending, Left};
 use crate::capabilities::engine::{EngineError, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::RunState;
@@ -25,18 +25,6 @@ pub(super) struct Stage<'a> {
     pub order: &'a Order<'a>,
     pub checkout: &'a Path,
     pub confirm: Option<&'a str>,
-}
-
-/// What stage 5 found, for the report.
-pub(super) struct Applied {
-    /// Each root's line.
-    pub results: Vec<RootResult>,
-    pub verdict: Verdict,
-    /// The policy reliances the re-plans said (the first plans' are stage 4's).
-    pub relied: Vec<Relied>,
-    pub left: Left,
-    /// The engine's report of the first apply that failed, for the failure issue.
-    pub error: Option<String>,
 }
 
 /// How one root ended in this stage, with its line for the report.
@@ -64,12 +52,13 @@ enum Leftover {
 
 /// Stage 5: apply every decided root with changes, upstream roots first (`decided` is in
 /// dependency order). A failed or refused root stops every root below it, said so, and the
-/// roots not below it still apply.
+/// roots not below it still apply. The policy reliances of the re-plans are the ending's (the
+/// first plans' are stage 4's).
 pub(super) async fn apply_all(
     ctx: &ApplyCtx,
     decided: &mut [Decided],
     stage: &Stage<'_>,
-) -> Applied {
+) -> Ending {
     if decided
         .iter()
         .any(|d| matches!(d.outcome, Outcome::Apply { .. }))
@@ -82,7 +71,7 @@ pub(super) async fn apply_all(
         let ended = apply_in_order(ctx, d, stage, &mut tally).await;
         tally.record(&d.root, ended);
     }
-    tally.applied(ctx)
+    tally.ending(ctx)
 }
 
 /// One root, in order: stopped when an upstream failed or was refused (its own `depends_on`
@@ -117,7 +106,11 @@ async fn apply_in_order(
     match std::mem::replace(&mut d.outcome, Outcome::Nothing) {
         Outcome::Refused(refusal) => refused(ctx, d, refusal).await,
         Outcome::Nothing => nothing(ctx, d).await,
-        Outcome::Apply { planned, confirmed } => apply(ctx, d, *planned, confirmed).await,
+        Outcome::Apply {
+            planned,
+            confirmed,
+            guard,
+        } => apply(ctx, d, *planned, guard, confirmed).await,
     }
 }
 
@@ -129,7 +122,6 @@ async fn stop(ctx: &ApplyCtx, d: &mut Decided, why: Stopped) -> Ended {
     ctx.end_run(d.run, RunState::Canceled, &text, &d.plan_log)
         .await;
     d.outcome = Outcome::Nothing;
-    d.guard = None;
     Ended {
         text,
         how: End::Stopped(why),
@@ -166,7 +158,13 @@ async fn nothing(ctx: &ApplyCtx, d: &Decided) -> Ended {
 
 /// Apply the checked plan, under the lock it was made under; then what the apply left, and
 /// which guests wait for a reboot.
-async fn apply(ctx: &ApplyCtx, d: &mut Decided, planned: PlannedRun, confirmed: bool) -> Ended {
+async fn apply(
+    ctx: &ApplyCtx,
+    d: &Decided,
+    planned: PlannedRun,
+    guard: RootGuard,
+    confirmed: bool,
+) -> Ended {
     ctx.log.say(
         "applying",
         context! {
@@ -176,7 +174,6 @@ async fn apply(ctx: &ApplyCtx, d: &mut Decided, planned: PlannedRun, confirmed: 
             confirmed => confirmed,
         },
     );
-    let guard = d.guard.take().expect("a planned root holds its lock");
     // The guests it updates in place: after the apply, which changes wait for a reboot.
     let guests = crate::core::proxmox::preflight::updated_guests(planned.plan());
     let slot = ctx.app.engine_slot().await;
@@ -214,14 +211,13 @@ async fn apply(ctx: &ApplyCtx, d: &mut Decided, planned: PlannedRun, confirmed: 
 async fn apply_failed(ctx: &ApplyCtx, d: &Decided, e: EngineError) -> Ended {
     let report = e.report(40);
     ctx.explain_denial(&report);
-    let text = ctx.say("apply_failed", context! {});
-    ctx.end_run(d.run, RunState::Failed, &text, &report).await;
     let failure = ApplyFailure::ApplyFailed {
         root: d.root.clone(),
         error: ctx.first_error_line(&report),
     };
+    let failure = ctx.fail_run(d.run, failure, &report).await;
     Ended {
-        text,
+        text: ctx.say("apply_failed", context! {}),
         how: End::Failed {
             failure,
             report: Some(report),
@@ -306,7 +302,7 @@ impl Tally {
 
     /// The stage's verdict: failed when a root failed, else refused when one was refused, each
     /// reason said, then the roots that did not apply because of another.
-    fn applied(self, ctx: &ApplyCtx) -> Applied {
+    fn ending(self, ctx: &ApplyCtx) -> Ending {
         let why = |reasons: Vec<String>| {
             let mut why = reasons.join("; ");
             if !self.stopped.is_empty() {
@@ -330,7 +326,7 @@ impl Tally {
             debug_assert!(self.stops.is_empty());
             Verdict::Succeeded
         };
-        Applied {
+        Ending {
             results: self.results,
             verdict,
             relied: self.relied,

@@ -3,6 +3,7 @@
 //! what changed since the review, and the new plan as the MR would show it.
 
 use super::ctx::ApplyCtx;
+use super::plan::lint;
 use crate::capabilities::engine::PlannedRun;
 use crate::capabilities::store::ShownFingerprint;
 use crate::core::apply_note::{render_plan_changed, PlanChangedNote};
@@ -57,13 +58,7 @@ pub(super) async fn post_plan_changed(
         .unwrap_or_default();
     // The run's secrets: the config's (given to the run) and the plan's own.
     let scrubber = planned.scrubber();
-    let facts = crate::core::proxmox::findings::Facts {
-        parallelism: root.parallelism,
-        ..Default::default()
-    };
-    let findings = cpu_bound(|| {
-        crate::core::proxmox::lint::lint_with(planned.plan(), &root.lint_disable, &facts)
-    });
+    let findings = lint(root, planned);
     let new_plan = cpu_bound(|| {
         render_note(
             &NoteContext {
