@@ -204,6 +204,16 @@ resource "terraform_data" "vm" {{
         (iid, log, status)
     }
 
+    /// The note on MR `iid` that contains `text` (the test fails without one).
+    fn note_with(&self, iid: u64, text: &str) -> String {
+        self.gitlab
+            .notes(&self.project, iid)
+            .into_iter()
+            .map(|n| n.body)
+            .find(|b| b.contains(text))
+            .unwrap_or_else(|| panic!("no note of !{iid} contains {text:?}"))
+    }
+
     fn state(&self, name: &str) -> Option<String> {
         self.gitlab
             .terraform_state(&self.project, name)
@@ -256,13 +266,7 @@ async fn the_apply_job_applies_network_then_replans_vms_against_its_new_outputs_
     // The VM was made with the subnet `network` had just written.
     let vms_state = w.state("vms").expect("vms has a state");
     assert!(vms_state.contains("10.0.2.0/24"), "{vms_state}");
-    let note = w
-        .gitlab
-        .notes(&w.project, iid)
-        .into_iter()
-        .map(|n| n.body)
-        .find(|b| b.contains("planbot · applied"))
-        .expect("the result note");
+    let note = w.note_with(iid, "planbot · applied");
     assert!(note.contains("- root `vms`: 2 added"), "{note}");
 }
 
@@ -318,13 +322,7 @@ async fn a_failed_network_apply_stops_vms_and_dns_and_says_why_and_backup_still_
         status.starts_with("failed: root `network`: ") && status.ends_with(stopped),
         "{status}"
     );
-    let note = w
-        .gitlab
-        .notes(&w.project, iid)
-        .into_iter()
-        .map(|n| n.body)
-        .find(|b| b.contains("apply of"))
-        .expect("the result note");
+    let note = w.note_with(iid, "apply of");
     assert!(note.contains("- root `network`: apply failed"), "{note}");
     assert!(
         note.contains("- root `vms`: not applied: `network`, which it depends on, failed"),
@@ -479,13 +477,7 @@ async fn a_replan_that_finds_the_state_in_the_checkout_is_refused_as_the_first_p
     );
     assert!(w.state("network").unwrap().contains("10.0.2.0/24"));
     assert!(w.state("vms").is_none(), "vms was not applied");
-    let note = w
-        .gitlab
-        .notes(&w.project, iid)
-        .into_iter()
-        .map(|n| n.body)
-        .find(|b| b.contains("apply of"))
-        .expect("the result note");
+    let note = w.note_with(iid, "apply of");
     assert!(
         note.contains(&format!("- root `vms`: not applied: {refusal}")),
         "{note}"

@@ -33,6 +33,7 @@ struct Ended {
     how: End,
 }
 
+/// How: stopped by an upstream, failed, refused (after its re-plan), nothing to apply, or applied.
 enum End {
     Stopped(Stopped),
     Failed {
@@ -44,10 +45,37 @@ enum End {
     Applied(Option<Leftover>),
 }
 
-/// What a plan right after a root's apply found, when not nothing.
+/// What a plan right after a root's apply found, when not nothing
+/// ([`PlannedRun::apply_and_replan`]).
 enum Leftover {
-    Changes,
-    Unknown,
+    /// The apply left these changes: a provider reported success without doing the work.
+    Changes(Vec<String>),
+    /// That plan could not run: the engine's report.
+    Unknown(String),
+}
+
+impl Leftover {
+    /// What the plan right after the apply found: nothing, changes, or no answer.
+    fn of(left: Result<Vec<String>, String>) -> Option<Leftover> {
+        match left {
+            Ok(changes) if changes.is_empty() => None,
+            Ok(changes) => Some(Leftover::Changes(changes)),
+            Err(report) => Some(Leftover::Unknown(report)),
+        }
+    }
+
+    /// Its words in the job's log, the root's line and the note.
+    fn text(&self, ctx: &ApplyCtx) -> String {
+        match self {
+            Leftover::Changes(changes) => {
+                ctx.say("apply_left_changes", context! { changes => changes })
+            }
+            Leftover::Unknown(report) => {
+                let error = ctx.first_error_line(report);
+                ctx.say("replan_failed", context! { error => error })
+            }
+        }
+    }
 }
 
 /// Stage 5: apply every decided root with changes, upstream roots first (`decided` is in
@@ -179,7 +207,7 @@ async fn apply(
     let slot = ctx.app.engine_slot().await;
     let outcome = apply_root(&guard, planned, &ctx.log).await;
     drop(slot);
-    let (out_log, left) = match outcome {
+    let (out_log, leftover) = match outcome {
         Ok(applied) => applied,
         Err(e) => return apply_failed(ctx, d, e).await,
     };
@@ -195,12 +223,12 @@ async fn apply(
         ctx.log.line(&pending);
         text = format!("{text}; {pending}");
     }
-    let leftover = left_changes(ctx, &left).map(|(said, leftover)| {
+    if let Some(left) = &leftover {
+        let said = left.text(ctx);
         ctx.log
             .say("after_apply", context! { root => &d.root, text => &said });
         text = format!("{text}; {said}");
-        leftover
-    });
+    }
     Ended {
         text,
         how: End::Applied(leftover),
@@ -226,35 +254,19 @@ async fn apply_failed(ctx: &ApplyCtx, d: &Decided, e: EngineError) -> Ended {
 }
 
 /// Apply-style work needs the root's lock: the guard is the proof. The apply's log, and what a
-/// plan of the root right after it would still change ([`PlannedRun::apply_and_replan`]).
+/// plan of the root right after it would still change.
 async fn apply_root(
     _guard: &RootGuard,
     planned: PlannedRun,
     log: &JobLog,
-) -> Result<(String, Result<Vec<String>, String>), EngineError> {
+) -> Result<(String, Option<Leftover>), EngineError> {
     let (out, left) = planned.apply_and_replan(|line| log.line(line)).await?;
-    Ok((out.log, left))
+    Ok((out.log, Leftover::of(left)))
 }
 
-/// The apply note's words when the plan after a successful apply is not empty ("the apply left
-/// changes", with the list: a provider reported success without doing the work), or could not
-/// run; `None` when it is empty.
-fn left_changes(ctx: &ApplyCtx, left: &Result<Vec<String>, String>) -> Option<(String, Leftover)> {
-    match left {
-        Ok(changes) if changes.is_empty() => None,
-        Ok(changes) => Some((
-            ctx.say("apply_left_changes", context! { changes => changes }),
-            Leftover::Changes,
-        )),
-        Err(report) => {
-            let error = ctx.first_error_line(report);
-            let said = ctx.say("replan_failed", context! { error => error });
-            Some((said, Leftover::Unknown))
-        }
-    }
-}
-
-/// How the roots of stage 5 ended so far.
+/// How the roots of stage 5 ended so far: their lines, the failures and refusals for the verdict,
+/// the roots they stop, the roots that applied (their dependents are planned again), and what
+/// the report needs besides.
 #[derive(Default)]
 struct Tally {
     results: Vec<RootResult>,
@@ -292,8 +304,8 @@ impl Tally {
             End::Applied(leftover) => {
                 self.applied.insert(root.to_string());
                 match leftover {
-                    Some(Leftover::Changes) => self.left.changes.push(root.to_string()),
-                    Some(Leftover::Unknown) => self.left.unknown.push(root.to_string()),
+                    Some(Leftover::Changes(_)) => self.left.changes.push(root.to_string()),
+                    Some(Leftover::Unknown(_)) => self.left.unknown.push(root.to_string()),
                     None => {}
                 }
             }
