@@ -189,11 +189,35 @@ pub struct PlanSettings {
     pub fork_mrs: ForkMrs,
 }
 
+/// `[apply]`: what an apply of the default branch waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplySettings {
+    /// Approvals the merged MR needs from members (Developer or more) other than its author,
+    /// each given after its last push; 0: none.
+    pub approvals: u32,
+    /// Whether GitLab's deploy freezes hold applies (Settings → CI/CD → Deploy freezes).
+    pub deploy_freezes: bool,
+}
+
+impl Default for ApplySettings {
+    fn default() -> Self {
+        ApplySettings {
+            approvals: 0,
+            deploy_freezes: true,
+        }
+    }
+}
+
+/// The most approvals `[apply] approvals` may ask for.
+pub const MAX_APPROVALS: u32 = 20;
+
 /// A valid repo configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RepoConfig {
     pub roots: Vec<Root>,
     pub plan: PlanSettings,
+    /// `[apply]`: approvals and deploy freezes.
+    pub apply: ApplySettings,
     /// `[[policy_sets]]`: the Rego policy sets that check the plans (`core::policy`).
     pub policy_sets: Vec<PolicySetSpec>,
     /// True when there was no `.planbot.toml` (the one-root default).
@@ -299,6 +323,8 @@ struct RawFile {
     #[serde(default)]
     plan: Option<RawPlan>,
     #[serde(default)]
+    apply: Option<RawApply>,
+    #[serde(default)]
     lint: Option<RawLint>,
     #[serde(default)]
     policy_sets: Vec<RawPolicySet>,
@@ -353,6 +379,15 @@ struct RawPlan {
     checkout: Option<CheckoutMode>,
     #[serde(default)]
     fork_mrs: Option<ForkMrs>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApply {
+    #[serde(default)]
+    approvals: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    deploy_freezes: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -614,6 +649,7 @@ impl RepoConfig {
                 depends_on: Vec::new(),
             }],
             plan: PlanSettings::default(),
+            apply: ApplySettings::default(),
             policy_sets: Vec::new(),
             is_default: true,
         }
@@ -655,6 +691,7 @@ impl RepoConfig {
         };
         let global_disable = global_lint_disable(raw.lint.as_ref(), &mut problems);
         let plan = plan_settings(raw.plan.as_ref());
+        let apply = apply_settings(raw.apply.as_ref(), &mut problems);
         let file_parallelism = raw
             .parallelism
             .as_ref()
@@ -688,6 +725,7 @@ impl RepoConfig {
                     let mut cfg = RepoConfig::absent();
                     cfg.is_default = false;
                     cfg.plan = plan;
+                    cfg.apply = apply;
                     cfg.roots[0].lint_disable = global_disable;
                     cfg.roots[0].drift = raw.drift.unwrap_or(true);
                     cfg.roots[0].parallelism = file_parallelism;
@@ -725,6 +763,7 @@ impl RepoConfig {
         problems.finish(RepoConfig {
             roots,
             plan,
+            apply,
             policy_sets,
             is_default: false,
         })
@@ -1032,6 +1071,27 @@ fn plan_settings(plan: Option<&RawPlan>) -> PlanSettings {
         checkout: plan.and_then(|p| p.checkout).unwrap_or_default(),
         fork_mrs: plan.and_then(|p| p.fork_mrs).unwrap_or_default(),
     }
+}
+
+/// `[apply]`: `approvals` a whole number from 0 to [`MAX_APPROVALS`] (else a problem at its
+/// line), `deploy_freezes` true unless said otherwise.
+fn apply_settings(apply: Option<&RawApply>, problems: &mut Problems<'_>) -> ApplySettings {
+    let mut settings = ApplySettings::default();
+    let Some(apply) = apply else {
+        return settings;
+    };
+    settings.deploy_freezes = apply.deploy_freezes.unwrap_or(true);
+    if let Some(n) = &apply.approvals {
+        match n.get_ref().as_integer() {
+            Some(v) if (0..=i64::from(MAX_APPROVALS)).contains(&v) => settings.approvals = v as u32,
+            _ => problems.at(
+                n.span(),
+                "apply.approvals",
+                format!("expected a whole number from 0 to {MAX_APPROVALS} (the approvals an apply waits for), not {}", n.get_ref()),
+            ),
+        }
+    }
+    settings
 }
 
 /// How a problem names a key of the `i`th root: `roots[i].dir`.
@@ -1520,6 +1580,8 @@ pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
             layers => cfg.graph().layers(),
             checkout => cfg.plan.checkout.as_str(),
             fork_mrs => cfg.plan.fork_mrs.as_str(),
+            approvals => cfg.apply.approvals,
+            deploy_freezes => cfg.apply.deploy_freezes,
             policy_sets => policy::sets::views(&cfg.policy_sets),
         },
     )

@@ -452,7 +452,7 @@ fn apply_floor(room: &str) -> u8 {
         "parity" | "run" => 7,
         "order" | "report" => 6,
         "decide" => 5,
-        "judge" | "shown" => 4,
+        "judge" | "shown" | "rails" => 4,
         "plan" => 3,
         "ctx" => 2,
         "policy" | "verify" => 1,

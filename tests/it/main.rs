@@ -43,6 +43,7 @@ mod preflight_checks;
 mod preflight_cluster;
 mod preflight_tls;
 mod public_links;
+mod rails_story;
 mod redaction_canaries;
 mod render_cli;
 mod render_notes;

@@ -19,6 +19,8 @@ pub(super) struct ApplyCtx {
     /// Every root's plan request, with the apply credentials and the job's one state gate
     /// (`flows::confinement::plan_request`).
     pub runs: crate::flows::confinement::plan_request::JobRuns,
+    /// `[apply]` of the default branch's `.planbot.toml`: what the apply waits for.
+    pub apply: crate::core::repo_config::ApplySettings,
     pub app: Arc<App>,
     pub project: ProjectId,
     pub project_path: String,

@@ -147,6 +147,7 @@ async fn verify_and_apply(
     );
     let ctx = ApplyCtx {
         runs,
+        apply: repo_config.apply,
         app: app.clone(),
         project: job.project.id,
         project_path: job.project.path_with_namespace.clone(),
@@ -216,10 +217,7 @@ async fn plan_apply_report(
         Ok(p) => p,
         Err(verdict) => return Ok(verdict),
     };
-    let stage = stage::Stage {
-        order,
-        confirm,
-    };
+    let stage = stage::Stage { order, confirm };
     let mut ending = stage::apply_all(ctx, &mut planned.decided, &stage).await;
     ending.relied.splice(0..0, planned.relied);
     report::report(ctx, apply_id, &planned.decided, &ending).await;

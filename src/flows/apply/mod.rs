@@ -31,6 +31,7 @@ mod order;
 mod parity;
 mod plan;
 mod policy;
+mod rails;
 mod report;
 mod run;
 mod shown;

@@ -6,6 +6,7 @@
 use super::ctx::ApplyCtx;
 use super::decide::{decide_root, state_in_checkout, Decided};
 use super::log::{ApplyFailure, Verdict};
+use super::rails;
 use super::report;
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::{ApplyId, ApplyState, NewRun, RunKind, RunState};
@@ -34,6 +35,11 @@ pub(super) async fn plan_and_decide(
     confirm: Option<&str>,
 ) -> Result<Result<Planned, Verdict>> {
     let mut planned = Planned::default();
+    // What the apply waits for besides its plans (a deploy freeze): refused before any engine
+    // runs.
+    if let Some(refusal) = rails::held(ctx).await {
+        return Ok(Err(refuse_apply(ctx, apply_id, &planned, refusal).await?));
+    }
     // A root whose state would be written into this throwaway checkout is refused before any
     // engine runs.
     if let Some(refusal) = roots

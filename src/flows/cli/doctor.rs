@@ -607,6 +607,18 @@ async fn project_checks(
             return;
         }
     }
+    // The apply job reads the deploy freezes with the bot's token (Reporter or more).
+    let mut f = d.clone();
+    match client.freeze_periods(project.id).await {
+        Ok(periods) => {
+            f["count"] = periods.len().into();
+            r.add(Status::Ok, "freezes_readable", f);
+        }
+        Err(e) => {
+            f["error"] = e.to_string().into();
+            r.add(Status::Fail, "freezes_unreadable", f);
+        }
+    }
     let Some(hook_url) = hook_url else { return };
     d["url"] = hook_url.into();
     match client.project_hooks(project.id).await {
