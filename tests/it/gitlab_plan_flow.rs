@@ -498,8 +498,8 @@ async fn two_mrs_of_one_project_are_planned_at_the_same_time_on_one_mirror() {
     let (ja, jb) = (w.job(a), w.job(b));
     let none = CancellationToken::new();
     let (ra, rb) = tokio::join!(
-        planbot::flows::review::plan::run(&w.app(), &ja, None, &none),
-        planbot::flows::review::plan::run(&w.app(), &jb, None, &none)
+        planbot::flows::review::plan::run(w.app(), &ja, None, &none),
+        planbot::flows::review::plan::run(w.app(), &jb, None, &none)
     );
     ra.expect("MR a planned");
     rb.expect("MR b planned");
