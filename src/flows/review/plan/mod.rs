@@ -84,20 +84,13 @@ pub async fn run(
                 let _ = finish(app, run, RunState::Failed, &error, "", None).await;
             }
         }
-        set_status(
-            app,
-            job.project,
-            &job.head,
-            StatusState::Failed,
-            &text(
-                &app.scrubber,
-                "error",
-                minijinja::context! { error => minijinja::Value::from_safe_string(error) },
-            ),
-            None,
-            None,
-        )
-        .await;
+        let error = minijinja::Value::from_safe_string(error);
+        let line = text(
+            &app.scrubber,
+            "error",
+            minijinja::context! { error => error },
+        );
+        set_status(app, job, StatusState::Failed, &line, None, None).await;
     }
     result.map(|_| ())
 }
@@ -139,20 +132,12 @@ async fn plan(
 /// flow's own last word, which took the stop for a supersede).
 pub(crate) async fn past_deadline(app: &App, job: &PlanJob, limit: std::time::Duration) {
     let limit = humantime::format_duration(limit).to_string();
-    set_status(
-        app,
-        job.project,
-        &job.head,
-        StatusState::Failed,
-        &text(
-            &app.scrubber,
-            "past_deadline",
-            minijinja::context! { limit => limit },
-        ),
-        None,
-        None,
-    )
-    .await;
+    let line = text(
+        &app.scrubber,
+        "past_deadline",
+        minijinja::context! { limit => limit },
+    );
+    set_status(app, job, StatusState::Failed, &line, None, None).await;
 }
 
 /// A newer head or the MR's close cancelled the run: its runs end canceled and the status
@@ -189,15 +174,7 @@ async fn superseded(
             _ => {}
         }
     }
-    set_status(
-        app,
-        job.project,
-        &job.head,
-        StatusState::Canceled,
-        &why,
-        None,
-        prepared.status_ref.clone(),
-    )
-    .await;
+    let status_ref = prepared.status_ref.clone();
+    set_status(app, job, StatusState::Canceled, &why, None, status_ref).await;
     Ok(PlanOutcome::Canceled)
 }

@@ -2,7 +2,7 @@
 //! planning, the mirror is fetched, the repo config is read from the DEFAULT branch, and the
 //! commit to plan, the changed files, the checkout and the MR's engine are ready.
 
-use super::shared::{gl, set_status, text, upsert_note};
+use super::shared::{set_status, text, upsert_note};
 use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::{MergeRequest, StatusState};
 use crate::capabilities::workspace::{Checkout, MrCommit, PlannedRef};
@@ -13,6 +13,7 @@ use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
 use crate::flows::context::app_state::App;
 use crate::flows::context::metrics::PlanOutcome;
 use crate::flows::context::policy_sets::PolicySets;
+use crate::flows::review::gitlab_calls::gl;
 use anyhow::{Context, Result};
 
 /// Everything the later stages need, once the run is known to go ahead.
@@ -78,7 +79,15 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
     };
     let status_ref = Some(mr.source_branch.clone()).filter(|s| !s.is_empty());
     let queued = text(&app.scrubber, "queued", minijinja::context! {});
-    announce(app, job, StatusState::Pending, &queued, &status_ref).await;
+    set_status(
+        app,
+        job,
+        StatusState::Pending,
+        &queued,
+        None,
+        status_ref.clone(),
+    )
+    .await;
 
     let info = gl(
         app,
@@ -94,7 +103,15 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         "planning",
         minijinja::context! { roots => "" },
     );
-    announce(app, job, StatusState::Running, &planning, &status_ref).await;
+    set_status(
+        app,
+        job,
+        StatusState::Running,
+        &planning,
+        None,
+        status_ref.clone(),
+    )
+    .await;
 
     // The repo config comes from the default branch only.
     let default_branch = info.default_branch.clone().unwrap_or_else(|| "main".into());
@@ -139,18 +156,6 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         policies,
         proposed_invalid,
     }))
-}
-
-/// `planbot/plan` says where the run is (queued, then planning).
-async fn announce(
-    app: &App,
-    job: &PlanJob,
-    state: StatusState,
-    line: &str,
-    status_ref: &Option<String>,
-) {
-    let ref_ = status_ref.clone();
-    set_status(app, job.project, &job.head, state, line, None, ref_).await;
 }
 
 /// The MR as GitLab has it, when it is still open at `job`'s head; else why the run stops (a
@@ -242,28 +247,16 @@ async fn invalid_config(
         })
     );
     let note = upsert_note(app, job.project, job.mr, &body).await?;
-    let first = err
-        .problems
-        .first()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
-    set_status(
-        app,
-        job.project,
-        &job.head,
-        StatusState::Failed,
-        &text(
-            &app.scrubber,
-            "invalid_config",
-            minijinja::context! {
-                file => repo_config::FILE_NAME,
-                branch => default_branch,
-                problem => first,
-            },
-        ),
-        None,
-        status_ref,
-    )
-    .await;
+    let first = err.problems.first().map(|p| p.to_string());
+    let line = text(
+        &app.scrubber,
+        "invalid_config",
+        minijinja::context! {
+            file => repo_config::FILE_NAME,
+            branch => default_branch,
+            problem => first.unwrap_or_default(),
+        },
+    );
+    set_status(app, job, StatusState::Failed, &line, None, status_ref).await;
     Ok(note)
 }

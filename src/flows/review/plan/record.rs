@@ -17,6 +17,7 @@ use crate::core::redact::Scrubber;
 use crate::core::repo_config::RepoConfigError;
 use crate::core::summary::Summary;
 use crate::flows::context::app_state::App;
+use crate::flows::review::gitlab_calls::set_commit_status;
 use crate::flows::review::policies;
 use anyhow::Result;
 
@@ -185,22 +186,13 @@ pub(super) async fn set_statuses(
         ),
         None => final_status(rec, &app.scrubber),
     };
-    let (project, head) = (job.project, &job.head);
     let url = note.run_url.clone();
-    set_status(
-        app,
-        project,
-        head,
-        state,
-        &description,
-        url,
-        status_ref.clone(),
-    )
-    .await;
+    set_status(app, job, state, &description, url, status_ref.clone()).await;
     if let Some(tests) = &rec.tests {
         set_test_status(app, job, tests, status_ref.clone()).await;
     }
     let (verdicts, approvals) = (&note.policies, &note.approvals);
+    let (project, head) = (job.project, &job.head);
     policies::set_status(app, project, head, status_ref.clone(), verdicts, approvals).await;
     state
 }
@@ -221,11 +213,7 @@ async fn set_test_status(app: &App, job: &PlanJob, tests: &TestsStatus, ref_: Op
         ref_,
         pipeline_id: None,
     };
-    let (project, sha) = (job.project, &job.head);
-    if let Err(e) = app.gitlab.set_commit_status(project, sha, &status).await {
-        app.metrics.gitlab_error("set_commit_status");
-        tracing::warn!(project = project.0, sha = %sha.short(), error = %e, "could not set the test status");
-    }
+    set_commit_status(app, job.project, &job.head, &status, "test status").await;
 }
 
 /// Stage 5's decision: failed when a root failed or a lint error blocks the apply, else success

@@ -1,13 +1,15 @@
 //! What the stages of a plan run share, below them all: a line of the plan's texts
 //! (`templates/plan_status.txt.j2`), the `planbot/plan` status, the ONE note upserted by its
-//! marker, a run's end, and a GitLab call's error counted.
+//! marker, and a run's end.
 
 use crate::capabilities::gitlab::{CommitStatus, GitLabError, StatusState};
 use crate::capabilities::store::{RunEnd, RunState};
-use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, RunId};
+use crate::core::events::PlanJob;
+use crate::core::ids::{MrIid, NoteId, ProjectId, RunId};
 use crate::core::redact::Scrubber;
 use crate::core::render::NOTE_MARKER;
 use crate::flows::context::app_state::App;
+use crate::flows::review::gitlab_calls::{gl, set_commit_status};
 use anyhow::Result;
 
 /// One line of the plan flow (`kind` selects it in `templates/plan_status.txt.j2`): its values
@@ -21,19 +23,10 @@ pub(super) fn text(scrubber: &Scrubber, kind: &str, ctx: minijinja::Value) -> St
     })
 }
 
-/// A GitLab call's result, its error counted under `op` and named in the context.
-pub(super) fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
-    r.map_err(|e| {
-        app.metrics.gitlab_error(op);
-        anyhow::Error::new(e).context(op.to_string())
-    })
-}
-
-/// `planbot/plan` on `sha`; a GitLab refusal is counted and logged, never the run's end.
+/// `planbot/plan` on `job`'s head; a GitLab refusal is counted and logged, never the run's end.
 pub(super) async fn set_status(
     app: &App,
-    project: ProjectId,
-    sha: &CommitSha,
+    job: &PlanJob,
     state: StatusState,
     description: &str,
     target_url: Option<String>,
@@ -48,10 +41,7 @@ pub(super) async fn set_status(
         ref_,
         pipeline_id: None,
     };
-    if let Err(e) = app.gitlab.set_commit_status(project, sha, &status).await {
-        app.metrics.gitlab_error("set_commit_status");
-        tracing::warn!(project = project.0, sha = %sha.short(), error = %e, "could not set the commit status");
-    }
+    set_commit_status(app, job.project, &job.head, &status, "commit status").await;
 }
 
 /// End a run (scrubbed); returns what was recorded, so it can be recorded again with the note.
