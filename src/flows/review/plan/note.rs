@@ -35,6 +35,17 @@ pub(super) struct Posted {
     pub run_url: Option<String>,
 }
 
+impl Posted {
+    /// The policy verdict recorded for `root`'s plan (no set in it when none checks the root).
+    pub fn verdict_of(&self, root: &str) -> RecordedVerdict {
+        self.policies
+            .iter()
+            .find(|(r, _, _)| r == root)
+            .map(|(_, _, v)| v.clone())
+            .unwrap_or_default()
+    }
+}
+
 /// Stage 3: the ONE note of every root's result, `took` after the run started, posted.
 pub(super) async fn post(
     app: &App,

@@ -129,12 +129,7 @@ async fn record_clean(
     shown: ShownFingerprint,
     planned: &PlannedRun,
 ) -> Result<()> {
-    let verdict = note
-        .policies
-        .iter()
-        .find(|(root, _, _)| *root == shown.root)
-        .map(|(_, _, v)| v.clone())
-        .unwrap_or_default();
+    let verdict = note.verdict_of(&shown.root);
     app.store
         .record_policy_verdict(PolicyVerdictRecord {
             project: shown.project,

@@ -48,12 +48,7 @@ pub(super) async fn compute(
                 Vec::new()
             }
         };
-        let verdict = note
-            .policies
-            .iter()
-            .find(|(root, _, _)| *root == r.name)
-            .map(|(_, _, v)| v.clone())
-            .unwrap_or_default();
+        let verdict = note.verdict_of(&r.name);
         let summary = Summary::of(planned.plan());
         out.push((
             r.name.clone(),
