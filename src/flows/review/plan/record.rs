@@ -1,6 +1,6 @@
 //! Stage 4 and 5 of a plan run: once the note that shows them is up, store every run's end,
-//! the fingerprints and digests of the clean plans; then decide the commit status from what
-//! was recorded.
+//! the fingerprints and digests of the clean plans; then set the commit statuses from what was
+//! recorded.
 
 use super::note::{root_checks, Posted};
 use super::roots::{Outcome, RootResult};
@@ -39,7 +39,8 @@ pub(super) struct Recorded {
 /// Stage 4: finish every run (its summary, scrubbed log and the note; failed when the plan
 /// errored, a finding is an error, or `blocked`: the MR's `.planbot.toml` is broken) and, for the clean plans,
 /// store the fingerprint shown on the MR and the secret-free digest a refused apply compares
-/// with. The plan files go away as the results are consumed.
+/// with; what the roots' tests said is kept for `planbot/test`. The plan files go away as the
+/// results are consumed.
 pub(super) async fn record(
     app: &App,
     job: &PlanJob,

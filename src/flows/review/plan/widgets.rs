@@ -1,6 +1,6 @@
 //! Stage 4's companion: what GitLab's MR widgets show of each clean plan (its counts, its lint,
 //! preflight and policy findings at the line of their resource), recorded with its fingerprint
-//! for the MR pipeline's job to download (`flows::widgets`).
+//! for the MR pipeline's job to download (`flows::review::widgets`).
 
 use super::note::Posted;
 use super::prepare::Prepared;
