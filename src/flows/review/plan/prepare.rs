@@ -79,21 +79,11 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
     };
     let status_ref = Some(mr.source_branch.clone()).filter(|s| !s.is_empty());
     let queued = text(&app.scrubber, "queued", minijinja::context! {});
-    set_status(
-        app,
-        job,
-        StatusState::Pending,
-        &queued,
-        None,
-        status_ref.clone(),
-    )
-    .await;
+    let pending = StatusState::Pending;
+    set_status(app, job, pending, &queued, None, status_ref.clone()).await;
 
-    let info = gl(
-        app,
-        "project",
-        app.gitlab.project(&project.to_string()).await,
-    )?;
+    let info = app.gitlab.project(&project.to_string()).await;
+    let info = gl(app, "project", info)?;
     // The shared workspace: its per-project lock keeps concurrent plans from racing on the mirror.
     ws.sync(project, &info.http_url_to_repo)
         .await
@@ -103,15 +93,8 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         "planning",
         minijinja::context! { roots => "" },
     );
-    set_status(
-        app,
-        job,
-        StatusState::Running,
-        &planning,
-        None,
-        status_ref.clone(),
-    )
-    .await;
+    let running = StatusState::Running;
+    set_status(app, job, running, &planning, None, status_ref.clone()).await;
 
     // The repo config comes from the default branch only.
     let default_branch = info.default_branch.clone().unwrap_or_else(|| "main".into());
