@@ -408,6 +408,97 @@ fn core_rooms_stand_on_lower_floors_only() {
     );
 }
 
+/// The floors of `flows::review` (docs/architecture.md): a room uses only rooms on lower
+/// floors, and none uses `flows::review` itself (its `mod.rs` only names them). At the bottom
+/// how the review calls GitLab; the policy gate's review side on it; the plan run and the other
+/// MR events side by side; the widgets' endpoint, which asks the events' `fork_policy`.
+fn review_floor(room: &str) -> u8 {
+    match room {
+        "mod" => 5,
+        "widgets" => 4,
+        "plan" | "commands" => 3,
+        "policies" => 2,
+        "gitlab_calls" => 1,
+        other => panic!(
+            "flows::review::{other} has no floor: give it one here and in docs/architecture.md"
+        ),
+    }
+}
+
+/// The floors of `flows::review::plan`: its `mod.rs` on top calls the stages in order; each
+/// stage uses only the stages before it, and `shared` (the status lines and statuses, the
+/// note's upsert, a run's end) at the bottom.
+fn review_plan_floor(room: &str) -> u8 {
+    match room {
+        "mod" => 7,
+        "record" | "widgets" => 6,
+        "note" => 5,
+        "roots" => 4,
+        "reach" => 3,
+        "prepare" => 2,
+        "shared" => 1,
+        other => panic!(
+            "flows::review::plan::{other} has no floor: give it one here and in docs/architecture.md"
+        ),
+    }
+}
+
+/// The arrows of `g` between rooms of `flows::review`, and between rooms of its plan, that do
+/// not go down a floor.
+fn review_arrows_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut wrong = arrows_up(g, "flows::review::", review_floor);
+    wrong.extend(arrows_up(g, "flows::review::plan::", review_plan_floor));
+    wrong
+}
+
+#[test]
+fn review_rooms_stand_on_lower_floors_only() {
+    let wrong = review_arrows_up(&graph_with(true));
+    assert!(
+        wrong.is_empty(),
+        "a room of flows::review (or of its plan) uses one on its own floor or above, or its folder's mod.rs:\n{}",
+        wrong.join("\n")
+    );
+    for m in modules().keys() {
+        if let Some(room) = m.strip_prefix("flows::review::") {
+            review_floor(room.split("::").next().unwrap());
+        }
+        if let Some(room) = m.strip_prefix("flows::review::plan::") {
+            review_plan_floor(room.split("::").next().unwrap());
+        }
+    }
+    // The check sees an arrow going up, one into a folder's `mod.rs` (a stage calling its
+    // helpers), one to a later stage, and lets those going down pass.
+    let mut g = BTreeMap::new();
+    g.insert(
+        "flows::review::plan::roots".to_string(),
+        BTreeSet::from([
+            "flows::review::plan".to_string(),
+            "flows::review::plan::note".to_string(),
+            "flows::review::plan::prepare".to_string(),
+        ]),
+    );
+    g.insert(
+        "flows::review::plan::note".to_string(),
+        BTreeSet::from([
+            "flows::review::policies".to_string(),
+            "flows::review::plan::shared".to_string(),
+        ]),
+    );
+    g.insert(
+        "flows::review::policies".to_string(),
+        BTreeSet::from(["flows::review::commands".to_string()]),
+    );
+    assert_eq!(
+        review_arrows_up(&g),
+        vec![
+            "flows::review::policies → flows::review::commands",
+            "flows::review::plan::roots → flows::review::plan",
+            "flows::review::plan::roots → flows::review::plan::note",
+        ]
+    );
+}
+
 #[test]
 fn flows_rooms_stand_on_lower_floors_only() {
     let wrong = flows_arrows_up(&graph());
