@@ -103,6 +103,23 @@ impl Values {
         }
     }
 
+    /// A size such as `"4 GiB"`, of at least [`SIZE_FLOOR`]: as given, else the declared
+    /// default (and a problem).
+    fn size(&mut self, key: &str) -> u64 {
+        let text: String = self.get(key);
+        if let Some(n) = parse_size(&text).filter(|n| *n >= SIZE_FLOOR) {
+            return n;
+        }
+        self.invalid(
+            key,
+            format!(
+                "`{text}`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\""
+            ),
+        );
+        let default: String = self.get(key);
+        parse_size(&default).expect("a valid default size")
+    }
+
     /// A duration within `range` (else the default, and a problem saying `expected`).
     fn duration_within(
         &mut self,
@@ -424,7 +441,6 @@ fn env_table(v: &mut Values, path: &str) -> BTreeMap<String, Secret> {
 
 /// `[sandbox]`.
 fn sandbox(v: &mut Values) -> SandboxConfig {
-    let defaults = SandboxConfig::default();
     let switch = |v: &mut Values, key: &str| {
         v.choice(
             key,
@@ -436,51 +452,9 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
             |other| format!("`{other}`: expected \"auto\" or \"off\""),
         )
     };
-    let memory_max = match v.given::<String>("sandbox.memory_max") {
-        None => defaults.memory_max,
-        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
-            Some(n) => n,
-            None => {
-                v.invalid(
-                    "sandbox.memory_max",
-                    format!(
-                    "`{text}`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\""
-                ),
-                );
-                defaults.memory_max
-            }
-        },
-    };
-    let disk_max = match v.given::<String>("sandbox.disk_max") {
-        None => defaults.disk_max,
-        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
-            Some(n) => n,
-            None => {
-                v.invalid(
-                    "sandbox.disk_max",
-                    format!(
-                    "`{text}`: expected a size of at least 64 MiB, such as \"2 GiB\" or \"10 GiB\""
-                ),
-                );
-                defaults.disk_max
-            }
-        },
-    };
-    let job_memory_max = match v.given::<String>("sandbox.job_memory_max") {
-        None => defaults.job_memory_max,
-        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
-            Some(n) => n,
-            None => {
-                v.invalid(
-                    "sandbox.job_memory_max",
-                    format!(
-                    "`{text}`: expected a size of at least 64 MiB, such as \"2 GiB\" or \"6 GiB\""
-                ),
-                );
-                defaults.job_memory_max
-            }
-        },
-    };
+    let memory_max = v.size("sandbox.memory_max");
+    let disk_max = v.size("sandbox.disk_max");
+    let job_memory_max = v.size("sandbox.job_memory_max");
     let job_tasks_max =
         v.number_within("sandbox.job_tasks_max", 16..=4_194_304, "a number of tasks") as u64;
     SandboxConfig {
@@ -491,7 +465,7 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
                 Value::Integer(n) if (1..=65535).contains(&n) => Ok(n as u16),
                 other => Err(format!("`{other}` is not a TCP port (1 to 65535)")),
             })
-            .unwrap_or(defaults.connect_ports),
+            .unwrap_or_else(|| v.get("sandbox.connect_ports")),
         read_paths: v
             .list("sandbox.read_paths", |item| match item {
                 Value::String(p) if p.starts_with('/') => Ok(PathBuf::from(p)),
@@ -506,6 +480,10 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
         job_tasks_max,
     }
 }
+
+/// The least a size key takes (`sandbox.memory_max`, `disk_max`, `job_memory_max`): less
+/// leaves an engine no room to start.
+const SIZE_FLOOR: u64 = 64 << 20;
 
 /// A size such as `512 MiB`, `4GiB` or `1048576` (bytes).
 fn parse_size(text: &str) -> Option<u64> {

@@ -643,3 +643,40 @@ fn a_duration_given_as_a_bare_number_gets_an_example_of_one() {
         ["config key `engine.timeout`: expected a string, found integer (write e.g. \"30m\", \"90s\": a number and its unit, in quotes)\n    from planbot.toml, line 9"]
     );
 }
+
+#[test]
+fn a_size_is_read_with_its_unit_and_a_bad_one_falls_back_to_the_declared_default() {
+    let defaults = Config::load(MINIMAL, &[], &no_files).unwrap();
+    assert_eq!(defaults.sandbox.memory_max, 4 << 30);
+    assert_eq!(defaults.sandbox.disk_max, 4 << 30);
+    assert_eq!(defaults.sandbox.job_memory_max, 4 << 30);
+    assert_eq!(defaults.sandbox.connect_ports, [443]);
+
+    let text = format!(
+        "{MINIMAL}[sandbox]\nmemory_max = \"lots\"\ndisk_max = \"1 MiB\"\njob_memory_max = \"2GiB\"\n"
+    );
+    let env = [(
+        "PLANBOT_SANDBOX_CONNECT_PORTS".to_string(),
+        "443, 8443".to_string(),
+    )];
+    let loaded = Config::load_all(&text, &env, &no_files);
+    let shown: Vec<String> = loaded
+        .problems
+        .iter()
+        .map(|p| p.describe("planbot.toml"))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "config key `sandbox.memory_max`: `lots`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\"\n    from planbot.toml, line 9",
+            "config key `sandbox.disk_max`: `1 MiB`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\"\n    from planbot.toml, line 10",
+        ]
+    );
+    let c = loaded
+        .config
+        .expect("built, the defaults standing in for the bad values");
+    assert_eq!(c.sandbox.memory_max, 4 << 30);
+    assert_eq!(c.sandbox.disk_max, 4 << 30);
+    assert_eq!(c.sandbox.job_memory_max, 2 << 30);
+    assert_eq!(c.sandbox.connect_ports, [443, 8443]);
+}
