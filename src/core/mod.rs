@@ -13,6 +13,7 @@ pub mod engine_kind;
 pub mod events;
 pub mod fingerprint;
 pub mod freeze;
+#[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod hcl;
 pub mod ids;

@@ -25,7 +25,6 @@ mod engine_process;
 mod engine_runner;
 mod fingerprint_engine;
 mod first_day;
-mod fuzz_replay;
 mod gitlab_client;
 mod gitlab_fake;
 mod gitlab_plan_flow;
