@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # planbot's fuzz targets (docs/development.md, "Fuzzing"): `cargo fuzz` (libFuzzer) on nightly.
-# The properties each target checks are `planbot::core::fuzzing`; `cargo test --test it
-# fuzz_replay` replays the committed corpora and crash fixtures on stable.
+# The properties each target checks are `planbot::core::fuzzing`; `cargo test --lib fuzzing`
+# replays the committed corpora and crash fixtures on stable.
 #
 #   scripts/fuzz.sh TARGET SECONDS [LIBFUZZER_ARG...]   run one target for SECONDS (one job), then
 #                                                       merge what it found into fuzz/corpus/TARGET
@@ -123,8 +123,8 @@ keep() {
 
 add() {
   local name="$1"
-  grep -q "^pub fn $name(data: &\[u8\])" src/core/fuzzing.rs \
-    || { echo "fuzz: write pub fn $name(data: &[u8]) in src/core/fuzzing.rs first" >&2; exit 2; }
+  grep -q "^pub fn $name(data: &\[u8\])" src/core/fuzzing/mod.rs \
+    || { echo "fuzz: write pub fn $name(data: &[u8]) in src/core/fuzzing/mod.rs first" >&2; exit 2; }
   cat > "fuzz/fuzz_targets/$name.rs" <<EOF
 //! Fuzz target \`$name\`: the input and the properties are \`planbot::core::fuzzing::$name\`.
 #![no_main]
@@ -134,7 +134,7 @@ EOF
   printf '\n[[bin]]\nname = "%s"\npath = "fuzz_targets/%s.rs"\ntest = false\ndoc = false\nbench = false\n' \
     "$name" "$name" >> fuzz/Cargo.toml
   mkdir -p "fuzz/corpus/$name"
-  echo "fuzz: added $name; list it in TARGETS (src/core/fuzzing.rs) and give it seeds in fuzz/corpus/$name"
+  echo "fuzz: added $name; list it in TARGETS (src/core/fuzzing/mod.rs) and give it seeds in fuzz/corpus/$name"
 }
 
 case "${1:-}" in

@@ -1,6 +1,6 @@
 //! The `planbot` binary: a thin command-line front over the library's flows.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -79,75 +79,9 @@ enum Command {
         check: bool,
     },
     /// Render a `show -json` plan document (`-` = stdin) as the MR note or the JSON summary.
-    Render {
-        /// The JSON of `tofu show -json PLANFILE` (not the binary plan file itself); `-` reads stdin.
-        #[arg(value_name = "PLAN_JSON")]
-        plan_json: PathBuf,
-        /// Default: `text` on a terminal, `markdown` when piped (as `planbot plan`).
-        #[arg(long, value_enum)]
-        format: Option<Format>,
-        /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
-        #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
-        fingerprint_key: Option<String>,
-        /// The engine that wrote the plan, for the footer (default: told from the document when
-        /// it says so clearly, else only the version is shown).
-        #[arg(long, value_enum)]
-        engine_name: Option<EngineName>,
-        /// `gitlab`: cut the note to GitLab's size budget, as on a merge request (default: the
-        /// whole plan; locally there is no GitLab limit).
-        #[arg(long, value_enum)]
-        budget: Option<BudgetArg>,
-    },
+    Render(RenderArgs),
     /// Run init + plan + show in DIR with the real engine and print the same output.
-    Plan {
-        /// The root module to plan (a directory with `.tf` files).
-        dir: PathBuf,
-        /// Engine binary: `tofu` (preferred), `terraform`, or a path.
-        #[arg(long)]
-        engine: Option<String>,
-        /// Default: `text` on a terminal, `markdown` when piped.
-        #[arg(long, value_enum)]
-        format: Option<Format>,
-        /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
-        #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
-        fingerprint_key: Option<String>,
-        /// Give up (SIGTERM, then kill after a grace period) after this long.
-        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
-        timeout: std::time::Duration,
-        /// A variable file for the engine's `plan` (`-var-file`); repeatable, later files win.
-        #[arg(long = "var-file", value_name = "FILE")]
-        var_files: Vec<PathBuf>,
-        /// A variable (`-var NAME=VALUE`); repeatable; wins over every `--var-file`.
-        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
-        vars: Vec<(String, String)>,
-        /// The engine's sandbox: `local` (read anything but /proc, write only the root, the
-        /// run's temp dir and plugin cache) or `strict` (the service's profile).
-        #[arg(
-            long,
-            value_enum,
-            default_value = "local",
-            conflicts_with = "no_sandbox"
-        )]
-        sandbox: SandboxArg,
-        /// Run the engine without a sandbox.
-        #[arg(long)]
-        no_sandbox: bool,
-        /// After the plan, check it with the Rego policies of this directory (as
-        /// `planbot policy test` does).
-        #[arg(long, value_name = "DIR")]
-        policy: Option<PathBuf>,
-        /// The Rego package of the policies' rules.
-        #[arg(long, default_value = "main", requires = "policy")]
-        namespace: String,
-        /// `gitlab`: cut the note to GitLab's size budget, as on a merge request (default: the
-        /// whole plan; locally there is no GitLab limit).
-        #[arg(long, value_enum)]
-        budget: Option<BudgetArg>,
-        /// After the plan, run the service's Proxmox preflight with this service config's
-        /// `[proxmox]` endpoint and plan token (as `planbot preflight`).
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-    },
+    Plan(PlanArgs),
     /// Rego policies over plans, as conftest runs them.
     Policy {
         #[command(subcommand)]
@@ -216,6 +150,80 @@ enum Command {
         #[arg(long = "root", value_name = "ROOT")]
         roots: Vec<String>,
     },
+}
+
+// The arguments of `planbot render` (its help text is the doc comment of `Command::Render`).
+#[derive(Args)]
+struct RenderArgs {
+    /// The JSON of `tofu show -json PLANFILE` (not the binary plan file itself); `-` reads stdin.
+    #[arg(value_name = "PLAN_JSON")]
+    plan_json: PathBuf,
+    /// Default: `text` on a terminal, `markdown` when piped (as `planbot plan`).
+    #[arg(long, value_enum)]
+    format: Option<Format>,
+    /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
+    #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
+    fingerprint_key: Option<String>,
+    /// The engine that wrote the plan, for the footer (default: told from the document when
+    /// it says so clearly, else only the version is shown).
+    #[arg(long, value_enum)]
+    engine_name: Option<EngineName>,
+    /// `gitlab`: cut the note to GitLab's size budget, as on a merge request (default: the
+    /// whole plan; locally there is no GitLab limit).
+    #[arg(long, value_enum)]
+    budget: Option<BudgetArg>,
+}
+
+// The arguments of `planbot plan` (its help text is the doc comment of `Command::Plan`).
+#[derive(Args)]
+struct PlanArgs {
+    /// The root module to plan (a directory with `.tf` files).
+    dir: PathBuf,
+    /// Engine binary: `tofu` (preferred), `terraform`, or a path.
+    #[arg(long)]
+    engine: Option<String>,
+    /// Default: `text` on a terminal, `markdown` when piped.
+    #[arg(long, value_enum)]
+    format: Option<Format>,
+    /// Key of the plan fingerprint (HMAC-SHA256); without it a fixed, public local key is used.
+    #[arg(long, env = "PLANBOT_FINGERPRINT_KEY", hide_env_values = true)]
+    fingerprint_key: Option<String>,
+    /// Give up (SIGTERM, then kill after a grace period) after this long.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
+    /// A variable file for the engine's `plan` (`-var-file`); repeatable, later files win.
+    #[arg(long = "var-file", value_name = "FILE")]
+    var_files: Vec<PathBuf>,
+    /// A variable (`-var NAME=VALUE`); repeatable; wins over every `--var-file`.
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+    vars: Vec<(String, String)>,
+    /// The engine's sandbox: `local` (read anything but /proc, write only the root, the
+    /// run's temp dir and plugin cache) or `strict` (the service's profile).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "local",
+        conflicts_with = "no_sandbox"
+    )]
+    sandbox: SandboxArg,
+    /// Run the engine without a sandbox.
+    #[arg(long)]
+    no_sandbox: bool,
+    /// After the plan, check it with the Rego policies of this directory (as
+    /// `planbot policy test` does).
+    #[arg(long, value_name = "DIR")]
+    policy: Option<PathBuf>,
+    /// The Rego package of the policies' rules.
+    #[arg(long, default_value = "main", requires = "policy")]
+    namespace: String,
+    /// `gitlab`: cut the note to GitLab's size budget, as on a merge request (default: the
+    /// whole plan; locally there is no GitLab limit).
+    #[arg(long, value_enum)]
+    budget: Option<BudgetArg>,
+    /// After the plan, run the service's Proxmox preflight with this service config's
+    /// `[proxmox]` endpoint and plan token (as `planbot preflight`).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 /// `NAME=VALUE` of `--var` (the value may hold `=`; the name is checked before the engine runs).
@@ -297,138 +305,144 @@ fn main() -> ExitCode {
         eprintln!("planbot: templates/ are broken: {e:#}");
         return ExitCode::from(1);
     }
-    let result = match cli.command {
-        Command::Serve { config, check } => planbot::flows::cli::serve::main(&config, check),
-        Command::Render {
-            plan_json,
-            format,
-            fingerprint_key,
-            engine_name,
-            budget,
-        } => planbot::flows::cli::render::render_command(
-            &plan_json,
-            format
-                .map(Into::into)
-                .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
-            fingerprint_key.as_deref(),
-            engine_name.map(Into::into),
-            matches!(budget, Some(BudgetArg::Gitlab)),
-        ),
-        Command::Plan {
-            dir,
-            engine,
-            format,
-            fingerprint_key,
-            timeout,
-            var_files,
-            vars,
-            sandbox,
-            no_sandbox,
-            policy,
-            namespace,
-            budget,
-            config,
-        } => planbot::flows::cli::plan::plan_command(
-            &dir,
-            engine.as_deref(),
-            planbot::flows::cli::plan::Printed {
-                format: format
-                    .map(Into::into)
-                    .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
-                policy: policy.map(|dir| planbot::flows::cli::policy::PolicyOptions {
-                    dir,
-                    namespace,
-                    limit: planbot::core::policy::DEFAULT_LIMIT,
-                    output: planbot::flows::cli::policy::Output::Text,
-                }),
-                gitlab_budget: matches!(budget, Some(BudgetArg::Gitlab)),
-                preflight_config: config,
-            },
-            fingerprint_key.as_deref(),
-            timeout,
-            planbot::flows::cli::plan::Variables { var_files, vars },
-            match (no_sandbox, sandbox) {
-                (true, _) => None,
-                (false, SandboxArg::Local) => {
-                    Some(planbot::capabilities::engine::SandboxProfile::Local)
-                }
-                (false, SandboxArg::Strict) => {
-                    Some(planbot::capabilities::engine::SandboxProfile::Strict)
-                }
-            },
-        ),
-        Command::Policy {
-            command:
-                PolicyCommand::Test {
-                    plan_json,
-                    policy,
-                    namespace,
-                    output,
-                    root,
-                    limit,
-                },
-        } => planbot::flows::cli::policy::test_command(
-            &plan_json,
-            &root,
-            &planbot::flows::cli::policy::PolicyOptions {
-                dir: policy,
-                namespace,
-                limit,
-                output: output.into(),
-            },
-        ),
-        Command::Preflight {
-            plan_json,
-            config,
-            format,
-        } => planbot::flows::cli::preflight::main(
-            &plan_json,
-            &config,
-            format
-                .map(Into::into)
-                .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout),
-        ),
-        Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),
-        Command::Drift {
-            config,
-            project,
-            root,
-            dry_run,
-        } => planbot::flows::cli::drift::main(
-            &config,
-            planbot::flows::drift::check::Selection {
-                project,
-                root,
-                dry_run,
-                ..Default::default()
-            },
-        ),
-        Command::CheckRepoConfig { file } => planbot::flows::cli::check_repo_config::main(&file),
-        Command::Store {
-            command:
-                StoreCommand::Migrate {
-                    from,
-                    to,
-                    password_file,
-                    ca_file,
-                },
-        } => planbot::flows::cli::store_migrate::main(
-            &from,
-            &to,
-            password_file.as_deref(),
-            ca_file.as_deref(),
-        ),
-        Command::ApplyJob {
-            url,
-            confirm,
-            roots,
-        } => planbot::flows::cli::apply_job::main(url, confirm, roots),
-    };
-    match result {
+    match cli.command.run() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("planbot: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// `--format` as chosen, else `text` on a terminal and `markdown` when piped.
+fn chosen_format(format: Option<Format>) -> planbot::flows::cli::render::Format {
+    format
+        .map(Into::into)
+        .unwrap_or_else(planbot::flows::cli::render::Format::for_stdout)
+}
+
+impl Command {
+    /// Run the subcommand: its flow in the library.
+    fn run(self) -> anyhow::Result<ExitCode> {
+        match self {
+            Command::Serve { config, check } => planbot::flows::cli::serve::main(&config, check),
+            Command::Render(args) => args.run(),
+            Command::Plan(args) => args.run(),
+            Command::Policy {
+                command:
+                    PolicyCommand::Test {
+                        plan_json,
+                        policy,
+                        namespace,
+                        output,
+                        root,
+                        limit,
+                    },
+            } => planbot::flows::cli::policy::test_command(
+                &plan_json,
+                &root,
+                &planbot::flows::cli::policy::PolicyOptions {
+                    dir: policy,
+                    namespace,
+                    limit,
+                    output: output.into(),
+                },
+            ),
+            Command::Preflight {
+                plan_json,
+                config,
+                format,
+            } => planbot::flows::cli::preflight::main(&plan_json, &config, chosen_format(format)),
+            Command::Doctor { config } => planbot::flows::cli::doctor::main(&config),
+            Command::Drift {
+                config,
+                project,
+                root,
+                dry_run,
+            } => planbot::flows::cli::drift::main(
+                &config,
+                planbot::flows::drift::check::Selection {
+                    project,
+                    root,
+                    dry_run,
+                    ..Default::default()
+                },
+            ),
+            Command::CheckRepoConfig { file } => {
+                planbot::flows::cli::check_repo_config::main(&file)
+            }
+            Command::Store {
+                command:
+                    StoreCommand::Migrate {
+                        from,
+                        to,
+                        password_file,
+                        ca_file,
+                    },
+            } => planbot::flows::cli::store_migrate::main(
+                &from,
+                &to,
+                password_file.as_deref(),
+                ca_file.as_deref(),
+            ),
+            Command::ApplyJob {
+                url,
+                confirm,
+                roots,
+            } => planbot::flows::cli::apply_job::main(url, confirm, roots),
+        }
+    }
+}
+
+impl RenderArgs {
+    /// `planbot render`: the plan document as the note or the JSON summary.
+    fn run(self) -> anyhow::Result<ExitCode> {
+        planbot::flows::cli::render::render_command(
+            &self.plan_json,
+            chosen_format(self.format),
+            self.fingerprint_key.as_deref(),
+            self.engine_name.map(Into::into),
+            matches!(self.budget, Some(BudgetArg::Gitlab)),
+        )
+    }
+}
+
+impl PlanArgs {
+    /// `planbot plan`: init, plan and show in the directory, printed as `render` prints.
+    fn run(self) -> anyhow::Result<ExitCode> {
+        let printed = planbot::flows::cli::plan::Printed {
+            format: chosen_format(self.format),
+            policy: self
+                .policy
+                .map(|dir| planbot::flows::cli::policy::PolicyOptions {
+                    dir,
+                    namespace: self.namespace,
+                    limit: planbot::core::policy::DEFAULT_LIMIT,
+                    output: planbot::flows::cli::policy::Output::Text,
+                }),
+            gitlab_budget: matches!(self.budget, Some(BudgetArg::Gitlab)),
+            preflight_config: self.config,
+        };
+        let sandbox = match (self.no_sandbox, self.sandbox) {
+            (true, _) => None,
+            (false, SandboxArg::Local) => {
+                Some(planbot::capabilities::engine::SandboxProfile::Local)
+            }
+            (false, SandboxArg::Strict) => {
+                Some(planbot::capabilities::engine::SandboxProfile::Strict)
+            }
+        };
+        planbot::flows::cli::plan::plan_command(
+            &self.dir,
+            self.engine.as_deref(),
+            printed,
+            self.fingerprint_key.as_deref(),
+            self.timeout,
+            planbot::flows::cli::plan::Variables {
+                var_files: self.var_files,
+                vars: self.vars,
+            },
+            sandbox,
+        )
     }
 }

@@ -1095,6 +1095,15 @@ impl GitLab {
             .map(|_| ())
     }
 
+    /// The project's deploy freeze periods (Reporter or more may read them).
+    pub async fn freeze_periods(
+        &self,
+        project: ProjectId,
+    ) -> Result<Vec<crate::core::freeze::FreezePeriod>, GitLabError> {
+        let p = project.to_string();
+        self.get_all(&["projects", &p, "freeze_periods"], &[]).await
+    }
+
     /// The project's webhooks (needs Maintainer; [`GitLabError::Forbidden`] otherwise).
     pub async fn project_hooks(&self, project: ProjectId) -> Result<Vec<Hook>, GitLabError> {
         let p = project.to_string();

@@ -23,12 +23,17 @@
 //! so MR code cannot stack a filter of its own that answers before planbot's (`EBUSY`).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The planbot side of one engine process's guard, prepared before `fork`: the child's end of
 /// the socket pair the listener descriptor travels on (the supervisor thread holds the other).
 #[derive(Debug)]
 pub struct ListenGuard {
     child_end: OwnedFd,
+    /// The refusals are expected (the sandbox probe's own TCP `listen()`): logged at debug,
+    /// not as a warning an operator would look into.
+    expected: Arc<AtomicBool>,
 }
 
 /// Why the guard could not be prepared.
@@ -60,11 +65,22 @@ impl ListenGuard {
         // SAFETY: both descriptors are new and ours.
         let (ours, child_end) =
             unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+        let expected = Arc::new(AtomicBool::new(false));
+        let quiet = expected.clone();
         std::thread::Builder::new()
             .name("planbot-listen".into())
-            .spawn(move || supervise(ours))
+            .spawn(move || supervise(ours, quiet))
             .map_err(|e| GuardError(format!("the supervisor thread: {e}")))?;
-        Ok(ListenGuard { child_end })
+        Ok(ListenGuard {
+            child_end,
+            expected,
+        })
+    }
+
+    /// The processes of this guard refuse on purpose (the sandbox probe tries a TCP
+    /// `listen()` to see it refused): their refusals are not warned about.
+    pub fn expect_refusals(&self) {
+        self.expected.store(true, Ordering::Relaxed);
     }
 
     /// In the engine's process, between `fork` and `exec`, after `no_new_privs`: install the
@@ -242,7 +258,7 @@ fn recv_fd(over: RawFd) -> Received {
 /// The supervisor: receives the listener of each process started with the guard (a retried
 /// spawn starts another), answers their `listen()` calls, and ends when the pair is closed and
 /// every listener reports that no process carries its filter any more.
-fn supervise(pair: OwnedFd) {
+fn supervise(pair: OwnedFd, expected: Arc<AtomicBool>) {
     let mut pair = Some(pair);
     // Each listener with how many `listen()` calls it refused (logged once, then counted: MR
     // code calling `listen()` in a loop must not flood planbot's log).
@@ -291,7 +307,7 @@ fn supervise(pair: OwnedFd) {
                 let (fd, refused) = &mut listeners[i];
                 if let Some(refusal) = answer_one(fd.as_raw_fd()) {
                     if *refused == 0 {
-                        refusal.log();
+                        refusal.log(expected.load(Ordering::Relaxed));
                     }
                     *refused += 1;
                 }
@@ -324,8 +340,14 @@ enum Refusal {
 }
 
 impl Refusal {
-    fn log(&self) {
+    /// Log the refusal; an `expected` one (the probe's) at debug.
+    fn log(&self, expected: bool) {
         match self {
+            Refusal::Family { pid, family } if expected => tracing::debug!(
+                pid,
+                family,
+                "the sandbox probe's TCP listen() was refused, as it must be"
+            ),
             Refusal::Family { pid, family } => tracing::warn!(
                 pid,
                 family,

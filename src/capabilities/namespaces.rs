@@ -131,6 +131,10 @@ fn probe_now() -> NsSupport {
         Ok(j) => j,
         Err(e) => return unavailable(e.to_string()),
     };
+    // The probe's TCP listen() is refused on purpose: not a warning in the log.
+    if let Some(guard) = &jail.listen {
+        guard.expect_refusals();
+    }
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two fds into the array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {

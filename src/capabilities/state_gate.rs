@@ -110,15 +110,28 @@ impl std::fmt::Debug for GatePass {
 impl StateGate {
     /// Start a job's gate for `project`'s states on an ephemeral loopback port, forwarding to
     /// `gitlab_url`'s state API with `upstream` (the token of the job's trust level), for runs
-    /// that may do `access`.
+    /// that may do `access`. The port is none of `sandbox_ports` (the ports every engine run may
+    /// connect to): no other job's engine reaches this gate.
     pub async fn start(
         project: GateProject,
         access: GateAccess,
         gitlab_url: &str,
         upstream: &GitlabCredential,
+        sandbox_ports: &[u16],
     ) -> std::io::Result<Arc<StateGate>> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let port = listener.local_addr()?.port();
+        let mut taken = Vec::new();
+        let (listener, port) = outside(
+            sandbox_ports,
+            || {
+                let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+                let port = l.local_addr()?.port();
+                Ok((l, port))
+            },
+            &mut taken,
+        )?;
+        drop(taken);
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         let inner = Arc::new(Inner {
             project,
             access,
@@ -235,6 +248,28 @@ impl Drop for StateGate {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// How many ports [`outside`] tries.
+const PORT_TRIES: usize = 16;
+
+/// The first listener `bind` gives whose port is not in `avoid`; the others are kept in
+/// `taken` meanwhile, so the next bind gets another port.
+fn outside<L>(
+    avoid: &[u16],
+    mut bind: impl FnMut() -> std::io::Result<(L, u16)>,
+    taken: &mut Vec<L>,
+) -> std::io::Result<(L, u16)> {
+    for _ in 0..PORT_TRIES {
+        let (listener, port) = bind()?;
+        if !avoid.contains(&port) {
+            return Ok((listener, port));
+        }
+        taken.push(listener);
+    }
+    Err(std::io::Error::other(
+        "no loopback port outside the engine sandbox's allow-list",
+    ))
 }
 
 /// A lock of the gate's tables (a panic elsewhere leaves them usable).
@@ -410,4 +445,20 @@ where
         }
         Ok(chunk)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_never_takes_a_port_the_engines_may_connect_to() {
+        let mut given = [8006u16, 443, 41000].into_iter();
+        let mut taken = Vec::new();
+        let got = outside(&[443, 8006], || Ok(((), given.next().unwrap())), &mut taken);
+        assert_eq!(got.unwrap().1, 41000);
+        assert_eq!(taken.len(), 2);
+        let mut taken = Vec::new();
+        assert!(outside(&[443], || Ok(((), 443)), &mut taken).is_err());
+    }
 }

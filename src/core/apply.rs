@@ -106,6 +106,19 @@ pub enum ApplyRefusal {
     /// not check at review) failed a set when it was checked at apply, with the sets of the
     /// default branch before the merge and planbot's own, and none of its owners approved it.
     PolicyFailedAtApply(Box<PolicyAtApply>),
+    /// A GitLab deploy freeze holds now (Settings → CI/CD → Deploy freezes).
+    DeployFreeze {
+        start: String,
+        end: String,
+        zone: String,
+        /// When it ends, in its time zone; none when its end never comes again.
+        ends: Option<String>,
+    },
+    /// Whether a deploy freeze holds could not be told (GitLab did not answer, or a period
+    /// cannot be read): a check that guards the apply could not run.
+    FreezeUnknown {
+        why: String,
+    },
     /// The reviewed plan of the root was targeted (`planbot plan -- -target=…`/`-exclude=…`):
     /// the changes it left out would remain unapplied; applied only when confirmed.
     TargetedPlan {

@@ -102,122 +102,194 @@ enum Frame {
 /// an object). Comments are skipped; strings and heredocs are read for their templates. Where
 /// the scan is unsure it counts more, never less.
 pub fn depth(text: &str) -> Result<(), HclError> {
-    let b = text.as_bytes();
-    let mut stack = vec![Frame::Code {
-        closer: 0,
-        ops: 0,
-        lines: true,
-    }];
-    let mut line = 1;
-    let mut i = 0;
-    let mut at_line_start = true;
-    while i < b.len() {
-        let c = b[i];
-        let next = b.get(i + 1).copied();
-        let starts_line = at_line_start;
-        at_line_start = c == b'\n';
+    let mut scan = Scan {
+        b: text.as_bytes(),
+        i: 0,
+        line: 1,
+        at_line_start: true,
+        stack: vec![code(0, true)],
+    };
+    while scan.i < scan.b.len() {
+        if let Step::Jumped = scan.step() {
+            continue;
+        }
+        if scan.levels() > MAX_DEPTH {
+            return Err(HclError::TooDeep { line: scan.line });
+        }
+        scan.i += 1;
+    }
+    Ok(())
+}
+
+/// The scan of [`depth`]: where it is in the text, and the frames it is inside of.
+struct Scan<'a> {
+    b: &'a [u8],
+    /// The byte read next.
+    i: usize,
+    /// The line the scan is on, for the error.
+    line: usize,
+    /// Whether the byte at `i` starts a line.
+    at_line_start: bool,
+    /// The top level first; never empty.
+    stack: Vec<Frame>,
+}
+
+/// What one step of the scan did with the byte at `i`.
+enum Step {
+    /// Read it (and maybe the byte after it): the depth is checked, the scan goes on after it.
+    Read,
+    /// Skipped to `i` past a comment, a heredoc's opening line or its end marker: the scan goes
+    /// on there.
+    Jumped,
+}
+
+impl Scan<'_> {
+    /// Read the byte at `i` as the frame on top reads it.
+    fn step(&mut self) -> Step {
+        let c = self.b[self.i];
+        let next = self.b.get(self.i + 1).copied();
+        let starts_line = self.at_line_start;
+        self.at_line_start = c == b'\n';
         if c == b'\n' {
-            line += 1;
+            self.line += 1;
         }
-        match stack.last_mut().expect("the top level is never left") {
-            Frame::Quoted => match c {
-                b'\\' => i += 1,
-                b'"' | b'\n' => {
-                    stack.pop();
-                }
-                b'$' | b'%' if next == Some(c) => i += 1,
-                b'$' | b'%' if next == Some(b'{') => {
-                    i += 1;
-                    push_template(&mut stack);
-                }
-                _ => {}
-            },
-            Frame::Heredoc(marker) => {
-                if starts_line {
-                    let end = b[i..]
-                        .iter()
-                        .position(|x| *x == b'\n')
-                        .map_or(b.len(), |p| i + p);
-                    if b[i..end].trim_ascii() == marker.as_slice() {
-                        stack.pop();
-                        i = end;
-                        continue;
-                    }
-                }
-                match c {
-                    b'$' | b'%' if next == Some(c) => i += 1,
-                    b'$' | b'%' if next == Some(b'{') => {
-                        i += 1;
-                        push_template(&mut stack);
-                    }
-                    _ => {}
-                }
+        match self.stack.last().expect("the top level is never left") {
+            Frame::Quoted => {
+                self.in_quoted(c, next);
+                Step::Read
             }
-            Frame::Code { closer, ops, lines } => match c {
-                b'#' => {
-                    i = skip_line(b, i);
-                    continue;
-                }
-                b'/' if next == Some(b'/') => {
-                    i = skip_line(b, i);
-                    continue;
-                }
-                b'/' if next == Some(b'*') => {
-                    let end = b[i + 2..]
-                        .windows(2)
-                        .position(|w| w == b"*/")
-                        .map_or(b.len(), |p| i + 2 + p + 2);
-                    line += b[i..end].iter().filter(|x| **x == b'\n').count();
-                    i = end;
-                    continue;
-                }
-                b'"' => stack.push(Frame::Quoted),
-                b'<' if next == Some(b'<') => {
-                    let mut j = i + 2;
-                    if b.get(j) == Some(&b'-') {
-                        j += 1;
-                    }
-                    let start = j;
-                    while j < b.len()
-                        && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] == b'-')
-                    {
-                        j += 1;
-                    }
-                    if j > start && matches!(b.get(j), Some(b'\n') | Some(b'\r')) {
-                        stack.push(Frame::Heredoc(b[start..j].to_vec()));
-                        i = j;
-                        continue;
-                    }
-                    *ops += 2;
-                    i += 1;
-                }
-                b'(' => stack.push(code(b')', false)),
-                b'[' => stack.push(code(b']', false)),
-                b'{' => stack.push(code(b'}', true)),
-                b')' | b']' | b'}' if c == *closer => {
-                    stack.pop();
-                }
-                b',' => *ops = 0,
-                b'\n' if *lines => *ops = 0,
-                b'+' | b'-' | b'*' | b'/' | b'%' | b'!' | b'?' | b':' | b'<' | b'>' | b'='
-                | b'&' | b'|' => *ops += 1,
-                _ => {}
-            },
+            Frame::Heredoc(_) => self.in_heredoc(c, next, starts_line),
+            Frame::Code { .. } => self.in_code(c, next),
         }
-        let levels = stack.len()
-            + stack
+    }
+
+    /// The levels the parse needs here: one per frame, one per operator character of the
+    /// element each code frame is reading.
+    fn levels(&self) -> usize {
+        self.stack.len()
+            + self
+                .stack
                 .iter()
                 .map(|f| match f {
                     Frame::Code { ops, .. } => *ops,
                     _ => 0,
                 })
-                .sum::<usize>();
-        if levels > MAX_DEPTH {
-            return Err(HclError::TooDeep { line });
-        }
-        i += 1;
+                .sum::<usize>()
     }
-    Ok(())
+
+    fn jump(&mut self, to: usize) -> Step {
+        self.i = to;
+        Step::Jumped
+    }
+
+    /// In a quoted string: an escape, its end (a quote, or a line break the parser refuses),
+    /// or a template.
+    fn in_quoted(&mut self, c: u8, next: Option<u8>) {
+        match c {
+            b'\\' => self.i += 1,
+            b'"' | b'\n' => {
+                self.stack.pop();
+            }
+            _ => self.template(c, next),
+        }
+    }
+
+    /// In a heredoc: a line that is its marker ends it; elsewhere a template may open.
+    fn in_heredoc(&mut self, c: u8, next: Option<u8>, starts_line: bool) -> Step {
+        if starts_line {
+            let end = skip_line(self.b, self.i);
+            let is_marker = matches!(
+                self.stack.last(),
+                Some(Frame::Heredoc(marker)) if self.b[self.i..end].trim_ascii() == marker.as_slice()
+            );
+            if is_marker {
+                self.stack.pop();
+                return self.jump(end);
+            }
+        }
+        self.template(c, next);
+        Step::Read
+    }
+
+    /// In a string or heredoc: `$${` or `%%{` (escaped, read past) or `${` or `%{` (a template
+    /// opens).
+    fn template(&mut self, c: u8, next: Option<u8>) {
+        match c {
+            b'$' | b'%' if next == Some(c) => self.i += 1,
+            b'$' | b'%' if next == Some(b'{') => {
+                self.i += 1;
+                push_template(&mut self.stack);
+            }
+            _ => {}
+        }
+    }
+
+    /// In expressions: comments are skipped, strings, heredocs and brackets open, the closer
+    /// closes, operators count; `,` (and a line break in a body or object) ends an element.
+    fn in_code(&mut self, c: u8, next: Option<u8>) -> Step {
+        let Some(&Frame::Code { closer, lines, .. }) = self.stack.last() else {
+            unreachable!("in_code reads in a code frame")
+        };
+        match c {
+            b'#' => return self.jump(skip_line(self.b, self.i)),
+            b'/' if next == Some(b'/') => return self.jump(skip_line(self.b, self.i)),
+            b'/' if next == Some(b'*') => return self.skip_block_comment(),
+            b'"' => self.stack.push(Frame::Quoted),
+            b'<' if next == Some(b'<') => return self.heredoc_or_operators(),
+            b'(' => self.stack.push(code(b')', false)),
+            b'[' => self.stack.push(code(b']', false)),
+            b'{' => self.stack.push(code(b'}', true)),
+            b')' | b']' | b'}' if c == closer => {
+                self.stack.pop();
+            }
+            b',' => *self.ops() = 0,
+            b'\n' if lines => *self.ops() = 0,
+            b'+' | b'-' | b'*' | b'/' | b'%' | b'!' | b'?' | b':' | b'<' | b'>' | b'=' | b'&'
+            | b'|' => *self.ops() += 1,
+            _ => {}
+        }
+        Step::Read
+    }
+
+    /// The operators counted in the element the code frame on top is reading.
+    fn ops(&mut self) -> &mut usize {
+        match self.stack.last_mut() {
+            Some(Frame::Code { ops, .. }) => ops,
+            _ => unreachable!("operators are counted in a code frame"),
+        }
+    }
+
+    /// `/*` at `i`: skipped through its `*/` (or the end), its lines counted.
+    fn skip_block_comment(&mut self) -> Step {
+        let (b, i) = (self.b, self.i);
+        let end = b[i + 2..]
+            .windows(2)
+            .position(|w| w == b"*/")
+            .map_or(b.len(), |p| i + 2 + p + 2);
+        self.line += b[i..end].iter().filter(|x| **x == b'\n').count();
+        self.jump(end)
+    }
+
+    /// `<<` at `i`: a heredoc when a marker ends the line (`<<EOT`, `<<-EOT`: the scan goes on
+    /// at that line's end), else two operator characters.
+    fn heredoc_or_operators(&mut self) -> Step {
+        let b = self.b;
+        let mut j = self.i + 2;
+        if b.get(j) == Some(&b'-') {
+            j += 1;
+        }
+        let start = j;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] == b'-') {
+            j += 1;
+        }
+        if j > start && matches!(b.get(j), Some(b'\n') | Some(b'\r')) {
+            self.stack.push(Frame::Heredoc(b[start..j].to_vec()));
+            return self.jump(j);
+        }
+        *self.ops() += 2;
+        self.i += 1;
+        Step::Read
+    }
 }
 
 fn code(closer: u8, lines: bool) -> Frame {

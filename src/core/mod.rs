@@ -12,6 +12,8 @@ pub mod engine_checks;
 pub mod engine_kind;
 pub mod events;
 pub mod fingerprint;
+pub mod freeze;
+#[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod hcl;
 pub mod ids;

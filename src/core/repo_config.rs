@@ -40,6 +40,7 @@ use crate::core::policy::{self, PolicySetSpec};
 use crate::core::root_graph::{GraphProblem, RootGraph};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::Range;
 use toml::Spanned;
@@ -188,11 +189,35 @@ pub struct PlanSettings {
     pub fork_mrs: ForkMrs,
 }
 
+/// `[apply]`: what an apply of the default branch waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplySettings {
+    /// Approvals the merged MR needs from members (Developer or more) other than its author,
+    /// each given after its last push; 0: none.
+    pub approvals: u32,
+    /// Whether GitLab's deploy freezes hold applies (Settings → CI/CD → Deploy freezes).
+    pub deploy_freezes: bool,
+}
+
+impl Default for ApplySettings {
+    fn default() -> Self {
+        ApplySettings {
+            approvals: 0,
+            deploy_freezes: true,
+        }
+    }
+}
+
+/// The most approvals `[apply] approvals` may ask for.
+pub const MAX_APPROVALS: u32 = 20;
+
 /// A valid repo configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RepoConfig {
     pub roots: Vec<Root>,
     pub plan: PlanSettings,
+    /// `[apply]`: approvals and deploy freezes.
+    pub apply: ApplySettings,
     /// `[[policy_sets]]`: the Rego policy sets that check the plans (`core::policy`).
     pub policy_sets: Vec<PolicySetSpec>,
     /// True when there was no `.planbot.toml` (the one-root default).
@@ -298,6 +323,8 @@ struct RawFile {
     #[serde(default)]
     plan: Option<RawPlan>,
     #[serde(default)]
+    apply: Option<RawApply>,
+    #[serde(default)]
     lint: Option<RawLint>,
     #[serde(default)]
     policy_sets: Vec<RawPolicySet>,
@@ -352,6 +379,15 @@ struct RawPlan {
     checkout: Option<CheckoutMode>,
     #[serde(default)]
     fork_mrs: Option<ForkMrs>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApply {
+    #[serde(default)]
+    approvals: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    deploy_freezes: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -613,6 +649,7 @@ impl RepoConfig {
                 depends_on: Vec::new(),
             }],
             plan: PlanSettings::default(),
+            apply: ApplySettings::default(),
             policy_sets: Vec::new(),
             is_default: true,
         }
@@ -629,6 +666,20 @@ impl RepoConfig {
     /// Parse and validate a `.planbot.toml`. All problems are reported together: the global
     /// settings first, then each root in turn ([`parse_root`]).
     pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {
+        Self::parse_with(text, None)
+    }
+
+    /// [`RepoConfig::parse`] for the branch whose directories are `dirs` (repo-relative, every
+    /// directory of the tree): a root whose `dir` is not one of them is a problem too, at its
+    /// line, with the nearest directory that is (`did you mean`).
+    pub fn parse_in(text: &str, dirs: &BTreeSet<String>) -> Result<RepoConfig, RepoConfigError> {
+        Self::parse_with(text, Some(dirs))
+    }
+
+    fn parse_with(
+        text: &str,
+        tree: Option<&BTreeSet<String>>,
+    ) -> Result<RepoConfig, RepoConfigError> {
         let mut problems = Problems {
             text,
             list: Vec::new(),
@@ -640,6 +691,7 @@ impl RepoConfig {
         };
         let global_disable = global_lint_disable(raw.lint.as_ref(), &mut problems);
         let plan = plan_settings(raw.plan.as_ref());
+        let apply = apply_settings(raw.apply.as_ref(), &mut problems);
         let file_parallelism = raw
             .parallelism
             .as_ref()
@@ -673,6 +725,7 @@ impl RepoConfig {
                     let mut cfg = RepoConfig::absent();
                     cfg.is_default = false;
                     cfg.plan = plan;
+                    cfg.apply = apply;
                     cfg.roots[0].lint_disable = global_disable;
                     cfg.roots[0].drift = raw.drift.unwrap_or(true);
                     cfg.roots[0].parallelism = file_parallelism;
@@ -692,8 +745,14 @@ impl RepoConfig {
                 None => (r.name.span(), Vec::new()),
             });
             let file_drift = raw.drift.unwrap_or(true);
+            let dir_span = r.dir.as_ref().map(|d| d.span());
             let (mut root, dir_ok) =
                 parse_root(i, r, &roots, &dir_valid, &global_disable, &mut problems);
+            if let (true, Some(tree), Some(span)) = (dir_ok, tree, dir_span) {
+                if let Some(message) = absent_dir(&root.dir, tree) {
+                    problems.at(span, format!("roots[{i}].dir"), message);
+                }
+            }
             root.drift &= file_drift;
             root.parallelism = root.parallelism.or(file_parallelism);
             dir_valid.push(dir_ok);
@@ -704,6 +763,7 @@ impl RepoConfig {
         problems.finish(RepoConfig {
             roots,
             plan,
+            apply,
             policy_sets,
             is_default: false,
         })
@@ -782,6 +842,27 @@ impl RepoConfig {
             RootGraph::independent(&self.roots.iter().map(|r| &r.name).collect::<Vec<_>>())
         })
     }
+}
+
+/// Why root directory `dir` is not in the branch whose directories are `tree`, with the
+/// nearest one that is; `None` when it is there (the top always is).
+fn absent_dir(dir: &str, tree: &BTreeSet<String>) -> Option<String> {
+    if dir == "." || tree.contains(dir) {
+        return None;
+    }
+    Some(
+        match crate::core::suggest::nearest(dir, tree.iter().map(String::as_str)) {
+            Some(near) => format!(
+                "the directory {} does not exist on this branch (did you mean {}?)",
+                code_span(dir),
+                code_span(near)
+            ),
+            None => format!(
+                "the directory {} does not exist on this branch",
+                code_span(dir)
+            ),
+        },
+    )
 }
 
 /// Every root's `depends_on` (`spans[i]`: the list's span and each entry's): unknown names
@@ -990,6 +1071,27 @@ fn plan_settings(plan: Option<&RawPlan>) -> PlanSettings {
         checkout: plan.and_then(|p| p.checkout).unwrap_or_default(),
         fork_mrs: plan.and_then(|p| p.fork_mrs).unwrap_or_default(),
     }
+}
+
+/// `[apply]`: `approvals` a whole number from 0 to [`MAX_APPROVALS`] (else a problem at its
+/// line), `deploy_freezes` true unless said otherwise.
+fn apply_settings(apply: Option<&RawApply>, problems: &mut Problems<'_>) -> ApplySettings {
+    let mut settings = ApplySettings::default();
+    let Some(apply) = apply else {
+        return settings;
+    };
+    settings.deploy_freezes = apply.deploy_freezes.unwrap_or(true);
+    if let Some(n) = &apply.approvals {
+        match n.get_ref().as_integer() {
+            Some(v) if (0..=i64::from(MAX_APPROVALS)).contains(&v) => settings.approvals = v as u32,
+            _ => problems.at(
+                n.span(),
+                "apply.approvals",
+                format!("expected a whole number from 0 to {MAX_APPROVALS} (the approvals an apply waits for), not {}", n.get_ref()),
+            ),
+        }
+    }
+    settings
 }
 
 /// How a problem names a key of the `i`th root: `roots[i].dir`.
@@ -1478,6 +1580,8 @@ pub fn render_check_config(file: &str, cfg: &RepoConfig) -> String {
             layers => cfg.graph().layers(),
             checkout => cfg.plan.checkout.as_str(),
             fork_mrs => cfg.plan.fork_mrs.as_str(),
+            approvals => cfg.apply.approvals,
+            deploy_freezes => cfg.apply.deploy_freezes,
             policy_sets => policy::sets::views(&cfg.policy_sets),
         },
     )

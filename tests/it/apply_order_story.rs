@@ -327,3 +327,72 @@ async fn a_replan_whose_known_value_changed_is_refused_below_roots_stop_and_a_co
     assert_eq!(last_line(&log), "planbot: apply succeeded", "{log}");
     assert!(w.state("vms").unwrap().contains("10.0.2.0/24"));
 }
+
+/// `network` with a step whose apply writes into `vms`'s directory: a `backend "local"`
+/// override (and the `.terraform` its `init` left), so `vms`'s plan after `network` applied
+/// keeps its state in the checkout, where its first plan did not.
+fn network_moving_vms_state_tf() -> String {
+    let mut tf = network_tf("10.0.2.0/24", false);
+    tf.push_str(
+        r#"
+resource "terraform_data" "generator" {
+  input = "vms"
+  provisioner "local-exec" {
+    command = "echo 'terraform {' > ../vms/local_override.tf; echo '  backend \"local\" {}' >> ../vms/local_override.tf; echo '}' >> ../vms/local_override.tf; rm -rf ../vms/.terraform"
+  }
+}
+"#,
+    );
+    tf
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replan_that_finds_the_state_in_the_checkout_is_refused_as_the_first_plan_would_be() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let network = network_moving_vms_state_tf();
+    let vms = vms_tf(&w, "v1");
+    let files = [
+        ("stacks/network/main.tf", network.as_str()),
+        ("stacks/vms/main.tf", vms.as_str()),
+    ];
+    let iid = reviewed_mr(&w, &s, "subnet-and-vm", &files).await;
+    let (log, status) = merge_and_apply(&w, &s, iid, 46).await;
+    println!("--- the job's log ---\n{log}--- planbot/apply: {status}");
+
+    // `vms` was checked with its state in GitLab; after `network` applied, its state would
+    // be a file of the throwaway checkout: refused, as its first plan would have been.
+    let refusal = "root `vms` keeps its state in the checkout (a `local` backend, or no backend at all): planbot applies in a throwaway checkout, so the new state would be lost";
+    line_of(
+        &log,
+        "root `vms`: `network`, which it depends on, applied: planning it again",
+    );
+    assert_eq!(
+        last_line(&log),
+        format!("planbot: apply refused: {refusal}; a root below, not applied: `dns`"),
+        "{log}"
+    );
+    assert!(
+        log.contains("planbot: root `dns`: not applied: `vms`, which it depends on, was refused\n"),
+        "{log}"
+    );
+    assert!(!log.contains("root `vms`: applying"), "{log}");
+    assert_eq!(
+        status,
+        format!("failed: {refusal}; a root below, not applied: `dns`")
+    );
+    assert!(w.state("network").unwrap().contains("10.0.2.0/24"));
+    assert!(w.state("vms").is_none(), "vms was not applied");
+    let note = w
+        .gitlab
+        .notes(&w.project, iid)
+        .into_iter()
+        .map(|n| n.body)
+        .find(|b| b.contains("apply of"))
+        .expect("the apply's result note");
+    assert!(
+        note.contains(&format!("- root `vms`: not applied: {refusal}")),
+        "{note}"
+    );
+}

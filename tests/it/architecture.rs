@@ -144,6 +144,8 @@ fn crate_paths(module: &str, code: &str) -> Vec<String> {
                 syn::visit::visit_item_impl(self, i);
             }
         }
+        /// `pub(super)` says who may see an item, not a module the item uses.
+        fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
         fn visit_path(&mut self, p: &'ast syn::Path) {
             let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
             self.out.extend(absolute(self.module, &segments));
@@ -161,6 +163,11 @@ fn crate_paths(module: &str, code: &str) -> Vec<String> {
 
 /// Module → modules it uses (a child using its parent is not an edge: that is nesting).
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    graph_with(false)
+}
+
+/// [`graph`], with `parents`: a child using its parent (an item of its `mod.rs`) is an edge too.
+fn graph_with(parents: bool) -> BTreeMap<String, BTreeSet<String>> {
     let mods = modules();
     let mut g = BTreeMap::new();
     for (m, file) in &mods {
@@ -168,7 +175,7 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         let code = std::fs::read_to_string(file).unwrap();
         for p in crate_paths(m, &code) {
             if let Some(t) = resolve(&mods, &p) {
-                if t != m && !m.starts_with(&format!("{t}::")) {
+                if t != m && (parents || !m.starts_with(&format!("{t}::"))) {
                     deps.insert(t.to_string());
                 }
             }
@@ -327,14 +334,17 @@ fn flows_arrows_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     arrows_up(g, "flows::", flows_floor)
 }
 
-/// The arrows of `g` between two rooms of a layer (`flows::`, `core::`) that do not go down
-/// a floor.
+/// The arrows of `g` between two rooms of a layer (`flows::`, `core::`, `flows::apply::`) that
+/// do not go down a floor. The layer's own module (its `mod.rs`) is the room `mod`.
 fn arrows_up(
     g: &BTreeMap<String, BTreeSet<String>>,
     layer: &str,
     floor: fn(&str) -> u8,
 ) -> Vec<String> {
     let room = |m: &str| {
+        if format!("{m}::") == layer {
+            return Some("mod".to_string());
+        }
         m.strip_prefix(layer)
             .map(|r| r.split("::").next().unwrap().to_string())
     };
@@ -363,7 +373,7 @@ fn core_floor(room: &str) -> u8 {
         "apply" | "reach" | "replan" | "events" | "state" => 6,
         "fingerprint" | "repo_config" | "config" | "widgets" => 5,
         "targeting" | "apply_note" | "policy" | "engine_checks" | "summary" => 4,
-        "engine_kind" | "redact" | "plan_digest" | "proxmox" => 3,
+        "engine_kind" | "redact" | "plan_digest" | "proxmox" | "freeze" => 3,
         "templates" | "root_graph" | "plan" | "drift_schedule" | "note_html" => 2,
         "markdown" | "defuse" | "ids" | "suggest" | "links" | "webhook" | "store_tls"
         | "plan_budget" | "ci_component" | "commit_status" | "hcl" => 1,
@@ -398,6 +408,97 @@ fn core_rooms_stand_on_lower_floors_only() {
     );
 }
 
+/// The floors of `flows::review` (docs/architecture.md): a room uses only rooms on lower
+/// floors, and none uses `flows::review` itself (its `mod.rs` only names them). At the bottom
+/// how the review calls GitLab; the policy gate's review side on it; the plan run and the other
+/// MR events side by side; the widgets' endpoint, which asks the events' `fork_policy`.
+fn review_floor(room: &str) -> u8 {
+    match room {
+        "mod" => 5,
+        "widgets" => 4,
+        "plan" | "commands" => 3,
+        "policies" => 2,
+        "gitlab_calls" => 1,
+        other => panic!(
+            "flows::review::{other} has no floor: give it one here and in docs/architecture.md"
+        ),
+    }
+}
+
+/// The floors of `flows::review::plan`: its `mod.rs` on top calls the stages in order; each
+/// stage uses only the stages before it, and `shared` (the status lines and statuses, the
+/// note's upsert, a run's end) at the bottom.
+fn review_plan_floor(room: &str) -> u8 {
+    match room {
+        "mod" => 7,
+        "record" | "widgets" => 6,
+        "note" => 5,
+        "roots" => 4,
+        "reach" => 3,
+        "prepare" => 2,
+        "shared" => 1,
+        other => panic!(
+            "flows::review::plan::{other} has no floor: give it one here and in docs/architecture.md"
+        ),
+    }
+}
+
+/// The arrows of `g` between rooms of `flows::review`, and between rooms of its plan, that do
+/// not go down a floor.
+fn review_arrows_up(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut wrong = arrows_up(g, "flows::review::", review_floor);
+    wrong.extend(arrows_up(g, "flows::review::plan::", review_plan_floor));
+    wrong
+}
+
+#[test]
+fn review_rooms_stand_on_lower_floors_only() {
+    let wrong = review_arrows_up(&graph_with(true));
+    assert!(
+        wrong.is_empty(),
+        "a room of flows::review (or of its plan) uses one on its own floor or above, or its folder's mod.rs:\n{}",
+        wrong.join("\n")
+    );
+    for m in modules().keys() {
+        if let Some(room) = m.strip_prefix("flows::review::") {
+            review_floor(room.split("::").next().unwrap());
+        }
+        if let Some(room) = m.strip_prefix("flows::review::plan::") {
+            review_plan_floor(room.split("::").next().unwrap());
+        }
+    }
+    // The check sees an arrow going up, one into a folder's `mod.rs` (a stage calling its
+    // helpers), one to a later stage, and lets those going down pass.
+    let mut g = BTreeMap::new();
+    g.insert(
+        "flows::review::plan::roots".to_string(),
+        BTreeSet::from([
+            "flows::review::plan".to_string(),
+            "flows::review::plan::note".to_string(),
+            "flows::review::plan::prepare".to_string(),
+        ]),
+    );
+    g.insert(
+        "flows::review::plan::note".to_string(),
+        BTreeSet::from([
+            "flows::review::policies".to_string(),
+            "flows::review::plan::shared".to_string(),
+        ]),
+    );
+    g.insert(
+        "flows::review::policies".to_string(),
+        BTreeSet::from(["flows::review::commands".to_string()]),
+    );
+    assert_eq!(
+        review_arrows_up(&g),
+        vec![
+            "flows::review::policies → flows::review::commands",
+            "flows::review::plan::roots → flows::review::plan",
+            "flows::review::plan::roots → flows::review::plan::note",
+        ]
+    );
+}
+
 #[test]
 fn flows_rooms_stand_on_lower_floors_only() {
     let wrong = flows_arrows_up(&graph());
@@ -423,6 +524,78 @@ fn flows_rooms_stand_on_lower_floors_only() {
         vec![
             "flows::apply::parity → flows::review::policies",
             "flows::context::app_state → flows::service::server"
+        ]
+    );
+}
+
+/// The floors of `flows::apply` (docs/architecture.md): a room uses only rooms on lower
+/// floors, and none uses `flows::apply` itself, whose `mod.rs` stands on top and re-exports.
+/// At the bottom the job's log, the verdict and the texts; the policy gate and the job's
+/// verification on it; the context every stage works with; the engine's plan (and its lint
+/// findings); what the one decision judges a plan with (the policy sets and the preflight) and
+/// what a refused plan shows; the one decision; the dependency order and the report; the two stages that ask the decision (parity,
+/// run); the request's stages in order; and the endpoint.
+fn apply_floor(room: &str) -> u8 {
+    match room {
+        "mod" => 10,
+        "endpoint" => 9,
+        "job" => 8,
+        "parity" | "run" => 7,
+        "order" | "report" => 6,
+        "decide" => 5,
+        "judge" | "shown" | "rails" => 4,
+        "plan" => 3,
+        "ctx" => 2,
+        "policy" | "verify" => 1,
+        "log" => 0,
+        other => panic!(
+            "flows::apply::{other} has no floor: give it one here and in docs/architecture.md"
+        ),
+    }
+}
+
+#[test]
+fn apply_rooms_stand_on_lower_floors_only() {
+    let wrong = arrows_up(&graph_with(true), "flows::apply::", apply_floor);
+    assert!(
+        wrong.is_empty(),
+        "a room of flows::apply uses one on its own floor or above (or flows::apply itself):\n{}",
+        wrong.join("\n")
+    );
+    for m in modules().keys() {
+        if let Some(room) = m.strip_prefix("flows::apply::") {
+            apply_floor(room.split("::").next().unwrap());
+        }
+    }
+    // A visibility is no arrow; a path into `mod.rs` is.
+    let paths = crate_paths(
+        "flows::apply::ctx",
+        "pub(super) struct S;\nfn f() { super::say(); }",
+    );
+    assert_eq!(paths, vec!["flows::apply::say"]);
+    // The check sees an arrow going up, one to `mod.rs`, and lets one going down pass.
+    let mut g = BTreeMap::new();
+    g.insert(
+        "flows::apply::log".to_string(),
+        BTreeSet::from(["flows::apply::ctx".to_string()]),
+    );
+    g.insert(
+        "flows::apply::run".to_string(),
+        BTreeSet::from([
+            "flows::apply".to_string(),
+            "flows::apply::decide".to_string(),
+            "flows::context::cpu".to_string(),
+        ]),
+    );
+    g.insert(
+        "flows::apply".to_string(),
+        BTreeSet::from(["flows::apply::endpoint".to_string()]),
+    );
+    assert_eq!(
+        arrows_up(&g, "flows::apply::", apply_floor),
+        vec![
+            "flows::apply::log → flows::apply::ctx",
+            "flows::apply::run → flows::apply"
         ]
     );
 }

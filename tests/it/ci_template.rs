@@ -65,12 +65,25 @@ fn job() -> serde_yaml::Value {
 fn the_job_is_manual_and_only_on_the_default_branch() {
     let job = job();
     let rules = job["rules"].as_sequence().expect("rules");
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 2);
+    // GitLab's rule for deploy freezes first: a pipeline made during one has no apply job
+    // (`during_freeze: manual` keeps it to click; planbot refuses it while the freeze holds).
     assert_eq!(
         rules[0]["if"].as_str(),
+        Some("$CI_DEPLOY_FREEZE && $CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH")
+    );
+    assert_eq!(rules[0]["when"].as_str(), Some("never"));
+    let kept = jobs(&[
+        ("planbot_url", "https://planbot.example.com"),
+        ("during_freeze", "manual"),
+    ])["planbot-apply"]["rules"][0]["when"]
+        .clone();
+    assert_eq!(kept.as_str(), Some("manual"));
+    assert_eq!(
+        rules[1]["if"].as_str(),
         Some("$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH")
     );
-    assert_eq!(rules[0]["when"].as_str(), Some("manual"));
+    assert_eq!(rules[1]["when"].as_str(), Some("manual"));
     // A manual job that may not fail leaves every pipeline of the default branch "blocked"
     // until someone applies (GitLab's rule for `when: manual` with `allow_failure: false`).
     assert_eq!(
@@ -302,7 +315,7 @@ fn the_inputs_set_the_stage_the_job_name_the_image_and_the_url() {
 fn the_when_input_makes_the_apply_run_by_itself_after_the_merge_or_wait_for_someone() {
     // Manual by default: someone runs it.
     let manual = job();
-    assert_eq!(manual["rules"][0]["when"].as_str(), Some("manual"));
+    assert_eq!(manual["rules"][1]["when"].as_str(), Some("manual"));
     // `on_success`: the job runs by itself in the pipeline of the merge on the default branch,
     // and only there; everything else is the same job (the script that sends the job token and
     // PLANBOT_CONFIRM, the resource group, the timeout).
@@ -312,12 +325,17 @@ fn the_when_input_makes_the_apply_run_by_itself_after_the_merge_or_wait_for_some
     ])["planbot-apply"]
         .clone();
     let rules = auto["rules"].as_sequence().expect("rules");
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 2);
     assert_eq!(
-        rules[0]["if"].as_str(),
+        rules[0]["when"].as_str(),
+        Some("never"),
+        "not during a freeze"
+    );
+    assert_eq!(
+        rules[1]["if"].as_str(),
         Some("$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH")
     );
-    assert_eq!(rules[0]["when"].as_str(), Some("on_success"));
+    assert_eq!(rules[1]["when"].as_str(), Some("on_success"));
     let mut same = auto.clone();
     same["rules"] = manual["rules"].clone();
     assert_eq!(same, manual, "only the rule's `when` differs");
@@ -341,7 +359,7 @@ fn the_when_input_makes_the_apply_run_by_itself_after_the_merge_or_wait_for_some
     let served: serde_yaml::Value =
         serde_yaml::from_str(&interpolate(&served, &[]).unwrap()).unwrap();
     assert_eq!(
-        served["planbot-apply"]["rules"][0]["when"].as_str(),
+        served["planbot-apply"]["rules"][1]["when"].as_str(),
         Some("manual")
     );
 }

@@ -467,7 +467,8 @@ async fn the_store_is_read_never_created_and_its_schema_and_replicas_are_shown()
     // A newer planbot migrated it: this one would not start, and doctor says what to do.
     client
         .execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'newer', 0)",
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES ($1, 'newer', '2030-01-01T00:00:00Z', '0')",
             &[&(known as i32 + 1)],
         )
         .await
@@ -686,4 +687,44 @@ async fn an_unreachable_proxmox_endpoint_names_its_own_port_in_the_fix() {
         "{stdout}"
     );
     assert!(!stdout.contains("port 8006"), "{stdout}");
+}
+
+/// GitLab does not answer: each token that needs GitLab to be checked says "not checked", with
+/// no claim that GitLab refused it and no advice to make new tokens.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_gitlab_unreachable_every_token_check_says_not_checked() {
+    let engine = require_engine!();
+    let dir = tempfile::tempdir().unwrap();
+    let dead = crate::support::service::dead_url();
+    let config = PlanbotConfig::deployed(&dead, "glpat-bot-token-0123456789", dir.path())
+        .projects(&["infra/homelab"])
+        .set("engine", "binary", &format!("\"{}\"", engine.display()))
+        .raw(
+            "[state]\ndefault = \"gitlab\"\n[state.plan]\ntoken = \"glpat-reader-0123456789\"\n\
+             [state.apply]\ntoken = \"glpat-writer-0123456789\"\n\
+             [modules]\nprojects = [\"infra/modules\"]\n[modules.plan]\ntoken = \"glpat-fetch-0123456789\"\n",
+        )
+        .write(dir.path());
+    let out = doctor(&config).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        section(&stdout, "GitLab")
+            .join("\n")
+            .contains(&format!("FAIL  GitLab not reachable at {dead}")),
+        "{stdout}"
+    );
+    let lines = section(&stdout, "State and modules").join("\n");
+    for setting in ["state.plan", "state.apply", "modules.plan"] {
+        assert!(
+            lines.contains(&format!(
+                "SKIP  [{setting}] not checked: GitLab unreachable at {dead}"
+            )),
+            "{lines}"
+        );
+    }
+    assert!(
+        !lines.contains("refused") && !lines.contains("Create"),
+        "a token blamed for GitLab's silence:\n{lines}"
+    );
 }

@@ -192,6 +192,51 @@ root_password = "cli-canary-var-file-5e2"
     assert_eq!(fake::leftovers(tmp.path()), Vec::<String>::new());
 }
 
+/// A variable the user exported in their shell (`TF_VAR_*`) does not reach the engine, whose
+/// environment is explicit: planbot names it, and `--var` passes it.
+#[test]
+fn the_shells_tf_var_variables_are_named_with_how_to_pass_them() {
+    let engine = require_engine!();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(
+        root.path().join("main.tf"),
+        "variable \"region\" {}\noutput \"region\" {\n  value = var.region\n}\n",
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_planbot"))
+            .arg("plan")
+            .arg(root.path())
+            .args(["--engine", engine.to_str().unwrap()])
+            .args(extra)
+            .env("TF_VAR_region", "eu-shell-value-41")
+            .env("TMPDIR", tmp.path())
+            .output()
+            .expect("run planbot")
+    };
+    let out = plan(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let note = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{note}\n{stderr}");
+    assert!(
+        stderr.contains("these variables of your shell are not passed to it: TF_VAR_region. Pass them with `--var region=VALUE` or in a file with `--var-file FILE`."),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("eu-shell-value-41"),
+        "a value was printed: {stderr}"
+    );
+    let out = plan(&["--var", "region=eu-central"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("eu-central"));
+}
+
 #[test]
 fn a_missing_var_file_exits_1_naming_it_before_the_engine_runs() {
     let engine = require_engine!();

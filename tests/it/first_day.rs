@@ -51,9 +51,19 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_an_app
     };
     std::os::unix::fs::symlink(&engine, bin.join(engine_name)).unwrap();
 
-    // The copy, then the edit its comment asks for: gitlab.url, public_url, projects (already
-    // `infra/homelab`); and, for this machine, a port of its own. Nothing else: the engine and
-    // the state are the starting config's.
+    // The copy, then the edits its comment names, and only those: gitlab.url, public_url,
+    // projects (already `infra/homelab`), listen (a port of this machine's own). Nothing else:
+    // the engine and the state are the starting config's.
+    let named: Vec<&str> = lines[0]
+        .split_once("# edit:")
+        .map(|(_, keys)| keys.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    for edited in ["gitlab.url", "public_url", "projects", "listen"] {
+        assert!(
+            named.contains(&edited),
+            "the README's copy line names its edits: {edited} is not among {named:?}"
+        );
+    }
     crate::support::run_recipe(&here, lines[0], "");
     let config = here.join("planbot.toml");
     let mut toml: toml::Table = std::fs::read_to_string(&config).unwrap().parse().unwrap();
@@ -300,6 +310,10 @@ async fn the_readmes_first_day_runs_as_written_from_an_empty_directory_to_an_app
     );
     let log = serve.stop().join("\n");
     assert!(log.contains("note posted"), "{log}");
+    // Nothing a reader of this log would look into: no warning (the sandbox probe's own
+    // refused TCP listen() is no news).
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The port of GitLab's quick-action rule that the fake GitLab applies to everything planbot
 //! posts (`crate::support::gitlab_reading`), checked against the extractor's documented behaviour; and
 //! planbot's last step before posting, `core::defuse`, checked against it on texts built from
-//! the pieces that open, close or hide something.
+//! the pieces that open, close or hide something, and on the `defuse` fuzz corpus.
 
 use crate::support::gitlab_reading::{
     hazards, is_planbots_html, mass_mentions, quick_actions, reading, unclosed_comment,
@@ -115,4 +115,25 @@ fn defused_texts_hold_nothing_gitlab_acts_on_and_read_the_same() {
         assert_eq!(out.replace('\u{200B}', ""), normalised, "{text:?}");
         assert_eq!(defuse(&out), out, "idempotent: {text:?}");
     }
+}
+
+/// The fuzz corpus and crash fixtures of the `defuse` target (replayed through the target's own
+/// check by `core::fuzzing`'s corpus replay), read after defusing with the port of GitLab's rules.
+#[test]
+fn the_defuse_corpus_reads_clean_to_gitlabs_rules() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut read = 0;
+    for dir in ["fuzz/corpus/defuse", "tests/fixtures/fuzz/defuse"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for path in entries.map(|e| e.expect("a directory entry").path()) {
+            let data = std::fs::read(&path).expect("a corpus file reads");
+            let text = String::from_utf8_lossy(&data);
+            let out = defuse(&text);
+            assert_eq!(hazards(&out), Vec::<String>::new(), "{}", path.display());
+            read += 1;
+        }
+    }
+    assert!(read > 0, "the defuse corpus is empty");
 }

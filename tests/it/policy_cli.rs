@@ -293,8 +293,12 @@ fn the_documented_recipe_runs_as_written_with_the_real_engine() {
     );
 }
 
+/// `check-repo-config` in a repository holding the roots' directories.
 fn check_config(content: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
+    for root in ["tofu/core", "tofu/dns"] {
+        std::fs::create_dir_all(dir.path().join(root)).unwrap();
+    }
     std::fs::write(dir.path().join(".planbot.toml"), content).unwrap();
     planbot(dir.path(), &["check-repo-config", ".planbot.toml"], None)
 }

@@ -792,7 +792,8 @@ async fn a_replica_goes_unready_and_says_why_when_a_newer_planbot_migrates_the_s
 
     let known = planbot::capabilities::store::PG_SCHEMA_VERSION;
     db.execute(
-        "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'newer', 0)",
+        "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES ($1, 'newer', '2030-01-01T00:00:00Z', '0')",
         &[&(known as i32 + 1)],
     )
     .await

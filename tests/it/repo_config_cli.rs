@@ -8,9 +8,23 @@ fn check_config(content: &str) -> (i32, String, String) {
     check_config_as("check-repo-config", content)
 }
 
-/// The command under one of its names (`check-config` is its earlier one).
+/// The command under one of its names (`check-config` is its earlier one), in a repository
+/// that holds every directory a `dir = "…"` line of `content` names.
 fn check_config_as(command: &str, content: &str) -> (i32, String, String) {
+    let dirs: Vec<&str> = content
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("dir = \""))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    check_config_in(command, content, &dirs)
+}
+
+/// The command in a repository holding `dirs` (and nothing else) beside the file.
+fn check_config_in(command: &str, content: &str, dirs: &[&str]) -> (i32, String, String) {
     let dir = tempfile::tempdir().unwrap();
+    for d in dirs {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
     std::fs::write(dir.path().join(".planbot.toml"), content).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_planbot"))
         .args([command, ".planbot.toml"])
@@ -174,4 +188,24 @@ fn depends_on_prints_the_order_and_a_circle_or_an_unknown_name_is_an_error_at_it
         "{stderr}"
     );
     insta::assert_snapshot!("check_config_depends_on_errors", stderr);
+}
+
+/// A root whose directory is not in the repository (a typo beside the real one) is an error at
+/// its line, with the directory meant; the file is otherwise valid.
+#[test]
+fn a_root_directory_the_repository_does_not_have_is_an_error_with_the_one_meant() {
+    let config = "[[roots]]\nname = \"network\"\ndir = \"stacks/nework\"\n\n[[roots]]\nname = \"top\"\ndir = \".\"\n";
+    let (code, stdout, stderr) = check_config_in(
+        "check-repo-config",
+        config,
+        &["stacks/network", "stacks/vms", "modules/vm"],
+    );
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stderr.contains("line 3, column 7: key `roots[0].dir`: the directory `stacks/nework` does not exist on this branch (did you mean `stacks/network`?)"),
+        "{stderr}"
+    );
+    // With the directory there, the same file is valid.
+    let (code, _, stderr) = check_config_in("check-repo-config", config, &["stacks/nework"]);
+    assert_eq!(code, 0, "{stderr}");
 }

@@ -550,3 +550,55 @@ fn check_says_which_per_run_cgroup_is_in_use_or_why_none() {
     assert!(!ok, "{text}");
     assert!(text.contains("sandbox.job_tasks_max"), "{text}");
 }
+
+/// Issue 43: planbot's own port on the engine sandbox's allow-list — written in
+/// `connect_ports`, or brought by an endpoint of the config (a Proxmox endpoint on planbot's
+/// port) — would let MR code reach planbot's pages and API from loopback: `--check` refuses the
+/// config naming where the port came from, `serve` does not start, `doctor` fails it.
+#[test]
+fn planbots_own_port_on_the_sandboxs_allow_list_is_refused_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let base = BASE.replace("/tmp/planbot-check-test", &data.display().to_string());
+    for (extra, source) in [
+        (
+            "[sandbox]\nconnect_ports = [443, 9999]\n",
+            "`[sandbox] connect_ports` allows it",
+        ),
+        (
+            "[proxmox]\nendpoint = \"https://127.0.0.1:9999/\"\napi_token = \"t@pve!p=0e7b5a9c-2d4f-4b8a-a1c3-9f8e7d6c5b4a\"\n",
+            "`proxmox.endpoint` (the Proxmox API) allows it",
+        ),
+    ] {
+        let cfg = write(dir.path(), "planbot.toml", &format!("{base}{extra}"));
+        let want = format!("planbot listens on port 9999 (`listen`), and the engine's sandbox may connect to that port ({source}): MR code could reach planbot's own pages and API.");
+        let out = serve_check(&cfg);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&want), "{stderr}");
+        let out = planbot()
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(&want), "{stderr}");
+        assert!(!data.join("planbot.db").exists(), "serve started: {stderr}");
+        let out = planbot()
+            .args(["doctor", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(&format!("FAIL  {want}")), "{stdout}");
+    }
+    // Another port for planbot: nothing to say.
+    let cfg = write(
+        dir.path(),
+        "planbot.toml",
+        &format!("{base}[sandbox]\nconnect_ports = [443, 9998]\n"),
+    );
+    let out = serve_check(&cfg);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("planbot listens on port"), "{stderr}");
+}

@@ -729,7 +729,7 @@ async fn the_state_gate_wants_its_own_credential_and_passes_gitlabs_answers_thro
         id: project.id,
         path: Some(crate::support::world::INFRA.into()),
     };
-    let gate = StateGate::start(own, GateAccess::ReadWrite, gitlab.url(), &upstream)
+    let gate = StateGate::start(own, GateAccess::ReadWrite, gitlab.url(), &upstream, &[443])
         .await
         .unwrap()
         .pass("homelab");

@@ -1,23 +1,53 @@
-//! The store opens a database made by the schema before versioned migrations (a real file, made
-//! by that code: `tests/fixtures/store/README.md`), keeps every row readable through the public
-//! API, and refuses a database from a newer planbot.
+//! The store opens databases made by older planbots (real ones, made by that code:
+//! `tests/fixtures/store/README.md`) and keeps every row: one from before versioned migrations,
+//! and SQLite and PostgreSQL ones at schema 5 by the hand-written runners that refinery
+//! replaced, which must be recognised as migrated. It refuses a database from a newer planbot.
 
 use planbot::capabilities::store::{
-    ApplyState, JobEnd, QueueJobKind, QueueJobState, RunKind, RunState, SchemaError, Store,
-    SCHEMA_VERSION,
+    ApplyState, Dump, JobEnd, QueueJobKind, QueueJobState, RunKind, RunState, SchemaError, Store,
+    Value, SCHEMA_VERSION,
 };
+use planbot::core::config::StoreUrl;
 use planbot::core::events::Job;
 use planbot::core::fingerprint::Fingerprint;
 use planbot::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/store/v0.db");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/store");
 
-/// A copy of the fixture (the fixture itself is never opened for writing).
-fn old_database(dir: &Path) -> PathBuf {
+/// A copy of the fixture `name` (the fixture itself is never opened for writing).
+fn copy_of(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join("planbot.db");
-    std::fs::copy(FIXTURE, &path).unwrap();
+    std::fs::copy(format!("{FIXTURES}/{name}"), &path).unwrap();
     path
+}
+
+fn old_database(dir: &Path) -> PathBuf {
+    copy_of(dir, "v0.db")
+}
+
+/// Every row of a store, as the fixtures keep what the older planbot exported.
+fn rows(dump: Dump) -> serde_json::Value {
+    let value = |v: Value| match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Int(n) => n.into(),
+        Value::Text(t) => t.into(),
+    };
+    dump.tables
+        .into_iter()
+        .map(|(table, rows)| {
+            let rows: Vec<Vec<_>> = rows
+                .into_iter()
+                .map(|r| r.into_iter().map(value).collect())
+                .collect();
+            serde_json::json!([table, rows])
+        })
+        .collect()
+}
+
+fn fixture_rows(name: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/{name}")).unwrap()).unwrap()
 }
 
 fn user_version(path: &Path) -> u32 {
@@ -174,9 +204,8 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
     drop(store);
 
     // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables,
-    // migration 3's drift tables, migration 4's targeted plans and migration 5's widget
-    // reports, now with its version
-    // recorded, and the same as a new database's.
+    // migration 3's drift tables, migration 4's targeted plans, migration 5's widget reports
+    // and refinery's record of them, and the same as a new database's.
     assert_eq!(user_version(&path), SCHEMA_VERSION);
     let migrated = schema(&path);
     let added: Vec<&str> = migrated
@@ -192,12 +221,14 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
             "sqlite_autoindex_plan_targeting_1",
             "sqlite_autoindex_policy_approvals_1",
             "sqlite_autoindex_policy_verdicts_1",
+            "sqlite_autoindex_refinery_schema_history_1",
             "sqlite_autoindex_widget_reports_1",
             "drift_roots",
             "drift_ticks",
             "plan_targeting",
             "policy_approvals",
             "policy_verdicts",
+            "refinery_schema_history",
             "widget_reports"
         ]
     );
@@ -234,4 +265,143 @@ async fn a_database_from_a_newer_planbot_is_refused() {
     // Left as it was.
     assert_eq!(user_version(&path), SCHEMA_VERSION + 1);
     assert_eq!(schema(&path), before);
+}
+
+#[tokio::test]
+async fn a_sqlite_store_at_schema_5_by_the_hand_written_runner_is_recognised_and_keeps_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_of(dir.path(), "v5.db");
+    assert_eq!(user_version(&path), 5);
+    let before = schema(&path);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(
+        rows(store.export().await.unwrap()),
+        fixture_rows("v5.db.rows.json")
+    );
+    // Recognised as migrated: refinery records the five, and nothing ran again (the schema is
+    // what it was, plus refinery's table).
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mut st = conn
+        .prepare("SELECT version FROM refinery_schema_history ORDER BY version")
+        .unwrap();
+    let versions: Vec<u32> = st
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    let added: Vec<_> = schema(&path)
+        .into_iter()
+        .filter(|row| !before.contains(row))
+        .map(|(_, name, _)| name)
+        .collect();
+    assert_eq!(
+        added,
+        [
+            "sqlite_autoindex_refinery_schema_history_1",
+            "refinery_schema_history"
+        ]
+    );
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+    // And it goes on where the older planbot stopped.
+    assert_eq!(store.requeue_interrupted().await.unwrap(), 1);
+    let next = store.enqueue(Job::Reconcile).await.unwrap();
+    assert_eq!(
+        next.id, None,
+        "the reconcile it left queued is still queued"
+    );
+    let claimed = store.claim_next().await.unwrap().unwrap();
+    assert_eq!((claimed.id.0, claimed.attempts), (4, 2));
+}
+
+#[tokio::test]
+async fn a_postgres_store_at_schema_5_by_the_hand_written_runner_is_recognised_and_keeps_every_row()
+{
+    let Some(url) = crate::support::postgres::fresh_database("planbot_upgrade").await else {
+        return;
+    };
+    // Loaded on a connection of its own: the dump empties the session's search_path.
+    crate::support::postgres::connect(&url)
+        .await
+        .batch_execute(&std::fs::read_to_string(format!("{FIXTURES}/v5-postgres.sql")).unwrap())
+        .await
+        .unwrap();
+    let client = crate::support::postgres::connect(&url).await;
+    let columns = || async {
+        client
+            .query(
+                "SELECT table_name::text, column_name::text, data_type::text
+                 FROM information_schema.columns WHERE table_schema = 'public'
+                 ORDER BY 1, 2",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let versions = |table: &'static str| {
+        let client = &client;
+        async move {
+            let sql = format!("SELECT version FROM {table} ORDER BY version");
+            client
+                .query(&sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, i32>(0) as u32)
+                .collect::<Vec<_>>()
+        }
+    };
+    let before = columns().await;
+    let store = Store::connect(&StoreUrl::parse(&url).unwrap(), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        rows(store.export().await.unwrap()),
+        fixture_rows("v5-postgres.rows.json")
+    );
+    // Recognised as migrated: refinery records the five, the old record is kept, and nothing
+    // ran again (the tables are what they were, plus refinery's).
+    let all: Vec<u32> = (1..=SCHEMA_VERSION).collect();
+    assert_eq!(versions("refinery_schema_history").await, all);
+    assert_eq!(versions("schema_migrations").await, all);
+    let added: BTreeSet<_> = columns()
+        .await
+        .into_iter()
+        .filter(|c| !before.contains(c))
+        .map(|(table, _, _)| table)
+        .collect();
+    assert_eq!(
+        added,
+        BTreeSet::from(["refinery_schema_history".to_string()])
+    );
+    // What only PostgreSQL keeps: the dead replica's row, and its project lock, which a live
+    // replica now takes over.
+    let replicas: i64 = client
+        .query_one(
+            "SELECT COUNT(*) FROM replicas WHERE owner = 'replica-a'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(replicas, 1);
+    assert!(store
+        .try_lock_project(ProjectId(1))
+        .await
+        .unwrap()
+        .is_some());
+    let next = store.enqueue(Job::Reconcile).await.unwrap();
+    assert_eq!(
+        next.id, None,
+        "the reconcile it left queued is still queued"
+    );
 }

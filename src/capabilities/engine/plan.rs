@@ -75,6 +75,8 @@ impl Engine {
         (planned, out)
     }
 
+    /// The plan run of [`Engine::plan_checked`]: set up, `init`, `plan`, `show`, the checks
+    /// (`out`), and the run kept for its apply.
     async fn plan_run(
         &self,
         dir: &Path,
@@ -84,9 +86,91 @@ impl Engine {
         out: &mut EngineChecks,
     ) -> Result<PlannedRun, EngineError> {
         let started = Instant::now();
+        let mut run = self.set_up(dir, req).await?;
+        let plan_file = run.dirs.out.join("plan");
+        let env_scrubber = run.secrets.scrubber();
+        let mut steps = PlanSteps {
+            engine: self,
+            req,
+            init_env: &run.init_env,
+            call: StepCall {
+                dir: &run.place.dir,
+                env: &run.env,
+                deadline: started + self.inner.timeout,
+                cancel: req.cancel.clone(),
+                scrubber: &env_scrubber,
+                confinement: run.confinement.as_ref(),
+                quota: run.quota.as_ref(),
+                cgroup: run.cgroup.as_ref(),
+            },
+            plan_file: &plan_file,
+            log: RawLog::default(),
+            warnings: PlanWarnings::default(),
+        };
+        steps.init().await?;
+        // What `init` configured: its backend (none at all is the local one).
+        let backend = Backend::after_init(
+            std::fs::read(run.place.dir.join(".terraform").join("terraform.tfstate"))
+                .ok()
+                .as_deref(),
+        );
+        let shown = match steps.plan(&mut run.secrets).await {
+            Ok(()) => steps.show().await,
+            Err(e) => Err(e),
+        };
+        out.plan = std::mem::take(&mut steps.warnings);
+        // The lock file as the plan left it, read within the plan's deadline (before the
+        // checks, which have deadlines of their own).
+        let lock_file = match &shown {
+            Ok(_) => Some(read_lock_file(&run.place, started + self.inner.timeout).await),
+            Err(_) => None,
+        };
+        if ran_root_code(&shown) {
+            steps.checks(checks, has_tests, out).await;
+        }
+        if let Ok((plan, _)) = &shown {
+            run.secrets.merge(&Secrets::from_plan(plan));
+        }
+        out.scrubber = run.secrets.scrubber();
+        let (plan, plan_json) = shown?;
+        let var_args = steps.var_args();
+        let log = steps.log;
+        let lock_file = lock_file.expect("read when the plan was shown")?;
+        let scrubber = run.secrets.scrubber();
+        Ok(PlannedRun {
+            engine: self.clone(),
+            dir: run.place.dir,
+            env: run.env,
+            confinement: run.confinement,
+            cancel: req.cancel.clone(),
+            log: log.render(&scrubber),
+            plan,
+            plan_json,
+            plan_file,
+            private: run.private,
+            lock_file,
+            parallelism: req.parallelism,
+            targeting: req.targeting.clone(),
+            var_args,
+            backend,
+            version: run.version,
+            encryption: run.encryption,
+            secrets: run.secrets,
+            scrubber,
+            duration: started.elapsed(),
+            _state_gate: req.state_gate.clone(),
+            cgroup: run.cgroup,
+        })
+    }
+
+    /// Everything a plan run needs before its first step: the request checked and placed, the
+    /// secrets to scrub, the engine's version (and a targeted plan's flags checked against
+    /// it), the plan's encryption, the environments of `init` and of the other steps, the
+    /// private directories, the sandbox (with the job's state gate), the disk quota and the
+    /// run's cgroup.
+    async fn set_up(&self, dir: &Path, req: &PlanRequest) -> Result<RunSetup, EngineError> {
         self.refuse_unsandboxed()?;
         let place = request::place(dir, req)?;
-
         let mut secrets = self.secrets();
         secrets.extend(self.secret_values(&req.extra_env));
         secrets.extend(req.init_env.values().cloned());
@@ -108,7 +192,6 @@ impl Engine {
             req.workspace.as_deref(),
             enc_text.as_deref(),
         );
-
         // The private directory (0700) that holds the plan file; deleted when it drops.
         let private = private_run_dir(&self.inner.temp_root)?;
         // The run's cgroup: every engine process of this run, and all they start, in it.
@@ -131,7 +214,6 @@ impl Engine {
         if let Some(c) = &confinement {
             c.set_env(&mut env);
         }
-        let plan_file = dirs.out.join("plan");
         let quota = self.inner.disk_max.map(|max| Quota {
             dirs: std::iter::once(place.worktree.clone())
                 .chain([dirs.out.clone()])
@@ -139,102 +221,67 @@ impl Engine {
                 .collect(),
             max,
         });
-
-        let env_scrubber = secrets.scrubber();
-        let mut steps = PlanSteps {
-            engine: self,
-            req,
-            init_env: &init_env,
-            call: StepCall {
-                dir: &place.dir,
-                env: &env,
-                deadline: started + self.inner.timeout,
-                cancel: req.cancel.clone(),
-                scrubber: &env_scrubber,
-                confinement: confinement.as_ref(),
-                quota: quota.as_ref(),
-                cgroup: cgroup.as_ref(),
-            },
-            plan_file: &plan_file,
-            log: RawLog::default(),
-            warnings: PlanWarnings::default(),
-        };
-        steps.init().await?;
-        // What `init` configured: its backend (none at all is the local one).
-        let backend = Backend::after_init(
-            std::fs::read(place.dir.join(".terraform").join("terraform.tfstate"))
-                .ok()
-                .as_deref(),
-        );
-        let shown = match steps.plan(&mut secrets).await {
-            Ok(()) => steps.show().await,
-            Err(e) => Err(e),
-        };
-        out.plan = std::mem::take(&mut steps.warnings);
-        // The lock file as the plan left it, read within the plan's deadline (before the
-        // checks, which have deadlines of their own). The engine (and MR code it ran) may have
-        // left anything in its place.
-        let lock_file = match &shown {
-            Ok(_) => Some(
-                checkout_file::read(
-                    &place.worktree,
-                    &place
-                        .dir
-                        .strip_prefix(&place.worktree)
-                        .unwrap_or(Path::new(""))
-                        .join(LOCK_FILE),
-                    LOCK_FILE_MAX,
-                    started + self.inner.timeout,
-                )
-                .await,
-            ),
-            Err(_) => None,
-        };
-        // The engine ran the root's code to its end (a plan, or its error): the checks run.
-        let ran_to_end = matches!(
-            &shown,
-            Ok(_)
-                | Err(EngineError::Failed { .. }
-                    | EngineError::BadPlanJson { .. }
-                    | EngineError::TooManyValues { .. })
-        );
-        if ran_to_end {
-            steps.checks(checks, has_tests, out).await;
-        }
-        if let Ok((plan, _)) = &shown {
-            secrets.merge(&Secrets::from_plan(plan));
-        }
-        out.scrubber = secrets.scrubber();
-        let (plan, plan_json) = shown?;
-        let var_args = steps.var_args();
-        let log = steps.log;
-        let lock_file = lock_file.expect("read when the plan was shown")?;
-        let scrubber = secrets.scrubber();
-        Ok(PlannedRun {
-            engine: self.clone(),
-            dir: place.dir,
-            env,
-            confinement,
-            cancel: req.cancel.clone(),
-            log: log.render(&scrubber),
-            plan,
-            plan_json,
-            plan_file,
-            private,
-            lock_file,
-            parallelism: req.parallelism,
-            targeting: req.targeting.clone(),
-            var_args,
-            backend,
+        Ok(RunSetup {
+            place,
+            secrets,
             version,
             encryption,
-            secrets,
-            scrubber,
-            duration: started.elapsed(),
-            _state_gate: req.state_gate.clone(),
+            env,
+            init_env,
+            private,
+            dirs,
+            confinement,
+            quota,
             cgroup,
         })
     }
+}
+
+/// A plan run set up ([`Engine::set_up`]), before any engine step.
+struct RunSetup {
+    place: request::RunPlace,
+    secrets: Secrets,
+    version: super::version::EngineVersion,
+    encryption: PlanEncryption,
+    env: BTreeMap<String, OsString>,
+    init_env: BTreeMap<String, OsString>,
+    private: tempfile::TempDir,
+    dirs: RunDirs,
+    confinement: Option<super::sandbox::Confinement>,
+    quota: Option<Quota>,
+    cgroup: Option<super::cgroup::JobCgroup>,
+}
+
+/// The provider lock file as the plan left it in the root: the engine (and MR code it ran)
+/// may have left anything in its place, so it is read as a checkout file (no link followed,
+/// bounded, by `deadline`).
+async fn read_lock_file(
+    place: &request::RunPlace,
+    deadline: Instant,
+) -> Result<Option<Vec<u8>>, checkout_file::CheckoutFileError> {
+    checkout_file::read(
+        &place.worktree,
+        &place
+            .dir
+            .strip_prefix(&place.worktree)
+            .unwrap_or(Path::new(""))
+            .join(LOCK_FILE),
+        LOCK_FILE_MAX,
+        deadline,
+    )
+    .await
+}
+
+/// Whether the engine ran the root's code to its end (a plan, or its error): then the checks
+/// run.
+fn ran_root_code<T>(shown: &Result<T, EngineError>) -> bool {
+    matches!(
+        shown,
+        Ok(_)
+            | Err(EngineError::Failed { .. }
+                | EngineError::BadPlanJson { .. }
+                | EngineError::TooManyValues { .. })
+    )
 }
 
 /// The steps of one plan run, sharing its directory, environment, deadline and sandbox, and

@@ -9,7 +9,7 @@
 //! set in the child before anything else, inherited by all it starts): when memory runs out —
 //! the host's, or the service cgroup's `MemoryMax=` — an engine process dies, never planbot.
 
-use super::cgroup::JobCgroup;
+use super::cgroup::{Counts, JobCgroup};
 use super::error::{EngineError, Step, StepError, StopHow};
 use super::output::{read_lines, Line, RawLog, LINES_IN_FLIGHT};
 use super::quota::Quota;
@@ -135,7 +135,7 @@ impl Engine {
         capture: Capture,
         call: &StepCall<'_>,
         on_line: &mut (dyn FnMut(&str) + Send),
-        mut view: Option<&mut PlanWarnings>,
+        view: Option<&mut PlanWarnings>,
     ) -> Result<StepOutput, StepError> {
         if call.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
             return Err(StepError::Stopped {
@@ -145,104 +145,82 @@ impl Engine {
             });
         }
         let counted = call.cgroup.map(|c| c.counts()).unwrap_or_default();
-        let mut child = self.spawn(step, args, call)?;
-        let mut group = GroupGuard::of(&child);
-        let max_stdout = self.inner.max_plan_json;
-        let (mut lines, stdout_task) = stream_output(&mut child, capture, max_stdout);
-        let mut watch = Supervisor::new(call.deadline, self.inner.grace);
-        let mut log = RawLog::default();
-        let mut cancel = call.cancel.clone();
-        let mut quota_tick = tokio::time::interval(super::quota::EVERY);
-        quota_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while !watch.done() {
-            tokio::select! {
-                line = lines.recv(), if watch.lines_open => match line {
-                    Some(Line(text)) => match view.as_deref_mut() {
-                        Some(warnings) => {
-                            let read = view_line(&text);
-                            if let Some(d) = read.diagnostic {
-                                warnings.add(d);
-                            }
-                            for l in read.text {
-                                on_line(&call.scrubber.scrub(&l));
-                                log.push(l);
-                            }
-                        }
-                        None => {
-                            on_line(&call.scrubber.scrub(&text));
-                            log.push(text);
-                        }
-                    },
-                    None => watch.lines_open = false,
-                },
-                status = child.wait(), if watch.exit.is_none() => {
-                    let status = status.map_err(|e| StepError::Other(EngineError::Io(format!("{step}: {e}"))))?;
-                    watch.exited(status);
-                }
-                _ = cancelled(&mut cancel), if watch.may_stop() => watch.stop(StopReason::Cancelled, &group),
-                _ = quota_tick.tick(), if call.quota.is_some() && watch.may_stop() => {
-                    let quota = call.quota.cloned().expect("checked");
-                    let over = tokio::task::spawn_blocking(move || quota.exceeded())
-                        .await
-                        .unwrap_or(false);
-                    if over {
-                        watch.kill(StopReason::OverQuota, &group);
-                    }
-                }
-                _ = tokio::time::sleep_until(watch.wake_at().into()) => watch.on_timer(&group),
-            }
-        }
-        group.disarm();
-        // Stragglers in the group (a provider plugin that outlived the engine) are not kept,
-        // nor anything left in the run's cgroup (a process that left the group).
-        group.signal(Signal::SIGKILL);
-        if let Some(c) = call.cgroup {
-            c.kill_all();
-        }
-        // What the run's cgroup refused during this step: memory (the OOM killer ended a
-        // process at the run's limit) or a fork (the tasks limit).
-        let hit = call.cgroup.map(|c| {
-            let now = c.counts();
-            (
-                (now.oom_kills > counted.oom_kills).then_some(c.memory_max),
-                (now.forks_refused > counted.forks_refused).then_some(c.tasks_max),
-            )
-        });
-        let stdout = match stdout_task {
-            Some(task) => tokio::time::timeout(DRAIN_AFTER_EXIT, task)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default(),
-            None => Captured::default(),
+        let mut running = self.start(step, args, capture, call)?;
+        let mut sink = LineSink {
+            log: RawLog::default(),
+            scrubber: call.scrubber,
+            on_line,
+            view,
         };
-        let status = watch.exit.expect("the loop ends after the exit");
-        let failed = watch.stop.is_some() || !status.success();
-        let how = match (watch.stop, hit) {
+        running.supervise(step, call, &mut sink).await?;
+        let ended = running.end(call, counted).await;
+        match self.how_stopped(&ended, capture, call) {
+            Some(how) => Err(StepError::Stopped {
+                step,
+                how,
+                log: sink.log,
+            }),
+            None => Ok(StepOutput {
+                log: sink.log,
+                stdout: ended.stdout.bytes,
+                exit: ended.status.code(),
+            }),
+        }
+    }
+
+    /// The step's process spawned, its output read as it comes.
+    fn start(
+        &self,
+        step: Step,
+        args: &[OsString],
+        capture: Capture,
+        call: &StepCall<'_>,
+    ) -> Result<Running, StepError> {
+        let mut child = self.spawn(step, args, call)?;
+        let group = GroupGuard::of(&child);
+        let (lines, stdout_task) = stream_output(&mut child, capture, self.inner.max_plan_json);
+        Ok(Running {
+            child,
+            group,
+            lines,
+            stdout_task,
+            watch: Supervisor::new(call.deadline, self.inner.grace),
+        })
+    }
+
+    /// How an ended step was stopped; `None` when it ran to its end (an exit that is a
+    /// [`Capture::Verdict`] included).
+    fn how_stopped(&self, ended: &Ended, capture: Capture, call: &StepCall<'_>) -> Option<StopHow> {
+        let failed = ended.stop.is_some() || !ended.status.success();
+        let how = match (ended.stop, ended.refused) {
             (Some(StopReason::Cancelled), _) => StopHow::Cancelled,
-            (_, Some((Some(max), _))) if failed => StopHow::OverMemory(max),
-            (_, Some((_, Some(max)))) if failed => StopHow::TooManyTasks(max),
-            _ => match watch.stop {
+            (
+                _,
+                Some(Refused {
+                    memory: Some(max), ..
+                }),
+            ) if failed => StopHow::OverMemory(max),
+            (
+                _,
+                Some(Refused {
+                    tasks: Some(max), ..
+                }),
+            ) if failed => StopHow::TooManyTasks(max),
+            _ => match ended.stop {
                 Some(StopReason::TimedOut) => StopHow::TimedOut(self.inner.timeout),
                 Some(StopReason::Cancelled) => StopHow::Cancelled,
                 Some(StopReason::OverQuota) => {
                     StopHow::OverQuota(call.quota.map(|q| q.max).unwrap_or_default())
                 }
                 // Before the exit status: the engine may have died of the pipe planbot closed.
-                None if stdout.overflowed => StopHow::TooLarge(max_stdout),
-                None if !status.success() && capture != Capture::Verdict => {
-                    StopHow::Exit(status.code())
+                None if ended.stdout.overflowed => StopHow::TooLarge(self.inner.max_plan_json),
+                None if !ended.status.success() && capture != Capture::Verdict => {
+                    StopHow::Exit(ended.status.code())
                 }
-                None => {
-                    return Ok(StepOutput {
-                        log,
-                        stdout: stdout.bytes,
-                        exit: status.code(),
-                    })
-                }
+                None => return None,
             },
         };
-        Err(StepError::Stopped { step, how, log })
+        Some(how)
     }
 
     /// Start the engine in its own process group, confined when the run is sandboxed.
@@ -359,6 +337,142 @@ async fn read_capped(stdout: ChildStdout, max: u64) -> Captured {
         bytes,
         overflowed: false,
     }
+}
+
+/// Where a step's lines go as they come: the raw log, `on_line` (redacted), and with a view
+/// (`plan -json`) each line read back into the human view's text, its warnings kept.
+struct LineSink<'a> {
+    log: RawLog,
+    scrubber: &'a Scrubber,
+    on_line: &'a mut (dyn FnMut(&str) + Send),
+    view: Option<&'a mut PlanWarnings>,
+}
+
+impl LineSink<'_> {
+    fn take(&mut self, text: String) {
+        match self.view.as_deref_mut() {
+            Some(warnings) => {
+                let read = view_line(&text);
+                if let Some(d) = read.diagnostic {
+                    warnings.add(d);
+                }
+                for l in read.text {
+                    self.say(l);
+                }
+            }
+            None => self.say(text),
+        }
+    }
+
+    fn say(&mut self, line: String) {
+        (self.on_line)(&self.scrubber.scrub(&line));
+        self.log.push(line);
+    }
+}
+
+/// A step's engine process while it runs: the child, its process group, its output (lines,
+/// and stdout when it is the result) and where it stands.
+struct Running {
+    child: Child,
+    group: GroupGuard,
+    lines: mpsc::Receiver<Line>,
+    stdout_task: Option<JoinHandle<Captured>>,
+    watch: Supervisor,
+}
+
+impl Running {
+    /// Until the process exited and its output is read: its lines to `sink`; a cancel or the
+    /// deadline stops it gracefully, the disk quota passed kills it at once.
+    async fn supervise(
+        &mut self,
+        step: Step,
+        call: &StepCall<'_>,
+        sink: &mut LineSink<'_>,
+    ) -> Result<(), StepError> {
+        let Running {
+            child,
+            group,
+            lines,
+            watch,
+            ..
+        } = self;
+        let mut cancel = call.cancel.clone();
+        let mut quota_tick = tokio::time::interval(super::quota::EVERY);
+        quota_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !watch.done() {
+            tokio::select! {
+                line = lines.recv(), if watch.lines_open => match line {
+                    Some(Line(text)) => sink.take(text),
+                    None => watch.lines_open = false,
+                },
+                status = child.wait(), if watch.exit.is_none() => {
+                    let status = status.map_err(|e| StepError::Other(EngineError::Io(format!("{step}: {e}"))))?;
+                    watch.exited(status);
+                }
+                _ = cancelled(&mut cancel), if watch.may_stop() => watch.stop(StopReason::Cancelled, group),
+                _ = quota_tick.tick(), if call.quota.is_some() && watch.may_stop() => {
+                    let quota = call.quota.cloned().expect("checked");
+                    let over = tokio::task::spawn_blocking(move || quota.exceeded())
+                        .await
+                        .unwrap_or(false);
+                    if over {
+                        watch.kill(StopReason::OverQuota, group);
+                    }
+                }
+                _ = tokio::time::sleep_until(watch.wake_at().into()) => watch.on_timer(group),
+            }
+        }
+        Ok(())
+    }
+
+    /// The process has exited: stragglers in its group (a provider plugin that outlived the
+    /// engine) and anything left in the run's cgroup (a process that left the group) are
+    /// killed; what the cgroup refused since `counted`, and stdout, drained.
+    async fn end(mut self, call: &StepCall<'_>, counted: Counts) -> Ended {
+        self.group.disarm();
+        self.group.signal(Signal::SIGKILL);
+        if let Some(c) = call.cgroup {
+            c.kill_all();
+        }
+        let refused = call.cgroup.map(|c| {
+            let now = c.counts();
+            Refused {
+                memory: (now.oom_kills > counted.oom_kills).then_some(c.memory_max),
+                tasks: (now.forks_refused > counted.forks_refused).then_some(c.tasks_max),
+            }
+        });
+        let stdout = match self.stdout_task.take() {
+            Some(task) => tokio::time::timeout(DRAIN_AFTER_EXIT, task)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default(),
+            None => Captured::default(),
+        };
+        Ended {
+            stop: self.watch.stop,
+            status: self.watch.exit.expect("the loop ends after the exit"),
+            refused,
+            stdout,
+        }
+    }
+}
+
+/// What the run's cgroup refused during a step: memory (the OOM killer ended a process at the
+/// run's limit, this one) or a fork (at the tasks limit, this one).
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    memory: Option<u64>,
+    tasks: Option<u64>,
+}
+
+/// A step whose process is gone: why it was stopped (if it was), its exit, what the run's
+/// cgroup refused (with one) and its stdout when that is the result.
+struct Ended {
+    stop: Option<StopReason>,
+    status: ExitStatus,
+    refused: Option<Refused>,
+    stdout: Captured,
 }
 
 /// Resolves when `cancel` fires; never without a token (or once its handle is gone).

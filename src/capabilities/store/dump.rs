@@ -1,18 +1,15 @@
-//! Every row of every table, backend-neutral: what `planbot store migrate` copies.
+//! Every row of every table, the same on either database: what `planbot store migrate` copies
+//! ([`Store::export`] from one store, [`Store::import`] into another).
+
+use super::sql::{built, Arg, Conn, Value};
+use super::{read, write, Store};
+use anyhow::{anyhow, Context, Result};
 
 /// One column's type, as both backends store it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ty {
     Int,
     Text,
-}
-
-/// One stored value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Value {
-    Null,
-    Int(i64),
-    Text(String),
 }
 
 /// The tables a dump holds, parents first, each with its columns (the SQLite schema's).
@@ -206,4 +203,87 @@ impl Dump {
 /// The column list of a table, comma-separated.
 pub(crate) fn column_list(cols: &[(&str, Ty)]) -> String {
     cols.iter().map(|(c, _)| *c).collect::<Vec<_>>().join(", ")
+}
+
+/// The parameter for `v`, a value of a column of type `ty`.
+fn arg(v: &Value, ty: Ty) -> Arg {
+    match (v, ty) {
+        (Value::Int(n), _) => Arg::Int(Some(*n)),
+        (Value::Text(t), _) => Arg::Text(Some(t.clone())),
+        (Value::Null, Ty::Int) => Arg::Int(None),
+        (Value::Null, Ty::Text) => Arg::Text(None),
+    }
+}
+
+/// Every row of `table`, in insertion order (PostgreSQL keeps it in `seq` or the id).
+async fn rows_of(c: &impl Conn, table: &str, cols: &[(&str, Ty)]) -> Result<Vec<Vec<Value>>> {
+    let order = match (c.is_postgres(), table) {
+        (false, _) => "rowid",
+        (true, "fingerprints") => "seq",
+        (true, _) => "1",
+    };
+    let text = format!("SELECT {} FROM {table} ORDER BY {order}", column_list(cols));
+    let rows = c.query_text(&text, &[], true).await?;
+    Ok(rows.into_iter().map(|r| r.0).collect())
+}
+
+/// Copy `rows` into the empty `table`.
+async fn load(c: &impl Conn, table: &str, rows: &[Vec<Value>]) -> Result<()> {
+    let (_, cols) = TABLES
+        .iter()
+        .find(|(t, _)| *t == table)
+        .ok_or_else(|| anyhow!("unknown table {table} in the dump"))?;
+    let count = format!("SELECT COUNT(*) FROM {table}");
+    let n: i64 = c.query_text(&count, &[], false).await?[0].get(0)?;
+    anyhow::ensure!(n == 0, "the target store's table {table} is not empty");
+    let marks: Vec<String> = (1..=cols.len()).map(|i| format!("?{i}")).collect();
+    let insert = format!(
+        "INSERT INTO {table} ({}) VALUES ({})",
+        column_list(cols),
+        marks.join(", ")
+    );
+    let insert = built(c.kind(), &insert);
+    for row in rows {
+        let args: Vec<Arg> = row
+            .iter()
+            .zip(cols.iter())
+            .map(|(v, (_, ty))| arg(v, *ty))
+            .collect();
+        c.execute_text(&insert, &args, true)
+            .await
+            .with_context(|| format!("copying a row of {table}"))?;
+    }
+    if c.is_postgres() && cols.first().map(|(c, _)| *c) == Some("id") {
+        // New rows get ids after the copied ones.
+        let next = format!(
+            "SELECT setval(pg_get_serial_sequence('{table}', 'id'),
+                           COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, false)"
+        );
+        c.query_text(&next, &[], false).await?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Every row of every table.
+    pub async fn export(&self) -> Result<Dump> {
+        read!(self, |c| {
+            let mut out = Dump::default();
+            for (table, cols) in TABLES {
+                out.tables
+                    .push((table.to_string(), rows_of(c, table, cols).await?));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Load `dump` into this (empty) store, keeping ids; all or nothing.
+    pub async fn import(&self, dump: Dump) -> Result<()> {
+        write!(self, |c| {
+            for (table, rows) in &dump.tables {
+                load(c, table, rows).await?;
+            }
+            Ok(())
+        })
+    }
 }

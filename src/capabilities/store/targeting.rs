@@ -3,12 +3,22 @@
 //! replica) and the apply of the reviewed head use them. A head without any is planned in full:
 //! a new push drops them, and the next `planbot plan` comment on the MR replaces them all.
 
-use super::backend::StoreBackend;
-use super::types::PlanTargeting;
-use super::{on_backend, Backend, Store};
+use super::sql::{args, Conn, Sql};
+use super::{now_ms, read, write, Store};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::targeting::Targeting;
 use anyhow::{Context, Result};
+
+static FORGET_MR: Sql =
+    Sql::both("DELETE FROM plan_targeting WHERE project_id = ?1 AND mr_iid = ?2");
+static INSERT: Sql = Sql::both(
+    "INSERT INTO plan_targeting (project_id, mr_iid, sha, root, targeting, author_id, set_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+);
+static TARGETING: Sql = Sql::both(
+    "SELECT targeting FROM plan_targeting
+     WHERE project_id = ?1 AND mr_iid = ?2 AND sha = ?3 AND root = ?4",
+);
 
 impl Store {
     /// The targeting of `mr` from now on: `roots`' (empty: every root in full) at head `sha`,
@@ -21,18 +31,23 @@ impl Store {
         author: UserId,
         roots: &[(String, Targeting)],
     ) -> Result<()> {
-        let set = PlanTargeting {
-            project,
-            mr,
-            sha: sha.clone(),
-            author,
-            roots: roots
-                .iter()
-                .filter(|(_, t)| !t.is_empty())
-                .map(|(r, t)| Ok((r.clone(), serde_json::to_string(t)?)))
-                .collect::<Result<_>>()?,
-        };
-        on_backend!(self, b => b.set_plan_targeting(set).await)
+        let rows = roots
+            .iter()
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(root, t)| {
+                let json = serde_json::to_string(t)?;
+                Ok(args![project, mr, sha, root, json, author])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        write!(self, |c| {
+            c.execute(&FORGET_MR, &args![project, mr]).await?;
+            let now = now_ms();
+            for mut row in rows {
+                row.extend(args![now]);
+                c.execute(&INSERT, &row).await?;
+            }
+            Ok(())
+        })
     }
 
     /// The targeting of one root's plans at head `sha` (empty: a full plan). What was stored
@@ -45,8 +60,9 @@ impl Store {
         sha: &CommitSha,
         root: &str,
     ) -> Result<Targeting> {
-        let row = on_backend!(self, b => b.plan_targeting(project, mr, sha.clone(), root.to_string()).await)?;
-        let Some(json) = row else {
+        let args = args![project, mr, sha, root];
+        let row = read!(self, |c| c.opt(&TARGETING, &args).await)?;
+        let Some(json) = row.map(|r| r.get::<String>(0)).transpose()? else {
             return Ok(Targeting::default());
         };
         let stored: Targeting = serde_json::from_str(&json)

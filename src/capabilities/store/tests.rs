@@ -3,8 +3,9 @@
 //! applies; then what only N replicas on one PostgreSQL can do, and TLS to that server.
 
 use super::*;
-use crate::core::events::{PlanJob, PlanReason};
+use crate::core::events::{Job, PlanJob, PlanReason};
 use crate::core::fingerprint::Fingerprint;
+use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId};
 
 pub(crate) mod backends;
 mod replicas;

@@ -437,13 +437,8 @@ pub enum SchemaError {
          it was written by a newer planbot; run that version, or restore a backup made by this one"
     )]
     TooNew { found: u32, known: u32 },
-    #[error("store migration {version} ({name}) failed")]
-    Migration {
-        version: u32,
-        name: &'static str,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error("running the store's migrations")]
+    Runner(#[from] refinery::Error),
     #[error("reading or recording the store's schema version")]
     Sqlite(#[from] rusqlite::Error),
     #[error("reading or recording the store's schema version")]
@@ -547,17 +542,6 @@ pub struct PolicyVerdictRecord {
     pub verdict: RecordedVerdict,
 }
 
-/// The targeting of an MR's plans from one `planbot plan [ROOT] -- …` comment on head `sha`:
-/// each root's `core::targeting::Targeting` as JSON (none: every root in full).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanTargeting {
-    pub project: ProjectId,
-    pub mr: MrIid,
-    pub sha: CommitSha,
-    pub author: UserId,
-    pub roots: Vec<(String, String)>,
-}
-
 /// An owner's approval of one failing set, for one root's plan at one head.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyApproval {
@@ -590,9 +574,6 @@ impl PolicyApproval {
             .collect()
     }
 }
-
-/// A verdict row as the backends hand it over: `(root, fingerprint hex, verdict JSON)`.
-pub(crate) type VerdictRow = (String, String, String);
 
 /// The kinds of its MR's queued and running jobs that enqueuing `job` cancels
 /// ([`Job::supersedes`]): `None` nothing, `Some(None)` every kind, `Some(Some(kind))` one.

@@ -103,6 +103,23 @@ impl Values {
         }
     }
 
+    /// A size such as `"4 GiB"`, of at least [`SIZE_FLOOR`]: as given, else the declared
+    /// default (and a problem).
+    fn size(&mut self, key: &str) -> u64 {
+        let text: String = self.get(key);
+        if let Some(n) = parse_size(&text).filter(|n| *n >= SIZE_FLOOR) {
+            return n;
+        }
+        self.invalid(
+            key,
+            format!(
+                "`{text}`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\""
+            ),
+        );
+        let default: String = self.get(key);
+        parse_size(&default).expect("a valid default size")
+    }
+
     /// A duration within `range` (else the default, and a problem saying `expected`).
     fn duration_within(
         &mut self,
@@ -424,7 +441,6 @@ fn env_table(v: &mut Values, path: &str) -> BTreeMap<String, Secret> {
 
 /// `[sandbox]`.
 fn sandbox(v: &mut Values) -> SandboxConfig {
-    let defaults = SandboxConfig::default();
     let switch = |v: &mut Values, key: &str| {
         v.choice(
             key,
@@ -436,51 +452,9 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
             |other| format!("`{other}`: expected \"auto\" or \"off\""),
         )
     };
-    let memory_max = match v.given::<String>("sandbox.memory_max") {
-        None => defaults.memory_max,
-        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
-            Some(n) => n,
-            None => {
-                v.invalid(
-                    "sandbox.memory_max",
-                    format!(
-                    "`{text}`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\""
-                ),
-                );
-                defaults.memory_max
-            }
-        },
-    };
-    let disk_max = match v.given::<String>("sandbox.disk_max") {
-        None => defaults.disk_max,
-        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
-            Some(n) => n,
-            None => {
-                v.invalid(
-                    "sandbox.disk_max",
-                    format!(
-                    "`{text}`: expected a size of at least 64 MiB, such as \"2 GiB\" or \"10 GiB\""
-                ),
-                );
-                defaults.disk_max
-            }
-        },
-    };
-    let job_memory_max = match v.given::<String>("sandbox.job_memory_max") {
-        None => defaults.job_memory_max,
-        Some(text) => match parse_size(&text).filter(|n| *n >= 64 << 20) {
-            Some(n) => n,
-            None => {
-                v.invalid(
-                    "sandbox.job_memory_max",
-                    format!(
-                    "`{text}`: expected a size of at least 64 MiB, such as \"2 GiB\" or \"6 GiB\""
-                ),
-                );
-                defaults.job_memory_max
-            }
-        },
-    };
+    let memory_max = v.size("sandbox.memory_max");
+    let disk_max = v.size("sandbox.disk_max");
+    let job_memory_max = v.size("sandbox.job_memory_max");
     let job_tasks_max =
         v.number_within("sandbox.job_tasks_max", 16..=4_194_304, "a number of tasks") as u64;
     SandboxConfig {
@@ -491,7 +465,7 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
                 Value::Integer(n) if (1..=65535).contains(&n) => Ok(n as u16),
                 other => Err(format!("`{other}` is not a TCP port (1 to 65535)")),
             })
-            .unwrap_or(defaults.connect_ports),
+            .unwrap_or_else(|| v.get("sandbox.connect_ports")),
         read_paths: v
             .list("sandbox.read_paths", |item| match item {
                 Value::String(p) if p.starts_with('/') => Ok(PathBuf::from(p)),
@@ -506,6 +480,10 @@ fn sandbox(v: &mut Values) -> SandboxConfig {
         job_tasks_max,
     }
 }
+
+/// The least a size key takes (`sandbox.memory_max`, `disk_max`, `job_memory_max`): less
+/// leaves an engine no room to start.
+const SIZE_FLOOR: u64 = 64 << 20;
 
 /// A size such as `512 MiB`, `4GiB` or `1048576` (bytes).
 fn parse_size(text: &str) -> Option<u64> {
@@ -868,124 +846,178 @@ fn log(v: &mut Values) -> LogConfig {
 /// `[[policy_sets]]`: each with a unique name, an absolute `path` (a directory on planbot's
 /// host), `owners`, `roots` (root names, in any repository) and a Rego `namespace`.
 fn policy_sets(v: &mut Values) -> Vec<PolicySetSpec> {
-    let p = &mut v.problems;
     let items = match v.flat.remove(POLICY_SETS) {
         None => return Vec::new(),
         Some(Value::Array(items)) => items,
         Some(other) => {
-            p.push(ConfigError::Invalid {
-                key: POLICY_SETS.into(),
-                message: format!(
+            v.invalid(
+                POLICY_SETS,
+                format!(
                     "expected [[policy_sets]] tables, found {}",
                     other.type_str()
                 ),
-            });
+            );
             return Vec::new();
         }
     };
     let mut sets: Vec<PolicySetSpec> = Vec::new();
-    for (i, item) in items.into_iter().enumerate() {
-        let key = |k: &str| format!("{POLICY_SETS}[{i}].{k}");
-        let invalid = |k: &str, message: String| ConfigError::Invalid {
-            key: key(k),
-            message,
+    for (index, item) in items.into_iter().enumerate() {
+        let mut entry = PolicySetEntry {
+            index,
+            table: toml::Table::new(),
+            problems: &mut v.problems,
         };
-        let Value::Table(mut t) = item else {
-            p.push(invalid("name", "expected a table".into()));
+        let Value::Table(table) = item else {
+            entry.invalid("name", "expected a table".into());
             continue;
         };
-        let string = |t: &mut toml::Table, k: &str, p: &mut Vec<ConfigError>| match t.remove(k) {
+        entry.table = table;
+        if let Some(set) = entry.read(&sets) {
+            sets.push(set);
+        }
+    }
+    sets
+}
+
+/// One `[[policy_sets]]` table as it is read: its keys are taken one by one, each problem
+/// reported at `policy_sets[index].key`.
+struct PolicySetEntry<'a> {
+    index: usize,
+    table: toml::Table,
+    problems: &'a mut Vec<ConfigError>,
+}
+
+impl PolicySetEntry<'_> {
+    /// The keys a policy set has.
+    const KNOWN: [&'static str; 5] = ["name", "path", "owners", "roots", "namespace"];
+
+    fn key(&self, k: &str) -> String {
+        format!("{POLICY_SETS}[{}].{k}", self.index)
+    }
+
+    fn invalid(&mut self, k: &str, message: String) {
+        let key = self.key(k);
+        self.problems.push(ConfigError::Invalid { key, message });
+    }
+
+    fn missing(&mut self, k: &str, hint: &str) {
+        let key = self.key(k);
+        self.problems.push(ConfigError::Missing {
+            key,
+            hint: hint.into(),
+        });
+    }
+
+    /// The set, unless its name or path is missing; every problem with it reported (a set
+    /// named like one of `earlier` too).
+    fn read(&mut self, earlier: &[PolicySetSpec]) -> Option<PolicySetSpec> {
+        let name = self.string("name");
+        let path = self.string("path");
+        let namespace = self
+            .string("namespace")
+            .unwrap_or_else(|| policy::DEFAULT_NAMESPACE.to_string());
+        let owners = self.list("owners");
+        let roots = self.list("roots");
+        self.report_unknown_keys();
+        let name = self.checked_name(name, earlier)?;
+        let path = self.checked_path(path)?;
+        if let Err(e) = policy::sets::check_namespace(&namespace) {
+            self.invalid("namespace", e);
+        }
+        let owners = owners
+            .iter()
+            .filter_map(|o| {
+                policy::Owner::parse(o)
+                    .map_err(|e| self.invalid("owners", e))
+                    .ok()
+            })
+            .collect();
+        Some(PolicySetSpec {
+            name,
+            path,
+            owners,
+            roots,
+            namespace,
+        })
+    }
+
+    /// Key `k`, a string (else a problem).
+    fn string(&mut self, k: &str) -> Option<String> {
+        match self.table.remove(k) {
             None => None,
             Some(Value::String(s)) => Some(s),
             Some(other) => {
-                p.push(invalid(
-                    k,
-                    format!("expected a string, found {}", other.type_str()),
-                ));
+                self.invalid(k, format!("expected a string, found {}", other.type_str()));
                 None
             }
-        };
-        let name = string(&mut t, "name", p);
-        let path = string(&mut t, "path", p);
-        let namespace =
-            string(&mut t, "namespace", p).unwrap_or_else(|| policy::DEFAULT_NAMESPACE.to_string());
-        let list = |t: &mut toml::Table, k: &str, p: &mut Vec<ConfigError>| match t.remove(k) {
+        }
+    }
+
+    /// Key `k`, a list of strings (each item that is not one, a problem).
+    fn list(&mut self, k: &str) -> Vec<String> {
+        match self.table.remove(k) {
             None => Vec::new(),
             Some(Value::Array(items)) => items
                 .into_iter()
                 .filter_map(|v| match v {
                     Value::String(s) => Some(s),
                     other => {
-                        p.push(invalid(k, format!("`{other}` is not a string")));
+                        self.invalid(k, format!("`{other}` is not a string"));
                         None
                     }
                 })
                 .collect(),
             Some(other) => {
-                p.push(invalid(
-                    k,
-                    format!("expected a list, found {}", other.type_str()),
-                ));
+                self.invalid(k, format!("expected a list, found {}", other.type_str()));
                 Vec::new()
             }
-        };
-        let owners: Vec<String> = list(&mut t, "owners", p);
-        let roots: Vec<String> = list(&mut t, "roots", p);
-        const KNOWN: [&str; 5] = ["name", "path", "owners", "roots", "namespace"];
-        for k in t.keys() {
-            let hint = match crate::core::suggest::nearest(k, KNOWN) {
-                Some(near) => format!("did you mean `{near}`?"),
-                None => format!("known keys here: {}", KNOWN.join(", ")),
-            };
-            p.push(invalid(k, format!("unknown key ({hint})")));
         }
+    }
+
+    /// Every key left: not one a policy set has (with the nearest that is).
+    fn report_unknown_keys(&mut self) {
+        let unknown: Vec<String> = self.table.keys().cloned().collect();
+        for k in unknown {
+            let hint = match crate::core::suggest::nearest(&k, Self::KNOWN) {
+                Some(near) => format!("did you mean `{near}`?"),
+                None => format!("known keys here: {}", Self::KNOWN.join(", ")),
+            };
+            self.invalid(&k, format!("unknown key ({hint})"));
+        }
+    }
+
+    /// The name: required, valid, and not one of an `earlier` set.
+    fn checked_name(&mut self, name: Option<String>, earlier: &[PolicySetSpec]) -> Option<String> {
         let Some(name) = name else {
-            p.push(ConfigError::Missing {
-                key: key("name"),
-                hint: "each policy set needs a name, shown on the MR".into(),
-            });
-            continue;
+            self.missing("name", "each policy set needs a name, shown on the MR");
+            return None;
         };
         if let Err(e) = policy::sets::check_name(&name) {
-            p.push(invalid("name", e));
-        } else if sets.iter().any(|s| s.name == name) {
-            p.push(invalid(
+            self.invalid("name", e);
+        } else if earlier.iter().any(|s| s.name == name) {
+            self.invalid(
                 "name",
                 format!("`{name}` is used twice; names must be unique"),
-            ));
+            );
         }
+        Some(name)
+    }
+
+    /// The path: required, and absolute (a directory on planbot's host).
+    fn checked_path(&mut self, path: Option<String>) -> Option<String> {
         let Some(path) = path else {
-            p.push(ConfigError::Missing {
-                key: key("path"),
-                hint: "the directory of .rego files on planbot's host, e.g. /etc/planbot/policies"
-                    .into(),
-            });
-            continue;
+            self.missing(
+                "path",
+                "the directory of .rego files on planbot's host, e.g. /etc/planbot/policies",
+            );
+            return None;
         };
         if !path.starts_with('/') {
-            p.push(invalid(
+            self.invalid(
                 "path",
                 format!("`{path}` is not an absolute path (a directory on planbot's host)"),
-            ));
+            );
         }
-        if let Err(e) = policy::sets::check_namespace(&namespace) {
-            p.push(invalid("namespace", e));
-        }
-        let owners = owners
-            .iter()
-            .filter_map(|o| {
-                policy::Owner::parse(o)
-                    .map_err(|e| p.push(invalid("owners", e)))
-                    .ok()
-            })
-            .collect();
-        sets.push(PolicySetSpec {
-            name,
-            path,
-            owners,
-            roots,
-            namespace,
-        });
+        Some(path)
     }
-    sets
 }

@@ -375,24 +375,25 @@ pub struct SandboxConfig {
     /// `auto` (use Landlock when the kernel has it) or `off` (act as if it had none).
     pub landlock: LandlockSetting,
     /// TCP ports the engine may connect to, besides those of the Proxmox endpoints and the
-    /// provider mirror (default `[443]`).
+    /// provider mirror (`sandbox.connect_ports`).
     pub connect_ports: Vec<u16>,
     /// Further paths the engine may read (a CA bundle elsewhere, a provider mirror).
     pub read_paths: Vec<PathBuf>,
     /// `auto` (own user, mount and PID namespaces for every engine process where the kernel
     /// allows them) or `off` (act as if it did not).
     pub namespaces: LandlockSetting,
-    /// The memory one engine process may allocate, in bytes (default 4 GiB).
+    /// The memory one engine process may allocate, in bytes (`sandbox.memory_max`).
     pub memory_max: u64,
     /// What one plan run's checkout, plan-file dir and plugin cache may hold, in bytes
-    /// (default 4 GiB).
+    /// (`sandbox.disk_max`).
     pub disk_max: u64,
     /// `auto` (each run's engine processes in a cgroup of their own where the host delegates
     /// one) or `off`.
     pub cgroup: LandlockSetting,
-    /// The memory all engine processes of one run may use together, in bytes (default 4 GiB).
+    /// The memory all engine processes of one run may use together, in bytes
+    /// (`sandbox.job_memory_max`).
     pub job_memory_max: u64,
-    /// The tasks (processes and threads) one run may have at once (default 4096).
+    /// The tasks (processes and threads) one run may have at once (`sandbox.job_tasks_max`).
     pub job_tasks_max: u64,
 }
 
@@ -401,23 +402,6 @@ pub struct SandboxConfig {
 pub enum LandlockSetting {
     Auto,
     Off,
-}
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        SandboxConfig {
-            required: true,
-            landlock: LandlockSetting::Auto,
-            connect_ports: vec![443],
-            read_paths: Vec::new(),
-            namespaces: LandlockSetting::Auto,
-            memory_max: 4 << 30,
-            disk_max: 4 << 30,
-            cgroup: LandlockSetting::Auto,
-            job_memory_max: 4 << 30,
-            job_tasks_max: 4096,
-        }
-    }
 }
 
 #[derive(Debug, Clone)]

@@ -16,6 +16,14 @@ fn no_files(_: &str) -> Result<String, String> {
     Err("no such file".into())
 }
 
+/// Each problem (or warning) as `--check` describes it, for a file named `planbot.toml`.
+fn described(problems: &[Problem]) -> Vec<String> {
+    problems
+        .iter()
+        .map(|p| p.describe("planbot.toml"))
+        .collect()
+}
+
 #[test]
 fn minimal_config_gets_defaults() {
     let c = Config::load(MINIMAL, &[], &no_files).unwrap();
@@ -150,13 +158,7 @@ fn a_postgres_store_is_verified_over_tls_unless_local_and_never_falls_back_to_pl
 
 #[test]
 fn a_misspelled_key_or_section_is_named_with_its_line_and_the_nearest_known_one() {
-    let shown = |text: &str| -> Vec<String> {
-        Config::load_all(text, &[], &no_files)
-            .problems
-            .iter()
-            .map(|p| p.describe("planbot.toml"))
-            .collect()
-    };
+    let shown = |text: &str| described(&Config::load_all(text, &[], &no_files).problems);
     // MINIMAL is 7 lines; the typos follow it.
     let text = format!(
         "{MINIMAL}[engine]\nbinray = \"tofu\"\n[gitlb]\nurl = \"x\"\n[proxmox.aply]\nendpoint = \"https://pve:8006\"\n[engine.plan]\nmax_concurrent_plans = 3\n"
@@ -206,11 +208,7 @@ fn a_misspelled_planbot_variable_is_a_warning_naming_the_nearest_one() {
         ]),
         &no_files,
     );
-    let warnings: Vec<String> = loaded
-        .warnings
-        .iter()
-        .map(|w| w.describe("planbot.toml"))
-        .collect();
+    let warnings = described(&loaded.warnings);
     assert_eq!(
         warnings,
         [
@@ -340,11 +338,7 @@ api_token = "PVEAPIToken=a@pve!t=uuid-secret"
         ("PLANBOT_ENGINE_ENV_TF_VAR_x".to_string(), "".to_string()),
     ];
     let loaded = Config::load_all(text, &env, &read);
-    let shown: Vec<String> = loaded
-        .problems
-        .iter()
-        .map(|p| p.describe("planbot.toml"))
-        .collect();
+    let shown = described(&loaded.problems);
     let expect = [
         "config key `plan.max_concurrent_plans`: expected a whole number\n    from environment variable PLANBOT_PLAN_MAX_CONCURRENT_PLANS",
         "config key `engine.env.TF_VAR_x`: is empty\n    from environment variable PLANBOT_ENGINE_ENV_TF_VAR_x",
@@ -614,11 +608,7 @@ fn operator_policy_sets_are_read_and_checked_with_their_line() {
     let text = format!(
         "{MINIMAL}\n[[policy_sets]]\nname = \"a\"\npath = \"/p\"\n\n[[policy_sets]]\nname = \"a\"\npath = \"policies\"\nnamespace = \"x-y\"\nowner = [\"bob\"]\n"
     );
-    let problems = Config::load_all(&text, &[], &no_files).problems;
-    let shown: Vec<String> = problems
-        .iter()
-        .map(|p| p.describe("planbot.toml"))
-        .collect();
+    let shown = described(&Config::load_all(&text, &[], &no_files).problems);
     assert_eq!(
         shown,
         [
@@ -633,13 +623,42 @@ fn operator_policy_sets_are_read_and_checked_with_their_line() {
 #[test]
 fn a_duration_given_as_a_bare_number_gets_an_example_of_one() {
     let text = format!("{MINIMAL}[engine]\ntimeout = 30\n");
-    let shown: Vec<String> = Config::load_all(&text, &[], &no_files)
-        .problems
-        .iter()
-        .map(|p| p.describe("planbot.toml"))
-        .collect();
+    let shown = described(&Config::load_all(&text, &[], &no_files).problems);
     assert_eq!(
         shown,
         ["config key `engine.timeout`: expected a string, found integer (write e.g. \"30m\", \"90s\": a number and its unit, in quotes)\n    from planbot.toml, line 9"]
     );
+}
+
+#[test]
+fn a_size_is_read_with_its_unit_and_a_bad_one_falls_back_to_the_declared_default() {
+    let defaults = Config::load(MINIMAL, &[], &no_files).unwrap();
+    assert_eq!(defaults.sandbox.memory_max, 4 << 30);
+    assert_eq!(defaults.sandbox.disk_max, 4 << 30);
+    assert_eq!(defaults.sandbox.job_memory_max, 4 << 30);
+    assert_eq!(defaults.sandbox.connect_ports, [443]);
+
+    let text = format!(
+        "{MINIMAL}[sandbox]\nmemory_max = \"lots\"\ndisk_max = \"1 MiB\"\njob_memory_max = \"2GiB\"\n"
+    );
+    let env = [(
+        "PLANBOT_SANDBOX_CONNECT_PORTS".to_string(),
+        "443, 8443".to_string(),
+    )];
+    let loaded = Config::load_all(&text, &env, &no_files);
+    let shown = described(&loaded.problems);
+    assert_eq!(
+        shown,
+        [
+            "config key `sandbox.memory_max`: `lots`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\"\n    from planbot.toml, line 9",
+            "config key `sandbox.disk_max`: `1 MiB`: expected a size of at least 64 MiB, such as \"512 MiB\" or \"4 GiB\"\n    from planbot.toml, line 10",
+        ]
+    );
+    let c = loaded
+        .config
+        .expect("built, the defaults standing in for the bad values");
+    assert_eq!(c.sandbox.memory_max, 4 << 30);
+    assert_eq!(c.sandbox.disk_max, 4 << 30);
+    assert_eq!(c.sandbox.job_memory_max, 2 << 30);
+    assert_eq!(c.sandbox.connect_ports, [443, 8443]);
 }

@@ -155,9 +155,6 @@ pub fn touches_proxmox(plan: &Plan) -> bool {
 }
 
 /// Read what the plan needs from the cluster (only resources that are created or changed).
-///
-/// Long on purpose: one arm per resource kind, each recording through the one `storage`
-/// closure (address, node); split by kind, every arm would need that state handed in.
 pub fn needs(plan: &Plan) -> Needs {
     let mut n = Needs::default();
     for rc in plan.managed_changes().filter(|rc| rc.deposed.is_none()) {
@@ -167,98 +164,38 @@ pub fn needs(plan: &Plan) -> Needs {
         }
         // One resource's values at a time.
         let rc = &Res::parse(rc);
-        let node = known(rc, "node_name");
-        if let Some(node) = &node {
+        let planned = Planned {
+            rc,
+            node: known(rc, "node_name"),
+        };
+        planned.add_needs(&mut n, kind);
+    }
+    n.ha_groups = created_ha_groups(plan);
+    n.sdn = crate::core::proxmox::model::sdn_changes(plan);
+    n.demand = capacity::demand(plan);
+    n
+}
+
+/// One resource the plan creates or changes, read for [`needs`]: its values and its node.
+struct Planned<'a, 'p> {
+    rc: &'a Res<'p>,
+    node: Option<String>,
+}
+
+impl Planned<'_, '_> {
+    /// What this resource of `kind` needs: its node, its storages, and what its kind asks.
+    fn add_needs(&self, n: &mut Needs, kind: Kind) {
+        let rc = self.rc;
+        if let Some(node) = &self.node {
             n.nodes
                 .entry(node.clone())
                 .or_default()
                 .push(rc.address.clone());
         }
-        let mut storage = |storage: Option<String>, content: Option<&str>, file: bool| {
-            if let Some(s) = storage {
-                n.storages.push(StorageNeed {
-                    address: rc.address.clone(),
-                    storage: s,
-                    node: node.clone(),
-                    content: content.map(str::to_string),
-                    file,
-                });
-            }
-        };
         match kind {
-            Kind::DownloadFile | Kind::File => {
-                let content = known(rc, "content_type");
-                storage(known(rc, "datastore_id"), content.as_deref(), true);
-                let created = is_created(rc);
-                let ds = known(rc, "datastore_id");
-                if content.as_deref() == Some("import") {
-                    let name = known(rc, "file_name")
-                        .or_else(|| known(rc, "source_raw.0.file_name"))
-                        .unwrap_or_default();
-                    n.imports.push((rc.address.clone(), name));
-                }
-                if let (true, Some(ds)) = (created, ds) {
-                    if kind == Kind::DownloadFile {
-                        if let Some(node) = &node {
-                            n.downloads.push((rc.address.clone(), ds, node.clone()));
-                        }
-                    } else if content.as_deref() == Some("snippets") {
-                        n.snippets.push((rc.address.clone(), ds));
-                    }
-                }
-            }
-            Kind::Vm | Kind::ClonedVm => {
-                for i in 0..block_len(rc, "disk") {
-                    storage(
-                        known(rc, &format!("disk.{i}.datastore_id")),
-                        Some("images"),
-                        false,
-                    );
-                }
-                for block in ["initialization", "efi_disk", "tpm_state"] {
-                    for i in 0..block_len(rc, block) {
-                        storage(
-                            known(rc, &format!("{block}.{i}.datastore_id")),
-                            Some("images"),
-                            false,
-                        );
-                    }
-                }
-                let startup =
-                    matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty());
-                let startup_changed = rc.kind() != ActionKind::Update
-                    || before(rc, "startup") != after_value(rc, "startup");
-                if startup && startup_changed {
-                    n.sys_modify.push((rc.address.clone(), "startup"));
-                }
-                bridges(&mut n, rc, node.as_deref(), "network_device");
-                if let Some(c) = clone_need(rc, node.as_deref()) {
-                    n.clones.push(c);
-                }
-            }
-            Kind::Container => {
-                for i in 0..block_len(rc, "disk") {
-                    storage(
-                        known(rc, &format!("disk.{i}.datastore_id")),
-                        Some("rootdir"),
-                        false,
-                    );
-                }
-                let privileged = match after(rc, "unprivileged") {
-                    Attr::Absent => true,
-                    a => a.bool() == Some(false),
-                };
-                let changed = rc.kind() != ActionKind::Update
-                    || before(rc, "unprivileged") != after_value(rc, "unprivileged");
-                if privileged && changed {
-                    n.sys_modify.push((rc.address.clone(), "container"));
-                }
-                bridges(&mut n, rc, node.as_deref(), "network_interface");
-                let flags = root_only_features(rc);
-                if !flags.is_empty() {
-                    n.root_features.push((rc.address.clone(), flags));
-                }
-            }
+            Kind::DownloadFile | Kind::File => self.add_file_needs(n, kind),
+            Kind::Vm | Kind::ClonedVm => self.add_vm_needs(n),
+            Kind::Container => self.add_container_needs(n),
         }
         if kind != Kind::DownloadFile && kind != Kind::File && rc.kind() == ActionKind::Create {
             if let Some(id) = vmid(rc) {
@@ -269,18 +206,108 @@ pub fn needs(plan: &Plan) -> Needs {
             n.ha_moves.extend(ha_move(rc, kind));
         }
     }
-    n.ha_groups = plan
-        .managed_changes()
+
+    /// A need of `storage`, when set, on this resource's node: for `content`, a file's or a
+    /// guest disk's.
+    fn storage(&self, n: &mut Needs, storage: Option<String>, content: Option<&str>, file: bool) {
+        if let Some(s) = storage {
+            n.storages.push(StorageNeed {
+                address: self.rc.address.clone(),
+                storage: s,
+                node: self.node.clone(),
+                content: content.map(str::to_string),
+                file,
+            });
+        }
+    }
+
+    /// The storage of each `block.N.datastore_id`, for guest disks of `content`.
+    fn disks(&self, n: &mut Needs, block: &str, content: &str) {
+        for i in 0..block_len(self.rc, block) {
+            self.storage(
+                n,
+                known(self.rc, &format!("{block}.{i}.datastore_id")),
+                Some(content),
+                false,
+            );
+        }
+    }
+
+    /// A file or a download: its storage, an import's file name, and a created download's or
+    /// snippet's storage.
+    fn add_file_needs(&self, n: &mut Needs, kind: Kind) {
+        let rc = self.rc;
+        let content = known(rc, "content_type");
+        self.storage(n, known(rc, "datastore_id"), content.as_deref(), true);
+        let created = is_created(rc);
+        let ds = known(rc, "datastore_id");
+        if content.as_deref() == Some("import") {
+            let name = known(rc, "file_name")
+                .or_else(|| known(rc, "source_raw.0.file_name"))
+                .unwrap_or_default();
+            n.imports.push((rc.address.clone(), name));
+        }
+        if let (true, Some(ds)) = (created, ds) {
+            if kind == Kind::DownloadFile {
+                if let Some(node) = &self.node {
+                    n.downloads.push((rc.address.clone(), ds, node.clone()));
+                }
+            } else if content.as_deref() == Some("snippets") {
+                n.snippets.push((rc.address.clone(), ds));
+            }
+        }
+    }
+
+    /// A VM: its disks' storages, a startup block set (root only), its bridges, its clone.
+    fn add_vm_needs(&self, n: &mut Needs) {
+        let rc = self.rc;
+        for block in ["disk", "initialization", "efi_disk", "tpm_state"] {
+            self.disks(n, block, "images");
+        }
+        let startup = matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty());
+        let startup_changed =
+            rc.kind() != ActionKind::Update || before(rc, "startup") != after_value(rc, "startup");
+        if startup && startup_changed {
+            n.sys_modify.push((rc.address.clone(), "startup"));
+        }
+        bridges(n, rc, self.node.as_deref(), "network_device");
+        if let Some(c) = clone_need(rc, self.node.as_deref()) {
+            n.clones.push(c);
+        }
+    }
+
+    /// A container: its disks' storages, privileged (root only), its bridges, and feature
+    /// flags only root may set.
+    fn add_container_needs(&self, n: &mut Needs) {
+        let rc = self.rc;
+        self.disks(n, "disk", "rootdir");
+        let privileged = match after(rc, "unprivileged") {
+            Attr::Absent => true,
+            a => a.bool() == Some(false),
+        };
+        let changed = rc.kind() != ActionKind::Update
+            || before(rc, "unprivileged") != after_value(rc, "unprivileged");
+        if privileged && changed {
+            n.sys_modify.push((rc.address.clone(), "container"));
+        }
+        bridges(n, rc, self.node.as_deref(), "network_interface");
+        let flags = root_only_features(rc);
+        if !flags.is_empty() {
+            n.root_features.push((rc.address.clone(), flags));
+        }
+    }
+}
+
+/// The HA groups the plan creates (PVE113).
+fn created_ha_groups(plan: &Plan) -> Vec<String> {
+    plan.managed_changes()
         .filter(|rc| is_created(rc))
         .filter(|rc| {
             let t = rc.resource_type.as_str();
             t == "proxmox_virtual_environment_hagroup" || t == "proxmox_hagroup"
         })
         .map(|rc| rc.address.clone())
-        .collect();
-    n.sdn = crate::core::proxmox::model::sdn_changes(plan);
-    n.demand = capacity::demand(plan);
-    n
+        .collect()
 }
 
 /// A guest updated in place whose `node_name` changes: the provider migrates it (PVE112).

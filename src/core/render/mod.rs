@@ -850,7 +850,7 @@ fn build_view<'a, 'r>(
         pending,
         red,
         yellow,
-        mut destructive,
+        destructive,
         mut findings,
         fingerprints,
         roots_with_changes,
@@ -858,19 +858,10 @@ fn build_view<'a, 'r>(
     } = g;
 
     findings.sort_by_key(|(_, f)| f.severity);
-    let findings_more = findings.len().saturating_sub(MAX_LISTED);
-    let findings = findings
-        .into_iter()
-        .take(MAX_LISTED)
-        .map(|(_, f)| finding_view(f))
-        .collect();
-    let destructive_more = destructive.len().saturating_sub(MAX_LISTED);
-    destructive.truncate(MAX_LISTED);
+    let (findings, findings_more) = first(findings, MAX_LISTED);
+    let findings = findings.into_iter().map(|(_, f)| finding_view(f)).collect();
+    let (destructive, destructive_more) = first(destructive, MAX_LISTED);
 
-    let engine_name = match ctx.engine.as_deref() {
-        Some(e) if e.to_ascii_lowercase().starts_with("terraform") => "Terraform",
-        _ => "OpenTofu",
-    };
     let (engine_checks, warnings, checks_red, checks_yellow) = checks_views(ctx, roots);
     // Warnings a plan gave past those planbot keeps: counted in the total, said below it.
     let warnings_unread: usize = roots
@@ -879,20 +870,11 @@ fn build_view<'a, 'r>(
         .map(|c| c.warnings_unread)
         .sum();
     let warnings_total = warnings.iter().map(|w| w.count).sum::<usize>() + warnings_unread;
-    let warnings_more = warnings.len().saturating_sub(LISTED);
-    let mut warnings = warnings;
-    warnings.truncate(LISTED);
-    let (red, yellow) = (red || checks_red, yellow || checks_yellow);
+    let (warnings, warnings_more) = first(warnings, LISTED);
     let view = NoteView {
         banners: &ctx.banners,
         invalid_file: ctx.invalid_file.as_deref(),
-        colour: if red || ctx.invalid_file.is_some() {
-            "red"
-        } else if yellow {
-            "yellow"
-        } else {
-            "green"
-        },
+        colour: headline_colour(ctx, red || checks_red, yellow || checks_yellow),
         sha8: ctx.sha.as_deref().map(|s| s.chars().take(8).collect()),
         draft: ctx.draft,
         roots_total: roots.len(),
@@ -913,7 +895,7 @@ fn build_view<'a, 'r>(
         plan_dir: ctx.plan_dir.as_deref(),
         replan_hint: !ctx.local_run,
         engine: ctx.engine.as_deref(),
-        engine_name,
+        engine_name: engine_name(ctx),
         duration: ctx.duration.map(duration_text),
         fingerprints,
         engine_checks,
@@ -922,22 +904,58 @@ fn build_view<'a, 'r>(
         warnings_unread,
         warnings_kept: crate::core::engine_checks::PLAN_WARNINGS_KEPT,
         warnings_total,
-        reach: if roots.len() > 1
-            || ctx.reach.iter().any(|r| {
-                !r.outside.is_empty()
-                    || !r.unread.is_empty()
-                    || r.why
-                        .iter()
-                        .any(|w| !matches!(w, crate::core::reach::Why::OwnFiles { .. }))
-            }) {
-            &ctx.reach
-        } else {
-            &[]
-        },
+        reach: reach_shown(ctx, roots),
         picture: picture(&ctx.reach, &ctx.root_edges),
         depends_hints: &ctx.depends_hints,
     };
     (view, pending)
+}
+
+/// The first `max` of `items`, and how many more there were.
+fn first<T>(mut items: Vec<T>, max: usize) -> (Vec<T>, usize) {
+    let more = items.len().saturating_sub(max);
+    items.truncate(max);
+    (items, more)
+}
+
+/// The headline's colour: red for a failure (or an invalid `.planbot.toml`), yellow for
+/// something to look at, else green.
+fn headline_colour(ctx: &NoteContext, red: bool, yellow: bool) -> &'static str {
+    if red || ctx.invalid_file.is_some() {
+        "red"
+    } else if yellow {
+        "yellow"
+    } else {
+        "green"
+    }
+}
+
+/// The engine as the footer names it: Terraform when it says so, else OpenTofu.
+fn engine_name(ctx: &NoteContext) -> &'static str {
+    match ctx.engine.as_deref() {
+        Some(e) if e.to_ascii_lowercase().starts_with("terraform") => "Terraform",
+        _ => "OpenTofu",
+    }
+}
+
+/// What each root reads, shown when it says more than "its own files" (or there are several
+/// roots); else nothing.
+fn reach_shown<'a>(
+    ctx: &'a NoteContext,
+    roots: &[RootSection<'_>],
+) -> &'a [crate::core::reach::Reached] {
+    let says_more = ctx.reach.iter().any(|r| {
+        !r.outside.is_empty()
+            || !r.unread.is_empty()
+            || r.why
+                .iter()
+                .any(|w| !matches!(w, crate::core::reach::Why::OwnFiles { .. }))
+    });
+    if roots.len() > 1 || says_more {
+        &ctx.reach
+    } else {
+        &[]
+    }
 }
 
 /// The engine's checks of `roots` (in their order) as the note lists them, their warnings, and
@@ -975,15 +993,14 @@ fn checks_views(
         }
         let test = c.test.result().map(|t| {
             // Failures first: a long list keeps them.
-            let mut runs: Vec<_> = t
+            let runs: Vec<_> = t
                 .runs
                 .iter()
                 .filter(|r| r.status != TestStatus::Pass)
                 .chain(t.runs.iter().filter(|r| r.status == TestStatus::Pass))
                 .cloned()
                 .collect();
-            let runs_more = runs.len().saturating_sub(LISTED);
-            runs.truncate(LISTED);
+            let (runs, runs_more) = first(runs, LISTED);
             TestView {
                 ok: t.ok(),
                 passed: t.passed,

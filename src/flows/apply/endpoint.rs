@@ -1,7 +1,8 @@
 //! `POST /api/v1/apply`: the HTTP side of the apply — the job token and the optional body in,
 //! the job log streamed out as plain text with keep-alive lines, the verdict last.
 
-use super::{log_text, run, say, ApplyBody, JobLog, Verdict};
+use super::job::{run, ApplyBody};
+use super::log::{log_text, say, JobLog, Verdict};
 use crate::core::apply::ApplyRefusal;
 use crate::flows::context::app_state::App;
 use minijinja::context;
@@ -27,6 +28,12 @@ pub async fn handler(
         axum::http::header::CONTENT_TYPE,
         "text/plain; charset=utf-8",
     )];
+    // Refused at once, the verdict the only line.
+    let refused = |status: axum::http::StatusCode, why: String| {
+        let line = Verdict::Refused(why).last_line();
+        (status, plain.clone(), format!("{line}\n")).into_response()
+    };
+    let bad_body = |error: String| say(&app.scrubber, "bad_body", context! { error => error });
     let Some(token) = headers
         .get("job-token")
         .and_then(|v| v.to_str().ok())
@@ -36,13 +43,7 @@ pub async fn handler(
         let why = crate::core::templates::scrubbing(&app.scrubber, || {
             ApplyRefusal::InvalidJobToken.to_string()
         });
-        let line = Verdict::Refused(why).last_line();
-        return (
-            axum::http::StatusCode::UNAUTHORIZED,
-            plain,
-            format!("{line}\n"),
-        )
-            .into_response();
+        return refused(axum::http::StatusCode::UNAUTHORIZED, why);
     };
     // The job token is checked by GitLab, so the body is read first; bounded and in time.
     let body = match crate::flows::context::request_body::read(
@@ -55,35 +56,14 @@ pub async fn handler(
     .await
     {
         Ok(b) => b.bytes,
-        Err(refusal) => {
-            let why = say(
-                &app.scrubber,
-                "bad_body",
-                context! { error => refusal.to_string() },
-            );
-            let line = Verdict::Refused(why).last_line();
-            return (refusal.status(), plain, format!("{line}\n")).into_response();
-        }
+        Err(refusal) => return refused(refusal.status(), bad_body(refusal.to_string())),
     };
     let parsed: ApplyBody = if body.iter().all(u8::is_ascii_whitespace) {
         ApplyBody::default()
     } else {
         match serde_json::from_slice(&body) {
             Ok(b) => b,
-            Err(e) => {
-                let why = say(
-                    &app.scrubber,
-                    "bad_body",
-                    context! { error => e.to_string() },
-                );
-                let line = Verdict::Refused(why).last_line();
-                return (
-                    axum::http::StatusCode::BAD_REQUEST,
-                    plain,
-                    format!("{line}\n"),
-                )
-                    .into_response();
-            }
+            Err(e) => return refused(axum::http::StatusCode::BAD_REQUEST, bad_body(e.to_string())),
         }
     };
     let (log, rx) = JobLog::new(app.scrubber.clone());

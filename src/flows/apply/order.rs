@@ -1,24 +1,75 @@
-//! Apply stage 4's dependency order (docs/workflow.md, "Several roots"): which roots an
-//! upstream's failure stops, and the re-plan of a dependent after its upstream applied.
+//! The apply's dependency order (docs/workflow.md, "Several roots"): the roots upstream first
+//! ([`dependency_order`]), which roots an upstream's failure or refusal stops ([`Stops`]), and
+//! the re-plan of a dependent after its upstream applied ([`replan`]).
 //!
 //! A dependent was planned and checked against the review with every other root before
 //! anything applied ([`super::parity::plan_and_decide`]); once an upstream it depends on has
-//! applied, it is planned again, against the upstream's new outputs. That re-plan is applied
+//! applied, it is planned again, against the upstream's new outputs, and decided again by the
+//! same decision ([`super::decide`]), the plan checked before as its `checked` plan: applied
 //! when it is the reviewed plan (or confirmed), or when it differs from the checked plan only in
 //! values the checked plan showed as "known after apply" ([`crate::core::replan`]); anything
 //! else is refused as a changed plan.
 
-use super::parity::Decided;
-use super::ApplyCtx;
-use crate::capabilities::store::RunState;
-use crate::core::apply::{parity, ApplyRefusal, Parity};
-use crate::core::replan::{compare, Replan};
-use crate::core::repo_config::Root;
-use crate::core::summary::Summary;
-use crate::flows::context::cpu::cpu_bound;
+use super::ctx::ApplyCtx;
+use super::decide::{decide_root, CheckedPlan, Decided, Outcome};
+use super::log::ApplyFailure;
+use crate::core::apply_note::Relied;
+use crate::core::repo_config::{RepoConfig, Root};
 use minijinja::context;
 use std::collections::BTreeMap;
-use std::path::Path;
+
+/// The roots of the apply in dependency order, each with the roots it depends on directly and
+/// transitively (by name; not all of them need be roots of this apply).
+pub(super) struct Order<'a> {
+    pub roots: Vec<&'a Root>,
+    upstreams: BTreeMap<String, Vec<String>>,
+    above: BTreeMap<String, Vec<String>>,
+}
+
+impl Order<'_> {
+    /// The roots `root` depends on directly.
+    pub fn upstreams(&self, root: &str) -> &[String] {
+        self.upstreams.get(root).map_or(&[], Vec::as_slice)
+    }
+
+    /// The roots `root` depends on, directly or not.
+    pub fn above(&self, root: &str) -> &[String] {
+        self.above.get(root).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn root(&self, name: &str) -> &Root {
+        self.roots
+            .iter()
+            .find(|r| r.name == name)
+            .expect("every decided root is in the order")
+    }
+}
+
+/// The roots this apply asked for (`only`: by name; empty: all), upstream roots first
+/// (`depends_on`; among roots with no path between them, the config's order), each with what
+/// it depends on directly and transitively.
+pub(super) fn dependency_order<'a>(config: &'a RepoConfig, only: &[String]) -> Order<'a> {
+    let graph = config.graph();
+    let asked = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let roots: Vec<&Root> = graph
+        .order()
+        .into_iter()
+        .filter(|name| asked(name))
+        .filter_map(|name| config.roots.iter().find(|r| r.name == name))
+        .collect();
+    let names = |list: Vec<&str>| list.into_iter().map(str::to_string).collect::<Vec<_>>();
+    Order {
+        upstreams: roots
+            .iter()
+            .map(|r| (r.name.clone(), names(graph.depends_on(&r.name))))
+            .collect(),
+        above: roots
+            .iter()
+            .map(|r| (r.name.clone(), names(graph.upstream_of(&r.name))))
+            .collect(),
+        roots,
+    }
+}
 
 /// How a root that did not apply stops the roots below it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,180 +132,47 @@ impl Stops {
     }
 }
 
-impl ApplyCtx {
+impl Stopped {
     /// A stopped root's text: in the job's log, on its run, in the note and the status.
-    pub(super) fn stopped_text(&self, why: &Stopped) -> String {
-        self.say(
+    pub fn text(&self, ctx: &ApplyCtx) -> String {
+        ctx.say(
             "upstream_stopped",
-            context! { cause => &why.cause, how => why.how.name(), via => &why.via },
+            context! { cause => &self.cause, how => self.how.name(), via => &self.via },
         )
     }
+}
 
-    /// A re-plan that could not be decided (the store or the policy sets failed): its run
-    /// ends failed, and `error` is the apply's failure text.
-    async fn replan_failed(&self, d: &mut Decided, error: String) -> String {
-        d.planned = None;
-        self.end_run(
-            d.run,
-            RunState::Failed,
-            &self.say("plan_failed", context! {}),
-            &d.plan_log,
-        )
-        .await;
-        error
-    }
-
-    /// Plan `d`'s root again now that `upstream` (one it depends on) has applied, and decide
-    /// again: `d` then holds the plan to apply (or none), or its refusal. `Err`: the re-plan
-    /// failed (already recorded on the run), with the apply's failure text.
-    pub(super) async fn replan(
-        &self,
-        d: &mut Decided,
-        root: &Root,
-        checkout: &Path,
-        confirm: Option<&str>,
-        upstream: &str,
-    ) -> Result<(), String> {
-        self.log.say(
-            "replanning",
-            context! { root => &root.name, upstream => upstream },
-        );
-        let guard = match d.guard.take() {
-            Some(g) => g,
-            None => self.lock_root(root).await,
-        };
-        let reviewed = match &self.mr {
-            Some(m) => self
-                .app
-                .store
-                .last_shown_fingerprint(self.project, m.iid, &root.name)
-                .await
-                .map_err(|e| format!("{e:#}")),
-            None => Ok(None),
-        };
-        let reviewed = match reviewed {
-            Ok(r) => r,
-            Err(e) => return Err(self.replan_failed(d, e).await),
-        };
-        // Planned again with the flags the reviewed plan was made with (h-target's targeting).
-        let targeting = match (&self.mr, &reviewed) {
-            (Some(m), Some(r)) => match self
-                .app
-                .store
-                .plan_targeting(self.project, m.iid, &r.sha, &root.name)
-                .await
-            {
-                Ok(t) => t,
-                Err(e) => return Err(self.replan_failed(d, format!("{e:#}")).await),
-            },
-            _ => Default::default(),
-        };
-        let planned = self.plan_fresh(root, checkout, d.run, &targeting).await?;
-        let key = self.app.config.fingerprint_key.expose().as_bytes();
-        let fingerprint = cpu_bound(|| planned.fingerprint(key));
-        let plan = planned.plan();
-        let summary = Summary::of(plan);
-        let has_changes = super::plan_has_changes(plan);
-        self.log.say(
-            "planned",
-            context! {
-                root => &root.name,
-                summary => summary.one_line(),
-                fingerprint => fingerprint.short(),
-            },
-        );
-        d.plan_log = format!("{}\n{}", d.plan_log, planned.log());
-        if plan.errored || planned.backend().is_local() {
-            let report = planned.log().to_string();
-            self.end_run(
-                d.run,
-                RunState::Failed,
-                &self.say("plan_errored", context! {}),
-                &report,
-            )
-            .await;
-            d.planned = None;
-            return Err(self.say("root_plan_errored", context! { root => &root.name }));
-        }
-        let mut decision = parity(
-            &root.name,
-            &fingerprint,
-            !has_changes,
-            self.mr.is_some(),
-            reviewed.as_ref().map(|r| &r.fingerprint),
-            confirm,
-            &self.sha,
-        );
-        // The reviewed verdict of the policy sets covers the re-plan only when it is the
-        // reviewed plan itself.
-        let mut policy_reviewed = reviewed
-            .as_ref()
-            .filter(|r| r.fingerprint.ct_eq(&fingerprint));
-        if let (Parity::Refuse(_), Some(checked)) = (&decision, d.planned.as_ref()) {
-            match cpu_bound(|| compare(checked.plan(), planned.plan())) {
-                Replan::Same => {
-                    decision = Parity::Apply {
-                        confirmed: d.confirmed,
-                    }
-                }
-                Replan::Resolved(paths) => {
-                    self.log.say(
-                        "replan_resolved",
-                        context! { root => &root.name, upstream => upstream, paths => paths },
-                    );
-                    decision = Parity::Apply {
-                        confirmed: d.confirmed,
-                    };
-                    policy_reviewed = None;
-                }
-                Replan::Differs(diff) => self.log.say(
-                    "replan_differs",
-                    context! {
-                        root => &root.name,
-                        upstream => upstream,
-                        diff => diff.kind.name(),
-                        address => &diff.address,
-                        path => diff.kind.path(),
-                    },
-                ),
-            }
-        }
-        if let Parity::Apply { confirmed } = decision {
-            let policy = match self
-                .policy_refusal(root, confirmed, policy_reviewed, &planned, &fingerprint)
-                .await
-            {
-                Ok(p) => p,
-                Err(e) => return Err(self.replan_failed(d, format!("{e:#}")).await),
-            };
-            if let Some(refusal) = policy {
-                decision = Parity::Refuse(refusal);
-            } else if let Some(refusal) = self.preflight_refusal(&root.name, planned.plan()).await {
-                decision = Parity::Refuse(refusal);
-            }
-        }
-        d.fingerprint = fingerprint.clone();
-        d.summary = summary;
-        d.planned = None;
-        match decision {
-            Parity::NothingToApply => {}
-            Parity::Apply { confirmed } => {
-                self.say_why_applied(root, confirmed, &fingerprint);
-                d.confirmed = confirmed;
-                d.planned = Some(planned);
-                d.guard = Some(guard);
-            }
-            Parity::Refuse(refusal) => {
-                self.print_plan(&planned, root);
-                if let (ApplyRefusal::PlanChanged { .. }, Some(mr), Some(reviewed)) =
-                    (&refusal, &self.mr, &reviewed)
-                {
-                    self.post_plan_changed(mr.iid, root, &planned, &fingerprint, reviewed)
-                        .await;
-                }
-                d.refusal = Some(refusal);
-            }
-        }
-        Ok(())
-    }
+/// Plan `d`'s root again now that `upstream` (one it depends on) has applied, and decide
+/// again, with the plan checked before: `d` then holds the new decision (a plan to apply, none,
+/// or its refusal), and the policy reliances it said are returned. `Err`: the re-plan failed
+/// (its run ended; `d` has nothing to apply).
+pub(super) async fn replan(
+    ctx: &ApplyCtx,
+    d: &mut Decided,
+    root: &Root,
+    confirm: Option<&str>,
+    upstream: &str,
+) -> Result<Vec<Relied>, ApplyFailure> {
+    ctx.log.say(
+        "replanning",
+        context! { root => &root.name, upstream => upstream },
+    );
+    let (checked, guard) = match std::mem::replace(&mut d.outcome, Outcome::Nothing) {
+        Outcome::Apply {
+            planned,
+            confirmed,
+            guard,
+        } => (Some((planned, confirmed)), guard),
+        _ => (None, ctx.lock_root(root).await),
+    };
+    let checked = checked.as_ref().map(|(plan, confirmed)| CheckedPlan {
+        plan,
+        confirmed: *confirmed,
+        upstream,
+    });
+    let mut again = decide_root(ctx, root, d.run, guard, confirm, checked).await?;
+    let relied = std::mem::take(&mut again.relied);
+    again.plan_log = format!("{}\n{}", d.plan_log, again.plan_log);
+    *d = again;
+    Ok(relied)
 }

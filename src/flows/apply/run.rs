@@ -1,256 +1,347 @@
-//! Apply stage 4: apply the plan files that were just checked against the review, upstream roots
-//! first (`depends_on`), each under the lock its plan was made under, streaming the engine's
-//! output to the job; a dependent re-planned after its upstream applied ([`super::order`]).
+//! Apply stage 5: apply the plans just checked against the review, upstream roots first
+//! (`depends_on`), each under the lock its plan was made under, streaming the engine's output to
+//! the job. Each root in named steps: [`stop`] when an upstream failed or was refused,
+//! [`super::order::replan`] when an upstream applied, then [`apply`] (or [`nothing`], or
+//! [`refused`] after its re-plan); [`Tally`] collects how each ended into the stage's verdict.
 
-use super::order::{How, Stops};
-use super::parity::Decided;
-use super::{ApplyCtx, JobLog, Verdict};
+use super::ctx::ApplyCtx;
+use super::decide::{Decided, Outcome};
+use super::log::{ApplyFailure, JobLog, Verdict};
+use super::order::{replan, How, Order, Stopped, Stops};
+use super::report::{Ending, Left};
 use crate::capabilities::engine::{EngineError, PlannedRun};
 use crate::capabilities::gitlab::StatusState;
 use crate::capabilities::store::RunState;
-use crate::core::apply_note::RootResult;
-use crate::core::repo_config::Root;
+use crate::core::apply::ApplyRefusal;
+use crate::core::apply_note::{Relied, RootResult};
 use crate::flows::context::locks::RootGuard;
 use minijinja::context;
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::collections::BTreeSet;
 
-/// The roots of the apply in dependency order, each with the roots it depends on directly and
-/// transitively (by name; not all of them need be roots of this apply).
-pub(super) struct Order<'a> {
-    pub roots: Vec<&'a Root>,
-    pub upstreams: BTreeMap<String, Vec<String>>,
-    pub above: BTreeMap<String, Vec<String>>,
-}
-
-/// What stage 4 needs besides the decided roots: the order, the checkout and the confirmation
-/// (for the re-plans).
+/// What stage 5 needs besides the decided roots: the order and the confirmation (for the
+/// re-plans, which run in the job's checkout as every plan of it).
 pub(super) struct Stage<'a> {
     pub order: &'a Order<'a>,
-    pub checkout: &'a Path,
     pub confirm: Option<&'a str>,
 }
 
-/// Stage 4: apply every decided root with changes, upstream roots first (`decided` is in
-/// dependency order). A root whose upstream applied is re-planned first ([`ApplyCtx::replan`]);
-/// a failed or refused root stops every root below it, said so, and the roots not below it
-/// still apply. Returns each root's line for the report and the verdict.
+/// How one root ended in this stage, with its line for the report.
+struct Ended {
+    text: String,
+    how: End,
+}
+
+/// How: stopped by an upstream, failed, refused (after its re-plan), nothing to apply, or applied.
+enum End {
+    Stopped(Stopped),
+    Failed {
+        failure: ApplyFailure,
+        report: Option<String>,
+    },
+    Refused(ApplyRefusal),
+    Nothing,
+    Applied(Option<Leftover>),
+}
+
+/// What a plan right after a root's apply found, when not nothing
+/// ([`PlannedRun::apply_and_replan`]).
+enum Leftover {
+    /// The apply left these changes: a provider reported success without doing the work.
+    Changes(Vec<String>),
+    /// That plan could not run: the engine's report.
+    Unknown(String),
+}
+
+impl Leftover {
+    /// What the plan right after the apply found: nothing, changes, or no answer.
+    fn of(left: Result<Vec<String>, String>) -> Option<Leftover> {
+        match left {
+            Ok(changes) if changes.is_empty() => None,
+            Ok(changes) => Some(Leftover::Changes(changes)),
+            Err(report) => Some(Leftover::Unknown(report)),
+        }
+    }
+
+    /// Its words in the job's log, the root's line and the note.
+    fn text(&self, ctx: &ApplyCtx) -> String {
+        match self {
+            Leftover::Changes(changes) => {
+                ctx.say("apply_left_changes", context! { changes => changes })
+            }
+            Leftover::Unknown(report) => {
+                let error = ctx.first_error_line(report);
+                ctx.say("replan_failed", context! { error => error })
+            }
+        }
+    }
+}
+
+/// Stage 5: apply every decided root with changes, upstream roots first (`decided` is in
+/// dependency order). A failed or refused root stops every root below it, said so, and the
+/// roots not below it still apply. The policy reliances of the re-plans are the ending's (the
+/// first plans' are stage 4's).
 pub(super) async fn apply_all(
     ctx: &ApplyCtx,
     decided: &mut [Decided],
     stage: &Stage<'_>,
-    log: &JobLog,
-) -> (Vec<RootResult>, Verdict) {
-    if decided.iter().any(|d| d.planned.is_some()) {
+) -> Ending {
+    if decided
+        .iter()
+        .any(|d| matches!(d.outcome, Outcome::Apply { .. }))
+    {
         ctx.status(StatusState::Running, &ctx.say("applying", context! {}))
             .await;
     }
-    let mut results = Vec::new();
-    let mut failures: Vec<String> = Vec::new();
-    let mut refusals: Vec<String> = Vec::new();
-    let mut stops = Stops::default();
-    let mut stopped_roots: Vec<String> = Vec::new();
-    let mut applied: BTreeSet<String> = BTreeSet::new();
-    let no_upstream = Vec::new();
+    let mut tally = Tally::default();
     for d in decided.iter_mut() {
-        let upstreams = stage.order.upstreams.get(&d.root).unwrap_or(&no_upstream);
-        let above = stage.order.above.get(&d.root).unwrap_or(&no_upstream);
-        // 1. An upstream failed, was refused or was stopped: this root is not applied. Its own
-        //    `depends_on` first (to say through which); then any root above it, for an apply
-        //    of some roots only, where the one in between may not be part of it.
-        if let Some(why) = stops.stopping(upstreams).or_else(|| stops.stopping(above)) {
-            let text = ctx.stopped_text(&why);
-            log.say("stopped", context! { root => &d.root, text => &text });
-            ctx.end_run(d.run, RunState::Canceled, &text, &d.plan_log)
-                .await;
-            d.planned = None;
-            d.guard = None;
-            stops.stop(&d.root, &why);
-            stopped_roots.push(d.root.clone());
-            results.push(RootResult {
-                name: d.root.clone(),
-                text,
-            });
-            continue;
-        }
-        // 2. An upstream applied: plan again against its new outputs, and decide again.
-        if let Some(upstream) = upstreams.iter().find(|u| applied.contains(*u)) {
-            let root = stage
-                .order
-                .roots
-                .iter()
-                .find(|r| r.name == d.root)
-                .expect("every decided root is in the order");
-            if let Err(failure) = ctx
-                .replan(d, root, stage.checkout, stage.confirm, upstream)
-                .await
-            {
-                results.push(RootResult {
-                    name: d.root.clone(),
-                    text: ctx.say("plan_failed", context! {}),
-                });
-                stops.ended(&d.root, How::Failed);
-                failures.push(failure);
-                continue;
-            }
-            if let Some(refusal) = &d.refusal {
-                let (why, hint) = crate::core::templates::scrubbing(&ctx.app.scrubber, || {
-                    (refusal.to_string(), refusal.hint())
-                });
-                log.say(
-                    "hint",
-                    context! { hint => minijinja::Value::from_safe_string(hint) },
-                );
-                let because = ctx.say(
-                    "refused_because",
-                    context! { refusal => minijinja::Value::from_safe_string(why.clone()) },
-                );
-                ctx.end_run(d.run, RunState::Refused, &because, &d.plan_log)
-                    .await;
-                results.push(RootResult {
-                    name: d.root.clone(),
-                    text: because,
-                });
-                stops.ended(&d.root, How::Refused);
-                refusals.push(why);
-                continue;
-            }
-        }
-        // 3. Apply its plan, if it has changes.
-        match d.planned.take() {
-            None => {
-                log.say("nothing_to_apply", context! { root => &d.root });
-                ctx.end_run(d.run, RunState::Succeeded, &no_changes(ctx), &d.plan_log)
-                    .await;
-                results.push(RootResult {
-                    name: d.root.clone(),
-                    text: no_changes(ctx),
-                });
-            }
-            Some(planned) => {
-                log.say(
-                    "applying",
-                    context! {
-                        root => &d.root,
-                        fingerprint => d.fingerprint.short(),
-                        summary => d.summary.one_line(),
-                        confirmed => d.confirmed,
-                    },
-                );
-                let guard = d.guard.take().expect("a planned root holds its lock");
-                // The guests it updates in place: after the apply, which changes wait for a reboot.
-                let guests = crate::core::proxmox::preflight::updated_guests(planned.plan());
-                let slot = ctx.app.engine_slot().await;
-                let outcome = apply_root(&guard, planned, log).await;
-                drop(slot);
-                match outcome {
-                    Ok((out_log, left)) => {
-                        ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
-                            .await;
-                        applied.insert(d.root.clone());
-                        let mut text = ctx.say("applied", context! { s => &d.summary });
-                        let endpoint = crate::flows::preflight::endpoint_from_config(
-                            &ctx.app.config.proxmox.for_apply(),
-                            &ctx.app.config.engine.env,
-                        );
-                        if let Some(pending) =
-                            crate::flows::preflight::pending_after_apply(endpoint, &guests).await
-                        {
-                            let pending = ctx.app.scrubber.scrub(&pending).into_owned();
-                            log.line(&pending);
-                            text = format!("{text}; {pending}");
-                        }
-                        if let Some(left) = left_changes(ctx, &d.root, &left) {
-                            log.say("after_apply", context! { root => &d.root, text => &left });
-                            text = format!("{text}; {left}");
-                        }
-                        results.push(RootResult {
-                            name: d.root.clone(),
-                            text,
-                        });
-                    }
-                    Err(e) => {
-                        let report = e.report(40);
-                        ctx.explain_denial(&report);
-                        ctx.end_run(
-                            d.run,
-                            RunState::Failed,
-                            &ctx.say("apply_failed", context! {}),
-                            &report,
-                        )
-                        .await;
-                        results.push(RootResult {
-                            name: d.root.clone(),
-                            text: ctx.say("apply_failed", context! {}),
-                        });
-                        let error = ctx.first_error_line(&report);
-                        failures.push(
-                            ctx.say("root_failed", context! { root => &d.root, error => error }),
-                        );
-                        stops.ended(&d.root, How::Failed);
-                        d.error = Some(report);
-                    }
-                }
+        let ended = apply_in_order(ctx, d, stage, &mut tally).await;
+        tally.record(&d.root, ended);
+    }
+    tally.ending(ctx)
+}
+
+/// One root, in order: stopped when an upstream failed or was refused (its own `depends_on`
+/// first, to say through which; then any root above it, for an apply of some roots only, where
+/// the one in between may not be part of it); planned again when an upstream applied; then
+/// applied, when it has changes.
+async fn apply_in_order(
+    ctx: &ApplyCtx,
+    d: &mut Decided,
+    stage: &Stage<'_>,
+    tally: &mut Tally,
+) -> Ended {
+    let upstreams = stage.order.upstreams(&d.root);
+    let stopping = tally.stops.stopping(upstreams);
+    if let Some(why) = stopping.or_else(|| tally.stops.stopping(stage.order.above(&d.root))) {
+        return stop(ctx, d, why).await;
+    }
+    if let Some(upstream) = upstreams.iter().find(|u| tally.applied.contains(*u)) {
+        let root = stage.order.root(&d.root);
+        match replan(ctx, d, root, stage.confirm, upstream).await {
+            Ok(mut relied) => tally.relied.append(&mut relied),
+            Err(failure) => {
+                let text = ctx.say("plan_failed", context! {});
+                let how = End::Failed {
+                    failure,
+                    report: None,
+                };
+                return Ended { text, how };
             }
         }
     }
-    // The roots that did not apply because of another, after the reason (the status and the
-    // verdict say them too).
-    let why = |reasons: Vec<String>| {
-        let mut why = reasons.join("; ");
-        if !stopped_roots.is_empty() {
-            let below = ctx.say("stopped_roots", context! { roots => &stopped_roots });
-            why = format!("{why}; {below}");
-        }
-        why
+    match std::mem::replace(&mut d.outcome, Outcome::Nothing) {
+        Outcome::Refused(refusal) => refused(ctx, d, refusal).await,
+        Outcome::Nothing => nothing(ctx, d).await,
+        Outcome::Apply {
+            planned,
+            confirmed,
+            guard,
+        } => apply(ctx, d, *planned, guard, confirmed).await,
+    }
+}
+
+/// An upstream failed, was refused or was stopped: this root is not applied.
+async fn stop(ctx: &ApplyCtx, d: &mut Decided, why: Stopped) -> Ended {
+    let text = why.text(ctx);
+    ctx.log
+        .say("stopped", context! { root => &d.root, text => &text });
+    ctx.end_run(d.run, RunState::Canceled, &text, &d.plan_log)
+        .await;
+    d.outcome = Outcome::Nothing;
+    Ended {
+        text,
+        how: End::Stopped(why),
+    }
+}
+
+/// The re-plan was refused: its hint, and its run ended refused.
+async fn refused(ctx: &ApplyCtx, d: &Decided, refusal: ApplyRefusal) -> Ended {
+    let why = ctx.log.refusal(&refusal);
+    let text = ctx.say(
+        "refused_because",
+        context! { refusal => minijinja::Value::from_safe_string(why) },
+    );
+    ctx.end_run(d.run, RunState::Refused, &text, &d.plan_log)
+        .await;
+    Ended {
+        text,
+        how: End::Refused(refusal),
+    }
+}
+
+/// No changes: nothing to apply.
+async fn nothing(ctx: &ApplyCtx, d: &Decided) -> Ended {
+    ctx.log
+        .say("nothing_to_apply", context! { root => &d.root });
+    let text = ctx.say("no_changes", context! {});
+    ctx.end_run(d.run, RunState::Succeeded, &text, &d.plan_log)
+        .await;
+    Ended {
+        text,
+        how: End::Nothing,
+    }
+}
+
+/// Apply the checked plan, under the lock it was made under; then what the apply left, and
+/// which guests wait for a reboot.
+async fn apply(
+    ctx: &ApplyCtx,
+    d: &Decided,
+    planned: PlannedRun,
+    guard: RootGuard,
+    confirmed: bool,
+) -> Ended {
+    ctx.log.say(
+        "applying",
+        context! {
+            root => &d.root,
+            fingerprint => d.fingerprint.short(),
+            summary => d.summary.one_line(),
+            confirmed => confirmed,
+        },
+    );
+    // The guests it updates in place: after the apply, which changes wait for a reboot.
+    let guests = crate::core::proxmox::preflight::updated_guests(planned.plan());
+    let slot = ctx.app.engine_slot().await;
+    let outcome = apply_root(&guard, planned, &ctx.log).await;
+    drop(slot);
+    let (out_log, leftover) = match outcome {
+        Ok(applied) => applied,
+        Err(e) => return apply_failed(ctx, d, e).await,
     };
-    let verdict = if !failures.is_empty() {
-        Verdict::Failed(why(failures))
-    } else if !refusals.is_empty() {
-        Verdict::Refused(why(refusals))
-    } else {
-        debug_assert!(stops.is_empty());
-        Verdict::Succeeded
+    ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
+        .await;
+    let mut text = ctx.say("applied", context! { s => &d.summary });
+    let endpoint = crate::flows::preflight::endpoint_from_config(
+        &ctx.app.config.proxmox.for_apply(),
+        &ctx.app.config.engine.env,
+    );
+    if let Some(pending) = crate::flows::preflight::pending_after_apply(endpoint, &guests).await {
+        let pending = ctx.app.scrubber.scrub(&pending).into_owned();
+        ctx.log.line(&pending);
+        text = format!("{text}; {pending}");
+    }
+    if let Some(left) = &leftover {
+        let said = left.text(ctx);
+        ctx.log
+            .say("after_apply", context! { root => &d.root, text => &said });
+        text = format!("{text}; {said}");
+    }
+    Ended {
+        text,
+        how: End::Applied(leftover),
+    }
+}
+
+/// The engine's apply failed: said, its run ended failed with the engine's report.
+async fn apply_failed(ctx: &ApplyCtx, d: &Decided, e: EngineError) -> Ended {
+    let report = e.report(40);
+    ctx.explain_denial(&report);
+    let failure = ApplyFailure::ApplyFailed {
+        root: d.root.clone(),
+        error: ctx.first_error_line(&report),
     };
-    (results, verdict)
+    let failure = ctx.fail_run(d.run, failure, &report).await;
+    Ended {
+        text: ctx.say("apply_failed", context! {}),
+        how: End::Failed {
+            failure,
+            report: Some(report),
+        },
+    }
 }
 
 /// Apply-style work needs the root's lock: the guard is the proof. The apply's log, and what a
-/// plan of the root right after it would still change ([`PlannedRun::apply_and_replan`]).
+/// plan of the root right after it would still change.
 async fn apply_root(
     _guard: &RootGuard,
     planned: PlannedRun,
     log: &JobLog,
-) -> Result<(String, Result<Vec<String>, String>), EngineError> {
+) -> Result<(String, Option<Leftover>), EngineError> {
     let (out, left) = planned.apply_and_replan(|line| log.line(line)).await?;
-    Ok((out.log, left))
+    Ok((out.log, Leftover::of(left)))
 }
 
-/// The apply note's words when the plan after a successful apply is not empty ("the apply left
-/// changes", with the list: a provider reported success without doing the work), or could not
-/// run; `None` when it is empty. The root is kept for the status text, which leads with it
-/// (a long description is cut at GitLab's 255 characters; this must not be what is cut).
-pub(super) fn left_changes(
-    ctx: &ApplyCtx,
-    root: &str,
-    left: &Result<Vec<String>, String>,
-) -> Option<String> {
-    let mut kept = ctx.left.lock().unwrap_or_else(|e| e.into_inner());
-    match left {
-        Ok(changes) if changes.is_empty() => None,
-        Ok(changes) => {
-            kept.changes.push(root.to_string());
-            Some(ctx.say("apply_left_changes", context! { changes => changes }))
-        }
-        Err(report) => {
-            kept.unknown.push(root.to_string());
-            let error = ctx.first_error_line(report);
-            Some(ctx.say("replan_failed", context! { error => error }))
+/// How the roots of stage 5 ended so far: their lines, the failures and refusals for the verdict,
+/// the roots they stop, the roots that applied (their dependents are planned again), and what
+/// the report needs besides.
+#[derive(Default)]
+struct Tally {
+    results: Vec<RootResult>,
+    failures: Vec<ApplyFailure>,
+    refusals: Vec<ApplyRefusal>,
+    stops: Stops,
+    stopped: Vec<String>,
+    applied: BTreeSet<String>,
+    relied: Vec<Relied>,
+    left: Left,
+    error: Option<String>,
+}
+
+impl Tally {
+    fn record(&mut self, root: &str, ended: Ended) {
+        self.results.push(RootResult {
+            name: root.to_string(),
+            text: ended.text,
+        });
+        match ended.how {
+            End::Stopped(why) => {
+                self.stops.stop(root, &why);
+                self.stopped.push(root.to_string());
+            }
+            End::Failed { failure, report } => {
+                self.stops.ended(root, How::Failed);
+                self.failures.push(failure);
+                self.error = self.error.take().or(report);
+            }
+            End::Refused(refusal) => {
+                self.stops.ended(root, How::Refused);
+                self.refusals.push(refusal);
+            }
+            End::Nothing => {}
+            End::Applied(leftover) => {
+                self.applied.insert(root.to_string());
+                match leftover {
+                    Some(Leftover::Changes(_)) => self.left.changes.push(root.to_string()),
+                    Some(Leftover::Unknown(_)) => self.left.unknown.push(root.to_string()),
+                    None => {}
+                }
+            }
         }
     }
-}
 
-/// A root's (and a run's) text when there was nothing to apply.
-pub(super) fn no_changes(ctx: &ApplyCtx) -> String {
-    ctx.say("no_changes", context! {})
+    /// The stage's verdict: failed when a root failed, else refused when one was refused, each
+    /// reason said, then the roots that did not apply because of another.
+    fn ending(self, ctx: &ApplyCtx) -> Ending {
+        let why = |reasons: Vec<String>| {
+            let mut why = reasons.join("; ");
+            if !self.stopped.is_empty() {
+                let below = ctx.say("stopped_roots", context! { roots => &self.stopped });
+                why = format!("{why}; {below}");
+            }
+            why
+        };
+        let scrubber = &ctx.app.scrubber;
+        let verdict = if !self.failures.is_empty() {
+            Verdict::Failed(why(self
+                .failures
+                .iter()
+                .map(|f| f.text(scrubber))
+                .collect()))
+        } else if !self.refusals.is_empty() {
+            let reason =
+                |r: &ApplyRefusal| crate::core::templates::scrubbing(scrubber, || r.to_string());
+            Verdict::Refused(why(self.refusals.iter().map(reason).collect()))
+        } else {
+            debug_assert!(self.stops.is_empty());
+            Verdict::Succeeded
+        };
+        Ending {
+            results: self.results,
+            verdict,
+            relied: self.relied,
+            left: self.left,
+            error: self.error,
+        }
+    }
 }

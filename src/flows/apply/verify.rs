@@ -2,7 +2,7 @@
 //! `CI_JOB_TOKEN`) and checked against the gate — and which merged MR landed the commit (its
 //! plans are what was reviewed).
 
-use super::{refuse, JobLog, Verdict};
+use super::log::{refuse, JobLog, Verdict};
 use crate::capabilities::gitlab::{GitLabError, MergeRequest, Project};
 use crate::core::apply::{check_job, ApplyRefusal, GateFacts, JobFacts};
 use crate::core::ids::{CommitSha, ProjectId};

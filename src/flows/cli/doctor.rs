@@ -71,6 +71,9 @@ fn render(name: &str, d: &Value) -> Option<String> {
 struct Report {
     section: String,
     checks: Vec<Check>,
+    /// GitLab did not answer the GitLab section's first call: every later check that needs it
+    /// says "not checked" instead of blaming its token.
+    gitlab_down: bool,
 }
 
 impl Report {
@@ -290,6 +293,17 @@ async fn credential_user(
             json!({"setting": setting, "error": error, "role": role, "scope": scope}),
         )
     };
+    let unreachable = |r: &mut Report| {
+        r.add(
+            Status::Skip,
+            "needs_gitlab",
+            json!({"setting": setting, "url": config.gitlab.url}),
+        )
+    };
+    if r.gitlab_down {
+        unreachable(r);
+        return None;
+    }
     let client = match GitLab::new(&config.gitlab.url, cred.token.expose()).and_then(|c| {
         c.with_retry_policy(crate::capabilities::gitlab::RetryPolicy {
             max_attempts: 1,
@@ -306,6 +320,11 @@ async fn credential_user(
     };
     match client.current_user().await {
         Ok(u) => Some((client, u)),
+        // No answer is not a refusal: nothing is known of the token.
+        Err(GitLabError::Transport(_)) => {
+            unreachable(r);
+            None
+        }
         Err(e) => {
             refused(r, e.to_string());
             None
@@ -386,10 +405,14 @@ async fn state_token(
 /// network calls).
 fn network_checks(config: &Config, r: &mut Report) {
     let needs = crate::flows::confinement::network::needs(config);
-    if needs.is_empty() {
+    let own = crate::flows::confinement::network::own_port_reachable(config);
+    if needs.is_empty() && own.is_none() {
         return;
     }
     r.section("Network");
+    if let Some(text) = own {
+        r.add(Status::Fail, "net_own_port", json!({ "text": text }));
+    }
     for n in needs {
         let mut wanted = config.sandbox.connect_ports.clone();
         wanted.push(n.port);
@@ -455,6 +478,7 @@ async fn gitlab_checks(config: &Config, r: &mut Report) {
     r.section("GitLab");
     let url = config.gitlab.url.clone();
     let Some(client) = gitlab_client(config, &url, r) else {
+        r.gitlab_down = true;
         return;
     };
     let Some(user) = gitlab_user(&client, &url, r).await else {
@@ -528,6 +552,7 @@ async fn gitlab_user(client: &GitLab, url: &str, r: &mut Report) -> Option<GitLa
                 "gitlab_unreachable",
                 json!({"url": url, "error": e}),
             );
+            r.gitlab_down = true;
             None
         }
         Err(e) => {
@@ -580,6 +605,18 @@ async fn project_checks(
             d["error"] = e.to_string().into();
             r.add(Status::Fail, "project_missing", d.clone());
             return;
+        }
+    }
+    // The apply job reads the deploy freezes with the bot's token (Reporter or more).
+    let mut f = d.clone();
+    match client.freeze_periods(project.id).await {
+        Ok(periods) => {
+            f["count"] = periods.len().into();
+            r.add(Status::Ok, "freezes_readable", f);
+        }
+        Err(e) => {
+            f["error"] = e.to_string().into();
+            r.add(Status::Fail, "freezes_unreadable", f);
         }
     }
     let Some(hook_url) = hook_url else { return };

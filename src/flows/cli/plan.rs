@@ -125,6 +125,9 @@ async fn run(
         anyhow::bail!("{} is not a directory", dir.display());
     }
     let operator_var_files = resolve_var_files(&variables.var_files)?;
+    if let Some(line) = not_passed(std::env::vars_os().map(|(k, _)| k)) {
+        eprintln!("{line}");
+    }
     let binary = match engine {
         Some(b) => PathBuf::from(b),
         None => engine::default_binary("pass its path with --engine")?,
@@ -174,6 +177,31 @@ async fn run(
         ..NoteContext::default()
     };
     print_result(result, &runner, &root_name(dir), ctx, local, preflight)
+}
+
+/// At most this many names of `TF_VAR_*` variables [`not_passed`] lists.
+const NOT_PASSED_SHOWN: usize = 10;
+
+/// The stderr line naming the shell's `TF_VAR_*` variables (of `names`, the environment's)
+/// that the engine does not get — its environment is explicit — and how to pass them; `None`
+/// when there is none. Their values are never read.
+fn not_passed(names: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let mut vars: Vec<String> = names
+        .filter_map(|k| k.into_string().ok())
+        .filter_map(|k| k.strip_prefix("TF_VAR_").map(str::to_string))
+        .filter(|k| !k.is_empty())
+        .collect();
+    if vars.is_empty() {
+        return None;
+    }
+    vars.sort();
+    let more = vars.len().saturating_sub(NOT_PASSED_SHOWN);
+    vars.truncate(NOT_PASSED_SHOWN);
+    Some(crate::core::templates::text(
+        "local_progress.txt.j2",
+        "not_passed",
+        minijinja::context! { vars => vars, more => more },
+    ))
 }
 
 /// The engine for a local run: under the sandbox profile asked for (none with

@@ -46,20 +46,16 @@ pub fn check_report(config: &Config) -> String {
     let mut out = String::from("planbot: the config is valid.\n\n");
     out.push_str(&config.describe());
     out.push_str("\nplanbot serve would:\n");
-    out.push_str(&format!(
-        "- listen on http://{} (POST /webhooks/gitlab, /healthz, /readyz, /metrics, /runs)\n",
-        config.listen
-    ));
-    let auth = match (&config.gitlab.signing_token, &config.gitlab.webhook_secret) {
-        (Some(_), _) => {
-            "require a valid webhook-signature (Standard Webhooks, ±5 minutes) on every delivery"
-        }
-        (None, Some(_)) => {
-            "require X-Gitlab-Token to equal gitlab.webhook_secret on every delivery"
-        }
-        (None, None) => "accept nothing (no webhook credential configured)",
-    };
-    out.push_str(&format!("- {auth}\n"));
+    for line in what_serve_would_do(config) {
+        out.push_str(&format!("- {line}\n"));
+    }
+    out
+}
+
+/// What the service would do with `config`, a line each: where it listens, whom it believes,
+/// what it plans and where it keeps it, how it confines the engine, what it applies, shows and
+/// checks.
+fn what_serve_would_do(config: &Config) -> Vec<String> {
     let projects: Vec<String> = config
         .gitlab
         .projects
@@ -67,12 +63,71 @@ pub fn check_report(config: &Config) -> String {
         .iter()
         .map(|p| p.to_string())
         .collect();
-    out.push_str(&format!(
-        "- plan merge requests of {} via {} (other projects are ignored)\n",
-        projects.join(", "),
-        config.gitlab.url
+    let mut lines = vec![
+        format!(
+            "listen on http://{} (POST /webhooks/gitlab, /healthz, /readyz, /metrics, /runs)",
+            config.listen
+        ),
+        webhook_auth(config).to_string(),
+        format!(
+            "plan merge requests of {} via {} (other projects are ignored)",
+            projects.join(", "),
+            config.gitlab.url
+        ),
+        format!(
+            "keep {} and run at most {} plan(s) at a time with {} (timeout {})",
+            store_text(config),
+            config.plan.max_concurrent_plans,
+            match &config.engine.binary {
+                Some(b) => format!("`{b}`"),
+                None => "`tofu`, else `terraform` (engine.binary is not set)".to_string(),
+            },
+            humantime::format_duration(config.engine.timeout)
+        ),
+        format!(
+            "run every engine process sandboxed: {}",
+            crate::flows::confinement::sandbox::service_mode(
+                config,
+                crate::flows::confinement::credentials::Trust::MergeRequest
+            )
+            .describe()
+        ),
+        format!(
+            "cgroup: {}",
+            crate::flows::confinement::sandbox::CgroupStatus::probe(config).describe(config)
+        ),
+    ];
+    lines.extend(engine_connections(config));
+    lines.extend(shared_state_token(config));
+    lines.push(format!(
+        "accept applies only from the CI job named `{}` on a protected default branch",
+        config.apply.job_name
     ));
-    let store = match (&config.store.url, config.store.tls()) {
+    lines.push(pages_line(config));
+    lines.push(match config.proxmox.for_plan().endpoint {
+        Some(e) => format!("run the Proxmox preflight against {e}"),
+        None => "skip the Proxmox preflight (no [proxmox] endpoint)".to_string(),
+    });
+    lines.push(drift_line(config));
+    lines
+}
+
+/// What a webhook delivery must carry to be believed.
+fn webhook_auth(config: &Config) -> &'static str {
+    match (&config.gitlab.signing_token, &config.gitlab.webhook_secret) {
+        (Some(_), _) => {
+            "require a valid webhook-signature (Standard Webhooks, ±5 minutes) on every delivery"
+        }
+        (None, Some(_)) => {
+            "require X-Gitlab-Token to equal gitlab.webhook_secret on every delivery"
+        }
+        (None, None) => "accept nothing (no webhook credential configured)",
+    }
+}
+
+/// The store, and for PostgreSQL how it is reached.
+fn store_text(config: &Config) -> String {
+    match (&config.store.url, config.store.tls()) {
         (StoreUrl::Sqlite(path), _) => format!("its SQLite store at {}", path.display()),
         (StoreUrl::Postgres(_), tls) => format!(
             "its store in PostgreSQL {} {}",
@@ -83,66 +138,37 @@ pub fn check_report(config: &Config) -> String {
                 None => "(its TLS settings are invalid)".to_string(),
             }
         ),
-    };
-    out.push_str(&format!(
-        "- keep {store} and run at most {} plan(s) at a time with {} (timeout {})\n",
-        config.plan.max_concurrent_plans,
-        match &config.engine.binary {
-            Some(b) => format!("`{b}`"),
-            None => "`tofu`, else `terraform` (engine.binary is not set)".to_string(),
-        },
-        humantime::format_duration(config.engine.timeout)
-    ));
-    out.push_str(&format!(
-        "- run every engine process sandboxed: {}\n",
-        crate::flows::confinement::sandbox::service_mode(
-            config,
-            crate::flows::confinement::credentials::Trust::MergeRequest
-        )
-        .describe()
-    ));
-    out.push_str(&format!(
-        "- cgroup: {}\n",
-        crate::flows::confinement::sandbox::CgroupStatus::probe(config).describe(config)
-    ));
+    }
+}
+
+/// Where the engine may connect, when anywhere beyond what every run may.
+fn engine_connections(config: &Config) -> Option<String> {
     let needs = crate::flows::confinement::network::needs(config);
-    if !needs.is_empty() {
-        let list: Vec<String> = needs
-            .iter()
-            .map(|n| format!("{}:{} ({}, {})", n.host, n.port, n.what, n.key))
-            .collect();
-        out.push_str(&format!(
-            "- let the engine connect to {}\n",
-            list.join(", ")
-        ));
+    if needs.is_empty() {
+        return None;
     }
-    if let Some(line) = shared_state_token(config) {
-        out.push_str(&format!("- {line}\n"));
-    }
-    out.push_str(&format!(
-        "- accept applies only from the CI job named `{}` on a protected default branch\n",
-        config.apply.job_name
-    ));
-    out.push_str(&format!("- {}\n", pages_line(config)));
-    match config.proxmox.for_plan().endpoint {
-        Some(e) => out.push_str(&format!("- run the Proxmox preflight against {e}\n")),
-        None => out.push_str("- skip the Proxmox preflight (no [proxmox] endpoint)\n"),
-    }
+    let list: Vec<String> = needs
+        .iter()
+        .map(|n| format!("{}:{} ({}, {})", n.host, n.port, n.what, n.key))
+        .collect();
+    Some(format!("let the engine connect to {}", list.join(", ")))
+}
+
+/// The drift schedule, and its next tick.
+fn drift_line(config: &Config) -> String {
     match &config.drift.schedule {
-        Some(schedule) => out.push_str(&format!(
-            "- check every root for drift on `{}` ({}), one replica per tick; next: {}\n",
+        Some(schedule) => format!(
+            "check every root for drift on `{}` ({}), one replica per tick; next: {}",
             config.drift.schedule_text,
             config.drift.time_zone,
             schedule
                 .next_after(chrono::Utc::now())
                 .map(|t| schedule.local(t))
                 .unwrap_or_else(|| "never".into())
-        )),
-        None => out.push_str(
-            "- check no drift on a schedule (drift.enabled is false; `planbot drift` checks now)\n",
         ),
+        None => "check no drift on a schedule (drift.enabled is false; `planbot drift` checks now)"
+            .to_string(),
     }
-    out
 }
 
 /// What `--check` says when one `[state.plan]` token serves several projects: the state gate
@@ -227,6 +253,10 @@ pub fn main(config: &Path, check: bool) -> Result<ExitCode> {
     let cfg = loaded
         .into_result()
         .map_err(|problems| anyhow::anyhow!(format_problems(&file, &problems)))?;
+    // Never serve where the engines' sandbox can reach planbot (`serve --check` says so too).
+    if let Some(text) = crate::flows::confinement::network::own_port_reachable(&cfg) {
+        anyhow::bail!("{file}: {text}");
+    }
     init_logging(&cfg.log);
     for w in &warnings {
         tracing::warn!(config = %file, "{}", w.describe(&file).replace("\n    ", "; "));

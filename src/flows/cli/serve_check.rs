@@ -1,6 +1,7 @@
 //! What `planbot serve --check` checks beyond the config's own problems: that the engine binary
 //! runs and says its version, that `data_dir` can be used, that no server the engine must
-//! reach is on a port its sandbox blocks, that planbot's own policy sets read and parse, and
+//! reach is on a port its sandbox blocks, that the sandbox cannot reach planbot's own port, that
+//! planbot's own policy sets read and parse, and
 //! that no address is still the example's `example.com` placeholder. Every problem names where its value came from.
 
 use crate::capabilities::engine::Engine;
@@ -72,6 +73,10 @@ pub fn check_host(loaded: &Loaded, config: &Config) -> HostCheck {
             },
         );
         push(&need.key, text);
+    }
+    // planbot's own port on the sandbox's allow-list: MR code could reach planbot itself.
+    if let Some(text) = crate::flows::confinement::network::own_port_reachable(config) {
+        push("listen", text);
     }
     let mut addresses = vec![
         ("gitlab.url", Some(config.gitlab.url.clone())),

@@ -47,6 +47,41 @@ pub fn connect_ports(config: &Config, trust: Trust) -> Vec<u16> {
     ports
 }
 
+/// The ports of every engine run, whatever its trust level: what no listener of planbot's may
+/// use (its own port, a job's state gate).
+pub fn sandbox_ports(config: &Config) -> Vec<u16> {
+    let mut ports = connect_ports(config, Trust::MergeRequest);
+    ports.extend(connect_ports(config, Trust::DefaultBranch));
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// When the engine's sandbox may connect to the port planbot itself listens on (`listen`): the
+/// text that says so and what to change. MR code would reach planbot's pages and API from
+/// loopback; `serve --check`, `serve` and `doctor` refuse such a config.
+pub fn own_port_reachable(config: &Config) -> Option<String> {
+    let port = config.listen.port();
+    if !sandbox_ports(config).contains(&port) {
+        return None;
+    }
+    // Where the allow-list got the port from, in the config's words.
+    let source = if config.sandbox.connect_ports.contains(&port) {
+        "`[sandbox] connect_ports`".to_string()
+    } else {
+        needs(config)
+            .into_iter()
+            .find(|n| n.port == port)
+            .map(|n| format!("`{}` ({})", n.key, n.what))
+            .unwrap_or_else(|| "the sandbox's allow-list".into())
+    };
+    Some(crate::core::templates::text(
+        "network.txt.j2",
+        "own_port",
+        minijinja::context! { port => port, source => source },
+    ))
+}
+
 /// Variables of the engine's environment that name a server the engine connects to (state
 /// backends and providers configured through the environment).
 const ENDPOINT_VARIABLES: &[&str] = &[

@@ -78,6 +78,8 @@ pub struct JobRuns {
     state_token: Option<GitlabCredential>,
     module_env: BTreeMap<String, String>,
     secrets: Vec<String>,
+    /// The ports every engine run may connect to: the gate takes none of them.
+    sandbox_ports: Vec<u16>,
     cancel: Option<CancelToken>,
     gate: tokio::sync::OnceCell<Arc<StateGate>>,
 }
@@ -104,6 +106,7 @@ impl JobRuns {
             },
             module_env: credentials::module_env(config, trust),
             secrets: config.secrets(),
+            sandbox_ports: super::network::sandbox_ports(config),
             cancel: None,
             gate: tokio::sync::OnceCell::new(),
         }
@@ -178,7 +181,13 @@ impl JobRuns {
         let gate = self
             .gate
             .get_or_try_init(|| {
-                StateGate::start(self.project.clone(), access, &self.gitlab_url, token)
+                StateGate::start(
+                    self.project.clone(),
+                    access,
+                    &self.gitlab_url,
+                    token,
+                    &self.sandbox_ports,
+                )
             })
             .await
             .map_err(|e| not_prepared(format!("starting the state gate on 127.0.0.1: {e}")))?;

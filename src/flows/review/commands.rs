@@ -1,6 +1,6 @@
 //! The queue's non-plan jobs: merged, closed, comment commands, fork notices, start-up reconciliation.
 
-use crate::capabilities::gitlab::{AccessLevel, GitLabError, MergeRequest};
+use crate::capabilities::gitlab::{AccessLevel, MergeRequest};
 use crate::core::config::ProjectRef;
 use crate::core::events::{Command, Job, PlanArgs, PlanJob, PlanReason};
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
@@ -8,6 +8,8 @@ use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{ForkMrs, RepoConfig};
 use crate::core::targeting::{Targeting, ALLOWED_FLAGS};
 use crate::flows::context::app_state::App;
+use crate::flows::review::gitlab_calls::gl;
+use crate::flows::review::policies;
 use anyhow::{Context, Result};
 use minijinja::context;
 use tokio_util::sync::CancellationToken;
@@ -84,13 +86,6 @@ fn engine_name(binary: Option<&str>) -> String {
         .unwrap_or_else(|| "OpenTofu or Terraform".to_string())
 }
 
-fn gl<T>(app: &App, op: &str, r: Result<T, GitLabError>) -> Result<T> {
-    r.map_err(|e| {
-        app.metrics.gitlab_error(op);
-        anyhow::Error::new(e).context(op.to_string())
-    })
-}
-
 async fn closed(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
     // Queued and running work of the MR was cancelled when this job was enqueued (same
     // transaction); a cancelled plan's checkout is removed when its job stops (checkouts are
@@ -127,7 +122,10 @@ async fn mark_merged(
             },
         )?
     );
-    if let Some((note_id, body)) = find_note(app, project, mr, NOTE_MARKER).await? {
+    // The plan note: its cached id first, else a search among the notes the bot user wrote
+    // (anyone can write the marker in a comment of their own).
+    if let Some(note) = app.planbot_note(project, mr, NOTE_MARKER).await? {
+        let (note_id, body) = (note.id, note.body);
         if !body.contains(MERGED_BANNER_MARKER) {
             let new_body = match body.split_once(NOTE_MARKER) {
                 Some((before, after)) => format!("{before}{NOTE_MARKER}\n{banner}{after}"),
@@ -162,20 +160,6 @@ async fn mark_merged(
         }
     }
     Ok(())
-}
-
-/// The plan note (or another planbot note) by its marker: the cached id first, else a search
-/// among the notes the bot user wrote (anyone can write the marker in a comment of their own).
-async fn find_note(
-    app: &App,
-    project: ProjectId,
-    mr: MrIid,
-    marker: &str,
-) -> Result<Option<(crate::core::ids::NoteId, String)>> {
-    Ok(app
-        .planbot_note(project, mr, marker)
-        .await?
-        .map(|n| (n.id, n.body)))
 }
 
 fn plan_job_for(
@@ -224,155 +208,156 @@ struct Asked {
     plan_args: Option<PlanArgs>,
 }
 
+/// A comment command: refused (and said so) when its author lacks the role it needs, else run.
 async fn run_command(app: &App, asked: Asked) -> Result<()> {
-    let Asked {
-        project,
-        project_path,
-        mr,
-        author,
-        command,
-        ..
-    } = asked;
-    if author == app.bot_user().await? {
+    if asked.author == app.bot_user().await? {
         return Ok(()); // our own note
     }
-    let mr_info = gl(
+    let mr = gl(
         app,
         "merge_request",
-        app.gitlab.merge_request(project, mr).await,
+        app.gitlab.merge_request(asked.project, asked.mr).await,
     )?;
+    if let Some(body) = refused_for_access(app, &asked, &mr).await? {
+        return post_note(app, asked.project, asked.mr, &body).await;
+    }
+    match asked.command {
+        Command::Help => help(app, &asked, &mr).await,
+        Command::ApprovePolicies => approve_policies(app, &asked, &mr).await,
+        Command::Plan => plan_on_comment(app, asked, &mr).await,
+    }
+}
+
+/// The reply refusing `asked` when its author has less than Developer on the project
+/// (Maintainer for `planbot plan` on a fork MR); an approval is checked against the sets'
+/// owners instead (who need no role on the project).
+async fn refused_for_access(app: &App, asked: &Asked, mr: &MergeRequest) -> Result<Option<String>> {
     let access = gl(
         app,
         "member_access",
-        app.gitlab.member_access(project, author).await,
+        app.gitlab.member_access(asked.project, asked.author).await,
     )?;
-    let needed = if mr_info.is_fork() && command == Command::Plan {
+    let needed = if mr.is_fork() && asked.command == Command::Plan {
         AccessLevel::MAINTAINER
     } else {
         AccessLevel::DEVELOPER
     };
-    let cmd_name = command.name();
-    // An approval is checked against the sets' owners (who need no role on the project).
-    if command != Command::ApprovePolicies && access.is_none_or(|a| a < needed) {
+    if asked.command == Command::ApprovePolicies || access.is_some_and(|a| a >= needed) {
+        return Ok(None);
+    }
+    tracing::info!(
+        project = asked.project.0,
+        mr = asked.mr.0,
+        user = asked.author.0,
+        "comment command refused: not enough access"
+    );
+    render(
+        "command_refused",
+        context! {
+            command => asked.command.name(),
+            reason => if needed == AccessLevel::MAINTAINER { "fork" } else { "developer" },
+            username => Option::<String>::None,
+        },
+    )
+    .map(Some)
+}
+
+/// `planbot help`: what planbot does here and the commands.
+async fn help(app: &App, asked: &Asked, mr: &MergeRequest) -> Result<()> {
+    let body = render(
+        "help",
+        context! {
+            engine => engine_name(app.config.engine.binary.as_deref()),
+            job_name => &app.config.apply.job_name,
+            target_branch => &mr.target_branch,
+            runs_url => app.page_url("/runs"),
+        },
+    )?;
+    post_note(app, asked.project, asked.mr, &body).await
+}
+
+/// `planbot approve policies`, bound to the head its comment was made on
+/// ([`crate::flows::review::policies::approve`]).
+async fn approve_policies(app: &App, asked: &Asked, mr: &MergeRequest) -> Result<()> {
+    let (project, iid) = (asked.project, asked.mr);
+    // Before or after the merge: the MR's last head is the plan the apply compares.
+    let Some(head) = mr.sha.clone() else {
+        anyhow::bail!("merge request !{iid} has no head commit yet");
+    };
+    // An approval binds to the head its comment was made on: when the MR moved since (or the
+    // event named no head), the owner never saw what would be approved.
+    if asked.head.as_ref() != Some(&head) {
         tracing::info!(
             project = project.0,
-            mr = mr.0,
-            user = author.0,
-            "comment command refused: not enough access"
+            mr = iid.0,
+            "`planbot approve policies` refused: the MR moved since the comment"
         );
-        let body = render(
-            "command_refused",
-            context! {
-                command => cmd_name,
-                reason => if needed == AccessLevel::MAINTAINER { "fork" } else { "developer" },
-                username => Option::<String>::None,
-            },
-        )?;
-        return post_note(app, project, mr, &body).await;
+        let user = gl(app, "user", app.gitlab.user(asked.author).await)?;
+        let body = policies::moved_reply(&user.username, asked.head.as_ref(), &head)?;
+        return post_note(app, project, iid, &body).await;
     }
-    match command {
-        Command::Help => {
-            let body = render(
-                "help",
-                context! {
-                    engine => engine_name(app.config.engine.binary.as_deref()),
-                    job_name => &app.config.apply.job_name,
-                    target_branch => &mr_info.target_branch,
-                    runs_url => app.page_url("/runs"),
-                },
-            )?;
-            post_note(app, project, mr, &body).await?;
-        }
-        Command::ApprovePolicies => {
-            // Before or after the merge: the MR's last head is the plan the apply compares.
-            let Some(head) = mr_info.sha.clone() else {
-                anyhow::bail!("merge request !{mr} has no head commit yet");
-            };
-            // An approval binds to the head its comment was made on: when the MR moved since
-            // (or the event named no head), the owner never saw what would be approved.
-            if asked.head.as_ref() != Some(&head) {
-                tracing::info!(
-                    project = project.0,
-                    mr = mr.0,
-                    "`planbot approve policies` refused: the MR moved since the comment"
-                );
-                let user = gl(app, "user", app.gitlab.user(author).await)?;
-                let body = crate::flows::review::policies::moved_reply(
-                    &user.username,
-                    asked.head.as_ref(),
-                    &head,
-                )?;
-                return post_note(app, project, mr, &body).await;
-            }
-            let landed = mr_info
-                .landed_sha()
-                .filter(|_| mr_info.state == "merged")
-                .cloned();
-            let body = crate::flows::review::policies::approve(
-                app,
-                project,
-                mr,
-                author,
-                &head,
-                landed.as_ref(),
-                asked.written_at,
-            )
-            .await?;
-            gl(
-                app,
-                "create_mr_note",
-                app.gitlab.create_mr_note(project, mr, &body).await,
-            )?;
-        }
-        Command::Plan => {
-            if mr_info.state != "opened" {
-                tracing::info!(project = project.0, mr = mr.0, state = %mr_info.state, "`planbot plan` on an MR that is not open: ignored");
-                return Ok(());
-            }
-            if mr_info.is_fork() && fork_policy(app, project).await? == ForkMrs::Never {
-                tracing::info!(
-                    project = project.0,
-                    mr = mr.0,
-                    "`planbot plan` on a fork MR with fork_mrs = \"never\": ignored"
-                );
-                return Ok(());
-            }
-            let Some(job) = plan_job_for(
-                project,
-                project_path,
-                &mr_info,
-                PlanReason::Command,
-                Some(author),
-            ) else {
-                anyhow::bail!("merge request !{mr} has no head commit yet");
-            };
-            if let Some(body) = moved_since_comment(asked.head.as_ref(), &mr_info, &job.head)? {
-                tracing::info!(
-                    project = project.0,
-                    mr = mr.0,
-                    "`planbot plan` refused: the MR moved since the comment"
-                );
-                return post_note(app, project, mr, &body).await;
-            }
-            // The comment decides the head's targeting: a plain `planbot plan` plans in full
-            // again, `planbot plan [ROOT] -- …` plans with its checked flags (else says why).
-            let roots = match targeting_asked(app, project, mr, asked.plan_args.as_ref()).await? {
-                Ok(roots) => roots,
-                Err(body) => {
-                    tracing::info!(
-                        project = project.0,
-                        mr = mr.0,
-                        "`planbot plan --` refused: flags or root not allowed"
-                    );
-                    return post_note(app, project, mr, &body).await;
-                }
-            };
-            app.store
-                .set_plan_targeting(project, mr, &job.head, author, &roots)
-                .await?;
-            app.enqueue(Job::Plan(job)).await?;
-        }
+    let landed = mr.landed_sha().filter(|_| mr.state == "merged").cloned();
+    let (author, written_at) = (asked.author, asked.written_at);
+    let body = policies::approve(
+        app,
+        project,
+        iid,
+        author,
+        &head,
+        landed.as_ref(),
+        written_at,
+    )
+    .await?;
+    post_note(app, project, iid, &body).await
+}
+
+/// `planbot plan [ROOT] -- …`: the MR's head planned (with the comment's targeting) when it
+/// is open, still at the head the comment was made on, and not a fork MR the repo config
+/// ignores.
+async fn plan_on_comment(app: &App, asked: Asked, mr: &MergeRequest) -> Result<()> {
+    let (project, iid) = (asked.project, asked.mr);
+    if mr.state != "opened" {
+        tracing::info!(project = project.0, mr = iid.0, state = %mr.state, "`planbot plan` on an MR that is not open: ignored");
+        return Ok(());
     }
+    if mr.is_fork() && fork_policy(app, project).await? == ForkMrs::Never {
+        tracing::info!(
+            project = project.0,
+            mr = iid.0,
+            "`planbot plan` on a fork MR with fork_mrs = \"never\": ignored"
+        );
+        return Ok(());
+    }
+    let reason = PlanReason::Command;
+    let Some(job) = plan_job_for(project, asked.project_path, mr, reason, Some(asked.author))
+    else {
+        anyhow::bail!("merge request !{iid} has no head commit yet");
+    };
+    if let Some(body) = moved_since_comment(asked.head.as_ref(), mr, &job.head)? {
+        tracing::info!(
+            project = project.0,
+            mr = iid.0,
+            "`planbot plan` refused: the MR moved since the comment"
+        );
+        return post_note(app, project, iid, &body).await;
+    }
+    // The comment decides the head's targeting: a plain `planbot plan` plans in full again,
+    // `planbot plan [ROOT] -- …` plans with its checked flags (else says why).
+    let roots = match targeting_asked(app, project, iid, asked.plan_args.as_ref()).await? {
+        Ok(roots) => roots,
+        Err(body) => {
+            tracing::info!(
+                project = project.0,
+                mr = iid.0,
+                "`planbot plan --` refused: flags or root not allowed"
+            );
+            return post_note(app, project, iid, &body).await;
+        }
+    };
+    app.store
+        .set_plan_targeting(project, iid, &job.head, asked.author, &roots)
+        .await?;
+    app.enqueue(Job::Plan(job)).await?;
     Ok(())
 }
 
@@ -504,7 +489,8 @@ async fn fork_notice(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
     if fork_policy(app, project).await? == ForkMrs::Never {
         return Ok(()); // `fork_mrs = "never"`: fork MRs are ignored entirely
     }
-    if find_note(app, project, mr, FORK_NOTICE_MARKER)
+    if app
+        .planbot_note(project, mr, FORK_NOTICE_MARKER)
         .await?
         .is_some()
     {

@@ -4,7 +4,7 @@
 //! and the `planbot approve policies` command an owner of a failing set comments.
 
 use crate::capabilities::gitlab::{CommitStatus, StatusState};
-use crate::capabilities::store::PolicyApproval;
+use crate::capabilities::store::{PolicyApproval, PolicyVerdictRecord};
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
 use crate::core::policy::review::{
@@ -13,6 +13,7 @@ use crate::core::policy::review::{
 use crate::core::policy::Owner;
 use crate::core::redact::Scrubber;
 use crate::flows::context::app_state::App;
+use crate::flows::review::gitlab_calls::set_commit_status;
 use anyhow::{Context, Result};
 use minijinja::context;
 
@@ -111,10 +112,7 @@ pub(crate) async fn set_status(
         ref_: status_ref,
         pipeline_id: None,
     };
-    if let Err(e) = app.gitlab.set_commit_status(project, sha, &status).await {
-        app.metrics.gitlab_error("set_commit_status");
-        tracing::warn!(project = project.0, sha = %sha.short(), error = %e, "could not set the policy status");
-    }
+    set_commit_status(app, project, sha, &status, "policy status").await;
 }
 
 /// Whether `user` (id and name) is among `owners`: by name, or a member of an owning group as
@@ -167,26 +165,15 @@ pub(crate) async fn approve(
         .user(author)
         .await
         .context("asking GitLab who wrote the note")?;
-    let mut shown = Vec::new();
-    for v in app.store.policy_verdicts(project, mr, head).await? {
-        // Only the plan the note shows (and the apply compares with) for that root.
-        let current = app
-            .store
-            .fingerprint_for(project, mr, &v.root, head.clone())
-            .await?;
-        if current.is_some_and(|c| c.fingerprint == v.fingerprint) {
-            shown.push(v);
-        }
-    }
-    // The apply job's verdicts on the merged commit: the newest plan it checked per root.
-    let mut checked_at_apply = Vec::new();
-    if let Some(landed) = landed {
-        for v in app.store.policy_verdicts(project, mr, landed).await? {
-            if !shown.contains(&v) {
-                checked_at_apply.push(v);
-            }
-        }
-    }
+    let approving = Approving {
+        app,
+        project,
+        mr,
+        author,
+        username: user.username,
+        head,
+    };
+    let (shown, checked_at_apply) = approving.verdicts(landed).await?;
     // The same head may have been planned again since the comment was written (a `planbot
     // plan`, a re-plan after the default branch moved) and show another plan or verdict: the
     // approval is for the note its owner read. The note is edited before a plan's verdict is
@@ -198,40 +185,11 @@ pub(crate) async fn approve(
             mr = mr.0,
             "`planbot approve policies` refused: the plan note changed since the comment"
         );
-        return replanned_reply(&user.username, head, edited.as_deref());
+        return replanned_reply(&approving.username, head, edited.as_deref());
     }
-    let approvals = app.store.policy_approvals(project, mr).await?;
-    let mut approved: Vec<Waiting> = Vec::new();
-    let mut waiting: Vec<Waiting> = Vec::new();
-    for v in shown.iter().chain(&checked_at_apply) {
-        let ok = PolicyApproval::sets_for(&approvals, &v.root, &v.sha, &v.fingerprint);
-        for set in v.verdict.blocking() {
-            let entry = Waiting {
-                root: v.root.clone(),
-                set: set.name.clone(),
-                owners: set.owners.clone(),
-                at: (&v.sha != head).then(|| v.sha.short().to_string()),
-            };
-            if owns(app, &set.owners, author, &user.username).await? {
-                app.store
-                    .record_policy_approval(PolicyApproval {
-                        project,
-                        mr,
-                        root: v.root.clone(),
-                        sha: v.sha.clone(),
-                        fingerprint: v.fingerprint.clone(),
-                        set: set.name.clone(),
-                        approver_id: author,
-                        approver: user.username.clone(),
-                        approved_at: 0,
-                    })
-                    .await?;
-                approved.push(entry);
-            } else if !ok.contains(&set.name.as_str()) {
-                waiting.push(entry);
-            }
-        }
-    }
+    let (approved, waiting) = approving
+        .owned_sets(shown.iter().chain(&checked_at_apply))
+        .await?;
     let shown_any = !shown.is_empty() || !checked_at_apply.is_empty();
     let kind = if !shown_any {
         "reply_no_plan"
@@ -242,15 +200,116 @@ pub(crate) async fn approve(
     } else {
         "reply_approved"
     };
+    let username = &approving.username;
     tracing::info!(
         project = project.0,
         mr = mr.0,
-        user = %user.username,
+        user = %username,
         approved = approved.len(),
         waiting = waiting.len(),
         "planbot approve policies"
     );
     if !approved.is_empty() {
+        approving.show_approved(shown).await?;
+    }
+    let body = crate::core::templates::scrubbing(&app.scrubber, || {
+        crate::core::templates::render(
+            "comments/policy_approval.md.j2",
+            context! {
+                kind => kind,
+                username => username,
+                sha => head.short(),
+                approved => approved,
+                waiting => waiting,
+            },
+        )
+    })?;
+    Ok(body.trim_end().to_string() + "\n")
+}
+
+/// Who approves, on which MR head: what the steps of `planbot approve policies` share.
+struct Approving<'a> {
+    app: &'a App,
+    project: ProjectId,
+    mr: MrIid,
+    author: UserId,
+    username: String,
+    head: &'a CommitSha,
+}
+
+impl Approving<'_> {
+    /// The verdicts an approval is for: those of the plans the note shows for the head (one
+    /// per root, the one of its shown fingerprint, which the apply compares with); and once
+    /// merged (`landed`), the apply job's verdicts on the merged commit that the note does not
+    /// show (the newest plan it checked per root).
+    async fn verdicts(
+        &self,
+        landed: Option<&CommitSha>,
+    ) -> Result<(Vec<PolicyVerdictRecord>, Vec<PolicyVerdictRecord>)> {
+        let (store, project, mr, head) = (&self.app.store, self.project, self.mr, self.head);
+        let mut shown = Vec::new();
+        for v in store.policy_verdicts(project, mr, head).await? {
+            let current = store
+                .fingerprint_for(project, mr, &v.root, head.clone())
+                .await?;
+            if current.is_some_and(|c| c.fingerprint == v.fingerprint) {
+                shown.push(v);
+            }
+        }
+        let mut checked_at_apply = Vec::new();
+        if let Some(landed) = landed {
+            checked_at_apply = store.policy_verdicts(project, mr, landed).await?;
+            checked_at_apply.retain(|v| !shown.contains(v));
+        }
+        Ok((shown, checked_at_apply))
+    }
+
+    /// Each failing set of `verdicts` the author owns, approved (recorded); and those still
+    /// waiting for another owner.
+    async fn owned_sets(
+        &self,
+        verdicts: impl Iterator<Item = &PolicyVerdictRecord>,
+    ) -> Result<(Vec<Waiting>, Vec<Waiting>)> {
+        let app = self.app;
+        let approvals = app.store.policy_approvals(self.project, self.mr).await?;
+        let (mut approved, mut waiting) = (Vec::new(), Vec::new());
+        for v in verdicts {
+            let ok = PolicyApproval::sets_for(&approvals, &v.root, &v.sha, &v.fingerprint);
+            for set in v.verdict.blocking() {
+                let entry = Waiting {
+                    root: v.root.clone(),
+                    set: set.name.clone(),
+                    owners: set.owners.clone(),
+                    at: (&v.sha != self.head).then(|| v.sha.short().to_string()),
+                };
+                if owns(app, &set.owners, self.author, &self.username).await? {
+                    app.store
+                        .record_policy_approval(PolicyApproval {
+                            project: self.project,
+                            mr: self.mr,
+                            root: v.root.clone(),
+                            sha: v.sha.clone(),
+                            fingerprint: v.fingerprint.clone(),
+                            set: set.name.clone(),
+                            approver_id: self.author,
+                            approver: self.username.clone(),
+                            approved_at: 0,
+                        })
+                        .await?;
+                    approved.push(entry);
+                } else if !ok.contains(&set.name.as_str()) {
+                    waiting.push(entry);
+                }
+            }
+        }
+        Ok((approved, waiting))
+    }
+
+    /// After an approval: `planbot/policy` again from the `shown` verdicts and every approval,
+    /// and the plan note marked approved once nothing waits ([`mark_approved`]; a failure to
+    /// edit it is logged).
+    async fn show_approved(&self, shown: Vec<PolicyVerdictRecord>) -> Result<()> {
+        let (app, project, mr, head) = (self.app, self.project, self.mr, self.head);
         let approvals = app.store.policy_approvals(project, mr).await?;
         let verdicts: Vec<(String, Fingerprint, RecordedVerdict)> = shown
             .into_iter()
@@ -260,20 +319,8 @@ pub(crate) async fn approve(
         if let Err(e) = mark_approved(app, project, mr, head, &verdicts, &approvals).await {
             tracing::warn!(project = project.0, mr = mr.0, error = %format!("{e:#}"), "could not mark the approval on the plan note");
         }
+        Ok(())
     }
-    let body = crate::core::templates::scrubbing(&app.scrubber, || {
-        crate::core::templates::render(
-            "comments/policy_approval.md.j2",
-            context! {
-                kind => kind,
-                username => &user.username,
-                sha => head.short(),
-                approved => approved,
-                waiting => waiting,
-            },
-        )
-    })?;
-    Ok(body.trim_end().to_string() + "\n")
 }
 
 /// Once no failing set of the plans shown for `head` waits for an owner (`verdicts`, with the

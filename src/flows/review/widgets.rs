@@ -5,7 +5,7 @@
 //! merge request, the one of its pipeline, at the commit of its pipeline (the MR's head for a
 //! merged-results pipeline).
 
-use crate::capabilities::gitlab::{GitLabError, MergeRequest};
+use crate::capabilities::gitlab::{GitLabError, Job, MergeRequest};
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
 use crate::core::repo_config::ForkMrs;
 use crate::core::widgets::{
@@ -13,6 +13,7 @@ use crate::core::widgets::{
     WEBHOOK_GRACE_MS,
 };
 use crate::flows::context::app_state::App;
+use anyhow::Context;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use minijinja::context;
@@ -99,8 +100,8 @@ pub async fn handler(
         }
     }
     match serve(&app, &token, &report).await {
-        Ok(r) => r,
-        Err(e) => {
+        Ok(r) | Err(NoReport::Answer(r)) => r,
+        Err(NoReport::Failed(e)) => {
             tracing::warn!(error = %app.scrubber.scrub(&format!("{e:#}")), "widgets: could not serve");
             plain(
                 StatusCode::BAD_GATEWAY,
@@ -110,151 +111,191 @@ pub async fn handler(
     }
 }
 
-/// Verify the job with GitLab, find its merge request head, and answer with the report.
-async fn serve(app: &App, token: &str, report: &str) -> anyhow::Result<Response> {
-    use anyhow::Context;
-    let job = match app.gitlab.job_for_token(token).await {
-        Ok(j) if j.status == "running" => j,
-        Ok(_) | Err(GitLabError::Unauthorized) | Err(GitLabError::Forbidden) => {
-            return Ok(plain(
-                StatusCode::UNAUTHORIZED,
-                say(app, "invalid_token", context! {}),
-            ))
-        }
-        Err(e) => {
-            app.metrics.gitlab_error("job_for_token");
-            return Err(e).context("GET /api/v4/job");
-        }
-    };
-    let project_id = job.pipeline.project_id;
-    let not_allowed = || {
-        Ok(plain(
-            StatusCode::FORBIDDEN,
-            say(
-                app,
-                "project_not_allowed",
-                context! { project_id => project_id.0 },
-            ),
-        ))
-    };
-    // A job of a project planbot does not serve is refused from memory after the first time.
-    let project = match app.served_project(project_id).await {
-        Ok(Some(p)) => p,
-        Ok(None) => return not_allowed(),
-        Err(e) => return Err(e).context("GET /projects/:id"),
-    };
-    // The MR as GitLab has it now: read for a merged-results pipeline (its head is the commit
-    // reviewed), and for a head planbot never heard of (whether a plan may still come).
-    let mut mr_info = None;
-    let (mr, sha) = match mr_pipeline_ref(&job.pipeline.ref_) {
-        Some(MrPipelineRef::Head(iid)) => (MrIid(iid), job.pipeline.sha.clone()),
-        Some(MrPipelineRef::MergedResult(iid)) => {
-            let Some(m) = merge_request(app, project.id, MrIid(iid)).await? else {
-                return Ok(mr_not_found(app, iid));
-            };
-            let Some(sha) = m.sha.clone() else {
-                return Ok(mr_not_found(app, iid));
-            };
-            mr_info = Some(m);
-            (MrIid(iid), sha)
-        }
-        None => {
-            return Ok(plain(
-                StatusCode::FORBIDDEN,
-                say(
-                    app,
-                    "not_mr_pipeline",
-                    context! { git_ref => &job.pipeline.ref_ },
-                ),
-            ))
-        }
-    };
-    let found = app.store.widgets_for(project.id, mr, sha.clone()).await?;
-    let retry = |kind: &str| {
-        let mut r = plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            say(
-                app,
-                kind,
-                context! { mr => mr.0, sha => sha.short(), seconds => RETRY_AFTER_SECONDS },
-            ),
-        );
+/// Why a job gets no report: the answer it gets instead, or a GitLab call (or the store) failed.
+enum NoReport {
+    Answer(Response),
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for NoReport {
+    fn from(e: anyhow::Error) -> NoReport {
+        NoReport::Failed(e)
+    }
+}
+
+/// The merge request head a pipeline's job asks about.
+struct Head {
+    project: ProjectId,
+    mr: MrIid,
+    sha: CommitSha,
+    /// The MR as GitLab has it now, when it was read already (a merged-results pipeline).
+    read: Option<MergeRequest>,
+}
+
+impl Head {
+    /// `503` with `Retry-After`: the head's plan is queued or runs, or may still come.
+    fn retry(&self, app: &App, kind: &str) -> Response {
+        let seconds = RETRY_AFTER_SECONDS;
+        let ctx = context! { mr => self.mr.0, sha => self.sha.short(), seconds => seconds };
+        let text = say(app, kind, ctx);
+        let mut r = plain(StatusCode::SERVICE_UNAVAILABLE, text);
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         r
-    };
+    }
+}
+
+/// Verify the job with GitLab, find its merge request head, and answer with the report.
+async fn serve(app: &App, token: &str, report: &str) -> Result<Response, NoReport> {
+    let job = running_job(app, token).await?;
+    let head = pipeline_head(app, &job).await?;
+    let found = app
+        .store
+        .widgets_for(head.project, head.mr, head.sha.clone())
+        .await?;
     if found.pending {
-        return Ok(retry("pending"));
+        return Err(NoReport::Answer(head.retry(app, "pending")));
     }
     if found.roots.is_empty() {
-        if app.store.head_has_plan(project.id, mr, sha.clone()).await? {
-            return Ok(no_plan(app, mr, &sha));
-        }
-        // No plan job or run of this head. GitLab starts the pipeline and sends the webhook at
-        // the same time, and the job may ask first; but some heads are never planned by
-        // themselves (a fork's, a superseded one, a closed MR's), and a webhook does not come
-        // after ten minutes: those get a definitive answer rather than an hour of retries.
-        let m = match mr_info {
-            Some(m) => m,
-            None => match merge_request(app, project.id, mr).await? {
-                Some(m) => m,
-                None => return Ok(mr_not_found(app, mr.0)),
-            },
-        };
-        let source = if !m.is_fork() {
-            MrSource::Project
-        } else {
-            match crate::flows::review::commands::fork_policy(app, project.id).await? {
-                ForkMrs::Comment => MrSource::ForkOnComment,
-                ForkMrs::Never => MrSource::ForkNever,
-            }
-        };
-        let job_age_ms = job
-            .created_at
-            .as_deref()
-            .and_then(crate::core::events::gitlab_time_ms)
-            .map(|created| crate::capabilities::store::now_ms() - created);
-        let why = unplanned(&UnplannedHead {
-            sha: &sha,
-            state: &m.state,
-            head: m.sha.as_ref(),
-            source,
-            job_age_ms,
-        });
-        if why == Unplanned::Expected {
-            return Ok(retry(why.kind()));
-        }
-        tracing::info!(project = project.id.0, mr = mr.0, sha = %sha.short(), why = why.kind(), "widgets: no plan will come for this head");
-        let (state, head) = match &why {
-            Unplanned::NotOpen(state) => (Some(state.as_str()), None),
-            Unplanned::Moved(head) => (None, head.as_ref().map(|h| h.short().to_string())),
-            _ => (None, None),
-        };
-        return Ok(plain(
-            StatusCode::NOT_FOUND,
-            say(
-                app,
-                why.kind(),
-                context! {
-                    mr => mr.0,
-                    sha => sha.short(),
-                    state => state,
-                    head => head,
-                    minutes => WEBHOOK_GRACE_MS / 60_000,
-                },
-            ),
-        ));
+        return Err(NoReport::Answer(no_widgets(app, &job, head).await?));
     }
-    tracing::info!(project = project.id.0, mr = mr.0, sha = %sha.short(), report, roots = found.roots.len(), "widgets: report served");
+    let (project, mr, sha) = (head.project, head.mr, &head.sha);
+    tracing::info!(project = project.0, mr = mr.0, sha = %sha.short(), report, roots = found.roots.len(), "widgets: report served");
     let json = if report == "terraform" {
         serde_json::to_string(&TerraformReport::sum(
             found.roots.iter().map(|(_, w)| &w.terraform),
-        ))?
+        ))
     } else {
         let issues: Vec<_> = found.roots.iter().flat_map(|(_, w)| &w.issues).collect();
-        serde_json::to_string(&issues)?
+        serde_json::to_string(&issues)
     };
+    let json = json.map_err(anyhow::Error::from)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], json + "\n").into_response())
+}
+
+/// The CI job of `token`, as GitLab has it, while it runs.
+async fn running_job(app: &App, token: &str) -> Result<Job, NoReport> {
+    match app.gitlab.job_for_token(token).await {
+        Ok(j) if j.status == "running" => Ok(j),
+        Ok(_) | Err(GitLabError::Unauthorized) | Err(GitLabError::Forbidden) => {
+            Err(NoReport::Answer(plain(
+                StatusCode::UNAUTHORIZED,
+                say(app, "invalid_token", context! {}),
+            )))
+        }
+        Err(e) => {
+            app.metrics.gitlab_error("job_for_token");
+            Err(anyhow::Error::new(e).context("GET /api/v4/job").into())
+        }
+    }
+}
+
+/// The merge request head `job`'s pipeline is for, in a project planbot serves: the
+/// pipeline's commit, or for a merged-results pipeline the MR's head (the commit reviewed).
+async fn pipeline_head(app: &App, job: &Job) -> Result<Head, NoReport> {
+    let project_id = job.pipeline.project_id;
+    // A job of a project planbot does not serve is refused from memory after the first time.
+    let Some(project) = app
+        .served_project(project_id)
+        .await
+        .context("GET /projects/:id")?
+    else {
+        let text = say(
+            app,
+            "project_not_allowed",
+            context! { project_id => project_id.0 },
+        );
+        return Err(NoReport::Answer(plain(StatusCode::FORBIDDEN, text)));
+    };
+    let project = project.id;
+    match mr_pipeline_ref(&job.pipeline.ref_) {
+        Some(MrPipelineRef::Head(iid)) => Ok(Head {
+            project,
+            mr: MrIid(iid),
+            sha: job.pipeline.sha.clone(),
+            read: None,
+        }),
+        Some(MrPipelineRef::MergedResult(iid)) => {
+            let m = merge_request(app, project, MrIid(iid)).await?;
+            let Some((m, sha)) = m.and_then(|m| m.sha.clone().map(|sha| (m, sha))) else {
+                return Err(NoReport::Answer(mr_not_found(app, iid)));
+            };
+            Ok(Head {
+                project,
+                mr: MrIid(iid),
+                sha,
+                read: Some(m),
+            })
+        }
+        None => {
+            let text = say(
+                app,
+                "not_mr_pipeline",
+                context! { git_ref => &job.pipeline.ref_ },
+            );
+            Err(NoReport::Answer(plain(StatusCode::FORBIDDEN, text)))
+        }
+    }
+}
+
+/// The answer for a head with no widgets: `404` when it was planned (a plan that shows none)
+/// or no plan will come; `503` while one may still come. GitLab starts the pipeline and sends
+/// the webhook at the same time, and the job may ask first; but some heads are never planned
+/// by themselves (a fork's, a superseded one, a closed MR's), and a webhook does not come
+/// after ten minutes: those get a definitive answer rather than an hour of retries.
+async fn no_widgets(app: &App, job: &Job, mut head: Head) -> anyhow::Result<Response> {
+    let (project, mr, sha) = (head.project, head.mr, head.sha.clone());
+    if app.store.head_has_plan(project, mr, sha.clone()).await? {
+        return Ok(no_plan(app, mr, &sha));
+    }
+    let m = match head.read.take() {
+        Some(m) => m,
+        None => match merge_request(app, project, mr).await? {
+            Some(m) => m,
+            None => return Ok(mr_not_found(app, mr.0)),
+        },
+    };
+    let source = if !m.is_fork() {
+        MrSource::Project
+    } else {
+        match crate::flows::review::commands::fork_policy(app, project).await? {
+            ForkMrs::Comment => MrSource::ForkOnComment,
+            ForkMrs::Never => MrSource::ForkNever,
+        }
+    };
+    let job_age_ms = job
+        .created_at
+        .as_deref()
+        .and_then(crate::core::events::gitlab_time_ms)
+        .map(|created| crate::capabilities::store::now_ms() - created);
+    let why = unplanned(&UnplannedHead {
+        sha: &sha,
+        state: &m.state,
+        head: m.sha.as_ref(),
+        source,
+        job_age_ms,
+    });
+    if why == Unplanned::Expected {
+        return Ok(head.retry(app, why.kind()));
+    }
+    tracing::info!(project = project.0, mr = mr.0, sha = %sha.short(), why = why.kind(), "widgets: no plan will come for this head");
+    let (state, moved_to) = match &why {
+        Unplanned::NotOpen(state) => (Some(state.as_str()), None),
+        Unplanned::Moved(head) => (None, head.as_ref().map(|h| h.short().to_string())),
+        _ => (None, None),
+    };
+    let text = say(
+        app,
+        why.kind(),
+        context! {
+            mr => mr.0,
+            sha => sha.short(),
+            state => state,
+            head => moved_to,
+            minutes => WEBHOOK_GRACE_MS / 60_000,
+        },
+    );
+    Ok(plain(StatusCode::NOT_FOUND, text))
 }
 
 /// The merge request, `None` when GitLab has none by that iid in the project (or hides it).
@@ -263,7 +304,6 @@ async fn merge_request(
     project: ProjectId,
     mr: MrIid,
 ) -> anyhow::Result<Option<MergeRequest>> {
-    use anyhow::Context;
     match app.gitlab.merge_request(project, mr).await {
         Ok(m) => Ok(Some(m)),
         Err(GitLabError::NotFound) | Err(GitLabError::Forbidden) => Ok(None),

@@ -2,12 +2,13 @@
 //! enqueue — and answer within milliseconds.
 
 use crate::capabilities::store::NewDelivery;
-use crate::core::events;
+use crate::core::events::{self, Decision};
 use crate::core::webhook::{self, Presented};
 use crate::flows::context::app_state::App;
 use crate::flows::context::request_body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use bytes::Bytes;
 use std::sync::Arc;
 
 /// Webhook bodies are at most 25 MiB (GitLab's own limit).
@@ -38,49 +39,20 @@ pub async fn gitlab_webhook(State(app): State<Arc<App>>, request: Request) -> St
     // What the headers can prove is proven before one byte of the body is read: a wrong token
     // or a stale signature costs planbot nothing but the headers.
     if let Err(refusal) = webhook::precheck(&presented, &app.webhook, now) {
-        tracing::warn!(event, reason = %refusal, "webhook refused (401)");
-        app.metrics.delivery(event, "unauthorized");
-        return StatusCode::UNAUTHORIZED;
+        return unauthorized(&app, event, &refusal);
     }
     // `read` holds the body's share of the shared budget until the delivery is recorded.
-    let read = match request_body::read(
-        &headers,
-        body,
-        BODY_LIMIT,
-        app.config.server.body_timeout,
-        &app.bodies,
-    )
-    .await
-    {
-        Ok(b) => b,
-        Err(refusal) => {
-            let status = refusal.status();
-            tracing::warn!(event, reason = %refusal, status = status.as_u16(), "webhook body refused");
-            app.metrics.delivery(event, "body_refused");
-            return status;
-        }
+    let read = match read_body(&app, &headers, body, event).await {
+        Ok(read) => read,
+        Err(status) => return status,
     };
     let body = read.bytes.clone();
     let verified = match webhook::verify(&presented, &body, &app.webhook, now) {
         Ok(v) => v,
-        Err(refusal) => {
-            tracing::warn!(event, reason = %refusal, "webhook refused (401)");
-            app.metrics.delivery(event, "unauthorized");
-            return StatusCode::UNAUTHORIZED;
-        }
+        Err(refusal) => return unauthorized(&app, event, &refusal),
     };
-    let decision = if body.len() <= PARSE_INLINE_MAX {
-        events::decide(event_header, &body, &app.config.gitlab.projects)
-    } else {
-        let (app2, body2, ev) = (app.clone(), body.clone(), event_header.map(str::to_string));
-        match tokio::task::spawn_blocking(move || {
-            events::decide(ev.as_deref(), &body2, &app2.config.gitlab.projects)
-        })
-        .await
-        {
-            Ok(d) => d,
-            Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
-        }
+    let Some(decision) = decide(&app, event_header, &body).await else {
+        return StatusCode::SERVICE_UNAVAILABLE;
     };
     // Signed: the signed webhook-id, whatever Idempotency-Key a replay carries.
     let key = webhook::dedup_key(
@@ -92,6 +64,59 @@ pub async fn gitlab_webhook(State(app): State<Arc<App>>, request: Request) -> St
     if decision.is_unparseable() {
         tracing::warn!(event, key, outcome = %decision.outcome, "authentic webhook that planbot cannot parse (answered 200)");
     }
+    record(&app, event, key, decision).await
+}
+
+/// A delivery whose token or signature does not hold: 401.
+fn unauthorized(app: &App, event: &str, refusal: &webhook::Refusal) -> StatusCode {
+    tracing::warn!(event, reason = %refusal, "webhook refused (401)");
+    app.metrics.delivery(event, "unauthorized");
+    StatusCode::UNAUTHORIZED
+}
+
+/// The body, read whole within its limits (else the status that refuses it).
+async fn read_body(
+    app: &App,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+    event: &str,
+) -> Result<request_body::ReadBody, StatusCode> {
+    request_body::read(
+        headers,
+        body,
+        BODY_LIMIT,
+        app.config.server.body_timeout,
+        &app.bodies,
+    )
+    .await
+    .map_err(|refusal| {
+        let status = refusal.status();
+        tracing::warn!(event, reason = %refusal, status = status.as_u16(), "webhook body refused");
+        app.metrics.delivery(event, "body_refused");
+        status
+    })
+}
+
+/// What the delivery means (a large body is parsed on the blocking pool); `None` when that
+/// pool could not run it.
+async fn decide(app: &Arc<App>, event_header: Option<&str>, body: &Bytes) -> Option<Decision> {
+    if body.len() <= PARSE_INLINE_MAX {
+        return Some(events::decide(
+            event_header,
+            body,
+            &app.config.gitlab.projects,
+        ));
+    }
+    let (app, body, event) = (app.clone(), body.clone(), event_header.map(str::to_string));
+    tokio::task::spawn_blocking(move || {
+        events::decide(event.as_deref(), &body, &app.config.gitlab.projects)
+    })
+    .await
+    .ok()
+}
+
+/// Record the delivery and queue its jobs (a redelivery queues nothing again), and answer.
+async fn record(app: &App, event: &'static str, key: String, decision: Decision) -> StatusCode {
     let kinds: Vec<&str> = decision.jobs.iter().map(|j| j.kind()).collect();
     let delivery_key = key.clone();
     let delivery = NewDelivery {

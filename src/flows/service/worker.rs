@@ -58,84 +58,13 @@ async fn worker(app: Arc<App>, index: usize, shutdown: CancellationToken) {
 }
 
 async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &CancellationToken) {
-    let id = claimed.id;
-    let token = app.queue.register(id);
-    // Superseded between the claim and the registration: the store already says canceled.
-    if let Ok(Some(row)) = app.store.job(id).await {
-        if row.queue_state() == Ok(QueueJobState::Canceled) {
-            token.cancel();
-        }
-    }
-    // Shared store (PostgreSQL): renew the job's lease, and hear of a cancel made on any replica.
-    let lost = CancellationToken::new();
-    let heartbeat = app.store.heartbeat_every().map(|every| {
-        let (app, token, lost) = (app.clone(), token.clone(), lost.clone());
-        tokio::spawn(async move { heartbeat(&app, id, every, &token, &lost).await })
-    });
-    let span = tracing::info_span!(
-        "job",
-        id = id.0,
-        kind = claimed.job.kind(),
-        attempt = claimed.attempts
-    );
-    app.metrics.job_started();
-    if let Ok(depth) = app.store.queue_depth().await {
-        app.metrics.set_queue_depth(depth);
-    }
-    let mr = claimed.job.mr();
-    tracing::info!(
-        job = id.0,
-        kind = claimed.job.kind(),
-        project = mr.map(|m| m.0 .0),
-        mr = mr.map(|m| m.1 .0),
-        sha = claimed.job.sha().map(|s| s.short()),
-        attempt = claimed.attempts,
-        "job started"
-    );
+    let watch = Watch::start(app, &claimed).await;
+    announce_start(app, &claimed).await;
     let started = Instant::now();
-    let job = dispatch(app, &claimed.job, id, &token).instrument(span);
-    tokio::pin!(job);
-    let limit = app.config.plan.job_timeout;
-    let mut past_deadline = false;
-    let result = tokio::select! {
-        r = &mut job => Some(r),
-        _ = tokio::time::sleep(limit) => {
-            // The whole job's deadline: stopped as a cancel stops it (the engine gets SIGTERM,
-            // then SIGKILL after the grace period), then recorded failed, saying why.
-            tracing::warn!(job = id.0, kind = claimed.job.kind(), "job ran past its deadline; stopping it");
-            past_deadline = true;
-            token.cancel();
-            match tokio::time::timeout(cancel_grace(app), &mut job).await {
-                Ok(r) => Some(r),
-                Err(_) => {
-                    tracing::warn!(job = id.0, "job past its deadline did not stop in time; dropped");
-                    Some(Ok(()))
-                }
-            }
-        }
-        _ = token.cancelled() => {
-            // Superseded or closed: the flow stops on its own (killing the engine, marking its
-            // status canceled); if it does not within the grace period, it is dropped.
-            match tokio::time::timeout(cancel_grace(app), &mut job).await {
-                Ok(r) => Some(r),
-                Err(_) => {
-                    tracing::warn!(job = id.0, "cancelled job did not stop in time; dropped");
-                    Some(Ok(()))
-                }
-            }
-        }
-        _ = shutdown.cancelled() => {
-            // Stopping: let the job be re-run by the next start (it stays `running` in the store).
-            token.cancel();
-            None
-        }
-    };
-    if let Some(h) = heartbeat {
-        h.abort();
-    }
-    app.metrics.job_finished();
-    app.queue.unregister(id);
-    let Some(result) = result else {
+    let ran = run_to_its_end(app, &claimed, &watch.token, shutdown).await;
+    watch.stop(app);
+    let id = claimed.id;
+    let Some(ran) = ran else {
         tracing::info!(
             job = id.0,
             kind = claimed.job.kind(),
@@ -143,7 +72,7 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
         );
         return;
     };
-    if lost.is_cancelled() {
+    if watch.lost.is_cancelled() {
         // Another replica owns the job now: its end is that replica's to record.
         tracing::warn!(
             job = id.0,
@@ -152,8 +81,140 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
         );
         return;
     }
-    let end = match result {
-        _ if past_deadline => {
+    let end = job_end(app, &claimed, ran, &watch.token).await;
+    record_end(app, &claimed, end, started).await;
+}
+
+/// What watches a running job: its cancel token (in the queue's registry), and on a shared
+/// store the heartbeat that renews its lease and `lost`, fired when another replica took it.
+struct Watch {
+    id: crate::capabilities::store::QueueJobId,
+    token: CancellationToken,
+    lost: CancellationToken,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+impl Watch {
+    async fn start(app: &Arc<App>, claimed: &ClaimedJob) -> Watch {
+        let id = claimed.id;
+        let token = app.queue.register(id);
+        // Superseded between the claim and the registration: the store already says canceled.
+        if let Ok(Some(row)) = app.store.job(id).await {
+            if row.queue_state() == Ok(QueueJobState::Canceled) {
+                token.cancel();
+            }
+        }
+        // Shared store (PostgreSQL): renew the job's lease, and hear of a cancel made on any
+        // replica.
+        let lost = CancellationToken::new();
+        let heartbeat = app.store.heartbeat_every().map(|every| {
+            let (app, token, lost) = (app.clone(), token.clone(), lost.clone());
+            tokio::spawn(async move { heartbeat(&app, id, every, &token, &lost).await })
+        });
+        Watch {
+            id,
+            token,
+            lost,
+            heartbeat,
+        }
+    }
+
+    /// The job's run is over: no more heartbeat, and out of the metrics' and queue's running.
+    fn stop(&self, app: &App) {
+        if let Some(h) = &self.heartbeat {
+            h.abort();
+        }
+        app.metrics.job_finished();
+        app.queue.unregister(self.id);
+    }
+}
+
+/// Count the job as started and say so in the log.
+async fn announce_start(app: &App, claimed: &ClaimedJob) {
+    app.metrics.job_started();
+    if let Ok(depth) = app.store.queue_depth().await {
+        app.metrics.set_queue_depth(depth);
+    }
+    let mr = claimed.job.mr();
+    tracing::info!(
+        job = claimed.id.0,
+        kind = claimed.job.kind(),
+        project = mr.map(|m| m.0 .0),
+        mr = mr.map(|m| m.1 .0),
+        sha = claimed.job.sha().map(|s| s.short()),
+        attempt = claimed.attempts,
+        "job started"
+    );
+}
+
+/// How a job's run ended (unless the service stopped it).
+enum Ran {
+    /// Its flow returned (`Ok` too when a cancelled job did not stop in time and was dropped).
+    Returned(anyhow::Result<()>),
+    /// Stopped at the whole job's deadline (`plan.job_timeout`).
+    PastDeadline,
+}
+
+/// Run the job's flow until it returns, its deadline passes, it is cancelled (then it has
+/// the grace period to stop by itself) or the service stops (`None`: the job stays `running`
+/// in the store, for the next start).
+async fn run_to_its_end(
+    app: &Arc<App>,
+    claimed: &ClaimedJob,
+    token: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Option<Ran> {
+    let id = claimed.id;
+    let span = tracing::info_span!(
+        "job",
+        id = id.0,
+        kind = claimed.job.kind(),
+        attempt = claimed.attempts
+    );
+    let job = dispatch(app, &claimed.job, id, token).instrument(span);
+    tokio::pin!(job);
+    tokio::select! {
+        r = &mut job => Some(Ran::Returned(r)),
+        _ = tokio::time::sleep(app.config.plan.job_timeout) => {
+            // The whole job's deadline: stopped as a cancel stops it (the engine gets SIGTERM,
+            // then SIGKILL after the grace period), then recorded failed, saying why.
+            tracing::warn!(job = id.0, kind = claimed.job.kind(), "job ran past its deadline; stopping it");
+            token.cancel();
+            if tokio::time::timeout(cancel_grace(app), &mut job).await.is_err() {
+                tracing::warn!(job = id.0, "job past its deadline did not stop in time; dropped");
+            }
+            Some(Ran::PastDeadline)
+        }
+        _ = token.cancelled() => {
+            // Superseded or closed: the flow stops on its own (killing the engine, marking its
+            // status canceled); if it does not within the grace period, it is dropped.
+            match tokio::time::timeout(cancel_grace(app), &mut job).await {
+                Ok(r) => Some(Ran::Returned(r)),
+                Err(_) => {
+                    tracing::warn!(job = id.0, "cancelled job did not stop in time; dropped");
+                    Some(Ran::Returned(Ok(())))
+                }
+            }
+        }
+        _ = shutdown.cancelled() => {
+            // Stopping: let the job be re-run by the next start (it stays `running` in the store).
+            token.cancel();
+            None
+        }
+    }
+}
+
+/// The end of a job that ran to it, as the store records it (a plan past its deadline also
+/// says so on its MR).
+async fn job_end(
+    app: &Arc<App>,
+    claimed: &ClaimedJob,
+    ran: Ran,
+    token: &CancellationToken,
+) -> JobEnd {
+    match ran {
+        Ran::PastDeadline => {
+            let limit = app.config.plan.job_timeout;
             let why = format!(
                 "stopped after the job deadline of {} (plan.job_timeout)",
                 humantime::format_duration(limit)
@@ -164,13 +225,19 @@ async fn run_claimed(app: &Arc<App>, claimed: ClaimedJob, shutdown: &Cancellatio
             JobEnd::Failed(why)
         }
         _ if token.is_cancelled() => JobEnd::Canceled("superseded or closed while running".into()),
-        Ok(()) => JobEnd::Done,
-        Err(e) => {
+        Ran::Returned(Ok(())) => JobEnd::Done,
+        Ran::Returned(Err(e)) => {
             let msg = app.scrubber.scrub(&format!("{e:#}")).into_owned();
-            tracing::warn!(job = id.0, kind = claimed.job.kind(), error = %msg, "job failed");
+            tracing::warn!(job = claimed.id.0, kind = claimed.job.kind(), error = %msg, "job failed");
             JobEnd::Failed(msg)
         }
-    };
+    }
+}
+
+/// Record the job's end in the store and the log, and let the queue hand out what waited for
+/// its share.
+async fn record_end(app: &App, claimed: &ClaimedJob, end: JobEnd, started: Instant) {
+    let id = claimed.id;
     let state = match &end {
         JobEnd::Done => "done",
         JobEnd::Failed(_) => "failed",

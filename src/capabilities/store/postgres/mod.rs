@@ -1,7 +1,5 @@
-//! The PostgreSQL backend, for N replicas on one database: a connection pool, leased jobs
-//! (`FOR UPDATE SKIP LOCKED`, heartbeat, expiry), live replicas, per-project apply locks, and
-//! one file of SQL per thing stored, laid out as SQLite's (deliveries, queue, runs, reviews,
-//! applies, policies).
+//! PostgreSQL, for N replicas on one database: a connection pool (over TLS as `tls` decides),
+//! this replica's heartbeat, and [`PgConn`], a connection as the store's queries run on it.
 //!
 //! Every replica registers itself in `replicas` and refreshes its row every third of the lease;
 //! what a replica runs (jobs, runs, applies, project locks) names it as `owner`. A job's own
@@ -13,42 +11,23 @@
 //! The heartbeat also reads the schema version: once a newer planbot has migrated the database
 //! (a rolling upgrade), this replica claims no more jobs and its `/readyz` fails, saying why.
 
-mod applies;
-mod deliveries;
-mod drift;
-mod migrations;
-mod policies;
-mod queue;
-mod reviews;
-mod runs;
-mod targeting;
 mod tls;
 
-pub use migrations::PG_SCHEMA_VERSION;
-
-use super::backend::StoreBackend;
-use super::dump::{self, Dump, Ty, Value, TABLES};
-use super::types::{
-    ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, Enqueued, JobEnd, JobRow, Lease,
-    NewApply, NewDelivery, NewRun, QueueJobId, RunEnd, RunQuery, RunRecord, SchemaError,
-    ShownFingerprint, StoreProbe,
-};
-use super::types::{
-    DriftRootRecord, PlanTargeting, PolicyApproval, PolicyVerdictRecord, VerdictRow, WidgetReports,
-};
-use super::{now_ms, ProjectLock};
-use crate::core::events::Job;
-use crate::core::ids::{CommitSha, JobId, MrIid, NoteId, ProjectId, RunId};
-use crate::core::plan_digest::PlanDigest;
+use super::drift;
+use super::migrations::{self, Kind, PG_SCHEMA_VERSION};
+use super::now_ms;
+use super::sql::{Arg, Conn, Row, Value};
+use super::types::{SchemaError, StoreProbe};
 use crate::core::store_tls::{self, SslMode, StoreTls};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::BytesMut;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
+use tokio_postgres::NoTls;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// How the PostgreSQL store behaves; the defaults suit production.
@@ -86,7 +65,7 @@ pub fn default_replica_name() -> String {
     )
 }
 
-pub(crate) struct PgStore {
+pub(crate) struct PgDb {
     pool: Pool,
     opts: PgOptions,
     /// The schema version a heartbeat found when it is newer than [`PG_SCHEMA_VERSION`] (a
@@ -96,7 +75,7 @@ pub(crate) struct PgStore {
     _heartbeat: DropGuard,
 }
 
-impl PgStore {
+impl PgDb {
     /// Connect (over TLS as the URL's `sslmode` and `ca_file` say), migrate (refusing a newer
     /// schema), register this replica and start its heartbeat.
     pub(crate) async fn connect(
@@ -104,18 +83,18 @@ impl PgStore {
         password: Option<&str>,
         ca_file: Option<&Path>,
         opts: PgOptions,
-    ) -> Result<PgStore> {
+    ) -> Result<PgDb> {
         let pool = pool(url, password, ca_file, opts.pool_size)?;
         {
             let mut client = pool.first_client().await?;
-            migrations::migrate(&mut client)
+            migrations::migrate_postgres(&mut client)
                 .await
                 .context("migrating the PostgreSQL store")?;
         }
         let pool = pool.pool;
         let stop = CancellationToken::new();
         let newer_schema = Arc::new(AtomicU32::new(0));
-        let store = PgStore {
+        let store = PgDb {
             pool: pool.clone(),
             opts: opts.clone(),
             newer_schema: newer_schema.clone(),
@@ -123,7 +102,7 @@ impl PgStore {
         };
         store.beat().await.context("registering this replica")?;
         let lease = opts.lease;
-        let beat = PgStore {
+        let beat = PgDb {
             pool,
             opts,
             newer_schema,
@@ -160,7 +139,7 @@ impl PgStore {
         Ok(row.get(0))
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object> {
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.pool
             .get()
             .await
@@ -169,6 +148,32 @@ impl PgStore {
 
     fn lease_ms(&self) -> i64 {
         self.opts.lease.as_millis() as i64
+    }
+
+    /// How long a job stays this replica's without a heartbeat.
+    pub(super) fn lease(&self) -> Duration {
+        self.opts.lease
+    }
+
+    /// The pool, for what outlives a query (a project lock's release).
+    pub(super) fn pool(&self) -> Pool {
+        self.pool.clone()
+    }
+
+    /// A pooled connection as the store's queries use it, outside any transaction.
+    pub(super) fn on<'a>(&'a self, client: &'a deadpool_postgres::Object) -> PgConn<'a> {
+        PgConn {
+            on: On::Client(client),
+            owner: Some((&self.opts.replica, self.lease_ms())),
+        }
+    }
+
+    /// A transaction as the store's queries use it.
+    pub(super) fn in_tx<'a>(&'a self, tx: &'a deadpool_postgres::Transaction<'a>) -> PgConn<'a> {
+        PgConn {
+            on: On::Tx(tx),
+            owner: Some((&self.opts.replica, self.lease_ms())),
+        }
     }
 
     /// Refresh this replica's row (it is alive until `now + lease`).
@@ -187,7 +192,7 @@ impl PgStore {
             &[&(now - 86_400_000)],
         )
         .await?;
-        let found = migrations::schema_version(&**c).await?;
+        let found = migrations::postgres_version(&**c).await?;
         if found > PG_SCHEMA_VERSION && self.newer_schema.swap(found, Ordering::SeqCst) != found {
             tracing::warn!(
                 found,
@@ -200,7 +205,7 @@ impl PgStore {
     }
 
     /// Refused once a newer planbot has migrated the database under this running replica.
-    fn schema_current(&self) -> Result<(), SchemaError> {
+    pub(super) fn schema_current(&self) -> Result<(), SchemaError> {
         match self.newer_schema.load(Ordering::SeqCst) {
             0 => Ok(()),
             found => Err(SchemaError::TooNew {
@@ -302,11 +307,7 @@ pub(crate) async fn probe(
             Ok::<bool, anyhow::Error>(row.get(0))
         }
     };
-    let schema = if has("schema_migrations").await? {
-        migrations::schema_version(&**c).await?
-    } else {
-        0
-    };
+    let schema = migrations::postgres_version(&**c).await?;
     let live_replicas = if has("replicas").await? {
         c.query(
             "SELECT owner FROM replicas WHERE expires_at >= $1 ORDER BY owner",
@@ -320,7 +321,11 @@ pub(crate) async fn probe(
         Vec::new()
     };
     let (last_drift_tick, drift_roots) = if has("drift_roots").await? {
-        (drift::last(&c).await?, drift::roots(&c).await?)
+        let on = PgConn {
+            on: On::Client(&c),
+            owner: None,
+        };
+        (drift::last_tick(&on).await?, drift::roots(&on).await?)
     } else {
         (None, Vec::new())
     };
@@ -336,392 +341,6 @@ pub(crate) async fn probe(
         last_drift_tick,
         drift_roots,
     })
-}
-
-/// A row's nullable BIGINT as an id.
-fn opt_u64(r: &Row, i: usize) -> Option<u64> {
-    r.get::<_, Option<i64>>(i).map(|n| n as u64)
-}
-
-impl StoreBackend for PgStore {
-    async fn ping(&self) -> Result<()> {
-        self.client().await?.query_one("SELECT 1", &[]).await?;
-        Ok(self.schema_current()?)
-    }
-
-    async fn record_delivery(&self, d: NewDelivery, jobs: Vec<Job>) -> Result<DeliveryOutcome> {
-        deliveries::record(self, d, jobs).await
-    }
-
-    async fn delivery_count(&self) -> Result<u64> {
-        deliveries::count(self).await
-    }
-
-    async fn delivery_outcome(&self, key: String) -> Result<Option<String>> {
-        deliveries::outcome(self, key).await
-    }
-
-    async fn enqueue(&self, job: Job) -> Result<Enqueued> {
-        queue::enqueue(self, job).await
-    }
-
-    async fn claim_next(&self, share: usize) -> Result<Option<ClaimedJob>> {
-        queue::claim_next(self, share).await
-    }
-
-    async fn heartbeat(&self, id: QueueJobId) -> Result<Lease> {
-        queue::heartbeat(self, id).await
-    }
-
-    fn heartbeat_every(&self) -> Option<Duration> {
-        Some(self.opts.lease / 3)
-    }
-
-    async fn finish_job(&self, id: QueueJobId, end: JobEnd) -> Result<()> {
-        queue::finish(self, id, end).await
-    }
-
-    async fn cancel_mr(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        why: String,
-    ) -> Result<Vec<QueueJobId>> {
-        queue::cancel(self, project, mr, why).await
-    }
-
-    async fn requeue_interrupted(&self) -> Result<usize> {
-        queue::requeue_interrupted(self).await
-    }
-
-    async fn queue_depth(&self) -> Result<u64> {
-        queue::depth(self).await
-    }
-
-    async fn job(&self, id: QueueJobId) -> Result<Option<JobRow>> {
-        queue::get(self, id).await
-    }
-
-    async fn recent_jobs(&self, limit: u32) -> Result<Vec<JobRow>> {
-        queue::recent(self, limit).await
-    }
-
-    async fn head_has_plan(&self, project: ProjectId, mr: MrIid, sha: CommitSha) -> Result<bool> {
-        queue::head_has_plan(self, project, mr, sha).await
-    }
-
-    async fn start_run(&self, run: NewRun) -> Result<RunId> {
-        runs::start(self, run).await
-    }
-
-    async fn finish_run(&self, id: RunId, end: RunEnd) -> Result<()> {
-        runs::finish(self, id, end).await
-    }
-
-    async fn run(&self, id: RunId) -> Result<Option<RunRecord>> {
-        runs::get(self, id).await
-    }
-
-    async fn recent_runs(&self, limit: u32) -> Result<Vec<RunRecord>> {
-        runs::recent(self, limit).await
-    }
-
-    async fn run_projects(&self) -> Result<Vec<(ProjectId, Option<String>)>> {
-        runs::projects(self).await
-    }
-
-    async fn runs_page(&self, q: RunQuery) -> Result<Vec<RunRecord>> {
-        runs::page(self, q).await
-    }
-
-    async fn runs_for_mr(&self, project: ProjectId, mr: MrIid) -> Result<Vec<RunRecord>> {
-        runs::for_mr(self, project, mr).await
-    }
-
-    async fn record_fingerprint(&self, shown: ShownFingerprint) -> Result<()> {
-        reviews::record_fingerprint(self, shown).await
-    }
-
-    async fn last_shown_fingerprint(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        root: String,
-    ) -> Result<Option<ShownFingerprint>> {
-        reviews::last_shown_fingerprint(self, project, mr, root).await
-    }
-
-    async fn fingerprint_for(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        root: String,
-        sha: CommitSha,
-    ) -> Result<Option<ShownFingerprint>> {
-        reviews::fingerprint_for(self, project, mr, root, sha).await
-    }
-
-    async fn record_digest(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        root: String,
-        sha: CommitSha,
-        digest_json: String,
-    ) -> Result<()> {
-        reviews::record_digest(self, project, mr, root, sha, digest_json).await
-    }
-
-    async fn record_widgets(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        root: String,
-        sha: CommitSha,
-        report_json: String,
-    ) -> Result<()> {
-        reviews::record_widgets(self, project, mr, root, sha, report_json).await
-    }
-
-    async fn widgets_for(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        sha: CommitSha,
-    ) -> Result<WidgetReports> {
-        reviews::widgets_for(self, project, mr, sha).await
-    }
-
-    async fn digest_for(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        root: String,
-        sha: CommitSha,
-    ) -> Result<Option<PlanDigest>> {
-        reviews::digest_for(self, project, mr, root, sha).await
-    }
-
-    async fn set_mr_note(&self, project: ProjectId, mr: MrIid, note: NoteId) -> Result<()> {
-        reviews::set_mr_note(self, project, mr, note).await
-    }
-
-    async fn mr_note(&self, project: ProjectId, mr: MrIid) -> Result<Option<NoteId>> {
-        reviews::mr_note(self, project, mr).await
-    }
-
-    async fn record_policy_verdict(
-        &self,
-        record: PolicyVerdictRecord,
-        verdict_json: String,
-    ) -> Result<()> {
-        policies::record_verdict(&**self.client().await?, &record, &verdict_json).await
-    }
-
-    async fn policy_verdicts(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        sha: CommitSha,
-    ) -> Result<Vec<VerdictRow>> {
-        policies::verdicts(&**self.client().await?, project, mr, &sha).await
-    }
-
-    async fn record_policy_approval(&self, approval: PolicyApproval) -> Result<bool> {
-        policies::record_approval(&**self.client().await?, &approval).await
-    }
-
-    async fn policy_approvals(&self, project: ProjectId, mr: MrIid) -> Result<Vec<PolicyApproval>> {
-        policies::approvals(&**self.client().await?, project, mr).await
-    }
-
-    async fn set_plan_targeting(&self, set: PlanTargeting) -> Result<()> {
-        targeting::set(self, &set).await
-    }
-
-    async fn plan_targeting(
-        &self,
-        project: ProjectId,
-        mr: MrIid,
-        sha: CommitSha,
-        root: String,
-    ) -> Result<Option<String>> {
-        targeting::get(&**self.client().await?, project, mr, &sha, &root).await
-    }
-
-    async fn claim_drift_tick(&self, at: i64) -> Result<Option<QueueJobId>> {
-        drift::claim(self, at).await
-    }
-
-    async fn last_drift_tick(&self) -> Result<Option<i64>> {
-        drift::last(&**self.client().await?).await
-    }
-
-    async fn record_drift_root(&self, root: DriftRootRecord) -> Result<()> {
-        drift::record_root(self, &root).await
-    }
-
-    async fn forget_drift_roots(&self, project: ProjectId, keep: Vec<String>) -> Result<()> {
-        drift::forget_roots(self, project, &keep).await
-    }
-
-    async fn drift_roots(&self) -> Result<Vec<DriftRootRecord>> {
-        drift::roots(&**self.client().await?).await
-    }
-
-    async fn begin_apply(&self, a: NewApply) -> Result<Option<ApplyId>> {
-        applies::begin(self, a).await
-    }
-
-    async fn finish_apply(
-        &self,
-        id: ApplyId,
-        state: ApplyState,
-        detail: Option<String>,
-    ) -> Result<()> {
-        applies::finish(self, id, state, detail).await
-    }
-
-    async fn mark_interrupted_applies(&self) -> Result<Vec<ApplyRecord>> {
-        applies::mark_interrupted(self).await
-    }
-
-    async fn apply_for_job(&self, ci_job: JobId) -> Result<Option<ApplyRecord>> {
-        applies::for_job(self, ci_job).await
-    }
-
-    async fn lock_project(&self, project: ProjectId) -> Result<ProjectLock> {
-        let mut waited = false;
-        loop {
-            if let Some(lock) = self.try_lock_project(project).await? {
-                return Ok(lock);
-            }
-            if !waited {
-                tracing::info!(
-                    project = project.0,
-                    "another apply of this project runs (maybe on another replica); waiting"
-                );
-                waited = true;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn try_lock_project(&self, project: ProjectId) -> Result<Option<ProjectLock>> {
-        let token = format!("{}-{:016x}", self.opts.replica, rand::random::<u64>());
-        let now = now_ms();
-        // Take the row if it is free, or held by a replica that is gone.
-        let got = self
-            .client()
-            .await?
-            .query_opt(
-                "INSERT INTO project_locks (project_id, owner, token, acquired_at)
-                 VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (project_id) DO UPDATE
-                 SET owner = excluded.owner, token = excluded.token,
-                     acquired_at = excluded.acquired_at
-                 WHERE project_locks.owner NOT IN
-                       (SELECT owner FROM replicas WHERE expires_at >= $4)
-                 RETURNING token",
-                &[&(project.0 as i64), &self.opts.replica, &token, &now],
-            )
-            .await?;
-        Ok(got.map(|_| ProjectLock::row(self.pool.clone(), project.0 as i64, token)))
-    }
-
-    async fn export(&self) -> Result<Dump> {
-        let c = self.client().await?;
-        let mut out = Dump::default();
-        for (table, cols) in TABLES {
-            let order = if *table == "fingerprints" { "seq" } else { "1" };
-            let rows = c
-                .query(
-                    &format!(
-                        "SELECT {} FROM {table} ORDER BY {order}",
-                        dump::column_list(cols)
-                    ),
-                    &[],
-                )
-                .await?;
-            let rows = rows
-                .iter()
-                .map(|r| {
-                    cols.iter()
-                        .enumerate()
-                        .map(|(i, (_, ty))| match ty {
-                            Ty::Int => r
-                                .get::<_, Option<i64>>(i)
-                                .map(Value::Int)
-                                .unwrap_or(Value::Null),
-                            Ty::Text => r
-                                .get::<_, Option<String>>(i)
-                                .map(Value::Text)
-                                .unwrap_or(Value::Null),
-                        })
-                        .collect()
-                })
-                .collect();
-            out.tables.push((table.to_string(), rows));
-        }
-        Ok(out)
-    }
-
-    async fn import(&self, dump: Dump) -> Result<()> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        for (table, rows) in &dump.tables {
-            let (_, cols) = TABLES
-                .iter()
-                .find(|(t, _)| t == table)
-                .ok_or_else(|| anyhow!("unknown table {table} in the dump"))?;
-            let n: i64 = tx
-                .query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])
-                .await?
-                .get(0);
-            anyhow::ensure!(n == 0, "the target store's table {table} is not empty");
-            let marks: Vec<String> = (1..=cols.len()).map(|i| format!("${i}")).collect();
-            let st = tx
-                .prepare(&format!(
-                    "INSERT INTO {table} ({}) VALUES ({})",
-                    dump::column_list(cols),
-                    marks.join(", ")
-                ))
-                .await?;
-            for row in rows {
-                let args: Vec<Box<dyn ToSql + Sync + Send>> = row
-                    .iter()
-                    .zip(cols.iter())
-                    .map(|(v, (_, ty))| -> Box<dyn ToSql + Sync + Send> {
-                        match (v, ty) {
-                            (Value::Int(n), _) => Box::new(Some(*n)),
-                            (Value::Text(t), _) => Box::new(Some(t.clone())),
-                            (Value::Null, Ty::Int) => Box::new(None::<i64>),
-                            (Value::Null, Ty::Text) => Box::new(None::<String>),
-                        }
-                    })
-                    .collect();
-                let refs: Vec<&(dyn ToSql + Sync)> = args
-                    .iter()
-                    .map(|a| a.as_ref() as &(dyn ToSql + Sync))
-                    .collect();
-                tx.execute(&st, &refs)
-                    .await
-                    .with_context(|| format!("copying a row of {table}"))?;
-            }
-            if cols.first().map(|(c, _)| *c) == Some("id") {
-                tx.execute(
-                    &format!(
-                        "SELECT setval(pg_get_serial_sequence('{table}', 'id'),
-                                       COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, false)"
-                    ),
-                    &[],
-                )
-                .await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(())
-    }
 }
 
 /// Release a project lock row (what dropping a [`ProjectLock`] does on PostgreSQL).
@@ -753,5 +372,102 @@ pub(super) async fn release_project_lock(pool: Pool, project: i64, token: String
                 tracing::error!(project, error = %format!("{e:#}"), "could not release a project lock: applies of this project wait until this replica restarts");
             }
         }
+    }
+}
+
+/// Where a [`PgConn`]'s statements go.
+enum On<'a> {
+    Client(&'a deadpool_postgres::ClientWrapper),
+    Tx(&'a deadpool_postgres::Transaction<'a>),
+}
+
+/// A PostgreSQL connection as the store's queries use it: each statement prepared once per
+/// pooled connection (unless built at run time), its values read by their column's type.
+pub(super) struct PgConn<'a> {
+    on: On<'a>,
+    /// This replica's name and lease; `None` for `planbot doctor`, which is no replica.
+    owner: Option<(&'a str, i64)>,
+}
+
+impl ToSql for Arg {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Arg::Int(n) => n.to_sql_checked(ty, out),
+            Arg::Text(t) => t.to_sql_checked(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <i64 as ToSql>::accepts(ty) || <String as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}
+
+/// Column `i` of `r`, by its type: the integers and texts the store keeps.
+fn value(r: &tokio_postgres::Row, i: usize) -> Result<Value> {
+    let ty = r.columns()[i].type_();
+    let v = if *ty == Type::INT8 {
+        r.try_get::<_, Option<i64>>(i)?.map(Value::Int)
+    } else if *ty == Type::INT4 {
+        r.try_get::<_, Option<i32>>(i)?
+            .map(|n| Value::Int(n.into()))
+    } else if <String as ToSql>::accepts(ty) {
+        r.try_get::<_, Option<String>>(i)?.map(Value::Text)
+    } else {
+        bail!("column {i} is of type {ty}, not an integer or a text")
+    };
+    Ok(v.unwrap_or(Value::Null))
+}
+
+impl PgConn<'_> {
+    async fn statement(&self, text: &str, cache: bool) -> Result<tokio_postgres::Statement> {
+        Ok(match (&self.on, cache) {
+            (On::Client(c), true) => c.prepare_cached(text).await?,
+            (On::Client(c), false) => c.prepare(text).await?,
+            (On::Tx(t), true) => t.prepare_cached(text).await?,
+            (On::Tx(t), false) => t.prepare(text).await?,
+        })
+    }
+}
+
+fn params(args: &[Arg]) -> Vec<&(dyn ToSql + Sync)> {
+    args.iter().map(|a| a as &(dyn ToSql + Sync)).collect()
+}
+
+impl Conn for PgConn<'_> {
+    fn kind(&self) -> Kind {
+        Kind::Postgres
+    }
+
+    fn owner(&self) -> Option<(&str, i64)> {
+        self.owner
+    }
+
+    async fn query_text(&self, text: &str, args: &[Arg], cache: bool) -> Result<Vec<Row>> {
+        let st = self.statement(text, cache).await?;
+        let rows = match &self.on {
+            On::Client(c) => c.query(&st, &params(args)).await?,
+            On::Tx(t) => t.query(&st, &params(args)).await?,
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(Row((0..r.len())
+                    .map(|i| value(r, i))
+                    .collect::<Result<_>>()?))
+            })
+            .collect()
+    }
+
+    async fn execute_text(&self, text: &str, args: &[Arg], cache: bool) -> Result<u64> {
+        let st = self.statement(text, cache).await?;
+        Ok(match &self.on {
+            On::Client(c) => c.execute(&st, &params(args)).await?,
+            On::Tx(t) => t.execute(&st, &params(args)).await?,
+        })
     }
 }

@@ -25,6 +25,8 @@ pub(super) fn open(path: &Path) -> Result<Connection> {
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(Duration::from_secs(10))?;
+    // Every statement of the store stays prepared, a run page's filters too.
+    conn.set_prepared_statement_cache_capacity(128);
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // See the module comment: durable against a process crash, not against power loss.
     conn.pragma_update(None, "synchronous", "NORMAL")?;

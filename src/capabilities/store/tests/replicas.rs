@@ -21,8 +21,8 @@ async fn lease_expires() {
     tokio::time::sleep(TEST_LEASE + Duration::from_millis(400)).await;
 }
 
-/// What a newer planbot's start-up leaves in the database: one more migration recorded.
-async fn a_newer_planbot_migrates(db: &TestDb) {
+/// A plain client of the test database, to read and write it behind the store's back.
+async fn client_of(db: &TestDb) -> tokio_postgres::Client {
     let StoreUrl::Postgres(url) = &db.url else {
         unreachable!()
     };
@@ -31,8 +31,15 @@ async fn a_newer_planbot_migrates(db: &TestDb) {
         .unwrap();
     tokio::spawn(conn);
     client
+}
+
+/// What a newer planbot's start-up leaves in the database: one more migration recorded.
+async fn a_newer_planbot_migrates(db: &TestDb) {
+    let client = client_of(db).await;
+    client
         .execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, 'future', 0)",
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES ($1, 'future', '2030-01-01T00:00:00Z', '0')",
             &[&(PG_SCHEMA_VERSION as i32 + 1)],
         )
         .await
@@ -345,31 +352,59 @@ async fn a_running_replica_takes_no_more_jobs_once_a_newer_planbot_migrates_the_
     );
 }
 
+/// Replicas started at once on a new database: one migrates, the others wait for it and find
+/// nothing left to do. Without the migration lock the others run the migrations too, and fail
+/// on the tables the first one made.
 #[tokio::test]
 async fn replicas_starting_together_migrate_once() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    let opens: Vec<_> = (0..4)
+    let opens: Vec<_> = (0..6)
         .map(|i| {
             let url = db.url.clone();
             tokio::spawn(async move {
-                Store::connect_with(
-                    &url,
-                    None,
-                    PgOptions {
-                        replica: format!("r{i}"),
-                        ..PgOptions::default()
-                    },
-                )
-                .await
-                .map(|_| ())
+                let opts = PgOptions {
+                    lease: TEST_LEASE,
+                    replica: format!("r{i}"),
+                    pool_size: 2,
+                };
+                Store::connect_with(&url, None, opts).await
             })
         })
         .collect();
-    for o in opens {
-        o.await.unwrap().unwrap();
+    let mut replicas = Vec::new();
+    for (i, open) in opens.into_iter().enumerate() {
+        match open.await.unwrap() {
+            Ok(store) => replicas.push(store),
+            Err(e) => panic!("replica r{i} did not start: {e:#}"),
+        }
     }
+    // The database's own record: each migration once, all in one transaction (one replica's).
+    let client = client_of(&db).await;
+    let rows = client
+        .query(
+            "SELECT version, xmin::text FROM refinery_schema_history ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap();
+    let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(versions, (1..=PG_SCHEMA_VERSION as i32).collect::<Vec<_>>());
+    let writers: BTreeSet<String> = rows.iter().map(|r| r.get(1)).collect();
+    assert_eq!(writers.len(), 1, "recorded by one transaction: {writers:?}");
+    // And every replica works: each queues a job, and they claim each one once between them.
+    for (i, store) in replicas.iter().enumerate() {
+        store.ping().await.unwrap();
+        store.enqueue(plan(i as u64 + 1, 'a')).await.unwrap();
+    }
+    let mut claimed = BTreeSet::new();
+    for store in replicas.iter().cycle().take(replicas.len() * 2) {
+        if let Some(c) = store.claim_next().await.unwrap() {
+            assert!(claimed.insert(c.id), "{:?} claimed twice", c.id);
+        }
+    }
+    assert_eq!(claimed.len(), replicas.len());
 }
 
 /// `planbot store migrate`'s core: every row of a SQLite store, copied into PostgreSQL, reads

@@ -5,7 +5,7 @@
 //! Without that CA these tests fail like the other PostgreSQL tests (always under `CI=true`).
 
 use super::backends::{postgres_db, SKIP_VAR, TEST_LEASE};
-use crate::capabilities::store::{Backend, PgOptions, Store};
+use crate::capabilities::store::{Db, PgOptions, Store};
 use crate::core::config::StoreUrl;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -74,9 +74,9 @@ async fn connect(url: &StoreUrl, ca_file: Option<&Path>) -> anyhow::Result<Store
 
 /// Whether the store's session with the server is encrypted, as the server sees it.
 async fn session_is_tls(store: &Store) -> bool {
-    match &store.backend {
-        Backend::Postgres(pg) => pg.session_is_tls().await.unwrap(),
-        Backend::Sqlite(_) => unreachable!(),
+    match &store.db {
+        Db::Postgres(pg) => pg.session_is_tls().await.unwrap(),
+        Db::Sqlite(_) => unreachable!(),
     }
 }
 

@@ -1,16 +1,17 @@
 //! Stage 3 of a plan run: render the ONE plan note from every root's result (scrubbed of every
 //! known secret, the plans' own included) and create or edit it on the MR.
 
-use super::gl;
-use super::roots::{Outcome, RootResult};
-use crate::capabilities::gitlab::GitLabError;
+use super::prepare::Prepared;
+use super::roots::{Outcome, RootResult, RootsPlanned};
+use super::shared::upsert_note;
 use crate::capabilities::store::PolicyApproval;
 use crate::core::engine_checks::RootChecks;
+use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
-use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId};
+use crate::core::ids::CommitSha;
 use crate::core::policy::review::{PolicySection, RecordedVerdict};
 use crate::core::redact::{Scrubber, Secrets};
-use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NOTE_MARKER};
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 use crate::flows::confinement::credentials::Trust;
 use crate::flows::confinement::network;
 use crate::flows::context::app_state::App;
@@ -19,10 +20,95 @@ use crate::flows::context::policy_sets::PolicySets;
 use crate::flows::review::policies;
 use anyhow::Result;
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The note as posted, with what the later stages take from it.
+pub(super) struct Posted {
+    pub body: String,
+    /// Every known secret, the plans' own included.
+    pub scrubber: Scrubber,
+    /// Each cleanly planned root's policy verdict ([`policy_verdicts`]).
+    pub policies: Vec<(String, Fingerprint, RecordedVerdict)>,
+    /// The MR's approvals of failing policy sets (read only when a set checks a plan).
+    pub approvals: Vec<PolicyApproval>,
+    /// The first root's run page.
+    pub run_url: Option<String>,
+}
+
+impl Posted {
+    /// The policy verdict recorded for `root`'s plan (no set in it when none checks the root).
+    pub fn verdict_of(&self, root: &str) -> RecordedVerdict {
+        self.policies
+            .iter()
+            .find(|(r, _, _)| r == root)
+            .map(|(_, _, v)| v.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Stage 3: the ONE note of every root's result, `took` after the run started, posted.
+pub(super) async fn post(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    planned: &RootsPlanned,
+    took: Duration,
+) -> Result<Posted> {
+    // One scrubber over every known secret, the plans' included.
+    let scrubber = scrubber_for(app.config.secrets(), &planned.results);
+    let first_run = planned.results.iter().find_map(|r| match &r.outcome {
+        Outcome::Planned { run, .. } | Outcome::Failed { run, .. } => Some(*run),
+        Outcome::Skipped { .. } => None,
+    });
+    let run_url = first_run.and_then(|r| app.run_url(r));
+    // The reached roots upstream first, with the arrows of their picture.
+    let (reach, root_edges) =
+        crate::core::reach::in_order(&prepared.config.graph(), planned.reach.clone());
+    let policies = policy_verdicts(&prepared.policies, &planned.results, &scrubber);
+    let approvals = if policies.iter().any(|(_, _, v)| !v.sets.is_empty()) {
+        app.store.policy_approvals(job.project, job.mr).await?
+    } else {
+        Vec::new()
+    };
+    let ctx = NoteContext {
+        sha: Some(prepared.commit.sha.as_str().to_string()),
+        draft: prepared.mr.draft,
+        engine: prepared.version.clone(),
+        duration: Some(took),
+        run_url: run_url.clone(),
+        run_hint: first_run.and_then(|r| app.run_hint(r)),
+        banners: targeted_banners(&planned.results, &scrubber)
+            .into_iter()
+            .chain(prepared.banners.iter().cloned())
+            .collect(),
+        preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
+        capacity: planned.capacity.clone(),
+        reach,
+        root_edges,
+        depends_hints: planned.depends_hints.clone(),
+        hints: sandbox_hints(app, &planned.results),
+        planned_before: planned_before(&prepared.config, &planned.results),
+        invalid_file: prepared
+            .proposed_invalid
+            .as_ref()
+            .map(|_| crate::core::repo_config::FILE_NAME.to_string()),
+        policies: policy_sections(&policies, &job.head, &approvals, &prepared.policies),
+        ..NoteContext::default()
+    };
+    let body = compose_note(ctx, &planned.results, &scrubber);
+    upsert_note(app, job.project, job.mr, &body).await?;
+    Ok(Posted {
+        body,
+        scrubber,
+        policies,
+        approvals,
+        run_url,
+    })
+}
 
 /// The scrubber for the note and the stored logs: every configured secret plus every value the
 /// plans marked sensitive.
-pub(super) fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> Scrubber {
+fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> Scrubber {
     let mut secrets = Secrets::new();
     secrets.extend(configured);
     for r in results {
@@ -36,7 +122,7 @@ pub(super) fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> S
 /// The line above the headline for each root planned with a comment's flags (`-target`,
 /// `-exclude`, `-replace`): a targeted plan never reads as the full plan. The root is named
 /// when the repo config has several.
-pub(super) fn targeted_banners(results: &[RootResult], scrubber: &Scrubber) -> Vec<String> {
+fn targeted_banners(results: &[RootResult], scrubber: &Scrubber) -> Vec<String> {
     let several = results.len() > 1;
     results
         .iter()
@@ -52,7 +138,7 @@ pub(super) fn targeted_banners(results: &[RootResult], scrubber: &Scrubber) -> V
 /// For each root that failed because the engine's sandbox refused a connection or a file, the
 /// explanation with the setting that allows it (`network::explain`), also logged for the
 /// operator.
-pub(super) fn sandbox_hints(app: &App, results: &[RootResult]) -> BTreeMap<String, String> {
+fn sandbox_hints(app: &App, results: &[RootResult]) -> BTreeMap<String, String> {
     let mut hints = BTreeMap::new();
     for r in results {
         let output = match &r.outcome {
@@ -70,7 +156,7 @@ pub(super) fn sandbox_hints(app: &App, results: &[RootResult]) -> BTreeMap<Strin
 
 /// Each root planned in this MR below a root (`depends_on`) whose plan here changes something:
 /// those roots and their output changes, for the note's mark.
-pub(super) fn planned_before(
+fn planned_before(
     config: &crate::core::repo_config::RepoConfig,
     results: &[RootResult],
 ) -> BTreeMap<String, Vec<crate::core::render::planned_before::PlannedBefore>> {
@@ -89,7 +175,7 @@ pub(super) fn planned_before(
 /// Each cleanly planned root's policy verdict as recorded (scrubbed with `scrubber`), with
 /// its plan's fingerprint: `(root, fingerprint, verdict)`, no set in it when none checks the
 /// root.
-pub(super) fn policy_verdicts(
+fn policy_verdicts(
     sets: &PolicySets,
     results: &[RootResult],
     scrubber: &Scrubber,
@@ -112,7 +198,7 @@ pub(super) fn policy_verdicts(
 }
 
 /// The "Policies" section of each root some set checks, with the approvals of the MR.
-pub(super) fn policy_sections(
+fn policy_sections(
     verdicts: &[(String, Fingerprint, RecordedVerdict)],
     head: &CommitSha,
     approvals: &[PolicyApproval],
@@ -132,11 +218,7 @@ pub(super) fn policy_sections(
 
 /// The note's Markdown for these results; `ctx` carries the header (commit, engine, banners,
 /// run link); the errored plans' logs are added to it here, scrubbed.
-pub(super) fn compose_note(
-    mut ctx: NoteContext,
-    results: &[RootResult],
-    scrubber: &Scrubber,
-) -> String {
+fn compose_note(mut ctx: NoteContext, results: &[RootResult], scrubber: &Scrubber) -> String {
     for r in results {
         if let Outcome::Planned { planned, .. } = &r.outcome {
             if planned.plan().errored {
@@ -181,52 +263,4 @@ pub(super) fn root_checks(r: &RootResult) -> Option<&RootChecks> {
         Outcome::Planned { checks, .. } | Outcome::Failed { checks, .. } => Some(checks),
         Outcome::Skipped { .. } => None,
     }
-}
-
-/// Create the ONE note once, then edit it: by the stored id, else found again by its marker
-/// (the stored id was lost), else re-created (a user deleted it).
-pub async fn upsert_note(app: &App, project: ProjectId, mr: MrIid, body: &str) -> Result<NoteId> {
-    if let Some(id) = app.store.mr_note(project, mr).await? {
-        match app.gitlab.edit_mr_note(project, mr, id, body).await {
-            Ok(n) => return Ok(n.id),
-            Err(GitLabError::NotFound) => {
-                tracing::info!(
-                    project = project.0,
-                    mr = mr.0,
-                    "the plan note was deleted: posting it again"
-                );
-            }
-            Err(e) => return gl(app, "edit_mr_note", Err(e)),
-        }
-    }
-    // Only a note the bot user wrote is planbot's: anyone can write the marker in a comment.
-    let bot = app.bot_user().await?;
-    let notes = gl(app, "mr_notes", app.gitlab.mr_notes(project, mr).await)?;
-    let ours = notes.iter().rev().find(|n| {
-        n.body.starts_with(NOTE_MARKER) && n.author.as_ref().is_some_and(|a| a.id == bot)
-    });
-    let id = match ours {
-        Some(n) => match app.gitlab.edit_mr_note(project, mr, n.id, body).await {
-            Ok(n) => n.id,
-            Err(GitLabError::NotFound) => {
-                gl(
-                    app,
-                    "create_mr_note",
-                    app.gitlab.create_mr_note(project, mr, body).await,
-                )?
-                .id
-            }
-            Err(e) => return gl(app, "edit_mr_note", Err(e)),
-        },
-        None => {
-            gl(
-                app,
-                "create_mr_note",
-                app.gitlab.create_mr_note(project, mr, body).await,
-            )?
-            .id
-        }
-    };
-    app.store.set_mr_note(project, mr, id).await?;
-    Ok(id)
 }

@@ -2,7 +2,7 @@
 //! planning, the mirror is fetched, the repo config is read from the DEFAULT branch, and the
 //! commit to plan, the changed files, the checkout and the MR's engine are ready.
 
-use super::{gl, set_status, text, PlanOutcome, Stop};
+use super::shared::{set_status, text, upsert_note};
 use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::{MergeRequest, StatusState};
 use crate::capabilities::workspace::{Checkout, MrCommit, PlannedRef};
@@ -11,7 +11,9 @@ use crate::core::ids::NoteId;
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
 use crate::flows::context::app_state::App;
+use crate::flows::context::metrics::PlanOutcome;
 use crate::flows::context::policy_sets::PolicySets;
+use crate::flows::review::gitlab_calls::gl;
 use anyhow::{Context, Result};
 
 /// Everything the later stages need, once the run is known to go ahead.
@@ -64,15 +66,86 @@ async fn catch_up(
     Ok(())
 }
 
+/// A run that ends before planning, with its outcome for the metrics and the log.
+pub(super) struct Stop(pub PlanOutcome);
+
 /// Stage 1: check, announce, fetch and check out. `Err(Stop)` ends the run early with its
 /// outcome label (the MR moved on or closed, or the repo config is invalid and said so).
-///
-/// About a hundred lines on purpose: a straight sequence of GitLab and git steps, each of which
-/// may end the run early; split further, the half-gathered state would travel between helpers.
 pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared, Stop>> {
-    let project = job.project;
-    let iid = job.mr;
-    let mr: MergeRequest = gl(
+    let (project, ws) = (job.project, &app.workspace);
+    let mr = match open_at_head(app, job).await? {
+        Ok(mr) => mr,
+        Err(stop) => return Ok(Err(stop)),
+    };
+    let status_ref = Some(mr.source_branch.clone()).filter(|s| !s.is_empty());
+    let queued = text(&app.scrubber, "queued", minijinja::context! {});
+    let pending = StatusState::Pending;
+    set_status(app, job, pending, &queued, None, status_ref.clone()).await;
+
+    let info = app.gitlab.project(&project.to_string()).await;
+    let info = gl(app, "project", info)?;
+    // The shared workspace: its per-project lock keeps concurrent plans from racing on the mirror.
+    ws.sync(project, &info.http_url_to_repo)
+        .await
+        .context("fetching the repository")?;
+    let planning = text(
+        &app.scrubber,
+        "planning",
+        minijinja::context! { roots => "" },
+    );
+    let running = StatusState::Running;
+    set_status(app, job, running, &planning, None, status_ref.clone()).await;
+
+    // The repo config comes from the default branch only.
+    let default_branch = info.default_branch.clone().unwrap_or_else(|| "main".into());
+    let config = match ws
+        .repo_config_at(project, &format!("refs/heads/{default_branch}"))
+        .await?
+    {
+        Ok(c) => c,
+        Err(err) => {
+            invalid_config(app, job, &default_branch, &err, status_ref).await?;
+            return Ok(Err(Stop(PlanOutcome::Failed)));
+        }
+    };
+    // The policy sets too: the MR's own edits to them govern later MRs, never this one.
+    let policies = PolicySets::load(app, project, &default_branch, &config)
+        .await
+        .context("reading the policy sets")?;
+    let target = job
+        .target_branch
+        .clone()
+        .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
+        .unwrap_or_else(|| default_branch.clone());
+    let (commit, changed, mut banners, proposed_invalid) =
+        commit_to_plan(app, job, &config, &target, &default_branch).await?;
+    let checkout = ws.checkout(project, &commit.sha).await?;
+    let engine = app.mr_engine(project, job.mr)?;
+    let version = engine.version().await.ok().map(|v| v.to_string());
+    banners.extend(crate::flows::confinement::sandbox::note_banner(
+        engine.sandbox(),
+    ));
+    Ok(Ok(Prepared {
+        mr,
+        status_ref,
+        project_path: job.project_path.clone().or(Some(info.path_with_namespace)),
+        config,
+        commit,
+        changed,
+        banners,
+        checkout,
+        engine,
+        version,
+        policies,
+        proposed_invalid,
+    }))
+}
+
+/// The MR as GitLab has it, when it is still open at `job`'s head; else why the run stops (a
+/// newer head gets its plan queued: [`catch_up`]).
+async fn open_at_head(app: &App, job: &PlanJob) -> Result<Result<MergeRequest, Stop>> {
+    let (project, iid) = (job.project, job.mr);
+    let mr = gl(
         app,
         "merge_request",
         app.gitlab.merge_request(project, iid).await,
@@ -90,92 +163,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         catch_up(app, job, &mr, newer).await?;
         return Ok(Err(Stop(PlanOutcome::Canceled)));
     }
-    let status_ref = Some(mr.source_branch.clone()).filter(|s| !s.is_empty());
-    let head = &job.head;
-    set_status(
-        app,
-        project,
-        head,
-        StatusState::Pending,
-        &text(&app.scrubber, "queued", minijinja::context! {}),
-        None,
-        status_ref.clone(),
-    )
-    .await;
-
-    let info = gl(
-        app,
-        "project",
-        app.gitlab.project(&project.to_string()).await,
-    )?;
-    let default_branch = info.default_branch.clone().unwrap_or_else(|| "main".into());
-    let target = job
-        .target_branch
-        .clone()
-        .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
-        .unwrap_or_else(|| default_branch.clone());
-
-    // The shared workspace: its per-project lock keeps concurrent plans from racing on the mirror.
-    let ws = &app.workspace;
-    ws.sync(project, &info.http_url_to_repo)
-        .await
-        .context("fetching the repository")?;
-    set_status(
-        app,
-        project,
-        head,
-        StatusState::Running,
-        &text(
-            &app.scrubber,
-            "planning",
-            minijinja::context! { roots => "" },
-        ),
-        None,
-        status_ref.clone(),
-    )
-    .await;
-
-    // The repo config comes from the default branch only.
-    let config = match ws
-        .repo_config_at(project, &format!("refs/heads/{default_branch}"))
-        .await?
-    {
-        Ok(c) => c,
-        Err(err) => {
-            invalid_config(app, job, &default_branch, &err, status_ref).await?;
-            return Ok(Err(Stop(PlanOutcome::Failed)));
-        }
-    };
-
-    // The policy sets too: the MR's own edits to them govern later MRs, never this one.
-    let policies = PolicySets::load(app, project, &default_branch, &config)
-        .await
-        .context("reading the policy sets")?;
-    let (commit, changed, mut banners, proposed_invalid) =
-        commit_to_plan(app, job, &config, &target, &default_branch).await?;
-    let checkout = ws.checkout(project, &commit.sha).await?;
-    let engine = app.mr_engine(project, job.mr)?;
-    let version = engine.version().await.ok().map(|v| v.to_string());
-    banners.extend(crate::flows::confinement::sandbox::note_banner(
-        engine.sandbox(),
-    ));
-    Ok(Ok(Prepared {
-        mr,
-        status_ref,
-        project_path: job
-            .project_path
-            .clone()
-            .or_else(|| Some(info.path_with_namespace.clone())),
-        config,
-        commit,
-        changed,
-        banners,
-        checkout,
-        engine,
-        version,
-        policies,
-        proposed_invalid,
-    }))
+    Ok(Ok(mr))
 }
 
 /// The commit to plan (GitLab's merge result or the head, as the repo config asks and GitLab
@@ -241,29 +229,17 @@ async fn invalid_config(
             repo_config::render_error_note(default_branch, err)
         })
     );
-    let note = super::note::upsert_note(app, job.project, job.mr, &body).await?;
-    let first = err
-        .problems
-        .first()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
-    set_status(
-        app,
-        job.project,
-        &job.head,
-        StatusState::Failed,
-        &text(
-            &app.scrubber,
-            "invalid_config",
-            minijinja::context! {
-                file => repo_config::FILE_NAME,
-                branch => default_branch,
-                problem => first,
-            },
-        ),
-        None,
-        status_ref,
-    )
-    .await;
+    let note = upsert_note(app, job.project, job.mr, &body).await?;
+    let first = err.problems.first().map(|p| p.to_string());
+    let line = text(
+        &app.scrubber,
+        "invalid_config",
+        minijinja::context! {
+            file => repo_config::FILE_NAME,
+            branch => default_branch,
+            problem => first.unwrap_or_default(),
+        },
+    );
+    set_status(app, job, StatusState::Failed, &line, None, status_ref).await;
     Ok(note)
 }

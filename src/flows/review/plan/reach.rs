@@ -2,12 +2,36 @@
 //! from the job's checkout (`capabilities::workspace::module_graph`: bounded, never through a
 //! link out of it) into `core::reach::ModuleGraph`, which decides.
 
-use crate::core::reach::ModuleGraph;
+use super::prepare::Prepared;
+use crate::core::events::PlanJob;
+use crate::core::reach::{self, Decision, DependsHint, ModuleGraph, OwnProject};
 use crate::core::repo_config::RepoConfig;
+use crate::flows::context::app_state::App;
 use std::path::Path;
 
+/// Each root of the repo config and whether the changes reach it (its own files, the local
+/// modules it uses, its `when_modified` patterns), and the `depends_on` lines the repo config
+/// lacks (a root reads another's managed state).
+pub(super) async fn decide<'a>(
+    app: &App,
+    job: &PlanJob,
+    prepared: &'a Prepared,
+) -> (Vec<Decision<'a>>, Vec<DependsHint>) {
+    let config = &prepared.config;
+    let modules = module_graph(prepared.checkout.path(), config).await;
+    let decisions = reach::decide(config, &prepared.changed, &modules);
+    let own = OwnProject {
+        id: job.project.0,
+        path: prepared.project_path.as_deref(),
+    };
+    let hints = reach::depends_on_hints(config, &modules, own, |root| {
+        crate::core::state::gitlab_state_name(root, app.config.state.default)
+    });
+    (decisions, hints)
+}
+
 /// The module graph of `config`'s roots in the checkout at `checkout`.
-pub(super) async fn module_graph(checkout: &Path, config: &RepoConfig) -> ModuleGraph {
+async fn module_graph(checkout: &Path, config: &RepoConfig) -> ModuleGraph {
     let top = checkout.to_path_buf();
     let dirs: Vec<String> = config.roots.iter().map(|r| r.dir.clone()).collect();
     let read = tokio::task::spawn_blocking(move || {

@@ -1,20 +1,24 @@
 //! Stage 4 and 5 of a plan run: once the note that shows them is up, store every run's end,
-//! the fingerprints and digests of the clean plans; then decide the commit status from what
-//! was recorded.
+//! the fingerprints and digests of the clean plans; then set the commit statuses from what was
+//! recorded.
 
+use super::note::{root_checks, Posted};
 use super::roots::{Outcome, RootResult};
-use super::text;
-use crate::capabilities::gitlab::StatusState;
+use super::shared::{set_status, text};
+use crate::capabilities::engine::PlannedRun;
+use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::{PolicyVerdictRecord, RunEnd, RunState, ShownFingerprint};
+use crate::core::engine_checks::TestsStatus;
 use crate::core::events::PlanJob;
-use crate::core::fingerprint::Fingerprint;
 use crate::core::plan_digest::PlanDigest;
-use crate::core::policy::review::RecordedVerdict;
 use crate::core::proxmox::findings::Finding;
 use crate::core::proxmox::lint;
 use crate::core::redact::Scrubber;
+use crate::core::repo_config::RepoConfigError;
 use crate::core::summary::Summary;
 use crate::flows::context::app_state::App;
+use crate::flows::review::gitlab_calls::set_commit_status;
+use crate::flows::review::policies;
 use anyhow::Result;
 
 /// What the final status is decided from.
@@ -28,24 +32,31 @@ pub(super) struct Recorded {
     pub findings: Vec<Finding>,
     /// `{name, state, summary}` per planned or failed root, for the status description.
     pub roots: Vec<minijinja::Value>,
+    /// What the roots' tests said (`None`: no root has tests).
+    pub tests: Option<TestsStatus>,
 }
 
 /// Stage 4: finish every run (its summary, scrubbed log and the note; failed when the plan
 /// errored, a finding is an error, or `blocked`: the MR's `.planbot.toml` is broken) and, for the clean plans,
 /// store the fingerprint shown on the MR and the secret-free digest a refused apply compares
-/// with. The plan files go away as the results are consumed.
+/// with; what the roots' tests said is kept for `planbot/test`. The plan files go away as the
+/// results are consumed.
 pub(super) async fn record(
     app: &App,
     job: &PlanJob,
     results: Vec<RootResult>,
-    policies: &[(String, Fingerprint, RecordedVerdict)],
-    note: &str,
-    scrubber: &Scrubber,
+    note: &Posted,
     blocked: bool,
 ) -> Result<Recorded> {
-    let key = app.config.fingerprint_key.expose().as_bytes();
-    let mut rec = Recorded::default();
+    let checks = results
+        .iter()
+        .filter_map(|r| root_checks(r).map(|c| (r.name.as_str(), c)));
+    let mut rec = Recorded {
+        tests: TestsStatus::of(checks),
+        ..Recorded::default()
+    };
     for r in results {
+        let (name, targeted) = (r.name, r.targeting.counts());
         match r.outcome {
             Outcome::Planned {
                 run,
@@ -57,7 +68,7 @@ pub(super) async fn record(
                 rec.planned += 1;
                 let errored = planned.plan().errored;
                 let summary = Summary::of(planned.plan()).one_line();
-                let log = scrubber.scrub(planned.log()).into_owned();
+                let log = note.scrubber.scrub(planned.log()).into_owned();
                 // The run's outcome is the verdict the status and the headline carry: an
                 // error finding (STATE001, a lint error) or a broken `.planbot.toml` in the MR
                 // fails them, so it fails the run too.
@@ -66,55 +77,28 @@ pub(super) async fn record(
                 } else {
                     RunState::Succeeded
                 };
-                app.store
-                    .finish_run(
-                        run,
-                        RunEnd {
-                            state,
-                            summary: Some(summary.clone()),
-                            log,
-                            note_markdown: Some(note.to_string()),
-                            fingerprint: (!errored).then(|| fingerprint.clone()),
-                        },
-                    )
-                    .await?;
+                let end = RunEnd {
+                    state,
+                    summary: Some(summary.clone()),
+                    log,
+                    note_markdown: Some(note.body.clone()),
+                    fingerprint: (!errored).then(|| fingerprint.clone()),
+                };
+                app.store.finish_run(run, end).await?;
                 if errored {
                     rec.failed += 1;
-                    rec.roots.push(minijinja::context! { name => &r.name, state => "errored", targeted => r.targeting.counts() });
+                    rec.roots.push(minijinja::context! { name => &name, state => "errored", targeted => targeted });
                 } else {
-                    // The policy verdict first: a fingerprint the apply can find always has
-                    // the verdict it is gated by (with no set when none checked the plan).
-                    let verdict = policies
-                        .iter()
-                        .find(|(root, _, _)| *root == r.name)
-                        .map(|(_, _, v)| v.clone())
-                        .unwrap_or_default();
-                    app.store
-                        .record_policy_verdict(PolicyVerdictRecord {
-                            project: job.project,
-                            mr: job.mr,
-                            root: r.name.clone(),
-                            sha: job.head.clone(),
-                            fingerprint: fingerprint.clone(),
-                            verdict,
-                        })
-                        .await?;
-                    app.store
-                        .record_fingerprint(ShownFingerprint {
-                            project: job.project,
-                            mr: job.mr,
-                            root: r.name.clone(),
-                            sha: job.head.clone(),
-                            fingerprint,
-                            run: Some(run),
-                        })
-                        .await?;
-                    // The secret-free digest, so a refused apply can show what changed.
-                    let digest = PlanDigest::of(planned.plan(), key);
-                    app.store
-                        .record_digest(job.project, job.mr, &r.name, &job.head, &digest)
-                        .await?;
-                    rec.roots.push(minijinja::context! { name => &r.name, state => "planned", summary => summary, targeted => r.targeting.counts() });
+                    let shown = ShownFingerprint {
+                        project: job.project,
+                        mr: job.mr,
+                        root: name.clone(),
+                        sha: job.head.clone(),
+                        fingerprint,
+                        run: Some(run),
+                    };
+                    record_clean(app, note, shown, &planned).await?;
+                    rec.roots.push(minijinja::context! { name => &name, state => "planned", summary => summary, targeted => targeted });
                 }
                 rec.findings.extend(findings);
                 drop(planned); // the plan file goes with it
@@ -122,17 +106,110 @@ pub(super) async fn record(
             Outcome::Failed { run, end, .. } => {
                 // Its run page shows the note that says why it failed.
                 let end = RunEnd {
-                    note_markdown: Some(note.to_string()),
+                    note_markdown: Some(note.body.clone()),
                     ..end
                 };
                 app.store.finish_run(run, end).await?;
                 rec.failed += 1;
-                rec.roots.push(minijinja::context! { name => &r.name, state => "failed", targeted => r.targeting.counts() });
+                rec.roots.push(
+                    minijinja::context! { name => &name, state => "failed", targeted => targeted },
+                );
             }
             Outcome::Skipped { .. } => {}
         }
     }
     Ok(rec)
+}
+
+/// A clean plan, as `shown` on the MR: its policy verdict first (a fingerprint the apply can
+/// find always has the verdict it is gated by, with no set when none checked the plan), the
+/// fingerprint, and the secret-free digest, so a refused apply can show what changed.
+async fn record_clean(
+    app: &App,
+    note: &Posted,
+    shown: ShownFingerprint,
+    planned: &PlannedRun,
+) -> Result<()> {
+    let verdict = note.verdict_of(&shown.root);
+    app.store
+        .record_policy_verdict(PolicyVerdictRecord {
+            project: shown.project,
+            mr: shown.mr,
+            root: shown.root.clone(),
+            sha: shown.sha.clone(),
+            fingerprint: shown.fingerprint.clone(),
+            verdict,
+        })
+        .await?;
+    let (project, mr, root, sha) = (
+        shown.project,
+        shown.mr,
+        shown.root.clone(),
+        shown.sha.clone(),
+    );
+    app.store.record_fingerprint(shown).await?;
+    let key = app.config.fingerprint_key.expose().as_bytes();
+    let digest = PlanDigest::of(planned.plan(), key);
+    app.store
+        .record_digest(project, mr, &root, &sha, &digest)
+        .await?;
+    Ok(())
+}
+
+/// Stage 5: `planbot/plan` from what was recorded (failed when the MR breaks `.planbot.toml`:
+/// merged as is, nothing could be planned), `planbot/test` when a root has tests, and
+/// `planbot/policy` from the verdicts and the approvals on the note; returns the plan's state.
+pub(super) async fn set_statuses(
+    app: &App,
+    job: &PlanJob,
+    rec: &Recorded,
+    note: &Posted,
+    status_ref: &Option<String>,
+    proposed_invalid: Option<&RepoConfigError>,
+) -> StatusState {
+    let (state, description) = match proposed_invalid {
+        Some(err) => (
+            StatusState::Failed,
+            text(
+                &app.scrubber,
+                "invalid_proposed",
+                minijinja::context! {
+                    file => crate::core::repo_config::FILE_NAME,
+                    problem => err.problems.first().map(|p| p.to_string()).unwrap_or_default(),
+                    more => err.problems.len().saturating_sub(1),
+                },
+            ),
+        ),
+        None => final_status(rec, &app.scrubber),
+    };
+    let url = note.run_url.clone();
+    set_status(app, job, state, &description, url, status_ref.clone()).await;
+    if let Some(tests) = &rec.tests {
+        set_test_status(app, job, tests, status_ref.clone()).await;
+    }
+    let (verdicts, approvals) = (&note.policies, &note.approvals);
+    let (project, head) = (job.project, &job.head);
+    policies::set_status(app, project, head, status_ref.clone(), verdicts, approvals).await;
+    state
+}
+
+/// `planbot/test`: success when every root's tests ran and passed, failed when one failed,
+/// errored or did not run; the description counts them. Only called when a root has tests.
+async fn set_test_status(app: &App, job: &PlanJob, tests: &TestsStatus, ref_: Option<String>) {
+    let description = text(&app.scrubber, "tests", minijinja::context! { t => tests });
+    let status = CommitStatus {
+        state: if tests.ok {
+            StatusState::Success
+        } else {
+            StatusState::Failed
+        },
+        name: crate::core::commit_status::TEST.into(),
+        description: Some(description.chars().take(255).collect()),
+        target_url: None,
+        ref_,
+        pipeline_id: None,
+    };
+    set_commit_status(app, job.project, &job.head, &status, "test status").await;
 }
 
 /// Stage 5's decision: failed when a root failed or a lint error blocks the apply, else success
@@ -183,11 +260,11 @@ mod tests {
         let rec = Recorded {
             failed: 1,
             planned: 1,
-            findings: vec![],
             roots: vec![
                 planned("core"),
                 minijinja::context! { name => "dns", state => "failed" },
             ],
+            ..Recorded::default()
         };
         let (state, text) = final_status(&rec, &Scrubber::none());
         assert_eq!(state, StatusState::Failed);

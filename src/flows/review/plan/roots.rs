@@ -2,8 +2,9 @@
 //! (independent roots at once, each under its root's lock and one engine slot), each in its own
 //! stored run: the engine, then the Proxmox preflight and the lint.
 
-use super::{finish, Prepared};
-use crate::capabilities::engine::{CancelToken, EngineError, PlannedRun};
+use super::prepare::Prepared;
+use super::shared::finish;
+use crate::capabilities::engine::{CancelToken, EngineChecks, EngineError, PlannedRun};
 use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
@@ -12,18 +13,20 @@ use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::RunId;
 use crate::core::policy::Verdict;
+use crate::core::proxmox::capacity::Capacity;
 use crate::core::proxmox::findings::{self, Finding};
 use crate::core::proxmox::lint;
-use crate::core::reach;
+use crate::core::reach::{self, Decision};
 use crate::core::repo_config::Root;
 use crate::core::state;
 use crate::core::targeting::Targeting;
-use crate::flows::confinement::credentials::Trust;
+use crate::flows::confinement::credentials::{apply_has_ssh, Trust};
 use crate::flows::confinement::plan_request::{self, JobRuns, RootRun};
 use crate::flows::context::app_state::App;
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::preflight;
 use anyhow::Result;
+use std::collections::BTreeMap;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -62,13 +65,14 @@ pub(super) struct RootResult {
 
 /// What stage 2 hands on: every root's result, in the repo config's order, and the preflight's
 /// one-line notes (each once).
+#[derive(Default)]
 pub(super) struct RootsPlanned {
     pub results: Vec<RootResult>,
     pub preflight_notes: Vec<String>,
     /// What each root's plan takes from the Proxmox cluster, by root name (the note's table).
-    pub capacity: std::collections::BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
+    pub capacity: BTreeMap<String, Capacity>,
     /// The roots the changes reach and why each was planned (the note's list and picture).
-    pub reach: Vec<crate::core::reach::Reached>,
+    pub reach: Vec<reach::Reached>,
     /// The `depends_on` lines the repo config lacks (a root reads another's managed state).
     pub depends_hints: Vec<reach::DependsHint>,
 }
@@ -90,125 +94,299 @@ pub(super) async fn plan_roots(
 ) -> Result<RootsPlanned> {
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
     let (token, _following) = CancelToken::following(cancel);
-    // Every root's request, with the plan credentials and the job's one state gate.
-    let job_runs = JobRuns::new(
-        &app.config,
-        Trust::MergeRequest,
-        GateProject {
-            id: job.project.0,
-            path: prepared.project_path.clone(),
-        },
-        &prepared.commit.sha,
-        prepared.checkout.path(),
-    )
-    .cancelled_by(token);
-    // The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
-    // so, when no endpoint is configured.
-    let pve =
-        preflight::endpoint_from_config(&app.config.proxmox.for_plan(), &app.config.engine.env);
-    // Which roots the changes reach: their own files, the local modules they use (read from
-    // the checkout), their `when_modified` patterns.
-    let modules = super::reach::module_graph(prepared.checkout.path(), &prepared.config).await;
-    let decisions = reach::decide(&prepared.config, &prepared.changed, &modules);
-    let reached: Vec<reach::Reached> = decisions.iter().filter_map(|d| d.reached()).collect();
-    let depends_hints = reach::depends_on_hints(
-        &prepared.config,
-        &modules,
-        reach::OwnProject {
-            id: job.project.0,
-            path: prepared.project_path.as_deref(),
-        },
-        |root| crate::core::state::gitlab_state_name(root, app.config.state.default),
-    );
-    let graph = prepared.config.graph();
-    let affected: Vec<&str> = decisions
-        .iter()
-        .filter(|d| d.affected)
-        .map(|d| d.root.name.as_str())
-        .collect();
-    // Each affected root's "finished" signal: its sender is dropped when it ends, however it
-    // ends (planned, failed, cancelled, an error), which lets the roots below it start.
-    let mut finished: std::collections::BTreeMap<&str, watch::Receiver<()>> = Default::default();
-    let mut senders: std::collections::BTreeMap<&str, watch::Sender<()>> = Default::default();
-    for name in &affected {
-        let (tx, rx) = watch::channel(());
-        senders.insert(name, tx);
-        finished.insert(name, rx);
-    }
-    let started_runs = std::sync::Mutex::new(&mut *runs);
-    let root_plans = decisions.iter().filter(|d| d.affected).map(|decision| {
-        let root = decision.root;
-        let done = senders.remove(root.name.as_str());
-        let upstream: Vec<watch::Receiver<()>> = graph
-            .upstream_of(&root.name)
-            .into_iter()
-            .filter_map(|u| finished.get(u).cloned())
-            .collect();
-        let (job_runs, pve, started_runs) = (&job_runs, &pve, &started_runs);
-        async move {
-            let _done = done;
-            for mut up in upstream {
-                // Closed (the upstream root ended): nothing more to wait for.
-                let _ = up.changed().await;
-            }
-            if cancel.is_cancelled() {
-                return Ok(None);
-            }
-            let _guard = app.root_locks.lock(job.project, &root.name).await;
-            let _slot = app.engine_slot().await;
-            if cancel.is_cancelled() {
-                return Ok(None);
-            }
-            let run = app
-                .store
-                .start_run(NewRun {
-                    job: queue_job,
-                    kind: RunKind::Plan,
-                    project: job.project,
-                    project_path: prepared.project_path.clone(),
-                    mr: Some(job.mr),
-                    root: root.name.clone(),
-                    sha: job.head.clone(),
-                })
-                .await?;
-            started_runs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(run);
-            let started = std::time::Instant::now();
-            // The targeting a comment asked for at this head (a re-run and a replica read it too).
-            let targeting = app
-                .store
-                .plan_targeting(job.project, job.mr, &job.head, &root.name)
-                .await?;
-            let mut notes = Vec::new();
-            let mut capacity = std::collections::BTreeMap::new();
-            let outcome = plan_root(
-                app,
-                prepared,
-                (root, &targeting),
-                run,
-                job_runs,
-                pve,
-                &mut notes,
-                &mut capacity,
-            )
-            .await?;
-            log_root(job, &root.name, run, &outcome, started.elapsed());
-            anyhow::Ok(Some((outcome, notes, capacity, targeting)))
-        }
-    });
-    let mut planned = futures::future::join_all(root_plans).await.into_iter();
+    let (decisions, depends_hints) = super::reach::decide(app, job, prepared).await;
+    let planner = RootPlanner {
+        app,
+        job,
+        queue_job,
+        prepared,
+        cancel,
+        runs: JobRuns::new(
+            &app.config,
+            Trust::MergeRequest,
+            GateProject {
+                id: job.project.0,
+                path: prepared.project_path.clone(),
+            },
+            &prepared.commit.sha,
+            prepared.checkout.path(),
+        )
+        .cancelled_by(token),
+        pve: preflight::endpoint_from_config(
+            &app.config.proxmox.for_plan(),
+            &app.config.engine.env,
+        ),
+        apply_identity: preflight::endpoint_from_config(
+            &app.config.proxmox.for_apply(),
+            &app.config.engine.env,
+        )
+        .map(|ep| ep.api_token.id().to_string()),
+        started: std::sync::Mutex::new(runs),
+    };
+    let mut planned = gather(&decisions, planner.in_order(&decisions).await)?;
+    across_roots(prepared, &planned.capacity, &mut planned.results);
+    planned.depends_hints = depends_hints;
+    Ok(planned)
+}
 
-    let mut results: Vec<RootResult> = Vec::new();
-    let mut preflight_notes: Vec<String> = Vec::new();
-    let mut capacity = std::collections::BTreeMap::new();
+/// What every root's plan of one job shares.
+struct RootPlanner<'a> {
+    app: &'a App,
+    job: &'a PlanJob,
+    queue_job: Option<QueueJobId>,
+    prepared: &'a Prepared,
+    cancel: &'a CancellationToken,
+    /// Every root's request, with the plan credentials and the job's one state gate.
+    runs: JobRuns,
+    /// The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
+    /// so, when no endpoint is configured.
+    pve: Option<ProxmoxEndpoint>,
+    /// The API token id the apply would use, whose permissions the preflight checks too.
+    apply_identity: Option<String>,
+    /// Every run started, as soon as it exists.
+    started: std::sync::Mutex<&'a mut Vec<RunId>>,
+}
+
+/// One affected root's plan, with what the note gathers of it.
+struct RootPlanned {
+    outcome: Outcome,
+    targeting: Targeting,
+    /// The preflight's one-line note (empty: none).
+    preflight_note: String,
+    /// What the plan takes from the Proxmox cluster.
+    capacity: Option<Capacity>,
+}
+
+impl RootPlanned {
+    /// A root whose plan failed (no preflight ran).
+    fn failed(
+        run: RunId,
+        error: String,
+        end: RunEnd,
+        checks: RootChecks,
+        targeting: Targeting,
+    ) -> RootPlanned {
+        RootPlanned {
+            outcome: Outcome::Failed {
+                run,
+                error,
+                end,
+                checks,
+            },
+            targeting,
+            preflight_note: String::new(),
+            capacity: None,
+        }
+    }
+}
+
+impl RootPlanner<'_> {
+    /// Every affected root of `decisions` planned, each once every affected root above it has
+    /// finished; in `decisions`' order, `None` for a root not started (the job was cancelled).
+    async fn in_order(&self, decisions: &[Decision<'_>]) -> Vec<Result<Option<RootPlanned>>> {
+        let graph = self.prepared.config.graph();
+        let affected = || decisions.iter().filter(|d| d.affected).map(|d| d.root);
+        // Each affected root's "finished" signal: its sender is dropped when it ends, however it
+        // ends (planned, failed, cancelled, an error), which lets the roots below it start.
+        let mut senders = BTreeMap::new();
+        let mut finished = BTreeMap::new();
+        for root in affected() {
+            let (tx, rx) = watch::channel(());
+            senders.insert(root.name.as_str(), tx);
+            finished.insert(root.name.as_str(), rx);
+        }
+        let plans = affected().map(|root| {
+            let done = senders.remove(root.name.as_str());
+            let upstream: Vec<watch::Receiver<()>> = graph
+                .upstream_of(&root.name)
+                .into_iter()
+                .filter_map(|u| finished.get(u).cloned())
+                .collect();
+            async move {
+                let _done = done;
+                for mut up in upstream {
+                    // Closed (the upstream root ended): nothing more to wait for.
+                    let _ = up.changed().await;
+                }
+                self.plan_locked(root).await
+            }
+        });
+        futures::future::join_all(plans).await
+    }
+
+    /// `root` planned under its lock and an engine slot, in a stored run; `None` when the job
+    /// was cancelled before it started.
+    async fn plan_locked(&self, root: &Root) -> Result<Option<RootPlanned>> {
+        let (app, job) = (self.app, self.job);
+        if self.cancel.is_cancelled() {
+            return Ok(None);
+        }
+        let _guard = app.root_locks.lock(job.project, &root.name).await;
+        let _slot = app.engine_slot().await;
+        if self.cancel.is_cancelled() {
+            return Ok(None);
+        }
+        let run = app
+            .store
+            .start_run(NewRun {
+                job: self.queue_job,
+                kind: RunKind::Plan,
+                project: job.project,
+                project_path: self.prepared.project_path.clone(),
+                mr: Some(job.mr),
+                root: root.name.clone(),
+                sha: job.head.clone(),
+            })
+            .await?;
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(run);
+        let started = std::time::Instant::now();
+        // The targeting a comment asked for at this head (a re-run and a replica read it too).
+        let targeting = app
+            .store
+            .plan_targeting(job.project, job.mr, &job.head, &root.name)
+            .await?;
+        let planned = self.plan_root(root, targeting, run).await?;
+        log_root(job, &root.name, run, &planned.outcome, started.elapsed());
+        Ok(Some(planned))
+    }
+
+    /// One affected root: the engine's plan in its directory (a root that cannot be planned, as
+    /// its directory is missing, is a failed run), then the Proxmox preflight and lint.
+    async fn plan_root(
+        &self,
+        root: &Root,
+        targeting: Targeting,
+        run: RunId,
+    ) -> Result<RootPlanned> {
+        let RootRun { dir, request } = match self.runs.request(root, &targeting).await {
+            Ok(r) => r,
+            Err(not_planned) => {
+                let error = not_planned.to_string();
+                let end = finish(self.app, run, RunState::Failed, &error, "", None).await?;
+                let checks = RootChecks::default();
+                return Ok(RootPlanned::failed(run, error, end, checks, targeting));
+            }
+        };
+        let engine = &self.prepared.engine;
+        let (planned, ran) = engine.plan_checked(&dir, &request, root.checks).await;
+        match planned {
+            Ok(planned) => Ok(self.checked(root, run, planned, &ran, targeting).await),
+            Err(e) => {
+                let checks = self.read_checks(&ran, None);
+                // With what the job's state gate refused, and why: the note says it.
+                let error = plan_request::failure_report(&request, &e);
+                let error = self.app.scrubber.scrub(&error).into_owned();
+                let state = if matches!(e, EngineError::Cancelled { .. }) {
+                    RunState::Canceled
+                } else {
+                    RunState::Failed
+                };
+                let log = self.app.scrubber.scrub(e.log().unwrap_or_default());
+                let end = finish(self.app, run, state, &e.to_string(), &log, None).await?;
+                Ok(RootPlanned::failed(run, error, end, checks, targeting))
+            }
+        }
+    }
+
+    /// What the checks printed, read and redacted with every secret the run knows, planbot's
+    /// configured ones too.
+    fn read_checks(&self, ran: &EngineChecks, plan_json: Option<&[u8]>) -> RootChecks {
+        let checks = cpu_bound(|| {
+            RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, plan_json)
+                .scrubbed(&ran.scrubber)
+        });
+        checks.scrubbed(&self.app.scrubber)
+    }
+
+    /// A plan the engine made, checked: the Proxmox preflight and the lint, its fingerprint,
+    /// and (unless it errored) the policy sets' verdict.
+    async fn checked(
+        &self,
+        root: &Root,
+        run: RunId,
+        planned: PlannedRun,
+        ran: &EngineChecks,
+        targeting: Targeting,
+    ) -> RootPlanned {
+        let checks = self.read_checks(ran, Some(planned.plan_json()));
+        let pf = preflight::for_plan_as(
+            self.pve.clone(),
+            self.apply_identity.clone(),
+            planned.plan(),
+        )
+        .await;
+        let mut facts = pf.lint_facts.clone();
+        facts.apply_ssh = Some(apply_has_ssh(&self.app.config));
+        facts.parallelism = root.parallelism;
+        let (key, policies) = (
+            self.app.config.fingerprint_key.expose(),
+            &self.prepared.policies,
+        );
+        // The policies' plan document is read on another core meanwhile.
+        let check_policies = !planned.plan().errored;
+        let (mut findings, fingerprint, document) = cpu_bound(|| {
+            std::thread::scope(|scope| {
+                let document = scope.spawn(|| {
+                    check_policies
+                        .then(|| policies.read_document(&root.name, planned.plan_json()))
+                        .flatten()
+                });
+                let findings = lint::lint_with(planned.plan(), &root.lint_disable, &facts);
+                let fingerprint = planned.fingerprint(key.as_bytes());
+                let document = document.join().expect("reading the plan document");
+                (findings, fingerprint, document)
+            })
+        });
+        findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
+        if planned.backend().is_local() {
+            let backend = planned.backend();
+            findings.push(state::state_in_checkout(
+                &root.name, &root.dir, backend, true,
+            ));
+        }
+        findings::sort_findings(&mut findings);
+        let capacity_data = pf.capacity.as_ref().map(|c| c.to_value());
+        let policy = check_policies.then(|| {
+            cpu_bound(|| policies.evaluate(&root.name, document, &findings, capacity_data.as_ref()))
+        });
+        let planned = Box::new(planned);
+        RootPlanned {
+            outcome: Outcome::Planned {
+                run,
+                planned,
+                findings,
+                fingerprint,
+                policy,
+                checks,
+            },
+            targeting,
+            preflight_note: pf.note,
+            capacity: pf.capacity,
+        }
+    }
+}
+
+/// Every root's result in the repo config's order (a root the changes do not reach as skipped,
+/// with why), the preflight's notes each once and what each plan takes from the cluster; the
+/// first error when a root's plan had one.
+fn gather(
+    decisions: &[Decision<'_>],
+    planned: Vec<Result<Option<RootPlanned>>>,
+) -> Result<RootsPlanned> {
+    let mut gathered = RootsPlanned {
+        reach: decisions.iter().filter_map(|d| d.reached()).collect(),
+        ..RootsPlanned::default()
+    };
+    let mut planned = planned.into_iter();
     let mut first_error = None;
-    for decision in &decisions {
-        let root = decision.root;
+    for decision in decisions {
+        let name = decision.root.name.clone();
         if !decision.affected {
-            results.push(RootResult {
-                name: root.name.clone(),
+            gathered.results.push(RootResult {
+                name,
                 outcome: Outcome::Skipped {
                     reason: decision.skipped.clone(),
                 },
@@ -217,15 +395,17 @@ pub(super) async fn plan_roots(
             continue;
         }
         match planned.next().expect("one result per affected root") {
-            Ok(Some((outcome, notes, cap, targeting))) => {
-                for note in notes {
-                    if !preflight_notes.contains(&note) {
-                        preflight_notes.push(note);
-                    }
+            Ok(Some(p)) => {
+                let notes = &mut gathered.preflight_notes;
+                if !p.preflight_note.is_empty() && !notes.contains(&p.preflight_note) {
+                    notes.push(p.preflight_note);
                 }
-                capacity.extend(cap);
-                results.push(RootResult {
-                    name: root.name.clone(),
+                if let Some(c) = p.capacity {
+                    gathered.capacity.insert(name.clone(), c);
+                }
+                let (outcome, targeting) = (p.outcome, p.targeting);
+                gathered.results.push(RootResult {
+                    name,
                     outcome,
                     targeting,
                 });
@@ -237,17 +417,10 @@ pub(super) async fn plan_roots(
             }
         }
     }
-    if let Some(e) = first_error {
-        return Err(e);
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(gathered),
     }
-    across_roots(prepared, &capacity, &mut results);
-    Ok(RootsPlanned {
-        results,
-        preflight_notes,
-        capacity,
-        reach: reached,
-        depends_hints,
-    })
 }
 
 /// The lint rules that need every root's plan (PVE023: one `vm_id` asked for in two roots of
@@ -255,7 +428,7 @@ pub(super) async fn plan_roots(
 /// checked again with them, so the verdict sees what the note shows.
 fn across_roots(
     prepared: &Prepared,
-    capacity: &std::collections::BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
+    capacity: &BTreeMap<String, Capacity>,
     results: &mut [RootResult],
 ) {
     let mut at = Vec::new();
@@ -345,137 +518,4 @@ fn log_root(job: &PlanJob, root: &str, run: RunId, outcome: &Outcome, took: std:
         }
         Outcome::Skipped { .. } => {}
     }
-}
-
-/// One affected root: the engine's plan in its directory (a root that cannot be planned, as
-/// its directory is missing, is a failed run), then the Proxmox preflight and lint; the
-/// preflight's note is added to `notes` once.
-#[allow(clippy::too_many_arguments)]
-async fn plan_root(
-    app: &App,
-    prepared: &Prepared,
-    (root, targeting): (&Root, &Targeting),
-    run: RunId,
-    runs: &JobRuns,
-    pve: &Option<ProxmoxEndpoint>,
-    preflight_notes: &mut Vec<String>,
-    capacity: &mut std::collections::BTreeMap<String, crate::core::proxmox::capacity::Capacity>,
-) -> Result<Outcome> {
-    let key = app.config.fingerprint_key.expose().as_bytes();
-    let outcome = match runs.request(root, targeting).await {
-        Err(not_planned) => {
-            let error = not_planned.to_string();
-            let end = finish(app, run, RunState::Failed, &error, "", None).await?;
-            Outcome::Failed {
-                run,
-                error,
-                end,
-                checks: RootChecks::default(),
-            }
-        }
-        Ok(RootRun { dir, request: req }) => {
-            let (planned, ran) = prepared.engine.plan_checked(&dir, &req, root.checks).await;
-            // What the checks printed, read and redacted with every secret the run knows, planbot's
-            // configured ones too.
-            let read_checks = |plan_json: Option<&[u8]>| {
-                let checks = cpu_bound(|| {
-                    RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, plan_json)
-                        .scrubbed(&ran.scrubber)
-                });
-                checks.scrubbed(&app.scrubber)
-            };
-            match planned {
-                Ok(planned) => {
-                    let checks = read_checks(Some(planned.plan_json()));
-                    let apply_identity = preflight::endpoint_from_config(
-                        &app.config.proxmox.for_apply(),
-                        &app.config.engine.env,
-                    )
-                    .map(|ep| ep.api_token.id().to_string());
-                    let pf =
-                        preflight::for_plan_as(pve.clone(), apply_identity, planned.plan()).await;
-                    let mut facts = pf.lint_facts.clone();
-                    facts.apply_ssh = Some(crate::flows::confinement::credentials::apply_has_ssh(
-                        &app.config,
-                    ));
-                    facts.parallelism = root.parallelism;
-                    // The policies' plan document is read on another core meanwhile.
-                    let check_policies = !planned.plan().errored;
-                    let (mut findings, fingerprint, document) = cpu_bound(|| {
-                        std::thread::scope(|scope| {
-                            let document = scope.spawn(|| {
-                                check_policies
-                                    .then(|| {
-                                        prepared
-                                            .policies
-                                            .read_document(&root.name, planned.plan_json())
-                                    })
-                                    .flatten()
-                            });
-                            let findings =
-                                lint::lint_with(planned.plan(), &root.lint_disable, &facts);
-                            let fingerprint = planned.fingerprint(key);
-                            let document = document.join().expect("reading the plan document");
-                            (findings, fingerprint, document)
-                        })
-                    });
-                    findings.extend(findings::without_disabled(pf.findings, &root.lint_disable));
-                    if planned.backend().is_local() {
-                        findings.push(state::state_in_checkout(
-                            &root.name,
-                            &root.dir,
-                            planned.backend(),
-                            true,
-                        ));
-                    }
-                    findings::sort_findings(&mut findings);
-                    let capacity_data = pf.capacity.as_ref().map(|c| c.to_value());
-                    let policy = check_policies.then(|| {
-                        cpu_bound(|| {
-                            prepared.policies.evaluate(
-                                &root.name,
-                                document,
-                                &findings,
-                                capacity_data.as_ref(),
-                            )
-                        })
-                    });
-                    if let Some(c) = pf.capacity.clone() {
-                        capacity.insert(root.name.clone(), c);
-                    }
-                    if !pf.note.is_empty() && !preflight_notes.contains(&pf.note) {
-                        preflight_notes.push(pf.note);
-                    }
-                    Outcome::Planned {
-                        run,
-                        planned: Box::new(planned),
-                        findings,
-                        fingerprint,
-                        policy,
-                        checks,
-                    }
-                }
-                Err(e) => {
-                    let checks = read_checks(None);
-                    let state = if matches!(e, EngineError::Cancelled { .. }) {
-                        RunState::Canceled
-                    } else {
-                        RunState::Failed
-                    };
-                    // With what the job's state gate refused, and why: the note says it.
-                    let error = plan_request::failure_report(&req, &e);
-                    let error = app.scrubber.scrub(&error).into_owned();
-                    let log = app.scrubber.scrub(e.log().unwrap_or_default()).into_owned();
-                    let end = finish(app, run, state, &e.to_string(), &log, None).await?;
-                    Outcome::Failed {
-                        run,
-                        error,
-                        end,
-                        checks,
-                    }
-                }
-            }
-        }
-    };
-    Ok(outcome)
 }

@@ -1,30 +1,28 @@
 //! Stage 4's companion: what GitLab's MR widgets show of each clean plan (its counts, its lint,
 //! preflight and policy findings at the line of their resource), recorded with its fingerprint
-//! for the MR pipeline's job to download (`flows::widgets`).
+//! for the MR pipeline's job to download (`flows::review::widgets`).
 
+use super::note::Posted;
 use super::prepare::Prepared;
 use super::roots::{Outcome, RootResult};
 use crate::capabilities::workspace::RootFiles;
 use crate::core::events::PlanJob;
-use crate::core::fingerprint::Fingerprint;
-use crate::core::policy::review::RecordedVerdict;
-use crate::core::redact::Scrubber;
 use crate::core::summary::Summary;
 use crate::core::widgets::{root_widgets, ConfigFile, RootWidgets};
 use crate::flows::context::app_state::App;
 use anyhow::Result;
 
-/// Each clean plan's widgets, by root: texts scrubbed with the note's scrubber and defused.
+/// Each clean plan's widgets, by root, with the verdicts on its `note`: texts scrubbed with the
+/// note's scrubber and defused.
 /// The lines come from the root's own `.tf`/`.tofu` files in the checkout (regular files only,
 /// no link followed, each at most 4 MiB: `RootFiles`); a root whose files cannot be read gets
 /// its issues at line 1 of its directory, and the log says why.
 pub(super) async fn compute(
     prepared: &Prepared,
     results: &[RootResult],
-    policies: &[(String, Fingerprint, RecordedVerdict)],
-    scrubber: &Scrubber,
+    note: &Posted,
 ) -> Vec<(String, RootWidgets)> {
-    let clean = |t: &str| crate::core::defuse::defuse(&scrubber.scrub(t)).into_owned();
+    let clean = |t: &str| crate::core::defuse::defuse(&note.scrubber.scrub(t)).into_owned();
     let mut out = Vec::new();
     for r in results {
         let Outcome::Planned {
@@ -50,11 +48,7 @@ pub(super) async fn compute(
                 Vec::new()
             }
         };
-        let verdict = policies
-            .iter()
-            .find(|(root, _, _)| *root == r.name)
-            .map(|(_, _, v)| v.clone())
-            .unwrap_or_default();
+        let verdict = note.verdict_of(&r.name);
         let summary = Summary::of(planned.plan());
         out.push((
             r.name.clone(),

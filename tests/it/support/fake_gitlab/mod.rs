@@ -214,6 +214,8 @@ struct FProject {
     status_posts: Vec<FakeStatus>,
     issues: Vec<FakeIssue>,
     hooks: Vec<Value>,
+    /// Deploy freeze periods, as `GET /freeze_periods` lists them.
+    freeze_periods: Vec<Value>,
     tf: BTreeMap<String, TfState>,
 }
 
@@ -430,6 +432,10 @@ fn router(state: Shared) -> Router {
             get(list_issue_notes).post(create_issue_note),
         )
         .route("/api/v4/projects/{id}/hooks", get(list_hooks))
+        .route(
+            "/api/v4/projects/{id}/freeze_periods",
+            get(list_freeze_periods),
+        )
         .route(
             "/api/v4/projects/{id}/terraform/state/{name}",
             any(tf_state),

@@ -68,7 +68,38 @@ pub(super) async fn list_hooks(
     paginate(s.projects[&pid].hooks.clone(), &q)
 }
 
+/// `GET /projects/:id/freeze_periods`: Reporter or more (GitLab's rule), paginated.
+pub(super) async fn list_freeze_periods(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    if level(&s, pid, &u) < REPORTER {
+        return err(StatusCode::FORBIDDEN, "403 Forbidden");
+    }
+    paginate(s.projects[&pid].freeze_periods.clone(), &q)
+}
+
 impl FakeGitLab {
+    /// A deploy freeze period (Settings → CI/CD → Deploy freezes): cron patterns read in
+    /// `zone`, as GitLab keeps them.
+    pub fn add_freeze_period(&self, p: &FakeProject, start: &str, end: &str, zone: &str) {
+        let mut s = self.lock();
+        let id = s.id();
+        s.projects
+            .get_mut(&p.id)
+            .unwrap()
+            .freeze_periods
+            .push(serde_json::json!({
+                "id": id, "freeze_start": start, "freeze_end": end, "cron_timezone": zone,
+                "created_at": "2026-12-01T10:00:00.000Z", "updated_at": "2026-12-01T10:00:00.000Z"
+            }));
+    }
+
     /// A project with a bare repo whose `main` has one commit (a README); the bot is Developer.
     pub fn create_project(&self, path: &str) -> FakeProject {
         let (id, repo, bot) = {
@@ -89,6 +120,7 @@ impl FakeGitLab {
                     status_posts: Vec::new(),
                     issues: Vec::new(),
                     hooks: Vec::new(),
+                    freeze_periods: Vec::new(),
                     tf: BTreeMap::new(),
                 },
             );
@@ -139,6 +171,7 @@ impl FakeGitLab {
                     status_posts: Vec::new(),
                     issues: Vec::new(),
                     hooks: Vec::new(),
+                    freeze_periods: Vec::new(),
                     tf: BTreeMap::new(),
                 },
             );

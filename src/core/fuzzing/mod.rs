@@ -1,7 +1,8 @@
 //! The properties planbot's fuzz targets check (`fuzz/`, docs/development.md "Fuzzing"): one
 //! function per target, taking the raw input, running it through what planbot runs on outside
-//! input and panicking when a property fails. The corpus replay (`tests/it/fuzz_replay.rs`)
-//! calls the same functions on stable, so every property lives here once.
+//! input and panicking when a property fails; and the corpus replay (`corpus_replay`), which
+//! calls the same functions on stable, so every property lives here once. Compiled for tests
+//! and for the fuzz crate only (`cfg(any(test, fuzzing))`: cargo-fuzz sets `--cfg fuzzing`).
 //!
 //! Adding a target: a `pub fn NAME(data: &[u8])` here, its line in [`TARGETS`], then
 //! `scripts/fuzz.sh add NAME` writes `fuzz/fuzz_targets/NAME.rs` and its `[[bin]]`.
@@ -744,6 +745,9 @@ fn assert_links_and_mentions_nothing(md: &str, nodes: &[NodeValue]) {
         }
     }
 }
+
+#[cfg(test)]
+mod corpus_replay;
 
 #[cfg(test)]
 mod tests {

@@ -1,11 +1,9 @@
-//! The fuzz corpora and crash fixtures, replayed on stable: every file of `fuzz/corpus/TARGET/`
-//! and `tests/fixtures/fuzz/TARGET/` goes through the fuzz target's own check
-//! (`planbot::core::fuzzing`), so what the fuzzers found stays fixed without a nightly. The
-//! texts of the `defuse` inputs are also read with the port of GitLab's own rules
-//! (`support::gitlab_reading`) after defusing.
+//! The fuzz corpora and crash fixtures, replayed on stable by `cargo test --lib`: every file of
+//! `fuzz/corpus/TARGET/` and `tests/fixtures/fuzz/TARGET/` goes through the fuzz target's own
+//! check, so what the fuzzers found stays fixed without a nightly; and the fuzz crate, its
+//! corpora and CI kept in step with [`TARGETS`].
 
-use crate::support::gitlab_reading::{mass_mentions, quick_actions, unclosed_comment};
-use planbot::core::fuzzing::{self, TARGETS};
+use super::{self as fuzzing, TARGETS};
 use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -143,23 +141,11 @@ fn markdown_corpus() {
     replay("markdown", fuzzing::markdown);
 }
 
+/// The integration test `gitlab_reading::the_defuse_corpus_reads_clean_to_gitlabs_rules` reads
+/// these inputs again after defusing, with the port of GitLab's own rules.
 #[test]
-fn defuse_corpus_also_reads_clean_to_gitlabs_rules() {
-    let n = replay("defuse", fuzzing::defuse);
-    assert!(n > 0);
-    for path in inputs("defuse") {
-        let data = std::fs::read(&path).unwrap();
-        let text = String::from_utf8_lossy(&data);
-        let out = planbot::core::defuse::defuse(&text);
-        assert!(
-            quick_actions(&out).is_empty(),
-            "{}: {:?}",
-            path.display(),
-            quick_actions(&out)
-        );
-        assert!(mass_mentions(&out).is_empty(), "{}", path.display());
-        assert!(!unclosed_comment(&out), "{}", path.display());
-    }
+fn defuse_corpus() {
+    assert!(replay("defuse", fuzzing::defuse) > 0);
 }
 
 /// The crash fixtures are inputs that once failed: each is kept with a line in the README.

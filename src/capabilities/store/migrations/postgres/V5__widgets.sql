@@ -1,4 +1,4 @@
--- Migration 4: what GitLab's MR widgets show of a reviewed plan (issue 37): per (root, head)
+-- Migration 5: what GitLab's MR widgets show of a reviewed plan (issue 37): per (root, head)
 -- with a fingerprint shown, its counts and its findings as Code Quality issues (JSON of
 -- core::widgets::RootWidgets, every text already scrubbed), served to the MR pipeline's job.
 CREATE TABLE widget_reports (
