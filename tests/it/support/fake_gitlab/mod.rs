@@ -409,6 +409,10 @@ fn router(state: Shared) -> Router {
             "/api/v4/projects/{id}/merge_requests/{iid}/notes/{note_id}",
             axum::routing::put(edit_note).get(get_note),
         )
+        .route(
+            "/api/v4/projects/{id}/merge_requests/{iid}/notes/{note_id}/award_emoji",
+            post(award_note_emoji),
+        )
         .route("/api/v4/projects/{id}/statuses/{sha}", post(post_status))
         .route(
             "/api/v4/projects/{id}/repository/commits/{sha}/statuses",

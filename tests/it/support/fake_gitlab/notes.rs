@@ -1,4 +1,5 @@
-//! Merge request notes: listed (sort, order, pages), posted, read, edited, deleted.
+//! Merge request notes: listed (sort, order, pages), posted, read, edited, deleted, and the
+//! award emoji on them.
 
 use super::*;
 
@@ -14,6 +15,8 @@ pub struct FakeNote {
     /// Logical times (the fake's id counter): created, last edited.
     pub created: u64,
     pub updated: u64,
+    /// The award emoji on it, as `(user id, name)`, in the order awarded.
+    pub awards: Vec<(u64, String)>,
 }
 
 pub(super) fn note_json(s: &StateInner, mr: &FMr, n: &FakeNote) -> Value {
@@ -112,6 +115,7 @@ pub(super) async fn create_note(
         edits: 0,
         created: note_id,
         updated: note_id,
+        awards: Vec::new(),
     };
     mr.notes.push(note.clone());
     let mr = mr.clone();
@@ -175,6 +179,66 @@ pub(super) async fn edit_note(
     Json(note_json(&s, &mr, &n)).into_response()
 }
 
+#[derive(serde::Deserialize)]
+pub(super) struct AwardBody {
+    name: Option<String>,
+}
+
+/// `POST /projects/:id/merge_requests/:iid/notes/:note_id/award_emoji` as GitLab answers it:
+/// 201 with the award; 400 without a `name`; 404 for a note it cannot find, and also (GitLab's
+/// way, gitlab-org/gitlab#21252) when this user already awarded this emoji on the note. Any
+/// user who can read the MR may react (Guest or more on a private project).
+pub(super) async fn award_note_emoji(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid, note_id)): Path<(String, u64, u64)>,
+    Json(b): Json<AwardBody>,
+) -> Response {
+    let mut s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let Some(name) = b.name.filter(|n| !n.is_empty()) else {
+        return err(StatusCode::BAD_REQUEST, "400 Bad request - name is missing");
+    };
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "_+-".contains(c))
+    {
+        return err(
+            StatusCode::NOT_FOUND,
+            "404 Award Emoji Name is not a valid emoji name",
+        );
+    }
+    let award_id = s.id();
+    let Some(mr) = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    let Some(n) = mr.notes.iter_mut().find(|n| n.id == note_id) else {
+        return err(StatusCode::NOT_FOUND, "404 Note Not Found");
+    };
+    if n.awards.iter().any(|(by, e)| *by == u.id && *e == name) {
+        return err(
+            StatusCode::NOT_FOUND,
+            "404 Award Emoji Name has already been taken",
+        );
+    }
+    n.awards.push((u.id, name.clone()));
+    let author = user_by_id(&s, u.id);
+    (
+        StatusCode::CREATED,
+        Json(json!({
+            "id": award_id,
+            "name": name,
+            "user": author,
+            "created_at": logical_time(award_id),
+            "updated_at": logical_time(award_id),
+            "awardable_id": note_id,
+            "awardable_type": "Note",
+        })),
+    )
+        .into_response()
+}
+
 impl FakeGitLab {
     /// planbot's plan note on MR `iid` (found by its hidden marker), if posted.
     pub fn plan_note(&self, p: &FakeProject, iid: u64) -> Option<String> {
@@ -201,6 +265,7 @@ impl FakeGitLab {
                 edits: 0,
                 created: id,
                 updated: id,
+                awards: Vec::new(),
             })
         });
         id
