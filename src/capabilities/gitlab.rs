@@ -445,7 +445,7 @@ pub struct StateLock {
 
 /// A note body or issue description as it is sent: made inert ([`defuse`]), and without the
 /// trailing whitespace GitLab would strip when it stores it.
-fn outgoing(text: &str) -> std::borrow::Cow<'_, str> {
+pub fn outgoing(text: &str) -> std::borrow::Cow<'_, str> {
     match defuse(text) {
         std::borrow::Cow::Borrowed(t) => std::borrow::Cow::Borrowed(t.trim_end()),
         std::borrow::Cow::Owned(t) => std::borrow::Cow::Owned(t.trim_end().to_string()),
@@ -780,6 +780,40 @@ impl GitLab {
             "note edited"
         );
         Ok(edited)
+    }
+
+    /// Award the emoji `name` (GitLab's name, without colons: `eyes`) on a note of an MR, as the
+    /// bot (`POST …/notes/:note_id/award_emoji`). GitLab answers 404 both when the bot awarded
+    /// it already (a retried post) and when the note is gone: either way there is nothing more
+    /// to do, so both are `Ok(false)`.
+    pub async fn award_note_emoji(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+        note: NoteId,
+        name: &str,
+    ) -> Result<bool, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        let n = note.to_string();
+        let payload = serde_json::json!({ "name": name });
+        let segments = [
+            "projects",
+            &p,
+            "merge_requests",
+            &i,
+            "notes",
+            &n,
+            "award_emoji",
+        ];
+        match self
+            .send_json::<serde_json::Value>(Method::POST, &segments, &payload)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(GitLabError::NotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     // ----- commit statuses ---------------------------------------------------------------------

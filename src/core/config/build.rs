@@ -605,7 +605,8 @@ fn pages(
     )
 }
 
-/// `[server]`: the header and body timeouts (1s to 10m) and the connection limit.
+/// `[server]`: the header and body timeouts (1s to 10m), the connection limit, the trusted
+/// proxies.
 fn server(v: &mut Values) -> ServerConfig {
     let range = Duration::from_secs(1)..=Duration::from_secs(600);
     ServerConfig {
@@ -621,6 +622,12 @@ fn server(v: &mut Values) -> ServerConfig {
         ),
         max_connections: v.number_within("server.max_connections", 1..=1_000_000, "a number")
             as usize,
+        trusted_proxies: v
+            .list("server.trusted_proxies", |item| match item {
+                Value::String(s) => super::IpNet::parse(&s),
+                other => Err(format!("`{other}` is not an IP address or a CIDR range")),
+            })
+            .unwrap_or_default(),
     }
 }
 

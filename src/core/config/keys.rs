@@ -340,6 +340,14 @@ pub static KEYS: &[Key] = &[
         show: |c| Shown::plain(c.server.max_connections),
     },
     Key {
+        path: "server.trusted_proxies",
+        kind: Kind::List,
+        secret: false,
+        unset: Unset::Empty,
+        description: "Reverse proxies in front of planbot (addresses or CIDR ranges, e.g. `[\"10.0.0.5\", \"fd00::/8\"]`) whose `X-Forwarded-For` names the client: the limit of wrong job tokens is per client (the widgets and apply endpoints). From any other peer the header is ignored and the peer's address is the client; with none listed every client is its peer.",
+        show: |c| Shown::debug(&c.server.trusted_proxies),
+    },
+    Key {
         path: "data_dir",
         kind: Kind::Str,
         secret: false,

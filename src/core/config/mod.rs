@@ -348,6 +348,75 @@ pub struct ServerConfig {
     pub body_timeout: std::time::Duration,
     /// Connections open at once; at the limit a new one closes the longest-idle one.
     pub max_connections: usize,
+    /// The reverse proxies whose `X-Forwarded-For` names the client (for the per-client limit
+    /// of wrong job tokens); from any other peer the header is ignored.
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+/// An address or a CIDR range (`10.0.0.0/8`, `fd00::/8`, `192.0.2.7`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// `ADDRESS` or `ADDRESS/PREFIX`; the address's bits past the prefix must be zero.
+    pub fn parse(text: &str) -> Result<IpNet, String> {
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let addr: std::net::IpAddr = addr
+            .parse()
+            .map_err(|_| format!("`{text}` is not an IP address or a CIDR range"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => match p.parse::<u8>() {
+                Ok(n) if n <= max => n,
+                _ => return Err(format!("`{text}`: the prefix length must be 0 to {max}")),
+            },
+        };
+        let net = IpNet { addr, prefix };
+        if net.bits(addr) & net.mask() != net.bits(addr) {
+            return Err(format!("`{text}` has bits set past its prefix length"));
+        }
+        Ok(net)
+    }
+
+    fn mask(&self) -> u128 {
+        let max = if self.addr.is_ipv4() { 32 } else { 128 };
+        match self.prefix {
+            0 => 0,
+            p => (u128::MAX << (128 - u32::from(p))) >> (128 - max),
+        }
+    }
+
+    fn bits(&self, ip: std::net::IpAddr) -> u128 {
+        match ip {
+            std::net::IpAddr::V4(v4) => u128::from(u32::from(v4)),
+            std::net::IpAddr::V6(v6) => u128::from(v6),
+        }
+    }
+
+    /// Whether `ip` is in the range (an IPv4-mapped IPv6 address counts as its IPv4 one).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.addr.is_ipv4()
+            && self.bits(ip) & self.mask() == self.bits(self.addr) & self.mask()
+    }
+}
+
+impl std::fmt::Debug for IpNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let max = if self.addr.is_ipv4() { 32 } else { 128 };
+        if self.prefix == max {
+            write!(f, "{}", self.addr)
+        } else {
+            write!(f, "{}/{}", self.addr, self.prefix)
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -356,6 +425,7 @@ impl Default for ServerConfig {
             header_timeout: std::time::Duration::from_secs(10),
             body_timeout: std::time::Duration::from_secs(30),
             max_connections: 1000,
+            trusted_proxies: Vec::new(),
         }
     }
 }

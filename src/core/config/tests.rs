@@ -662,3 +662,26 @@ fn a_size_is_read_with_its_unit_and_a_bad_one_falls_back_to_the_declared_default
     assert_eq!(c.sandbox.job_memory_max, 2 << 30);
     assert_eq!(c.sandbox.connect_ports, [443, 8443]);
 }
+
+#[test]
+fn trusted_proxies_are_addresses_or_ranges_and_a_wrong_one_is_a_problem() {
+    let c = Config::load(
+        &format!("{MINIMAL}[server]\ntrusted_proxies = [\"10.0.0.5\", \"fd00::/8\"]\n"),
+        &[],
+        &no_files,
+    )
+    .unwrap();
+    assert_eq!(
+        format!("{:?}", c.server.trusted_proxies),
+        "[10.0.0.5, fd00::/8]"
+    );
+    assert!(c.server.trusted_proxies[1].contains("fd00::1".parse().unwrap()));
+    let bad = Config::load(
+        &format!("{MINIMAL}[server]\ntrusted_proxies = [\"proxy.internal\"]\n"),
+        &[],
+        &no_files,
+    )
+    .unwrap_err();
+    let text = format!("{bad:?}");
+    assert!(text.contains("proxy.internal"), "{text}");
+}

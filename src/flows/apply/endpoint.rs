@@ -22,6 +22,10 @@ pub async fn handler(
     request: axum::extract::Request,
 ) -> axum::response::Response {
     let (parts, body) = request.into_parts();
+    let peer = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
     let headers = parts.headers;
     use axum::response::IntoResponse;
     let plain = [(
@@ -45,6 +49,22 @@ pub async fn handler(
         });
         return refused(axum::http::StatusCode::UNAUTHORIZED, why);
     };
+    // A client past its wrong job tokens is not asked about to GitLab (each costs a `GET /job`).
+    let trusted = &app.config.server.trusted_proxies;
+    let client = crate::flows::context::limits::client(peer, &headers, trusted);
+    if let Some(wait) = app.limits.wrong_tokens_blocked(client) {
+        let seconds = wait.as_secs().max(1);
+        tracing::info!(%client, seconds, "apply: too many wrong job tokens from this client (429)");
+        let why = say(
+            &app.scrubber,
+            "too_many_wrong_tokens",
+            context! { seconds => seconds },
+        );
+        let mut r = refused(axum::http::StatusCode::TOO_MANY_REQUESTS, why);
+        r.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        return r;
+    }
     // The job token is checked by GitLab, so the body is read first; bounded and in time.
     let body = match crate::flows::context::request_body::read(
         &headers,
@@ -67,7 +87,7 @@ pub async fn handler(
         }
     };
     let (log, rx) = JobLog::new(app.scrubber.clone());
-    tokio::spawn(run(app, token, parsed, log));
+    tokio::spawn(run(app, token, parsed, log, client));
     let stream = futures::stream::unfold(
         (
             rx,

@@ -7,10 +7,11 @@ use super::ctx::ApplyCtx;
 use super::log::{refuse, say, JobLog, Verdict};
 use super::order::{dependency_order, Order};
 use super::report;
+use super::verify::Caller;
 use super::{parity, policy, run as stage, verify};
 use crate::capabilities::gitlab::MergeRequest;
 use crate::capabilities::state_gate::GateProject;
-use crate::capabilities::store::{ApplyId, NewApply, ProjectLock};
+use crate::capabilities::store::{ApplyId, ApplyState, NewApply, ProjectLock};
 use crate::capabilities::workspace::Checkout;
 use crate::core::apply::{parse_confirm, ApplyRefusal};
 use crate::core::ids::CommitSha;
@@ -33,21 +34,84 @@ pub struct ApplyBody {
     pub roots: Vec<String>,
 }
 
-/// Run one apply request to its verdict, writing progress to `log` (the verdict last).
-pub async fn run(app: Arc<App>, job_token: String, body: ApplyBody, log: JobLog) -> Verdict {
+/// Run one apply request from `client` to its verdict, writing progress to `log` (the verdict
+/// last). A panic of the apply is caught here, in the task the endpoint spawns: the apply ends
+/// at once as interrupted (its record, the `planbot/apply` status and the MR note say so), not
+/// at the next start.
+pub async fn run(
+    app: Arc<App>,
+    job_token: String,
+    body: ApplyBody,
+    log: JobLog,
+    client: std::net::IpAddr,
+) -> Verdict {
+    use futures::FutureExt;
     let mut job = JobSeen::default();
-    let verdict = match verify_and_apply(&app, &job_token, &body, &log, &mut job).await {
-        Ok(v) => v,
-        Err(e) => Verdict::Failed(app.scrubber.scrub(&format!("{e:#}")).into_owned()),
+    let caller = Caller {
+        token: &job_token,
+        client,
+    };
+    let outcome =
+        std::panic::AssertUnwindSafe(verify_and_apply(&app, &caller, &body, &log, &mut job))
+            .catch_unwind()
+            .await;
+    let verdict = match outcome {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => Verdict::Failed(app.scrubber.scrub(&format!("{e:#}")).into_owned()),
+        Err(panic) => {
+            job.panicked = true;
+            interrupted_by_panic(&app, &job, panic.as_ref()).await
+        }
     };
     job.log_verdict(&verdict);
     app.metrics.apply_finished(match &verdict {
         Verdict::Succeeded => "succeeded",
         Verdict::Refused(_) => "refused",
+        Verdict::Failed(_) if job.panicked => "interrupted",
         Verdict::Failed(_) => "failed",
     });
     log.verdict(&verdict);
     verdict
+}
+
+/// The apply task panicked: its record (when it had begun) ends `interrupted` now, its status
+/// and note say so as after a restart, and the job's verdict says it failed.
+async fn interrupted_by_panic(
+    app: &App,
+    job: &JobSeen,
+    panic: &(dyn std::any::Any + Send),
+) -> Verdict {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(
+        ci_job = job.ci_job,
+        project = job.project,
+        panic = %app.scrubber.scrub(&message),
+        "the apply task panicked: ended as interrupted"
+    );
+    let record = match job.ci_job {
+        Some(id) => app.store.apply_for_job(crate::core::ids::JobId(id)).await,
+        None => Ok(None),
+    };
+    match record {
+        Ok(Some(record)) if record.state == ApplyState::Running => {
+            let text = say(&app.scrubber, "panicked", context! {});
+            if let Err(e) = app
+                .store
+                .finish_apply(record.id, ApplyState::Interrupted, Some(text))
+                .await
+            {
+                tracing::error!(error = %e, "could not record the interrupted apply");
+            }
+            report::report_interrupted(app, &record, true).await;
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "could not read the apply that panicked"),
+    }
+    Verdict::Failed(say(&app.scrubber, "panicked", context! {}))
 }
 
 /// Who asked for an apply, once GitLab said so: the ids of the log's verdict line.
@@ -56,6 +120,8 @@ struct JobSeen {
     ci_job: Option<u64>,
     project: Option<u64>,
     sha: Option<String>,
+    /// The apply ended by a panic (caught in [`run`]).
+    panicked: bool,
 }
 
 impl JobSeen {
@@ -85,7 +151,7 @@ impl JobSeen {
 /// The stages in order; each returns early with its verdict when the apply ends there.
 async fn verify_and_apply(
     app: &Arc<App>,
-    job_token: &str,
+    caller: &Caller<'_>,
     body: &ApplyBody,
     log: &JobLog,
     seen: &mut JobSeen,
@@ -94,7 +160,7 @@ async fn verify_and_apply(
         Ok(c) => c,
         Err(r) => return Ok(refuse(log, &r)),
     };
-    let job = match verify::verify_job(app, job_token, log).await? {
+    let job = match verify::verify_job(app, caller, log).await? {
         Ok(j) => j,
         Err(verdict) => return Ok(verdict),
     };
@@ -103,6 +169,7 @@ async fn verify_and_apply(
         ci_job: Some(job.facts.job_id.0),
         project: Some(job.project.id.0),
         sha: Some(sha.short().to_string()),
+        panicked: false,
     };
     tracing::info!(
         ci_job = job.facts.job_id.0,

@@ -42,6 +42,9 @@ pub use endpoint::{handler, KEEPALIVE_EVERY};
 pub use job::{run, ApplyBody};
 pub use log::{JobLog, JobLogLines, Verdict, JOB_LOG_PENDING_MAX};
 pub use report::report_interrupted;
+#[cfg(debug_assertions)]
+#[doc(hidden)]
+pub use run::PANIC_WHILE_APPLYING_JOB;
 
 /// The CI/CD component with the manual `planbot-apply` job (served at `/ci/planbot.gitlab-ci.yml`).
 pub const CI_TEMPLATE: &str = crate::core::templates::APPLY_CI;

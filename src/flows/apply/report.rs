@@ -364,13 +364,16 @@ async fn open_failure_issue(
     }
 }
 
-/// At start-up: an apply a crash left `running` is reported as interrupted, never re-run.
-pub async fn report_interrupted(app: &App, record: &ApplyRecord) {
-    app.metrics.apply_finished("interrupted");
+/// An apply left `running` reported as interrupted, never re-run: at start-up one a crash left
+/// (`panicked` false), or at once one whose task panicked.
+pub async fn report_interrupted(app: &App, record: &ApplyRecord, panicked: bool) {
+    if !panicked {
+        app.metrics.apply_finished("interrupted"); // a panicked one is counted by its request
+    }
     let text = say(
         &app.scrubber,
         "interrupted",
-        context! { roots => &record.roots },
+        context! { roots => &record.roots, panicked => panicked },
     );
     if let Some(mr) = record.mr {
         let roots: Vec<RootResult> = record

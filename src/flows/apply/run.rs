@@ -76,6 +76,13 @@ impl Leftover {
     }
 }
 
+/// Tests only (debug builds): the apply of this CI job id panics once its `planbot/apply`
+/// status says it is applying, as a bug in the apply would; nothing in planbot sets it.
+#[cfg(debug_assertions)]
+#[doc(hidden)]
+pub static PANIC_WHILE_APPLYING_JOB: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
 /// Stage 5: apply every decided root with changes, upstream roots first (`decided` is in
 /// dependency order). A failed or refused root stops every root below it, said so, and the
 /// roots not below it still apply. The policy reliances of the re-plans are the ending's (the
@@ -91,6 +98,10 @@ pub(super) async fn apply_all(
     {
         ctx.status(StatusState::Running, &ctx.say("applying", context! {}))
             .await;
+        #[cfg(debug_assertions)]
+        if PANIC_WHILE_APPLYING_JOB.load(std::sync::atomic::Ordering::SeqCst) == ctx.job_id.0 {
+            panic!("a panic asked for by a test (PANIC_WHILE_APPLYING_JOB)");
+        }
     }
     let mut tally = Tally::default();
     for d in decided.iter_mut() {

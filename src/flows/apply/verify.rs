@@ -10,6 +10,13 @@ use crate::flows::context::app_state::App;
 use anyhow::{Context, Result};
 use minijinja::context;
 
+/// Who presented a job token: the token, and the client's address (for the limit of wrong
+/// tokens per client, [`crate::flows::context::limits`]).
+pub(super) struct Caller<'a> {
+    pub token: &'a str,
+    pub client: std::net::IpAddr,
+}
+
 /// A job that passed every check of the gate.
 pub(super) struct VerifiedJob {
     pub facts: JobFacts,
@@ -26,13 +33,14 @@ pub(super) struct VerifiedJob {
 /// each returning early; split further, the facts gathered so far would travel between helpers.
 pub(super) async fn verify_job(
     app: &App,
-    job_token: &str,
+    caller: &Caller<'_>,
     log: &JobLog,
 ) -> Result<Result<VerifiedJob, Verdict>> {
-    let job = match app.gitlab.job_for_token(job_token).await {
+    let job = match app.gitlab.job_for_token(caller.token).await {
         Ok(j) => j,
         Err(GitLabError::Unauthorized) | Err(GitLabError::Forbidden) => {
-            return Ok(Err(refuse(log, &ApplyRefusal::InvalidJobToken)))
+            app.limits.wrong_token(caller.client);
+            return Ok(Err(refuse(log, &ApplyRefusal::InvalidJobToken)));
         }
         Err(e) => {
             app.metrics.gitlab_error("job_for_token");

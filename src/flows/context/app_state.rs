@@ -51,6 +51,8 @@ pub struct App {
     /// Projects a CI job asked about that planbot does not serve, and when GitLab said so:
     /// see [`App::served_project`].
     foreign_projects: std::sync::Mutex<std::collections::HashMap<u64, std::time::Instant>>,
+    /// The comment commands and wrong job tokens accepted per minute (this replica's count).
+    pub limits: crate::flows::context::limits::Limits,
 }
 
 /// How long a project found not to be one of `gitlab.projects` (or hidden from the bot) is
@@ -161,6 +163,7 @@ impl App {
             ),
             gitlab_check: tokio::sync::Mutex::new(None),
             foreign_projects: std::sync::Mutex::default(),
+            limits: Default::default(),
             config,
         })
     }

@@ -3,7 +3,7 @@
 use crate::capabilities::gitlab::{AccessLevel, MergeRequest};
 use crate::core::config::ProjectRef;
 use crate::core::events::{Command, Job, PlanArgs, PlanJob, PlanReason};
-use crate::core::ids::{CommitSha, MrIid, ProjectId, UserId};
+use crate::core::ids::{CommitSha, MrIid, NoteId, ProjectId, UserId};
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{ForkMrs, RepoConfig};
 use crate::core::targeting::{Targeting, ALLOWED_FLAGS};
@@ -16,6 +16,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Marks planbot's fork notice so it is posted once per MR.
 pub const FORK_NOTICE_MARKER: &str = "<!-- planbot:fork-notice -->";
+/// Marks planbot's help note: one per MR, kept up to date.
+pub const HELP_MARKER: &str = "<!-- planbot:help -->";
+/// The reaction on a command whose reply is already on the MR as it would be again (a
+/// repeated `planbot help`, a repeated refusal): seen, answered above.
+pub const SEEN_EMOJI: &str = "eyes";
+/// The reaction on a command from a user with no role on the project (no note for them).
+pub const NO_ROLE_EMOJI: &str = "no_entry_sign";
 /// Marks the merged banner inside the plan note.
 pub use crate::core::render::MERGED_BANNER_MARKER;
 
@@ -51,6 +58,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
             project,
             project_path,
             mr,
+            note,
             author,
             command,
             head,
@@ -62,6 +70,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
                 project: *project,
                 project_path: project_path.clone(),
                 mr: *mr,
+                note: *note,
                 author: *author,
                 command: *command,
                 head: head.clone(),
@@ -198,6 +207,8 @@ struct Asked {
     project: ProjectId,
     project_path: Option<String>,
     mr: MrIid,
+    /// The comment itself (for a reaction).
+    note: Option<NoteId>,
     author: UserId,
     command: Command,
     /// The MR's head when the comment was made (`merge_request.last_commit.id` of the event).
@@ -208,18 +219,36 @@ struct Asked {
     plan_args: Option<PlanArgs>,
 }
 
-/// A comment command: refused (and said so) when its author lacks the role it needs, else run.
+/// A comment command: from a user with no role on the project, a reaction and no note; refused
+/// (said once per MR and author) when its author lacks the role it needs; else run.
 async fn run_command(app: &App, asked: Asked) -> Result<()> {
     if asked.author == app.bot_user().await? {
         return Ok(()); // our own note
+    }
+    let access = gl(
+        app,
+        "member_access",
+        app.gitlab.member_access(asked.project, asked.author).await,
+    )?;
+    // An approval is checked against the sets' owners, who need no role on the project.
+    if access.is_none() && asked.command != Command::ApprovePolicies {
+        tracing::info!(
+            project = asked.project.0,
+            mr = asked.mr.0,
+            user = asked.author.0,
+            command = asked.command.name(),
+            "comment command from a user with no role on the project: not run, no note (a reaction)"
+        );
+        return react(app, &asked, NO_ROLE_EMOJI).await;
     }
     let mr = gl(
         app,
         "merge_request",
         app.gitlab.merge_request(asked.project, asked.mr).await,
     )?;
-    if let Some(body) = refused_for_access(app, &asked, &mr).await? {
-        return post_note(app, asked.project, asked.mr, &body).await;
+    if let Some(body) = refused_for_access(&asked, &mr, access)? {
+        let marker = refusal_marker(asked.author);
+        return reply_once(app, &asked, &marker, &format!("{marker}\n{body}")).await;
     }
     match asked.command {
         Command::Help => help(app, &asked, &mr).await,
@@ -228,15 +257,62 @@ async fn run_command(app: &App, asked: Asked) -> Result<()> {
     }
 }
 
-/// The reply refusing `asked` when its author has less than Developer on the project
-/// (Maintainer for `planbot plan` on a fork MR); an approval is checked against the sets'
-/// owners instead (who need no role on the project).
-async fn refused_for_access(app: &App, asked: &Asked, mr: &MergeRequest) -> Result<Option<String>> {
-    let access = gl(
-        app,
-        "member_access",
-        app.gitlab.member_access(asked.project, asked.author).await,
-    )?;
+/// The hidden marker of the refusal note of `author` on an MR (one per MR and author).
+fn refusal_marker(author: UserId) -> String {
+    format!("<!-- planbot:refused user:{} -->", author.0)
+}
+
+/// The reply `body` (holding `marker`) kept once on the MR: posted when the bot has no note
+/// with `marker` there, edited when that note says something else, and when it already says
+/// this, only a reaction on the comment (no note, no notification).
+async fn reply_once(app: &App, asked: &Asked, marker: &str, body: &str) -> Result<()> {
+    let (project, mr) = (asked.project, asked.mr);
+    // Two commands of a storm may run on two workers: one reply, not two.
+    let _one_at_a_time = app
+        .root_locks
+        .lock(project, &format!("\0reply !{mr} {marker}"))
+        .await;
+    match app.planbot_note(project, mr, marker).await? {
+        None => post_note(app, project, mr, body).await,
+        Some(note) if note.body.trim_end() == crate::capabilities::gitlab::outgoing(body) => {
+            react(app, asked, SEEN_EMOJI).await
+        }
+        Some(note) => {
+            gl(
+                app,
+                "edit_mr_note",
+                app.gitlab.edit_mr_note(project, mr, note.id, body).await,
+            )?;
+            Ok(())
+        }
+    }
+}
+
+/// Award `emoji` on the command's comment (when the event named it); a failure is logged and
+/// counted, never retried by the job.
+async fn react(app: &App, asked: &Asked, emoji: &str) -> Result<()> {
+    let Some(note) = asked.note else {
+        return Ok(());
+    };
+    let awarded = app
+        .gitlab
+        .award_note_emoji(asked.project, asked.mr, note, emoji)
+        .await;
+    if let Err(e) = awarded {
+        app.metrics.gitlab_error("award_note_emoji");
+        tracing::warn!(project = asked.project.0, mr = asked.mr.0, error = %e, "could not react to a comment command");
+    }
+    Ok(())
+}
+
+/// The reply refusing `asked` when its author (with `access` on the project) has less than
+/// Developer (Maintainer for `planbot plan` on a fork MR); an approval is checked against the
+/// sets' owners instead (who need no role on the project).
+fn refused_for_access(
+    asked: &Asked,
+    mr: &MergeRequest,
+    access: Option<AccessLevel>,
+) -> Result<Option<String>> {
     let needed = if mr.is_fork() && asked.command == Command::Plan {
         AccessLevel::MAINTAINER
     } else {
@@ -262,7 +338,7 @@ async fn refused_for_access(app: &App, asked: &Asked, mr: &MergeRequest) -> Resu
     .map(Some)
 }
 
-/// `planbot help`: what planbot does here and the commands.
+/// `planbot help`: what planbot does here and the commands, in one note per MR.
 async fn help(app: &App, asked: &Asked, mr: &MergeRequest) -> Result<()> {
     let body = render(
         "help",
@@ -273,7 +349,7 @@ async fn help(app: &App, asked: &Asked, mr: &MergeRequest) -> Result<()> {
             runs_url => app.page_url("/runs"),
         },
     )?;
-    post_note(app, asked.project, asked.mr, &body).await
+    reply_once(app, asked, HELP_MARKER, &body).await
 }
 
 /// `planbot approve policies`, bound to the head its comment was made on
@@ -613,5 +689,6 @@ mod tests {
         assert!(render("fork_notice", context! {})
             .unwrap()
             .starts_with(FORK_NOTICE_MARKER));
+        assert!(help.starts_with(HELP_MARKER));
     }
 }

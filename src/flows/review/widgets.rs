@@ -58,6 +58,10 @@ pub async fn handler(
         );
     }
     let (parts, body) = request.into_parts();
+    let peer = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
     let Some(token) = parts
         .headers
         .get("job-token")
@@ -70,6 +74,22 @@ pub async fn handler(
             say(&app, "missing_token", context! {}),
         );
     };
+    // A client past its wrong job tokens is not asked about to GitLab (each costs a `GET /job`).
+    let trusted = &app.config.server.trusted_proxies;
+    let client = crate::flows::context::limits::client(peer, &parts.headers, trusted);
+    if let Some(wait) = app.limits.wrong_tokens_blocked(client) {
+        let seconds = wait.as_secs().max(1);
+        tracing::info!(%client, seconds, "widgets: too many wrong job tokens from this client (429)");
+        let text = say(
+            &app,
+            "too_many_wrong_tokens",
+            context! { seconds => seconds },
+        );
+        let mut r = plain(StatusCode::TOO_MANY_REQUESTS, text);
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        return r;
+    }
     let body = match crate::flows::context::request_body::read(
         &parts.headers,
         body,
@@ -99,7 +119,7 @@ pub async fn handler(
             );
         }
     }
-    match serve(&app, &token, &report).await {
+    match serve(&app, &token, client, &report).await {
         Ok(r) | Err(NoReport::Answer(r)) => r,
         Err(NoReport::Failed(e)) => {
             tracing::warn!(error = %app.scrubber.scrub(&format!("{e:#}")), "widgets: could not serve");
@@ -146,8 +166,13 @@ impl Head {
 }
 
 /// Verify the job with GitLab, find its merge request head, and answer with the report.
-async fn serve(app: &App, token: &str, report: &str) -> Result<Response, NoReport> {
-    let job = running_job(app, token).await?;
+async fn serve(
+    app: &App,
+    token: &str,
+    client: std::net::IpAddr,
+    report: &str,
+) -> Result<Response, NoReport> {
+    let job = running_job(app, token, client).await?;
     let head = pipeline_head(app, &job).await?;
     let found = app
         .store
@@ -173,11 +198,13 @@ async fn serve(app: &App, token: &str, report: &str) -> Result<Response, NoRepor
     Ok(([(header::CONTENT_TYPE, "application/json")], json + "\n").into_response())
 }
 
-/// The CI job of `token`, as GitLab has it, while it runs.
-async fn running_job(app: &App, token: &str) -> Result<Job, NoReport> {
+/// The CI job of `token`, as GitLab has it, while it runs; a token GitLab refuses (or of a job
+/// no longer running) counts against `client`.
+async fn running_job(app: &App, token: &str, client: std::net::IpAddr) -> Result<Job, NoReport> {
     match app.gitlab.job_for_token(token).await {
         Ok(j) if j.status == "running" => Ok(j),
         Ok(_) | Err(GitLabError::Unauthorized) | Err(GitLabError::Forbidden) => {
+            app.limits.wrong_token(client);
             Err(NoReport::Answer(plain(
                 StatusCode::UNAUTHORIZED,
                 say(app, "invalid_token", context! {}),

@@ -2,7 +2,7 @@
 //! enqueue — and answer within milliseconds.
 
 use crate::capabilities::store::NewDelivery;
-use crate::core::events::{self, Decision};
+use crate::core::events::{self, Decision, Job, OutcomeKind};
 use crate::core::webhook::{self, Presented};
 use crate::flows::context::app_state::App;
 use crate::flows::context::request_body;
@@ -61,10 +61,46 @@ pub async fn gitlab_webhook(State(app): State<Arc<App>>, request: Request) -> St
         header(&headers, "idempotency-key"),
         &body,
     );
+    let decision = within_command_limits(&app, decision);
     if decision.is_unparseable() {
         tracing::warn!(event, key, outcome = %decision.outcome, "authentic webhook that planbot cannot parse (answered 200)");
     }
     record(&app, event, key, decision).await
+}
+
+/// The delivery's comment command, when it is within the limits of
+/// [`crate::flows::context::limits`] (per MR and per author on it, each minute); past them the
+/// delivery is still recorded but queues nothing, so a storm of comments costs GitLab nothing.
+fn within_command_limits(app: &App, mut decision: Decision) -> Decision {
+    let before = decision.jobs.len();
+    decision.jobs.retain(|job| {
+        let Job::Command {
+            project,
+            mr,
+            author,
+            command,
+            ..
+        } = job
+        else {
+            return true;
+        };
+        let accepted = app.limits.command(*project, *mr, *author);
+        if !accepted {
+            tracing::info!(
+                project = project.0,
+                mr = mr.0,
+                user = author.0,
+                command = command.name(),
+                "comment command over the limit of its merge request (or of its author there): not run"
+            );
+        }
+        accepted
+    });
+    if before > 0 && decision.jobs.is_empty() {
+        decision.kind = OutcomeKind::Ignored;
+        decision.outcome = "ignored: comment commands over their limit".to_string();
+    }
+    decision
 }
 
 /// A delivery whose token or signature does not hold: 401.

@@ -103,9 +103,9 @@ impl Application {
         let app = Arc::new(app);
         for record in interrupted {
             let app = app.clone();
-            tokio::spawn(
-                async move { crate::flows::apply::report_interrupted(&app, &record).await },
-            );
+            tokio::spawn(async move {
+                crate::flows::apply::report_interrupted(&app, &record, false).await
+            });
         }
         Ok(Application {
             app,
