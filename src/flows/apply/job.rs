@@ -60,7 +60,13 @@ pub async fn run(
         Ok(Err(e)) => Verdict::Failed(app.scrubber.scrub(&format!("{e:#}")).into_owned()),
         Err(panic) => {
             job.panicked = true;
-            interrupted_by_panic(&app, &job, panic.as_ref()).await
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            drop(panic);
+            interrupted_by_panic(&app, &job, &message).await
         }
     };
     job.log_verdict(&verdict);
@@ -76,20 +82,11 @@ pub async fn run(
 
 /// The apply task panicked: its record (when it had begun) ends `interrupted` now, its status
 /// and note say so as after a restart, and the job's verdict says it failed.
-async fn interrupted_by_panic(
-    app: &App,
-    job: &JobSeen,
-    panic: &(dyn std::any::Any + Send),
-) -> Verdict {
-    let message = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_default();
+async fn interrupted_by_panic(app: &App, job: &JobSeen, message: &str) -> Verdict {
     tracing::error!(
         ci_job = job.ci_job,
         project = job.project,
-        panic = %app.scrubber.scrub(&message),
+        panic = %app.scrubber.scrub(message),
         "the apply task panicked: ended as interrupted"
     );
     let record = match job.ci_job {

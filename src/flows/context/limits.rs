@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 /// The window every limit here counts in.
 pub const WINDOW: Duration = Duration::from_secs(60);
 /// Comment commands (`planbot …`) accepted on one merge request per [`WINDOW`], all authors.
-pub const COMMANDS_PER_MR: u32 = 10;
+pub const COMMANDS_PER_MR: u32 = 12;
 /// Comment commands accepted from one author on one merge request per [`WINDOW`].
-pub const COMMANDS_PER_AUTHOR: u32 = 3;
+pub const COMMANDS_PER_AUTHOR: u32 = 8;
 /// Wrong job tokens one client may present per [`WINDOW`] (each cost a `GET /job`); past it
 /// the widgets and apply endpoints answer 429 without asking GitLab, until the window ends.
 pub const WRONG_TOKENS_PER_CLIENT: u32 = 10;
