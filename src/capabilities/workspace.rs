@@ -344,12 +344,6 @@ impl Workspace {
         self
     }
 
-    /// The Basic-auth user name for the token (default `oauth2`).
-    pub fn with_auth_user(mut self, user: &str) -> Workspace {
-        self.user = user.to_string();
-        self
-    }
-
     /// The bare mirror of a project.
     pub fn mirror_path(&self, project: ProjectId) -> PathBuf {
         self.data_dir.join("repos").join(format!("{project}.git"))
@@ -441,25 +435,23 @@ impl Workspace {
     /// The commit `rev` names in the mirror, if any.
     pub async fn rev_parse(&self, project: ProjectId, rev: &str) -> Result<Option<CommitSha>> {
         let mirror = self.existing_mirror(project)?;
-        let spec = format!("{rev}^{{commit}}");
-        let out = self
-            .run(
-                Some(&mirror),
-                &[
-                    os("rev-parse"),
-                    os("--verify"),
-                    os("--quiet"),
-                    os("--end-of-options"),
-                    os(&spec),
-                ],
-                false,
-            )
-            .await?;
-        if !out.success {
-            return Ok(None);
-        }
-        let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        Ok(Some(CommitSha(sha)))
+        let oid = self.verify(&mirror, &format!("{rev}^{{commit}}")).await?;
+        Ok(oid.map(CommitSha))
+    }
+
+    /// The object `spec` names in `mirror` (`git rev-parse --verify`), if any.
+    async fn verify(&self, mirror: &Path, spec: &str) -> Result<Option<String>> {
+        let args = [
+            os("rev-parse"),
+            os("--verify"),
+            os("--quiet"),
+            os("--end-of-options"),
+            os(spec),
+        ];
+        let out = self.run(Some(mirror), &args, false).await?;
+        Ok(out
+            .success
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
     }
 
     /// Whether `ancestor` is `sha` or one of its ancestors in the mirror (`false` also when
@@ -722,23 +714,9 @@ impl Workspace {
     ) -> Result<Option<Vec<u8>>> {
         let mirror = self.existing_mirror(project)?;
         let spec = format!("{rev}:{}", path.trim_start_matches("./"));
-        let out = self
-            .run(
-                Some(&mirror),
-                &[
-                    os("rev-parse"),
-                    os("--verify"),
-                    os("--quiet"),
-                    os("--end-of-options"),
-                    os(&spec),
-                ],
-                false,
-            )
-            .await?;
-        if !out.success {
+        let Some(oid) = self.verify(&mirror, &spec).await? else {
             return Ok(None);
-        }
-        let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        };
         let size = self.blob_size(&mirror, &oid, path, rev).await?;
         if size > max {
             return Err(RepoFileTooLarge {
