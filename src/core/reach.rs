@@ -643,6 +643,34 @@ pub fn decide<'a>(
         .collect()
 }
 
+/// The changed configuration files (`.tf`, `.tofu` and their `.json` forms) no root claims:
+/// outside every root's directory, every local module a root uses and every root's
+/// `when_modified`. Nothing plans them (a root `dir` misspelled, a module no root calls): the
+/// note lists them and the status counts them.
+pub fn in_no_root(
+    decisions: &[Decision<'_>],
+    changed: &[String],
+    graph: &ModuleGraph,
+) -> Vec<String> {
+    let config_file = |f: &str| {
+        [".tf", ".tofu", ".tf.json", ".tofu.json"]
+            .iter()
+            .any(|ext| f.ends_with(ext))
+    };
+    changed
+        .iter()
+        .filter(|f| config_file(f))
+        .filter(|f| {
+            !decisions.iter().any(|d| {
+                under(&d.root.dir, f)
+                    || d.modules.iter().any(|m| graph.holds(m, f))
+                    || d.root.matching_pattern(f).is_some()
+            })
+        })
+        .cloned()
+        .collect()
+}
+
 /// The reached roots in `graph`'s order (upstream first), and the picture's arrows between
 /// them: `(upstream, downstream)` when the one depends on the other, directly or through roots
 /// the MR does not reach, and no reached root stands between them.
