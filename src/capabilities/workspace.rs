@@ -12,7 +12,7 @@ use crate::core::reach::{self, ModuleGraph};
 use crate::core::repo_config::{self, RepoConfig, RepoConfigError};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine as _;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -739,6 +739,49 @@ impl Workspace {
         project: ProjectId,
         rev: &str,
     ) -> Result<Result<RepoConfig, RepoConfigError>> {
+        self.repo_config_read(project, rev, None).await
+    }
+
+    /// [`Workspace::repo_config_at`] for a config proposed at `rev`: a root whose `dir` is no
+    /// directory of `rev`'s tree is a problem too (with the nearest one that is).
+    pub async fn proposed_repo_config_at(
+        &self,
+        project: ProjectId,
+        rev: &str,
+    ) -> Result<Result<RepoConfig, RepoConfigError>> {
+        let dirs = self.directories_at(project, rev).await?;
+        self.repo_config_read(project, rev, Some(&dirs)).await
+    }
+
+    /// Every directory of `rev`'s tree, repo-relative (`git ls-tree -r -d`, within the output
+    /// bound of every git command).
+    pub async fn directories_at(&self, project: ProjectId, rev: &str) -> Result<BTreeSet<String>> {
+        let mirror = self.existing_mirror(project)?;
+        let args = [
+            os("ls-tree"),
+            os("-r"),
+            os("-d"),
+            os("-z"),
+            os("--name-only"),
+            os("--end-of-options"),
+            os(&format!("{rev}^{{tree}}")),
+        ];
+        let out = self.run(Some(&mirror), &args, false).await?;
+        check(&out, "git ls-tree").with_context(|| format!("listing the directories of {rev}"))?;
+        Ok(out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|e| !e.is_empty())
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .collect())
+    }
+
+    async fn repo_config_read(
+        &self,
+        project: ProjectId,
+        rev: &str,
+        dirs: Option<&BTreeSet<String>>,
+    ) -> Result<Result<RepoConfig, RepoConfigError>> {
         let read = self
             .read_file_at(
                 project,
@@ -754,7 +797,10 @@ impl Workspace {
                 None => return Err(e),
             },
         };
-        Ok(RepoConfig::from_optional(text.as_deref()))
+        Ok(match dirs {
+            Some(dirs) => RepoConfig::from_optional_in(text.as_deref(), dirs),
+            None => RepoConfig::from_optional(text.as_deref()),
+        })
     }
 
     /// The size of blob `oid` (`git cat-file -s`), read from the object's header only.
