@@ -278,6 +278,10 @@ impl minijinja::value::Object for Sections {
 #[derive(Serialize)]
 struct NoteView<'a> {
     banners: &'a [String],
+    /// `(root, format_version)` of each plan newer than planbot knows
+    /// ([`crate::core::plan::KNOWN_FORMAT`]).
+    newer_formats: Vec<(String, String)>,
+    known_format: String,
     colour: &'static str,
     invalid_file: Option<&'a str>,
     sha8: Option<String>,
@@ -880,8 +884,20 @@ fn build_view<'a, 'r>(
         .sum();
     let warnings_total = warnings.iter().map(|w| w.count).sum::<usize>() + warnings_unread;
     let (warnings, warnings_more) = first(warnings, LISTED);
+    let newer_formats = roots
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            RootOutcome::Planned { plan, .. } => {
+                plan.newer_format().map(|v| (r.name.clone(), v.to_string()))
+            }
+            _ => None,
+        })
+        .collect();
+    let (major, minor) = crate::core::plan::KNOWN_FORMAT;
     let view = NoteView {
         banners: &ctx.banners,
+        newer_formats,
+        known_format: format!("{major}.{minor}"),
         invalid_file: ctx.invalid_file.as_deref(),
         colour: headline_colour(
             ctx,
