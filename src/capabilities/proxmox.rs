@@ -177,10 +177,6 @@ impl StorageConfig {
             "dir" | "nfs" | "cifs" | "cephfs" | "glusterfs" | "btrfs"
         )
     }
-
-    pub fn available_on(&self, node: &str) -> bool {
-        self.nodes.is_empty() || self.nodes.iter().any(|n| n == node)
-    }
 }
 
 /// One entry of `GET /nodes/{node}/storage`.

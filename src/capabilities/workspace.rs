@@ -12,7 +12,7 @@ use crate::core::reach::{self, ModuleGraph};
 use crate::core::repo_config::{self, RepoConfig, RepoConfigError};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine as _;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -344,12 +344,6 @@ impl Workspace {
         self
     }
 
-    /// The Basic-auth user name for the token (default `oauth2`).
-    pub fn with_auth_user(mut self, user: &str) -> Workspace {
-        self.user = user.to_string();
-        self
-    }
-
     /// The bare mirror of a project.
     pub fn mirror_path(&self, project: ProjectId) -> PathBuf {
         self.data_dir.join("repos").join(format!("{project}.git"))
@@ -441,25 +435,23 @@ impl Workspace {
     /// The commit `rev` names in the mirror, if any.
     pub async fn rev_parse(&self, project: ProjectId, rev: &str) -> Result<Option<CommitSha>> {
         let mirror = self.existing_mirror(project)?;
-        let spec = format!("{rev}^{{commit}}");
-        let out = self
-            .run(
-                Some(&mirror),
-                &[
-                    os("rev-parse"),
-                    os("--verify"),
-                    os("--quiet"),
-                    os("--end-of-options"),
-                    os(&spec),
-                ],
-                false,
-            )
-            .await?;
-        if !out.success {
-            return Ok(None);
-        }
-        let sha = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        Ok(Some(CommitSha(sha)))
+        let oid = self.verify(&mirror, &format!("{rev}^{{commit}}")).await?;
+        Ok(oid.map(CommitSha))
+    }
+
+    /// The object `spec` names in `mirror` (`git rev-parse --verify`), if any.
+    async fn verify(&self, mirror: &Path, spec: &str) -> Result<Option<String>> {
+        let args = [
+            os("rev-parse"),
+            os("--verify"),
+            os("--quiet"),
+            os("--end-of-options"),
+            os(spec),
+        ];
+        let out = self.run(Some(mirror), &args, false).await?;
+        Ok(out
+            .success
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
     }
 
     /// Whether `ancestor` is `sha` or one of its ancestors in the mirror (`false` also when
@@ -722,23 +714,9 @@ impl Workspace {
     ) -> Result<Option<Vec<u8>>> {
         let mirror = self.existing_mirror(project)?;
         let spec = format!("{rev}:{}", path.trim_start_matches("./"));
-        let out = self
-            .run(
-                Some(&mirror),
-                &[
-                    os("rev-parse"),
-                    os("--verify"),
-                    os("--quiet"),
-                    os("--end-of-options"),
-                    os(&spec),
-                ],
-                false,
-            )
-            .await?;
-        if !out.success {
+        let Some(oid) = self.verify(&mirror, &spec).await? else {
             return Ok(None);
-        }
-        let oid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        };
         let size = self.blob_size(&mirror, &oid, path, rev).await?;
         if size > max {
             return Err(RepoFileTooLarge {
@@ -761,6 +739,49 @@ impl Workspace {
         project: ProjectId,
         rev: &str,
     ) -> Result<Result<RepoConfig, RepoConfigError>> {
+        self.repo_config_read(project, rev, None).await
+    }
+
+    /// [`Workspace::repo_config_at`] for a config proposed at `rev`: a root whose `dir` is no
+    /// directory of `rev`'s tree is a problem too (with the nearest one that is).
+    pub async fn proposed_repo_config_at(
+        &self,
+        project: ProjectId,
+        rev: &str,
+    ) -> Result<Result<RepoConfig, RepoConfigError>> {
+        let dirs = self.directories_at(project, rev).await?;
+        self.repo_config_read(project, rev, Some(&dirs)).await
+    }
+
+    /// Every directory of `rev`'s tree, repo-relative (`git ls-tree -r -d`, within the output
+    /// bound of every git command).
+    pub async fn directories_at(&self, project: ProjectId, rev: &str) -> Result<BTreeSet<String>> {
+        let mirror = self.existing_mirror(project)?;
+        let args = [
+            os("ls-tree"),
+            os("-r"),
+            os("-d"),
+            os("-z"),
+            os("--name-only"),
+            os("--end-of-options"),
+            os(&format!("{rev}^{{tree}}")),
+        ];
+        let out = self.run(Some(&mirror), &args, false).await?;
+        check(&out, "git ls-tree").with_context(|| format!("listing the directories of {rev}"))?;
+        Ok(out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|e| !e.is_empty())
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .collect())
+    }
+
+    async fn repo_config_read(
+        &self,
+        project: ProjectId,
+        rev: &str,
+        dirs: Option<&BTreeSet<String>>,
+    ) -> Result<Result<RepoConfig, RepoConfigError>> {
         let read = self
             .read_file_at(
                 project,
@@ -776,7 +797,10 @@ impl Workspace {
                 None => return Err(e),
             },
         };
-        Ok(RepoConfig::from_optional(text.as_deref()))
+        Ok(match dirs {
+            Some(dirs) => RepoConfig::from_optional_in(text.as_deref(), dirs),
+            None => RepoConfig::from_optional(text.as_deref()),
+        })
     }
 
     /// The size of blob `oid` (`git cat-file -s`), read from the object's header only.

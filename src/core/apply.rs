@@ -160,6 +160,18 @@ impl ApplyRefusal {
         }
     }
 
+    /// Whether `PLANBOT_CONFIRM` set to the root's fresh fingerprint lifts this refusal: a plan
+    /// nobody reviewed, a plan changed since review, a targeted plan.
+    pub fn confirmable(&self) -> bool {
+        matches!(
+            self,
+            ApplyRefusal::NothingReviewed { .. }
+                | ApplyRefusal::RootNotReviewed { .. }
+                | ApplyRefusal::PlanChanged { .. }
+                | ApplyRefusal::TargetedPlan { .. }
+        )
+    }
+
     /// What the person who clicked the job should do next (from `templates/apply/refusal.j2`).
     pub fn hint(&self) -> String {
         render_refusal("hint", self)

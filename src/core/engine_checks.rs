@@ -663,15 +663,19 @@ fn read_validate(stdout: &[u8]) -> Option<Vec<Diagnostic>> {
     )
 }
 
-/// `fmt -list`'s files, one a line, but planbot's own: the state overrides it writes into the
-/// checkout beside the repository's files (the remote-state one keeps each block's `config` as
-/// the code wrote it, so it is formatted only when that was) are no file of the MR to format.
+/// The names of the files planbot writes into a root's checkout beside the repository's: the
+/// state overrides of `core::state` (its tests hold them to this list). They are no file of the
+/// MR: the remote-state one keeps each block's `config` as the code wrote it, so it is
+/// formatted only when that was.
+pub const PLANBOT_FILES: [&str; 2] = [
+    "planbot_state_override.tf",
+    "planbot_remote_state_override.tf",
+];
+
+/// `fmt -list`'s files, one a line, but planbot's own ([`PLANBOT_FILES`]).
 fn read_fmt(stdout: &[u8]) -> Vec<String> {
-    let planbot_file = |path: &str| {
-        let name = path.rsplit('/').next().unwrap_or(path);
-        name == crate::core::state::OVERRIDE_FILE
-            || name == crate::core::state::remote::OVERRIDE_FILE
-    };
+    let planbot_file =
+        |path: &str| PLANBOT_FILES.contains(&path.rsplit('/').next().unwrap_or(path));
     String::from_utf8_lossy(stdout)
         .lines()
         .map(str::trim)

@@ -104,6 +104,10 @@ impl PlanWire {
     }
 }
 
+/// The newest `format_version` (major, minor) planbot knows: a plan of a later one is read
+/// as tolerantly as any, and the note and the terminal say that parts of it may be unknown.
+pub const KNOWN_FORMAT: (u64, u64) = (1, 2);
+
 /// A parsed `show -json` plan.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
@@ -128,6 +132,20 @@ pub struct Plan {
     pub prior_state_secrets: PriorStateSecrets,
     /// The secrets of the planned state: `planned_values` is read while parsing, never kept.
     pub planned_values_secrets: StateSecrets,
+}
+
+impl Plan {
+    /// The plan's `format_version` when it is newer than [`KNOWN_FORMAT`] (one that does not
+    /// read as `major.minor` counts as newer: planbot cannot tell what it holds).
+    pub fn newer_format(&self) -> Option<&str> {
+        let mut parts = self.format_version.split('.').map(|p| p.parse::<u64>());
+        let newer = match (parts.next(), parts.next()) {
+            (Some(Ok(major)), Some(Ok(minor))) => (major, minor) > KNOWN_FORMAT,
+            (Some(Ok(major)), None) => major > KNOWN_FORMAT.0,
+            _ => true,
+        };
+        newer.then_some(self.format_version.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -1265,6 +1283,20 @@ fn collect_ephemeral(module: &ConfigModule, prefix: &str, out: &mut Vec<String>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_format_past_the_known_one_is_newer_and_the_known_ones_are_not() {
+        let of = |v: &str| Plan {
+            format_version: v.into(),
+            ..Plan::default()
+        };
+        for known in ["0.1", "0.2", "1.0", "1.1", "1.2", "1"] {
+            assert_eq!(of(known).newer_format(), None, "{known}");
+        }
+        for newer in ["1.3", "1.10", "2.0", "2", "1.x", ""] {
+            assert_eq!(of(newer).newer_format(), Some(newer), "{newer}");
+        }
+    }
     use serde_json::json;
 
     #[test]

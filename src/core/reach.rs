@@ -155,108 +155,51 @@ pub struct StateRead {
 /// does not parse reads nothing (the module calls already say so).
 pub fn state_reads(files: &[(String, String)]) -> Vec<StateRead> {
     let mut reads = Vec::new();
-    for (name, text) in files {
-        if name.ends_with(".json") {
-            for read in json_state_reads(text) {
-                if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
-                    reads.push(read);
-                }
+    for (_, config) in crate::core::hcl::http_state_blocks(files) {
+        match config_address_read(&config) {
+            Some(read) if !reads.contains(&read) && reads.len() < MAX_STATE_READS => {
+                reads.push(read)
             }
-            continue;
-        }
-        // Parsed without letting its nesting overflow planbot's stack (`core::hcl`).
-        let Ok(found) = crate::core::hcl::with_body(text, |body| {
-            let mut found = Vec::new();
-            for block in body.blocks().filter(|b| {
-                b.identifier() == "data"
-                    && b.labels().first().map(|l| l.as_str()) == Some("terraform_remote_state")
-            }) {
-                let attr = |key: &str| {
-                    block
-                        .body()
-                        .attributes()
-                        .find(|a| a.key() == key)
-                        .map(|a| a.expr())
-                };
-                if !matches!(attr("backend"), Some(hcl::Expression::String(b)) if b == "http") {
-                    continue;
-                }
-                let Some(hcl::Expression::Object(config)) = attr("config") else {
-                    continue;
-                };
-                let address = config.iter().find_map(|(k, v)| {
-                    let key = match k {
-                        hcl::ObjectKey::Identifier(i) => i.as_str(),
-                        hcl::ObjectKey::Expression(hcl::Expression::String(s)) => s.as_str(),
-                        _ => return None,
-                    };
-                    (key == "address").then_some(v)
-                });
-                let read = match address {
-                    Some(hcl::Expression::String(s)) => state_address_read(s),
-                    Some(hcl::Expression::TemplateExpr(t)) => match t.as_ref() {
-                        hcl::TemplateExpr::QuotedString(raw) => {
-                            // The literal end after the last interpolation or directive.
-                            let tail = raw.rfind('}').map_or(raw.as_str(), |i| &raw[i + 1..]);
-                            state_address_read(tail)
-                        }
-                        hcl::TemplateExpr::Heredoc(_) => None,
-                    },
-                    _ => None,
-                };
-                if let Some(read) = read {
-                    found.push(read);
-                }
-            }
-            found
-        }) else {
-            continue;
-        };
-        for read in found {
-            if !reads.contains(&read) && reads.len() < MAX_STATE_READS {
-                reads.push(read);
-            }
+            _ => {}
         }
     }
     reads
 }
 
-/// The JSON form: `{"data": {"terraform_remote_state": {"x": {"backend": "http", "config":
-/// {"address": "…"}}}}}`, each level an object or a list of objects. A JSON string is a
-/// template, as in HCL: the literal end after the last interpolation counts.
-fn json_state_reads(text: &str) -> Vec<StateRead> {
-    use serde_json::Value;
-    fn each(v: Option<&Value>) -> Vec<&Value> {
-        match v {
-            Some(Value::Array(items)) => items.iter().collect(),
-            Some(v) => vec![v],
-            None => Vec::new(),
-        }
-    }
-    let Ok(v) = serde_json::from_str::<Value>(text) else {
-        return Vec::new();
-    };
-    let mut reads = Vec::new();
-    for data in each(v.get("data")) {
-        for states in each(data.get("terraform_remote_state")) {
-            for block in states.as_object().into_iter().flat_map(|o| o.values()) {
-                for block in each(Some(block)) {
-                    if block.get("backend").and_then(Value::as_str) != Some("http") {
-                        continue;
-                    }
-                    let address = block
-                        .get("config")
-                        .and_then(|c| c.get("address"))
-                        .and_then(Value::as_str);
-                    if let Some(raw) = address {
-                        let tail = raw.rfind('}').map_or(raw, |i| &raw[i + 1..]);
-                        reads.extend(state_address_read(tail));
-                    }
+/// The state a block's `config` expression reads: its `address`, a string or a quoted template
+/// whose literal end after the last interpolation or directive names it.
+fn config_address_read(config: &str) -> Option<StateRead> {
+    // Parsed without letting its nesting overflow planbot's stack (`core::hcl`).
+    crate::core::hcl::with_body(&format!("config = {config}\n"), |body| {
+        let Some(hcl::Expression::Object(config)) = body
+            .attributes()
+            .find(|a| a.key() == "config")
+            .map(|a| a.expr())
+        else {
+            return None;
+        };
+        let address = config.iter().find_map(|(k, v)| {
+            let key = match k {
+                hcl::ObjectKey::Identifier(i) => i.as_str(),
+                hcl::ObjectKey::Expression(hcl::Expression::String(s)) => s.as_str(),
+                _ => return None,
+            };
+            (key == "address").then_some(v)
+        });
+        match address? {
+            hcl::Expression::String(s) => state_address_read(s),
+            hcl::Expression::TemplateExpr(t) => match t.as_ref() {
+                hcl::TemplateExpr::QuotedString(raw) => {
+                    let tail = raw.rfind('}').map_or(raw.as_str(), |i| &raw[i + 1..]);
+                    state_address_read(tail)
                 }
-            }
+                hcl::TemplateExpr::Heredoc(_) => None,
+            },
+            _ => None,
         }
-    }
-    reads
+    })
+    .ok()
+    .flatten()
 }
 
 /// `…/api/v4/projects/<project>/terraform/state/<name>` (GitLab's state API, at GitLab or at
@@ -697,6 +640,34 @@ pub fn decide<'a>(
                 unread: uses.unreadable,
             }
         })
+        .collect()
+}
+
+/// The changed configuration files (`.tf`, `.tofu` and their `.json` forms) no root claims:
+/// outside every root's directory, every local module a root uses and every root's
+/// `when_modified`. Nothing plans them (a root `dir` misspelled, a module no root calls): the
+/// note lists them and the status counts them.
+pub fn in_no_root(
+    decisions: &[Decision<'_>],
+    changed: &[String],
+    graph: &ModuleGraph,
+) -> Vec<String> {
+    let config_file = |f: &str| {
+        [".tf", ".tofu", ".tf.json", ".tofu.json"]
+            .iter()
+            .any(|ext| f.ends_with(ext))
+    };
+    changed
+        .iter()
+        .filter(|f| config_file(f))
+        .filter(|f| {
+            !decisions.iter().any(|d| {
+                under(&d.root.dir, f)
+                    || d.modules.iter().any(|m| graph.holds(m, f))
+                    || d.root.matching_pattern(f).is_some()
+            })
+        })
+        .cloned()
         .collect()
 }
 

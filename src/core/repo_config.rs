@@ -663,6 +663,18 @@ impl RepoConfig {
         }
     }
 
+    /// [`RepoConfig::from_optional`], with every root's `dir` checked against the branch's
+    /// directories `dirs` ([`RepoConfig::parse_in`]).
+    pub fn from_optional_in(
+        text: Option<&str>,
+        dirs: &BTreeSet<String>,
+    ) -> Result<RepoConfig, RepoConfigError> {
+        match text {
+            Some(t) => RepoConfig::parse_in(t, dirs),
+            None => Ok(RepoConfig::absent()),
+        }
+    }
+
     /// Parse and validate a `.planbot.toml`. All problems are reported together: the global
     /// settings first, then each root in turn ([`parse_root`]).
     pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {

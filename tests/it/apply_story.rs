@@ -252,6 +252,51 @@ fn assert_nothing_left(dir: &std::path::Path) {
 }
 
 /// The fingerprint the job log names (`... · fingerprint `abc123...``).
+/// A direct push that changes two roots (issue 43): each root has its own fingerprint and one
+/// `PLANBOT_CONFIRM` confirms one root's, so the refusal names each root with the
+/// `PLANBOT_ROOTS` and `PLANBOT_CONFIRM` that apply it (it used to say "the fingerprint shown"
+/// while the log showed two); retried as it says, root by root, both apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_of_several_roots_names_each_roots_fingerprint_with_planbot_roots() {
+    let engine = require_engine!();
+    let w = World::builder()
+        .engine(&engine)
+        .managed_state()
+        .planbot_toml("[[roots]]\nname = \"core\"\ndir = \"core\"\n\n[[roots]]\nname = \"edge\"\ndir = \"edge\"\n")
+        .file("core/main.tf", &crate::support::infra_main_tf(&["blocky"]))
+        .file("edge/main.tf", &crate::support::infra_main_tf(&["proxy"]))
+        .build();
+    let s = TestService::start(w.config.clone(), no_workers()).await;
+    let job = w.apply_job(31);
+    w.gitlab.register_job(job.clone());
+    let (_, log) = call_apply(&s, &job.token, "{}").await;
+    let fingerprints: Vec<(String, String)> = log
+        .lines()
+        .filter_map(|l| {
+            let root = l.split("root `").nth(1)?.split('`').next()?;
+            let fp = l.split("fingerprint `").nth(1)?.trim_end_matches('`');
+            Some((root.to_string(), fp[..12].to_string()))
+        })
+        .collect();
+    assert_eq!(fingerprints.len(), 2, "{log}");
+    let expected = format!(
+        "planbot: 2 roots have a plan no one reviewed as it is now, each with its own fingerprint, and PLANBOT_CONFIRM confirms one root's: read each plan above, then retry this job once per root with the CI/CD variables PLANBOT_ROOTS=core PLANBOT_CONFIRM={}, then PLANBOT_ROOTS=edge PLANBOT_CONFIRM={}; or open a merge request so the plans are reviewed",
+        fingerprints[0].1, fingerprints[1].1
+    );
+    assert!(log.lines().any(|l| l == expected), "{log}");
+    assert!(!log.contains("the fingerprint shown"), "{log}");
+
+    // Retried as the hint says, one root a job: each applies.
+    for (n, (root, fp)) in fingerprints.iter().enumerate() {
+        let retry = w.apply_job(32 + n as u64);
+        w.gitlab.register_job(retry.clone());
+        let body = format!(r#"{{"confirm": "{fp}", "roots": ["{root}"]}}"#);
+        let (_, log) = call_apply(&s, &retry.token, &body).await;
+        assert_eq!(last_line(&log), "planbot: apply succeeded", "{root}: {log}");
+        assert!(w.state(root).is_some(), "{root}'s state was written");
+    }
+}
+
 fn fingerprint_in(log: &str) -> String {
     log.lines()
         .find_map(|l| l.split("fingerprint `").nth(1))

@@ -325,6 +325,47 @@ async fn an_mr_breaking_the_config_fails_its_status_and_lists_every_problem() {
     );
 }
 
+/// A new user's mistake (issue 43): the MR adds a root whose `dir` is misspelled. Its proposed
+/// `.planbot.toml` is checked against the MR's own tree, as `planbot check-repo-config` checks
+/// it: the note says which directory does not exist and the one meant, and the status fails.
+/// It used to be a valid preview, and after the merge the root planned nothing, ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_adding_a_root_whose_directory_it_does_not_have_is_told_the_one_meant() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let proposed =
+        format!("{REPO_CONFIG}\n[[roots]]\nname = \"network\"\ndir = \"tofu/stacks/nework\"\n");
+    w.gitlab.commit_files(
+        &w.project,
+        "feature/network",
+        &[
+            (".planbot.toml", proposed.as_str()),
+            ("tofu/stacks/network/main.tf", &tf("net", "lan")),
+        ],
+    );
+    let iid = w.gitlab.open_mr(&w.project, "feature/network", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    w.plan(iid).await;
+    let body = w.note(iid);
+    assert!(
+        body.contains("the directory `tofu/stacks/nework` does not exist on this branch (did you mean `tofu/stacks/network`?)"),
+        "{body}"
+    );
+    assert!(
+        body.contains("`.planbot.toml` in this MR is invalid"),
+        "{body}"
+    );
+    let status = w.status_says(&head, "planbot/plan");
+    assert!(
+        status.starts_with("failed: .planbot.toml in this MR is invalid: line "),
+        "{status}"
+    );
+    assert!(
+        status.contains("the directory `tofu/stacks/nework` does not exist"),
+        "{status}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
     let engine = require_engine!();

@@ -489,3 +489,30 @@ fn a_local_render_prints_the_whole_plan_unless_asked_for_gitlabs_budget() {
         &cut[cut.len().saturating_sub(800)..]
     );
 }
+
+/// A plan in a `format_version` newer than planbot knows is read as tolerantly as any, and the
+/// note (and the terminal's text) say that what is new in it is not shown (issue 43: it used to
+/// render silently).
+#[test]
+fn a_plan_of_a_newer_format_version_is_said_in_the_note_and_on_the_terminal() {
+    let plan = std::fs::read_to_string(fixture_path("changes")).unwrap();
+    let (known, newer) = (r#""format_version":"1.2""#, r#""format_version":"1.3""#);
+    let compact = plan.replace(r#""format_version": "1.2""#, known);
+    assert!(compact.contains(known), "the fixture is of format 1.2");
+    let said = "The plan of `.` is in format `1.3`, newer than planbot knows (up to 1.2): what is new in it is not shown. Update planbot to read all of it.";
+    for format in ["markdown", "text"] {
+        let args = ["render", "-", "--fingerprint-key", "k", "--format", format];
+        let out = planbot(&args, Some(compact.replace(known, newer).as_bytes()));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(said),
+            "{format}: {}",
+            text(&out.stdout)
+        );
+        let out = planbot(&args, Some(compact.as_bytes()));
+        assert!(
+            !text(&out.stdout).contains("newer than planbot knows"),
+            "{format}"
+        );
+    }
+}

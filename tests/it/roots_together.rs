@@ -137,3 +137,58 @@ async fn an_mr_changing_network_and_vms_marks_vms_as_planned_before_networks_app
     let first_vms = order.iter().position(|n| n == "vms").unwrap();
     assert!(last_network < first_vms, "{order:?}");
 }
+
+/// A new user's mistake (issue 43): a root's `dir` misspelled (`stacks/nework` beside
+/// `stacks/network`). An MR changing `stacks/network/main.tf` reaches no root; it used to get a
+/// green "no root affected" and nothing said. The note names the file no root takes, its
+/// headline is yellow, and the status counts it; a file of a root that is planned is not named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_file_in_no_root_is_named_in_the_note_and_counted_in_the_status() {
+    let engine = require_engine!();
+    let config = "[[roots]]\nname = \"network\"\ndir = \"stacks/nework\"\n\n[[roots]]\nname = \"vms\"\ndir = \"stacks/vms\"\n";
+    let w = world(&engine, config)
+        .files(&[
+            ("stacks/network/main.tf", &vms_tf(&["lan"])),
+            ("stacks/vms/main.tf", &vms_tf(&["web"])),
+        ])
+        .build();
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "network",
+            &[("stacks/network/main.tf", &vms_tf(&["lan", "dmz"]))],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert_eq!(
+        status,
+        "success: planbot: no root affected by this change; 1 changed file in no root, not planned",
+        "{note}"
+    );
+    assert!(note.contains("### 🟡 planbot"), "{note}");
+    assert!(
+        note.contains("⚠️ **Changed in no root, not planned:** `stacks/network/main.tf`. No root's `dir`, local module or `when_modified` in `.planbot.toml` takes it: check the `dir` of the root meant (`planbot check-repo-config`)."),
+        "{note}"
+    );
+
+    // A push that also changes `vms`: vms is planned, the stray file still named and counted.
+    w.push(
+        &s,
+        iid,
+        "network",
+        &[("stacks/vms/main.tf", &vms_tf(&["web", "db"]))],
+    )
+    .await;
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    w.final_statuses(&s, &head, &["planbot/plan"]).await;
+    let status = w.status_says(&head, "planbot/plan");
+    let note = w.note(iid);
+    assert!(
+        status.starts_with("success: vms: ")
+            && status.ends_with("; 1 changed file in no root, not planned"),
+        "{status}"
+    );
+    assert!(note.contains("`stacks/network/main.tf`"), "{note}");
+    assert!(!note.contains("`stacks/vms/main.tf`. No root"), "{note}");
+}

@@ -217,16 +217,7 @@ impl PlannedRun {
             ..self.targeting.clone()
         };
         args.extend(scope.engine_args().into_iter().map(OsString::from));
-        let call = StepCall {
-            dir: &self.dir,
-            env: &self.env,
-            deadline: started + inner.timeout,
-            cancel: self.cancel.clone(),
-            scrubber: &self.scrubber,
-            confinement: self.confinement.as_ref(),
-            quota: None,
-            cgroup: self.cgroup.as_ref(),
-        };
+        let call = self.step_call(started + inner.timeout);
         let why = |e: super::error::StepError| {
             e.into_engine_error(&RawLog::default(), &self.scrubber)
                 .report(20)
@@ -254,6 +245,20 @@ impl PlannedRun {
             .collect())
     }
 
+    /// A step of this apply, in its private directory and sandbox, ending by `deadline`.
+    fn step_call(&self, deadline: Instant) -> StepCall<'_> {
+        StepCall {
+            dir: &self.dir,
+            env: &self.env,
+            deadline,
+            cancel: self.cancel.clone(),
+            scrubber: &self.scrubber,
+            confinement: self.confinement.as_ref(),
+            quota: None,
+            cgroup: self.cgroup.as_ref(),
+        }
+    }
+
     /// The apply itself; the private directory is kept (the caller drops it).
     async fn apply_steps(
         &self,
@@ -271,16 +276,7 @@ impl PlannedRun {
             args.push(format!("-parallelism={n}").into());
         }
         args.push(self.plan_file.clone().into_os_string());
-        let call = StepCall {
-            dir: &self.dir,
-            env: &self.env,
-            deadline: started + inner.timeout,
-            cancel: self.cancel.clone(),
-            scrubber: &self.scrubber,
-            confinement: self.confinement.as_ref(),
-            quota: None,
-            cgroup: self.cgroup.as_ref(),
-        };
+        let call = self.step_call(started + inner.timeout);
         let result = self
             .engine
             .run_step(Step::Apply, &args, Capture::Log, &call, &mut on_line)

@@ -108,13 +108,6 @@ stored_enum!(
     }
 );
 
-impl QueueJobState {
-    /// Still to run or running: what a cancel or a supersede stops.
-    pub fn is_live(self) -> bool {
-        matches!(self, QueueJobState::Queued | QueueJobState::Running)
-    }
-}
-
 /// What enqueuing did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Enqueued {

@@ -45,6 +45,9 @@ const MAX_LISTED: usize = 1000;
 /// However tight the budget, at least this many destructive changes and findings are listed.
 const MIN_LISTED: usize = 20;
 
+/// The changed files no root claims that the note names (the rest are counted).
+const IN_NO_ROOT_SHOWN: usize = 10;
+
 /// What happened to one root in this run.
 pub enum RootOutcome<'a> {
     /// Planned: the parsed plan, its lint/preflight findings and fingerprint.
@@ -121,6 +124,9 @@ pub struct NoteContext {
     /// Config advice: roots that read another root's GitLab-managed state without depending on
     /// it (`core::reach::depends_on_hints`).
     pub depends_hints: Vec<crate::core::reach::DependsHint>,
+    /// Changed configuration files no root claims (`core::reach::in_no_root`): listed, and
+    /// the headline yellow.
+    pub in_no_root: Vec<String>,
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -272,6 +278,10 @@ impl minijinja::value::Object for Sections {
 #[derive(Serialize)]
 struct NoteView<'a> {
     banners: &'a [String],
+    /// `(root, format_version)` of each plan newer than planbot knows
+    /// ([`crate::core::plan::KNOWN_FORMAT`]).
+    newer_formats: Vec<(String, String)>,
+    known_format: String,
     colour: &'static str,
     invalid_file: Option<&'a str>,
     sha8: Option<String>,
@@ -316,6 +326,9 @@ struct NoteView<'a> {
     picture: Option<PictureView>,
     /// The `depends_on` lines the repo config lacks.
     depends_hints: &'a [crate::core::reach::DependsHint],
+    /// The first of the changed files no root claims, and how many more.
+    in_no_root: &'a [String],
+    in_no_root_more: usize,
 }
 
 /// The roots an MR reaches as a Mermaid graph: node ids are `r0`, `r1`… (never a name), each
@@ -871,10 +884,26 @@ fn build_view<'a, 'r>(
         .sum();
     let warnings_total = warnings.iter().map(|w| w.count).sum::<usize>() + warnings_unread;
     let (warnings, warnings_more) = first(warnings, LISTED);
+    let newer_formats = roots
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            RootOutcome::Planned { plan, .. } => {
+                plan.newer_format().map(|v| (r.name.clone(), v.to_string()))
+            }
+            _ => None,
+        })
+        .collect();
+    let (major, minor) = crate::core::plan::KNOWN_FORMAT;
     let view = NoteView {
         banners: &ctx.banners,
+        newer_formats,
+        known_format: format!("{major}.{minor}"),
         invalid_file: ctx.invalid_file.as_deref(),
-        colour: headline_colour(ctx, red || checks_red, yellow || checks_yellow),
+        colour: headline_colour(
+            ctx,
+            red || checks_red,
+            yellow || checks_yellow || !ctx.in_no_root.is_empty(),
+        ),
         sha8: ctx.sha.as_deref().map(|s| s.chars().take(8).collect()),
         draft: ctx.draft,
         roots_total: roots.len(),
@@ -907,6 +936,8 @@ fn build_view<'a, 'r>(
         reach: reach_shown(ctx, roots),
         picture: picture(&ctx.reach, &ctx.root_edges),
         depends_hints: &ctx.depends_hints,
+        in_no_root: &ctx.in_no_root[..ctx.in_no_root.len().min(IN_NO_ROOT_SHOWN)],
+        in_no_root_more: ctx.in_no_root.len().saturating_sub(IN_NO_ROOT_SHOWN),
     };
     (view, pending)
 }

@@ -514,6 +514,16 @@ mod tests {
     use crate::core::config::Secret;
     use crate::core::repo_config::RepoConfig;
 
+    #[test]
+    fn the_overrides_are_files_the_format_check_knows_as_planbots() {
+        for name in [OVERRIDE_FILE, remote::OVERRIDE_FILE] {
+            assert!(
+                crate::core::engine_checks::PLANBOT_FILES.contains(&name),
+                "{name}"
+            );
+        }
+    }
+
     fn cred() -> GitlabCredential {
         GitlabCredential {
             username: "planbot".into(),

@@ -15,11 +15,10 @@
 //!
 //! Pure: the flow reads the directory's files and writes the text this returns.
 
+use crate::core::hcl::hcl_string;
+
 /// The override file planbot writes into a directory whose code reads GitLab-managed state.
 pub const OVERRIDE_FILE: &str = "planbot_remote_state_override.tf";
-
-/// At most this many blocks are overridden in one directory.
-const MAX_BLOCKS: usize = 64;
 
 /// GitLab's state API as the repository's code names it, and the job's gate that answers for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,19 +71,10 @@ pub fn remote_state_override(
     files: &[(String, String)],
     redirect: &StateRedirect,
 ) -> Option<String> {
-    let mut blocks: Vec<(String, String)> = Vec::new();
-    for (name, text) in files {
-        let found = if name.ends_with(".json") {
-            json_blocks(text)
-        } else {
-            hcl_blocks(text)
-        };
-        for (label, config) in found {
-            if blocks.len() < MAX_BLOCKS && !blocks.iter().any(|(l, _)| *l == label) {
-                blocks.push((label, config));
-            }
-        }
-    }
+    let blocks: Vec<(String, String)> = crate::core::hcl::http_state_blocks(files)
+        .into_iter()
+        .filter(|(label, _)| plain_label(label))
+        .collect();
     if blocks.is_empty() {
         return None;
     }
@@ -124,116 +114,6 @@ fn plain_label(label: &str) -> bool {
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         && label.len() <= 256
-}
-
-/// The blocks of an HCL file: each `data "terraform_remote_state" "<label>"` whose `backend` is
-/// `"http"`, with its `config` expression's text as written.
-fn hcl_blocks(text: &str) -> Vec<(String, String)> {
-    use hcl::edit::expr::Expression;
-    use hcl::edit::Span;
-    crate::core::hcl::with_edit_body(text, |body| {
-        let mut found = Vec::new();
-        for block in body.get_blocks("data") {
-            let [kind, label] = block.labels.as_slice() else {
-                continue;
-            };
-            if kind.as_str() != "terraform_remote_state" || !plain_label(label.as_str()) {
-                continue;
-            }
-            let http = block
-                .body
-                .get_attribute("backend")
-                .is_some_and(|a| matches!(&a.value, Expression::String(s) if s.as_str() == "http"));
-            let config = block
-                .body
-                .get_attribute("config")
-                .and_then(|a| a.value.span())
-                .and_then(|span| text.get(span));
-            if let (true, Some(config)) = (http, config) {
-                found.push((label.as_str().to_string(), config.to_string()));
-            }
-        }
-        found
-    })
-    .unwrap_or_default()
-}
-
-/// The blocks of a `.tf.json` file (each level an object or a list of objects), their `config`
-/// turned into the HCL expression it means (a JSON string is a template, as in HCL).
-fn json_blocks(text: &str) -> Vec<(String, String)> {
-    use serde_json::Value;
-    fn each(v: Option<&Value>) -> Vec<&Value> {
-        match v {
-            Some(Value::Array(items)) => items.iter().collect(),
-            Some(v) => vec![v],
-            None => Vec::new(),
-        }
-    }
-    let Ok(v) = serde_json::from_str::<Value>(text) else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    for data in each(v.get("data")) {
-        for states in each(data.get("terraform_remote_state")) {
-            for (label, blocks) in states.as_object().into_iter().flatten() {
-                for block in each(Some(blocks)) {
-                    let http = block.get("backend").and_then(Value::as_str) == Some("http");
-                    if let (true, true, Some(config)) =
-                        (http, plain_label(label), block.get("config"))
-                    {
-                        found.push((label.clone(), json_as_hcl(config)));
-                    }
-                }
-            }
-        }
-    }
-    found
-}
-
-/// A JSON value of a `.tf.json` file as the HCL expression it means: strings stay templates.
-fn json_as_hcl(v: &serde_json::Value) -> String {
-    use serde_json::Value;
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => template_string(s),
-        Value::Array(items) => format!(
-            "[{}]",
-            items.iter().map(json_as_hcl).collect::<Vec<_>>().join(", ")
-        ),
-        Value::Object(map) => format!(
-            "{{ {} }}",
-            map.iter()
-                .map(|(k, v)| format!("{} = {}", hcl_string(k), json_as_hcl(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
-}
-
-/// `s` as a quoted HCL template: its interpolations kept, quotes, backslashes and control
-/// characters escaped.
-fn template_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// `s` as a quoted HCL string of exactly its characters: no interpolation.
-fn hcl_string(s: &str) -> String {
-    template_string(s).replace("${", "$${").replace("%{", "%%{")
 }
 
 /// `s` as an RE2 pattern matching it literally.

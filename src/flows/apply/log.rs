@@ -93,8 +93,13 @@ impl JobLog {
     /// Say the refusal's hint; its reason, for the verdict, the runs and the note (its values
     /// scrubbed, its words intact).
     pub(super) fn refusal(&self, r: &ApplyRefusal) -> String {
-        let (why, hint) =
-            crate::core::templates::scrubbing(&self.scrubber, || (r.to_string(), r.hint()));
+        let hint = crate::core::templates::scrubbing(&self.scrubber, || r.hint());
+        self.refusal_hinted(r, hint)
+    }
+
+    /// [`JobLog::refusal`] with `hint` (already scrubbed) as what to do next.
+    pub(super) fn refusal_hinted(&self, r: &ApplyRefusal, hint: String) -> String {
+        let why = crate::core::templates::scrubbing(&self.scrubber, || r.to_string());
         self.say(
             "hint",
             context! { hint => minijinja::Value::from_safe_string(hint) },

@@ -102,7 +102,9 @@ async fn refuse_apply(
     planned: &Planned,
     refusal: ApplyRefusal,
 ) -> Result<Verdict> {
-    let why = ctx.log.refusal(&refusal);
+    let hint = confirm_each(ctx, &planned.decided)
+        .unwrap_or_else(|| crate::core::templates::scrubbing(&ctx.app.scrubber, || refusal.hint()));
+    let why = ctx.log.refusal_hinted(&refusal, hint.clone());
     // The run pages say why, as the status and the job's log do.
     let because = ctx.say(
         "refused_because",
@@ -112,7 +114,6 @@ async fn refuse_apply(
         ctx.end_run(d.run, RunState::Refused, &because, &d.plan_log)
             .await;
     }
-    let hint = crate::core::templates::scrubbing(&ctx.app.scrubber, || refusal.hint());
     ctx.app
         .store
         .finish_apply(apply_id, ApplyState::Refused, Some(why.clone()))
@@ -122,4 +123,23 @@ async fn refuse_apply(
     ctx.status(StatusState::Failed, &because).await;
     report::report_refused(ctx, &planned.decided, &planned.relied, &why, &hint).await;
     Ok(Verdict::Refused(why))
+}
+
+/// With several roots whose fresh plan only a confirmation would apply, each has its own
+/// fingerprint and one `PLANBOT_CONFIRM` confirms one: the hint names each root with the
+/// `PLANBOT_ROOTS` and `PLANBOT_CONFIRM` that apply it (`None` with one root or none).
+fn confirm_each(ctx: &ApplyCtx, decided: &[Decided]) -> Option<String> {
+    let each: Vec<(&str, &str)> = decided
+        .iter()
+        .filter(|d| d.refusal().is_some_and(ApplyRefusal::confirmable))
+        .map(|d| (d.root.as_str(), &d.fingerprint.as_hex()[..12]))
+        .collect();
+    (each.len() > 1).then(|| {
+        crate::core::templates::scrubbing(&ctx.app.scrubber, || {
+            super::log::log_text("confirm_each", context! { roots => each })
+        })
+        .trim()
+        .trim_start_matches("planbot: ")
+        .to_string()
+    })
 }

@@ -115,7 +115,8 @@ async fn plan(
     let note = note::post(app, job, &prepared, &planned, started.elapsed()).await?;
     let widgets = widgets::compute(&prepared, &planned.results, &note).await;
     let blocked = prepared.proposed_invalid.is_some();
-    let recorded = record::record(app, job, planned.results, &note, blocked).await?;
+    let mut recorded = record::record(app, job, planned.results, &note, blocked).await?;
+    recorded.in_no_root = planned.in_no_root.len();
     widgets::record(app, job, widgets).await?;
     drop(prepared.checkout);
     let invalid = prepared.proposed_invalid.as_ref();

@@ -86,6 +86,7 @@ pub(super) async fn post(
         reach,
         root_edges,
         depends_hints: planned.depends_hints.clone(),
+        in_no_root: planned.in_no_root.clone(),
         hints: sandbox_hints(app, &planned.results),
         planned_before: planned_before(&prepared.config, &planned.results),
         invalid_file: prepared

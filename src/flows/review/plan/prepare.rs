@@ -207,7 +207,7 @@ async fn commit_to_plan(
     let mut invalid = None;
     if changed.iter().any(|f| f == repo_config::FILE_NAME) {
         let preview: Result<RepoConfig, RepoConfigError> =
-            ws.repo_config_at(project, head.as_str()).await?;
+            ws.proposed_repo_config_at(project, head.as_str()).await?;
         banners.push(repo_config::render_preview(&preview, default_branch));
         invalid = preview.err();
     }

@@ -9,14 +9,19 @@ use crate::core::repo_config::RepoConfig;
 use crate::flows::context::app_state::App;
 use std::path::Path;
 
-/// Each root of the repo config and whether the changes reach it (its own files, the local
-/// modules it uses, its `when_modified` patterns), and the `depends_on` lines the repo config
-/// lacks (a root reads another's managed state).
-pub(super) async fn decide<'a>(
-    app: &App,
-    job: &PlanJob,
-    prepared: &'a Prepared,
-) -> (Vec<Decision<'a>>, Vec<DependsHint>) {
+/// What the changes reach.
+pub(super) struct Reach<'a> {
+    /// Each root of the repo config and whether the changes reach it (its own files, the
+    /// local modules it uses, its `when_modified` patterns).
+    pub decisions: Vec<Decision<'a>>,
+    /// The `depends_on` lines the repo config lacks (a root reads another's managed state).
+    pub depends_hints: Vec<DependsHint>,
+    /// The changed configuration files no root claims ([`reach::in_no_root`]).
+    pub in_no_root: Vec<String>,
+}
+
+/// What the MR's changes reach ([`Reach`]).
+pub(super) async fn decide<'a>(app: &App, job: &PlanJob, prepared: &'a Prepared) -> Reach<'a> {
     let config = &prepared.config;
     let modules = module_graph(prepared.checkout.path(), config).await;
     let decisions = reach::decide(config, &prepared.changed, &modules);
@@ -27,7 +32,12 @@ pub(super) async fn decide<'a>(
     let hints = reach::depends_on_hints(config, &modules, own, |root| {
         crate::core::state::gitlab_state_name(root, app.config.state.default)
     });
-    (decisions, hints)
+    let in_no_root = reach::in_no_root(&decisions, &prepared.changed, &modules);
+    Reach {
+        decisions,
+        depends_hints: hints,
+        in_no_root,
+    }
 }
 
 /// The module graph of `config`'s roots in the checkout at `checkout`.

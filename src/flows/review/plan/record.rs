@@ -34,6 +34,8 @@ pub(super) struct Recorded {
     pub roots: Vec<minijinja::Value>,
     /// What the roots' tests said (`None`: no root has tests).
     pub tests: Option<TestsStatus>,
+    /// How many changed configuration files no root claims (the description counts them).
+    pub in_no_root: usize,
 }
 
 /// Stage 4: finish every run (its summary, scrubbed log and the note; failed when the plan
@@ -224,7 +226,7 @@ pub(super) fn final_status(rec: &Recorded, scrubber: &Scrubber) -> (StatusState,
             text(
                 scrubber,
                 "result",
-                minijinja::context! { roots => &rec.roots },
+                minijinja::context! { roots => &rec.roots, in_no_root => rec.in_no_root },
             ),
         )
     } else if let Some(lint_error) = lint_error {
@@ -232,7 +234,11 @@ pub(super) fn final_status(rec: &Recorded, scrubber: &Scrubber) -> (StatusState,
     } else if rec.planned == 0 {
         (
             StatusState::Success,
-            text(scrubber, "no_root", minijinja::context! {}),
+            text(
+                scrubber,
+                "no_root",
+                minijinja::context! { in_no_root => rec.in_no_root },
+            ),
         )
     } else {
         (
@@ -240,7 +246,7 @@ pub(super) fn final_status(rec: &Recorded, scrubber: &Scrubber) -> (StatusState,
             text(
                 scrubber,
                 "result",
-                minijinja::context! { roots => &rec.roots },
+                minijinja::context! { roots => &rec.roots, in_no_root => rec.in_no_root },
             ),
         )
     }

@@ -75,6 +75,8 @@ pub(super) struct RootsPlanned {
     pub reach: Vec<reach::Reached>,
     /// The `depends_on` lines the repo config lacks (a root reads another's managed state).
     pub depends_hints: Vec<reach::DependsHint>,
+    /// The changed configuration files no root claims (the note lists them).
+    pub in_no_root: Vec<String>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
@@ -94,7 +96,11 @@ pub(super) async fn plan_roots(
 ) -> Result<RootsPlanned> {
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
     let (token, _following) = CancelToken::following(cancel);
-    let (decisions, depends_hints) = super::reach::decide(app, job, prepared).await;
+    let super::reach::Reach {
+        decisions,
+        depends_hints,
+        in_no_root,
+    } = super::reach::decide(app, job, prepared).await;
     let planner = RootPlanner {
         app,
         job,
@@ -126,6 +132,7 @@ pub(super) async fn plan_roots(
     let mut planned = gather(&decisions, planner.in_order(&decisions).await)?;
     across_roots(prepared, &planned.capacity, &mut planned.results);
     planned.depends_hints = depends_hints;
+    planned.in_no_root = in_no_root;
     Ok(planned)
 }
 

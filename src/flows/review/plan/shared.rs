@@ -125,6 +125,7 @@ mod tests {
             text(&none, "superseded", context! {}),
             text(&none, "closed", context! {}),
             text(&none, "no_root", context! {}),
+            text(&none, "no_root", context! { in_no_root => 2 }),
             text(
                 &none,
                 "error",
@@ -148,6 +149,13 @@ mod tests {
                     context! { name => "core", state => "planned", summary => "1 to add, 0 to change, 0 to destroy", targeted => "1 excluded" },
                     context! { name => "edge", state => "planned", summary => "no changes", targeted => "" },
                 ] },
+            ),
+            text(
+                &none,
+                "result",
+                context! { roots => vec![
+                    context! { name => "vms", state => "planned", summary => "1 to add, 0 to change, 0 to destroy", targeted => "" },
+                ], in_no_root => 1 },
             ),
             text(
                 &none,
