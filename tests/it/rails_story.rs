@@ -124,7 +124,8 @@ async fn an_apply_waits_for_an_approval_by_another_developer_given_after_the_las
             assert_eq!(verdict(&log), "planbot: apply succeeded", "{log}");
             assert!(state.contains("\"dns\""), "{state}");
             assert!(
-                w.status_says(&landed, "planbot/apply").starts_with("success"),
+                w.status_says(&landed, "planbot/apply")
+                    .starts_with("success"),
                 "{case:?}"
             );
             assert_eq!(w.notes_containing(iid, "planbot · applied").len(), 1);

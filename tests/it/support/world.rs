@@ -799,7 +799,8 @@ impl World {
     /// `username` approves the MR in GitLab (its system note says when); planbot hears of it
     /// only when an apply asks GitLab.
     pub fn approve(&self, iid: u64, username: &str) {
-        self.gitlab.approve(&self.project, iid, &self.user(username));
+        self.gitlab
+            .approve(&self.project, iid, &self.user(username));
     }
 
     /// `user` writes `text` on the MR; GitLab delivers the Note Hook.

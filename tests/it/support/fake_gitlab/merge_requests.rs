@@ -584,9 +584,15 @@ impl FakeGitLab {
     /// logical time.
     pub fn approve(&self, project: &FakeProject, iid: u64, user: &FakeUser) -> u64 {
         let level = self.member_level(project, user).unwrap_or(0);
-        assert!(level >= DEVELOPER, "GitLab lets only a Developer or above approve");
+        assert!(
+            level >= DEVELOPER,
+            "GitLab lets only a Developer or above approve"
+        );
         self.system_note(project, iid, user, "approved this merge request", |mr| {
-            assert_eq!(mr.state, "opened", "GitLab takes approvals on open MRs only");
+            assert_eq!(
+                mr.state, "opened",
+                "GitLab takes approvals on open MRs only"
+            );
             assert!(!mr.approved_by.contains(&user.id), "already approved");
             mr.approved_by.push(user.id);
         })
