@@ -74,6 +74,8 @@ enum Approved {
     BeforeThePush,
     /// alice pushes again, then bob approves it.
     AfterThePush,
+    /// As `AfterThePush`, but GitLab refuses to list the approvals when the apply asks.
+    UnreadAtTheApply,
 }
 
 /// A time GitLab wrote (`2026-01-01T00:01:52.000Z`) as planbot says it.
@@ -97,6 +99,7 @@ async fn an_apply_waits_for_an_approval_by_another_developer_given_after_the_las
         Approved::ByTheAuthor,
         Approved::BeforeThePush,
         Approved::AfterThePush,
+        Approved::UnreadAtTheApply,
     ] {
         let w = World::homelab(&engine)
             .member("bob", DEVELOPER)
@@ -113,8 +116,15 @@ async fn an_apply_waits_for_an_approval_by_another_developer_given_after_the_las
         let note = w.wait_for_plan(&s, iid).await;
         match case {
             Approved::ByTheAuthor => w.approve(iid, "alice"),
-            Approved::AfterThePush => w.approve(iid, "bob"),
+            Approved::AfterThePush | Approved::UnreadAtTheApply => w.approve(iid, "bob"),
             _ => {}
+        }
+        if case == Approved::UnreadAtTheApply {
+            w.gitlab.fail_next(
+                "GET /api/v4/projects/{id}/merge_requests/{iid}/approvals",
+                1,
+                403,
+            );
         }
         let last_push = shown(&w.gitlab.last_push(&w.project, iid));
         let log = w.merge_and_apply(&s, iid, 51).await;
@@ -135,15 +145,25 @@ async fn an_apply_waits_for_an_approval_by_another_developer_given_after_the_las
         let who = match case {
             Approved::ByNoOne => "no one approved it".to_string(),
             Approved::ByTheAuthor => "alice (the author) does not count".to_string(),
+            Approved::UnreadAtTheApply => String::new(),
             _ => format!(
                 "bob approved at {}, before it",
                 shown(&w.gitlab.time(bob_approved.unwrap()))
             ),
         };
-        let why = format!(
-            "merge request !{iid} needs 1 approval from a Developer or above other than its \
-             author, given after its last push ({last_push}): {who}"
-        );
+        let why = if case == Approved::UnreadAtTheApply {
+            // A check that guards the apply and cannot run refuses it (fail closed).
+            format!(
+                "planbot could not tell whether merge request !{iid} has the approvals the \
+                 apply waits for: GitLab answered 403 Forbidden (the token lacks the role or \
+                 scope)"
+            )
+        } else {
+            format!(
+                "merge request !{iid} needs 1 approval from a Developer or above other than \
+                 its author, given after its last push ({last_push}): {who}"
+            )
+        };
         assert_eq!(
             verdict(&log),
             format!("planbot: apply refused: {why}"),
