@@ -796,6 +796,13 @@ impl World {
             .await;
     }
 
+    /// `username` approves the MR in GitLab (its system note says when); planbot hears of it
+    /// only when an apply asks GitLab.
+    pub fn approve(&self, iid: u64, username: &str) {
+        self.gitlab
+            .approve(&self.project, iid, &self.user(username));
+    }
+
     /// `user` writes `text` on the MR; GitLab delivers the Note Hook.
     pub async fn say(&self, s: &TestService, iid: u64, user: &FakeUser, text: &str) {
         let hook = self.gitlab.note_webhook(&self.project, iid, user, text);
