@@ -182,3 +182,51 @@ async fn an_apply_waits_for_an_approval_by_another_developer_given_after_the_las
         assert!(!state.contains("\"gitlab\""), "nothing applied: {state}");
     }
 }
+
+/// An MR cannot loosen `[apply]` for its own apply: one that lowers `approvals` from 1 to 0 and
+/// turns deploy freezes off, merged without an approval during a freeze, is refused by the
+/// default branch's settings before the merge (the stricter of before and after holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mr_cannot_loosen_apply_settings_for_its_own_apply() {
+    let engine = require_engine!();
+    let w = World::homelab(&engine)
+        .planbot_toml("[apply]\napprovals = 1\n")
+        .build();
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let main_tf = crate::support::infra_main_tf(&["blocky", "gitlab"]);
+    let loosened = "[apply]\napprovals = 0\ndeploy_freezes = false\n";
+    let iid = w
+        .open_mr(
+            &s,
+            "loosen",
+            &[("main.tf", main_tf.as_str()), (".planbot.toml", loosened)],
+        )
+        .await;
+    w.wait_for_plan(&s, iid).await;
+    let log = w.merge_and_apply(&s, iid, 61).await;
+    assert!(
+        verdict(&log).starts_with(&format!(
+            "planbot: apply refused: merge request !{iid} needs 1 approval from a Developer or above other than its author"
+        )),
+        "{log}"
+    );
+    assert!(!w.state("core").unwrap_or_default().contains("\"gitlab\""));
+
+    // The freezes too: turned off by the MR, they still hold its apply.
+    let w = World::homelab(&engine).build();
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    freeze_until_new_year(&w);
+    let iid = w
+        .open_mr(
+            &s,
+            "unfreeze",
+            &[("main.tf", main_tf.as_str()), (".planbot.toml", loosened)],
+        )
+        .await;
+    w.wait_for_plan(&s, iid).await;
+    let log = w.merge_and_apply(&s, iid, 62).await;
+    assert!(
+        verdict(&log).starts_with("planbot: apply refused: a deploy freeze holds"),
+        "{log}"
+    );
+}

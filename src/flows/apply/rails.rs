@@ -1,5 +1,6 @@
 //! Apply stage 4's first check, before any engine runs: what the apply waits for besides its
-//! plans, as the default branch's `.planbot.toml` says under `[apply]`: GitLab's deploy freezes
+//! plans, as the default branch's `.planbot.toml` says under `[apply]` (the stricter of before
+//! the merge and after it: an MR cannot loosen them for itself): GitLab's deploy freezes
 //! (`deploy_freezes`, on unless turned off), then the merged merge request's approvals
 //! (`approvals`, none unless asked for).
 
