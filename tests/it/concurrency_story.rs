@@ -138,6 +138,7 @@ async fn one_authors_waiting_plans_hold_their_share_of_engine_slots_and_the_note
         )
         .await;
     let first = gate.next_arrival(120).await;
+    let first_arrived = tokio::time::Instant::now();
 
     // Bob's MR of a third root gets the other slot and its note meanwhile.
     let bob = w
@@ -170,6 +171,10 @@ async fn one_authors_waiting_plans_hold_their_share_of_engine_slots_and_the_note
     );
 
     // Her program goes on: her other root gets her share, and the note says what it waited for.
+    // Its wait must be one the note says (a second or more): Bob's plan took longer than that
+    // on every machine seen, so this never waits there; it sets the wait's length, it does not
+    // synchronise anything.
+    tokio::time::sleep_until(first_arrived + std::time::Duration::from_millis(1500)).await;
     gate.open();
     let (note, _) = w.plan_of(&s, alice).await;
     let other = if first == "a" { "b" } else { "a" };
@@ -183,4 +188,5 @@ async fn one_authors_waiting_plans_hold_their_share_of_engine_slots_and_the_note
         "{line}"
     );
     assert!(!line.contains(&format!("`{first}` waited")), "{line}");
+    eprintln!("Alice's note says: {line}");
 }
