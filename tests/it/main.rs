@@ -10,6 +10,7 @@ mod architecture;
 mod browser_pages;
 mod ci_template;
 mod combination_story;
+mod concurrency_story;
 mod deploy;
 mod doctor_binary;
 mod drift_hostile;
