@@ -1230,36 +1230,23 @@ impl GitLab {
         decode(&body)
     }
 
-    /// Every page of a list endpoint (`per_page=100`, following `x-next-page`).
+    /// Every page of a list endpoint (`per_page=100`, following `x-next-page`), with a hard
+    /// stop so a misbehaving server cannot keep planbot paging forever.
     async fn get_all<T: DeserializeOwned>(
         &self,
         segments: &[&str],
         query: &[(&str, &str)],
     ) -> Result<Vec<T>, GitLabError> {
-        let mut out = Vec::new();
-        let mut page = "1".to_string();
-        // A hard stop so a misbehaving server cannot keep us paging forever.
-        for _ in 0..10_000 {
-            let mut q: Vec<(&str, &str)> = query.to_vec();
-            q.push(("per_page", "100"));
-            q.push(("page", &page));
-            let url = self.url(segments, &q);
-            let (_, headers, body) = self.request(Method::GET, url, Auth::Bot, None).await?;
-            let items: Vec<T> = decode(&body)?;
-            out.extend(items);
-            let next = headers
-                .get("x-next-page")
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .unwrap_or("");
-            if next.is_empty() || next == page {
-                return Ok(out);
-            }
-            page = next.to_string();
+        const MAX_PAGES: u32 = 10_000;
+        match self
+            .get_pages(segments, query, MAX_PAGES, |_| false)
+            .await?
+        {
+            (all, true) => Ok(all),
+            (_, false) => Err(GitLabError::Decode(format!(
+                "pagination did not end after {MAX_PAGES} pages"
+            ))),
         }
-        Err(GitLabError::Decode(
-            "pagination did not end after 10000 pages".into(),
-        ))
     }
 
     /// The first pages of a list endpoint (`per_page=100`, following `x-next-page`), until
