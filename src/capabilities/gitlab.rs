@@ -230,6 +230,33 @@ pub struct Note {
     /// When the note was last edited (or written), on GitLab's clock.
     #[serde(default)]
     pub updated_at: Option<String>,
+    /// When it was written, on GitLab's clock (a system note: when GitLab recorded the event).
+    #[serde(default)]
+    pub created_at: Option<String>,
+}
+
+/// One approver of a merge request (`approved_by[]` of `GET .../approvals`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovedBy {
+    pub user: User,
+}
+
+/// `GET /projects/:id/merge_requests/:iid/approvals`: only who approves it now is read.
+#[derive(Deserialize)]
+struct Approvals {
+    #[serde(default, deserialize_with = "null_default")]
+    approved_by: Vec<ApprovedBy>,
+}
+
+/// A diff version of a merge request (`GET .../versions`): GitLab makes one on each push.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffVersion {
+    pub id: u64,
+    #[serde(default)]
+    pub head_commit_sha: Option<CommitSha>,
+    /// When it was made: when the push was.
+    #[serde(default)]
+    pub created_at: Option<String>,
 }
 
 /// The state of a commit status (`planbot/plan`, `planbot/apply`).
@@ -694,6 +721,58 @@ impl GitLab {
         self.get_all(
             &["projects", &p, "merge_requests", &i, "notes"],
             &[("sort", "asc"), ("order_by", "created_at")],
+        )
+        .await
+    }
+
+    /// The MR's notes, newest first, a page of 100 at a time until `enough` says the notes read
+    /// so far suffice or `max_pages` pages were read: a bounded read of a long discussion.
+    /// Also says whether every note was read.
+    pub async fn newest_mr_notes(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+        max_pages: u32,
+        enough: impl Fn(&[Note]) -> bool,
+    ) -> Result<(Vec<Note>, bool), GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        self.get_pages(
+            &["projects", &p, "merge_requests", &i, "notes"],
+            &[("sort", "desc"), ("order_by", "created_at")],
+            max_pages,
+            enough,
+        )
+        .await
+    }
+
+    /// Who approves the MR now (`GET .../approvals`, `approved_by[].user`; GitLab Free keeps
+    /// an approval across pushes). Anyone who may read the MR may read them.
+    pub async fn mr_approvers(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+    ) -> Result<Vec<User>, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        let approvals: Approvals = self
+            .get_json(&["projects", &p, "merge_requests", &i, "approvals"], &[])
+            .await?;
+        Ok(approvals.approved_by.into_iter().map(|a| a.user).collect())
+    }
+
+    /// The MR's newest diff versions (`GET .../versions`, newest first): one page of at most
+    /// 100, which holds the newest, its last push.
+    pub async fn mr_diff_versions(
+        &self,
+        project: ProjectId,
+        iid: MrIid,
+    ) -> Result<Vec<DiffVersion>, GitLabError> {
+        let p = project.to_string();
+        let i = iid.to_string();
+        self.get_json(
+            &["projects", &p, "merge_requests", &i, "versions"],
+            &[("per_page", "100"), ("page", "1")],
         )
         .await
     }
@@ -1185,16 +1264,38 @@ impl GitLab {
         decode(&body)
     }
 
-    /// Every page of a list endpoint (`per_page=100`, following `x-next-page`).
+    /// Every page of a list endpoint (`per_page=100`, following `x-next-page`), with a hard
+    /// stop so a misbehaving server cannot keep planbot paging forever.
     async fn get_all<T: DeserializeOwned>(
         &self,
         segments: &[&str],
         query: &[(&str, &str)],
     ) -> Result<Vec<T>, GitLabError> {
+        const MAX_PAGES: u32 = 10_000;
+        match self
+            .get_pages(segments, query, MAX_PAGES, |_| false)
+            .await?
+        {
+            (all, true) => Ok(all),
+            (_, false) => Err(GitLabError::Decode(format!(
+                "pagination did not end after {MAX_PAGES} pages"
+            ))),
+        }
+    }
+
+    /// The first pages of a list endpoint (`per_page=100`, following `x-next-page`), until
+    /// `enough` says what was read suffices or `max_pages` were read; and whether the list
+    /// ended (everything was read).
+    async fn get_pages<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+        max_pages: u32,
+        enough: impl Fn(&[T]) -> bool,
+    ) -> Result<(Vec<T>, bool), GitLabError> {
         let mut out = Vec::new();
         let mut page = "1".to_string();
-        // A hard stop so a misbehaving server cannot keep us paging forever.
-        for _ in 0..10_000 {
+        for _ in 0..max_pages {
             let mut q: Vec<(&str, &str)> = query.to_vec();
             q.push(("per_page", "100"));
             q.push(("page", &page));
@@ -1208,13 +1309,14 @@ impl GitLab {
                 .map(str::trim)
                 .unwrap_or("");
             if next.is_empty() || next == page {
-                return Ok(out);
+                return Ok((out, true));
+            }
+            if enough(&out) {
+                return Ok((out, false));
             }
             page = next.to_string();
         }
-        Err(GitLabError::Decode(
-            "pagination did not end after 10000 pages".into(),
-        ))
+        Ok((out, false))
     }
 
     /// A POST that creates something (a note, an issue), retried like any call but never

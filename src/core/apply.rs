@@ -119,6 +119,28 @@ pub enum ApplyRefusal {
     FreezeUnknown {
         why: String,
     },
+    /// `[apply] approvals`: the merge request that landed the commit has fewer approvals that
+    /// count (`core::approvals`: by a Developer or above other than its author, given after its
+    /// last push) than the apply waits for.
+    ApprovalsMissing {
+        mr: u64,
+        needed: u32,
+        counted: u32,
+        /// The merge request's last push, as `core::approvals::shown` writes it.
+        last_push: String,
+        /// Who approves it now, each with whether it counts.
+        approvals: Vec<crate::core::approvals::Approval>,
+    },
+    /// `[apply] approvals`: no merge request landed the commit, so no one approved it.
+    ApprovalsWithoutMr {
+        needed: u32,
+    },
+    /// Whether the merge request's approvals count could not be told (GitLab did not answer,
+    /// a time that cannot be read): a check that guards the apply could not run.
+    ApprovalsUnknown {
+        mr: u64,
+        why: String,
+    },
     /// The reviewed plan of the root was targeted (`planbot plan -- -target=…`/`-exclude=…`):
     /// the changes it left out would remain unapplied; applied only when confirmed.
     TargetedPlan {

@@ -2,6 +2,7 @@
 //! and preflight findings. No I/O, no async.
 pub mod apply;
 pub mod apply_note;
+pub mod approvals;
 pub mod ci_component;
 pub mod commit_status;
 pub mod config;

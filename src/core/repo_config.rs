@@ -199,6 +199,18 @@ pub struct ApplySettings {
     pub deploy_freezes: bool,
 }
 
+impl ApplySettings {
+    /// The stricter of `self` and `other`, setting by setting: the apply of a merge request
+    /// holds to its merged `[apply]` and to the default branch's before the merge, so an MR
+    /// may tighten them at once but never loosen them for its own apply.
+    pub fn stricter(self, other: ApplySettings) -> ApplySettings {
+        ApplySettings {
+            approvals: self.approvals.max(other.approvals),
+            deploy_freezes: self.deploy_freezes || other.deploy_freezes,
+        }
+    }
+}
+
 impl Default for ApplySettings {
     fn default() -> Self {
         ApplySettings {

@@ -11,6 +11,7 @@ mod browser_pages;
 mod ci_template;
 mod combination_story;
 mod command_limits;
+mod concurrency_story;
 mod deploy;
 mod doctor_binary;
 mod drift_hostile;

@@ -8,7 +8,7 @@ use planbot::core::plan::Plan;
 use planbot::core::proxmox::findings::{Finding, Severity};
 use planbot::core::redact::{Scrubber, Secrets};
 use planbot::core::render::{
-    render_note, NoteContext, RootOutcome, RootSection, NOTE_BUDGET, NOTE_MARKER,
+    render_note, NoteContext, PlanWait, RootOutcome, RootSection, WaitOn, NOTE_BUDGET, NOTE_MARKER,
 };
 use serde_json::json;
 use std::time::Duration;
@@ -225,6 +225,54 @@ fn an_errored_plan_is_red_shows_the_error_and_the_partial_changes() {
     assert!(note.contains("```text\nError: Resource precondition failed"));
     assert!(note.contains("<code>+ terraform_data.extra</code>"));
     insta::assert_snapshot!(note);
+}
+
+#[test]
+fn a_plan_that_waited_a_second_or_more_says_on_what_and_how_long_in_the_last_line() {
+    let plan = crate::support::fixtures::plan("no_changes");
+    let fp = fp();
+    let mut c = ctx();
+    let wait = |root: &str, on, ms| PlanWait {
+        root: root.into(),
+        on,
+        took: Duration::from_millis(ms),
+    };
+    c.waits = vec![
+        wait("core", WaitOn::AuthorShare { share: 1 }, 12_300),
+        wait("core", WaitOn::Slot { total: 2 }, 999),
+        wait("dns", WaitOn::Slot { total: 2 }, 3_000),
+        wait("edge", WaitOn::Slot { total: 1 }, 61_000),
+    ];
+    let planned = |name: &str| RootSection {
+        name: name.into(),
+        outcome: RootOutcome::Planned {
+            plan: &plan,
+            findings: &[],
+            fingerprint: &fp,
+        },
+    };
+    let note = render_note(
+        &c,
+        &[planned("core"), planned("dns"), planned("edge")],
+        &Scrubber::none(),
+    );
+    assert_well_formed(&note);
+    let last = note.lines().last().unwrap();
+    assert!(
+        last.contains("planned in 8.2 s · `core` waited 12.3 s for this author's other plans (their share: 1 engine slot) · `dns` waited 3.0 s for an engine slot (all 2 busy) · `edge` waited 1 min 1 s for the one engine slot · [run page]"),
+        "{last}"
+    );
+    // A wait under a second is not worth saying.
+    assert!(!last.contains("0.9 s"), "{last}");
+    // One root: the wait names no root; a plan that did not wait says nothing.
+    let mut one = ctx();
+    one.waits = vec![wait("core", WaitOn::AuthorShare { share: 3 }, 4_000)];
+    let note = note_with(&plan, &[], &one);
+    assert!(
+        note.contains("planned in 8.2 s · waited 4.0 s for this author's other plans (their share: 3 engine slots) · "),
+        "{note}"
+    );
+    assert!(!self::note("no_changes").contains("waited"));
 }
 
 #[test]

@@ -39,8 +39,17 @@ async fn independent_roots_plan_at_the_same_time_and_a_dependent_waits_for_its_u
             ("b/main.tf", &vms_tf(&["b1"])),
             ("c/main.tf", &vms_tf(&["c1"])),
         ])
+        // Three engine slots: one author's plans hold two of them (their share).
+        .config(|c| c.plan_slots(3))
         .build();
-    assert_eq!(w.config.plan.max_concurrent_plans, 2, "two engine slots");
+    assert_eq!(
+        (
+            w.config.plan.max_concurrent_plans,
+            w.config.plan.workers_per_author
+        ),
+        (3, 2),
+        "two engine slots for this author"
+    );
     let s = TestService::start(w.config.clone(), with_workers()).await;
     // Each engine's `plan` reads its root's state (after `init` read it once, and inits take
     // turns on the plugin cache): that read waits at GitLab until released. While `a`'s is

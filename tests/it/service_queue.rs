@@ -1,5 +1,6 @@
 //! Stories of the durable queue: restarts, crashes, supersede of running jobs, reconcile, probes.
 
+use crate::support::gate::{gate_mirror, gate_sh, gated_tf, Gate};
 use crate::support::service::*;
 use crate::support::world::PlanbotConfig;
 use planbot::capabilities::store::{NewRun, RunEnd, RunKind, RunState};
@@ -385,8 +386,9 @@ async fn a_job_past_its_deadline_is_stopped_its_status_says_so_and_its_worker_is
         .set("engine", "grace", "\"1s\"")
         .load();
     let s = TestService::start(cfg, workers()).await;
-    // The job never gets its root (held here for the whole test): only its deadline ends it.
-    let held = s.app.root_locks.lock(ProjectId(project.id), "slow").await;
+    // The job never gets an engine slot (both held here for the whole test): only its deadline
+    // ends it.
+    let held = (s.app.engine_slot().await, s.app.engine_slot().await);
     s.deliver_mr_opened(&fake.mr_webhook(&project, x1).body(), x1)
         .await;
     s.after_job_ends("the job to end at its deadline", 60, || s.jobs_all_ended())
@@ -419,8 +421,15 @@ async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
     let (xavier, yolanda) = (fake.create_user("xavier"), fake.create_user("yolanda"));
     fake.add_member(&project, &xavier, DEVELOPER);
     fake.add_member(&project, &yolanda, DEVELOPER);
-    // Xavier's two MRs change the slow root, Yolanda's the fast one.
-    fake.commit_files(&project, "x-one", &[("slow/main.tf", &data_root("x1"))]);
+    // Xavier's two MRs change the slow root, Yolanda's the fast one; the code of Xavier's first
+    // waits (at the test's gate) as long as the test holds it.
+    let (mirror, mut gate) = (gate_mirror(), Gate::start().await);
+    let x1_files = [
+        ("slow/main.tf", gated_tf(&data_root("x1"))),
+        ("slow/gate.sh", gate_sh(gate.port, "slow")),
+    ];
+    let x1_files: Vec<(&str, &str)> = x1_files.iter().map(|(p, t)| (*p, t.as_str())).collect();
+    fake.commit_files(&project, "x-one", &x1_files);
     fake.commit_files(&project, "x-two", &[("slow/main.tf", &data_root("x2"))]);
     fake.commit_files(&project, "y-one", &[("fast/main.tf", &data_root("y1"))]);
     let x1 = fake.open_mr_by(&project, "x-one", "main", &xavier);
@@ -430,21 +439,19 @@ async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
     let data = tempfile::tempdir().unwrap();
     let cfg = bench_config(data.path(), &fake, "infra/homelab", &engine)
         .plan_slots(2)
+        .set(
+            "engine",
+            "provider_mirror",
+            &format!("\"{}\"", mirror.path().display()),
+        )
+        .sandbox_reaches(gate.port)
         .load();
     let s = TestService::start(cfg, workers()).await;
-    let pid = ProjectId(project.id);
 
-    // Xavier's plans are slow: the slow root is held (as a long apply of it would hold it), so
-    // each of his jobs keeps its worker while it waits for the root.
-    let held = s.app.root_locks.lock(pid, "slow").await;
+    // Xavier's first plan runs his code, which waits: his job keeps its worker meanwhile.
     s.deliver_mr_opened(&fake.mr_webhook(&project, x1).body(), x1)
         .await;
-    tokio::time::timeout(
-        std::time::Duration::from_secs(120),
-        s.app.root_locks.until_waiting(pid, "slow", 1),
-    )
-    .await
-    .expect("Xavier's first plan waits for the slow root on its worker");
+    assert_eq!(gate.next_arrival(120).await, "slow");
     s.deliver_mr_opened(&fake.mr_webhook(&project, x2).body(), x2)
         .await;
     s.deliver_mr_opened(&fake.mr_webhook(&project, y1).body(), y1)
@@ -475,8 +482,8 @@ async fn one_authors_slow_plans_leave_a_worker_for_another_authors_mr() {
     assert_eq!(state_of(x2).as_deref(), Some("queued"), "{jobs:?}");
     assert!(fake.plan_note(&project, x1).is_none());
 
-    // The root is free again: Xavier's MRs get their notes too, one after the other.
-    drop(held);
+    // His code goes on: Xavier's MRs get their notes too, one after the other.
+    gate.open();
     s.after_job_ends("every plan to end", 240, || s.jobs_all_ended())
         .await;
     for iid in [x1, x2] {

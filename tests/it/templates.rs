@@ -126,6 +126,8 @@ const NOT_OUTSIDE_TEXT: &[&str] = &[
     "approver",
     "approved_by",
     "duration",
+    "took",
+    "on",
     "run",
 ];
 

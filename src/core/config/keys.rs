@@ -663,7 +663,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Int,
         secret: false,
         unset: Unset::Derived("`max_concurrent_plans` - 1, at least 1"),
-        description: "The most workers one author's jobs (or one MR's) hold at once (1..64): the others stay free for everyone else, so one author's slow plans never make another MR wait for its note. Jobs planbot queues itself (re-plans after a merge, drift) count as one author.",
+        description: "The most workers one author's jobs (or one MR's) hold at once (1..64), and the most engine slots one author's plans hold: the others stay free for everyone else, so one author's slow plans never make another MR wait for its note ([what runs at the same time](workflow.md#what-runs-at-the-same-time)). Jobs planbot queues itself (re-plans after a merge, drift) count as one author.",
         show: |c| Shown::plain(c.plan.workers_per_author),
     },
     Key {

@@ -127,6 +127,30 @@ pub struct NoteContext {
     /// Changed configuration files no root claims (`core::reach::in_no_root`): listed, and
     /// the headline yellow.
     pub in_no_root: Vec<String>,
+    /// What the roots' plans waited for before their engines ran: the last line says each wait
+    /// of [`NOTICEABLE_WAIT`] or more.
+    pub waits: Vec<PlanWait>,
+}
+
+/// The shortest wait of a root's plan the note says: shorter ones are not worth a reader's
+/// attention (a slot freed as the plan asked).
+pub const NOTICEABLE_WAIT: Duration = Duration::from_secs(1);
+
+/// A wait of a root's plan before its engine ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanWait {
+    pub root: String,
+    pub on: WaitOn,
+    pub took: Duration,
+}
+
+/// What a root's plan waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitOn {
+    /// The author's other plans held the author's `share` of the engine slots.
+    AuthorShare { share: usize },
+    /// Every one of the `total` engine slots was held.
+    Slot { total: usize },
 }
 
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
@@ -329,6 +353,38 @@ struct NoteView<'a> {
     /// The first of the changed files no root claims, and how many more.
     in_no_root: &'a [String],
     in_no_root_more: usize,
+    /// The waits of [`NOTICEABLE_WAIT`] or more before a root's engine ran.
+    waits: Vec<WaitView>,
+}
+
+#[derive(Serialize)]
+struct WaitView {
+    root: String,
+    /// `share` or `slot`.
+    on: &'static str,
+    /// The author's share, or every slot.
+    slots: usize,
+    took: String,
+}
+
+/// The waits of [`NOTICEABLE_WAIT`] or more, as the note's last line says them.
+fn wait_views(waits: &[PlanWait]) -> Vec<WaitView> {
+    waits
+        .iter()
+        .filter(|w| w.took >= NOTICEABLE_WAIT)
+        .map(|w| {
+            let (on, slots) = match w.on {
+                WaitOn::AuthorShare { share } => ("share", share),
+                WaitOn::Slot { total } => ("slot", total),
+            };
+            WaitView {
+                root: w.root.clone(),
+                on,
+                slots,
+                took: duration_text(w.took),
+            }
+        })
+        .collect()
 }
 
 /// The roots an MR reaches as a Mermaid graph: node ids are `r0`, `r1`… (never a name), each
@@ -938,6 +994,7 @@ fn build_view<'a, 'r>(
         depends_hints: &ctx.depends_hints,
         in_no_root: &ctx.in_no_root[..ctx.in_no_root.len().min(IN_NO_ROOT_SHOWN)],
         in_no_root_more: ctx.in_no_root.len().saturating_sub(IN_NO_ROOT_SHOWN),
+        waits: wait_views(&ctx.waits),
     };
     (view, pending)
 }

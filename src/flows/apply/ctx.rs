@@ -101,7 +101,7 @@ impl ApplyCtx {
         failure
     }
 
-    /// The root's lock, saying so in the job log when a plan or apply of it holds it.
+    /// The root's lock, saying so in the job log when an apply or drift check of it holds it.
     pub async fn lock_root(&self, root: &Root) -> RootGuard {
         match self.app.root_locks.try_lock(self.project, &root.name) {
             Some(g) => g,

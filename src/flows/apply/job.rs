@@ -211,7 +211,7 @@ async fn verify_and_apply(
     );
     let ctx = ApplyCtx {
         runs,
-        apply: repo_config.apply,
+        apply: repo_config.apply.stricter(policy.before_apply),
         app: app.clone(),
         project: job.project.id,
         project_path: job.project.path_with_namespace.clone(),

@@ -7,7 +7,7 @@
 use super::log::{say, Verdict};
 use crate::capabilities::gitlab::MergeRequest;
 use crate::core::ids::{CommitSha, ProjectId};
-use crate::core::repo_config::{RepoConfig, Root};
+use crate::core::repo_config::{ApplySettings, RepoConfig, Root};
 use crate::flows::context::app_state::App;
 use crate::flows::context::policy_sets::PolicySets;
 use anyhow::{Context, Result};
@@ -19,6 +19,9 @@ pub(super) struct PolicyGate {
     pub sets: PolicySets,
     /// The roots `(name, dir)` of that commit's `.planbot.toml`.
     pub before_roots: Vec<(String, String)>,
+    /// That commit's `[apply]` (the defaults for a first commit): the merged commit's cannot
+    /// loosen it ([`crate::core::repo_config::ApplySettings::stricter`]).
+    pub before_apply: ApplySettings,
     /// The commit before the merge; `None` for a first commit pushed straight to the branch.
     pub base: Option<CommitSha>,
 }
@@ -49,6 +52,7 @@ impl PolicyGate {
             return Ok(Ok(PolicyGate {
                 sets,
                 before_roots: Vec::new(),
+                before_apply: ApplySettings::default(),
                 base: None,
             }));
         };
@@ -71,6 +75,7 @@ impl PolicyGate {
             .context("reading the policy sets before the merge")?;
         Ok(Ok(PolicyGate {
             sets,
+            before_apply: before.apply,
             before_roots: before
                 .roots
                 .iter()

@@ -9,6 +9,7 @@ use crate::core::ids::{MrIid, ProjectId, UserId};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::webhook;
 use crate::flows::confinement::credentials::{self, Trust};
+use crate::flows::context::engine_slots::{EngineSlot, EngineSlots};
 pub use crate::flows::context::locks::RootLocks;
 use crate::flows::context::metrics::Metrics;
 use crate::flows::context::queue::Queue;
@@ -24,13 +25,15 @@ pub struct App {
     pub metrics: Metrics,
     /// Scrubs every configured secret (tokens, engine env values, Proxmox tokens) from any text.
     pub scrubber: Scrubber,
-    /// Plans and applies of the same (project, root) never run at the same time.
+    /// Applies and drift checks of the same (project, root) never run at the same time (MR
+    /// plans take no lock: they only read).
     pub root_locks: RootLocks,
     /// The engines this process runs at once, every job's together: `plan.max_concurrent_plans`
-    /// slots. A root's plan (MR, drift) and an apply's plan and apply each hold one while the
-    /// engine runs, taken after the root's lock and never held while waiting for a lock, so
-    /// the roots of one MR plan side by side without more engines than the memory is sized for.
-    pub engine_slots: tokio::sync::Semaphore,
+    /// slots, of which one author's plans hold at most `plan.workers_per_author`. A root's plan
+    /// (MR, drift) and an apply's plan and apply each hold one while the engine runs, never
+    /// held while waiting for a lock, so the roots of one MR plan side by side without more
+    /// engines than the memory is sized for.
+    pub engine_slots: EngineSlots,
     /// Git mirrors and per-job checkouts under `data_dir` (the bot token authenticates git).
     pub workspace: Workspace,
     /// What the webhook intake accepts.
@@ -66,12 +69,16 @@ pub const FOREIGN_PROJECTS_KEPT: usize = 10_000;
 pub const GITLAB_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl App {
-    /// One of the [`App::engine_slots`], waited for: hold it while the engine runs.
-    pub async fn engine_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
-        self.engine_slots
-            .acquire()
-            .await
-            .expect("the engine slots are never closed")
+    /// One of the [`App::engine_slots`] outside any author's share (an apply's), waited for:
+    /// hold it while the engine runs.
+    pub async fn engine_slot(&self) -> EngineSlot {
+        self.engine_slots.any().await
+    }
+
+    /// One of the [`App::engine_slots`] for a plan of `author` (`None`: planbot's own work),
+    /// within the author's share: hold it while the engine runs.
+    pub async fn engine_slot_of(&self, author: Option<UserId>) -> EngineSlot {
+        self.engine_slots.for_author(author).await
     }
 
     /// Open a SQLite store (creating `data_dir`) and assemble the state; a PostgreSQL
@@ -145,7 +152,10 @@ impl App {
             metrics: Metrics::new(),
             scrubber: secrets.scrubber(),
             root_locks: RootLocks::new(),
-            engine_slots: tokio::sync::Semaphore::new(config.plan.max_concurrent_plans.max(1)),
+            engine_slots: EngineSlots::new(
+                config.plan.max_concurrent_plans,
+                config.plan.workers_per_author,
+            ),
             webhook,
             gitlab_probe: gitlab
                 .clone()

@@ -1,9 +1,13 @@
-//! Root locks: plans and applies of the same (project, root) never run at the same time.
+//! Root locks: applies and drift checks of the same (project, root) never run at the same time.
 //!
 //! Apply-style work takes a [`RootGuard`] value; the functions that touch state require one,
 //! so "apply without the lock" does not compile. The engine's own state lock (`-lock-timeout`)
-//! still guards against other tools; this one keeps planbot from racing itself and lets a
-//! second apply wait its turn instead of failing on the state lock.
+//! still guards against other tools; this one keeps planbot from racing itself, lets a second
+//! apply wait its turn instead of failing on the state lock, and keeps a drift check from
+//! reading a state half applied. MR plans take no lock: they only read the state
+//! (`-lock=false`, through a read-only state gate) and run MR code, which may wait as long as
+//! `engine.timeout`; a lock they held would make another MR's plan wait on that code. The
+//! holders all run the default branch's reviewed code.
 
 use crate::core::ids::ProjectId;
 use std::collections::HashMap;

@@ -320,8 +320,10 @@ impl ProjectCheck<'_> {
     async fn check_root(&self, root: &Root) -> Result<RootChecked> {
         let app = self.app;
         let project = self.info.id;
+        // Exclusive against the root's apply (never an MR plan: they take no lock), then a
+        // slot within the share of planbot's own work.
         let _guard = app.root_locks.lock(project, &root.name).await;
-        let _slot = app.engine_slot().await;
+        let _slot = app.engine_slot_of(None).await;
         let run = if self.selection.dry_run {
             None
         } else {

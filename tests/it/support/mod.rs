@@ -57,6 +57,7 @@ pub fn gitlab_fixture(rel: &str) -> String {
 pub mod fake_engine;
 pub mod fake_gitlab;
 pub mod fixtures;
+pub mod gate;
 pub mod gitlab_reading;
 pub mod service;
 pub mod tf_root;

@@ -769,10 +769,21 @@ impl World {
 
     /// Alice pushes `files` on `branch`, opens an MR, and GitLab delivers the webhook.
     pub async fn open_mr(&self, s: &TestService, branch: &str, files: &[(&str, &str)]) -> u64 {
+        self.open_mr_by(s, &self.alice(), branch, files).await
+    }
+
+    /// `author` pushes `files` on `branch`, opens an MR, and GitLab delivers the webhook.
+    pub async fn open_mr_by(
+        &self,
+        s: &TestService,
+        author: &FakeUser,
+        branch: &str,
+        files: &[(&str, &str)],
+    ) -> u64 {
         self.gitlab.commit_files(&self.project, branch, files);
         let iid = self
             .gitlab
-            .open_mr_by(&self.project, branch, "main", &self.alice());
+            .open_mr_by(&self.project, branch, "main", author);
         let body = self
             .gitlab
             .mr_webhook(&self.project, iid)
@@ -794,6 +805,13 @@ impl World {
             .body();
         self.hook(s, "Merge Request Hook", &format!("push-{iid}-{old}"), &body)
             .await;
+    }
+
+    /// `username` approves the MR in GitLab (its system note says when); planbot hears of it
+    /// only when an apply asks GitLab.
+    pub fn approve(&self, iid: u64, username: &str) {
+        self.gitlab
+            .approve(&self.project, iid, &self.user(username));
     }
 
     /// `user` writes `text` on the MR; GitLab delivers the Note Hook.

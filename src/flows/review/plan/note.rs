@@ -94,6 +94,7 @@ pub(super) async fn post(
             .as_ref()
             .map(|_| crate::core::repo_config::FILE_NAME.to_string()),
         policies: policy_sections(&policies, &job.head, &approvals, &prepared.policies),
+        waits: planned.waits.clone(),
         ..NoteContext::default()
     };
     let body = compose_note(ctx, &planned.results, &scrubber);

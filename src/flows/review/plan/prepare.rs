@@ -204,6 +204,14 @@ async fn commit_to_plan(
             reason => &commit.reason,
         },
     )];
+    // `[apply] approvals` of the default branch: what the apply of this MR will wait for.
+    if config.apply.approvals > 0 {
+        banners.push(text(
+            &app.scrubber,
+            "approvals_line",
+            minijinja::context! { approvals => config.apply.approvals },
+        ));
+    }
     let mut invalid = None;
     if changed.iter().any(|f| f == repo_config::FILE_NAME) {
         let preview: Result<RepoConfig, RepoConfigError> =

@@ -1,6 +1,7 @@
 //! Stage 2 of a plan run: plan every affected root of the repo config in `depends_on` order
-//! (independent roots at once, each under its root's lock and one engine slot), each in its own
-//! stored run: the engine, then the Proxmox preflight and the lint.
+//! (independent roots at once, each in one engine slot of its author's share, under no root
+//! lock: an MR plan only reads), each in its own stored run: the engine, then the Proxmox
+//! preflight and the lint.
 
 use super::prepare::Prepared;
 use super::shared::finish;
@@ -17,6 +18,7 @@ use crate::core::proxmox::capacity::Capacity;
 use crate::core::proxmox::findings::{self, Finding};
 use crate::core::proxmox::lint;
 use crate::core::reach::{self, Decision};
+use crate::core::render::{PlanWait, WaitOn};
 use crate::core::repo_config::Root;
 use crate::core::state;
 use crate::core::targeting::Targeting;
@@ -24,6 +26,7 @@ use crate::flows::confinement::credentials::{apply_has_ssh, Trust};
 use crate::flows::confinement::plan_request::{self, JobRuns, RootRun};
 use crate::flows::context::app_state::App;
 use crate::flows::context::cpu::cpu_bound;
+use crate::flows::context::engine_slots::{Waited, WaitedFor};
 use crate::flows::preflight;
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -77,13 +80,18 @@ pub(super) struct RootsPlanned {
     pub depends_hints: Vec<reach::DependsHint>,
     /// The changed configuration files no root claims (the note lists them).
     pub in_no_root: Vec<String>,
+    /// What each root's plan waited for before its engine ran, in the repo config's order.
+    pub waits: Vec<PlanWait>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
 /// reason. The affected roots plan in their `depends_on` order ([`crate::core::root_graph`]): a
 /// root starts once every affected root above it has finished, roots with no path between them
-/// plan at once, each holding one of the service's engine slots ([`App::engine_slot`], shared
-/// with every other job) after its root's lock. Results stay in the repo config's order. A root
+/// plan at once, each holding one of the service's engine slots within its author's share
+/// ([`App::engine_slot_of`], shared with every other job). No root lock: an MR plan only reads
+/// the state, and its code (which may wait until `engine.timeout`) must hold up no other MR's
+/// plan; applies and drift checks exclude each other by it. Results stay in the repo config's
+/// order. A root
 /// not started yet when `cancel` fires is left out, and a running engine is killed. Every run
 /// started is pushed to `runs` as soon as it exists, so a failure later still closes it.
 pub(super) async fn plan_roots(
@@ -162,6 +170,8 @@ struct RootPlanned {
     preflight_note: String,
     /// What the plan takes from the Proxmox cluster.
     capacity: Option<Capacity>,
+    /// What the plan waited for before its engine ran.
+    waited: Vec<PlanWait>,
 }
 
 impl RootPlanned {
@@ -183,6 +193,7 @@ impl RootPlanned {
             targeting,
             preflight_note: String::new(),
             capacity: None,
+            waited: Vec::new(),
         }
     }
 }
@@ -215,21 +226,27 @@ impl RootPlanner<'_> {
                     // Closed (the upstream root ended): nothing more to wait for.
                     let _ = up.changed().await;
                 }
-                self.plan_locked(root).await
+                self.plan_in_slot(root).await
             }
         });
         futures::future::join_all(plans).await
     }
 
-    /// `root` planned under its lock and an engine slot, in a stored run; `None` when the job
-    /// was cancelled before it started.
-    async fn plan_locked(&self, root: &Root) -> Result<Option<RootPlanned>> {
+    /// `root` planned in an engine slot of its author's share (no root lock), in a stored run;
+    /// `None` when the job was cancelled before it started.
+    async fn plan_in_slot(&self, root: &Root) -> Result<Option<RootPlanned>> {
         let (app, job) = (self.app, self.job);
         if self.cancel.is_cancelled() {
             return Ok(None);
         }
-        let _guard = app.root_locks.lock(job.project, &root.name).await;
-        let _slot = app.engine_slot().await;
+        // A job cancelled (a newer push) while it waits for a slot stops waiting.
+        let slot = tokio::select! {
+            slot = app.engine_slot_of(job.requested_by) => slot,
+            _ = self.cancel.cancelled() => return Ok(None),
+        };
+        for waited in &slot.waited {
+            log_wait(job, &root.name, waited);
+        }
         if self.cancel.is_cancelled() {
             return Ok(None);
         }
@@ -255,7 +272,12 @@ impl RootPlanner<'_> {
             .store
             .plan_targeting(job.project, job.mr, &job.head, &root.name)
             .await?;
-        let planned = self.plan_root(root, targeting, run).await?;
+        let mut planned = self.plan_root(root, targeting, run).await?;
+        planned.waited = slot
+            .waited
+            .iter()
+            .map(|w| plan_wait(app, root, w))
+            .collect();
         log_root(job, &root.name, run, &planned.outcome, started.elapsed());
         Ok(Some(planned))
     }
@@ -372,6 +394,7 @@ impl RootPlanner<'_> {
             targeting,
             preflight_note: pf.note,
             capacity: pf.capacity,
+            waited: Vec::new(),
         }
     }
 }
@@ -410,6 +433,7 @@ fn gather(
                 if let Some(c) = p.capacity {
                     gathered.capacity.insert(name.clone(), c);
                 }
+                gathered.waits.extend(p.waited);
                 let (outcome, targeting) = (p.outcome, p.targeting);
                 gathered.results.push(RootResult {
                     name,
@@ -486,6 +510,40 @@ fn across_roots(
             }
         }
     }
+}
+
+/// A wait of `root`'s plan, as the note says it.
+fn plan_wait(app: &App, root: &Root, waited: &Waited) -> PlanWait {
+    PlanWait {
+        root: root.name.clone(),
+        on: match waited.on {
+            WaitedFor::AuthorShare => WaitOn::AuthorShare {
+                share: app.engine_slots.share(),
+            },
+            WaitedFor::Slot => WaitOn::Slot {
+                total: app.engine_slots.total(),
+            },
+        },
+        took: waited.took,
+    }
+}
+
+/// The log's line for a wait of a root's plan before its engine ran.
+fn log_wait(job: &PlanJob, root: &str, waited: &Waited) {
+    let (project, mr) = (job.project.0, job.mr.0);
+    let waited_ms = waited.took.as_millis() as u64;
+    let on = match waited.on {
+        WaitedFor::AuthorShare => "author_share",
+        WaitedFor::Slot => "engine_slot",
+    };
+    tracing::info!(
+        project,
+        mr,
+        root,
+        on,
+        waited_ms,
+        "root's plan waited before its engine ran"
+    );
 }
 
 /// The log's line for one planned root: `root planned` (with its changes) or a warning.

@@ -1,14 +1,18 @@
-//! Merge requests: opened, drafted, retargeted, rebased, merged (each merge method), closed, approved; their refs and JSON.
+//! Merge requests: opened, drafted, retargeted, rebased, merged (each merge method), closed,
+//! approved; their refs, diff versions and approvals, and their JSON.
 
 use super::*;
 
 /// Recompute `refs/merge-requests/IID/{head,merge}` in the target repo for one MR; without
-/// `compute_merge`, only the head (the merge ref is left as it was, marked pending).
+/// `compute_merge`, only the head (the merge ref is left as it was, marked pending). A new
+/// head is a new diff version of the MR, `version` its id and logical time (GitLab makes one
+/// per push: <https://docs.gitlab.com/api/merge_requests/#get-merge-request-diff-versions>).
 pub(super) fn refresh_mr_refs(
     target_repo: &FsPath,
     source_repo: &FsPath,
     mr: &mut FMr,
     compute_merge: bool,
+    version: u64,
 ) {
     let head_ref = format!("refs/merge-requests/{}/head", mr.iid);
     let merge_ref = format!("refs/merge-requests/{}/merge", mr.iid);
@@ -36,6 +40,14 @@ pub(super) fn refresh_mr_refs(
         if !mr.shas.contains(&head) {
             mr.shas.push(head.clone());
         }
+        let base = rev_parse(target_repo, &format!("refs/heads/{}", mr.target_branch))
+            .and_then(|t| try_git(target_repo, &["merge-base", &t, &head], &[], None).ok());
+        mr.versions.push(FVersion {
+            id: version,
+            head: head.clone(),
+            base,
+            created: version,
+        });
     }
     if !compute_merge {
         mr.merge_ref_pending = true;
@@ -174,6 +186,81 @@ pub(super) async fn commit_mrs(
     paginate(items, &q)
 }
 
+/// `GET /projects/:id/merge_requests/:iid/approvals`
+/// (<https://docs.gitlab.com/api/merge_request_approvals/#for-a-merge-request>): who approves
+/// it now (`approved_by[].user`), as GitLab Free answers: no rules, so nothing is required.
+pub(super) async fn get_approvals(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid)): Path<(String, u64)>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    let approved_by: Vec<Value> = mr
+        .approved_by
+        .iter()
+        .map(|a| json!({ "user": user_by_id(&s, *a) }))
+        .collect();
+    Json(json!({
+        "id": mr.id,
+        "iid": mr.iid,
+        "project_id": pid,
+        "title": mr.title,
+        "description": "",
+        "state": mr.state,
+        "created_at": "2026-01-01T00:00:00.000Z",
+        "updated_at": "2026-01-01T00:00:00.000Z",
+        "merge_status": "can_be_merged",
+        "approved": !mr.approved_by.is_empty(),
+        "approvals_required": 0,
+        "approvals_left": 0,
+        "approved_by": approved_by,
+        "user_has_approved": mr.approved_by.contains(&u.id),
+        "user_can_approve": level(&s, pid, &u) >= DEVELOPER && !mr.approved_by.contains(&u.id),
+    }))
+    .into_response()
+}
+
+/// `GET /projects/:id/merge_requests/:iid/versions`
+/// (<https://docs.gitlab.com/api/merge_requests/#get-merge-request-diff-versions>): the MR's
+/// diff versions, newest first, paginated; one per push.
+pub(super) async fn list_versions(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path((id, iid)): Path<(String, u64)>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let s = lock!(state);
+    let u = tryr!(api_user(&s, &headers));
+    let pid = tryr!(visible_project(&s, &id, &u));
+    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
+        return err(StatusCode::NOT_FOUND, "404 Not found");
+    };
+    let items: Vec<Value> = mr
+        .versions
+        .iter()
+        .rev()
+        .map(|v| {
+            json!({
+                "id": v.id,
+                "head_commit_sha": v.head,
+                "base_commit_sha": v.base,
+                "start_commit_sha": v.base,
+                "created_at": logical_time(v.created),
+                "merge_request_id": mr.id,
+                "state": "collected",
+                "real_size": "1",
+                "patch_id_sha": null,
+            })
+        })
+        .collect();
+    paginate(items, &q)
+}
+
 impl FakeGitLab {
     /// Open an MR from `source_branch` into `target_branch` of the same project, authored by a
     /// fresh Developer user `dev` (created once). Returns the iid.
@@ -208,6 +295,7 @@ impl FakeGitLab {
     ) -> u64 {
         let mut s = self.lock();
         let id = s.id();
+        let version = s.id();
         let compute = !s.async_merge_refs;
         let target_repo = s.repo(target_project.id);
         let source_repo = s.repo(source_project.id);
@@ -233,8 +321,9 @@ impl FakeGitLab {
             merged_base: None,
             notes: Vec::new(),
             approved_by: Vec::new(),
+            versions: Vec::new(),
         };
-        refresh_mr_refs(&target_repo, &source_repo, &mut mr, compute);
+        refresh_mr_refs(&target_repo, &source_repo, &mut mr, compute, version);
         p.mrs.insert(iid, mr);
         iid
     }
@@ -295,8 +384,9 @@ impl FakeGitLab {
         }
         for (pid, iid, src) in todo {
             let (target_repo, source_repo) = (s.repo(pid), s.repo(src));
+            let version = s.id();
             let mr = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid).unwrap();
-            refresh_mr_refs(&target_repo, &source_repo, mr, true);
+            refresh_mr_refs(&target_repo, &source_repo, mr, true, version);
         }
     }
 
@@ -487,11 +577,69 @@ impl FakeGitLab {
         self.refresh_after_push(src, &branch);
     }
 
-    pub fn approve(&self, project: &FakeProject, iid: u64, user: &FakeUser) {
+    /// `user` clicks "Approve" on the open MR: GitLab Free lets a Developer or above approve
+    /// (the author too), keeps the approval across later pushes, and writes the system note
+    /// "approved this merge request" by `user`
+    /// (<https://docs.gitlab.com/user/project/merge_requests/approvals/>). Returns the note's
+    /// logical time.
+    pub fn approve(&self, project: &FakeProject, iid: u64, user: &FakeUser) -> u64 {
+        let level = self.member_level(project, user).unwrap_or(0);
+        assert!(
+            level >= DEVELOPER,
+            "GitLab lets only a Developer or above approve"
+        );
+        self.system_note(project, iid, user, "approved this merge request", |mr| {
+            assert_eq!(
+                mr.state, "opened",
+                "GitLab takes approvals on open MRs only"
+            );
+            assert!(!mr.approved_by.contains(&user.id), "already approved");
+            mr.approved_by.push(user.id);
+        })
+    }
+
+    /// `user` revokes their approval: the system note "unapproved this merge request".
+    pub fn unapprove(&self, project: &FakeProject, iid: u64, user: &FakeUser) -> u64 {
+        self.system_note(project, iid, user, "unapproved this merge request", |mr| {
+            assert!(mr.approved_by.contains(&user.id), "not approved");
+            mr.approved_by.retain(|a| *a != user.id);
+        })
+    }
+
+    /// What `user` did to the MR (`change`), and GitLab's system note `body` by them saying it.
+    fn system_note(
+        &self,
+        project: &FakeProject,
+        iid: u64,
+        user: &FakeUser,
+        body: &str,
+        change: impl FnOnce(&mut FMr),
+    ) -> u64 {
+        let id = self.lock().id();
         self.with_mr(project, iid, |mr| {
-            if !mr.approved_by.contains(&user.id) {
-                mr.approved_by.push(user.id)
-            }
+            change(mr);
+            mr.notes.push(FakeNote {
+                id,
+                body: body.to_string(),
+                author_id: user.id,
+                system: true,
+                edits: 0,
+                created: id,
+                updated: id,
+            });
         });
+        id
+    }
+
+    /// When the MR's newest diff version was made (its last push), as GitLab writes it.
+    pub fn last_push(&self, project: &FakeProject, iid: u64) -> String {
+        self.with_mr(project, iid, |mr| {
+            logical_time(mr.versions.last().expect("a diff version").created)
+        })
+    }
+
+    /// A logical time as GitLab writes it (`created_at`).
+    pub fn time(&self, t: u64) -> String {
+        logical_time(t)
     }
 }

@@ -49,6 +49,11 @@
 //!   the MR's last diff had them (after a fast-forward, `base_sha` is the target before it);
 //!   rebase
 //!   (<https://docs.gitlab.com/api/merge_requests/#rebase-a-merge-request>);
+//! - approvals (<https://docs.gitlab.com/user/project/merge_requests/approvals/>, GitLab
+//!   Free): a Developer or above approves an open MR (its author too), GitLab writes the system
+//!   note "approved this merge request" by them and keeps the approval across pushes; `GET
+//!   .../approvals` lists `approved_by[].user`; each push is a new diff version (`GET
+//!   .../versions`, newest first, with its `created_at`);
 //! - merge refs computed in the background when asked
 //!   (<https://docs.gitlab.com/api/merge_requests/#merge-status>: `checking` until done);
 //! - quick actions (<https://docs.gitlab.com/user/project/quick_actions/>): a note or issue
@@ -174,7 +179,20 @@ struct FMr {
     /// merge base would be the head itself after a fast-forward).
     merged_base: Option<String>,
     notes: Vec<FakeNote>,
+    /// Who approves it now, in the order they approved.
     approved_by: Vec<u64>,
+    /// Its diff versions, oldest first: one per head it had.
+    versions: Vec<FVersion>,
+}
+
+/// A diff version of a merge request: GitLab makes one on each push to its source branch.
+#[derive(Debug, Clone)]
+struct FVersion {
+    id: u64,
+    head: String,
+    base: Option<String>,
+    /// Logical time (the fake's id counter), as notes have it.
+    created: u64,
 }
 
 /// A GitLab-managed state: its versions (each write is one) and its lock.
@@ -401,6 +419,14 @@ fn router(state: Shared) -> Router {
         )
         .route("/api/v4/projects/{id}/merge_requests", get(list_mrs))
         .route("/api/v4/projects/{id}/merge_requests/{iid}", get(get_mr))
+        .route(
+            "/api/v4/projects/{id}/merge_requests/{iid}/approvals",
+            get(get_approvals),
+        )
+        .route(
+            "/api/v4/projects/{id}/merge_requests/{iid}/versions",
+            get(list_versions),
+        )
         .route(
             "/api/v4/projects/{id}/merge_requests/{iid}/notes",
             get(list_notes).post(create_note),

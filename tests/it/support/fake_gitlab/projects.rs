@@ -355,8 +355,9 @@ impl FakeGitLab {
             let src_pid = s.projects[&pid].mrs[&iid].source_project;
             let source_repo = s.repo(src_pid);
             let compute = !s.async_merge_refs;
+            let version = s.id();
             let mr = s.projects.get_mut(&pid).unwrap().mrs.get_mut(&iid).unwrap();
-            refresh_mr_refs(&target_repo, &source_repo, mr, compute);
+            refresh_mr_refs(&target_repo, &source_repo, mr, compute, version);
         }
     }
 
