@@ -626,6 +626,7 @@ impl FakeGitLab {
                 edits: 0,
                 created: id,
                 updated: id,
+                awards: Vec::new(),
             });
         });
         id
