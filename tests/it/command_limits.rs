@@ -254,9 +254,24 @@ async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_limit() {
     );
 }
 
-#[cfg(debug_assertions)]
+/// Needs a debug build (CI's `cargo test` is one): the panic is asked for through
+/// `planbot::flows::apply::PANIC_WHILE_APPLYING_JOB`, which only a debug build of planbot has.
+/// In a release build (`cargo test --release`) this test fails saying so; it never passes
+/// without running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_that_panics_ends_its_status_and_note_as_interrupted_at_once() {
+    #[cfg(not(debug_assertions))]
+    panic!(
+        "this test needs a debug build of planbot (its panic hook, PANIC_WHILE_APPLYING_JOB, \
+         exists only under debug_assertions): run it without --release"
+    );
+    #[cfg(debug_assertions)]
+    an_apply_that_panics().await;
+}
+
+/// The story of [`an_apply_that_panics_ends_its_status_and_note_as_interrupted_at_once`].
+#[cfg(debug_assertions)]
+async fn an_apply_that_panics() {
     use planbot::capabilities::store::ApplyState;
     let engine = require_engine!();
     let w = World::homelab(&engine).build();

@@ -76,8 +76,12 @@ impl Leftover {
     }
 }
 
-/// Tests only (debug builds): the apply of this CI job id panics once its `planbot/apply`
-/// status says it is applying, as a bug in the apply would; nothing in planbot sets it.
+/// A test hook, compiled only into debug builds (a release binary has neither this nor its
+/// check in [`apply_all`]): the apply of this CI job id panics once its `planbot/apply` status
+/// says it is applying, as a bug in the apply would. Nothing in planbot sets it; the story
+/// `command_limits::an_apply_that_panics_ends_its_status_and_note_as_interrupted_at_once` does,
+/// since no input makes planbot panic on purpose and the catch in [`super::job::run`] (the
+/// record, status and note ended as interrupted at once) has no other way to be exercised.
 #[cfg(debug_assertions)]
 #[doc(hidden)]
 pub static PANIC_WHILE_APPLYING_JOB: std::sync::atomic::AtomicU64 =
