@@ -29,23 +29,17 @@ pub(super) struct VerifiedJob {
 /// protected default branch at its head, an allowed project, never applied before).
 /// `Ok(Err(verdict))` is a refusal, already written to the job log.
 ///
-/// About a hundred lines on purpose: the gate's checks in the order the refusals are documented,
-/// each returning early; split further, the facts gathered so far would travel between helpers.
+/// About a hundred lines on purpose (the token's lookup apart, in [`job_of_token`]): the gate's
+/// checks in the order the refusals are documented, each returning early; split further, the
+/// facts gathered so far would travel between helpers.
 pub(super) async fn verify_job(
     app: &App,
     caller: &Caller<'_>,
     log: &JobLog,
 ) -> Result<Result<VerifiedJob, Verdict>> {
-    let job = match app.gitlab.job_for_token(caller.token).await {
+    let job = match job_of_token(app, caller, log).await? {
         Ok(j) => j,
-        Err(GitLabError::Unauthorized) | Err(GitLabError::Forbidden) => {
-            app.limits.wrong_token(caller.client);
-            return Ok(Err(refuse(log, &ApplyRefusal::InvalidJobToken)));
-        }
-        Err(e) => {
-            app.metrics.gitlab_error("job_for_token");
-            return Err(e).context("asking GitLab about the job (GET /api/v4/job)");
-        }
+        Err(verdict) => return Ok(Err(verdict)),
     };
     let pipeline = job.pipeline.clone();
     let facts = JobFacts {
@@ -130,6 +124,27 @@ pub(super) async fn verify_job(
         default_branch,
         pipeline_id: pipeline.id,
     }))
+}
+
+/// The CI job of the caller's token as GitLab has it; a token GitLab refuses is the refusal
+/// (written to the log) and counts against the caller's client
+/// ([`crate::flows::context::limits`]).
+async fn job_of_token(
+    app: &App,
+    caller: &Caller<'_>,
+    log: &JobLog,
+) -> Result<Result<crate::capabilities::gitlab::Job, Verdict>> {
+    match app.gitlab.job_for_token(caller.token).await {
+        Ok(j) => Ok(Ok(j)),
+        Err(GitLabError::Unauthorized) | Err(GitLabError::Forbidden) => {
+            app.limits.wrong_token(caller.client);
+            Ok(Err(refuse(log, &ApplyRefusal::InvalidJobToken)))
+        }
+        Err(e) => {
+            app.metrics.gitlab_error("job_for_token");
+            Err(e).context("asking GitLab about the job (GET /api/v4/job)")
+        }
+    }
 }
 
 /// Stage 2: the merged MR whose landed commit is `sha`; `None` for a direct push (then only a
