@@ -21,11 +21,30 @@ pub struct RootKey {
     pub root: String,
 }
 
+/// The table's locks by key.
+type Table = Arc<Mutex<HashMap<RootKey, Arc<AsyncMutex<()>>>>>;
+
 /// Proof that the holder alone works on `key` until it is dropped.
 #[derive(Debug)]
 pub struct RootGuard {
     key: RootKey,
-    _guard: OwnedMutexGuard<()>,
+    guard: Option<OwnedMutexGuard<()>>,
+    table: Table,
+}
+
+impl Drop for RootGuard {
+    /// Free the lock, and forget it once no one else holds or waits for it: the table holds
+    /// only locks in use (its keys include one per merge request for replies).
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&self.key)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
 }
 
 impl RootGuard {
@@ -37,7 +56,7 @@ impl RootGuard {
 /// The process-wide table of root locks.
 #[derive(Debug, Clone, Default)]
 pub struct RootLocks {
-    locks: Arc<Mutex<HashMap<RootKey, Arc<AsyncMutex<()>>>>>,
+    locks: Table,
     /// How many callers wait in [`RootLocks::lock`] per root, and a signal when that changes
     /// (a synchronisation point for tests: "the second apply now waits").
     waiting: Arc<Mutex<HashMap<RootKey, usize>>>,
@@ -77,6 +96,11 @@ impl Drop for Waiting<'_> {
         {
             *n = n.saturating_sub(1);
         }
+        let mut waiting = self.locks.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if waiting.get(&self.key) == Some(&0) {
+            waiting.remove(&self.key);
+        }
+        drop(waiting);
         self.locks.changed.notify_waiters();
     }
 }
@@ -101,7 +125,11 @@ impl RootLocks {
         let waiting = Waiting::new(self, &key);
         let guard = slot.lock_owned().await;
         drop(waiting);
-        RootGuard { key, _guard: guard }
+        RootGuard {
+            key,
+            guard: Some(guard),
+            table: self.locks.clone(),
+        }
     }
 
     /// How many callers wait for `root` of `project` right now.
@@ -137,8 +165,20 @@ impl RootLocks {
             project,
             root: root.to_string(),
         };
-        let guard = self.slot(&key).try_lock_owned().ok()?;
-        Some(RootGuard { key, _guard: guard })
+        let guard = self.slot(&key).try_lock_owned().ok();
+        let Some(guard) = guard else {
+            // Not taken: forget the lock again if this call made it.
+            let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            if map.get(&key).is_some_and(|l| Arc::strong_count(l) == 1) {
+                map.remove(&key);
+            }
+            return None;
+        };
+        Some(RootGuard {
+            key,
+            guard: Some(guard),
+            table: self.locks.clone(),
+        })
     }
 }
 
@@ -172,5 +212,27 @@ mod tests {
         drop(core);
         assert_eq!(waiter.await.unwrap(), "core");
         assert_eq!(locks.waiting(ProjectId(1), "core"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_lock_no_one_holds_or_waits_for_is_forgotten() {
+        let locks = RootLocks::new();
+        let held = locks.lock(ProjectId(1), "\0reply !7 help").await;
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move { drop(locks.lock(ProjectId(1), "\0reply !7 help").await) })
+        };
+        locks
+            .until_waiting(ProjectId(1), "\0reply !7 help", 1)
+            .await;
+        drop(held);
+        waiter.await.unwrap();
+        assert!(locks.try_lock(ProjectId(1), "core").is_some());
+        let sizes = || {
+            let table = locks.locks.lock().unwrap().len();
+            let waiting = locks.waiting.lock().unwrap().len();
+            (table, waiting)
+        };
+        assert_eq!(sizes(), (0, 0), "every lock released and forgotten");
     }
 }
