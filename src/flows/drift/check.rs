@@ -341,7 +341,30 @@ impl ProjectCheck<'_> {
                     .await?,
             )
         };
-        let (verdict, fingerprint, log) = match self.plan(root).await {
+        let (verdict, fingerprint, log) = self.verdict(root).await;
+        let mut checked = RootChecked {
+            project_path: self.info.path_with_namespace.clone(),
+            root: root.name.clone(),
+            branch: self.branch.to_string(),
+            sha: self.head.as_str().to_string(),
+            verdict,
+            fingerprint,
+            issue: None,
+            issue_error: None,
+            run,
+        };
+        if let Some(run) = run {
+            self.report(&mut checked).await;
+            self.record(run, &checked, &log).await?;
+        }
+        Ok(checked)
+    }
+
+    /// The root's plan of the branch, read as drift: its verdict, the fingerprint of a
+    /// drifted plan (what the issue's `PLANBOT_CONFIRM` names), and the engine's log.
+    async fn verdict(&self, root: &Root) -> (DriftVerdict, Option<String>, String) {
+        let app = self.app;
+        match self.plan(root).await {
             Ok(planned) if planned.plan().errored => (
                 DriftVerdict::CouldNotCheck {
                     error: app.scrubber.scrub(&tail(planned.log(), 40)).into_owned(),
@@ -366,56 +389,46 @@ impl ProjectCheck<'_> {
                 None,
                 String::new(),
             ),
-        };
-        let mut checked = RootChecked {
-            project_path: self.info.path_with_namespace.clone(),
-            root: root.name.clone(),
-            branch: self.branch.to_string(),
-            sha: self.head.as_str().to_string(),
-            verdict,
-            fingerprint,
-            issue: None,
-            issue_error: None,
-            run,
-        };
-        if let Some(run) = run {
-            self.report(&mut checked).await;
-            let now = humantime::format_rfc3339_seconds(self.now).to_string();
-            let note = crate::core::drift::render_run_note(
-                &crate::core::drift::DriftIssue {
-                    project: &checked.project_path,
-                    root: &checked.root,
-                    branch: &checked.branch,
-                    sha: &checked.sha,
-                    verdict: &checked.verdict,
-                    first_seen: "",
-                    last_seen: &now,
-                    fingerprint: checked.fingerprint.as_deref(),
-                    job_name: &app.config.apply.job_name,
-                    run_url: None,
-                    run_hint: None,
-                },
-                &app.scrubber,
-            );
-            let end = RunEnd {
-                state: match checked.verdict {
-                    DriftVerdict::Clean | DriftVerdict::WaitingForApply { .. } => {
-                        RunState::Succeeded
-                    }
-                    _ => RunState::Failed,
-                },
-                summary: Some(app.scrubber.scrub(&summary(&checked)).into_owned()),
-                log: app.scrubber.scrub(&log).into_owned(),
-                // What the issue shows (the attribute diffs), on the run page.
-                note_markdown: Some(note),
-                fingerprint: None,
-            };
-            app.store.finish_run(run, end).await?;
-            app.store
-                .record_drift_root(root_record(&checked, project, self.now))
-                .await?;
         }
-        Ok(checked)
+    }
+
+    /// End the check's run (its note as the issue shows it, its scrubbed log) and record the
+    /// root's last check.
+    async fn record(&self, run: RunId, checked: &RootChecked, log: &str) -> Result<()> {
+        let (app, project) = (self.app, self.info.id);
+        let now = humantime::format_rfc3339_seconds(self.now).to_string();
+        let note = crate::core::drift::render_run_note(
+            &crate::core::drift::DriftIssue {
+                project: &checked.project_path,
+                root: &checked.root,
+                branch: &checked.branch,
+                sha: &checked.sha,
+                verdict: &checked.verdict,
+                first_seen: "",
+                last_seen: &now,
+                fingerprint: checked.fingerprint.as_deref(),
+                job_name: &app.config.apply.job_name,
+                run_url: None,
+                run_hint: None,
+            },
+            &app.scrubber,
+        );
+        let end = RunEnd {
+            state: match checked.verdict {
+                DriftVerdict::Clean | DriftVerdict::WaitingForApply { .. } => RunState::Succeeded,
+                _ => RunState::Failed,
+            },
+            summary: Some(app.scrubber.scrub(&summary(checked)).into_owned()),
+            log: app.scrubber.scrub(log).into_owned(),
+            // What the issue shows (the attribute diffs), on the run page.
+            note_markdown: Some(note),
+            fingerprint: None,
+        };
+        app.store.finish_run(run, end).await?;
+        app.store
+            .record_drift_root(root_record(checked, project, self.now))
+            .await?;
+        Ok(())
     }
 
     /// The engine's plan of the root at the head: plan credentials, the state only read.
