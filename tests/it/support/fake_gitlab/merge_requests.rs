@@ -196,10 +196,7 @@ pub(super) async fn get_approvals(
 ) -> Response {
     let s = lock!(state);
     let u = tryr!(api_user(&s, &headers));
-    let pid = tryr!(visible_project(&s, &id, &u));
-    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
-        return err(StatusCode::NOT_FOUND, "404 Not found");
-    };
+    let (pid, mr) = tryr!(visible_mr(&s, &id, &u, iid));
     let approved_by: Vec<Value> = mr
         .approved_by
         .iter()
@@ -236,10 +233,7 @@ pub(super) async fn list_versions(
 ) -> Response {
     let s = lock!(state);
     let u = tryr!(api_user(&s, &headers));
-    let pid = tryr!(visible_project(&s, &id, &u));
-    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
-        return err(StatusCode::NOT_FOUND, "404 Not found");
-    };
+    let (_, mr) = tryr!(visible_mr(&s, &id, &u, iid));
     let items: Vec<Value> = mr
         .versions
         .iter()

@@ -507,6 +507,21 @@ fn api_user(s: &StateInner, headers: &HeaderMap) -> Result<FakeUser, Response> {
 }
 
 /// The project, visible only to its members (like a private project).
+/// Merge request `iid` of a project `user` is a member of, with the project's id; 404 as
+/// GitLab answers for a project or a merge request the user cannot see.
+fn visible_mr<'a>(
+    s: &'a StateInner,
+    key: &str,
+    user: &FakeUser,
+    iid: u64,
+) -> Result<(u64, &'a FMr), Response> {
+    let pid = visible_project(s, key, user)?;
+    match s.projects[&pid].mrs.get(&iid) {
+        Some(mr) => Ok((pid, mr)),
+        None => Err(err(StatusCode::NOT_FOUND, "404 Not found")),
+    }
+}
+
 fn visible_project(s: &StateInner, key: &str, user: &FakeUser) -> Result<u64, Response> {
     match s.project_ref(key) {
         Some(pid) if s.projects[&pid].members.contains_key(&user.id) => Ok(pid),

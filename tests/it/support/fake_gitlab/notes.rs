@@ -46,10 +46,7 @@ pub(super) async fn list_notes(
 ) -> Response {
     let s = lock!(state);
     let u = tryr!(api_user(&s, &headers));
-    let pid = tryr!(visible_project(&s, &id, &u));
-    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
-        return err(StatusCode::NOT_FOUND, "404 Not found");
-    };
+    let (_, mr) = tryr!(visible_mr(&s, &id, &u, iid));
     // https://docs.gitlab.com/api/notes/#list-all-merge-request-notes: `order_by` created_at
     // (default) or updated_at, `sort` desc (default) or asc.
     let mut notes: Vec<&FakeNote> = mr.notes.iter().collect();
@@ -129,10 +126,7 @@ pub(super) async fn get_note(
 ) -> Response {
     let s = lock!(state);
     let u = tryr!(api_user(&s, &headers));
-    let pid = tryr!(visible_project(&s, &id, &u));
-    let Some(mr) = s.projects[&pid].mrs.get(&iid) else {
-        return err(StatusCode::NOT_FOUND, "404 Not found");
-    };
+    let (_, mr) = tryr!(visible_mr(&s, &id, &u, iid));
     match mr.notes.iter().find(|n| n.id == note_id) {
         Some(n) => Json(note_json(&s, mr, n)).into_response(),
         None => err(StatusCode::NOT_FOUND, "404 Note Not Found"),
