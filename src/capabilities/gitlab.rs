@@ -95,6 +95,8 @@ enum Auth<'a> {
     Job(&'a str),
     /// HTTP Basic auth with this user name and the client's token (git over HTTP).
     Basic(&'a str),
+    /// HTTP Basic auth with another credential (the state API with the apply's state token).
+    Login(&'a crate::core::config::GitlabCredential),
 }
 
 /// One attempt of a call, classified.
@@ -1177,6 +1179,26 @@ impl GitLab {
         })
     }
 
+    /// Delete the project's GitLab-managed state `name` with `credential` (the Maintainer role
+    /// GitLab asks for; `DELETE /projects/:id/terraform/state/:name`). A state already gone is
+    /// not an error: it is what was asked for.
+    pub async fn delete_terraform_state(
+        &self,
+        project: ProjectId,
+        name: &str,
+        credential: &crate::core::config::GitlabCredential,
+    ) -> Result<(), GitLabError> {
+        let p = project.to_string();
+        let url = self.url(&["projects", &p, "terraform", "state", name], &[]);
+        match self
+            .request(Method::DELETE, url, Auth::Login(credential), None)
+            .await
+        {
+            Ok(_) | Err(GitLabError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether the token may read the project's GitLab-managed state (the Developer role):
     /// `GET` of a state name no one uses answers 404 to a reader, 403 to anyone else. Read only.
     pub async fn terraform_state_readable(&self, project: ProjectId) -> Result<(), GitLabError> {
@@ -1411,6 +1433,7 @@ impl GitLab {
             Auth::Bot => req.header("PRIVATE-TOKEN", &self.token),
             Auth::Job(t) => req.header("JOB-TOKEN", t),
             Auth::Basic(user) => req.basic_auth(user, Some(&self.token)),
+            Auth::Login(c) => req.basic_auth(&c.username, Some(c.token.expose())),
         };
         if let Some(p) = payload {
             req = req.json(p);

@@ -25,7 +25,9 @@ impl CheckSet {
         fmt: true,
         test: true,
     };
-    /// No check (the drift check's and the apply's plans, `planbot plan`).
+
+    /// No check (the drift check's and the apply's plans, `planbot plan`, the destroy of a
+    /// retired root: its code is not the change under review).
     pub const NONE: CheckSet = CheckSet {
         validate: false,
         fmt: false,

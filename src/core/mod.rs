@@ -31,6 +31,7 @@ pub mod redact;
 pub mod render;
 pub mod replan;
 pub mod repo_config;
+pub mod retire;
 pub mod root_graph;
 pub mod state;
 pub mod store_tls;

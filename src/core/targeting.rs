@@ -24,6 +24,11 @@ pub struct Targeting {
     pub exclude: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replace: Vec<String>,
+    /// `-destroy`: the plan of a root an MR retires (`core::retire`), every resource of its
+    /// state destroyed. Never from a comment ([`Targeting::parse`] refuses the flag): planbot
+    /// sets it for a retired root, on the MR and in the apply alike.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub destroy: bool,
 }
 
 /// Why the arguments of a `planbot plan -- …` comment were refused (the reply says it, with
@@ -103,7 +108,18 @@ impl Targeting {
 
     /// A full plan (no flag).
     pub fn is_empty(&self) -> bool {
-        self.target.is_empty() && self.exclude.is_empty() && self.replace.is_empty()
+        self.target.is_empty()
+            && self.exclude.is_empty()
+            && self.replace.is_empty()
+            && !self.destroy
+    }
+
+    /// The destroy plan of a retired root (`-destroy`, every resource of its state).
+    pub fn destroy() -> Targeting {
+        Targeting {
+            destroy: true,
+            ..Targeting::default()
+        }
     }
 
     /// Plans only part of the root (`-target` or `-exclude`): what it leaves out stays
@@ -126,6 +142,9 @@ impl Targeting {
         for (flag, list) in self.lists() {
             out.extend(list.iter().map(|a| format!("{flag}={a}")));
         }
+        if self.destroy {
+            out.push("-destroy".to_string());
+        }
         out
     }
 
@@ -133,10 +152,17 @@ impl Targeting {
     /// or handed to the engine): every flag allowed, every address an address. A full plan
     /// passes as it is.
     pub fn recheck(&self) -> Result<Targeting, TargetingError> {
-        if self.is_empty() {
-            return Ok(Targeting::default());
-        }
-        Targeting::parse(&self.engine_args())
+        let flags = Targeting {
+            destroy: false,
+            ..self.clone()
+        };
+        let mut checked = if flags.is_empty() {
+            Targeting::default()
+        } else {
+            Targeting::parse(&flags.engine_args())?
+        };
+        checked.destroy = self.destroy;
+        Ok(checked)
     }
 
     /// How a status description and the log say it, in a few words: `1 excluded`,
@@ -192,6 +218,9 @@ impl Targeting {
             for a in sorted {
                 out.push_str(&format!("{}:{a};", a.len()));
             }
+        }
+        if self.destroy {
+            out.push_str("-destroy;");
         }
         out
     }
@@ -461,5 +490,23 @@ mod tests {
         let t = Targeting::parse(&["-exclude=module.x", "-replace=a.b"]).unwrap();
         let back: Targeting = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
         assert_eq!(back, t);
+    }
+
+    #[test]
+    fn a_destroy_plan_is_its_own_plan_that_no_comment_can_ask_for() {
+        let destroy = Targeting::destroy();
+        assert!(!destroy.is_empty() && !destroy.is_partial());
+        assert_eq!(destroy.engine_args(), ["-destroy"]);
+        // Bound to the fingerprint apart from a full plan and kept through the store.
+        assert_ne!(destroy.canonical(), Targeting::default().canonical());
+        assert_eq!(destroy.recheck(), Ok(destroy.clone()));
+        let json = serde_json::to_string(&destroy).unwrap();
+        assert_eq!(serde_json::from_str::<Targeting>(&json).unwrap(), destroy);
+        assert_eq!(serde_json::to_string(&Targeting::default()).unwrap(), "{}");
+        // A comment cannot ask for it.
+        assert_eq!(
+            Targeting::parse(&["-destroy"]),
+            Err(TargetingError::NotAllowed("-destroy".into()))
+        );
     }
 }

@@ -369,7 +369,7 @@ fn arrows_up(
 fn core_floor(room: &str) -> u8 {
     match room {
         "drift" | "fuzzing" => 8,
-        "render" => 7,
+        "render" | "retire" => 7,
         "apply" | "reach" | "replan" | "events" | "state" => 6,
         "fingerprint" | "repo_config" | "config" | "widgets" => 5,
         "targeting" | "apply_note" | "policy" | "engine_checks" | "summary" => 4,
@@ -546,7 +546,7 @@ fn apply_floor(room: &str) -> u8 {
         "judge" | "shown" | "rails" => 4,
         "plan" => 3,
         "ctx" => 2,
-        "policy" | "verify" => 1,
+        "policy" | "verify" | "retire" => 1,
         "log" => 0,
         other => panic!(
             "flows::apply::{other} has no floor: give it one here and in docs/architecture.md"

@@ -375,7 +375,7 @@ async fn an_mr_changing_the_config_gets_a_preview_but_main_config_decides() {
         "feature/cfg",
         &[(
             ".planbot.toml",
-            "[[roots]]\nname = \"everything\"\ndir = \".\"\n",
+            &format!("{REPO_CONFIG}\n[[roots]]\nname = \"everything\"\ndir = \".\"\n"),
         )],
     );
     let iid = w.gitlab.open_mr(&w.project, "feature/cfg", "main");

@@ -52,6 +52,7 @@ mod render_notes;
 mod replicas_story;
 mod repo_config_cli;
 mod repo_docs;
+mod retire_story;
 mod root_reach;
 mod roots_together;
 mod sandbox;

@@ -4,11 +4,14 @@
 
 use super::log::{say, ApplyFailure, JobLog};
 use super::policy::PolicyGate;
+use super::retire::Retiring;
 use crate::capabilities::gitlab::{CommitStatus, MergeRequest, StatusState};
 use crate::capabilities::store::{RunEnd, RunState};
 use crate::core::ids::{CommitSha, JobId, MrIid, ProjectId, RunId};
 use crate::core::repo_config::Root;
+use crate::core::targeting::Targeting;
 use crate::flows::confinement::credentials::Trust;
+use crate::flows::confinement::plan_request::JobRuns;
 use crate::flows::context::app_state::App;
 use crate::flows::context::locks::RootGuard;
 use minijinja::context;
@@ -18,7 +21,7 @@ use std::sync::Arc;
 pub(super) struct ApplyCtx {
     /// Every root's plan request, with the apply credentials and the job's one state gate
     /// (`flows::confinement::plan_request`).
-    pub runs: crate::flows::confinement::plan_request::JobRuns,
+    pub runs: JobRuns,
     /// `[apply]` of the default branch's `.planbot.toml`: what the apply waits for.
     pub apply: crate::core::repo_config::ApplySettings,
     pub app: Arc<App>,
@@ -34,9 +37,26 @@ pub(super) struct ApplyCtx {
     /// The policy sets that judge the apply: the default branch's before the merge, and
     /// planbot's own.
     pub policy: PolicyGate,
+    /// The roots the merge retires, destroyed from the code before it (`None`: none).
+    pub retiring: Option<Retiring>,
 }
 
 impl ApplyCtx {
+    /// Whether the merge retires `root`: it is planned as its destroy, from the code before
+    /// the merge.
+    pub fn retires(&self, root: &str) -> bool {
+        self.retiring.as_ref().is_some_and(|r| r.retires(root))
+    }
+
+    /// The runs a plan with `targeting` is made in: a destroy (of a retired root) over the
+    /// code before the merge, every other plan over the merged commit.
+    pub fn runs_for(&self, targeting: &Targeting) -> &JobRuns {
+        match (&self.retiring, targeting.destroy) {
+            (Some(retiring), true) => &retiring.runs,
+            _ => &self.runs,
+        }
+    }
+
     pub fn mr_iid(&self) -> Option<MrIid> {
         self.mr.as_ref().map(|m| m.iid)
     }

@@ -95,10 +95,14 @@ pub(super) async fn decide_root(
     confirm: Option<&str>,
     checked: Option<CheckedPlan<'_>>,
 ) -> Result<Decided, ApplyFailure> {
-    let (reviewed, targeting) = match reviewed_plan(ctx, root).await {
+    let (reviewed, mut targeting) = match reviewed_plan(ctx, root).await {
         Ok(r) => r,
         Err(e) => return Err(ctx.fail_run(run, ApplyFailure::Internal(e), "").await),
     };
+    // A root the merge retires is planned as its destroy, as the MR planned it.
+    if ctx.retires(&root.name) {
+        targeting = Targeting::destroy();
+    }
     let ask = Ask {
         root,
         reviewed: reviewed.as_ref(),
@@ -144,7 +148,11 @@ pub(super) async fn decide(
     guard: RootGuard,
 ) -> Result<Decided, ApplyFailure> {
     let root = ask.root;
-    if !ask.targeting.is_empty() {
+    if ask.targeting.destroy {
+        let base = ctx.policy.base.as_ref().map(|b| b.short().to_string());
+        ctx.log
+            .say("retired", context! { root => &root.name, base });
+    } else if !ask.targeting.is_empty() {
         ctx.log.say(
             "targeted",
             context! { root => &root.name, flags => ask.targeting.engine_args().join(" ") },

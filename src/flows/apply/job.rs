@@ -7,6 +7,7 @@ use super::ctx::ApplyCtx;
 use super::log::{refuse, say, JobLog, Verdict};
 use super::order::{dependency_order, Order};
 use super::report;
+use super::retire::Retiring;
 use super::verify::Caller;
 use super::{parity, policy, run as stage, verify};
 use crate::capabilities::gitlab::MergeRequest;
@@ -188,7 +189,22 @@ async fn verify_and_apply(
             Ok(p) => p,
             Err(verdict) => return Ok(verdict),
         };
-    let order = dependency_order(&repo_config, &body.roots);
+    let gate_project = GateProject {
+        id: job.project.id.0,
+        path: Some(job.project.path_with_namespace.clone()),
+    };
+    let before = policy.before.as_ref().zip(policy.base.as_ref());
+    let retiring = Retiring::of(
+        app,
+        gate_project.clone(),
+        before,
+        &repo_config,
+        &sha,
+        &body.roots,
+    )
+    .await?;
+    let retired: Vec<_> = retiring.iter().flat_map(|r| r.roots.clone()).collect();
+    let order = dependency_order(&repo_config, &body.roots).with_retired(&retired);
     if order.roots.is_empty() {
         let roots = format!("{:?}", body.roots);
         let why = say(&app.scrubber, "no_root_matches", context! { roots });
@@ -202,10 +218,7 @@ async fn verify_and_apply(
     let runs = JobRuns::new(
         &app.config,
         Trust::DefaultBranch,
-        GateProject {
-            id: job.project.id.0,
-            path: Some(job.project.path_with_namespace.clone()),
-        },
+        gate_project,
         &sha,
         checkout.path(),
     );
@@ -223,6 +236,7 @@ async fn verify_and_apply(
         pipeline_id: Some(job.pipeline_id),
         log: log.clone(),
         policy,
+        retiring,
     };
     let verdict =
         plan_apply_report(&ctx, apply_id, &order, checkout.path(), confirm.as_deref()).await;

@@ -33,6 +33,7 @@ mod plan;
 mod policy;
 mod rails;
 mod report;
+mod retire;
 mod run;
 mod shown;
 mod verify;

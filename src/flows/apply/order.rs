@@ -26,7 +26,7 @@ pub(super) struct Order<'a> {
     above: BTreeMap<String, Vec<String>>,
 }
 
-impl Order<'_> {
+impl<'a> Order<'a> {
     /// The roots `root` depends on directly.
     pub fn upstreams(&self, root: &str) -> &[String] {
         self.upstreams.get(root).map_or(&[], Vec::as_slice)
@@ -35,6 +35,15 @@ impl Order<'_> {
     /// The roots `root` depends on, directly or not.
     pub fn above(&self, root: &str) -> &[String] {
         self.above.get(root).map_or(&[], Vec::as_slice)
+    }
+
+    /// The roots a merge retires, last (every other root applies first, and may stop reading
+    /// them), each with no upstream; a root of the same name is theirs.
+    pub fn with_retired(mut self, retired: &'a [Root]) -> Order<'a> {
+        self.roots
+            .retain(|r| !retired.iter().any(|gone| gone.name == r.name));
+        self.roots.extend(retired.iter());
+        self
     }
 
     pub fn root(&self, name: &str) -> &Root {

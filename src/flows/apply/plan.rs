@@ -23,7 +23,7 @@ async fn root_run(
     root: &Root,
     targeting: &Targeting,
 ) -> Result<RootRun, ApplyFailure> {
-    ctx.runs
+    ctx.runs_for(targeting)
         .request(root, targeting)
         .await
         .map_err(|not_planned| ApplyFailure::NotPlanned {

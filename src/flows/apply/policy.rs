@@ -24,6 +24,8 @@ pub(super) struct PolicyGate {
     pub before_apply: ApplySettings,
     /// The commit before the merge; `None` for a first commit pushed straight to the branch.
     pub base: Option<CommitSha>,
+    /// That commit's `.planbot.toml` (the roots a merge may retire: `core::retire`).
+    pub before: Option<RepoConfig>,
 }
 
 impl PolicyGate {
@@ -54,6 +56,7 @@ impl PolicyGate {
                 before_roots: Vec::new(),
                 before_apply: ApplySettings::default(),
                 base: None,
+                before: None,
             }));
         };
         let before = match app
@@ -82,6 +85,7 @@ impl PolicyGate {
                 .map(|r| (r.name.clone(), r.dir.clone()))
                 .collect(),
             base: Some(base),
+            before: Some(before),
         }))
     }
 

@@ -184,11 +184,17 @@ async fn refused(ctx: &ApplyCtx, d: &Decided, refusal: ApplyRefusal) -> Ended {
     }
 }
 
-/// No changes: nothing to apply.
+/// No changes: nothing to apply (a retired root whose state holds nothing: its state deleted).
 async fn nothing(ctx: &ApplyCtx, d: &Decided) -> Ended {
     ctx.log
         .say("nothing_to_apply", context! { root => &d.root });
-    let text = ctx.say("no_changes", context! {});
+    let mut text = ctx.say("no_changes", context! {});
+    if ctx.retires(&d.root) {
+        let said = retired_state(ctx, &d.root, true).await;
+        ctx.log
+            .say("after_apply", context! { root => &d.root, text => &said });
+        text = format!("{text}; {said}");
+    }
     ctx.end_run(d.run, RunState::Succeeded, &text, &d.plan_log)
         .await;
     Ended {
@@ -217,12 +223,38 @@ async fn apply(
     );
     // The guests it updates in place: after the apply, which changes wait for a reboot.
     let guests = crate::core::proxmox::preflight::updated_guests(planned.plan());
+    // A retired root's resources: what a destroy that fails part-way leaves is said.
+    let retired = ctx.retires(&d.root);
+    let destroying: Vec<String> = match retired {
+        true => planned
+            .plan()
+            .managed_changes()
+            .filter(|rc| rc.has_change())
+            .map(|rc| rc.address.clone())
+            .collect(),
+        false => Vec::new(),
+    };
+    let mut destroyed = Vec::new();
     let slot = ctx.app.engine_slot().await;
-    let outcome = apply_root(&guard, planned, &ctx.log).await;
+    let outcome = apply_root(&guard, planned, &ctx.log, &mut destroyed).await;
     drop(slot);
     let (out_log, leftover) = match outcome {
         Ok(applied) => applied,
-        Err(e) => return apply_failed(ctx, d, e).await,
+        Err(e) => {
+            let mut ended = apply_failed(ctx, d, e).await;
+            if retired {
+                let left: Vec<&String> = destroying
+                    .iter()
+                    .filter(|a| !destroyed.contains(a))
+                    .collect();
+                let state = ctx.retiring.as_ref().and_then(|r| r.state_of(&d.root));
+                let said = ctx.say("destroy_failed", context! { state, left });
+                ctx.log
+                    .say("after_apply", context! { root => &d.root, text => &said });
+                ended.text = format!("{}; {said}", ended.text);
+            }
+            return ended;
+        }
     };
     ctx.end_run(d.run, RunState::Succeeded, &d.summary.one_line(), &out_log)
         .await;
@@ -238,6 +270,12 @@ async fn apply(
     }
     if let Some(left) = &leftover {
         let said = left.text(ctx);
+        ctx.log
+            .say("after_apply", context! { root => &d.root, text => &said });
+        text = format!("{text}; {said}");
+    }
+    if retired {
+        let said = retired_state(ctx, &d.root, leftover.is_none()).await;
         ctx.log
             .say("after_apply", context! { root => &d.root, text => &said });
         text = format!("{text}; {said}");
@@ -266,14 +304,54 @@ async fn apply_failed(ctx: &ApplyCtx, d: &Decided, e: EngineError) -> Ended {
     }
 }
 
+/// A retired root destroyed: its GitLab-managed state deleted once the plan right after the
+/// destroy found nothing left (`empty`), else kept; what became of it, said.
+async fn retired_state(ctx: &ApplyCtx, root: &str, empty: bool) -> String {
+    let Some(state) = ctx.retiring.as_ref().and_then(|r| r.state_of(root)) else {
+        return ctx.say("retired_own_state", context! {});
+    };
+    if !empty {
+        return ctx.say("retired_state_kept", context! { state });
+    }
+    let Some(credential) = &ctx.app.config.state.apply else {
+        let error = "no `[state] apply` token";
+        return ctx.say("retired_state_not_deleted", context! { state, error });
+    };
+    match ctx
+        .app
+        .gitlab
+        .delete_terraform_state(ctx.project, &state, credential)
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(project = ctx.project.0, root, state = %state, "retired root's state deleted");
+            ctx.say("retired_state_deleted", context! { state })
+        }
+        Err(e) => {
+            ctx.app.metrics.gitlab_error("delete_terraform_state");
+            let error = ctx.app.scrubber.scrub(&e.to_string()).into_owned();
+            ctx.say("retired_state_not_deleted", context! { state, error })
+        }
+    }
+}
+
 /// Apply-style work needs the root's lock: the guard is the proof. The apply's log, and what a
-/// plan of the root right after it would still change.
+/// plan of the root right after it would still change; `destroyed` gathers the addresses the
+/// engine said it destroyed (what a destroy that fails part-way did).
 async fn apply_root(
     _guard: &RootGuard,
     planned: PlannedRun,
     log: &JobLog,
+    destroyed: &mut Vec<String>,
 ) -> Result<(String, Option<Leftover>), EngineError> {
-    let (out, left) = planned.apply_and_replan(|line| log.line(line)).await?;
+    let (out, left) = planned
+        .apply_and_replan(|line| {
+            if let Some((address, _)) = line.split_once(": Destruction complete") {
+                destroyed.push(address.trim().to_string());
+            }
+            log.line(line)
+        })
+        .await?;
     Ok((out.log, Leftover::of(left)))
 }
 

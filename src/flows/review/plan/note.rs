@@ -12,6 +12,7 @@ use crate::core::ids::CommitSha;
 use crate::core::policy::review::{PolicySection, RecordedVerdict};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
+use crate::core::retire::RetiredBecause;
 use crate::flows::confinement::credentials::Trust;
 use crate::flows::confinement::network;
 use crate::flows::context::app_state::App;
@@ -77,8 +78,9 @@ pub(super) async fn post(
         duration: Some(took),
         run_url: run_url.clone(),
         run_hint: first_run.and_then(|r| app.run_hint(r)),
-        banners: targeted_banners(&planned.results, &scrubber)
+        banners: retired_banners(app, prepared, &planned.results, &scrubber)
             .into_iter()
+            .chain(targeted_banners(&planned.results, &scrubber))
             .chain(prepared.banners.iter().cloned())
             .collect(),
         preflight_note: Some(planned.preflight_notes.join(" · ")).filter(|n| !n.is_empty()),
@@ -121,6 +123,47 @@ fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> Scrubber {
     cpu_bound(|| secrets.scrubber())
 }
 
+/// The line above the headline for each root the MR retires: why, from which code its destroy
+/// was planned, how many resources it destroys (listed in its section), and what the apply
+/// does after the merge.
+fn retired_banners(
+    app: &App,
+    prepared: &Prepared,
+    results: &[RootResult],
+    scrubber: &Scrubber,
+) -> Vec<String> {
+    let Some((from, _)) = &prepared.retired_from else {
+        return Vec::new();
+    };
+    results
+        .iter()
+        .filter_map(|r| Some((r, r.retired?, prepared.retirements.retired(&r.name)?)))
+        .map(|(r, because, retired)| {
+            let destroys = match &r.outcome {
+                Outcome::Planned { planned, .. } if !planned.plan().errored => {
+                    Some(crate::core::summary::Summary::of(planned.plan()).destroy)
+                }
+                _ => None,
+            };
+            let state =
+                crate::core::state::gitlab_state_name(&retired.root, app.config.state.default);
+            let (because, entry_kept) = match because {
+                RetiredBecause::EntryRemoved => ("entry", false),
+                RetiredBecause::DirectoryGone { entry_kept } => ("directory", entry_kept),
+            };
+            super::shared::text(
+                scrubber,
+                "retired",
+                minijinja::context! {
+                    root => &r.name, dir => &retired.root.dir, because, entry_kept,
+                    target => &prepared.mr.target_branch, sha => from.short(),
+                    destroys, state,
+                },
+            )
+        })
+        .collect()
+}
+
 /// The line above the headline for each root planned with a comment's flags (`-target`,
 /// `-exclude`, `-replace`): a targeted plan never reads as the full plan. The root is named
 /// when the repo config has several.
@@ -128,7 +171,8 @@ fn targeted_banners(results: &[RootResult], scrubber: &Scrubber) -> Vec<String> 
     let several = results.len() > 1;
     results
         .iter()
-        .filter(|r| !r.targeting.is_empty() && !matches!(r.outcome, Outcome::Skipped { .. }))
+        .filter(|r| r.retired.is_none() && !r.targeting.is_empty())
+        .filter(|r| !matches!(r.outcome, Outcome::Skipped { .. }))
         .map(|r| {
             crate::core::templates::scrubbing(scrubber, || {
                 r.targeting.banner(several.then_some(r.name.as_str()))

@@ -7,9 +7,10 @@ use crate::capabilities::engine::Engine;
 use crate::capabilities::gitlab::{MergeRequest, StatusState};
 use crate::capabilities::workspace::{Checkout, MrCommit, PlannedRef};
 use crate::core::events::{Job, PlanJob, PlanReason};
-use crate::core::ids::NoteId;
+use crate::core::ids::{CommitSha, NoteId};
 use crate::core::render::NOTE_MARKER;
 use crate::core::repo_config::{self, CheckoutMode, RepoConfig, RepoConfigError};
+use crate::core::retire::{self, Retirements};
 use crate::flows::context::app_state::App;
 use crate::flows::context::metrics::PlanOutcome;
 use crate::flows::context::policy_sets::PolicySets;
@@ -37,6 +38,12 @@ pub(super) struct Prepared {
     /// The `.planbot.toml` this MR proposes, when it is broken: every problem of it (the note
     /// lists them; the status fails, merged as is nothing could be planned).
     pub proposed_invalid: Option<RepoConfigError>,
+    /// The roots this MR retires (destroyed from the target branch's code) or renames
+    /// (`core::retire`).
+    pub retirements: Retirements,
+    /// The target branch's code the retired roots' destroys are planned from (checked out only
+    /// when the MR retires a root).
+    pub retired_from: Option<(CommitSha, Checkout)>,
 }
 
 /// The MR moved past `job`'s head: make sure its newer head gets a plan even when that head's
@@ -117,9 +124,20 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         .clone()
         .or_else(|| Some(mr.target_branch.clone()).filter(|t| !t.is_empty()))
         .unwrap_or_else(|| default_branch.clone());
-    let (commit, changed, mut banners, proposed_invalid) =
-        commit_to_plan(app, job, &config, &target, &default_branch).await?;
+    let ToPlan {
+        commit,
+        changed,
+        mut banners,
+        proposed_invalid,
+        retirements,
+        target_sha,
+    } = commit_to_plan(app, job, &config, &target, &default_branch).await?;
     let checkout = ws.checkout(project, &commit.sha).await?;
+    let retired_from = match retirements.retired.is_empty() {
+        true => None,
+        false => Some((target_sha.clone(), ws.checkout(project, &target_sha).await?)),
+    };
+    banners.extend(renamed_lines(app, &retirements));
     let engine = app.mr_engine(project, job.mr)?;
     let version = engine.version().await.ok().map(|v| v.to_string());
     banners.extend(crate::flows::confinement::sandbox::note_banner(
@@ -138,7 +156,29 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         version,
         policies,
         proposed_invalid,
+        retirements,
+        retired_from,
     }))
+}
+
+/// The line above the plans for each root the MR renames: nothing is destroyed, and how its
+/// GitLab-managed state follows (or that it already does).
+fn renamed_lines(app: &App, retirements: &Retirements) -> Vec<String> {
+    retirements
+        .renamed
+        .iter()
+        .map(|r| {
+            text(
+                &app.scrubber,
+                "renamed",
+                minijinja::context! {
+                    from => &r.from, to => &r.to, dir => &r.dir,
+                    state_before => &r.state_before, state_after => &r.state_after,
+                    moves => r.state_moves(),
+                },
+            )
+        })
+        .collect()
 }
 
 /// The MR as GitLab has it, when it is still open at `job`'s head; else why the run stops (a
@@ -176,7 +216,7 @@ async fn commit_to_plan(
     config: &RepoConfig,
     target: &str,
     default_branch: &str,
-) -> Result<(MrCommit, Vec<String>, Vec<String>, Option<RepoConfigError>)> {
+) -> Result<ToPlan> {
     let (ws, project, iid, head) = (&app.workspace, job.project, job.mr, &job.head);
     let commit = ws
         .mr_commit(
@@ -212,15 +252,59 @@ async fn commit_to_plan(
             minijinja::context! { approvals => config.apply.approvals },
         ));
     }
+    // The roots the MR retires or renames: the config it proposes against the one it changes,
+    // over the directories of the commit planned.
+    let dirs = ws.directories_at(project, commit.sha.as_str()).await?;
+    let dirs_before = ws.directories_at(project, base.as_str()).await?;
+    let edits_config = changed.iter().any(|f| f == repo_config::FILE_NAME);
+    let proposed = match edits_config {
+        true => Some(ws.proposed_repo_config_at(project, head.as_str()).await?),
+        false => None,
+    };
+    let after = match &proposed {
+        Some(p) => p.as_ref().ok(),
+        None => Some(config),
+    };
+    let state_default = app.config.state.default;
+    let trees = retire::Trees {
+        before: &dirs_before,
+        after: &dirs,
+    };
+    let retirements = retire::retirements(config, after, trees, state_default);
+    // A root directory gone while `.planbot.toml` still lists it: the MR's config check says
+    // the entry must go too, as it does for an edited file.
+    let entry_kept = retirements
+        .retired
+        .iter()
+        .any(|r| r.because == (retire::RetiredBecause::DirectoryGone { entry_kept: true }));
+    let proposed = match (proposed, entry_kept) {
+        (None, true) => Some(ws.proposed_repo_config_at(project, head.as_str()).await?),
+        (proposed, _) => proposed,
+    };
     let mut invalid = None;
-    if changed.iter().any(|f| f == repo_config::FILE_NAME) {
-        let preview: Result<RepoConfig, RepoConfigError> =
-            ws.proposed_repo_config_at(project, head.as_str()).await?;
+    if let Some(preview) = proposed {
         banners.push(repo_config::render_preview(&preview, default_branch));
         invalid = preview.err();
     }
+    Ok(ToPlan {
+        commit,
+        changed,
+        banners,
+        proposed_invalid: invalid,
+        retirements,
+        target_sha: base,
+    })
+}
 
-    Ok((commit, changed, banners, invalid))
+/// What [`commit_to_plan`] found.
+struct ToPlan {
+    commit: MrCommit,
+    changed: Vec<String>,
+    banners: Vec<String>,
+    proposed_invalid: Option<RepoConfigError>,
+    retirements: Retirements,
+    /// The target branch's head (the retired roots' destroys are planned from it).
+    target_sha: CommitSha,
 }
 
 /// The default branch's `.planbot.toml` is invalid: say what is wrong, plan nothing.

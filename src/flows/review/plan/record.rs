@@ -58,7 +58,7 @@ pub(super) async fn record(
         ..Recorded::default()
     };
     for r in results {
-        let (name, targeted) = (r.name, r.targeting.counts());
+        let (name, targeted, retired) = (r.name, r.targeting.counts(), r.retired.is_some());
         match r.outcome {
             Outcome::Planned {
                 run,
@@ -89,7 +89,7 @@ pub(super) async fn record(
                 app.store.finish_run(run, end).await?;
                 if errored {
                     rec.failed += 1;
-                    rec.roots.push(minijinja::context! { name => &name, state => "errored", targeted => targeted });
+                    rec.roots.push(minijinja::context! { name => &name, state => "errored", targeted, retired });
                 } else {
                     let shown = ShownFingerprint {
                         project: job.project,
@@ -100,7 +100,7 @@ pub(super) async fn record(
                         run: Some(run),
                     };
                     record_clean(app, note, shown, &planned).await?;
-                    rec.roots.push(minijinja::context! { name => &name, state => "planned", summary => summary, targeted => targeted });
+                    rec.roots.push(minijinja::context! { name => &name, state => "planned", summary, targeted, retired });
                 }
                 rec.findings.extend(findings);
                 drop(planned); // the plan file goes with it
@@ -114,7 +114,7 @@ pub(super) async fn record(
                 app.store.finish_run(run, end).await?;
                 rec.failed += 1;
                 rec.roots.push(
-                    minijinja::context! { name => &name, state => "failed", targeted => targeted },
+                    minijinja::context! { name => &name, state => "failed", targeted, retired },
                 );
             }
             Outcome::Skipped { .. } => {}

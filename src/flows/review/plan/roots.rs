@@ -9,6 +9,7 @@ use crate::capabilities::engine::{CancelToken, EngineChecks, EngineError, Planne
 use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
+use crate::core::engine_checks::CheckSet;
 use crate::core::engine_checks::RootChecks;
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
@@ -20,6 +21,7 @@ use crate::core::proxmox::lint;
 use crate::core::reach::{self, Decision};
 use crate::core::render::{PlanWait, WaitOn};
 use crate::core::repo_config::Root;
+use crate::core::retire::RetiredBecause;
 use crate::core::state;
 use crate::core::targeting::Targeting;
 use crate::flows::confinement::credentials::{apply_has_ssh, Trust};
@@ -62,6 +64,9 @@ pub(super) enum Outcome {
 pub(super) struct RootResult {
     pub name: String,
     pub outcome: Outcome,
+    /// Why the MR retires the root, when it does: its outcome is the plan of its destroy from
+    /// the target branch's code (`core::retire`).
+    pub retired: Option<RetiredBecause>,
     /// The flags a `planbot plan [ROOT] -- …` comment asked for at this head (empty: in full).
     pub targeting: Targeting,
 }
@@ -105,10 +110,28 @@ pub(super) async fn plan_roots(
     // Bridge the queue's cancellation to the engine's (SIGTERM, grace, SIGKILL).
     let (token, _following) = CancelToken::following(cancel);
     let super::reach::Reach {
-        decisions,
+        mut decisions,
         depends_hints,
         in_no_root,
     } = super::reach::decide(app, job, prepared).await;
+    // A retired root is planned as its destroy, from the target branch's code, never as a root
+    // of the MR's.
+    let retirements = &prepared.retirements;
+    decisions.retain(|d| retirements.retired(&d.root.name).is_none());
+    let gate_project = GateProject {
+        id: job.project.0,
+        path: prepared.project_path.clone(),
+    };
+    let retired_runs = prepared.retired_from.as_ref().map(|(sha, checkout)| {
+        JobRuns::new(
+            &app.config,
+            Trust::MergeRequest,
+            gate_project.clone(),
+            sha,
+            checkout.path(),
+        )
+        .cancelled_by(token.clone())
+    });
     let planner = RootPlanner {
         app,
         job,
@@ -118,14 +141,12 @@ pub(super) async fn plan_roots(
         runs: JobRuns::new(
             &app.config,
             Trust::MergeRequest,
-            GateProject {
-                id: job.project.0,
-                path: prepared.project_path.clone(),
-            },
+            gate_project,
             &prepared.commit.sha,
             prepared.checkout.path(),
         )
         .cancelled_by(token),
+        retired_runs,
         pve: preflight::endpoint_from_config(
             &app.config.proxmox.for_plan(),
             &app.config.engine.env,
@@ -137,7 +158,20 @@ pub(super) async fn plan_roots(
         .map(|ep| ep.api_token.id().to_string()),
         started: std::sync::Mutex::new(runs),
     };
-    let mut planned = gather(&decisions, planner.in_order(&decisions).await)?;
+    let retired: Vec<&Root> = retirements.retired.iter().map(|r| &r.root).collect();
+    let (in_order, destroys) = futures::join!(
+        planner.in_order(&decisions),
+        futures::future::join_all(retired.iter().map(|root| planner.plan_in_slot(root, true)))
+    );
+    let mut planned = gather(&decisions, in_order)?;
+    for (retired, destroy) in retirements.retired.iter().zip(destroys) {
+        gather_one(
+            &mut planned,
+            retired.root.name.clone(),
+            destroy?,
+            Some(retired.because),
+        );
+    }
     across_roots(prepared, &planned.capacity, &mut planned.results);
     planned.depends_hints = depends_hints;
     planned.in_no_root = in_no_root;
@@ -153,6 +187,8 @@ struct RootPlanner<'a> {
     cancel: &'a CancellationToken,
     /// Every root's request, with the plan credentials and the job's one state gate.
     runs: JobRuns,
+    /// The retired roots' requests: the same credentials over the target branch's code.
+    retired_runs: Option<JobRuns>,
     /// The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
     /// so, when no endpoint is configured.
     pve: Option<ProxmoxEndpoint>,
@@ -226,15 +262,16 @@ impl RootPlanner<'_> {
                     // Closed (the upstream root ended): nothing more to wait for.
                     let _ = up.changed().await;
                 }
-                self.plan_in_slot(root).await
+                self.plan_in_slot(root, false).await
             }
         });
         futures::future::join_all(plans).await
     }
 
-    /// `root` planned in an engine slot of its author's share (no root lock), in a stored run;
-    /// `None` when the job was cancelled before it started.
-    async fn plan_in_slot(&self, root: &Root) -> Result<Option<RootPlanned>> {
+    /// `root` planned in an engine slot of its author's share (no root lock), in a stored run
+    /// (`retired`: its destroy, from the target branch's code); `None` when the job was
+    /// cancelled before it started.
+    async fn plan_in_slot(&self, root: &Root, retired: bool) -> Result<Option<RootPlanned>> {
         let (app, job) = (self.app, self.job);
         if self.cancel.is_cancelled() {
             return Ok(None);
@@ -268,10 +305,14 @@ impl RootPlanner<'_> {
             .push(run);
         let started = std::time::Instant::now();
         // The targeting a comment asked for at this head (a re-run and a replica read it too).
-        let targeting = app
-            .store
-            .plan_targeting(job.project, job.mr, &job.head, &root.name)
-            .await?;
+        let targeting = match retired {
+            true => Targeting::destroy(),
+            false => {
+                app.store
+                    .plan_targeting(job.project, job.mr, &job.head, &root.name)
+                    .await?
+            }
+        };
         let mut planned = self.plan_root(root, targeting, run).await?;
         planned.waited = slot
             .waited
@@ -290,7 +331,11 @@ impl RootPlanner<'_> {
         targeting: Targeting,
         run: RunId,
     ) -> Result<RootPlanned> {
-        let RootRun { dir, request } = match self.runs.request(root, &targeting).await {
+        let (runs, checks) = match (&self.retired_runs, targeting.destroy) {
+            (Some(retired), true) => (retired, CheckSet::NONE),
+            _ => (&self.runs, root.checks),
+        };
+        let RootRun { dir, request } = match runs.request(root, &targeting).await {
             Ok(r) => r,
             Err(not_planned) => {
                 let error = not_planned.to_string();
@@ -300,7 +345,7 @@ impl RootPlanner<'_> {
             }
         };
         let engine = &self.prepared.engine;
-        let (planned, ran) = engine.plan_checked(&dir, &request, root.checks).await;
+        let (planned, ran) = engine.plan_checked(&dir, &request, checks).await;
         match planned {
             Ok(planned) => Ok(self.checked(root, run, planned, &ran, targeting).await),
             Err(e) => {
@@ -421,28 +466,12 @@ fn gather(
                     reason: decision.skipped.clone(),
                 },
                 targeting: Targeting::default(),
+                retired: None,
             });
             continue;
         }
         match planned.next().expect("one result per affected root") {
-            Ok(Some(p)) => {
-                let notes = &mut gathered.preflight_notes;
-                if !p.preflight_note.is_empty() && !notes.contains(&p.preflight_note) {
-                    notes.push(p.preflight_note);
-                }
-                if let Some(c) = p.capacity {
-                    gathered.capacity.insert(name.clone(), c);
-                }
-                gathered.waits.extend(p.waited);
-                let (outcome, targeting) = (p.outcome, p.targeting);
-                gathered.results.push(RootResult {
-                    name,
-                    outcome,
-                    targeting,
-                });
-            }
-            // Not started: the job was cancelled.
-            Ok(None) => {}
+            Ok(p) => gather_one(&mut gathered, name, p, None),
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -452,6 +481,30 @@ fn gather(
         Some(e) => Err(e),
         None => Ok(gathered),
     }
+}
+
+/// One planned root's result into `gathered` (`None`: not started, the job was cancelled).
+fn gather_one(
+    gathered: &mut RootsPlanned,
+    name: String,
+    planned: Option<RootPlanned>,
+    retired: Option<RetiredBecause>,
+) {
+    let Some(p) = planned else { return };
+    let notes = &mut gathered.preflight_notes;
+    if !p.preflight_note.is_empty() && !notes.contains(&p.preflight_note) {
+        notes.push(p.preflight_note);
+    }
+    if let Some(c) = p.capacity {
+        gathered.capacity.insert(name.clone(), c);
+    }
+    gathered.waits.extend(p.waited);
+    gathered.results.push(RootResult {
+        name,
+        outcome: p.outcome,
+        targeting: p.targeting,
+        retired,
+    });
 }
 
 /// The lint rules that need every root's plan (PVE023: one `vm_id` asked for in two roots of

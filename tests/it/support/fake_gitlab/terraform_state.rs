@@ -211,8 +211,18 @@ pub(super) fn tf_state_answer(
             });
             StatusCode::OK.into_response()
         }
+        // `Terraform::RemoteStateHandler#handle_with_lock`: a state locked by another lock
+        // than the one named is a conflict, as for a write.
         "DELETE" => match tfs.get(name) {
             None => err(StatusCode::NOT_FOUND, "404 Not found"),
+            Some(tf)
+                if tf
+                    .lock
+                    .as_ref()
+                    .is_some_and(|l| Some(l.id.as_str()) != lock_id) =>
+            {
+                StatusCode::CONFLICT.into_response()
+            }
             Some(_) => {
                 tfs.remove(name);
                 StatusCode::OK.into_response()
