@@ -1179,6 +1179,36 @@ impl GitLab {
         })
     }
 
+    /// The serial of the latest version of the GitLab-managed state `name` of `project_path`
+    /// (`None`: no such state the bot can see), read without the state itself: GraphQL's
+    /// `Project.terraformState.latestVersion.serial`. Every write of the state (an apply, a
+    /// drift fix, an import) makes a new version.
+    pub async fn terraform_state_serial(
+        &self,
+        project_path: &str,
+        name: &str,
+    ) -> Result<Option<u64>, GitLabError> {
+        const QUERY: &str = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { latestVersion { serial } } } }";
+        let url = self
+            .base
+            .join("api/graphql")
+            .map_err(|e| GitLabError::Decode(e.to_string()))?;
+        let payload = serde_json::json!({
+            "query": QUERY,
+            "variables": { "path": project_path, "name": name },
+        });
+        let (_, _, body) = self
+            .request(Method::POST, url, Auth::Bot, Some(&payload))
+            .await?;
+        let answer: serde_json::Value = decode(&body)?;
+        if answer.get("errors").is_some() {
+            return Err(GitLabError::Decode("GraphQL answered with errors".into()));
+        }
+        Ok(answer
+            .pointer("/data/project/terraformState/latestVersion/serial")
+            .and_then(serde_json::Value::as_u64))
+    }
+
     /// Delete the project's GitLab-managed state `name` with `credential` (the Maintainer role
     /// GitLab asks for; `DELETE /projects/:id/terraform/state/:name`). A state already gone is
     /// not an error: it is what was asked for.

@@ -675,9 +675,26 @@ impl Workspace {
             )
         })?;
         let merge_base = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        self.diff_names(&mirror, &merge_base, head.as_str()).await
+    }
+
+    /// The files that differ between the commits `from` and `to` (no merge base: the two
+    /// trees as they are), e.g. between two heads of an MR planned one after the other.
+    pub async fn files_between(
+        &self,
+        project: ProjectId,
+        from: &CommitSha,
+        to: &CommitSha,
+    ) -> Result<Vec<String>> {
+        let mirror = self.existing_mirror(project)?;
+        self.diff_names(&mirror, from.as_str(), to.as_str()).await
+    }
+
+    /// `git diff --name-only` between two revisions of the mirror.
+    async fn diff_names(&self, mirror: &Path, from: &str, to: &str) -> Result<Vec<String>> {
         let out = self
             .run(
-                Some(&mirror),
+                Some(mirror),
                 &[
                     os("diff"),
                     os("--name-only"),
@@ -685,8 +702,8 @@ impl Workspace {
                     os("--no-renames"),
                     os("--no-ext-diff"),
                     os("--no-textconv"),
-                    os(&merge_base),
-                    os(head.as_str()),
+                    os(from),
+                    os(to),
                     os("--"),
                 ],
                 false,
@@ -751,6 +768,37 @@ impl Workspace {
     ) -> Result<Result<RepoConfig, RepoConfigError>> {
         let dirs = self.directories_at(project, rev).await?;
         self.repo_config_read(project, rev, Some(&dirs)).await
+    }
+
+    /// Which of `paths` (repo-relative) `rev`'s tree has, as anything: a directory, a file or a
+    /// symbolic link (`git ls-tree` of exactly those paths).
+    pub async fn paths_at(
+        &self,
+        project: ProjectId,
+        rev: &str,
+        paths: &[&str],
+    ) -> Result<BTreeSet<String>> {
+        if paths.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        let mirror = self.existing_mirror(project)?;
+        let mut args = vec![
+            os("ls-tree"),
+            os("-z"),
+            os("--name-only"),
+            os("--end-of-options"),
+            os(&format!("{rev}^{{tree}}")),
+            os("--"),
+        ];
+        args.extend(paths.iter().map(|p| os(p)));
+        let out = self.run(Some(&mirror), &args, false).await?;
+        check(&out, "git ls-tree").with_context(|| format!("listing paths of {rev}"))?;
+        Ok(out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect())
     }
 
     /// Every directory of `rev`'s tree, repo-relative (`git ls-tree -r -d`, within the output

@@ -65,8 +65,9 @@ impl Retirements {
     }
 }
 
-/// The trees a change goes between: every directory of each (repo-relative; `.` is always
-/// there).
+/// The trees a change goes between: every directory of each, and any other path of it a root's
+/// `dir` names (a directory replaced by a file or a link is not removed: the plan refuses it as
+/// what it is). Repo-relative; `.` is always there.
 pub struct Trees<'a> {
     pub before: &'a BTreeSet<String>,
     pub after: &'a BTreeSet<String>,

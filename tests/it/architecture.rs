@@ -434,7 +434,7 @@ fn review_plan_floor(room: &str) -> u8 {
         "record" | "widgets" => 6,
         "note" => 5,
         "roots" => 4,
-        "reach" => 3,
+        "reach" | "reuse" => 3,
         "prepare" => 2,
         "shared" => 1,
         other => panic!(

@@ -53,6 +53,7 @@ mod replicas_story;
 mod repo_config_cli;
 mod repo_docs;
 mod retire_story;
+mod reuse_story;
 mod root_reach;
 mod roots_together;
 mod sandbox;

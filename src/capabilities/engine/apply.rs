@@ -122,13 +122,28 @@ impl PlannedRun {
     /// The plan's fingerprint, bound to the provider lock file and the `-parallelism` it is
     /// planned and applied with.
     pub fn fingerprint(&self, key: &[u8]) -> Fingerprint {
-        Fingerprint::of_with_parallelism(
+        super::shown::fingerprint(
             &self.plan,
             key,
             self.lock_file.as_deref(),
             self.parallelism,
+            &self.targeting,
         )
-        .with_targeting(key, &self.targeting)
+    }
+
+    /// The plan as a note shows it, its plan file, sandbox and state gate gone (an MR's plan
+    /// is never applied).
+    pub fn into_shown(self) -> super::ShownPlan {
+        super::ShownPlan {
+            plan: self.plan,
+            plan_json: self.plan_json,
+            log: self.log,
+            secrets: self.secrets,
+            lock_file: self.lock_file,
+            parallelism: self.parallelism,
+            targeting: self.targeting,
+            backend: self.backend,
+        }
     }
 
     /// The `-target`/`-exclude`/`-replace` flags this plan was made with (empty: the full plan).

@@ -16,6 +16,7 @@ mod quota;
 mod request;
 mod run_dir;
 pub mod sandbox;
+mod shown;
 mod version;
 
 pub use apply::{ApplyOutcome, PlannedRun};
@@ -33,6 +34,7 @@ pub use process::ENGINE_OOM_SCORE_ADJ;
 pub use request::{is_variable_name, CancelHandle, CancelToken, PlanRequest, StepProgress};
 pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};
 pub use sandbox::{Limits, Namespaces, Profile as SandboxProfile, SandboxMode};
+pub use shown::ShownPlan;
 /// Which engine a binary is (defined in core, where a plan document's engine is told apart too).
 pub use version::EngineKind;
 pub use version::EngineVersion;

@@ -100,6 +100,9 @@ pub struct NoteContext {
     /// those upstream roots and their output changes ([`planned_before::planned_before`]): the
     /// root's section says it was planned before their apply.
     pub planned_before: BTreeMap<String, Vec<planned_before::PlannedBefore>>,
+    /// The roots whose plan of an earlier push is shown again, each with the head (short) it
+    /// was planned at: nothing it depends on changed since.
+    pub reused: BTreeMap<String, String>,
     /// Size budget in characters; 0 means [`NOTE_BUDGET`].
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
@@ -537,6 +540,9 @@ struct DetailView {
     /// The upstream roots changed in the same MR that this root was planned before.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     planned_before: Vec<planned_before::PlannedBefore>,
+    /// The head (short) this plan was made at, when reused from an earlier push.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reused: Option<String>,
 }
 
 impl RowView {
@@ -578,6 +584,7 @@ impl DetailView {
             ephemeral: Vec::new(),
             capacity: None,
             planned_before: Vec::new(),
+            reused: None,
         }
     }
 }
@@ -1231,6 +1238,7 @@ fn root_views<'r>(
                 .get(&root.name)
                 .cloned()
                 .unwrap_or_default();
+            detail.reused = ctx.reused.get(&root.name).cloned();
         }
     }
     (row, detail)

@@ -42,10 +42,16 @@ impl Retiring {
         };
         let id = ProjectId(project.id);
         let ws = &app.workspace;
-        let dirs = ws
+        let named: Vec<&str> = before.roots.iter().map(|r| r.dir.as_str()).collect();
+        let mut dirs = ws
             .directories_at(id, sha.as_str())
             .await
             .context("listing the merged commit's directories")?;
+        dirs.extend(
+            ws.paths_at(id, sha.as_str(), &named)
+                .await
+                .context("listing the merged commit's root paths")?,
+        );
         let dirs_before = ws
             .directories_at(id, base.as_str())
             .await

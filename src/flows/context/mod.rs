@@ -8,6 +8,7 @@ pub mod engine_slots;
 pub mod limits;
 pub mod locks;
 pub mod metrics;
+pub mod plan_reuse;
 pub mod policy_sets;
 pub mod queue;
 pub mod request_body;

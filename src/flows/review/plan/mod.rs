@@ -19,6 +19,7 @@ mod note;
 mod prepare;
 mod reach;
 mod record;
+mod reuse;
 mod roots;
 mod shared;
 mod widgets;

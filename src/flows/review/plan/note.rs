@@ -91,6 +91,16 @@ pub(super) async fn post(
         in_no_root: planned.in_no_root.clone(),
         hints: sandbox_hints(app, &planned.results),
         planned_before: planned_before(&prepared.config, &planned.results),
+        reused: planned
+            .results
+            .iter()
+            .filter_map(|r| match &r.outcome {
+                Outcome::Planned {
+                    reused: Some(head), ..
+                } => Some((r.name.clone(), head.short().to_string())),
+                _ => None,
+            })
+            .collect(),
         invalid_file: prepared
             .proposed_invalid
             .as_ref()

@@ -44,6 +44,10 @@ pub(super) struct Prepared {
     /// The target branch's code the retired roots' destroys are planned from (checked out only
     /// when the MR retires a root).
     pub retired_from: Option<(CommitSha, Checkout)>,
+    /// The target branch's and the default branch's heads as planned (a plan reused from an
+    /// earlier push was planned with the same: `super::reuse`).
+    pub target_head: CommitSha,
+    pub default_head: Option<CommitSha>,
 }
 
 /// The MR moved past `job`'s head: make sure its newer head gets a plan even when that head's
@@ -138,6 +142,7 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         false => Some((target_sha.clone(), ws.checkout(project, &target_sha).await?)),
     };
     banners.extend(renamed_lines(app, &retirements));
+    let default_head = ws.branch_head(project, &default_branch).await?;
     let engine = app.mr_engine(project, job.mr)?;
     let version = engine.version().await.ok().map(|v| v.to_string());
     banners.extend(crate::flows::confinement::sandbox::note_banner(
@@ -158,6 +163,8 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         proposed_invalid,
         retirements,
         retired_from,
+        target_head: target_sha,
+        default_head,
     }))
 }
 
@@ -254,7 +261,9 @@ async fn commit_to_plan(
     }
     // The roots the MR retires or renames: the config it proposes against the one it changes,
     // over the directories of the commit planned.
-    let dirs = ws.directories_at(project, commit.sha.as_str()).await?;
+    let mut dirs = ws.directories_at(project, commit.sha.as_str()).await?;
+    let named: Vec<&str> = config.roots.iter().map(|r| r.dir.as_str()).collect();
+    dirs.extend(ws.paths_at(project, commit.sha.as_str(), &named).await?);
     let dirs_before = ws.directories_at(project, base.as_str()).await?;
     let edits_config = changed.iter().any(|f| f == repo_config::FILE_NAME);
     let proposed = match edits_config {

@@ -18,6 +18,9 @@ pub(super) struct Reach<'a> {
     pub depends_hints: Vec<DependsHint>,
     /// The changed configuration files no root claims ([`reach::in_no_root`]).
     pub in_no_root: Vec<String>,
+    /// Every root's module calls in the checkout (what a change between two pushes reaches is
+    /// decided on them too: `super::reuse`).
+    pub modules: ModuleGraph,
 }
 
 /// What the MR's changes reach ([`Reach`]).
@@ -37,6 +40,7 @@ pub(super) async fn decide<'a>(app: &App, job: &PlanJob, prepared: &'a Prepared)
         decisions,
         depends_hints: hints,
         in_no_root,
+        modules,
     }
 }
 

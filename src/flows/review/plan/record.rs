@@ -5,7 +5,7 @@
 use super::note::{root_checks, Posted};
 use super::roots::{Outcome, RootResult};
 use super::shared::{set_status, text};
-use crate::capabilities::engine::PlannedRun;
+use crate::capabilities::engine::ShownPlan;
 use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::{PolicyVerdictRecord, RunEnd, RunState, ShownFingerprint};
 use crate::core::engine_checks::TestsStatus;
@@ -130,7 +130,7 @@ async fn record_clean(
     app: &App,
     note: &Posted,
     shown: ShownFingerprint,
-    planned: &PlannedRun,
+    planned: &ShownPlan,
 ) -> Result<()> {
     let verdict = note.verdict_of(&shown.root);
     app.store

@@ -5,7 +5,7 @@
 
 use super::prepare::Prepared;
 use super::shared::finish;
-use crate::capabilities::engine::{CancelToken, EngineChecks, EngineError, PlannedRun};
+use crate::capabilities::engine::{CancelToken, EngineChecks, EngineError, PlannedRun, ShownPlan};
 use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
@@ -39,7 +39,12 @@ use tokio_util::sync::CancellationToken;
 pub(super) enum Outcome {
     Planned {
         run: RunId,
-        planned: Box<PlannedRun>,
+        /// The plan as shown (its plan file is gone: an MR's plan is never applied); shared
+        /// with the reuse cache.
+        planned: std::sync::Arc<ShownPlan>,
+        /// The head it was planned at, when reused from an earlier push
+        /// (`flows::context::plan_reuse`): nothing it depends on changed since.
+        reused: Option<crate::core::ids::CommitSha>,
         findings: Vec<Finding>,
         fingerprint: Fingerprint,
         /// The policy sets' verdict on the plan (no set when none checks the root); `None`
@@ -113,6 +118,7 @@ pub(super) async fn plan_roots(
         mut decisions,
         depends_hints,
         in_no_root,
+        modules,
     } = super::reach::decide(app, job, prepared).await;
     // A retired root is planned as its destroy, from the target branch's code, never as a root
     // of the MR's.
@@ -132,7 +138,9 @@ pub(super) async fn plan_roots(
         )
         .cancelled_by(token.clone())
     });
+    let reuse = super::reuse::decide(app, job, prepared, &decisions, &modules).await;
     let planner = RootPlanner {
+        reuse: &reuse,
         app,
         job,
         queue_job,
@@ -189,6 +197,9 @@ struct RootPlanner<'a> {
     runs: JobRuns,
     /// The retired roots' requests: the same credentials over the target branch's code.
     retired_runs: Option<JobRuns>,
+    /// The roots whose plan of an earlier push is shown again, and what a fresh plan is kept
+    /// with.
+    reuse: &'a super::reuse::Reuse,
     /// The live Proxmox preflight with the plan credentials ([proxmox.plan]); skipped, and said
     /// so, when no endpoint is configured.
     pve: Option<ProxmoxEndpoint>,
@@ -276,6 +287,9 @@ impl RootPlanner<'_> {
         if self.cancel.is_cancelled() {
             return Ok(None);
         }
+        if let Some(last) = self.reuse.reused.get(&root.name).filter(|_| !retired) {
+            return self.reused(root, last).await.map(Some);
+        }
         // A job cancelled (a newer push) while it waits for a slot stops waiting.
         let slot = tokio::select! {
             slot = app.engine_slot_of(job.requested_by) => slot,
@@ -314,6 +328,9 @@ impl RootPlanner<'_> {
             }
         };
         let mut planned = self.plan_root(root, targeting, run).await?;
+        if !retired {
+            self.keep(root, &planned);
+        }
         planned.waited = slot
             .waited
             .iter()
@@ -321,6 +338,90 @@ impl RootPlanner<'_> {
             .collect();
         log_root(job, &root.name, run, &planned.outcome, started.elapsed());
         Ok(Some(planned))
+    }
+
+    /// The plan of an earlier push shown again for `root` (nothing it depends on changed), in a
+    /// stored run of this head: no engine runs.
+    async fn reused(
+        &self,
+        root: &Root,
+        last: &std::sync::Arc<crate::flows::context::plan_reuse::Reusable>,
+    ) -> Result<RootPlanned> {
+        let (app, job) = (self.app, self.job);
+        let run = app
+            .store
+            .start_run(NewRun {
+                job: self.queue_job,
+                kind: RunKind::Plan,
+                project: job.project,
+                project_path: self.prepared.project_path.clone(),
+                mr: Some(job.mr),
+                root: root.name.clone(),
+                sha: job.head.clone(),
+            })
+            .await?;
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(run);
+        let (project, mr, planned_at) = (job.project.0, job.mr.0, last.head.short());
+        tracing::info!(project, mr, root = %root.name, run = run.0, planned_at, "root's plan reused: nothing it depends on changed since");
+        Ok(RootPlanned {
+            outcome: Outcome::Planned {
+                run,
+                planned: last.planned.clone(),
+                reused: Some(last.head.clone()),
+                findings: last.findings.clone(),
+                fingerprint: last.fingerprint.clone(),
+                policy: last.policy.clone(),
+                checks: last.checks.clone(),
+            },
+            targeting: app
+                .store
+                .plan_targeting(job.project, job.mr, &job.head, &root.name)
+                .await?,
+            preflight_note: last.preflight_note.clone(),
+            capacity: last.capacity.clone(),
+            waited: Vec::new(),
+        })
+    }
+
+    /// A clean fresh plan of `root` kept for the next push (with this head's inputs; not when
+    /// they cannot be told).
+    fn keep(&self, root: &Root, planned: &RootPlanned) {
+        let Some(unchanged) = self.reuse.unchanged.get(&root.name) else {
+            return;
+        };
+        let Outcome::Planned {
+            planned: shown,
+            findings,
+            fingerprint,
+            policy,
+            checks,
+            ..
+        } = &planned.outcome
+        else {
+            return;
+        };
+        if shown.plan().errored {
+            return;
+        }
+        let kept = crate::flows::context::plan_reuse::Reusable {
+            planned_commit: self.prepared.commit.sha.clone(),
+            head: self.job.head.clone(),
+            unchanged: unchanged.clone(),
+            planned: shown.clone(),
+            findings: findings.clone(),
+            fingerprint: fingerprint.clone(),
+            policy: policy.clone(),
+            checks: checks.clone(),
+            capacity: planned.capacity.clone(),
+            preflight_note: planned.preflight_note.clone(),
+        };
+        let job = self.job;
+        self.app
+            .plan_reuse
+            .keep(job.project, job.mr, &root.name, std::sync::Arc::new(kept));
     }
 
     /// One affected root: the engine's plan in its directory (a root that cannot be planned, as
@@ -426,11 +527,12 @@ impl RootPlanner<'_> {
         let policy = check_policies.then(|| {
             cpu_bound(|| policies.evaluate(&root.name, document, &findings, capacity_data.as_ref()))
         });
-        let planned = Box::new(planned);
+        let planned = std::sync::Arc::new(planned.into_shown());
         RootPlanned {
             outcome: Outcome::Planned {
                 run,
                 planned,
+                reused: None,
                 findings,
                 fingerprint,
                 policy,

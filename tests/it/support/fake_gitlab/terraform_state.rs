@@ -308,8 +308,8 @@ pub(super) fn tf_lock_answer(
     }
 }
 
-/// `POST /api/graphql`, the one query planbot asks (GitLab's `Project.terraformState`:
-/// `lockedAt`, `lockedByUser { username }`). Any other query is answered with GraphQL's error
+/// `POST /api/graphql`, the two queries planbot asks (GitLab's `Project.terraformState`:
+/// `lockedAt`, `lockedByUser { username }`; `latestVersion { serial }`). Any other query is answered with GraphQL's error
 /// shape, so a test fails if planbot asks something the fake does not know. As on GitLab, a
 /// project the user cannot see is `null`, and a state is `null` below the Developer role.
 pub(super) async fn graphql(
@@ -321,8 +321,9 @@ pub(super) async fn graphql(
     let user = tryr!(api_user(&s, &headers));
     let req: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
     let query = req["query"].as_str().unwrap_or("");
-    let known = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { lockedAt lockedByUser { username } } } }";
-    if query != known {
+    let lock = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { lockedAt lockedByUser { username } } } }";
+    let serial = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { latestVersion { serial } } } }";
+    if query != lock && query != serial {
         return Json(json!({"errors": [{"message": "the fake GitLab does not know this query"}]}))
             .into_response();
     }
@@ -337,6 +338,11 @@ pub(super) async fn graphql(
     } else {
         match s.projects[&project].tf.get(name) {
             None => Value::Null,
+            // `latestVersion` is null for a state with no version yet.
+            Some(tf) if query == serial => match tf.versions.last() {
+                Some(v) => json!({"latestVersion": {"serial": v.serial}}),
+                None => json!({"latestVersion": null}),
+            },
             Some(tf) => match &tf.lock {
                 Some(l) => json!({"lockedAt": l.created, "lockedByUser": {"username": l.who}}),
                 None => json!({"lockedAt": null, "lockedByUser": null}),

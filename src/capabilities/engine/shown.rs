@@ -1,0 +1,89 @@
+//! A plan as an MR's note shows it ([`ShownPlan`]): what is kept of a [`super::PlannedRun`] once
+//! its binary plan file is gone (an MR's plan is never applied: the apply plans again). It holds
+//! no file, no sandbox and no state gate, so it may outlive its job in memory (plan reuse
+//! across pushes, `flows::context::plan_reuse`), never on disk.
+
+use crate::core::fingerprint::Fingerprint;
+use crate::core::plan::Plan;
+use crate::core::redact::Secrets;
+use crate::core::state::Backend;
+use crate::core::targeting::Targeting;
+use std::fmt;
+
+/// The plan, its JSON, the redacted log, its secrets and what its fingerprint binds.
+pub struct ShownPlan {
+    pub(super) plan: Plan,
+    pub(super) plan_json: Vec<u8>,
+    pub(super) log: String,
+    pub(super) secrets: Secrets,
+    pub(super) lock_file: Option<Vec<u8>>,
+    pub(super) parallelism: Option<u16>,
+    pub(super) targeting: Targeting,
+    pub(super) backend: Backend,
+}
+
+impl fmt::Debug for ShownPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the JSON or the secrets.
+        f.debug_struct("ShownPlan")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShownPlan {
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The `show -json` document as the engine printed it (holds secrets in clear: render it
+    /// through the masks, never print it).
+    pub fn plan_json(&self) -> &[u8] {
+        &self.plan_json
+    }
+
+    /// The redacted combined output of init, plan and show.
+    pub fn log(&self) -> &str {
+        &self.log
+    }
+
+    /// Everything known to be secret in the run that made it.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    /// The backend `init` configured.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The plan's fingerprint, as [`super::PlannedRun::fingerprint`] computes it.
+    pub fn fingerprint(&self, key: &[u8]) -> Fingerprint {
+        fingerprint(
+            &self.plan,
+            key,
+            self.lock_file.as_deref(),
+            self.parallelism,
+            &self.targeting,
+        )
+    }
+
+    /// How many bytes it keeps in memory (its JSON and log; the parsed plan keeps its values
+    /// compressed).
+    pub fn weight(&self) -> usize {
+        self.plan_json.len() + self.log.len()
+    }
+}
+
+/// A plan's fingerprint, bound to the provider lock file, the `-parallelism` it is planned and
+/// applied with, and its targeting: one computation for a plan run and a shown plan.
+pub(super) fn fingerprint(
+    plan: &Plan,
+    key: &[u8],
+    lock_file: Option<&[u8]>,
+    parallelism: Option<u16>,
+    targeting: &Targeting,
+) -> Fingerprint {
+    Fingerprint::of_with_parallelism(plan, key, lock_file, parallelism)
+        .with_targeting(key, targeting)
+}

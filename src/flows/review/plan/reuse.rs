@@ -1,0 +1,146 @@
+//! Stage 2's second step: which roots of this head show the plan of an earlier push again
+//! (docs/workflow.md, "Plans reused across pushes"). A root's last plan (kept in this replica's
+//! memory, `flows::context::plan_reuse`) is reused when the changes between the commit it was
+//! planned at and this one reach neither it nor a root it depends on (`core::reach`, the one
+//! decision of what a change reaches: its files, the local modules it uses, its
+//! `when_modified`), and every [`Unchanged`] input is equal: the target and default branches'
+//! heads, its `.planbot.toml` entry, the engine, a comment's flags, and its GitLab-managed
+//! state's serial (an apply or a drift fix makes a new version). `planbot plan` plans every
+//! root again; a root whose state is not GitLab-managed is always planned (its state cannot be
+//! told unchanged).
+
+use super::prepare::Prepared;
+use crate::core::events::{PlanJob, PlanReason};
+use crate::core::reach::{self, Decision, ModuleGraph};
+use crate::core::repo_config::Root;
+use crate::flows::context::app_state::App;
+use crate::flows::context::plan_reuse::{Reusable, Unchanged};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// What this head reuses, and what a fresh plan of each root is kept with.
+#[derive(Default)]
+pub(super) struct Reuse {
+    /// The roots whose last plan is shown again.
+    pub reused: BTreeMap<String, Arc<Reusable>>,
+    /// Each affected root's inputs now (none for a root whose state cannot be told unchanged):
+    /// a fresh plan is kept with them.
+    pub unchanged: BTreeMap<String, Unchanged>,
+}
+
+/// Which affected roots of `decisions` reuse their last plan ([`Reuse`]).
+pub(super) async fn decide(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    decisions: &[Decision<'_>],
+    modules: &ModuleGraph,
+) -> Reuse {
+    let mut reuse = Reuse::default();
+    let affected: Vec<&Root> = decisions
+        .iter()
+        .filter(|d| d.affected)
+        .map(|d| d.root)
+        .collect();
+    for root in &affected {
+        if let Some(now) = unchanged(app, job, prepared, root).await {
+            reuse.unchanged.insert(root.name.clone(), now);
+        }
+    }
+    if job.reason == PlanReason::Command {
+        return reuse;
+    }
+    // The files each earlier planned commit differs in, asked once per commit.
+    let mut between: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
+    let graph = prepared.config.graph();
+    for name in graph.order() {
+        let Some(root) = affected.iter().find(|r| r.name == name) else {
+            continue;
+        };
+        let (Some(now), Some(last)) = (
+            reuse.unchanged.get(name),
+            app.plan_reuse.last(job.project, job.mr, name),
+        ) else {
+            continue;
+        };
+        if &last.unchanged != now {
+            continue;
+        }
+        let from = last.planned_commit.as_str().to_string();
+        if !between.contains_key(&from) {
+            let files = app
+                .workspace
+                .files_between(job.project, &last.planned_commit, &prepared.commit.sha)
+                .await;
+            between.insert(from.clone(), files.ok().map(|f| f.into_iter().collect()));
+        }
+        let Some(Some(changed)) = between.get(&from) else {
+            continue;
+        };
+        let changed: Vec<String> = changed.iter().cloned().collect();
+        let reached = reach::decide(&prepared.config, &changed, modules)
+            .iter()
+            .any(|d| d.affected && d.root.name == root.name);
+        // A root it depends on planned again may have new outputs: this one is planned too.
+        let upstream_planned = graph
+            .upstream_of(name)
+            .into_iter()
+            .any(|u| affected.iter().any(|a| a.name == u) && !reuse.reused.contains_key(u));
+        if !reached && !upstream_planned {
+            reuse.reused.insert(root.name.clone(), last);
+        }
+    }
+    reuse
+}
+
+/// `root`'s inputs at this head besides its files; `None` when its state is not
+/// GitLab-managed, or GitLab cannot say its serial (then it is planned, and not kept).
+async fn unchanged(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    root: &Root,
+) -> Option<Unchanged> {
+    let state = crate::core::state::gitlab_state_name(root, app.config.state.default)?;
+    let path = prepared.project_path.as_deref()?;
+    let serial = match app.gitlab.terraform_state_serial(path, &state).await {
+        Ok(serial) => serial,
+        Err(e) => {
+            app.metrics.gitlab_error("terraform_state_serial");
+            tracing::warn!(project = job.project.0, root = %root.name, error = %e, "could not read the state's serial: the root is planned");
+            return None;
+        }
+    };
+    let targeting = app
+        .store
+        .plan_targeting(job.project, job.mr, &job.head, &root.name)
+        .await
+        .ok()?;
+    Some(Unchanged {
+        target_head: prepared.target_head.clone(),
+        default_head: prepared.default_head.clone()?,
+        entry: entry_text(root),
+        engine: prepared.version.clone().unwrap_or_default(),
+        targeting: targeting.canonical(),
+        state_serial: serial,
+    })
+}
+
+/// Every field of a root's `.planbot.toml` entry, as planbot read it.
+fn entry_text(root: &Root) -> String {
+    format!(
+        "{:?}",
+        (
+            &root.name,
+            &root.dir,
+            &root.patterns,
+            &root.var_files,
+            &root.workspace,
+            &root.lint_disable,
+            &root.state,
+            root.parallelism,
+            root.checks,
+            &root.depends_on,
+        )
+    )
+}
