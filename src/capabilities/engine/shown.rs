@@ -75,6 +75,24 @@ impl ShownPlan {
     }
 }
 
+#[cfg(test)]
+impl ShownPlan {
+    /// An empty plan whose JSON is `bytes` bytes long (for the reuse cache's bounds).
+    pub fn of_size(bytes: usize) -> ShownPlan {
+        ShownPlan {
+            plan: Plan::from_json(br#"{"format_version":"1.2","resource_changes":[]}"#)
+                .expect("an empty plan"),
+            plan_json: vec![b' '; bytes],
+            log: String::new(),
+            secrets: Secrets::new(),
+            lock_file: None,
+            parallelism: None,
+            targeting: Targeting::default(),
+            backend: Backend::Remote("http".into()),
+        }
+    }
+}
+
 /// A plan's fingerprint, bound to the provider lock file, the `-parallelism` it is planned and
 /// applied with, and its targeting: one computation for a plan run and a shown plan.
 pub(super) fn fingerprint(

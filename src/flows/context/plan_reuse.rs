@@ -138,3 +138,55 @@ impl PlanReuse {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(bytes: usize, head: &str) -> Arc<Reusable> {
+        let sha = CommitSha(head.repeat(40));
+        Arc::new(Reusable {
+            planned_commit: sha.clone(),
+            head: sha.clone(),
+            unchanged: Unchanged {
+                target_head: sha.clone(),
+                default_head: sha,
+                entry: String::new(),
+                engine: String::new(),
+                targeting: String::new(),
+                state_serial: None,
+            },
+            planned: Arc::new(ShownPlan::of_size(bytes)),
+            findings: Vec::new(),
+            fingerprint: Fingerprint::from_hex(&"a".repeat(64)).unwrap(),
+            policy: None,
+            checks: RootChecks::default(),
+            capacity: None,
+            preflight_note: String::new(),
+        })
+    }
+
+    #[test]
+    fn one_plan_per_root_the_least_recently_used_go_first_and_a_closed_mr_is_forgotten() {
+        let (p, mr) = (ProjectId(1), MrIid(7));
+        let kept = PlanReuse::default();
+        kept.keep(p, mr, "a", plan(10, "a"));
+        kept.keep(p, mr, "a", plan(20, "b"));
+        assert_eq!(kept.size(), (1, 20), "the last plan of a root replaces the one before");
+        assert_eq!(kept.last(p, mr, "a").unwrap().head.as_str(), "b".repeat(40));
+        for i in 0..MAX_ENTRIES + 5 {
+            kept.keep(p, MrIid(100 + i as u64), "r", plan(1, "c"));
+            if i % 100 == 0 {
+                // Used again: not among the least recently used.
+                kept.last(p, mr, "a");
+            }
+        }
+        assert_eq!(kept.size().0, MAX_ENTRIES);
+        assert!(kept.last(p, mr, "a").is_some());
+        assert!(kept.last(p, MrIid(101), "r").is_none(), "among the oldest");
+        kept.keep(p, MrIid(1), "big", plan(MAX_BYTES, "d"));
+        assert!(kept.size().1 <= MAX_BYTES);
+        kept.forget(p, MrIid(1));
+        assert!(kept.last(p, MrIid(1), "big").is_none());
+    }
+}

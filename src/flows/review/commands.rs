@@ -99,8 +99,9 @@ async fn closed(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
     // Queued and running work of the MR was cancelled when this job was enqueued (same
     // transaction); a cancelled plan's checkout is removed when its job stops (checkouts are
     // per job). The project's shared mirror stays for the other MRs; the MR's own plugin
-    // cache goes.
+    // cache goes, and so do its plans kept for reuse.
     app.drop_mr_plugin_cache(project, mr);
+    app.plan_reuse.forget(project, mr);
     tracing::info!(
         project = project.0,
         mr = mr.0,
@@ -119,6 +120,7 @@ async fn mark_merged(
     target_branch: Option<&str>,
 ) -> Result<()> {
     app.drop_mr_plugin_cache(project, mr);
+    app.plan_reuse.forget(project, mr);
     let target = target_branch.unwrap_or("main");
     let banner = format!(
         "{MERGED_BANNER_MARKER}\n{}",
