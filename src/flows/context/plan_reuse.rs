@@ -172,7 +172,11 @@ mod tests {
         let kept = PlanReuse::default();
         kept.keep(p, mr, "a", plan(10, "a"));
         kept.keep(p, mr, "a", plan(20, "b"));
-        assert_eq!(kept.size(), (1, 20), "the last plan of a root replaces the one before");
+        assert_eq!(
+            kept.size(),
+            (1, 20),
+            "the last plan of a root replaces the one before"
+        );
         assert_eq!(kept.last(p, mr, "a").unwrap().head.as_str(), "b".repeat(40));
         for i in 0..MAX_ENTRIES + 5 {
             kept.keep(p, MrIid(100 + i as u64), "r", plan(1, "c"));
