@@ -1,0 +1,213 @@
+//! Many-roots benchmark (not a test): a repository of N roots that all call one local module
+//! (GitLab-managed state, `plan.max_concurrent_plans = 4`), served by `planbot serve` against
+//! the fake GitLab on loopback with the real engine.
+//!
+//! `cargo bench --bench roots` measures, for 40 roots and then 200:
+//! 1. **A module change**: an MR that changes `modules/vm`, which every root calls: its hook to
+//!    its green `planbot/plan` (every root planned), against the bare engine doing `init` +
+//!    `plan -out` + `show -json` for the N roots one after the other in copies of them;
+//! 2. **A push to one root**: the same MR's next push, which changes `stacks/r07/main.tf` only:
+//!    its hook to its green status (one root planned, the others' plans reused).
+//!
+//! Under `cargo test --all-targets` (no `--bench`) it runs once with 4 roots, to stay fast.
+
+#[path = "../tests/it/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::fake_gitlab::{FakeGitLab, FakeProject};
+
+const INFRA: &str = "infra/homelab";
+
+/// The module every root calls: one `terraform_data` whose input depends on `tag`.
+fn module_tf(tag: &str) -> String {
+    format!(
+        "variable \"name\" {{}}\n\nresource \"terraform_data\" \"vm\" {{\n  input = {{\n    name = var.name\n    tag  = \"{tag}\"\n  }}\n}}\n"
+    )
+}
+
+/// Root `i`: its own resource (input `tag`) and the module.
+fn root_tf(i: usize, tag: &str) -> String {
+    format!(
+        "resource \"terraform_data\" \"own\" {{\n  input = \"r{i:02}-{tag}\"\n}}\n\nmodule \"vm\" {{\n  source = \"../../modules/vm\"\n  name   = \"r{i:02}\"\n}}\n"
+    )
+}
+
+fn planbot_toml(roots: usize) -> String {
+    (0..roots)
+        .map(|i| format!("[[roots]]\nname = \"r{i:02}\"\ndir = \"stacks/r{i:02}\"\n\n"))
+        .collect()
+}
+
+struct World {
+    gitlab: FakeGitLab,
+    project: FakeProject,
+    serve: (Child, u16),
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    fn start(engine: &Path, roots: usize) -> World {
+        let gitlab = FakeGitLab::start();
+        let project = gitlab.create_project(INFRA);
+        let mut files = vec![
+            (".planbot.toml".to_string(), planbot_toml(roots)),
+            ("modules/vm/main.tf".to_string(), module_tf("v1")),
+        ];
+        for i in 0..roots {
+            files.push((format!("stacks/r{i:02}/main.tf"), root_tf(i, "v1")));
+        }
+        let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (&p[..], &t[..])).collect();
+        gitlab.commit_files(&project, "main", &files);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("planbot.toml");
+        let config =
+            support::service::bench_config(&dir.path().join("data"), &gitlab, INFRA, engine)
+                .plan_slots(4)
+                .set("plan", "workers_per_author", "4");
+        std::fs::write(&file, config.text()).unwrap();
+        World {
+            serve: support::spawn_serve(&file),
+            gitlab,
+            project,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    async fn deliver(&self, body: Vec<u8>, key: &str) {
+        let port = self.serve.1;
+        let mut req = self
+            .http
+            .post(format!("http://127.0.0.1:{port}/webhooks/gitlab"))
+            .header("content-type", "application/json")
+            .body(body);
+        let headers = support::service::token_headers(
+            "Merge Request Hook",
+            key,
+            support::service::WEBHOOK_SECRET,
+        );
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 200, "delivery {key}");
+    }
+
+    /// Wait (polling the fake every 5 ms) until `sha`'s plan status is green.
+    async fn planned(&self, sha: &str) {
+        let (g, p) = (&self.gitlab, &self.project);
+        support::eventually(&format!("the plan of {sha}"), 1800, || async {
+            match g.status(p, sha, "planbot/plan").map(|s| s.state) {
+                Some(s) if s == "success" => true,
+                Some(s) if s == "failed" => panic!("the plan of {sha} failed"),
+                _ => false,
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = self.serve.0.kill();
+        let _ = self.serve.0.wait();
+    }
+}
+
+/// The bare engine on the N roots, one after the other: `init`, `plan -out`, `show -json` in
+/// a copy of each (local state: nothing to read), as planbot runs them.
+fn bare_engine(engine: &Path, roots: usize) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("modules/vm");
+    std::fs::create_dir_all(&module).unwrap();
+    std::fs::write(module.join("main.tf"), module_tf("v2")).unwrap();
+    let started = Instant::now();
+    for i in 0..roots {
+        let root = dir.path().join(format!("stacks/r{i:02}"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("main.tf"), root_tf(i, "v1")).unwrap();
+        let run = |args: &[&str]| {
+            let out = Command::new(engine)
+                .args(args)
+                .current_dir(&root)
+                .env("TF_IN_AUTOMATION", "1")
+                .env("TF_INPUT", "0")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&["init", "-input=false", "-no-color"]);
+        run(&["plan", "-input=false", "-no-color", "-out=plan.bin"]);
+        run(&["show", "-json", "-no-color", "plan.bin"]);
+    }
+    started.elapsed()
+}
+
+/// (the module change's hook to green, the push to one root's hook to green).
+async fn planbot(engine: &Path, roots: usize) -> (Duration, Duration) {
+    let w = World::start(engine, roots);
+    w.gitlab.commit_files(
+        &w.project,
+        "vm-v2",
+        &[("modules/vm/main.tf", &module_tf("v2"))],
+    );
+    let iid = w.gitlab.open_mr(&w.project, "vm-v2", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    let started = Instant::now();
+    w.deliver(body, "open").await;
+    w.planned(&head).await;
+    let module_change = started.elapsed();
+
+    let one = if roots > 7 { 7 } else { 0 };
+    let tf = root_tf(one, "v2");
+    let path = format!("stacks/r{one:02}/main.tf");
+    let new = w.gitlab.push(&w.project, "vm-v2", &[(&path, &tf)]);
+    let body = w
+        .gitlab
+        .mr_webhook(&w.project, iid)
+        .action("update")
+        .oldrev(&head)
+        .body();
+    let started = Instant::now();
+    w.deliver(body, "push").await;
+    w.planned(&new).await;
+    let one_root = started.elapsed();
+    let note = w.gitlab.plan_note(&w.project, iid).expect("a plan note");
+    let reused = note.matches("♻️ _Reused: planned at").count();
+    assert_eq!(reused, roots - 1, "every other root's plan is reused");
+    (module_change, one_root)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let engine: PathBuf = support::engine();
+    let sizes: &[usize] = if full { &[40, 200] } else { &[4] };
+    println!(
+        "roots bench: engine {}, {} cores, plan.max_concurrent_plans = 4",
+        engine.display(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    for &roots in sizes {
+        let bare = bare_engine(&engine, roots);
+        let (module_change, one_root) = planbot(&engine, roots).await;
+        println!(
+            "{roots} roots: module change (every root planned) {:.1} s; bare engine, one root \
+             after the other {:.1} s ({:.2}x); push to one root (the others reused) {:.1} s",
+            module_change.as_secs_f64(),
+            bare.as_secs_f64(),
+            module_change.as_secs_f64() / bare.as_secs_f64(),
+            one_root.as_secs_f64(),
+        );
+    }
+}
