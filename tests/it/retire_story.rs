@@ -149,7 +149,7 @@ async fn a_removed_root_is_a_reviewed_destroy_and_its_state_is_deleted_after_the
                 &format!("planbot: root `old` is removed by the merge: planning its destroy from the code before the merge (`{}`), as its merge request did", &main_before[..8]),
                 "planbot: root `old`: 2 to destroy · fingerprint",
                 &format!("planbot: root `old`: the plan is the one reviewed on !{iid}"),
-                "planbot: root `old`: root removed by the merge: its GitLab-managed state `old` holds no resource and is deleted",
+                "planbot: root `old`: removed by the merge: its GitLab-managed state `old` holds no resource and is deleted",
                 "planbot: root `infra`: no changes, nothing to apply",
             ],
         );
@@ -268,7 +268,7 @@ async fn a_destroy_that_fails_part_way_keeps_the_state_and_says_what_is_left() {
         "{note}"
     );
     let log = w.merge_and_apply(&s, iid, 51).await;
-    let left = "root removed by the merge: the destroy failed part-way: its GitLab-managed \
+    let left = "removed by the merge: the destroy failed part-way: its GitLab-managed \
                 state `old` is kept, with 1 resource left (`terraform_data.db`); fix the error, \
                 then run the apply job of a new pipeline on the default branch";
     assert!(
