@@ -48,6 +48,9 @@ pub struct PlannedRun {
     pub(super) encryption: PlanEncryption,
     pub(super) secrets: Secrets,
     pub(super) scrubber: Scrubber,
+    /// The scrubber of the plan's own secrets only (collected when the plan was read), which
+    /// the fingerprint binds.
+    pub(super) plan_secrets: Scrubber,
     pub(super) duration: Duration,
     /// The job's state gate, kept running until the apply is done.
     pub(super) _state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::GatePass>>,
@@ -122,11 +125,12 @@ impl PlannedRun {
     /// The plan's fingerprint, bound to the provider lock file and the `-parallelism` it is
     /// planned and applied with.
     pub fn fingerprint(&self, key: &[u8]) -> Fingerprint {
-        Fingerprint::of_with_parallelism(
+        Fingerprint::of_with_plan_secrets(
             &self.plan,
             key,
             self.lock_file.as_deref(),
             self.parallelism,
+            &self.plan_secrets,
         )
         .with_targeting(key, &self.targeting)
     }
