@@ -200,7 +200,8 @@ pub struct RootChecks {
 
 impl RootChecks {
     /// Read what the engine's check steps printed, the warnings its `plan` gave, and the
-    /// failing `check` blocks of the plan (`show -json`'s document, when there is a plan).
+    /// failing `check` blocks of the plan (its `checks`, [`crate::core::plan::Plan::checks_json`],
+    /// when there is a plan).
     ///
     /// The warnings are validation's: with `validate` switched off, none are shown (the
     /// plan's neither). A warning both `validate` and `plan` give (same summary, detail and
@@ -210,7 +211,7 @@ impl RootChecks {
         fmt: &StepCheck,
         test: &StepCheck,
         plan: &PlanWarnings,
-        plan_json: Option<&[u8]>,
+        checks_json: Option<&[u8]>,
     ) -> RootChecks {
         let mut warnings = Vec::new();
         let validate = match validate {
@@ -260,7 +261,7 @@ impl RootChecks {
             }
             other => quiet_or_not_run(other),
         };
-        let check_blocks = plan_json.map(read_check_blocks);
+        let check_blocks = checks_json.map(read_check_blocks);
         let (warnings, warnings_unread) = if matches!(validate, Check::Quiet) {
             (Vec::new(), 0)
         } else {
@@ -848,14 +849,12 @@ fn place_key(place: &str) -> (&str, u64) {
     }
 }
 
-/// The failing `check {}` blocks of a `show -json` document (its `checks`): status `fail` or
-/// `error`, with their messages. A document that is not a plan gives none.
-fn read_check_blocks(plan_json: &[u8]) -> Vec<CheckBlock> {
-    #[derive(Deserialize)]
-    struct Doc {
-        #[serde(default)]
-        checks: Vec<Result_>,
-    }
+/// The failing `check {}` blocks of a plan's `checks` (its JSON text, [`Plan::checks_json`]:
+/// kept from the plan's one parse, the document is not read again): status `fail` or `error`,
+/// with their messages. Anything but a list of check results gives none.
+///
+/// [`Plan::checks_json`]: crate::core::plan::Plan::checks_json
+fn read_check_blocks(checks_json: &[u8]) -> Vec<CheckBlock> {
     #[derive(Deserialize)]
     struct Result_ {
         #[serde(default)]
@@ -886,12 +885,12 @@ fn read_check_blocks(plan_json: &[u8]) -> Vec<CheckBlock> {
         #[serde(default)]
         message: String,
     }
-    let Ok(doc) = serde_json::from_slice::<Doc>(plan_json) else {
+    let Ok(checks) = serde_json::from_slice::<Vec<Result_>>(checks_json) else {
         return Vec::new();
     };
     let failing = |s: &str| s == "fail" || s == "error";
     let mut out = Vec::new();
-    for c in doc.checks {
+    for c in checks {
         // Only `check {}` blocks: a resource's failing condition is the plan's error.
         if c.address.kind != "check" || !failing(&c.status) {
             continue;
@@ -1161,13 +1160,14 @@ a line on stderr"
             .collect::<String>()
             + PLAN_LINES;
         let (_, plan) = read_plan(&plan_lines);
-        let plan_doc = br#"{"checks":[{"address":{"kind":"check","to_display":"check.health"},"status":"fail","instances":[{"address":{"to_display":"check.health"},"status":"fail","problems":[{"message":"v is not b"}]}]}]}"#;
+        // The `checks` as the plan's one parse kept them.
+        let shown = crate::core::plan::Plan::from_json(br#"{"format_version":"1.2","resource_changes":[],"checks":[{"address":{"kind":"check","to_display":"check.health"},"status":"fail","instances":[{"address":{"to_display":"check.health"},"status":"fail","problems":[{"message":"v is not b"}]}]}]}"#).unwrap();
         let c = RootChecks::read(
             &ran(&doc, 0),
             &StepCheck::Off,
             &StepCheck::Off,
             &plan,
-            Some(plan_doc),
+            Some(shown.checks_json()),
         );
         let summaries: Vec<(&str, usize)> = c
             .warnings
@@ -1196,7 +1196,7 @@ a line on stderr"
             &StepCheck::Off,
             &StepCheck::Off,
             &plan,
-            Some(plan_doc),
+            Some(shown.checks_json()),
         );
         assert!(c.warnings.is_empty() && c.check_blocks.len() == 1);
     }

@@ -66,6 +66,19 @@ impl Fingerprint {
         Fingerprint::compute(plan, key, lock_file, parallelism, &secrets)
     }
 
+    /// [`Fingerprint::of_with_parallelism`] for a caller that already built the scrubber of
+    /// the plan's own secrets (as [`Fingerprint::of_with_secrets`]; a planned run keeps it from
+    /// reading the plan).
+    pub fn of_with_plan_secrets(
+        plan: &Plan,
+        key: &[u8],
+        lock_file: Option<&[u8]>,
+        parallelism: Option<u16>,
+        plan_secrets: &Scrubber,
+    ) -> Fingerprint {
+        Fingerprint::compute(plan, key, lock_file, parallelism, plan_secrets)
+    }
+
     /// [`Fingerprint::of_with_lock`] for a caller that already built the scrubber of the plan's
     /// own secrets (`Secrets::from_plan(plan).scrubber()`, nothing added: any other secret would
     /// make another fingerprint of the same plan).

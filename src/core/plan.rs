@@ -64,6 +64,8 @@ struct PlanWire {
     #[serde(default)]
     prior_state: PriorStateSecrets,
     planned_values: Option<StateSecrets>,
+    #[serde(default)]
+    checks: Option<Box<RawValue>>,
 }
 
 impl PlanWire {
@@ -100,6 +102,7 @@ impl PlanWire {
             configuration: self.configuration,
             prior_state_secrets: self.prior_state,
             planned_values_secrets: self.planned_values.unwrap_or_default(),
+            checks: self.checks,
         })
     }
 }
@@ -132,9 +135,20 @@ pub struct Plan {
     pub prior_state_secrets: PriorStateSecrets,
     /// The secrets of the planned state: `planned_values` is read while parsing, never kept.
     pub planned_values_secrets: StateSecrets,
+    /// The `checks` results (`check {}` blocks and conditions) as the JSON text the engine
+    /// wrote, kept from the one parse of the document for [`crate::core::engine_checks`]
+    /// (small: one entry per checkable object).
+    pub checks: Option<Box<RawValue>>,
 }
 
 impl Plan {
+    /// The JSON text of the plan's `checks` (`[]` when it has none).
+    pub fn checks_json(&self) -> &[u8] {
+        self.checks
+            .as_deref()
+            .map_or(b"[]", |raw| raw.get().as_bytes())
+    }
+
     /// The plan's `format_version` when it is newer than [`KNOWN_FORMAT`] (one that does not
     /// read as `major.minor` counts as newer: planbot cannot tell what it holds).
     pub fn newer_format(&self) -> Option<&str> {

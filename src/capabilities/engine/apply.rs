@@ -48,6 +48,9 @@ pub struct PlannedRun {
     pub(super) encryption: PlanEncryption,
     pub(super) secrets: Secrets,
     pub(super) scrubber: Scrubber,
+    /// The scrubber of the plan's own secrets only (collected when the plan was read), which
+    /// the fingerprint binds.
+    pub(super) plan_secrets: Scrubber,
     pub(super) duration: Duration,
     /// The job's state gate, kept running until the apply is done.
     pub(super) _state_gate: Option<std::sync::Arc<crate::capabilities::state_gate::GatePass>>,
@@ -128,6 +131,7 @@ impl PlannedRun {
             self.lock_file.as_deref(),
             self.parallelism,
             &self.targeting,
+            &self.plan_secrets,
         )
     }
 
@@ -143,6 +147,7 @@ impl PlannedRun {
             parallelism: self.parallelism,
             targeting: self.targeting,
             backend: self.backend,
+            plan_secrets: self.plan_secrets,
         }
     }
 

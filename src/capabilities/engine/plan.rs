@@ -15,7 +15,7 @@ use super::Engine;
 use crate::capabilities::checkout_file;
 use crate::core::engine_checks::{CheckSet, PlanWarnings, StepCheck};
 use crate::core::plan::{Plan, PlanParseError};
-use crate::core::redact::Secrets;
+use crate::core::redact::{Scrubber, Secrets};
 use crate::core::state::Backend;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -128,15 +128,23 @@ impl Engine {
         if ran_root_code(&shown) {
             steps.checks(checks, has_tests, out).await;
         }
-        if let Ok((plan, _)) = &shown {
-            run.secrets.merge(&Secrets::from_plan(plan));
-        }
+        // The plan's own secrets, collected once: merged into the run's, and their scrubber
+        // kept for the plan's fingerprint (which binds only those).
+        let plan_secrets = match &shown {
+            Ok((plan, _)) => {
+                let own = Secrets::from_plan(plan);
+                run.secrets.merge(&own);
+                own.scrubber()
+            }
+            Err(_) => Scrubber::none(),
+        };
         out.scrubber = run.secrets.scrubber();
         let (plan, plan_json) = shown?;
         let var_args = steps.var_args();
         let log = steps.log;
         let lock_file = lock_file.expect("read when the plan was shown")?;
-        let scrubber = run.secrets.scrubber();
+        // The same secrets as the checks': their matcher is built once.
+        let scrubber = out.scrubber.clone();
         Ok(PlannedRun {
             engine: self.clone(),
             dir: run.place.dir,
@@ -157,6 +165,7 @@ impl Engine {
             encryption: run.encryption,
             secrets: run.secrets,
             scrubber,
+            plan_secrets,
             duration: started.elapsed(),
             _state_gate: req.state_gate.clone(),
             cgroup: run.cgroup,

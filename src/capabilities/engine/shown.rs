@@ -5,7 +5,7 @@
 
 use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::Plan;
-use crate::core::redact::Secrets;
+use crate::core::redact::{Scrubber, Secrets};
 use crate::core::state::Backend;
 use crate::core::targeting::Targeting;
 use std::fmt;
@@ -20,6 +20,8 @@ pub struct ShownPlan {
     pub(super) parallelism: Option<u16>,
     pub(super) targeting: Targeting,
     pub(super) backend: Backend,
+    /// The scrubber of the plan's own secrets only, which the fingerprint binds.
+    pub(super) plan_secrets: Scrubber,
 }
 
 impl fmt::Debug for ShownPlan {
@@ -65,6 +67,7 @@ impl ShownPlan {
             self.lock_file.as_deref(),
             self.parallelism,
             &self.targeting,
+            &self.plan_secrets,
         )
     }
 
@@ -89,6 +92,7 @@ impl ShownPlan {
             parallelism: None,
             targeting: Targeting::default(),
             backend: Backend::Remote("http".into()),
+            plan_secrets: Secrets::new().scrubber(),
         }
     }
 }
@@ -101,7 +105,8 @@ pub(super) fn fingerprint(
     lock_file: Option<&[u8]>,
     parallelism: Option<u16>,
     targeting: &Targeting,
+    plan_secrets: &Scrubber,
 ) -> Fingerprint {
-    Fingerprint::of_with_parallelism(plan, key, lock_file, parallelism)
+    Fingerprint::of_with_plan_secrets(plan, key, lock_file, parallelism, plan_secrets)
         .with_targeting(key, targeting)
 }

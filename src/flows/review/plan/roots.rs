@@ -468,9 +468,9 @@ impl RootPlanner<'_> {
 
     /// What the checks printed, read and redacted with every secret the run knows, planbot's
     /// configured ones too.
-    fn read_checks(&self, ran: &EngineChecks, plan_json: Option<&[u8]>) -> RootChecks {
+    fn read_checks(&self, ran: &EngineChecks, checks_json: Option<&[u8]>) -> RootChecks {
         let checks = cpu_bound(|| {
-            RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, plan_json)
+            RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, checks_json)
                 .scrubbed(&ran.scrubber)
         });
         checks.scrubbed(&self.app.scrubber)
@@ -486,7 +486,8 @@ impl RootPlanner<'_> {
         ran: &EngineChecks,
         targeting: Targeting,
     ) -> RootPlanned {
-        let checks = self.read_checks(ran, Some(planned.plan_json()));
+        // The plan's `checks` as its one parse kept them: the document is not read again.
+        let checks = self.read_checks(ran, Some(planned.plan().checks_json()));
         let pf = preflight::for_plan_as(
             self.pve.clone(),
             self.apply_identity.clone(),
