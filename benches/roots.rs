@@ -9,6 +9,8 @@
 //! 2. **A push to one root**: the same MR's next push, which changes `stacks/r07/main.tf` only:
 //!    its hook to its green status (one root planned, the others' plans reused).
 //!
+//! Each with the engine's checks beside each plan (the default) and without them.
+//!
 //! Under `cargo test --all-targets` (no `--bench`) it runs once with 4 roots, to stay fast.
 
 #[path = "../tests/it/support/mod.rs"]
@@ -35,9 +37,15 @@ fn root_tf(i: usize, tag: &str) -> String {
     )
 }
 
-fn planbot_toml(roots: usize) -> String {
+/// The roots' `.planbot.toml`; `checks`: with the engine's checks beside each plan (the
+/// default: `validate` and `fmt` after each plan, two more engine processes per root).
+fn planbot_toml(roots: usize, checks: bool) -> String {
+    let off = match checks {
+        true => "",
+        false => "checks = { validate = false, fmt = false, test = false }\n",
+    };
     (0..roots)
-        .map(|i| format!("[[roots]]\nname = \"r{i:02}\"\ndir = \"stacks/r{i:02}\"\n\n"))
+        .map(|i| format!("[[roots]]\nname = \"r{i:02}\"\ndir = \"stacks/r{i:02}\"\n{off}\n"))
         .collect()
 }
 
@@ -50,11 +58,11 @@ struct World {
 }
 
 impl World {
-    fn start(engine: &Path, roots: usize) -> World {
+    fn start(engine: &Path, roots: usize, checks: bool) -> World {
         let gitlab = FakeGitLab::start();
         let project = gitlab.create_project(INFRA);
         let mut files = vec![
-            (".planbot.toml".to_string(), planbot_toml(roots)),
+            (".planbot.toml".to_string(), planbot_toml(roots, checks)),
             ("modules/vm/main.tf".to_string(), module_tf("v1")),
         ];
         for i in 0..roots {
@@ -153,8 +161,8 @@ fn bare_engine(engine: &Path, roots: usize) -> Duration {
 }
 
 /// (the module change's hook to green, the push to one root's hook to green).
-async fn planbot(engine: &Path, roots: usize) -> (Duration, Duration) {
-    let w = World::start(engine, roots);
+async fn planbot(engine: &Path, roots: usize, checks: bool) -> (Duration, Duration) {
+    let w = World::start(engine, roots, checks);
     w.gitlab.commit_files(
         &w.project,
         "vm-v2",
@@ -200,14 +208,22 @@ async fn main() {
     );
     for &roots in sizes {
         let bare = bare_engine(&engine, roots);
-        let (module_change, one_root) = planbot(&engine, roots).await;
-        println!(
-            "{roots} roots: module change (every root planned) {:.1} s; bare engine, one root \
-             after the other {:.1} s ({:.2}x); push to one root (the others reused) {:.1} s",
-            module_change.as_secs_f64(),
-            bare.as_secs_f64(),
-            module_change.as_secs_f64() / bare.as_secs_f64(),
-            one_root.as_secs_f64(),
-        );
+        for checks in [true, false] {
+            let (module_change, one_root) = planbot(&engine, roots, checks).await;
+            println!(
+                "{roots} roots, {}: module change (every root planned) {:.1} s; bare engine, one \
+                 root after the other {:.1} s ({:.2}x); push to one root (the others reused) \
+                 {:.1} s",
+                if checks {
+                    "validate and fmt beside each plan"
+                } else {
+                    "checks off"
+                },
+                module_change.as_secs_f64(),
+                bare.as_secs_f64(),
+                module_change.as_secs_f64() / bare.as_secs_f64(),
+                one_root.as_secs_f64(),
+            );
+        }
     }
 }
