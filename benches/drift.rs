@@ -18,7 +18,6 @@ use planbot::core::state::{http_backend_env, state_address, OVERRIDE_FILE, OVERR
 use planbot::flows::context::app_state::App;
 use planbot::flows::drift::check::{tick, Selection};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 use support::fake_gitlab::{FakeGitLab, FakeProject};
 
@@ -70,23 +69,7 @@ fn bare_engine(engine: &Path, config: &Config, project: &FakeProject, roots: usi
         std::fs::write(dir.path().join(OVERRIDE_FILE), OVERRIDE_TEXT).unwrap();
         let address = state_address(&config.gitlab.url, project.id, &format!("root{k}"));
         let env = http_backend_env(&address, credential);
-        let run = |args: &[&str]| {
-            let out = Command::new(engine)
-                .args(args)
-                .current_dir(dir.path())
-                .envs(&env)
-                .env("TF_IN_AUTOMATION", "1")
-                .env("TF_INPUT", "0")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let run = |args: &[&str]| support::run_engine(engine, dir.path(), &env, args);
         run(&["init", "-input=false", "-no-color", "-lock=false"]);
         run(&[
             "plan",

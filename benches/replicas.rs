@@ -18,7 +18,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use support::fake_gitlab::{FakeGitLab, FakeProject};
 
@@ -80,34 +80,12 @@ impl World {
     /// Deliver `body` (an MR hook) to replica `i`.
     async fn deliver(&self, i: usize, body: Vec<u8>, key: &str) {
         let port = self.replicas[i % self.replicas.len()].1;
-        let mut req = self
-            .http
-            .post(format!("http://127.0.0.1:{port}/webhooks/gitlab"))
-            .header("content-type", "application/json")
-            .body(body);
-        let headers = support::service::token_headers(
-            "Merge Request Hook",
-            key,
-            support::service::WEBHOOK_SECRET,
-        );
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        let status = req.send().await.unwrap().status();
-        assert_eq!(status, 200, "delivery {key}");
+        support::service::deliver_mr_hook(&self.http, port, body, key).await;
     }
 
     /// Wait (polling the fake every 5 ms) until `sha`'s plan status is green.
     async fn planned(&self, sha: &str) {
-        let (g, p) = (&self.gitlab, &self.project);
-        support::eventually(&format!("the plan of {sha}"), 900, || async {
-            match g.status(p, sha, "planbot/plan").map(|s| s.state) {
-                Some(s) if s == "success" => true,
-                Some(s) if s == "failed" => panic!("the plan of {sha} failed"),
-                _ => false,
-            }
-        })
-        .await;
+        support::plan_turns_green(&self.gitlab, &self.project, sha, 900).await;
     }
 }
 
@@ -172,20 +150,7 @@ fn bare_engine(engine: &Path, resources: usize, tag: &str) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("main.tf"), root_tf(resources, tag)).unwrap();
     let run = |args: &[&str]| {
-        let out = Command::new(engine)
-            .args(args)
-            .current_dir(dir.path())
-            .env("TF_IN_AUTOMATION", "1")
-            .env("TF_INPUT", "0")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        support::run_engine(engine, dir.path(), std::iter::empty::<(&str, &str)>(), args)
     };
     let started = Instant::now();
     run(&["init", "-input=false", "-no-color"]);

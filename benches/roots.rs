@@ -17,7 +17,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use support::fake_gitlab::{FakeGitLab, FakeProject};
 
@@ -87,34 +87,11 @@ impl World {
     }
 
     async fn deliver(&self, body: Vec<u8>, key: &str) {
-        let port = self.serve.1;
-        let mut req = self
-            .http
-            .post(format!("http://127.0.0.1:{port}/webhooks/gitlab"))
-            .header("content-type", "application/json")
-            .body(body);
-        let headers = support::service::token_headers(
-            "Merge Request Hook",
-            key,
-            support::service::WEBHOOK_SECRET,
-        );
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        assert_eq!(req.send().await.unwrap().status(), 200, "delivery {key}");
+        support::service::deliver_mr_hook(&self.http, self.serve.1, body, key).await;
     }
 
-    /// Wait (polling the fake every 5 ms) until `sha`'s plan status is green.
     async fn planned(&self, sha: &str) {
-        let (g, p) = (&self.gitlab, &self.project);
-        support::eventually(&format!("the plan of {sha}"), 1800, || async {
-            match g.status(p, sha, "planbot/plan").map(|s| s.state) {
-                Some(s) if s == "success" => true,
-                Some(s) if s == "failed" => panic!("the plan of {sha} failed"),
-                _ => false,
-            }
-        })
-        .await;
+        support::plan_turns_green(&self.gitlab, &self.project, sha, 1800).await;
     }
 }
 
@@ -138,20 +115,7 @@ fn bare_engine(engine: &Path, roots: usize) -> Duration {
         std::fs::create_dir_all(&root).unwrap();
         std::fs::write(root.join("main.tf"), root_tf(i, "v1")).unwrap();
         let run = |args: &[&str]| {
-            let out = Command::new(engine)
-                .args(args)
-                .current_dir(&root)
-                .env("TF_IN_AUTOMATION", "1")
-                .env("TF_INPUT", "0")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            support::run_engine(engine, &root, std::iter::empty::<(&str, &str)>(), args)
         };
         run(&["init", "-input=false", "-no-color"]);
         run(&["plan", "-input=false", "-no-color", "-out=plan.bin"]);

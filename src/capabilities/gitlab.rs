@@ -1150,19 +1150,9 @@ impl GitLab {
         project_path: &str,
         name: &str,
     ) -> Result<Option<StateLock>, GitLabError> {
-        const QUERY: &str = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { lockedAt lockedByUser { username } } } }";
-        let url = self
-            .base
-            .join("api/graphql")
-            .map_err(|e| GitLabError::Decode(e.to_string()))?;
-        let payload = serde_json::json!({
-            "query": QUERY,
-            "variables": { "path": project_path, "name": name },
-        });
-        let (_, _, body) = self
-            .request(Method::POST, url, Auth::Bot, Some(&payload))
+        let answer = self
+            .terraform_state_query(project_path, name, "lockedAt lockedByUser { username }")
             .await?;
-        let answer: serde_json::Value = decode(&body)?;
         let state = answer.pointer("/data/project/terraformState");
         let locked_at = state
             .and_then(|s| s.get("lockedAt"))
@@ -1188,25 +1178,40 @@ impl GitLab {
         project_path: &str,
         name: &str,
     ) -> Result<Option<u64>, GitLabError> {
-        const QUERY: &str = "query($path: ID!, $name: String!) { project(fullPath: $path) { terraformState(name: $name) { latestVersion { serial } } } }";
-        let url = self
-            .base
-            .join("api/graphql")
-            .map_err(|e| GitLabError::Decode(e.to_string()))?;
-        let payload = serde_json::json!({
-            "query": QUERY,
-            "variables": { "path": project_path, "name": name },
-        });
-        let (_, _, body) = self
-            .request(Method::POST, url, Auth::Bot, Some(&payload))
+        let answer = self
+            .terraform_state_query(project_path, name, "latestVersion { serial }")
             .await?;
-        let answer: serde_json::Value = decode(&body)?;
         if answer.get("errors").is_some() {
             return Err(GitLabError::Decode("GraphQL answered with errors".into()));
         }
         Ok(answer
             .pointer("/data/project/terraformState/latestVersion/serial")
             .and_then(serde_json::Value::as_u64))
+    }
+
+    /// GraphQL's `Project.terraformState(name)` of `project_path` with `fields`, as the bot: the
+    /// whole answer (REST has no read of a state's lock or version without the state).
+    async fn terraform_state_query(
+        &self,
+        project_path: &str,
+        name: &str,
+        fields: &str,
+    ) -> Result<serde_json::Value, GitLabError> {
+        let query = format!(
+            "query($path: ID!, $name: String!) {{ project(fullPath: $path) {{ terraformState(name: $name) {{ {fields} }} }} }}"
+        );
+        let url = self
+            .base
+            .join("api/graphql")
+            .map_err(|e| GitLabError::Decode(e.to_string()))?;
+        let payload = serde_json::json!({
+            "query": query,
+            "variables": { "path": project_path, "name": name },
+        });
+        let (_, _, body) = self
+            .request(Method::POST, url, Auth::Bot, Some(&payload))
+            .await?;
+        decode(&body)
     }
 
     /// Delete the project's GitLab-managed state `name` with `credential` (the Maintainer role

@@ -710,12 +710,7 @@ impl Workspace {
             )
             .await?;
         check(&out, "git diff --name-only")?;
-        Ok(out
-            .stdout
-            .split(|b| *b == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect())
+        Ok(nul_separated(&out.stdout).collect())
     }
 
     /// The content of `path` at `rev` (e.g. `.planbot.toml` on the default branch), `None` when
@@ -793,12 +788,7 @@ impl Workspace {
         args.extend(paths.iter().map(|p| os(p)));
         let out = self.run(Some(&mirror), &args, false).await?;
         check(&out, "git ls-tree").with_context(|| format!("listing paths of {rev}"))?;
-        Ok(out
-            .stdout
-            .split(|b| *b == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect())
+        Ok(nul_separated(&out.stdout).collect())
     }
 
     /// Every directory of `rev`'s tree, repo-relative (`git ls-tree -r -d`, within the output
@@ -816,12 +806,7 @@ impl Workspace {
         ];
         let out = self.run(Some(&mirror), &args, false).await?;
         check(&out, "git ls-tree").with_context(|| format!("listing the directories of {rev}"))?;
-        Ok(out
-            .stdout
-            .split(|b| *b == 0)
-            .filter(|e| !e.is_empty())
-            .map(|e| String::from_utf8_lossy(e).into_owned())
-            .collect())
+        Ok(nul_separated(&out.stdout).collect())
     }
 
     async fn repo_config_read(
@@ -1160,6 +1145,14 @@ fn what(args: &[OsString]) -> String {
     args.first()
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// The names of a `-z` listing of git (NUL after each), as text.
+fn nul_separated(stdout: &[u8]) -> impl Iterator<Item = String> + '_ {
+    stdout
+        .split(|b| *b == 0)
+        .filter(|e| !e.is_empty())
+        .map(|e| String::from_utf8_lossy(e).into_owned())
 }
 
 fn os(s: &str) -> OsString {

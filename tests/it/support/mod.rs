@@ -6,7 +6,7 @@ pub mod fake_proxmox;
 pub mod postgres;
 pub mod throwaway_postgres;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The engine binary for tests: `PLANBOT_TEST_ENGINE`, else `tofu`, else `terraform` on PATH.
 ///
@@ -455,4 +455,50 @@ pub fn alone_in_a_process(test: &str, env: &[(&str, &str)]) -> bool {
         "{test}, alone in its own process, failed:\n{stdout}\n{stderr}"
     );
     false
+}
+
+/// Run the engine with `args` in `dir` as planbot runs it (no input, no colour; `env` added),
+/// its output dropped: the benchmarks' bare engine. Panics with its stderr when it fails.
+pub fn run_engine<K, V>(
+    engine: &Path,
+    dir: &Path,
+    env: impl IntoIterator<Item = (K, V)>,
+    args: &[&str],
+) where
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
+    let out = std::process::Command::new(engine)
+        .args(args)
+        .current_dir(dir)
+        .envs(env)
+        .env("TF_IN_AUTOMATION", "1")
+        .env("TF_INPUT", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Wait (polling the fake every 5 ms, at most `secs`) until `sha`'s `planbot/plan` is green;
+/// panics when it fails.
+pub async fn plan_turns_green(
+    gitlab: &fake_gitlab::FakeGitLab,
+    project: &fake_gitlab::FakeProject,
+    sha: &str,
+    secs: u64,
+) {
+    eventually(&format!("the plan of {sha}"), secs, || async {
+        match gitlab.status(project, sha, "planbot/plan").map(|s| s.state) {
+            Some(s) if s == "success" => true,
+            Some(s) if s == "failed" => panic!("the plan of {sha} failed"),
+            _ => false,
+        }
+    })
+    .await;
 }

@@ -38,6 +38,19 @@ pub fn config_for(
     }
 }
 
+/// Deliver an MR hook `body` (idempotency key `key`) to a `planbot serve` on `port`, as GitLab
+/// does: the benchmarks' delivery. Panics unless it answers 200.
+pub async fn deliver_mr_hook(http: &reqwest::Client, port: u16, body: Vec<u8>, key: &str) {
+    let mut req = http
+        .post(format!("http://127.0.0.1:{port}/webhooks/gitlab"))
+        .header("content-type", "application/json")
+        .body(body);
+    for (k, v) in token_headers("Merge Request Hook", key, WEBHOOK_SECRET) {
+        req = req.header(k, v);
+    }
+    assert_eq!(req.send().await.unwrap().status(), 200, "delivery {key}");
+}
+
 /// [`config_for`] as the benchmarks run it: the engine may take 10 minutes.
 pub fn bench_config(
     data_dir: &Path,

@@ -301,22 +301,7 @@ impl RootPlanner<'_> {
         if self.cancel.is_cancelled() {
             return Ok(None);
         }
-        let run = app
-            .store
-            .start_run(NewRun {
-                job: self.queue_job,
-                kind: RunKind::Plan,
-                project: job.project,
-                project_path: self.prepared.project_path.clone(),
-                mr: Some(job.mr),
-                root: root.name.clone(),
-                sha: job.head.clone(),
-            })
-            .await?;
-        self.started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(run);
+        let run = self.start_run(root).await?;
         let started = std::time::Instant::now();
         // The targeting a comment asked for at this head (a re-run and a replica read it too).
         let targeting = match retired {
@@ -340,15 +325,11 @@ impl RootPlanner<'_> {
         Ok(Some(planned))
     }
 
-    /// The plan of an earlier push shown again for `root` (nothing it depends on changed), in a
-    /// stored run of this head: no engine runs.
-    async fn reused(
-        &self,
-        root: &Root,
-        last: &std::sync::Arc<crate::flows::context::plan_reuse::Reusable>,
-    ) -> Result<RootPlanned> {
-        let (app, job) = (self.app, self.job);
-        let run = app
+    /// `root`'s stored run of this head, pushed to the job's runs as soon as it exists.
+    async fn start_run(&self, root: &Root) -> Result<RunId> {
+        let job = self.job;
+        let run = self
+            .app
             .store
             .start_run(NewRun {
                 job: self.queue_job,
@@ -364,6 +345,18 @@ impl RootPlanner<'_> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(run);
+        Ok(run)
+    }
+
+    /// The plan of an earlier push shown again for `root` (nothing it depends on changed), in a
+    /// stored run of this head: no engine runs.
+    async fn reused(
+        &self,
+        root: &Root,
+        last: &std::sync::Arc<crate::flows::context::plan_reuse::Reusable>,
+    ) -> Result<RootPlanned> {
+        let (app, job) = (self.app, self.job);
+        let run = self.start_run(root).await?;
         let (project, mr, planned_at) = (job.project.0, job.mr.0, last.head.short());
         tracing::info!(project, mr, root = %root.name, run = run.0, planned_at, "root's plan reused: nothing it depends on changed since");
         Ok(RootPlanned {
