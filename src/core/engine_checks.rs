@@ -57,6 +57,10 @@ pub enum StepCheck {
     NotRun(String),
     /// It ran to its end: its exit code and what it printed on stdout (raw, unredacted).
     Ran { exit: Option<i32>, stdout: Vec<u8> },
+    /// `validate` only: not run, as the plan ran cleanly and the engine validates the whole
+    /// configuration before it plans (a validation error fails the plan); its warnings are the
+    /// plan's. Only for a root without test files (`validate` reads those too, the plan not).
+    ByThePlan,
 }
 
 /// A diagnostic of the engine, reduced to what a note shows: one line each.
@@ -230,6 +234,7 @@ impl RootChecks {
                     ),
                 },
             },
+            StepCheck::ByThePlan => Check::Ran { result: Vec::new() },
             other => quiet_or_not_run(other),
         };
         let fmt = match fmt {

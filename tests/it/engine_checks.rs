@@ -359,3 +359,87 @@ async fn a_warning_only_the_plan_gives_is_in_the_note_once() {
     );
     assert!(!logs.contains("\"@message\""), "{logs}");
 }
+
+/// A clean plan has validated the whole configuration (the engine validates before it plans),
+/// so `validate` is not run a second time: one engine process less per root. It still runs
+/// after a plan that failed (its errors with their places are what the author needs) and for a
+/// root with test files (`validate` reads those, the plan does not). The warnings validation
+/// gives are the plan's too: a clean root's note loses none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_runs_again_only_when_the_plan_did_not_validate_the_root() {
+    use planbot::capabilities::engine::{Engine, PlanRequest};
+    use planbot::core::engine_checks::{Check, CheckSet, RootChecks, StepCheck};
+    let engine_bin = require_engine!();
+    let temp = tempfile::tempdir().unwrap();
+    let engine = Engine::builder(&engine_bin, temp.path()).build().unwrap();
+    let root = |files: &[(&str, &str)]| {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    };
+    let read = |ran: &planbot::capabilities::engine::EngineChecks| {
+        RootChecks::read(&ran.validate, &ran.fmt, &ran.test, &ran.plan, None)
+    };
+
+    // Clean: validated by the plan, its two warnings read from the plan's own lines.
+    let plain = root(&[
+        ("main.tf", PLAIN_MAIN),
+        ("modules/m/main.tf", PLAIN_MODULE),
+        ("modules/m2/main.tf", PLAIN_MODULE),
+    ]);
+    let (planned, ran) = engine
+        .plan_checked(plain.path(), &PlanRequest::default(), CheckSet::ALL)
+        .await;
+    assert!(planned.is_ok(), "{:?}", planned.err());
+    assert_eq!(ran.validate, StepCheck::ByThePlan);
+    assert!(
+        matches!(ran.fmt, StepCheck::Ran { exit: Some(0), .. }),
+        "{:?}",
+        ran.fmt
+    );
+    let checks = read(&ran);
+    assert!(matches!(&checks.validate, Check::Ran { result } if result.is_empty()));
+    let redundant = checks
+        .warnings
+        .iter()
+        .find(|g| g.summary == "Redundant empty provider block");
+    assert_eq!(redundant.map(|g| g.count), Some(2), "{:?}", checks.warnings);
+
+    // Broken: the plan fails, `validate` runs and names the error's place.
+    let broken = root(&[("main.tf", BROKEN_MAIN)]);
+    let (planned, ran) = engine
+        .plan_checked(broken.path(), &PlanRequest::default(), CheckSet::ALL)
+        .await;
+    assert!(planned.is_err());
+    assert!(
+        matches!(ran.validate, StepCheck::Ran { .. }),
+        "{:?}",
+        ran.validate
+    );
+    let checks = read(&ran);
+    let errors = checks.validate.result().expect("validate ran");
+    assert_eq!(errors[0].at.as_deref(), Some("main.tf:3"), "{errors:?}");
+
+    // Clean, with test files, whose tests are switched off: `validate` still reads them.
+    let tested = root(&[
+        ("main.tf", TESTED_MAIN),
+        ("tests/a.tftest.hcl", TESTED_TEST),
+    ]);
+    let no_tests = CheckSet {
+        test: false,
+        ..CheckSet::ALL
+    };
+    let (planned, ran) = engine
+        .plan_checked(tested.path(), &PlanRequest::default(), no_tests)
+        .await;
+    assert!(planned.is_ok(), "{:?}", planned.err());
+    assert!(
+        matches!(ran.validate, StepCheck::Ran { exit: Some(0), .. }),
+        "{:?}",
+        ran.validate
+    );
+}

@@ -54,15 +54,15 @@ impl Engine {
         const BEFORE: &str = "the plan run stopped before it";
         // Which test files the engine reads (the version is asked only of a runner that may
         // run the engine at all).
-        let tofu = checks.test
+        let tofu = (checks.test || checks.validate)
             && self.refuse_unsandboxed().is_ok()
             && matches!(
                 self.version().await.map(|v| v.name),
                 Ok(super::version::EngineKind::OpenTofu)
             );
-        let has_tests = checks.test && has_test_files(dir, tofu);
-        let mut out = EngineChecks::pending(checks, has_tests, BEFORE);
-        let planned = self.plan_run(dir, req, checks, has_tests, &mut out).await;
+        let test_files = (checks.test || checks.validate) && has_test_files(dir, tofu);
+        let mut out = EngineChecks::pending(checks, test_files, BEFORE);
+        let planned = self.plan_run(dir, req, checks, test_files, &mut out).await;
         if let Err(e) = &planned {
             // Never reached: they did not run because of this error.
             let why = e.to_string().lines().next().unwrap_or("").to_string();
@@ -82,7 +82,7 @@ impl Engine {
         dir: &Path,
         req: &PlanRequest,
         checks: CheckSet,
-        has_tests: bool,
+        test_files: bool,
         out: &mut EngineChecks,
     ) -> Result<PlannedRun, EngineError> {
         let started = Instant::now();
@@ -126,7 +126,11 @@ impl Engine {
             Err(_) => None,
         };
         if ran_root_code(&shown) {
-            steps.checks(checks, has_tests, out).await;
+            // A clean plan has validated the whole configuration (the engine validates before
+            // it plans: an error there fails the plan, its warnings are the plan's): `validate`
+            // runs again only after a failed or errored plan, or to read the test files.
+            let validated = matches!(&shown, Ok((plan, _)) if !plan.errored) && !test_files;
+            steps.checks(checks, test_files, validated, out).await;
         }
         // The plan's own secrets, collected once: merged into the run's, and their scrubber
         // kept for the plan's fingerprint (which binds only those).
@@ -404,10 +408,19 @@ impl PlanSteps<'_> {
         }
     }
 
-    /// The checks asked for, one after the other (`validate`'s warnings go with its errors).
-    async fn checks(&mut self, set: CheckSet, has_tests: bool, out: &mut EngineChecks) {
+    /// The checks asked for, one after the other (`validate`'s warnings go with its errors;
+    /// `validated`: the plan did validate, [`StepCheck::ByThePlan`]).
+    async fn checks(
+        &mut self,
+        set: CheckSet,
+        has_tests: bool,
+        validated: bool,
+        out: &mut EngineChecks,
+    ) {
         let engine = self.engine;
-        if set.validate {
+        if set.validate && validated {
+            out.validate = StepCheck::ByThePlan;
+        } else if set.validate {
             let args = vec!["validate".into(), "-json".into(), "-no-color".into()];
             out.validate = engine.run_check(Step::Validate, args, &self.call).await;
         }
