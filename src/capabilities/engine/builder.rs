@@ -198,6 +198,7 @@ impl EngineBuilder {
                 cli_config: self.cli_config,
                 max_plan_json: self.max_plan_json,
                 disk_max: self.disk_max,
+                quota_counts: Default::default(),
                 job_cgroups: self.job_cgroups,
                 version: tokio::sync::OnceCell::new(),
             }),

@@ -71,6 +71,8 @@ struct Inner {
     max_plan_json: u64,
     /// The disk quota of a plan run's directories (`None`: none).
     disk_max: Option<u64>,
+    /// What the checkouts of the runs alive held, each counted for all its runs at once.
+    quota_counts: quota::SharedCounts,
     /// Where each run's cgroup is made (`None`: none).
     job_cgroups: Option<cgroup::JobCgroups>,
     version: tokio::sync::OnceCell<EngineVersion>,

@@ -228,10 +228,13 @@ impl Engine {
             c.set_env(&mut env);
         }
         let quota = self.inner.disk_max.map(|max| Quota {
-            dirs: std::iter::once(place.worktree.clone())
-                .chain([dirs.out.clone()])
-                .chain(self.inner.plugin_cache_dir.clone())
-                .collect(),
+            shared: self
+                .inner
+                .quota_counts
+                .of(std::iter::once(place.worktree.clone())
+                    .chain(self.inner.plugin_cache_dir.clone())
+                    .collect()),
+            own: vec![dirs.out.clone()],
             max,
         });
         Ok(RunSetup {
