@@ -38,7 +38,8 @@ fn root_tf(i: usize, tag: &str) -> String {
 }
 
 /// The roots' `.planbot.toml`; `checks`: with the engine's checks beside each plan (the
-/// default: `validate` and `fmt` after each plan, two more engine processes per root).
+/// default: `fmt` after each plan, one more engine process per root; `validate` runs only
+/// after a failed plan, none fails here).
 fn planbot_toml(roots: usize, checks: bool) -> String {
     let off = match checks {
         true => "",
@@ -124,6 +125,20 @@ fn bare_engine(engine: &Path, roots: usize) -> Duration {
     started.elapsed()
 }
 
+/// The CPU time (user and system) of this process's children waited for so far.
+fn children_cpu() -> Duration {
+    // SAFETY: `getrusage` fills the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
 /// (the module change's hook to green, the push to one root's hook to green).
 async fn planbot(engine: &Path, roots: usize, checks: bool) -> (Duration, Duration) {
     let w = World::start(engine, roots, checks);
@@ -164,14 +179,33 @@ async fn planbot(engine: &Path, roots: usize, checks: bool) -> (Duration, Durati
 async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let engine: PathBuf = support::engine();
-    let sizes: &[usize] = if full { &[40, 200] } else { &[4] };
+    // `PLANBOT_BENCH_ROOTS=200` measures one size only (a profile of it, say).
+    let one: Option<usize> = std::env::var("PLANBOT_BENCH_ROOTS")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    let sizes: Vec<usize> = match (full, one) {
+        (true, Some(n)) => vec![n],
+        (true, None) => vec![40, 200],
+        (false, _) => vec![4],
+    };
     println!(
         "roots bench: engine {}, {} cores, plan.max_concurrent_plans = 4",
         engine.display(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    for &roots in sizes {
+    for roots in sizes {
+        let cpu_before = children_cpu();
         let bare = bare_engine(&engine, roots);
+        let cpu = children_cpu() - cpu_before;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        println!(
+            "{roots} roots, bare engine: {:.1} s, {:.1} s of CPU: no schedule of the same engine \
+             processes on {cores} cores takes under {:.1} s ({:.2}x)",
+            bare.as_secs_f64(),
+            cpu.as_secs_f64(),
+            cpu.as_secs_f64() / cores,
+            cpu.as_secs_f64() / cores / bare.as_secs_f64(),
+        );
         for checks in [true, false] {
             let (module_change, one_root) = planbot(&engine, roots, checks).await;
             println!(
@@ -179,7 +213,7 @@ async fn main() {
                  root after the other {:.1} s ({:.2}x); push to one root (the others reused) \
                  {:.1} s",
                 if checks {
-                    "validate and fmt beside each plan"
+                    "checks on (fmt after each plan, validate only after a failed one)"
                 } else {
                     "checks off"
                 },
