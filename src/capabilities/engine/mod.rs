@@ -29,7 +29,7 @@ pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use error::{EngineError, Step};
 pub use output::LINE_MAX_BYTES;
-pub use plan::LOCK_FILE_MAX;
+pub use plan::{LOCK_FILE, LOCK_FILE_MAX};
 pub use process::ENGINE_OOM_SCORE_ADJ;
 pub use request::{is_variable_name, CancelHandle, CancelToken, PlanRequest, StepProgress};
 pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};

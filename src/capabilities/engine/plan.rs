@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Instant;
 
 /// The provider lock file the engine writes in the root.
-const LOCK_FILE: &str = ".terraform.lock.hcl";
+/// The engine's dependency lock file, in a root's directory.
+pub const LOCK_FILE: &str = ".terraform.lock.hcl";
 
 /// A lock file holds a few hashes per provider (about 1 KiB each): a megabyte is hundreds of
 /// providers.

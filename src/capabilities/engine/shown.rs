@@ -54,6 +54,11 @@ impl ShownPlan {
         &self.secrets
     }
 
+    /// The dependency lock file as the plan left it (`None`: the root installs no provider).
+    pub fn lock_file(&self) -> Option<&[u8]> {
+        self.lock_file.as_deref()
+    }
+
     /// The backend `init` configured.
     pub fn backend(&self) -> &Backend {
         &self.backend

@@ -7,7 +7,7 @@
 //! heads, its `.planbot.toml` entry, the engine, a comment's flags, and its GitLab-managed
 //! state's serial (an apply or a drift fix makes a new version). `planbot plan` plans every
 //! root again; a root whose state is not GitLab-managed is always planned (its state cannot be
-//! told unchanged).
+//! told unchanged), and so is one whose providers no committed lock file pins ([`keeps`]).
 
 use super::prepare::Prepared;
 use crate::core::events::{PlanJob, PlanReason};
@@ -26,6 +26,48 @@ pub(super) struct Reuse {
     /// Each affected root's inputs now (none for a root whose state cannot be told unchanged):
     /// a fresh plan is kept with them.
     pub unchanged: BTreeMap<String, Unchanged>,
+    /// The affected roots with no committed dependency lock file at this commit: a fresh plan
+    /// that installed providers is not kept ([`keeps`]).
+    pub unlocked: BTreeSet<String>,
+}
+
+/// Whether a root's clean fresh plan is kept for the next push: not when it installed
+/// providers (`installed`: it left a lock file) that no committed lock file pins (`locked`),
+/// as a newer provider release, which the next `init` would pick, could change its plan.
+pub(super) fn keeps(locked: bool, installed: bool) -> bool {
+    locked || !installed
+}
+
+/// The path of `dir`'s dependency lock file in the repository.
+fn lock_path(dir: &str) -> String {
+    let dir = dir.trim_start_matches("./").trim_end_matches('/');
+    match dir {
+        "" | "." => crate::capabilities::engine::LOCK_FILE.to_string(),
+        dir => format!("{dir}/{}", crate::capabilities::engine::LOCK_FILE),
+    }
+}
+
+/// Which of `roots` have no committed lock file at `prepared`'s commit (all of them when git
+/// cannot tell: their plans are then not kept).
+async fn unlocked(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    roots: &[&Root],
+) -> BTreeSet<String> {
+    let paths: Vec<String> = roots.iter().map(|r| lock_path(&r.dir)).collect();
+    let asked: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let committed = app
+        .workspace
+        .paths_at(job.project, prepared.commit.sha.as_str(), &asked)
+        .await
+        .unwrap_or_default();
+    roots
+        .iter()
+        .zip(&paths)
+        .filter(|(_, path)| !committed.contains(*path))
+        .map(|(root, _)| root.name.clone())
+        .collect()
 }
 
 /// Which affected roots of `decisions` reuse their last plan ([`Reuse`]).
@@ -47,6 +89,7 @@ pub(super) async fn decide(
             reuse.unchanged.insert(root.name.clone(), now);
         }
     }
+    reuse.unlocked = unlocked(app, job, prepared, &affected).await;
     if job.reason == PlanReason::Command {
         return reuse;
     }
@@ -143,4 +186,28 @@ fn entry_text(root: &Root) -> String {
             &root.depends_on,
         )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_is_kept_unless_it_installed_providers_no_committed_lock_file_pins() {
+        assert!(keeps(true, true), "a committed lock file pins them");
+        assert!(keeps(false, false), "no provider installed: nothing to pin");
+        assert!(keeps(true, false));
+        assert!(
+            !keeps(false, true),
+            "the next init could pick a newer release"
+        );
+    }
+
+    #[test]
+    fn a_roots_lock_file_is_in_its_directory() {
+        assert_eq!(lock_path("stacks/a"), "stacks/a/.terraform.lock.hcl");
+        assert_eq!(lock_path("./stacks/a/"), "stacks/a/.terraform.lock.hcl");
+        assert_eq!(lock_path("."), ".terraform.lock.hcl");
+        assert_eq!(lock_path(""), ".terraform.lock.hcl");
+    }
 }

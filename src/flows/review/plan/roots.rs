@@ -399,6 +399,12 @@ impl RootPlanner<'_> {
         if shown.plan().errored {
             return;
         }
+        let locked = !self.reuse.unlocked.contains(&root.name);
+        if !super::reuse::keeps(locked, shown.lock_file().is_some()) {
+            let (project, mr) = (self.job.project.0, self.job.mr.0);
+            tracing::info!(project, mr, root = %root.name, "root's plan not kept for the next push: its providers are not pinned by a committed lock file");
+            return;
+        }
         let kept = crate::flows::context::plan_reuse::Reusable {
             planned_commit: self.prepared.commit.sha.clone(),
             head: self.job.head.clone(),
