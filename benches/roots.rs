@@ -9,7 +9,9 @@
 //! 2. **A push to one root**: the same MR's next push, which changes `stacks/r07/main.tf` only:
 //!    its hook to its green status (one root planned, the others' plans reused).
 //!
-//! Each with the engine's checks beside each plan (the default) and without them.
+//! Each with the engine's checks beside each plan (the default) and without them; each figure
+//! the median of three rounds (`PLANBOT_BENCH_RUNS`), with its range, and the bare engine's CPU
+//! time, which divided by the cores is the floor of any schedule of the same engine processes.
 //!
 //! Under `cargo test --all-targets` (no `--bench`) it runs once with 4 roots, to stay fast.
 
@@ -188,40 +190,86 @@ async fn main() {
         (true, None) => vec![40, 200],
         (false, _) => vec![4],
     };
+    // Each figure is the median of this many rounds (bare engine, checks on, checks off, one
+    // after the other in each round, so that the machine's drift hits all three alike).
+    let rounds: usize = match full {
+        true => std::env::var("PLANBOT_BENCH_RUNS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(3),
+        false => 1,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "roots bench: engine {}, {} cores, plan.max_concurrent_plans = 4",
+        "roots bench: engine {}, {cores} cores, plan.max_concurrent_plans = 4, median of {rounds} \
+         round(s) (min-max)",
         engine.display(),
-        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     for roots in sizes {
-        let cpu_before = children_cpu();
-        let bare = bare_engine(&engine, roots);
-        let cpu = children_cpu() - cpu_before;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let mut figures = Figures::default();
+        for _ in 0..rounds {
+            let cpu_before = children_cpu();
+            figures.bare.push(bare_engine(&engine, roots).as_secs_f64());
+            figures
+                .bare_cpu
+                .push((children_cpu() - cpu_before).as_secs_f64());
+            for checks in [true, false] {
+                let (module_change, one_root) = planbot(&engine, roots, checks).await;
+                figures.module_change[usize::from(!checks)].push(module_change.as_secs_f64());
+                figures.one_root[usize::from(!checks)].push(one_root.as_secs_f64());
+            }
+        }
+        let (bare, cpu) = (median(&figures.bare), median(&figures.bare_cpu));
+        let floor = cpu / cores as f64;
         println!(
-            "{roots} roots, bare engine: {:.1} s, {:.1} s of CPU: no schedule of the same engine \
-             processes on {cores} cores takes under {:.1} s ({:.2}x)",
-            bare.as_secs_f64(),
-            cpu.as_secs_f64(),
-            cpu.as_secs_f64() / cores,
-            cpu.as_secs_f64() / cores / bare.as_secs_f64(),
+            "{roots} roots, bare engine: {}, {} of CPU: no schedule of the same engine processes \
+             on {cores} cores takes under {floor:.1} s ({:.2}x)",
+            spread(&figures.bare),
+            spread(&figures.bare_cpu),
+            floor / bare,
         );
-        for checks in [true, false] {
-            let (module_change, one_root) = planbot(&engine, roots, checks).await;
+        for (i, what) in [
+            "checks on (fmt after each plan, validate only after a failed one)",
+            "checks off",
+        ]
+        .iter()
+        .enumerate()
+        {
             println!(
-                "{roots} roots, {}: module change (every root planned) {:.1} s; bare engine, one \
-                 root after the other {:.1} s ({:.2}x); push to one root (the others reused) \
-                 {:.1} s",
-                if checks {
-                    "checks on (fmt after each plan, validate only after a failed one)"
-                } else {
-                    "checks off"
-                },
-                module_change.as_secs_f64(),
-                bare.as_secs_f64(),
-                module_change.as_secs_f64() / bare.as_secs_f64(),
-                one_root.as_secs_f64(),
+                "{roots} roots, {what}: module change (every root planned) {} ({:.2}x the bare \
+                 engine); push to one root (the others reused) {}",
+                spread(&figures.module_change[i]),
+                median(&figures.module_change[i]) / bare,
+                spread(&figures.one_root[i]),
             );
         }
+    }
+}
+
+/// Seconds of each round: the bare engine's wall and CPU time, and planbot's two times with
+/// the checks on (`[0]`) and off (`[1]`).
+#[derive(Default)]
+struct Figures {
+    bare: Vec<f64>,
+    bare_cpu: Vec<f64>,
+    module_change: [Vec<f64>; 2],
+    one_root: [Vec<f64>; 2],
+}
+
+fn median(seconds: &[f64]) -> f64 {
+    let mut sorted = seconds.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// `7.4 s (7.1-7.9 s)`: the median, and the range when there are several rounds.
+fn spread(seconds: &[f64]) -> String {
+    let (min, max) = (
+        seconds.iter().copied().fold(f64::INFINITY, f64::min),
+        seconds.iter().copied().fold(0.0, f64::max),
+    );
+    match seconds.len() {
+        1 => format!("{:.1} s", seconds[0]),
+        _ => format!("{:.1} s ({min:.1}-{max:.1} s)", median(seconds)),
     }
 }
