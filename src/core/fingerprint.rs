@@ -63,20 +63,7 @@ impl Fingerprint {
         parallelism: Option<u16>,
     ) -> Fingerprint {
         let secrets = Secrets::from_plan(plan).scrubber();
-        Fingerprint::compute(plan, key, lock_file, parallelism, &secrets)
-    }
-
-    /// [`Fingerprint::of_with_parallelism`] for a caller that already built the scrubber of
-    /// the plan's own secrets (as [`Fingerprint::of_with_secrets`]; a planned run keeps it from
-    /// reading the plan).
-    pub fn of_with_plan_secrets(
-        plan: &Plan,
-        key: &[u8],
-        lock_file: Option<&[u8]>,
-        parallelism: Option<u16>,
-        plan_secrets: &Scrubber,
-    ) -> Fingerprint {
-        Fingerprint::compute(plan, key, lock_file, parallelism, plan_secrets)
+        Fingerprint::of_with_plan_secrets(plan, key, lock_file, parallelism, &secrets)
     }
 
     /// [`Fingerprint::of_with_lock`] for a caller that already built the scrubber of the plan's
@@ -88,10 +75,13 @@ impl Fingerprint {
         lock_file: Option<&[u8]>,
         plan_secrets: &Scrubber,
     ) -> Fingerprint {
-        Fingerprint::compute(plan, key, lock_file, None, plan_secrets)
+        Fingerprint::of_with_plan_secrets(plan, key, lock_file, None, plan_secrets)
     }
 
-    fn compute(
+    /// [`Fingerprint::of_with_parallelism`] for a caller that already built the scrubber of
+    /// the plan's own secrets (as [`Fingerprint::of_with_secrets`]; a planned run keeps it from
+    /// reading the plan).
+    pub fn of_with_plan_secrets(
         plan: &Plan,
         key: &[u8],
         lock_file: Option<&[u8]>,

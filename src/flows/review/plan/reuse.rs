@@ -55,6 +55,9 @@ async fn unlocked(
     prepared: &Prepared,
     roots: &[&Root],
 ) -> BTreeSet<String> {
+    if roots.is_empty() {
+        return BTreeSet::new();
+    }
     let paths: Vec<String> = roots.iter().map(|r| lock_path(&r.dir)).collect();
     let asked: Vec<&str> = paths.iter().map(String::as_str).collect();
     let committed = app
@@ -89,7 +92,13 @@ pub(super) async fn decide(
             reuse.unchanged.insert(root.name.clone(), now);
         }
     }
-    reuse.unlocked = unlocked(app, job, prepared, &affected).await;
+    // Only a root with its inputs told can have its fresh plan kept: only those are asked.
+    let keepable: Vec<&Root> = affected
+        .iter()
+        .copied()
+        .filter(|r| reuse.unchanged.contains_key(&r.name))
+        .collect();
+    reuse.unlocked = unlocked(app, job, prepared, &keepable).await;
     if job.reason == PlanReason::Command {
         return reuse;
     }
