@@ -680,6 +680,65 @@ pub const PLANBOT_FILES: [&str; 2] = [
     "planbot_remote_state_override.tf",
 ];
 
+/// The arguments of one `fmt -check` over several roots' directories of a checkout (`dirs`:
+/// repo-relative, `.` the top), run from the checkout's top: each directory after `--`, so
+/// none is read as a flag.
+pub fn fmt_of_roots_args(dirs: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "fmt",
+        "-check",
+        "-list=true",
+        "-recursive",
+        "-no-color",
+        "--",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    args.extend(dirs.iter().map(|d| d.to_string()));
+    args
+}
+
+/// One root's share of a `fmt -check` over several roots' directories ([`fmt_of_roots_args`]):
+/// what `fmt -check -list=true -recursive` run in `dir` alone would have given, the files
+/// listed under `dir` relative to it, each once (a file under two nested roots' directories is
+/// listed twice). `None` when that run gave no list to share (it failed, as on a file it cannot
+/// parse, or did not run): the root runs its own.
+pub fn fmt_share(of_roots: &StepCheck, dir: &str) -> Option<StepCheck> {
+    let StepCheck::Ran {
+        exit: Some(0 | 3),
+        stdout,
+    } = of_roots
+    else {
+        return None;
+    };
+    let text = String::from_utf8_lossy(stdout);
+    let mut listed: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let path = line.trim();
+        let own = match dir {
+            "." => Some(path),
+            _ => path
+                .strip_prefix(dir)
+                .and_then(|rest| rest.strip_prefix('/')),
+        };
+        if let Some(own) = own.filter(|p| !p.is_empty()) {
+            if !listed.contains(&own) {
+                listed.push(own);
+            }
+        }
+    }
+    let mut stdout = String::new();
+    for path in &listed {
+        stdout.push_str(path);
+        stdout.push('\n');
+    }
+    Some(StepCheck::Ran {
+        exit: Some(if listed.is_empty() { 0 } else { 3 }),
+        stdout: stdout.into_bytes(),
+    })
+}
+
 /// `fmt -list`'s files, one a line, but planbot's own ([`PLANBOT_FILES`]).
 fn read_fmt(stdout: &[u8]) -> Vec<String> {
     let planbot_file =
@@ -1232,5 +1291,63 @@ a line on stderr"
         assert_eq!(c.warnings[0].count, PLAN_WARNINGS_KEPT + 1);
         assert_eq!(c.warnings_unread, 7);
         assert!(!c.is_quiet());
+    }
+
+    #[test]
+    fn each_root_gets_its_share_of_one_fmt_over_every_roots_directory() {
+        assert_eq!(
+            fmt_of_roots_args(&["stacks/a", "."]),
+            [
+                "fmt",
+                "-check",
+                "-list=true",
+                "-recursive",
+                "-no-color",
+                "--",
+                "stacks/a",
+                "."
+            ]
+        );
+        // As `fmt` lists them from the checkout's top: nested roots list a file twice.
+        let ran = StepCheck::Ran {
+            exit: Some(3),
+            stdout:
+                b"stacks/a/main.tf\nstacks/a/sub/x.tf\nstacks/ab/y.tf\nstacks/a/main.tf\ntop.tf\n"
+                    .to_vec(),
+        };
+        let share = |dir| match fmt_share(&ran, dir) {
+            Some(StepCheck::Ran { exit, stdout }) => (exit, String::from_utf8(stdout).unwrap()),
+            other => panic!("{other:?}"),
+        };
+        // Relative to the root, each once; `stacks/ab` is not under `stacks/a`.
+        assert_eq!(
+            share("stacks/a"),
+            (Some(3), "main.tf\nsub/x.tf\n".to_string())
+        );
+        assert_eq!(share("stacks/ab"), (Some(3), "y.tf\n".to_string()));
+        assert_eq!(share("stacks/c"), (Some(0), String::new()));
+        assert_eq!(
+            share("."),
+            (
+                Some(3),
+                "stacks/a/main.tf\nstacks/a/sub/x.tf\nstacks/ab/y.tf\ntop.tf\n".to_string()
+            )
+        );
+        // What a root reads of its share is what its own run would have given.
+        let c = RootChecks::read(
+            &StepCheck::Off,
+            &fmt_share(&ran, "stacks/a").unwrap(),
+            &StepCheck::Off,
+            &PlanWarnings::default(),
+            None,
+        );
+        assert_eq!(c.fmt.result().unwrap(), &["main.tf", "sub/x.tf"]);
+        // A run that could not read every file, or did not run, is no one's share.
+        let failed = StepCheck::Ran {
+            exit: Some(2),
+            stdout: Vec::new(),
+        };
+        assert_eq!(fmt_share(&failed, "stacks/a"), None);
+        assert_eq!(fmt_share(&StepCheck::NotRun("x".into()), "."), None);
     }
 }

@@ -443,3 +443,93 @@ async fn validate_runs_again_only_when_the_plan_did_not_validate_the_root() {
         ran.validate
     );
 }
+
+/// The real engine behind a script that notes each `fmt` it is asked for (its arguments) in
+/// the MR's plugin cache: the one directory a plan's engine writes that outlives the job.
+fn counting_engine(dir: &std::path::Path, real: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("terraform");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = fmt ]; then echo \"$*\" >> \"$TF_PLUGIN_CACHE_DIR/fmt-runs\" || exit 7; fi\nexec {} \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// `fmt -check` runs once for all the roots an MR plans (from the checkout's top, each root's
+/// directory after `--`), not once per root, and each root's note still lists its own files
+/// only, relative to it. When that one run cannot read a file (it stops, listing nothing), each
+/// root runs its own, and only the root whose file it is says `fmt` could not read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fmt_runs_once_for_the_roots_of_a_plan_and_each_root_lists_its_own_files() {
+    let real = require_engine!();
+    let bin = tempfile::tempdir().unwrap();
+    let engine = counting_engine(bin.path(), &real);
+    let w = world(&engine);
+    w.gitlab.commit_files(
+        &w.project,
+        "feature/fmt",
+        &[
+            ("tested/extra.tf", TESTED_EXTRA),
+            ("plain/modules/m/extra.tf", "locals {\nx = 1\n}\n"),
+            ("broken/main.tf", BROKEN_MAIN),
+        ],
+    );
+    let iid = w.gitlab.open_mr(&w.project, "feature/fmt", "main");
+    // The MR's plugin cache is made by its first `init`; the script writes there from the
+    // first engine process on.
+    let cache = w
+        .data_dir()
+        .join(format!("plugin-cache/mr/p{}-mr{iid}", w.project.id));
+    std::fs::create_dir_all(&cache).unwrap();
+    let runs_file = cache.join("fmt-runs");
+    let note = w.plan_note(iid).await;
+    let runs = std::fs::read_to_string(&runs_file).expect("fmt ran");
+    assert_eq!(
+        runs.lines().collect::<Vec<_>>(),
+        ["fmt -check -list=true -recursive -no-color -- broken plain tested"],
+        "one fmt for the three roots"
+    );
+    assert!(
+        note.contains("- ⚠️ `tested`: **Not formatted** (`fmt -check`): `extra.tf`\n"),
+        "{note}"
+    );
+    assert!(
+        note.contains("- ⚠️ `plain`: **Not formatted** (`fmt -check`): `modules/m/extra.tf`\n"),
+        "{note}"
+    );
+    assert_eq!(note.matches("**Not formatted**").count(), 2, "{note}");
+
+    // A file `fmt` cannot parse, in `tested`: the one run (over the roots planned again:
+    // `plain`'s plan is reused) lists nothing, so each root runs its own; `tested`'s `init`
+    // fails on that file, so its own never runs and its note says so, and `broken` runs its own.
+    std::fs::remove_file(&runs_file).unwrap();
+    w.gitlab.push(
+        &w.project,
+        "feature/fmt",
+        &[("tested/extra.tf", "output \"doubled\" {\n")],
+    );
+    let note = w.plan_note(iid).await;
+    let runs = std::fs::read_to_string(&runs_file).expect("fmt ran");
+    assert_eq!(
+        runs.lines().collect::<Vec<_>>(),
+        [
+            "fmt -check -list=true -recursive -no-color -- broken tested",
+            "fmt -check -list=true -recursive -no-color",
+        ],
+    );
+    assert!(
+        note.contains("- ⚠️ `tested`: **Format not checked**: `init` failed (exit code 1)\n"),
+        "{note}"
+    );
+    assert!(
+        note.contains("- ⚠️ `plain`: **Not formatted** (`fmt -check`): `modules/m/extra.tf`\n"),
+        "{note}"
+    );
+    assert_eq!(note.matches("**Not formatted**").count(), 1, "{note}");
+}

@@ -177,6 +177,40 @@ impl Engine {
         })
     }
 
+    /// `fmt -check` once over the directories `dirs` of the checkout `worktree` (repo-relative,
+    /// `.` its top), run from its top in a run of its own set up from `req` (its sandbox, disk
+    /// quota, cgroup and environment; nothing is planned): one engine process for every root of
+    /// a job, where each root's own run took one. Each root reads its share of what it printed
+    /// ([`crate::core::engine_checks::fmt_share`]) and is handed it in
+    /// [`PlanRequest::fmt_of_roots`].
+    pub async fn fmt_of_roots(
+        &self,
+        worktree: &Path,
+        dirs: &[&str],
+        req: &PlanRequest,
+    ) -> StepCheck {
+        let run = match self.set_up(worktree, req).await {
+            Ok(run) => run,
+            Err(e) => return StepCheck::NotRun(format!("`{}` could not run: {e}", Step::Fmt)),
+        };
+        let scrubber = run.secrets.scrubber();
+        let call = StepCall {
+            dir: &run.place.dir,
+            env: &run.env,
+            deadline: Instant::now() + self.inner.timeout,
+            cancel: req.cancel.clone(),
+            scrubber: &scrubber,
+            confinement: run.confinement.as_ref(),
+            quota: run.quota.as_ref(),
+            cgroup: run.cgroup.as_ref(),
+        };
+        let args = crate::core::engine_checks::fmt_of_roots_args(dirs)
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+        self.run_check(Step::Fmt, args, &call).await
+    }
+
     /// Everything a plan run needs before its first step: the request checked and placed, the
     /// secrets to scrub, the engine's version (and a targeted plan's flags checked against
     /// it), the plan's encryption, the environments of `init` and of the other steps, the
@@ -429,14 +463,19 @@ impl PlanSteps<'_> {
             out.validate = engine.run_check(Step::Validate, args, &self.call).await;
         }
         if set.fmt {
-            let args = vec![
-                "fmt".into(),
-                "-check".into(),
-                "-list=true".into(),
-                "-recursive".into(),
-                "-no-color".into(),
-            ];
-            out.fmt = engine.run_check(Step::Fmt, args, &self.call).await;
+            out.fmt = match &self.req.fmt_of_roots {
+                Some(share) => share.clone(),
+                None => {
+                    let args = vec![
+                        "fmt".into(),
+                        "-check".into(),
+                        "-list=true".into(),
+                        "-recursive".into(),
+                        "-no-color".into(),
+                    ];
+                    engine.run_check(Step::Fmt, args, &self.call).await
+                }
+            };
         }
         if set.test && has_tests {
             let mut args: Vec<OsString> = vec!["test".into(), "-json".into(), "-no-color".into()];

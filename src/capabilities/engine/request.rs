@@ -106,6 +106,11 @@ pub struct PlanRequest {
     /// `core::targeting`): checked again before the engine runs, passed one argv item each,
     /// and bound to the plan's fingerprint. Empty: the full plan.
     pub targeting: crate::core::targeting::Targeting,
+    /// This root's share of one `fmt -check` over every root of its job
+    /// ([`Engine::fmt_of_roots`](super::Engine::fmt_of_roots),
+    /// [`crate::core::engine_checks::fmt_share`]): when set, the run's `fmt` check is this and
+    /// no `fmt` of its own runs. `None`: it runs its own, when its checks ask for one.
+    pub fmt_of_roots: Option<crate::core::engine_checks::StepCheck>,
     /// Stops the run (SIGTERM, grace, SIGKILL) when cancelled.
     pub cancel: Option<CancelToken>,
     /// Told when each step starts and ends (`planbot plan`'s progress on stderr).

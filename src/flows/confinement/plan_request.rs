@@ -123,6 +123,31 @@ impl JobRuns {
         self.trust == Trust::MergeRequest
     }
 
+    /// The run of one `fmt -check` over the job's roots from the checkout's top
+    /// (`Engine::fmt_of_roots`): the checkout, the job's cancel and secrets; no credentials and
+    /// no state gate (it plans nothing).
+    pub fn checkout_request(&self) -> PlanRequest {
+        PlanRequest {
+            extra_secrets: self.secrets.clone(),
+            worktree: Some(self.checkout.clone()),
+            cancel: self.cancel.clone(),
+            no_lock: self.reads_only(),
+            ..PlanRequest::default()
+        }
+    }
+
+    /// Whether `dir` (a root's, repo-relative) is a directory of the checkout, also once every
+    /// symbolic link is followed: what a run of the checkout may read.
+    pub fn in_checkout(&self, dir: &str) -> bool {
+        let (Ok(top), Ok(real)) = (
+            std::fs::canonicalize(&self.checkout),
+            std::fs::canonicalize(self.checkout.join(dir)),
+        ) else {
+            return false;
+        };
+        real.starts_with(top) && real.is_dir()
+    }
+
     /// The run of `root` with `targeting`: [`root_request`] with the job's credentials, and for
     /// GitLab-managed state a pass through the job's gate, the root's backend override and the
     /// overrides that read other states through the gate.

@@ -10,7 +10,7 @@ use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::engine_checks::CheckSet;
-use crate::core::engine_checks::RootChecks;
+use crate::core::engine_checks::{fmt_share, RootChecks, StepCheck};
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::RunId;
@@ -139,21 +139,28 @@ pub(super) async fn plan_roots(
         .cancelled_by(token.clone())
     });
     let reuse = super::reuse::decide(app, job, prepared, &decisions, &modules).await;
+    let job_runs = JobRuns::new(
+        &app.config,
+        Trust::MergeRequest,
+        gate_project,
+        &prepared.commit.sha,
+        prepared.checkout.path(),
+    )
+    .cancelled_by(token);
+    let planned_fresh = decisions
+        .iter()
+        .filter(|d| d.affected && !reuse.reused.contains_key(&d.root.name))
+        .map(|d| d.root);
+    let fmt_shares = fmt_of_roots(app, job, prepared, &job_runs, planned_fresh, cancel).await;
     let planner = RootPlanner {
+        fmt_shares,
         reuse: &reuse,
         app,
         job,
         queue_job,
         prepared,
         cancel,
-        runs: JobRuns::new(
-            &app.config,
-            Trust::MergeRequest,
-            gate_project,
-            &prepared.commit.sha,
-            prepared.checkout.path(),
-        )
-        .cancelled_by(token),
+        runs: job_runs,
         retired_runs,
         pve: preflight::endpoint_from_config(
             &app.config.proxmox.for_plan(),
@@ -186,8 +193,47 @@ pub(super) async fn plan_roots(
     Ok(planned)
 }
 
+/// One `fmt -check` for every root of `roots` whose `fmt` check is on, from the checkout's top
+/// in an engine slot of the author's share, before the plans (`Engine::fmt_of_roots`): each
+/// root's share of it by name ([`fmt_share`]), handed to its plan run in place of a `fmt` of
+/// its own. Empty when no root asks or the job was cancelled meanwhile; a root has no share
+/// when the run gave no list (a file it cannot parse: each root then runs its own, and the one
+/// whose file it is says so).
+async fn fmt_of_roots<'r>(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    runs: &JobRuns,
+    roots: impl Iterator<Item = &'r Root>,
+    cancel: &CancellationToken,
+) -> BTreeMap<String, StepCheck> {
+    let roots: Vec<&Root> = roots
+        .filter(|r| r.checks.fmt && runs.in_checkout(&r.dir))
+        .collect();
+    if roots.is_empty() {
+        return BTreeMap::new();
+    }
+    let _slot = tokio::select! {
+        slot = app.engine_slot_of(job.requested_by) => slot,
+        _ = cancel.cancelled() => return BTreeMap::new(),
+    };
+    let mut dirs: Vec<&str> = roots.iter().map(|r| r.dir.as_str()).collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    let ran = prepared
+        .engine
+        .fmt_of_roots(prepared.checkout.path(), &dirs, &runs.checkout_request())
+        .await;
+    roots
+        .into_iter()
+        .filter_map(|r| fmt_share(&ran, &r.dir).map(|share| (r.name.clone(), share)))
+        .collect()
+}
+
 /// What every root's plan of one job shares.
 struct RootPlanner<'a> {
+    /// Each root's share of the job's one `fmt -check` ([`fmt_of_roots`]), by name.
+    fmt_shares: BTreeMap<String, StepCheck>,
     app: &'a App,
     job: &'a PlanJob,
     queue_job: Option<QueueJobId>,
@@ -435,7 +481,7 @@ impl RootPlanner<'_> {
             (Some(retired), true) => (retired, CheckSet::NONE),
             _ => (&self.runs, root.checks),
         };
-        let RootRun { dir, request } = match runs.request(root, &targeting).await {
+        let RootRun { dir, mut request } = match runs.request(root, &targeting).await {
             Ok(r) => r,
             Err(not_planned) => {
                 let error = not_planned.to_string();
@@ -444,6 +490,7 @@ impl RootPlanner<'_> {
                 return Ok(RootPlanned::failed(run, error, end, checks, targeting));
             }
         };
+        request.fmt_of_roots = self.fmt_shares.get(&root.name).cloned();
         let engine = &self.prepared.engine;
         let (planned, ran) = engine.plan_checked(&dir, &request, checks).await;
         match planned {
