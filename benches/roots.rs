@@ -232,7 +232,7 @@ async fn main() {
             floor / bare,
         );
         for (i, what) in [
-            "checks on (fmt after each plan, validate only after a failed one)",
+            "checks on (one fmt for the roots, validate only after a failed plan)",
             "checks off",
         ]
         .iter()
