@@ -680,26 +680,22 @@ pub const PLANBOT_FILES: [&str; 2] = [
     "planbot_remote_state_override.tf",
 ];
 
-/// The arguments of one `fmt -check` over several roots' directories of a checkout (`dirs`:
-/// repo-relative, `.` the top), run from the checkout's top: each directory after `--`, so
-/// none is read as a flag.
-pub fn fmt_of_roots_args(dirs: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "fmt",
-        "-check",
-        "-list=true",
-        "-recursive",
-        "-no-color",
-        "--",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect();
-    args.extend(dirs.iter().map(|d| d.to_string()));
+/// The arguments of `fmt -check`: run in a root's directory (`dirs` empty), or once over
+/// several roots' directories of a checkout from its top (`dirs`: repo-relative, `.` the top;
+/// each after `--`, so none is read as a flag).
+pub fn fmt_check_args(dirs: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["fmt", "-check", "-list=true", "-recursive", "-no-color"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    if !dirs.is_empty() {
+        args.push("--".into());
+        args.extend(dirs.iter().map(|d| d.to_string()));
+    }
     args
 }
 
-/// One root's share of a `fmt -check` over several roots' directories ([`fmt_of_roots_args`]):
+/// One root's share of a `fmt -check` over several roots' directories ([`fmt_check_args`]):
 /// what `fmt -check -list=true -recursive` run in `dir` alone would have given, the files
 /// listed under `dir` relative to it, each once (a file under two nested roots' directories is
 /// listed twice). `None` when that run gave no list to share (it failed, as on a file it cannot
@@ -1296,7 +1292,11 @@ a line on stderr"
     #[test]
     fn each_root_gets_its_share_of_one_fmt_over_every_roots_directory() {
         assert_eq!(
-            fmt_of_roots_args(&["stacks/a", "."]),
+            fmt_check_args(&[]),
+            ["fmt", "-check", "-list=true", "-recursive", "-no-color"]
+        );
+        assert_eq!(
+            fmt_check_args(&["stacks/a", "."]),
             [
                 "fmt",
                 "-check",

@@ -13,7 +13,7 @@ use super::request::{self, PlanRequest, StepProgress};
 use super::run_dir::{private_run_dir, RunDirs};
 use super::Engine;
 use crate::capabilities::checkout_file;
-use crate::core::engine_checks::{CheckSet, PlanWarnings, StepCheck};
+use crate::core::engine_checks::{fmt_check_args, CheckSet, PlanWarnings, StepCheck};
 use crate::core::plan::{Plan, PlanParseError};
 use crate::core::redact::{Scrubber, Secrets};
 use crate::core::state::Backend;
@@ -204,11 +204,8 @@ impl Engine {
             quota: run.quota.as_ref(),
             cgroup: run.cgroup.as_ref(),
         };
-        let args = crate::core::engine_checks::fmt_of_roots_args(dirs)
-            .into_iter()
-            .map(OsString::from)
-            .collect();
-        self.run_check(Step::Fmt, args, &call).await
+        let args = fmt_check_args(dirs).into_iter().map(OsString::from);
+        self.run_check(Step::Fmt, args.collect(), &call).await
     }
 
     /// Everything a plan run needs before its first step: the request checked and placed, the
@@ -466,14 +463,10 @@ impl PlanSteps<'_> {
             out.fmt = match &self.req.fmt_of_roots {
                 Some(share) => share.clone(),
                 None => {
-                    let args = vec![
-                        "fmt".into(),
-                        "-check".into(),
-                        "-list=true".into(),
-                        "-recursive".into(),
-                        "-no-color".into(),
-                    ];
-                    engine.run_check(Step::Fmt, args, &self.call).await
+                    let args = fmt_check_args(&[]).into_iter().map(OsString::from);
+                    engine
+                        .run_check(Step::Fmt, args.collect(), &self.call)
+                        .await
                 }
             };
         }
