@@ -462,7 +462,7 @@ fn counting_engine(dir: &std::path::Path, real: &std::path::Path) -> std::path::
 }
 
 /// `fmt -check` runs once for all the roots an MR plans (from the checkout's top, each root's
-/// directory after `--`), not once per root, and each root's note still lists its own files
+/// directory after `--`, beside the plans: each root's checks wait for it), not once per root, and each root's note still lists its own files
 /// only, relative to it. When that one run cannot read a file (it stops, listing nothing), each
 /// root runs its own, and only the root whose file it is says `fmt` could not read it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

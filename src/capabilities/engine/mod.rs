@@ -31,7 +31,9 @@ pub use error::{EngineError, Step};
 pub use output::LINE_MAX_BYTES;
 pub use plan::{LOCK_FILE, LOCK_FILE_MAX};
 pub use process::ENGINE_OOM_SCORE_ADJ;
-pub use request::{is_variable_name, CancelHandle, CancelToken, PlanRequest, StepProgress};
+pub use request::{
+    is_variable_name, CancelHandle, CancelToken, FmtOfRoots, PlanRequest, StepProgress,
+};
 pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};
 pub use sandbox::{Limits, Namespaces, Profile as SandboxProfile, SandboxMode};
 pub use shown::ShownPlan;

@@ -181,8 +181,7 @@ impl Engine {
     /// `.` its top), run from its top in a run of its own set up from `req` (its sandbox, disk
     /// quota, cgroup and environment; nothing is planned): one engine process for every root of
     /// a job, where each root's own run took one. Each root reads its share of what it printed
-    /// ([`crate::core::engine_checks::fmt_share`]) and is handed it in
-    /// [`PlanRequest::fmt_of_roots`].
+    /// ([`crate::core::engine_checks::fmt_share`], [`super::FmtOfRoots`]).
     pub async fn fmt_of_roots(
         &self,
         worktree: &Path,
@@ -460,8 +459,12 @@ impl PlanSteps<'_> {
             out.validate = engine.run_check(Step::Validate, args, &self.call).await;
         }
         if set.fmt {
-            out.fmt = match &self.req.fmt_of_roots {
-                Some(share) => share.clone(),
+            let share = match &self.req.fmt_of_roots {
+                Some(of_roots) => of_roots.share().await,
+                None => None,
+            };
+            out.fmt = match share {
+                Some(share) => share,
                 None => {
                     let args = fmt_check_args(&[]).into_iter().map(OsString::from);
                     engine

@@ -106,15 +106,34 @@ pub struct PlanRequest {
     /// `core::targeting`): checked again before the engine runs, passed one argv item each,
     /// and bound to the plan's fingerprint. Empty: the full plan.
     pub targeting: crate::core::targeting::Targeting,
-    /// This root's share of one `fmt -check` over every root of its job
-    /// ([`Engine::fmt_of_roots`](super::Engine::fmt_of_roots),
-    /// [`crate::core::engine_checks::fmt_share`]): when set, the run's `fmt` check is this and
-    /// no `fmt` of its own runs. `None`: it runs its own, when its checks ask for one.
-    pub fmt_of_roots: Option<crate::core::engine_checks::StepCheck>,
+    /// This root's share of the one `fmt -check` its job runs over all its roots, beside their
+    /// plans ([`FmtOfRoots`]): its `fmt` check waits for that and runs none of its own, unless
+    /// that run gave no list. `None`: it runs its own, when its checks ask for one.
+    pub fmt_of_roots: Option<FmtOfRoots>,
     /// Stops the run (SIGTERM, grace, SIGKILL) when cancelled.
     pub cancel: Option<CancelToken>,
     /// Told when each step starts and ends (`planbot plan`'s progress on stderr).
     pub progress: Option<mpsc::UnboundedSender<StepProgress>>,
+}
+
+/// A root's share of the one `fmt -check` its job runs over all its roots' directories
+/// ([`Engine::fmt_of_roots`](super::Engine::fmt_of_roots)), which may still be running.
+#[derive(Debug, Clone)]
+pub struct FmtOfRoots {
+    /// What that run gave, once it ended; the sender dropped without it: it never ran.
+    pub ran: watch::Receiver<Option<Arc<crate::core::engine_checks::StepCheck>>>,
+    /// The root's directory, repo-relative (`.`: the checkout's top).
+    pub dir: String,
+}
+
+impl FmtOfRoots {
+    /// The root's share once that run ended ([`crate::core::engine_checks::fmt_share`]);
+    /// `None` when it gave no list or never ran: the root runs its own.
+    pub async fn share(&self) -> Option<crate::core::engine_checks::StepCheck> {
+        let mut ran = self.ran.clone();
+        let ended = ran.wait_for(Option::is_some).await.ok()?.clone()?;
+        crate::core::engine_checks::fmt_share(&ended, &self.dir)
+    }
 }
 
 /// A step of a plan run starting (`took` is `None`) or ending.

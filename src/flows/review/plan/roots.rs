@@ -5,12 +5,14 @@
 
 use super::prepare::Prepared;
 use super::shared::finish;
-use crate::capabilities::engine::{CancelToken, EngineChecks, EngineError, PlannedRun, ShownPlan};
+use crate::capabilities::engine::{
+    CancelToken, EngineChecks, EngineError, FmtOfRoots, PlannedRun, ShownPlan,
+};
 use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::engine_checks::CheckSet;
-use crate::core::engine_checks::{fmt_share, RootChecks, StepCheck};
+use crate::core::engine_checks::RootChecks;
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::RunId;
@@ -151,7 +153,7 @@ pub(super) async fn plan_roots(
         .iter()
         .filter(|d| d.affected && !reuse.reused.contains_key(&d.root.name))
         .map(|d| d.root);
-    let fmt_shares = fmt_of_roots(app, job, prepared, &job_runs, planned_fresh, cancel).await;
+    let (fmt_shares, fmt_run) = fmt_of_roots(prepared, &job_runs, planned_fresh);
     let planner = RootPlanner {
         fmt_shares,
         reuse: &reuse,
@@ -174,7 +176,8 @@ pub(super) async fn plan_roots(
         started: std::sync::Mutex::new(runs),
     };
     let retired: Vec<&Root> = retirements.retired.iter().map(|r| &r.root).collect();
-    let (in_order, destroys) = futures::join!(
+    let ((), in_order, destroys) = futures::join!(
+        fmt_run,
         planner.in_order(&decisions),
         futures::future::join_all(retired.iter().map(|root| planner.plan_in_slot(root, true)))
     );
@@ -194,46 +197,54 @@ pub(super) async fn plan_roots(
 }
 
 /// One `fmt -check` for every root of `roots` whose `fmt` check is on, from the checkout's top
-/// in an engine slot of the author's share, before the plans (`Engine::fmt_of_roots`): each
-/// root's share of it by name ([`fmt_share`]), handed to its plan run in place of a `fmt` of
-/// its own. Empty when no root asks or the job was cancelled meanwhile; a root has no share
-/// when the run gave no list (a file it cannot parse: each root then runs its own, and the one
-/// whose file it is says so).
-async fn fmt_of_roots<'r>(
-    app: &App,
-    job: &PlanJob,
-    prepared: &Prepared,
+/// (`Engine::fmt_of_roots`): each root's share of it by name, and the run itself, to be driven
+/// beside the plans. A root's checks wait for it after its plan; it takes no engine slot (one
+/// short process per job: a root waiting for it in its slot must never wait for a slot, or
+/// every slot could be waiting). A root runs its own when that run gave no list (a file it
+/// cannot parse: then the root whose file it is says so) or was stopped.
+fn fmt_of_roots<'a>(
+    prepared: &'a Prepared,
     runs: &JobRuns,
-    roots: impl Iterator<Item = &'r Root>,
-    cancel: &CancellationToken,
-) -> BTreeMap<String, StepCheck> {
+    roots: impl Iterator<Item = &'a Root>,
+) -> (
+    BTreeMap<String, FmtOfRoots>,
+    impl std::future::Future<Output = ()> + 'a,
+) {
     let roots: Vec<&Root> = roots
         .filter(|r| r.checks.fmt && runs.in_checkout(&r.dir))
         .collect();
-    if roots.is_empty() {
-        return BTreeMap::new();
-    }
-    let _slot = tokio::select! {
-        slot = app.engine_slot_of(job.requested_by) => slot,
-        _ = cancel.cancelled() => return BTreeMap::new(),
-    };
+    let (tx, rx) = watch::channel(None);
+    let shares = roots
+        .iter()
+        .map(|r| {
+            let share = FmtOfRoots {
+                ran: rx.clone(),
+                dir: r.dir.clone(),
+            };
+            (r.name.clone(), share)
+        })
+        .collect();
     let mut dirs: Vec<&str> = roots.iter().map(|r| r.dir.as_str()).collect();
     dirs.sort_unstable();
     dirs.dedup();
-    let ran = prepared
-        .engine
-        .fmt_of_roots(prepared.checkout.path(), &dirs, &runs.checkout_request())
-        .await;
-    roots
-        .into_iter()
-        .filter_map(|r| fmt_share(&ran, &r.dir).map(|share| (r.name.clone(), share)))
-        .collect()
+    let request = runs.checkout_request();
+    let run = async move {
+        if dirs.is_empty() {
+            return;
+        }
+        let engine = &prepared.engine;
+        let ran = engine
+            .fmt_of_roots(prepared.checkout.path(), &dirs, &request)
+            .await;
+        let _ = tx.send(Some(std::sync::Arc::new(ran)));
+    };
+    (shares, run)
 }
 
 /// What every root's plan of one job shares.
 struct RootPlanner<'a> {
     /// Each root's share of the job's one `fmt -check` ([`fmt_of_roots`]), by name.
-    fmt_shares: BTreeMap<String, StepCheck>,
+    fmt_shares: BTreeMap<String, FmtOfRoots>,
     app: &'a App,
     job: &'a PlanJob,
     queue_job: Option<QueueJobId>,
