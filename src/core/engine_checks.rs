@@ -695,6 +695,37 @@ pub fn fmt_check_args(dirs: &[&str]) -> Vec<String> {
     args
 }
 
+/// The endings of the files `fmt` reads with both engines (OpenTofu reads `.tofu` and
+/// `.tofutest.hcl` besides, Terraform refuses them as arguments).
+pub const FMT_FILE_ENDINGS: [&str; 3] = [".tf", ".tfvars", ".tftest.hcl"];
+
+/// Of what a `fmt -check` over several roots' directories and some files listed
+/// ([`fmt_check_args`]), the files under none of those directories (`dirs`; `.` holds every
+/// file), each once and not planbot's own ([`PLANBOT_FILES`]): the files outside the roots it
+/// was given. Nothing when it gave no list.
+pub fn fmt_outside(of_roots: &StepCheck, dirs: &[&str]) -> Vec<String> {
+    let StepCheck::Ran {
+        exit: Some(0 | 3),
+        stdout,
+    } = of_roots
+    else {
+        return Vec::new();
+    };
+    let under = |path: &str, dir: &str| {
+        *dir == *"."
+            || path
+                .strip_prefix(dir)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    let mut outside: Vec<String> = Vec::new();
+    for path in read_fmt(stdout) {
+        if !dirs.iter().any(|d| under(&path, d)) && !outside.contains(&path) {
+            outside.push(path);
+        }
+    }
+    outside
+}
+
 /// One root's share of a `fmt -check` over several roots' directories ([`fmt_check_args`]):
 /// what `fmt -check -list=true -recursive` run in `dir` alone would have given, the files
 /// listed under `dir` relative to it, each once (a file under two nested roots' directories is
@@ -1349,5 +1380,24 @@ a line on stderr"
         };
         assert_eq!(fmt_share(&failed, "stacks/a"), None);
         assert_eq!(fmt_share(&StepCheck::NotRun("x".into()), "."), None);
+    }
+
+    #[test]
+    fn files_outside_the_roots_are_what_no_root_directory_holds() {
+        let ran = StepCheck::Ran {
+            exit: Some(3),
+            stdout: b"stacks/a/main.tf\nmodules/vm/main.tf\nstacks/ab/planbot_state_override.tf\nmodules/vm/main.tf\nstacks/ab/x.tf\n".to_vec(),
+        };
+        // `stacks/ab` is no root here, `stacks/a` is.
+        assert_eq!(
+            fmt_outside(&ran, &["stacks/a"]),
+            ["modules/vm/main.tf", "stacks/ab/x.tf"]
+        );
+        assert!(fmt_outside(&ran, &["."]).is_empty());
+        let failed = StepCheck::Ran {
+            exit: Some(2),
+            stdout: b"modules/vm/main.tf\n".to_vec(),
+        };
+        assert!(fmt_outside(&failed, &["stacks/a"]).is_empty());
     }
 }

@@ -463,7 +463,8 @@ fn counting_engine(dir: &std::path::Path, real: &std::path::Path) -> std::path::
 
 /// `fmt -check` runs once for all the roots an MR plans (from the checkout's top, each root's
 /// directory after `--`, beside the plans: each root's checks wait for it), not once per root, and each root's note still lists its own files
-/// only, relative to it. When that one run cannot read a file (it stops, listing nothing), each
+/// only, relative to it; the MR's changed files outside every root (a shared module's) are
+/// checked in the same run and listed on their own line. When that one run cannot read a file (it stops, listing nothing), each
 /// root runs its own, and only the root whose file it is says `fmt` could not read it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fmt_runs_once_for_the_roots_of_a_plan_and_each_root_lists_its_own_files() {
@@ -478,6 +479,12 @@ async fn fmt_runs_once_for_the_roots_of_a_plan_and_each_root_lists_its_own_files
             ("tested/extra.tf", TESTED_EXTRA),
             ("plain/modules/m/extra.tf", "locals {\nx = 1\n}\n"),
             ("broken/main.tf", BROKEN_MAIN),
+            // A shared module, outside every root, that `tested` calls.
+            ("modules/shared/main.tf", "locals {\ny = 2\n}\n"),
+            (
+                "tested/shared.tf",
+                "module \"shared\" {\n  source = \"../modules/shared\"\n}\n",
+            ),
         ],
     );
     let iid = w.gitlab.open_mr(&w.project, "feature/fmt", "main");
@@ -492,8 +499,12 @@ async fn fmt_runs_once_for_the_roots_of_a_plan_and_each_root_lists_its_own_files
     let runs = std::fs::read_to_string(&runs_file).expect("fmt ran");
     assert_eq!(
         runs.lines().collect::<Vec<_>>(),
-        ["fmt -check -list=true -recursive -no-color -- broken plain tested"],
-        "one fmt for the three roots"
+        ["fmt -check -list=true -recursive -no-color -- broken plain tested modules/shared/main.tf"],
+        "one fmt for the three roots and the changed file outside them"
+    );
+    assert!(
+        note.contains("- ⚠️ **Not formatted** (`fmt -check`), changed outside the roots: `modules/shared/main.tf`\n"),
+        "{note}"
     );
     assert!(
         note.contains("- ⚠️ `tested`: **Not formatted** (`fmt -check`): `extra.tf`\n"),
@@ -503,7 +514,8 @@ async fn fmt_runs_once_for_the_roots_of_a_plan_and_each_root_lists_its_own_files
         note.contains("- ⚠️ `plain`: **Not formatted** (`fmt -check`): `modules/m/extra.tf`\n"),
         "{note}"
     );
-    assert_eq!(note.matches("**Not formatted**").count(), 2, "{note}");
+    assert_eq!(note.matches("**Not formatted**").count(), 3, "{note}");
+    insta::assert_snapshot!("engine_checks_fmt_of_roots", checks_part(&note));
 
     // A file `fmt` cannot parse, in `tested`: the one run (over the roots planned again:
     // `plain`'s plan is reused) lists nothing, so each root runs its own; `tested`'s `init`
@@ -519,10 +531,12 @@ async fn fmt_runs_once_for_the_roots_of_a_plan_and_each_root_lists_its_own_files
     assert_eq!(
         runs.lines().collect::<Vec<_>>(),
         [
-            "fmt -check -list=true -recursive -no-color -- broken tested",
+            "fmt -check -list=true -recursive -no-color -- broken tested modules/shared/main.tf",
             "fmt -check -list=true -recursive -no-color",
         ],
     );
+    // That run listed nothing: the file outside the roots is not said to be unformatted.
+    assert!(!note.contains("changed outside the roots"), "{note}");
     assert!(
         note.contains("- ⚠️ `tested`: **Format not checked**: `init` failed (exit code 1)\n"),
         "{note}"

@@ -130,6 +130,9 @@ pub struct NoteContext {
     /// Changed configuration files no root claims (`core::reach::in_no_root`): listed, and
     /// the headline yellow.
     pub in_no_root: Vec<String>,
+    /// The MR's changed files outside every root (a shared module's) that `fmt -check` finds
+    /// not formatted: listed under "Checks" (the headline stays as the plans make it).
+    pub fmt_outside: Vec<String>,
     /// What the roots' plans waited for before their engines ran: the last line says each wait
     /// of [`NOTICEABLE_WAIT`] or more.
     pub waits: Vec<PlanWait>,
@@ -356,6 +359,9 @@ struct NoteView<'a> {
     /// The first of the changed files no root claims, and how many more.
     in_no_root: &'a [String],
     in_no_root_more: usize,
+    /// The first of the changed files outside the roots not formatted, and how many more.
+    fmt_outside: &'a [String],
+    fmt_outside_more: usize,
     /// The waits of [`NOTICEABLE_WAIT`] or more before a root's engine ran.
     waits: Vec<WaitView>,
 }
@@ -1001,6 +1007,8 @@ fn build_view<'a, 'r>(
         depends_hints: &ctx.depends_hints,
         in_no_root: &ctx.in_no_root[..ctx.in_no_root.len().min(IN_NO_ROOT_SHOWN)],
         in_no_root_more: ctx.in_no_root.len().saturating_sub(IN_NO_ROOT_SHOWN),
+        fmt_outside: &ctx.fmt_outside[..ctx.fmt_outside.len().min(LISTED)],
+        fmt_outside_more: ctx.fmt_outside.len().saturating_sub(LISTED),
         waits: wait_views(&ctx.waits),
     };
     (view, pending)

@@ -136,16 +136,16 @@ impl JobRuns {
         }
     }
 
-    /// Whether `dir` (a root's, repo-relative) is a directory of the checkout, also once every
-    /// symbolic link is followed: what a run of the checkout may read.
-    pub fn in_checkout(&self, dir: &str) -> bool {
+    /// Whether `path` (repo-relative) is a directory (`dir`) or else a regular file of the
+    /// checkout, also once every symbolic link is followed: what a run of the checkout may read.
+    pub fn in_checkout(&self, path: &str, dir: bool) -> bool {
         let (Ok(top), Ok(real)) = (
             std::fs::canonicalize(&self.checkout),
-            std::fs::canonicalize(self.checkout.join(dir)),
+            std::fs::canonicalize(self.checkout.join(path)),
         ) else {
             return false;
         };
-        real.starts_with(top) && real.is_dir()
+        real.starts_with(top) && if dir { real.is_dir() } else { real.is_file() }
     }
 
     /// The run of `root` with `targeting`: [`root_request`] with the job's credentials, and for

@@ -89,6 +89,7 @@ pub(super) async fn post(
         root_edges,
         depends_hints: planned.depends_hints.clone(),
         in_no_root: planned.in_no_root.clone(),
+        fmt_outside: planned.fmt_outside.clone(),
         hints: sandbox_hints(app, &planned.results),
         planned_before: planned_before(&prepared.config, &planned.results),
         reused: planned

@@ -12,7 +12,7 @@ use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
 use crate::core::engine_checks::CheckSet;
-use crate::core::engine_checks::RootChecks;
+use crate::core::engine_checks::{fmt_outside, RootChecks, StepCheck, FMT_FILE_ENDINGS};
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::RunId;
@@ -92,6 +92,8 @@ pub(super) struct RootsPlanned {
     pub depends_hints: Vec<reach::DependsHint>,
     /// The changed configuration files no root claims (the note lists them).
     pub in_no_root: Vec<String>,
+    /// The MR's changed files outside every root that are not formatted (`fmt -check`).
+    pub fmt_outside: Vec<String>,
     /// What each root's plan waited for before its engine ran, in the repo config's order.
     pub waits: Vec<PlanWait>,
 }
@@ -153,9 +155,9 @@ pub(super) async fn plan_roots(
         .iter()
         .filter(|d| d.affected && !reuse.reused.contains_key(&d.root.name))
         .map(|d| d.root);
-    let (fmt_shares, fmt_run) = fmt_of_roots(prepared, &job_runs, planned_fresh);
+    let (fmt, fmt_run) = fmt_of_roots(prepared, &job_runs, planned_fresh);
     let planner = RootPlanner {
-        fmt_shares,
+        fmt_shares: &fmt.shares,
         reuse: &reuse,
         app,
         job,
@@ -193,25 +195,49 @@ pub(super) async fn plan_roots(
     across_roots(prepared, &planned.capacity, &mut planned.results);
     planned.depends_hints = depends_hints;
     planned.in_no_root = in_no_root;
+    planned.fmt_outside = fmt.outside();
     Ok(planned)
 }
 
-/// One `fmt -check` for every root of `roots` whose `fmt` check is on, from the checkout's top
-/// (`Engine::fmt_of_roots`): each root's share of it by name, and the run itself, to be driven
-/// beside the plans. A root's checks wait for it after its plan; it takes no engine slot (one
-/// short process per job: a root waiting for it in its slot must never wait for a slot, or
-/// every slot could be waiting). A root runs its own when that run gave no list (a file it
-/// cannot parse: then the root whose file it is says so) or was stopped.
+/// The job's one `fmt -check` ([`fmt_of_roots`]).
+struct FmtOfJob {
+    /// Each root's share of it, by root name.
+    shares: BTreeMap<String, FmtOfRoots>,
+    /// What it gave, once it ended.
+    ran: watch::Receiver<Option<std::sync::Arc<StepCheck>>>,
+    /// The root directories it was given.
+    dirs: Vec<String>,
+}
+
+impl FmtOfJob {
+    /// The files it listed outside every root directory it was given: the MR's changed files
+    /// outside its roots that are not formatted (none when it gave no list).
+    fn outside(&self) -> Vec<String> {
+        let dirs: Vec<&str> = self.dirs.iter().map(String::as_str).collect();
+        match &*self.ran.borrow() {
+            Some(ran) => fmt_outside(ran, &dirs),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The most changed files outside the roots one `fmt` is given (each an argument).
+const FMT_OUTSIDE_MAX: usize = 500;
+
+/// One `fmt -check` for every root of `roots` whose `fmt` check is on, and the MR's changed
+/// files that no root of the repo config holds (a shared module's, [`changed_outside_roots`]),
+/// from the checkout's top (`Engine::fmt_of_roots`): the job's [`FmtOfJob`], and the run
+/// itself, to be driven beside the plans. A root's checks wait for it after its plan; it takes
+/// no engine slot (one short process per job: a root waiting for it in its slot must never
+/// wait for a slot, or every slot could be waiting). A root runs its own when that run gave no
+/// list (a file it cannot parse: then the root whose file it is says so) or was stopped.
 fn fmt_of_roots<'a>(
     prepared: &'a Prepared,
     runs: &JobRuns,
     roots: impl Iterator<Item = &'a Root>,
-) -> (
-    BTreeMap<String, FmtOfRoots>,
-    impl std::future::Future<Output = ()> + 'a,
-) {
+) -> (FmtOfJob, impl std::future::Future<Output = ()> + 'a) {
     let roots: Vec<&Root> = roots
-        .filter(|r| r.checks.fmt && runs.in_checkout(&r.dir))
+        .filter(|r| r.checks.fmt && runs.in_checkout(&r.dir, true))
         .collect();
     let (tx, rx) = watch::channel(None);
     let shares = roots
@@ -224,27 +250,60 @@ fn fmt_of_roots<'a>(
             (r.name.clone(), share)
         })
         .collect();
-    let mut dirs: Vec<&str> = roots.iter().map(|r| r.dir.as_str()).collect();
+    let mut dirs: Vec<String> = roots.iter().map(|r| r.dir.clone()).collect();
     dirs.sort_unstable();
     dirs.dedup();
+    let files = changed_outside_roots(prepared, runs);
+    let job = FmtOfJob {
+        shares,
+        ran: rx,
+        dirs: dirs.clone(),
+    };
     let request = runs.checkout_request();
     let run = async move {
-        if dirs.is_empty() {
+        let targets: Vec<&str> = dirs.iter().chain(&files).map(String::as_str).collect();
+        if targets.is_empty() {
             return;
         }
         let engine = &prepared.engine;
         let ran = engine
-            .fmt_of_roots(prepared.checkout.path(), &dirs, &request)
+            .fmt_of_roots(prepared.checkout.path(), &targets, &request)
             .await;
         let _ = tx.send(Some(std::sync::Arc::new(ran)));
     };
-    (shares, run)
+    (job, run)
+}
+
+/// The MR's changed files `fmt` reads (both engines' endings) that no root of the repo config
+/// holds, still in the checkout (at most [`FMT_OUTSIDE_MAX`]): checked for format with the
+/// roots when a root of the repo config checks it.
+fn changed_outside_roots(prepared: &Prepared, runs: &JobRuns) -> Vec<String> {
+    let roots = &prepared.config.roots;
+    if !roots.iter().any(|r| r.checks.fmt) {
+        return Vec::new();
+    }
+    let in_a_root = |file: &str| {
+        roots.iter().any(|r| {
+            r.dir == "."
+                || file
+                    .strip_prefix(r.dir.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+    };
+    prepared
+        .changed
+        .iter()
+        .filter(|f| FMT_FILE_ENDINGS.iter().any(|end| f.ends_with(end)))
+        .filter(|f| !in_a_root(f) && runs.in_checkout(f, false))
+        .take(FMT_OUTSIDE_MAX)
+        .cloned()
+        .collect()
 }
 
 /// What every root's plan of one job shares.
 struct RootPlanner<'a> {
     /// Each root's share of the job's one `fmt -check` ([`fmt_of_roots`]), by name.
-    fmt_shares: BTreeMap<String, FmtOfRoots>,
+    fmt_shares: &'a BTreeMap<String, FmtOfRoots>,
     app: &'a App,
     job: &'a PlanJob,
     queue_job: Option<QueueJobId>,
