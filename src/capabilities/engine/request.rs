@@ -302,4 +302,42 @@ mod tests {
         };
         assert!(validate_request(&relative).is_err());
     }
+
+    #[tokio::test]
+    async fn a_roots_share_waits_for_the_one_fmt_and_is_none_when_it_never_ran() {
+        use crate::core::engine_checks::StepCheck;
+        let (tx, rx) = watch::channel(None);
+        let share = FmtOfRoots {
+            ran: rx.clone(),
+            dir: "stacks/a".into(),
+        };
+        // Asked before the run ended: it waits for it.
+        let waiting = tokio::spawn({
+            let share = share.clone();
+            async move { share.share().await }
+        });
+        // The one thread runs the task until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "it waits for the run to end");
+        tx.send(Some(Arc::new(StepCheck::Ran {
+            exit: Some(3),
+            stdout: b"stacks/a/main.tf\nmodules/x.tf\n".to_vec(),
+        })))
+        .unwrap();
+        assert_eq!(
+            waiting.await.unwrap(),
+            Some(StepCheck::Ran {
+                exit: Some(3),
+                stdout: b"main.tf\n".to_vec()
+            })
+        );
+        // A run that never ran (its sender gone without a word): the root runs its own.
+        let (tx, rx) = watch::channel(None);
+        drop(tx);
+        let orphan = FmtOfRoots {
+            ran: rx,
+            dir: ".".into(),
+        };
+        assert_eq!(orphan.share().await, None);
+    }
 }
