@@ -401,8 +401,8 @@ impl ModuleGraph {
     }
 }
 
-/// `path` is `dir` or below it (`.` holds everything).
-fn under(dir: &str, path: &str) -> bool {
+/// `path` is `dir` or below it (`.` holds everything), both repo-relative.
+pub fn under(dir: &str, path: &str) -> bool {
     let path = path.trim_start_matches("./");
     dir == "." || path == dir || path.strip_prefix(dir).is_some_and(|r| r.starts_with('/'))
 }

@@ -282,14 +282,7 @@ fn changed_outside_roots(prepared: &Prepared, runs: &JobRuns) -> Vec<String> {
     if !roots.iter().any(|r| r.checks.fmt) {
         return Vec::new();
     }
-    let in_a_root = |file: &str| {
-        roots.iter().any(|r| {
-            r.dir == "."
-                || file
-                    .strip_prefix(r.dir.as_str())
-                    .is_some_and(|rest| rest.starts_with('/'))
-        })
-    };
+    let in_a_root = |file: &str| roots.iter().any(|r| reach::under(&r.dir, file));
     prepared
         .changed
         .iter()
