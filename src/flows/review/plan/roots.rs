@@ -205,15 +205,13 @@ struct FmtOfJob {
     shares: BTreeMap<String, FmtOfRoots>,
     /// What it gave, once it ended.
     ran: watch::Receiver<Option<std::sync::Arc<StepCheck>>>,
-    /// The root directories it was given.
-    dirs: Vec<String>,
 }
 
 impl FmtOfJob {
     /// The files it listed outside every root directory it was given: the MR's changed files
     /// outside its roots that are not formatted (none when it gave no list).
     fn outside(&self) -> Vec<String> {
-        let dirs: Vec<&str> = self.dirs.iter().map(String::as_str).collect();
+        let dirs: Vec<&str> = self.shares.values().map(|s| s.dir.as_str()).collect();
         match &*self.ran.borrow() {
             Some(ran) => fmt_outside(ran, &dirs),
             None => Vec::new(),
@@ -254,11 +252,7 @@ fn fmt_of_roots<'a>(
     dirs.sort_unstable();
     dirs.dedup();
     let files = changed_outside_roots(prepared, runs);
-    let job = FmtOfJob {
-        shares,
-        ran: rx,
-        dirs: dirs.clone(),
-    };
+    let job = FmtOfJob { shares, ran: rx };
     let request = runs.checkout_request();
     let run = async move {
         let targets: Vec<&str> = dirs.iter().chain(&files).map(String::as_str).collect();
