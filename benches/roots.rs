@@ -106,8 +106,9 @@ impl Drop for World {
 }
 
 /// The bare engine on the N roots, one after the other: `init`, `plan -out`, `show -json` in
-/// a copy of each (local state: nothing to read), as planbot runs them.
-fn bare_engine(engine: &Path, roots: usize) -> Duration {
+/// a copy of each (local state: nothing to read), as planbot runs them, with `go` in their
+/// environment besides this process's (none: the engine's defaults).
+fn bare_engine(engine: &Path, roots: usize, go: &[(&str, String)]) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let module = dir.path().join("modules/vm");
     std::fs::create_dir_all(&module).unwrap();
@@ -117,9 +118,7 @@ fn bare_engine(engine: &Path, roots: usize) -> Duration {
         let root = dir.path().join(format!("stacks/r{i:02}"));
         std::fs::create_dir_all(&root).unwrap();
         std::fs::write(root.join("main.tf"), root_tf(i, "v1")).unwrap();
-        let run = |args: &[&str]| {
-            support::run_engine(engine, &root, std::iter::empty::<(&str, &str)>(), args)
-        };
+        let run = |args: &[&str]| support::run_engine(engine, &root, go.iter().cloned(), args);
         run(&["init", "-input=false", "-no-color"]);
         run(&["plan", "-input=false", "-no-color", "-out=plan.bin"]);
         run(&["show", "-json", "-no-color", "plan.bin"]);
@@ -200,6 +199,8 @@ async fn main() {
         false => 1,
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // What planbot's engine runs get from the default caps (`sandbox.memory_max`, 4 GiB).
+    let tuned = planbot::capabilities::engine::go_runtime_env(Some(4 << 30));
     println!(
         "roots bench: engine {}, {cores} cores, plan.max_concurrent_plans = 4, median of {rounds} \
          round(s) (min-max)",
@@ -209,9 +210,18 @@ async fn main() {
         let mut figures = Figures::default();
         for _ in 0..rounds {
             let cpu_before = children_cpu();
-            figures.bare.push(bare_engine(&engine, roots).as_secs_f64());
+            figures
+                .bare
+                .push(bare_engine(&engine, roots, &[]).as_secs_f64());
             figures
                 .bare_cpu
+                .push((children_cpu() - cpu_before).as_secs_f64());
+            let cpu_before = children_cpu();
+            figures
+                .bare_tuned
+                .push(bare_engine(&engine, roots, &tuned).as_secs_f64());
+            figures
+                .bare_tuned_cpu
                 .push((children_cpu() - cpu_before).as_secs_f64());
             for checks in [true, false] {
                 let cpu_before = children_cpu();
@@ -230,6 +240,19 @@ async fn main() {
             spread(&figures.bare),
             spread(&figures.bare_cpu),
             floor / bare,
+        );
+        let tuned_cpu = median(&figures.bare_tuned_cpu);
+        println!(
+            "{roots} roots, bare engine with planbot's Go collector settings ({}): {}, {} of CPU \
+             (floor {:.1} s)",
+            tuned
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            spread(&figures.bare_tuned),
+            spread(&figures.bare_tuned_cpu),
+            tuned_cpu / cores as f64,
         );
         for (i, what) in [
             "checks on (one fmt for the roots, validate only after a failed plan)",
@@ -257,6 +280,9 @@ async fn main() {
 struct Figures {
     bare: Vec<f64>,
     bare_cpu: Vec<f64>,
+    /// The same with planbot's Go runtime settings (`capabilities::engine::go_runtime_env`).
+    bare_tuned: Vec<f64>,
+    bare_tuned_cpu: Vec<f64>,
     module_change: [Vec<f64>; 2],
     one_root: [Vec<f64>; 2],
     /// The CPU time of the processes a round started and waited for: `planbot serve` and every

@@ -27,6 +27,7 @@ pub use cgroup::{sweep_stale_run_cgroups, CgroupSupport, JobCgroups};
 pub use checks::EngineChecks;
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use encryption::{plan_encryption_config, PlanEncryption};
+pub use env::go_runtime_env;
 pub use error::{EngineError, Step};
 pub use output::LINE_MAX_BYTES;
 pub use plan::{LOCK_FILE, LOCK_FILE_MAX};
