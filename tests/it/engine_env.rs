@@ -18,7 +18,25 @@ const POISON: &[(&str, &str)] = &[
     ("TF_VAR_region", "from-parent-env"),
     ("GITLAB_TOKEN", "glpat-env-canary-should-never-pass"),
     ("CI_JOB_TOKEN", "job-token-env-canary"),
+    ("GOGC", "off"),
+    ("GOMEMLIMIT", "1MiB"),
 ];
+
+/// The Go runtime's settings planbot gives an engine whose processes have a memory cap (the
+/// namespaces' `RLIMIT_DATA`, where the kernel offers them): the parent's never.
+fn go_settings(capped: bool) -> Vec<&'static str> {
+    match capped {
+        true => vec!["GOGC", "GOMEMLIMIT"],
+        false => Vec::new(),
+    }
+}
+
+/// `NAME=value` of `name` in a dump.
+fn dumped(path: &Path, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_string))
+}
 
 /// Variables a POSIX shell adds by itself (the stand-in engine is a shell script).
 const SHELL_OWN: &[&str] = &["PWD", "SHLVL", "_", "OLDPWD"];
@@ -81,6 +99,13 @@ fn the_parent_environment_does_not_reach_the_engine() {
         ..PlanRequest::default()
     };
     rt.block_on(engine.plan(root.path(), &req)).unwrap();
+    let capped = matches!(
+        engine.sandbox(),
+        planbot::capabilities::engine::SandboxMode::Landlock {
+            namespaces: planbot::capabilities::engine::Namespaces::On { .. },
+            ..
+        }
+    );
     let expected: BTreeSet<String> = [
         "CHECKPOINT_DISABLE",
         "HOME",
@@ -92,15 +117,18 @@ fn the_parent_environment_does_not_reach_the_engine() {
         "TF_WORKSPACE",
         "TMPDIR",
     ]
-    .iter()
+    .into_iter()
+    .chain(go_settings(capped))
     .map(|s| s.to_string())
     .collect();
     for step in ["init", "plan", "show"] {
-        assert_eq!(
-            dumped_keys(&root.path().join(format!("env-{step}"))),
-            expected,
-            "environment of `{step}`"
-        );
+        let dump = root.path().join(format!("env-{step}"));
+        assert_eq!(dumped_keys(&dump), expected, "environment of `{step}`");
+        // The default cap (`sandbox.memory_max`, 4 GiB): half of it, never the parent's.
+        if capped {
+            assert_eq!(dumped(&dump, "GOGC").as_deref(), Some("400"));
+            assert_eq!(dumped(&dump, "GOMEMLIMIT").as_deref(), Some("2048MiB"));
+        }
     }
 
     // 2. `planbot plan` started from that poisoned environment: same.
@@ -118,6 +146,11 @@ fn the_parent_environment_does_not_reach_the_engine() {
         String::from_utf8_lossy(&out.stderr)
     );
     let keys = dumped_keys(&root.path().join("env-plan"));
+    // `planbot plan` sandboxes with the same namespaces where the kernel offers them.
+    let capped = matches!(
+        planbot::capabilities::namespaces::NsSupport::probe(),
+        planbot::capabilities::namespaces::NsSupport::Available
+    );
     let expected_cli: BTreeSet<String> = [
         "CHECKPOINT_DISABLE",
         "HOME",
@@ -126,7 +159,8 @@ fn the_parent_environment_does_not_reach_the_engine() {
         "TF_IN_AUTOMATION",
         "TMPDIR",
     ]
-    .iter()
+    .into_iter()
+    .chain(go_settings(capped))
     .map(|s| s.to_string())
     .collect();
     assert_eq!(keys, expected_cli);

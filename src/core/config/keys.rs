@@ -479,7 +479,7 @@ pub static KEYS: &[Key] = &[
         kind: Kind::Table,
         secret: true,
         unset: Unset::Empty,
-        description: "Environment handed to the engine (and nothing else but PATH, HOME, TF_IN_AUTOMATION, TF_INPUT, TF_PLUGIN_CACHE_DIR). A value is a secret, scrubbed from all output and shown as (set), when its name says so (it contains PASS, TOKEN, SECRET, KEY, CREDENTIAL, PRIVATE or AUTH, or is TF_ENCRYPTION) or `secret_env` lists it; a user name or an address is not. A file of NAME=value lines can be given instead as `env_file = \"engine-env\"`. \"change-me\" is a placeholder: planbot refuses to start until it is replaced.",
+        description: "Environment handed to the engine (and nothing else but PATH, HOME, TF_IN_AUTOMATION, TF_INPUT, TF_PLUGIN_CACHE_DIR, and where a memory cap applies GOGC=400 and GOMEMLIMIT at half the cap, which set here replaces). A value is a secret, scrubbed from all output and shown as (set), when its name says so (it contains PASS, TOKEN, SECRET, KEY, CREDENTIAL, PRIVATE or AUTH, or is TF_ENCRYPTION) or `secret_env` lists it; a user name or an address is not. A file of NAME=value lines can be given instead as `env_file = \"engine-env\"`. \"change-me\" is a placeholder: planbot refuses to start until it is replaced.",
         show: |c| Shown::env(c, &c.engine.env),
     },
     Key {
