@@ -30,7 +30,7 @@ pub fn go_runtime_env(memory_cap: Option<u64>) -> Vec<(&'static str, String)> {
     match memory_cap {
         Some(cap) => vec![
             ("GOGC", GO_GC_PERCENT.to_string()),
-            ("GOMEMLIMIT", format!("{}MiB", (cap / 2 >> 20).max(1))),
+            ("GOMEMLIMIT", format!("{}MiB", ((cap / 2) >> 20).max(1))),
         ],
         None => Vec::new(),
     }
