@@ -18,7 +18,7 @@ pub(super) fn forbidden_env_key(key: &str) -> bool {
 /// processes are short (`init`, `show`, `fmt`) and spend a third of their CPU collecting a
 /// heap that dies with them. Measured on this project's machine (docs/internals.md, "Many
 /// roots"): `init` + `plan` + `show -json` of a small root take about 30 % less CPU at 400.
-pub const GO_GC_PERCENT: u64 = 400;
+const GO_GC_PERCENT: u64 = 400;
 
 /// The Go runtime's settings for an engine whose every process may use at most `memory_cap`
 /// bytes (the smaller of `sandbox.memory_max` and `sandbox.job_memory_max` where they apply):
