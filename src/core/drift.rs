@@ -107,8 +107,8 @@ enum Side {
 fn drifted(rc: &ResourceChange, change: String, main_side: Side) -> DriftedResource {
     // Read from `main` to reality: a planned change goes from reality to `main`'s code, so it
     // is read backwards.
-    let body =
-        crate::core::render::attribute_diff(&rc.change.values(), matches!(main_side, Side::After));
+    let values = rc.change.values();
+    let body = crate::core::render::attribute_diff(values.get(), matches!(main_side, Side::After));
     DriftedResource {
         address: rc.address.clone(),
         change,

@@ -377,40 +377,63 @@ impl PackedValues {
     }
 
     /// Parse the values at these positions (0..5 as in [`VALUE_FIELDS`]); the others are null.
-    fn parse(&self, wanted: [bool; 5]) -> [Value; 5] {
-        let mut out: [Value; 5] = Default::default();
-        self.with_texts(|texts| {
+    /// One allocation holds the decompressed text, and the values borrow their strings from it.
+    fn parse(&self, wanted: [bool; 5]) -> ChangeValues {
+        let Some(text) = self.decompressed() else {
+            return ChangeValues::default();
+        };
+        let ranges = self.ranges();
+        ChangeValues::new(text, |text| {
+            let mut out: [Json<'_>; 5] = Default::default();
             for (n, value) in out.iter_mut().enumerate() {
-                if wanted[n] && !texts[n].is_empty() {
-                    *value = serde_json::from_slice(texts[n]).unwrap_or(Value::Null);
+                let part = text.get(ranges[n].clone()).unwrap_or_default();
+                if wanted[n] && !part.is_empty() {
+                    // The text was valid JSON when the plan was parsed.
+                    *value = serde_json::from_slice(part).unwrap_or_default();
                 }
             }
-        });
-        out
+            let [before, after, after_unknown, before_sensitive, after_sensitive] = out;
+            Values {
+                before,
+                after,
+                after_unknown,
+                before_sensitive,
+                after_sensitive,
+            }
+        })
+    }
+
+    /// Where each of the five texts lies in the decompressed text (an absent one is empty).
+    fn ranges(&self) -> [std::ops::Range<usize>; 5] {
+        let mut start = 0;
+        self.ends.map(|end| {
+            let end = end as usize;
+            let range = start..end.max(start);
+            start = end.max(start);
+            range
+        })
+    }
+
+    /// The five texts, decompressed into one buffer (`None` when there are none).
+    fn decompressed(&self) -> Option<Vec<u8>> {
+        let total = self.ends[4] as usize;
+        if total == 0 {
+            return None;
+        }
+        // The text was valid JSON when the plan was parsed and is only read back here.
+        match &self.dict {
+            Some(dict) => lz4_flex::block::decompress_with_dict(&self.compressed, total, dict),
+            None => lz4_flex::block::decompress(&self.compressed, total),
+        }
+        .ok()
     }
 
     /// Call `read` with the JSON texts of the five values (empty for an absent one).
     fn with_texts(&self, read: impl FnOnce([&[u8]; 5])) {
-        let total = self.ends[4] as usize;
-        if total == 0 {
-            return;
-        }
-        // The text was valid JSON when the plan was parsed and is only read back here.
-        let bytes = match &self.dict {
-            Some(dict) => lz4_flex::block::decompress_with_dict(&self.compressed, total, dict),
-            None => lz4_flex::block::decompress(&self.compressed, total),
-        };
-        let Ok(bytes) = bytes else {
+        let Some(bytes) = self.decompressed() else {
             return;
         };
-        let mut texts: [&[u8]; 5] = [&[]; 5];
-        let mut start = 0;
-        for (n, text) in texts.iter_mut().enumerate() {
-            let end = self.ends[n] as usize;
-            *text = bytes.get(start..end).unwrap_or_default();
-            start = end.max(start);
-        }
-        read(texts);
+        read(self.ranges().map(|r| bytes.get(r).unwrap_or_default()));
     }
 }
 
@@ -443,13 +466,52 @@ impl FromObject for Change {
     }
 }
 
-/// One change's values, parsed: what [`Change::values`] returns. Absent fields are `null`.
+/// A JSON value read from a change's text, its strings borrowed from it where they hold no
+/// escape, its objects lists of pairs in the document's order: a fraction of the allocations
+/// of a [`Value`], since every resource of a plan is read this way by the lint rules, the
+/// fingerprint, the note's diffs and the capacity.
+pub type Json<'t> = serde_json_borrow::Value<'t>;
+
+/// One change's five values, borrowed from the text they were read from ([`ChangeValues`]).
+/// Absent fields are `null`.
+#[derive(Debug, Default)]
+pub struct Values<'t> {
+    pub before: Json<'t>,
+    pub after: Json<'t>,
+    pub after_unknown: Json<'t>,
+    pub before_sensitive: Json<'t>,
+    pub after_sensitive: Json<'t>,
+}
+
+self_cell::self_cell!(
+    /// One change's values, parsed: what [`Change::values`] returns, holding the decompressed
+    /// text its [`Values`] borrow from ([`ChangeValues::get`]).
+    pub struct ChangeValues {
+        owner: Vec<u8>,
+        #[covariant]
+        dependent: Values,
+    }
+    impl {Debug}
+);
+
+impl Default for ChangeValues {
+    fn default() -> ChangeValues {
+        ChangeValues::new(Vec::new(), |_| Values::default())
+    }
+}
+
+impl ChangeValues {
+    /// The five values.
+    pub fn get(&self) -> &Values<'_> {
+        self.borrow_dependent()
+    }
+}
+
+/// A change's `after` and its masks ([`Change::after_values`]); absent fields are `null`.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ChangeValues {
-    pub before: Value,
+pub struct AfterValues {
     pub after: Value,
     pub after_unknown: Value,
-    pub before_sensitive: Value,
     pub after_sensitive: Value,
 }
 
@@ -457,15 +519,7 @@ impl Change {
     /// Parse this change's before/after values and masks (a few microseconds per resource; the
     /// caller drops them when done with the resource).
     pub fn values(&self) -> ChangeValues {
-        let [before, after, after_unknown, before_sensitive, after_sensitive] =
-            self.values.parse([true; 5]);
-        ChangeValues {
-            before,
-            after,
-            after_unknown,
-            before_sensitive,
-            after_sensitive,
-        }
+        self.values.parse([true; 5])
     }
 
     /// Call `leaf` on every string and number of `before` and `after` that their masks mark
@@ -493,16 +547,24 @@ impl Change {
             });
     }
 
-    /// Only `after` and its masks (for readers that do not need `before`).
-    pub fn after_values(&self) -> ChangeValues {
-        let [_, after, after_unknown, _, after_sensitive] =
-            self.values.parse([false, true, true, false, true]);
-        ChangeValues {
-            after,
-            after_unknown,
-            after_sensitive,
-            ..ChangeValues::default()
-        }
+    /// Only `after` and its masks, as whole values (the fingerprint, the digest and the apply's
+    /// comparison with the reviewed plan read them so).
+    pub fn after_values(&self) -> AfterValues {
+        let mut out = AfterValues::default();
+        self.values
+            .with_texts(|[_, after, after_unknown, _, after_sensitive]| {
+                for (value, text) in [
+                    (&mut out.after, after),
+                    (&mut out.after_unknown, after_unknown),
+                    (&mut out.after_sensitive, after_sensitive),
+                ] {
+                    if !text.is_empty() {
+                        // The text was valid JSON when the plan was parsed.
+                        *value = serde_json::from_slice(text).unwrap_or(Value::Null);
+                    }
+                }
+            });
+        out
     }
 }
 
@@ -1134,8 +1196,8 @@ impl Plan {
     /// value from a reference that is `null`). Only managed resources that will exist after the
     /// apply have any; sorted.
     pub fn write_only_attributes(&self, rc: &ResourceChange) -> Vec<String> {
-        let v = rc.change.after_values();
-        self.write_only_attributes_of(rc, &v.after, &v.after_unknown)
+        let v = rc.change.values.parse([false, true, true, false, false]);
+        self.write_only_attributes_of(rc, &v.get().after, &v.get().after_unknown)
     }
 
     /// [`Plan::write_only_attributes`] given the change's `after` and `after_unknown`, already
@@ -1143,8 +1205,8 @@ impl Plan {
     pub fn write_only_attributes_of(
         &self,
         rc: &ResourceChange,
-        after: &Value,
-        after_unknown: &Value,
+        after: &Json,
+        after_unknown: &Json,
     ) -> Vec<String> {
         if rc.mode != Mode::Managed {
             return Vec::new();
@@ -1162,8 +1224,8 @@ impl Plan {
             .iter()
             .filter(|(name, expr)| {
                 let constant = expr.get("constant_value");
-                after.get(name.as_str()).is_some_and(Value::is_null)
-                    && after_unknown.get(name.as_str()) != Some(&Value::Bool(true))
+                after.get(name.as_str()).is_some_and(Json::is_null)
+                    && after_unknown.get(name.as_str()) != &Json::Bool(true)
                     && expr.is_object()
                     && (constant.is_some_and(|c| !c.is_null())
                         || (constant.is_none() && name.ends_with("_wo")))
@@ -1314,6 +1376,42 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_changes_values_read_as_the_whole_document_reads_them_escapes_and_numbers_included() {
+        // Keys and strings with escapes (Go writes `<`, `>` and `&` as `\u003c`…), numbers of
+        // every kind, nesting: each value reads as serde_json reads it, none turns to null.
+        let text = r#"{"address": "t.x", "mode": "managed", "change": {"actions": ["update"],
+            "before": {"a\"b": "x\ny", "\u003ctag\u003e": "\u0026", "n": 1.0, "big": 18446744073709551615,
+                       "neg": -3, "f": 2.5e-7, "e": 1e21, "list": [[], {}, null, true]},
+            "after": {"ключ": "значение\t", "nested": [{"k\\": [1, 2.0, "3"]}]},
+            "after_unknown": {"nested": [{"k\\": [false, true]}]},
+            "before_sensitive": {"a\"b": true}, "after_sensitive": {}}}"#;
+        let want: Value = serde_json::from_str(text).unwrap();
+        let rc: ResourceChange = serde_json::from_str(text).unwrap();
+        let v = rc.change.values();
+        let v = v.get();
+        for (name, read) in [
+            ("before", &v.before),
+            ("after", &v.after),
+            ("after_unknown", &v.after_unknown),
+            ("before_sensitive", &v.before_sensitive),
+            ("after_sensitive", &v.after_sensitive),
+        ] {
+            assert_eq!(
+                serde_json::to_value(read).unwrap(),
+                want["change"][name],
+                "{name}"
+            );
+            assert_eq!(
+                serde_json::to_string(read).unwrap(),
+                serde_json::to_string(&want["change"][name]).unwrap(),
+                "{name}: the same text, number by number"
+            );
+        }
+        assert_eq!(v.before.get("a\"b").as_str(), Some("x\ny"));
+        assert_eq!(v.before.get("<tag>").as_str(), Some("&"));
+    }
+
+    #[test]
     fn values_read_back_exactly_before_and_after_the_plan_dictionary_is_built() {
         // Enough changes that the first ones build the dictionary and the rest use it; two
         // plans read in turn on one thread, each with its own.
@@ -1338,9 +1436,23 @@ mod tests {
                 .zip(d["resource_changes"].as_array().unwrap())
             {
                 let v = rc.change.values();
-                assert_eq!(v.before, want["change"]["before"], "{}", rc.address);
-                assert_eq!(v.after, want["change"]["after"], "{}", rc.address);
-                assert_eq!(v.after_unknown, want["change"]["after_unknown"]);
+                let read = |v: &Json| serde_json::to_value(v).unwrap();
+                assert_eq!(
+                    read(&v.get().before),
+                    want["change"]["before"],
+                    "{}",
+                    rc.address
+                );
+                assert_eq!(
+                    read(&v.get().after),
+                    want["change"]["after"],
+                    "{}",
+                    rc.address
+                );
+                assert_eq!(
+                    read(&v.get().after_unknown),
+                    want["change"]["after_unknown"]
+                );
             }
             assert!(plan
                 .resource_changes
@@ -1356,7 +1468,11 @@ mod tests {
             json!({"address": "a.b", "change": {"actions": ["create"], "after": {"k": "v"}}}),
         )
         .unwrap();
-        assert_eq!(rc.change.values().after, json!({"k": "v"}));
+        let v = rc.change.values();
+        assert_eq!(
+            serde_json::to_value(&v.get().after).unwrap(),
+            json!({"k": "v"})
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! which the provider calls GB and Proxmox reads as `G`). The report's numbers are what
 //! policies see as `data.planbot.capacity` (docs/policies.md).
 
+use crate::core::plan::Json;
 use crate::core::plan::{ActionKind, Plan, ResourceChange};
 use crate::core::proxmox::findings::{finding, Finding};
 use crate::core::proxmox::model::{unknown_at, Kind};
@@ -63,12 +64,12 @@ impl Demand {
     }
 }
 
-fn get<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
+fn get<'v>(v: &'v Json<'v>, path: &str) -> Option<&'v Json<'v>> {
     let mut cur = v;
     for seg in path.split('.') {
         cur = match cur {
-            Value::Object(m) => m.get(seg)?,
-            Value::Array(a) => a.get(seg.parse::<usize>().ok()?)?,
+            Json::Object(m) => m.get(seg)?,
+            Json::Array(a) => a.get(seg.parse::<usize>().ok()?)?,
             _ => return None,
         };
     }
@@ -76,7 +77,7 @@ fn get<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
 }
 
 /// A known number at `path`, the default when the attribute is absent, `None` when unknown.
-fn number(v: &Value, mask: &Value, path: &str, default: Option<u64>) -> Option<u64> {
+fn number(v: &Json, mask: &Json, path: &str, default: Option<u64>) -> Option<u64> {
     if unknown_at(mask, path) {
         return None;
     }
@@ -88,30 +89,32 @@ fn number(v: &Value, mask: &Value, path: &str, default: Option<u64>) -> Option<u
     }
 }
 
-fn list_len(v: &Value, mask: &Value, path: &str) -> usize {
-    let known = get(v, path).and_then(Value::as_array).map_or(0, Vec::len);
+fn list_len(v: &Json, mask: &Json, path: &str) -> usize {
+    let known = get(v, path)
+        .and_then(Json::as_array)
+        .map_or(0, <[Json]>::len);
     let unknown = get(mask, path)
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
+        .and_then(Json::as_array)
+        .map_or(0, <[Json]>::len);
     known.max(unknown)
 }
 
 /// What a bpg guest uses according to one side's values. A VM cloned from a template
 /// (`clone` block, or `proxmox_virtual_environment_cloned_vm`) inherits what it does not set:
 /// only what it sets is counted.
-fn usage(kind: Kind, v: &Value, mask: &Value) -> Usage {
+fn usage(kind: Kind, v: &Json, mask: &Json) -> Usage {
     let container = kind == Kind::Container;
     let cloned = kind == Kind::ClonedVm || list_len(v, mask, "clone") > 0;
     let node = if unknown_at(mask, "node_name") {
         None
     } else {
         get(v, "node_name")
-            .and_then(Value::as_str)
+            .and_then(Json::as_str)
             .filter(|s| !s.is_empty())
             .map(str::to_string)
     };
-    let running = get(v, "started").and_then(Value::as_bool) != Some(false)
-        && get(v, "template").and_then(Value::as_bool) != Some(true);
+    let running = get(v, "started").and_then(Json::as_bool) != Some(false)
+        && get(v, "template").and_then(Json::as_bool) != Some(true);
     let has = |block: &str| list_len(v, mask, block) > 0;
     // Proxmox's defaults: 512 MiB, one core, one socket; a clone inherits what it omits.
     let memory_mib = if !running {
@@ -146,7 +149,7 @@ fn usage(kind: Kind, v: &Value, mask: &Value) -> Usage {
         } else {
             Some(
                 get(v, &format!("disk.{i}.datastore_id"))
-                    .and_then(Value::as_str)
+                    .and_then(Json::as_str)
                     .filter(|s| !s.is_empty())
                     .unwrap_or(default_store)
                     .to_string(),
@@ -181,6 +184,7 @@ pub fn demand(plan: &Plan) -> Demand {
 
 fn add_change(d: &mut Demand, kind: Kind, rc: &ResourceChange) {
     let values = rc.change.values();
+    let values = values.get();
     let (frees, adds) = match rc.kind() {
         ActionKind::Create => (false, true),
         ActionKind::Delete => (true, false),
@@ -190,7 +194,7 @@ fn add_change(d: &mut Demand, kind: Kind, rc: &ResourceChange) {
         | ActionKind::ForgetAndCreate => (!matches!(rc.kind(), ActionKind::ForgetAndCreate), true),
         _ => return,
     };
-    let before = frees.then(|| usage(kind, &values.before, &Value::Null));
+    let before = frees.then(|| usage(kind, &values.before, &Json::Null));
     let after = adds.then(|| usage(kind, &values.after, &values.after_unknown));
     let address = rc.address.as_str();
     if let Some(a) = &after {

@@ -2,7 +2,7 @@
 //! attribute access, Proxmox volume ids, and references followed through the plan's
 //! `configuration`.
 
-use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
+use crate::core::plan::{ActionKind, ChangeValues, Json, Plan, ResourceChange, Values};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -12,7 +12,7 @@ use std::ops::Deref;
 /// resources refer to.
 pub struct Res<'p> {
     pub rc: &'p ResourceChange,
-    pub values: ChangeValues,
+    values: ChangeValues,
 }
 
 impl<'p> Res<'p> {
@@ -21,6 +21,11 @@ impl<'p> Res<'p> {
             rc,
             values: rc.change.values(),
         }
+    }
+
+    /// The change's values.
+    pub fn values(&self) -> &Values<'_> {
+        self.values.get()
     }
 }
 
@@ -89,21 +94,21 @@ pub enum Attr<'a> {
     Unknown,
     /// Not set (absent or null).
     Absent,
-    Known(&'a Value),
+    Known(&'a Json<'a>),
 }
 
 impl<'a> Attr<'a> {
     /// A known, non-empty string (the provider writes unset strings as `""`).
     pub fn str(self) -> Option<&'a str> {
         match self {
-            Attr::Known(Value::String(s)) if !s.is_empty() => Some(s),
+            Attr::Known(Json::Str(s)) if !s.is_empty() => Some(s),
             _ => None,
         }
     }
 
     pub fn bool(self) -> Option<bool> {
         match self {
-            Attr::Known(Value::Bool(b)) => Some(*b),
+            Attr::Known(Json::Bool(b)) => Some(*b),
             _ => None,
         }
     }
@@ -117,8 +122,8 @@ impl<'a> Attr<'a> {
         match self {
             Attr::Unknown => true,
             Attr::Absent => false,
-            Attr::Known(Value::String(s)) => !s.is_empty(),
-            Attr::Known(Value::Array(a)) => !a.is_empty(),
+            Attr::Known(Json::Str(s)) => !s.is_empty(),
+            Attr::Known(Json::Array(a)) => !a.is_empty(),
             Attr::Known(_) => true,
         }
     }
@@ -127,13 +132,22 @@ impl<'a> Attr<'a> {
     pub fn is_unset(self) -> bool {
         match self {
             Attr::Absent => true,
-            Attr::Known(Value::String(s)) => s.is_empty(),
+            Attr::Known(Json::Str(s)) => s.is_empty(),
             _ => false,
         }
     }
 }
 
-fn step<'v>(v: &'v Value, seg: &str) -> Option<&'v Value> {
+fn step<'v>(v: &'v Json<'v>, seg: &str) -> Option<&'v Json<'v>> {
+    match v {
+        Json::Object(m) => m.get(seg),
+        Json::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
+        _ => None,
+    }
+}
+
+/// [`step`] in the plan's `configuration` (a document read whole, not a change's values).
+fn config_step<'v>(v: &'v Value, seg: &str) -> Option<&'v Value> {
     match v {
         Value::Object(m) => m.get(seg),
         Value::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
@@ -142,14 +156,14 @@ fn step<'v>(v: &'v Value, seg: &str) -> Option<&'v Value> {
 }
 
 /// Whether `path` (dot-separated, numbers index lists) is unknown in an `after_unknown` mask.
-pub fn unknown_at(mask: &Value, path: &str) -> bool {
+pub fn unknown_at(mask: &Json, path: &str) -> bool {
     let mut cur = mask;
-    if cur == &Value::Bool(true) {
+    if cur == &Json::Bool(true) {
         return true;
     }
     for seg in path.split('.') {
         match step(cur, seg) {
-            Some(Value::Bool(true)) => return true,
+            Some(Json::Bool(true)) => return true,
             Some(next) => cur = next,
             None => return false,
         }
@@ -159,10 +173,10 @@ pub fn unknown_at(mask: &Value, path: &str) -> bool {
 
 /// `change.after` at `path`, honouring `after_unknown`.
 pub fn after<'a>(rc: &'a Res, path: &str) -> Attr<'a> {
-    if unknown_at(&rc.values.after_unknown, path) {
+    if unknown_at(&rc.values().after_unknown, path) {
         return Attr::Unknown;
     }
-    let mut cur = &rc.values.after;
+    let mut cur = &rc.values().after;
     for seg in path.split('.') {
         match step(cur, seg) {
             Some(next) => cur = next,
@@ -177,8 +191,8 @@ pub fn after<'a>(rc: &'a Res, path: &str) -> Attr<'a> {
 }
 
 /// `change.before` at `path` (state values are always known).
-pub fn before<'a>(rc: &'a Res, path: &str) -> Option<&'a Value> {
-    let mut cur = &rc.values.before;
+pub fn before<'a>(rc: &'a Res, path: &str) -> Option<&'a Json<'a>> {
+    let mut cur = &rc.values().before;
     for seg in path.split('.') {
         cur = step(cur, seg)?;
     }
@@ -188,17 +202,17 @@ pub fn before<'a>(rc: &'a Res, path: &str) -> Option<&'a Value> {
 /// The number of elements of a list (block) attribute in `after`, known or not.
 pub fn block_len(rc: &Res, path: &str) -> usize {
     let known = match after(rc, path) {
-        Attr::Known(Value::Array(a)) => a.len(),
+        Attr::Known(Json::Array(a)) => a.len(),
         _ => 0,
     };
-    let mut mask = &rc.values.after_unknown;
+    let mut mask = &rc.values().after_unknown;
     for seg in path.split('.') {
         match step(mask, seg) {
             Some(m) => mask = m,
             None => return known,
         }
     }
-    known.max(mask.as_array().map_or(0, Vec::len))
+    known.max(mask.as_array().map_or(0, <[Json]>::len))
 }
 
 /// The change will create the resource, update it, or replace it (there is an `after`).
@@ -397,7 +411,7 @@ impl<'p> Index<'p> {
     pub fn config_expr(&self, rc: &ResourceChange, path: &str) -> Option<&'p Value> {
         let mut cur = self.config_of(rc)?.get("expressions")?;
         for seg in path.split('.') {
-            cur = step(cur, seg)?;
+            cur = config_step(cur, seg)?;
         }
         Some(cur)
     }
@@ -435,7 +449,7 @@ impl<'p> Index<'p> {
     /// `None` when it cannot be known at plan time.
     pub fn download_name(&self, rc: &Res) -> Option<String> {
         match after(rc, "file_name") {
-            Attr::Known(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            Attr::Known(Json::Str(s)) if !s.is_empty() => Some(s.to_string()),
             // Written in the configuration but only known after apply: not the URL's name.
             Attr::Unknown if self.config_expr(rc, "file_name").is_some() => None,
             // Not set, or computed by the provider: it is derived from the URL.

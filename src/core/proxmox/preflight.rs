@@ -3,7 +3,7 @@
 //!
 //! The fetching (read-only API calls) lives in `flows::preflight`.
 
-use crate::core::plan::{ActionKind, Plan};
+use crate::core::plan::{ActionKind, Json, Plan};
 use crate::core::proxmox::access::{self, Need, Privileges};
 use crate::core::proxmox::capacity;
 use crate::core::proxmox::findings::{
@@ -264,7 +264,7 @@ impl Planned<'_, '_> {
         for block in ["disk", "initialization", "efi_disk", "tpm_state"] {
             self.disks(n, block, "images");
         }
-        let startup = matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty());
+        let startup = matches!(after(rc, "startup"), Attr::Known(Json::Array(a)) if !a.is_empty());
         let startup_changed =
             rc.kind() != ActionKind::Update || before(rc, "startup") != after_value(rc, "startup");
         if startup && startup_changed {
@@ -365,13 +365,13 @@ fn root_only_features(rc: &Res) -> Vec<String> {
     for flag in ["keyctl", "fuse", "mount"] {
         let path = format!("features.0.{flag}");
         let set = match after(rc, &path) {
-            Attr::Known(Value::Bool(b)) => *b,
-            Attr::Known(Value::Array(a)) => !a.is_empty(),
-            Attr::Known(Value::String(s)) => !s.is_empty(),
+            Attr::Known(Json::Bool(b)) => *b,
+            Attr::Known(Json::Array(a)) => !a.is_empty(),
+            Attr::Known(Json::Str(s)) => !s.is_empty(),
             _ => false,
         };
-        let was = before(rc, &path).cloned();
-        let now = after_value(rc, &path).cloned();
+        let was = before(rc, &path);
+        let now = after_value(rc, &path);
         let changed = rc.kind() != ActionKind::Update || was != now;
         if set && changed {
             flags.push(flag.to_string());
@@ -401,7 +401,7 @@ fn bridges(n: &mut Needs, rc: &Res, node: Option<&str>, block: &str) {
     }
 }
 
-fn after_value<'a>(rc: &'a Res, path: &str) -> Option<&'a Value> {
+fn after_value<'a>(rc: &'a Res, path: &str) -> Option<&'a Json<'a>> {
     match after(rc, path) {
         Attr::Known(v) => Some(v),
         _ => None,

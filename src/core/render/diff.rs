@@ -1,8 +1,10 @@
 //! Attribute diffs for the note: only changed leaves, by path, through the unknown and sensitivity
 //! masks; multi-line, base64, `data:` URL and JSON strings decoded and shown as line diffs.
 
+use crate::core::plan::Json;
 use base64::Engine as _;
 use serde_json::Value;
+use serde_json_borrow::ObjectAsVec;
 use similar::{ChangeTag, TextDiff};
 use std::fmt::Write as _;
 
@@ -24,28 +26,28 @@ pub struct Phrases {
 /// One side-by-side view of a value: before/after with their masks (any may be missing).
 #[derive(Clone, Copy, Default)]
 pub struct Node<'a> {
-    pub before: Option<&'a Value>,
-    pub after: Option<&'a Value>,
-    pub unknown: Option<&'a Value>,
-    pub before_sensitive: Option<&'a Value>,
-    pub after_sensitive: Option<&'a Value>,
+    pub before: Option<&'a Json<'a>>,
+    pub after: Option<&'a Json<'a>>,
+    pub unknown: Option<&'a Json<'a>>,
+    pub before_sensitive: Option<&'a Json<'a>>,
+    pub after_sensitive: Option<&'a Json<'a>>,
 }
 
-fn present(v: Option<&Value>) -> Option<&Value> {
+fn present<'a>(v: Option<&'a Json<'a>>) -> Option<&'a Json<'a>> {
     v.filter(|v| !v.is_null())
 }
 
-fn is_true(v: Option<&Value>) -> bool {
-    matches!(v, Some(Value::Bool(true)))
+fn is_true(v: Option<&Json>) -> bool {
+    matches!(v, Some(Json::Bool(true)))
 }
 
 impl<'a> Node<'a> {
     pub fn new(
-        before: &'a Value,
-        after: &'a Value,
-        unknown: &'a Value,
-        before_sensitive: &'a Value,
-        after_sensitive: &'a Value,
+        before: &'a Json<'a>,
+        after: &'a Json<'a>,
+        unknown: &'a Json<'a>,
+        before_sensitive: &'a Json<'a>,
+        after_sensitive: &'a Json<'a>,
     ) -> Node<'a> {
         Node {
             before: Some(before),
@@ -57,7 +59,7 @@ impl<'a> Node<'a> {
     }
 
     fn key(&self, k: &str) -> Node<'a> {
-        let get = |v: Option<&'a Value>| v.and_then(|v| v.as_object()).and_then(|m| m.get(k));
+        let get = |v: Option<&'a Json<'a>>| v.and_then(|v| v.as_object()).and_then(|m| m.get(k));
         Node {
             before: get(self.before),
             after: get(self.after),
@@ -68,7 +70,7 @@ impl<'a> Node<'a> {
     }
 
     fn index(&self, i: usize) -> Node<'a> {
-        let get = |v: Option<&'a Value>| v.and_then(|v| v.as_array()).and_then(|a| a.get(i));
+        let get = |v: Option<&'a Json<'a>>| v.and_then(|v| v.as_array()).and_then(|a| a.get(i));
         Node {
             before: get(self.before),
             after: get(self.after),
@@ -152,12 +154,12 @@ impl<'p> Differ<'p> {
         }
         let before = present(n.before);
         let after = present(n.after);
-        let is_obj = |v: Option<&Value>| v.is_none_or(Value::is_object);
-        let is_arr = |v: Option<&Value>| v.is_none_or(Value::is_array);
-        let unknown_obj = n.unknown.and_then(Value::as_object);
-        let nonempty = |v: Option<&Value>| match v {
-            Some(Value::Object(m)) => !m.is_empty(),
-            Some(Value::Array(a)) => !a.is_empty(),
+        let is_obj = |v: Option<&Json>| v.is_none_or(Json::is_object);
+        let is_arr = |v: Option<&Json>| v.is_none_or(Json::is_array);
+        let unknown_obj = n.unknown.and_then(Json::as_object);
+        let nonempty = |v: Option<&Json>| match v {
+            Some(Json::Object(m)) => !m.is_empty(),
+            Some(Json::Array(a)) => !a.is_empty(),
             _ => false,
         };
         if is_true(n.before_sensitive) || is_true(n.after_sensitive) {
@@ -184,7 +186,7 @@ impl<'p> Differ<'p> {
     }
 
     /// A sensitive value: only whether it is added, removed or changed, never the value.
-    fn sensitive(&mut self, before: Option<&Value>, after: Option<&Value>, unknown: bool) {
+    fn sensitive(&mut self, before: Option<&Json>, after: Option<&Json>, unknown: bool) {
         if !unknown && before == after {
             if before.is_some() {
                 self.out.unchanged += 1;
@@ -206,7 +208,7 @@ impl<'p> Differ<'p> {
     }
 
     /// A value the engine knows only after the apply.
-    fn known_after_apply(&mut self, before: Option<&Value>, after: Option<&Value>) {
+    fn known_after_apply(&mut self, before: Option<&Json>, after: Option<&Json>) {
         let kaa = self.phrases.known_after_apply.clone();
         if self.unknown_first {
             match after {
@@ -231,23 +233,22 @@ impl<'p> Differ<'p> {
     fn walk_object<'a>(
         &mut self,
         n: Node<'a>,
-        before: Option<&'a Value>,
-        after: Option<&'a Value>,
+        before: Option<&'a Json<'a>>,
+        after: Option<&'a Json<'a>>,
     ) {
-        static EMPTY: std::sync::LazyLock<serde_json::Map<String, Value>> =
-            std::sync::LazyLock::new(serde_json::Map::new);
-        let obj = |v: Option<&'a Value>| v.and_then(Value::as_object).unwrap_or(&EMPTY);
+        static EMPTY: std::sync::LazyLock<ObjectAsVec<'static>> =
+            std::sync::LazyLock::new(ObjectAsVec::default);
+        let obj = |v: Option<&'a Json<'a>>| v.and_then(Json::as_object).unwrap_or(&EMPTY);
         let (bm, am, um) = (obj(before), obj(after), obj(n.unknown));
-        let sorted =
-            |m: &serde_json::Map<String, Value>| m.keys().zip(m.keys().skip(1)).all(|(a, b)| a < b);
+        let sorted = |m: &ObjectAsVec| m.keys().zip(m.keys().skip(1)).all(|(a, b)| a < b);
         if sorted(bm) && sorted(am) && sorted(um) {
             self.walk_sorted_keys(n, bm, am, um);
             return;
         }
         let mut keys: Vec<&str> = Vec::new();
         for v in [before, after, n.unknown] {
-            if let Some(Value::Object(m)) = v {
-                keys.extend(m.keys().map(String::as_str));
+            if let Some(Json::Object(m)) = v {
+                keys.extend(m.keys());
             }
         }
         keys.sort_unstable();
@@ -265,9 +266,9 @@ impl<'p> Differ<'p> {
     fn walk_sorted_keys<'a>(
         &mut self,
         n: Node<'a>,
-        bm: &'a serde_json::Map<String, Value>,
-        am: &'a serde_json::Map<String, Value>,
-        um: &'a serde_json::Map<String, Value>,
+        bm: &'a ObjectAsVec<'a>,
+        am: &'a ObjectAsVec<'a>,
+        um: &'a ObjectAsVec<'a>,
     ) {
         let (mut bi, mut ai, mut ui) = (
             bm.iter().peekable(),
@@ -278,11 +279,11 @@ impl<'p> Differ<'p> {
             let k = [bi.peek(), ai.peek(), ui.peek()]
                 .into_iter()
                 .flatten()
-                .map(|(k, _)| k.as_str())
+                .map(|(k, _)| *k)
                 .min();
             let Some(k) = k else { break };
-            let take = |it: &mut std::iter::Peekable<serde_json::map::Iter<'a>>| match it.peek() {
-                Some((key, _)) if key.as_str() == k => it.next().map(|(_, v)| v),
+            let take = |it: &mut std::iter::Peekable<_>| match it.peek() {
+                Some((key, _)) if *key == k => it.next().map(|(_, v): (&str, &'a Json<'a>)| v),
                 _ => None,
             };
             let child = Node {
@@ -291,11 +292,11 @@ impl<'p> Differ<'p> {
                 unknown: take(&mut ui),
                 before_sensitive: n
                     .before_sensitive
-                    .and_then(Value::as_object)
+                    .and_then(Json::as_object)
                     .and_then(|m| m.get(k)),
                 after_sensitive: n
                     .after_sensitive
-                    .and_then(Value::as_object)
+                    .and_then(Json::as_object)
                     .and_then(|m| m.get(k)),
             };
             let len = self.path.len();
@@ -306,8 +307,8 @@ impl<'p> Differ<'p> {
     }
 
     /// A list: every index of the longer side.
-    fn walk_array(&mut self, n: Node<'_>, before: Option<&Value>, after: Option<&Value>) {
-        let len_of = |v: Option<&Value>| v.and_then(Value::as_array).map_or(0, Vec::len);
+    fn walk_array(&mut self, n: Node<'_>, before: Option<&Json>, after: Option<&Json>) {
+        let len_of = |v: Option<&Json>| v.and_then(Json::as_array).map_or(0, <[Json]>::len);
         let max = len_of(before).max(len_of(after));
         for i in 0..max {
             let len = self.path.len();
@@ -319,15 +320,15 @@ impl<'p> Differ<'p> {
 
     /// A leaf: unchanged (counted, not shown), a text shown as a line diff when decoding it
     /// says more, or one line `= before -> after`.
-    fn leaf(&mut self, before: Option<&Value>, after: Option<&Value>) {
+    fn leaf(&mut self, before: Option<&Json>, after: Option<&Json>) {
         if before == after {
             if before.is_some() {
                 self.out.unchanged += 1;
             }
             return;
         }
-        let bs = before.and_then(Value::as_str);
-        let as_ = after.and_then(Value::as_str);
+        let bs = before.and_then(Json::as_str);
+        let as_ = after.and_then(Json::as_str);
         let textual = (bs.is_some() || before.is_none()) && (as_.is_some() || after.is_none());
         if textual {
             let bd = bs.map(|s| decode(s, self.phrases));
@@ -508,17 +509,17 @@ pub fn path_string(steps: &[Value]) -> String {
 }
 
 /// A value on one line: JSON (strings quoted and escaped).
-pub fn repr(v: &Value) -> String {
+pub fn repr(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
 /// Like `repr`, but long or composite values shortened to `{…}`/`[…]`/`"…"` (the old side of a
 /// value that becomes unknown).
-fn short_repr(v: &Value) -> String {
+fn short_repr(v: &Json) -> String {
     match v {
-        Value::Object(m) if !m.is_empty() => "{…}".to_string(),
-        Value::Array(a) if !a.is_empty() => "[…]".to_string(),
-        Value::String(s) if s.contains('\n') || s.len() > 120 => "\"…\"".to_string(),
+        Json::Object(m) if !m.is_empty() => "{…}".to_string(),
+        Json::Array(a) if !a.is_empty() => "[…]".to_string(),
+        Json::Str(s) if s.contains('\n') || s.len() > 120 => "\"…\"".to_string(),
         other => repr(other),
     }
 }
@@ -704,13 +705,10 @@ mod tests {
         let ph = phrases();
         let wo = ["password_wo".to_string()];
         let body = |before: Value, after: Value| {
-            Differ::new(&ph)
-                .with_write_only(&wo)
-                .diff(
-                    "",
-                    Node::new(&before, &after, &json!({}), &json!({}), &json!({})),
-                )
-                .text
+            read_as_changes([before, after, json!({}), json!({}), json!({})], |n| {
+                Differ::new(&ph).with_write_only(&wo).diff("", n)
+            })
+            .text
         };
         assert_eq!(
             body(Value::Null, json!({"name": "a", "password_wo": null})),
@@ -725,25 +723,35 @@ mod tests {
         );
         // Without the write-only list, the null attribute says nothing at all.
         assert_eq!(
-            Differ::new(&ph)
-                .diff(
-                    "",
-                    Node::new(
-                        &Value::Null,
-                        &json!({"password_wo": null}),
-                        &json!({}),
-                        &json!({}),
-                        &json!({})
-                    )
-                )
-                .text,
+            read_as_changes(
+                [
+                    Value::Null,
+                    json!({"password_wo": null}),
+                    json!({}),
+                    json!({}),
+                    json!({})
+                ],
+                |n| Differ::new(&ph).diff("", n)
+            )
+            .text,
             ""
         );
     }
 
+    /// `diff` of the five values read as a change's values are (from their JSON text).
+    fn read_as_changes(values: [Value; 5], diff: impl FnOnce(Node<'_>) -> DiffBody) -> DiffBody {
+        let texts = values.map(|v| v.to_string());
+        let [b, a, u, bs, as_] = texts
+            .each_ref()
+            .map(|t| serde_json::from_str::<Json>(t).unwrap());
+        diff(Node::new(&b, &a, &u, &bs, &as_))
+    }
+
     fn diff(before: Value, after: Value, unknown: Value, bs: Value, as_: Value) -> DiffBody {
         let ph = phrases();
-        Differ::new(&ph).diff("", Node::new(&before, &after, &unknown, &bs, &as_))
+        read_as_changes([before, after, unknown, bs, as_], |n| {
+            Differ::new(&ph).diff("", n)
+        })
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub mod terminal;
 
 use crate::core::engine_checks::{Check, RootChecks, TestStatus, LISTED};
 use crate::core::fingerprint::Fingerprint;
-use crate::core::plan::{ActionKind, ChangeValues, Plan, ResourceChange};
+use crate::core::plan::{ActionKind, Json, Plan, ResourceChange, Values};
 use crate::core::policy::review::PolicySection;
 use crate::core::proxmox::findings::{Finding, Severity};
 use crate::core::redact::Scrubber;
@@ -650,27 +650,36 @@ fn stateful_kind(resource_type: &str) -> Option<&'static str> {
     }
 }
 
-fn scalar_text(v: Option<&Value>) -> Option<String> {
-    match v? {
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
+fn scalar_text(v: &Json) -> Option<String> {
+    match v {
+        Json::Str(s) if !s.is_empty() => Some(s.to_string()),
+        Json::Number(_) => Some(diff::repr(v)),
         _ => None,
     }
 }
 
+/// Whether a sensitivity mask marks anything at all as sensitive.
+fn marks_anything(mask: &Json) -> bool {
+    match mask {
+        Json::Bool(b) => *b,
+        Json::Array(items) => items.iter().any(marks_anything),
+        Json::Object(map) => map.values().any(marks_anything),
+        _ => false,
+    }
+}
+
 /// A non-sensitive top-level attribute of the object being destroyed (or else created).
-fn identity_attr(c: &ChangeValues, names: &[&str]) -> Option<String> {
+fn identity_attr(c: &Values, names: &[&str]) -> Option<String> {
     for (value, mask) in [
         (&c.before, &c.before_sensitive),
         (&c.after, &c.after_sensitive),
     ] {
         for name in names {
-            let sensitive = mask.get(name).is_some_and(crate::core::plan::mask_has_true)
-                || matches!(mask, Value::Bool(true));
+            let sensitive = marks_anything(mask.get(*name)) || mask == &Json::Bool(true);
             if sensitive {
                 continue;
             }
-            if let Some(s) = scalar_text(value.get(name)) {
+            if let Some(s) = scalar_text(value.get(*name)) {
                 return Some(s);
             }
         }
@@ -750,6 +759,7 @@ fn fill_body(r: &mut ResourceView, plan: Option<&Plan>, rc: &ResourceChange, phr
         _ => {
             // This resource's values only, dropped when its diff is written.
             let c = rc.change.values();
+            let c = c.get();
             let write_only = plan
                 .map(|p| p.write_only_attributes_of(rc, &c.after, &c.after_unknown))
                 .unwrap_or_default();
@@ -777,7 +787,7 @@ fn fill_body(r: &mut ResourceView, plan: Option<&Plan>, rc: &ResourceChange, phr
 /// path, `~ input.cores = 2 -> 8`, through the masks; long texts as line diffs). `reversed`
 /// reads it from `after` to `before` (drift: from `main`'s code to reality). Not neutralised:
 /// the caller puts it in a fence of its own.
-pub fn attribute_diff(c: &ChangeValues, reversed: bool) -> diff::DiffBody {
+pub fn attribute_diff(c: &Values, reversed: bool) -> diff::DiffBody {
     if reversed {
         Differ::new(phrases()).unknown_first().diff(
             "",
@@ -886,9 +896,16 @@ fn outputs_view(plan: &Plan, phrases: &Phrases) -> Option<OutputsView> {
             ActionKind::Delete => (oc.before.clone(), Value::Null),
             _ => (oc.before.clone(), oc.after.clone()),
         };
+        // Read again as the resources' values are, for the same diff (outputs are few and
+        // small).
+        let texts = [&before, &after, &oc.after_unknown, &bs, &as_]
+            .map(|v| serde_json::to_string(v).unwrap_or_default());
+        let [before, after, unknown, bs, as_] = texts
+            .each_ref()
+            .map(|t| serde_json::from_str::<Json>(t).unwrap_or_default());
         let d = Differ::new(phrases).diff(
             &markdown_safe_name(name),
-            Node::new(&before, &after, &oc.after_unknown, &bs, &as_),
+            Node::new(&before, &after, &unknown, &bs, &as_),
         );
         body.push_str(&d.text);
     }
@@ -1314,7 +1331,7 @@ fn destructive_view(root: &str, rc: &ResourceChange, kind: ActionKind) -> Destru
     let stateful = stateful_kind(&rc.resource_type);
     let v = resource_view_header(rc);
     let values = stateful.map(|_| rc.change.values());
-    let identity = |names: &[&str]| values.as_ref().and_then(|c| identity_attr(c, names));
+    let identity = |names: &[&str]| values.as_ref().and_then(|c| identity_attr(c.get(), names));
     DestructiveView {
         root: root.to_string(),
         address: rc.address.clone(),

@@ -5,6 +5,7 @@ use super::model::{
     Res,
 };
 use super::{finding, Finding, LintInput};
+use crate::core::plan::Json;
 use crate::core::plan::ResourceChange;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -211,7 +212,7 @@ pub fn pve009(input: &LintInput) -> Vec<Finding> {
     replaced
         .into_iter()
         .map(|rc| {
-            let old_id = before(rc, "id").and_then(Value::as_str);
+            let old_id = before(rc, "id").and_then(Json::as_str);
             let users: Vec<String> = uses
                 .users(old_id, &rc.address)
                 .into_iter()
@@ -262,11 +263,11 @@ impl<'p> FileUses<'p> {
             }
         }
         let disks = block_len(vm, "disk").max(
-            vm.values
+            vm.values()
                 .before
                 .get("disk")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len),
+                .as_array()
+                .map_or(0, <[Json]>::len),
         );
         for i in 0..disks {
             for attr in ["import_from", "file_id"] {
@@ -274,7 +275,7 @@ impl<'p> FileUses<'p> {
                 if let Some(id) = after(vm, &path).str() {
                     note(&mut self.by_id, id.to_string(), n);
                 }
-                if let Some(id) = before(vm, &path).and_then(Value::as_str) {
+                if let Some(id) = before(vm, &path).and_then(Json::as_str) {
                     note(&mut self.by_id, id.to_string(), n);
                 }
                 for r in index.referenced_files(vm.rc, &path) {

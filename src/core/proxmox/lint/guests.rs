@@ -8,6 +8,7 @@ use super::model::{after, before, block_len, is_created, is_planned, Attr, Kind,
 use super::vm::unchanged;
 use super::{finding, Finding, LintInput};
 use crate::core::plan::ActionKind;
+use crate::core::plan::Json;
 use crate::core::proxmox::findings::{finding_with, Severity};
 use serde_json::{json, Value};
 
@@ -16,10 +17,10 @@ fn is_vm(rc: &Res) -> bool {
 }
 
 /// A size in GB as the provider writes it (a number; older versions a string like `"40G"`).
-fn gigabytes(v: &Value) -> Option<f64> {
+fn gigabytes(v: &Json) -> Option<f64> {
     match v {
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => s.trim().trim_end_matches(['G', 'g']).parse().ok(),
+        Json::Number(n) => n.as_f64(),
+        Json::Str(s) => s.trim().trim_end_matches(['G', 'g']).parse().ok(),
         _ => None,
     }
 }
@@ -42,21 +43,21 @@ pub fn pve017(_: &LintInput, rc: &Res) -> Vec<Finding> {
         return out;
     }
     let before_disks = before(rc, "disk")
-        .and_then(Value::as_array)
-        .map_or(&[][..], Vec::as_slice);
+        .and_then(Json::as_array)
+        .unwrap_or_default();
     for i in 0..block_len(rc, "disk") {
         let interface = after(rc, &format!("disk.{i}.interface")).str();
         let old = match interface {
             Some(name) => before_disks
                 .iter()
-                .find(|d| d.get("interface").and_then(Value::as_str) == Some(name)),
+                .find(|d| d.get("interface").as_str() == Some(name)),
             None => before_disks.get(i),
         };
         let Some(old) = old else { continue };
-        let size = |v: Option<&Value>| v.and_then(gigabytes);
-        if let (Some(from), Attr::Known(to)) =
-            (size(old.get("size")), after(rc, &format!("disk.{i}.size")))
-        {
+        if let (Some(from), Attr::Known(to)) = (
+            gigabytes(old.get("size")),
+            after(rc, &format!("disk.{i}.size")),
+        ) {
             if let Some(to) = gigabytes(to).filter(|to| *to < from) {
                 out.push(finding_with(
                     "PVE017",
@@ -72,7 +73,7 @@ pub fn pve017(_: &LintInput, rc: &Res) -> Vec<Finding> {
                 ));
             }
         }
-        let from_store = old.get("datastore_id").and_then(Value::as_str);
+        let from_store = old.get("datastore_id").as_str();
         let to_store = after(rc, &format!("disk.{i}.datastore_id")).str();
         if let (Some(from), Some(to)) = (from_store.filter(|s| !s.is_empty()), to_store) {
             if from != to {
@@ -111,7 +112,7 @@ pub fn pve019(_: &LintInput, rc: &Res) -> Vec<Finding> {
     }
     let hotplug = match after(rc, "hotplug") {
         Attr::Unknown => return Vec::new(),
-        Attr::Known(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        Attr::Known(Json::Str(s)) if !s.trim().is_empty() => s.trim().to_string(),
         _ => DEFAULT_HOTPLUG.to_string(),
     };
     // `1` is Proxmox's default set, `0` none.

@@ -2,8 +2,9 @@
 
 use super::model::{before, local_address, without_index, Res};
 use super::{finding, Finding, LintInput};
+use crate::core::plan::Json;
 use crate::core::plan::{ActionKind, ResourceChange};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::{HashMap, HashSet};
 
 /// (type, module, address without its instance key): the creates a destroy may pair with.
@@ -67,9 +68,9 @@ impl<'p> Candidates<'p> {
     /// Note a destroy or create (anything else is ignored).
     pub fn add(&mut self, res: &Res<'p>) {
         let (list, object) = if res.kind() == ActionKind::Delete {
-            (&mut self.deletes, &res.values.before)
+            (&mut self.deletes, &res.values().before)
         } else if is_create(res) {
-            (&mut self.creates, &res.values.after)
+            (&mut self.creates, &res.values().after)
         } else {
             return;
         };
@@ -78,14 +79,14 @@ impl<'p> Candidates<'p> {
             object
                 .as_object()
                 .into_iter()
-                .flatten()
+                .flat_map(|m| m.iter())
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| (str_hash(k), value_hash(v))),
         );
         list.push(Candidate {
             rc: res.rc,
             entries: (start, self.entries.len() as u32),
-            size: before(res, "size").and_then(Value::as_u64),
+            size: before(res, "size").and_then(Json::as_u64),
         });
     }
 }
@@ -246,7 +247,7 @@ fn str_hash(s: &str) -> u64 {
 /// A hash of a JSON value that agrees with `==` (object entries combined in any order), and
 /// allocates nothing. Two values are taken as equal when their hashes are (for a hint, a chance
 /// of about one in 2^64 per pair is no concern).
-fn value_hash(v: &Value) -> u64 {
+fn value_hash(v: &Json) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let leaf = |tag: u8, f: &dyn Fn(&mut DefaultHasher)| {
         let mut h = DefaultHasher::new();
@@ -255,16 +256,16 @@ fn value_hash(v: &Value) -> u64 {
         h.finish()
     };
     match v {
-        Value::Null => 1,
-        Value::Bool(b) => 2 + u64::from(*b),
-        Value::Number(n) => leaf(4, &|h| n.hash(h)),
-        Value::String(s) => leaf(5, &|h| s.hash(h)),
-        Value::Array(items) => items
+        Json::Null => 1,
+        Json::Bool(b) => 2 + u64::from(*b),
+        Json::Number(n) => leaf(4, &|h| n.hash(h)),
+        Json::Str(s) => leaf(5, &|h| s.hash(h)),
+        Json::Array(items) => items
             .iter()
             .fold(leaf(6, &|h| items.len().hash(h)), |acc, x| {
                 acc.rotate_left(5) ^ value_hash(x).wrapping_mul(0x9E37_79B9_7F4A_7C15)
             }),
-        Value::Object(m) => m.iter().fold(leaf(7, &|h| m.len().hash(h)), |acc, (k, x)| {
+        Json::Object(m) => m.iter().fold(leaf(7, &|h| m.len().hash(h)), |acc, (k, x)| {
             let entry = leaf(8, &|h| k.hash(h)) ^ value_hash(x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             acc.wrapping_add(entry.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
         }),
@@ -319,17 +320,21 @@ mod tests {
     use super::*;
     use crate::core::plan::Plan;
     use crate::core::proxmox::findings::Facts;
+    use serde_json::Value;
 
     /// The pairing as first written (every destroy scans every create): the reference the
     /// bucketed pairing must agree with.
     fn reference_pairs(input: &LintInput) -> Vec<(String, String)> {
         let likeness = |old: &ResourceChange, new: &ResourceChange| -> usize {
-            let (before, after) = (old.change.values().before, new.change.values().after);
-            let (Some(b), Some(a)) = (before.as_object(), after.as_object()) else {
+            let (before, after) = (old.change.values(), new.change.values());
+            let (Some(b), Some(a)) = (
+                before.get().before.as_object(),
+                after.get().after.as_object(),
+            ) else {
                 return 0;
             };
             b.iter()
-                .filter(|(k, v)| !v.is_null() && a.get(*k) == Some(v))
+                .filter(|(k, v)| !v.is_null() && a.get(k) == Some(v))
                 .count()
         };
         let changes = input.index.live();

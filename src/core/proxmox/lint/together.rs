@@ -6,6 +6,7 @@
 
 use super::model::{after, block_len, is_created, Attr, Kind, Res};
 use super::{finding, Finding, Gather, LintInput};
+use crate::core::plan::Json;
 use crate::core::plan::{ActionKind, Plan};
 use crate::core::proxmox::findings::{is_disabled, sort_findings, Facts};
 use serde_json::{json, Value};
@@ -121,7 +122,7 @@ impl VmIds {
         ) {
             return;
         }
-        let Attr::Known(Value::Number(n)) = after(rc, "vm_id") else {
+        let Attr::Known(Json::Number(n)) = after(rc, "vm_id") else {
             return;
         };
         let Some(id) = n.as_i64().filter(|id| *id > 0) else {

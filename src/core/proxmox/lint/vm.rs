@@ -7,6 +7,7 @@ use super::download::path_text;
 use super::model::{after, before, block_len, is_created, is_planned, Attr, Kind, Res, VolumeId};
 use super::{finding, Finding, LintInput};
 use crate::core::plan::ActionKind;
+use crate::core::plan::Json;
 use serde_json::{json, Value};
 
 fn is_vm(rc: &Res) -> bool {
@@ -17,7 +18,7 @@ fn is_vm(rc: &Res) -> bool {
 fn file_content<'a>(rc: &'a Res) -> Option<&'a str> {
     after(rc, "content_type")
         .str()
-        .or_else(|| before(rc, "content_type").and_then(Value::as_str))
+        .or_else(|| before(rc, "content_type").and_then(Json::as_str))
 }
 
 /// PVE005: a disk imported from (or `file_id` pointing at) an `iso` volume.
@@ -31,7 +32,7 @@ pub fn pve005(input: &LintInput, rc: &Res) -> Vec<Finding> {
             for attr in ["import_from", "file_id"] {
                 let path = format!("disk.{i}.{attr}");
                 let source = match after(rc, &path) {
-                    Attr::Known(Value::String(id)) => VolumeId::parse(id)
+                    Attr::Known(Json::Str(id)) => VolumeId::parse(id)
                         .filter(|v| v.content == "iso")
                         .map(|_| (format!("`{id}`"), None)),
                     Attr::Unknown => input
@@ -95,7 +96,7 @@ pub fn pve008(input: &LintInput, rc: &Res) -> Vec<Finding> {
                     "replaced": rc.kind().is_replace(),
                     "reason": rc.action_reason,
                     "paths": paths,
-                    "name": after(rc, "name").str().or_else(|| before(rc, "name").and_then(Value::as_str)),
+                    "name": after(rc, "name").str().or_else(|| before(rc, "name").and_then(Json::as_str)),
                     "snippets": snippets,
                     "only_snippets": only_snippets,
                     "disks": disks,
@@ -139,12 +140,12 @@ fn disk_blocks_changed(rc: &Res, replace_paths: &[Vec<Value>]) -> Option<Value> 
     if !by_disk {
         return None;
     }
-    let names = |disks: Option<&Value>| -> Vec<String> {
+    let names = |disks: Option<&Json>| -> Vec<String> {
         disks
-            .and_then(Value::as_array)
-            .map_or(&[][..], Vec::as_slice)
+            .and_then(Json::as_array)
+            .unwrap_or_default()
             .iter()
-            .filter_map(|d| d.get("interface").and_then(Value::as_str))
+            .filter_map(|d| d.get("interface").as_str())
             .map(str::to_string)
             .collect()
     };
@@ -184,7 +185,7 @@ pub fn pve011(input: &LintInput, rc: &Res) -> Vec<Finding> {
             for attr in CLOUD_INIT_FILES {
                 let path = format!("initialization.{i}.{attr}");
                 let files: Vec<&Res> = match after(rc, &path) {
-                    Attr::Known(Value::String(id)) if !id.is_empty() => {
+                    Attr::Known(Json::Str(id)) if !id.is_empty() => {
                         if let Some(v) = VolumeId::parse(id) {
                             if v.content != "snippets" {
                                 out.push(finding(
@@ -253,7 +254,7 @@ pub fn pve013(_: &LintInput, rc: &Res) -> Vec<Finding> {
             out.push(finding("PVE013", &rc.address, json!({"what": "container"})));
         }
     } else if is_vm(rc)
-        && matches!(after(rc, "startup"), Attr::Known(Value::Array(a)) if !a.is_empty())
+        && matches!(after(rc, "startup"), Attr::Known(Json::Array(a)) if !a.is_empty())
         && !unchanged(rc, "startup")
     {
         out.push(finding("PVE013", &rc.address, json!({"what": "startup"})));
