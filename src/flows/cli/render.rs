@@ -158,8 +158,8 @@ pub fn render_command(
     engine_name: Option<EngineKind>,
     gitlab_budget: bool,
 ) -> Result<ExitCode> {
-    // Read straight from the file (or stdin) into the plan: the document itself is never held in
-    // memory, which keeps the peak memory of a big plan low.
+    // Read from the file (or stdin) into the plan: whole when it is small enough to, else as it
+    // comes, which keeps the peak memory of a very big plan low (`Plan::from_json_reader`).
     let (name, parsed) = if path == Path::new("-") {
         let stdin = std::io::stdin().lock();
         (
