@@ -31,6 +31,9 @@ use std::time::Duration;
 /// Size budget for one note (GitLab's hard limit is 1,000,000 characters).
 pub const NOTE_BUDGET: usize = 500_000;
 
+/// No size budget: the whole plan (a local render without `--budget gitlab`).
+pub const NO_BUDGET: usize = usize::MAX;
+
 /// The hidden marker by which planbot finds its own note again.
 pub const NOTE_MARKER: &str = "<!-- planbot:mr-note v1 -->";
 
@@ -103,7 +106,7 @@ pub struct NoteContext {
     /// The roots whose plan of an earlier push is shown again, each with the head (short) it
     /// was planned at: nothing it depends on changed since.
     pub reused: BTreeMap<String, String>,
-    /// Size budget in characters; 0 means [`NOTE_BUDGET`].
+    /// Size budget in characters; 0 means [`NOTE_BUDGET`], [`NO_BUDGET`] none.
     pub budget: usize,
     /// A local run (`planbot plan` on the user's machine): no "re-plan: comment" hint.
     pub local_run: bool,
@@ -173,7 +176,13 @@ fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
         ctx.budget
     };
     let (mut view, pending) = build_view(ctx, roots);
-    let mut fixed = fixed_size(&mut view);
+    // Without a limit (`planbot render` without `--budget gitlab`) nothing is ever folded, so
+    // the part always kept need not be measured (a render of the note without its sections).
+    let mut fixed = if budget == NO_BUDGET {
+        0
+    } else {
+        fixed_size(&mut view)
+    };
     // The destructive changes and findings are kept whole up to MAX_LISTED each; when those lists
     // alone take more than half the budget (thousands of destroyed VMs, each with its finding),
     // list fewer of the longer one (findings are sorted errors first) and count the rest.

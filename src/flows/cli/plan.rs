@@ -18,7 +18,7 @@ use crate::core::plan::Plan;
 use crate::core::proxmox::findings::Finding;
 use crate::core::proxmox::lint::lint;
 use crate::core::redact::Scrubber;
-use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO_BUDGET};
 use crate::core::summary::PlanReport;
 use crate::flows::cli::policy::PolicyOptions;
 use crate::flows::cli::render::{local_fingerprint_key, Format};
@@ -163,7 +163,7 @@ async fn run(
         duration: Some(started.elapsed()),
         // Locally there is no GitLab limit: the whole plan, unless `--budget gitlab` asks for
         // the note GitLab would get (0 is GitLab's budget).
-        budget: if local.gitlab_budget { 0 } else { usize::MAX },
+        budget: if local.gitlab_budget { 0 } else { NO_BUDGET },
         plan_dir: Some(dir.display().to_string()),
         preflight_note: preflight
             .as_ref()

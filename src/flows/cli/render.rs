@@ -5,7 +5,7 @@ use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::Plan;
 use crate::core::proxmox::lint::lint;
 use crate::core::redact::Secrets;
-use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
+use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO_BUDGET};
 use crate::core::summary::PlanReport;
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -193,7 +193,7 @@ pub fn render_command(
         engine: engine_kind::footer_text(engine, plan.engine_version()),
         // Locally there is no GitLab limit: the whole plan, unless `--budget gitlab` asks for
         // the note GitLab would get.
-        budget: if gitlab_budget { 0 } else { usize::MAX },
+        budget: if gitlab_budget { 0 } else { NO_BUDGET },
         plan_file: Some(name.clone()),
         ..NoteContext::default()
     };
