@@ -19,11 +19,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-/// The largest document [`Plan::from_json_reader`] reads whole before parsing it (the default
-/// of the most `show -json` the service accepts, `engine.max_plan_json_mib`). Parsing in memory
-/// takes about a fifth less time than through a reader, which serde_json reads a byte at a
-/// time; and up to this size the note's render, not the document, sets the peak (the
-/// 10,000-resource benchmark plan: 12 MiB of JSON, a peak of 60 MiB either way).
+/// The largest document [`Plan::from_json_reader`] reads whole before parsing it. Parsing in
+/// memory takes about a fifth less time than through a reader, which serde_json reads a byte at
+/// a time; the document's size is held while it is parsed, which for a plan of many resources
+/// is under what the note's render takes afterwards (the 10,000-resource benchmark plan: 12 MiB
+/// of JSON, a peak of 60 MiB either way). A larger document is parsed as it is read.
 pub const READ_WHOLE_UP_TO: usize = 32 << 20;
 
 /// Why a document could not be read as a plan. Callers show this as one line (exit code 2).
@@ -475,8 +475,8 @@ impl FromObject for Change {
 
 /// A JSON value read from a change's text, its strings borrowed from it where they hold no
 /// escape, its objects lists of pairs in the document's order: a fraction of the allocations
-/// of a [`Value`], since every resource of a plan is read this way by the lint rules, the
-/// fingerprint, the note's diffs and the capacity.
+/// of a [`Value`]; every resource of a plan is read this way by the lint rules, the note's
+/// diffs, the capacity and the drift issue.
 pub type Json<'t> = serde_json_borrow::Value<'t>;
 
 /// One change's five values, borrowed from the text they were read from ([`ChangeValues`]).
@@ -1149,6 +1149,7 @@ impl Plan {
         Plan::read_whole_up_to(reader, READ_WHOLE_UP_TO)
     }
 
+    /// [`Plan::from_json_reader`] with the size read whole as an argument.
     fn read_whole_up_to<R: std::io::Read>(
         mut reader: R,
         limit: usize,
