@@ -1404,6 +1404,85 @@ mod tests {
     }
     use serde_json::json;
 
+    /// A random JSON value: nested objects and lists, strings with escapes and characters
+    /// outside ASCII (keys too), numbers of every kind.
+    fn random_value(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> Value {
+        const PIECES: &[&str] = &[
+            "a",
+            "\"",
+            "\\",
+            "\n",
+            "<",
+            "&",
+            "é",
+            "ключ",
+            "\u{1F600}",
+            " ",
+            "\u{0}",
+            "/",
+        ];
+        let text = |next: &mut dyn FnMut(u64) -> u64| {
+            (0..next(5))
+                .map(|_| PIECES[next(PIECES.len() as u64) as usize])
+                .collect::<String>()
+        };
+        match next(if depth == 0 { 6 } else { 8 }) {
+            0 => Value::Null,
+            1 => Value::Bool(next(2) == 1),
+            2 => json!(next(1 << 40)),
+            3 => json!(-(next(1 << 40) as i64) - 1),
+            4 => json!([1.0, 0.5, 2.5e-7, 1e21, -3.25, u64::MAX as f64][next(6) as usize]),
+            5 => Value::String(text(next)),
+            6 => Value::Array(
+                (0..next(4))
+                    .map(|_| random_value(next, depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..next(4))
+                    .map(|_| (text(next), random_value(next, depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn random_values_read_borrowed_as_serde_json_reads_them() {
+        let mut state = 0x5eed_u64;
+        let mut next = move |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n.max(1)
+        };
+        for round in 0..300 {
+            let values: Vec<Value> = (0..5).map(|_| random_value(&mut next, 4)).collect();
+            let doc = json!({"address": "t.x", "mode": "managed", "change": {
+                "actions": ["update"], "before": values[0], "after": values[1],
+                "after_unknown": values[2], "before_sensitive": values[3],
+                "after_sensitive": values[4]}});
+            let rc: ResourceChange = serde_json::from_str(&doc.to_string()).unwrap();
+            let read = rc.change.values();
+            let read = read.get();
+            for (n, got) in [
+                &read.before,
+                &read.after,
+                &read.after_unknown,
+                &read.before_sensitive,
+                &read.after_sensitive,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                assert_eq!(
+                    serde_json::to_string(got).unwrap(),
+                    serde_json::to_string(&values[n]).unwrap(),
+                    "round {round}, value {n}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_document_over_the_size_read_whole_is_read_as_it_comes_into_the_same_plan() {
         let doc = json!({"format_version": "1.2", "resource_changes": (0..50).map(|i| json!({
