@@ -892,23 +892,23 @@ fn outputs_view(plan: &Plan, phrases: &Phrases) -> Option<OutputsView> {
         }
         count += 1;
         let sensitive = oc.is_sensitive();
-        let mask = |m: &'_ Value| -> Value {
-            if sensitive {
-                yes.clone()
-            } else {
-                m.clone()
-            }
-        };
-        let (bs, as_) = (mask(&oc.before_sensitive), mask(&oc.after_sensitive));
+        let mask = |m| if sensitive { &yes } else { m };
+        let null = Value::Null;
         let (before, after) = match oc.kind() {
-            ActionKind::Create => (Value::Null, oc.after.clone()),
-            ActionKind::Delete => (oc.before.clone(), Value::Null),
-            _ => (oc.before.clone(), oc.after.clone()),
+            ActionKind::Create => (&null, &oc.after),
+            ActionKind::Delete => (&oc.before, &null),
+            _ => (&oc.before, &oc.after),
         };
         // Read again as the resources' values are, for the same diff (outputs are few and
         // small).
-        let texts = [&before, &after, &oc.after_unknown, &bs, &as_]
-            .map(|v| serde_json::to_string(v).unwrap_or_default());
+        let texts = [
+            before,
+            after,
+            &oc.after_unknown,
+            mask(&oc.before_sensitive),
+            mask(&oc.after_sensitive),
+        ]
+        .map(|v| serde_json::to_string(v).unwrap_or_default());
         let [before, after, unknown, bs, as_] = texts
             .each_ref()
             .map(|t| serde_json::from_str::<Json>(t).unwrap_or_default());
