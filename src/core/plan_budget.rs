@@ -300,4 +300,52 @@ mod tests {
         assert!(r.read_to_end(&mut sink).is_err());
         assert!(r.over().is_some());
     }
+
+    /// What the scan counts, from the parsed document: each container, each object member and
+    /// each separator between two items.
+    fn counted(v: &serde_json::Value) -> u64 {
+        let items = |n: usize| n as u64 + (n as u64).saturating_sub(1);
+        match v {
+            serde_json::Value::Object(m) => {
+                1 + items(m.len()) + m.values().map(counted).sum::<u64>()
+            }
+            serde_json::Value::Array(a) => {
+                1 + (a.len() as u64).saturating_sub(1) + a.iter().map(counted).sum::<u64>()
+            }
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn strings_skipped_to_their_end_count_as_read_byte_by_byte_whatever_the_pieces() {
+        // Strings in and out of data, long keys, escaped quotes and backslashes, punctuation,
+        // `\u0022`, a backslash just before the closing quote, non-ASCII.
+        let long_key = "k".repeat(40);
+        let doc = format!(
+            r#"{{"resource_changes":[{{"change":{{"after":{{"a\"b":"x,[{{:\\","{long_key}":["\\\\","\u0022,{{",{{"after":"]]]"}}],"n":[1,2,{{"z":null}}],"é":"ü\\n,"}}}},"address":"a,b"}}],"{long_key}":{{"after":[1,2]}},"s":"\\\\\\\"[,"}}"#
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&doc).expect("valid JSON");
+        let whole = Budget::check(doc.as_bytes()).unwrap();
+        assert_eq!(whole, counted(&parsed));
+        for cut in 0..=doc.len() {
+            let (a, b) = doc.as_bytes().split_at(cut);
+            let mut budget = Budget::default();
+            budget.feed(a).unwrap();
+            budget.feed(b).unwrap();
+            assert_eq!(budget.values(), whole, "cut at {cut}");
+        }
+        // The data under `after` is still told from the rest when a key is cut in two, and
+        // across whitespace: three values over a cap of two.
+        let doc = br#"{"resource_changes":[{"change":{"after" :
+ {"a":[1, 2]}}}]}"#;
+        for cut in 0..=doc.len() {
+            let mut budget = Budget::new(MAX_VALUES, 2);
+            let (a, b) = doc.split_at(cut);
+            let fed = budget.feed(a).and_then(|_| budget.feed(b));
+            assert!(
+                matches!(fed, Err(OverBudget::Data { ref key, .. }) if key == "after"),
+                "cut at {cut}: {fed:?}"
+            );
+        }
+    }
 }
