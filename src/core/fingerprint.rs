@@ -16,7 +16,7 @@
 //! The projection is encoded canonically: object keys sorted by bytes, every item tagged with its
 //! type and every string and collection length-prefixed, so no two projections share an encoding.
 
-use crate::core::plan::{mask_has_true, Plan, ResourceChange};
+use crate::core::plan::{Json, Plan, ResourceChange};
 use crate::core::redact::{Scrubber, Secrets};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -226,7 +226,8 @@ fn encode_projection(
 /// once and walked once; nothing of them is copied.
 fn encode_change(rc: &ResourceChange, hider: &Hider, out: &mut String) {
     let c = &rc.change;
-    let v = c.after_values();
+    let values = c.applied_values();
+    let v = values.get();
     let null = Value::Null;
     out.push_str("m8{");
     put_str(out, "actions");
@@ -234,7 +235,7 @@ fn encode_change(rc: &ResourceChange, hider: &Hider, out: &mut String) {
     put_str(out, "address");
     put_str(out, &rc.address);
     put_str(out, "after");
-    hider.write_masked(out, &v.after, &v.after_sensitive);
+    hider.write_masked(out, &v.after, Some(&v.after_sensitive));
     put_str(out, "after_unknown");
     hider.write_plain(out, &v.after_unknown);
     put_str(out, "deposed");
@@ -283,16 +284,6 @@ fn put_opt_str(out: &mut String, s: Option<&str>) {
     }
 }
 
-/// The entries of an object in byte order of their keys (the canonical order).
-fn sorted_entries(map: &serde_json::Map<String, Value>) -> Vec<(&String, &Value)> {
-    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-    // Engines write keys sorted already; then this is one pass.
-    if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
-        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    }
-    entries
-}
-
 /// The root output changes that are not no-ops, as projected: a map by name of
 /// `{actions, after, after_unknown}`, a sensitive output's `after` hidden whole.
 fn encode_outputs(plan: &Plan, hider: &Hider, out: &mut String) {
@@ -312,13 +303,78 @@ fn encode_outputs(plan: &Plan, hider: &Hider, out: &mut String) {
         if oc.is_sensitive() {
             hider.write_hidden(out, &oc.after);
         } else {
-            hider.write_masked(out, &oc.after, &oc.after_sensitive);
+            hider.write_masked(out, &oc.after, Some(&oc.after_sensitive));
         }
         put_str(out, "after_unknown");
         hider.write_plain(out, &oc.after_unknown);
         out.push('}');
     }
     out.push('}');
+}
+
+/// A JSON value as the projection reads it: a change's values borrowed from their text
+/// ([`Json`]), the outputs and the rest of the document as read whole ([`Value`]). Both give
+/// the same shape, so a value encodes the same whichever way it was read.
+trait Projected: Sized {
+    fn shape(&self) -> Shape<'_, Self>;
+}
+
+/// One value's shape: its kind, an object's entries in byte order of their keys (the canonical
+/// order), a number as the JSON text `serde_json` writes for it.
+enum Shape<'a, V> {
+    Null,
+    Bool(bool),
+    Number(String),
+    Str(&'a str),
+    List(&'a [V]),
+    Map(Vec<(&'a str, &'a V)>),
+}
+
+/// `entries` in byte order of their keys (engines write keys sorted already: then one pass).
+fn sorted<'a, V>(mut entries: Vec<(&'a str, &'a V)>) -> Vec<(&'a str, &'a V)> {
+    if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
+    entries
+}
+
+impl Projected for Value {
+    fn shape(&self) -> Shape<'_, Value> {
+        match self {
+            Value::Null => Shape::Null,
+            Value::Bool(b) => Shape::Bool(*b),
+            Value::Number(n) => Shape::Number(n.to_string()),
+            Value::String(s) => Shape::Str(s),
+            Value::Array(items) => Shape::List(items),
+            Value::Object(m) => {
+                Shape::Map(sorted(m.iter().map(|(k, v)| (k.as_str(), v)).collect()))
+            }
+        }
+    }
+}
+
+impl Projected for Json<'_> {
+    fn shape(&self) -> Shape<'_, Self> {
+        match self {
+            Json::Null => Shape::Null,
+            Json::Bool(b) => Shape::Bool(*b),
+            // serde_json's text of the same number (`1.0`, `2.5e-7`, `1e21`).
+            Json::Number(n) => Shape::Number(serde_json::to_string(n).unwrap_or_default()),
+            Json::Str(s) => Shape::Str(s),
+            Json::Array(items) => Shape::List(items),
+            Json::Object(m) => Shape::Map(sorted(m.iter().collect())),
+        }
+    }
+}
+
+/// True when a mask marks anything at all as sensitive.
+fn marks_anything<V: Projected>(mask: &V) -> bool {
+    match mask.shape() {
+        Shape::Bool(b) => b,
+        Shape::List(items) => items.iter().any(marks_anything),
+        Shape::Map(entries) => entries.iter().any(|(_, v)| marks_anything(*v)),
+        _ => false,
+    }
 }
 
 /// Projects values, replacing sensitive ones by their HMAC.
@@ -331,57 +387,61 @@ struct Hider<'k> {
 }
 
 impl<'k> Hider<'k> {
-    /// `value` projected through `mask`: a value under a `true` mask (or under a mask whose
-    /// shape does not fit it but marks something) is hidden whole; plain strings that contain a
-    /// known secret are hidden too.
-    fn write_masked(&self, out: &mut String, value: &Value, mask: &Value) {
-        match (mask, value) {
-            (Value::Bool(true), v) => self.write_hidden(out, v),
-            (Value::Object(mask), Value::Object(v)) => {
-                let _ = write!(out, "m{}{{", v.len());
-                for (k, sub) in sorted_entries(v) {
+    /// `value` projected through `mask` (`None`: no mask, nothing marked): a value under a
+    /// `true` mask (or under a mask whose shape does not fit it but marks something) is hidden
+    /// whole; plain strings that contain a known secret are hidden too.
+    fn write_masked<V: Projected>(&self, out: &mut String, value: &V, mask: Option<&V>) {
+        let Some(mask) = mask else {
+            return self.write_plain(out, value);
+        };
+        match (mask.shape(), value.shape()) {
+            (Shape::Bool(true), _) => self.write_hidden(out, value),
+            (Shape::Map(mask), Shape::Map(entries)) => {
+                let _ = write!(out, "m{}{{", entries.len());
+                for (k, sub) in entries {
                     put_str(out, k);
-                    self.write_masked(out, sub, mask.get(k).unwrap_or(&Value::Bool(false)));
+                    let at = mask.binary_search_by(|(m, _)| m.cmp(&k)).ok();
+                    self.write_masked(out, sub, at.map(|i| mask[i].1));
                 }
                 out.push('}');
             }
-            (Value::Array(mask), Value::Array(v)) => {
-                let _ = write!(out, "l{}[", v.len());
-                for (i, sub) in v.iter().enumerate() {
-                    self.write_masked(out, sub, mask.get(i).unwrap_or(&Value::Bool(false)));
+            (Shape::List(mask), Shape::List(items)) => {
+                let _ = write!(out, "l{}[", items.len());
+                for (i, sub) in items.iter().enumerate() {
+                    self.write_masked(out, sub, mask.get(i));
                 }
                 out.push(']');
             }
-            (m, v) if mask_has_true(m) => self.write_hidden(out, v),
-            (_, v) => self.write_plain(out, v),
+            _ if marks_anything(mask) => self.write_hidden(out, value),
+            _ => self.write_plain(out, value),
         }
     }
 
     /// A value with no mask: strings containing a known secret are still hidden.
-    fn write_plain(&self, out: &mut String, value: &Value) {
-        match value {
-            Value::Object(v) => {
-                let _ = write!(out, "m{}{{", v.len());
-                for (k, sub) in sorted_entries(v) {
+    fn write_plain<V: Projected>(&self, out: &mut String, value: &V) {
+        match value.shape() {
+            Shape::Map(entries) => {
+                let _ = write!(out, "m{}{{", entries.len());
+                for (k, sub) in entries {
                     put_str(out, k);
                     self.write_plain(out, sub);
                 }
                 out.push('}');
             }
-            Value::Array(v) => {
-                let _ = write!(out, "l{}[", v.len());
-                for sub in v {
+            Shape::List(items) => {
+                let _ = write!(out, "l{}[", items.len());
+                for sub in items {
                     self.write_plain(out, sub);
                 }
                 out.push(']');
             }
-            Value::String(s) if self.secrets.is_match(s) => self.write_hidden(out, value),
-            v => write_raw(out, v),
+            Shape::Str(s) if self.secrets.is_match(s) => self.write_hidden(out, value),
+            shape => write_raw_shape(out, shape),
         }
     }
 
     /// `h64:<hmac>` of the value's raw encoding.
-    fn write_hidden(&self, out: &mut String, value: &Value) {
+    fn write_hidden<V: Projected>(&self, out: &mut String, value: &V) {
         let mut plain = String::new();
         write_raw(&mut plain, value);
         let mut mac = HmacSha256::new_from_slice(self.key).expect("HMAC takes keys of any length");
@@ -394,26 +454,29 @@ impl<'k> Hider<'k> {
 }
 
 /// The value as is, encoded (only used as input of an HMAC, or where nothing is sensitive).
-fn write_raw(out: &mut String, value: &Value) {
-    match value {
-        Value::Null => out.push('n'),
-        Value::Bool(true) => out.push('t'),
-        Value::Bool(false) => out.push('f'),
-        Value::Number(n) => {
-            let n = n.to_string();
+fn write_raw<V: Projected>(out: &mut String, value: &V) {
+    write_raw_shape(out, value.shape())
+}
+
+fn write_raw_shape<V: Projected>(out: &mut String, shape: Shape<'_, V>) {
+    match shape {
+        Shape::Null => out.push('n'),
+        Shape::Bool(true) => out.push('t'),
+        Shape::Bool(false) => out.push('f'),
+        Shape::Number(n) => {
             let _ = write!(out, "i{}:{n}", n.len());
         }
-        Value::String(s) => put_str(out, s),
-        Value::Array(items) => {
+        Shape::Str(s) => put_str(out, s),
+        Shape::List(items) => {
             let _ = write!(out, "l{}[", items.len());
             for i in items {
                 write_raw(out, i);
             }
             out.push(']');
         }
-        Value::Object(m) => {
-            let _ = write!(out, "m{}{{", m.len());
-            for (k, v) in sorted_entries(m) {
+        Shape::Map(entries) => {
+            let _ = write!(out, "m{}{{", entries.len());
+            for (k, v) in entries {
                 put_str(out, k);
                 write_raw(out, v);
             }
@@ -623,5 +686,79 @@ mod tests {
         assert!(f.matches_prefix(&f.as_hex()[..8].to_ascii_uppercase()));
         assert!(!f.matches_prefix(&f.as_hex()[..7]));
         assert!(f.ct_eq(&f.clone()));
+    }
+
+    /// A mask shaped like `value`: each leaf marked or not, some keys and items left out, now
+    /// and then a whole container marked, or a mask of another shape.
+    fn random_mask(value: &Value, next: &mut dyn FnMut(u64) -> u64) -> Value {
+        match (next(10), value) {
+            (0, _) => Value::Bool(true),
+            (1, _) => serde_json::json!([true]),
+            (_, Value::Object(m)) => {
+                let mut mask = serde_json::Map::new();
+                for (k, v) in m {
+                    if next(4) != 0 {
+                        mask.insert(k.clone(), random_mask(v, next));
+                    }
+                }
+                Value::Object(mask)
+            }
+            (_, Value::Array(items)) => Value::Array(
+                items
+                    .iter()
+                    .take(next(items.len() as u64 + 1) as usize)
+                    .map(|v| random_mask(v, next))
+                    .collect(),
+            ),
+            _ => Value::Bool(next(3) == 0),
+        }
+    }
+
+    #[test]
+    fn random_values_project_the_same_read_borrowed_as_read_whole() {
+        let mut state = 0xf1a9_u64;
+        let mut next = move |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n.max(1)
+        };
+        let mut secrets = Secrets::new();
+        secrets.add("ключ");
+        secrets.add("a\"a\\");
+        let secrets = secrets.scrubber();
+        let hider = Hider {
+            key: b"k",
+            secrets: &secrets,
+        };
+        let (mut hidden_by_masks, mut hidden_by_secrets) = (0, 0);
+        for round in 0..400 {
+            let value: Value = (0..6)
+                .map(|i| {
+                    let v = crate::core::plan::tests::random_value(&mut next, 4);
+                    (format!("k{i}"), v)
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+            let mask = random_mask(&value, &mut next);
+            let (text, mask_text) = (value.to_string(), mask.to_string());
+            let borrowed: Json = serde_json::from_str(&text).unwrap();
+            let borrowed_mask: Json = serde_json::from_str(&mask_text).unwrap();
+            let (mut whole, mut read) = (String::new(), String::new());
+            hider.write_masked(&mut whole, &value, Some(&mask));
+            hider.write_masked(&mut read, &borrowed, Some(&borrowed_mask));
+            assert_eq!(read, whole, "round {round}: {text} under {mask_text}");
+            hidden_by_masks += whole.matches("h64:").count();
+            let (mut whole, mut read) = (String::new(), String::new());
+            hider.write_plain(&mut whole, &value);
+            hider.write_plain(&mut read, &borrowed);
+            assert_eq!(read, whole, "round {round}: {text}");
+            hidden_by_secrets += whole.matches("h64:").count();
+        }
+        // The rounds hid values, by their masks and by the secrets, not only wrote them.
+        assert!(
+            hidden_by_masks > 400 && hidden_by_secrets > 50,
+            "{hidden_by_masks} {hidden_by_secrets}"
+        );
     }
 }

@@ -529,6 +529,12 @@ impl Change {
         self.values.parse([true; 5])
     }
 
+    /// Parse only what applying this change sets: `after`, `after_unknown` and
+    /// `after_sensitive` (the others null), as the fingerprint reads them.
+    pub fn applied_values(&self) -> ChangeValues {
+        self.values.parse([false, true, true, false, true])
+    }
+
     /// Call `leaf` on every string and number of `before` and `after` that their masks mark
     /// sensitive (as [`for_each_masked_leaf`]), reading the values' JSON text once: only what
     /// lies under a mask that marks something is parsed, the rest is skipped.
@@ -1386,7 +1392,7 @@ fn collect_ephemeral(module: &ConfigModule, prefix: &str, out: &mut Vec<String>)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -1406,7 +1412,7 @@ mod tests {
 
     /// A random JSON value: nested objects and lists, strings with escapes and characters
     /// outside ASCII (keys too), numbers of every kind.
-    fn random_value(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> Value {
+    pub(crate) fn random_value(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> Value {
         const PIECES: &[&str] = &[
             "a",
             "\"",
