@@ -942,3 +942,29 @@ fn a_root_planned_below_a_root_changed_in_the_same_mr_says_so_with_its_output_ch
     assert_eq!(note.matches("⏳ Planned against").count(), 1, "{note}");
     insta::assert_snapshot!(note);
 }
+
+#[test]
+fn an_output_with_one_sensitive_part_is_hidden_whole_in_the_note_and_the_fingerprint() {
+    // Only `password` is marked, but an output that marks anything is sensitive as a whole:
+    // its other parts (`host`) are not shown, and the fingerprint holds their HMAC only.
+    let plan = |host: &str| {
+        Plan::from_value(json!({"format_version": "1.2", "output_changes": {"conn": {
+            "actions": ["update"],
+            "before": {"host": "old-host-canary", "password": "pw-before-canary"},
+            "after": {"host": host, "password": "pw-after-canary"},
+            "after_unknown": false, "before_sensitive": false,
+            "after_sensitive": {"password": true}}}}))
+        .unwrap()
+    };
+    let changed = plan("new-host-canary");
+    let note = note_with(&changed, &[], &ctx());
+    assert!(note.contains("~ conn = (sensitive value)\n"), "{note}");
+    assert!(!note.contains("canary"), "no part of the output:\n{note}");
+    let projection = planbot::core::fingerprint::projection(&changed, b"k", None);
+    assert!(!projection.contains("canary"), "{projection}");
+    // Hidden, still bound: another host is another fingerprint.
+    assert_ne!(
+        Fingerprint::of(&changed, b"k"),
+        Fingerprint::of(&plan("other-host-canary"), b"k")
+    );
+}
