@@ -716,13 +716,7 @@ mod tests {
 
     #[test]
     fn random_values_project_the_same_read_borrowed_as_read_whole() {
-        let mut state = 0xf1a9_u64;
-        let mut next = move |n: u64| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) % n.max(1)
-        };
+        let mut next = crate::core::plan::tests::seeded(0xf1a9);
         let mut secrets = Secrets::new();
         secrets.add("ключ");
         secrets.add("a\"a\\");

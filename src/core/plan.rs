@@ -1410,6 +1410,17 @@ pub(crate) mod tests {
     }
     use serde_json::json;
 
+    /// Numbers below `n` from a seed (a linear congruential generator): the same every run.
+    pub(crate) fn seeded(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut state = seed;
+        move |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n.max(1)
+        }
+    }
+
     /// A random JSON value: nested objects and lists, strings with escapes and characters
     /// outside ASCII (keys too), numbers of every kind.
     pub(crate) fn random_value(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> Value {
@@ -1454,13 +1465,7 @@ pub(crate) mod tests {
 
     #[test]
     fn random_values_read_borrowed_as_serde_json_reads_them() {
-        let mut state = 0x5eed_u64;
-        let mut next = move |n: u64| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) % n.max(1)
-        };
+        let mut next = seeded(0x5eed);
         for round in 0..300 {
             let values: Vec<Value> = (0..5).map(|_| random_value(&mut next, 4)).collect();
             let doc = json!({"address": "t.x", "mode": "managed", "change": {
