@@ -758,38 +758,65 @@ fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
     }
 }
 
-/// The ```diff body of one resource: only changed attributes, through the masks; the
-/// write-only attributes it sets (found in `plan`, given for a planned change, not for drift)
-/// say so.
-fn fill_body(r: &mut ResourceView, plan: Option<&Plan>, rc: &ResourceChange, phrases: &Phrases) {
-    let body = match r.kind {
+/// A section's ```diff body as the note shows it: neutralised, its fence, how many attributes
+/// it leaves out as unchanged.
+struct SectionBody {
+    text: String,
+    fence: String,
+    unchanged: usize,
+}
+
+impl SectionBody {
+    fn fill(self, r: &mut ResourceView) {
+        r.body = self.text;
+        r.fence = self.fence;
+        r.unchanged = self.unchanged;
+    }
+}
+
+/// The ```diff body of one resource of `kind` (`None` when it has nothing to diff): only
+/// changed attributes, through the masks; the write-only attributes it sets (found in `plan`,
+/// given for a planned change, not for drift) say so.
+fn section_body(
+    kind: ActionKind,
+    replace_paths: &[String],
+    plan: Option<&Plan>,
+    rc: &ResourceChange,
+    phrases: &Phrases,
+) -> Option<SectionBody> {
+    if matches!(
+        kind,
         // A pure move/import/forget has nothing to diff.
-        ActionKind::NoOp | ActionKind::Forget | ActionKind::Read => return,
-        _ => {
-            // This resource's values only, dropped when its diff is written.
-            let c = rc.change.values();
-            let c = c.get();
-            let write_only = plan
-                .map(|p| p.write_only_attributes_of(rc, &c.after, &c.after_unknown))
-                .unwrap_or_default();
-            Differ::new(phrases)
-                .with_replace_paths(&r.replace_paths)
-                .with_write_only(&write_only)
-                .diff(
-                    "",
-                    Node::new(
-                        &c.before,
-                        &c.after,
-                        &c.after_unknown,
-                        &c.before_sensitive,
-                        &c.after_sensitive,
-                    ),
-                )
-        }
-    };
-    r.body = markdown::neutralise(&body.text).into_owned();
-    r.fence = markdown::fence_for(&r.body);
-    r.unchanged = body.unchanged;
+        ActionKind::NoOp | ActionKind::Forget | ActionKind::Read
+    ) {
+        return None;
+    }
+    // This resource's values only, dropped when its diff is written.
+    let c = rc.change.values();
+    let c = c.get();
+    let write_only = plan
+        .map(|p| p.write_only_attributes_of(rc, &c.after, &c.after_unknown))
+        .unwrap_or_default();
+    let body = Differ::new(phrases)
+        .with_replace_paths(replace_paths)
+        .with_write_only(&write_only)
+        .diff(
+            "",
+            Node::new(
+                &c.before,
+                &c.after,
+                &c.after_unknown,
+                &c.before_sensitive,
+                &c.after_sensitive,
+            ),
+        );
+    let text = markdown::neutralise(&body.text).into_owned();
+    let fence = markdown::fence_for(&text);
+    Some(SectionBody {
+        text,
+        fence,
+        unchanged: body.unchanged,
+    })
 }
 
 /// The attribute diff of one change, as the note's ```diff blocks show it (changed leaves by
@@ -824,11 +851,19 @@ pub fn attribute_diff(c: &Values, reversed: bool) -> diff::DiffBody {
 
 type UnitId = (usize, u8, usize);
 
+/// How many diff bodies the helper thread of [`fill_bodies`] may compute ahead of the ones
+/// taken: a bound on what waits in memory beside the bodies kept.
+const BODIES_AHEAD: usize = 32;
+
 /// Compute the diff bodies of the `pending` sections, holding no more of them than `room`
 /// characters beyond their summary lines: whenever the bodies kept exceed it, the largest is
 /// folded and its text freed. This keeps what the budget's fold-largest-first would keep (a
 /// section folded here is larger than the ones kept and would not fit beside them either), and
 /// memory stays near the note's size however many resources the plan has.
+///
+/// The bodies are computed two at a time: a helper thread computes every other one and hands
+/// them over in order through a queue of [`BODIES_AHEAD`], so the bodies kept, and the note,
+/// are the same as when one thread computes them all.
 fn fill_bodies(
     view: &mut NoteView<'_>,
     pending: &[(UnitId, Option<&Plan>, &ResourceChange)],
@@ -837,27 +872,66 @@ fn fill_bodies(
 ) {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    // (full size, earliest first among equals: the order the budget folds in; extra size, which).
-    let mut kept: BinaryHeap<(usize, Reverse<usize>, usize, UnitId)> = BinaryHeap::new();
-    let mut held = 0;
-    for (n, &(id, plan, rc)) in pending.iter().enumerate() {
-        let r = resource_at(view, id);
-        fill_body(r, plan, rc, phrases);
-        let (full, folded) = resource_sizes(r);
-        let extra = full.saturating_sub(folded);
-        kept.push((full, Reverse(n), extra, id));
-        held += extra;
-        while held > room {
-            let Some((_, _, extra, largest)) = kept.pop() else {
-                break;
+    // What each body needs from its section, read before the sections are written to.
+    let inputs: Vec<(ActionKind, Vec<String>)> = pending
+        .iter()
+        .map(|&(id, _, _)| {
+            let r = resource_at(view, id);
+            (r.kind, r.replace_paths.clone())
+        })
+        .collect();
+    let body_of = |n: usize| {
+        let (_, plan, rc) = pending[n];
+        let (kind, paths) = &inputs[n];
+        section_body(*kind, paths, plan, rc, phrases)
+    };
+    std::thread::scope(|s| {
+        let (handed, taken) = std::sync::mpsc::sync_channel(BODIES_AHEAD);
+        let helper = s.spawn(move || {
+            for n in (1..pending.len()).step_by(2) {
+                if handed.send(body_of(n)).is_err() {
+                    break;
+                }
+            }
+        });
+        // (full size, earliest first among equals: the order the budget folds in; extra size,
+        // which).
+        let mut kept: BinaryHeap<(usize, Reverse<usize>, usize, UnitId)> = BinaryHeap::new();
+        let mut held = 0;
+        for (n, &(id, _, _)) in pending.iter().enumerate() {
+            let body = if n % 2 == 0 {
+                body_of(n)
+            } else {
+                match taken.recv() {
+                    Ok(body) => body,
+                    // The helper ended early: it panicked, and joining it says so below.
+                    Err(_) => break,
+                }
             };
-            held -= extra;
-            let r = resource_at(view, largest);
-            r.state = UnitState::Folded;
-            r.body = String::new();
-            r.fence = String::new();
+            let r = resource_at(view, id);
+            if let Some(body) = body {
+                body.fill(r);
+            }
+            let (full, folded) = resource_sizes(r);
+            let extra = full.saturating_sub(folded);
+            kept.push((full, Reverse(n), extra, id));
+            held += extra;
+            while held > room {
+                let Some((_, _, extra, largest)) = kept.pop() else {
+                    break;
+                };
+                held -= extra;
+                let r = resource_at(view, largest);
+                r.state = UnitState::Folded;
+                r.body = String::new();
+                r.fence = String::new();
+            }
         }
-    }
+        drop(taken);
+        if let Err(panic) = helper.join() {
+            std::panic::resume_unwind(panic);
+        }
+    });
 }
 
 fn resource_at<'v>(view: &'v mut NoteView<'_>, (d, part, i): UnitId) -> &'v mut ResourceView {
