@@ -516,3 +516,87 @@ fn a_plan_of_a_newer_format_version_is_said_in_the_note_and_on_the_terminal() {
         );
     }
 }
+
+/// Every resource section of a note shows its own diff, whether the diffs are computed beside
+/// the render (a local render: no budget) or before it (`--budget gitlab`, where the note
+/// fits): 600 updates, moves (no diff) between them, and drift sections after them.
+#[test]
+fn every_section_shows_its_own_diff_with_and_without_a_budget() {
+    let change = |address: String, actions: &[&str], before: &str, after: &str| {
+        serde_json::json!({
+            "address": address, "mode": "managed", "type": "terraform_data", "name": "vm",
+            "change": {"actions": actions,
+                "before": {"input": before}, "after": {"input": after},
+                "after_unknown": {}, "before_sensitive": {}, "after_sensitive": {}}
+        })
+    };
+    let mut changes = Vec::new();
+    for i in 0..600 {
+        changes.push(change(
+            format!("terraform_data.vm[{i}]"),
+            &["update"],
+            &format!("old-{i}"),
+            &format!("new-{i}"),
+        ));
+        if i % 7 == 3 {
+            let mut moved = change(
+                format!("terraform_data.moved[{i}]"),
+                &["no-op"],
+                "same",
+                "same",
+            );
+            moved["previous_address"] = format!("terraform_data.was[{i}]").into();
+            changes.push(moved);
+        }
+    }
+    let drift: Vec<_> = (0..40)
+        .map(|j| {
+            change(
+                format!("terraform_data.drifted[{j}]"),
+                &["update"],
+                &format!("was-{j}"),
+                &format!("now-{j}"),
+            )
+        })
+        .collect();
+    let plan = serde_json::json!({
+        "format_version": "1.2", "resource_changes": changes, "resource_drift": drift,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    std::fs::write(&file, plan.to_string()).unwrap();
+    let file_arg = file.to_str().unwrap();
+    for budget in [&[][..], &["--budget", "gitlab"][..]] {
+        let args = [&["render", file_arg, "--format", "markdown"][..], budget].concat();
+        let note = text(&planbot(&args, None).stdout);
+        let (mut updated, mut moved, mut drifted) = (0, 0, 0);
+        for section in note.split("<details><summary>").skip(1) {
+            let summary = section.lines().next().unwrap_or_default();
+            let index = |name: &str| -> Option<String> {
+                let start = summary.find(&format!("terraform_data.{name}&#91;"))?;
+                let rest = &summary[start + name.len() + 20..];
+                Some(rest[..rest.find("&#93;")?].to_string())
+            };
+            if let Some(i) = index("vm") {
+                assert!(
+                    section.contains(&format!("~ input = \"old-{i}\" -> \"new-{i}\"")),
+                    "{budget:?}: the section of vm[{i}] shows another diff:\n{section}"
+                );
+                updated += 1;
+            } else if let Some(i) = index("moved") {
+                assert!(
+                    !section.contains("```diff"),
+                    "{budget:?}: moved[{i}] has no diff:\n{section}"
+                );
+                moved += 1;
+            } else if let Some(j) = index("drifted") {
+                assert!(
+                    section.contains(&format!("~ input = \"was-{j}\" -> \"now-{j}\"")),
+                    "{budget:?}: the section of drifted[{j}] shows another diff:\n{section}"
+                );
+                drifted += 1;
+            }
+        }
+        assert_eq!((updated, moved, drifted), (600, 86, 40), "{budget:?}");
+    }
+}

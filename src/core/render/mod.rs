@@ -7,6 +7,7 @@
 //! failing policy set of its plans is approved (`planbot approve policies`).
 
 pub mod approved;
+mod bodies;
 mod budget;
 pub mod diff;
 pub mod planned_before;
@@ -177,12 +178,13 @@ fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
     };
     let (mut view, pending) = build_view(ctx, roots);
     // Without a limit (`planbot render` without `--budget gitlab`) nothing is ever folded, so
-    // the part always kept need not be measured (a render of the note without its sections).
-    let mut fixed = if budget == NO_BUDGET {
-        0
-    } else {
-        fixed_size(&mut view)
-    };
+    // nothing is measured (the part always kept, the bodies' sizes): the note is rendered once,
+    // its bodies computed beside it.
+    if budget == NO_BUDGET {
+        let text = bodies::render_beside_bodies(&mut view, &pending, phrases());
+        return with_marker(text);
+    }
+    let mut fixed = fixed_size(&mut view);
     // The destructive changes and findings are kept whole up to MAX_LISTED each; when those lists
     // alone take more than half the budget (thousands of destroyed VMs, each with its finding),
     // list fewer of the longer one (findings are sorted errors first) and count the rest.
@@ -210,7 +212,7 @@ fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
         // Some diffs can be shown: compute them one by one, keeping at most what the room left
         // by the summaries can hold (the largest fold first), then decide which else to fold.
         let room = target - fixed - all_folded;
-        fill_bodies(&mut view, &pending, phrases(), room);
+        bodies::fill_bodies(&mut view, &pending, phrases(), room);
     } else {
         // Even one summary line per resource is too much: no diff can be shown, so none is
         // computed; the budget then drops the largest summaries.
@@ -224,7 +226,7 @@ fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
     for _ in 0..4 {
         let states = budget::plan(&units, fixed, target);
         apply_states(&mut view, &states);
-        text = render_view(&mut view);
+        text = render_view(&mut view, None);
         if text.len() <= budget {
             break;
         }
@@ -232,6 +234,11 @@ fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
         target = target.saturating_sub(over + over / 4 + 64);
         units = collect_units(&view);
     }
+    with_marker(text)
+}
+
+/// The note's text after the marker that finds it among the MR's notes.
+fn with_marker(text: String) -> String {
     let mut out = text;
     out.insert(0, '\n');
     out.insert_str(0, NOTE_MARKER);
@@ -268,16 +275,26 @@ fn phrases() -> &'static Phrases {
     })
 }
 
-fn render_view(view: &mut NoteView<'_>) -> String {
+fn render_view(view: &mut NoteView<'_>, waiting: Option<&bodies::Waiting>) -> String {
     // Each root's resource and drift sections are lent to the template as sequences whose items
     // become template values one at a time, as the template reaches them: converting thousands
     // of sections up front would take several times the memory of the note itself.
     let mut lent = Vec::with_capacity(view.details.len());
-    for d in &mut view.details {
+    for (n, d) in view.details.iter_mut().enumerate() {
         let resources = Arc::new(std::mem::take(&mut d.resources));
         let drift = Arc::new(std::mem::take(&mut d.drift));
-        d.resources_seq = minijinja::Value::from_object(Sections(Arc::clone(&resources)));
-        d.drift_seq = minijinja::Value::from_object(Sections(Arc::clone(&drift)));
+        d.resources_seq = minijinja::Value::from_object(bodies::Sections::new(
+            Arc::clone(&resources),
+            waiting,
+            n,
+            false,
+        ));
+        d.drift_seq = minijinja::Value::from_object(bodies::Sections::new(
+            Arc::clone(&drift),
+            waiting,
+            n,
+            true,
+        ));
         lent.push((resources, drift));
     }
     let text = crate::core::templates::get("note.md.j2")
@@ -290,25 +307,6 @@ fn render_view(view: &mut NoteView<'_>) -> String {
         d.drift = Arc::try_unwrap(drift).unwrap_or_else(|shared| (*shared).clone());
     }
     text
-}
-
-/// A list of resource sections as a template sequence (see [`render_view`]).
-#[derive(Debug)]
-struct Sections(Arc<Vec<ResourceView>>);
-
-impl minijinja::value::Object for Sections {
-    fn repr(self: &Arc<Self>) -> minijinja::value::ObjectRepr {
-        minijinja::value::ObjectRepr::Seq
-    }
-
-    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
-        let section = self.0.get(key.as_usize()?)?;
-        Some(minijinja::Value::from_serialize(section))
-    }
-
-    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
-        minijinja::value::Enumerator::Seq(self.0.len())
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -758,67 +756,6 @@ fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
     }
 }
 
-/// A section's ```diff body as the note shows it: neutralised, its fence, how many attributes
-/// it leaves out as unchanged.
-struct SectionBody {
-    text: String,
-    fence: String,
-    unchanged: usize,
-}
-
-impl SectionBody {
-    fn fill(self, r: &mut ResourceView) {
-        r.body = self.text;
-        r.fence = self.fence;
-        r.unchanged = self.unchanged;
-    }
-}
-
-/// The ```diff body of one resource of `kind` (`None` when it has nothing to diff): only
-/// changed attributes, through the masks; the write-only attributes it sets (found in `plan`,
-/// given for a planned change, not for drift) say so.
-fn section_body(
-    kind: ActionKind,
-    replace_paths: &[String],
-    plan: Option<&Plan>,
-    rc: &ResourceChange,
-    phrases: &Phrases,
-) -> Option<SectionBody> {
-    if matches!(
-        kind,
-        // A pure move/import/forget has nothing to diff.
-        ActionKind::NoOp | ActionKind::Forget | ActionKind::Read
-    ) {
-        return None;
-    }
-    // This resource's values only, dropped when its diff is written.
-    let c = rc.change.values();
-    let c = c.get();
-    let write_only = plan
-        .map(|p| p.write_only_attributes_of(rc, &c.after, &c.after_unknown))
-        .unwrap_or_default();
-    let body = Differ::new(phrases)
-        .with_replace_paths(replace_paths)
-        .with_write_only(&write_only)
-        .diff(
-            "",
-            Node::new(
-                &c.before,
-                &c.after,
-                &c.after_unknown,
-                &c.before_sensitive,
-                &c.after_sensitive,
-            ),
-        );
-    let text = markdown::neutralise(&body.text).into_owned();
-    let fence = markdown::fence_for(&text);
-    Some(SectionBody {
-        text,
-        fence,
-        unchanged: body.unchanged,
-    })
-}
-
 /// The attribute diff of one change, as the note's ```diff blocks show it (changed leaves by
 /// path, `~ input.cores = 2 -> 8`, through the masks; long texts as line diffs). `reversed`
 /// reads it from `after` to `before` (drift: from `main`'s code to reality). Not neutralised:
@@ -850,89 +787,6 @@ pub fn attribute_diff(c: &Values, reversed: bool) -> diff::DiffBody {
 }
 
 type UnitId = (usize, u8, usize);
-
-/// How many diff bodies the helper thread of [`fill_bodies`] may compute ahead of the ones
-/// taken: a bound on what waits in memory beside the bodies kept.
-const BODIES_AHEAD: usize = 32;
-
-/// Compute the diff bodies of the `pending` sections, holding no more of them than `room`
-/// characters beyond their summary lines: whenever the bodies kept exceed it, the largest is
-/// folded and its text freed. This keeps what the budget's fold-largest-first would keep (a
-/// section folded here is larger than the ones kept and would not fit beside them either), and
-/// memory stays near the note's size however many resources the plan has.
-///
-/// The bodies are computed two at a time: a helper thread computes every other one and hands
-/// them over in order through a queue of [`BODIES_AHEAD`], so the bodies kept, and the note,
-/// are the same as when one thread computes them all.
-fn fill_bodies(
-    view: &mut NoteView<'_>,
-    pending: &[(UnitId, Option<&Plan>, &ResourceChange)],
-    phrases: &Phrases,
-    room: usize,
-) {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    // What each body needs from its section, read before the sections are written to.
-    let inputs: Vec<(ActionKind, Vec<String>)> = pending
-        .iter()
-        .map(|&(id, _, _)| {
-            let r = resource_at(view, id);
-            (r.kind, r.replace_paths.clone())
-        })
-        .collect();
-    let body_of = |n: usize| {
-        let (_, plan, rc) = pending[n];
-        let (kind, paths) = &inputs[n];
-        section_body(*kind, paths, plan, rc, phrases)
-    };
-    std::thread::scope(|s| {
-        let (handed, taken) = std::sync::mpsc::sync_channel(BODIES_AHEAD);
-        let helper = s.spawn(move || {
-            for n in (1..pending.len()).step_by(2) {
-                if handed.send(body_of(n)).is_err() {
-                    break;
-                }
-            }
-        });
-        // (full size, earliest first among equals: the order the budget folds in; extra size,
-        // which).
-        let mut kept: BinaryHeap<(usize, Reverse<usize>, usize, UnitId)> = BinaryHeap::new();
-        let mut held = 0;
-        for (n, &(id, _, _)) in pending.iter().enumerate() {
-            let body = if n % 2 == 0 {
-                body_of(n)
-            } else {
-                match taken.recv() {
-                    Ok(body) => body,
-                    // The helper ended early: it panicked, and joining it says so below.
-                    Err(_) => break,
-                }
-            };
-            let r = resource_at(view, id);
-            if let Some(body) = body {
-                body.fill(r);
-            }
-            let (full, folded) = resource_sizes(r);
-            let extra = full.saturating_sub(folded);
-            kept.push((full, Reverse(n), extra, id));
-            held += extra;
-            while held > room {
-                let Some((_, _, extra, largest)) = kept.pop() else {
-                    break;
-                };
-                held -= extra;
-                let r = resource_at(view, largest);
-                r.state = UnitState::Folded;
-                r.body = String::new();
-                r.fence = String::new();
-            }
-        }
-        drop(taken);
-        if let Err(panic) = helper.join() {
-            std::panic::resume_unwind(panic);
-        }
-    });
-}
 
 fn resource_at<'v>(view: &'v mut NoteView<'_>, (d, part, i): UnitId) -> &'v mut ResourceView {
     let detail = &mut view.details[d];
@@ -1540,7 +1394,7 @@ fn fixed_size(view: &mut NoteView<'_>) -> usize {
         ));
     }
     // Room for the "N resources left out" line.
-    let size = render_view(view).len() + 150;
+    let size = render_view(view, None).len() + 150;
     for (d, (r, o, dr)) in view.details.iter_mut().zip(taken) {
         d.resources = r;
         d.outputs = o;
