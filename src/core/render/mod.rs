@@ -710,8 +710,8 @@ fn fenced(text: &str) -> (String, String) {
     (t, fence)
 }
 
-/// The summary of one resource; its diff body is filled in later by [`fill_bodies`], only when
-/// the note has room for diffs at all.
+/// The summary of one resource; its diff body comes later ([`bodies`]), only when the note has
+/// room for diffs at all.
 fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
     let kind = rc.kind();
     let c = &rc.change;
