@@ -14,9 +14,40 @@
 //! (the kernel's own call) and in the namespaces (each through the guard), interleaved; the
 //! difference of the medians, less the namespaces' own cost, over 1,000.
 
+use planbot::capabilities::engine::child::{EngineChild, Launch};
+use planbot::capabilities::engine::sandbox::PreparedSandbox;
 use planbot::capabilities::engine::sandbox::{Isolation, Policy, Profile, Support};
 use planbot::capabilities::namespaces::{Limits, NsSupport};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
+
+/// `program args` started as planbot starts an engine process, with no environment, run to
+/// its end (its output read and dropped).
+async fn run(
+    program: &str,
+    args: &[&str],
+    dir: &Path,
+    sandbox: Option<&PreparedSandbox>,
+) -> ExitStatus {
+    use tokio::io::AsyncReadExt;
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    let mut child = EngineChild::spawn(&Launch {
+        program: Path::new(program),
+        args: &args,
+        env: &BTreeMap::new(),
+        dir,
+        cgroup: &[],
+        sandbox,
+    })
+    .unwrap_or_else(|e| panic!("{program} starts: {e:?}"));
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let _ = tokio::join!(out.read_to_end(&mut a), err.read_to_end(&mut b));
+    child.wait().await.expect("waited for")
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
@@ -53,19 +84,16 @@ fn main() {
     for _ in 0..runs {
         for (i, v) in variants.iter().enumerate() {
             let started = Instant::now();
-            let mut cmd = tokio::process::Command::new("/bin/true");
-            cmd.current_dir(work.path()).env_clear();
-            match v {
-                Variant::Bare => {}
-                Variant::Landlock => policy.prepare(landlock).unwrap().install(&mut cmd),
-                Variant::Namespaces => policy
-                    .prepare_isolated(landlock, &isolation, work.path())
-                    .unwrap()
-                    .install(&mut cmd),
-            }
-            let status = rt
-                .block_on(async { cmd.status().await })
-                .expect("/bin/true starts");
+            let prepared = match v {
+                Variant::Bare => None,
+                Variant::Landlock => Some(policy.prepare(landlock).unwrap()),
+                Variant::Namespaces => Some(
+                    policy
+                        .prepare_isolated(landlock, &isolation, work.path())
+                        .unwrap(),
+                ),
+            };
+            let status = rt.block_on(run("/bin/true", &[], work.path(), prepared.as_ref()));
             assert!(status.success(), "{v:?}: {status}");
             times[i].push(started.elapsed());
         }
@@ -99,21 +127,14 @@ fn main() {
     for _ in 0..runs {
         for (i, isolated) in [false, true].into_iter().enumerate() {
             let started = Instant::now();
-            let mut cmd = tokio::process::Command::new("/usr/bin/perl");
-            cmd.args(["-MSocket", "-e", &script])
-                .current_dir(work.path())
-                .env_clear();
-            if isolated {
-                policy
-                    .prepare_isolated(landlock, &isolation, work.path())
-                    .unwrap()
-                    .install(&mut cmd);
+            let prepared = if isolated {
+                policy.prepare_isolated(landlock, &isolation, work.path())
             } else {
-                policy.prepare(landlock).unwrap().install(&mut cmd);
+                policy.prepare(landlock)
             }
-            let status = rt
-                .block_on(async { cmd.status().await })
-                .expect("perl starts");
+            .unwrap();
+            let args = ["-MSocket", "-e", &script];
+            let status = rt.block_on(run("/usr/bin/perl", &args, work.path(), Some(&prepared)));
             assert!(
                 status.success(),
                 "listen loop (isolated: {isolated}): {status}"

@@ -9,7 +9,7 @@
 //!
 //! So each engine process carries one more seccomp filter, which hands every `listen()` to
 //! planbot (`SECCOMP_RET_USER_NOTIF`; the filter is installed with
-//! `SECCOMP_FILTER_FLAG_NEW_LISTENER` between `fork` and `exec`, and its listener descriptor is
+//! `SECCOMP_FILTER_FLAG_NEW_LISTENER` before the engine's `exec`, and its listener descriptor is
 //! sent to planbot over a socket pair, then closed in the child). A supervisor thread of
 //! planbot, one per engine process (its children share the filter), takes the very socket from
 //! the process (`pidfd_getfd`), reads its family (`SO_DOMAIN`) and, for `AF_UNIX`, performs the
@@ -26,7 +26,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// The planbot side of one engine process's guard, prepared before `fork`: the child's end of
+/// The planbot side of one engine process's guard, prepared before its start: the child's end of
 /// the socket pair the listener descriptor travels on (the supervisor thread holds the other).
 #[derive(Debug)]
 pub struct ListenGuard {
@@ -83,12 +83,12 @@ impl ListenGuard {
         self.expected.store(true, Ordering::Relaxed);
     }
 
-    /// In the engine's process, between `fork` and `exec`, after `no_new_privs`: install the
+    /// In the engine's process before its `exec`, after `no_new_privs`: install the
     /// `listen()` filter with a new listener, send the listener to planbot and close it here.
     /// Only system calls on stack data; the errno of the step that failed.
     ///
     /// # Safety
-    /// Call only in the forked child that is about to `exec` the engine.
+    /// Call only in the started child that is about to `exec` the engine.
     pub unsafe fn install(&self) -> Result<(), i32> {
         let errno = || *libc::__errno_location();
         let program = listen_filter();
@@ -118,7 +118,7 @@ impl ListenGuard {
 /// `Err(Some(errno))`: the UNIX socket's `listen()` failed; `Err(None)`: the TCP one listened.
 ///
 /// # Safety
-/// Only system calls; call in the probe's forked child.
+/// Only system calls; call in the probe's started child.
 pub unsafe fn probe_in_child() -> Result<(), Option<i32>> {
     let errno = || Some(*libc::__errno_location());
     let unix = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);

@@ -5,6 +5,7 @@ pub mod engine;
 pub mod gitlab;
 pub mod listen_guard;
 pub mod namespaces;
+pub mod process_start;
 pub mod proxmox;
 pub mod state_gate;
 pub mod store;

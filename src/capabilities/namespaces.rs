@@ -10,15 +10,17 @@
 //!   bind-mounted at the same paths (read-only where the list says read): planbot's sockets,
 //!   `/run`, the store, other jobs and `/proc` are not there at all, so nothing can be opened,
 //!   connected to or `stat()`ed; the run's `HOME` and temp dir are size-capped tmpfs mounts;
-//! - a **PID namespace** whose PID 1 is a tiny init (this module's code, between `fork` and
-//!   `exec`) that reaps and, when the engine exits, exits with its status — the kernel then
+//! - a **PID namespace** whose PID 1 is the engine process itself: when it exits, the kernel
 //!   kills everything left in the namespace (a `setsid` daemon included); planbot's pids do not
-//!   exist inside;
+//!   exist inside. As PID 1 it gets from planbot only the signals it handles (the Go engines
+//!   handle `SIGTERM`) and `SIGKILL`, and it inherits the orphans of the processes it starts;
+//!   they are killed with the namespace;
 //! - **rlimits**: tasks (counted per user namespace, so per job), open files, file size and
 //!   data (the memory a process can allocate: a Go program keeps working under it, unlike
 //!   under `RLIMIT_AS`).
 //!
-//! Everything is prepared in the parent ([`Jail::prepare`]); between `fork` and `exec`
+//! Everything is prepared in planbot ([`Jail::prepare`]); the process starts in the namespaces
+//! without a copy of planbot ([`crate::capabilities::process_start`]), and until its `exec`
 //! ([`Jail::enter`]) only system calls run, no allocation and no lock.
 
 use std::ffi::CString;
@@ -65,8 +67,8 @@ pub enum NsSupport {
 }
 
 impl NsSupport {
-    /// Try, once per process: a child makes the namespaces, maps its ids, mounts a tmpfs root,
-    /// pivots into it and forks its init, as a real run does.
+    /// Try, once per process: a child started in the namespaces maps its ids, mounts a tmpfs
+    /// root, pivots into it and installs its filters, as a real run does.
     pub fn probe() -> NsSupport {
         static PROBED: OnceLock<NsSupport> = OnceLock::new();
         PROBED.get_or_init(probe_now).clone()
@@ -85,34 +87,16 @@ impl NsSupport {
 #[derive(Debug, Clone, Copy)]
 #[repr(u8)]
 pub enum Stage {
-    Unshare = 1,
+    /// The process could not be started in its new namespaces.
+    Namespaces = 1,
     IdMap,
     Limits,
     Mount,
     Pivot,
-    Fork,
     Seccomp,
     ListenGuard,
     /// The probe's TCP socket could listen: the guard let it through.
     ListenOpen,
-}
-
-impl Stage {
-    fn from_u8(b: u8) -> Option<Stage> {
-        [
-            Stage::Unshare,
-            Stage::IdMap,
-            Stage::Limits,
-            Stage::Mount,
-            Stage::Pivot,
-            Stage::Fork,
-            Stage::Seccomp,
-            Stage::ListenGuard,
-            Stage::ListenOpen,
-        ]
-        .into_iter()
-        .find(|s| *s as u8 == b)
-    }
 }
 
 fn probe_now() -> NsSupport {
@@ -135,59 +119,50 @@ fn probe_now() -> NsSupport {
     if let Some(guard) = &jail.listen {
         guard.expect_refusals();
     }
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return unavailable(format!("pipe: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: the child only makes system calls (`Jail::enter`, write, _exit): it is sound in
-    // the forked child of a multi-threaded process.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
+    // The child reports the step that failed here: it shares this memory until it exits.
+    let mut failed: Option<(Stage, i32)> = None;
+    let mut body = || -> libc::c_int {
         // The jail, then the listen() guard end to end: a UNIX socket listens (through
         // planbot's supervisor), a TCP socket does not.
         let entered = jail.enter().and_then(|()| {
-            // SAFETY: only system calls, in this forked child.
+            // SAFETY: only system calls, in the started child.
             match unsafe { crate::capabilities::listen_guard::probe_in_child() } {
                 Ok(()) => Ok(()),
                 Err(Some(errno)) => Err((Stage::ListenGuard, errno)),
                 Err(None) => Err((Stage::ListenOpen, 0)),
             }
         });
-        let code = match entered {
+        match entered {
             Ok(()) => 0,
-            Err((stage, errno)) => {
-                let mut msg = [0u8; 5];
-                msg[0] = stage as u8;
-                msg[1..].copy_from_slice(&errno.to_ne_bytes());
-                // SAFETY: write of a stack buffer to our pipe, then _exit.
-                unsafe { libc::write(fds[1], msg.as_ptr().cast(), msg.len()) };
+            Err(e) => {
+                failed = Some(e);
                 1
             }
-        };
-        unsafe { libc::_exit(code) };
+        }
+    };
+    // SAFETY: the body only makes system calls (`Jail::enter`, the guard's probe) and writes
+    // `failed`, which this thread reads once the child has exited.
+    let started = unsafe { crate::capabilities::process_start::start(Jail::NAMESPACES, &mut body) };
+    let started = match started {
+        Ok(s) => s,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EPERM);
+            return unavailable(reason(Some(Stage::Namespaces), errno));
+        }
+    };
+    let status = loop {
+        match crate::capabilities::process_start::wait(&started.pidfd) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => break other,
+        }
+    };
+    if let Some((stage, errno)) = failed {
+        return unavailable(reason(Some(stage), errno));
     }
-    // SAFETY: closing our copy of the write end; reading into a stack buffer; waiting for our child.
-    unsafe { libc::close(fds[1]) };
-    if pid < 0 {
-        unsafe { libc::close(fds[0]) };
-        return unavailable(format!("fork: {}", std::io::Error::last_os_error()));
-    }
-    let mut msg = [0u8; 5];
-    let n = unsafe { libc::read(fds[0], msg.as_mut_ptr().cast(), msg.len()) };
-    unsafe { libc::close(fds[0]) };
-    let mut status = 0;
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-    {}
-    if n == 5 {
-        let errno = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
-        return unavailable(reason(Stage::from_u8(msg[0]), errno));
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        NsSupport::Available
-    } else {
-        unavailable(format!("the probe process ended with status {status:#x}"))
+    match status {
+        Ok(s) if s.success() => NsSupport::Available,
+        Ok(s) => unavailable(format!("the probe process ended with {s}")),
+        Err(e) => unavailable(format!("waiting for the probe process: {e}")),
     }
 }
 
@@ -195,15 +170,14 @@ fn probe_now() -> NsSupport {
 fn reason(stage: Option<Stage>, errno: i32) -> String {
     let err = std::io::Error::from_raw_os_error(errno);
     match stage {
-        Some(Stage::Unshare) => format!(
-            "the kernel refused unprivileged user namespaces ({err}): allow them (`sysctl kernel.unprivileged_userns_clone=1` on Debian kernels before 6.x, `user.max_user_namespaces` above 0), and in a container allow `unshare` in its seccomp profile; under systemd `RestrictNamespaces=` must allow `user mnt pid`"
+        Some(Stage::Namespaces) => format!(
+            "the kernel refused unprivileged user namespaces ({err}): allow them (`sysctl kernel.unprivileged_userns_clone=1` on Debian kernels before 6.x, `user.max_user_namespaces` above 0), and in a container allow `clone` with namespace flags in its seccomp profile; under systemd `RestrictNamespaces=` must allow `user mnt pid`"
         ),
         Some(Stage::IdMap) => format!("the new user namespace could not map planbot's user ({err})"),
         Some(Stage::Mount) | Some(Stage::Pivot) => format!(
             "mounts in a new user namespace are refused ({err}): on Ubuntu 23.10 and later, `kernel.apparmor_restrict_unprivileged_userns=1` takes the namespace's rights away (set it to 0, or give planbot an AppArmor profile with `userns`)"
         ),
         Some(Stage::Limits) => format!("the resource limits could not be set ({err})"),
-        Some(Stage::Fork) => format!("the namespace's first process could not start ({err})"),
         Some(Stage::Seccomp) => format!("the seccomp filter of the engine (only TCP and UNIX sockets, no namespaces, no kernel keyrings, …) was refused ({err})"),
         Some(Stage::ListenOpen) => "the engine's listen() guard let a TCP socket listen in the probe: MR code could accept connections from outside the sandbox".to_string(),
         Some(Stage::ListenGuard) => format!("the engine's listen() guard (a seccomp filter that hands `listen()` to planbot, `SECCOMP_FILTER_FLAG_NEW_LISTENER`, Linux 5.0 or later) failed ({err}): planbot must be able to take a socket from its engine (`pidfd_getfd`, refused with Yama's `kernel.yama.ptrace_scope = 3`), and in a container its seccomp profile must allow `seccomp`, `pidfd_open` and `pidfd_getfd`"),
@@ -263,6 +237,9 @@ pub struct Jail {
     root: Option<(CString, Vec<Mount>)>,
     /// Where the engine starts (`/` when it is not in the view).
     cwd: CString,
+    /// planbot's uid and gid, mapped into the namespace (read before it: inside, they show
+    /// as unmapped until mapped).
+    ids: (u32, u32),
     limits: Limits,
     /// The seccomp filters ([`engine_filters`]), applied in the engine's process.
     filters: Option<Vec<seccompiler::BpfProgram>>,
@@ -297,6 +274,8 @@ impl Jail {
         Ok(Jail {
             root,
             cwd: cstr(cwd)?,
+            // SAFETY: getuid and getgid cannot fail.
+            ids: unsafe { (libc::getuid(), libc::getgid()) },
             limits,
             filters: if seccomp {
                 Some(engine_filters()?)
@@ -311,9 +290,16 @@ impl Jail {
         })
     }
 
-    /// Enter the namespaces (between `fork` and `exec`): returns in the process that is to
-    /// exec the engine, PID 2 of its namespace; the forked-off parent and init never return.
-    /// Only system calls on prepared data: nothing allocates.
+    /// The namespaces this jail's process starts in (`clone` flags for
+    /// [`crate::capabilities::process_start::start`]).
+    pub const NAMESPACES: libc::c_int =
+        libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID;
+
+    /// Set the jail up in the process that is to exec the engine, started in
+    /// [`Jail::NAMESPACES`] (so PID 1 of its PID namespace: when it exits, the kernel kills
+    /// everything left in the namespace, a `setsid` daemon included): its id maps, limits,
+    /// root, working directory, seccomp filters and `listen()` guard. Only system calls on
+    /// prepared data: nothing allocates.
     pub fn enter(&self) -> Result<(), (Stage, i32)> {
         let errno = || {
             std::io::Error::last_os_error()
@@ -330,22 +316,14 @@ impl Jail {
         // SAFETY (whole block): raw system calls on NUL-terminated buffers prepared in the
         // parent; no allocation, no lock.
         unsafe {
-            // The ids of this process (a `Command::uid` has already switched them), read
-            // before the new namespace, where they show as unmapped until mapped.
-            let (uid, gid) = (libc::getuid(), libc::getgid());
-            check(
-                Stage::Unshare,
-                libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) as _,
-            )?;
-            // A process whose ids were just changed (`Command::uid`) is not dumpable, and its
-            // `/proc/self` files are then root's: make it dumpable to write its own maps (the
-            // `exec` that follows decides dumpability anew; it is invisible to the job).
+            // A process that is not dumpable has root's `/proc/self` files: make it dumpable to
+            // write its own maps (the `exec` that follows decides dumpability anew).
             libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong);
             let mut buf = [0u8; 32];
             write_file(PATH_SETGROUPS, b"deny").map_err(|e| (Stage::IdMap, e))?;
-            let map = id_map(&mut buf, uid);
+            let map = id_map(&mut buf, self.ids.0);
             write_file(PATH_UID_MAP, map).map_err(|e| (Stage::IdMap, e))?;
-            let map = id_map(&mut buf, gid);
+            let map = id_map(&mut buf, self.ids.1);
             write_file(PATH_GID_MAP, map).map_err(|e| (Stage::IdMap, e))?;
             let l = self.limits;
             for (res, value) in [
@@ -367,35 +345,6 @@ impl Jail {
             if libc::chdir(self.cwd.as_ptr()) != 0 {
                 libc::chdir(c"/".as_ptr());
             }
-            // The parent of the namespace: waits for its init and exits as it did. It ignores
-            // the stop signals planbot sends the process group (the engine gets them itself).
-            let init = libc::fork();
-            check(Stage::Fork, init as _)?;
-            if init > 0 {
-                close_all();
-                for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
-                    libc::signal(sig, libc::SIG_IGN);
-                }
-                libc::_exit(wait_for(init));
-            }
-            // PID 1: dies with the parent (killed by planbot), reaps everything, and exits when
-            // the engine does — the kernel then kills what is left in the namespace.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-            let engine = libc::fork();
-            check(Stage::Fork, engine as _)?;
-            if engine > 0 {
-                close_all();
-                loop {
-                    let mut status = 0;
-                    let pid = libc::waitpid(-1, &mut status, 0);
-                    if pid == engine {
-                        libc::_exit(exit_code(status));
-                    }
-                    if pid < 0 && *libc::__errno_location() == libc::ECHILD {
-                        libc::_exit(127);
-                    }
-                }
-            }
         }
         if let Some(filters) = &self.filters {
             // Two system calls each (no_new_privs, seccomp) on the prepared programs.
@@ -404,7 +353,7 @@ impl Jail {
             }
         }
         if let Some(guard) = &self.listen {
-            // SAFETY: we are the forked child about to exec the engine; no_new_privs is set.
+            // SAFETY: we are the started child about to exec the engine; no_new_privs is set.
             unsafe { guard.install() }.map_err(|e| (Stage::ListenGuard, e))?;
         }
         Ok(())
@@ -565,7 +514,7 @@ pub const DENIED_CALLS: &[(&str, libc::c_long)] = &[
 
 /// The calls of [`DENIED_CALLS`] that planbot itself makes to build an engine's namespaces:
 /// a container running planbot must allow them (its engines never get them).
-pub const SANDBOX_BUILDING_CALLS: &[&str] = &["unshare", "mount", "umount2", "pivot_root"];
+pub const SANDBOX_BUILDING_CALLS: &[&str] = &["mount", "umount2", "pivot_root"];
 
 /// The namespace flags of `clone`: a process of the job may not make a namespace that way
 /// either.
@@ -765,41 +714,6 @@ unsafe fn write_file(path: &[u8], data: &[u8]) -> Result<(), i32> {
         Ok(())
     } else {
         Err(err)
-    }
-}
-
-/// Close every descriptor: the waiting parent and init hold nothing (so the engine's output
-/// pipes and `exec` report pipe close when the engine's side does).
-unsafe fn close_all() {
-    if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
-        for fd in 0..1024 {
-            libc::close(fd);
-        }
-    }
-}
-
-/// Wait for `pid` and return what to exit with.
-unsafe fn wait_for(pid: libc::pid_t) -> i32 {
-    let mut status = 0;
-    loop {
-        let rc = libc::waitpid(pid, &mut status, 0);
-        if rc == pid {
-            return exit_code(status);
-        }
-        if rc < 0 && *libc::__errno_location() != libc::EINTR {
-            return 127;
-        }
-    }
-}
-
-/// A process's exit code, or 128 + the signal that killed it (as a shell says it).
-fn exit_code(status: i32) -> i32 {
-    if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        127
     }
 }
 

@@ -288,8 +288,11 @@ fn the_systemd_unit_lets_planbot_run_engines_under_landlock_in_their_namespaces(
         "kill",
         "pidfd_open",
         "prlimit64",
-        // The namespaces and limits of every engine process.
-        "unshare",
+        // The namespaces and limits of every engine process (started by `clone` into its
+        // namespaces, waited for and stopped through its pidfd).
+        "clone",
+        "waitid",
+        "pidfd_send_signal",
         "mount",
         "umount2",
         "pivot_root",

@@ -5,14 +5,16 @@
 //! namespaces and not the machine — and fails inside the namespaces.
 
 use crate::support::world::PlanbotConfig;
+use planbot::capabilities::engine::child::{EngineChild, Launch};
 use planbot::capabilities::engine::sandbox::{Isolation, Policy, Profile, Support};
 use planbot::capabilities::engine::{
     CliConfig, Engine, Limits, PlanRequest, SandboxMode, SandboxProfile,
 };
 use planbot::capabilities::namespaces::NsSupport;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::process::Command;
 
 /// Landlock and the namespaces of this kernel; the tests fail (never skip) without them.
 fn kernel() -> Support {
@@ -119,46 +121,78 @@ pub(crate) enum Confined<'a> {
 
 /// `bash -c script` as `uid` (when given), confined as asked, in `cwd`.
 pub(crate) async fn bash(script: &str, how: Confined<'_>, cwd: &Path, uid: Option<u32>) -> Ran {
-    let mut cmd = bash_command(script, how, cwd, uid);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("the confined command ends (and whatever holds its output)")
-        .expect("bash starts");
-    Ran {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    match uid {
+        None => output(start_bash(script, how, cwd)).await,
+        // The child must be `uid`'s from its start (its user namespace is made by the `clone`
+        // that starts it): a thread of this test takes the ids (its own only, by the raw
+        // system calls) and starts and waits for it.
+        Some(uid) => std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: raw system calls change this thread's ids alone.
+                    unsafe {
+                        assert_eq!(
+                            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+                            0
+                        );
+                        assert_eq!(libc::syscall(libc::SYS_setresgid, uid, uid, uid), 0);
+                        assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+                        // A change of ids leaves the process not dumpable (its `/proc/self`
+                        // files root's); planbot running as `uid` is.
+                        assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong), 0);
+                    }
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap()
+                        .block_on(async { output(start_bash(script, how, cwd)).await })
+                })
+                .join()
+                .expect("the test's child thread")
+        }),
     }
 }
 
-/// The command of [`bash`], not started (stdin is `/dev/null`; the caller may pipe it).
-pub(crate) fn bash_command(
-    script: &str,
-    how: Confined<'_>,
-    cwd: &Path,
-    uid: Option<u32>,
-) -> Command {
-    let mut cmd = Command::new("/bin/bash");
-    cmd.arg("-c")
-        .arg(script)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .current_dir(cwd)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .process_group(0);
-    if let Some(uid) = uid {
-        cmd.uid(uid).gid(uid);
-    }
+/// `bash -c script` started as planbot starts an engine process ([`EngineChild::spawn`]),
+/// confined as asked, in `cwd`: stdin `/dev/null`, stdout and stderr piped.
+pub(crate) fn start_bash(script: &str, how: Confined<'_>, cwd: &Path) -> EngineChild {
     let landlock = kernel();
     let prepared = match how {
         Confined::Nothing => None,
         Confined::LandlockOnly(p) => Some(p.prepare(landlock)),
         Confined::Isolated(p, iso) => Some(p.prepare_isolated(landlock, iso, cwd)),
-    };
-    if let Some(prepared) = prepared {
-        prepared.unwrap().install(&mut cmd);
     }
-    cmd
+    .map(Result::unwrap);
+    let args = [OsString::from("-c"), OsString::from(script)];
+    let env = BTreeMap::from([("PATH".to_string(), OsString::from("/usr/bin:/bin"))]);
+    EngineChild::spawn(&Launch {
+        program: Path::new("/bin/bash"),
+        args: &args,
+        env: &env,
+        dir: cwd,
+        cgroup: &[],
+        sandbox: prepared.as_ref(),
+    })
+    .expect("bash starts")
+}
+
+/// All a child says on stdout and stderr, once it has ended (and whatever held its output).
+pub(crate) async fn output(mut child: EngineChild) -> Ran {
+    use tokio::io::AsyncReadExt;
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let ended = async {
+        let (a, b) = tokio::join!(out.read_to_end(&mut stdout), err.read_to_end(&mut stderr));
+        a.and(b).expect("the output is read");
+        child.wait().await.expect("the child is waited for")
+    };
+    tokio::time::timeout(Duration::from_secs(60), ended)
+        .await
+        .expect("the confined command ends (and whatever holds its output)");
+    Ran {
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
 }
 
 /// Perl that connects to the UNIX socket at `path` and says whether it could.

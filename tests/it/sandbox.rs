@@ -4,13 +4,15 @@
 //! sandbox can do each of these, so the test proves the sandbox, not the environment. Then the
 //! real engine: hostile HCL, a provider committed to the repository, a symlinked root.
 
+use planbot::capabilities::engine::child::{EngineChild, Launch};
 use planbot::capabilities::engine::sandbox::{Policy, Profile, Support};
 use planbot::capabilities::engine::{
     CliConfig, Engine, EngineError, PlanRequest, SandboxMode, SandboxProfile,
 };
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::process::Command;
 
 const CANARY: &str = "canary-3f9a1c7e-not-for-mr-authors";
 
@@ -65,22 +67,31 @@ struct Ran {
     stderr: String,
 }
 
-/// `bash -c script`, sandboxed by `policy` or not.
+/// `bash -c script`, sandboxed by `policy` or not, started as planbot starts an engine process.
 async fn bash(script: &str, policy: Option<&Policy>) -> Ran {
-    let mut cmd = Command::new("/bin/bash");
-    cmd.arg("-c")
-        .arg(script)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .stdin(std::process::Stdio::null());
-    if let Some(p) = policy {
-        p.prepare(landlock()).unwrap().install(&mut cmd);
-    }
-    let out = cmd.output().await.expect("bash starts");
+    use tokio::io::AsyncReadExt;
+    let prepared = policy.map(|p| p.prepare(landlock()).unwrap());
+    let args = [OsString::from("-c"), OsString::from(script)];
+    let env = BTreeMap::from([("PATH".to_string(), OsString::from("/usr/bin:/bin"))]);
+    let dir = std::env::current_dir().unwrap();
+    let mut child = EngineChild::spawn(&Launch {
+        program: Path::new("/bin/bash"),
+        args: &args,
+        env: &env,
+        dir: &dir,
+        cgroup: &[],
+        sandbox: prepared.as_ref(),
+    })
+    .expect("bash starts");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let (a, b) = tokio::join!(out.read_to_end(&mut stdout), err.read_to_end(&mut stderr));
+    a.and(b).expect("the output is read");
+    let status = child.wait().await.expect("bash is waited for");
     Ran {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        ok: status.success(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
     }
 }
 

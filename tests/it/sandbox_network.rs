@@ -6,7 +6,7 @@
 //! TCP), then refused in the sandbox. Then the filter alone, call by call, against the kernel's
 //! own answers.
 
-use crate::isolation::{bash, bash_command, Confined, Job, Ran};
+use crate::isolation::{bash, start_bash, Confined, Job, Ran};
 use planbot::capabilities::engine::Limits;
 use planbot::capabilities::namespaces::engine_filters;
 use std::net::{TcpListener, UdpSocket};
@@ -373,17 +373,18 @@ perl -MIO::Socket::UNIX -e '$l = IO::Socket::UNIX->new(Local => "own.sock", List
 }
 
 /// A TCP listener of MR code: socket, (a bind, when `bind` names the address), `listen()`, then
-/// the port `getsockname` gives, held until the test closes the script's stdin.
+/// the port `getsockname` gives, held until the test closes the FIFO `knocked`.
 fn listener_script(family: i32, bind: Option<&str>) -> String {
     let bind = bind
         .map(|addr| format!("bind(S, {addr}) and out \"bound: the case proves nothing\"; "))
         .unwrap_or_default();
     perl(&format!(
-        "socket(S, {family}, 1, 0) or out \"socket: $!\"; {bind}\
+        "open(my $k, \"<\", \"knocked\") or out \"knocked: $!\"; \
+         socket(S, {family}, 1, 0) or out \"socket: $!\"; {bind}\
          my $said = listen(S, 5) ? \"listening\" : \"listen: $!\"; \
          my $a = getsockname(S); \
          my $port = sockaddr_family($a) == AF_INET ? (unpack_sockaddr_in($a))[0] : (unpack_sockaddr_in6($a))[0]; \
-         print \"$said port=$port\\n\"; <STDIN>; exit 0;"
+         print \"$said port=$port\\n\"; <$k>; exit 0;"
     ))
 }
 
@@ -396,11 +397,18 @@ async fn listen_and_knock(
     cwd: &std::path::Path,
 ) -> (String, bool) {
     use tokio::io::AsyncBufReadExt;
-    let mut cmd = bash_command(script, how, cwd, None);
-    cmd.stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut child = cmd.spawn().expect("bash starts");
+    // The script holds its socket until this test has knocked: it opens the FIFO `knocked`
+    // first and, once it has said its line, reads it to its end, which comes when the test
+    // closes its end (held open read-write, so that neither side's open waits for the other).
+    let fifo = cwd.join("knocked");
+    let _ = std::fs::remove_file(&fifo);
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let mut child = start_bash(script, how, cwd);
     let stdout = child.stdout.take().unwrap();
     let mut lines = tokio::io::BufReader::new(stdout).lines();
     let line = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
@@ -425,10 +433,10 @@ async fn listen_and_knock(
             }
         }
     }
-    drop(child.stdin.take());
+    drop(held);
     tokio::time::timeout(std::time::Duration::from_secs(60), child.wait())
         .await
-        .expect("the script ends once its stdin closes")
+        .expect("the script ends once the FIFO closes")
         .unwrap();
     (line, reached)
 }

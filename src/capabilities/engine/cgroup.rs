@@ -11,7 +11,7 @@
 //! - **cgroup v1**, the `memory` and `pids` hierarchies mounted and planbot's cgroups in them
 //!   writable: each run's cgroup is made under planbot's own in both.
 //!
-//! The child joins the run's cgroup between `fork` and `exec`, before anything else (it
+//! The engine's process joins the run's cgroup before its `exec`, before anything else (it
 //! writes `0`, itself, to `cgroup.procs` files opened by planbot): no engine code runs outside.
 //! A job plans its roots one after the other, so at any moment a job's engine processes are
 //! one run's.
@@ -441,7 +441,7 @@ impl Drop for JobCgroup {
     }
 }
 
-/// In the child between `fork` and `exec`: join the run's cgroup by writing `0` (the writer
+/// In the engine's process before its `exec`: join the run's cgroup by writing `0` (the writer
 /// itself) into each `cgroup.procs` descriptor. Only `write`: nothing that allocates.
 pub(super) fn enter(fds: &[RawFd]) -> std::io::Result<()> {
     for &fd in fds {

@@ -5,6 +5,7 @@ mod apply;
 mod builder;
 mod cgroup;
 mod checks;
+pub mod child;
 mod cli_config;
 mod encryption;
 mod env;
@@ -25,13 +26,13 @@ pub use builder::{
 };
 pub use cgroup::{sweep_stale_run_cgroups, CgroupSupport, JobCgroups};
 pub use checks::EngineChecks;
+pub use child::ENGINE_OOM_SCORE_ADJ;
 pub use cli_config::{cli_config_text, CliConfig, ProviderMirror};
 pub use encryption::{plan_encryption_config, PlanEncryption};
 pub use env::go_runtime_env;
 pub use error::{EngineError, Step};
 pub use output::LINE_MAX_BYTES;
 pub use plan::{LOCK_FILE, LOCK_FILE_MAX};
-pub use process::ENGINE_OOM_SCORE_ADJ;
 pub use request::{
     is_variable_name, CancelHandle, CancelToken, FmtOfRoots, PlanRequest, StepProgress,
 };

@@ -5,11 +5,13 @@
 //! persisted, lock released), then after the grace period SIGKILL of the whole group; what is
 //! left of the group when the engine exits (a provider plugin that outlived it) is killed too.
 //!
-//! Every engine process is also the kernel OOM killer's first choice ([`ENGINE_OOM_SCORE_ADJ`],
-//! set in the child before anything else, inherited by all it starts): when memory runs out —
-//! the host's, or the service cgroup's `MemoryMax=` — an engine process dies, never planbot.
+//! Every engine process is also the kernel OOM killer's first choice
+//! ([`super::ENGINE_OOM_SCORE_ADJ`], set in the child before anything else, inherited by all it
+//! starts): when memory runs out — the host's, or the service cgroup's `MemoryMax=` — an engine
+//! process dies, never planbot.
 
 use super::cgroup::{Counts, JobCgroup};
+use super::child::{EngineChild, Launch, StartError};
 use super::error::{EngineError, Step, StepError, StopHow};
 use super::output::{read_lines, Line, RawLog, LINES_IN_FLIGHT};
 use super::quota::Quota;
@@ -24,43 +26,10 @@ use nix::unistd::Pid;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
-use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-
-/// The `oom_score_adj` of every engine process: the most there is, so the kernel's OOM killer
-/// picks an engine (or a provider it started) before planbot. Raising it needs no privilege.
-pub const ENGINE_OOM_SCORE_ADJ: &[u8] = b"1000";
-
-/// Raise this process's `oom_score_adj` to [`ENGINE_OOM_SCORE_ADJ`] (between `fork` and
-/// `exec`: open, write, close, nothing that allocates). An error fails the spawn: an engine
-/// the OOM killer would spare over planbot does not run.
-fn raise_oom_score() -> std::io::Result<()> {
-    // SAFETY: system calls on a static NUL-terminated path and a static buffer.
-    unsafe {
-        let fd = libc::open(
-            c"/proc/self/oom_score_adj".as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
-        );
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let n = libc::write(
-            fd,
-            ENGINE_OOM_SCORE_ADJ.as_ptr().cast(),
-            ENGINE_OOM_SCORE_ADJ.len(),
-        );
-        let err = std::io::Error::last_os_error();
-        libc::close(fd);
-        if n == ENGINE_OOM_SCORE_ADJ.len() as isize {
-            Ok(())
-        } else {
-            Err(err)
-        }
-    }
-}
 
 /// After the engine process exits, its output pipes get this long to drain.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(5);
@@ -229,61 +198,49 @@ impl Engine {
         step: Step,
         args: &[OsString],
         call: &StepCall<'_>,
-    ) -> Result<Child, StepError> {
-        let mut cmd = Command::new(&self.inner.binary);
-        cmd.args(args)
-            .current_dir(call.dir)
-            .env_clear()
-            .envs(call.env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        // First in the child (before the namespaces hide `/proc`), for every engine process,
-        // sandboxed or not.
-        // SAFETY: `raise_oom_score` only makes system calls on static data.
-        // Before that, before anything: into the run's cgroup (no instant of the engine
-        // outside it).
-        if let Some(c) = call.cgroup {
-            let fds = c.enter_fds();
-            // SAFETY: `enter` only writes to descriptors planbot holds open.
-            unsafe {
-                cmd.pre_exec(move || super::cgroup::enter(&fds));
-            }
-        }
-        unsafe {
-            cmd.pre_exec(raise_oom_score);
-        }
-        if let Some(c) = call.confinement {
-            match &c.isolation {
-                Some(isolation) => c.policy.prepare_isolated(c.support, isolation, call.dir),
-                None => c.policy.prepare(c.support),
-            }
-            .map_err(|e| StepError::Other(EngineError::Sandbox(e.to_string())))?
-            .install(&mut cmd);
-        }
-        // ETXTBSY: the binary was just written (an install, an upgrade) and a process forked
+    ) -> Result<EngineChild, StepError> {
+        let sandbox = match call.confinement {
+            Some(c) => Some(
+                match &c.isolation {
+                    Some(isolation) => c.policy.prepare_isolated(c.support, isolation, call.dir),
+                    None => c.policy.prepare(c.support),
+                }
+                .map_err(|e| StepError::Other(EngineError::Sandbox(e.to_string())))?,
+            ),
+            None => None,
+        };
+        let cgroup = call.cgroup.map(|c| c.enter_fds()).unwrap_or_default();
+        let launch = Launch {
+            program: &self.inner.binary,
+            args,
+            env: call.env,
+            dir: call.dir,
+            cgroup: &cgroup,
+            sandbox: sandbox.as_ref(),
+        };
+        // ETXTBSY: the binary was just written (an install, an upgrade) and a process started
         // meanwhile still holds it open for writing until its exec; that passes in moments.
-        let mut spawned = cmd.spawn();
+        let mut spawned = EngineChild::spawn(&launch);
         for attempt in 1..=5u64 {
             match &spawned {
                 Err(e) if e.raw_os_error() == Some(Errno::ETXTBSY as i32) => {
                     std::thread::sleep(std::time::Duration::from_millis(20 * attempt));
-                    spawned = cmd.spawn();
+                    spawned = EngineChild::spawn(&launch);
                 }
                 _ => break,
             }
         }
         spawned.map_err(|e| {
-            StepError::Other(match e.kind() {
-                std::io::ErrorKind::NotFound => {
+            StepError::Other(match e {
+                StartError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     EngineError::NotFound(format!("{}: {e}", self.inner.binary.display()))
                 }
-                _ if call.confinement.is_some() => EngineError::Sandbox(format!(
+                StartError::Sandbox(e) => EngineError::Sandbox(format!(
                     "the kernel refused the sandbox (namespaces or Landlock ruleset) for `{step}` ({e})"
                 )),
-                _ => EngineError::Io(format!("{} {step}: {e}", self.inner.binary.display())),
+                StartError::Io(e) => {
+                    EngineError::Io(format!("{} {step}: {e}", self.inner.binary.display()))
+                }
             })
         })
     }
@@ -292,7 +249,7 @@ impl Engine {
 /// The child's output lines on one bounded channel (stderr always, stdout unless it is the
 /// result), and the task collecting stdout (at most `max_stdout` bytes) when it is.
 fn stream_output(
-    child: &mut Child,
+    child: &mut EngineChild,
     capture: Capture,
     max_stdout: u64,
 ) -> (mpsc::Receiver<Line>, Option<JoinHandle<Captured>>) {
@@ -320,7 +277,7 @@ struct Captured {
 
 /// stdout up to `max` bytes. One byte more and reading stops: the pipe closes (the engine's
 /// next write fails and it exits) and nothing of it is kept.
-async fn read_capped(stdout: ChildStdout, max: u64) -> Captured {
+async fn read_capped(stdout: tokio::net::unix::pipe::Receiver, max: u64) -> Captured {
     use tokio::io::AsyncReadExt;
     let mut bytes = Vec::new();
     let _ = stdout
@@ -373,7 +330,7 @@ impl LineSink<'_> {
 /// A step's engine process while it runs: the child, its process group, its output (lines,
 /// and stdout when it is the result) and where it stands.
 struct Running {
-    child: Child,
+    child: EngineChild,
     group: GroupGuard,
     lines: mpsc::Receiver<Line>,
     stdout_task: Option<JoinHandle<Captured>>,
@@ -577,12 +534,11 @@ struct GroupGuard {
 
 impl GroupGuard {
     /// The group the child leads (`process_group(0)`: its pid is the group id).
-    fn of(child: &Child) -> GroupGuard {
-        let pgid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw);
-        GroupGuard { pgid, armed: true }
+    fn of(child: &EngineChild) -> GroupGuard {
+        GroupGuard {
+            pgid: Some(Pid::from_raw(child.id())),
+            armed: true,
+        }
     }
 
     /// Send `sig` to the whole group; a group that is gone (`ESRCH`) is no error.

@@ -3,7 +3,7 @@
 //! The engine runs hostile code (an MR's HCL, a provider binary committed to the repository,
 //! an `external` program). Landlock, the kernel's unprivileged access-control LSM, lets a
 //! process restrict itself and everything it starts; planbot applies a ruleset in the engine's
-//! child process between `fork` and `exec` ([`PreparedSandbox::install`]), so `init`, `plan`,
+//! process before its `exec` ([`PreparedSandbox::enter`]), so `init`, `plan`,
 //! `show`, `apply` and every provider they start stay inside it. Nothing outside the allow-list
 //! exists for them: not `data_dir` (store, mirrors, other jobs), not the config file or secret
 //! files, and not `/proc` (Landlock's ptrace rule hides `/proc/<pid>/mem` of planbot, but not
@@ -358,60 +358,53 @@ pub struct PreparedSandbox {
 }
 
 impl PreparedSandbox {
-    /// Enter the namespaces (when prepared with them) and apply the ruleset in `cmd`'s child
-    /// between `fork` and `exec`. The child fails to start (`EPERM`, or the errno of the
-    /// namespace step that failed) rather than run unconfined.
-    pub fn install(self, cmd: &mut tokio::process::Command) {
-        if let Some(jail) = self.jail {
-            let enter = move || -> std::io::Result<()> {
-                jail.enter()
-                    .map_err(|(_, errno)| std::io::Error::from_raw_os_error(errno))
-            };
-            // SAFETY: `Jail::enter` only makes system calls on data prepared before the fork.
-            unsafe {
-                cmd.pre_exec(enter);
-            }
+    /// The namespaces the engine's process starts in (`clone` flags; 0: none).
+    pub fn namespaces(&self) -> libc::c_int {
+        if self.jail.is_some() {
+            Jail::NAMESPACES
+        } else {
+            0
         }
-        let mut ruleset = self.ruleset;
-        let (scratch, write_access) = (self.scratch, self.write_access);
-        let confine = move || -> std::io::Result<()> {
-            // Only async-signal-safe work here (we are between fork and exec): syscalls (open,
-            // landlock_add_rule and close per scratch mount, prctl NO_NEW_PRIVS,
-            // landlock_restrict_self), no allocation on success or error.
-            let denied = std::io::Error::from(nix::errno::Errno::EPERM);
-            let Some(mut r) = ruleset.take() else {
-                return Err(denied);
-            };
-            // The jail's tmpfs scratch mounts (the run's HOME and temp dir) are in place now:
-            // rules on them, as the paths resolve in the view (a rule opened on the host's
-            // directory would not reach the tmpfs mounted over it).
-            for path in &scratch {
-                // SAFETY: `path` is a NUL-terminated string made before the fork.
-                let fd = unsafe {
-                    libc::open(
-                        path.as_ptr(),
-                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                    )
-                };
-                if fd < 0 {
-                    return Err(denied);
-                }
-                // SAFETY: `fd` was just opened and stays open until the rule is added.
-                let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                let added = r.add_rule(PathBeneath::new(dir, write_access));
-                // SAFETY: `fd` is ours; the rule holds no reference to it once added.
-                unsafe { libc::close(fd) };
-                r = added.map_err(|_| std::io::Error::from(nix::errno::Errno::EPERM))?;
-            }
-            match r.restrict_self() {
-                Ok(status) if status.ruleset != RulesetStatus::NotEnforced => Ok(()),
-                _ => Err(denied),
-            }
+    }
+
+    /// Enter the jail (when prepared with namespaces) and apply the ruleset, in the engine's
+    /// process before its `exec`; the errno of the step that failed. The engine then fails to
+    /// start (`EPERM`, or that errno) rather than run unconfined.
+    ///
+    /// # Safety
+    /// Only in a child started by [`crate::capabilities::process_start::start`] (with
+    /// [`PreparedSandbox::namespaces`]) that is about to `exec`: only system calls on data
+    /// prepared before, no allocation; the ruleset used is the child's bitwise copy (its
+    /// descriptor is the child's own, and it holds nothing on the heap), so this value is
+    /// left as it was for planbot to drop.
+    pub unsafe fn enter(&self) -> Result<(), i32> {
+        if let Some(jail) = &self.jail {
+            jail.enter().map_err(|(_, errno)| errno)?;
+        }
+        let denied = libc::EPERM;
+        let Some(ruleset) = self.ruleset.as_ref() else {
+            return Err(denied);
         };
-        // SAFETY: `confine` only makes syscalls and moves values it owns; it does not allocate
-        // or take locks, so it is sound to run in the forked child of a multi-threaded process.
-        unsafe {
-            cmd.pre_exec(confine);
+        let mut r: RulesetCreated = std::ptr::read(ruleset);
+        // The jail's tmpfs scratch mounts (the run's HOME and temp dir) are in place now:
+        // rules on them, as the paths resolve in the view (a rule opened on the host's
+        // directory would not reach the tmpfs mounted over it).
+        for path in &self.scratch {
+            let fd = libc::open(
+                path.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return Err(denied);
+            }
+            let dir = std::os::fd::BorrowedFd::borrow_raw(fd);
+            let added = r.add_rule(PathBeneath::new(dir, self.write_access));
+            libc::close(fd);
+            r = added.map_err(|_| denied)?;
+        }
+        match r.restrict_self() {
+            Ok(status) if status.ruleset != RulesetStatus::NotEnforced => Ok(()),
+            _ => Err(denied),
         }
     }
 }
