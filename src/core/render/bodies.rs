@@ -53,16 +53,7 @@ fn section_body(
     let body = Differ::new(phrases)
         .with_replace_paths(replace_paths)
         .with_write_only(&write_only)
-        .diff(
-            "",
-            Node::new(
-                &c.before,
-                &c.after,
-                &c.after_unknown,
-                &c.before_sensitive,
-                &c.after_sensitive,
-            ),
-        );
+        .diff("", Node::of_change(c, false));
     let text = markdown::neutralise(&body.text).into_owned();
     let fence = markdown::fence_for(&text);
     Some(SectionBody {

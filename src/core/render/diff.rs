@@ -58,6 +58,28 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// One change's values, from `before` to `after` (`reversed`: from `after` to `before`,
+    /// the sensitivity masks swapped with them).
+    pub fn of_change(c: &'a crate::core::plan::Values<'a>, reversed: bool) -> Node<'a> {
+        if reversed {
+            Node::new(
+                &c.after,
+                &c.before,
+                &c.after_unknown,
+                &c.after_sensitive,
+                &c.before_sensitive,
+            )
+        } else {
+            Node::new(
+                &c.before,
+                &c.after,
+                &c.after_unknown,
+                &c.before_sensitive,
+                &c.after_sensitive,
+            )
+        }
+    }
+
     fn key(&self, k: &str) -> Node<'a> {
         let get = |v: Option<&'a Json<'a>>| v.and_then(|v| v.as_object()).and_then(|m| m.get(k));
         Node {

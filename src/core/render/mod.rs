@@ -761,29 +761,13 @@ fn resource_view(rc: &ResourceChange, drift: bool) -> ResourceView {
 /// reads it from `after` to `before` (drift: from `main`'s code to reality). Not neutralised:
 /// the caller puts it in a fence of its own.
 pub fn attribute_diff(c: &Values, reversed: bool) -> diff::DiffBody {
-    if reversed {
-        Differ::new(phrases()).unknown_first().diff(
-            "",
-            Node::new(
-                &c.after,
-                &c.before,
-                &c.after_unknown,
-                &c.after_sensitive,
-                &c.before_sensitive,
-            ),
-        )
+    let differ = Differ::new(phrases());
+    let differ = if reversed {
+        differ.unknown_first()
     } else {
-        Differ::new(phrases()).diff(
-            "",
-            Node::new(
-                &c.before,
-                &c.after,
-                &c.after_unknown,
-                &c.before_sensitive,
-                &c.after_sensitive,
-            ),
-        )
-    }
+        differ
+    };
+    differ.diff("", Node::of_change(c, reversed))
 }
 
 type UnitId = (usize, u8, usize);
