@@ -85,10 +85,9 @@ impl NsSupport {
 
 /// The setup step that failed, for the probe's reason.
 #[derive(Debug, Clone, Copy)]
-#[repr(u8)]
 pub enum Stage {
     /// The process could not be started in its new namespaces.
-    Namespaces = 1,
+    Namespaces,
     IdMap,
     Limits,
     Mount,

@@ -6,7 +6,9 @@
 
 use crate::support::world::PlanbotConfig;
 use planbot::capabilities::engine::child::{EngineChild, Launch};
-use planbot::capabilities::engine::sandbox::{Isolation, Policy, Profile, Support};
+use planbot::capabilities::engine::sandbox::{
+    Isolation, Policy, PreparedSandbox, Profile, Support,
+};
 use planbot::capabilities::engine::{
     CliConfig, Engine, Limits, PlanRequest, SandboxMode, SandboxProfile,
 };
@@ -93,6 +95,8 @@ impl Job {
 }
 
 pub(crate) struct Ran {
+    /// It exited with 0.
+    pub(crate) ok: bool,
     pub(crate) stdout: String,
     pub(crate) stderr: String,
 }
@@ -163,6 +167,16 @@ pub(crate) fn start_bash(script: &str, how: Confined<'_>, cwd: &Path) -> EngineC
         Confined::Isolated(p, iso) => Some(p.prepare_isolated(landlock, iso, cwd)),
     }
     .map(Result::unwrap);
+    start_bash_in(script, prepared.as_ref(), cwd)
+}
+
+/// `bash -c script` started as planbot starts an engine process, in `sandbox` (prepared by the
+/// caller; `None`: none), in `cwd`.
+pub(crate) fn start_bash_in(
+    script: &str,
+    sandbox: Option<&PreparedSandbox>,
+    cwd: &Path,
+) -> EngineChild {
     let args = [OsString::from("-c"), OsString::from(script)];
     let env = BTreeMap::from([("PATH".to_string(), OsString::from("/usr/bin:/bin"))]);
     EngineChild::spawn(&Launch {
@@ -171,7 +185,7 @@ pub(crate) fn start_bash(script: &str, how: Confined<'_>, cwd: &Path) -> EngineC
         env: &env,
         dir: cwd,
         cgroup: &[],
-        sandbox: prepared.as_ref(),
+        sandbox,
     })
     .expect("bash starts")
 }
@@ -186,10 +200,11 @@ pub(crate) async fn output(mut child: EngineChild) -> Ran {
         a.and(b).expect("the output is read");
         child.wait().await.expect("the child is waited for")
     };
-    tokio::time::timeout(Duration::from_secs(60), ended)
+    let status = tokio::time::timeout(Duration::from_secs(60), ended)
         .await
         .expect("the confined command ends (and whatever holds its output)");
     Ran {
+        ok: status.success(),
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
     }

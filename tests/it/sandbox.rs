@@ -4,13 +4,11 @@
 //! sandbox can do each of these, so the test proves the sandbox, not the environment. Then the
 //! real engine: hostile HCL, a provider committed to the repository, a symlinked root.
 
-use planbot::capabilities::engine::child::{EngineChild, Launch};
+use crate::isolation::{output, start_bash_in, Ran};
 use planbot::capabilities::engine::sandbox::{Policy, Profile, Support};
 use planbot::capabilities::engine::{
     CliConfig, Engine, EngineError, PlanRequest, SandboxMode, SandboxProfile,
 };
-use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -61,38 +59,12 @@ fn strict_policy(work: &Path, ports: &[u16]) -> Policy {
     p
 }
 
-struct Ran {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// `bash -c script`, sandboxed by `policy` or not, started as planbot starts an engine process.
+/// `bash -c script`, sandboxed by `policy` (Landlock alone) or not, started as planbot starts
+/// an engine process.
 async fn bash(script: &str, policy: Option<&Policy>) -> Ran {
-    use tokio::io::AsyncReadExt;
     let prepared = policy.map(|p| p.prepare(landlock()).unwrap());
-    let args = [OsString::from("-c"), OsString::from(script)];
-    let env = BTreeMap::from([("PATH".to_string(), OsString::from("/usr/bin:/bin"))]);
     let dir = std::env::current_dir().unwrap();
-    let mut child = EngineChild::spawn(&Launch {
-        program: Path::new("/bin/bash"),
-        args: &args,
-        env: &env,
-        dir: &dir,
-        cgroup: &[],
-        sandbox: prepared.as_ref(),
-    })
-    .expect("bash starts");
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let (a, b) = tokio::join!(out.read_to_end(&mut stdout), err.read_to_end(&mut stderr));
-    a.and(b).expect("the output is read");
-    let status = child.wait().await.expect("bash is waited for");
-    Ran {
-        ok: status.success(),
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-    }
+    output(start_bash_in(script, prepared.as_ref(), &dir)).await
 }
 
 #[test]
