@@ -101,26 +101,7 @@ impl EngineChild {
     /// runs the engine (or failed before).
     pub fn spawn(launch: &Launch<'_>) -> Result<EngineChild, StartError> {
         let io = StartError::Io;
-        let program = absolute(launch.program).map_err(io)?;
-        let program = cstring(program.as_os_str()).map_err(io)?;
-        let argv: Vec<CString> = std::iter::once(Ok(program.clone()))
-            .chain(launch.args.iter().map(|a| cstring(a)))
-            .collect::<io::Result<_>>()
-            .map_err(io)?;
-        let envp: Vec<CString> = launch
-            .env
-            .iter()
-            .map(|(k, v)| {
-                let mut kv = OsString::from(k);
-                kv.push("=");
-                kv.push(v);
-                cstring(&kv)
-            })
-            .collect::<io::Result<_>>()
-            .map_err(io)?;
-        let argv_ptrs = null_terminated(&argv);
-        let envp_ptrs = null_terminated(&envp);
-        let dir = cstring(launch.dir.as_os_str()).map_err(io)?;
+        let exec = Exec::of(launch).map_err(io)?;
         let null = above_stdio(open_null().map_err(io)?).map_err(io)?;
         let (out_r, out_w) = pipe_pair().map_err(io)?;
         let (err_r, err_w) = pipe_pair().map_err(io)?;
@@ -148,7 +129,7 @@ impl EngineChild {
                         return 127;
                     }
                 }
-                if libc::chdir(dir.as_ptr()) != 0 {
+                if libc::chdir(exec.dir.as_ptr()) != 0 {
                     failed = Some(Failed::Setup(errno()));
                     return 127;
                 }
@@ -158,7 +139,11 @@ impl EngineChild {
                         return 127;
                     }
                 }
-                libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
+                libc::execve(
+                    exec.program.as_ptr(),
+                    exec.argv_ptrs.as_ptr(),
+                    exec.envp_ptrs.as_ptr(),
+                );
                 failed = Some(Failed::Exec(errno()));
                 127
             }
@@ -180,6 +165,17 @@ impl EngineChild {
                 Failed::Sandbox(e) => StartError::Sandbox(io::Error::from_raw_os_error(e)),
             });
         }
+        EngineChild::adopt(pid, pidfd, out_r, err_r)
+    }
+
+    /// The started process's handle: its pidfd registered with the runtime, its output pipes.
+    fn adopt(
+        pid: i32,
+        pidfd: OwnedFd,
+        out_r: OwnedFd,
+        err_r: OwnedFd,
+    ) -> Result<EngineChild, StartError> {
+        let io = StartError::Io;
         // SAFETY: the pidfd is owned by the `AsyncFd` from here until it is dropped or taken
         // back with `into_inner`.
         let registered =
@@ -245,6 +241,42 @@ impl Drop for EngineChild {
         let _ = std::thread::Builder::new()
             .name("planbot-reap".into())
             .spawn(move || process_start::wait(&pidfd));
+    }
+}
+
+/// What the child's `execve` and `chdir` read, made before it starts (it may not allocate).
+struct Exec {
+    program: CString,
+    dir: CString,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
+    /// The strings the pointers point into.
+    _strings: (Vec<CString>, Vec<CString>),
+}
+
+impl Exec {
+    fn of(launch: &Launch<'_>) -> io::Result<Exec> {
+        let program = cstring(absolute(launch.program)?.as_os_str())?;
+        let argv: Vec<CString> = std::iter::once(Ok(program.clone()))
+            .chain(launch.args.iter().map(|a| cstring(a)))
+            .collect::<io::Result<_>>()?;
+        let envp: Vec<CString> = launch
+            .env
+            .iter()
+            .map(|(k, v)| {
+                let mut kv = OsString::from(k);
+                kv.push("=");
+                kv.push(v);
+                cstring(&kv)
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(Exec {
+            program,
+            dir: cstring(launch.dir.as_os_str())?,
+            argv_ptrs: null_terminated(&argv),
+            envp_ptrs: null_terminated(&envp),
+            _strings: (argv, envp),
+        })
     }
 }
 
