@@ -17,6 +17,7 @@ pub mod freeze;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod hcl;
+pub mod kept_plan;
 pub mod ids;
 pub mod links;
 pub mod markdown;

@@ -11,8 +11,11 @@ use crate::core::plan::{for_each_leaf, for_each_masked_leaf, ConfigModule, Plan}
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 use serde_json::Value;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::Hasher as _;
 use std::sync::Arc;
 
 /// What replaces a scrubbed secret in any output.
@@ -55,10 +58,101 @@ pub fn is_secret_name(name: &str) -> bool {
     SECRET_NAMES.contains(&upper.as_str()) || SECRET_NAME_PARTS.iter().any(|p| upper.contains(p))
 }
 
-/// The set of known secret strings.
+/// The set of known secret strings, and the keyed digests of secrets known only by them.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
     values: BTreeSet<String>,
+    digested: Option<Arc<Digested>>,
+}
+
+/// The key of [`SecretDigests`]: 128 bits of HMAC-SHA256 of planbot's fingerprint key, so a
+/// digest is of no use to whoever does not hold that key (and the key itself is never kept
+/// with a digest).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DigestKey([u8; 16]);
+
+impl std::fmt::Debug for DigestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DigestKey(..)")
+    }
+}
+
+impl DigestKey {
+    /// The digests' key of planbot's fingerprint key `key`.
+    pub fn derive(key: &[u8]) -> DigestKey {
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes any key");
+        mac.update(b"planbot: the digests of a kept plan's secrets, v1");
+        let out = mac.finalize().into_bytes();
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&out[..16]);
+        DigestKey(k)
+    }
+
+    /// The keyed digest (SipHash-1-3, a PRF under the key) of `bytes`.
+    pub fn digest(&self, bytes: &[u8]) -> u64 {
+        let mut h = siphasher::sip::SipHasher13::new_with_key(&self.0);
+        h.write(bytes);
+        h.finish()
+    }
+}
+
+/// Every form ([`Scrubber`]'s patterns) of a set of secrets, each as its length and keyed
+/// digest: what a plan kept outside the process that made it holds of its secrets, so that the
+/// note it is shown in again is still scrubbed of them wherever another root's plan shows
+/// them, without any secret ever being written down. A text is searched by digesting each of
+/// its windows of each length.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretDigests {
+    /// Pattern length in bytes → the sorted digests of the patterns of that length.
+    by_len: BTreeMap<usize, Vec<u64>>,
+}
+
+impl SecretDigests {
+    pub fn is_empty(&self) -> bool {
+        self.by_len.is_empty()
+    }
+
+    /// How many patterns it holds.
+    pub fn len(&self) -> usize {
+        self.by_len.values().map(Vec::len).sum()
+    }
+
+    fn merge(&mut self, other: &SecretDigests) {
+        for (len, digests) in &other.by_len {
+            let mine = self.by_len.entry(*len).or_default();
+            mine.extend(digests);
+            mine.sort_unstable();
+            mine.dedup();
+        }
+    }
+}
+
+/// Digests known under one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Digested {
+    key: DigestKey,
+    digests: SecretDigests,
+}
+
+impl Digested {
+    /// Every window of `text` whose digest is one of a pattern of its length, as a span.
+    fn spans(&self, text: &str, spans: &mut Vec<(usize, usize)>) {
+        let bytes = text.as_bytes();
+        for (&len, digests) in &self.digests.by_len {
+            if len > bytes.len() {
+                break;
+            }
+            for start in 0..=bytes.len() - len {
+                let end = start + len;
+                if digests.binary_search(&self.key.digest(&bytes[start..end])).is_ok()
+                    && text.is_char_boundary(start)
+                    && text.is_char_boundary(end)
+                {
+                    spans.push((start, end));
+                }
+            }
+        }
+    }
 }
 
 impl Secrets {
@@ -97,6 +191,59 @@ impl Secrets {
     /// Add every secret of `other`.
     pub fn merge(&mut self, other: &Secrets) {
         self.values.extend(other.values.iter().cloned());
+        if let Some(d) = &other.digested {
+            self.add_digests(d.key, &d.digests);
+        }
+    }
+
+    /// Every form of every secret known in clear, as digests under `key`.
+    pub fn digests(&self, key: DigestKey) -> SecretDigests {
+        let mut digests = SecretDigests::default();
+        let mut forms = BTreeSet::new();
+        for s in &self.values {
+            forms_of(s, &mut forms);
+        }
+        for form in forms {
+            let digest = key.digest(form.as_bytes());
+            digests.by_len.entry(form.len()).or_default().push(digest);
+        }
+        for d in digests.by_len.values_mut() {
+            d.sort_unstable();
+            d.dedup();
+        }
+        if let Some(d) = &self.digested {
+            if d.key == key {
+                digests.merge(&d.digests);
+            }
+        }
+        digests
+    }
+
+    /// Secrets known only by their digests under `key` ([`SecretDigests`]): the scrubber
+    /// searches for them too. Digests under a second key are not kept (one planbot has one).
+    pub fn add_digests(&mut self, key: DigestKey, digests: &SecretDigests) {
+        if digests.is_empty() {
+            return;
+        }
+        let mut merged = match self.digested.take() {
+            Some(d) if d.key != key => {
+                self.digested = Some(d);
+                return;
+            }
+            Some(d) => Arc::unwrap_or_clone(d).digests,
+            None => SecretDigests::default(),
+        };
+        merged.merge(digests);
+        self.digested = Some(Arc::new(Digested {
+            key,
+            digests: merged,
+        }));
+    }
+
+    /// Whether `text` is one of the secrets known in clear (a value that is not a string in
+    /// JSON, as its text).
+    pub fn contains(&self, text: &str) -> bool {
+        self.values.contains(text)
     }
 
     /// Every value of a sensitive variable (and every default of a variable declared sensitive,
@@ -153,7 +300,7 @@ impl Secrets {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+        self.values.is_empty() && self.digested.is_none()
     }
 
     pub fn len(&self) -> usize {
@@ -187,6 +334,8 @@ pub struct Scrubber {
     /// holds no secret, and is passed on without running the automata over it (most texts of
     /// a note hold none; the automata of thousands of secrets cost tens of nanoseconds a byte).
     starts: Arc<Starts>,
+    /// The secrets known only by their digests (a kept plan's, [`SecretDigests`]).
+    digested: Option<Arc<Digested>>,
 }
 
 /// The four-byte starts of a scrubber's patterns (every pattern is at least
@@ -267,12 +416,7 @@ impl Scrubber {
         let mut forms = BTreeSet::new();
         let mut starts = Vec::new();
         for s in secrets.iter() {
-            for form in text_forms(s) {
-                if form.len() >= MIN_SECRET_LEN {
-                    forms.insert(form);
-                }
-            }
-            base64_forms(s.as_bytes(), &mut forms);
+            forms_of(s, &mut forms);
             for form in std::mem::take(&mut forms) {
                 bytes += form.len();
                 // Every form is at least MIN_SECRET_LEN (4) bytes long.
@@ -291,6 +435,7 @@ impl Scrubber {
         Scrubber {
             matchers,
             starts: Arc::new(Starts::build(starts)),
+            digested: secrets.digested.clone(),
         }
     }
 
@@ -299,30 +444,43 @@ impl Scrubber {
         Scrubber {
             matchers: Vec::new(),
             starts: Arc::default(),
+            digested: None,
         }
     }
 
     /// Whether this scrubber knows no secret at all.
     pub fn is_empty(&self) -> bool {
-        self.matchers.is_empty()
+        self.matchers.is_empty() && self.digested.is_none()
     }
 
     /// Whether `text` holds any known secret, in any of its forms.
     pub fn is_match(&self, text: &str) -> bool {
+        if let Some(d) = &self.digested {
+            let mut spans = Vec::new();
+            d.spans(text, &mut spans);
+            if !spans.is_empty() {
+                return true;
+            }
+        }
         self.may_hold(text) && self.matchers.iter().any(|m| m.is_match(text))
     }
 
-    /// Whether `text` may hold a secret: false when no pattern can start anywhere in it.
+    /// Whether `text` may hold a secret known in clear: false when no pattern can start
+    /// anywhere in it.
     fn may_hold(&self, text: &str) -> bool {
         !self.matchers.is_empty() && self.starts.may_hold(text.as_bytes())
     }
 
     pub fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        if !self.may_hold(text) {
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        if let Some(d) = &self.digested {
+            d.spans(text, &mut spans);
+        }
+        let in_clear = self.may_hold(text);
+        if spans.is_empty() && !in_clear {
             return Cow::Borrowed(text);
         }
-        let mut spans: Vec<(usize, usize)> = Vec::new();
-        for m in &self.matchers {
+        for m in self.matchers.iter().filter(|_| in_clear) {
             spans.extend(
                 m.find_overlapping_iter(text)
                     .map(|found| (found.start(), found.end())),
@@ -373,6 +531,17 @@ impl Scrubber {
             other => other.clone(),
         }
     }
+}
+
+/// Every pattern of secret `s` the scrubber searches for: its text forms and base64 forms at
+/// least [`MIN_SECRET_LEN`] long.
+fn forms_of(s: &str, forms: &mut BTreeSet<String>) {
+    for form in text_forms(s) {
+        if form.len() >= MIN_SECRET_LEN {
+            forms.insert(form);
+        }
+    }
+    base64_forms(s.as_bytes(), forms);
 }
 
 /// The textual forms a secret can take in JSON, HTML, URLs and logs.
@@ -542,6 +711,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A secret known only by its digests (a kept plan's) is scrubbed from a text exactly as
+    /// the scrubber that knows it in clear scrubs it: every form, overlapping runs joined, and
+    /// next to a secret known in clear.
+    #[test]
+    fn a_secret_known_only_by_its_digests_is_scrubbed_as_if_known_in_clear() {
+        let key = DigestKey::derive(b"the fingerprint key");
+        let secret = "p<a>&ss \"w\"/rd+\u{fc}";
+        let mut clear = Secrets::new();
+        clear.add(secret);
+        let digests = clear.digests(key);
+        let stored = serde_json::to_string(&digests).unwrap();
+        assert!(!stored.contains("ss") && !stored.contains("rd"), "{stored}");
+        let mut known = Secrets::new();
+        known.add("a-secret-in-clear");
+        known.add_digests(key, &digests);
+        let mut both = clear.clone();
+        both.add("a-secret-in-clear");
+        let serde = serde_json::to_string(&serde_json::json!({ "v": secret })).unwrap();
+        let b64 = STANDARD.encode(format!("user:{secret}"));
+        let text = format!(
+            "plain {secret} json {serde} html {} pct {} b64 {b64} twice {secret}{secret} clear a-secret-in-clear",
+            "p&lt;a&gt;&amp;ss &quot;w&quot;/rd+\u{fc}",
+            percent_encode(secret),
+        );
+        let out = known.scrubber().scrub(&text).into_owned();
+        assert_eq!(out, both.scrubber().scrub(&text));
+        assert!(!out.contains("ss") && !out.contains("in-clear"), "{out}");
+        // A key of its own finds nothing: the digests are of no use without planbot's key.
+        let mut other = Secrets::new();
+        other.add_digests(DigestKey::derive(b"another key"), &digests);
+        assert_eq!(other.scrubber().scrub(&text), text);
     }
 
     #[test]

@@ -1,0 +1,296 @@
+//! What of a root's plan may be kept outside the run that made it (in the store, for a later
+//! push or another replica): its `show -json` with every secret replaced, and its secrets as
+//! keyed digests ([`crate::core::redact::SecretDigests`]). Nothing kept holds a secret in clear.
+//!
+//! The redacted document reads as the plan did: every value a mask marks sensitive becomes a
+//! token made of [`REDACTED`] and the value's keyed digest (two different secrets stay
+//! different, so a changed password still shows as changed), every known secret inside any
+//! other string is scrubbed, and a number or a boolean that is a known secret becomes a token
+//! too. Masks, actions, addresses and the shape of every value are kept, so the note, the lint
+//! rules and the policies read it as they read the plan.
+
+use crate::core::plan::mask_has_true;
+use crate::core::redact::{DigestKey, Scrubber, Secrets, REDACTED};
+use serde_json::{Map, Value};
+
+/// `plan_json` (a `show -json` document) with every secret of `secrets` (the plan's own and
+/// the run's) replaced; the tokens are digests under `key`.
+pub fn redacted_document(
+    plan_json: &[u8],
+    secrets: &Secrets,
+    key: DigestKey,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let mut doc: Value = serde_json::from_slice(plan_json)?;
+    let tokens = Tokens { key };
+    let sensitive_vars = sensitive_variables(&doc);
+    if let Some(root) = doc.as_object_mut() {
+        for list in ["resource_changes", "resource_drift"] {
+            for rc in items_mut(root.get_mut(list)) {
+                if let Some(change) = rc.get_mut("change").and_then(Value::as_object_mut) {
+                    tokens.masked_pair(change, "before", "before_sensitive");
+                    tokens.masked_pair(change, "after", "after_sensitive");
+                }
+            }
+        }
+        if let Some(outputs) = root.get_mut("output_changes").and_then(Value::as_object_mut) {
+            for change in outputs.values_mut().filter_map(Value::as_object_mut) {
+                tokens.masked_pair(change, "before", "before_sensitive");
+                tokens.masked_pair(change, "after", "after_sensitive");
+            }
+        }
+        if let Some(values) = root.get_mut("planned_values") {
+            tokens.state_values(values);
+        }
+        if let Some(values) = root.get_mut("prior_state").and_then(|s| s.get_mut("values")) {
+            tokens.state_values(values);
+        }
+        if let Some(vars) = root.get_mut("variables").and_then(Value::as_object_mut) {
+            for (name, var) in vars.iter_mut() {
+                if sensitive_vars.contains(name) {
+                    if let Some(value) = var.get_mut("value") {
+                        tokens.all(value);
+                    }
+                }
+            }
+        }
+        if let Some(module) = root
+            .get_mut("configuration")
+            .and_then(|c| c.get_mut("root_module"))
+        {
+            tokens.sensitive_defaults(module);
+        }
+    }
+    let scrubber = secrets.scrubber();
+    tokens.scrubbed(&mut doc, &scrubber, secrets);
+    serde_json::to_vec(&doc)
+}
+
+/// The names of the root variables declared `sensitive`.
+fn sensitive_variables(doc: &Value) -> Vec<String> {
+    doc.pointer("/configuration/root_module/variables")
+        .and_then(Value::as_object)
+        .map(|vars| {
+            vars.iter()
+                .filter(|(_, v)| v.get("sensitive").and_then(Value::as_bool) == Some(true))
+                .map(|(name, _)| name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn items_mut(list: Option<&mut Value>) -> impl Iterator<Item = &mut Value> {
+    list.and_then(Value::as_array_mut).into_iter().flatten()
+}
+
+/// What replaces a sensitive value: [`REDACTED`] with the value's digest.
+struct Tokens {
+    key: DigestKey,
+}
+
+impl Tokens {
+    fn token(&self, leaf: &Value) -> Value {
+        let digest = self.key.digest(leaf.to_string().as_bytes());
+        Value::String(format!("{REDACTED} {digest:016x}"))
+    }
+
+    /// Every leaf of `value` (strings, numbers, booleans) a token; keys and nulls kept.
+    fn all(&self, value: &mut Value) {
+        match value {
+            Value::Null => {}
+            Value::Array(items) => items.iter_mut().for_each(|v| self.all(v)),
+            Value::Object(map) => map.values_mut().for_each(|v| self.all(v)),
+            leaf => *leaf = self.token(leaf),
+        }
+    }
+
+    /// Every leaf of `value` that `mask` marks sensitive a token (the masks' reading of
+    /// [`crate::core::plan::for_each_masked_leaf`]).
+    fn masked(&self, value: &mut Value, mask: &Value) {
+        match (mask, value) {
+            (Value::Bool(true), v) => self.all(v),
+            (Value::Object(m), Value::Object(v)) => {
+                for (k, sub) in m {
+                    if let Some(val) = v.get_mut(k) {
+                        self.masked(val, sub);
+                    }
+                }
+            }
+            (Value::Array(m), Value::Array(v)) => {
+                for (sub, val) in m.iter().zip(v.iter_mut()) {
+                    self.masked(val, sub);
+                }
+            }
+            (m, v) if mask_has_true(m) => self.all(v),
+            _ => {}
+        }
+    }
+
+    /// `change[value]` under `change[mask]`.
+    fn masked_pair(&self, change: &mut Map<String, Value>, value: &str, mask: &str) {
+        let Some(mask) = change.get(mask).cloned() else {
+            return;
+        };
+        if let Some(v) = change.get_mut(value) {
+            self.masked(v, &mask);
+        }
+    }
+
+    /// A state's values (`planned_values`, `prior_state.values`): sensitive outputs, and each
+    /// resource's values under its `sensitive_values`, in every module.
+    fn state_values(&self, values: &mut Value) {
+        if let Some(outputs) = values.get_mut("outputs").and_then(Value::as_object_mut) {
+            for output in outputs.values_mut().filter_map(Value::as_object_mut) {
+                if output.get("sensitive").and_then(Value::as_bool) == Some(true) {
+                    if let Some(v) = output.get_mut("value") {
+                        self.all(v);
+                    }
+                }
+            }
+        }
+        if let Some(module) = values.get_mut("root_module") {
+            self.state_module(module);
+        }
+    }
+
+    fn state_module(&self, module: &mut Value) {
+        for resource in items_mut(module.get_mut("resources")) {
+            if let Some(r) = resource.as_object_mut() {
+                self.masked_pair(r, "values", "sensitive_values");
+            }
+        }
+        for child in items_mut(module.get_mut("child_modules")) {
+            self.state_module(child);
+        }
+    }
+
+    /// The defaults of the variables declared `sensitive` in a configuration module and the
+    /// modules it calls.
+    fn sensitive_defaults(&self, module: &mut Value) {
+        if let Some(vars) = module.get_mut("variables").and_then(Value::as_object_mut) {
+            for var in vars.values_mut().filter_map(Value::as_object_mut) {
+                if var.get("sensitive").and_then(Value::as_bool) == Some(true) {
+                    if let Some(default) = var.get_mut("default") {
+                        self.all(default);
+                    }
+                }
+            }
+        }
+        if let Some(calls) = module.get_mut("module_calls").and_then(Value::as_object_mut) {
+            for call in calls.values_mut() {
+                if let Some(m) = call.get_mut("module") {
+                    self.sensitive_defaults(m);
+                }
+            }
+        }
+    }
+
+    /// Every string and key of `value` scrubbed of every secret; a number or a boolean that is
+    /// a secret a token.
+    fn scrubbed(&self, value: &mut Value, scrubber: &Scrubber, secrets: &Secrets) {
+        match value {
+            Value::String(s) => {
+                if let std::borrow::Cow::Owned(clean) = scrubber.scrub(s) {
+                    *s = clean;
+                }
+            }
+            Value::Number(n) => {
+                if secrets.contains(&n.to_string()) {
+                    *value = self.token(value);
+                }
+            }
+            Value::Bool(_) | Value::Null => {}
+            Value::Array(items) => items
+                .iter_mut()
+                .for_each(|v| self.scrubbed(v, scrubber, secrets)),
+            Value::Object(map) => {
+                let dirty = map.keys().any(|k| scrubber.is_match(k));
+                if dirty {
+                    let taken = std::mem::take(map);
+                    *map = taken
+                        .into_iter()
+                        .map(|(k, v)| (scrubber.scrub(&k).into_owned(), v))
+                        .collect();
+                }
+                map.values_mut()
+                    .for_each(|v| self.scrubbed(v, scrubber, secrets));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::fingerprint::Fingerprint;
+    use crate::core::plan::Plan;
+    use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
+
+    fn note(plan: &Plan, scrubber: &Scrubber) -> String {
+        let fp = Fingerprint::from_hex(&"ab".repeat(32)).unwrap();
+        let roots = [RootSection {
+            name: "fleet".into(),
+            outcome: RootOutcome::Planned {
+                plan,
+                findings: &[],
+                fingerprint: &fp,
+            },
+        }];
+        render_note(&NoteContext::default(), &roots, scrubber)
+    }
+
+    /// Every plan of the fixtures: the redacted document holds no secret of the plan in any
+    /// form, and its note (scrubbed with its own secrets and the digests of the original's) is
+    /// the original's, byte for byte.
+    #[test]
+    fn a_redacted_plan_holds_no_secret_and_reads_as_the_plan() {
+        let key = DigestKey::derive(b"the fingerprint key");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/plans");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let json = std::fs::read(&path).unwrap();
+            let plan = Plan::from_json(&json).unwrap();
+            let mut secrets = Secrets::from_plan(&plan);
+            secrets.add("a-configured-token-1234");
+            let redacted = redacted_document(&json, &secrets, key).unwrap();
+            let text = String::from_utf8(redacted.clone()).unwrap();
+            assert!(
+                !secrets.scrubber().is_match(&text),
+                "{}: a secret is left in the redacted document",
+                path.display()
+            );
+            let kept = Plan::from_json(&redacted).unwrap();
+            let mut known = Secrets::from_plan(&kept);
+            known.add_digests(key, &secrets.digests(key));
+            assert_eq!(
+                note(&kept, &known.scrubber()),
+                note(&plan, &secrets.scrubber()),
+                "{}",
+                path.display()
+            );
+            checked += 1;
+        }
+        assert!(checked >= 15, "{checked} plans");
+    }
+
+    /// A changed sensitive value stays a change; an unchanged one stays unchanged.
+    #[test]
+    fn two_different_secrets_stay_different_and_one_stays_equal() {
+        let key = DigestKey::derive(b"k");
+        let json = br#"{"format_version":"1.2","resource_changes":[{"address":"a.b","mode":"managed","type":"a","name":"b","change":{"actions":["update"],
+            "before":{"pw":"old-secret","same":"kept-secret","n":12345},"after":{"pw":"new-secret","same":"kept-secret","n":12345},
+            "before_sensitive":{"pw":true,"same":true,"n":true},"after_sensitive":{"pw":true,"same":true,"n":true}}}]}"#;
+        let plan = Plan::from_json(json).unwrap();
+        let secrets = Secrets::from_plan(&plan);
+        let doc: Value =
+            serde_json::from_slice(&redacted_document(json, &secrets, key).unwrap()).unwrap();
+        let change = &doc["resource_changes"][0]["change"];
+        assert_ne!(change["before"]["pw"], change["after"]["pw"]);
+        assert_eq!(change["before"]["same"], change["after"]["same"]);
+        assert!(change["before"]["n"].as_str().unwrap().starts_with(REDACTED));
+        assert!(!doc.to_string().contains("secret") && !doc.to_string().contains("12345"));
+    }
+}
