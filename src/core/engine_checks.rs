@@ -64,7 +64,7 @@ pub enum StepCheck {
 }
 
 /// A diagnostic of the engine, reduced to what a note shows: one line each.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Diagnostic {
     pub severity: Severity,
     pub summary: String,
@@ -74,7 +74,7 @@ pub struct Diagnostic {
     pub at: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     Error,
@@ -82,7 +82,7 @@ pub enum Severity {
 }
 
 /// How a test run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TestStatus {
     Pass,
@@ -94,7 +94,7 @@ pub enum TestStatus {
 }
 
 /// One `run` block of a test file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TestRun {
     pub file: String,
     pub run: String,
@@ -104,7 +104,7 @@ pub struct TestRun {
 }
 
 /// What `test -json` said.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TestReport {
     pub runs: Vec<TestRun>,
     /// Errors outside any run (a test file that does not load).
@@ -123,7 +123,7 @@ impl TestReport {
 }
 
 /// One check's result as the note shows it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Check<T> {
     /// Off, or nothing to check: the note says nothing.
@@ -150,7 +150,7 @@ impl<T> Check<T> {
 /// A warning, listed once however often the engine gave it: its summary, then each distinct
 /// detail once (a provider's "Deprecated Resource" names the type and its replacement in the
 /// detail: one line per deprecated type, with how many uses).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WarningGroup {
     pub summary: String,
     /// How many times the engine gave it, all details together.
@@ -159,7 +159,7 @@ pub struct WarningGroup {
 }
 
 /// One detail of a warning group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WarningDetail {
     pub detail: String,
     /// How many times the engine gave this detail (one per place).
@@ -169,7 +169,7 @@ pub struct WarningDetail {
 }
 
 /// A `check {}` block whose assertions failed (or could not be evaluated) in the plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckBlock {
     /// `check.health`, or the instance's address when it has several.
     pub address: String,
@@ -186,7 +186,7 @@ pub const PLACES_LISTED: usize = 5;
 pub const LISTED: usize = 50;
 
 /// Everything the checks of one root said.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RootChecks {
     /// `validate -json`'s errors (its warnings go to `warnings`).
     pub validate: Check<Vec<Diagnostic>>,

@@ -148,6 +148,7 @@ impl PlannedRun {
             targeting: self.targeting,
             backend: self.backend,
             plan_secrets: self.plan_secrets,
+            kept_digest: None,
         }
     }
 

@@ -38,7 +38,7 @@ pub use request::{
 };
 pub use run_dir::{wipe_temp_root, RUN_DIR_PREFIX};
 pub use sandbox::{Limits, Namespaces, Profile as SandboxProfile, SandboxMode};
-pub use shown::ShownPlan;
+pub use shown::{KeptShown, ShownPlan};
 /// Which engine a binary is (defined in core, where a plan document's engine is told apart too).
 pub use version::EngineKind;
 pub use version::EngineVersion;

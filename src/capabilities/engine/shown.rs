@@ -1,11 +1,13 @@
 //! A plan as an MR's note shows it ([`ShownPlan`]): what is kept of a [`super::PlannedRun`] once
 //! its binary plan file is gone (an MR's plan is never applied: the apply plans again). It holds
-//! no file, no sandbox and no state gate, so it may outlive its job in memory (plan reuse
-//! across pushes, `flows::context::plan_reuse`), never on disk.
+//! no file, no sandbox and no state gate. Kept for reuse across pushes
+//! (`flows::context::plan_reuse`), it is written down redacted and read back with
+//! [`ShownPlan::kept`]: then its document holds no secret, and its secrets are digests.
 
 use crate::core::fingerprint::Fingerprint;
-use crate::core::plan::Plan;
-use crate::core::redact::{Scrubber, Secrets};
+use crate::core::plan::{Plan, PlanParseError};
+use crate::core::plan_digest::PlanDigest;
+use crate::core::redact::{DigestKey, Scrubber, SecretDigests, Secrets};
 use crate::core::state::Backend;
 use crate::core::targeting::Targeting;
 use std::fmt;
@@ -22,6 +24,24 @@ pub struct ShownPlan {
     pub(super) backend: Backend,
     /// The scrubber of the plan's own secrets only, which the fingerprint binds.
     pub(super) plan_secrets: Scrubber,
+    /// A kept plan's digest ([`ShownPlan::digest`]), made from the plan before it was redacted.
+    pub(super) kept_digest: Option<PlanDigest>,
+}
+
+/// What a kept plan is read back from ([`ShownPlan::kept`]): nothing in it is secret.
+pub struct KeptShown {
+    /// The redacted `show -json` document (`core::kept_plan`).
+    pub document: Vec<u8>,
+    pub log: String,
+    pub lock_file: Option<Vec<u8>>,
+    pub parallelism: Option<u16>,
+    pub targeting: Targeting,
+    pub backend: Backend,
+    /// The plan's secrets, as digests under `key`.
+    pub digests: SecretDigests,
+    pub key: DigestKey,
+    /// The digest of the plan before it was redacted.
+    pub digest: PlanDigest,
 }
 
 impl fmt::Debug for ShownPlan {
@@ -76,29 +96,44 @@ impl ShownPlan {
         )
     }
 
-    /// How many bytes it keeps in memory (its JSON and log; the parsed plan keeps its values
-    /// compressed).
-    pub fn weight(&self) -> usize {
-        self.plan_json.len() + self.log.len()
+    /// The `-parallelism` it was planned with.
+    pub fn parallelism(&self) -> Option<u16> {
+        self.parallelism
     }
-}
 
-#[cfg(test)]
-impl ShownPlan {
-    /// An empty plan whose JSON is `bytes` bytes long (for the reuse cache's bounds).
-    pub fn of_size(bytes: usize) -> ShownPlan {
-        ShownPlan {
-            plan: Plan::from_json(br#"{"format_version":"1.2","resource_changes":[]}"#)
-                .expect("an empty plan"),
-            plan_json: vec![b' '; bytes],
-            log: String::new(),
-            secrets: Secrets::new(),
-            lock_file: None,
-            parallelism: None,
-            targeting: Targeting::default(),
-            backend: Backend::Remote("http".into()),
-            plan_secrets: Secrets::new().scrubber(),
+    /// The `-target`/`-exclude`/`-replace` flags it was planned with.
+    pub fn targeting(&self) -> &Targeting {
+        &self.targeting
+    }
+
+    /// The secret-free digest a refused apply compares with (a kept plan's was made before it
+    /// was redacted).
+    pub fn digest(&self, key: &[u8]) -> PlanDigest {
+        match &self.kept_digest {
+            Some(d) => d.clone(),
+            None => PlanDigest::of(&self.plan, key),
         }
+    }
+
+    /// A plan kept for reuse, read back: its secrets are the tokens of its redacted document
+    /// and the digests of the secrets it had, which scrub every text it is shown beside. Its
+    /// fingerprint was kept with it (a redacted plan's own would not be the plan's).
+    pub fn kept(kept: KeptShown) -> Result<ShownPlan, PlanParseError> {
+        let plan = Plan::from_json(&kept.document)?;
+        let mut secrets = Secrets::from_plan(&plan);
+        secrets.add_digests(kept.key, &kept.digests);
+        Ok(ShownPlan {
+            plan_secrets: secrets.scrubber(),
+            plan,
+            plan_json: kept.document,
+            log: kept.log,
+            secrets,
+            lock_file: kept.lock_file,
+            parallelism: kept.parallelism,
+            targeting: kept.targeting,
+            backend: kept.backend,
+            kept_digest: Some(kept.digest),
+        })
     }
 }
 

@@ -99,6 +99,21 @@ pub(crate) const TABLES: &[(&str, &[(&str, Ty)])] = &[
         ],
     ),
     (
+        "kept_plans",
+        &[
+            ("project_id", Ty::Int),
+            ("mr_iid", Ty::Int),
+            ("root", Ty::Text),
+            ("head", Ty::Text),
+            ("planned_commit", Ty::Text),
+            ("inputs", Ty::Text),
+            ("outcome", Ty::Text),
+            ("document", Ty::Text),
+            ("digests", Ty::Text),
+            ("kept_at", Ty::Int),
+        ],
+    ),
+    (
         "mr_notes",
         &[
             ("project_id", Ty::Int),

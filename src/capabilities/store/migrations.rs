@@ -34,12 +34,13 @@ macro_rules! migration {
 }
 
 /// Every migration, oldest first.
-const MIGRATIONS: [(&str, &str, &str); 5] = [
+const MIGRATIONS: [(&str, &str, &str); 6] = [
     migration!("V1__initial"),
     migration!("V2__policies"),
     migration!("V3__drift"),
     migration!("V4__targeting"),
     migration!("V5__widgets"),
+    migration!("V6__kept_plans"),
 ];
 
 /// The schema version this binary writes (either database).

@@ -6,6 +6,7 @@
 mod applies;
 mod drift;
 mod dump;
+mod kept_plans;
 mod migrations;
 mod policy;
 mod postgres;
@@ -22,6 +23,7 @@ pub(crate) mod tests;
 
 pub use applies::ProjectLock;
 pub use dump::Dump;
+pub use kept_plans::KeptPlanRow;
 pub use migrations::{PG_SCHEMA_VERSION, SCHEMA_VERSION};
 pub use postgres::{default_replica_name, PgOptions};
 pub use sql::Value;

@@ -20,7 +20,7 @@ pub use rego::PlanDocument;
 pub use sets::{Owner, PolicySetSpec, DEFAULT_NAMESPACE};
 
 use crate::core::proxmox::findings::Finding;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// How long one set may evaluate by default (every rule of its namespace, together).
@@ -60,7 +60,7 @@ pub struct PlanInput<'a> {
 
 /// One message of a rule: conftest's `{"msg": ..., "metadata": {...}}` (the metadata is every
 /// other key of an object result, without conftest's reserved `_loc`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub msg: String,
     #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
@@ -79,7 +79,7 @@ impl Message {
 /// What a set's rules said, counted as conftest counts them: one success per rule definition
 /// that produced nothing, one failure or warning per message, one exception per rule an
 /// `exception` switched off.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Results {
     pub successes: usize,
     pub failures: Vec<Message>,
@@ -95,7 +95,7 @@ impl Results {
 }
 
 /// Why a set could not be evaluated. Each says what to fix; none is ever taken for a pass.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum PolicyError {
     /// The input is not a JSON document.
     #[error("the plan is not JSON: {0}")]
@@ -124,14 +124,14 @@ pub enum PolicyError {
 }
 
 /// What became of one set.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Outcome {
     Checked(Results),
     Error(PolicyError),
 }
 
 /// One set's verdict.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SetVerdict {
     pub name: String,
     pub namespace: String,
@@ -162,7 +162,7 @@ impl SetVerdict {
 }
 
 /// Every set's verdict, in the order the sets were given.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Verdict {
     pub sets: Vec<SetVerdict>,
 }

@@ -12,7 +12,7 @@ use crate::core::plan::Json;
 use crate::core::plan::{ActionKind, Plan, ResourceChange};
 use crate::core::proxmox::findings::{finding, Finding};
 use crate::core::proxmox::model::{unknown_at, Kind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -288,7 +288,7 @@ pub struct Free {
 }
 
 /// One node's row: the numbers policies read as `data.planbot.capacity.nodes[_]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRow {
     pub node: String,
     pub memory_adds_mib: u64,
@@ -309,7 +309,7 @@ pub struct NodeRow {
 
 /// One datastore's row (`data.planbot.capacity.storages[_]`); a shared storage is one row for
 /// every node (`node` is `null`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StorageRow {
     pub storage: String,
     pub node: Option<String>,
@@ -327,7 +327,7 @@ pub struct StorageRow {
 }
 
 /// The plan's demand next to what is free: the note's table and `data.planbot.capacity`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capacity {
     pub nodes: Vec<NodeRow>,
     pub storages: Vec<StorageRow>,

@@ -3,11 +3,11 @@
 //! `[lint] disable` lists, and the texts of `templates/lint.j2`. Lint and preflight both build on this module and not
 //! on each other.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 /// How bad a finding is. Errors fail the commit status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     Error,
@@ -34,6 +34,36 @@ pub struct Finding {
     pub message: String,
     /// What to do, ready to paste where possible.
     pub fix: String,
+}
+
+/// A finding as read back (a kept plan's): its rule must be one of [`RULES`].
+#[derive(Deserialize)]
+struct FindingRead {
+    rule: String,
+    severity: Severity,
+    address: String,
+    message: String,
+    fix: String,
+}
+
+impl<'de> Deserialize<'de> for Finding {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Finding, D::Error> {
+        let f = FindingRead::deserialize(d)?;
+        let rule = RULES
+            .iter()
+            .find(|r| r.id == f.rule)
+            .map(|r| r.id)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("no rule `{}` in the catalogue", f.rule))
+            })?;
+        Ok(Finding {
+            rule,
+            severity: f.severity,
+            address: f.address,
+            message: f.message,
+            fix: f.fix,
+        })
+    }
 }
 
 /// Facts about the Proxmox cluster that sharpen some lint rules when the API is reachable

@@ -291,7 +291,7 @@ pub fn registry_token_variable(gitlab_url: &str) -> Option<String> {
 }
 
 /// The backend a root uses, as planbot learns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Backend {
     /// The state is a file next to the code: a `local` backend (`declared`), or no backend
     /// block at all. In a service run it lives in a throwaway checkout and is lost.

@@ -34,8 +34,6 @@ pub struct App {
     /// held while waiting for a lock, so the roots of one MR plan side by side without more
     /// engines than the memory is sized for.
     pub engine_slots: EngineSlots,
-    /// The last plan of each root of each open MR, reused by a push that does not reach it.
-    pub plan_reuse: crate::flows::context::plan_reuse::PlanReuse,
     /// Git mirrors and per-job checkouts under `data_dir` (the bot token authenticates git).
     pub workspace: Workspace,
     /// What the webhook intake accepts.
@@ -158,7 +156,6 @@ impl App {
                 config.plan.max_concurrent_plans,
                 config.plan.workers_per_author,
             ),
-            plan_reuse: Default::default(),
             webhook,
             gitlab_probe: gitlab
                 .clone()

@@ -1,31 +1,38 @@
 //! Plan reuse across pushes (docs/workflow.md, "Plans reused across pushes"): the last plan of
-//! each root of each open MR, kept in this replica's memory, so that a push that does not reach
-//! a root shows that root's plan again instead of planning it anew. Only the plan as shown is
-//! kept ([`ShownPlan`]: no plan file, no sandbox), bounded in entries and bytes, and never
-//! written anywhere; a reused plan is still planned again and compared at apply time.
+//! each root of each open MR, kept in the store without a secret, so that a push that does not
+//! reach a root shows that root's plan again instead of planning it anew, on whichever replica
+//! takes the push and after a restart. What is kept is the plan as shown, redacted
+//! (`core::kept_plan`: every secret replaced, the plan's secrets as keyed digests that still
+//! scrub every text shown beside it), with its findings, verdict, checks and fingerprint; a
+//! reused plan is still planned again and compared at apply time.
 //!
 //! Whether a root's plan may be reused is decided by the plan flow
 //! (`flows::review::plan::reuse`): the changes between the two commits do not reach it
 //! (`core::reach`, as for any change) and every [`Unchanged`] input is equal.
 
-use crate::capabilities::engine::ShownPlan;
+use crate::capabilities::engine::{KeptShown, ShownPlan};
+use crate::capabilities::store::KeptPlanRow;
 use crate::core::engine_checks::RootChecks;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::{CommitSha, MrIid, ProjectId};
+use crate::core::plan_digest::PlanDigest;
 use crate::core::policy::Verdict;
 use crate::core::proxmox::capacity::Capacity;
 use crate::core::proxmox::findings::Finding;
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use crate::core::redact::{DigestKey, SecretDigests, Secrets};
+use crate::core::state::Backend;
+use crate::core::targeting::Targeting;
+use crate::flows::context::app_state::App;
+use crate::flows::context::cpu::cpu_bound;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
-/// At most this many plans are kept (the least recently used go first).
-pub const MAX_ENTRIES: usize = 512;
-
-/// At most this many bytes of plan JSON and logs are kept.
-pub const MAX_BYTES: usize = 256 * 1024 * 1024;
+/// A plan whose `show -json` is larger is not kept (it is planned again at the next push).
+pub const MAX_DOCUMENT_BYTES: usize = 64 * 1024 * 1024;
 
 /// What must be equal for a plan to be reused, besides the changes not reaching its root.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unchanged {
     /// The target branch's and the default branch's heads (the merge result, the config and
     /// the policy sets come from them).
@@ -58,139 +65,152 @@ pub struct Reusable {
     pub preflight_note: String,
 }
 
-type Key = (ProjectId, MrIid, String);
-
-/// The kept plans, one per root of an MR (the last).
-#[derive(Default)]
-pub struct PlanReuse {
-    inner: Mutex<Kept>,
+/// What is kept of a plan besides its document, its fingerprint and its inputs: every text
+/// scrubbed before it is written.
+#[derive(Serialize, Deserialize)]
+struct KeptOutcome {
+    findings: Vec<Finding>,
+    policy: Option<Verdict>,
+    checks: RootChecks,
+    capacity: Option<Capacity>,
+    preflight_note: String,
+    log: String,
+    lock_file: Option<String>,
+    parallelism: Option<u16>,
+    targeting: Targeting,
+    backend: Backend,
+    digest: PlanDigest,
 }
 
-#[derive(Default)]
-struct Kept {
-    entries: BTreeMap<Key, (u64, Arc<Reusable>)>,
-    bytes: usize,
-    tick: u64,
+/// The key of the kept plans' secret digests.
+fn digest_key(app: &App) -> DigestKey {
+    DigestKey::derive(app.config.fingerprint_key.expose().as_bytes())
 }
 
-impl PlanReuse {
-    /// The last plan of `root` of the MR, when one is kept.
-    pub fn last(&self, project: ProjectId, mr: MrIid, root: &str) -> Option<Arc<Reusable>> {
-        let mut kept = self.lock();
-        kept.tick += 1;
-        let tick = kept.tick;
-        let entry = kept.entries.get_mut(&(project, mr, root.to_string()))?;
-        entry.0 = tick;
-        Some(entry.1.clone())
-    }
-
-    /// Keep `plan` as the last plan of `root` of the MR (replacing the one before), then drop
-    /// the least recently used until both bounds hold.
-    pub fn keep(&self, project: ProjectId, mr: MrIid, root: &str, plan: Arc<Reusable>) {
-        let mut kept = self.lock();
-        kept.tick += 1;
-        let (tick, weight) = (kept.tick, plan.planned.weight());
-        if let Some((_, old)) = kept
-            .entries
-            .insert((project, mr, root.to_string()), (tick, plan))
-        {
-            kept.bytes -= old.planned.weight();
+/// The last plan kept of `root` of the MR, when one is kept and reads back (one that does not
+/// is logged, and the root is planned).
+pub async fn last(app: &App, project: ProjectId, mr: MrIid, root: &str) -> Option<Arc<Reusable>> {
+    let row = match app.store.kept_plan(project, mr, root).await {
+        Ok(row) => row?,
+        Err(e) => {
+            tracing::warn!(project = project.0, mr = mr.0, root, error = %format!("{e:#}"), "could not read the root's kept plan: it is planned");
+            return None;
         }
-        kept.bytes += weight;
-        while kept.entries.len() > MAX_ENTRIES || kept.bytes > MAX_BYTES {
-            let Some(oldest) = kept
-                .entries
-                .iter()
-                .min_by_key(|(_, (t, _))| *t)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            if let Some((_, gone)) = kept.entries.remove(&oldest) {
-                kept.bytes -= gone.planned.weight();
-            }
+    };
+    match cpu_bound(|| read_back(row, digest_key(app))) {
+        Ok(kept) => Some(Arc::new(kept)),
+        Err(e) => {
+            tracing::warn!(project = project.0, mr = mr.0, root, error = %format!("{e:#}"), "the root's kept plan does not read: it is planned");
+            None
         }
-    }
-
-    /// Forget every plan of the MR (it was closed or merged).
-    pub fn forget(&self, project: ProjectId, mr: MrIid) {
-        let mut kept = self.lock();
-        let gone: Vec<Key> = kept
-            .entries
-            .keys()
-            .filter(|(p, m, _)| *p == project && *m == mr)
-            .cloned()
-            .collect();
-        for key in gone {
-            if let Some((_, plan)) = kept.entries.remove(&key) {
-                kept.bytes -= plan.planned.weight();
-            }
-        }
-    }
-
-    /// How many plans are kept, and their bytes.
-    pub fn size(&self) -> (usize, usize) {
-        let kept = self.lock();
-        (kept.entries.len(), kept.bytes)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+fn read_back(row: KeptPlanRow, key: DigestKey) -> Result<Reusable> {
+    let unchanged: Unchanged = serde_json::from_str(&row.inputs).context("its inputs")?;
+    let mut outcome: serde_json::Value =
+        serde_json::from_str(&row.outcome).context("its outcome")?;
+    let fingerprint: Fingerprint = serde_json::from_value(
+        outcome
+            .as_object_mut()
+            .and_then(|o| o.remove("fingerprint"))
+            .context("its fingerprint")?,
+    )
+    .context("its fingerprint")?;
+    let outcome: KeptOutcome = serde_json::from_value(outcome).context("its outcome")?;
+    let digests: SecretDigests = serde_json::from_str(&row.digests).context("its digests")?;
+    let planned = ShownPlan::kept(KeptShown {
+        document: row.document.into_bytes(),
+        log: outcome.log,
+        lock_file: outcome.lock_file.map(String::into_bytes),
+        parallelism: outcome.parallelism,
+        targeting: outcome.targeting,
+        backend: outcome.backend,
+        digests,
+        key,
+        digest: outcome.digest,
+    })
+    .context("its document")?;
+    Ok(Reusable {
+        planned_commit: row.planned_commit,
+        head: row.head,
+        unchanged,
+        planned: Arc::new(planned),
+        findings: outcome.findings,
+        fingerprint,
+        policy: outcome.policy,
+        checks: outcome.checks,
+        capacity: outcome.capacity,
+        preflight_note: outcome.preflight_note,
+    })
+}
 
-    fn plan(bytes: usize, head: &str) -> Arc<Reusable> {
-        let sha = CommitSha(head.repeat(40));
-        Arc::new(Reusable {
-            planned_commit: sha.clone(),
-            head: sha.clone(),
-            unchanged: Unchanged {
-                target_head: sha.clone(),
-                default_head: sha,
-                entry: String::new(),
-                engine: String::new(),
-                targeting: String::new(),
-                state_serial: None,
-            },
-            planned: Arc::new(ShownPlan::of_size(bytes)),
-            findings: Vec::new(),
-            fingerprint: Fingerprint::from_hex(&"a".repeat(64)).unwrap(),
-            policy: None,
-            checks: RootChecks::default(),
-            capacity: None,
-            preflight_note: String::new(),
-        })
+/// Keep `kept` as the last plan of `root` of the MR (replacing the one before), redacted: its
+/// document with every secret it knows (the run's, the configured ones) replaced, its secrets
+/// as digests, every other text scrubbed. A plan that cannot be kept is logged (the next push
+/// plans the root).
+pub async fn keep(app: &App, project: ProjectId, mr: MrIid, root: &str, kept: &Reusable) {
+    let shown = &kept.planned;
+    if shown.plan_json().len() > MAX_DOCUMENT_BYTES {
+        tracing::info!(project = project.0, mr = mr.0, root, "root's plan not kept for the next push: its plan is too large");
+        return;
     }
+    let row = cpu_bound(|| redacted_row(app, kept));
+    let result = match row {
+        Ok(row) => app.store.keep_plan(project, mr, root, row).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        let error = app.scrubber.scrub(&format!("{e:#}")).into_owned();
+        tracing::warn!(project = project.0, mr = mr.0, root, error = %error, "could not keep the root's plan for the next push");
+    }
+}
 
-    #[test]
-    fn one_plan_per_root_the_least_recently_used_go_first_and_a_closed_mr_is_forgotten() {
-        let (p, mr) = (ProjectId(1), MrIid(7));
-        let kept = PlanReuse::default();
-        kept.keep(p, mr, "a", plan(10, "a"));
-        kept.keep(p, mr, "a", plan(20, "b"));
-        assert_eq!(
-            kept.size(),
-            (1, 20),
-            "the last plan of a root replaces the one before"
+fn redacted_row(app: &App, kept: &Reusable) -> Result<KeptPlanRow> {
+    let shown = &kept.planned;
+    let key = digest_key(app);
+    let mut secrets = Secrets::new();
+    secrets.merge(shown.secrets());
+    secrets.extend(app.config.secrets());
+    let document = crate::core::kept_plan::redacted_document(shown.plan_json(), &secrets, key)
+        .context("redacting the plan")?;
+    let fingerprint_key = app.config.fingerprint_key.expose();
+    let outcome = KeptOutcome {
+        findings: kept.findings.clone(),
+        policy: kept.policy.clone(),
+        checks: kept.checks.clone(),
+        capacity: kept.capacity.clone(),
+        preflight_note: kept.preflight_note.clone(),
+        log: shown.log().to_string(),
+        lock_file: shown
+            .lock_file()
+            .and_then(|b| String::from_utf8(b.to_vec()).ok()),
+        parallelism: shown.parallelism(),
+        targeting: shown.targeting().clone(),
+        backend: shown.backend().clone(),
+        digest: shown.digest(fingerprint_key.as_bytes()),
+    };
+    let scrubber = secrets.scrubber();
+    let mut outcome = scrubber.scrub_json(&serde_json::to_value(&outcome)?);
+    if let Some(o) = outcome.as_object_mut() {
+        o.insert(
+            "fingerprint".into(),
+            serde_json::to_value(&kept.fingerprint)?,
         );
-        assert_eq!(kept.last(p, mr, "a").unwrap().head.as_str(), "b".repeat(40));
-        for i in 0..MAX_ENTRIES + 5 {
-            kept.keep(p, MrIid(100 + i as u64), "r", plan(1, "c"));
-            if i % 100 == 0 {
-                // Used again: not among the least recently used.
-                kept.last(p, mr, "a");
-            }
-        }
-        assert_eq!(kept.size().0, MAX_ENTRIES);
-        assert!(kept.last(p, mr, "a").is_some());
-        assert!(kept.last(p, MrIid(101), "r").is_none(), "among the oldest");
-        kept.keep(p, MrIid(1), "big", plan(MAX_BYTES, "d"));
-        assert!(kept.size().1 <= MAX_BYTES);
-        kept.forget(p, MrIid(1));
-        assert!(kept.last(p, MrIid(1), "big").is_none());
+    }
+    Ok(KeptPlanRow {
+        head: kept.head.clone(),
+        planned_commit: kept.planned_commit.clone(),
+        inputs: serde_json::to_string(&kept.unchanged)?,
+        outcome: outcome.to_string(),
+        document: String::from_utf8(document).context("the redacted document")?,
+        digests: serde_json::to_string(&secrets.digests(key))?,
+    })
+}
+
+/// Forget every plan kept of the MR (it was closed or merged).
+pub async fn forget(app: &App, project: ProjectId, mr: MrIid) {
+    if let Err(e) = app.store.forget_kept_plans(project, mr).await {
+        tracing::warn!(project = project.0, mr = mr.0, error = %format!("{e:#}"), "could not forget the MR's kept plans");
     }
 }

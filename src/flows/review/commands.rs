@@ -101,7 +101,7 @@ async fn closed(app: &App, project: ProjectId, mr: MrIid) -> Result<()> {
     // per job). The project's shared mirror stays for the other MRs; the MR's own plugin
     // cache goes, and so do its plans kept for reuse.
     app.drop_mr_plugin_cache(project, mr);
-    app.plan_reuse.forget(project, mr);
+    crate::flows::context::plan_reuse::forget(app, project, mr).await;
     tracing::info!(
         project = project.0,
         mr = mr.0,
@@ -120,7 +120,7 @@ async fn mark_merged(
     target_branch: Option<&str>,
 ) -> Result<()> {
     app.drop_mr_plugin_cache(project, mr);
-    app.plan_reuse.forget(project, mr);
+    crate::flows::context::plan_reuse::forget(app, project, mr).await;
     let target = target_branch.unwrap_or("main");
     let banner = format!(
         "{MERGED_BANNER_MARKER}\n{}",

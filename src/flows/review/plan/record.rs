@@ -10,7 +10,6 @@ use crate::capabilities::gitlab::{CommitStatus, StatusState};
 use crate::capabilities::store::{PolicyVerdictRecord, RunEnd, RunState, ShownFingerprint};
 use crate::core::engine_checks::TestsStatus;
 use crate::core::events::PlanJob;
-use crate::core::plan_digest::PlanDigest;
 use crate::core::proxmox::findings::Finding;
 use crate::core::proxmox::lint;
 use crate::core::redact::Scrubber;
@@ -151,7 +150,7 @@ async fn record_clean(
     );
     app.store.record_fingerprint(shown).await?;
     let key = app.config.fingerprint_key.expose().as_bytes();
-    let digest = PlanDigest::of(planned.plan(), key);
+    let digest = planned.digest(key);
     app.store
         .record_digest(project, mr, &root, &sha, &digest)
         .await?;

@@ -1,6 +1,6 @@
 //! Stage 2's second step: which roots of this head show the plan of an earlier push again
-//! (docs/workflow.md, "Plans reused across pushes"). A root's last plan (kept in this replica's
-//! memory, `flows::context::plan_reuse`) is reused when the changes between the commit it was
+//! (docs/workflow.md, "Plans reused across pushes"). A root's last plan (kept in the store
+//! without a secret, `flows::context::plan_reuse`) is reused when the changes between the commit it was
 //! planned at and this one reach neither it nor a root it depends on (`core::reach`, the one
 //! decision of what a change reaches: its files, the local modules it uses, its
 //! `when_modified`), and every [`Unchanged`] input is equal: the target and default branches'
@@ -111,7 +111,7 @@ pub(super) async fn decide(
         };
         let (Some(now), Some(last)) = (
             reuse.unchanged.get(name),
-            app.plan_reuse.last(job.project, job.mr, name),
+            crate::flows::context::plan_reuse::last(app, job.project, job.mr, name).await,
         ) else {
             continue;
         };

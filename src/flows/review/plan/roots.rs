@@ -417,7 +417,7 @@ impl RootPlanner<'_> {
         };
         let mut planned = self.plan_root(root, targeting, run).await?;
         if !retired {
-            self.keep(root, &planned);
+            self.keep(root, &planned).await;
         }
         planned.waited = slot
             .waited
@@ -482,9 +482,9 @@ impl RootPlanner<'_> {
         })
     }
 
-    /// A clean fresh plan of `root` kept for the next push (with this head's inputs; not when
-    /// they cannot be told).
-    fn keep(&self, root: &Root, planned: &RootPlanned) {
+    /// A clean fresh plan of `root` kept for the next push, in the store without a secret
+    /// (with this head's inputs; not when they cannot be told).
+    async fn keep(&self, root: &Root, planned: &RootPlanned) {
         let Some(unchanged) = self.reuse.unchanged.get(&root.name) else {
             return;
         };
@@ -521,9 +521,8 @@ impl RootPlanner<'_> {
             preflight_note: planned.preflight_note.clone(),
         };
         let job = self.job;
-        self.app
-            .plan_reuse
-            .keep(job.project, job.mr, &root.name, std::sync::Arc::new(kept));
+        crate::flows::context::plan_reuse::keep(self.app, job.project, job.mr, &root.name, &kept)
+            .await;
     }
 
     /// One affected root: the engine's plan in its directory (a root that cannot be planned, as
