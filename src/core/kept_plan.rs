@@ -13,11 +13,13 @@ use crate::core::plan::mask_has_true;
 use crate::core::redact::{DigestKey, Scrubber, Secrets, REDACTED};
 use serde_json::{Map, Value};
 
-/// `plan_json` (a `show -json` document) with every secret of `secrets` (the plan's own and
-/// the run's) replaced; the tokens are digests under `key`.
+/// `plan_json` (a `show -json` document) with every secret of `secrets` (the plan's own, the
+/// run's, those of the plans it is shown beside) replaced, each string scrubbed by `scrubber`
+/// (theirs); the tokens are digests under `key`.
 pub fn redacted_document(
     plan_json: &[u8],
     secrets: &Secrets,
+    scrubber: &Scrubber,
     key: DigestKey,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let mut doc: Value = serde_json::from_slice(plan_json)?;
@@ -32,7 +34,10 @@ pub fn redacted_document(
                 }
             }
         }
-        if let Some(outputs) = root.get_mut("output_changes").and_then(Value::as_object_mut) {
+        if let Some(outputs) = root
+            .get_mut("output_changes")
+            .and_then(Value::as_object_mut)
+        {
             for change in outputs.values_mut().filter_map(Value::as_object_mut) {
                 tokens.masked_pair(change, "before", "before_sensitive");
                 tokens.masked_pair(change, "after", "after_sensitive");
@@ -41,7 +46,10 @@ pub fn redacted_document(
         if let Some(values) = root.get_mut("planned_values") {
             tokens.state_values(values);
         }
-        if let Some(values) = root.get_mut("prior_state").and_then(|s| s.get_mut("values")) {
+        if let Some(values) = root
+            .get_mut("prior_state")
+            .and_then(|s| s.get_mut("values"))
+        {
             tokens.state_values(values);
         }
         if let Some(vars) = root.get_mut("variables").and_then(Value::as_object_mut) {
@@ -60,8 +68,7 @@ pub fn redacted_document(
             tokens.sensitive_defaults(module);
         }
     }
-    let scrubber = secrets.scrubber();
-    tokens.scrubbed(&mut doc, &scrubber, secrets);
+    tokens.scrubbed(&mut doc, scrubber, secrets);
     serde_json::to_vec(&doc)
 }
 
@@ -175,7 +182,10 @@ impl Tokens {
                 }
             }
         }
-        if let Some(calls) = module.get_mut("module_calls").and_then(Value::as_object_mut) {
+        if let Some(calls) = module
+            .get_mut("module_calls")
+            .and_then(Value::as_object_mut)
+        {
             for call in calls.values_mut() {
                 if let Some(m) = call.get_mut("module") {
                     self.sensitive_defaults(m);
@@ -255,7 +265,7 @@ mod tests {
             let plan = Plan::from_json(&json).unwrap();
             let mut secrets = Secrets::from_plan(&plan);
             secrets.add("a-configured-token-1234");
-            let redacted = redacted_document(&json, &secrets, key).unwrap();
+            let redacted = redacted_document(&json, &secrets, &secrets.scrubber(), key).unwrap();
             let text = String::from_utf8(redacted.clone()).unwrap();
             assert!(
                 !secrets.scrubber().is_match(&text),
@@ -285,12 +295,17 @@ mod tests {
             "before_sensitive":{"pw":true,"same":true,"n":true},"after_sensitive":{"pw":true,"same":true,"n":true}}}]}"#;
         let plan = Plan::from_json(json).unwrap();
         let secrets = Secrets::from_plan(&plan);
-        let doc: Value =
-            serde_json::from_slice(&redacted_document(json, &secrets, key).unwrap()).unwrap();
+        let doc: Value = serde_json::from_slice(
+            &redacted_document(json, &secrets, &secrets.scrubber(), key).unwrap(),
+        )
+        .unwrap();
         let change = &doc["resource_changes"][0]["change"];
         assert_ne!(change["before"]["pw"], change["after"]["pw"]);
         assert_eq!(change["before"]["same"], change["after"]["same"]);
-        assert!(change["before"]["n"].as_str().unwrap().starts_with(REDACTED));
+        assert!(change["before"]["n"]
+            .as_str()
+            .unwrap()
+            .starts_with(REDACTED));
         assert!(!doc.to_string().contains("secret") && !doc.to_string().contains("12345"));
     }
 }

@@ -17,8 +17,8 @@ pub mod freeze;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod hcl;
-pub mod kept_plan;
 pub mod ids;
+pub mod kept_plan;
 pub mod links;
 pub mod markdown;
 pub mod note_html;

@@ -90,6 +90,20 @@ impl PlanDigest {
     pub fn from_json(text: &str) -> Option<PlanDigest> {
         serde_json::from_str(text).ok()
     }
+
+    /// Every text of it (addresses, paths, values) scrubbed of every secret `scrubber` knows:
+    /// a plain attribute may copy a secret the masks do not mark (a value passed through
+    /// `nonsensitive()`, another root's secret), and the digest is written to the store.
+    pub fn scrubbed(&self, scrubber: &crate::core::redact::Scrubber) -> PlanDigest {
+        if scrubber.is_empty() {
+            return self.clone();
+        }
+        serde_json::to_value(self)
+            .ok()
+            .map(|v| scrubber.scrub_json(&v))
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default()
+    }
 }
 
 struct SensitiveHasher<'a> {

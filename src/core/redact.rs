@@ -10,9 +10,9 @@
 use crate::core::plan::{for_each_leaf, for_each_masked_leaf, ConfigModule, Plan};
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
-use serde_json::Value;
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher as _;
@@ -144,7 +144,9 @@ impl Digested {
             }
             for start in 0..=bytes.len() - len {
                 let end = start + len;
-                if digests.binary_search(&self.key.digest(&bytes[start..end])).is_ok()
+                if digests
+                    .binary_search(&self.key.digest(&bytes[start..end]))
+                    .is_ok()
                     && text.is_char_boundary(start)
                     && text.is_char_boundary(end)
                 {

@@ -200,3 +200,121 @@ async fn a_push_plans_only_the_roots_it_reaches_and_the_note_still_shows_every_r
     })
     .await;
 }
+
+/// A secret of root `a`'s plan, shown by root `b`'s code in a plain attribute (`b` does not
+/// know it is one): the note scrubs it because `a`'s plan knows it.
+const A_PASSWORD: &str = "kept-plan-canary-5e1f9a";
+const A_TOKEN: &str = "kept-plan-token-77c3d0";
+
+fn secret_root_tf() -> String {
+    format!(
+        "variable \"password\" {{\n  type      = string\n  sensitive = true\n  default   = \"{A_PASSWORD}\"\n}}\n\
+         resource \"terraform_data\" \"vm\" {{\n  input = {{\n    password = var.password\n    token    = sensitive(\"{A_TOKEN}\")\n  }}\n}}\n\
+         output \"password\" {{\n  value     = var.password\n  sensitive = true\n}}\n"
+    )
+}
+
+fn showing_root_tf(label: &str) -> String {
+    format!(
+        "resource \"terraform_data\" \"shows\" {{\n  input = \"{label}: {A_PASSWORD} and {A_TOKEN}\"\n}}\n"
+    )
+}
+
+/// Every byte of the store's database files (the SQLite file and its write-ahead log).
+fn store_bytes(w: &World) -> String {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(w.data_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("planbot.db") {
+            all.extend(std::fs::read(&path).unwrap());
+        }
+    }
+    assert!(!all.is_empty(), "the store's files are in the data dir");
+    String::from_utf8_lossy(&all).into_owned()
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    use base64::Engine as _;
+    for secret in [A_PASSWORD, A_TOKEN] {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(secret);
+        let at = text.find(secret).or_else(|| text.find(&b64));
+        assert!(
+            at.is_none(),
+            "{what} holds {secret}: …{}…",
+            at.map(|i| text[i.saturating_sub(300)..]
+                .chars()
+                .take(400)
+                .collect::<String>())
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// The kept plans live in the store without a secret: a restarted planbot reuses `a`'s plan,
+/// and the note still scrubs `a`'s secrets where `b` shows them (the kept plan knows them by
+/// their digests only); no byte of the database holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_plan_holds_no_secret_survives_a_restart_and_still_scrubs_its_secrets_elsewhere() {
+    let engine = require_engine!();
+    let w = World::builder()
+        .engine(&engine)
+        .managed_state()
+        .planbot_toml(
+            "[[roots]]\nname = \"a\"\ndir = \"stacks/a\"\n\n[[roots]]\nname = \"b\"\ndir = \"stacks/b\"\n",
+        )
+        .files(&[
+            ("stacks/a/versions.tf", "terraform {}\n"),
+            ("stacks/b/versions.tf", "terraform {}\n"),
+        ])
+        .build();
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "secrets",
+            &[
+                ("stacks/a/main.tf", &secret_root_tf()),
+                ("stacks/b/main.tf", &showing_root_tf("first")),
+            ],
+        )
+        .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}");
+    assert_no_secret("the first note", &note);
+    assert!(
+        note.contains("first: (sensitive value) and (sensitive value)"),
+        "{note}"
+    );
+    let first = w.gitlab.mr_sha(&w.project, iid);
+
+    // planbot restarts; a push to `b` alone: `a`'s plan is read back from the store.
+    s.kill().await;
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    w.push(
+        &s,
+        iid,
+        "secrets",
+        &[("stacks/b/main.tf", &showing_root_tf("second"))],
+    )
+    .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}");
+    assert_eq!(
+        reused_at(&note, "a").as_deref(),
+        Some(&first[..8]),
+        "{note}"
+    );
+    assert_eq!(reused_at(&note, "b"), None, "{note}");
+    assert_no_secret("the note with a's kept plan", &note);
+    assert!(
+        note.contains("second: (sensitive value) and (sensitive value)"),
+        "b's plan, a's secrets scrubbed: {note}"
+    );
+    // `a`'s section reads as it did: its sensitive values masked.
+    let a = note.split("#### Root `a`").nth(1).unwrap();
+    let a = a.split("#### Root ").next().unwrap();
+    assert!(a.contains("input.password = (sensitive value)"), "{a}");
+    assert_no_secret("the store", &store_bytes(&w));
+    s.kill().await;
+}

@@ -45,7 +45,10 @@ pub(super) async fn post_plan_changed(
     reviewed: &ShownFingerprint,
 ) {
     let key = ctx.app.config.fingerprint_key.expose().as_bytes();
-    let fresh_digest = cpu_bound(|| PlanDigest::of(planned.plan(), key));
+    // The run's secrets: the config's (given to the run) and the plan's own.
+    let scrubber = planned.scrubber();
+    // Scrubbed as the reviewed one was when it was recorded.
+    let fresh_digest = cpu_bound(|| PlanDigest::of(planned.plan(), key).scrubbed(scrubber));
     let reviewed_digest = ctx
         .app
         .store
@@ -56,8 +59,6 @@ pub(super) async fn post_plan_changed(
     let d = reviewed_digest
         .map(|r| delta(&r, &fresh_digest))
         .unwrap_or_default();
-    // The run's secrets: the config's (given to the run) and the plan's own.
-    let scrubber = planned.scrubber();
     let findings = lint(root, planned);
     let new_plan = cpu_bound(|| {
         render_note(

@@ -19,7 +19,7 @@ use crate::core::plan_digest::PlanDigest;
 use crate::core::policy::Verdict;
 use crate::core::proxmox::capacity::Capacity;
 use crate::core::proxmox::findings::Finding;
-use crate::core::redact::{DigestKey, SecretDigests, Secrets};
+use crate::core::redact::{DigestKey, Scrubber, SecretDigests, Secrets};
 use crate::core::state::Backend;
 use crate::core::targeting::Targeting;
 use crate::flows::context::app_state::App;
@@ -145,17 +145,29 @@ fn read_back(row: KeptPlanRow, key: DigestKey) -> Result<Reusable> {
     })
 }
 
-/// Keep `kept` as the last plan of `root` of the MR (replacing the one before), redacted: its
-/// document with every secret it knows (the run's, the configured ones) replaced, its secrets
-/// as digests, every other text scrubbed. A plan that cannot be kept is logged (the next push
-/// plans the root).
-pub async fn keep(app: &App, project: ProjectId, mr: MrIid, root: &str, kept: &Reusable) {
+/// Keep `kept` as the last plan of `root` of the MR (replacing the one before), redacted with
+/// every secret its note knew (`known`: the secrets and their scrubber; every root's, the
+/// configured ones): its document with each replaced, its own secrets as digests, every other
+/// text scrubbed. A plan that cannot be kept is logged (the next push plans the root).
+pub async fn keep(
+    app: &App,
+    project: ProjectId,
+    mr: MrIid,
+    root: &str,
+    kept: &Reusable,
+    known: (&Secrets, &Scrubber),
+) {
     let shown = &kept.planned;
     if shown.plan_json().len() > MAX_DOCUMENT_BYTES {
-        tracing::info!(project = project.0, mr = mr.0, root, "root's plan not kept for the next push: its plan is too large");
+        tracing::info!(
+            project = project.0,
+            mr = mr.0,
+            root,
+            "root's plan not kept for the next push: its plan is too large"
+        );
         return;
     }
-    let row = cpu_bound(|| redacted_row(app, kept));
+    let row = cpu_bound(|| redacted_row(app, kept, known));
     let result = match row {
         Ok(row) => app.store.keep_plan(project, mr, root, row).await,
         Err(e) => Err(e),
@@ -166,14 +178,16 @@ pub async fn keep(app: &App, project: ProjectId, mr: MrIid, root: &str, kept: &R
     }
 }
 
-fn redacted_row(app: &App, kept: &Reusable) -> Result<KeptPlanRow> {
+fn redacted_row(
+    app: &App,
+    kept: &Reusable,
+    (secrets, scrubber): (&Secrets, &Scrubber),
+) -> Result<KeptPlanRow> {
     let shown = &kept.planned;
     let key = digest_key(app);
-    let mut secrets = Secrets::new();
-    secrets.merge(shown.secrets());
-    secrets.extend(app.config.secrets());
-    let document = crate::core::kept_plan::redacted_document(shown.plan_json(), &secrets, key)
-        .context("redacting the plan")?;
+    let document =
+        crate::core::kept_plan::redacted_document(shown.plan_json(), secrets, scrubber, key)
+            .context("redacting the plan")?;
     let fingerprint_key = app.config.fingerprint_key.expose();
     let outcome = KeptOutcome {
         findings: kept.findings.clone(),
@@ -190,7 +204,6 @@ fn redacted_row(app: &App, kept: &Reusable) -> Result<KeptPlanRow> {
         backend: shown.backend().clone(),
         digest: shown.digest(fingerprint_key.as_bytes()),
     };
-    let scrubber = secrets.scrubber();
     let mut outcome = scrubber.scrub_json(&serde_json::to_value(&outcome)?);
     if let Some(o) = outcome.as_object_mut() {
         o.insert(
@@ -204,7 +217,7 @@ fn redacted_row(app: &App, kept: &Reusable) -> Result<KeptPlanRow> {
         inputs: serde_json::to_string(&kept.unchanged)?,
         outcome: outcome.to_string(),
         document: String::from_utf8(document).context("the redacted document")?,
-        digests: serde_json::to_string(&secrets.digests(key))?,
+        digests: serde_json::to_string(&shown.secrets().digests(key))?,
     })
 }
 

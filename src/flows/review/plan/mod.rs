@@ -109,14 +109,19 @@ async fn plan(
         Ok(p) => p,
         Err(Stop(outcome)) => return Ok(outcome),
     };
-    let planned = roots::plan_roots(app, job, queue_job, &prepared, cancel, runs).await?;
+    let mut planned = roots::plan_roots(app, job, queue_job, &prepared, cancel, runs).await?;
     if cancel.is_cancelled() {
         return superseded(app, job, &prepared, &planned.results).await;
     }
     let note = note::post(app, job, &prepared, &planned, started.elapsed()).await?;
     let widgets = widgets::compute(&prepared, &planned.results, &note).await;
     let blocked = prepared.proposed_invalid.is_some();
+    let to_keep = std::mem::take(&mut planned.to_keep);
     let mut recorded = record::record(app, job, planned.results, &note, blocked).await?;
+    for (root, kept) in &to_keep {
+        let known = (&note.secrets, &note.scrubber);
+        crate::flows::context::plan_reuse::keep(app, job.project, job.mr, root, kept, known).await;
+    }
     recorded.in_no_root = planned.in_no_root.len();
     widgets::record(app, job, widgets).await?;
     drop(prepared.checkout);

@@ -27,6 +27,8 @@ use std::time::Duration;
 pub(super) struct Posted {
     pub body: String,
     /// Every known secret, the plans' own included.
+    pub secrets: Secrets,
+    /// Their scrubber.
     pub scrubber: Scrubber,
     /// Each cleanly planned root's policy verdict ([`policy_verdicts`]).
     pub policies: Vec<(String, Fingerprint, RecordedVerdict)>,
@@ -56,7 +58,8 @@ pub(super) async fn post(
     took: Duration,
 ) -> Result<Posted> {
     // One scrubber over every known secret, the plans' included.
-    let scrubber = scrubber_for(app.config.secrets(), &planned.results);
+    let secrets = secrets_of(app.config.secrets(), &planned.results);
+    let scrubber = cpu_bound(|| secrets.scrubber());
     let first_run = planned.results.iter().find_map(|r| match &r.outcome {
         Outcome::Planned { run, .. } | Outcome::Failed { run, .. } => Some(*run),
         Outcome::Skipped { .. } => None,
@@ -114,6 +117,7 @@ pub(super) async fn post(
     upsert_note(app, job.project, job.mr, &body).await?;
     Ok(Posted {
         body,
+        secrets,
         scrubber,
         policies,
         approvals,
@@ -121,17 +125,17 @@ pub(super) async fn post(
     })
 }
 
-/// The scrubber for the note and the stored logs: every configured secret plus every value the
-/// plans marked sensitive.
-fn scrubber_for(configured: Vec<String>, results: &[RootResult]) -> Scrubber {
+/// The secrets of the note and the stored logs: every configured secret plus every value the
+/// plans marked sensitive (a kept plan's as digests).
+fn secrets_of(configured: Vec<String>, results: &[RootResult]) -> Secrets {
     let mut secrets = Secrets::new();
     secrets.extend(configured);
     for r in results {
         if let Outcome::Planned { planned, .. } = &r.outcome {
-            secrets.extend(planned.secrets().iter().map(str::to_string));
+            secrets.merge(planned.secrets());
         }
     }
-    cpu_bound(|| secrets.scrubber())
+    secrets
 }
 
 /// The line above the headline for each root the MR retires: why, from which code its destroy

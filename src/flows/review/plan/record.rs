@@ -16,6 +16,7 @@ use crate::core::redact::Scrubber;
 use crate::core::repo_config::RepoConfigError;
 use crate::core::summary::Summary;
 use crate::flows::context::app_state::App;
+use crate::flows::context::cpu::cpu_bound;
 use crate::flows::review::gitlab_calls::set_commit_status;
 use crate::flows::review::policies;
 use anyhow::Result;
@@ -150,7 +151,7 @@ async fn record_clean(
     );
     app.store.record_fingerprint(shown).await?;
     let key = app.config.fingerprint_key.expose().as_bytes();
-    let digest = planned.digest(key);
+    let digest = cpu_bound(|| planned.digest(key).scrubbed(&note.scrubber));
     app.store
         .record_digest(project, mr, &root, &sha, &digest)
         .await?;

@@ -31,6 +31,7 @@ use crate::flows::confinement::plan_request::{self, JobRuns, RootRun};
 use crate::flows::context::app_state::App;
 use crate::flows::context::cpu::cpu_bound;
 use crate::flows::context::engine_slots::{Waited, WaitedFor};
+use crate::flows::context::plan_reuse::Reusable;
 use crate::flows::preflight;
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -96,6 +97,9 @@ pub(super) struct RootsPlanned {
     pub fmt_outside: Vec<String>,
     /// What each root's plan waited for before its engine ran, in the repo config's order.
     pub waits: Vec<PlanWait>,
+    /// The clean fresh plans to keep for the next push, by root name: written once the note
+    /// is up, with its scrubber (`flows::context::plan_reuse::keep`).
+    pub to_keep: Vec<(String, Reusable)>,
 }
 
 /// Stage 2: plan the roots the changed files affect; the others are listed as skipped with the
@@ -322,6 +326,8 @@ struct RootPlanned {
     capacity: Option<Capacity>,
     /// What the plan waited for before its engine ran.
     waited: Vec<PlanWait>,
+    /// The plan to keep for the next push, when it is kept.
+    kept: Option<Reusable>,
 }
 
 impl RootPlanned {
@@ -344,6 +350,7 @@ impl RootPlanned {
             preflight_note: String::new(),
             capacity: None,
             waited: Vec::new(),
+            kept: None,
         }
     }
 }
@@ -417,7 +424,7 @@ impl RootPlanner<'_> {
         };
         let mut planned = self.plan_root(root, targeting, run).await?;
         if !retired {
-            self.keep(root, &planned).await;
+            planned.kept = self.to_keep(root, &planned);
         }
         planned.waited = slot
             .waited
@@ -453,11 +460,7 @@ impl RootPlanner<'_> {
 
     /// The plan of an earlier push shown again for `root` (nothing it depends on changed), in a
     /// stored run of this head: no engine runs.
-    async fn reused(
-        &self,
-        root: &Root,
-        last: &std::sync::Arc<crate::flows::context::plan_reuse::Reusable>,
-    ) -> Result<RootPlanned> {
+    async fn reused(&self, root: &Root, last: &std::sync::Arc<Reusable>) -> Result<RootPlanned> {
         let (app, job) = (self.app, self.job);
         let run = self.start_run(root).await?;
         let (project, mr, planned_at) = (job.project.0, job.mr.0, last.head.short());
@@ -479,15 +482,14 @@ impl RootPlanner<'_> {
             preflight_note: last.preflight_note.clone(),
             capacity: last.capacity.clone(),
             waited: Vec::new(),
+            kept: None,
         })
     }
 
-    /// A clean fresh plan of `root` kept for the next push, in the store without a secret
-    /// (with this head's inputs; not when they cannot be told).
-    async fn keep(&self, root: &Root, planned: &RootPlanned) {
-        let Some(unchanged) = self.reuse.unchanged.get(&root.name) else {
-            return;
-        };
+    /// What of a clean fresh plan of `root` is kept for the next push (with this head's
+    /// inputs; nothing when they cannot be told).
+    fn to_keep(&self, root: &Root, planned: &RootPlanned) -> Option<Reusable> {
+        let unchanged = self.reuse.unchanged.get(&root.name)?;
         let Outcome::Planned {
             planned: shown,
             findings,
@@ -497,18 +499,18 @@ impl RootPlanner<'_> {
             ..
         } = &planned.outcome
         else {
-            return;
+            return None;
         };
         if shown.plan().errored {
-            return;
+            return None;
         }
         let locked = !self.reuse.unlocked.contains(&root.name);
         if !super::reuse::keeps(locked, shown.lock_file().is_some()) {
             let (project, mr) = (self.job.project.0, self.job.mr.0);
             tracing::info!(project, mr, root = %root.name, "root's plan not kept for the next push: its providers are not pinned by a committed lock file");
-            return;
+            return None;
         }
-        let kept = crate::flows::context::plan_reuse::Reusable {
+        Some(Reusable {
             planned_commit: self.prepared.commit.sha.clone(),
             head: self.job.head.clone(),
             unchanged: unchanged.clone(),
@@ -519,10 +521,7 @@ impl RootPlanner<'_> {
             checks: checks.clone(),
             capacity: planned.capacity.clone(),
             preflight_note: planned.preflight_note.clone(),
-        };
-        let job = self.job;
-        crate::flows::context::plan_reuse::keep(self.app, job.project, job.mr, &root.name, &kept)
-            .await;
+        })
     }
 
     /// One affected root: the engine's plan in its directory (a root that cannot be planned, as
@@ -645,6 +644,7 @@ impl RootPlanner<'_> {
             preflight_note: pf.note,
             capacity: pf.capacity,
             waited: Vec::new(),
+            kept: None,
         }
     }
 }
@@ -704,6 +704,9 @@ fn gather_one(
         gathered.capacity.insert(name.clone(), c);
     }
     gathered.waits.extend(p.waited);
+    if let Some(kept) = p.kept {
+        gathered.to_keep.push((name.clone(), kept));
+    }
     gathered.results.push(RootResult {
         name,
         outcome: p.outcome,
