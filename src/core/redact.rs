@@ -105,6 +105,9 @@ impl DigestKey {
 pub struct SecretDigests {
     /// Pattern length in bytes → the sorted digests of the patterns of that length.
     by_len: BTreeMap<usize, Vec<u64>>,
+    /// The sorted digests of every pattern's first four bytes: a window is digested whole only
+    /// where one of them starts (one digest per byte of text, not one per byte and length).
+    starts: Vec<u64>,
 }
 
 impl SecretDigests {
@@ -124,6 +127,9 @@ impl SecretDigests {
             mine.sort_unstable();
             mine.dedup();
         }
+        self.starts.extend(&other.starts);
+        self.starts.sort_unstable();
+        self.starts.dedup();
     }
 }
 
@@ -138,12 +144,17 @@ impl Digested {
     /// Every window of `text` whose digest is one of a pattern of its length, as a span.
     fn spans(&self, text: &str, spans: &mut Vec<(usize, usize)>) {
         let bytes = text.as_bytes();
-        for (&len, digests) in &self.digests.by_len {
-            if len > bytes.len() {
-                break;
+        let starts = &self.digests.starts;
+        for start in 0..bytes.len().saturating_sub(3) {
+            let first = self.key.digest(&bytes[start..start + 4]);
+            if starts.binary_search(&first).is_err() {
+                continue;
             }
-            for start in 0..=bytes.len() - len {
+            for (&len, digests) in &self.digests.by_len {
                 let end = start + len;
+                if end > bytes.len() {
+                    break;
+                }
                 if digests
                     .binary_search(&self.key.digest(&bytes[start..end]))
                     .is_ok()
@@ -208,7 +219,11 @@ impl Secrets {
         for form in forms {
             let digest = key.digest(form.as_bytes());
             digests.by_len.entry(form.len()).or_default().push(digest);
+            // Every form is at least MIN_SECRET_LEN (4) bytes long.
+            digests.starts.push(key.digest(&form.as_bytes()[..4]));
         }
+        digests.starts.sort_unstable();
+        digests.starts.dedup();
         for d in digests.by_len.values_mut() {
             d.sort_unstable();
             d.dedup();

@@ -890,3 +890,109 @@ async fn two_replicas_back_after_missed_drift_ticks_run_one_drift_check() {
     assert_eq!(issues.len(), 1, "{issues:?}");
     drop(replicas);
 }
+
+/// Plans reused across pushes on two replicas: the replica that planned the MR stops, the
+/// other takes the next push (to `b` alone) and shows `a`'s plan again from the store, as the
+/// note of the first head showed it, without planning `a`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_taken_by_another_replica_reuses_the_plans_the_first_one_kept() {
+    let engine = require_engine!();
+    let Some(store) = crate::support::postgres::fresh_database("planbot_story").await else {
+        return;
+    };
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    gitlab.commit_files(
+        &project,
+        "main",
+        &[
+            (
+                ".planbot.toml",
+                "[[roots]]\nname = \"a\"\ndir = \"stacks/a\"\n\n[[roots]]\nname = \"b\"\ndir = \"stacks/b\"\n",
+            ),
+            ("stacks/a/versions.tf", "terraform {}\n"),
+            ("stacks/b/versions.tf", "terraform {}\n"),
+        ],
+    );
+    let mut replicas = Replicas::start(2, |data| {
+        replica_config(data, &store, &gitlab, &project, &engine, false)
+    });
+    let db = crate::support::postgres::connect(&store).await;
+    gitlab.commit_files(
+        &project,
+        "two",
+        &[
+            ("stacks/a/main.tf", &root_tf("a1")),
+            ("stacks/b/main.tf", &root_tf("b1")),
+        ],
+    );
+    let iid = gitlab.open_mr(&project, "two", "main");
+    let first = gitlab.mr_sha(&project, iid);
+    let body = gitlab.mr_webhook(&project, iid).action("open").body();
+    assert_eq!(replicas.deliver(0, &body, "open").await, 200);
+    let (g, p) = (&gitlab, &project);
+    crate::support::eventually("the first head planned", 120, || async {
+        plan_state(g, p, &first).is_some_and(|s| s == "success")
+    })
+    .await;
+    crate::support::eventually("every job ended", 60, || all_jobs_ended(&db)).await;
+    let owner_of = |sha: String, root: &'static str| {
+        let db = &db;
+        async move {
+            db.query_one(
+                "SELECT owner FROM runs WHERE sha = $1 AND root = $2 AND kind = 'plan'",
+                &[&sha, &root],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+        }
+    };
+    let reads_after_first = (reads(&gitlab, "a"), reads(&gitlab, "b"));
+    let planner = replicas.index_of(&owner_of(first.clone(), "a").await);
+    replicas.stop(planner).await;
+    let other = 1 - planner;
+
+    let second = gitlab.push(&project, "two", &[("stacks/b/main.tf", &root_tf("b2"))]);
+    let body = gitlab
+        .mr_webhook(&project, iid)
+        .action("update")
+        .oldrev(&first)
+        .body();
+    assert_eq!(replicas.deliver(other, &body, "push").await, 200);
+    crate::support::eventually("the second head planned", 120, || async {
+        plan_state(g, p, &second).is_some_and(|s| s == "success")
+    })
+    .await;
+    let notes = plan_notes(&gitlab, &project, iid);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let note = &notes[0];
+    let a = note.split("#### Root `a`").nth(1).unwrap();
+    let a = a.split("#### Root ").next().unwrap();
+    assert!(
+        a.contains(&format!("♻️ _Reused: planned at `{}`", &first[..8])),
+        "a's plan is shown again: {note}"
+    );
+    assert!(a.contains("\"a1\""), "{a}");
+    let b = note.split("#### Root `b`").nth(1).unwrap();
+    assert!(!b.contains("♻️ _Reused") && b.contains("\"b2\""), "{b}");
+    // The second head's runs are the other replica's; its engine planned `b` alone (`a`'s
+    // state was not read again).
+    let second_owner = owner_of(second.clone(), "a").await;
+    assert_eq!(replicas.index_of(&second_owner), other);
+    assert_eq!(
+        reads(&gitlab, "a"),
+        reads_after_first.0,
+        "a not planned again"
+    );
+    assert!(reads(&gitlab, "b") > reads_after_first.1, "b planned");
+}
+
+/// How many times the engine read state `name` through the fake GitLab so far.
+fn reads(gitlab: &FakeGitLab, name: &str) -> usize {
+    gitlab
+        .state_requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.target == "state" && r.name == name)
+        .count()
+}

@@ -204,8 +204,8 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
     drop(store);
 
     // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables,
-    // migration 3's drift tables, migration 4's targeted plans, migration 5's widget reports
-    // and refinery's record of them, and the same as a new database's.
+    // migration 3's drift tables, migration 4's targeted plans, migration 5's widget reports,
+    // migration 6's kept plans and refinery's record of them, and the same as a new database's.
     assert_eq!(user_version(&path), SCHEMA_VERSION);
     let migrated = schema(&path);
     let added: Vec<&str> = migrated
@@ -218,6 +218,7 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
         [
             "policy_approvals_by_mr",
             "sqlite_autoindex_drift_roots_1",
+            "sqlite_autoindex_kept_plans_1",
             "sqlite_autoindex_plan_targeting_1",
             "sqlite_autoindex_policy_approvals_1",
             "sqlite_autoindex_policy_verdicts_1",
@@ -225,6 +226,7 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
             "sqlite_autoindex_widget_reports_1",
             "drift_roots",
             "drift_ticks",
+            "kept_plans",
             "plan_targeting",
             "policy_approvals",
             "policy_verdicts",

@@ -271,7 +271,14 @@ mod tests {
         let names: Vec<_> = history(&conn).into_iter().map(|(_, n)| n).collect();
         assert_eq!(
             names,
-            ["initial", "policies", "drift", "targeting", "widgets"]
+            [
+                "initial",
+                "policies",
+                "drift",
+                "targeting",
+                "widgets",
+                "kept_plans"
+            ]
         );
         // Opening again finds nothing to do.
         assert_eq!(migrate_sqlite(&mut conn).unwrap(), SCHEMA_VERSION);
