@@ -655,6 +655,19 @@ impl Workspace {
         head: &CommitSha,
     ) -> Result<Vec<String>> {
         let mirror = self.existing_mirror(project)?;
+        let merge_base = self.merge_base(project, base, head).await?;
+        self.diff_names(&mirror, merge_base.as_str(), head.as_str())
+            .await
+    }
+
+    /// The commit `head` forked from `base` at (`git merge-base`).
+    pub async fn merge_base(
+        &self,
+        project: ProjectId,
+        base: &CommitSha,
+        head: &CommitSha,
+    ) -> Result<CommitSha> {
+        let mirror = self.existing_mirror(project)?;
         let out = self
             .run(
                 Some(&mirror),
@@ -674,8 +687,9 @@ impl Workspace {
                 head.short()
             )
         })?;
-        let merge_base = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        self.diff_names(&mirror, &merge_base, head.as_str()).await
+        Ok(CommitSha(
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
     }
 
     /// The files that differ between the commits `from` and `to` (no merge base: the two

@@ -94,15 +94,30 @@ impl PlanDigest {
     /// Every text of it (addresses, paths, values) scrubbed of every secret `scrubber` knows:
     /// a plain attribute may copy a secret the masks do not mark (a value passed through
     /// `nonsensitive()`, another root's secret), and the digest is written to the store.
-    pub fn scrubbed(&self, scrubber: &crate::core::redact::Scrubber) -> PlanDigest {
+    pub fn scrubbed(&self, scrubber: &dyn crate::core::templates::Scrub) -> PlanDigest {
         if scrubber.is_empty() {
             return self.clone();
         }
-        serde_json::to_value(self)
-            .ok()
-            .map(|v| scrubber.scrub_json(&v))
-            .and_then(|v| serde_json::from_value(v).ok())
-            .unwrap_or_default()
+        let text = |t: &str| scrubber.scrub(t).into_owned();
+        let texts = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+            m.iter().map(|(k, v)| (text(k), text(v))).collect()
+        };
+        PlanDigest {
+            resources: self
+                .resources
+                .iter()
+                .map(|(address, r)| {
+                    let r = ResourceDigest {
+                        actions: r.actions.clone(),
+                        previous_address: r.previous_address.as_deref().map(text),
+                        importing: r.importing,
+                        attributes: texts(&r.attributes),
+                    };
+                    (text(address), r)
+                })
+                .collect(),
+            outputs: texts(&self.outputs),
+        }
     }
 }
 

@@ -372,7 +372,7 @@ fn core_floor(room: &str) -> u8 {
         "render" | "retire" => 7,
         "apply" | "reach" | "replan" | "events" | "state" => 6,
         "fingerprint" | "repo_config" | "config" | "widgets" => 5,
-        "targeting" | "apply_note" | "policy" | "engine_checks" | "summary" => 4,
+        "targeting" | "apply_note" | "policy" | "engine_checks" | "summary" | "kept_plan" => 4,
         "engine_kind" | "redact" | "plan_digest" | "proxmox" | "freeze" | "approvals" => 3,
         "templates" | "root_graph" | "plan" | "drift_schedule" | "note_html" => 2,
         "markdown" | "defuse" | "ids" | "suggest" | "links" | "webhook" | "store_tls"

@@ -120,11 +120,8 @@ pub(super) async fn decide(
         }
         let from = last.planned_commit.as_str().to_string();
         if !between.contains_key(&from) {
-            let files = app
-                .workspace
-                .files_between(job.project, &last.planned_commit, &prepared.commit.sha)
-                .await;
-            between.insert(from.clone(), files.ok().map(|f| f.into_iter().collect()));
+            let files = changed_since(app, job, prepared, &last).await;
+            between.insert(from.clone(), files);
         }
         let Some(Some(changed)) = between.get(&from) else {
             continue;
@@ -143,6 +140,43 @@ pub(super) async fn decide(
         }
     }
     reuse
+}
+
+/// The files that differ between the commit `last` was planned at and the one planned now;
+/// `None` when git cannot tell (the root is then planned). Two merge results of one target
+/// head (an equal [`Unchanged::target_head`] was checked) whose older one this replica's mirror
+/// never fetched (GitLab's merge ref has moved on since another replica planned it) differ at
+/// most in the files the two heads differ in and those their merge bases differ in.
+async fn changed_since(
+    app: &App,
+    job: &PlanJob,
+    prepared: &Prepared,
+    last: &Reusable,
+) -> Option<BTreeSet<String>> {
+    let ws = &app.workspace;
+    let now = &prepared.commit.sha;
+    if let Ok(files) = ws
+        .files_between(job.project, &last.planned_commit, now)
+        .await
+    {
+        return Some(files.into_iter().collect());
+    }
+    let merges = last.planned_commit != last.head && *now != job.head;
+    if !merges {
+        return None;
+    }
+    let target = &last.unchanged.target_head;
+    let heads = ws
+        .files_between(job.project, &last.head, &job.head)
+        .await
+        .ok()?;
+    let base_then = ws.merge_base(job.project, target, &last.head).await.ok()?;
+    let base_now = ws.merge_base(job.project, target, &job.head).await.ok()?;
+    let bases = ws
+        .files_between(job.project, &base_then, &base_now)
+        .await
+        .ok()?;
+    Some(heads.into_iter().chain(bases).collect())
 }
 
 /// `root`'s inputs at this head besides its files; `None` when its state is not
