@@ -5,20 +5,19 @@
 //! The redacted document reads as the plan did: every value a mask marks sensitive becomes a
 //! token made of [`REDACTED`] and the value's keyed digest (two different secrets stay
 //! different, so a changed password still shows as changed), every known secret inside any
-//! other string is scrubbed, and a number or a boolean that is a known secret becomes a token
-//! too. Masks, actions, addresses and the shape of every value are kept, so the note, the lint
+//! other string is scrubbed, and a number that holds a known secret becomes a token too. Masks, actions, addresses and the shape of every value are kept, so the note, the lint
 //! rules and the policies read it as they read the plan.
 
 use crate::core::plan::mask_has_true;
-use crate::core::redact::{DigestKey, Scrubber, Secrets, REDACTED};
+use crate::core::redact::{DigestKey, Scrubber, REDACTED};
 use serde_json::{Map, Value};
 
-/// `plan_json` (a `show -json` document) with every secret of `secrets` (the plan's own, the
-/// run's, those of the plans it is shown beside) replaced, each string scrubbed by `scrubber`
-/// (theirs); the tokens are digests under `key`.
+/// `plan_json` (a `show -json` document) with every value its masks mark sensitive replaced,
+/// and every secret `scrubber` knows (the plan's own, the run's, those of the plans it is shown
+/// beside) scrubbed from every string, a number holding one replaced; the tokens are digests
+/// under `key`.
 pub fn redacted_document(
     plan_json: &[u8],
-    secrets: &Secrets,
     scrubber: &Scrubber,
     key: DigestKey,
 ) -> Result<Vec<u8>, serde_json::Error> {
@@ -68,7 +67,7 @@ pub fn redacted_document(
             tokens.sensitive_defaults(module);
         }
     }
-    tokens.scrubbed(&mut doc, scrubber, secrets);
+    tokens.scrubbed(&mut doc, scrubber);
     serde_json::to_vec(&doc)
 }
 
@@ -194,9 +193,9 @@ impl Tokens {
         }
     }
 
-    /// Every string and key of `value` scrubbed of every secret; a number or a boolean that is
-    /// a secret a token.
-    fn scrubbed(&self, value: &mut Value, scrubber: &Scrubber, secrets: &Secrets) {
+    /// Every string and key of `value` scrubbed of every secret; a number that holds one a
+    /// token.
+    fn scrubbed(&self, value: &mut Value, scrubber: &Scrubber) {
         match value {
             Value::String(s) => {
                 if let std::borrow::Cow::Owned(clean) = scrubber.scrub(s) {
@@ -204,14 +203,12 @@ impl Tokens {
                 }
             }
             Value::Number(n) => {
-                if secrets.contains(&n.to_string()) {
+                if scrubber.is_match(&n.to_string()) {
                     *value = self.token(value);
                 }
             }
             Value::Bool(_) | Value::Null => {}
-            Value::Array(items) => items
-                .iter_mut()
-                .for_each(|v| self.scrubbed(v, scrubber, secrets)),
+            Value::Array(items) => items.iter_mut().for_each(|v| self.scrubbed(v, scrubber)),
             Value::Object(map) => {
                 let dirty = map.keys().any(|k| scrubber.is_match(k));
                 if dirty {
@@ -221,8 +218,7 @@ impl Tokens {
                         .map(|(k, v)| (scrubber.scrub(&k).into_owned(), v))
                         .collect();
                 }
-                map.values_mut()
-                    .for_each(|v| self.scrubbed(v, scrubber, secrets));
+                map.values_mut().for_each(|v| self.scrubbed(v, scrubber));
             }
         }
     }
@@ -233,6 +229,7 @@ mod tests {
     use super::*;
     use crate::core::fingerprint::Fingerprint;
     use crate::core::plan::Plan;
+    use crate::core::redact::Secrets;
     use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection};
 
     fn note(plan: &Plan, scrubber: &Scrubber) -> String {
@@ -265,7 +262,7 @@ mod tests {
             let plan = Plan::from_json(&json).unwrap();
             let mut secrets = Secrets::from_plan(&plan);
             secrets.add("a-configured-token-1234");
-            let redacted = redacted_document(&json, &secrets, &secrets.scrubber(), key).unwrap();
+            let redacted = redacted_document(&json, &secrets.scrubber(), key).unwrap();
             let text = String::from_utf8(redacted.clone()).unwrap();
             assert!(
                 !secrets.scrubber().is_match(&text),
@@ -295,10 +292,9 @@ mod tests {
             "before_sensitive":{"pw":true,"same":true,"n":true},"after_sensitive":{"pw":true,"same":true,"n":true}}}]}"#;
         let plan = Plan::from_json(json).unwrap();
         let secrets = Secrets::from_plan(&plan);
-        let doc: Value = serde_json::from_slice(
-            &redacted_document(json, &secrets, &secrets.scrubber(), key).unwrap(),
-        )
-        .unwrap();
+        let doc: Value =
+            serde_json::from_slice(&redacted_document(json, &secrets.scrubber(), key).unwrap())
+                .unwrap();
         let change = &doc["resource_changes"][0]["change"];
         assert_ne!(change["before"]["pw"], change["after"]["pw"]);
         assert_eq!(change["before"]["same"], change["after"]["same"]);

@@ -3,7 +3,7 @@
 //! replica's plan is stopped from another replica; a replica SIGKILLed mid-plan leaves its job
 //! to another, and so does one stopped with SIGTERM; two apply jobs on two replicas apply one
 //! after the other, once; a replica goes unready when a newer planbot migrates the store under
-//! it.
+//! it; a push taken by another replica reuses the plans the first one kept.
 //!
 //! Needs PostgreSQL (the server `PLANBOT_TEST_POSTGRES_URL` names, else one the tests start) and the
 //! engine: without either these tests fail (under `CI=true` always).

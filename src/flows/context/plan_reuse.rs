@@ -19,7 +19,7 @@ use crate::core::plan_digest::PlanDigest;
 use crate::core::policy::Verdict;
 use crate::core::proxmox::capacity::Capacity;
 use crate::core::proxmox::findings::Finding;
-use crate::core::redact::{DigestKey, Scrubber, SecretDigests, Secrets};
+use crate::core::redact::{DigestKey, Scrubber, SecretDigests};
 use crate::core::state::Backend;
 use crate::core::targeting::Targeting;
 use crate::flows::context::app_state::App;
@@ -146,16 +146,16 @@ fn read_back(row: KeptPlanRow, key: DigestKey) -> Result<Reusable> {
 }
 
 /// Keep `kept` as the last plan of `root` of the MR (replacing the one before), redacted with
-/// every secret its note knew (`known`: the secrets and their scrubber; every root's, the
-/// configured ones): its document with each replaced, its own secrets as digests, every other
-/// text scrubbed. A plan that cannot be kept is logged (the next push plans the root).
+/// `scrubber`, which knows every secret its note knew (every root's, the configured ones): its
+/// document with each replaced, its own secrets as digests, every other text scrubbed. A plan
+/// that cannot be kept is logged (the next push plans the root).
 pub async fn keep(
     app: &App,
     project: ProjectId,
     mr: MrIid,
     root: &str,
     kept: &Reusable,
-    known: (&Secrets, &Scrubber),
+    scrubber: &Scrubber,
 ) {
     let shown = &kept.planned;
     if shown.plan_json().len() > MAX_DOCUMENT_BYTES {
@@ -167,7 +167,7 @@ pub async fn keep(
         );
         return;
     }
-    let row = cpu_bound(|| redacted_row(app, kept, known));
+    let row = cpu_bound(|| redacted_row(app, kept, scrubber));
     let result = match row {
         Ok(row) => app.store.keep_plan(project, mr, root, row).await,
         Err(e) => Err(e),
@@ -178,16 +178,11 @@ pub async fn keep(
     }
 }
 
-fn redacted_row(
-    app: &App,
-    kept: &Reusable,
-    (secrets, scrubber): (&Secrets, &Scrubber),
-) -> Result<KeptPlanRow> {
+fn redacted_row(app: &App, kept: &Reusable, scrubber: &Scrubber) -> Result<KeptPlanRow> {
     let shown = &kept.planned;
     let key = digest_key(app);
-    let document =
-        crate::core::kept_plan::redacted_document(shown.plan_json(), secrets, scrubber, key)
-            .context("redacting the plan")?;
+    let document = crate::core::kept_plan::redacted_document(shown.plan_json(), scrubber, key)
+        .context("redacting the plan")?;
     let fingerprint_key = app.config.fingerprint_key.expose();
     let outcome = KeptOutcome {
         findings: kept.findings.clone(),

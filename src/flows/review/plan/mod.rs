@@ -119,8 +119,9 @@ async fn plan(
     let to_keep = std::mem::take(&mut planned.to_keep);
     let mut recorded = record::record(app, job, planned.results, &note, blocked).await?;
     for (root, kept) in &to_keep {
-        let known = (&note.secrets, &note.scrubber);
-        crate::flows::context::plan_reuse::keep(app, job.project, job.mr, root, kept, known).await;
+        let scrubber = &note.scrubber;
+        crate::flows::context::plan_reuse::keep(app, job.project, job.mr, root, kept, scrubber)
+            .await;
     }
     recorded.in_no_root = planned.in_no_root.len();
     widgets::record(app, job, widgets).await?;

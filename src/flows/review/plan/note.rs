@@ -27,8 +27,6 @@ use std::time::Duration;
 pub(super) struct Posted {
     pub body: String,
     /// Every known secret, the plans' own included.
-    pub secrets: Secrets,
-    /// Their scrubber.
     pub scrubber: Scrubber,
     /// Each cleanly planned root's policy verdict ([`policy_verdicts`]).
     pub policies: Vec<(String, Fingerprint, RecordedVerdict)>,
@@ -117,7 +115,6 @@ pub(super) async fn post(
     upsert_note(app, job.project, job.mr, &body).await?;
     Ok(Posted {
         body,
-        secrets,
         scrubber,
         policies,
         approvals,
