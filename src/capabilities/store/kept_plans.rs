@@ -24,6 +24,10 @@ static KEPT: Sql = Sql::both(
     "SELECT head, planned_commit, inputs, outcome, document, digests FROM kept_plans
      WHERE project_id = ?1 AND mr_iid = ?2 AND root = ?3",
 );
+static KEPT_INPUTS: Sql = Sql::both(
+    "SELECT head, planned_commit, inputs FROM kept_plans
+     WHERE project_id = ?1 AND mr_iid = ?2 AND root = ?3",
+);
 static FORGET_MR: Sql = Sql::both("DELETE FROM kept_plans WHERE project_id = ?1 AND mr_iid = ?2");
 
 /// One kept plan, as stored: every text already free of secrets.
@@ -71,6 +75,20 @@ impl Store {
             c.execute(&UPSERT, &args).await?;
             Ok(())
         })
+    }
+
+    /// What decides whether the last plan kept of `root` of the MR is reused (its head,
+    /// planned commit and inputs), without its document.
+    pub async fn kept_plan_inputs(
+        &self,
+        project: ProjectId,
+        mr: MrIid,
+        root: &str,
+    ) -> Result<Option<(CommitSha, CommitSha, String)>> {
+        let args = args![project, mr, root];
+        let row = read!(self, |c| c.opt(&KEPT_INPUTS, &args).await)?;
+        row.map(|r| Ok((CommitSha(r.get(0)?), CommitSha(r.get(1)?), r.get(2)?)))
+            .transpose()
     }
 
     /// The last plan kept of `root` of the MR.

@@ -87,6 +87,38 @@ fn digest_key(app: &App) -> DigestKey {
     DigestKey::derive(app.config.fingerprint_key.expose().as_bytes())
 }
 
+/// What decides whether the last plan kept of a root is reused: the commit and head it was
+/// planned at, and its inputs.
+pub struct Candidate {
+    pub planned_commit: CommitSha,
+    pub head: CommitSha,
+    pub unchanged: Unchanged,
+}
+
+/// What decides whether the last plan kept of `root` of the MR is reused, without reading the
+/// plan ([`last`] reads it); `None` when none is kept or it does not read.
+pub async fn candidate(app: &App, project: ProjectId, mr: MrIid, root: &str) -> Option<Candidate> {
+    let read = app.store.kept_plan_inputs(project, mr, root).await;
+    let (head, planned_commit, inputs) = match read {
+        Ok(row) => row?,
+        Err(e) => {
+            tracing::warn!(project = project.0, mr = mr.0, root, error = %format!("{e:#}"), "could not read the root's kept plan: it is planned");
+            return None;
+        }
+    };
+    match serde_json::from_str(&inputs) {
+        Ok(unchanged) => Some(Candidate {
+            planned_commit,
+            head,
+            unchanged,
+        }),
+        Err(e) => {
+            tracing::warn!(project = project.0, mr = mr.0, root, error = %e, "the root's kept plan does not read: it is planned");
+            None
+        }
+    }
+}
+
 /// The last plan kept of `root` of the MR, when one is kept and reads back (one that does not
 /// is logged, and the root is planned).
 pub async fn last(app: &App, project: ProjectId, mr: MrIid, root: &str) -> Option<Arc<Reusable>> {

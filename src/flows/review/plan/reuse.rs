@@ -14,7 +14,7 @@ use crate::core::events::{PlanJob, PlanReason};
 use crate::core::reach::{self, Decision, ModuleGraph};
 use crate::core::repo_config::Root;
 use crate::flows::context::app_state::App;
-use crate::flows::context::plan_reuse::{Reusable, Unchanged};
+use crate::flows::context::plan_reuse::{self, Candidate, Reusable, Unchanged};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -111,7 +111,7 @@ pub(super) async fn decide(
         };
         let (Some(now), Some(last)) = (
             reuse.unchanged.get(name),
-            crate::flows::context::plan_reuse::last(app, job.project, job.mr, name).await,
+            plan_reuse::candidate(app, job.project, job.mr, name).await,
         ) else {
             continue;
         };
@@ -135,8 +135,14 @@ pub(super) async fn decide(
             .upstream_of(name)
             .into_iter()
             .any(|u| affected.iter().any(|a| a.name == u) && !reuse.reused.contains_key(u));
-        if !reached && !upstream_planned {
-            reuse.reused.insert(root.name.clone(), last);
+        if reached || upstream_planned {
+            continue;
+        }
+        // The plan itself is read only now; one that does not read is planned.
+        if let Some(kept) = plan_reuse::last(app, job.project, job.mr, name).await {
+            if kept.head == last.head {
+                reuse.reused.insert(root.name.clone(), kept);
+            }
         }
     }
     reuse
@@ -151,7 +157,7 @@ async fn changed_since(
     app: &App,
     job: &PlanJob,
     prepared: &Prepared,
-    last: &Reusable,
+    last: &Candidate,
 ) -> Option<BTreeSet<String>> {
     let ws = &app.workspace;
     let now = &prepared.commit.sha;
