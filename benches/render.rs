@@ -218,6 +218,16 @@ fn main() {
         &format!("render_note {small} resources (every diff computed)"),
         |b| b.iter(|| black_box(render(&small_plan, &fp, &small_scrubber))),
     );
+    // A kept plan's secrets are known by their digests only (`core::redact::SecretDigests`):
+    // the same note, every text searched window by window.
+    let key = planbot::core::redact::DigestKey::derive(b"bench-key");
+    let mut digested = Secrets::new();
+    digested.add_digests(key, &Secrets::from_plan(&small_plan).digests(key));
+    let digested = digested.scrubber();
+    c.bench_function(
+        &format!("render_note {small} resources, its secrets known by digest only"),
+        |b| b.iter(|| black_box(render(&small_plan, &fp, &digested))),
+    );
     c.bench_function(&format!("lint {big} resources"), |b| {
         b.iter(|| black_box(planbot::core::proxmox::lint::lint(&plan, &[])))
     });
