@@ -318,3 +318,53 @@ async fn a_kept_plan_holds_no_secret_survives_a_restart_and_still_scrubs_its_sec
     assert_no_secret("the store", &store_bytes(&w));
     s.kill().await;
 }
+
+/// A kept plan that does not read back (a row damaged in the store) is never shown: its root is
+/// planned again, and the note and status are those of a plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_plan_that_does_not_read_back_is_planned_again() {
+    let engine = require_engine!();
+    let w = world(&engine);
+    let s = TestService::start(w.config.clone(), with_workers()).await;
+    let iid = w
+        .open_mr(
+            &s,
+            "damaged",
+            &[
+                ("stacks/a/main.tf", &root_tf("a1", false)),
+                ("stacks/b/main.tf", &root_tf("b1", false)),
+                ("stacks/c/main.tf", &root_tf("c1", false)),
+            ],
+        )
+        .await;
+    let (_, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}");
+    let first = w.gitlab.mr_sha(&w.project, iid);
+    let damaged = rusqlite::Connection::open(w.data_dir().join("planbot.db"))
+        .unwrap()
+        .execute(
+            "UPDATE kept_plans SET document = '{\"format_version\": ' WHERE root = 'a'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(damaged, 1, "a's plan was kept");
+    let before = state_reads(&w, "a");
+
+    w.push(
+        &s,
+        iid,
+        "damaged",
+        &[("stacks/b/main.tf", &root_tf("b2", false))],
+    )
+    .await;
+    let (note, status) = w.plan_of(&s, iid).await;
+    assert!(status.starts_with("success"), "{status}");
+    assert_eq!(reused_at(&note, "a"), None, "{note}");
+    assert!(state_reads(&w, "a") > before, "a planned again");
+    assert_eq!(
+        reused_at(&note, "c").as_deref(),
+        Some(&first[..8]),
+        "the others are still reused: {note}"
+    );
+    assert!(note.contains("\"a1\"") && note.contains("\"b2\""), "{note}");
+}
