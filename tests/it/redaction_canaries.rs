@@ -203,6 +203,43 @@ async fn every_surface_of_a_real_plan_is_scrubbed() {
         assert_no_canary(&format!("the {format:?} report"), &out);
     }
 
+    // What the store keeps of it for a later push (`core::kept_plan`): no canary, and read back
+    // with its secrets as digests, the same note.
+    let key = planbot::core::redact::DigestKey::derive(b"k");
+    let kept =
+        planbot::core::kept_plan::redacted_document(run.plan_json(), run.scrubber(), key).unwrap();
+    let kept_text = String::from_utf8(kept.clone()).unwrap();
+    assert_no_canary("the kept plan", &kept_text);
+    assert_no_canary(
+        "the kept plan's digests",
+        &serde_json::to_string(&run.secrets().digests(key)).unwrap(),
+    );
+    let kept_plan = planbot::core::plan::Plan::from_json(&kept).unwrap();
+    let mut known = planbot::core::redact::Secrets::from_plan(&kept_plan);
+    known.add_digests(key, &run.secrets().digests(key));
+    // (The fingerprint `planbot render` computes differs: the service keeps the plan's own.)
+    let without_fingerprint = |note: String| {
+        let (head, tail) = note.split_once("fingerprint `").unwrap();
+        format!("{head}{}", &tail[tail.find('`').unwrap()..])
+    };
+    assert_eq!(
+        without_fingerprint(report::report(
+            &kept_plan,
+            &ctx,
+            &known,
+            b"k",
+            Format::Markdown
+        )),
+        without_fingerprint(report::report(
+            plan,
+            &ctx,
+            run.secrets(),
+            b"k",
+            Format::Markdown
+        )),
+        "the kept plan's note is the plan's"
+    );
+
     // `planbot render` of the raw document: it knows only what the plan says is secret.
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), run.plan_json()).unwrap();
