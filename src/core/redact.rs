@@ -115,11 +115,6 @@ impl SecretDigests {
         self.by_len.is_empty()
     }
 
-    /// How many patterns it holds.
-    pub fn len(&self) -> usize {
-        self.by_len.values().map(Vec::len).sum()
-    }
-
     fn merge(&mut self, other: &SecretDigests) {
         for (len, digests) in &other.by_len {
             let mine = self.by_len.entry(*len).or_default();
@@ -255,12 +250,6 @@ impl Secrets {
             key,
             digests: merged,
         }));
-    }
-
-    /// Whether `text` is one of the secrets known in clear (a value that is not a string in
-    /// JSON, as its text).
-    pub fn contains(&self, text: &str) -> bool {
-        self.values.contains(text)
     }
 
     /// Every value of a sensitive variable (and every default of a variable declared sensitive,
