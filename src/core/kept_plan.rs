@@ -10,70 +10,203 @@
 
 use crate::core::plan::mask_has_true;
 use crate::core::redact::{DigestKey, Scrubber, REDACTED};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// `plan_json` (a `show -json` document) with every value its masks mark sensitive replaced,
 /// and every secret `scrubber` knows (the plan's own, the run's, those of the plans it is shown
 /// beside) scrubbed from every string, a number holding one replaced; the tokens are digests
 /// under `key`.
+///
+/// The document is never held parsed whole: its objects are read as raw entries, and each
+/// resource (of the changes, the drift, the planned values and the prior state, in every
+/// module) is parsed, redacted and written out on its own; the other parts (the outputs, the
+/// variables, the configuration) are parsed one part at a time.
 pub fn redacted_document(
     plan_json: &[u8],
     scrubber: &Scrubber,
     key: DigestKey,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    let mut doc: Value = serde_json::from_slice(plan_json)?;
+    let text = std::str::from_utf8(plan_json).map_err(serde::de::Error::custom)?;
+    let top = entries(text)?;
     let tokens = Tokens { key };
-    let sensitive_vars = sensitive_variables(&doc);
-    if let Some(root) = doc.as_object_mut() {
-        for list in ["resource_changes", "resource_drift"] {
-            for rc in items_mut(root.get_mut(list)) {
-                if let Some(change) = rc.get_mut("change").and_then(Value::as_object_mut) {
-                    tokens.masked_pair(change, "before", "before_sensitive");
-                    tokens.masked_pair(change, "after", "after_sensitive");
-                }
+    let sensitive_vars = match top.iter().find(|(k, _)| k == "configuration") {
+        Some((_, raw)) => sensitive_variables(&serde_json::from_str(raw.get())?),
+        None => Vec::new(),
+    };
+    let mut out = Writer::new(plan_json.len());
+    out.open();
+    for (name, raw) in &top {
+        out.key(name, scrubber);
+        match name.as_str() {
+            "resource_changes" | "resource_drift" => {
+                out.each(raw, |rc: &mut Value| {
+                    if let Some(change) = rc.get_mut("change").and_then(Value::as_object_mut) {
+                        tokens.masked_pair(change, "before", "before_sensitive");
+                        tokens.masked_pair(change, "after", "after_sensitive");
+                    }
+                    tokens.scrubbed(rc, scrubber);
+                })?;
             }
-        }
-        if let Some(outputs) = root
-            .get_mut("output_changes")
-            .and_then(Value::as_object_mut)
-        {
-            for change in outputs.values_mut().filter_map(Value::as_object_mut) {
-                tokens.masked_pair(change, "before", "before_sensitive");
-                tokens.masked_pair(change, "after", "after_sensitive");
-            }
-        }
-        if let Some(values) = root.get_mut("planned_values") {
-            tokens.state_values(values);
-        }
-        if let Some(values) = root
-            .get_mut("prior_state")
-            .and_then(|s| s.get_mut("values"))
-        {
-            tokens.state_values(values);
-        }
-        if let Some(vars) = root.get_mut("variables").and_then(Value::as_object_mut) {
-            for (name, var) in vars.iter_mut() {
-                if sensitive_vars.contains(name) {
-                    if let Some(value) = var.get_mut("value") {
-                        tokens.all(value);
+            "planned_values" => tokens.state_values(raw, &mut out, scrubber)?,
+            "prior_state" => {
+                out.open();
+                for (part, raw) in entries(raw.get())? {
+                    out.key(&part, scrubber);
+                    match part.as_str() {
+                        "values" => tokens.state_values(raw, &mut out, scrubber)?,
+                        _ => out.value(raw, |v| tokens.scrubbed(v, scrubber))?,
                     }
                 }
+                out.close();
             }
-        }
-        if let Some(module) = root
-            .get_mut("configuration")
-            .and_then(|c| c.get_mut("root_module"))
-        {
-            tokens.sensitive_defaults(module);
+            "output_changes" => out.value(raw, |outputs| {
+                if let Some(outputs) = outputs.as_object_mut() {
+                    for change in outputs.values_mut().filter_map(Value::as_object_mut) {
+                        tokens.masked_pair(change, "before", "before_sensitive");
+                        tokens.masked_pair(change, "after", "after_sensitive");
+                    }
+                }
+                tokens.scrubbed(outputs, scrubber);
+            })?,
+            "variables" => out.value(raw, |vars| {
+                if let Some(vars) = vars.as_object_mut() {
+                    for (name, var) in vars.iter_mut() {
+                        if sensitive_vars.contains(name) {
+                            if let Some(value) = var.get_mut("value") {
+                                tokens.all(value);
+                            }
+                        }
+                    }
+                }
+                tokens.scrubbed(vars, scrubber);
+            })?,
+            "configuration" => out.value(raw, |config| {
+                if let Some(module) = config.get_mut("root_module") {
+                    tokens.sensitive_defaults(module);
+                }
+                tokens.scrubbed(config, scrubber);
+            })?,
+            _ => out.value(raw, |v| tokens.scrubbed(v, scrubber))?,
         }
     }
-    tokens.scrubbed(&mut doc, scrubber);
-    serde_json::to_vec(&doc)
+    out.close();
+    Ok(out.into_bytes())
 }
 
-/// The names of the root variables declared `sensitive`.
-fn sensitive_variables(doc: &Value) -> Vec<String> {
-    doc.pointer("/configuration/root_module/variables")
+/// An object's entries as their raw JSON text, in order.
+fn entries(text: &str) -> Result<Vec<(String, &RawValue)>, serde_json::Error> {
+    struct Entries<'a>(Vec<(String, &'a RawValue)>);
+    impl<'de> serde::Deserialize<'de> for Entries<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Entries<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Entries<'de>, A::Error> {
+                    let mut all = Vec::new();
+                    while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                        all.push(entry);
+                    }
+                    Ok(Entries(all))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+    Ok(serde_json::from_str::<Entries>(text)?.0)
+}
+
+/// The redacted document as it is written, part after part.
+struct Writer {
+    out: Vec<u8>,
+    /// Whether the object or array being written has had an item yet.
+    first: Vec<bool>,
+}
+
+impl Writer {
+    fn new(capacity: usize) -> Writer {
+        Writer {
+            out: Vec::with_capacity(capacity),
+            first: Vec::new(),
+        }
+    }
+
+    fn open(&mut self) {
+        self.out.push(b'{');
+        self.first.push(true);
+    }
+
+    fn close(&mut self) {
+        self.out.push(b'}');
+        self.first.pop();
+    }
+
+    fn comma(&mut self) {
+        if let Some(first) = self.first.last_mut() {
+            if !std::mem::replace(first, false) {
+                self.out.push(b',');
+            }
+        }
+    }
+
+    /// An object's key, scrubbed.
+    fn key(&mut self, name: &str, scrubber: &Scrubber) {
+        self.comma();
+        let name = scrubber.scrub(name);
+        serde_json::to_writer(&mut self.out, name.as_ref()).expect("a string serialises");
+        self.out.push(b':');
+    }
+
+    /// `raw` parsed, changed by `redact`, written.
+    fn value(
+        &mut self,
+        raw: &RawValue,
+        redact: impl FnOnce(&mut Value),
+    ) -> Result<(), serde_json::Error> {
+        let mut v: Value = serde_json::from_str(raw.get())?;
+        redact(&mut v);
+        serde_json::to_writer(&mut self.out, &v)
+    }
+
+    /// An array whose items are each parsed, changed by `redact` and written on their own (a
+    /// value that is not an array is written as [`Writer::value`] would, unchanged but scrubbed
+    /// by the caller's `redact`).
+    fn each(
+        &mut self,
+        raw: &RawValue,
+        mut redact: impl FnMut(&mut Value),
+    ) -> Result<(), serde_json::Error> {
+        let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
+            return self.value(raw, redact);
+        };
+        self.out.push(b'[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            let mut v: Value = serde_json::from_str(item.get())?;
+            redact(&mut v);
+            serde_json::to_writer(&mut self.out, &v)?;
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    fn into_bytes(self) -> Vec<u8> {
+        self.out
+    }
+}
+
+/// The names of the root variables declared `sensitive`, from the `configuration` part.
+fn sensitive_variables(config: &Value) -> Vec<String> {
+    config
+        .pointer("/root_module/variables")
         .and_then(Value::as_object)
         .map(|vars| {
             vars.iter()
@@ -82,10 +215,6 @@ fn sensitive_variables(doc: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn items_mut(list: Option<&mut Value>) -> impl Iterator<Item = &mut Value> {
-    list.and_then(Value::as_array_mut).into_iter().flatten()
 }
 
 /// What replaces a sensitive value: [`REDACTED`] with the value's digest.
@@ -141,32 +270,80 @@ impl Tokens {
         }
     }
 
-    /// A state's values (`planned_values`, `prior_state.values`): sensitive outputs, and each
-    /// resource's values under its `sensitive_values`, in every module.
-    fn state_values(&self, values: &mut Value) {
-        if let Some(outputs) = values.get_mut("outputs").and_then(Value::as_object_mut) {
-            for output in outputs.values_mut().filter_map(Value::as_object_mut) {
-                if output.get("sensitive").and_then(Value::as_bool) == Some(true) {
-                    if let Some(v) = output.get_mut("value") {
-                        self.all(v);
+    /// A state's values (`planned_values`, `prior_state.values`), written: sensitive outputs,
+    /// and each resource's values under its `sensitive_values`, in every module, a resource at
+    /// a time.
+    fn state_values(
+        &self,
+        raw: &RawValue,
+        out: &mut Writer,
+        scrubber: &Scrubber,
+    ) -> Result<(), serde_json::Error> {
+        let Ok(parts) = entries(raw.get()) else {
+            return out.value(raw, |v| self.scrubbed(v, scrubber));
+        };
+        out.open();
+        for (part, raw) in parts {
+            out.key(&part, scrubber);
+            match part.as_str() {
+                "outputs" => out.value(raw, |outputs| {
+                    if let Some(outputs) = outputs.as_object_mut() {
+                        for output in outputs.values_mut().filter_map(Value::as_object_mut) {
+                            if output.get("sensitive").and_then(Value::as_bool) == Some(true) {
+                                if let Some(v) = output.get_mut("value") {
+                                    self.all(v);
+                                }
+                            }
+                        }
                     }
-                }
+                    self.scrubbed(outputs, scrubber);
+                })?,
+                "root_module" => self.state_module(raw, out, scrubber)?,
+                _ => out.value(raw, |v| self.scrubbed(v, scrubber))?,
             }
         }
-        if let Some(module) = values.get_mut("root_module") {
-            self.state_module(module);
-        }
+        out.close();
+        Ok(())
     }
 
-    fn state_module(&self, module: &mut Value) {
-        for resource in items_mut(module.get_mut("resources")) {
-            if let Some(r) = resource.as_object_mut() {
-                self.masked_pair(r, "values", "sensitive_values");
+    fn state_module(
+        &self,
+        raw: &RawValue,
+        out: &mut Writer,
+        scrubber: &Scrubber,
+    ) -> Result<(), serde_json::Error> {
+        let Ok(parts) = entries(raw.get()) else {
+            return out.value(raw, |v| self.scrubbed(v, scrubber));
+        };
+        out.open();
+        for (part, raw) in parts {
+            out.key(&part, scrubber);
+            match part.as_str() {
+                "resources" => out.each(raw, |resource| {
+                    if let Some(r) = resource.as_object_mut() {
+                        self.masked_pair(r, "values", "sensitive_values");
+                    }
+                    self.scrubbed(resource, scrubber);
+                })?,
+                "child_modules" => {
+                    let Ok(children) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
+                        out.value(raw, |v| self.scrubbed(v, scrubber))?;
+                        continue;
+                    };
+                    out.out.push(b'[');
+                    for (i, child) in children.into_iter().enumerate() {
+                        if i > 0 {
+                            out.out.push(b',');
+                        }
+                        self.state_module(child, out, scrubber)?;
+                    }
+                    out.out.push(b']');
+                }
+                _ => out.value(raw, |v| self.scrubbed(v, scrubber))?,
             }
         }
-        for child in items_mut(module.get_mut("child_modules")) {
-            self.state_module(child);
-        }
+        out.close();
+        Ok(())
     }
 
     /// The defaults of the variables declared `sensitive` in a configuration module and the
