@@ -320,7 +320,8 @@ async fn a_kept_plan_holds_no_secret_survives_a_restart_and_still_scrubs_its_sec
 }
 
 /// A kept plan that does not read back (a row damaged in the store) is never shown: its root is
-/// planned again, and the note and status are those of a plan.
+/// planned again, and the note and status are those of a plan; a closed MR's plans are
+/// forgotten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_plan_that_does_not_read_back_is_planned_again() {
     let engine = require_engine!();
@@ -367,4 +368,22 @@ async fn a_kept_plan_that_does_not_read_back_is_planned_again() {
         "the others are still reused: {note}"
     );
     assert!(note.contains("\"a1\"") && note.contains("\"b2\""), "{note}");
+
+    // The MR is closed: its kept plans are forgotten.
+    let kept = |w: &World| -> i64 {
+        rusqlite::Connection::open(w.data_dir().join("planbot.db"))
+            .unwrap()
+            .query_row(
+                "SELECT COUNT(*) FROM kept_plans WHERE mr_iid = ?1",
+                [iid as i64],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(kept(&w), 3, "every root's plan of the last push is kept");
+    w.gitlab.close_mr(&w.project, iid);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("close").body();
+    w.hook(&s, "Merge Request Hook", "close", &body).await;
+    s.after_job_ends("the MR's close", 60, || async { kept(&w) == 0 })
+        .await;
 }
