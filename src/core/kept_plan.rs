@@ -28,38 +28,30 @@ pub fn redacted_document(
     key: DigestKey,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let text = std::str::from_utf8(plan_json).map_err(serde::de::Error::custom)?;
-    let top = entries(text)?;
+    let doc: &RawValue = serde_json::from_str(text)?;
     let tokens = Tokens { key };
-    let sensitive_vars = match top.iter().find(|(k, _)| k == "configuration") {
+    let sensitive_vars = match entries(text)?.iter().find(|(k, _)| k == "configuration") {
         Some((_, raw)) => sensitive_variables(&serde_json::from_str(raw.get())?),
         None => Vec::new(),
     };
     let mut out = Writer::new(plan_json.len());
-    out.open();
-    for (name, raw) in &top {
-        out.key(name, scrubber);
-        match name.as_str() {
-            "resource_changes" | "resource_drift" => {
-                out.each(raw, |rc: &mut Value| {
-                    if let Some(change) = rc.get_mut("change").and_then(Value::as_object_mut) {
-                        tokens.masked_pair(change, "before", "before_sensitive");
-                        tokens.masked_pair(change, "after", "after_sensitive");
-                    }
-                    tokens.scrubbed(rc, scrubber);
-                })?;
-            }
-            "planned_values" => tokens.state_values(raw, &mut out, scrubber)?,
-            "prior_state" => {
-                out.open();
-                for (part, raw) in entries(raw.get())? {
-                    out.key(&part, scrubber);
-                    match part.as_str() {
-                        "values" => tokens.state_values(raw, &mut out, scrubber)?,
-                        _ => out.value(raw, |v| tokens.scrubbed(v, scrubber))?,
-                    }
+    tokens.object(doc, &mut out, scrubber, |name, raw, out| {
+        match name {
+            "resource_changes" | "resource_drift" => out.each(raw, |rc: &mut Value| {
+                if let Some(change) = rc.get_mut("change").and_then(Value::as_object_mut) {
+                    tokens.masked_pair(change, "before", "before_sensitive");
+                    tokens.masked_pair(change, "after", "after_sensitive");
                 }
-                out.close();
-            }
+                tokens.scrubbed(rc, scrubber);
+            })?,
+            "planned_values" => tokens.state_values(raw, out, scrubber)?,
+            "prior_state" => tokens.object(raw, out, scrubber, |part, raw, out| {
+                if part != "values" {
+                    return Ok(false);
+                }
+                tokens.state_values(raw, out, scrubber)?;
+                Ok(true)
+            })?,
             "output_changes" => out.value(raw, |outputs| {
                 if let Some(outputs) = outputs.as_object_mut() {
                     for change in outputs.values_mut().filter_map(Value::as_object_mut) {
@@ -87,10 +79,10 @@ pub fn redacted_document(
                 }
                 tokens.scrubbed(config, scrubber);
             })?,
-            _ => out.value(raw, |v| tokens.scrubbed(v, scrubber))?,
+            _ => return Ok(false),
         }
-    }
-    out.close();
+        Ok(true)
+    })?;
     Ok(out.into_bytes())
 }
 
@@ -175,8 +167,7 @@ impl Writer {
     }
 
     /// An array whose items are each parsed, changed by `redact` and written on their own (a
-    /// value that is not an array is written as [`Writer::value`] would, unchanged but scrubbed
-    /// by the caller's `redact`).
+    /// value that is not an array is written as [`Writer::value`] would).
     fn each(
         &mut self,
         raw: &RawValue,
@@ -185,14 +176,21 @@ impl Writer {
         let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
             return self.value(raw, redact);
         };
+        self.items(items, |item, out| out.value(item, &mut redact))
+    }
+
+    /// `items` as an array, each written by `write`.
+    fn items<'a>(
+        &mut self,
+        items: Vec<&'a RawValue>,
+        mut write: impl FnMut(&'a RawValue, &mut Writer) -> Result<(), serde_json::Error>,
+    ) -> Result<(), serde_json::Error> {
         self.out.push(b'[');
-        for (i, item) in items.iter().enumerate() {
+        for (i, item) in items.into_iter().enumerate() {
             if i > 0 {
                 self.out.push(b',');
             }
-            let mut v: Value = serde_json::from_str(item.get())?;
-            redact(&mut v);
-            serde_json::to_writer(&mut self.out, &v)?;
+            write(item, self)?;
         }
         self.out.push(b']');
         Ok(())
@@ -270,6 +268,29 @@ impl Tokens {
         }
     }
 
+    /// An object written part by part: each part by `part`, or parsed and scrubbed when
+    /// `part` leaves it (returns `false`); a value that is not an object, parsed and scrubbed.
+    fn object<'a>(
+        &self,
+        raw: &'a RawValue,
+        out: &mut Writer,
+        scrubber: &Scrubber,
+        mut part: impl FnMut(&str, &'a RawValue, &mut Writer) -> Result<bool, serde_json::Error>,
+    ) -> Result<(), serde_json::Error> {
+        let Ok(parts) = entries(raw.get()) else {
+            return out.value(raw, |v| self.scrubbed(v, scrubber));
+        };
+        out.open();
+        for (name, raw) in parts {
+            out.key(&name, scrubber);
+            if !part(&name, raw, out)? {
+                out.value(raw, |v| self.scrubbed(v, scrubber))?;
+            }
+        }
+        out.close();
+        Ok(())
+    }
+
     /// A state's values (`planned_values`, `prior_state.values`), written: sensitive outputs,
     /// and each resource's values under its `sensitive_values`, in every module, a resource at
     /// a time.
@@ -279,13 +300,8 @@ impl Tokens {
         out: &mut Writer,
         scrubber: &Scrubber,
     ) -> Result<(), serde_json::Error> {
-        let Ok(parts) = entries(raw.get()) else {
-            return out.value(raw, |v| self.scrubbed(v, scrubber));
-        };
-        out.open();
-        for (part, raw) in parts {
-            out.key(&part, scrubber);
-            match part.as_str() {
+        self.object(raw, out, scrubber, |part, raw, out| {
+            match part {
                 "outputs" => out.value(raw, |outputs| {
                     if let Some(outputs) = outputs.as_object_mut() {
                         for output in outputs.values_mut().filter_map(Value::as_object_mut) {
@@ -299,51 +315,38 @@ impl Tokens {
                     self.scrubbed(outputs, scrubber);
                 })?,
                 "root_module" => self.state_module(raw, out, scrubber)?,
-                _ => out.value(raw, |v| self.scrubbed(v, scrubber))?,
+                _ => return Ok(false),
             }
-        }
-        out.close();
-        Ok(())
+            Ok(true)
+        })
     }
 
+    /// A state's module: each resource's values under its `sensitive_values`, a resource at a
+    /// time, and its child modules the same way.
     fn state_module(
         &self,
         raw: &RawValue,
         out: &mut Writer,
         scrubber: &Scrubber,
     ) -> Result<(), serde_json::Error> {
-        let Ok(parts) = entries(raw.get()) else {
-            return out.value(raw, |v| self.scrubbed(v, scrubber));
-        };
-        out.open();
-        for (part, raw) in parts {
-            out.key(&part, scrubber);
-            match part.as_str() {
+        self.object(raw, out, scrubber, |part, raw, out| {
+            match part {
                 "resources" => out.each(raw, |resource| {
                     if let Some(r) = resource.as_object_mut() {
                         self.masked_pair(r, "values", "sensitive_values");
                     }
                     self.scrubbed(resource, scrubber);
                 })?,
-                "child_modules" => {
-                    let Ok(children) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
-                        out.value(raw, |v| self.scrubbed(v, scrubber))?;
-                        continue;
-                    };
-                    out.out.push(b'[');
-                    for (i, child) in children.into_iter().enumerate() {
-                        if i > 0 {
-                            out.out.push(b',');
-                        }
-                        self.state_module(child, out, scrubber)?;
-                    }
-                    out.out.push(b']');
-                }
-                _ => out.value(raw, |v| self.scrubbed(v, scrubber))?,
+                "child_modules" => match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
+                    Ok(children) => out.items(children, |child, out| {
+                        self.state_module(child, out, scrubber)
+                    })?,
+                    Err(_) => return Ok(false),
+                },
+                _ => return Ok(false),
             }
-        }
-        out.close();
-        Ok(())
+            Ok(true)
+        })
     }
 
     /// The defaults of the variables declared `sensitive` in a configuration module and the
