@@ -60,10 +60,15 @@ fn state_reads(w: &World, name: &str) -> usize {
         .count()
 }
 
+/// `root`'s section of the note.
+fn section<'a>(note: &'a str, root: &str) -> Option<&'a str> {
+    let section = note.split(&format!("#### Root `{root}`")).nth(1)?;
+    Some(section.split("#### Root ").next().unwrap_or(section))
+}
+
 /// The "Reused" line of `root`'s section, if any.
 fn reused_at(note: &str, root: &str) -> Option<String> {
-    let section = note.split(&format!("#### Root `{root}`")).nth(1)?;
-    let section = section.split("#### Root ").next().unwrap_or(section);
+    let section = section(note, root)?;
     let line = section
         .lines()
         .find(|l| l.starts_with("♻️ _Reused: planned at `"))?;
@@ -312,8 +317,7 @@ async fn a_kept_plan_holds_no_secret_survives_a_restart_and_still_scrubs_its_sec
         "b's plan, a's secrets scrubbed: {note}"
     );
     // `a`'s section reads as it did: its sensitive values masked.
-    let a = note.split("#### Root `a`").nth(1).unwrap();
-    let a = a.split("#### Root ").next().unwrap();
+    let a = section(&note, "a").unwrap();
     assert!(a.contains("input.password = (sensitive value)"), "{a}");
     assert_no_secret("the store", &store_bytes(&w));
     s.kill().await;
