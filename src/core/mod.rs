@@ -34,6 +34,7 @@ pub mod replan;
 pub mod repo_config;
 pub mod retire;
 pub mod root_graph;
+pub mod sealed;
 pub mod state;
 pub mod store_tls;
 pub mod suggest;

@@ -376,7 +376,7 @@ fn core_floor(room: &str) -> u8 {
         "engine_kind" | "redact" | "plan_digest" | "proxmox" | "freeze" | "approvals" => 3,
         "templates" | "root_graph" | "plan" | "drift_schedule" | "note_html" => 2,
         "markdown" | "defuse" | "ids" | "suggest" | "links" | "webhook" | "store_tls"
-        | "plan_budget" | "ci_component" | "commit_status" | "hcl" => 1,
+        | "plan_budget" | "ci_component" | "commit_status" | "hcl" | "sealed" => 1,
         other => {
             panic!("core::{other} has no floor: give it one here and in docs/architecture.md")
         }
@@ -432,9 +432,9 @@ fn review_plan_floor(room: &str) -> u8 {
     match room {
         "mod" => 7,
         "record" | "widgets" => 6,
-        "note" => 5,
+        "note" | "unit" => 5,
         "roots" => 4,
-        "reach" | "reuse" => 3,
+        "reach" | "reuse" | "units" => 3,
         "prepare" => 2,
         "shared" => 1,
         other => panic!(

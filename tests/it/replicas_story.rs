@@ -28,6 +28,8 @@ struct Replica {
     child: Child,
     port: u16,
     data: PathBuf,
+    /// Its log, when it was started with one ([`Replicas::start_logging`]).
+    log: Option<crate::support::ServeLog>,
 }
 
 /// N replicas sharing one store; all killed (with their engines) when dropped.
@@ -47,7 +49,12 @@ impl Replicas {
                 let file = dir.path().join(format!("replica-{i}.toml"));
                 std::fs::write(&file, config(&data)).unwrap();
                 let (child, port) = crate::support::spawn_serve(&file);
-                Replica { child, port, data }
+                Replica {
+                    child,
+                    port,
+                    data,
+                    log: None,
+                }
             })
             .collect();
         Replicas {
@@ -83,6 +90,7 @@ impl Replicas {
                         child,
                         port,
                         data: data.clone(),
+                        log: None,
                     }
                 })
                 .collect()
@@ -92,6 +100,40 @@ impl Replicas {
             http: reqwest::Client::new(),
             _dir: dir,
         }
+    }
+
+    /// [`Replicas::start`], each replica logging what its plans do (`RUST_LOG`: the plan
+    /// flow's lines at `info`).
+    fn start_logging(n: usize, config: impl Fn(&Path) -> String) -> Replicas {
+        let dir = tempfile::tempdir().unwrap();
+        let list = (0..n)
+            .map(|i| {
+                let data = dir.path().join(format!("replica-{i}"));
+                let file = dir.path().join(format!("replica-{i}.toml"));
+                std::fs::write(&file, config(&data)).unwrap();
+                let filter =
+                    "warn,planbot::flows::service::server=info,planbot::flows::review::plan=info";
+                let serve = crate::support::ServeProcess::start(&file, &[("RUST_LOG", filter)]);
+                let (child, port, log) = serve.into_parts();
+                Replica {
+                    child,
+                    port,
+                    data,
+                    log: Some(log),
+                }
+            })
+            .collect();
+        Replicas {
+            list,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    /// The lines replica `i` logged so far (started by [`Replicas::start_logging`]).
+    fn log(&self, i: usize) -> Vec<String> {
+        let log = self.list[i].log.as_ref().expect("started logging");
+        log.lock().unwrap().clone()
     }
 
     fn url(&self, i: usize, path: &str) -> String {
@@ -995,4 +1037,130 @@ fn reads(gitlab: &FakeGitLab, name: &str) -> usize {
         .iter()
         .filter(|r| r.method == "GET" && r.target == "state" && r.name == name)
         .count()
+}
+
+/// One MR's roots over both replicas: the replica that takes the MR's plan job queues its four
+/// roots as units, the other replica takes some of them, each replica's log shows roots of
+/// the MR planned there, and the one note is whole: every root's plan, its status green.
+/// Each replica's engine takes three seconds per plan and one slot, so the replica that plans
+/// the job cannot take all four roots before the other one's idle workers look at the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mrs_roots_are_planned_on_both_replicas_and_its_note_is_whole() {
+    let engine = require_engine!();
+    let Some(store) = crate::support::postgres::fresh_database("planbot_story").await else {
+        return;
+    };
+    let gitlab = FakeGitLab::start();
+    let project = gitlab.create_project(INFRA);
+    let roots = ["a", "b", "c", "d"];
+    let mut config = String::new();
+    let mut files = Vec::new();
+    for r in roots {
+        config.push_str(&format!(
+            "[[roots]]\nname = \"{r}\"\ndir = \"stacks/{r}\"\n\n"
+        ));
+        files.push((
+            format!("stacks/{r}/versions.tf"),
+            "terraform {}\n".to_string(),
+        ));
+    }
+    files.push((".planbot.toml".to_string(), config));
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    gitlab.commit_files(&project, "main", &files);
+    let dir = tempfile::tempdir().unwrap();
+    let slow = slow_engine(dir.path(), &engine);
+    let gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
+    let replicas = Replicas::start_logging(2, |data| {
+        PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data)
+            .engine(&slow)
+            .plan_slots(1)
+            .sandbox_reaches(gitlab_port)
+            .set("store", "url", &format!("\"{store}\""))
+            .set("store", "lease", &format!("\"{LEASE}\""))
+            .managed_state(&gitlab, &project)
+            .text()
+    });
+    let db = crate::support::postgres::connect(&store).await;
+    let changes: Vec<(String, String)> = roots
+        .iter()
+        .map(|r| (format!("stacks/{r}/main.tf"), root_tf(&format!("{r}1"))))
+        .collect();
+    let changes: Vec<(&str, &str)> = changes
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    gitlab.commit_files(&project, "four", &changes);
+    let iid = gitlab.open_mr(&project, "four", "main");
+    let head = gitlab.mr_sha(&project, iid);
+    let body = gitlab.mr_webhook(&project, iid).action("open").body();
+    assert_eq!(replicas.deliver(0, &body, "open").await, 200);
+    let (g, p) = (&gitlab, &project);
+    crate::support::eventually("the head planned", 180, || async {
+        plan_state(g, p, &head).is_some_and(|s| s != "running" && s != "pending")
+    })
+    .await;
+    assert_eq!(plan_state(g, p, &head).as_deref(), Some("success"));
+    crate::support::eventually("every job ended", 60, || all_jobs_ended(&db)).await;
+
+    // One note, every root's plan in it.
+    let notes = plan_notes(&gitlab, &project, iid);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    for r in roots {
+        let section = notes[0]
+            .split(&format!("#### Root `{r}`"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no section of {r}: {}", notes[0]));
+        let section = section.split("#### Root ").next().unwrap();
+        assert!(section.contains(&format!("\"{r}1\"")), "{r}: {section}");
+    }
+    // The head's runs were planned on both replicas, each root once.
+    let runs = db
+        .query(
+            "SELECT root, owner, state FROM runs WHERE sha = $1 AND kind = 'plan' ORDER BY root",
+            &[&head],
+        )
+        .await
+        .unwrap();
+    let runs: Vec<(String, String, String)> = runs
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        runs.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        roots,
+        "{runs:?}"
+    );
+    assert!(runs.iter().all(|r| r.2 == "succeeded"), "{runs:?}");
+    let owners: std::collections::BTreeSet<usize> =
+        runs.iter().map(|r| replicas.index_of(&r.1)).collect();
+    assert_eq!(owners.len(), 2, "both replicas planned roots: {runs:?}");
+    // Each replica's log shows roots of the MR planned there.
+    let mr = format!("mr={iid}");
+    for i in 0..2 {
+        let planned: Vec<String> = replicas
+            .log(i)
+            .into_iter()
+            .filter(|l| l.contains("root planned") && l.contains(&mr))
+            .collect();
+        let mine = runs.iter().filter(|r| replicas.index_of(&r.1) == i).count();
+        assert_eq!(planned.len(), mine, "replica {i}: {planned:?}");
+    }
+    // Four units, each ended; no result left in the store.
+    let units: Vec<String> = db
+        .query("SELECT state FROM jobs WHERE kind = 'plan_root'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(units, vec!["done"; 4], "{units:?}");
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM unit_results", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
 }

@@ -52,11 +52,11 @@ fn rows_of_schema_5(dump: Dump) -> serde_json::Value {
     let all = rows(dump);
     let mut kept = Vec::new();
     for table in all.as_array().unwrap() {
-        if table[0] == "kept_plans" {
+        if table[0] == "kept_plans" || table[0] == "unit_results" {
             assert_eq!(
                 table[1],
                 serde_json::json!([]),
-                "migration 6's table is new"
+                "migration 6's and 7's tables are new"
             );
         } else {
             kept.push(table.clone());
@@ -224,7 +224,8 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
 
     // The schema is what it was (migration 1 is that schema) plus migration 2's policy tables,
     // migration 3's drift tables, migration 4's targeted plans, migration 5's widget reports,
-    // migration 6's kept plans and refinery's record of them, and the same as a new database's.
+    // migration 6's kept plans, migration 7's unit results and refinery's record of them, and
+    // the same as a new database's.
     assert_eq!(user_version(&path), SCHEMA_VERSION);
     let migrated = schema(&path);
     let added: Vec<&str> = migrated
@@ -243,6 +244,7 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
             "sqlite_autoindex_policy_verdicts_1",
             "sqlite_autoindex_refinery_schema_history_1",
             "sqlite_autoindex_widget_reports_1",
+            "unit_results_parent",
             "drift_roots",
             "drift_ticks",
             "kept_plans",
@@ -250,6 +252,7 @@ async fn a_database_from_the_previous_schema_opens_with_its_rows() {
             "policy_approvals",
             "policy_verdicts",
             "refinery_schema_history",
+            "unit_results",
             "widget_reports"
         ]
     );
@@ -300,7 +303,7 @@ async fn a_sqlite_store_at_schema_5_by_the_hand_written_runner_is_recognised_and
         fixture_rows("v5.db.rows.json")
     );
     // Recognised as migrated: refinery records the five, and nothing of them ran again (the
-    // schema is what it was, plus refinery's table and migration 6's).
+    // schema is what it was, plus refinery's table and migrations 6's and 7's).
     let conn = rusqlite::Connection::open(&path).unwrap();
     let mut st = conn
         .prepare("SELECT version FROM refinery_schema_history ORDER BY version")
@@ -321,8 +324,10 @@ async fn a_sqlite_store_at_schema_5_by_the_hand_written_runner_is_recognised_and
         [
             "sqlite_autoindex_kept_plans_1",
             "sqlite_autoindex_refinery_schema_history_1",
+            "unit_results_parent",
             "kept_plans",
-            "refinery_schema_history"
+            "refinery_schema_history",
+            "unit_results"
         ]
     );
     assert_eq!(user_version(&path), SCHEMA_VERSION);
@@ -405,7 +410,8 @@ async fn a_postgres_store_at_schema_5_by_the_hand_written_runner_is_recognised_a
         fixture_rows("v5-postgres.rows.json")
     );
     // Recognised as migrated: refinery records the five, the old record is kept, and nothing
-    // of them ran again (the tables are what they were, plus refinery's and migration 6's).
+    // of them ran again (the tables are what they were, plus refinery's and migrations 6's and
+    // 7's).
     let all: Vec<u32> = (1..=SCHEMA_VERSION).collect();
     assert_eq!(versions("refinery_schema_history").await, all);
     assert_eq!(versions("schema_migrations").await, all);
@@ -419,7 +425,8 @@ async fn a_postgres_store_at_schema_5_by_the_hand_written_runner_is_recognised_a
         added,
         BTreeSet::from([
             "kept_plans".to_string(),
-            "refinery_schema_history".to_string()
+            "refinery_schema_history".to_string(),
+            "unit_results".to_string()
         ])
     );
     // What only PostgreSQL keeps: the dead replica's row, and its project lock, which a live

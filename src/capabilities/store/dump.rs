@@ -114,6 +114,15 @@ pub(crate) const TABLES: &[(&str, &[(&str, Ty)])] = &[
         ],
     ),
     (
+        "unit_results",
+        &[
+            ("job_id", Ty::Int),
+            ("parent_id", Ty::Int),
+            ("sealed", Ty::Text),
+            ("created_at", Ty::Int),
+        ],
+    ),
+    (
         "mr_notes",
         &[
             ("project_id", Ty::Int),

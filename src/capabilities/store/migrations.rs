@@ -34,13 +34,14 @@ macro_rules! migration {
 }
 
 /// Every migration, oldest first.
-const MIGRATIONS: [(&str, &str, &str); 6] = [
+const MIGRATIONS: [(&str, &str, &str); 7] = [
     migration!("V1__initial"),
     migration!("V2__policies"),
     migration!("V3__drift"),
     migration!("V4__targeting"),
     migration!("V5__widgets"),
     migration!("V6__kept_plans"),
+    migration!("V7__root_units"),
 ];
 
 /// The schema version this binary writes (either database).
@@ -277,7 +278,8 @@ mod tests {
                 "drift",
                 "targeting",
                 "widgets",
-                "kept_plans"
+                "kept_plans",
+                "root_units"
             ]
         );
         // Opening again finds nothing to do.

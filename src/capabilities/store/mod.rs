@@ -12,6 +12,7 @@ mod policy;
 mod postgres;
 mod queue;
 mod reviews;
+mod root_units;
 mod runs;
 mod sql;
 mod sqlite;
@@ -26,6 +27,7 @@ pub use dump::Dump;
 pub use kept_plans::KeptPlanRow;
 pub use migrations::{PG_SCHEMA_VERSION, SCHEMA_VERSION};
 pub use postgres::{default_replica_name, PgOptions};
+pub use root_units::UnitProgress;
 pub use sql::Value;
 pub use types::{
     ApplyId, ApplyRecord, ApplyState, ClaimedJob, DeliveryOutcome, DriftOutcome, DriftRootRecord,

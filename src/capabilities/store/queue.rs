@@ -44,10 +44,12 @@ static HEAD_PLANS: Sql = Sql::both(
                AND sha = ?3 AND state IN ('succeeded', 'failed'))",
 );
 
-/// An MR's live jobs (of kind `?3`, or all); PostgreSQL locks them against claims meanwhile.
+/// An MR's live jobs (of kind `?3`, or all; a plan's root units with the plans); PostgreSQL
+/// locks them against claims meanwhile.
 macro_rules! live_of_mr {
     () => {
-        "project_id = ?1 AND mr_iid = ?2 AND (CAST(?3 AS TEXT) IS NULL OR kind = ?3)
+        "project_id = ?1 AND mr_iid = ?2
+         AND (CAST(?3 AS TEXT) IS NULL OR kind = ?3 OR (?3 = 'plan' AND kind = 'plan_root'))
          AND state IN ('queued', 'running')"
     };
 }
@@ -83,10 +85,12 @@ static CLAIM: LazyLock<Sql> = LazyLock::new(|| {
     let sqlite = format!(
         "UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1
          WHERE id = (
-             SELECT q.id FROM jobs q WHERE q.state = 'queued'
-               AND (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running' AND {ar} IS {aq}) < ?2
+             SELECT q.id FROM jobs q WHERE q.state = 'queued' AND q.kind <> 'plan_root'
+               AND (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running'
+                      AND r.kind <> 'plan_root' AND {ar} IS {aq}) < ?2
                AND (q.mr_iid IS NULL OR (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running'
-                      AND r.project_id IS q.project_id AND r.mr_iid = q.mr_iid) < ?2)
+                      AND r.kind <> 'plan_root' AND r.project_id IS q.project_id
+                      AND r.mr_iid = q.mr_iid) < ?2)
              ORDER BY q.id LIMIT 1)
          RETURNING id, payload, attempts",
         ar = lite("r"),
@@ -96,11 +100,12 @@ static CLAIM: LazyLock<Sql> = LazyLock::new(|| {
         "WITH next AS (
              SELECT q.id FROM jobs q
              WHERE (q.state = 'queued' OR (q.state = 'running' AND q.lease_expires_at < ?1))
-               AND (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running'
+               AND q.kind <> 'plan_root'
+               AND (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running' AND r.kind <> 'plan_root'
                       AND r.lease_expires_at >= ?1 AND {ar} IS NOT DISTINCT FROM {aq}) < ?2
                AND (q.mr_iid IS NULL OR (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running'
-                      AND r.lease_expires_at >= ?1 AND r.project_id = q.project_id
-                      AND r.mr_iid = q.mr_iid) < ?2)
+                      AND r.kind <> 'plan_root' AND r.lease_expires_at >= ?1
+                      AND r.project_id = q.project_id AND r.mr_iid = q.mr_iid) < ?2)
              ORDER BY q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
          UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1,
                 owner = ?3, lease_expires_at = ?4
@@ -110,6 +115,35 @@ static CLAIM: LazyLock<Sql> = LazyLock::new(|| {
         aq = pg("q"),
     );
     Sql::each(sqlite.leak(), postgres.leak())
+});
+/// The claim of a root unit (PostgreSQL only: units are queued on a shared store): the oldest
+/// unit that no plan job of this replica queued (that job plans its roots nobody takes), whose
+/// author holds fewer than `?2` units running on this replica. No cap per MR: one MR's roots
+/// spread over every replica is what units are for.
+static CLAIM_UNIT: LazyLock<Sql> = LazyLock::new(|| {
+    let [a, b] = AUTHOR_FIELDS;
+    let pg = |t: &str| {
+        format!("COALESCE(({t}.payload::jsonb) ->> '{a}', ({t}.payload::jsonb) ->> '{b}')")
+    };
+    let postgres = format!(
+        "WITH next AS (
+             SELECT q.id FROM jobs q
+             WHERE q.kind = 'plan_root'
+               AND (q.state = 'queued' OR (q.state = 'running' AND q.lease_expires_at < ?1))
+               AND NOT EXISTS (SELECT 1 FROM jobs p
+                      WHERE p.id = ((q.payload::jsonb) ->> 'parent')::bigint AND p.owner = ?3)
+               AND (SELECT COUNT(*) FROM jobs r WHERE r.state = 'running' AND r.kind = 'plan_root'
+                      AND r.owner = ?3 AND r.lease_expires_at >= ?1
+                      AND {ar} IS NOT DISTINCT FROM {aq}) < ?2
+             ORDER BY q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
+         UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1,
+                owner = ?3, lease_expires_at = ?4
+         FROM next WHERE jobs.id = next.id
+         RETURNING jobs.id, jobs.payload, jobs.attempts",
+        ar = pg("r"),
+        aq = pg("q"),
+    );
+    Sql::postgres(postgres.leak())
 });
 /// A job taken over from a dead replica: its runs there ended with it.
 static INTERRUPT_JOB_RUNS: Sql = Sql::both(
@@ -270,7 +304,11 @@ async fn claim_in(c: &impl Conn, share: i64) -> Result<Option<ClaimedJob>> {
         c.execute(&CLAIM_LOCK, &[]).await?;
         args.extend(args![replica, now + lease]);
     }
-    let Some(row) = c.opt(&CLAIM, &args).await? else {
+    let mut row = c.opt(&CLAIM, &args).await?;
+    if row.is_none() && c.is_postgres() {
+        row = c.opt(&CLAIM_UNIT, &args).await?;
+    }
+    let Some(row) = row else {
         return Ok(None);
     };
     let (id, payload, attempts) = (

@@ -74,6 +74,7 @@ stored_enum!(
     /// What a queue job does; the stored form of [`Job::kind`].
     QueueJobKind, "queue job kind" {
         Plan => "plan",
+        PlanRoot => "plan_root",
         MarkMerged => "mark_merged",
         Closed => "closed",
         Command => "command",
@@ -87,6 +88,7 @@ impl QueueJobKind {
     pub fn of(job: &Job) -> QueueJobKind {
         match job {
             Job::Plan(_) => QueueJobKind::Plan,
+            Job::PlanRoot(_) => QueueJobKind::PlanRoot,
             Job::MarkMerged { .. } => QueueJobKind::MarkMerged,
             Job::Closed { .. } => QueueJobKind::Closed,
             Job::Command { .. } => QueueJobKind::Command,

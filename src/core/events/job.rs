@@ -43,6 +43,25 @@ pub struct PlanJob {
     pub requested_by: Option<UserId>,
 }
 
+/// One root of an MR's plan job, planned by whichever replica takes it (docs/architecture.md,
+/// "One MR's roots over every replica"); the plan job that queued it (`parent`) plans the
+/// roots nobody took, and puts the note together from every root's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootUnit {
+    #[serde(flatten)]
+    pub plan: PlanJob,
+    /// The queue job of the MR's plan (the store's id).
+    pub parent: i64,
+    pub root: String,
+    /// The commit the plan job planned (GitLab's merge result or the head).
+    pub commit: CommitSha,
+    /// The default branch whose `.planbot.toml` and policy sets the plan job read, at `config_at`.
+    pub default_branch: String,
+    pub config_at: CommitSha,
+    /// The repository's clone URL (no credential: the workspace adds the bot's).
+    pub clone_url: String,
+}
+
 /// The top-level fields of a job's JSON payload that hold [`Job::author`], in the order the
 /// store's claim reads them (a test here keeps the two in step).
 pub const AUTHOR_FIELDS: [&str; 2] = ["requested_by", "author"];
@@ -52,6 +71,8 @@ pub const AUTHOR_FIELDS: [&str; 2] = ["requested_by", "author"];
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Job {
     Plan(PlanJob),
+    /// One root of a plan job, for any replica to plan.
+    PlanRoot(RootUnit),
     /// The MR was merged: banner on its note, then re-plan the other open MRs of the project.
     MarkMerged {
         project: ProjectId,
@@ -103,6 +124,7 @@ impl Job {
     pub fn kind(&self) -> &'static str {
         match self {
             Job::Plan(_) => "plan",
+            Job::PlanRoot(_) => "plan_root",
             Job::MarkMerged { .. } => "mark_merged",
             Job::Closed { .. } => "closed",
             Job::Command { .. } => "command",
@@ -115,7 +137,7 @@ impl Job {
     /// The MR this job is about, if any.
     pub fn mr(&self) -> Option<(ProjectId, MrIid)> {
         match self {
-            Job::Plan(p) => Some((p.project, p.mr)),
+            Job::Plan(p) | Job::PlanRoot(RootUnit { plan: p, .. }) => Some((p.project, p.mr)),
             Job::MarkMerged { project, mr, .. }
             | Job::Closed { project, mr }
             | Job::Command { project, mr, .. }
@@ -130,7 +152,7 @@ impl Job {
     /// one bucket. The store reads it from the stored payload by [`AUTHOR_FIELDS`].
     pub fn author(&self) -> Option<UserId> {
         match self {
-            Job::Plan(p) => p.requested_by,
+            Job::Plan(p) | Job::PlanRoot(RootUnit { plan: p, .. }) => p.requested_by,
             Job::Command { author, .. } => Some(*author),
             _ => None,
         }
@@ -139,7 +161,7 @@ impl Job {
     /// The commit this job is about, if any.
     pub fn sha(&self) -> Option<&CommitSha> {
         match self {
-            Job::Plan(p) => Some(&p.head),
+            Job::Plan(p) | Job::PlanRoot(RootUnit { plan: p, .. }) => Some(&p.head),
             Job::MarkMerged { merge_commit, .. } => merge_commit.as_ref(),
             Job::Command { head, .. } | Job::ForkNotice { head, .. } => head.as_ref(),
             _ => None,
@@ -231,6 +253,18 @@ mod author_tests {
         };
         let jobs = [
             Job::Plan(plan.clone()),
+            Job::PlanRoot(RootUnit {
+                plan: PlanJob {
+                    requested_by: Some(UserId(5)),
+                    ..plan.clone()
+                },
+                parent: 3,
+                root: "a".into(),
+                commit: CommitSha("b".repeat(40)),
+                default_branch: "main".into(),
+                config_at: CommitSha("c".repeat(40)),
+                clone_url: "https://gitlab.example/infra.git".into(),
+            }),
             Job::Plan(PlanJob {
                 requested_by: None,
                 ..plan

@@ -8,7 +8,7 @@ mod payloads;
 
 pub use commands::{parse_command, plan_args, Command, PlanArgs};
 pub use decision::{decide, event_label, Decision, EventKind, OutcomeKind};
-pub use job::{Job, PlanJob, PlanReason, Redundant, Supersede, AUTHOR_FIELDS};
+pub use job::{Job, PlanJob, PlanReason, Redundant, RootUnit, Supersede, AUTHOR_FIELDS};
 pub use payloads::{
     gitlab_time_ms, Change, Commit, MergeRequestHook, MrAttributes, MrChanges, NoteAttributes,
     NoteHook, Project, User,

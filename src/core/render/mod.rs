@@ -147,7 +147,7 @@ pub struct NoteContext {
 pub const NOTICEABLE_WAIT: Duration = Duration::from_secs(1);
 
 /// A wait of a root's plan before its engine ran.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlanWait {
     pub root: String,
     pub on: WaitOn,
@@ -155,7 +155,7 @@ pub struct PlanWait {
 }
 
 /// What a root's plan waited for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WaitOn {
     /// The author's other plans held the author's `share` of the engine slots.
     AuthorShare { share: usize },

@@ -58,6 +58,12 @@ pub struct Reusable {
     /// The MR head it was planned for (the note names it).
     pub head: CommitSha,
     pub unchanged: Unchanged,
+    pub shown: PlanShown,
+}
+
+/// A clean plan as shown, with its checks: what a kept plan and a root unit's result hold.
+#[derive(Clone)]
+pub struct PlanShown {
     pub planned: Arc<ShownPlan>,
     pub findings: Vec<Finding>,
     pub fingerprint: Fingerprint,
@@ -65,6 +71,18 @@ pub struct Reusable {
     pub checks: RootChecks,
     pub capacity: Option<Capacity>,
     pub preflight_note: String,
+}
+
+/// A [`PlanShown`] as text that holds no secret the scrubber it was written with knows: the
+/// redacted document, its secrets as digests, and everything else scrubbed.
+#[derive(Serialize, Deserialize)]
+pub struct ShownText {
+    /// What the note and the statuses show of it besides the plan (JSON).
+    pub outcome: String,
+    /// The redacted `show -json` document.
+    pub document: String,
+    /// Its secrets as keyed digests (JSON).
+    pub digests: String,
 }
 
 /// What is kept of a plan besides its document, its fingerprint and its inputs: every text
@@ -85,7 +103,7 @@ struct KeptOutcome {
 }
 
 /// The key of the kept plans' secret digests.
-fn digest_key(app: &App) -> DigestKey {
+pub fn digest_key(app: &App) -> DigestKey {
     DigestKey::derive(app.config.fingerprint_key.expose().as_bytes())
 }
 
@@ -142,8 +160,23 @@ pub async fn last(app: &App, project: ProjectId, mr: MrIid, root: &str) -> Optio
 
 fn read_back(row: KeptPlanRow, key: DigestKey) -> Result<Reusable> {
     let unchanged: Unchanged = serde_json::from_str(&row.inputs).context("its inputs")?;
+    let text = ShownText {
+        outcome: row.outcome,
+        document: row.document,
+        digests: row.digests,
+    };
+    Ok(Reusable {
+        planned_commit: row.planned_commit,
+        head: row.head,
+        unchanged,
+        shown: shown_from_text(text, key)?,
+    })
+}
+
+/// The plan a [`ShownText`] holds, as [`shown_text`] wrote it.
+pub fn shown_from_text(text: ShownText, key: DigestKey) -> Result<PlanShown> {
     let mut outcome: serde_json::Value =
-        serde_json::from_str(&row.outcome).context("its outcome")?;
+        serde_json::from_str(&text.outcome).context("its outcome")?;
     let fingerprint: Fingerprint = serde_json::from_value(
         outcome
             .as_object_mut()
@@ -152,9 +185,9 @@ fn read_back(row: KeptPlanRow, key: DigestKey) -> Result<Reusable> {
     )
     .context("its fingerprint")?;
     let outcome: KeptOutcome = serde_json::from_value(outcome).context("its outcome")?;
-    let digests: SecretDigests = serde_json::from_str(&row.digests).context("its digests")?;
+    let digests: SecretDigests = serde_json::from_str(&text.digests).context("its digests")?;
     let planned = ShownPlan::kept(KeptShown {
-        document: row.document.into_bytes(),
+        document: text.document.into_bytes(),
         log: outcome.log,
         lock_file: outcome.lock_file.map(String::into_bytes),
         parallelism: outcome.parallelism,
@@ -165,10 +198,7 @@ fn read_back(row: KeptPlanRow, key: DigestKey) -> Result<Reusable> {
         digest: outcome.digest,
     })
     .context("its document")?;
-    Ok(Reusable {
-        planned_commit: row.planned_commit,
-        head: row.head,
-        unchanged,
+    Ok(PlanShown {
         planned: Arc::new(planned),
         findings: outcome.findings,
         fingerprint,
@@ -191,8 +221,7 @@ pub async fn keep(
     kept: &Reusable,
     scrubber: &Scrubber,
 ) {
-    let shown = &kept.planned;
-    if shown.plan_json().len() > MAX_DOCUMENT_BYTES {
+    if kept.shown.planned.plan_json().len() > MAX_DOCUMENT_BYTES {
         tracing::info!(
             project = project.0,
             mr = mr.0,
@@ -213,40 +242,51 @@ pub async fn keep(
 }
 
 fn redacted_row(app: &App, kept: &Reusable, scrubber: &Scrubber) -> Result<KeptPlanRow> {
-    let shown = &kept.planned;
+    let text = shown_text(app, &kept.shown, scrubber)?;
+    Ok(KeptPlanRow {
+        head: kept.head.clone(),
+        planned_commit: kept.planned_commit.clone(),
+        inputs: serde_json::to_string(&kept.unchanged)?,
+        outcome: text.outcome,
+        document: text.document,
+        digests: text.digests,
+    })
+}
+
+/// `shown` as text without a secret `scrubber` knows: its document redacted
+/// (`core::kept_plan`), its own secrets as keyed digests, every other text scrubbed.
+pub fn shown_text(app: &App, shown: &PlanShown, scrubber: &Scrubber) -> Result<ShownText> {
+    let plan = &shown.planned;
     let key = digest_key(app);
-    let document = crate::core::kept_plan::redacted_document(shown.plan_json(), scrubber, key)
+    let document = crate::core::kept_plan::redacted_document(plan.plan_json(), scrubber, key)
         .context("redacting the plan")?;
     let fingerprint_key = app.config.fingerprint_key.expose();
     let outcome = KeptOutcome {
-        findings: kept.findings.clone(),
-        policy: kept.policy.clone(),
-        checks: kept.checks.clone(),
-        capacity: kept.capacity.clone(),
-        preflight_note: kept.preflight_note.clone(),
-        log: shown.log().to_string(),
-        lock_file: shown
+        findings: shown.findings.clone(),
+        policy: shown.policy.clone(),
+        checks: shown.checks.clone(),
+        capacity: shown.capacity.clone(),
+        preflight_note: shown.preflight_note.clone(),
+        log: plan.log().to_string(),
+        lock_file: plan
             .lock_file()
             .and_then(|b| String::from_utf8(b.to_vec()).ok()),
-        parallelism: shown.parallelism(),
-        targeting: shown.targeting().clone(),
-        backend: shown.backend().clone(),
-        digest: shown.digest(fingerprint_key.as_bytes()),
+        parallelism: plan.parallelism(),
+        targeting: plan.targeting().clone(),
+        backend: plan.backend().clone(),
+        digest: plan.digest(fingerprint_key.as_bytes()),
     };
     let mut outcome = scrubber.scrub_json(&serde_json::to_value(&outcome)?);
     if let Some(o) = outcome.as_object_mut() {
         o.insert(
             "fingerprint".into(),
-            serde_json::to_value(&kept.fingerprint)?,
+            serde_json::to_value(&shown.fingerprint)?,
         );
     }
-    Ok(KeptPlanRow {
-        head: kept.head.clone(),
-        planned_commit: kept.planned_commit.clone(),
-        inputs: serde_json::to_string(&kept.unchanged)?,
+    Ok(ShownText {
         outcome: outcome.to_string(),
         document: String::from_utf8(document).context("the redacted document")?,
-        digests: serde_json::to_string(&shown.secrets().digests(key))?,
+        digests: serde_json::to_string(&plan.secrets().digests(key))?,
     })
 }
 

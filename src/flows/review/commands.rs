@@ -81,7 +81,7 @@ pub async fn run(app: &App, job: &Job, cancel: &CancellationToken) -> Result<()>
         }
         Job::ForkNotice { project, mr, .. } => fork_notice(app, *project, *mr).await,
         Job::Reconcile => reconcile(app, cancel).await,
-        Job::Plan(_) => unreachable!("plan jobs go to flows::review::plan"),
+        Job::Plan(_) | Job::PlanRoot(_) => unreachable!("plan jobs go to flows::review::plan"),
         Job::DriftTick { .. } => unreachable!("drift ticks go to flows::drift::schedule"),
     }
 }

@@ -312,6 +312,7 @@ async fn dispatch(
 ) -> anyhow::Result<()> {
     match job {
         Job::Plan(p) => crate::flows::review::plan::run(app, p, Some(id), token).await,
+        Job::PlanRoot(u) => crate::flows::review::plan::run_root_unit(app, u, id, token).await,
         Job::DriftTick { at } => crate::flows::drift::schedule::run_tick(app, *at, token).await,
         other => crate::flows::review::commands::run(app, other, token).await,
     }

@@ -141,6 +141,9 @@ pub fn spawn_serve(config_file: &std::path::Path) -> (std::process::Child, u16) 
     serve.into_child()
 }
 
+/// What a `planbot serve` process logged on stderr so far, one entry per line.
+pub type ServeLog = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
 /// A running `planbot serve` process and everything it logged on stderr so far (read by a
 /// thread, so planbot never blocks on a full pipe).
 pub struct ServeProcess {
@@ -218,8 +221,18 @@ impl ServeProcess {
     }
 
     /// The process, for a test that kills it itself (its log is still read, and dropped).
-    pub fn into_child(mut self) -> (std::process::Child, u16) {
-        (self.child.take().expect("running"), self.port)
+    pub fn into_child(self) -> (std::process::Child, u16) {
+        let (child, port, _) = self.into_parts();
+        (child, port)
+    }
+
+    /// The process, for a test that kills it itself, and its log as it is read.
+    pub fn into_parts(mut self) -> (std::process::Child, u16, ServeLog) {
+        (
+            self.child.take().expect("running"),
+            self.port,
+            self.log.clone(),
+        )
     }
 
     /// Stop it as an operator would (SIGTERM) and return its whole log, read to its end.

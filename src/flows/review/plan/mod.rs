@@ -22,6 +22,8 @@ mod record;
 mod reuse;
 mod roots;
 mod shared;
+mod unit;
+mod units;
 mod widgets;
 
 use crate::capabilities::gitlab::StatusState;
@@ -36,6 +38,7 @@ use roots::Outcome;
 use shared::{finish, set_status, text};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
+pub use unit::run as run_root_unit;
 
 /// Plan `job` (one MR at one head commit). Stops promptly (killing the engine) when `cancel`
 /// fires: a newer head superseded this one, or the MR was closed. `queue_job` is the store's

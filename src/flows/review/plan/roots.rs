@@ -6,15 +6,16 @@
 use super::prepare::Prepared;
 use super::shared::finish;
 use crate::capabilities::engine::{
-    CancelToken, EngineChecks, EngineError, FmtOfRoots, PlannedRun, ShownPlan,
+    CancelToken, Engine, EngineChecks, EngineError, FmtOfRoots, PlannedRun, ShownPlan,
 };
 use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
-use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState};
+use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState, UnitProgress};
 use crate::core::engine_checks::CheckSet;
 use crate::core::engine_checks::{fmt_outside, RootChecks, StepCheck, FMT_FILE_ENDINGS};
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
+use crate::core::ids::CommitSha;
 use crate::core::ids::RunId;
 use crate::core::policy::Verdict;
 use crate::core::proxmox::capacity::Capacity;
@@ -22,7 +23,7 @@ use crate::core::proxmox::findings::{self, Finding};
 use crate::core::proxmox::lint;
 use crate::core::reach::{self, Decision};
 use crate::core::render::{PlanWait, WaitOn};
-use crate::core::repo_config::Root;
+use crate::core::repo_config::{RepoConfig, Root};
 use crate::core::retire::RetiredBecause;
 use crate::core::state;
 use crate::core::targeting::Targeting;
@@ -30,8 +31,9 @@ use crate::flows::confinement::credentials::{apply_has_ssh, Trust};
 use crate::flows::confinement::plan_request::{self, JobRuns, RootRun};
 use crate::flows::context::app_state::App;
 use crate::flows::context::cpu::cpu_bound;
-use crate::flows::context::engine_slots::{Waited, WaitedFor};
-use crate::flows::context::plan_reuse::Reusable;
+use crate::flows::context::engine_slots::{EngineSlot, Waited, WaitedFor};
+use crate::flows::context::plan_reuse::{PlanShown, Reusable};
+use crate::flows::context::policy_sets::PolicySets;
 use crate::flows::preflight;
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -160,33 +162,48 @@ pub(super) async fn plan_roots(
         .filter(|d| d.affected && !reuse.reused.contains_key(&d.root.name))
         .map(|d| d.root);
     let (fmt, fmt_run) = fmt_of_roots(prepared, &job_runs, planned_fresh);
+    let units = super::units::Units::of(app, job, queue_job, prepared).await;
+    let (pve, apply_identity) = proxmox_endpoints(app);
     let planner = RootPlanner {
         fmt_shares: &fmt.shares,
         reuse: &reuse,
         app,
         job,
         queue_job,
-        prepared,
+        of_job: OfJob::of(prepared),
+        units: units.as_ref(),
         cancel,
         runs: job_runs,
         retired_runs,
-        pve: preflight::endpoint_from_config(
-            &app.config.proxmox.for_plan(),
-            &app.config.engine.env,
-        ),
-        apply_identity: preflight::endpoint_from_config(
-            &app.config.proxmox.for_apply(),
-            &app.config.engine.env,
-        )
-        .map(|ep| ep.api_token.id().to_string()),
+        pve,
+        apply_identity,
         started: std::sync::Mutex::new(runs),
     };
     let retired: Vec<&Root> = retirements.retired.iter().map(|r| &r.root).collect();
-    let ((), in_order, destroys) = futures::join!(
-        fmt_run,
-        planner.in_order(&decisions),
-        futures::future::join_all(retired.iter().map(|root| planner.plan_in_slot(root, true)))
-    );
+    let planning = async {
+        futures::join!(
+            fmt_run,
+            planner.in_order(&decisions),
+            futures::future::join_all(retired.iter().map(|root| planner.plan_in_slot(root, true)))
+        )
+    };
+    let ((), in_order, destroys) = match &units {
+        None => planning.await,
+        Some(units) => {
+            let planned = tokio::select! {
+                planned = planning => planned,
+                () = units.watch(app) => unreachable!("the units are watched until the job ends"),
+            };
+            if let Err(e) = app
+                .store
+                .end_units(units.parent, "its plan job ended")
+                .await
+            {
+                tracing::warn!(job = units.parent.0, error = %format!("{e:#}"), "cannot end the MR's root units");
+            }
+            planned
+        }
+    };
     let mut planned = gather(&decisions, in_order)?;
     for (retired, destroy) in retirements.retired.iter().zip(destroys) {
         gather_one(
@@ -291,14 +308,48 @@ fn changed_outside_roots(prepared: &Prepared, runs: &JobRuns) -> Vec<String> {
         .collect()
 }
 
+/// The live Proxmox preflight's endpoint with the plan credentials ([proxmox.plan]; `None`:
+/// skipped, and said so), and the API token id the apply would use, whose permissions the
+/// preflight checks too.
+fn proxmox_endpoints(app: &App) -> (Option<ProxmoxEndpoint>, Option<String>) {
+    let env = &app.config.engine.env;
+    let pve = preflight::endpoint_from_config(&app.config.proxmox.for_plan(), env);
+    let apply = preflight::endpoint_from_config(&app.config.proxmox.for_apply(), env);
+    (pve, apply.map(|ep| ep.api_token.id().to_string()))
+}
+
+/// What every root's plan of one job reads of it: its repo config, engine, policy sets, the
+/// commit it plans and the project's path.
+pub(super) struct OfJob<'a> {
+    pub config: &'a RepoConfig,
+    pub engine: &'a Engine,
+    pub policies: &'a PolicySets,
+    pub commit: &'a CommitSha,
+    pub project_path: Option<String>,
+}
+
+impl OfJob<'_> {
+    fn of(prepared: &Prepared) -> OfJob<'_> {
+        OfJob {
+            config: &prepared.config,
+            engine: &prepared.engine,
+            policies: &prepared.policies,
+            commit: &prepared.commit.sha,
+            project_path: prepared.project_path.clone(),
+        }
+    }
+}
+
 /// What every root's plan of one job shares.
-struct RootPlanner<'a> {
+pub(super) struct RootPlanner<'a> {
     /// Each root's share of the job's one `fmt -check` ([`fmt_of_roots`]), by name.
     fmt_shares: &'a BTreeMap<String, FmtOfRoots>,
     app: &'a App,
     job: &'a PlanJob,
     queue_job: Option<QueueJobId>,
-    prepared: &'a Prepared,
+    of_job: OfJob<'a>,
+    /// The job's root units, when its roots are spread over the replicas.
+    units: Option<&'a super::units::Units>,
     cancel: &'a CancellationToken,
     /// Every root's request, with the plan credentials and the job's one state gate.
     runs: JobRuns,
@@ -317,7 +368,7 @@ struct RootPlanner<'a> {
 }
 
 /// One affected root's plan, with what the note gathers of it.
-struct RootPlanned {
+pub(super) struct RootPlanned {
     outcome: Outcome,
     targeting: Targeting,
     /// The preflight's one-line note (empty: none).
@@ -331,6 +382,31 @@ struct RootPlanned {
 }
 
 impl RootPlanned {
+    /// A plan shown as it was made elsewhere, in run `run`: kept from an earlier push
+    /// (`reused`: the head it was planned at), or a root unit's.
+    fn shown(
+        run: RunId,
+        shown: &PlanShown,
+        reused: Option<crate::core::ids::CommitSha>,
+    ) -> RootPlanned {
+        RootPlanned {
+            outcome: Outcome::Planned {
+                run,
+                planned: shown.planned.clone(),
+                reused,
+                findings: shown.findings.clone(),
+                fingerprint: shown.fingerprint.clone(),
+                policy: shown.policy.clone(),
+                checks: shown.checks.clone(),
+            },
+            targeting: Targeting::default(),
+            preflight_note: shown.preflight_note.clone(),
+            capacity: shown.capacity.clone(),
+            waited: Vec::new(),
+            kept: None,
+        }
+    }
+
     /// A root whose plan failed (no preflight ran).
     fn failed(
         run: RunId,
@@ -355,11 +431,42 @@ impl RootPlanned {
     }
 }
 
-impl RootPlanner<'_> {
+impl<'a> RootPlanner<'a> {
+    /// The planner of one root unit on the replica that took it: nothing reused (its plan job
+    /// decided that), its own `fmt -check`, no units of its own.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn of_unit(
+        app: &'a App,
+        job: &'a PlanJob,
+        queue_job: QueueJobId,
+        of_job: OfJob<'a>,
+        runs: JobRuns,
+        nothing: &'a (BTreeMap<String, FmtOfRoots>, super::reuse::Reuse),
+        cancel: &'a CancellationToken,
+        started: &'a mut Vec<RunId>,
+    ) -> RootPlanner<'a> {
+        let (pve, apply_identity) = proxmox_endpoints(app);
+        RootPlanner {
+            fmt_shares: &nothing.0,
+            reuse: &nothing.1,
+            app,
+            job,
+            queue_job: Some(queue_job),
+            of_job,
+            units: None,
+            cancel,
+            runs,
+            retired_runs: None,
+            pve,
+            apply_identity,
+            started: std::sync::Mutex::new(started),
+        }
+    }
+
     /// Every affected root of `decisions` planned, each once every affected root above it has
     /// finished; in `decisions`' order, `None` for a root not started (the job was cancelled).
     async fn in_order(&self, decisions: &[Decision<'_>]) -> Vec<Result<Option<RootPlanned>>> {
-        let graph = self.prepared.config.graph();
+        let graph = self.of_job.config.graph();
         let affected = || decisions.iter().filter(|d| d.affected).map(|d| d.root);
         // Each affected root's "finished" signal: its sender is dropped when it ends, however it
         // ends (planned, failed, cancelled, an error), which lets the roots below it start.
@@ -391,20 +498,45 @@ impl RootPlanner<'_> {
 
     /// `root` planned in an engine slot of its author's share (no root lock), in a stored run
     /// (`retired`: its destroy, from the target branch's code); `None` when the job was
-    /// cancelled before it started.
-    async fn plan_in_slot(&self, root: &Root, retired: bool) -> Result<Option<RootPlanned>> {
-        let (app, job) = (self.app, self.job);
+    /// cancelled before it started. When the job's roots are spread, by whichever replica
+    /// comes to it first ([`RootPlanner::spread`]).
+    pub(super) async fn plan_in_slot(
+        &self,
+        root: &Root,
+        retired: bool,
+    ) -> Result<Option<RootPlanned>> {
         if self.cancel.is_cancelled() {
             return Ok(None);
         }
         if let Some(last) = self.reuse.reused.get(&root.name).filter(|_| !retired) {
             return self.reused(root, last).await.map(Some);
         }
-        // A job cancelled (a newer push) while it waits for a slot stops waiting.
-        let slot = tokio::select! {
-            slot = app.engine_slot_of(job.requested_by) => slot,
-            _ = self.cancel.cancelled() => return Ok(None),
-        };
+        if let Some(units) = self.units.filter(|_| !retired) {
+            return self.spread(root, units).await;
+        }
+        match self.slot().await {
+            Some(slot) => self.plan_holding(root, retired, slot).await,
+            None => Ok(None),
+        }
+    }
+
+    /// An engine slot of the job's author's share; `None` when the job was cancelled first (a
+    /// job cancelled while it waits for a slot stops waiting).
+    async fn slot(&self) -> Option<EngineSlot> {
+        tokio::select! {
+            slot = self.app.engine_slot_of(self.job.requested_by) => Some(slot),
+            _ = self.cancel.cancelled() => None,
+        }
+    }
+
+    /// `root` planned here, in `slot`.
+    async fn plan_holding(
+        &self,
+        root: &Root,
+        retired: bool,
+        slot: EngineSlot,
+    ) -> Result<Option<RootPlanned>> {
+        let (app, job) = (self.app, self.job);
         for waited in &slot.waited {
             log_wait(job, &root.name, waited);
         }
@@ -435,6 +567,193 @@ impl RootPlanner<'_> {
         Ok(Some(planned))
     }
 
+    /// `root` as a unit any replica may plan: queued, then planned here when this replica has a
+    /// slot for it before another replica took it (or once the one that took it is gone),
+    /// else read from the result that replica sealed. A unit that cannot be queued, or that
+    /// ended without a result that reads, is planned here.
+    async fn spread(
+        &self,
+        root: &Root,
+        units: &super::units::Units,
+    ) -> Result<Option<RootPlanned>> {
+        let (project, mr) = (self.job.project.0, self.job.mr.0);
+        let id = match units.queue(self.app, &root.name).await {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(project, mr, root = %root.name, error = %format!("{e:#}"), "root planned here: its unit could not be queued");
+                return self.here(root).await;
+            }
+        };
+        loop {
+            tokio::select! {
+                slot = self.slot() => {
+                    let Some(slot) = slot else { return Ok(None) };
+                    match self.app.store.take_unit(id, "planned by its MR's plan job").await {
+                        Ok(true) => return self.plan_holding(root, false, slot).await,
+                        Ok(false) => drop(slot),
+                        Err(e) => {
+                            tracing::warn!(project, mr, root = %root.name, error = %format!("{e:#}"), "root planned here: its unit could not be taken back");
+                            return self.plan_holding(root, false, slot).await;
+                        }
+                    }
+                }
+                _ = units.settled(id) => {}
+            }
+            let settled = tokio::select! {
+                settled = units.settled(id) => settled,
+                _ = self.cancel.cancelled() => return Ok(None),
+            };
+            match settled {
+                UnitProgress::Ended { result: true } => return self.read_unit(root, id).await,
+                UnitProgress::Ended { result: false } => {
+                    if self.cancel.is_cancelled() {
+                        return Ok(None);
+                    }
+                    tracing::warn!(project, mr, root = %root.name, job = id.0, "root planned here: its unit ended on another replica without a result");
+                    return self.here(root).await;
+                }
+                // The replica that took it is gone: take it back.
+                UnitProgress::Queued | UnitProgress::Running { .. } => continue,
+            }
+        }
+    }
+
+    /// `root` planned here, outside its unit.
+    async fn here(&self, root: &Root) -> Result<Option<RootPlanned>> {
+        match self.slot().await {
+            Some(slot) => self.plan_holding(root, false, slot).await,
+            None => Ok(None),
+        }
+    }
+
+    /// `root`'s plan as unit `id` sealed it on the replica that planned it; planned here when
+    /// the result does not read.
+    async fn read_unit(&self, root: &Root, id: QueueJobId) -> Result<Option<RootPlanned>> {
+        let (app, job) = (self.app, self.job);
+        let (project, mr) = (job.project.0, job.mr.0);
+        let read = match app.store.take_unit_result(id).await {
+            Ok(Some(sealed)) => cpu_bound(|| super::units::open(app, &sealed)),
+            Ok(None) => Err(anyhow::anyhow!("its result is gone")),
+            Err(e) => Err(e),
+        };
+        let planned = match read.and_then(|end| self.unit_ended(end)) {
+            Ok(Some(planned)) => planned,
+            Ok(None) => return self.here(root).await,
+            Err(e) => {
+                tracing::warn!(project, mr, root = %root.name, job = id.0, error = %format!("{e:#}"), "root planned here: its unit's result does not read");
+                return self.here(root).await;
+            }
+        };
+        let run = match &planned.outcome {
+            Outcome::Planned { run, .. } | Outcome::Failed { run, .. } => *run,
+            Outcome::Skipped { .. } => unreachable!("a unit's root is planned"),
+        };
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(run);
+        tracing::info!(project, mr, root = %root.name, run = run.0, job = id.0, "root's plan read from the replica that planned it");
+        let mut planned = planned;
+        planned.kept = self.to_keep(root, &planned);
+        Ok(Some(planned))
+    }
+
+    /// A unit's end as this job's result of its root (`None`: it never started).
+    fn unit_ended(&self, end: super::units::UnitEnd) -> Result<Option<RootPlanned>> {
+        use super::units::UnitEnd;
+        Ok(match end {
+            UnitEnd::Planned {
+                run,
+                shown,
+                targeting,
+                waited,
+            } => {
+                let key = crate::flows::context::plan_reuse::digest_key(self.app);
+                let shown = crate::flows::context::plan_reuse::shown_from_text(shown, key)?;
+                let mut planned = RootPlanned::shown(run, &shown, None);
+                planned.targeting = targeting;
+                planned.waited = waited;
+                Some(planned)
+            }
+            UnitEnd::Failed {
+                run,
+                error,
+                state,
+                summary,
+                log,
+                checks,
+                targeting,
+            } => {
+                let end = RunEnd {
+                    state: UnitEnd::run_state(&state),
+                    summary,
+                    log,
+                    note_markdown: None,
+                    fingerprint: None,
+                };
+                Some(RootPlanned::failed(run, error, end, checks, targeting))
+            }
+            UnitEnd::NotStarted => None,
+        })
+    }
+
+    /// What a unit hands back of `planned` (its plan redacted with every secret this replica
+    /// knows: the configured ones and the plan's own).
+    pub(super) fn unit_end(&self, planned: Option<RootPlanned>) -> Result<super::units::UnitEnd> {
+        use super::units::UnitEnd;
+        let Some(p) = planned else {
+            return Ok(UnitEnd::NotStarted);
+        };
+        Ok(match p.outcome {
+            Outcome::Planned {
+                run,
+                planned,
+                findings,
+                fingerprint,
+                policy,
+                checks,
+                ..
+            } => {
+                let mut secrets = crate::core::redact::Secrets::new();
+                secrets.extend(self.app.config.secrets());
+                secrets.merge(planned.secrets());
+                let scrubber = secrets.scrubber();
+                let shown = PlanShown {
+                    planned,
+                    findings,
+                    fingerprint,
+                    policy,
+                    checks,
+                    capacity: p.capacity,
+                    preflight_note: p.preflight_note,
+                };
+                let shown =
+                    crate::flows::context::plan_reuse::shown_text(self.app, &shown, &scrubber)?;
+                UnitEnd::Planned {
+                    run,
+                    shown,
+                    targeting: p.targeting,
+                    waited: p.waited,
+                }
+            }
+            Outcome::Failed {
+                run,
+                error,
+                end,
+                checks,
+            } => UnitEnd::Failed {
+                run,
+                error,
+                state: end.state.as_str().to_string(),
+                summary: end.summary,
+                log: end.log,
+                checks,
+                targeting: p.targeting,
+            },
+            Outcome::Skipped { .. } => UnitEnd::NotStarted,
+        })
+    }
+
     /// `root`'s stored run of this head, pushed to the job's runs as soon as it exists.
     async fn start_run(&self, root: &Root) -> Result<RunId> {
         let job = self.job;
@@ -445,7 +764,7 @@ impl RootPlanner<'_> {
                 job: self.queue_job,
                 kind: RunKind::Plan,
                 project: job.project,
-                project_path: self.prepared.project_path.clone(),
+                project_path: self.of_job.project_path.clone(),
                 mr: Some(job.mr),
                 root: root.name.clone(),
                 sha: job.head.clone(),
@@ -465,25 +784,12 @@ impl RootPlanner<'_> {
         let run = self.start_run(root).await?;
         let (project, mr, planned_at) = (job.project.0, job.mr.0, last.head.short());
         tracing::info!(project, mr, root = %root.name, run = run.0, planned_at, "root's plan reused: nothing it depends on changed since");
-        Ok(RootPlanned {
-            outcome: Outcome::Planned {
-                run,
-                planned: last.planned.clone(),
-                reused: Some(last.head.clone()),
-                findings: last.findings.clone(),
-                fingerprint: last.fingerprint.clone(),
-                policy: last.policy.clone(),
-                checks: last.checks.clone(),
-            },
-            targeting: app
-                .store
-                .plan_targeting(job.project, job.mr, &job.head, &root.name)
-                .await?,
-            preflight_note: last.preflight_note.clone(),
-            capacity: last.capacity.clone(),
-            waited: Vec::new(),
-            kept: None,
-        })
+        let mut planned = RootPlanned::shown(run, &last.shown, Some(last.head.clone()));
+        planned.targeting = app
+            .store
+            .plan_targeting(job.project, job.mr, &job.head, &root.name)
+            .await?;
+        Ok(planned)
     }
 
     /// What of a clean fresh plan of `root` is kept for the next push (with this head's
@@ -511,16 +817,18 @@ impl RootPlanner<'_> {
             return None;
         }
         Some(Reusable {
-            planned_commit: self.prepared.commit.sha.clone(),
+            planned_commit: self.of_job.commit.clone(),
             head: self.job.head.clone(),
             unchanged: unchanged.clone(),
-            planned: shown.clone(),
-            findings: findings.clone(),
-            fingerprint: fingerprint.clone(),
-            policy: policy.clone(),
-            checks: checks.clone(),
-            capacity: planned.capacity.clone(),
-            preflight_note: planned.preflight_note.clone(),
+            shown: PlanShown {
+                planned: shown.clone(),
+                findings: findings.clone(),
+                fingerprint: fingerprint.clone(),
+                policy: policy.clone(),
+                checks: checks.clone(),
+                capacity: planned.capacity.clone(),
+                preflight_note: planned.preflight_note.clone(),
+            },
         })
     }
 
@@ -546,7 +854,7 @@ impl RootPlanner<'_> {
             }
         };
         request.fmt_of_roots = self.fmt_shares.get(&root.name).cloned();
-        let engine = &self.prepared.engine;
+        let engine = self.of_job.engine;
         let (planned, ran) = engine.plan_checked(&dir, &request, checks).await;
         match planned {
             Ok(planned) => Ok(self.checked(root, run, planned, &ran, targeting).await),
@@ -600,7 +908,7 @@ impl RootPlanner<'_> {
         facts.parallelism = root.parallelism;
         let (key, policies) = (
             self.app.config.fingerprint_key.expose(),
-            &self.prepared.policies,
+            self.of_job.policies,
         );
         // The policies' plan document is read on another core meanwhile.
         let check_policies = !planned.plan().errored;

@@ -1,0 +1,119 @@
+//! A root unit on the replica that took it (docs/architecture.md, "One MR's roots over every
+//! replica"): the commit its plan job planned, fetched and checked out here; the repo config
+//! and policy sets of the default branch's commit that job read; the root planned as that job
+//! plans a root, in an engine slot of this replica; its end sealed for the job
+//! ([`super::units`]).
+
+use super::roots::{OfJob, RootPlanner};
+use super::shared::finish;
+use crate::capabilities::engine::CancelToken;
+use crate::capabilities::state_gate::GateProject;
+use crate::capabilities::store::{QueueJobId, RunState};
+use crate::core::events::RootUnit;
+use crate::core::ids::RunId;
+use crate::flows::confinement::credentials::Trust;
+use crate::flows::confinement::plan_request::JobRuns;
+use crate::flows::context::app_state::App;
+use crate::flows::context::cpu::cpu_bound;
+use crate::flows::context::policy_sets::PolicySets;
+use anyhow::{Context, Result};
+use tokio_util::sync::CancellationToken;
+
+/// Plan `unit` (queue job `id`) and hand its end to its plan job. Its run ends with the plan
+/// job's note; when the unit fails, was cancelled or was taken back meanwhile, its run ends
+/// here.
+pub async fn run(
+    app: &App,
+    unit: &RootUnit,
+    id: QueueJobId,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let mut started: Vec<RunId> = Vec::new();
+    let result = plan(app, unit, id, cancel, &mut started).await;
+    let why = match &result {
+        Ok(true) => return Ok(()),
+        Ok(false) => "its plan job took the root back, or was stopped".to_string(),
+        Err(e) => app.scrubber.scrub(&format!("{e:#}")).into_owned(),
+    };
+    let state = match result {
+        Ok(_) => RunState::Canceled,
+        Err(_) => RunState::Failed,
+    };
+    for run in started {
+        finish(app, run, state, &why, "", None).await?;
+    }
+    result.map(drop)
+}
+
+/// The unit planned and its end handed over; `false` when the store no longer wanted it.
+async fn plan(
+    app: &App,
+    unit: &RootUnit,
+    id: QueueJobId,
+    cancel: &CancellationToken,
+    started: &mut Vec<RunId>,
+) -> Result<bool> {
+    let job = &unit.plan;
+    let (project, ws) = (job.project, &app.workspace);
+    let mut present = true;
+    for rev in [&unit.commit, &unit.config_at] {
+        present &= ws
+            .rev_parse(project, rev.as_str())
+            .await
+            .ok()
+            .flatten()
+            .is_some();
+    }
+    if !present {
+        ws.sync(project, &unit.clone_url)
+            .await
+            .context("fetching the repository")?;
+    }
+    let config = ws
+        .repo_config_at(project, unit.config_at.as_str())
+        .await?
+        .map_err(|e| {
+            anyhow::anyhow!("the repo config its plan job read does not read here: {e}")
+        })?;
+    let root = config
+        .roots
+        .iter()
+        .find(|r| r.name == unit.root)
+        .with_context(|| format!("the repo config has no root `{}`", unit.root))?;
+    let rev = unit.config_at.as_str();
+    let policies = PolicySets::load_at(app, project, rev, &unit.default_branch, &config)
+        .await
+        .context("reading the policy sets")?;
+    let checkout = ws.checkout(project, &unit.commit).await?;
+    let engine = app.mr_engine(project, job.mr)?;
+    let (token, _following) = CancelToken::following(cancel);
+    let gate_project = GateProject {
+        id: project.0,
+        path: job.project_path.clone(),
+    };
+    let runs = JobRuns::new(
+        &app.config,
+        Trust::MergeRequest,
+        gate_project,
+        &unit.commit,
+        checkout.path(),
+    )
+    .cancelled_by(token);
+    let of_job = OfJob {
+        config: &config,
+        engine: &engine,
+        policies: &policies,
+        commit: &unit.commit,
+        project_path: job.project_path.clone(),
+    };
+    let nothing = Default::default();
+    let planner = RootPlanner::of_unit(app, job, id, of_job, runs, &nothing, cancel, started);
+    let planned = planner.plan_in_slot(root, false).await?;
+    let end = cpu_bound(|| planner.unit_end(planned))?;
+    let sealed = super::units::seal(app, &end)?;
+    drop(planner);
+    drop(checkout);
+    app.store
+        .finish_unit(id, QueueJobId(unit.parent), sealed)
+        .await
+}
