@@ -13,7 +13,12 @@
 //! the median of three rounds (`PLANBOT_BENCH_RUNS`), with its range, and the bare engine's CPU
 //! time, which divided by the cores is the floor of any schedule of the same engine processes.
 //!
-//! Under `cargo test --all-targets` (no `--bench`) it runs once with 4 roots, to stay fast.
+//! 3. **One MR over replicas**: the module change on 1, 2 and 3 replicas on one PostgreSQL
+//!    (each with 4 engine slots; the hook goes to the first), and how many of the roots each
+//!    replica planned (the roots of one MR are units any replica may take).
+//!
+//! Under `cargo test --all-targets` (no `--bench`) it runs once with 4 roots (and 1 and 2
+//! replicas on PostgreSQL), to stay fast.
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
@@ -55,13 +60,21 @@ fn planbot_toml(roots: usize, checks: bool) -> String {
 struct World {
     gitlab: FakeGitLab,
     project: FakeProject,
-    serve: (Child, u16),
+    /// The `planbot serve` processes (one, unless on PostgreSQL); hooks go to the first.
+    serve: Vec<(Child, u16)>,
     http: reqwest::Client,
     _dir: tempfile::TempDir,
 }
 
 impl World {
-    fn start(engine: &Path, roots: usize, checks: bool) -> World {
+    /// `replicas` processes on PostgreSQL store `store`, or one on SQLite (`None`).
+    fn start(
+        engine: &Path,
+        roots: usize,
+        checks: bool,
+        store: Option<&str>,
+        replicas: usize,
+    ) -> World {
         let gitlab = FakeGitLab::start();
         let project = gitlab.create_project(INFRA);
         let mut files = vec![
@@ -74,14 +87,23 @@ impl World {
         let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (&p[..], &t[..])).collect();
         gitlab.commit_files(&project, "main", &files);
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("planbot.toml");
-        let config =
-            support::service::bench_config(&dir.path().join("data"), &gitlab, INFRA, engine)
-                .plan_slots(4)
-                .set("plan", "workers_per_author", "4");
-        std::fs::write(&file, config.text()).unwrap();
+        let serve = (0..replicas)
+            .map(|i| {
+                let file = dir.path().join(format!("planbot-{i}.toml"));
+                let data = dir.path().join(format!("data-{i}"));
+                let config = support::service::bench_config(&data, &gitlab, INFRA, engine)
+                    .plan_slots(4)
+                    .set("plan", "workers_per_author", "4");
+                let config = match store {
+                    Some(url) => config.set("store", "url", &format!("\"{url}\"")),
+                    None => config,
+                };
+                std::fs::write(&file, config.text()).unwrap();
+                support::spawn_serve(&file)
+            })
+            .collect();
         World {
-            serve: support::spawn_serve(&file),
+            serve,
             gitlab,
             project,
             http: reqwest::Client::new(),
@@ -90,7 +112,7 @@ impl World {
     }
 
     async fn deliver(&self, body: Vec<u8>, key: &str) {
-        support::service::deliver_mr_hook(&self.http, self.serve.1, body, key).await;
+        support::service::deliver_mr_hook(&self.http, self.serve[0].1, body, key).await;
     }
 
     async fn planned(&self, sha: &str) {
@@ -100,8 +122,10 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        let _ = self.serve.0.kill();
-        let _ = self.serve.0.wait();
+        for (child, _) in &mut self.serve {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -142,19 +166,8 @@ fn children_cpu() -> Duration {
 
 /// (the module change's hook to green, the push to one root's hook to green).
 async fn planbot(engine: &Path, roots: usize, checks: bool) -> (Duration, Duration) {
-    let w = World::start(engine, roots, checks);
-    w.gitlab.commit_files(
-        &w.project,
-        "vm-v2",
-        &[("modules/vm/main.tf", &module_tf("v2"))],
-    );
-    let iid = w.gitlab.open_mr(&w.project, "vm-v2", "main");
-    let head = w.gitlab.mr_sha(&w.project, iid);
-    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
-    let started = Instant::now();
-    w.deliver(body, "open").await;
-    w.planned(&head).await;
-    let module_change = started.elapsed();
+    let w = World::start(engine, roots, checks, None, 1);
+    let (iid, head, module_change) = module_change(&w).await;
 
     let one = if roots > 7 { 7 } else { 0 };
     let tf = root_tf(one, "v2");
@@ -174,6 +187,51 @@ async fn planbot(engine: &Path, roots: usize, checks: bool) -> (Duration, Durati
     let reused = note.matches("♻️ _Reused: planned at").count();
     assert_eq!(reused, roots - 1, "every other root's plan is reused");
     (module_change, one_root)
+}
+
+/// The MR that changes the module every root calls, opened: (its iid, its head, its hook to
+/// its green status).
+async fn module_change(w: &World) -> (u64, String, Duration) {
+    w.gitlab.commit_files(
+        &w.project,
+        "vm-v2",
+        &[("modules/vm/main.tf", &module_tf("v2"))],
+    );
+    let iid = w.gitlab.open_mr(&w.project, "vm-v2", "main");
+    let head = w.gitlab.mr_sha(&w.project, iid);
+    let body = w.gitlab.mr_webhook(&w.project, iid).action("open").body();
+    let started = Instant::now();
+    w.deliver(body, "open").await;
+    w.planned(&head).await;
+    (iid, head, started.elapsed())
+}
+
+/// The module change on `replicas` replicas on a fresh PostgreSQL database: its hook to green,
+/// and how many roots each replica planned (most first); `None` when PostgreSQL is not there.
+async fn over_replicas(
+    engine: &Path,
+    roots: usize,
+    replicas: usize,
+) -> Option<(Duration, Vec<usize>)> {
+    let store = support::postgres::fresh_database("planbot_bench").await?;
+    let w = World::start(engine, roots, true, Some(&store), replicas);
+    let (_, head, took) = module_change(&w).await;
+    let db = support::postgres::connect(&store).await;
+    let rows = db
+        .query(
+            "SELECT count(*) FROM runs WHERE sha = $1 AND kind = 'plan' GROUP BY owner
+             ORDER BY count(*) DESC",
+            &[&head],
+        )
+        .await
+        .unwrap();
+    let per_replica: Vec<usize> = rows.iter().map(|r| r.get::<_, i64>(0) as usize).collect();
+    assert_eq!(
+        per_replica.iter().sum::<usize>(),
+        roots,
+        "every root planned once"
+    );
+    Some((took, per_replica))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -271,6 +329,32 @@ async fn main() {
                 spread(&figures.cpu[i]),
             );
         }
+        replicas_figures(&engine, roots, rounds, full, bare).await;
+    }
+}
+
+/// The module change's figures on 1, 2 and 3 replicas on PostgreSQL (1 and 2 outside
+/// `--bench`), each the median of `rounds`, beside the one replica on SQLite and the bare
+/// engine.
+async fn replicas_figures(engine: &Path, roots: usize, rounds: usize, full: bool, bare: f64) {
+    let counts: &[usize] = if full { &[1, 2, 3] } else { &[1, 2] };
+    for &replicas in counts {
+        let mut took = Vec::new();
+        let mut shares = Vec::new();
+        for _ in 0..rounds {
+            let Some((t, per_replica)) = over_replicas(engine, roots, replicas).await else {
+                println!("{roots} roots over replicas on PostgreSQL: NOT RUN (no PostgreSQL)");
+                return;
+            };
+            took.push(t.as_secs_f64());
+            shares.push(per_replica);
+        }
+        println!(
+            "{roots} roots, module change on {replicas} replica(s) on PostgreSQL (4 engine slots \
+             each): {} ({:.2}x the bare engine); roots planned per replica, each round: {shares:?}",
+            spread(&took),
+            median(&took) / bare,
+        );
     }
 }
 

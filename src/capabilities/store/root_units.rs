@@ -153,18 +153,22 @@ impl Store {
         })
     }
 
-    /// Plan job `parent` starts or ends: its units still queued or running are canceled (the
-    /// replicas running them hear it at their next heartbeat), their runs still running end
-    /// `interrupted`, and their results unread are deleted.
-    pub async fn end_units(&self, parent: QueueJobId, why: &str) -> Result<()> {
+    /// Plan job `parent` ends (`restarted`: starts again after an earlier attempt): its units
+    /// still queued or running are canceled (the replicas running them hear it at their next
+    /// heartbeat) and their results unread are deleted. At a restart their runs still running
+    /// end `interrupted` too (the attempt that would have ended them is gone); at the end the
+    /// plan job ends them itself, with its note.
+    pub async fn end_units(&self, parent: QueueJobId, why: &str, restarted: bool) -> Result<()> {
         let why = why.to_string();
         write!(self, |c| {
             if !c.is_postgres() {
                 return Ok(());
             }
             let now = now_ms();
-            c.execute(&INTERRUPT_RUNS_OF_UNITS, &args![parent, now])
-                .await?;
+            if restarted {
+                c.execute(&INTERRUPT_RUNS_OF_UNITS, &args![parent, now])
+                    .await?;
+            }
             c.execute(&CANCEL_UNITS, &args![parent, why, now]).await?;
             c.execute(&FORGET_RESULTS, &args![parent]).await?;
             Ok(())

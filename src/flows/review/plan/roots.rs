@@ -196,7 +196,7 @@ pub(super) async fn plan_roots(
             };
             if let Err(e) = app
                 .store
-                .end_units(units.parent, "its plan job ended")
+                .end_units(units.parent, "its plan job ended", false)
                 .await
             {
                 tracing::warn!(job = units.parent.0, error = %format!("{e:#}"), "cannot end the MR's root units");

@@ -112,7 +112,7 @@ impl Units {
         }
         if let Err(e) = app
             .store
-            .end_units(parent, "its plan job started again")
+            .end_units(parent, "its plan job started again", true)
             .await
         {
             tracing::warn!(error = %format!("{e:#}"), "cannot end the units of an earlier attempt: the MR's roots are planned here");
