@@ -111,8 +111,7 @@ impl Replicas {
                 let data = dir.path().join(format!("replica-{i}"));
                 let file = dir.path().join(format!("replica-{i}.toml"));
                 std::fs::write(&file, config(&data)).unwrap();
-                let filter =
-                    "warn,planbot::flows::service::server=info,planbot::flows::review::plan=info";
+                let filter = "warn,planbot::flows::service=info,planbot::flows::review::plan=info";
                 let serve = crate::support::ServeProcess::start(&file, &[("RUST_LOG", filter)]);
                 let (child, port, log) = serve.into_parts();
                 Replica {
@@ -1039,6 +1038,82 @@ fn reads(gitlab: &FakeGitLab, name: &str) -> usize {
         .count()
 }
 
+/// The four roots of the stories of one MR over two replicas.
+const FOUR: [&str; 4] = ["a", "b", "c", "d"];
+
+/// Two replicas on `store`, each with one engine slot and an engine that takes three seconds per
+/// plan, logging what their plans do; a project whose `.planbot.toml` lists `roots`, and an MR
+/// that changes every one of them, its hook delivered to the first replica.
+struct SpreadWorld {
+    gitlab: FakeGitLab,
+    project: FakeProject,
+    replicas: Replicas,
+    db: tokio_postgres::Client,
+    iid: u64,
+    head: String,
+    _dir: tempfile::TempDir,
+}
+
+impl SpreadWorld {
+    async fn start(engine: &Path, store: &str, roots: [&str; 4]) -> SpreadWorld {
+        let gitlab = FakeGitLab::start();
+        let project = gitlab.create_project(INFRA);
+        let mut config = String::new();
+        let mut files = Vec::new();
+        for r in roots {
+            config.push_str(&format!(
+                "[[roots]]\nname = \"{r}\"\ndir = \"stacks/{r}\"\n\n"
+            ));
+            files.push((
+                format!("stacks/{r}/versions.tf"),
+                "terraform {}\n".to_string(),
+            ));
+        }
+        files.push((".planbot.toml".to_string(), config));
+        let files: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(p, t)| (p.as_str(), t.as_str()))
+            .collect();
+        gitlab.commit_files(&project, "main", &files);
+        let dir = tempfile::tempdir().unwrap();
+        let slow = slow_engine(dir.path(), engine);
+        let gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
+        let replicas = Replicas::start_logging(2, |data| {
+            PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data)
+                .engine(&slow)
+                .plan_slots(1)
+                .sandbox_reaches(gitlab_port)
+                .set("store", "url", &format!("\"{store}\""))
+                .set("store", "lease", &format!("\"{LEASE}\""))
+                .managed_state(&gitlab, &project)
+                .text()
+        });
+        let db = crate::support::postgres::connect(store).await;
+        let changes: Vec<(String, String)> = roots
+            .iter()
+            .map(|r| (format!("stacks/{r}/main.tf"), root_tf(&format!("{r}1"))))
+            .collect();
+        let changes: Vec<(&str, &str)> = changes
+            .iter()
+            .map(|(p, t)| (p.as_str(), t.as_str()))
+            .collect();
+        gitlab.commit_files(&project, "four", &changes);
+        let iid = gitlab.open_mr(&project, "four", "main");
+        let head = gitlab.mr_sha(&project, iid);
+        let body = gitlab.mr_webhook(&project, iid).action("open").body();
+        assert_eq!(replicas.deliver(0, &body, "open").await, 200);
+        SpreadWorld {
+            gitlab,
+            project,
+            replicas,
+            db,
+            iid,
+            head,
+            _dir: dir,
+        }
+    }
+}
+
 /// One MR's roots over both replicas: the replica that takes the MR's plan job queues its four
 /// roots as units, the other replica takes some of them, each replica's log shows roots of
 /// the MR planned there, and the one note is whole: every root's plan, its status green.
@@ -1050,53 +1125,16 @@ async fn one_mrs_roots_are_planned_on_both_replicas_and_its_note_is_whole() {
     let Some(store) = crate::support::postgres::fresh_database("planbot_story").await else {
         return;
     };
-    let gitlab = FakeGitLab::start();
-    let project = gitlab.create_project(INFRA);
-    let roots = ["a", "b", "c", "d"];
-    let mut config = String::new();
-    let mut files = Vec::new();
-    for r in roots {
-        config.push_str(&format!(
-            "[[roots]]\nname = \"{r}\"\ndir = \"stacks/{r}\"\n\n"
-        ));
-        files.push((
-            format!("stacks/{r}/versions.tf"),
-            "terraform {}\n".to_string(),
-        ));
-    }
-    files.push((".planbot.toml".to_string(), config));
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(p, t)| (p.as_str(), t.as_str()))
-        .collect();
-    gitlab.commit_files(&project, "main", &files);
-    let dir = tempfile::tempdir().unwrap();
-    let slow = slow_engine(dir.path(), &engine);
-    let gitlab_port = url::Url::parse(gitlab.url()).unwrap().port().unwrap();
-    let replicas = Replicas::start_logging(2, |data| {
-        PlanbotConfig::serving(gitlab.url(), gitlab.bot_token(), data)
-            .engine(&slow)
-            .plan_slots(1)
-            .sandbox_reaches(gitlab_port)
-            .set("store", "url", &format!("\"{store}\""))
-            .set("store", "lease", &format!("\"{LEASE}\""))
-            .managed_state(&gitlab, &project)
-            .text()
-    });
-    let db = crate::support::postgres::connect(&store).await;
-    let changes: Vec<(String, String)> = roots
-        .iter()
-        .map(|r| (format!("stacks/{r}/main.tf"), root_tf(&format!("{r}1"))))
-        .collect();
-    let changes: Vec<(&str, &str)> = changes
-        .iter()
-        .map(|(p, t)| (p.as_str(), t.as_str()))
-        .collect();
-    gitlab.commit_files(&project, "four", &changes);
-    let iid = gitlab.open_mr(&project, "four", "main");
-    let head = gitlab.mr_sha(&project, iid);
-    let body = gitlab.mr_webhook(&project, iid).action("open").body();
-    assert_eq!(replicas.deliver(0, &body, "open").await, 200);
+    let SpreadWorld {
+        gitlab,
+        project,
+        replicas,
+        db,
+        iid,
+        head,
+        _dir,
+    } = SpreadWorld::start(&engine, &store, FOUR).await;
+    let roots = FOUR;
     let (g, p) = (&gitlab, &project);
     crate::support::eventually("the head planned", 180, || async {
         plan_state(g, p, &head).is_some_and(|s| s != "running" && s != "pending")
@@ -1163,4 +1201,110 @@ async fn one_mrs_roots_are_planned_on_both_replicas_and_its_note_is_whole() {
         .unwrap()
         .get(0);
     assert_eq!(left, 0);
+}
+
+/// A newer head stops the older head's roots wherever they run: while the replica that did not
+/// take the MR's plan job plans one of its roots, a push delivered to the plan job's replica
+/// cancels the plan job and its units; the other replica hears it from the store and stops its
+/// engine, every run of the older head ends `canceled`, no result of it is left in the store,
+/// and the newer head's note is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_head_stops_the_older_heads_roots_on_every_replica() {
+    let engine = require_engine!();
+    let Some(store) = crate::support::postgres::fresh_database("planbot_story").await else {
+        return;
+    };
+    let w = SpreadWorld::start(&engine, &store, FOUR).await;
+    let (db, first) = (&w.db, &w.head);
+    // The replica of the plan job, and a root of the first head planned on the other one.
+    let parent_owner = || async move {
+        db.query_opt(
+            "SELECT owner FROM jobs WHERE kind = 'plan' AND sha = $1 AND state = 'running'",
+            &[first],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get::<_, String>(0))
+    };
+    crate::support::eventually("the plan job runs", 60, || async {
+        parent_owner().await.is_some()
+    })
+    .await;
+    let parent = w.replicas.index_of(&parent_owner().await.unwrap());
+    let other = 1 - parent;
+    let replicas = &w.replicas;
+    let other_planning = || async move {
+        let rows = db
+            .query(
+                "SELECT owner FROM runs WHERE sha = $1 AND state = 'running'",
+                &[first],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .any(|r| replicas.index_of(&r.get::<_, String>(0)) == other)
+    };
+    crate::support::eventually(
+        "the other replica plans a root of the first head",
+        60,
+        other_planning,
+    )
+    .await;
+
+    let changes: Vec<(String, String)> = FOUR
+        .iter()
+        .map(|r| (format!("stacks/{r}/main.tf"), root_tf(&format!("{r}2"))))
+        .collect();
+    let changes: Vec<(&str, &str)> = changes
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    let second = w.gitlab.push(&w.project, "four", &changes);
+    let body = w
+        .gitlab
+        .mr_webhook(&w.project, w.iid)
+        .action("update")
+        .oldrev(first)
+        .body();
+    // To the plan job's replica: the other one hears of the cancel from the store.
+    assert_eq!(w.replicas.deliver(parent, &body, "push").await, 200);
+    let (g, p) = (&w.gitlab, &w.project);
+    crate::support::eventually("the second head planned", 180, || async {
+        plan_state(g, p, &second).is_some_and(|s| s == "success")
+    })
+    .await;
+    crate::support::eventually("every job ended", 60, || all_jobs_ended(db)).await;
+    assert_eq!(plan_state(g, p, first).as_deref(), Some("canceled"));
+    // Every run of the first head ended canceled, on both replicas.
+    let runs: Vec<(String, String)> = db
+        .query(
+            "SELECT root, state FROM runs WHERE sha = $1 AND kind = 'plan'",
+            &[first],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(!runs.is_empty());
+    assert!(runs.iter().all(|r| r.1 == "canceled"), "{runs:?}");
+    // The other replica heard the cancel from the store and stopped its engine.
+    let log = w.replicas.log(other);
+    let heard = log.iter().any(|l| l.contains("job canceled in the store"));
+    let stopped = log
+        .iter()
+        .any(|l| l.contains("root failed to plan") && l.contains("was cancelled"));
+    assert!(heard && stopped, "{log:#?}");
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM unit_results", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    // One note, for the second head, whole.
+    let notes = plan_notes(&w.gitlab, &w.project, w.iid);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    for r in FOUR {
+        assert!(notes[0].contains(&format!("\"{r}2\"")), "{r}: {}", notes[0]);
+    }
 }

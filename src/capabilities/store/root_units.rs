@@ -56,6 +56,15 @@ static INTERRUPT_RUNS_OF_UNITS: Sql = Sql::postgres(concat!(
     units_of!(),
     ")"
 ));
+/// The runs of units whose end the plan job never read (a unit still live, or one whose result
+/// is still there): they end `canceled`, with `?3` as their summary.
+static CANCEL_UNREAD_RUNS: Sql = Sql::postgres(concat!(
+    "UPDATE runs SET state = 'canceled', summary = ?3, finished_at = ?2 WHERE state = 'running'
+       AND job_id IN (SELECT id FROM jobs WHERE ",
+    units_of!(),
+    " AND (state IN ('queued', 'running')
+            OR id IN (SELECT job_id FROM unit_results WHERE parent_id = ?1)))"
+));
 static FORGET_RESULTS: Sql = Sql::postgres("DELETE FROM unit_results WHERE parent_id = ?1");
 static OTHER_REPLICAS: Sql =
     Sql::postgres("SELECT COUNT(*) FROM replicas WHERE expires_at >= ?1 AND owner <> ?2");
@@ -156,8 +165,9 @@ impl Store {
     /// Plan job `parent` ends (`restarted`: starts again after an earlier attempt): its units
     /// still queued or running are canceled (the replicas running them hear it at their next
     /// heartbeat) and their results unread are deleted. At a restart their runs still running
-    /// end `interrupted` too (the attempt that would have ended them is gone); at the end the
-    /// plan job ends them itself, with its note.
+    /// end `interrupted` (the attempt that would have ended them is gone); at the end, the runs
+    /// of the units whose end it did not read end `canceled` with `why` (it ends the others
+    /// itself, with its note).
     pub async fn end_units(&self, parent: QueueJobId, why: &str, restarted: bool) -> Result<()> {
         let why = why.to_string();
         write!(self, |c| {
@@ -167,6 +177,9 @@ impl Store {
             let now = now_ms();
             if restarted {
                 c.execute(&INTERRUPT_RUNS_OF_UNITS, &args![parent, now])
+                    .await?;
+            } else {
+                c.execute(&CANCEL_UNREAD_RUNS, &args![parent, now, why.clone()])
                     .await?;
             }
             c.execute(&CANCEL_UNITS, &args![parent, why, now]).await?;

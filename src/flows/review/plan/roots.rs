@@ -196,7 +196,11 @@ pub(super) async fn plan_roots(
             };
             if let Err(e) = app
                 .store
-                .end_units(units.parent, "its plan job ended", false)
+                .end_units(
+                    units.parent,
+                    "its MR's plan job ended without reading it",
+                    false,
+                )
                 .await
             {
                 tracing::warn!(job = units.parent.0, error = %format!("{e:#}"), "cannot end the MR's root units");
