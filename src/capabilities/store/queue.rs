@@ -27,6 +27,9 @@ static SAME_QUEUED: Sql = Sql::both(
     "SELECT id FROM jobs WHERE project_id IS NOT DISTINCT FROM ?1
        AND mr_iid IS NOT DISTINCT FROM ?2 AND state = 'queued' AND payload = ?3 LIMIT 1",
 );
+/// Every replica's idle workers hear of the job when its transaction commits
+/// (`postgres::notices`).
+static NOTIFY_JOB: Sql = Sql::postgres("SELECT pg_notify('planbot_jobs', '')");
 static INSERT_JOB: Sql = Sql::both(
     "INSERT INTO jobs (kind, project_id, mr_iid, sha, payload, state, delivery_id, created_at)
      VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7) RETURNING id",
@@ -252,6 +255,9 @@ pub(super) async fn enqueue_in(
     let sha = job.sha().map(|s| s.0.clone());
     let args = args![kind, project, mr, sha, payload, delivery, now];
     let id = c.one(&INSERT_JOB, &args).await?.get(0)?;
+    if c.is_postgres() {
+        c.execute(&NOTIFY_JOB, &[]).await?;
+    }
     Ok(Enqueued {
         id: Some(QueueJobId(id)),
         cancel_running,
@@ -424,6 +430,15 @@ impl Store {
                 _ => Lease::Lost,
             })
         })
+    }
+
+    /// Hears of every job enqueued on any replica, the moment its transaction commits (the
+    /// value counts them; `None` on SQLite, where only this process enqueues).
+    pub fn job_notices(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match &self.db {
+            Db::Sqlite(_) => None,
+            Db::Postgres(db) => db.job_notices(),
+        }
     }
 
     /// How often a running job must call [`Store::heartbeat`]; `None`: never (SQLite, where

@@ -32,7 +32,8 @@ static PROGRESS: Sql = Sql::postgres(concat!(
     "SELECT id, state, CASE WHEN lease_expires_at < ?2 THEN 1 ELSE 0 END,
             (SELECT COUNT(*) FROM unit_results u WHERE u.job_id = jobs.id)
      FROM jobs WHERE ",
-    units_of!()
+    units_of!(),
+    " ORDER BY id"
 ));
 static FINISH: Sql = Sql::postgres(
     "UPDATE jobs SET state = 'done', finished_at = ?2

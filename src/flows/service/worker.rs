@@ -21,13 +21,38 @@ const IDLE_POLL: Duration = Duration::from_secs(2);
 /// Start `n` workers; they stop when `shutdown` fires (running jobs are cancelled and stay
 /// `running` in the store, so the next start re-runs them).
 pub fn spawn_workers(app: Arc<App>, n: usize, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
-    (0..n)
+    let mut workers: Vec<JoinHandle<()>> = (0..n)
         .map(|i| {
             let app = app.clone();
             let shutdown = shutdown.clone();
             tokio::spawn(async move { worker(app, i, shutdown).await })
         })
-        .collect()
+        .collect();
+    if let Some(notices) = app.store.job_notices() {
+        workers.push(tokio::spawn(wake_on_notices(app, n, notices, shutdown)));
+    }
+    workers
+}
+
+/// On a shared store: a job enqueued on any replica (a hook another replica took, a root unit
+/// of another replica's plan job) wakes this replica's idle workers at once.
+async fn wake_on_notices(
+    app: Arc<App>,
+    workers: usize,
+    mut notices: tokio::sync::watch::Receiver<u64>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            changed = notices.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                app.queue.jobs_added(workers);
+            }
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 async fn worker(app: Arc<App>, index: usize, shutdown: CancellationToken) {

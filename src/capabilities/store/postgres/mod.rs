@@ -11,6 +11,7 @@
 //! The heartbeat also reads the schema version: once a newer planbot has migrated the database
 //! (a rolling upgrade), this replica claims no more jobs and its `/readyz` fails, saying why.
 
+mod notices;
 mod tls;
 
 use super::drift;
@@ -71,7 +72,9 @@ pub(crate) struct PgDb {
     /// The schema version a heartbeat found when it is newer than [`PG_SCHEMA_VERSION`] (a
     /// newer planbot migrated the database while this one runs), else 0.
     newer_schema: Arc<AtomicU32>,
-    /// Stops the replica heartbeat when the store is dropped.
+    /// Counts the notices of jobs enqueued on any replica ([`notices`]).
+    notices: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Stops the replica heartbeat (and the listening) when the store is dropped.
     _heartbeat: DropGuard,
 }
 
@@ -91,13 +94,15 @@ impl PgDb {
                 .await
                 .context("migrating the PostgreSQL store")?;
         }
-        let pool = pool.pool;
         let stop = CancellationToken::new();
+        let notices = notices::spawn(pool.listener, stop.clone());
+        let pool = pool.pool;
         let newer_schema = Arc::new(AtomicU32::new(0));
         let store = PgDb {
             pool: pool.clone(),
             opts: opts.clone(),
             newer_schema: newer_schema.clone(),
+            notices: Some(notices),
             _heartbeat: stop.clone().drop_guard(),
         };
         store.beat().await.context("registering this replica")?;
@@ -106,6 +111,7 @@ impl PgDb {
             pool,
             opts,
             newer_schema,
+            notices: None,
             _heartbeat: CancellationToken::new().drop_guard(),
         };
         tokio::spawn(async move {
@@ -120,6 +126,11 @@ impl PgDb {
             }
         });
         Ok(store)
+    }
+
+    /// Hears of every job enqueued on any replica (its value counts them).
+    pub(crate) fn job_notices(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.notices.clone()
     }
 
     pub(crate) fn replica(&self) -> &str {
@@ -220,6 +231,8 @@ impl PgDb {
 struct TlsPool {
     pool: Pool,
     tls: StoreTls,
+    /// How a connection of the pool is made, for the one that listens for new jobs.
+    listener: notices::Listener,
 }
 
 impl TlsPool {
@@ -268,7 +281,12 @@ fn pool(url: &str, password: Option<&str>, ca_file: Option<&Path>, size: usize) 
     let manager_config = || ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     };
-    let manager = match tls::connector(&tls)? {
+    let connector = tls::connector(&tls)?;
+    let listener = notices::Listener {
+        config: config.clone(),
+        tls: connector.clone(),
+    };
+    let manager = match connector {
         None => Manager::from_config(config, NoTls, manager_config()),
         Some(rustls) => Manager::from_config(config, rustls, manager_config()),
     };
@@ -279,7 +297,11 @@ fn pool(url: &str, password: Option<&str>, ca_file: Option<&Path>, size: usize) 
         .create_timeout(Some(Duration::from_secs(10)))
         .build()
         .context("building the PostgreSQL pool")?;
-    Ok(TlsPool { pool, tls })
+    Ok(TlsPool {
+        pool,
+        tls,
+        listener,
+    })
 }
 
 /// What `planbot doctor` reads of a PostgreSQL store, changing nothing: the server, whether

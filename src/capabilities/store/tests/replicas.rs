@@ -525,3 +525,147 @@ async fn replicas_waking_for_one_drift_tick_at_once_queue_it_once() {
         .is_some());
     assert_eq!(a.last_drift_tick().await.unwrap(), Some(tick + 86_400_000));
 }
+
+/// A job queued on one replica is told to the other the moment its transaction commits: the
+/// other's idle workers need not wait for their next look at the queue.
+#[tokio::test]
+async fn a_job_queued_on_one_replica_is_told_to_the_other() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let mut told = b.job_notices().expect("a shared store tells of new jobs");
+    let wait = Duration::from_secs(30);
+    // b listens (its first value says so).
+    tokio::time::timeout(wait, told.wait_for(|n| *n >= 1))
+        .await
+        .expect("b listens")
+        .unwrap();
+    told.borrow_and_update();
+    a.enqueue(plan(1, 'a')).await.unwrap();
+    tokio::time::timeout(wait, told.changed())
+        .await
+        .expect("b is told of a's job")
+        .unwrap();
+    assert!(sqlite_db().open().await.job_notices().is_none());
+}
+
+/// A root unit of `parent`'s plan job.
+fn unit(parent: QueueJobId, root: &str, author: Option<u64>) -> Job {
+    let Job::Plan(mut p) = plan(1, 'a') else {
+        unreachable!()
+    };
+    p.requested_by = author.map(crate::core::ids::UserId);
+    Job::PlanRoot(crate::core::events::RootUnit {
+        plan: p,
+        parent: parent.0,
+        root: root.into(),
+        commit: CommitSha("c".repeat(40)),
+        default_branch: "main".into(),
+        config_at: CommitSha("d".repeat(40)),
+        clone_url: "https://gitlab.example/infra/homelab.git".into(),
+    })
+}
+
+/// One MR's roots over the replicas: the units a plan job queues are never claimed by its own
+/// replica's workers (its job plans them), another replica takes them within its share of
+/// one author's units, the job takes back the rest, and a result is handed over once.
+#[tokio::test]
+async fn a_plan_jobs_units_go_to_other_replicas_and_back_to_it() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let parent = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+    assert_eq!(a.claim_next().await.unwrap().unwrap().id, parent);
+    let first = a
+        .enqueue(unit(parent, "a", Some(7)))
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    let second = a
+        .enqueue(unit(parent, "b", Some(7)))
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    // Not to a's workers; b takes one, then no more of author 7's (a share of 1).
+    assert!(a.claim_next().await.unwrap().is_none());
+    let taken = b.claim_within(1).await.unwrap().unwrap();
+    assert_eq!(taken.id, first);
+    assert!(matches!(taken.job, Job::PlanRoot(ref u) if u.root == "a"));
+    assert!(b.claim_within(1).await.unwrap().is_none());
+    // The plan job cannot take back the one b runs; it takes the other.
+    assert!(!a.take_unit(first, "planned by its plan job").await.unwrap());
+    assert!(a
+        .take_unit(second, "planned by its plan job")
+        .await
+        .unwrap());
+    assert!(b.claim_next().await.unwrap().is_none());
+    // b hands its result over; the plan job reads it once.
+    assert!(b.finish_unit(first, parent, "sealed".into()).await.unwrap());
+    let progress = a.unit_progress(parent).await.unwrap();
+    assert_eq!(
+        progress,
+        vec![
+            (first, UnitProgress::Ended { result: true }),
+            (second, UnitProgress::Ended { result: false }),
+        ]
+    );
+    assert_eq!(
+        a.take_unit_result(first).await.unwrap().as_deref(),
+        Some("sealed")
+    );
+    assert_eq!(a.take_unit_result(first).await.unwrap(), None);
+    // A unit canceled meanwhile hands nothing over.
+    let third = a
+        .enqueue(unit(parent, "c", Some(7)))
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    assert_eq!(b.claim_within(1).await.unwrap().unwrap().id, third);
+    a.end_units(parent, "its plan job ended", false)
+        .await
+        .unwrap();
+    assert!(!b.finish_unit(third, parent, "late".into()).await.unwrap());
+    assert_eq!(b.heartbeat(third).await.unwrap(), Lease::Canceled);
+    assert_eq!(a.take_unit_result(third).await.unwrap(), None);
+}
+
+/// A unit whose replica is gone (its lease ran out) goes back to its plan job.
+#[tokio::test]
+async fn a_unit_of_a_dead_replica_goes_back_to_its_plan_job() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let parent = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+    assert_eq!(a.claim_next().await.unwrap().unwrap().id, parent);
+    let id = a
+        .enqueue(unit(parent, "a", None))
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    assert_eq!(b.claim_next().await.unwrap().unwrap().id, id);
+    assert_eq!(
+        a.unit_progress(parent).await.unwrap(),
+        vec![(id, UnitProgress::Running { lapsed: false })]
+    );
+    drop(b);
+    // a keeps its own job's lease; b's unit lapses.
+    let keep = async {
+        loop {
+            a.heartbeat(parent).await.unwrap();
+            tokio::time::sleep(TEST_LEASE / 4).await;
+        }
+    };
+    tokio::select! {
+        _ = keep => unreachable!(),
+        _ = lease_expires() => {}
+    }
+    assert_eq!(
+        a.unit_progress(parent).await.unwrap(),
+        vec![(id, UnitProgress::Running { lapsed: true })]
+    );
+    assert!(a.take_unit(id, "planned by its plan job").await.unwrap());
+}
