@@ -15,7 +15,9 @@
 //!
 //! 3. **One MR over replicas**: the module change on 1, 2 and 3 replicas on one PostgreSQL
 //!    (each with 4 engine slots; the hook goes to the first), and how many of the roots each
-//!    replica planned (the roots of one MR are units any replica may take).
+//!    replica planned (the roots of one MR are units any replica may take); then the same with
+//!    each replica and its engines pinned to a core of its own (`taskset`), as many replicas as
+//!    cores: replicas on machines of their own, which sharing one machine's cores cannot show.
 //!
 //! Under `cargo test --all-targets` (no `--bench`) it runs once with 4 roots (and 1 and 2
 //! replicas on PostgreSQL), to stay fast.
@@ -67,13 +69,15 @@ struct World {
 }
 
 impl World {
-    /// `replicas` processes on PostgreSQL store `store`, or one on SQLite (`None`).
+    /// `replicas` processes on PostgreSQL store `store`, or one on SQLite (`None`); `pinned`:
+    /// replica `i` and its engines on core `i` alone (`taskset`), one machine of one core each.
     fn start(
         engine: &Path,
         roots: usize,
         checks: bool,
         store: Option<&str>,
         replicas: usize,
+        pinned: bool,
     ) -> World {
         let gitlab = FakeGitLab::start();
         let project = gitlab.create_project(INFRA);
@@ -99,7 +103,17 @@ impl World {
                     None => config,
                 };
                 std::fs::write(&file, config.text()).unwrap();
-                support::spawn_serve(&file)
+                match pinned {
+                    false => support::spawn_serve(&file),
+                    true => {
+                        let mut cmd = std::process::Command::new("taskset");
+                        cmd.args(["-c", &i.to_string(), env!("CARGO_BIN_EXE_planbot")])
+                            .args(["serve", "--config"])
+                            .arg(&file)
+                            .env("RUST_LOG", "warn,planbot::flows::service::server=info");
+                        support::ServeProcess::spawn(cmd).into_child()
+                    }
+                }
             })
             .collect();
         World {
@@ -166,7 +180,7 @@ fn children_cpu() -> Duration {
 
 /// (the module change's hook to green, the push to one root's hook to green).
 async fn planbot(engine: &Path, roots: usize, checks: bool) -> (Duration, Duration) {
-    let w = World::start(engine, roots, checks, None, 1);
+    let w = World::start(engine, roots, checks, None, 1, false);
     let (iid, head, module_change) = module_change(&w).await;
 
     let one = if roots > 7 { 7 } else { 0 };
@@ -212,9 +226,10 @@ async fn over_replicas(
     engine: &Path,
     roots: usize,
     replicas: usize,
+    pinned: bool,
 ) -> Option<(Duration, Vec<usize>)> {
     let store = support::postgres::fresh_database("planbot_bench").await?;
-    let w = World::start(engine, roots, true, Some(&store), replicas);
+    let w = World::start(engine, roots, true, Some(&store), replicas, pinned);
     let (_, head, took) = module_change(&w).await;
     let db = support::postgres::connect(&store).await;
     let rows = db
@@ -337,21 +352,35 @@ async fn main() {
 /// `--bench`), each the median of `rounds`, beside the one replica on SQLite and the bare
 /// engine.
 async fn replicas_figures(engine: &Path, roots: usize, rounds: usize, full: bool, bare: f64) {
-    let counts: &[usize] = if full { &[1, 2, 3] } else { &[1, 2] };
-    for &replicas in counts {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut runs: Vec<(usize, bool)> = match full {
+        true => vec![(1, false), (2, false), (3, false)],
+        false => vec![(1, false), (2, false)],
+    };
+    // One machine of one core per replica: as many as the cores (under `--bench`).
+    if full {
+        runs.extend((1..=cores.min(3)).map(|n| (n, true)));
+    }
+    for (replicas, pinned) in runs {
         let mut took = Vec::new();
         let mut shares = Vec::new();
         for _ in 0..rounds {
-            let Some((t, per_replica)) = over_replicas(engine, roots, replicas).await else {
+            let Some((t, per_replica)) = over_replicas(engine, roots, replicas, pinned).await
+            else {
                 println!("{roots} roots over replicas on PostgreSQL: NOT RUN (no PostgreSQL)");
                 return;
             };
             took.push(t.as_secs_f64());
             shares.push(per_replica);
         }
+        let on = match pinned {
+            true => "each replica and its engines pinned to a core of its own",
+            false => "sharing the machine's cores",
+        };
         println!(
             "{roots} roots, module change on {replicas} replica(s) on PostgreSQL (4 engine slots \
-             each): {} ({:.2}x the bare engine); roots planned per replica, each round: {shares:?}",
+             each, {on}): {} ({:.2}x the bare engine); roots planned per replica, each round: \
+             {shares:?}",
             spread(&took),
             median(&took) / bare,
         );
