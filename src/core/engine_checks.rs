@@ -237,22 +237,7 @@ impl RootChecks {
             StepCheck::ByThePlan => Check::Ran { result: Vec::new() },
             other => quiet_or_not_run(other),
         };
-        let fmt = match fmt {
-            // 0: every file is formatted; 3: `-check` found some that are not.
-            StepCheck::Ran {
-                exit: Some(0 | 3),
-                stdout,
-            } => Check::Ran {
-                result: read_fmt(stdout),
-            },
-            StepCheck::Ran { exit, .. } => Check::NotRun {
-                reason: format!(
-                    "`fmt -check` could not read every file ({}): a file it cannot parse is shown by `validate`",
-                    exit_text(*exit)
-                ),
-            },
-            other => quiet_or_not_run(other),
-        };
+        let fmt = fmt_check(fmt);
         let test = match test {
             StepCheck::Ran { stdout, exit } => {
                 let report = read_test(stdout);
@@ -395,6 +380,26 @@ impl TestsStatus {
         }
         st.ok = st.failing.is_empty() && st.not_run.is_empty();
         any.then_some(st)
+    }
+}
+
+/// What `fmt -check -list` said: the files not formatted, or why it could not tell.
+pub fn fmt_check(step: &StepCheck) -> Check<Vec<String>> {
+    match step {
+        // 0: every file is formatted; 3: `-check` found some that are not.
+        StepCheck::Ran {
+            exit: Some(0 | 3),
+            stdout,
+        } => Check::Ran {
+            result: read_fmt(stdout),
+        },
+        StepCheck::Ran { exit, .. } => Check::NotRun {
+            reason: format!(
+                "`fmt -check` could not read every file ({}): a file it cannot parse is shown by `validate`",
+                exit_text(*exit)
+            ),
+        },
+        other => quiet_or_not_run(other),
     }
 }
 

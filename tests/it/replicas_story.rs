@@ -1089,9 +1089,13 @@ impl SpreadWorld {
                 .text()
         });
         let db = crate::support::postgres::connect(store).await;
+        // Not formatted (`input =  "…"`): each root's `fmt -check` lists its file.
         let changes: Vec<(String, String)> = roots
             .iter()
-            .map(|r| (format!("stacks/{r}/main.tf"), root_tf(&format!("{r}1"))))
+            .map(|r| {
+                let tf = root_tf(&format!("{r}1")).replace("input = ", "input =  ");
+                (format!("stacks/{r}/main.tf"), tf)
+            })
             .collect();
         let changes: Vec<(&str, &str)> = changes
             .iter()
@@ -1116,7 +1120,8 @@ impl SpreadWorld {
 
 /// One MR's roots over both replicas: the replica that takes the MR's plan job queues its four
 /// roots as units, the other replica takes some of them, each replica's log shows roots of
-/// the MR planned there, and the one note is whole: every root's plan, its status green.
+/// the MR planned there, and the one note is whole: every root's plan, its status green, and
+/// every root's unformatted file, which the plan job's one `fmt -check` found.
 /// Each replica's engine takes three seconds per plan and one slot, so the replica that plans
 /// the job cannot take all four roots before the other one's idle workers look at the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1153,6 +1158,12 @@ async fn one_mrs_roots_are_planned_on_both_replicas_and_its_note_is_whole() {
             .unwrap_or_else(|| panic!("no section of {r}: {}", notes[0]));
         let section = section.split("#### Root ").next().unwrap();
         assert!(section.contains(&format!("\"{r}1\"")), "{r}: {section}");
+        // Its file found not formatted by the plan job's one `fmt -check`, wherever it was
+        // planned.
+        let not_formatted = notes[0]
+            .lines()
+            .any(|l| l.contains(&format!("`{r}`: **Not formatted**")) && l.contains("`main.tf`"));
+        assert!(not_formatted, "{r}: {}", notes[0]);
     }
     // The head's runs were planned on both replicas, each root once.
     let runs = db

@@ -12,7 +12,7 @@ use crate::capabilities::proxmox::ProxmoxEndpoint;
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{NewRun, QueueJobId, RunEnd, RunKind, RunState, UnitProgress};
 use crate::core::engine_checks::CheckSet;
-use crate::core::engine_checks::{fmt_outside, RootChecks, StepCheck, FMT_FILE_ENDINGS};
+use crate::core::engine_checks::{fmt_outside, Check, RootChecks, StepCheck, FMT_FILE_ENDINGS};
 use crate::core::events::PlanJob;
 use crate::core::fingerprint::Fingerprint;
 use crate::core::ids::CommitSha;
@@ -172,6 +172,7 @@ pub(super) async fn plan_roots(
         queue_job,
         of_job: OfJob::of(prepared),
         units: units.as_ref(),
+        fmt_by_job: false,
         cancel,
         runs: job_runs,
         retired_runs,
@@ -354,6 +355,8 @@ pub(super) struct RootPlanner<'a> {
     of_job: OfJob<'a>,
     /// The job's root units, when its roots are spread over the replicas.
     units: Option<&'a super::units::Units>,
+    /// A unit's planner: its plan job's one `fmt -check` checks the root, not this replica.
+    fmt_by_job: bool,
     cancel: &'a CancellationToken,
     /// Every root's request, with the plan credentials and the job's one state gate.
     runs: JobRuns,
@@ -458,6 +461,7 @@ impl<'a> RootPlanner<'a> {
             queue_job: Some(queue_job),
             of_job,
             units: None,
+            fmt_by_job: true,
             cancel,
             runs,
             retired_runs: None,
@@ -658,8 +662,32 @@ impl<'a> RootPlanner<'a> {
             .push(run);
         tracing::info!(project, mr, root = %root.name, run = run.0, job = id.0, "root's plan read from the replica that planned it");
         let mut planned = planned;
+        if let Some(fmt) = self.fmt_of_job(root).await {
+            if let Outcome::Planned { checks, .. } | Outcome::Failed { checks, .. } =
+                &mut planned.outcome
+            {
+                checks.fmt = fmt;
+                *checks = std::mem::take(checks).scrubbed(&self.app.scrubber);
+            }
+        }
         planned.kept = self.to_keep(root, &planned);
         Ok(Some(planned))
+    }
+
+    /// `root`'s `fmt -check`, as its share of the job's one says (a unit's replica runs none);
+    /// `None` when the root's `fmt` check is off or the job's covers no directory of it.
+    async fn fmt_of_job(&self, root: &Root) -> Option<Check<Vec<String>>> {
+        if !root.checks.fmt {
+            return None;
+        }
+        Some(match self.fmt_shares.get(&root.name)?.share().await {
+            Some(share) => crate::core::engine_checks::fmt_check(&share),
+            None => Check::NotRun {
+                reason: "the MR's `fmt -check` could not read every file: a file it cannot parse \
+                         is shown by `validate`"
+                    .into(),
+            },
+        })
     }
 
     /// A unit's end as this job's result of its root (`None`: it never started).
@@ -844,10 +872,11 @@ impl<'a> RootPlanner<'a> {
         targeting: Targeting,
         run: RunId,
     ) -> Result<RootPlanned> {
-        let (runs, checks) = match (&self.retired_runs, targeting.destroy) {
+        let (runs, mut checks) = match (&self.retired_runs, targeting.destroy) {
             (Some(retired), true) => (retired, CheckSet::NONE),
             _ => (&self.runs, root.checks),
         };
+        checks.fmt &= !self.fmt_by_job;
         let RootRun { dir, mut request } = match runs.request(root, &targeting).await {
             Ok(r) => r,
             Err(not_planned) => {
