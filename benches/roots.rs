@@ -279,7 +279,15 @@ async fn main() {
          round(s) (min-max)",
         engine.display(),
     );
+    // `PLANBOT_BENCH_ONLY=replicas`: the figures over replicas alone.
+    let only_replicas = std::env::var("PLANBOT_BENCH_ONLY").is_ok_and(|v| v == "replicas");
     for roots in sizes {
+        if only_replicas {
+            let bare = bare_engine(&engine, roots, &[]).as_secs_f64();
+            println!("{roots} roots, bare engine (one round): {bare:.1} s");
+            replicas_figures(&engine, roots, rounds, full, bare).await;
+            continue;
+        }
         let mut figures = Figures::default();
         for _ in 0..rounds {
             let cpu_before = children_cpu();

@@ -56,6 +56,8 @@ pub struct App {
     foreign_projects: std::sync::Mutex<std::collections::HashMap<u64, std::time::Instant>>,
     /// The comment commands and wrong job tokens accepted per minute (this replica's count).
     pub limits: crate::flows::context::limits::Limits,
+    /// What the root units of one plan job running here at once share (one checkout each).
+    pub unit_bases: crate::flows::context::by_job::ByJob,
 }
 
 /// How long a project found not to be one of `gitlab.projects` (or hidden from the bot) is
@@ -173,6 +175,7 @@ impl App {
             ),
             gitlab_check: tokio::sync::Mutex::new(None),
             foreign_projects: std::sync::Mutex::default(),
+            unit_bases: Default::default(),
             limits: Default::default(),
             config,
         })

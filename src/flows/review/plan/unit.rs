@@ -1,16 +1,18 @@
 //! A root unit on the replica that took it (docs/architecture.md, "One MR's roots over every
-//! replica"): the commit its plan job planned, fetched and checked out here; the repo config
-//! and policy sets of the default branch's commit that job read; the root planned as that job
-//! plans a root, in an engine slot of this replica; its end sealed for the job
-//! ([`super::units`]).
+//! replica"): the commit its plan job planned, fetched and checked out here (once for the
+//! units of that job running here at once); the repo config and policy sets of the default
+//! branch's commit that job read; the root planned as that job plans a root, in an engine slot
+//! of this replica; its end sealed for the job ([`super::units`]).
 
 use super::roots::{OfJob, RootPlanner};
 use super::shared::finish;
-use crate::capabilities::engine::CancelToken;
+use crate::capabilities::engine::{CancelToken, Engine};
 use crate::capabilities::state_gate::GateProject;
 use crate::capabilities::store::{QueueJobId, RunState};
+use crate::capabilities::workspace::Checkout;
 use crate::core::events::RootUnit;
 use crate::core::ids::RunId;
+use crate::core::repo_config::RepoConfig;
 use crate::flows::confinement::credentials::Trust;
 use crate::flows::confinement::plan_request::JobRuns;
 use crate::flows::context::app_state::App;
@@ -54,38 +56,23 @@ async fn plan(
     started: &mut Vec<RunId>,
 ) -> Result<bool> {
     let job = &unit.plan;
-    let (project, ws) = (job.project, &app.workspace);
-    let mut present = true;
-    for rev in [&unit.commit, &unit.config_at] {
-        present &= ws
-            .rev_parse(project, rev.as_str())
-            .await
-            .ok()
-            .flatten()
-            .is_some();
-    }
-    if !present {
-        ws.sync(project, &unit.clone_url)
-            .await
-            .context("fetching the repository")?;
-    }
-    let config = ws
-        .repo_config_at(project, unit.config_at.as_str())
-        .await?
-        .map_err(|e| {
-            anyhow::anyhow!("the repo config its plan job read does not read here: {e}")
-        })?;
+    let project = job.project;
+    let key = format!("{}:{}:{}", unit.parent, unit.commit.0, unit.config_at.0);
+    let base: std::sync::Arc<UnitBase> = app
+        .unit_bases
+        .get_or_make(key, || UnitBase::make(app, unit))
+        .await?;
+    let UnitBase {
+        config,
+        policies,
+        checkout,
+        engine,
+    } = &*base;
     let root = config
         .roots
         .iter()
         .find(|r| r.name == unit.root)
         .with_context(|| format!("the repo config has no root `{}`", unit.root))?;
-    let rev = unit.config_at.as_str();
-    let policies = PolicySets::load_at(app, project, rev, &unit.default_branch, &config)
-        .await
-        .context("reading the policy sets")?;
-    let checkout = ws.checkout(project, &unit.commit).await?;
-    let engine = app.mr_engine(project, job.mr)?;
     let (token, _following) = CancelToken::following(cancel);
     let gate_project = GateProject {
         id: project.0,
@@ -100,9 +87,9 @@ async fn plan(
     )
     .cancelled_by(token);
     let of_job = OfJob {
-        config: &config,
-        engine: &engine,
-        policies: &policies,
+        config,
+        engine,
+        policies,
         commit: &unit.commit,
         project_path: job.project_path.clone(),
     };
@@ -112,8 +99,57 @@ async fn plan(
     let end = cpu_bound(|| planner.unit_end(planned))?;
     let sealed = super::units::seal(app, &end)?;
     drop(planner);
-    drop(checkout);
+    drop(base);
     app.store
         .finish_unit(id, QueueJobId(unit.parent), sealed)
         .await
+}
+
+/// What the units of one plan job running here at once share ([`App::unit_bases`]): the
+/// commit checked out once, the repo config and policy sets of the default branch's commit the
+/// plan job read, and the MR's engine.
+struct UnitBase {
+    config: RepoConfig,
+    policies: PolicySets,
+    checkout: Checkout,
+    engine: Engine,
+}
+
+impl UnitBase {
+    /// The mirror fetched when it lacks either commit, then each read from it.
+    async fn make(app: &App, unit: &RootUnit) -> Result<UnitBase> {
+        let (project, ws) = (unit.plan.project, &app.workspace);
+        let mut present = true;
+        for rev in [&unit.commit, &unit.config_at] {
+            present &= ws
+                .rev_parse(project, rev.as_str())
+                .await
+                .ok()
+                .flatten()
+                .is_some();
+        }
+        if !present {
+            ws.sync(project, &unit.clone_url)
+                .await
+                .context("fetching the repository")?;
+        }
+        let config = ws
+            .repo_config_at(project, unit.config_at.as_str())
+            .await?
+            .map_err(|e| {
+                anyhow::anyhow!("the repo config its plan job read does not read here: {e}")
+            })?;
+        let rev = unit.config_at.as_str();
+        let policies = PolicySets::load_at(app, project, rev, &unit.default_branch, &config)
+            .await
+            .context("reading the policy sets")?;
+        let checkout = ws.checkout(project, &unit.commit).await?;
+        let engine = app.mr_engine(project, unit.plan.mr)?;
+        Ok(UnitBase {
+            config,
+            policies,
+            checkout,
+            engine,
+        })
+    }
 }
