@@ -93,6 +93,25 @@ impl EngineSlots {
         }
     }
 
+    /// A slot for a plan of `author` when one is free right now, within the author's share;
+    /// `None` when it would have to wait.
+    pub fn try_for_author(&self, author: Option<UserId>) -> Option<EngineSlot> {
+        let share = self.bucket(author).try_acquire_owned().ok();
+        let slot = share
+            .as_ref()
+            .and_then(|_| self.all.clone().try_acquire_owned().ok());
+        let found = match (share, slot) {
+            (Some(share), Some(slot)) => Some(EngineSlot {
+                _slot: slot,
+                _share: Some(share),
+                waited: Vec::new(),
+            }),
+            _ => None,
+        };
+        self.forget_idle();
+        found
+    }
+
     /// A slot outside any author's share (an apply's plan and apply).
     pub async fn any(&self) -> EngineSlot {
         let (slot, waited) = take(self.all.clone(), WaitedFor::Slot).await;
@@ -137,6 +156,28 @@ async fn take(semaphore: Arc<Semaphore>, on: WaitedFor) -> (OwnedSemaphorePermit
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_is_taken_at_once_only_when_free_within_the_share() {
+        let slots = EngineSlots::new(3, 2);
+        let a = Some(UserId(1));
+        let first = slots.try_for_author(a).expect("free");
+        let second = slots.try_for_author(a).expect("free");
+        assert!(
+            slots.try_for_author(a).is_none(),
+            "the author's share is held"
+        );
+        let other = slots
+            .try_for_author(Some(UserId(2)))
+            .expect("a slot is free");
+        assert!(
+            slots.try_for_author(Some(UserId(3))).is_none(),
+            "every slot is held"
+        );
+        drop((first, second, other));
+        assert_eq!(slots.free(), 3);
+        assert!(slots.try_for_author(a).is_some());
+    }
 
     #[tokio::test]
     async fn one_author_holds_at_most_their_share_and_says_what_a_plan_waited_for() {

@@ -575,8 +575,9 @@ impl<'a> RootPlanner<'a> {
         Ok(Some(planned))
     }
 
-    /// `root` as a unit any replica may plan: queued, then planned here when this replica has a
-    /// slot for it before another replica took it (or once the one that took it is gone),
+    /// `root` as a unit any replica may plan: planned here at once when a slot is free; else
+    /// queued, then planned here when this replica has a slot for it before another replica
+    /// took it (or once the one that took it is gone),
     /// else read from the result that replica sealed. A unit that cannot be queued, or that
     /// ended without a result that reads, is planned here.
     async fn spread(
@@ -585,6 +586,11 @@ impl<'a> RootPlanner<'a> {
         units: &super::units::Units,
     ) -> Result<Option<RootPlanned>> {
         let (project, mr) = (self.job.project.0, self.job.mr.0);
+        // A slot free right now: planned here, queued for nobody (only what would wait for a
+        // slot of this replica goes to the others).
+        if let Some(slot) = self.app.engine_slots.try_for_author(self.job.requested_by) {
+            return self.plan_holding(root, false, slot).await;
+        }
         let id = match units.queue(self.app, &root.name).await {
             Ok(id) => id,
             Err(e) => {
