@@ -58,8 +58,6 @@ pub struct RootUnit {
     /// The default branch whose `.planbot.toml` and policy sets the plan job read, at `config_at`.
     pub default_branch: String,
     pub config_at: CommitSha,
-    /// The repository's clone URL (no credential: the workspace adds the bot's).
-    pub clone_url: String,
 }
 
 /// The top-level fields of a job's JSON payload that hold [`Job::author`], in the order the
@@ -263,7 +261,6 @@ mod author_tests {
                 commit: CommitSha("b".repeat(40)),
                 default_branch: "main".into(),
                 config_at: CommitSha("c".repeat(40)),
-                clone_url: "https://gitlab.example/infra.git".into(),
             }),
             Job::Plan(PlanJob {
                 requested_by: None,

@@ -562,7 +562,6 @@ fn unit(parent: QueueJobId, root: &str, author: Option<u64>) -> Job {
         commit: CommitSha("c".repeat(40)),
         default_branch: "main".into(),
         config_at: CommitSha("d".repeat(40)),
-        clone_url: "https://gitlab.example/infra/homelab.git".into(),
     })
 }
 

@@ -48,10 +48,9 @@ pub(super) struct Prepared {
     /// earlier push was planned with the same: `super::reuse`).
     pub target_head: CommitSha,
     pub default_head: Option<CommitSha>,
-    /// The default branch (the repo config's and the policy sets') and the repository's clone
-    /// URL: what a root unit planned on another replica reads them from.
+    /// The default branch (the repo config's and the policy sets'): what a root unit planned
+    /// on another replica reads them from.
     pub default_branch: String,
-    pub clone_url: String,
 }
 
 /// The MR moved past `job`'s head: make sure its newer head gets a plan even when that head's
@@ -170,7 +169,6 @@ pub(super) async fn prepare(app: &App, job: &PlanJob) -> Result<Result<Prepared,
         target_head: target_sha,
         default_head,
         default_branch,
-        clone_url: info.http_url_to_repo,
     }))
 }
 

@@ -116,7 +116,8 @@ struct UnitBase {
 }
 
 impl UnitBase {
-    /// The mirror fetched when it lacks either commit, then each read from it.
+    /// The mirror fetched when it lacks either commit (from the clone URL GitLab gives, never
+    /// one from the store: the workspace sends the bot's token to it), then each read from it.
     async fn make(app: &App, unit: &RootUnit) -> Result<UnitBase> {
         let (project, ws) = (unit.plan.project, &app.workspace);
         let mut present = true;
@@ -129,7 +130,9 @@ impl UnitBase {
                 .is_some();
         }
         if !present {
-            ws.sync(project, &unit.clone_url)
+            let info = app.gitlab.project(&project.to_string()).await;
+            let info = crate::flows::review::gitlab_calls::gl(app, "project", info)?;
+            ws.sync(project, &info.http_url_to_repo)
                 .await
                 .context("fetching the repository")?;
         }

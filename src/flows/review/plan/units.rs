@@ -131,7 +131,6 @@ impl Units {
                 commit: prepared.commit.sha.clone(),
                 default_branch: prepared.default_branch.clone(),
                 config_at,
-                clone_url: prepared.clone_url.clone(),
             },
             progress,
             tell,
