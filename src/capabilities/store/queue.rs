@@ -77,14 +77,27 @@ static CLAIM_LOCK: Sql =
 /// ([`AUTHOR_FIELDS`]). On PostgreSQL a job running on a replica whose lease expired is
 /// claimable too, the claim is leased (`?3` the replica, `?4` the lease's end), and SKIP LOCKED
 /// keeps it from waiting on a job a supersede holds.
-static CLAIM: LazyLock<Sql> = LazyLock::new(|| {
+/// The author of job row `t`, read from its payload ([`AUTHOR_FIELDS`]): SQLite's text.
+fn lite_author(t: &str) -> String {
     let [a, b] = AUTHOR_FIELDS;
-    let lite = |t: &str| {
-        format!("COALESCE(json_extract({t}.payload, '$.{a}'), json_extract({t}.payload, '$.{b}'))")
-    };
-    let pg = |t: &str| {
-        format!("COALESCE(({t}.payload::jsonb) ->> '{a}', ({t}.payload::jsonb) ->> '{b}')")
-    };
+    format!("COALESCE(json_extract({t}.payload, '$.{a}'), json_extract({t}.payload, '$.{b}'))")
+}
+
+/// [`lite_author`] in PostgreSQL's text.
+fn pg_author(t: &str) -> String {
+    let [a, b] = AUTHOR_FIELDS;
+    format!("COALESCE(({t}.payload::jsonb) ->> '{a}', ({t}.payload::jsonb) ->> '{b}')")
+}
+
+/// How a claim on PostgreSQL marks the job `next` found: running, leased to replica `?3`
+/// until `?4`.
+const PG_CLAIM_NEXT: &str = "UPDATE jobs SET state = 'running', started_at = ?1,
+                attempts = attempts + 1, owner = ?3, lease_expires_at = ?4
+         FROM next WHERE jobs.id = next.id
+         RETURNING jobs.id, jobs.payload, jobs.attempts";
+
+static CLAIM: LazyLock<Sql> = LazyLock::new(|| {
+    let (lite, pg) = (lite_author, pg_author);
     let sqlite = format!(
         "UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1
          WHERE id = (
@@ -110,10 +123,7 @@ static CLAIM: LazyLock<Sql> = LazyLock::new(|| {
                       AND r.kind <> 'plan_root' AND r.lease_expires_at >= ?1
                       AND r.project_id = q.project_id AND r.mr_iid = q.mr_iid) < ?2)
              ORDER BY q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
-         UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1,
-                owner = ?3, lease_expires_at = ?4
-         FROM next WHERE jobs.id = next.id
-         RETURNING jobs.id, jobs.payload, jobs.attempts",
+         {PG_CLAIM_NEXT}",
         ar = pg("r"),
         aq = pg("q"),
     );
@@ -124,10 +134,6 @@ static CLAIM: LazyLock<Sql> = LazyLock::new(|| {
 /// author holds fewer than `?2` units running on this replica. No cap per MR: one MR's roots
 /// spread over every replica is what units are for.
 static CLAIM_UNIT: LazyLock<Sql> = LazyLock::new(|| {
-    let [a, b] = AUTHOR_FIELDS;
-    let pg = |t: &str| {
-        format!("COALESCE(({t}.payload::jsonb) ->> '{a}', ({t}.payload::jsonb) ->> '{b}')")
-    };
     let postgres = format!(
         "WITH next AS (
              SELECT q.id FROM jobs q
@@ -139,12 +145,9 @@ static CLAIM_UNIT: LazyLock<Sql> = LazyLock::new(|| {
                       AND r.owner = ?3 AND r.lease_expires_at >= ?1
                       AND {ar} IS NOT DISTINCT FROM {aq}) < ?2
              ORDER BY q.id LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
-         UPDATE jobs SET state = 'running', started_at = ?1, attempts = attempts + 1,
-                owner = ?3, lease_expires_at = ?4
-         FROM next WHERE jobs.id = next.id
-         RETURNING jobs.id, jobs.payload, jobs.attempts",
-        ar = pg("r"),
-        aq = pg("q"),
+         {PG_CLAIM_NEXT}",
+        ar = pg_author("r"),
+        aq = pg_author("q"),
     );
     Sql::postgres(postgres.leak())
 });
