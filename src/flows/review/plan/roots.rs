@@ -190,24 +190,7 @@ pub(super) async fn plan_roots(
     };
     let ((), in_order, destroys) = match &units {
         None => planning.await,
-        Some(units) => {
-            let planned = tokio::select! {
-                planned = planning => planned,
-                () = units.watch(app) => unreachable!("the units are watched until the job ends"),
-            };
-            if let Err(e) = app
-                .store
-                .end_units(
-                    units.parent,
-                    "its MR's plan job ended without reading it",
-                    false,
-                )
-                .await
-            {
-                tracing::warn!(job = units.parent.0, error = %format!("{e:#}"), "cannot end the MR's root units");
-            }
-            planned
-        }
+        Some(units) => units.while_planning(app, planning).await,
     };
     let mut planned = gather(&decisions, in_order)?;
     for (retired, destroy) in retirements.retired.iter().zip(destroys) {

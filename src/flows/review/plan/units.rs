@@ -18,6 +18,7 @@ use crate::flows::context::plan_reuse::ShownText;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -169,9 +170,23 @@ impl Units {
         }
     }
 
+    /// `planning` (the job's roots) driven to its end while the units are watched; then the
+    /// units still live are ended, and the runs of those whose end was never read.
+    pub async fn while_planning<T>(&self, app: &App, planning: impl Future<Output = T>) -> T {
+        let planned = tokio::select! {
+            planned = planning => planned,
+            () = self.watch(app) => unreachable!("the units are watched until the job ends"),
+        };
+        let why = "its MR's plan job ended without reading it";
+        if let Err(e) = app.store.end_units(self.parent, why, false).await {
+            tracing::warn!(job = self.parent.0, error = %format!("{e:#}"), "cannot end the MR's root units");
+        }
+        planned
+    }
+
     /// Read where every unit is, for as long as the job plans (a failed read is logged, and
     /// read again).
-    pub async fn watch(&self, app: &App) {
+    async fn watch(&self, app: &App) {
         loop {
             match app.store.unit_progress(self.parent).await {
                 Ok(all) => {
