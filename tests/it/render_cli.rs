@@ -490,6 +490,35 @@ fn a_local_render_prints_the_whole_plan_unless_asked_for_gitlabs_budget() {
     );
 }
 
+/// The note of a local render is written as it is rendered (never held whole): a reader that
+/// stops reading part way gets planbot's one line on stderr and a failed exit, not a panic,
+/// and the part it did read is the note's beginning.
+#[test]
+fn a_reader_that_stops_reading_a_streamed_note_gets_one_line_and_a_failed_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big-plan.json");
+    std::fs::write(&file, plan_past_the_note_budget(3000)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_planbot"))
+        .args(["render", file.to_str().unwrap(), "--format", "markdown"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("planbot runs");
+    let mut head = vec![0; 4096];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut head).unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(text(&head).starts_with(NOTE_MARKER), "{}", text(&head));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot write to stdout") && stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
 /// A plan in a `format_version` newer than planbot knows is read as tolerantly as any, and the
 /// note (and the terminal's text) say that what is new in it is not shown (issue 43: it used to
 /// render silently).

@@ -5,7 +5,7 @@
 //! renders the note while a second thread computes them, each section waiting for its own.
 
 use super::diff::{Differ, Node, Phrases};
-use super::{render_view, resource_at, resource_sizes, NoteView, ResourceView, UnitId, UnitState};
+use super::{resource_at, resource_sizes, write_view, NoteView, ResourceView, UnitId, UnitState};
 use crate::core::markdown;
 use crate::core::plan::{ActionKind, Plan, ResourceChange};
 use std::sync::{Arc, Condvar, Mutex};
@@ -173,12 +173,14 @@ pub(super) fn fill_bodies(
 
 /// Render the note (nothing folded: no budget) while a second thread computes the `pending`
 /// sections' bodies in the order the note shows them; the template, reaching a section, waits
-/// for its body. The note is the one [`fill_bodies`] and [`render_view`] make without a budget.
-pub(super) fn render_beside_bodies(
+/// for its body. The note is the one [`fill_bodies`] and [`render_view`] make without a budget,
+/// written to `out` as it goes.
+pub(super) fn write_beside_bodies(
     view: &mut NoteView<'_>,
     pending: &[(UnitId, Option<&Plan>, &ResourceChange)],
     phrases: &Phrases,
-) -> String {
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
     let bodies = Bodies::new(view, pending, phrases);
     let queue = Arc::new(BodyQueue::default());
     let waiting = Waiting {
@@ -187,19 +189,27 @@ pub(super) fn render_beside_bodies(
     };
     std::thread::scope(|s| {
         let bodies = &bodies;
+        let queue = &*queue;
         let helper = s.spawn(move || {
             // Marks the queue ended however the loop ends (a panic included), so that no
             // section waits for a body that will not come.
-            let _ended = EndOnDrop(&queue);
+            let _ended = EndOnDrop(queue);
             for n in 0..bodies.pending.len() {
+                if queue.has_ended() {
+                    break;
+                }
                 queue.push(bodies.body(n));
             }
         });
-        let text = render_view(view, Some(&waiting));
+        let written = write_view(view, Some(&waiting), out);
+        // A failed write ends the note: the helper is told so, and stops at its next body.
+        if written.is_err() {
+            queue.end();
+        }
         if let Err(panic) = helper.join() {
             std::panic::resume_unwind(panic);
         }
-        text
+        written
     })
 }
 
@@ -247,6 +257,10 @@ impl BodyQueue {
         state.1 = true;
         drop(state);
         self.grown.notify_all();
+    }
+
+    fn has_ended(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1
     }
 
     /// The `n`th body, once computed; `None` when it has none, or its thread ended without it

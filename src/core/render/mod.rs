@@ -166,23 +166,41 @@ pub enum WaitOn {
 /// Render the whole MR note; every value in it has passed through `scrubber` (the template's
 /// own words never do, see `core::templates::scrubbing`).
 pub fn render_note(ctx: &NoteContext, roots: &[RootSection<'_>], scrubber: &Scrubber) -> String {
-    crate::core::templates::scrubbing(scrubber, || render_scrubbed(ctx, roots))
+    let mut note = Vec::new();
+    write_note(ctx, roots, scrubber, &mut note).expect("a Vec takes every byte");
+    String::from_utf8(note).expect("the note's templates write UTF-8")
 }
 
-/// [`render_note`] inside its scrubbing scope.
-fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
+/// [`render_note`] written to `out` as it is rendered. Without a budget (`planbot render`) the
+/// note is never held whole: a 5,000-resource plan's note is 4 MB.
+pub fn write_note(
+    ctx: &NoteContext,
+    roots: &[RootSection<'_>],
+    scrubber: &Scrubber,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    crate::core::templates::scrubbing(scrubber, || write_scrubbed(ctx, roots, out))
+}
+
+/// [`write_note`] inside its scrubbing scope.
+fn write_scrubbed(
+    ctx: &NoteContext,
+    roots: &[RootSection<'_>],
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
     let budget = if ctx.budget == 0 {
         NOTE_BUDGET
     } else {
         ctx.budget
     };
     let (mut view, pending) = build_view(ctx, roots);
+    out.write_all(NOTE_MARKER.as_bytes())?;
+    out.write_all(b"\n")?;
     // Without a limit (`planbot render` without `--budget gitlab`) nothing is ever folded, so
     // nothing is measured (the part always kept, the bodies' sizes): the note is rendered once,
     // its bodies computed beside it.
     if budget == NO_BUDGET {
-        let text = bodies::render_beside_bodies(&mut view, &pending, phrases());
-        return with_marker(text);
+        return bodies::write_beside_bodies(&mut view, &pending, phrases(), out);
     }
     let mut fixed = fixed_size(&mut view);
     // The destructive changes and findings are kept whole up to MAX_LISTED each; when those lists
@@ -234,15 +252,7 @@ fn render_scrubbed(ctx: &NoteContext, roots: &[RootSection<'_>]) -> String {
         target = target.saturating_sub(over + over / 4 + 64);
         units = collect_units(&view);
     }
-    with_marker(text)
-}
-
-/// The note's text after the marker that finds it among the MR's notes.
-fn with_marker(text: String) -> String {
-    let mut out = text;
-    out.insert(0, '\n');
-    out.insert_str(0, NOTE_MARKER);
-    out
+    out.write_all(text.as_bytes())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -276,6 +286,17 @@ fn phrases() -> &'static Phrases {
 }
 
 fn render_view(view: &mut NoteView<'_>, waiting: Option<&bodies::Waiting>) -> String {
+    let mut text = Vec::new();
+    write_view(view, waiting, &mut text).expect("a Vec takes every byte");
+    String::from_utf8(text).expect("the note's templates write UTF-8")
+}
+
+/// [`render_view`] written to `out` as the template goes; only a failing `out` is an error.
+fn write_view(
+    view: &mut NoteView<'_>,
+    waiting: Option<&bodies::Waiting>,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
     // Each root's resource and drift sections are lent to the template as sequences whose items
     // become template values one at a time, as the template reaches them: converting thousands
     // of sections up front would take several times the memory of the note itself.
@@ -297,16 +318,28 @@ fn render_view(view: &mut NoteView<'_>, waiting: Option<&bodies::Waiting>) -> St
         ));
         lent.push((resources, drift));
     }
-    let text = crate::core::templates::get("note.md.j2")
-        .and_then(|tmpl| tmpl.render(&*view))
-        .unwrap_or_else(|e| panic!("templates/note.md.j2 failed to render: {e:#}"));
+    let written = crate::core::templates::get("note.md.j2")
+        .and_then(|tmpl| tmpl.render_captured_to(&*view, &mut *out).map(drop));
     for (d, (resources, drift)) in view.details.iter_mut().zip(lent) {
         d.resources_seq = minijinja::Value::UNDEFINED;
         d.drift_seq = minijinja::Value::UNDEFINED;
         d.resources = Arc::try_unwrap(resources).unwrap_or_else(|shared| (*shared).clone());
         d.drift = Arc::try_unwrap(drift).unwrap_or_else(|shared| (*shared).clone());
     }
-    text
+    match written {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == minijinja::ErrorKind::WriteFailure => Err(write_failure(e)),
+        Err(e) => panic!("templates/note.md.j2 failed to render: {e:#}"),
+    }
+}
+
+/// The error of the writer under a template's failed write, as it was.
+fn write_failure(e: minijinja::Error) -> std::io::Error {
+    use std::error::Error as _;
+    match e.source().and_then(|s| s.downcast_ref::<std::io::Error>()) {
+        Some(io) => std::io::Error::new(io.kind(), io.to_string()),
+        None => std::io::Error::other(e.to_string()),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ use crate::core::fingerprint::Fingerprint;
 use crate::core::plan::Plan;
 use crate::core::proxmox::lint::lint;
 use crate::core::redact::Secrets;
-use crate::core::render::{render_note, NoteContext, RootOutcome, RootSection, NO_BUDGET};
+use crate::core::render::{
+    render_note, write_note, NoteContext, RootOutcome, RootSection, NO_BUDGET,
+};
 use crate::core::summary::PlanReport;
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -52,25 +54,21 @@ pub fn report(
     fingerprint_key: &[u8],
     format: Format,
 ) -> String {
-    report_root(
-        plan,
-        DEFAULT_ROOT,
-        ctx,
-        extra_secrets,
-        fingerprint_key,
-        format,
-    )
+    let mut out = Vec::new();
+    write_report(plan, ctx, extra_secrets, fingerprint_key, format, &mut out)
+        .expect("a Vec takes every byte");
+    String::from_utf8(out).expect("the report is UTF-8")
 }
 
-/// Like [`report`], naming the root (e.g. the directory `planbot plan` ran in).
-pub fn report_root(
+/// [`report`] written to `out`; the Markdown note as it is rendered, never held whole.
+pub fn write_report(
     plan: &Plan,
-    root: &str,
     ctx: &NoteContext,
     extra_secrets: &Secrets,
     fingerprint_key: &[u8],
     format: Format,
-) -> String {
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     // The lint rules and the fingerprint read the plan independently: on two threads (each
     // reads one resource at a time, so this costs little memory). The plan's own secrets are
     // collected (and their matcher built) once, for the fingerprint and for scrubbing; the set
@@ -94,27 +92,24 @@ pub fn report_root(
     };
     drop(secrets);
     give_back_freed_memory();
+    let roots = [RootSection {
+        name: DEFAULT_ROOT.to_string(),
+        outcome: RootOutcome::Planned {
+            plan,
+            findings: &findings,
+            fingerprint: &fingerprint,
+        },
+    }];
     match format {
-        Format::Markdown | Format::Text => {
-            let roots = [RootSection {
-                name: root.to_string(),
-                outcome: RootOutcome::Planned {
-                    plan,
-                    findings: &findings,
-                    fingerprint: &fingerprint,
-                },
-            }];
+        Format::Markdown => write_note(ctx, &roots, &scrubber, out),
+        Format::Text => {
             let note = render_note(ctx, &roots, &scrubber);
-            if format == Format::Text {
-                crate::core::render::terminal::note_as_text(&note)
-            } else {
-                note
-            }
+            out.write_all(crate::core::render::terminal::note_as_text(&note).as_bytes())
         }
         Format::Json => {
             let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);
             let json = serde_json::to_string_pretty(&report).expect("the report serializes");
-            scrubber.scrub(&json).into_owned()
+            out.write_all(scrubber.scrub(&json).as_bytes())
         }
     }
 }
@@ -197,17 +192,36 @@ pub fn render_command(
         plan_file: Some(name.clone()),
         ..NoteContext::default()
     };
-    let out = report(&plan, &ctx, &Secrets::new(), key, format);
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(out.as_bytes())
-        .and_then(|_| {
-            if out.ends_with('\n') {
-                Ok(())
-            } else {
-                stdout.write_all(b"\n")
-            }
+    let mut stdout = LastByte {
+        out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock()),
+        last: None,
+    };
+    write_report(&plan, &ctx, &Secrets::new(), key, format, &mut stdout)
+        .and_then(|()| match stdout.last {
+            Some(b'\n') => Ok(()),
+            _ => stdout.write_all(b"\n"),
         })
+        .and_then(|()| stdout.flush())
         .context("cannot write to stdout")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A writer that remembers the last byte written through it (the output ends with a newline).
+struct LastByte<W> {
+    out: W,
+    last: Option<u8>,
+}
+
+impl<W: Write> Write for LastByte<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        if n > 0 {
+            self.last = Some(buf[n - 1]);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
