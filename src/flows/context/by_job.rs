@@ -11,12 +11,17 @@ use std::sync::{Arc, Weak};
 /// The live shared values, by key (a plan job and the commits it planned).
 #[derive(Default)]
 pub struct ByJob {
-    live: tokio::sync::Mutex<HashMap<String, Weak<dyn Any + Send + Sync>>>,
+    /// One slot per key: a unit making one key's value holds that key's slot alone, so units of
+    /// other jobs (other keys) are not held up by its checkout.
+    live: std::sync::Mutex<HashMap<String, Arc<Slot>>>,
 }
 
+type Slot = tokio::sync::Mutex<Weak<dyn Any + Send + Sync>>;
+
 impl ByJob {
-    /// The value of `key` a running unit still holds, else the one `make` makes (one at a time:
-    /// a unit starting meanwhile waits for it rather than making its own).
+    /// The value of `key` a running unit still holds, else the one `make` makes (one at a time
+    /// per key: a unit of the same key starting meanwhile waits for it rather than making its
+    /// own; a unit of another key does not wait).
     pub async fn get_or_make<T, Fut>(
         &self,
         key: String,
@@ -26,16 +31,32 @@ impl ByJob {
         T: Any + Send + Sync,
         Fut: Future<Output = Result<T>>,
     {
-        let mut live = self.live.lock().await;
-        live.retain(|_, held| held.strong_count() > 0);
-        let found = live.get(&key).and_then(Weak::upgrade);
-        if let Some(found) = found.and_then(|a| a.downcast::<T>().ok()) {
+        let slot = {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            // A slot nobody waits on whose value is gone is dropped.
+            live.retain(|_, slot| {
+                Arc::strong_count(slot) > 1
+                    || slot.try_lock().map_or(true, |held| held.strong_count() > 0)
+            });
+            Arc::clone(live.entry(key).or_insert_with(|| {
+                let none: Weak<dyn Any + Send + Sync> = Weak::<()>::new();
+                Arc::new(tokio::sync::Mutex::new(none))
+            }))
+        };
+        let mut held = slot.lock().await;
+        if let Some(found) = held.upgrade().and_then(|a| a.downcast::<T>().ok()) {
             return Ok(found);
         }
         let made = Arc::new(make().await?);
         let erased: Arc<dyn Any + Send + Sync> = made.clone();
-        live.insert(key, Arc::downgrade(&erased));
+        *held = Arc::downgrade(&erased);
         Ok(made)
+    }
+
+    /// How many keys have a slot (values held, or being made): for tests.
+    #[cfg(test)]
+    fn slots(&self) -> usize {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 
@@ -61,5 +82,45 @@ mod tests {
         let again: Arc<String> = by_job.get_or_make("3:abc".into(), make).await.unwrap();
         assert_eq!(*again, "checkout");
         assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    /// A key whose value is being made (a slow checkout) holds up units of that key only.
+    #[tokio::test]
+    async fn a_key_being_made_does_not_hold_up_another_key() {
+        let by_job = Arc::new(ByJob::default());
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let (started, has_started) = tokio::sync::oneshot::channel::<()>();
+        let slow = tokio::spawn({
+            let by_job = Arc::clone(&by_job);
+            async move {
+                by_job
+                    .get_or_make("3:abc".into(), || async move {
+                        let _ = started.send(());
+                        let _ = released.await;
+                        Ok(String::from("slow checkout"))
+                    })
+                    .await
+            }
+        });
+        has_started.await.unwrap();
+        // The first key is still being made: another key is made meanwhile.
+        let other: Arc<String> = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            by_job.get_or_make("4:def".into(), || async { Ok(String::from("other")) }),
+        )
+        .await
+        .expect("another key waited for the first key's make")
+        .unwrap();
+        assert_eq!(*other, "other");
+        release.send(()).unwrap();
+        let first = slow.await.unwrap().unwrap();
+        assert_eq!(*first, "slow checkout");
+        // Dropped values leave no slot behind once another call looks.
+        drop((first, other));
+        let _: Arc<String> = by_job
+            .get_or_make("5:ghi".into(), || async { Ok(String::new()) })
+            .await
+            .unwrap();
+        assert_eq!(by_job.slots(), 1);
     }
 }
