@@ -28,8 +28,9 @@ static SAME_QUEUED: Sql = Sql::both(
        AND mr_iid IS NOT DISTINCT FROM ?2 AND state = 'queued' AND payload = ?3 LIMIT 1",
 );
 /// Every replica's idle workers hear of the job when its transaction commits
-/// (`postgres::notices`).
-static NOTIFY_JOB: Sql = Sql::postgres("SELECT pg_notify('planbot_jobs', '')");
+/// (`postgres::notices`); so does a plan job waiting for its units when one ends
+/// ([`Store::finish_unit`]).
+pub(super) static NOTIFY_JOB: Sql = Sql::postgres("SELECT pg_notify('planbot_jobs', '')");
 static INSERT_JOB: Sql = Sql::both(
     "INSERT INTO jobs (kind, project_id, mr_iid, sha, payload, state, delivery_id, created_at)
      VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7) RETURNING id",

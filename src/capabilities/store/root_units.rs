@@ -151,6 +151,8 @@ impl Store {
                 .await?;
             c.execute(&INSERT_RESULT, &args![id, parent, sealed, now])
                 .await?;
+            // The plan job's replica hears of it at commit rather than at its next look.
+            c.execute(&super::queue::NOTIFY_JOB, &[]).await?;
             Ok(true)
         })
     }

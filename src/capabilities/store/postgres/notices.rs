@@ -1,7 +1,8 @@
 //! The queue's wake-up across replicas: each replica keeps one connection that `LISTEN`s on
 //! [`CHANNEL`], and a job enqueued on any replica notifies it when its transaction commits
 //! (`capabilities::store::queue`), so every replica's idle workers look at the queue at once
-//! rather than at their next poll. A lost connection is made again (a second later), and the
+//! rather than at their next poll; a root unit's end is told the same way, to the plan job
+//! that waits for it (`capabilities::store::root_units`). A lost connection is made again (a second later), and the
 //! workers are woken once then, for a notice missed meanwhile.
 
 use anyhow::Result;
@@ -13,7 +14,7 @@ use tokio_postgres::{AsyncMessage, Config, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
-/// The channel a new job is told on.
+/// The channel a new job, or a unit's end, is told on.
 pub(super) const CHANNEL: &str = "planbot_jobs";
 
 /// How the listening connection is made: the pool's own settings.

@@ -549,6 +549,38 @@ async fn a_job_queued_on_one_replica_is_told_to_the_other() {
     assert!(sqlite_db().open().await.job_notices().is_none());
 }
 
+/// A unit's end is told to the plan job's replica when it commits: the job need not look at
+/// its units again to learn it.
+#[tokio::test]
+async fn a_units_end_is_told_to_its_plan_jobs_replica() {
+    let Some((_db, a, b)) = two_replicas().await else {
+        return;
+    };
+    let mut told = a
+        .job_notices()
+        .expect("a shared store tells of units' ends");
+    let wait = Duration::from_secs(30);
+    let parent = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+    assert_eq!(a.claim_next().await.unwrap().unwrap().id, parent);
+    let id = a
+        .enqueue(unit(parent, "a", None))
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    assert_eq!(b.claim_within(1).await.unwrap().unwrap().id, id);
+    // Every notice so far is in (a listening, then its two jobs), then b's end is told.
+    tokio::time::timeout(wait, told.wait_for(|n| *n >= 3))
+        .await
+        .expect("a listens, and is told of its own jobs")
+        .unwrap();
+    assert!(b.finish_unit(id, parent, "sealed".into()).await.unwrap());
+    tokio::time::timeout(wait, told.wait_for(|n| *n >= 4))
+        .await
+        .expect("a is told of the unit's end")
+        .unwrap();
+}
+
 /// A root unit of `parent`'s plan job.
 fn unit(parent: QueueJobId, root: &str, author: Option<u64>) -> Job {
     let Job::Plan(mut p) = plan(1, 'a') else {

@@ -22,8 +22,13 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// How often a plan job reads where its units are while it waits for one.
+/// How often a plan job reads where its units are while it waits for one, when it is not told
+/// of their ends (no listening connection).
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);
+
+/// How often it reads them when it is told: for a unit whose replica is gone (its lease runs
+/// out, and nobody says so).
+const PROGRESS_TOLD_EVERY: Duration = Duration::from_secs(1);
 
 /// What a unit hands back to its plan job, sealed ([`seal`]): its plan redacted with the
 /// secrets the unit knew (every other root's too are only known to the plan job, hence the
@@ -184,10 +189,15 @@ impl Units {
         planned
     }
 
-    /// Read where every unit is, for as long as the job plans (a failed read is logged, and
+    /// Read where every unit is, for as long as the job plans: when a unit's end is told
+    /// (`Store::job_notices`), else every [`PROGRESS_EVERY`] (a failed read is logged, and
     /// read again).
     async fn watch(&self, app: &App) {
+        let mut told = app.store.job_notices();
         loop {
+            if let Some(told) = &mut told {
+                told.borrow_and_update();
+            }
             match app.store.unit_progress(self.parent).await {
                 Ok(all) => {
                     self.tell.send_if_modified(|known| {
@@ -201,7 +211,16 @@ impl Units {
                     tracing::warn!(job = self.parent.0, error = %format!("{e:#}"), "cannot read where the MR's root units are");
                 }
             }
-            tokio::time::sleep(PROGRESS_EVERY).await;
+            match &mut told {
+                Some(notices) => {
+                    let heard = tokio::time::timeout(PROGRESS_TOLD_EVERY, notices.changed());
+                    if let Ok(Err(_)) = heard.await {
+                        // The listening connection is gone for good: look on our own.
+                        told = None;
+                    }
+                }
+                None => tokio::time::sleep(PROGRESS_EVERY).await,
+            }
         }
     }
 }
