@@ -1,7 +1,7 @@
 //! The note's ```diff bodies: computed on a second thread beside the note, handed over in order.
 //!
 //! With a budget, [`fill_bodies`] computes them two at a time before the note is rendered (the
-//! budget needs their sizes); without one nothing is folded, and [`render_beside_bodies`]
+//! budget needs their sizes); without one nothing is folded, and [`write_beside_bodies`]
 //! renders the note while a second thread computes them, each section waiting for its own.
 
 use super::diff::{Differ, Node, Phrases};
