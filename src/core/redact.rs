@@ -523,6 +523,20 @@ impl Scrubber {
         self.scrub(&text).into_owned()
     }
 
+    /// `value` as pretty JSON indented by `indent`, every string and key in it scrubbed
+    /// ([`Scrubber::scrub_json`]): every JSON that planbot prints goes through here. Scrubbing
+    /// JSON's text instead would also hit its `false`, `null` and numbers (a sensitive value
+    /// `false` made `"errored": (sensitive value)`), and the output would not be JSON.
+    pub fn pretty_json(&self, value: &impl serde::Serialize, indent: &[u8]) -> String {
+        let value = serde_json::to_value(value).expect("planbot's reports serialize");
+        let mut out = Vec::new();
+        let formatter = serde_json::ser::PrettyFormatter::with_indent(indent);
+        let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+        serde::Serialize::serialize(&self.scrub_json(&value), &mut ser)
+            .expect("a JSON value serializes");
+        String::from_utf8(out).expect("JSON is UTF-8")
+    }
+
     /// Scrub every string (and object key) inside a JSON value, so the result stays valid JSON
     /// whatever the secret contains.
     pub fn scrub_json(&self, value: &Value) -> Value {

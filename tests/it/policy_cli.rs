@@ -83,6 +83,44 @@ fn a_failure_prints_like_conftest_and_exits_1() {
     );
 }
 
+/// conftest's JSON stays JSON whatever a secret of the plan holds: it is scrubbed string by
+/// string, not as text (a password `json",` cut `"filename": "pve.json",` in two).
+#[test]
+fn json_output_stays_json_whatever_a_secret_holds() {
+    let dir = gke_dir();
+    let plan = serde_json::json!({"format_version": "1.2", "resource_changes": [{
+        "address": "terraform_data.vm", "mode": "managed", "type": "terraform_data",
+        "name": "vm",
+        "change": {"actions": ["update"], "before": {"input": {"password": "old-secret-1"}},
+            "after": {"input": {"password": "json\","}},
+            "after_unknown": {}, "before_sensitive": {"input": {"password": true}},
+            "after_sensitive": {"input": {"password": true}}}
+    }]});
+    std::fs::write(dir.path().join("pve.json"), plan.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("conftest_v1/warn.rego"),
+        "package main\n\nimport rego.v1\n\nwarn contains sprintf(\"%s changes\", [rc.address]) if {\n\tsome rc in input.resource_changes\n\trc.change.actions == [\"update\"]\n}\n",
+    )
+    .unwrap();
+    std::fs::remove_file(dir.path().join("conftest_v1/base.rego")).unwrap();
+    let out = policy_test(
+        dir.path(),
+        &["pve.json", "--policy", "conftest_v1", "--output", "json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+    assert_eq!(
+        json,
+        serde_json::json!([{
+            "filename": "pve.json",
+            "namespace": "main",
+            "successes": 0,
+            "warnings": [{"msg": "terraform_data.vm changes"}],
+        }])
+    );
+}
+
 #[test]
 fn json_output_is_conftests_shape() {
     let dir = gke_dir();

@@ -490,6 +490,41 @@ fn a_local_render_prints_the_whole_plan_unless_asked_for_gitlabs_budget() {
     );
 }
 
+/// A plan whose one sensitive value is `secret`: a password on one resource.
+fn plan_with_sensitive(secret: &str) -> String {
+    serde_json::json!({"format_version": "1.2", "resource_changes": [{
+        "address": "terraform_data.vm", "mode": "managed", "type": "terraform_data",
+        "name": "vm",
+        "change": {"actions": ["create"], "before": null,
+            "after": {"input": {"password": secret, "cores": 2}},
+            "after_unknown": {}, "before_sensitive": false,
+            "after_sensitive": {"input": {"password": true}}}
+    }]})
+    .to_string()
+}
+
+/// `--format json` stays JSON whatever a secret is: scrubbing the report's text hit its
+/// `false` and `null` too (a sensitive `false` printed `"errored": (sensitive value)`).
+#[test]
+fn the_json_report_stays_json_whatever_the_secret_reads_as() {
+    for secret in ["false", "null", "true", "\"terraform_data.vm\","] {
+        let out = planbot(
+            &["render", "-", "--format", "json"],
+            Some(plan_with_sensitive(secret).as_bytes()),
+        );
+        assert!(out.status.success(), "{secret}: {}", text(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{secret}: {e}: {}", text(&out.stdout)));
+        assert_eq!(report["errored"], false, "{secret}");
+        assert_eq!(report["summary"]["add"], 1, "{secret}");
+        assert_eq!(
+            report["resources"][0]["address"], "terraform_data.vm",
+            "{secret}"
+        );
+        assert!(report["resources"][0]["previous_address"].is_null());
+    }
+}
+
 /// The note of a local render is written as it is rendered (never held whole): a reader that
 /// stops reading part way gets planbot's one line on stderr and a failed exit, not a panic,
 /// and the part it did read is the note's beginning.

@@ -341,8 +341,7 @@ pub fn plan_note(data: &[u8]) {
     assert!(!lower.contains("<script"), "{html}");
     assert!(!lower.contains("href=\"javascript:"), "{html}");
     let report = PlanReport::new(&plan, fingerprint.as_hex().to_string(), findings);
-    let json = serde_json::to_string(&report).expect("the report serializes");
-    let json = scrubber.scrub(&json).into_owned();
+    let json = scrubber.pretty_json(&report, b"");
     let bare = note.replace(ZWSP, "");
     for s in secrets.iter() {
         // Long enough not to be a word of the page by chance, and one line (a multi-line

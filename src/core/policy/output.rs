@@ -5,6 +5,7 @@
 //! appear; the caller reports the others ([`render_errors`]).
 
 use super::{Message, Verdict};
+use crate::core::redact::Scrubber;
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -37,17 +38,11 @@ fn check_results<'a>(filename: &'a str, verdict: &'a Verdict) -> Vec<CheckResult
         .collect()
 }
 
-/// conftest's `--output json` (`-` as the file name is written as `""`, as conftest does).
-pub fn conftest_json(filename: &str, verdict: &Verdict) -> String {
+/// conftest's `--output json` (`-` as the file name is written as `""`, as conftest does),
+/// every string in it scrubbed by `scrubber`.
+pub fn conftest_json(filename: &str, verdict: &Verdict, scrubber: &Scrubber) -> String {
     let shown = if filename == "-" { "" } else { filename };
-    let results = check_results(shown, verdict);
-    let mut out = Vec::new();
-    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"\t");
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
-    results
-        .serialize(&mut ser)
-        .expect("check results serialize");
-    String::from_utf8(out).expect("JSON is UTF-8")
+    scrubber.pretty_json(&check_results(shown, verdict), b"\t")
 }
 
 /// conftest's text output: warnings, failures, exceptions per set, then the summary.

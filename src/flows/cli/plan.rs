@@ -400,8 +400,7 @@ fn render_planned(
     match format {
         Format::Json => {
             let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);
-            let value = serde_json::to_value(&report)?;
-            Ok(serde_json::to_string_pretty(&scrubber.scrub_json(&value))?)
+            Ok(scrubber.pretty_json(&report, b"  "))
         }
         Format::Markdown | Format::Text => {
             let roots = [RootSection {

@@ -111,10 +111,13 @@ pub fn check_and_print(
         return Ok(ExitCode::from(2));
     }
     let text = match options.output {
-        Output::Text => policy::conftest_text(report.filename, &verdict),
-        Output::Json => policy::conftest_json(report.filename, &verdict) + "\n",
+        Output::Text => report
+            .scrubber
+            .scrub(&policy::conftest_text(report.filename, &verdict))
+            .into_owned(),
+        Output::Json => policy::conftest_json(report.filename, &verdict, report.scrubber) + "\n",
     };
-    out.write_all(report.scrubber.scrub(&text).as_bytes())
+    out.write_all(text.as_bytes())
         .context("cannot write to stdout")?;
     Ok(if verdict.blocks() {
         ExitCode::from(1)

@@ -54,10 +54,7 @@ pub fn exit_code(pf: &PlanPreflight) -> ExitCode {
 pub fn format_report(pf: &PlanPreflight, format: Format, secrets: &Secrets) -> String {
     let scrubber = secrets.scrubber();
     match format {
-        Format::Json => {
-            let value = serde_json::to_value(&pf.findings).unwrap_or_default();
-            serde_json::to_string_pretty(&scrubber.scrub_json(&value)).unwrap_or_default()
-        }
+        Format::Json => scrubber.pretty_json(&pf.findings, b"  "),
         Format::Markdown | Format::Text => {
             let markdown = crate::core::templates::scrubbing(&scrubber, || {
                 render_macro(

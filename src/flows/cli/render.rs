@@ -108,8 +108,7 @@ pub fn write_report(
         }
         Format::Json => {
             let report = PlanReport::new(plan, fingerprint.as_hex().to_string(), findings);
-            let json = serde_json::to_string_pretty(&report).expect("the report serializes");
-            out.write_all(scrubber.scrub(&json).as_bytes())
+            out.write_all(scrubber.pretty_json(&report, b"  ").as_bytes())
         }
     }
 }
