@@ -54,6 +54,9 @@ fn gke_dir() -> tempfile::TempDir {
     dir
 }
 
+/// A policy that warns of every updated resource.
+const WARN_UPDATES: &str = "package main\n\nimport rego.v1\n\nwarn contains sprintf(\"%s changes\", [rc.address]) if {\n\tsome rc in input.resource_changes\n\trc.change.actions == [\"update\"]\n}\n";
+
 const MSG: &str = "Terraform plan will change prohibited resources in the following namespaces: google_iam, google_container";
 
 #[test]
@@ -97,11 +100,7 @@ fn json_output_stays_json_whatever_a_secret_holds() {
             "after_sensitive": {"input": {"password": true}}}
     }]});
     std::fs::write(dir.path().join("pve.json"), plan.to_string()).unwrap();
-    std::fs::write(
-        dir.path().join("conftest_v1/warn.rego"),
-        "package main\n\nimport rego.v1\n\nwarn contains sprintf(\"%s changes\", [rc.address]) if {\n\tsome rc in input.resource_changes\n\trc.change.actions == [\"update\"]\n}\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("conftest_v1/warn.rego"), WARN_UPDATES).unwrap();
     std::fs::remove_file(dir.path().join("conftest_v1/base.rego")).unwrap();
     let out = policy_test(
         dir.path(),
@@ -140,11 +139,7 @@ fn json_output_is_conftests_shape() {
         dir.path().join("pve.json"),
     )
     .unwrap();
-    std::fs::write(
-        dir.path().join("conftest_v1/warn.rego"),
-        "package main\n\nimport rego.v1\n\nwarn contains sprintf(\"%s changes\", [rc.address]) if {\n\tsome rc in input.resource_changes\n\trc.change.actions == [\"update\"]\n}\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("conftest_v1/warn.rego"), WARN_UPDATES).unwrap();
     let out = policy_test(
         dir.path(),
         &["pve.json", "--policy", "conftest_v1", "--output", "json"],

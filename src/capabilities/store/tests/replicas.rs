@@ -560,14 +560,7 @@ async fn a_units_end_is_told_to_its_plan_jobs_replica() {
         .job_notices()
         .expect("a shared store tells of units' ends");
     let wait = Duration::from_secs(30);
-    let parent = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
-    assert_eq!(a.claim_next().await.unwrap().unwrap().id, parent);
-    let id = a
-        .enqueue(unit(parent, "a", None))
-        .await
-        .unwrap()
-        .id
-        .unwrap();
+    let (parent, id) = planning_with_a_unit(&a).await;
     assert_eq!(b.claim_within(1).await.unwrap().unwrap().id, id);
     // Every notice so far is in (a listening, then its two jobs), then b's end is told.
     tokio::time::timeout(wait, told.wait_for(|n| *n >= 3))
@@ -579,6 +572,19 @@ async fn a_units_end_is_told_to_its_plan_jobs_replica() {
         .await
         .expect("a is told of the unit's end")
         .unwrap();
+}
+
+/// A plan job claimed on `a` and one root unit it queued: `(parent, unit)`.
+async fn planning_with_a_unit(a: &Store) -> (QueueJobId, QueueJobId) {
+    let parent = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
+    assert_eq!(a.claim_next().await.unwrap().unwrap().id, parent);
+    let unit = a
+        .enqueue(unit(parent, "a", None))
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+    (parent, unit)
 }
 
 /// A root unit of `parent`'s plan job.
@@ -669,14 +675,7 @@ async fn a_unit_of_a_dead_replica_goes_back_to_its_plan_job() {
     let Some((_db, a, b)) = two_replicas().await else {
         return;
     };
-    let parent = a.enqueue(plan(1, 'a')).await.unwrap().id.unwrap();
-    assert_eq!(a.claim_next().await.unwrap().unwrap().id, parent);
-    let id = a
-        .enqueue(unit(parent, "a", None))
-        .await
-        .unwrap()
-        .id
-        .unwrap();
+    let (parent, id) = planning_with_a_unit(&a).await;
     assert_eq!(b.claim_next().await.unwrap().unwrap().id, id);
     assert_eq!(
         a.unit_progress(parent).await.unwrap(),
