@@ -335,21 +335,69 @@ const CHUNK_BYTES: usize = 64 * 1024;
 /// left in clear.
 #[derive(Debug, Clone)]
 pub struct Scrubber {
-    matchers: Vec<AhoCorasick>,
-    /// The first four bytes of every pattern: a text none of whose four-byte windows is one
-    /// holds no secret, and is passed on without running the automata over it (most texts of
-    /// a note hold none; the automata of thousands of secrets cost tens of nanoseconds a byte).
+    /// The patterns, a few secrets' forms per automaton, each automaton built the first time a
+    /// text may hold one of its patterns: most texts hold none, and building the automata of
+    /// thousands of secrets took longer than the fingerprint of their plan.
+    chunks: Arc<[Chunk]>,
+    /// The first four bytes of every pattern, with its chunk: a text none of whose four-byte
+    /// windows is one holds no secret, and is passed on without running any automaton over it
+    /// (the automata of thousands of secrets cost tens of nanoseconds a byte); one that has
+    /// some is searched by the automata of those windows' chunks only.
     starts: Arc<Starts>,
     /// The secrets known only by their digests (a kept plan's, [`SecretDigests`]).
     digested: Option<Arc<Digested>>,
 }
 
+/// The patterns of one automaton, and the automaton once a text needed it.
+struct Chunk {
+    /// The patterns until the automaton is built from them (then dropped).
+    patterns: std::sync::Mutex<Vec<String>>,
+    matcher: std::sync::OnceLock<AhoCorasick>,
+}
+
+impl std::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the patterns: they are secrets.
+        write!(f, "Chunk(built: {})", self.matcher.get().is_some())
+    }
+}
+
+impl Chunk {
+    fn new(mut patterns: Vec<String>) -> Chunk {
+        patterns.sort_unstable();
+        patterns.dedup();
+        patterns.shrink_to_fit();
+        Chunk {
+            patterns: std::sync::Mutex::new(patterns),
+            matcher: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The automaton, built from the patterns the first time it is asked for.
+    fn matcher(&self) -> &AhoCorasick {
+        self.matcher.get_or_init(|| {
+            let patterns = std::mem::take(
+                &mut *self
+                    .patterns
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            AhoCorasick::builder()
+                .match_kind(MatchKind::Standard)
+                .build(patterns)
+                .expect("secret patterns are plain strings")
+        })
+    }
+}
+
 /// The four-byte starts of a scrubber's patterns (every pattern is at least
-/// [`MIN_SECRET_LEN`] bytes long): a bit per hash for a quick no, then the exact set.
+/// [`MIN_SECRET_LEN`] bytes long), each with the chunk that holds its pattern: a bit per hash
+/// for a quick no, then the exact set.
 #[derive(Default)]
 struct Starts {
     bits: Vec<u64>,
-    exact: Vec<u32>,
+    /// (start, chunk), sorted.
+    exact: Vec<(u32, u32)>,
 }
 
 // A pattern shorter than a window would pass unseen by [`Starts`].
@@ -370,25 +418,37 @@ impl Starts {
         (key.wrapping_mul(0x9E37_79B1) >> (32 - START_BITS)) as usize
     }
 
-    fn build(mut exact: Vec<u32>) -> Starts {
+    fn build(mut exact: Vec<(u32, u32)>) -> Starts {
         exact.sort_unstable();
         exact.dedup();
         exact.shrink_to_fit();
         let mut bits = vec![0u64; 1 << (START_BITS - 6)];
-        for &key in &exact {
+        for &(key, _) in &exact {
             let h = Starts::hash(key);
             bits[h >> 6] |= 1 << (h & 63);
         }
         Starts { bits, exact }
     }
 
-    /// Whether `text` has a four-byte window that starts a pattern.
-    fn may_hold(&self, text: &[u8]) -> bool {
-        text.windows(4).any(|w| {
+    /// The chunks whose patterns start at one of `text`'s four-byte windows, in order (none:
+    /// `text` holds no pattern). A pattern found in `text` starts at one of its windows, so
+    /// these chunks' automata find every pattern it holds.
+    fn chunks_in(&self, text: &[u8]) -> Vec<usize> {
+        let mut chunks = Vec::new();
+        for w in text.windows(4) {
             let key = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
             let h = Starts::hash(key);
-            self.bits[h >> 6] & (1 << (h & 63)) != 0 && self.exact.binary_search(&key).is_ok()
-        })
+            if self.bits[h >> 6] & (1 << (h & 63)) == 0 {
+                continue;
+            }
+            let from = self.exact.partition_point(|&(k, _)| k < key);
+            for &(_, chunk) in self.exact[from..].iter().take_while(|&&(k, _)| k == key) {
+                chunks.push(chunk as usize);
+            }
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        chunks
     }
 }
 
@@ -404,19 +464,9 @@ impl crate::core::templates::Scrub for Scrubber {
 
 impl Scrubber {
     pub fn new(secrets: &Secrets) -> Scrubber {
-        let build = |chunk: &mut Vec<String>| {
-            chunk.sort_unstable();
-            chunk.dedup();
-            let matcher = AhoCorasick::builder()
-                .match_kind(MatchKind::Standard)
-                .build(chunk.iter())
-                .expect("secret patterns are plain strings");
-            chunk.clear();
-            matcher
-        };
-        // The forms of a few secrets at a time: the patterns of one automaton are all that is
-        // held besides the automata already built.
-        let mut matchers = Vec::new();
+        // The forms of a few secrets per chunk: the patterns of one automaton are all that is
+        // held besides the automata already built when one is built.
+        let mut chunks = Vec::new();
         let mut chunk: Vec<String> = Vec::new();
         let mut bytes = 0;
         let mut forms = BTreeSet::new();
@@ -427,19 +477,20 @@ impl Scrubber {
                 bytes += form.len();
                 // Every form is at least MIN_SECRET_LEN (4) bytes long.
                 let b = form.as_bytes();
-                starts.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let at = u32::try_from(chunks.len()).expect("fewer than 2^32 chunks");
+                starts.push((u32::from_le_bytes([b[0], b[1], b[2], b[3]]), at));
                 chunk.push(form);
             }
             if bytes >= CHUNK_BYTES {
-                matchers.push(build(&mut chunk));
+                chunks.push(Chunk::new(std::mem::take(&mut chunk)));
                 bytes = 0;
             }
         }
         if !chunk.is_empty() {
-            matchers.push(build(&mut chunk));
+            chunks.push(Chunk::new(chunk));
         }
         Scrubber {
-            matchers,
+            chunks: chunks.into(),
             starts: Arc::new(Starts::build(starts)),
             digested: secrets.digested.clone(),
         }
@@ -448,7 +499,7 @@ impl Scrubber {
     /// A scrubber that knows no secrets (for outputs with nothing to hide).
     pub fn none() -> Scrubber {
         Scrubber {
-            matchers: Vec::new(),
+            chunks: Arc::new([]),
             starts: Arc::default(),
             digested: None,
         }
@@ -456,7 +507,7 @@ impl Scrubber {
 
     /// Whether this scrubber knows no secret at all.
     pub fn is_empty(&self) -> bool {
-        self.matchers.is_empty() && self.digested.is_none()
+        self.chunks.is_empty() && self.digested.is_none()
     }
 
     /// Whether `text` holds any known secret, in any of its forms.
@@ -468,13 +519,18 @@ impl Scrubber {
                 return true;
             }
         }
-        self.may_hold(text) && self.matchers.iter().any(|m| m.is_match(text))
+        self.chunks_in(text)
+            .into_iter()
+            .any(|c| self.chunks[c].matcher().is_match(text))
     }
 
-    /// Whether `text` may hold a secret known in clear: false when no pattern can start
-    /// anywhere in it.
-    fn may_hold(&self, text: &str) -> bool {
-        !self.matchers.is_empty() && self.starts.may_hold(text.as_bytes())
+    /// The chunks whose patterns may be in `text` (secrets known in clear): none when no
+    /// pattern can start anywhere in it.
+    fn chunks_in(&self, text: &str) -> Vec<usize> {
+        if self.chunks.is_empty() {
+            return Vec::new();
+        }
+        self.starts.chunks_in(text.as_bytes())
     }
 
     pub fn scrub<'a>(&self, text: &'a str) -> Cow<'a, str> {
@@ -482,13 +538,15 @@ impl Scrubber {
         if let Some(d) = &self.digested {
             d.spans(text, &mut spans);
         }
-        let in_clear = self.may_hold(text);
-        if spans.is_empty() && !in_clear {
+        let chunks = self.chunks_in(text);
+        if spans.is_empty() && chunks.is_empty() {
             return Cow::Borrowed(text);
         }
-        for m in self.matchers.iter().filter(|_| in_clear) {
+        for c in chunks {
             spans.extend(
-                m.find_overlapping_iter(text)
+                self.chunks[c]
+                    .matcher()
+                    .find_overlapping_iter(text)
                     .map(|found| (found.start(), found.end())),
             );
         }
@@ -703,6 +761,38 @@ mod tests {
         use base64::engine::general_purpose::STANDARD;
         let inside = STANDARD.encode(b"xyhunter2-secretzz");
         assert!(sc.is_match(&inside), "{inside}");
+    }
+
+    #[test]
+    fn an_automaton_is_built_only_for_a_text_that_may_hold_one_of_its_secrets() {
+        // Thousands of secrets: many chunks, none built until a text needs one.
+        // The first and the last overlap ("...overlap-beta..."): they fall in different chunks.
+        let mut many: Vec<String> = vec!["alpha-overlap-beta".to_string()];
+        many.extend((1..2999).map(|i| format!("pw-{i:04}-{i:x}-secret")));
+        many.push("overlap-beta-gamma".to_string());
+        let sc = scrubber(&many.iter().map(String::as_str).collect::<Vec<_>>());
+        let built = |sc: &Scrubber| sc.chunks.iter().filter(|c| c.matcher.get().is_some()).count();
+        assert!(sc.chunks.len() > 3, "{} chunks", sc.chunks.len());
+        for text in ["vm-1 on pve01", "no pw here", "pw-", "pw-abcd"] {
+            assert!(matches!(sc.scrub(text), Cow::Borrowed(_)), "{text}");
+            assert!(!sc.is_match(text), "{text}");
+        }
+        assert_eq!(built(&sc), 0);
+        // One secret builds the chunks of the patterns that start like its windows: its own,
+        // and the next for those starting `pw-1` too; two overlapping secrets of two chunks
+        // are one run.
+        assert_eq!(sc.scrub(&format!("a {} b", many[1500])), format!("a {REDACTED} b"));
+        assert!((1..=2).contains(&built(&sc)), "{}", built(&sc));
+        let text = format!("{}|alpha-overlap-beta-gamma!", many[1500]);
+        assert_eq!(sc.scrub(&text), format!("{REDACTED}|{REDACTED}!"));
+        assert!(built(&sc) >= 2 && built(&sc) < sc.chunks.len(), "{}", built(&sc));
+        assert!(sc.is_match(&format!("x{}y", many[2000])));
+        // Every secret, in every chunk, is still found: clones share what is built.
+        let clone = sc.clone();
+        for s in &many {
+            assert_eq!(clone.scrub(&format!("<{s}>")), format!("<{REDACTED}>"), "{s}");
+        }
+        assert_eq!(built(&sc), sc.chunks.len());
     }
 
     #[test]
