@@ -771,7 +771,12 @@ mod tests {
         many.extend((1..2999).map(|i| format!("pw-{i:04}-{i:x}-secret")));
         many.push("overlap-beta-gamma".to_string());
         let sc = scrubber(&many.iter().map(String::as_str).collect::<Vec<_>>());
-        let built = |sc: &Scrubber| sc.chunks.iter().filter(|c| c.matcher.get().is_some()).count();
+        let built = |sc: &Scrubber| {
+            sc.chunks
+                .iter()
+                .filter(|c| c.matcher.get().is_some())
+                .count()
+        };
         assert!(sc.chunks.len() > 3, "{} chunks", sc.chunks.len());
         for text in ["vm-1 on pve01", "no pw here", "pw-", "pw-abcd"] {
             assert!(matches!(sc.scrub(text), Cow::Borrowed(_)), "{text}");
@@ -781,16 +786,27 @@ mod tests {
         // One secret builds the chunks of the patterns that start like its windows: its own,
         // and the next for those starting `pw-1` too; two overlapping secrets of two chunks
         // are one run.
-        assert_eq!(sc.scrub(&format!("a {} b", many[1500])), format!("a {REDACTED} b"));
+        assert_eq!(
+            sc.scrub(&format!("a {} b", many[1500])),
+            format!("a {REDACTED} b")
+        );
         assert!((1..=2).contains(&built(&sc)), "{}", built(&sc));
         let text = format!("{}|alpha-overlap-beta-gamma!", many[1500]);
         assert_eq!(sc.scrub(&text), format!("{REDACTED}|{REDACTED}!"));
-        assert!(built(&sc) >= 2 && built(&sc) < sc.chunks.len(), "{}", built(&sc));
+        assert!(
+            built(&sc) >= 2 && built(&sc) < sc.chunks.len(),
+            "{}",
+            built(&sc)
+        );
         assert!(sc.is_match(&format!("x{}y", many[2000])));
         // Every secret, in every chunk, is still found: clones share what is built.
         let clone = sc.clone();
         for s in &many {
-            assert_eq!(clone.scrub(&format!("<{s}>")), format!("<{REDACTED}>"), "{s}");
+            assert_eq!(
+                clone.scrub(&format!("<{s}>")),
+                format!("<{REDACTED}>"),
+                "{s}"
+            );
         }
         assert_eq!(built(&sc), sc.chunks.len());
     }
