@@ -454,7 +454,7 @@ impl FromObject for Change {
     fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
         let mut change = Change::default();
         let mut texts: [Option<Box<RawValue>>; 5] = Default::default();
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(key) = map.next_key::<Key>()? {
             match key.as_str() {
                 "actions" => change.actions = map.next_value::<Option<_>>()?.unwrap_or_default(),
                 "replace_paths" => change.replace_paths = map.next_value()?,
@@ -686,8 +686,8 @@ impl<'de> Visitor<'de> for MaskedLeaves<'_, '_> {
             // A mask of another shape that marks something takes the whole value.
             return AllLeaves(self.leaf).visit_map(map);
         };
-        while let Some(key) = map.next_key::<String>()? {
-            match mask.get(&key) {
+        while let Some(key) = map.next_key::<Key>()? {
+            match mask.get(key.as_str()) {
                 Some(sub) => map.next_value_seed(MaskedLeaves {
                     mask: sub,
                     leaf: &mut *self.leaf,
@@ -900,11 +900,43 @@ impl FromObject for StateResource {
     }
 }
 
+/// An object's key as read: borrowed from the document where it holds no escape (most do), so
+/// reading a plan's keys allocates nothing.
+struct Key<'de>(std::borrow::Cow<'de, str>);
+
+impl Key<'_> {
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> serde::de::Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
 /// The values of two keys of an object (null when absent); every other key is skipped.
 fn two_fields<'de, A: MapAccess<'de>>(mut map: A, keys: [&str; 2]) -> Result<[Value; 2], A::Error> {
     let mut out = [Value::Null, Value::Null];
-    while let Some(key) = map.next_key::<String>()? {
-        match keys.iter().position(|k| *k == key) {
+    while let Some(key) = map.next_key::<Key>()? {
+        match keys.iter().position(|k| *k == key.as_str()) {
             Some(n) => out[n] = map.next_value()?,
             None => {
                 map.next_value::<IgnoredAny>()?;
@@ -921,7 +953,7 @@ struct StateModule(Vec<String>);
 impl FromObject for StateModule {
     fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
         let mut out = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(key) = map.next_key::<Key>()? {
             match key.as_str() {
                 "resources" => {
                     let items: Items<StateResource> = map.next_value()?;
@@ -972,7 +1004,7 @@ impl FromObject for StateOutputs {
 impl FromObject for StateSecrets {
     fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
         let mut out = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(key) = map.next_key::<Key>()? {
             match key.as_str() {
                 "outputs" => out.extend(map.next_value::<Wrapped<StateOutputs>>()?.0 .0),
                 "root_module" => out.extend(map.next_value::<Wrapped<StateModule>>()?.0 .0),
@@ -988,8 +1020,8 @@ impl FromObject for StateSecrets {
 impl FromObject for PriorStateSecrets {
     fn from_object<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
         let mut out = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if key == "values" {
+        while let Some(key) = map.next_key::<Key>()? {
+            if key.as_str() == "values" {
                 out.extend(map.next_value::<Wrapped<StateSecrets>>()?.0 .0);
             } else {
                 map.next_value::<IgnoredAny>()?;
@@ -1032,17 +1064,24 @@ pub enum ActionKind {
 
 impl ActionKind {
     pub fn from_actions(actions: &[String]) -> Self {
-        let a: Vec<&str> = actions.iter().map(String::as_str).collect();
-        match a.as_slice() {
-            ["no-op"] | [] => ActionKind::NoOp,
-            ["create"] => ActionKind::Create,
-            ["read"] => ActionKind::Read,
-            ["update"] => ActionKind::Update,
-            ["delete", "create"] => ActionKind::DeleteThenCreate,
-            ["create", "delete"] => ActionKind::CreateThenDelete,
-            ["delete"] => ActionKind::Delete,
-            ["forget"] => ActionKind::Forget,
-            ["forget", "create"] | ["create", "forget"] => ActionKind::ForgetAndCreate,
+        // Told without allocating: it is asked for every change many times over.
+        match actions {
+            [] => ActionKind::NoOp,
+            [one] => match one.as_str() {
+                "no-op" => ActionKind::NoOp,
+                "create" => ActionKind::Create,
+                "read" => ActionKind::Read,
+                "update" => ActionKind::Update,
+                "delete" => ActionKind::Delete,
+                "forget" => ActionKind::Forget,
+                _ => ActionKind::Unknown,
+            },
+            [first, second] => match (first.as_str(), second.as_str()) {
+                ("delete", "create") => ActionKind::DeleteThenCreate,
+                ("create", "delete") => ActionKind::CreateThenDelete,
+                ("forget", "create") | ("create", "forget") => ActionKind::ForgetAndCreate,
+                _ => ActionKind::Unknown,
+            },
             _ => ActionKind::Unknown,
         }
     }
@@ -1678,6 +1717,48 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn keys_spelt_with_escapes_read_as_the_keys_they_spell() {
+        // Keys are borrowed from the document where they hold no escape; one that holds an
+        // escape (any key may) reads the same, read whole or as it comes.
+        let plain = r#"{"format_version":"1.2","resource_changes":[{"address":"x.y","mode":"managed",
+              "change":{"actions":["delete","create"],"after":{"key":"change-secret","open":"o"},
+                "after_sensitive":{"key":true}}}],
+              "prior_state":{"values":{"outputs":{"o":{"sensitive":true,"value":"output-secret"}},
+                "root_module":{"resources":[{"values":{"key":"state-secret"},"sensitive_values":{"key":true}}],
+                  "child_modules":[{"resources":[{"values":{"k":["open","child-secret"]},"sensitive_values":{"k":[false,true]}}]}]}}}}"#;
+        let escaped = plain
+            .replace(r#""actions""#, r#""\u0061ctions""#)
+            .replace(r#""after_sensitive""#, r#""after_sensitiv\u0065""#)
+            .replace(r#""key""#, r#""k\u0065y""#)
+            .replace(r#""sensitive_values""#, r#""sensitive_v\u0061lues""#)
+            .replace(r#""child_modules""#, r#""child\u005fmodules""#)
+            .replace(r#""root_module""#, r#""root_modul\u0065""#)
+            .replace(r#""values""#, r#""v\u0061lues""#);
+        assert_eq!(escaped.matches(r"\u00").count(), 13, "{escaped}");
+        let read = |doc: &str, limit: usize| {
+            let plan = Plan::read_whole_up_to(doc.as_bytes(), limit).unwrap();
+            let secrets = crate::core::redact::Secrets::from_plan(&plan);
+            let kind = plan.resource_changes[0].kind();
+            (secrets.iter().map(str::to_string).collect::<Vec<_>>(), kind)
+        };
+        let want = (
+            [
+                "change-secret",
+                "child-secret",
+                "output-secret",
+                "state-secret",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ActionKind::DeleteThenCreate,
+        );
+        for doc in [plain, escaped.as_str()] {
+            assert_eq!(read(doc, doc.len()), want, "read whole: {doc}");
+            assert_eq!(read(doc, 16), want, "read as it comes: {doc}");
+        }
+    }
+
+    #[test]
     fn classifies_every_documented_action_list() {
         let k = |a: &[&str]| {
             ActionKind::from_actions(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
@@ -1693,6 +1774,18 @@ pub(crate) mod tests {
         assert_eq!(k(&["forget", "create"]), ActionKind::ForgetAndCreate);
         assert_eq!(k(&["create", "forget"]), ActionKind::ForgetAndCreate);
         assert_eq!(k(&["explode"]), ActionKind::Unknown);
+        // No action is no change; any other list is unknown, never a neighbour's kind.
+        assert_eq!(k(&[]), ActionKind::NoOp);
+        for other in [
+            &["delete", "forget"][..],
+            &["create", "create"],
+            &["update", "create"],
+            &["no-op", "create"],
+            &["delete", "create", "delete"],
+            &[""],
+        ] {
+            assert_eq!(k(other), ActionKind::Unknown, "{other:?}");
+        }
     }
 
     #[test]
