@@ -31,6 +31,13 @@ fn policy_test(dir: &Path, args: &[&str]) -> Output {
     planbot(dir, &[&["policy", "test"], args].concat(), None)
 }
 
+/// `policy test PLAN --policy conftest_v1 --output json` in `dir`: it exits 0, and prints JSON.
+fn passing_json(dir: &Path, plan: &str) -> serde_json::Value {
+    let out = policy_test(dir, &[plan, "--policy", "conftest_v1", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8(b.to_vec()).unwrap()
 }
@@ -102,15 +109,8 @@ fn json_output_stays_json_whatever_a_secret_holds() {
     std::fs::write(dir.path().join("pve.json"), plan.to_string()).unwrap();
     std::fs::write(dir.path().join("conftest_v1/warn.rego"), WARN_UPDATES).unwrap();
     std::fs::remove_file(dir.path().join("conftest_v1/base.rego")).unwrap();
-    let out = policy_test(
-        dir.path(),
-        &["pve.json", "--policy", "conftest_v1", "--output", "json"],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
     assert_eq!(
-        json,
+        passing_json(dir.path(), "pve.json"),
         serde_json::json!([{
             "filename": "pve.json",
             "namespace": "main",
@@ -140,14 +140,8 @@ fn json_output_is_conftests_shape() {
     )
     .unwrap();
     std::fs::write(dir.path().join("conftest_v1/warn.rego"), WARN_UPDATES).unwrap();
-    let out = policy_test(
-        dir.path(),
-        &["pve.json", "--policy", "conftest_v1", "--output", "json"],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        json,
+        passing_json(dir.path(), "pve.json"),
         serde_json::json!([{
             "filename": "pve.json",
             "namespace": "main",
